@@ -1,0 +1,49 @@
+"""tinyattn_np: transformer attention in pure NumPy, written to be read.
+
+The names below are the public API (DESIGN.md); each lives in the module named after its concept.
+"""
+
+from .attention import attention, scaled_dot_product_attention
+from .flash import Tile, draw_tile_plan, flash_attention, tile_plan
+from .head import one_head
+from .masks import causal_mask, window_mask
+from .multihead import MultiHeadAttention
+from .position import (
+    LearnedPositions,
+    half_split_permutation,
+    permute_qk_weight,
+    rope,
+    rope_frequencies,
+    to_half_split,
+    to_interleaved,
+)
+from .softmax import logsumexp, merge_states, softmax
+from .text import embed, tokenize, token_vector
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LearnedPositions",
+    "MultiHeadAttention",
+    "Tile",
+    "attention",
+    "causal_mask",
+    "draw_tile_plan",
+    "embed",
+    "flash_attention",
+    "half_split_permutation",
+    "logsumexp",
+    "merge_states",
+    "one_head",
+    "permute_qk_weight",
+    "rope",
+    "rope_frequencies",
+    "scaled_dot_product_attention",
+    "softmax",
+    "tile_plan",
+    "to_half_split",
+    "to_interleaved",
+    "token_vector",
+    "tokenize",
+    "window_mask",
+]

@@ -1,0 +1,114 @@
+"""Input checks shared by the public functions: each failure names the argument, what was expected
+and what came, as a ValueError or TypeError (never an assert: user input deserves a clear message)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
+COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+ACCEPTED_DTYPES = (np.dtype(np.float16), *COMPUTE_DTYPES)
+
+
+def as_float_array(x: Any, name: str) -> np.ndarray:
+    """x as an ndarray of float16/32/64; anything else is a TypeError that names the dtype."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    if x.dtype not in ACCEPTED_DTYPES:
+        raise TypeError(f"{name} must be float16, float32 or float64; got dtype {x.dtype}")
+    return x
+
+
+def compute_dtype(*arrays: np.ndarray) -> np.dtype:
+    """The dtype the math runs in: float64 if any input is float64, else float32 (float16 included)."""
+    if any(a.dtype == np.float64 for a in arrays):
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def result_dtype(*arrays: np.ndarray) -> np.dtype:
+    """The dtype of the output: the inputs' common type (float16 inputs give a float16 result)."""
+    return np.result_type(*arrays)
+
+
+def check_ndim(x: np.ndarray, name: str, min_ndim: int, what: str) -> None:
+    if x.ndim < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dims {what}; got shape {x.shape}")
+
+
+def check_positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
+    """value as a positive int; bool, float and str are TypeErrors, 0 and negatives ValueErrors."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a positive int; got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int; got {value}")
+    return int(value)
+
+
+def check_scale(scale: Any, head_dim: int) -> float:
+    """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given number."""
+    if scale is None:
+        return 1.0 / float(np.sqrt(head_dim))
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scale must be a number or None; got {scale!r} ({type(scale).__name__})")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite; got {scale}")
+    return float(scale)
+
+
+class QKVShape:
+    """The sizes read off q (..., Hq, L, E), k (..., Hkv, S, E) and v (..., Hkv, S, Ev).
+
+    2-D inputs (L, E) have no head axis: they count as one head, and the caller adds the axis back.
+    """
+
+    def __init__(self, batch: tuple[int, ...], hq: int, hkv: int, n_q: int, n_k: int, e: int, ev: int):
+        self.batch, self.hq, self.hkv = batch, hq, hkv
+        self.n_q, self.n_k, self.e, self.ev = n_q, n_k, e, ev
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head: query head h reads kv head h // group."""
+        return self.hq // self.hkv
+
+
+def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape]:
+    """Validate q, k, v against DESIGN.md's shape contract; return them as arrays with a head axis."""
+    q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_ndim(x, name, 2, "(..., L or S, E)")
+    if not q.ndim == k.ndim == v.ndim:
+        raise ValueError(
+            f"q, k and v must have the same number of dims; got shapes {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.ndim == 2:  # (L, E): one head without a head axis
+        q, k, v = q[None], k[None], v[None]
+    if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
+        raise ValueError(
+            "q, k and v must have the same batch dims (no broadcasting); "
+            f"got shapes {q.shape}, {k.shape}, {v.shape}"
+        )
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same last dim E; got shapes {q.shape} and {k.shape}")
+    if q.shape[-1] < 1:
+        raise ValueError(f"q and k must have a head dim E of at least 1; got shape {q.shape}")
+    if k.shape[-3:-1] != v.shape[-3:-1]:
+        raise ValueError(
+            f"k and v must have the same heads and keys (Hkv, S); got shapes {k.shape} and {v.shape}"
+        )
+    hq, hkv = q.shape[-3], k.shape[-3]
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(
+            f"the query heads Hq must be a multiple of the kv heads Hkv; got Hq={hq} (q {q.shape}) "
+            f"and Hkv={hkv} (k {k.shape})"
+        )
+    if hq != hkv and not gqa_allowed:
+        raise ValueError(
+            f"q has {hq} heads and k, v have {hkv}: pass enable_gqa=True for grouped-query attention"
+        )
+    dims = QKVShape(q.shape[:-3], hq, hkv, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
+    return q, k, v, dims

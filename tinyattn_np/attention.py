@@ -1,0 +1,139 @@
+"""The reference attention: build the whole score matrix, mask it, softmax it, multiply by V.
+
+    attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,    scale = 1/√E     (Vaswani et al. 2017, eq. 1)
+
+This is the naive path that flash_attention() (flash.py) must agree with. It holds an (..., Hq, L, S)
+array, so its memory grows with L·S; flash_attention never builds it.
+
+Two entry points:
+- attention(): this project's conventions; causal=True is bottom-right aligned (query i sees key
+  j <= i + S - L), the alignment decoding with a KV cache needs.
+- scaled_dot_product_attention(): torch.nn.functional.scaled_dot_product_attention's signature and
+  semantics, including its top-left is_causal (query i sees key j <= i). Same thing when L == S.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import QKVShape, check_qkv, check_scale, compute_dtype, result_dtype
+from .masks import causal_blocked, causal_mask, causal_offset
+from .softmax import softmax_
+
+Array = NDArray[np.floating]
+
+
+def _check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
+    """mask as a bool or float array that broadcasts to the scores' shape without enlarging it."""
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_ and mask.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"mask must be bool (True = may attend) or float (added to the scores); got dtype {mask.dtype}")
+    try:
+        fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (..., Hq, L, S) = {scores_shape}; got shape {mask.shape}"
+        )
+    return mask
+
+
+def _grouped(x: np.ndarray, dims: QKVShape, n: int, kv: bool) -> np.ndarray:
+    """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
+
+    Query head h = g_kv · G + g reads kv head g_kv, so broadcasting over the size-1 axis shares each
+    kv head with its G query heads without copying K or V (torch: repeat_interleave).
+    """
+    heads = (dims.hkv, 1) if kv else (dims.hkv, dims.group)
+    return x.reshape(*dims.batch, *heads, n, x.shape[-1])
+
+
+def attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    causal: bool = False,
+    mask: Any = None,
+    scale: float | None = None,
+    return_weights: bool = False,
+) -> Array | tuple[Array, Array]:
+    """softmax(q kᵀ · scale + mask) v, building the (..., Hq, L, S) score matrix.
+
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), and with
+    return_weights=True also the weights (..., Hq, L, S). 2-D inputs (L, E) are one head.
+    mask: bool (True = may attend) or float (added to the scores), broadcastable to (..., Hq, L, S).
+    causal=True hides key j from query i when j > i + S - L (bottom-right); it combines with mask.
+    A query that may see no key gets output 0 (and weights 0), never NaN.
+    """
+    two_d = np.ndim(q) == 2
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e)
+    ct = compute_dtype(q, k, v)
+    q_c, k_c, v_c = (x.astype(ct, copy=False) for x in (q, k, v))
+    scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
+    if mask is not None:
+        mask = _check_mask(mask[None] if two_d and np.ndim(mask) == 3 else mask, scores_shape)
+
+    # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S)
+    scores = _grouped(q_c, dims, dims.n_q, kv=False) @ _grouped(k_c, dims, dims.n_k, kv=True).swapaxes(-1, -2)
+    scores = scores.reshape(scores_shape)  # (..., Hq, L, S); the reshape is free, scores is contiguous
+    scores *= scale
+
+    # 2) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
+    if mask is not None and mask.dtype == np.bool_:
+        np.copyto(scores, -np.inf, where=~mask)
+    elif mask is not None:
+        scores += mask.astype(ct, copy=False)
+    if causal:
+        blocked = causal_blocked(0, dims.n_q, 0, dims.n_k, causal_offset(dims.n_q, dims.n_k))  # (L, S)
+        np.copyto(scores, -np.inf, where=blocked)
+
+    # 3) softmax over the keys, in place: the weights take the scores' memory
+    weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+
+    # 4) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
+    grouped_weights = weights.reshape(*dims.batch, dims.hkv, dims.group, dims.n_q, dims.n_k)
+    out = (grouped_weights @ _grouped(v_c, dims, dims.n_k, kv=True)).reshape(
+        *dims.batch, dims.hq, dims.n_q, dims.ev
+    )  # (..., Hq, L, Ev)
+
+    out_dtype = result_dtype(q, k, v)
+    out = out.astype(out_dtype, copy=False)
+    if two_d:
+        out, weights = out[0], weights[0]
+    if return_weights:
+        return out, weights.astype(out_dtype, copy=False)
+    return out
+
+
+def scaled_dot_product_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Array:
+    """torch.nn.functional.scaled_dot_product_attention, argument for argument, in NumPy.
+
+    Differences from this project's attention(), copied from torch on purpose:
+    - is_causal=True is top-left aligned: query i sees key j <= i, whatever L and S are.
+    - is_causal together with attn_mask is an error, as in torch.
+    - Hq != Hkv is an error unless enable_gqa=True.
+    There is no dropout here: dropout_p must be 0.0.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p must be 0.0: tinyattn_np has no dropout; got {dropout_p}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("pass attn_mask or is_causal=True, not both (torch refuses the pair too)")
+    dims = check_qkv(query, key, value, gqa_allowed=enable_gqa)[3]
+    if is_causal:
+        attn_mask = causal_mask(dims.n_q, dims.n_k, align="top_left")  # (L, S), broadcast over heads
+    return cast(Array, attention(query, key, value, mask=attn_mask, scale=scale))

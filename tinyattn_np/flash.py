@@ -1,0 +1,224 @@
+"""Blockwise attention with an online softmax ("flash attention"): the same result as attention(),
+without ever building the L x S score matrix.
+
+For one block of queries, walk over the key blocks and keep three running quantities per query row:
+    m    the largest score seen so far
+    l    sum over the keys seen so far of exp(score - m)
+    acc  sum over the keys seen so far of exp(score - m) · v      (not yet divided by l)
+A new tile of scores s raises the maximum to m' = max(m, max s); everything accumulated so far was
+measured against m, so it is rescaled by exp(m - m') before the tile is added:
+    l'   = l · exp(m - m') + Σ exp(s - m')
+    acc' = acc · exp(m - m') + exp(s - m') @ v_tile
+After the last tile, out = acc / l and logsumexp = m + log l. (Milakov & Gimelshein 2018; Dao et al.
+2022, "FlashAttention", Algorithm 1.) merge_states() in softmax.py is the same algebra for two
+finished parts.
+
+Under a causal mask, a tile wholly above the diagonal is never computed, and only the tiles that the
+diagonal crosses pay for a mask: tile_plan() lists exactly the tiles that run. That is the "free 2x" of
+FlashAttention-2 (Dao 2023).
+
+Memory: out, lse, one scaled copy of q, and per worker one block_q x block_k tile plus per-row
+vectors: O((L + S)·E + workers·block_q·block_k), never L x S.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import check_positive_int, check_qkv, check_scale, compute_dtype, result_dtype
+from .masks import causal_blocked, causal_offset
+
+Array = NDArray[np.floating]
+
+# Chosen from scripts/scaling.py measurements on a 2-core machine (see README, "Block sizes").
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 256
+
+FULL, DIAGONAL = "full", "diagonal"
+
+
+class Tile(NamedTuple):
+    """One block of the score matrix that runs: rows q_start:q_stop, columns k_start:k_stop.
+
+    kind is "full" (no entry masked) or "diagonal" (the causal diagonal crosses it: needs a mask).
+    """
+
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    kind: str
+
+
+def tile_plan(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool = False) -> list[Tile]:
+    """The tiles of an n_q x n_k score matrix that flash_attention computes, row block by row block.
+
+    Without causal every tile runs, all "full". With causal (bottom-right: query i sees key j when
+    j <= i + n_k - n_q) a tile wholly above the diagonal is left out, a tile wholly below it is "full",
+    and a tile the diagonal crosses is "diagonal". Rows that see no key at all (n_q > n_k) get no tile.
+    """
+    for name, n in (("n_q", n_q), ("n_k", n_k)):
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"{name} must be an int >= 0; got {n!r}")
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    offset = causal_offset(n_q, n_k)
+    tiles = []
+    for q_start in range(0, n_q, block_q):
+        q_stop = min(q_start + block_q, n_q)
+        for k_start in range(0, n_k, block_k):
+            k_stop = min(k_start + block_k, n_k)
+            if not causal:
+                tiles.append(Tile(q_start, q_stop, k_start, k_stop, FULL))
+            elif k_start > q_stop - 1 + offset:
+                continue  # even the tile's last query may not see its first key: wholly masked, skip
+            elif k_stop - 1 <= q_start + offset:
+                tiles.append(Tile(q_start, q_stop, k_start, k_stop, FULL))  # first query sees last key
+            else:
+                tiles.append(Tile(q_start, q_stop, k_start, k_stop, DIAGONAL))
+    return tiles
+
+
+def draw_tile_plan(tiles: list[Tile], n_q: int, n_k: int, block_q: int, block_k: int) -> str:
+    """A character map of the tile grid: '#' full tile, '\\' diagonal tile, '.' skipped tile."""
+    marks = {FULL: "#", DIAGONAL: "\\"}
+    n_rows, n_cols = -(-n_q // block_q), -(-n_k // block_k)
+    grid = [["."] * n_cols for _ in range(n_rows)]
+    for t in tiles:
+        grid[t.q_start // block_q][t.k_start // block_k] = marks[t.kind]
+    return "\n".join(" ".join(row) for row in grid)
+
+
+def _attend_rows(
+    q_rows: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    tiles: list[Tile],
+    offset: int,
+    out_rows: np.ndarray,
+    lse_rows: np.ndarray,
+) -> None:
+    """The online softmax for one block of (already scaled) queries over its tiles, written into
+    out_rows (bq, Ev) and lse_rows (bq,). q_rows (bq, E), k (S, E), v (S, Ev)."""
+    bq = q_rows.shape[0]
+    dtype = q_rows.dtype
+    m = np.full(bq, -np.inf, dtype)  # (bq,) running max of the scores
+    l = np.zeros(bq, dtype)  # (bq,) running sum of exp(score - m)  # noqa: E741
+    acc = np.zeros((bq, v.shape[-1]), dtype)  # (bq, Ev) running exp(score - m) @ v
+    widest = max((t.k_stop - t.k_start for t in tiles), default=0)
+    tile_buf = np.empty((bq, widest), dtype)  # the one score tile this block reuses
+    for t in tiles:
+        s = tile_buf[:, : t.k_stop - t.k_start]  # (bq, bk)
+        # 1) scores of this tile; the scale is already folded into q
+        np.matmul(q_rows, k[t.k_start : t.k_stop].T, out=s)
+        # 2) a diagonal tile hides the keys its queries may not see
+        if t.kind == DIAGONAL:
+            np.copyto(s, -np.inf, where=causal_blocked(t.q_start, t.q_stop, t.k_start, t.k_stop, offset))
+        # 3) the new running max; a row that has seen no key yet keeps -inf, and we subtract 0 instead
+        m_new = np.maximum(m, s.max(axis=1))
+        m_safe = np.where(np.isneginf(m_new), 0.0, m_new).astype(dtype, copy=False)
+        # 4) probabilities of this tile relative to the new max, in place: s <- exp(s - m')
+        s -= m_safe[:, None]
+        np.exp(s, out=s)
+        # 5) rescale what was accumulated against the old max, then add this tile
+        alpha = np.exp(m - m_safe)  # (bq,); 0 where m was -inf, and then l and acc are 0 anyway
+        l *= alpha
+        l += s.sum(axis=1)
+        acc *= alpha[:, None]
+        acc += s @ v[t.k_start : t.k_stop]
+        m = m_new
+    # 6) divide once at the end; a row that saw no key (l = 0) gets out 0 and lse -inf
+    seen = l > 0
+    np.divide(acc, l[:, None], out=out_rows, where=seen[:, None])
+    out_rows[~seen] = 0.0
+    with np.errstate(divide="ignore"):
+        lse_rows[:] = np.where(seen, m + np.log(l), -np.inf)
+
+
+_blas_controller: Any = None
+
+
+def _one_blas_thread() -> Any:
+    """A context in which BLAS runs single-threaded: the workers are the parallelism, and one thread
+    per tile matmul also makes the result the same bits for any number of workers."""
+    global _blas_controller
+    if _blas_controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas_controller = ThreadpoolController()
+    return _blas_controller.limit(limits=1, user_api="blas")
+
+
+def flash_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    return_lse: bool = False,
+    workers: int | None = None,
+) -> Array | tuple[Array, Array]:
+    """attention(q, k, v, causal=causal, scale=scale), blockwise, never building L x S.
+
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), and with
+    return_lse=True also lse (..., Hq, L), the logsumexp of each row's (scaled, masked) scores.
+    causal=True is bottom-right aligned (query i sees key j <= i + S - L), like attention().
+    block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
+    workers: threads, each taking whole query blocks (default: the CPU count); the result is the
+    same bits for any number of workers.
+    """
+    two_d = np.ndim(q) == 2
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e)
+    block_q = check_positive_int(block_q, "block_q", allow_none=True) or DEFAULT_BLOCK_Q
+    block_k = check_positive_int(block_k, "block_k", allow_none=True) or DEFAULT_BLOCK_K
+    workers = check_positive_int(workers, "workers", allow_none=True) or os.cpu_count() or 1
+    ct = compute_dtype(q, k, v)
+    n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
+    n_kv_heads = n_heads // dims.group
+
+    # 1) fold the scale into q once, instead of into every tile of scores
+    q_s = np.multiply(q.reshape(n_heads, dims.n_q, dims.e), scale, dtype=ct)  # (B·Hq, L, E)
+    k_c = np.ascontiguousarray(k.reshape(n_kv_heads, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
+    v_c = np.ascontiguousarray(v.reshape(n_kv_heads, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
+    out = np.empty((n_heads, dims.n_q, dims.ev), ct)
+    lse = np.empty((n_heads, dims.n_q), ct)
+
+    # 2) the tiles that run, grouped by query block; every (head, query block) is one work item
+    tiles = tile_plan(dims.n_q, dims.n_k, block_q, block_k, causal=causal)
+    offset = causal_offset(dims.n_q, dims.n_k) if causal else 0
+    by_block: dict[int, list[Tile]] = {q_start: [] for q_start in range(0, dims.n_q, block_q)}
+    for t in tiles:
+        by_block[t.q_start].append(t)
+    items = [(h, q_start) for h in range(n_heads) for q_start in by_block]
+    items.sort(key=lambda item: -len(by_block[item[1]]))  # longest first: the workers finish together
+
+    def run(item: tuple[int, int]) -> None:
+        h, q_start = item
+        rows = slice(q_start, min(q_start + block_q, dims.n_q))
+        kv = h // dims.group  # query head h reads kv head h // G (within its batch entry)
+        _attend_rows(q_s[h, rows], k_c[kv], v_c[kv], by_block[q_start], offset, out[h, rows], lse[h, rows])
+
+    # 3) run the items; each writes its own rows of out and lse, so threads never share an array slice
+    with _one_blas_thread():
+        if workers == 1 or len(items) == 1:
+            for item in items:
+                run(item)
+        else:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(run, items))
+
+    out_dtype = result_dtype(q, k, v)
+    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(out_dtype, copy=False)
+    lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q).astype(out_dtype, copy=False)
+    if two_d:
+        out_full, lse_full = out_full[0], lse_full[0]
+    return (out_full, lse_full) if return_lse else out_full

@@ -1,0 +1,43 @@
+"""One attention head, every step on its own line.
+
+    q = x Wq,  k = x Wk,  v = x Wv                      (T, d_head) each
+    weights = softmax(q kᵀ / √d_head  with the future hidden)   (T, T), rows sum to 1
+    out = weights v                                     (T, d_head)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import as_float_array, compute_dtype
+from .masks import causal_mask
+from .softmax import softmax
+
+Array = NDArray[np.floating]
+
+
+def one_head(x: Array, wq: Array, wk: Array, wv: Array, *, causal: bool = True) -> tuple[Array, Array]:
+    """x (T, d_model), wq/wk (d_model, d_head), wv (d_model, d_v) -> (out (T, d_v), weights (T, T))."""
+    x = as_float_array(x, "x")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (T, d_model); got shape {x.shape}")
+    for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
+        w = as_float_array(w, name)
+        if w.ndim != 2 or w.shape[0] != x.shape[1]:
+            raise ValueError(f"{name} must be 2-D (d_model={x.shape[1]}, d_head); got shape {w.shape}")
+    if np.shape(wq) != np.shape(wk):
+        raise ValueError(f"wq and wk must have the same shape; got {np.shape(wq)} and {np.shape(wk)}")
+    dtype = compute_dtype(x, np.asarray(wq), np.asarray(wk), np.asarray(wv))
+    x = x.astype(dtype, copy=False)
+    T, d_head = x.shape[0], np.shape(wq)[1]
+
+    q = x @ np.asarray(wq, dtype)  # (T, d_head): what each token looks for
+    k = x @ np.asarray(wk, dtype)  # (T, d_head): what each token offers
+    v = x @ np.asarray(wv, dtype)  # (T, d_v):    what each token hands over
+    scores = q @ k.T / np.sqrt(d_head)  # (T, T): without √d the spread grows with d_head
+    if causal:
+        # token i may not look at j > i: -inf there makes its softmax weight exactly 0
+        scores = np.where(causal_mask(T), scores, -np.inf)  # (T, T)
+    weights = softmax(scores, axis=-1)  # (T, T), each row sums to 1
+    return weights @ v, weights  # (T, d_v), (T, T)

@@ -1,0 +1,89 @@
+"""Peak memory (tracemalloc) and timing helpers for the scripts and the memory tests.
+
+NumPy reports its array buffers to tracemalloc, so the traced peak of a call is the most memory its
+NumPy arrays held at once, above what was already allocated when the call began.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+R = TypeVar("R")
+
+
+def traced_peak(fn: Callable[..., R], *args: Any, **kwargs: Any) -> tuple[R, int]:
+    """Run fn(*args, **kwargs) under tracemalloc; return (its result, peak bytes above the start).
+
+    The result stays alive when the peak is read, so it counts: the peak includes the output array.
+    """
+    already_tracing = tracemalloc.is_tracing()
+    if not already_tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        start, _ = tracemalloc.get_traced_memory()
+        result = fn(*args, **kwargs)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not already_tracing:
+            tracemalloc.stop()
+    return result, peak - start
+
+
+def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> list[float]:
+    """Seconds taken by each of `repeats` calls of fn(), after `warmup` untimed calls."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1; got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be 0 or more; got {warmup}")
+    for _ in range(warmup):
+        fn()
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - t0)
+    return seconds
+
+
+def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of fn() in milliseconds."""
+    return 1e3 * statistics.median(time_calls(fn, repeats, warmup))
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo on Linux, else what platform reports."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """What a benchmark figure depends on: CPU, cores, Python, NumPy and its BLAS with its threads."""
+    from threadpoolctl import threadpool_info
+
+    blas = [
+        {key: pool.get(key) for key in ("internal_api", "version", "num_threads", "architecture")}
+        for pool in threadpool_info()
+        if pool.get("user_api") == "blas"
+    ]
+    return {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": blas,
+    }

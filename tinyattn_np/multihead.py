@@ -1,0 +1,101 @@
+"""Multi-head attention with one fused qkv projection, and grouped-query attention (GQA/MQA).
+
+    qkv = x W_qkv                      (B, T, (H + 2·Hkv)·d_head)   one matmul for every head
+    q, k, v = split(qkv)               (B, H, T, d_head), (B, Hkv, T, d_head) twice
+    y = attention(q, k, v)             (B, H, T, d_head), query head h reads kv head h // (H / Hkv)
+    out = concat_heads(y) W_out        (B, T, d_model)
+
+Splitting into heads adds no parameters: it only decides how the d_model channels are grouped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import ACCEPTED_DTYPES, as_float_array, check_positive_int
+from .attention import attention
+from .flash import flash_attention
+from .position import rope as apply_rope
+
+Array = NDArray[np.floating]
+
+
+class MultiHeadAttention:
+    """n_heads query heads of d_head = d_model / n_heads, sharing n_kv_heads key/value heads
+    (n_kv_heads = n_heads: classic multi-head; 1: multi-query; in between: grouped-query).
+
+    Weights multiply from the right (x @ W, W of shape (in, out): torch's nn.Linear.weight transposed):
+        w_qkv (d_model, (n_heads + 2·n_kv_heads)·d_head), columns [q heads | k heads | v heads]
+        w_out (d_model, d_model)
+    rope=True rotates q and k (never v) by position before the scores.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        *,
+        rope: bool = False,
+        rng: np.random.Generator | None = None,
+        dtype: Any = np.float32,
+    ):
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.n_heads = check_positive_int(n_heads, "n_heads")
+        self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads", allow_none=True) or self.n_heads
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        if np.dtype(dtype) not in ACCEPTED_DTYPES:
+            raise TypeError(f"dtype must be float16, float32 or float64; got {np.dtype(dtype)}")
+        self.d_head = self.d_model // self.n_heads
+        if rope and self.d_head % 2:
+            raise ValueError(f"rope=True needs an even head size; got d_head={self.d_head}")
+        self.rope = bool(rope)
+        rng = np.random.default_rng(0) if rng is None else rng
+        n_qkv = (self.n_heads + 2 * self.n_kv_heads) * self.d_head
+        # uniform(-1/√in, 1/√in): the range torch's nn.Linear draws its default weights from
+        bound = 1.0 / np.sqrt(self.d_model)
+        self.w_qkv = rng.uniform(-bound, bound, (self.d_model, n_qkv)).astype(dtype)
+        self.w_out = rng.uniform(-bound, bound, (self.d_model, self.d_model)).astype(dtype)
+
+    @property
+    def num_parameters(self) -> int:
+        """Weights in w_qkv and w_out (no biases)."""
+        return int(self.w_qkv.size + self.w_out.size)
+
+    def split_heads(self, x: Array) -> tuple[Array, Array, Array]:
+        """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul."""
+        B, T, _ = x.shape
+        qkv = x @ self.w_qkv  # (B, T, (H + 2·Hkv)·d_head): all heads' q, k and v at once
+        q_end = self.n_heads * self.d_head
+        k_end = q_end + self.n_kv_heads * self.d_head
+        q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
+        # (B, T, heads·d_head) -> (B, T, heads, d_head) -> (B, heads, T, d_head): each head its own problem
+        q = q.reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)
+        k = k.reshape(B, T, self.n_kv_heads, self.d_head).swapaxes(1, 2)
+        v = v.reshape(B, T, self.n_kv_heads, self.d_head).swapaxes(1, 2)
+        if self.rope:
+            q, k = apply_rope(q), apply_rope(k)  # position enters the scores only: v stays as it is
+        return q, k, v
+
+    def __call__(self, x: Array, *, causal: bool = True, fused: bool = True) -> Array:
+        """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash_attention,
+        fused=False the reference attention() that builds the (B, H, T, T) scores."""
+        x = as_float_array(x, "x")
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
+        unbatched = x.ndim == 2
+        if unbatched:
+            x = x[None]  # (1, T, d_model)
+        B, T, _ = x.shape
+        q, k, v = self.split_heads(x.astype(self.w_qkv.dtype, copy=False))
+        attend = flash_attention if fused else attention
+        y = cast(Array, attend(q, k, v, causal=causal))  # (B, H, T, d_head)
+        y = y.swapaxes(1, 2).reshape(B, T, self.d_model)  # glue the heads back: (B, T, d_model)
+        out = y @ self.w_out  # (B, T, d_model)
+        return out[0] if unbatched else out

@@ -1,0 +1,85 @@
+"""Every table in the project goes through here: tabulate, byte units, number formats.
+
+Byte figures always carry their unit. Binary units (KiB, MiB, GiB: powers of 1024) and decimal units
+(KB, MB, GB: powers of 1000) are never mixed in one figure; a table header names the unit it uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+from tabulate import tabulate, tabulate_formats
+
+TABLE_FORMATS: list[str] = sorted(tabulate_formats)
+
+_BINARY = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
+_DECIMAL = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
+UNITS: dict[str, int] = {**_BINARY, **_DECIMAL}
+
+
+def check_format(fmt: str) -> str:
+    """Return fmt if tabulate knows it, else raise a ValueError that lists the formats it does know."""
+    if fmt not in tabulate_formats:
+        raise ValueError(f"table format must be one of {', '.join(TABLE_FORMATS)}; got {fmt!r}")
+    return fmt
+
+
+def to_unit(n_bytes: float, unit: str) -> float:
+    """Bytes expressed in `unit` ("MiB", "GB", ...): to_unit(134_217_728, "MiB") == 128.0."""
+    if unit not in UNITS:
+        raise ValueError(f"unit must be one of {', '.join(UNITS)}; got {unit!r}")
+    return n_bytes / UNITS[unit]
+
+
+def best_unit(n_bytes: float, units: str = "binary") -> str:
+    """The largest unit of the family ("binary" or "decimal") in which n_bytes is at least 1."""
+    if units not in ("binary", "decimal"):
+        raise ValueError(f"units must be 'binary' or 'decimal'; got {units!r}")
+    family = _BINARY if units == "binary" else _DECIMAL
+    chosen = "B"
+    for name, size in family.items():
+        if abs(n_bytes) >= size:
+            chosen = name
+    return chosen
+
+
+def format_bytes(n_bytes: float, units: str = "binary", digits: int = 1) -> str:
+    """'128.0 MiB' (binary) or '134.2 MB' (decimal); whole bytes print without decimals."""
+    unit = best_unit(n_bytes, units)
+    if unit == "B":
+        return f"{n_bytes:,.0f} B"
+    return f"{to_unit(n_bytes, unit):,.{digits}f} {unit}"
+
+
+def table(
+    rows: Iterable[Sequence[Any]],
+    headers: Sequence[str],
+    fmt: str = "simple",
+    floatfmt: str | Sequence[str] = "g",
+    colalign: Sequence[str] | None = None,
+) -> str:
+    """Render rows as text with tabulate; fmt is any tabulate format (github, simple, latex, ...)."""
+    check_format(fmt)
+    return tabulate(
+        list(rows), headers=list(headers), tablefmt=fmt, floatfmt=floatfmt, colalign=colalign
+    )
+
+
+def matrix_table(
+    matrix: np.ndarray,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str] | None = None,
+    fmt: str = "simple",
+    digits: int = 3,
+) -> str:
+    """A 2-D array with a label on every row and column, e.g. attention weights between tokens."""
+    matrix = np.asarray(matrix)
+    if matrix.ndim != 2 or matrix.shape[0] != len(row_labels):
+        raise ValueError(
+            f"matrix must be 2-D with one row per label ({len(row_labels)}); got shape {matrix.shape}"
+        )
+    col_labels = list(row_labels if col_labels is None else col_labels)
+    rows = [[label, *row] for label, row in zip(row_labels, matrix.tolist())]
+    return table(rows, ["", *col_labels], fmt=fmt, floatfmt=f".{digits}f")

@@ -1,0 +1,90 @@
+"""softmax, logsumexp and merge_states: the algebra behind the online ("flash") softmax.
+
+softmax(x)_j = exp(x_j - m) / sum_k exp(x_k - m) for any m; we take m = max_k x_k so that no exp
+overflows (exp(89) is already inf in float32). A row that is -inf everywhere (every key masked) has
+no maximum to subtract; we define its softmax as all zeros and its logsumexp as -inf, like torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import as_float_array, compute_dtype
+
+Array = NDArray[np.floating]
+
+
+def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
+    """Max along axis with keepdims, where a row of all -inf gives 0 instead of -inf.
+
+    Subtracting 0 from such a row leaves it -inf, exp gives 0 everywhere: no -inf - (-inf) = NaN.
+    """
+    m = np.max(x, axis=axis, keepdims=True)
+    return np.where(np.isneginf(m), 0.0, m).astype(x.dtype, copy=False)
+
+
+def softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """softmax written into x itself (no second array of x's size); x must be a writable float array.
+
+    attention() uses this on its score matrix so that the weights reuse the scores' memory.
+    """
+    x -= _safe_max(x, axis)  # every entry now <= 0: exp cannot overflow
+    np.exp(x, out=x)
+    total = np.sum(x, axis=axis, keepdims=True)  # 0 only for an all -inf row, which is all 0 already
+    np.divide(x, total, out=x, where=total > 0)
+    return x
+
+
+def softmax(x: Array, axis: int = -1) -> Array:
+    """exp(x - max) / sum(exp(x - max)) along axis; a row of all -inf gives all zeros (not NaN).
+
+    float16 is computed in float32 and cast back.
+    """
+    x = as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
+    work = x.astype(compute_dtype(x), copy=True)
+    return softmax_(work, axis).astype(x.dtype, copy=False)
+
+
+def logsumexp(x: Array, axis: int = -1, keepdims: bool = False) -> Array:
+    """log(sum(exp(x))) along axis, computed as m + log(sum(exp(x - m))); an all -inf row gives -inf."""
+    x = as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
+    x_c = x.astype(compute_dtype(x), copy=False)
+    m = _safe_max(x_c, axis)
+    total = np.sum(np.exp(x_c - m), axis=axis, keepdims=True)
+    with np.errstate(divide="ignore"):  # log(0) = -inf is the answer for an all -inf row
+        out = m + np.log(total)
+    out = out.astype(x.dtype, copy=False)
+    return out if keepdims else np.squeeze(out, axis=axis)
+
+
+def merge_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tuple[Array, Array]:
+    """Combine two partial attentions over disjoint key sets A and B into the attention over A ∪ B.
+
+    out_x (..., L, Ev) is softmax over keys X applied to V_X, lse_x (..., L) its logsumexp of scores.
+    Because exp(lse) is each part's softmax denominator:
+        lse = log(exp(lse_a) + exp(lse_b))
+        out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+    A part with no visible key (lse = -inf) gets weight 0; if both have none, out = 0 and lse = -inf.
+    (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; Dao et al. 2022.)
+    """
+    out_a, out_b = as_float_array(out_a, "out_a"), as_float_array(out_b, "out_b")
+    lse_a, lse_b = as_float_array(lse_a, "lse_a"), as_float_array(lse_b, "lse_b")
+    if out_a.shape != out_b.shape:
+        raise ValueError(f"out_a and out_b must have the same shape; got {out_a.shape} and {out_b.shape}")
+    if lse_a.shape != lse_b.shape or lse_a.shape != out_a.shape[:-1]:
+        raise ValueError(
+            f"lse_a and lse_b must have shape {out_a.shape[:-1]} (out without its last dim); "
+            f"got {lse_a.shape} and {lse_b.shape}"
+        )
+    lse = np.logaddexp(lse_a, lse_b)  # (..., L); -inf only where both are -inf
+    seen = np.isfinite(lse)
+    with np.errstate(invalid="ignore"):  # -inf - (-inf) where neither part saw a key: masked below
+        w_a = np.where(seen, np.exp(lse_a - lse), 0.0)[..., None]  # (..., L, 1)
+        w_b = np.where(seen, np.exp(lse_b - lse), 0.0)[..., None]
+    out = (w_a * out_a + w_b * out_b).astype(np.result_type(out_a, out_b), copy=False)
+    return out, lse
