@@ -1,0 +1,233 @@
+"""Causal attention on one sentence, checked against a reference at every step.
+
+What it shows, in numbered sections:
+  1) one head on "Holmes examined the telegram.": one_head() equals the reference attention(),
+     and torch's F.scaled_dot_product_attention(is_causal=True) when torch is installed
+  2) the 5x5 attention weights with token labels: rows sum to 1, the future is 0, row 1 is 1.000
+  3) multi-head, 4 heads of 64: flash (fused) equals the reference, output shape, 262,144 parameters
+  4) the two causal alignments for 2 queries and 5 keys: top-left (torch) vs bottom-right (ours)
+  5) the tile map of causal flash attention at T=1024 with 128 x 128 tiles: run, masked, skipped
+  6) why the scores are divided by √d: variance and peakiness of the softmax with and without it
+
+Run:  python scripts/attention.py [--seed 0] [--format simple]
+Every claim above is checked in code; the exit code is 1 (and the failed checks are named) if one fails.
+The weights are random and untrained: the numbers show the mechanics, not meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from tinyattn_np import (
+    MultiHeadAttention,
+    attention,
+    causal_mask,
+    draw_tile_plan,
+    embed,
+    flash_attention,
+    one_head,
+    scaled_dot_product_attention,
+    softmax,
+    tile_plan,
+    tokenize,
+)
+from tinyattn_np.report import TABLE_FORMATS, matrix_table, table
+
+SENTENCE = "Holmes examined the telegram."
+D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
+TOL = 1e-5  # float32 results computed in two different orders agree to about 1e-6
+
+failures: list[str] = []
+
+
+def check(ok: bool, claim: str) -> None:
+    """Remember a claim that turned out false; main() reports them all and exits 1."""
+    if not ok:
+        failures.append(claim)
+        print(f"   CHECK FAILED: {claim}")
+
+
+def max_diff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def load_torch():
+    """torch if it is installed, else None. tinyattn_np never needs it; here it is one more witness."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
+    print(f"1) one head on {SENTENCE!r}")
+    tokens = tokenize(SENTENCE)
+    x = embed(tokens, D_MODEL, seed=seed)  # (5, 256), float32
+    # three random projections; 1/√d_model keeps q, k, v entries near unit variance
+    wq, wk, wv = ((rng.standard_normal((D_MODEL, D_HEAD)) / np.sqrt(D_MODEL)).astype(np.float32) for _ in range(3))
+    out, weights = one_head(x, wq, wk, wv)  # (5, 64), (5, 5)
+    print(f"   {len(tokens)} tokens: {tokens}")
+    print(f"   x {x.shape} {x.dtype} -> one head of {D_HEAD} -> out {out.shape}, weights {weights.shape}")
+
+    q, k, v = x @ wq, x @ wk, x @ wv  # (5, 64) each
+    ref = attention(q, k, v, causal=True)  # (5, 64)
+    diff = max_diff(out, ref)
+    print(f"   max |one_head - attention(causal=True)| = {diff:.1e}")
+    check(diff < TOL, f"one_head equals attention() within {TOL:g}")
+
+    torch = load_torch()
+    if torch is None:
+        print("   torch checks skipped (here and in 4): torch is not installed (pip install torch adds them)")
+    else:
+        import torch.nn.functional as F
+
+        gold = F.scaled_dot_product_attention(
+            *(torch.from_numpy(t)[None] for t in (q, k, v)), is_causal=True
+        )[0].numpy()  # (5, 64)
+        diff = max_diff(out, gold)
+        print(f"   max |one_head - torch F.scaled_dot_product_attention(is_causal=True)| = {diff:.1e}"
+              f"  (torch {torch.__version__})")
+        check(diff < TOL, f"one_head equals torch SDPA within {TOL:g}")
+
+    print("\n2) attention weights (row = the token doing the looking; random, untrained weights)")
+    labels = [repr(t) for t in tokens]
+    print(matrix_table(weights, labels, fmt=fmt, digits=3))
+    row_sums = weights.sum(axis=-1)  # (5,)
+    future = weights[np.triu_indices(len(tokens), k=1)]  # the entries above the diagonal
+    print(f"   row sums: {np.array2string(row_sums, precision=6)}; largest weight on a future token: {future.max():g}")
+    check(bool(np.allclose(row_sums, 1.0, atol=1e-6)), "every row of the weights sums to 1")
+    check(bool(np.all(future == 0.0)), "the upper triangle (the future) is exactly 0")
+    check(bool(abs(weights[0, 0] - 1.0) < 1e-6), "the first token sees only itself: row 1 is 1.000")
+
+
+def multihead_demo(rng: np.random.Generator, seed: int) -> None:
+    print(f"\n3) multi-head: {N_HEADS} heads of {D_MODEL // N_HEADS}, one qkv matmul")
+    mha = MultiHeadAttention(D_MODEL, N_HEADS, rng=rng)
+    x = embed(tokenize(SENTENCE), D_MODEL, seed=seed)[None]  # (1, 5, 256): a batch of one
+    fused = mha(x, fused=True)  # flash_attention inside
+    unfused = mha(x, fused=False)  # the reference attention(), score matrix and all
+    diff = max_diff(fused, unfused)
+    n_params = mha.num_parameters
+    print(f"   w_qkv {mha.w_qkv.shape} + w_out {mha.w_out.shape} = {n_params:,} params"
+          f" (3·256·256 + 256·256 = 4·256·256 = {4 * D_MODEL * D_MODEL:,})")
+    print(f"   input {x.shape} -> output {fused.shape}; max |fused - unfused| = {diff:.1e}")
+    check(diff < TOL, f"fused multi-head equals unfused within {TOL:g}")
+    check(fused.shape == x.shape, "multi-head output has the input's shape (1, 5, 256)")
+    check(n_params == 262_144, "MultiHeadAttention(256, 4) has 262,144 parameters")
+
+
+def grid(mask: np.ndarray) -> list[str]:
+    return [" ".join(str(int(m)) for m in row) for row in mask]
+
+
+def alignment_demo(rng: np.random.Generator) -> None:
+    n_q, n_k = 2, 5  # two new queries after three cached keys
+    print(f"\n4) causal alignment with L={n_q} queries and S={n_k} keys (1 = may attend)")
+    top_left = causal_mask(n_q, n_k, align="top_left")  # (2, 5): query i sees j <= i
+    bottom_right = causal_mask(n_q, n_k, align="bottom_right")  # (2, 5): query i sees j <= i + S - L
+    left_title, right_title = "top_left: torch is_causal=True", "bottom_right: attention(causal=True)"
+    width = max(len(left_title), 9) + 4
+    print(f"   {left_title:<{width}}{right_title}")
+    for left, right in zip(grid(top_left), grid(bottom_right)):
+        print(f"   {left:<{width}}{right}")
+    print("   bottom-right lets the newest query see every key, as decoding with a KV cache needs;")
+    print("   with L == S the two are the same lower triangle")
+
+    q = rng.standard_normal((n_q, D_HEAD))  # (2, 64)
+    k, v = rng.standard_normal((2, n_k, D_HEAD))  # (5, 64) each
+    ours = attention(q, k, v, causal=True)  # (2, 64)
+    sdpa = scaled_dot_product_attention(q, k, v, is_causal=True)  # (2, 64)
+    check(max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
+          "attention(causal=True) uses the bottom-right mask")
+    check(max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
+          "scaled_dot_product_attention(is_causal=True) uses the top-left mask")
+    check(max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
+    torch = load_torch()
+    if torch is not None:
+        import torch.nn.functional as F
+
+        gold = F.scaled_dot_product_attention(*(torch.from_numpy(t) for t in (q, k, v)), is_causal=True)
+        diff = max_diff(sdpa, gold.numpy())
+        print(f"   torch's is_causal=True at L={n_q}, S={n_k} matches the top-left grid: max diff {diff:.1e}")
+        check(diff < TOL, "torch SDPA(is_causal=True) is top-left aligned, like scaled_dot_product_attention")
+
+
+def tile_demo(rng: np.random.Generator, fmt: str) -> None:
+    T, block = 1024, 128
+    print(f"\n5) causal flash attention at T={T} in {block} x {block} tiles"
+          " ('#' full tile, '\\' diagonal tile with a mask, '.' skipped)")
+    tiles = tile_plan(T, T, block, block, causal=True)
+    print("\n".join("   " + line for line in draw_tile_plan(tiles, T, T, block, block).splitlines()))
+    n_total = (T // block) ** 2
+    n_diagonal = sum(t.kind == "diagonal" for t in tiles)
+    n_full = len(tiles) - n_diagonal
+    n_skipped = n_total - len(tiles)
+    computed = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
+    rows = [
+        ["run, full (no mask)", n_full],
+        ["run, diagonal (masked)", n_diagonal],
+        ["skipped (wholly in the future)", n_skipped],
+        ["total", n_total],
+    ]
+    print(table(rows, ["tiles", "count"], fmt=fmt))
+    print(f"   scores computed: {computed:,} of {T * T:,} ({computed / (T * T):.0%}); the unmasked"
+          f" triangle alone is {T * (T + 1) // 2:,}")
+    check(n_diagonal == T // block, "one diagonal tile per row of tiles")
+    check(n_skipped == n_full, "as many tiles skipped as run in full (half the off-diagonal tiles)")
+
+    q, k, v = rng.standard_normal((3, T, D_HEAD)).astype(np.float32)  # (1024, 64) each: one head
+    flash = flash_attention(q, k, v, causal=True, block_q=block, block_k=block)  # (1024, 64)
+    diff = max_diff(flash, attention(q, k, v, causal=True))
+    print(f"   one head, E={D_HEAD}, float32: max |flash_attention - attention| = {diff:.1e}")
+    check(diff < TOL, f"flash_attention equals attention at T={T} within {TOL:g}")
+
+
+def scale_demo(rng: np.random.Generator, fmt: str) -> None:
+    n, d = 512, D_HEAD
+    print(f"\n6) why divide by √d: {n} queries x {n} keys, unit-normal entries, d={d}")
+    q = rng.standard_normal((n, d))  # (512, 64)
+    k = rng.standard_normal((n, d))  # (512, 64)
+    raw = q @ k.T  # (512, 512): each a sum of 64 products of variance 1, so variance 64
+    scaled = raw / np.sqrt(d)  # (512, 512): variance 64 / 8² = 1
+    peak_raw = softmax(raw).max(axis=-1).mean()  # mean over rows of the largest weight
+    peak_scaled = softmax(scaled).max(axis=-1).mean()
+    rows = [["q·k", raw.var(), peak_raw], [f"q·k / √{d}", scaled.var(), peak_scaled]]
+    print(table(rows, ["scores", "variance", "mean largest weight per row"], fmt=fmt, floatfmt=".3f"))
+    print(f"   unscaled, the top key takes {peak_raw:.0%} of its row on average: near one-hot, tiny gradients")
+    print(f"   scaled, the top key gets {peak_scaled:.1%}: spread out (uniform would be {1 / n:.1%})")
+    check(48 < raw.var() < 80, f"variance of q·k is about {d}")
+    check(0.75 < scaled.var() < 1.25, "variance of q·k/√d is about 1")
+    check(peak_raw > 0.5 > 0.1 > peak_scaled, "softmax is peaked without the scale and spread with it")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="One causal attention head on 'Holmes examined the telegram.', its weight table, "
+        "multi-head, the two causal alignments, the tiles flash attention skips, and why scores are "
+        "divided by √d; every claim is checked (exit 1 if one fails).",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and inputs (default 0)")
+    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FORMAT",
+                        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+
+    one_head_demo(rng, args.seed, args.format)
+    multihead_demo(rng, args.seed)
+    alignment_demo(rng)
+    tile_demo(rng, args.format)
+    scale_demo(rng, args.format)
+
+    if failures:
+        print(f"\n{len(failures)} check(s) failed:\n" + "\n".join(f"  - {f}" for f in failures), file=sys.stderr)
+        return 1
+    print("\nall checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
