@@ -1,0 +1,50 @@
+import numpy as np
+import pytest
+
+from conftest import bottom_right
+from tinyattn_np import causal_mask, window_mask
+
+
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (4, 4), (2, 5), (5, 2), (1, 9), (3, 0), (0, 3)])
+def test_bottom_right_matches_loop_oracle(n_q, n_k):
+    np.testing.assert_array_equal(causal_mask(n_q, n_k), bottom_right(n_q, n_k))
+
+
+def test_top_left_is_torch_is_causal():
+    # torch: is_causal=True uses tril(ones(L, S)), i.e. j <= i
+    np.testing.assert_array_equal(causal_mask(2, 5, align="top_left"), np.tril(np.ones((2, 5), bool)))
+    np.testing.assert_array_equal(causal_mask(5, 2, align="top_left"), np.tril(np.ones((5, 2), bool)))
+
+
+def test_two_alignments_for_two_queries_over_five_keys():
+    # the picture in masks.py's docstring, checked
+    assert causal_mask(2, 5, align="top_left").astype(int).tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
+    assert causal_mask(2, 5).astype(int).tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_alignments_agree_when_square(n):
+    np.testing.assert_array_equal(causal_mask(n), causal_mask(n, n, align="top_left"))
+    assert causal_mask(n).dtype == np.bool_
+
+
+def test_decode_row_sees_everything():
+    assert causal_mask(1, 7).all()
+
+
+def test_window_mask():
+    w = window_mask(5, window=2)
+    for i in range(5):
+        assert w[i].nonzero()[0].tolist() == [j for j in (i - 1, i) if j >= 0]
+    np.testing.assert_array_equal(window_mask(3, 6, window=100), causal_mask(3, 6))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="align"):
+        causal_mask(3, align="left")
+    with pytest.raises(ValueError, match="n_q"):
+        causal_mask(-1)
+    with pytest.raises(ValueError, match="n_k"):
+        causal_mask(2, 2.5)
+    with pytest.raises(ValueError, match="window"):
+        window_mask(3, window=0)

@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+
+from tinyattn_np import MultiHeadAttention, attention, rope
+
+
+def hand_rolled(mha, x, causal=True):
+    """Per-head loop with separate slices of w_qkv: the long way that the fused matmul replaces."""
+    B, T, C = x.shape
+    H, Hkv, dh = mha.n_heads, mha.n_kv_heads, mha.d_head
+    w_q = mha.w_qkv[:, : H * dh]
+    w_k = mha.w_qkv[:, H * dh : (H + Hkv) * dh]
+    w_v = mha.w_qkv[:, (H + Hkv) * dh :]
+    heads = []
+    for h in range(H):
+        g = h // (H // Hkv)
+        q = x @ w_q[:, h * dh : (h + 1) * dh]
+        k = x @ w_k[:, g * dh : (g + 1) * dh]
+        v = x @ w_v[:, g * dh : (g + 1) * dh]
+        if mha.rope:
+            q, k = rope(q), rope(k)
+        heads.append(attention(q, k, v, causal=causal))  # (B, T, dh)
+    return np.concatenate(heads, axis=-1) @ mha.w_out
+
+
+def test_article_parameter_count():
+    mha = MultiHeadAttention(256, 4)
+    assert mha.num_parameters == 262_144 == 4 * 256 * 256
+    assert mha.w_qkv.shape == (256, 768) and mha.w_out.shape == (256, 256)
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(4, None), (4, 2), (4, 1)])
+@pytest.mark.parametrize("use_rope", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_unfused_and_hand_rolled_agree(rng, n_heads, n_kv_heads, use_rope, causal):
+    mha = MultiHeadAttention(32, n_heads, n_kv_heads, rope=use_rope, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((2, 9, 32))
+    fused, unfused = mha(x, causal=causal), mha(x, causal=causal, fused=False)
+    assert fused.shape == (2, 9, 32)
+    np.testing.assert_allclose(fused, unfused, atol=1e-13)
+    np.testing.assert_allclose(fused, hand_rolled(mha, x, causal), atol=1e-13)
+    kv = n_kv_heads or n_heads
+    assert mha.w_qkv.shape == (32, (n_heads + 2 * kv) * 8)
+
+
+def test_unbatched_input_and_float32(rng):
+    mha = MultiHeadAttention(16, 2, rng=rng)
+    x = rng.standard_normal((5, 16)).astype(np.float32)
+    out = mha(x)
+    assert out.shape == (5, 16) and out.dtype == np.float32
+    np.testing.assert_allclose(out, mha(x[None])[0], atol=1e-6)
+
+
+def test_rope_makes_order_visible(rng):
+    mha_plain = MultiHeadAttention(16, 2, rng=np.random.default_rng(0), dtype=np.float64)
+    mha_rope = MultiHeadAttention(16, 2, rope=True, rng=np.random.default_rng(0), dtype=np.float64)
+    x = rng.standard_normal((4, 16))
+    swapped = x[[2, 1, 0, 3]]  # same set of tokens before the last one, another order
+    assert np.allclose(mha_plain(x)[-1], mha_plain(swapped)[-1])
+    assert not np.allclose(mha_rope(x)[-1], mha_rope(swapped)[-1])
+
+
+def test_bad_configuration():
+    with pytest.raises(ValueError, match="divisible by n_heads"):
+        MultiHeadAttention(10, 3)
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        MultiHeadAttention(16, 4, 3)
+    with pytest.raises(TypeError, match="dtype"):
+        MultiHeadAttention(16, 4, dtype=np.int32)
+    with pytest.raises(ValueError, match="even head size"):
+        MultiHeadAttention(12, 4, rope=True)
+    with pytest.raises(ValueError, match="n_heads"):
+        MultiHeadAttention(16, 0)
+    with pytest.raises(ValueError, match=r"x must be \(B, T, 16\)"):
+        MultiHeadAttention(16, 4)(np.zeros((2, 3, 8), np.float32))

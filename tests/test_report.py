@@ -1,0 +1,28 @@
+import numpy as np
+import pytest
+
+from tinyattn_np.report import best_unit, format_bytes, matrix_table, table, to_unit
+
+
+def test_units_never_mix():
+    assert format_bytes(134_217_728) == "128.0 MiB"
+    assert format_bytes(134_217_728, "decimal") == "134.2 MB"
+    assert format_bytes(512) == "512 B"
+    assert to_unit(2**30, "GiB") == 1.0 and to_unit(10**9, "GB") == 1.0
+    assert best_unit(1023) == "B" and best_unit(1024) == "KiB" and best_unit(1000, "decimal") == "KB"
+    with pytest.raises(ValueError, match="unit must be one of"):
+        to_unit(1, "mb")
+    with pytest.raises(ValueError, match="units"):
+        format_bytes(1, "metric")
+
+
+def test_tables():
+    text = table([["a", 1.5]], ["name", "x"], fmt="github")
+    assert text.splitlines()[0].startswith("| name")
+    with pytest.raises(ValueError, match="table format must be one of"):
+        table([], ["x"], fmt="fancy-ish")
+    weights = np.array([[1.0, 0.0], [0.25, 0.75]])
+    text = matrix_table(weights, ["'a'", "'b'"])
+    assert "0.750" in text and "1.000" in text
+    with pytest.raises(ValueError, match="one row per label"):
+        matrix_table(weights, ["a"])
