@@ -98,7 +98,8 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
     print(matrix_table(weights, labels, fmt=fmt, digits=3))
     row_sums = weights.sum(axis=-1)  # (5,)
     future = weights[np.triu_indices(len(tokens), k=1)]  # the entries above the diagonal
-    print(f"   row sums: {np.array2string(row_sums, precision=6)}; largest weight on a future token: {future.max():g}")
+    print(f"   row sums: {np.array2string(row_sums, precision=6)};"
+          f" largest weight on a future token: {future.max():g}")
     check(bool(np.allclose(row_sums, 1.0, atol=1e-6)), "every row of the weights sums to 1")
     check(bool(np.all(future == 0.0)), "the upper triangle (the future) is exactly 0")
     check(bool(abs(weights[0, 0] - 1.0) < 1e-6), "the first token sees only itself: row 1 is 1.000")
@@ -223,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     scale_demo(rng, args.format)
 
     if failures:
-        print(f"\n{len(failures)} check(s) failed:\n" + "\n".join(f"  - {f}" for f in failures), file=sys.stderr)
+        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures),
+              sep="\n", file=sys.stderr)
         return 1
     print("\nall checks passed")
     return 0
