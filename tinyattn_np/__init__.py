@@ -3,7 +3,7 @@
 The names below are the public API (DESIGN.md); each lives in the module named after its concept.
 """
 
-from .attention import attention, scaled_dot_product_attention
+from .attention import AttentionMemoryError, attention, scaled_dot_product_attention
 from .flash import Tile, draw_tile_plan, flash_attention, tile_plan
 from .head import one_head
 from .masks import causal_mask, window_mask
@@ -23,6 +23,7 @@ from .text import embed, tokenize, token_vector
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionMemoryError",
     "LearnedPositions",
     "MultiHeadAttention",
     "Tile",

@@ -21,6 +21,8 @@ from numpy.typing import NDArray
 
 from ._checks import QKVShape, check_qkv, check_scale, compute_dtype, result_dtype
 from .masks import causal_blocked, causal_mask, causal_offset
+from .measure import memory_available
+from .report import format_bytes
 from .softmax import softmax_
 
 Array = NDArray[np.floating]
@@ -42,6 +44,23 @@ def _check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
+class AttentionMemoryError(MemoryError):
+    """attention() refused to build a score matrix larger than the memory that is available."""
+
+
+def _check_memory(scores_shape: tuple[int, ...], itemsize: int, with_mask: bool) -> None:
+    """Refuse, before allocating, a score matrix (plus its boolean mask) that does not fit in memory."""
+    n_scores = int(np.prod(scores_shape, dtype=np.int64))
+    needed = n_scores * itemsize + (scores_shape[-2] * scores_shape[-1] if with_mask else 0)
+    available = memory_available()
+    if needed > available:
+        raise AttentionMemoryError(
+            f"attention() would allocate {format_bytes(needed)} for the score matrix {scores_shape}, but "
+            f"only {format_bytes(available)} of memory is available. flash_attention() gives the same "
+            "result without building that matrix; pass check_memory=False to try anyway."
+        )
+
+
 def _grouped(x: np.ndarray, dims: QKVShape, n: int, kv: bool) -> np.ndarray:
     """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
 
@@ -61,6 +80,7 @@ def attention(
     mask: Any = None,
     scale: float | None = None,
     return_weights: bool = False,
+    check_memory: bool = True,
 ) -> Array | tuple[Array, Array]:
     """softmax(q kᵀ · scale + mask) v, building the (..., Hq, L, S) score matrix.
 
@@ -68,7 +88,10 @@ def attention(
     return_weights=True also the weights (..., Hq, L, S). 2-D inputs (L, E) are one head.
     mask: bool (True = may attend) or float (added to the scores), broadcastable to (..., Hq, L, S).
     causal=True hides key j from query i when j > i + S - L (bottom-right); it combines with mask.
-    A query that may see no key gets output 0 (and weights 0), never NaN.
+    A query that may see no key gets output 0 (and weights 0), never NaN; S = 0 gives zeros.
+    A NaN in q or k reaches only the output rows whose scores touch it. A NaN in v reaches every row:
+    weights @ v multiplies it by each row's weight, and 0 · NaN is NaN (the same in torch's math path).
+    check_memory=True refuses (AttentionMemoryError) a score matrix larger than the available memory.
     """
     two_d = np.ndim(q) == 2
     q, k, v, dims = check_qkv(q, k, v)
@@ -77,7 +100,9 @@ def attention(
     q_c, k_c, v_c = (x.astype(ct, copy=False) for x in (q, k, v))
     scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     if mask is not None:
-        mask = _check_mask(mask[None] if two_d and np.ndim(mask) == 3 else mask, scores_shape)
+        mask = _check_mask(mask, scores_shape)
+    if check_memory:
+        _check_memory(scores_shape, ct.itemsize, with_mask=causal or (mask is not None and mask.dtype == np.bool_))
 
     # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S)
     scores = _grouped(q_c, dims, dims.n_q, kv=False) @ _grouped(k_c, dims, dims.n_k, kv=True).swapaxes(-1, -2)

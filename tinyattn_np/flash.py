@@ -132,12 +132,13 @@ def _attend_rows(
         acc *= alpha[:, None]
         acc += s @ v[t.k_start : t.k_stop]
         m = m_new
-    # 6) divide once at the end; a row that saw no key (l = 0) gets out 0 and lse -inf
-    seen = l > 0
-    np.divide(acc, l[:, None], out=out_rows, where=seen[:, None])
-    out_rows[~seen] = 0.0
+    # 6) divide once at the end; a row that saw no key (l = 0) gets out 0 and lse -inf.
+    #    (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)
+    empty = l == 0
+    np.divide(acc, l[:, None], out=out_rows, where=~empty[:, None])
+    out_rows[empty] = 0.0
     with np.errstate(divide="ignore"):
-        lse_rows[:] = np.where(seen, m + np.log(l), -np.inf)
+        lse_rows[:] = np.where(empty, -np.inf, m + np.log(l))
 
 
 _blas_controller: Any = None

@@ -20,7 +20,7 @@ def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
 
     Subtracting 0 from such a row leaves it -inf, exp gives 0 everywhere: no -inf - (-inf) = NaN.
     """
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty row (no keys) is -inf too
     return np.where(np.isneginf(m), 0.0, m).astype(x.dtype, copy=False)
 
 
