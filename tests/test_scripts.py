@@ -1,0 +1,118 @@
+"""The demo scripts run with their defaults, print what the README quotes, and exit 1 when a check fails.
+
+Each script runs in a fresh interpreter (sys.executable), with this checkout first on PYTHONPATH so that
+the tree under test is the one imported. torch is optional: the attention script is run once with torch
+hidden, whether or not it is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+
+# Runs a script as __main__ with `import torch` failing, as on a machine without torch.
+WITHOUT_TORCH = (
+    "import runpy, sys; sys.modules['torch'] = None; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def passed(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "all checks passed" in result.stdout
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def attention_out() -> str:
+    return passed(run(str(SCRIPTS / "attention.py")))
+
+
+@pytest.fixture(scope="module")
+def position_out() -> str:
+    return passed(run(str(SCRIPTS / "position.py")))
+
+
+def test_attention_script_sections(attention_out: str) -> None:
+    for n in range(1, 7):
+        assert re.search(rf"^{n}\) ", attention_out, re.MULTILINE), f"section {n}) missing"
+    assert "['Holmes', ' examined', ' the', ' telegram', '.']" in attention_out
+    assert re.search(r"^'Holmes'\s+1\.000(\s+0\.000){4}\s*$", attention_out, re.MULTILINE), "first weight row"
+    assert "= 262,144 params" in attention_out
+    assert "output (1, 5, 256)" in attention_out
+    assert re.search(r"1 0 0 0 0\s+1 1 1 1 0\n\s+1 1 0 0 0\s+1 1 1 1 1", attention_out), "alignment grids"
+    assert re.search(r"run, diagonal \(masked\)\s+8", attention_out)
+    assert re.search(r"skipped \(wholly in the future\)\s+28", attention_out)
+
+
+def test_attention_script_torch_line_matches_what_is_installed(attention_out: str) -> None:
+    has_torch = importlib.util.find_spec("torch") is not None
+    assert ("torch F.scaled_dot_product_attention(is_causal=True)" in attention_out) == has_torch
+    assert ("torch checks skipped" in attention_out) == (not has_torch)
+
+
+def test_attention_script_without_torch() -> None:
+    out = passed(run("-c", WITHOUT_TORCH, str(SCRIPTS / "attention.py")))
+    assert "torch checks skipped (here and in 4): torch is not installed" in out
+
+
+def test_position_script_sections(position_out: str) -> None:
+    for n in range(1, 6):
+        assert re.search(rf"^{n}\) ", position_out, re.MULTILINE), f"section {n}) missing"
+    assert "shuffle [3, 0, 4, 1, 2] in -> same shuffle out" in position_out
+    assert "no position: max difference in the final '.' vector = 0.000000" in position_out
+    rotary = re.search(r"RoPE: +max difference in the final '\.' vector = ([0-9.]+)", position_out)
+    assert rotary and float(rotary.group(1)) > 0
+    scores = dict(re.findall(r"^\((\d+, \d+)\)\s+\d+\s+(-?[0-9.]+)\s*$", position_out, re.MULTILINE))
+    assert scores["10, 3"] == scores["110, 103"] == scores["507, 500"] != scores["10, 9"]
+    assert "ValueError: positions must lie in [0, 1024)" in position_out
+
+
+def test_position_script_other_seed_and_format() -> None:
+    out = passed(run(str(SCRIPTS / "position.py"), "--seed", "7", "--format", "github"))
+    assert re.search(r"^\| \(10, 3\)\s+\|", out, re.MULTILINE), "github table rows start with |"
+
+
+@pytest.mark.parametrize("script", ["attention.py", "position.py"])
+def test_help(script: str) -> None:
+    result = run(str(SCRIPTS / script), "--help")
+    assert result.returncode == 0, result.stderr
+    assert "--seed" in result.stdout and "--format" in result.stdout
+
+
+def test_unknown_format_is_refused() -> None:
+    result = run(str(SCRIPTS / "position.py"), "--format", "no-such-format")
+    assert result.returncode == 2 and "invalid choice" in result.stderr
+
+
+def load(script: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"script_{Path(script).stem}", SCRIPTS / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failed_check_exits_1_and_names_it(capsys: pytest.CaptureFixture[str]) -> None:
+    position = load("position.py")
+    rope = position.rope
+    position.rope = lambda x, **kw: rope(x, **kw) * 1.01  # a "rotation" that stretches by 1 %
+    assert position.main([]) == 1
+    assert "RoPE (interleaved pairs (2i, 2i+1)) preserves every vector's norm" in capsys.readouterr().err
