@@ -83,3 +83,37 @@ def matrix_table(
     col_labels = list(row_labels if col_labels is None else col_labels)
     rows = [[label, *row] for label, row in zip(row_labels, matrix.tolist())]
     return table(rows, ["", *col_labels], fmt=fmt, floatfmt=f".{digits}f")
+
+
+def column_unit(values: Iterable[float], units: str = "binary") -> str:
+    """One unit for a whole column of byte figures: the best unit for its median nonzero value.
+
+    A header then names the unit once ("KV cache (GiB)") and every cell is a bare number in it.
+    """
+    nonzero = sorted(abs(v) for v in values if v)
+    return best_unit(nonzero[len(nonzero) // 2] if nonzero else 0, units)
+
+
+def format_sig(x: float) -> str:
+    """A number with about 3 significant digits and no exponent: 0.000488, 1.50, 15.0, 131, 8,192."""
+    if abs(x) < 1000:
+        x = float(f"{x:.3g}")  # round first, so that 9.996 prints as 10.0, not 10.00
+    size = abs(x)
+    if size == 0:
+        return "0"
+    if size >= 1000:
+        return f"{x:,.0f}"
+    if size >= 1:
+        return f"{x:.{max(0, 2 - int(np.floor(np.log10(size))))}f}"
+    return f"{x:#.3g}"  # '#' keeps trailing zeros: 0.500, not 0.5
+
+
+def text_table(rows: Iterable[Sequence[str]], headers: Sequence[str], fmt: str = "simple") -> str:
+    """Rows of already formatted cells: the first column left-aligned, the rest right-aligned.
+
+    tabulate's number parsing is off, so "15.0" stays "15.0" and a flag such as "12.0 *" lines up.
+    """
+    check_format(fmt)
+    rows = [list(row) for row in rows]
+    colalign = ["left"] + ["right"] * (len(headers) - 1)
+    return tabulate(rows, headers=list(headers), tablefmt=fmt, colalign=colalign, disable_numparse=True)
