@@ -1,0 +1,338 @@
+"""The memory bill: the articles' numbers to the byte, published parameter counts, config.json loading,
+clear errors, and the peak estimates of attention() / flash_attention() against tracemalloc."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyattn_np.attention import attention
+from tinyattn_np.flash import flash_attention
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.memory import (
+    PRESETS,
+    ModelShape,
+    attention_flops,
+    bytes_per_element,
+    causal_entries,
+    flash_attention_bytes,
+    kv_cache_bytes,
+    load_model_shape,
+    model_bill,
+    naive_attention_bytes,
+    score_matrix_bytes,
+)
+
+from conftest import bottom_right
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- the articles' numbers -------------------------------------------------------------------------
+
+
+def test_worked_example_at_8192_tokens():
+    """'Attention From Scratch': 67,108,864 entries; 134.2 MB = 128 MiB; x 32 heads x 32 layers."""
+    one = score_matrix_bytes(8192, dtype="fp16")
+    assert one == 8192 * 8192 * 2 == 134_217_728 == 128 * 2**20
+    every = score_matrix_bytes(8192, heads=32, layers=32, dtype="fp16")
+    assert every == 137_438_953_472 == 128 * 2**30
+    assert round(every / 1e9, 1) == 137.4
+    assert PRESETS["llama-3-8b"].weights_bytes("bf16") == 16_060_522_496  # "~16 GB"
+
+
+def test_tiny_model_score_column():
+    """'Train a Tiny GPT at Home, Part 2': 4 heads, 1.0 MiB at T=256 in fp32 ... 8192 MiB at 32k in fp16."""
+    assert score_matrix_bytes(256, heads=4, dtype="fp32") == 2**20
+    assert score_matrix_bytes(8192, heads=4, dtype="fp32") == 1024 * 2**20
+    assert score_matrix_bytes(256, heads=4, dtype="fp16") == 2**19
+    assert score_matrix_bytes(32768, heads=4, dtype="fp16") == 8192 * 2**20
+    assert PRESETS["tiny"].num_parameters == 262_144  # qkv 196,608 + out 65,536
+
+
+def test_kv_cache_per_token_bf16():
+    assert PRESETS["llama-3-8b"].kv_cache_bytes(1, "bf16") == 131_072
+    assert PRESETS["llama-3.1-70b"].kv_cache_bytes(1, "bf16") == 327_680
+    assert PRESETS["gpt2"].kv_cache_bytes(1, "bf16") == 36_864
+    assert kv_cache_bytes(8192, layers=32, kv_heads=8, head_dim=128) == 8192 * 131_072
+
+
+@pytest.mark.parametrize(
+    "name, published",
+    [
+        ("gpt2", 124_439_808),  # tied embeddings
+        ("llama-3-8b", 8_030_261_248),
+        ("llama-3.1-70b", 70_553_706_496),
+        ("mistral-7b-v0.1", 7_241_732_096),
+        ("qwen2.5-7b", 7_615_616_512),
+        ("gemma-2-9b", 9_241_705_984),
+        ("phi-3-mini", 3_821_079_552),
+    ],
+)
+def test_parameter_counts_are_the_published_sizes(name, published):
+    assert PRESETS[name].num_parameters == published
+
+
+def test_long_context_ratio():
+    """1M tokens vs 8k: 125x the linear work, 125² = 15,625x the attention work."""
+    short, long = (attention_flops(n, heads=1, head_dim=64) for n in (8_000, 1_000_000))
+    assert long == 15_625 * short
+
+
+# --- the estimates themselves ----------------------------------------------------------------------
+
+
+def test_bytes_per_element():
+    expected = {"fp64": 8, "fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": Fraction(1, 2)}
+    for name, size in expected.items():
+        assert bytes_per_element(name) == size
+    assert bytes_per_element("int4") == 0.5
+    assert bytes_per_element(np.float16) == 2 and bytes_per_element(np.dtype("float64")) == 8
+    assert bytes_per_element("BFloat16") == 2
+    # int4 stays exact: 3 values take 2 bytes (the last half byte is padding), never a float
+    assert kv_cache_bytes(3, layers=1, kv_heads=1, head_dim=1, dtype="int4") == 3
+    assert score_matrix_bytes(3, 1, dtype="int4") == 2
+    assert isinstance(score_matrix_bytes(8192, heads=32, layers=32, dtype="int4"), int)
+
+
+def test_causal_entries_count_the_unmasked_scores():
+    for n_q, n_k in [(1, 1), (5, 5), (2, 5), (7, 3), (64, 200), (200, 64)]:
+        assert causal_entries(n_q, n_k) == bottom_right(n_q, n_k).sum(), (n_q, n_k)
+    assert causal_entries(8192) == 8192 * 8193 // 2
+
+
+def test_attention_flops():
+    # QKᵀ and PV: 2 FLOPs per multiply-add, E of them per score in each
+    assert attention_flops(1024, heads=4, head_dim=64) == 4 * 1024 * 1024 * 4 * 64
+    assert attention_flops(4, heads=1, head_dim=8, causal=True) == 10 * 2 * 16
+    assert attention_flops(2, 6, heads=1, head_dim=1, head_dim_v=3, batch=2) == 2 * 12 * 2 * 4
+
+
+def test_sliding_window_caps_the_cache():
+    assert kv_cache_bytes(10_000, layers=1, kv_heads=1, head_dim=1, dtype="fp32", window=4096) == 2 * 4096 * 4
+    mistral, gemma = PRESETS["mistral-7b-v0.1"], PRESETS["gemma-2-9b"]
+    assert mistral.kv_cache_bytes(32768) == mistral.kv_cache_bytes(4096)
+    # Gemma-2: 21 layers keep 4,096 tokens, 21 keep all of them
+    per_layer_token = 2 * 8 * 256 * 2
+    assert gemma.kv_cache_bytes(8192) == 21 * per_layer_token * (4096 + 8192)
+
+
+def test_model_bill_flags_contexts_beyond_max_positions():
+    bill = model_bill(PRESETS["llama-3-8b"], [8192, 8193])
+    assert [c["beyond_max_positions"] for c in bill["contexts"]] == [False, True]
+    assert bill["kv_bytes_per_token"] == 131_072
+    assert bill["contexts"][0]["score_matrix_bytes"] == 137_438_953_472
+    json.dumps(bill)  # plain ints and bools
+
+
+# --- config.json -----------------------------------------------------------------------------------
+
+LLAMA_3_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "tie_word_embeddings": False,
+    "vocab_size": 128256,
+}
+
+
+def test_config_json_from_a_file(tmp_path):
+    path = tmp_path / "Meta-Llama-3-8B" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(LLAMA_3_8B_CONFIG))
+    for source in (path, str(path), path.parent):
+        shape = load_model_shape(source)
+        assert shape.name == "Meta-Llama-3-8B"
+        assert shape.num_parameters == 8_030_261_248
+        assert (shape.head_dim, shape.kv_heads, shape.max_positions) == (128, 8, 8192)
+
+
+def test_gemma2_head_dim_wins_over_hidden_over_heads():
+    config = {
+        "model_type": "gemma2", "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "hidden_size": 3584, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
+        "max_position_embeddings": 8192, "sliding_window": 4096,
+    }  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.head_dim == 256  # not 3584 / 16 = 224
+    assert shape == ModelShape(**{**PRESETS["gemma-2-9b"].__dict__, "name": "gemma2"})
+    assert load_model_shape({**config, "head_dim": None}).head_dim == 224  # null: fall back
+
+
+def test_gpt2_config_names_and_defaults():
+    config = {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024,
+              "n_inner": None, "vocab_size": 50257}  # fmt: skip
+    shape = load_model_shape(config)
+    assert (shape.intermediate, shape.kv_heads, shape.tied_embeddings) == (3072, 12, True)
+    assert shape.num_parameters == 124_439_808
+
+
+def test_qwen2_sliding_window_switched_off_and_qkv_bias():
+    config = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+              "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
+              "max_position_embeddings": 131072, "sliding_window": 131072, "use_sliding_window": False,
+              "tie_word_embeddings": False}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.sliding_window is None and shape.qkv_bias
+    assert shape.num_parameters == 7_615_616_512
+
+
+def test_presets_by_name_any_case():
+    assert load_model_shape("Llama-3-8B") is PRESETS["llama-3-8b"]
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_give_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="tokens must be an int >= 0; got -1"):
+        kv_cache_bytes(-1, layers=1, kv_heads=1, head_dim=1)
+    with pytest.raises(ValueError, match="n_q must be an int >= 0; got -5"):
+        score_matrix_bytes(-5)
+    with pytest.raises(ValueError, match=r"dtype must be one of fp64, fp32, .*int4.*; got 'fp12'"):
+        bytes_per_element("fp12")
+    with pytest.raises(TypeError, match="dtype"):
+        bytes_per_element(None)
+    with pytest.raises(TypeError, match="heads must be a positive int; got 2.0"):
+        score_matrix_bytes(8, heads=2.0)
+    with pytest.raises(ValueError, match="layers must be a positive int; got 0"):
+        score_matrix_bytes(8, layers=0)
+    no_layers = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
+    with pytest.raises(ValueError, match="config is missing 'num_hidden_layers' or 'n_layer'"):
+        load_model_shape(no_layers)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(no_layers))
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        load_model_shape(path)
+    with pytest.raises(ValueError, match="positive integer; got -8"):
+        load_model_shape({**LLAMA_3_8B_CONFIG, "num_key_value_heads": -8})
+    with pytest.raises(ValueError, match="preset .* or a path to a config.json; got 'llama-9'"):
+        load_model_shape("llama-9")
+    with pytest.raises(ValueError, match="heads must be a multiple of kv_heads"):
+        load_model_shape({**LLAMA_3_8B_CONFIG, "num_key_value_heads": 5})
+    with pytest.raises(ValueError, match="fp16, fp32 or fp64"):
+        naive_attention_bytes(8, heads=1, head_dim=8, dtype="bf16")
+
+
+# --- estimate vs tracemalloc -----------------------------------------------------------------------
+
+HEADS, HEAD_DIM = 4, 64
+
+
+@pytest.fixture(scope="module")
+def warm() -> None:
+    """One call of each first: the thread-pool controller and NumPy's first-use buffers are one-off."""
+    x = np.ones((HEADS, 64, HEAD_DIM), np.float32)
+    attention(x, x, x, causal=True)
+    flash_attention(x, x, x, causal=True, workers=2)
+
+
+def _qkv(n: int, dtype) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(n)
+    return tuple(rng.standard_normal((HEADS, n, HEAD_DIM)).astype(dtype) for _ in range(3))
+
+
+def _check(name: str, measured: int, estimate: int) -> None:
+    ratio = measured / estimate
+    assert 1 / 1.15 <= ratio <= 1.15, f"{name}: measured {measured:,} B, estimated {estimate:,} B ({ratio:.3f})"
+
+
+@pytest.mark.parametrize("n", [256, 512, 1024, 2048, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_naive_estimate_matches_tracemalloc(warm, n, causal):
+    q, k, v = _qkv(n, np.float32)
+    _, measured = traced_peak(attention, q, k, v, causal=causal)
+    estimate = naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=causal)
+    _check(f"attention T={n} causal={causal}", measured, estimate)
+
+
+@pytest.mark.parametrize("n", [256, 512, 1024, 2048, 4096])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_estimate_matches_tracemalloc(warm, n, causal):
+    q, k, v = _qkv(n, np.float32)
+    _, measured = traced_peak(flash_attention, q, k, v, causal=causal, workers=1)
+    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=causal, workers=1)
+    _check(f"flash_attention T={n} causal={causal}", measured, estimate)
+
+
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_flash_estimate_with_two_workers(warm, n):
+    """Two threads hold their tiles at once; below ~1k tokens one may finish before the other starts."""
+    q, k, v = _qkv(n, np.float32)
+    _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=2)
+    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=True, workers=2)
+    _check(f"flash_attention T={n} workers=2", measured, estimate)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_estimates_for_other_dtypes(warm, dtype):
+    """float16 is computed in float32: the copies of q, k, v and the cast back are part of the bill."""
+    n, name = 1024, np.dtype(dtype).name
+    q, k, v = _qkv(n, dtype)
+    _, measured = traced_peak(attention, q, k, v, causal=True)
+    _check(f"attention {name}", measured, naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype,
+                                                                causal=True))  # fmt: skip
+    _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=1)
+    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype, causal=True, workers=1)
+    _check(f"flash_attention {name}", measured, estimate)
+
+
+def test_flash_memory_grows_linearly():
+    """8x the tokens: flash's estimate grows less than 8x (the worker tiles stay), the scores 64x."""
+    flash = [flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, causal=True, workers=16) for n in (4096, 32768)]
+    assert flash[1] < 8 * flash[0]
+    assert flash[0] < score_matrix_bytes(4096, heads=HEADS, dtype="fp32") / 10
+
+
+# --- the script ------------------------------------------------------------------------------------
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("memory_script", ROOT / "scripts" / "memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_defaults_print_the_four_sections(capsys):
+    assert _script().main([]) == 0
+    text = capsys.readouterr().out
+    for needle in ("134.2 MB", "128.0 MiB", "137.4 GB", "128.0 GiB", "15,625x", "125x", "Gemma-2-9B"):
+        assert needle in text, needle
+    assert " MB" not in text.split("2) ")[1]  # binary units after the worked example
+
+
+def test_script_json_and_config_path(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_3_8B_CONFIG))
+    args = ["--json", "--model", str(path), "--model", "gpt2", "--tokens", "8192,131072", "--kv-dtype", "fp8"]
+    assert _script().main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    llama, gpt2 = report["models"]["rows"]
+    assert llama["parameters"] == 8_030_261_248 and llama["kv_bytes_per_token"] == 65_536
+    assert [c["beyond_max_positions"] for c in gpt2["contexts"]] == [True, True]
+
+
+def test_script_rejects_an_unknown_model(capsys):
+    assert _script().main(["--model", "no-such-model"]) == 2
+    assert "no-such-model" in capsys.readouterr().err
+
+
+def test_report_helpers_for_byte_columns():
+    from tinyattn_np.report import column_unit, format_sig, text_table
+
+    assert column_unit([2**20, 2**30, 2**31]) == "GiB" and column_unit([10**6, 10**9], "decimal") == "GB"
+    assert [format_sig(x) for x in (0.000488, 0.5, 9.996, 15.0, 131.4, 8192)] == [
+        "0.000488", "0.500", "10.0", "15.0", "131", "8,192",
+    ]  # fmt: skip
+    assert "15.0" in text_table([["a", "15.0"]], ["x", "y (MiB)"])  # not reparsed into 15
