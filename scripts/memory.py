@@ -1,0 +1,311 @@
+"""The memory and compute bill of attention, as tables: nothing here runs a model, it all is arithmetic.
+
+What it prints, in order:
+  1) the worked example of "Attention From Scratch": n = 8,192 tokens, fp16, one head and one layer,
+     then 32 heads x 32 layers of Llama-3-8B, against the model's weights and an 80 GB H100
+  2) the score-matrix column of "Train a Tiny GPT at Home, Part 2" (4 heads of 64, T = 256..32,768),
+     with the peak memory of this project's attention() and flash_attention() beside it
+  3) one row per model: weights, KV cache per token and at each --tokens, naive scores and attention
+     FLOPs at the first --tokens; a context beyond the model's max_position_embeddings is flagged
+  4) long context: 1M tokens against 8k is 125x the linear work and 15,625x the attention work
+
+Run:  python scripts/memory.py [--model NAME|PATH ...] [--tokens 8192,32768,131072] [--dtype bf16]
+                               [--kv-dtype bf16] [--batch 1] [--format simple] [--units binary] [--json]
+--model takes a preset name or a Hugging Face config.json (or the folder that holds one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from tinyattn_np.memory import (
+    DTYPES,
+    PRESETS,
+    ModelShape,
+    attention_flops,
+    bytes_per_element,
+    causal_entries,
+    flash_attention_bytes,
+    load_model_shape,
+    model_bill,
+    naive_attention_bytes,
+    score_matrix_bytes,
+)
+from tinyattn_np.report import TABLE_FORMATS, column_unit, format_bytes, format_sig, text_table, to_unit
+
+N_EXAMPLE = 8_192  # the worked example's sequence length
+H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
+TINY_TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # the first article's table rows
+TINY_HEADS, TINY_HEAD_DIM = 4, 64
+
+
+# --- 1) the worked example ------------------------------------------------------------------------
+
+
+def worked_example() -> list[dict[str, Any]]:
+    """The rows of section 1 as plain numbers: what, elements (or None), bytes."""
+    llama = PRESETS["llama-3-8b"]
+    one = score_matrix_bytes(N_EXAMPLE, dtype="fp16")
+    every = score_matrix_bytes(N_EXAMPLE, heads=llama.heads, layers=llama.layers, dtype="fp16")
+    return [
+        {"what": "scores, 1 head, 1 layer, fp16", "elements": N_EXAMPLE**2, "bytes": one},
+        {
+            "what": f"scores, {llama.heads} heads x {llama.layers} layers (Llama-3-8B)",
+            "elements": llama.heads * llama.layers * N_EXAMPLE**2,
+            "bytes": every,
+        },
+        {"what": "Llama-3-8B weights, bf16", "elements": llama.num_parameters, "bytes": llama.weights_bytes("bf16")},
+        {"what": "one H100 80GB (nvidia-smi: 81,559 MiB)", "elements": None, "bytes": H100_BYTES},
+    ]
+
+
+def worked_example_table(rows: list[dict[str, Any]], fmt: str) -> str:
+    """Both unit families side by side, each in its own labelled column: the article quotes both."""
+    body = [
+        [
+            row["what"],
+            "" if row["elements"] is None else f"{row['elements']:,}",
+            f"{row['bytes']:,}",
+            format_bytes(row["bytes"], "decimal"),
+            format_bytes(row["bytes"], "binary"),
+        ]
+        for row in rows
+    ]
+    return text_table(body, ["n = 8,192", "elements", "bytes", "decimal", "binary"], fmt)
+
+
+# --- 2) the quadratic bill of the tiny model, and our two paths -----------------------------------
+
+
+def tiny_table_rows(workers: int) -> list[dict[str, Any]]:
+    """Section 2: score matrix bytes (fp32, fp16) and our estimated peaks, causal, fp32, 1 sequence."""
+    sizes = dict(heads=TINY_HEADS, head_dim=TINY_HEAD_DIM, causal=True)
+    return [
+        {
+            "tokens": n,
+            "scores_fp32_bytes": score_matrix_bytes(n, heads=TINY_HEADS, dtype="fp32"),
+            "scores_fp16_bytes": score_matrix_bytes(n, heads=TINY_HEADS, dtype="fp16"),
+            "naive_peak_fp32_bytes": naive_attention_bytes(n, dtype="fp32", **sizes),
+            "flash_peak_fp32_bytes": flash_attention_bytes(n, dtype="fp32", workers=workers, **sizes),
+        }
+        for n in TINY_TOKENS
+    ]
+
+
+def tiny_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
+    columns = [
+        ("scores_fp32_bytes", "scores fp32"),
+        ("scores_fp16_bytes", "scores fp16"),
+        ("naive_peak_fp32_bytes", "attention() peak"),
+        ("flash_peak_fp32_bytes", "flash_attention() peak"),
+    ]
+    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
+    headers = ["tokens", *(f"{title} ({unit[key]})" for key, title in columns), "naive / flash"]
+    body = [
+        [
+            f"{row['tokens']:,}",
+            *(format_sig(to_unit(row[key], unit[key])) for key, _ in columns),
+            f"{row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes']:,.0f}x",
+        ]
+        for row in rows
+    ]
+    return text_table(body, headers, fmt)
+
+
+# --- 3) one row per model --------------------------------------------------------------------------
+
+
+def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Weights, KV cache per token and at each context, scores and FLOPs at the first context."""
+    first = args.tokens[0]
+
+    def flagged(text: str, bill: dict[str, Any], n: int) -> str:
+        beyond = bill["max_positions"] is not None and n > bill["max_positions"]
+        return f"{text} *" if beyond else text
+
+    def unit_of(values: list[int]) -> str:
+        return column_unit(values, args.units)
+
+    u_weights = unit_of([b["weights_bytes"] for b in bills])
+    u_token = unit_of([b["kv_bytes_per_token"] for b in bills])
+    u_kv = [unit_of([b["contexts"][i]["kv_cache_bytes"] for b in bills]) for i in range(len(args.tokens))]
+    u_scores = unit_of([b["contexts"][0]["score_matrix_bytes"] for b in bills])
+    headers = [
+        "model",
+        "params (millions)",
+        f"weights {args.dtype} ({u_weights})",
+        f"KV/token {args.kv_dtype} ({u_token})",
+        *(f"KV at {n:,} ({u})" for n, u in zip(args.tokens, u_kv)),
+        f"naive scores at {first:,} ({u_scores})",
+        f"attn TFLOP at {first:,}",
+    ]
+    body = []
+    for bill in bills:
+        contexts = bill["contexts"]
+        body.append(
+            [
+                bill["model"],
+                format_sig(bill["parameters"] / 1e6),
+                format_sig(to_unit(bill["weights_bytes"], u_weights)),
+                format_sig(to_unit(bill["kv_bytes_per_token"], u_token)),
+                *(
+                    flagged(format_sig(to_unit(c["kv_cache_bytes"], u)), bill, c["tokens"])
+                    for c, u in zip(contexts, u_kv)
+                ),
+                flagged(format_sig(to_unit(contexts[0]["score_matrix_bytes"], u_scores)), bill, first),
+                flagged(format_sig(contexts[0]["attention_flops"] / 1e12), bill, first),
+            ]
+        )
+    return text_table(body, headers, args.format)
+
+
+def model_notes(models: list[ModelShape]) -> list[str]:
+    """One line per model whose sliding window caps its KV cache."""
+    notes = []
+    for m in models:
+        if m.sliding_window is not None:
+            layers = m.layers if m.window_layers is None else m.window_layers
+            notes.append(
+                f"  {m.name}: sliding window of {m.sliding_window:,} tokens on {layers} of {m.layers} layers "
+                "caps their KV cache"
+            )
+    return notes
+
+
+# --- 4) long context --------------------------------------------------------------------------------
+
+
+def long_context_rows() -> list[dict[str, Any]]:
+    """How much more work a long context is: linear (tokens), attention (L·S), causal attention."""
+    rows = []
+    for short, long in ((8_000, 1_000_000), (8_192, 1_048_576)):
+        dense = [attention_flops(n, heads=1, head_dim=1) for n in (short, long)]
+        rows.append(
+            {
+                "from_tokens": short,
+                "to_tokens": long,
+                "linear_ratio": long / short,
+                "attention_ratio": dense[1] / dense[0],
+                "causal_attention_ratio": causal_entries(long) / causal_entries(short),
+            }
+        )
+    return rows
+
+
+def long_context_table(rows: list[dict[str, Any]], fmt: str) -> str:
+    body = [
+        [
+            f"{row['from_tokens']:,} -> {row['to_tokens']:,}",
+            f"{row['linear_ratio']:,.0f}x",
+            f"{row['attention_ratio']:,.0f}x",
+            f"{row['causal_attention_ratio']:,.1f}x",
+        ]
+        for row in rows
+    ]
+    headers = ["tokens", "linear work (MLP, projections)", "attention work (L·S)", "causal attention"]
+    return text_table(body, headers, fmt)
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def parse_tokens(text: str) -> list[int]:
+    """'8192,32768' -> [8192, 32768]; each a positive int."""
+    try:
+        tokens = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--tokens must be comma-separated integers; got {text!r}") from None
+    if not tokens or any(n < 1 for n in tokens):
+        raise argparse.ArgumentTypeError(f"--tokens must be positive integers; got {text!r}")
+    return tokens
+
+
+def parse_dtype(text: str) -> str:
+    try:
+        bytes_per_element(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Memory and compute bill of attention: score matrix, naive vs flash, KV cache, FLOPs.",
+        epilog=f"presets: {', '.join(PRESETS)}. dtypes: {', '.join(DTYPES)}.",
+    )
+    parser.add_argument(
+        "--model", action="append", metavar="NAME|PATH",
+        help="a preset or a Hugging Face config.json (repeatable; default: every preset)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tokens", type=parse_tokens, default=[8192, 32768, 131072], metavar="N,N,...",
+        help="context lengths for the model table; scores and FLOPs use the first "
+        "(default: 8192,32768,131072)",
+    )  # fmt: skip
+    parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
+    parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache (default: --dtype)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences at once (default: 1)")
+    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FMT",
+                        help="any tabulate format: simple, github, latex, ... (default: simple)")  # fmt: skip
+    parser.add_argument("--units", default="binary", choices=("binary", "decimal"),
+                        help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)")  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print everything as JSON, bytes as integers")
+    args = parser.parse_args(argv)
+    if args.batch < 1:
+        parser.error(f"--batch must be a positive int; got {args.batch}")
+    args.kv_dtype = args.kv_dtype or args.dtype
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        models = [load_model_shape(source) for source in (args.model or list(PRESETS))]
+    except (ValueError, TypeError) as err:
+        print(f"memory.py: {err}", file=sys.stderr)
+        return 2
+    workers = os.cpu_count() or 1  # flash_attention's default
+    example = worked_example()
+    tiny = tiny_table_rows(workers)
+    bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
+    ratios = long_context_rows()
+
+    if args.json:
+        report = {
+            "worked_example": example,
+            "tiny_model": {
+                "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "workers": workers, "rows": tiny
+            },
+            "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
+            "long_context": ratios,
+        }  # fmt: skip
+        print(json.dumps(report, indent=2))
+        return 0
+
+    print("1) The score matrix at n = 8,192 (\"Attention From Scratch\"): fp16, batch 1")
+    print(worked_example_table(example, args.format))
+    print()
+    print(f"2) The tiny model (\"Train a Tiny GPT at Home\"): 1 sequence, {TINY_HEADS} heads of {TINY_HEAD_DIM}, causal;")
+    print(f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);")
+    print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096")
+    print(tiny_table(tiny, args.units, args.format))
+    print()
+    print(f"3) Models: batch {args.batch}; scores = every head and layer at once; TFLOP = QKᵀ and PV, causal")
+    print(models_table(bills, args))
+    beyond = [b["model"] for b in bills if any(c["beyond_max_positions"] for c in b["contexts"])]
+    if beyond:
+        print("  * longer than the model's max_position_embeddings: it was not trained for that context")
+    for note in model_notes(models):
+        print(note)
+    print()
+    print("4) Long context: linear work grows with T, attention work with T²")
+    print(long_context_table(ratios, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
