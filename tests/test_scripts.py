@@ -116,3 +116,30 @@ def test_a_failed_check_exits_1_and_names_it(capsys: pytest.CaptureFixture[str])
     position.rope = lambda x, **kw: rope(x, **kw) * 1.01  # a "rotation" that stretches by 1 %
     assert position.main([]) == 1
     assert "RoPE (interleaved pairs (2i, 2i+1)) preserves every vector's norm" in capsys.readouterr().err
+
+
+# --- scripts/scaling.py: a tiny run proves the script works; the benchmark itself is never timed here
+
+
+def test_scaling_small_run_writes_json(tmp_path):
+    out = tmp_path / "scaling.json"
+    result = run("scripts/scaling.py", "--min-tokens", "64", "--max-tokens", "128", "--repeats", "1",
+                 "--json", str(out), "--mem-budget", "0.00001")
+    assert result.returncode == 0, result.stderr
+    assert "check: naive == flash on 64 tokens" in result.stdout
+    assert "skipped (needs" in result.stdout  # the tiny budget turns the naive rows into the OOM row
+    import json
+
+    figures = json.loads(out.read_text())
+    assert [r["tokens"] for r in figures["results"]] == [64, 128]
+    assert figures["results"][0]["naive_ms"] is None and figures["results"][0]["flash_ms"] > 0
+    assert figures["machine"]["cores"] >= 1
+
+
+def test_scaling_no_causal_and_bad_flags():
+    result = run("scripts/scaling.py", "--min-tokens", "64", "--max-tokens", "64", "--repeats", "1", "--no-causal")
+    assert result.returncode == 0, result.stderr
+    assert "no mask" in result.stdout and "causal/no-mask" not in result.stdout
+    bad = run("scripts/scaling.py", "--min-tokens", "512", "--max-tokens", "256")
+    assert bad.returncode == 2 and "--min-tokens (512) must not exceed" in bad.stderr
+    assert run("scripts/scaling.py", "--help").returncode == 0

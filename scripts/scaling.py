@@ -1,0 +1,290 @@
+"""The quadratic bill, measured: the reference attention() against flash_attention() as T doubles.
+
+    python scripts/scaling.py                      # 1 sequence, 4 heads of 64, causal, float32, T up to 8192
+    python scripts/scaling.py --torch              # add torch SDPA on the CPU (same dtype, same threads)
+    python scripts/scaling.py --no-causal          # the same without the mask
+    python scripts/scaling.py --sweep-blocks 4096  # flash block sizes and worker counts at one T
+
+Every time is the median of --repeats runs after one warm-up; every peak is what tracemalloc saw in a
+separate run, next to tinyattn_np.memory's estimate. Figures are ratios within this one run: the
+machine is shared and noisy, so compare columns, not runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from tinyattn_np import attention, flash_attention
+from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
+from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
+from tinyattn_np.report import TABLE_FORMATS, format_bytes, table, to_unit
+
+MiB = 2**20
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--max-tokens", type=int, default=8192, help="largest T; T doubles from --min-tokens (default 8192)")
+    p.add_argument("--min-tokens", type=int, default=256, help="smallest T (default 256)")
+    p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, after one warm-up (default 3)")
+    p.add_argument("--workers", type=int, default=None, help="flash worker threads (default: CPU count)")
+    p.add_argument("--block-q", type=int, default=DEFAULT_BLOCK_Q, help=f"flash query block (default {DEFAULT_BLOCK_Q})")
+    p.add_argument("--block-k", type=int, default=DEFAULT_BLOCK_K, help=f"flash key block (default {DEFAULT_BLOCK_K})")
+    p.add_argument(
+        "--mem-budget", type=float, default=None,
+        help="GiB the naive path may use; rows over it are skipped (default: a quarter of this machine's RAM)",
+    )
+    p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
+    p.add_argument("--sweep-blocks", type=int, metavar="T", default=None,
+                   help="instead of the table: time flash for several block sizes and worker counts at T")
+    p.add_argument("--json", metavar="PATH", help="write every figure and the machine to PATH")
+    p.add_argument("--plot", metavar="PATH.png", help="draw time and memory vs T (needs the plot extra)")
+    p.add_argument("--format", choices=TABLE_FORMATS, default="simple", help="table format (default simple)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in ("max_tokens", "min_tokens", "heads", "head_dim", "repeats", "block_q", "block_k"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    if args.workers is not None and args.workers < 1:
+        p.error(f"--workers must be at least 1; got {args.workers}")
+    if args.min_tokens > args.max_tokens:
+        p.error(f"--min-tokens ({args.min_tokens}) must not exceed --max-tokens ({args.max_tokens})")
+    if args.mem_budget is not None and args.mem_budget <= 0:
+        p.error(f"--mem-budget must be positive GiB; got {args.mem_budget}")
+    if args.sweep_blocks is not None and args.sweep_blocks < 1:
+        p.error(f"--sweep-blocks must be a positive T; got {args.sweep_blocks}")
+    return args
+
+
+def make_qkv(rng: np.random.Generator, T: int, args: argparse.Namespace) -> tuple[np.ndarray, ...]:
+    shape = (1, args.heads, T, args.head_dim)  # (B, H, T, E): torch's fast CPU path needs 4-D
+    return tuple(rng.standard_normal(shape, dtype=np.dtype(args.dtype)) for _ in range(3))
+
+
+def matmul_rate(dtype: str, n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of one large n x n matmul on all BLAS threads: the machine's ceiling for this dtype."""
+    a = np.random.default_rng(1).standard_normal((n, n)).astype(dtype)
+    return 2 * n**3 / median_ms(lambda: a @ a, repeats) / 1e6
+
+
+def check_agreement(args: argparse.Namespace, causal: bool) -> float:
+    """Naive vs flash on a 64-token slice; stop with an error if they disagree."""
+    q, k, v = make_qkv(np.random.default_rng(args.seed), 64, args)
+    naive = attention(q, k, v, causal=causal)
+    flash = flash_attention(q, k, v, causal=causal, block_q=16, block_k=16, workers=args.workers)
+    diff = float(np.max(np.abs(naive - flash)))
+    tol = 1e-5 if args.dtype == "float32" else 1e-12
+    if not diff <= tol:
+        sys.exit(f"error: naive and flash disagree on 64 tokens: max |diff| = {diff:.3g} > {tol:g}")
+    return diff
+
+
+def torch_runner(args: argparse.Namespace, threads: int) -> Any:
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        sys.exit("error: --torch needs torch: pip install torch (see torch_crosscheck/README.md)")
+    torch.set_num_threads(threads)
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> Any:
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
+        return lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+    return run, torch.__version__
+
+
+def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, torch_run: Any) -> dict[str, Any]:
+    rng = np.random.default_rng(args.seed + T)
+    q, k, v = make_qkv(rng, T, args)
+    dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
+    blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    row: dict[str, Any] = {
+        "tokens": T,
+        "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
+        "naive_estimate_bytes": naive_attention_bytes(T, **dims),
+        "flash_estimate_bytes": flash_attention_bytes(T, **dims, **blocks),
+        "flops": attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal),
+    }
+    if row["naive_estimate_bytes"] > budget:
+        row["naive_ms"] = row["naive_peak_bytes"] = None
+    else:
+        progress(f"  T={T}: naive")
+        row["naive_ms"] = median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
+        row["naive_peak_bytes"] = traced_peak(attention, q, k, v, causal=causal)[1]
+    progress(f"  T={T}: flash")
+    row["flash_ms"] = median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+    row["flash_peak_bytes"] = traced_peak(flash_attention, q, k, v, causal=causal, **blocks)[1]
+    if causal:  # the same flash run without the mask: how much the skipped tiles save
+        row["flash_no_mask_ms"] = median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
+    if torch_run is not None:
+        progress(f"  T={T}: torch")
+        row["torch_ms"] = median_ms(torch_run(q, k, v, causal), args.repeats)
+    return row
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a / b
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool, rate: float) -> None:
+    headers = ["tokens", "scores MiB", "naive ms", "flash ms", "speedup", "naive peak MiB", "(est.)",
+               "flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]
+    if causal:
+        headers += ["no-mask ms", "causal/no-mask"]
+    if args.torch:
+        headers += ["torch ms", "flash/torch"]
+    body = []
+    for r in rows:
+        naive_bytes = r["naive_peak_bytes"]
+        gflops = r["flops"] / r["flash_ms"] / 1e6
+        line: list[Any] = [
+            r["tokens"], r["score_matrix_bytes"] / MiB,
+            r["naive_ms"] if r["naive_ms"] is not None else f"skipped (needs {format_bytes(r['naive_estimate_bytes'])})",
+            r["flash_ms"], ratio(r["naive_ms"], r["flash_ms"]),
+            None if naive_bytes is None else naive_bytes / MiB, r["naive_estimate_bytes"] / MiB,
+            r["flash_peak_bytes"] / MiB, r["flash_estimate_bytes"] / MiB, gflops, f"{gflops / rate:.0%}",
+        ]
+        if causal:
+            line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
+        if args.torch:
+            line += [r["torch_ms"], r["flash_ms"] / r["torch_ms"]]
+        body.append(line)
+    print(table(body, headers, fmt=args.format, floatfmt=".2f"))
+
+
+def growth_line(rows: list[dict[str, Any]], key: str) -> str:
+    steps = [
+        f"{b[key] / a[key]:.2f}x" for a, b in zip(rows, rows[1:]) if a.get(key) is not None and b.get(key) is not None
+    ]
+    return ", ".join(steps) if steps else "-"
+
+
+def sweep_blocks(args: argparse.Namespace, causal: bool, rate: float) -> list[dict[str, Any]]:
+    """Time flash at one T for block sizes and worker counts: the table that picks the defaults."""
+    T = args.sweep_blocks
+    q, k, v = make_qkv(np.random.default_rng(args.seed), T, args)
+    flops = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal)
+    cores = os.cpu_count() or 1
+    results = []
+    for workers in sorted({1, cores}):
+        for block_q in (64, 128, 256, 512):
+            for block_k in (128, 256, 512, 1024):
+                progress(f"  workers={workers} block_q={block_q} block_k={block_k}")
+                ms = median_ms(
+                    lambda: flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k, workers=workers),
+                    args.repeats,
+                )
+                results.append(dict(workers=workers, block_q=block_q, block_k=block_k, ms=ms,
+                                    gflops=flops / ms / 1e6))
+    body = [[r["workers"], r["block_q"], r["block_k"], r["ms"], r["gflops"], f"{r['gflops'] / rate:.0%}"]
+            for r in results]
+    print(f"flash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+          f"{'causal' if causal else 'no mask'}; median of {args.repeats}")
+    print(table(body, ["workers", "block_q", "block_k", "ms", "GFLOP/s", "of matmul"], fmt=args.format,
+                floatfmt=".1f"))
+    best = min(results, key=lambda r: r["ms"])
+    print(f"fastest: workers={best['workers']} block_q={best['block_q']} block_k={best['block_k']} "
+          f"({best['ms']:.1f} ms); defaults are block_q={DEFAULT_BLOCK_Q} block_k={DEFAULT_BLOCK_K}")
+    return results
+
+
+def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("error: --plot needs matplotlib: pip install -e '.[plot]'")
+    tokens = np.array([r["tokens"] for r in rows], float)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for key, label in (("naive_ms", "naive (reference)"), ("flash_ms", "flash"), ("torch_ms", "torch SDPA")):
+        pts = [(r["tokens"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax_t.plot(*zip(*pts), "o-", label=label)
+    for key, label in (("naive_peak_bytes", "naive peak"), ("flash_peak_bytes", "flash peak")):
+        pts = [(r["tokens"], r[key] / MiB) for r in rows if r.get(key) is not None]
+        if pts:
+            ax_m.plot(*zip(*pts), "o-", label=label)
+    for ax, y0, unit in ((ax_t, rows[-1]["flash_ms"], "ms"), (ax_m, rows[-1]["flash_peak_bytes"] / MiB, "MiB")):
+        # reference slopes through the last flash point: T² (quadratic) and T (linear)
+        ax.plot(tokens, y0 * (tokens / tokens[-1]) ** 2, "k--", lw=0.8, label="∝ T²")
+        ax.plot(tokens, y0 * (tokens / tokens[-1]), "k:", lw=0.8, label="∝ T")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens T")
+        ax.set_ylabel(unit)
+        ax.legend()
+    ax_t.set_title(f"time, {args.heads} heads x {args.head_dim}, {args.dtype}")
+    ax_m.set_title("traced peak memory")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot written to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    causal = not args.no_causal
+    cores = os.cpu_count() or 1
+    threads = args.workers or cores
+    budget = (args.mem_budget * 2**30) if args.mem_budget is not None else memory_total() / 4
+    info = machine_info()
+    torch_run, torch_version = torch_runner(args, threads) if args.torch else (None, None)
+
+    diff = check_agreement(args, causal)
+    print(f"check: naive == flash on 64 tokens (max |diff| {diff:.2e})")
+    rate = matmul_rate(args.dtype)
+    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in info["blas"])
+    print(f"machine: {info['cpu']}, {cores} cores; NumPy {info['numpy']}, BLAS {blas}"
+          + (f"; torch {torch_version} ({threads} threads)" if torch_version else ""))
+    print(f"{args.dtype} matmul, 2048 x 2048: {rate:.1f} GFLOP/s")
+
+    if args.sweep_blocks is not None:
+        results: Any = sweep_blocks(args, causal, rate)
+    else:
+        sizes = []
+        T = args.min_tokens
+        while T <= args.max_tokens:
+            sizes.append(T)
+            T *= 2
+        print(f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+              f"{'causal' if causal else 'no mask'}; flash blocks {args.block_q} x {args.block_k}, "
+              f"{threads} workers; median of {args.repeats} runs; peaks from tracemalloc, "
+              f"(est.) = tinyattn_np.memory; naive budget {format_bytes(budget)}")
+        results = []
+        for T in sizes:
+            progress(f"T = {T}")
+            results.append(measure_row(T, args, causal, budget, torch_run))
+        print_table(results, args, causal, rate)
+        print(f"time growth per doubling: naive {growth_line(results, 'naive_ms')}; "
+              f"flash {growth_line(results, 'flash_ms')}")
+        print("useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / matmul GFLOP/s")
+        if args.plot:
+            plot(results, args.plot, args)
+
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"machine": info, "matmul_gflops": rate, "args": vars(args), "torch": torch_version,
+                       "results": results}, f, indent=2)
+        print(f"figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
