@@ -7,6 +7,21 @@ from .attention import AttentionMemoryError, attention, scaled_dot_product_atten
 from .flash import Tile, draw_tile_plan, flash_attention, tile_plan
 from .head import one_head
 from .masks import causal_mask, window_mask
+from .memory import (
+    DTYPES,
+    PRESETS,
+    ModelShape,
+    attention_flops,
+    bytes_per_element,
+    causal_entries,
+    flash_attention_bytes,
+    kv_cache_bytes,
+    load_model_shape,
+    model_bill,
+    naive_attention_bytes,
+    score_matrix_bytes,
+    shape_from_config,
+)
 from .multihead import MultiHeadAttention
 from .position import (
     LearnedPositions,
@@ -24,22 +39,35 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionMemoryError",
+    "DTYPES",
     "LearnedPositions",
+    "ModelShape",
     "MultiHeadAttention",
+    "PRESETS",
     "Tile",
     "attention",
+    "attention_flops",
+    "bytes_per_element",
+    "causal_entries",
     "causal_mask",
     "draw_tile_plan",
     "embed",
     "flash_attention",
+    "flash_attention_bytes",
     "half_split_permutation",
+    "kv_cache_bytes",
+    "load_model_shape",
     "logsumexp",
     "merge_states",
+    "model_bill",
+    "naive_attention_bytes",
     "one_head",
     "permute_qk_weight",
     "rope",
     "rope_frequencies",
     "scaled_dot_product_attention",
+    "score_matrix_bytes",
+    "shape_from_config",
     "softmax",
     "tile_plan",
     "to_half_split",

@@ -36,8 +36,8 @@ from .masks import causal_blocked, causal_offset
 Array = NDArray[np.floating]
 
 # Chosen from scripts/scaling.py measurements on a 2-core machine (see README, "Block sizes").
-DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 256
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 512
 
 FULL, DIAGONAL = "full", "diagonal"
 
