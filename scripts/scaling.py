@@ -222,10 +222,17 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
         pts = [(r["tokens"], r[key] / MiB) for r in rows if r.get(key) is not None]
         if pts:
             ax_m.plot(*zip(*pts), "o-", label=label)
-    for ax, y0, unit in ((ax_t, rows[-1]["flash_ms"], "ms"), (ax_m, rows[-1]["flash_peak_bytes"] / MiB, "MiB")):
-        # reference slopes through the last flash point: T² (quadratic) and T (linear)
-        ax.plot(tokens, y0 * (tokens / tokens[-1]) ** 2, "k--", lw=0.8, label="∝ T²")
-        ax.plot(tokens, y0 * (tokens / tokens[-1]), "k:", lw=0.8, label="∝ T")
+    # reference slopes: T² through the last naive point (or flash's), T through the last flash point
+    naive_last = [r for r in rows if r.get("naive_ms") is not None]
+    anchors = (
+        (ax_t, (naive_last or rows)[-1], "naive_ms" if naive_last else "flash_ms", rows[-1]["flash_ms"], "ms"),
+        (ax_m, (naive_last or rows)[-1], "naive_peak_bytes" if naive_last else "flash_peak_bytes",
+         rows[-1]["flash_peak_bytes"] / MiB, "MiB"),
+    )
+    for ax, quad_row, quad_key, linear_y, unit in anchors:
+        quad_y = quad_row[quad_key] / (MiB if unit == "MiB" else 1)
+        ax.plot(tokens, quad_y * (tokens / quad_row["tokens"]) ** 2, "k--", lw=0.8, label="∝ T²")
+        ax.plot(tokens, linear_y * (tokens / tokens[-1]), "k:", lw=0.8, label="∝ T")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens T")

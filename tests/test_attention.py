@@ -156,6 +156,14 @@ def test_one_head_equals_attention(rng):
     np.testing.assert_allclose(no_mask, attention(x @ wq, x @ wk, x @ wv), atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_one_head_keeps_the_dtype(rng, dtype):
+    x = rng.standard_normal((5, 16)).astype(dtype)
+    w = rng.standard_normal((16, 4)).astype(dtype)
+    out, weights = one_head(x, w, w, w)
+    assert out.dtype == dtype and weights.dtype == dtype  # float16: computed in float32, cast back
+
+
 def test_one_head_bad_shapes(rng):
     x = rng.standard_normal((5, 16))
     w = rng.standard_normal((16, 4))

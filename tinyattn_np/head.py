@@ -7,10 +7,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import as_float_array, compute_dtype
+from ._checks import as_float_array, compute_dtype, result_dtype
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -22,22 +24,25 @@ def one_head(x: Array, wq: Array, wk: Array, wv: Array, *, causal: bool = True) 
     x = as_float_array(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D (T, d_model); got shape {x.shape}")
+    wq, wk, wv = (as_float_array(w, name) for w, name in ((wq, "wq"), (wk, "wk"), (wv, "wv")))
     for name, w in (("wq", wq), ("wk", wk), ("wv", wv)):
-        w = as_float_array(w, name)
         if w.ndim != 2 or w.shape[0] != x.shape[1]:
             raise ValueError(f"{name} must be 2-D (d_model={x.shape[1]}, d_head); got shape {w.shape}")
-    if np.shape(wq) != np.shape(wk):
-        raise ValueError(f"wq and wk must have the same shape; got {np.shape(wq)} and {np.shape(wk)}")
-    dtype = compute_dtype(x, np.asarray(wq), np.asarray(wk), np.asarray(wv))
-    x = x.astype(dtype, copy=False)
-    T, d_head = x.shape[0], np.shape(wq)[1]
+    if wq.shape != wk.shape:
+        raise ValueError(f"wq and wk must have the same shape; got {wq.shape} and {wk.shape}")
+    dtype = compute_dtype(x, wq, wk, wv)  # float16 is computed in float32 and cast back at the end
+    T, d_head = x.shape[0], wq.shape[1]
 
-    q = x @ np.asarray(wq, dtype)  # (T, d_head): what each token looks for
-    k = x @ np.asarray(wk, dtype)  # (T, d_head): what each token offers
-    v = x @ np.asarray(wv, dtype)  # (T, d_v):    what each token hands over
-    scores = q @ k.T / np.sqrt(d_head)  # (T, T): without √d the spread grows with d_head
+    q = x.astype(dtype) @ wq.astype(dtype)  # (T, d_head): what each token looks for
+    k = x.astype(dtype) @ wk.astype(dtype)  # (T, d_head): what each token offers
+    v = x.astype(dtype) @ wv.astype(dtype)  # (T, d_v):    what each token hands over
+    # (T, T): without √d the spread grows with d_head. math.sqrt gives a Python float, which keeps
+    # float32 scores float32 (a NumPy float64 scalar would promote them under NumPy 2)
+    scores = q @ k.T / math.sqrt(d_head)
     if causal:
         # token i may not look at j > i: -inf there makes its softmax weight exactly 0
         scores = np.where(causal_mask(T), scores, -np.inf)  # (T, T)
     weights = softmax(scores, axis=-1)  # (T, T), each row sums to 1
-    return weights @ v, weights  # (T, d_v), (T, T)
+    out = weights @ v  # (T, d_v)
+    out_dtype = result_dtype(x, wq, wk, wv)
+    return out.astype(out_dtype, copy=False), weights.astype(out_dtype, copy=False)
