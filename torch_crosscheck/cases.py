@@ -169,8 +169,8 @@ def torch_rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float
     d = x.shape[-1]
     theta = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d))  # (d/2,)
     angles = torch.outer(positions.to(torch.float64), theta)  # (T, d/2)
-    real = torch.float64 if x.dtype == torch.float64 else torch.float32
-    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(torch.complex128 if real == torch.float64 else torch.complex64)
+    real, complex_ = (torch.float64, torch.complex128) if x.dtype == torch.float64 else (torch.float32, torch.complex64)
+    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(complex_)  # (T, d/2): e^(i · angle)
     x_pairs = torch.view_as_complex(x.to(real).reshape(*x.shape[:-1], d // 2, 2).contiguous())  # (..., T, d/2)
     return torch.view_as_real(x_pairs * freqs_cis).flatten(-2).to(x.dtype)
 
@@ -408,7 +408,8 @@ CASES: list[Case] = [
     Case("flash_attention causal L>S (bottom-right)", bottom_right_case(True, 100, 37, block_q=16, block_k=8), ALL),
     Case("flash_attention causal L<S GQA Hkv=2", bottom_right_case(True, 20, 50, hkv=2, block_q=7, block_k=9), ALL),
     Case("flash_attention causal T=4096", flash_case(1, 2, 2, 4096, 4096, 64, True), ALL),
-    Case("flash_attention T=1000 blocks 37x53", flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL),
+    Case("flash_attention T=1000 blocks 37x53",
+         flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL),  # fmt: skip
     Case("flash_attention causal B=3 Hq=6 Hkv=2", flash_case(3, 6, 2, 129, 129, 16, True, block_q=31, block_k=17), ALL),
     Case("flash_attention lse L<S", flash_lse_case(40, 90, block_q=16, block_k=32), FULL),
     Case("flash_attention lse L>S (rows with no key)", flash_lse_case(90, 40, block_q=16, block_k=32), FULL),
