@@ -57,3 +57,14 @@ def bottom_right(n_q: int, n_k: int) -> np.ndarray:
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+# --- hypothesis profiles (tests/test_properties.py) ------------------------------------------
+# "ci" is loaded here, so it is the default; `pytest --hypothesis-profile=thorough` overrides it,
+# because hypothesis's pytest plugin loads the named profile after this file is imported.
+# deadline=None: a shared CI machine is noisy, and a slow example is not a wrong one.
+from hypothesis import settings  # noqa: E402  (kept beside the profiles it serves)
+
+settings.register_profile("ci", max_examples=500, deadline=None)
+settings.register_profile("thorough", max_examples=5000, deadline=None)
+settings.load_profile("ci")
