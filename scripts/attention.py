@@ -85,12 +85,14 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
     else:
         import torch.nn.functional as F
 
-        gold = F.scaled_dot_product_attention(
-            *(torch.from_numpy(t)[None] for t in (q, k, v)), is_causal=True
-        )[0].numpy()  # (5, 64)
+        gold = F.scaled_dot_product_attention(*(torch.from_numpy(t)[None] for t in (q, k, v)), is_causal=True)[
+            0
+        ].numpy()  # (5, 64)
         diff = max_diff(out, gold)
-        print(f"   max |one_head - torch F.scaled_dot_product_attention(is_causal=True)| = {diff:.1e}"
-              f"  (torch {torch.__version__})")
+        print(
+            f"   max |one_head - torch F.scaled_dot_product_attention(is_causal=True)| = {diff:.1e}"
+            f"  (torch {torch.__version__})"
+        )
         check(diff < TOL, f"one_head equals torch SDPA within {TOL:g}")
 
     print("\n2) attention weights (row = the token doing the looking; random, untrained weights)")
@@ -98,8 +100,7 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
     print(matrix_table(weights, labels, fmt=fmt, digits=3))
     row_sums = weights.sum(axis=-1)  # (5,)
     future = weights[np.triu_indices(len(tokens), k=1)]  # the entries above the diagonal
-    print(f"   row sums: {np.array2string(row_sums, precision=6)};"
-          f" largest weight on a future token: {future.max():g}")
+    print(f"   row sums: {np.array2string(row_sums, precision=6)}; largest weight on a future token: {future.max():g}")
     check(bool(np.allclose(row_sums, 1.0, atol=1e-6)), "every row of the weights sums to 1")
     check(bool(np.all(future == 0.0)), "the upper triangle (the future) is exactly 0")
     check(bool(abs(weights[0, 0] - 1.0) < 1e-6), "the first token sees only itself: row 1 is 1.000")
@@ -113,8 +114,10 @@ def multihead_demo(rng: np.random.Generator, seed: int) -> None:
     unfused = mha(x, fused=False)  # the reference attention(), score matrix and all
     diff = max_diff(fused, unfused)
     n_params = mha.num_parameters
-    print(f"   w_qkv {mha.w_qkv.shape} + w_out {mha.w_out.shape} = {n_params:,} params"
-          f" (3·256·256 + 256·256 = 4·256·256 = {4 * D_MODEL * D_MODEL:,})")
+    print(
+        f"   w_qkv {mha.w_qkv.shape} + w_out {mha.w_out.shape} = {n_params:,} params"
+        f" (3·256·256 + 256·256 = 4·256·256 = {4 * D_MODEL * D_MODEL:,})"
+    )
     print(f"   input {x.shape} -> output {fused.shape}; max |fused - unfused| = {diff:.1e}")
     check(diff < TOL, f"fused multi-head equals unfused within {TOL:g}")
     check(fused.shape == x.shape, "multi-head output has the input's shape (1, 5, 256)")
@@ -133,7 +136,7 @@ def alignment_demo(rng: np.random.Generator) -> None:
     left_title, right_title = "top_left: torch is_causal=True", "bottom_right: attention(causal=True)"
     width = max(len(left_title), 9) + 4
     print(f"   {left_title:<{width}}{right_title}")
-    for left, right in zip(grid(top_left), grid(bottom_right)):
+    for left, right in zip(grid(top_left), grid(bottom_right), strict=True):
         print(f"   {left:<{width}}{right}")
     print("   bottom-right lets the newest query see every key, as decoding with a KV cache needs;")
     print("   with L == S the two are the same lower triangle")
@@ -142,10 +145,14 @@ def alignment_demo(rng: np.random.Generator) -> None:
     k, v = rng.standard_normal((2, n_k, D_HEAD))  # (5, 64) each
     ours = attention(q, k, v, causal=True)  # (2, 64)
     sdpa = scaled_dot_product_attention(q, k, v, is_causal=True)  # (2, 64)
-    check(max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
-          "attention(causal=True) uses the bottom-right mask")
-    check(max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
-          "scaled_dot_product_attention(is_causal=True) uses the top-left mask")
+    check(
+        max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
+        "attention(causal=True) uses the bottom-right mask",
+    )
+    check(
+        max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
+        "scaled_dot_product_attention(is_causal=True) uses the top-left mask",
+    )
     check(max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
     torch = load_torch()
     if torch is not None:
@@ -159,8 +166,10 @@ def alignment_demo(rng: np.random.Generator) -> None:
 
 def tile_demo(rng: np.random.Generator, fmt: str) -> None:
     T, block = 1024, 128
-    print(f"\n5) causal flash attention at T={T} in {block} x {block} tiles"
-          " ('#' full tile, '\\' diagonal tile with a mask, '.' skipped)")
+    print(
+        f"\n5) causal flash attention at T={T} in {block} x {block} tiles"
+        " ('#' full tile, '\\' diagonal tile with a mask, '.' skipped)"
+    )
     tiles = tile_plan(T, T, block, block, causal=True)
     print("\n".join("   " + line for line in draw_tile_plan(tiles, T, T, block, block).splitlines()))
     n_total = (T // block) ** 2
@@ -175,8 +184,10 @@ def tile_demo(rng: np.random.Generator, fmt: str) -> None:
         ["total", n_total],
     ]
     print(table(rows, ["tiles", "count"], fmt=fmt))
-    print(f"   scores computed: {computed:,} of {T * T:,} ({computed / (T * T):.0%}); the unmasked"
-          f" triangle alone is {T * (T + 1) // 2:,}")
+    print(
+        f"   scores computed: {computed:,} of {T * T:,} ({computed / (T * T):.0%}); the unmasked"
+        f" triangle alone is {T * (T + 1) // 2:,}"
+    )
     check(n_diagonal == T // block, "one diagonal tile per row of tiles")
     check(n_skipped == n_full, "as many tiles skipped as run in full (half the off-diagonal tiles)")
 
@@ -212,8 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         "divided by √d; every claim is checked (exit 1 if one fails).",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and inputs (default 0)")
-    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FORMAT",
-                        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)")
+    parser.add_argument(
+        "--format",
+        default="simple",
+        choices=TABLE_FORMATS,
+        metavar="FORMAT",
+        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
@@ -224,8 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     scale_demo(rng, args.format)
 
     if failures:
-        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures),
-              sep="\n", file=sys.stderr)
+        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures), sep="\n", file=sys.stderr)
         return 1
     print("\nall checks passed")
     return 0

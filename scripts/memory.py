@@ -139,7 +139,7 @@ def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
         "params (millions)",
         f"weights {args.dtype} ({u_weights})",
         f"KV/token {args.kv_dtype} ({u_token})",
-        *(f"KV at {n:,} ({u})" for n, u in zip(args.tokens, u_kv)),
+        *(f"KV at {n:,} ({u})" for n, u in zip(args.tokens, u_kv, strict=True)),
         f"naive scores at {first:,} ({u_scores})",
         f"attn TFLOP at {first:,}",
     ]
@@ -154,7 +154,7 @@ def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
                 format_sig(to_unit(bill["kv_bytes_per_token"], u_token)),
                 *(
                     flagged(format_sig(to_unit(c["kv_cache_bytes"], u)), bill, c["tokens"])
-                    for c, u in zip(contexts, u_kv)
+                    for c, u in zip(contexts, u_kv, strict=True)
                 ),
                 flagged(format_sig(to_unit(contexts[0]["score_matrix_bytes"], u_scores)), bill, first),
                 flagged(format_sig(contexts[0]["attention_flops"] / 1e12), bill, first),
@@ -249,10 +249,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
     parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache (default: --dtype)")
     parser.add_argument("--batch", type=int, default=1, help="sequences at once (default: 1)")
-    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FMT",
-                        help="any tabulate format: simple, github, latex, ... (default: simple)")  # fmt: skip
-    parser.add_argument("--units", default="binary", choices=("binary", "decimal"),
-                        help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)")  # fmt: skip
+    parser.add_argument(
+        "--format",
+        default="simple",
+        choices=TABLE_FORMATS,
+        metavar="FMT",
+        help="any tabulate format: simple, github, latex, ... (default: simple)",
+    )
+    parser.add_argument(
+        "--units",
+        default="binary",
+        choices=("binary", "decimal"),
+        help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)",
+    )
     parser.add_argument("--json", action="store_true", help="print everything as JSON, bytes as integers")
     args = parser.parse_args(argv)
     if args.batch < 1:
@@ -286,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2))
         return 0
 
-    print("1) The score matrix at n = 8,192 (\"Attention From Scratch\"): fp16, batch 1")
+    print('1) The score matrix at n = 8,192 ("Attention From Scratch"): fp16, batch 1')
     print(worked_example_table(example, args.format))
     print()
-    print(f"2) The tiny model (\"Train a Tiny GPT at Home\"): 1 sequence, {TINY_HEADS} heads of {TINY_HEAD_DIM}, causal;")
-    print(f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);")
+    print(f'2) The tiny model ("Train a Tiny GPT at Home"): 1 sequence, {TINY_HEADS} heads of {TINY_HEAD_DIM}, causal;')
+    print(
+        f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);"
+    )
     print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096")
     print(tiny_table(tiny, args.units, args.format))
     print()

@@ -37,8 +37,9 @@ def check(ok: bool, claim: str) -> None:
         print(f"   CHECK FAILED: {claim}")
 
 
-def attend(x: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, *, causal: bool,
-           use_rope: bool) -> np.ndarray:
+def attend(
+    x: np.ndarray, wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, *, causal: bool, use_rope: bool
+) -> np.ndarray:
     """One head: x (T, d_model) -> (T, d_head). With use_rope, q and k (never v) are rotated by position."""
     q, k, v = x @ wq, x @ wk, x @ wv  # (T, d_head) each
     if use_rope:
@@ -62,8 +63,10 @@ def shuffle_demo(weights: tuple[np.ndarray, ...], seed: int) -> None:
     # with the causal mask, token t sees t + 1 tokens: the count leaks a little order, so the test fails
     masked = attend(x, *weights, causal=True, use_rope=False)[SHUFFLE]
     masked_shuffled = attend(x[SHUFFLE], *weights, causal=True, use_rope=False)
-    print(f"   with the causal mask the same test differs by {np.abs(masked - masked_shuffled).max():.3f}:"
-          " each position sees a different number of tokens")
+    print(
+        f"   with the causal mask the same test differs by {np.abs(masked - masked_shuffled).max():.3f}:"
+        " each position sees a different number of tokens"
+    )
 
 
 def final_token(sentence: str, weights: tuple[np.ndarray, ...], seed: int, use_rope: bool) -> np.ndarray:
@@ -99,7 +102,7 @@ def relative_demo(rng: np.random.Generator, fmt: str) -> None:
     q, k = rng.standard_normal((2, D_HEAD))  # (64,) each
     pairs = [(10, 3), (110, 103), (507, 500), (10, 9)]
     scores = [rope_score(q, k, m, n) for m, n in pairs]
-    rows = [[f"({m}, {n})", m - n, s] for (m, n), s in zip(pairs, scores)]
+    rows = [[f"({m}, {n})", m - n, s] for (m, n), s in zip(pairs, scores, strict=True)]
     print(table(rows, ["positions (q, k)", "distance", "score q·k/√d"], fmt=fmt, floatfmt=".6f"))
     seven_apart, one_apart = scores[:3], scores[3]
     spread = max(seven_apart) - min(seven_apart)
@@ -145,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
         "norms; a learned table refuses positions past its end. Every claim is checked (exit 1 if one fails).",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and vectors (default 0)")
-    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FORMAT",
-                        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)")
+    parser.add_argument(
+        "--format",
+        default="simple",
+        choices=TABLE_FORMATS,
+        metavar="FORMAT",
+        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     # one random head shared by sections 1 and 2; 1/√d_model keeps q, k, v near unit variance
@@ -159,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     learned_demo(rng)
 
     if failures:
-        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures),
-              sep="\n", file=sys.stderr)
+        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures), sep="\n", file=sys.stderr)
         return 1
     print("\nall checks passed")
     return 0

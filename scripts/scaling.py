@@ -24,7 +24,7 @@ from tinyattn_np import attention, flash_attention
 from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import TABLE_FORMATS, format_bytes, table, to_unit
+from tinyattn_np.report import TABLE_FORMATS, format_bytes, table
 
 MiB = 2**20
 
@@ -43,15 +43,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, after one warm-up (default 3)")
     p.add_argument("--workers", type=int, default=None, help="flash worker threads (default: CPU count)")
-    p.add_argument("--block-q", type=int, default=DEFAULT_BLOCK_Q, help=f"flash query block (default {DEFAULT_BLOCK_Q})")
+    p.add_argument(
+        "--block-q", type=int, default=DEFAULT_BLOCK_Q, help=f"flash query block (default {DEFAULT_BLOCK_Q})"
+    )
     p.add_argument("--block-k", type=int, default=DEFAULT_BLOCK_K, help=f"flash key block (default {DEFAULT_BLOCK_K})")
     p.add_argument(
-        "--mem-budget", type=float, default=None,
+        "--mem-budget",
+        type=float,
+        default=None,
         help="GiB the naive path may use; rows over it are skipped (default: a quarter of this machine's RAM)",
     )
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
-    p.add_argument("--sweep-blocks", type=int, metavar="T", default=None,
-                   help="instead of the table: time flash for several block sizes and worker counts at T")
+    p.add_argument(
+        "--sweep-blocks",
+        type=int,
+        metavar="T",
+        default=None,
+        help="instead of the table: time flash for several block sizes and worker counts at T",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure and the machine to PATH")
     p.add_argument("--plot", metavar="PATH.png", help="draw time and memory vs T (needs the plot extra)")
     p.add_argument("--format", choices=TABLE_FORMATS, default="simple", help="table format (default simple)")
@@ -143,8 +152,19 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool, rate: float) -> None:
-    headers = ["tokens", "scores MiB", "naive ms", "flash ms", "speedup", "naive peak MiB", "(est.)",
-               "flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]
+    headers = [
+        "tokens",
+        "scores MiB",
+        "naive ms",
+        "flash ms",
+        "speedup",
+        "naive peak MiB",
+        "(est.)",
+        "flash peak MiB",
+        "(est.)",
+        "flash GFLOP/s",
+        "of matmul",
+    ]
     if causal:
         headers += ["no-mask ms", "causal/no-mask"]
     if args.torch:
@@ -154,11 +174,19 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
         naive_bytes = r["naive_peak_bytes"]
         gflops = r["flops"] / r["flash_ms"] / 1e6
         line: list[Any] = [
-            r["tokens"], r["score_matrix_bytes"] / MiB,
-            r["naive_ms"] if r["naive_ms"] is not None else f"skipped (needs {format_bytes(r['naive_estimate_bytes'])})",
-            r["flash_ms"], ratio(r["naive_ms"], r["flash_ms"]),
-            None if naive_bytes is None else naive_bytes / MiB, r["naive_estimate_bytes"] / MiB,
-            r["flash_peak_bytes"] / MiB, r["flash_estimate_bytes"] / MiB, gflops, f"{gflops / rate:.0%}",
+            r["tokens"],
+            r["score_matrix_bytes"] / MiB,
+            r["naive_ms"]
+            if r["naive_ms"] is not None
+            else f"skipped (needs {format_bytes(r['naive_estimate_bytes'])})",
+            r["flash_ms"],
+            ratio(r["naive_ms"], r["flash_ms"]),
+            None if naive_bytes is None else naive_bytes / MiB,
+            r["naive_estimate_bytes"] / MiB,
+            r["flash_peak_bytes"] / MiB,
+            r["flash_estimate_bytes"] / MiB,
+            gflops,
+            f"{gflops / rate:.0%}",
         ]
         if causal:
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
@@ -169,9 +197,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
 
 
 def growth_line(rows: list[dict[str, Any]], key: str) -> str:
-    steps = [
-        f"{b[key] / a[key]:.2f}x" for a, b in zip(rows, rows[1:]) if a.get(key) is not None and b.get(key) is not None
-    ]
+    times = [r[key] for r in rows if r.get(key) is not None]
+    steps = [f"{b / a:.2f}x" for a, b in zip(times, times[1:], strict=False)]
     return ", ".join(steps) if steps else "-"
 
 
@@ -186,21 +213,22 @@ def sweep_blocks(args: argparse.Namespace, causal: bool, rate: float) -> list[di
         for block_q in (64, 128, 256, 512):
             for block_k in (128, 256, 512, 1024):
                 progress(f"  workers={workers} block_q={block_q} block_k={block_k}")
-                ms = median_ms(
-                    lambda: flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k, workers=workers),
-                    args.repeats,
-                )
-                results.append(dict(workers=workers, block_q=block_q, block_k=block_k, ms=ms,
-                                    gflops=flops / ms / 1e6))
-    body = [[r["workers"], r["block_q"], r["block_k"], r["ms"], r["gflops"], f"{r['gflops'] / rate:.0%}"]
-            for r in results]
-    print(f"flash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-          f"{'causal' if causal else 'no mask'}; median of {args.repeats}")
-    print(table(body, ["workers", "block_q", "block_k", "ms", "GFLOP/s", "of matmul"], fmt=args.format,
-                floatfmt=".1f"))
+                blocks = dict(block_q=block_q, block_k=block_k, workers=workers)
+                ms = median_ms(lambda blocks=blocks: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+                results.append(dict(workers=workers, block_q=block_q, block_k=block_k, ms=ms, gflops=flops / ms / 1e6))
+    body = [
+        [r["workers"], r["block_q"], r["block_k"], r["ms"], r["gflops"], f"{r['gflops'] / rate:.0%}"] for r in results
+    ]
+    print(
+        f"flash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+        f"{'causal' if causal else 'no mask'}; median of {args.repeats}"
+    )
+    print(table(body, ["workers", "block_q", "block_k", "ms", "GFLOP/s", "of matmul"], fmt=args.format, floatfmt=".1f"))
     best = min(results, key=lambda r: r["ms"])
-    print(f"fastest: workers={best['workers']} block_q={best['block_q']} block_k={best['block_k']} "
-          f"({best['ms']:.1f} ms); defaults are block_q={DEFAULT_BLOCK_Q} block_k={DEFAULT_BLOCK_K}")
+    print(
+        f"fastest: workers={best['workers']} block_q={best['block_q']} block_k={best['block_k']} "
+        f"({best['ms']:.1f} ms); defaults are block_q={DEFAULT_BLOCK_Q} block_k={DEFAULT_BLOCK_K}"
+    )
     return results
 
 
@@ -217,17 +245,22 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
     for key, label in (("naive_ms", "naive (reference)"), ("flash_ms", "flash"), ("torch_ms", "torch SDPA")):
         pts = [(r["tokens"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
-            ax_t.plot(*zip(*pts), "o-", label=label)
+            ax_t.plot(*zip(*pts, strict=True), "o-", label=label)
     for key, label in (("naive_peak_bytes", "naive peak"), ("flash_peak_bytes", "flash peak")):
         pts = [(r["tokens"], r[key] / MiB) for r in rows if r.get(key) is not None]
         if pts:
-            ax_m.plot(*zip(*pts), "o-", label=label)
+            ax_m.plot(*zip(*pts, strict=True), "o-", label=label)
     # reference slopes: T² through the last naive point (or flash's), T through the last flash point
     naive_last = [r for r in rows if r.get("naive_ms") is not None]
     anchors = (
         (ax_t, (naive_last or rows)[-1], "naive_ms" if naive_last else "flash_ms", rows[-1]["flash_ms"], "ms"),
-        (ax_m, (naive_last or rows)[-1], "naive_peak_bytes" if naive_last else "flash_peak_bytes",
-         rows[-1]["flash_peak_bytes"] / MiB, "MiB"),
+        (
+            ax_m,
+            (naive_last or rows)[-1],
+            "naive_peak_bytes" if naive_last else "flash_peak_bytes",
+            rows[-1]["flash_peak_bytes"] / MiB,
+            "MiB",
+        ),
     )
     for ax, quad_row, quad_key, linear_y, unit in anchors:
         quad_y = quad_row[quad_key] / (MiB if unit == "MiB" else 1)
@@ -258,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"check: naive == flash on 64 tokens (max |diff| {diff:.2e})")
     rate = matmul_rate(args.dtype)
     blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in info["blas"])
-    print(f"machine: {info['cpu']}, {cores} cores; NumPy {info['numpy']}, BLAS {blas}"
-          + (f"; torch {torch_version} ({threads} threads)" if torch_version else ""))
+    print(
+        f"machine: {info['cpu']}, {cores} cores; NumPy {info['numpy']}, BLAS {blas}"
+        + (f"; torch {torch_version} ({threads} threads)" if torch_version else "")
+    )
     print(f"{args.dtype} matmul, 2048 x 2048: {rate:.1f} GFLOP/s")
 
     if args.sweep_blocks is not None:
@@ -270,25 +305,38 @@ def main(argv: list[str] | None = None) -> int:
         while T <= args.max_tokens:
             sizes.append(T)
             T *= 2
-        print(f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-              f"{'causal' if causal else 'no mask'}; flash blocks {args.block_q} x {args.block_k}, "
-              f"{threads} workers; median of {args.repeats} runs; peaks from tracemalloc, "
-              f"(est.) = tinyattn_np.memory; naive budget {format_bytes(budget)}")
+        print(
+            f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+            f"{'causal' if causal else 'no mask'}; flash blocks {args.block_q} x {args.block_k}, "
+            f"{threads} workers; median of {args.repeats} runs; peaks from tracemalloc, "
+            f"(est.) = tinyattn_np.memory; naive budget {format_bytes(budget)}"
+        )
         results = []
         for T in sizes:
             progress(f"T = {T}")
             results.append(measure_row(T, args, causal, budget, torch_run))
         print_table(results, args, causal, rate)
-        print(f"time growth per doubling: naive {growth_line(results, 'naive_ms')}; "
-              f"flash {growth_line(results, 'flash_ms')}")
+        print(
+            f"time growth per doubling: naive {growth_line(results, 'naive_ms')}; "
+            f"flash {growth_line(results, 'flash_ms')}"
+        )
         print("useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / matmul GFLOP/s")
         if args.plot:
             plot(results, args.plot, args)
 
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"machine": info, "matmul_gflops": rate, "args": vars(args), "torch": torch_version,
-                       "results": results}, f, indent=2)
+            json.dump(
+                {
+                    "machine": info,
+                    "matmul_gflops": rate,
+                    "args": vars(args),
+                    "torch": torch_version,
+                    "results": results,
+                },
+                f,
+                indent=2,
+            )
         print(f"figures written to {args.json}")
     return 0
 

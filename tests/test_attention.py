@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-
 from conftest import assert_close, bottom_right, gold_attention
+
 from tinyattn_np import attention, causal_mask, one_head, scaled_dot_product_attention
 
 

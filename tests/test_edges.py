@@ -4,8 +4,8 @@ import importlib
 
 import numpy as np
 import pytest
-
 from conftest import assert_close, gold_attention
+
 from tinyattn_np import AttentionMemoryError, attention, flash_attention, scaled_dot_product_attention
 
 # the package exports the function attention(), which hides the module of the same name

@@ -2,8 +2,8 @@ import itertools
 
 import numpy as np
 import pytest
-
 from conftest import assert_close, bottom_right, gold_attention
+
 from tinyattn_np import attention, draw_tile_plan, flash_attention, merge_states, tile_plan
 from tinyattn_np.measure import traced_peak
 

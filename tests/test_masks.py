@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-
 from conftest import bottom_right
+
 from tinyattn_np import causal_mask, window_mask
 
 

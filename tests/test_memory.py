@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import bottom_right
 
 from tinyattn_np.attention import attention
 from tinyattn_np.flash import flash_attention
@@ -27,8 +28,6 @@ from tinyattn_np.memory import (
     naive_attention_bytes,
     score_matrix_bytes,
 )
-
-from conftest import bottom_right
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -336,3 +335,50 @@ def test_report_helpers_for_byte_columns():
         "0.000488", "0.500", "10.0", "15.0", "131", "8,192",
     ]  # fmt: skip
     assert "15.0" in text_table([["a", "15.0"]], ["x", "y (MiB)"])  # not reparsed into 15
+
+
+def test_more_bad_inputs_name_what_is_wrong(tmp_path):
+    with pytest.raises(TypeError, match="n_k must be an int >= 0; got 2.5"):
+        score_matrix_bytes(4, 2.5)
+    with pytest.raises(TypeError, match="causal must be True or False; got 1"):
+        attention_flops(4, heads=1, head_dim=8, causal=1)
+    with pytest.raises(TypeError, match="dtype must be a name such as 'bf16' or a NumPy dtype; got 3.5"):
+        bytes_per_element(3.5)
+    with pytest.raises(TypeError, match="numeric dtype; got <U3"):
+        bytes_per_element(np.dtype("U3"))
+    assert bytes_per_element(np.int8) == 1 and bytes_per_element(np.float16) == 2
+    base = dict(name="m", layers=2, heads=4, kv_heads=2, head_dim=8, hidden=32, vocab=10, intermediate=64)
+    with pytest.raises(ValueError, match="window_layers must be between 0 and layers=2; got 3"):
+        ModelShape(**base, sliding_window=4, window_layers=3)
+    with pytest.raises(ValueError, match="arch must be one of llama, gpt2, attention; got 'rnn'"):
+        ModelShape(**base, arch="rnn")
+    with pytest.raises(ValueError, match="gpt2-style model needs max_positions"):
+        ModelShape(**base, arch="gpt2")
+    with pytest.raises(TypeError, match="config must be a dict; got list"):
+        from tinyattn_np.memory import shape_from_config
+
+        shape_from_config([1, 2])
+    with pytest.raises(ValueError, match="hidden_size 4097 is not a multiple of num_attention_heads 32"):
+        load_model_shape({**LLAMA_3_8B_CONFIG, "hidden_size": 4097})
+    with pytest.raises(TypeError, match="source must be a preset name, a path to a config.json or a dict; got int"):
+        load_model_shape(7)
+    broken = tmp_path / "config.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        load_model_shape(broken)
+    with pytest.raises(TypeError, match="model must be a ModelShape"):
+        model_bill("llama-3-8b", [8192])
+
+
+def test_a_model_shape_passes_through_and_layer_types_count_windows():
+    shape = load_model_shape("llama-3-8b")
+    assert load_model_shape(shape) is shape
+    config = {**LLAMA_3_8B_CONFIG, "sliding_window": 1024, "num_hidden_layers": 4}
+    config["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    mixed = load_model_shape(config)
+    assert mixed.window_layers == 2
+    per_layer = mixed.kv_cache_bytes(1) // 4
+    # two layers keep every token, two keep at most 1,024
+    assert mixed.kv_cache_bytes(4096) == per_layer * (2 * 4096 + 2 * 1024)
+    every_layer = load_model_shape({**config, "layer_types": ["sliding_attention"] * 4})
+    assert every_layer.kv_cache_bytes(4096) == per_layer * 4 * 1024

@@ -35,7 +35,7 @@ def rotate_half_rope(x, positions, base=10000.0):
 
 def test_frequencies():
     theta = rope_frequencies(8)
-    np.testing.assert_allclose(theta, [1.0, 10000 ** -0.25, 10000 ** -0.5, 10000 ** -0.75])
+    np.testing.assert_allclose(theta, [1.0, 10000**-0.25, 10000**-0.5, 10000**-0.75])
     with pytest.raises(ValueError, match="even"):
         rope_frequencies(7)
     with pytest.raises(ValueError, match="base"):

@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from conftest import assert_close, bottom_right, gold_attention
 from hypothesis import given, note
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from conftest import assert_close, bottom_right, gold_attention
 from tinyattn_np import attention, causal_mask, flash_attention, merge_states, rope, softmax
 
 DTYPES = st.sampled_from([np.float32, np.float64])
@@ -82,9 +82,7 @@ def flash_cases(draw: st.DrawFn) -> FlashCase:
 def test_flash_attention_equals_attention(case):
     q, k, v = case.arrays()
     note(f"q {q.shape}, k {k.shape}, v {v.shape}, block_q={case.block_q}, block_k={case.block_k}")
-    out, lse = flash_attention(
-        q, k, v, causal=case.causal, block_q=case.block_q, block_k=case.block_k, return_lse=True
-    )
+    out, lse = flash_attention(q, k, v, causal=case.causal, block_q=case.block_q, block_k=case.block_k, return_lse=True)
     assert out.shape == (*q.shape[:-1], case.ev) and out.dtype == case.dtype, case
     assert lse.shape == q.shape[:-1] and lse.dtype == case.dtype, case
     # tolerance(dtype): both sum the same <= 300 products a row, in tiles or in one go; conftest's
@@ -166,7 +164,10 @@ def test_softmax_is_invariant_to_a_constant_per_row(shape, axis_index, shift, hi
     rtol = eps * (2 * (largest + shift) + 16)
     # weights are <= 1 and the relative bound holds for each; eps absolute only absorbs underflow noise
     np.testing.assert_allclose(
-        softmax(x + c, axis=axis), softmax(x, axis=axis), rtol=rtol, atol=eps,
+        softmax(x + c, axis=axis),
+        softmax(x, axis=axis),
+        rtol=rtol,
+        atol=eps,
         err_msg=f"x {shape}, axis={axis}, |c| <= {shift}, {dtype.__name__}",
     )
 
@@ -201,8 +202,10 @@ def test_rope_preserves_norms(lead, half_d, base, interleaved, dtype, seed, data
     # each rotated pair (x1 cos - x2 sin, x1 sin + x2 cos) is two products and a sum in the dtype,
     # with cos and sin themselves rounded: a few ulps of the pair's length; 8 ulps leaves room
     np.testing.assert_allclose(
-        np.linalg.norm(rotated.astype(np.float64), axis=-1), np.linalg.norm(x.astype(np.float64), axis=-1),
-        rtol=8 * eps, atol=0,
+        np.linalg.norm(rotated.astype(np.float64), axis=-1),
+        np.linalg.norm(x.astype(np.float64), axis=-1),
+        rtol=8 * eps,
+        atol=0,
         err_msg=f"x {x.shape}, base={base}, interleaved={interleaved}, {dtype.__name__}",
     )
 
@@ -235,7 +238,8 @@ def test_rope_scores_depend_only_on_position_differences(half_d, base, interleav
     per_length = 2 * 2 * (8 * eps + np.finfo(np.float64).eps / 2 * largest)
     bound = per_length * np.linalg.norm(q.astype(np.float64), axis=-1) * np.linalg.norm(k.astype(np.float64), axis=-1)
     np.testing.assert_array_less(
-        np.abs(before - after), bound,
+        np.abs(before - after),
+        bound,
         err_msg=f"T={n}, d={d}, m={m_pos}, n={n_pos}, shift={shift}, base={base}, "
         f"interleaved={interleaved}, {dtype.__name__}",
     )

@@ -29,9 +29,7 @@ WITHOUT_TORCH = (
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run(
-        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-    )
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def passed(result: subprocess.CompletedProcess[str]) -> str:
@@ -123,8 +121,19 @@ def test_a_failed_check_exits_1_and_names_it(capsys: pytest.CaptureFixture[str])
 
 def test_scaling_small_run_writes_json(tmp_path):
     out = tmp_path / "scaling.json"
-    result = run("scripts/scaling.py", "--min-tokens", "64", "--max-tokens", "128", "--repeats", "1",
-                 "--json", str(out), "--mem-budget", "0.00001")
+    result = run(
+        "scripts/scaling.py",
+        "--min-tokens",
+        "64",
+        "--max-tokens",
+        "128",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+        "--mem-budget",
+        "0.00001",
+    )
     assert result.returncode == 0, result.stderr
     assert "check: naive == flash on 64 tokens" in result.stdout
     assert "skipped (needs" in result.stdout  # the tiny budget turns the naive rows into the OOM row

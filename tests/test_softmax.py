@@ -66,7 +66,7 @@ def test_merge_states_of_two_parts_equals_the_whole(rng, split):
 def test_merge_states_any_grouping_of_many_parts(rng):
     scores, v = rng.standard_normal((4, 12)), rng.standard_normal((12, 2))
     cuts = [0, 2, 5, 6, 12]
-    parts = [_partial(scores[:, a:b], v[a:b]) for a, b in zip(cuts, cuts[1:])]
+    parts = [_partial(scores[:, a:b], v[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
     left = parts[0]
     for p in parts[1:]:  # ((p0 p1) p2) p3
         left = merge_states(*left, *p)

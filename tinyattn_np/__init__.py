@@ -33,7 +33,7 @@ from .position import (
     to_interleaved,
 )
 from .softmax import logsumexp, merge_states, softmax
-from .text import embed, tokenize, token_vector
+from .text import embed, token_vector, tokenize
 
 __version__ = "0.1.0"
 

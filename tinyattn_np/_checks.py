@@ -38,10 +38,11 @@ def check_ndim(x: np.ndarray, name: str, min_ndim: int, what: str) -> None:
         raise ValueError(f"{name} must have at least {min_ndim} dims {what}; got shape {x.shape}")
 
 
-def check_positive_int(value: Any, name: str, allow_none: bool = False) -> int | None:
-    """value as a positive int; bool, float and str are TypeErrors, 0 and negatives ValueErrors."""
-    if value is None and allow_none:
-        return None
+def check_positive_int(value: Any, name: str, default: int | None = None) -> int:
+    """value as a positive int (None gives default, where one is given); bool, float and str are
+    TypeErrors, 0 and negatives ValueErrors."""
+    if value is None and default is not None:
+        return default
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a positive int; got {value!r} ({type(value).__name__})")
     if value < 1:
@@ -82,24 +83,19 @@ def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndar
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_ndim(x, name, 2, "(..., L or S, E)")
     if not q.ndim == k.ndim == v.ndim:
-        raise ValueError(
-            f"q, k and v must have the same number of dims; got shapes {q.shape}, {k.shape}, {v.shape}"
-        )
+        raise ValueError(f"q, k and v must have the same number of dims; got shapes {q.shape}, {k.shape}, {v.shape}")
     if q.ndim == 2:  # (L, E): one head without a head axis
         q, k, v = q[None], k[None], v[None]
     if not q.shape[:-3] == k.shape[:-3] == v.shape[:-3]:
         raise ValueError(
-            "q, k and v must have the same batch dims (no broadcasting); "
-            f"got shapes {q.shape}, {k.shape}, {v.shape}"
+            f"q, k and v must have the same batch dims (no broadcasting); got shapes {q.shape}, {k.shape}, {v.shape}"
         )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same last dim E; got shapes {q.shape} and {k.shape}")
     if q.shape[-1] < 1:
         raise ValueError(f"q and k must have a head dim E of at least 1; got shape {q.shape}")
     if k.shape[-3:-1] != v.shape[-3:-1]:
-        raise ValueError(
-            f"k and v must have the same heads and keys (Hkv, S); got shapes {k.shape} and {v.shape}"
-        )
+        raise ValueError(f"k and v must have the same heads and keys (Hkv, S); got shapes {k.shape} and {v.shape}")
     hq, hkv = q.shape[-3], k.shape[-3]
     if hkv == 0 or hq % hkv != 0:
         raise ValueError(
@@ -107,8 +103,6 @@ def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndar
             f"and Hkv={hkv} (k {k.shape})"
         )
     if hq != hkv and not gqa_allowed:
-        raise ValueError(
-            f"q has {hq} heads and k, v have {hkv}: pass enable_gqa=True for grouped-query attention"
-        )
+        raise ValueError(f"q has {hq} heads and k, v have {hkv}: pass enable_gqa=True for grouped-query attention")
     dims = QKVShape(q.shape[:-3], hq, hkv, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
     return q, k, v, dims

@@ -181,9 +181,9 @@ def flash_attention(
     two_d = np.ndim(q) == 2
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e)
-    block_q = check_positive_int(block_q, "block_q", allow_none=True) or DEFAULT_BLOCK_Q
-    block_k = check_positive_int(block_k, "block_k", allow_none=True) or DEFAULT_BLOCK_K
-    workers = check_positive_int(workers, "workers", allow_none=True) or os.cpu_count() or 1
+    block_q = check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q)
+    block_k = check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K)
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
     ct = compute_dtype(q, k, v)
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
     n_kv_heads = n_heads // dims.group

@@ -1,8 +1,8 @@
 """One attention head, every step on its own line.
 
-    q = x Wq,  k = x Wk,  v = x Wv                      (T, d_head) each
-    weights = softmax(q kᵀ / √d_head  with the future hidden)   (T, T), rows sum to 1
-    out = weights v                                     (T, d_head)
+q = x Wq,  k = x Wk,  v = x Wv                      (T, d_head) each
+weights = softmax(q kᵀ / √d_head  with the future hidden)   (T, T), rows sum to 1
+out = weights v                                     (T, d_head)
 """
 
 from __future__ import annotations

@@ -41,9 +41,7 @@ def causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
     return n_k - n_q if align == "bottom_right" else 0
 
 
-def causal_blocked(
-    q_start: int, q_stop: int, k_start: int, k_stop: int, offset: int
-) -> NDArray[np.bool_]:
+def causal_blocked(q_start: int, q_stop: int, k_start: int, k_stop: int, offset: int) -> NDArray[np.bool_]:
     """True where query i (q_start <= i < q_stop) may NOT see key j (k_start <= j < k_stop): j > i + offset.
 
     The rows and columns are absolute positions, so a tile of a bigger matrix gets its own piece of the
@@ -61,9 +59,7 @@ def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right"
     return ~causal_blocked(0, n_q, 0, n_k, offset)
 
 
-def window_mask(
-    n_q: int, n_k: int | None = None, *, window: int, align: str = "bottom_right"
-) -> NDArray[np.bool_]:
+def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "bottom_right") -> NDArray[np.bool_]:
     """(n_q, n_k) bool for causal sliding-window attention (Mistral, Gemma-2 local layers).
 
     Query i sees key j when i + offset - window < j <= i + offset: itself and the window - 1 keys

@@ -144,7 +144,7 @@ def kv_cache_bytes(
     kv_heads = check_positive_int(kv_heads, "kv_heads")
     head_dim = check_positive_int(head_dim, "head_dim")
     batch = check_positive_int(batch, "batch")
-    window = check_positive_int(window, "window", allow_none=True)
+    window = None if window is None else check_positive_int(window, "window")
     kept = tokens if window is None else min(tokens, window)
     return _nbytes(2 * layers * kv_heads * head_dim * kept * batch, dtype)
 
@@ -233,12 +233,11 @@ class ModelShape:
         for field in ("vocab", "intermediate", "norms_per_layer"):
             _check_count(getattr(self, field), field)
         for field in ("max_positions", "sliding_window"):
-            check_positive_int(getattr(self, field), field, allow_none=True)
+            if getattr(self, field) is not None:
+                check_positive_int(getattr(self, field), field)
         if self.window_layers is not None:
             if _check_count(self.window_layers, "window_layers") > self.layers:
-                raise ValueError(
-                    f"window_layers must be between 0 and layers={self.layers}; got {self.window_layers}"
-                )
+                raise ValueError(f"window_layers must be between 0 and layers={self.layers}; got {self.window_layers}")
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"heads must be a multiple of kv_heads (grouped-query attention); "
@@ -467,9 +466,7 @@ def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelS
     if isinstance(source, dict):
         return shape_from_config(source)
     if not isinstance(source, (str, Path)):
-        raise TypeError(
-            f"source must be a preset name, a path to a config.json or a dict; got {type(source).__name__}"
-        )
+        raise TypeError(f"source must be a preset name, a path to a config.json or a dict; got {type(source).__name__}")
     if isinstance(source, str) and source.lower() in PRESETS:
         return PRESETS[source.lower()]
     path = Path(source)
@@ -551,7 +548,8 @@ def naive_attention_bytes(
     blocked = n_q * n_k if _check_bool(causal, "causal") else 0
     inverted_mask = n_q * n_k if _check_bool(bool_mask, "bool_mask") else 0
     out = rows * ev * (compute + (size if size < compute else 0))
-    return math.ceil(copies + scores + max(inverted_mask, blocked + out))
+    after_scores = max(Fraction(inverted_mask), blocked + out)  # the ~mask is freed before out exists
+    return math.ceil(copies + scores + after_scores)
 
 
 def flash_attention_bytes(
@@ -595,7 +593,7 @@ def flash_attention_bytes(
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
-    workers = check_positive_int(workers, "workers", allow_none=True) or os.cpu_count() or 1
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
     size, compute = _compute_dtype(dtype)
     rows = batch * heads * n_q  # query rows over all heads
     copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0

@@ -45,7 +45,7 @@ class MultiHeadAttention:
     ):
         self.d_model = check_positive_int(d_model, "d_model")
         self.n_heads = check_positive_int(n_heads, "n_heads")
-        self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads", allow_none=True) or self.n_heads
+        self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads", default=self.n_heads)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if self.n_heads % self.n_kv_heads:

@@ -121,8 +121,9 @@ class LearnedPositions:
     ValueError, where RoPE would just compute another angle.
     """
 
-    def __init__(self, max_positions: int, dim: int, *, rng: np.random.Generator | None = None,
-                 dtype: Any = np.float32):
+    def __init__(
+        self, max_positions: int, dim: int, *, rng: np.random.Generator | None = None, dtype: Any = np.float32
+    ):
         self.max_positions = check_positive_int(max_positions, "max_positions")
         self.dim = check_positive_int(dim, "dim")
         rng = np.random.default_rng(0) if rng is None else rng

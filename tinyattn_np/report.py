@@ -62,9 +62,7 @@ def table(
 ) -> str:
     """Render rows as text with tabulate; fmt is any tabulate format (github, simple, latex, ...)."""
     check_format(fmt)
-    return tabulate(
-        list(rows), headers=list(headers), tablefmt=fmt, floatfmt=floatfmt, colalign=colalign
-    )
+    return tabulate(list(rows), headers=list(headers), tablefmt=fmt, floatfmt=floatfmt, colalign=colalign)
 
 
 def matrix_table(
@@ -77,11 +75,9 @@ def matrix_table(
     """A 2-D array with a label on every row and column, e.g. attention weights between tokens."""
     matrix = np.asarray(matrix)
     if matrix.ndim != 2 or matrix.shape[0] != len(row_labels):
-        raise ValueError(
-            f"matrix must be 2-D with one row per label ({len(row_labels)}); got shape {matrix.shape}"
-        )
+        raise ValueError(f"matrix must be 2-D with one row per label ({len(row_labels)}); got shape {matrix.shape}")
     col_labels = list(row_labels if col_labels is None else col_labels)
-    rows = [[label, *row] for label, row in zip(row_labels, matrix.tolist())]
+    rows = [[label, *row] for label, row in zip(row_labels, matrix.tolist(), strict=True)]
     return table(rows, ["", *col_labels], fmt=fmt, floatfmt=f".{digits}f")
 
 

@@ -21,9 +21,7 @@ from ._checks import check_positive_int
 
 # GPT-2's pattern with \p{L} (letters) and \p{N} (numbers) spelled with the stdlib's re:
 # [^\W\d_] is "a word character that is not a digit or underscore", i.e. a letter.
-_PRETOKENIZE = re.compile(
-    r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"""
-)
+_PRETOKENIZE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
 
 
 def tokenize(text: str) -> list[str]:

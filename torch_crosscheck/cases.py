@@ -119,7 +119,7 @@ def make_inputs(
     rng = np.random.default_rng(zlib.crc32(name.encode()))
     std = [1.0] * len(shapes) if std is None else std
     ours, theirs = [], []
-    for shape, s in zip(shapes, std):
+    for shape, s in zip(shapes, std, strict=True):
         t = torch.from_numpy(s * rng.standard_normal(shape)).to(device=device, dtype=TORCH_DTYPES[dtype])
         ours.append(t.to("cpu", torch.float64).numpy().astype(NUMPY_DTYPES[dtype]))
         theirs.append(t)
@@ -148,7 +148,10 @@ def one_head_case(device: str, dtype: str) -> Outcome:
     T, d_model, d_head = 16, 32, 8
     w = 1 / math.sqrt(d_model)  # nn.Linear's scale, so that q, k, v are about N(0, 1)
     (x, wq, wk, wv), (tx, twq, twk, twv) = make_inputs(
-        "one_head", [(T, d_model), (d_model, d_head), (d_model, d_head), (d_model, d_head)], dtype, device,
+        "one_head",
+        [(T, d_model), (d_model, d_head), (d_model, d_head), (d_model, d_head)],
+        dtype,
+        device,
         std=[1.0, w, w, w],
     )
     mine, _ = ta.one_head(x, wq, wk, wv)
@@ -253,8 +256,15 @@ B, H, E = 2, 4, 16
 
 
 def sdpa_case(
-    L: int, S: int, *, mask: str | None = None, mask_shape: tuple[int, ...] | None = None,
-    is_causal: bool = False, scale: float | None = None, hkv: int = H, fully_masked_rows: bool = False,
+    L: int,
+    S: int,
+    *,
+    mask: str | None = None,
+    mask_shape: tuple[int, ...] | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    hkv: int = H,
+    fully_masked_rows: bool = False,
 ) -> Callable[[str, str], Outcome]:
     """mask: None, "bool" (True = may attend) or "float" (added to the scores), of mask_shape
     (default (B, H, L, S)); fully_masked_rows: rows 1 and L-1 of the mask hide every key."""
@@ -408,8 +418,9 @@ CASES: list[Case] = [
     Case("flash_attention causal L>S (bottom-right)", bottom_right_case(True, 100, 37, block_q=16, block_k=8), ALL),
     Case("flash_attention causal L<S GQA Hkv=2", bottom_right_case(True, 20, 50, hkv=2, block_q=7, block_k=9), ALL),
     Case("flash_attention causal T=4096", flash_case(1, 2, 2, 4096, 4096, 64, True), ALL),
-    Case("flash_attention T=1000 blocks 37x53",
-         flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL),  # fmt: skip
+    Case(
+        "flash_attention T=1000 blocks 37x53", flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL
+    ),  # fmt: skip
     Case("flash_attention causal B=3 Hq=6 Hkv=2", flash_case(3, 6, 2, 129, 129, 16, True, block_q=31, block_k=17), ALL),
     Case("flash_attention lse L<S", flash_lse_case(40, 90, block_q=16, block_k=32), FULL),
     Case("flash_attention lse L>S (rows with no key)", flash_lse_case(90, 40, block_q=16, block_k=32), FULL),

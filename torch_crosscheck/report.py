@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # cases.py, beside this file
     import torch
-
     from cases import CASES, DEVICES
 
     cuda = torch.cuda.is_available()

@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
+from cases import lower_right_gold, make_inputs, to_numpy  # noqa: E402
+from devices import DEVICE_PARAMS  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import tinyattn_np as ta  # noqa: E402
-from cases import lower_right_gold, make_inputs, to_numpy  # noqa: E402
-from devices import DEVICE_PARAMS  # noqa: E402
 
 # float64 on both sides: the same sums in another order, a few ulps of max|v| ~ 4 (cases.py, FULL_ULPS)
 TOL = 32 * 2.0**-53 * 4

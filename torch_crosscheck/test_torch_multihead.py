@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
-
-import tinyattn_np as ta  # noqa: E402
 from cases import TorchMultiHeadAttention, make_inputs, to_numpy  # noqa: E402
 from devices import DEVICE_PARAMS  # noqa: E402
+
+import tinyattn_np as ta  # noqa: E402
 
 # float64 throughout: the same sums in another order, 32 ulps of an output of size ~1 (cases.py, FULL_ULPS)
 TOL = 32 * 2.0**-53

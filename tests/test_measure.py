@@ -1,0 +1,85 @@
+"""measure.py: tracemalloc peaks, timing and the machine facts the scripts and the memory guard use."""
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from tinyattn_np import measure
+
+
+def test_traced_peak_counts_numpy_buffers_and_the_result():
+    def make(n_bytes):
+        scratch = np.ones(n_bytes // 8)  # float64: n_bytes; freed before return, but it was the peak
+        del scratch
+        return np.zeros(n_bytes // 64)  # n_bytes / 8, alive when the peak is read
+
+    result, peak = measure.traced_peak(make, 2**20)
+    assert result.nbytes == 2**17
+    assert 2**20 <= peak < 2**20 + 2**16  # the 1 MiB scratch plus small Python bookkeeping
+
+
+def test_traced_peak_inside_an_outer_trace_leaves_it_running():
+    tracemalloc.start()
+    try:
+        _, peak = measure.traced_peak(np.ones, 1000)
+        assert peak >= 8000 and tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
+    assert not tracemalloc.is_tracing()
+
+
+def test_timing():
+    calls = []
+    seconds = measure.time_calls(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(seconds) == 4 and len(calls) == 6 and all(s >= 0 for s in seconds)
+    assert measure.median_ms(lambda: None, repeats=3) >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        measure.time_calls(lambda: None, repeats=0)
+    with pytest.raises(ValueError, match="warmup"):
+        measure.time_calls(lambda: None, warmup=-1)
+
+
+def test_machine_info():
+    info = measure.machine_info()
+    assert info["cores"] >= 1 and info["numpy"] == np.__version__
+    assert isinstance(info["cpu"], str) and info["cpu"]
+    assert all("num_threads" in pool for pool in info["blas"])
+
+
+def test_cpu_model_without_proc(monkeypatch):
+    def no_file(*args, **kwargs):
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr("builtins.open", no_file)
+    assert isinstance(measure.cpu_model(), str)
+
+
+def test_memory_from_proc_sysconf_or_fallback(monkeypatch, tmp_path):
+    assert 0 < measure.memory_available() <= measure.memory_total()
+    # /proc/meminfo unreadable: os.sysconf answers
+    monkeypatch.setattr(measure, "_meminfo_bytes", lambda field: None)
+    assert measure.memory_total() > 0 and measure.memory_available() > 0
+    # neither answers: the conservative fallback
+    monkeypatch.setattr(measure, "_sysconf_bytes", lambda name: None)
+    assert measure.memory_available() == measure.memory_total() == measure.FALLBACK_MEMORY_BYTES == 2 * 2**30
+
+
+def test_meminfo_parsing(monkeypatch, tmp_path):
+    fake = tmp_path / "meminfo"
+    fake.write_text("MemTotal:       16384 kB\nMemAvailable:    8192 kB\n")
+    real_open = open
+    monkeypatch.setattr(
+        "builtins.open", lambda path, *a, **k: real_open(fake if path == "/proc/meminfo" else path, *a, **k)
+    )
+    assert measure._meminfo_bytes("MemTotal") == 16384 * 1024
+    assert measure._meminfo_bytes("MemAvailable") == 8192 * 1024
+    assert measure._meminfo_bytes("SwapTotal") is None
+
+
+def test_sysconf_failures(monkeypatch):
+    def broken(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(measure.os, "sysconf", broken)
+    assert measure._sysconf_bytes("SC_PHYS_PAGES") is None
