@@ -5,7 +5,7 @@
     python scripts/scaling.py --no-causal          # the same without the mask
     python scripts/scaling.py --sweep-blocks 4096  # flash block sizes and worker counts at one T
 
-Every time is the median of --repeats runs after one warm-up; every peak is what tracemalloc saw in a
+Every time is the median of --repeats runs after two warm-ups; every peak is what tracemalloc saw in a
 separate run, next to tinyattn_np.memory's estimate. Figures are ratios within this one run: the
 machine is shared and noisy, so compare columns, not runs.
 """
@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -27,10 +28,20 @@ from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_att
 from tinyattn_np.report import TABLE_FORMATS, format_bytes, table
 
 MiB = 2**20
+SETTLE_SECONDS = 0.3
 
 
 def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def settled_median_ms(fn: Any, repeats: int) -> float:
+    """median_ms after a short idle: OpenBLAS and torch's OpenMP threads busy-wait for a while after
+    each call, and on a 2-core machine those spinning threads would slow the next library's first
+    runs. Each figure starts once the previous library's threads have gone to sleep, and two untimed
+    calls then wake its own threads (the first call after a sleep pays for waking them)."""
+    time.sleep(SETTLE_SECONDS)
+    return median_ms(fn, repeats, warmup=2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, after one warm-up (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per figure, after two warm-ups (default 5)")
     p.add_argument("--workers", type=int, default=None, help="flash worker threads (default: CPU count)")
     p.add_argument(
         "--block-q", type=int, default=DEFAULT_BLOCK_Q, help=f"flash query block (default {DEFAULT_BLOCK_Q})"
@@ -134,16 +145,16 @@ def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, t
         row["naive_ms"] = row["naive_peak_bytes"] = None
     else:
         progress(f"  T={T}: naive")
-        row["naive_ms"] = median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
+        row["naive_ms"] = settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
         row["naive_peak_bytes"] = traced_peak(attention, q, k, v, causal=causal)[1]
     progress(f"  T={T}: flash")
-    row["flash_ms"] = median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+    row["flash_ms"] = settled_median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
     row["flash_peak_bytes"] = traced_peak(flash_attention, q, k, v, causal=causal, **blocks)[1]
     if causal:  # the same flash run without the mask: how much the skipped tiles save
-        row["flash_no_mask_ms"] = median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
+        row["flash_no_mask_ms"] = settled_median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
     if torch_run is not None:
         progress(f"  T={T}: torch")
-        row["torch_ms"] = median_ms(torch_run(q, k, v, causal), args.repeats)
+        row["torch_ms"] = settled_median_ms(torch_run(q, k, v, causal), args.repeats)
     return row
 
 
@@ -214,7 +225,11 @@ def sweep_blocks(args: argparse.Namespace, causal: bool, rate: float) -> list[di
             for block_k in (128, 256, 512, 1024):
                 progress(f"  workers={workers} block_q={block_q} block_k={block_k}")
                 blocks = dict(block_q=block_q, block_k=block_k, workers=workers)
-                ms = median_ms(lambda blocks=blocks: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+
+                def run(blocks: dict[str, int] = blocks) -> None:
+                    flash_attention(q, k, v, causal=causal, **blocks)
+
+                ms = settled_median_ms(run, args.repeats)
                 results.append(dict(workers=workers, block_q=block_q, block_k=block_k, ms=ms, gflops=flops / ms / 1e6))
     body = [
         [r["workers"], r["block_q"], r["block_k"], r["ms"], r["gflops"], f"{r['gflops'] / rate:.0%}"] for r in results
