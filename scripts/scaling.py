@@ -66,6 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
     p.add_argument(
+        "--torch-3d",
+        action="store_true",
+        help="with --torch, also time torch on 3-D (H, T, E) inputs, which its CPU backend sends to the slow math path",
+    )
+    p.add_argument(
         "--sweep-blocks",
         type=int,
         metavar="T",
@@ -86,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--min-tokens ({args.min_tokens}) must not exceed --max-tokens ({args.max_tokens})")
     if args.mem_budget is not None and args.mem_budget <= 0:
         p.error(f"--mem-budget must be positive GiB; got {args.mem_budget}")
+    if args.torch_3d and not args.torch:
+        p.error("--torch-3d needs --torch")
     if args.sweep_blocks is not None and args.sweep_blocks < 1:
         p.error(f"--sweep-blocks must be a positive T; got {args.sweep_blocks}")
     return args
@@ -155,6 +162,8 @@ def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, t
     if torch_run is not None:
         progress(f"  T={T}: torch")
         row["torch_ms"] = settled_median_ms(torch_run(q, k, v, causal), args.repeats)
+        if args.torch_3d:  # the same numbers without the batch axis: (H, T, E)
+            row["torch_3d_ms"] = settled_median_ms(torch_run(q[0], k[0], v[0], causal), args.repeats)
     return row
 
 
@@ -180,6 +189,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
         headers += ["no-mask ms", "causal/no-mask"]
     if args.torch:
         headers += ["torch ms", "flash/torch"]
+    if args.torch_3d:
+        headers += ["torch 3-D ms"]
     body = []
     for r in rows:
         naive_bytes = r["naive_peak_bytes"]
@@ -203,6 +214,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
         if args.torch:
             line += [r["torch_ms"], r["flash_ms"] / r["torch_ms"]]
+        if args.torch_3d:
+            line += [r["torch_3d_ms"]]
         body.append(line)
     print(table(body, headers, fmt=args.format, floatfmt=".2f"))
 
