@@ -34,20 +34,13 @@ from tinyattn_np import (
     tile_plan,
     tokenize,
 )
-from tinyattn_np.report import TABLE_FORMATS, matrix_table, table
+from tinyattn_np.report import Checklist, add_format_argument, matrix_table, table
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
 TOL = 1e-5  # float32 results computed in two different orders agree to about 1e-6
 
-failures: list[str] = []
-
-
-def check(ok: bool, claim: str) -> None:
-    """Remember a claim that turned out false; main() reports them all and exits 1."""
-    if not ok:
-        failures.append(claim)
-        print(f"   CHECK FAILED: {claim}")
+check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 
 
 def max_diff(a, b) -> float:
@@ -223,13 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "divided by √d; every claim is checked (exit 1 if one fails).",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and inputs (default 0)")
-    parser.add_argument(
-        "--format",
-        default="simple",
-        choices=TABLE_FORMATS,
-        metavar="FORMAT",
-        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
-    )
+    add_format_argument(parser)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
@@ -239,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     tile_demo(rng, args.format)
     scale_demo(rng, args.format)
 
-    if failures:
-        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures), sep="\n", file=sys.stderr)
-        return 1
-    print("\nall checks passed")
-    return 0
+    return check.finish()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from tinyattn_np.memory import (
     naive_attention_bytes,
     score_matrix_bytes,
 )
-from tinyattn_np.report import TABLE_FORMATS, column_unit, format_bytes, format_sig, text_table, to_unit
+from tinyattn_np.report import add_format_argument, column_unit, format_bytes, format_sig, text_table, to_unit
 
 N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
@@ -249,13 +249,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
     parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache (default: --dtype)")
     parser.add_argument("--batch", type=int, default=1, help="sequences at once (default: 1)")
-    parser.add_argument(
-        "--format",
-        default="simple",
-        choices=TABLE_FORMATS,
-        metavar="FMT",
-        help="any tabulate format: simple, github, latex, ... (default: simple)",
-    )
+    add_format_argument(parser)
     parser.add_argument(
         "--units",
         default="binary",

@@ -22,19 +22,12 @@ import sys
 import numpy as np
 
 from tinyattn_np import LearnedPositions, attention, embed, rope, tokenize
-from tinyattn_np.report import TABLE_FORMATS, table
+from tinyattn_np.report import Checklist, add_format_argument, table
 
 D_MODEL, D_HEAD = 256, 64
 SHUFFLE = [3, 0, 4, 1, 2]  # token i of the shuffled sentence is token SHUFFLE[i] of the original
 
-failures: list[str] = []
-
-
-def check(ok: bool, claim: str) -> None:
-    """Remember a claim that turned out false; main() reports them all and exits 1."""
-    if not ok:
-        failures.append(claim)
-        print(f"   CHECK FAILED: {claim}")
+check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 
 
 def attend(
@@ -148,13 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "norms; a learned table refuses positions past its end. Every claim is checked (exit 1 if one fails).",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and vectors (default 0)")
-    parser.add_argument(
-        "--format",
-        default="simple",
-        choices=TABLE_FORMATS,
-        metavar="FORMAT",
-        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
-    )
+    add_format_argument(parser)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     # one random head shared by sections 1 and 2; 1/√d_model keeps q, k, v near unit variance
@@ -166,11 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     norm_demo(rng, args.format)
     learned_demo(rng)
 
-    if failures:
-        print(f"\n{len(failures)} check(s) failed:", *(f"  - {claim}" for claim in failures), sep="\n", file=sys.stderr)
-        return 1
-    print("\nall checks passed")
-    return 0
+    return check.finish()
 
 
 if __name__ == "__main__":

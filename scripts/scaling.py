@@ -25,7 +25,7 @@ from tinyattn_np import attention, flash_attention
 from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import TABLE_FORMATS, format_bytes, table
+from tinyattn_np.report import add_format_argument, format_bytes, table
 
 MiB = 2**20
 SETTLE_SECONDS = 0.3
@@ -79,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", metavar="PATH", help="write every figure and the machine to PATH")
     p.add_argument("--plot", metavar="PATH.png", help="draw time and memory vs T (needs the plot extra)")
-    p.add_argument("--format", choices=TABLE_FORMATS, default="simple", help="table format (default simple)")
+    add_format_argument(p)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in ("max_tokens", "min_tokens", "heads", "head_dim", "repeats", "block_q", "block_k"):

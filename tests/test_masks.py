@@ -44,7 +44,7 @@ def test_bad_arguments():
         causal_mask(3, align="left")
     with pytest.raises(ValueError, match="n_q"):
         causal_mask(-1)
-    with pytest.raises(ValueError, match="n_k"):
+    with pytest.raises(TypeError, match="n_k must be an int >= 0; got 2.5"):
         causal_mask(2, 2.5)
     with pytest.raises(ValueError, match="window"):
         window_mask(3, window=0)

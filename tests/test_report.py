@@ -26,3 +26,24 @@ def test_tables():
     assert "0.750" in text and "1.000" in text
     with pytest.raises(ValueError, match="one row per label"):
         matrix_table(weights, ["a"])
+
+
+def test_checklist_and_format_flag(capsys):
+    import argparse
+
+    from tinyattn_np.report import Checklist, add_format_argument
+
+    check = Checklist()
+    check(True, "one plus one is two")
+    assert check.finish() == 0 and "all checks passed" in capsys.readouterr().out
+    check(False, "pigs fly")
+    assert check.finish() == 1
+    captured = capsys.readouterr()
+    assert "CHECK FAILED: pigs fly" in captured.out and "1 check(s) failed" in captured.err
+
+    parser = argparse.ArgumentParser()
+    add_format_argument(parser)
+    assert parser.parse_args([]).format == "simple"
+    assert parser.parse_args(["--format", "github"]).format == "github"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--format", "nope"])

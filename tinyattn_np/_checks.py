@@ -50,6 +50,21 @@ def check_positive_int(value: Any, name: str, default: int | None = None) -> int
     return int(value)
 
 
+def check_count(value: Any, name: str) -> int:
+    """A size that may be 0 (tokens, queries, keys) as an int >= 0; non-ints are TypeErrors."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int >= 0; got {value!r} ({type(value).__name__})")
+    if value < 0:
+        raise ValueError(f"{name} must be an int >= 0; got {value}")
+    return int(value)
+
+
+def check_sizes(n_q: Any, n_k: Any) -> tuple[int, int]:
+    """(L, S) as ints >= 0; the key count defaults to the query count (self-attention)."""
+    n_q = check_count(n_q, "n_q")
+    return n_q, n_q if n_k is None else check_count(n_k, "n_k")
+
+
 def check_scale(scale: Any, head_dim: int) -> float:
     """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given number."""
     if scale is None:

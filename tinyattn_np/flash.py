@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_positive_int, check_qkv, check_scale, compute_dtype, result_dtype
+from ._checks import check_positive_int, check_qkv, check_scale, check_sizes, compute_dtype, result_dtype
 from .masks import causal_blocked, causal_offset
 
 Array = NDArray[np.floating]
@@ -64,9 +64,7 @@ def tile_plan(n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool = 
     j <= i + n_k - n_q) a tile wholly above the diagonal is left out, a tile wholly below it is "full",
     and a tile the diagonal crosses is "diagonal". Rows that see no key at all (n_q > n_k) get no tile.
     """
-    for name, n in (("n_q", n_q), ("n_k", n_k)):
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"{name} must be an int >= 0; got {n!r}")
+    n_q, n_k = check_sizes(n_q, n_k)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     offset = causal_offset(n_q, n_k)

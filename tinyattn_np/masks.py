@@ -19,19 +19,9 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, check_sizes
 
 ALIGNMENTS = ("bottom_right", "top_left")
-
-
-def _check_sizes(n_q: int, n_k: int | None) -> tuple[int, int]:
-    if isinstance(n_q, (bool, np.bool_)) or not isinstance(n_q, (int, np.integer)) or n_q < 0:
-        raise ValueError(f"n_q must be an int >= 0; got {n_q!r}")
-    if n_k is None:
-        n_k = n_q
-    if isinstance(n_k, (bool, np.bool_)) or not isinstance(n_k, (int, np.integer)) or n_k < 0:
-        raise ValueError(f"n_k must be an int >= 0 or None; got {n_k!r}")
-    return int(n_q), int(n_k)
 
 
 def causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
@@ -54,7 +44,7 @@ def causal_blocked(q_start: int, q_stop: int, k_start: int, k_stop: int, offset:
 
 def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> NDArray[np.bool_]:
     """(n_q, n_k) bool, True where query i may attend to key j: j <= i + offset (see module doc)."""
-    n_q, n_k = _check_sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     offset = causal_offset(n_q, n_k, align)
     return ~causal_blocked(0, n_q, 0, n_k, offset)
 
@@ -65,7 +55,7 @@ def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "
     Query i sees key j when i + offset - window < j <= i + offset: itself and the window - 1 keys
     before it. window >= n_k gives the plain causal mask.
     """
-    n_q, n_k = _check_sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     window = check_positive_int(window, "window")
     offset = causal_offset(n_q, n_k, align)
     rows = np.arange(n_q)[:, None] + offset  # (n_q, 1): the key position each query lines up with

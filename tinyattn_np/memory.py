@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_positive_int
+from ._checks import check_count, check_positive_int, check_sizes
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
 # Bytes per element. int4 packs two values per byte, so sizes are Fractions and a total is rounded up
@@ -50,25 +50,10 @@ DTYPES: tuple[str, ...] = tuple(_DTYPE_BYTES)
 # argument checks (each error names the argument, what it wanted and what came)
 
 
-def _check_count(value: Any, name: str) -> int:
-    """A size that may be 0 (tokens, queries, keys): an int >= 0."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int >= 0; got {value!r} ({type(value).__name__})")
-    if value < 0:
-        raise ValueError(f"{name} must be an int >= 0; got {value}")
-    return int(value)
-
-
 def _check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
     return bool(value)
-
-
-def _sizes(n_q: Any, n_k: Any) -> tuple[int, int]:
-    """(L, S): the key count defaults to the query count (self-attention)."""
-    n_q = _check_count(n_q, "n_q")
-    return n_q, n_q if n_k is None else _check_count(n_k, "n_k")
 
 
 def _nbytes(elements: int, dtype: Any) -> int:
@@ -115,7 +100,7 @@ def score_matrix_bytes(
 
     One head, one layer, L = S = 8,192 in fp16: 67,108,864 entries, 134,217,728 B.
     """
-    n_q, n_k = _sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     heads = check_positive_int(heads, "heads")
     layers = check_positive_int(layers, "layers")
     batch = check_positive_int(batch, "batch")
@@ -139,7 +124,7 @@ def kv_cache_bytes(
     A sliding window of W tokens means only the last W keys and values are ever read again, so a
     rolling cache keeps at most W of them. Grouped-query attention shows up as kv_heads < heads.
     """
-    tokens = _check_count(tokens, "tokens")
+    tokens = check_count(tokens, "tokens")
     layers = check_positive_int(layers, "layers")
     kv_heads = check_positive_int(kv_heads, "kv_heads")
     head_dim = check_positive_int(head_dim, "head_dim")
@@ -159,7 +144,7 @@ def causal_entries(n_q: int, n_k: int | None = None) -> int:
 
     For L == S that is L (L + 1) / 2: a little more than half.
     """
-    n_q, n_k = _sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     if n_q <= n_k:
         return n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
     return n_k * (n_k + 1) // 2
@@ -183,7 +168,7 @@ def attention_flops(
     entries (what a mask-aware kernel computes), not L · S / 2. Softmax's few FLOPs per entry are left
     out, as in the usual 4·L·S·E estimate (FlashAttention-2 paper, section 4.1).
     """
-    n_q, n_k = _sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     heads = check_positive_int(heads, "heads")
     head_dim = check_positive_int(head_dim, "head_dim")
     head_dim_v = head_dim if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
@@ -231,12 +216,12 @@ class ModelShape:
         for field in ("layers", "heads", "kv_heads", "head_dim", "hidden"):
             check_positive_int(getattr(self, field), field)
         for field in ("vocab", "intermediate", "norms_per_layer"):
-            _check_count(getattr(self, field), field)
+            check_count(getattr(self, field), field)
         for field in ("max_positions", "sliding_window"):
             if getattr(self, field) is not None:
                 check_positive_int(getattr(self, field), field)
         if self.window_layers is not None:
-            if _check_count(self.window_layers, "window_layers") > self.layers:
+            if check_count(self.window_layers, "window_layers") > self.layers:
                 raise ValueError(f"window_layers must be between 0 and layers={self.layers}; got {self.window_layers}")
         if self.heads % self.kv_heads:
             raise ValueError(
@@ -503,7 +488,7 @@ def _attention_sizes(
     n_q: Any, n_k: Any, heads: Any, kv_heads: Any, head_dim: Any, head_dim_v: Any, batch: Any
 ) -> tuple[int, int, int, int, int, int, int]:
     """(L, S, Hq, Hkv, E, Ev, B) checked; S defaults to L, Hkv to Hq, Ev to E."""
-    n_q, n_k = _sizes(n_q, n_k)
+    n_q, n_k = check_sizes(n_q, n_k)
     heads = check_positive_int(heads, "heads")
     kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
     e = check_positive_int(head_dim, "head_dim")
@@ -630,7 +615,7 @@ def model_bill(
     kv_dtype = dtype if kv_dtype is None else kv_dtype
     contexts = []
     for n in tokens:
-        n = _check_count(n, "tokens")
+        n = check_count(n, "tokens")
         flops = attention_flops(n, heads=model.heads, head_dim=model.head_dim, causal=True, batch=batch)
         contexts.append(
             {

@@ -6,6 +6,8 @@ Byte figures always carry their unit. Binary units (KiB, MiB, GiB: powers of 102
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -113,3 +115,36 @@ def text_table(rows: Iterable[Sequence[str]], headers: Sequence[str], fmt: str =
     rows = [list(row) for row in rows]
     colalign = ["left"] + ["right"] * (len(headers) - 1)
     return tabulate(rows, headers=list(headers), tablefmt=fmt, colalign=colalign, disable_numparse=True)
+
+
+def add_format_argument(parser: argparse.ArgumentParser) -> None:
+    """The --format flag every script takes: any of tabulate's table formats, "simple" by default."""
+    parser.add_argument(
+        "--format",
+        default="simple",
+        choices=TABLE_FORMATS,
+        metavar="FORMAT",
+        help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
+    )
+
+
+class Checklist:
+    """The claims a demo script checks as it prints: a false one is reported where it happens, and
+    finish() lists them all and gives the exit code (1 if any failed)."""
+
+    def __init__(self) -> None:
+        self.failures: list[str] = []
+
+    def __call__(self, ok: bool, claim: str) -> None:
+        if not ok:
+            self.failures.append(claim)
+            print(f"   CHECK FAILED: {claim}")
+
+    def finish(self) -> int:
+        if self.failures:
+            print(f"\n{len(self.failures)} check(s) failed:", file=sys.stderr)
+            for claim in self.failures:
+                print(f"  - {claim}", file=sys.stderr)
+            return 1
+        print("\nall checks passed")
+        return 0

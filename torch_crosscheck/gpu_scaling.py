@@ -34,7 +34,7 @@ except ImportError:  # the script still answers --help, and says what is missing
     torch = None
 
 from tinyattn_np.memory import score_matrix_bytes
-from tinyattn_np.report import TABLE_FORMATS, format_bytes, table
+from tinyattn_np.report import add_format_argument, format_bytes, table
 
 OOM = "OOM"
 
@@ -49,8 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--head-dim", type=int, default=128, help="head size d (default: 128)")
     parser.add_argument("--batch", type=int, default=1, help="batch size B (default: 1)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell, median shown (default: 3)")
-    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FORMAT",
-                        help="table format, any of tabulate's (default: simple)")  # fmt: skip
+    add_format_argument(parser)
     args = parser.parse_args(argv)
     for name in ("max_tokens", "heads", "head_dim", "batch", "repeats"):
         if getattr(args, name) < 1:

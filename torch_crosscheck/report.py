@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tinyattn_np.report import TABLE_FORMATS, table
+from tinyattn_np.report import add_format_argument, table
 
 HEADERS = ["case", "device", "dtype", "max abs error", "tolerance", "result"]
 
@@ -24,8 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Compare tinyattn_np with torch (SDPA, nn.Linear, RoPE references) on CPU and CUDA, "
         "print one table, exit 1 on any failure."
     )
-    parser.add_argument("--format", default="simple", choices=TABLE_FORMATS, metavar="FORMAT",
-                        help="table format, any of tabulate's (default: simple; e.g. github, grid, latex)")  # fmt: skip
+    add_format_argument(parser)
     return parser.parse_args(argv)
 
 
