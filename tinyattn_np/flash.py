@@ -108,7 +108,7 @@ def _attend_rows(
     bq = q_rows.shape[0]
     dtype = q_rows.dtype
     m = np.full(bq, -np.inf, dtype)  # (bq,) running max of the scores
-    l = np.zeros(bq, dtype)  # (bq,) running sum of exp(score - m)  # noqa: E741
+    l = np.zeros(bq, dtype)  # (bq,) running sum of exp(score - m)
     acc = np.zeros((bq, v.shape[-1]), dtype)  # (bq, Ev) running exp(score - m) @ v
     widest = max((t.k_stop - t.k_start for t in tiles), default=0)
     tile_buf = np.empty((bq, widest), dtype)  # the one score tile this block reuses
@@ -124,7 +124,7 @@ def _attend_rows(
         m_safe = np.where(np.isneginf(m_new), 0.0, m_new).astype(dtype, copy=False)
         # 4) probabilities of this tile relative to the new max, in place: s <- exp(s - m').
         #    (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2 is twice as fast on
-        #    moderate inputs but falls to a slow path, 20x slower here, where results underflow.)
+        #    moderate inputs but falls to a slow path, over 20x slower here, where results underflow.)
         s -= m_safe[:, None]
         np.exp(s, out=s)
         # 5) rescale what was accumulated against the old max, then add this tile
@@ -176,7 +176,8 @@ def flash_attention(
     causal=True is bottom-right aligned (query i sees key j <= i + S - L), like attention().
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     workers: threads, each taking whole query blocks (default: the CPU count); the result is the
-    same bits for any number of workers.
+    same bits for any number of workers. While it runs, BLAS is held to one thread for the whole
+    process (threadpoolctl), so a matmul in another thread of yours runs single-threaded meanwhile.
     """
     two_d = np.ndim(q) == 2
     q, k, v, dims = check_qkv(q, k, v)
