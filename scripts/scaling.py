@@ -318,7 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     diff = check_agreement(args, causal)
     print(f"check: naive == flash on 64 tokens (max |diff| {diff:.2e})")
     rate = matmul_rate(args.dtype)
-    blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in info["blas"])
+    blas = ", ".join(
+        f"{b['internal_api']} {b['version']} {b['architecture']} kernels ({b['num_threads']} threads)"
+        for b in info["blas"]
+    )
     print(
         f"machine: {info['cpu']}, {cores} cores; NumPy {info['numpy']}, BLAS {blas}"
         + (f"; torch {torch_version} ({threads} threads)" if torch_version else "")

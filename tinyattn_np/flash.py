@@ -111,28 +111,32 @@ def _attend_rows(
     l = np.zeros(bq, dtype)  # (bq,) running sum of exp(score - m)
     acc = np.zeros((bq, v.shape[-1]), dtype)  # (bq, Ev) running exp(score - m) @ v
     widest = max((t.k_stop - t.k_start for t in tiles), default=0)
-    tile_buf = np.empty((bq, widest), dtype)  # the one score tile this block reuses
+    # The score tile is kept transposed, keys down and queries across: (bk, bq). The per-query max and
+    # sum then run down the first axis of a C-order array, which NumPy does with whole-row vector ops,
+    # twice as fast as along the last axis; flash_attention is 5-10% faster for it (README, "Speed").
+    tile_buf = np.empty((widest, bq), dtype)  # the one score tile this block reuses
     for t in tiles:
-        s = tile_buf[:, : t.k_stop - t.k_start]  # (bq, bk)
+        s = tile_buf[: t.k_stop - t.k_start]  # (bk, bq): s[j, i] = q_i · k_j
         # 1) scores of this tile; the scale is already folded into q
-        np.matmul(q_rows, k[t.k_start : t.k_stop].T, out=s)
+        np.matmul(k[t.k_start : t.k_stop], q_rows.T, out=s)
         # 2) a diagonal tile hides the keys its queries may not see
         if t.kind == DIAGONAL:
-            np.copyto(s, -np.inf, where=causal_blocked(t.q_start, t.q_stop, t.k_start, t.k_stop, offset))
+            blocked = causal_blocked(t.q_start, t.q_stop, t.k_start, t.k_stop, offset)  # (bq, bk)
+            np.copyto(s, -np.inf, where=blocked.T)
         # 3) the new running max; a row that has seen no key yet keeps -inf, and we subtract 0 instead
-        m_new = np.maximum(m, s.max(axis=1))
+        m_new = np.maximum(m, s.max(axis=0))
         m_safe = np.where(np.isneginf(m_new), 0.0, m_new).astype(dtype, copy=False)
         # 4) probabilities of this tile relative to the new max, in place: s <- exp(s - m').
         #    (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2 is twice as fast on
         #    moderate inputs but falls to a slow path, over 20x slower here, where results underflow.)
-        s -= m_safe[:, None]
+        s -= m_safe  # (bk, bq) - (bq,): each column is one query
         np.exp(s, out=s)
         # 5) rescale what was accumulated against the old max, then add this tile
         alpha = np.exp(m - m_safe)  # (bq,); 0 where m was -inf, and then l and acc are 0 anyway
         l *= alpha
-        l += s.sum(axis=1)
+        l += s.sum(axis=0)
         acc *= alpha[:, None]
-        acc += s @ v[t.k_start : t.k_stop]
+        acc += s.T @ v[t.k_start : t.k_stop]  # (bq, bk) @ (bk, Ev); BLAS reads s.T without a copy
         m = m_new
     # 6) divide once at the end; a row that saw no key (l = 0) gets out 0 and lse -inf.
     #    (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)
