@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from ._checks import QKVShape, check_qkv, check_scale, compute_dtype, result_dtype
 from .masks import causal_blocked, causal_mask, causal_offset
 from .measure import memory_available
+from .memory import naive_attention_bytes
 from .report import format_bytes
 from .softmax import softmax_
 
@@ -48,14 +49,18 @@ class AttentionMemoryError(MemoryError):
     """attention() refused to build a score matrix larger than the memory that is available."""
 
 
-def _check_memory(scores_shape: tuple[int, ...], itemsize: int, with_mask: bool) -> None:
-    """Refuse, before allocating, a score matrix (plus its boolean mask) that does not fit in memory."""
-    n_scores = int(np.prod(scores_shape, dtype=np.int64))
-    needed = n_scores * itemsize + (scores_shape[-2] * scores_shape[-1] if with_mask else 0)
+def _check_memory(dims: QKVShape, dtype: np.dtype, causal: bool, bool_mask: bool) -> None:
+    """Refuse, before allocating, a call whose peak (memory.naive_attention_bytes: the score matrix,
+    its masks and the output) does not fit in the memory that is available."""
+    needed = naive_attention_bytes(
+        dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
+        batch=int(np.prod(dims.batch, dtype=np.int64)), dtype=dtype, causal=causal, bool_mask=bool_mask,
+    )  # fmt: skip
     available = memory_available()
     if needed > available:
+        scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
         raise AttentionMemoryError(
-            f"attention() would allocate {format_bytes(needed)} for the score matrix {scores_shape}, but "
+            f"attention() would allocate {format_bytes(needed)} at its peak (score matrix {scores_shape}), but "
             f"only {format_bytes(available)} of memory is available. flash_attention() gives the same "
             "result without building that matrix; pass check_memory=False to try anyway."
         )
@@ -102,7 +107,7 @@ def attention(
     if mask is not None:
         mask = _check_mask(mask, scores_shape)
     if check_memory:
-        _check_memory(scores_shape, ct.itemsize, with_mask=causal or (mask is not None and mask.dtype == np.bool_))
+        _check_memory(dims, result_dtype(q, k, v), causal, bool_mask=mask is not None and mask.dtype == np.bool_)
 
     # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S)
     scores = _grouped(q_c, dims, dims.n_q, kv=False) @ _grouped(k_c, dims, dims.n_k, kv=True).swapaxes(-1, -2)
