@@ -61,10 +61,18 @@ def table(
     fmt: str = "simple",
     floatfmt: str | Sequence[str] = "g",
     colalign: Sequence[str] | None = None,
+    disable_numparse: bool = False,
 ) -> str:
     """Render rows as text with tabulate; fmt is any tabulate format (github, simple, latex, ...)."""
     check_format(fmt)
-    return tabulate(list(rows), headers=list(headers), tablefmt=fmt, floatfmt=floatfmt, colalign=colalign)
+    return tabulate(
+        list(rows),
+        headers=list(headers),
+        tablefmt=fmt,
+        floatfmt=floatfmt,
+        colalign=colalign,
+        disable_numparse=disable_numparse,
+    )
 
 
 def matrix_table(
@@ -111,10 +119,8 @@ def text_table(rows: Iterable[Sequence[str]], headers: Sequence[str], fmt: str =
 
     tabulate's number parsing is off, so "15.0" stays "15.0" and a flag such as "12.0 *" lines up.
     """
-    check_format(fmt)
-    rows = [list(row) for row in rows]
     colalign = ["left"] + ["right"] * (len(headers) - 1)
-    return tabulate(rows, headers=list(headers), tablefmt=fmt, colalign=colalign, disable_numparse=True)
+    return table(rows, headers, fmt=fmt, colalign=colalign, disable_numparse=True)
 
 
 def add_format_argument(parser: argparse.ArgumentParser) -> None:
