@@ -33,9 +33,12 @@ def one_head(x: Array, wq: Array, wk: Array, wv: Array, *, causal: bool = True) 
     dtype = compute_dtype(x, wq, wk, wv)  # float16 is computed in float32 and cast back at the end
     T, d_head = x.shape[0], wq.shape[1]
 
-    q = x.astype(dtype) @ wq.astype(dtype)  # (T, d_head): what each token looks for
-    k = x.astype(dtype) @ wk.astype(dtype)  # (T, d_head): what each token offers
-    v = x.astype(dtype) @ wv.astype(dtype)  # (T, d_v):    what each token hands over
+    out_dtype = result_dtype(x, wq, wk, wv)
+    x, wq, wk, wv = (a.astype(dtype, copy=False) for a in (x, wq, wk, wv))
+
+    q = x @ wq  # (T, d_head): what each token looks for
+    k = x @ wk  # (T, d_head): what each token offers
+    v = x @ wv  # (T, d_v):    what each token hands over
     # (T, T): without √d the spread grows with d_head. math.sqrt gives a Python float, which keeps
     # float32 scores float32 (a NumPy float64 scalar would promote them under NumPy 2)
     scores = q @ k.T / math.sqrt(d_head)
@@ -44,5 +47,4 @@ def one_head(x: Array, wq: Array, wk: Array, wv: Array, *, causal: bool = True) 
         scores = np.where(causal_mask(T), scores, -np.inf)  # (T, T)
     weights = softmax(scores, axis=-1)  # (T, T), each row sums to 1
     out = weights @ v  # (T, d_v)
-    out_dtype = result_dtype(x, wq, wk, wv)
     return out.astype(out_dtype, copy=False), weights.astype(out_dtype, copy=False)
