@@ -50,6 +50,14 @@ def check_positive_int(value: Any, name: str, default: int | None = None) -> int
     return int(value)
 
 
+def check_bool(value: Any, name: str) -> bool:
+    """A flag as a Python bool: True/False or a NumPy bool. Anything else (the string "False", 0, None) is a
+    TypeError, because `if "False":` is true and would silently mean the opposite of what was written."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def check_count(value: Any, name: str) -> int:
     """A size that may be 0 (tokens, queries, keys) as an int >= 0; non-ints are TypeErrors."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
