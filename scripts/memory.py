@@ -24,17 +24,14 @@ from typing import Any
 
 from tinyattn_np.memory import (
     DTYPES,
-    PRESETS,
-    ModelShape,
     attention_flops,
     bytes_per_element,
     causal_entries,
     flash_attention_bytes,
-    load_model_shape,
-    model_bill,
     naive_attention_bytes,
     score_matrix_bytes,
 )
+from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
 from tinyattn_np.report import add_format_argument, column_unit, format_bytes, format_sig, text_table, to_unit
 
 N_EXAMPLE = 8_192  # the worked example's sequence length

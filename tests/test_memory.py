@@ -16,18 +16,15 @@ from tinyattn_np.attention import attention
 from tinyattn_np.flash import flash_attention
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import (
-    PRESETS,
-    ModelShape,
     attention_flops,
     bytes_per_element,
     causal_entries,
     flash_attention_bytes,
     kv_cache_bytes,
-    load_model_shape,
-    model_bill,
     naive_attention_bytes,
     score_matrix_bytes,
 )
+from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -355,7 +352,7 @@ def test_more_bad_inputs_name_what_is_wrong(tmp_path):
     with pytest.raises(ValueError, match="gpt2-style model needs max_positions"):
         ModelShape(**base, arch="gpt2")
     with pytest.raises(TypeError, match="config must be a dict; got list"):
-        from tinyattn_np.memory import shape_from_config
+        from tinyattn_np.models import shape_from_config
 
         shape_from_config([1, 2])
     with pytest.raises(ValueError, match="hidden_size 4097 is not a multiple of num_attention_heads 32"):

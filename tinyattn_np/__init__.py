@@ -9,19 +9,15 @@ from .head import one_head
 from .masks import causal_mask, window_mask
 from .memory import (
     DTYPES,
-    PRESETS,
-    ModelShape,
     attention_flops,
     bytes_per_element,
     causal_entries,
     flash_attention_bytes,
     kv_cache_bytes,
-    load_model_shape,
-    model_bill,
     naive_attention_bytes,
     score_matrix_bytes,
-    shape_from_config,
 )
+from .models import PRESETS, ModelShape, load_model_shape, model_bill, shape_from_config
 from .multihead import MultiHeadAttention
 from .position import (
     LearnedPositions,

@@ -1,0 +1,352 @@
+"""Model shapes: the sizes a transformer's memory bill depends on, from a preset or a Hugging Face config.json.
+
+A ModelShape holds layers, heads, kv heads, head_dim, hidden, vocab, MLP width and the attention fields
+(max positions, sliding window); model_bill turns one into bytes and FLOPs at each context length with the
+formulas of memory.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._checks import check_count, check_positive_int
+from .memory import _check_bool, _nbytes, attention_flops, kv_cache_bytes, score_matrix_bytes
+
+# ---------------------------------------------------------------------------------------------------
+# model shapes: presets and Hugging Face config.json
+
+ARCHS = ("llama", "gpt2", "attention")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only transformer that its memory bill depends on.
+
+    arch says how the weights are laid out, for num_parameters:
+      "llama"      RMSNorm, gated MLP (gate, up, down), rotary positions, no biases unless qkv_bias
+                   (Llama, Mistral, Qwen2, Gemma-2, Phi-3)
+      "gpt2"       LayerNorm with bias, 2-matrix MLP, biases everywhere, learned absolute positions
+      "attention"  a stack of attention blocks only (w_qkv and w_out, no bias): the article's tiny model
+    sliding_window: keys a query may see (None: all). window_layers: how many layers use it (None: all);
+    Gemma-2 alternates, so 21 of its 42 layers keep a 4,096-token cache and 21 keep everything.
+    """
+
+    name: str
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int
+    intermediate: int
+    max_positions: int | None = None
+    sliding_window: int | None = None
+    window_layers: int | None = None
+    tied_embeddings: bool = False
+    arch: str = "llama"
+    qkv_bias: bool = False
+    norms_per_layer: int = 2
+
+    def __post_init__(self) -> None:
+        for field in ("layers", "heads", "kv_heads", "head_dim", "hidden"):
+            check_positive_int(getattr(self, field), field)
+        for field in ("vocab", "intermediate", "norms_per_layer"):
+            check_count(getattr(self, field), field)
+        for field in ("max_positions", "sliding_window"):
+            if getattr(self, field) is not None:
+                check_positive_int(getattr(self, field), field)
+        if self.window_layers is not None:
+            if check_count(self.window_layers, "window_layers") > self.layers:
+                raise ValueError(f"window_layers must be between 0 and layers={self.layers}; got {self.window_layers}")
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads must be a multiple of kv_heads (grouped-query attention); "
+                f"got heads={self.heads}, kv_heads={self.kv_heads}"
+            )
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
+        if self.arch == "gpt2" and self.max_positions is None:
+            raise ValueError("a gpt2-style model needs max_positions: its position table has that many rows")
+        _check_bool(self.tied_embeddings, "tied_embeddings")
+        _check_bool(self.qkv_bias, "qkv_bias")
+
+    # -- parameters, piece by piece (weights are (in, out) matrices; a bias adds `out`) --------------
+
+    @property
+    def attention_parameters(self) -> int:
+        """One layer's q, k, v and output projections: C·Hq·E + 2·C·Hkv·E + Hq·E·C, plus biases."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim  # widths of q and of k (= v)
+        weights = self.hidden * (q + 2 * kv) + q * self.hidden
+        if self.arch == "gpt2":
+            return weights + q + 2 * kv + self.hidden  # c_attn and c_proj both carry a bias
+        return weights + (q + 2 * kv if self.qkv_bias else 0)  # Qwen2: bias on q, k, v only
+
+    @property
+    def mlp_parameters(self) -> int:
+        """One layer's MLP: 3·C·F (gate, up, down) for llama; 2·C·F + F + C for gpt2; 0 for attention."""
+        c, f = self.hidden, self.intermediate
+        if self.arch == "llama":
+            return 3 * c * f
+        if self.arch == "gpt2":
+            return 2 * c * f + f + c
+        return 0
+
+    @property
+    def norm_parameters(self) -> int:
+        """Every norm's weights, the final one included: RMSNorm has C, LayerNorm 2·C (weight, bias)."""
+        if self.arch == "attention":
+            return 0
+        per_norm = 2 * self.hidden if self.arch == "gpt2" else self.hidden
+        return (self.layers * self.norms_per_layer + 1) * per_norm
+
+    @property
+    def embedding_parameters(self) -> int:
+        """Token table V·C, the output head V·C unless tied to it, and gpt2's position table P·C."""
+        if self.arch == "attention":
+            return 0
+        tables = 1 if self.tied_embeddings else 2
+        positions = self.max_positions if self.arch == "gpt2" else 0
+        return (tables * self.vocab + (positions or 0)) * self.hidden
+
+    @property
+    def num_parameters(self) -> int:
+        """All weights: embeddings + layers · (attention + MLP) + norms."""
+        per_layer = self.attention_parameters + self.mlp_parameters
+        return self.embedding_parameters + self.layers * per_layer + self.norm_parameters
+
+    # -- bytes --------------------------------------------------------------------------------------
+
+    def weights_bytes(self, dtype: Any = "bf16") -> int:
+        """num_parameters · bytes_per_element."""
+        return _nbytes(self.num_parameters, dtype)
+
+    def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1) -> int:
+        """KV cache after `tokens` tokens: window layers keep min(tokens, window), the rest keep all."""
+        sizes = dict(kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=dtype, batch=batch)
+        if self.sliding_window is None:
+            return kv_cache_bytes(tokens, layers=self.layers, **sizes)
+        windowed = self.layers if self.window_layers is None else self.window_layers
+        full = self.layers - windowed
+        total = 0
+        if windowed:
+            total += kv_cache_bytes(tokens, layers=windowed, window=self.sliding_window, **sizes)
+        if full:
+            total += kv_cache_bytes(tokens, layers=full, **sizes)
+        return total
+
+
+# Each preset is the model's Hugging Face config.json, read the way load_model_shape reads it.
+# The test suite checks num_parameters against the published size given in each comment.
+PRESETS: dict[str, ModelShape] = {
+    # "Train a Tiny GPT at Home, Part 2": d_model 256, 4 heads of 64; its one attention block has
+    # 4 · 256 · 256 = 262,144 weights (qkv 196,608 + out 65,536). No vocab or MLP in that part.
+    "tiny": ModelShape(
+        "tiny (article)", layers=1, heads=4, kv_heads=4, head_dim=64, hidden=256, vocab=0,
+        intermediate=0, arch="attention",
+    ),
+    # huggingface.co/openai-community/gpt2/blob/main/config.json: n_layer 12, n_head 12, n_embd 768,
+    # n_positions 1024, vocab_size 50257, n_inner null (4 · 768); tied. 124,439,808 parameters.
+    "gpt2": ModelShape(
+        "GPT-2 small", layers=12, heads=12, kv_heads=12, head_dim=64, hidden=768, vocab=50257,
+        intermediate=3072, max_positions=1024, tied_embeddings=True, arch="gpt2",
+    ),
+    # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json: 32 layers, 32 heads, 8 kv heads,
+    # hidden 4096, intermediate 14336, vocab 128256, max_position_embeddings 8192. 8,030,261,248.
+    "llama-3-8b": ModelShape(
+        "Llama-3-8B", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, vocab=128256,
+        intermediate=14336, max_positions=8192,
+    ),
+    # huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json: 80 layers, 64 heads, 8 kv heads,
+    # hidden 8192, intermediate 28672, vocab 128256, max_position_embeddings 131072. 70,553,706,496.
+    "llama-3.1-70b": ModelShape(
+        "Llama-3.1-70B", layers=80, heads=64, kv_heads=8, head_dim=128, hidden=8192, vocab=128256,
+        intermediate=28672, max_positions=131072,
+    ),
+    # huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json: 32 layers, 32 heads, 8 kv heads,
+    # hidden 4096, intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096
+    # on every layer. 7,241,732,096.
+    "mistral-7b-v0.1": ModelShape(
+        "Mistral-7B-v0.1", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, vocab=32000,
+        intermediate=14336, max_positions=32768, sliding_window=4096,
+    ),
+    # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json: 28 layers, 28 heads, 4 kv heads, hidden 3584,
+    # intermediate 18944, vocab 152064, max_position_embeddings 131072, use_sliding_window false, untied;
+    # Qwen2 puts a bias on q, k and v. 7,615,616,512.
+    "qwen2.5-7b": ModelShape(
+        "Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128, hidden=3584, vocab=152064,
+        intermediate=18944, max_positions=131072, qkv_bias=True,
+    ),
+    # huggingface.co/google/gemma-2-9b/blob/main/config.json: 42 layers, 16 heads, 8 kv heads,
+    # head_dim 256 (not 3584 / 16 = 224), hidden 3584, intermediate 14336, vocab 256000,
+    # max_position_embeddings 8192, sliding_window 4096 on every other layer, tied, 4 norms per layer.
+    # 9,241,705,984.
+    "gemma-2-9b": ModelShape(
+        "Gemma-2-9B", layers=42, heads=16, kv_heads=8, head_dim=256, hidden=3584, vocab=256000,
+        intermediate=14336, max_positions=8192, sliding_window=4096, window_layers=21,
+        tied_embeddings=True, norms_per_layer=4,
+    ),
+    # huggingface.co/microsoft/Phi-3-mini-4k-instruct/blob/main/config.json: 32 layers, 32 heads and
+    # 32 kv heads of 96, hidden 3072, intermediate 8192, vocab 32064, max_position_embeddings 4096,
+    # sliding_window 2047, untied. 3,821,079,552.
+    "phi-3-mini": ModelShape(
+        "Phi-3-mini", layers=32, heads=32, kv_heads=32, head_dim=96, hidden=3072, vocab=32064,
+        intermediate=8192, max_positions=4096, sliding_window=2047,
+    ),
+}  # fmt: skip
+
+# model_type values whose config class ties the output head to the token table when the config.json
+# leaves tie_word_embeddings out (PretrainedConfig's default is True; LlamaConfig and others say False).
+_TIED_BY_DEFAULT = ("gpt2", "gemma", "gemma2")
+# model_type values with 4 norms per layer (pre- and post-norm around both attention and MLP).
+_FOUR_NORMS = ("gemma2", "gemma3", "gemma3_text")
+
+
+def _field(config: dict[str, Any], *names: str, required: bool = True, default: Any = None) -> Any:
+    """The first of names present (and not null) in config; a missing required field names them all."""
+    for name in names:
+        if config.get(name) is not None:
+            return config[name]
+    if required:
+        wanted = " or ".join(repr(name) for name in names)
+        raise ValueError(f"config is missing {wanted}; got keys {sorted(config)}")
+    return default
+
+
+def _config_int(config: dict[str, Any], *names: str, required: bool = True, default: Any = None) -> Any:
+    value = _field(config, *names, required=required, default=default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"config field {names[0]!r} must be a positive integer; got {value!r}")
+    return value
+
+
+def _window_layers(config: dict[str, Any], layers: int) -> int | None:
+    """How many layers slide: from layer_types when given, else every other layer for Gemma-2."""
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        return sum(kind == "sliding_attention" for kind in layer_types)
+    if config.get("model_type") == "gemma2":
+        return (layers + 1) // 2  # layers 0, 2, 4, ... use the window (modeling_gemma2.py)
+    return None
+
+
+def shape_from_config(config: dict[str, Any], default_name: str | None = None) -> ModelShape:
+    """A ModelShape from the dict of a Hugging Face config.json (Llama-style or GPT-2 names).
+
+    head_dim, when the config gives one, wins over hidden_size / num_attention_heads: Gemma-2-9B has
+    hidden 3584 and 16 heads, but heads of 256, not 224. Dense models only: a mixture-of-experts
+    config (num_local_experts) would be counted as one expert.
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict; got {type(config).__name__}")
+    model_type = config.get("model_type", "")
+    gpt2 = model_type == "gpt2" or "n_layer" in config
+    layers = _config_int(config, "num_hidden_layers", "n_layer")
+    heads = _config_int(config, "num_attention_heads", "n_head")
+    hidden = _config_int(config, "hidden_size", "n_embd")
+    vocab = _config_int(config, "vocab_size")
+    kv_heads = _config_int(config, "num_key_value_heads", required=False, default=heads)
+    head_dim = _config_int(config, "head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        head_dim = hidden // heads
+    if gpt2:
+        intermediate = _config_int(config, "n_inner", "intermediate_size", required=False, default=4 * hidden)
+    else:
+        intermediate = _config_int(config, "intermediate_size")
+    window = _config_int(config, "sliding_window", required=False)
+    if config.get("use_sliding_window") is False:  # Qwen2 ships sliding_window 131072 but switched off
+        window = None
+    tied = config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2)
+    return ModelShape(
+        name=config.get("_name_or_path") or default_name or model_type or "config",
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        vocab=vocab,
+        intermediate=intermediate,
+        max_positions=_config_int(config, "max_position_embeddings", "n_positions", required=False),
+        sliding_window=window,
+        window_layers=_window_layers(config, layers) if window else None,
+        tied_embeddings=bool(tied),
+        arch="gpt2" if gpt2 else "llama",
+        qkv_bias=bool(config.get("attention_bias", False)) or model_type == "qwen2",
+        norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
+    )
+
+
+def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelShape:
+    """A ModelShape from a preset name (see PRESETS), a path to a config.json (or its folder), or a dict."""
+    if isinstance(source, ModelShape):
+        return source
+    if isinstance(source, dict):
+        return shape_from_config(source)
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source must be a preset name, a path to a config.json or a dict; got {type(source).__name__}")
+    if isinstance(source, str) and source.lower() in PRESETS:
+        return PRESETS[source.lower()]
+    path = Path(source)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ValueError(
+            f"source must be a preset ({', '.join(PRESETS)}) or a path to a config.json; got {str(source)!r}"
+        )
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    return shape_from_config(config, default_name=path.parent.name or None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# one model's bill
+
+
+def model_bill(
+    model: ModelShape, tokens: list[int], *, dtype: Any = "bf16", kv_dtype: Any = None, batch: int = 1
+) -> dict[str, Any]:
+    """Weights, KV cache, naive score matrices and attention FLOPs of a model at each context length.
+
+    dtype is for the weights and the scores, kv_dtype for the cache (default: dtype). Per context T:
+        kv_cache_bytes        model.kv_cache_bytes(T): sliding-window layers keep at most W tokens
+        score_matrix_bytes    every layer's and head's T x T scores at once (the article's worst case)
+        attention_flops       QKᵀ and PV over all layers, causal (decoder), dense: a sliding window
+                              would skip more, and is not counted here
+        beyond_max_positions  T > max_position_embeddings: the model was not trained that long
+    Plain ints and bools only, so the result is also JSON.
+    """
+    if not isinstance(model, ModelShape):
+        raise TypeError(f"model must be a ModelShape (see load_model_shape); got {type(model).__name__}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    contexts = []
+    for n in tokens:
+        n = check_count(n, "tokens")
+        flops = attention_flops(n, heads=model.heads, head_dim=model.head_dim, causal=True, batch=batch)
+        contexts.append(
+            {
+                "tokens": n,
+                "kv_cache_bytes": model.kv_cache_bytes(n, kv_dtype, batch),
+                "score_matrix_bytes": score_matrix_bytes(
+                    n, heads=model.heads, layers=model.layers, batch=batch, dtype=dtype
+                ),
+                "attention_flops": model.layers * flops,
+                "beyond_max_positions": model.max_positions is not None and n > model.max_positions,
+            }
+        )
+    return {
+        "model": model.name,
+        "parameters": model.num_parameters,
+        "weights_bytes": model.weights_bytes(dtype),
+        "kv_bytes_per_token": model.kv_cache_bytes(1, kv_dtype, batch),
+        "max_positions": model.max_positions,
+        "sliding_window": model.sliding_window,
+        "contexts": contexts,
+    }
