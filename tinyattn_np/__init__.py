@@ -6,6 +6,7 @@ The names below are the public API (DESIGN.md); each lives in the module named a
 from .attention import AttentionMemoryError, attention, scaled_dot_product_attention
 from .flash import Tile, draw_tile_plan, flash_attention, tile_plan
 from .head import one_head
+from .kvcache import KVCache
 from .masks import causal_mask, window_mask
 from .memory import (
     DTYPES,
@@ -29,6 +30,7 @@ from .position import (
     to_interleaved,
 )
 from .softmax import logsumexp, merge_states, softmax
+from .splitkv import flash_decode
 from .text import embed, token_vector, tokenize
 
 __version__ = "0.1.0"
@@ -36,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttentionMemoryError",
     "DTYPES",
+    "KVCache",
     "LearnedPositions",
     "ModelShape",
     "MultiHeadAttention",
@@ -49,6 +52,7 @@ __all__ = [
     "draw_tile_plan",
     "embed",
     "flash_attention",
+    "flash_decode",
     "flash_attention_bytes",
     "half_split_permutation",
     "kv_cache_bytes",

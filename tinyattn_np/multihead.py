@@ -15,10 +15,13 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, as_float_array, check_positive_int
+from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_positive_int
 from .attention import attention
 from .flash import flash_attention
+from .kvcache import KVCache
+from .masks import window_mask
 from .position import rope as apply_rope
+from .splitkv import flash_decode
 
 Array = NDArray[np.floating]
 
@@ -68,8 +71,9 @@ class MultiHeadAttention:
         """Weights in w_qkv and w_out (no biases)."""
         return int(self.w_qkv.size + self.w_out.size)
 
-    def split_heads(self, x: Array) -> tuple[Array, Array, Array]:
-        """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul."""
+    def split_heads(self, x: Array, positions: Any = None) -> tuple[Array, Array, Array]:
+        """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul.
+        positions (T,): the absolute positions RoPE rotates by (default 0 .. T-1)."""
         B, T, _ = x.shape
         qkv = x @ self.w_qkv  # (B, T, (H + 2·Hkv)·d_head): all heads' q, k and v at once
         q_end = self.n_heads * self.d_head
@@ -80,12 +84,20 @@ class MultiHeadAttention:
         k = k.reshape(B, T, self.n_kv_heads, self.d_head).swapaxes(1, 2)
         v = v.reshape(B, T, self.n_kv_heads, self.d_head).swapaxes(1, 2)
         if self.rope:
-            q, k = apply_rope(q), apply_rope(k)  # position enters the scores only: v stays as it is
+            # position enters the scores only: v stays as it is
+            q, k = apply_rope(q, positions=positions), apply_rope(k, positions=positions)
         return q, k, v
 
-    def __call__(self, x: Array, *, causal: bool = True, fused: bool = True) -> Array:
+    def __call__(self, x: Array, *, causal: bool = True, fused: bool = True, cache: KVCache | None = None) -> Array:
         """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash_attention,
-        fused=False the reference attention() that builds the (B, H, T, T) scores."""
+        fused=False the reference attention() that builds the (B, H, T, T) scores.
+
+        cache: a KVCache(B, n_kv_heads, max_tokens, d_head, dtype) that x continues. Its tokens sit at
+        absolute positions len(cache) .. len(cache) + T - 1 (RoPE turns them by those), their k and v
+        are appended, and they attend causally to everything the cache holds: bottom-right alignment,
+        so a one-token decode step (L = 1) sees all S cached keys. A prefill (T tokens into an empty
+        cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
+        """
         x = as_float_array(x, "x")
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
@@ -93,9 +105,45 @@ class MultiHeadAttention:
         if unbatched:
             x = x[None]  # (1, T, d_model)
         B, T, _ = x.shape
-        q, k, v = self.split_heads(x.astype(self.w_qkv.dtype, copy=False))
-        attend = flash_attention if fused else attention
-        y = cast(Array, attend(q, k, v, causal=causal))  # (B, H, T, d_head)
+        if cache is not None:
+            y = self._attend_cached(x.astype(self.w_qkv.dtype, copy=False), cache, causal=causal, fused=fused)
+        else:
+            q, k, v = self.split_heads(x.astype(self.w_qkv.dtype, copy=False))
+            attend = flash_attention if fused else attention
+            y = cast(Array, attend(q, k, v, causal=causal))  # (B, H, T, d_head)
         y = y.swapaxes(1, 2).reshape(B, T, self.d_model)  # glue the heads back: (B, T, d_model)
         out = y @ self.w_out  # (B, T, d_model)
         return out[0] if unbatched else out
+
+    def _attend_cached(self, x: Array, cache: KVCache, *, causal: bool, fused: bool) -> Array:
+        """x (B, T, d_model) continuing cache -> y (B, H, T, d_head); appends x's k and v to cache."""
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache or None; got {type(cache).__name__}")
+        if not check_bool(causal, "causal"):
+            raise ValueError("cache= continues a sequence token by token: it needs causal=True; got causal=False")
+        want = (x.shape[0], self.n_kv_heads, self.d_head)
+        if (cache.batch, cache.kv_heads, cache.head_dim) != want:
+            raise ValueError(
+                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this "
+                f"input; got batch={cache.batch}, kv_heads={cache.kv_heads}, head_dim={cache.head_dim}"
+            )
+        # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
+        start, T = len(cache), x.shape[1]
+        q, k, v = self.split_heads(x, positions=np.arange(start, start + T))
+        # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
+        #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
+        #    the new ones under the band mask, then append.
+        if cache.window is not None and T > 1:
+            k_old, v_old = cache.ordered()  # (B, Hkv, kept, d_head) each, oldest first
+            k_all = np.concatenate([k_old, k], axis=2)  # (B, Hkv, kept + T, d_head)
+            v_all = np.concatenate([v_old, v], axis=2)
+            band = window_mask(T, k_all.shape[2], window=cache.window)  # (T, kept + T), bottom-right
+            y = cast(Array, attention(q, k_all, v_all, mask=band))  # (B, H, T, d_head)
+            cache.append(k, v)
+            return y
+        cache.append(k, v)  # refused (nothing changed) if it does not fit
+        keys, values = cache.keys, cache.values  # (B, Hkv, kept, d_head): slot order, which softmax ignores
+        if T == 1:  # a decode step: one query sees every kept key, split over the cores when fused
+            return cast(Array, flash_decode(q, keys, values) if fused else attention(q, keys, values))
+        attend = flash_attention if fused else attention
+        return cast(Array, attend(q, keys, values, causal=True))  # bottom-right: query i sees start + i keys

@@ -1,0 +1,132 @@
+"""Split-KV decoding ("flash-decoding"): one query against many cached keys, spread over the cores.
+
+In decoding, a step has L = 1 query per head and S cached keys. flash_attention parallelises over query
+blocks, and there is only one: a single core would do all the work. Split the keys instead:
+
+    keys 0 .. S-1  ->  N chunks K_1 .. K_N (and V_1 .. V_N), one per task
+    out_n, lse_n   =  attention(q, K_n, V_n) and its logsumexp, for each chunk, in parallel
+    lse            =  log Σ_n exp(lse_n)
+    out            =  Σ_n exp(lse_n - lse) · out_n                       (merge_states, chunk by chunk)
+
+The merge is exact: exp(lse_n) is chunk n's softmax denominator, so reweighting each chunk's output by
+its share of the total denominator gives the softmax over all S keys. The result equals attention() for
+any N (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference").
+
+Grouped-query attention makes decoding cheaper still: the G = Hq / Hkv query heads that share a kv head
+are stacked into one (G·L, E) matrix, so each cached key is read from memory once per step, not G times.
+Decoding is bound by reading the cache, not by arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import check_positive_int, check_qkv, check_scale, compute_dtype, result_dtype
+from .flash import _one_blas_thread
+from .softmax import merge_states
+
+Array = NDArray[np.floating]
+
+# A chunk of at most this many keys per task by default: its scores, B·Hq·L·4,096 values, stay small
+# (512 KiB for 32 heads and L = 1 in float32), and there are enough tasks to keep every core busy.
+SPLIT_KEYS = 4096
+
+
+def default_kv_splits(n_k: int, workers: int) -> int:
+    """max(workers, ⌈S / 4,096⌉) chunks, at most S: every worker gets a chunk, and no chunk is huge."""
+    return max(1, min(n_k, max(workers, math.ceil(n_k / SPLIT_KEYS))))
+
+
+def _attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
+    """Attention of (already scaled) queries over one chunk of keys, and its logsumexp.
+
+    q_s (N, G·L, E), k_chunk (N, Sc, E), v_chunk (N, Sc, Ev) -> out (N, G·L, Ev), lse (N, G·L); Sc >= 1.
+    """
+    # 1) scores of every query row of the group against the chunk's keys
+    scores = q_s @ k_chunk.swapaxes(-1, -2)  # (N, G·L, Sc); BLAS reads the transposed k without a copy
+    # 2) subtract the row max so that no exp overflows, then exponentiate in place
+    m = scores.max(axis=-1, keepdims=True)  # (N, G·L, 1)
+    scores -= m
+    np.exp(scores, out=scores)
+    # 3) the chunk's softmax denominator and its output, divided once
+    l = scores.sum(axis=-1, keepdims=True)  # (N, G·L, 1)
+    out = scores @ v_chunk  # (N, G·L, Ev)
+    out /= l
+    lse = (m + np.log(l))[..., 0]  # (N, G·L): log Σ_j exp(score_j)
+    return out, lse
+
+
+def flash_decode(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    kv_splits: int | None = None,
+    scale: float | None = None,
+    workers: int | None = None,
+    return_lse: bool = False,
+) -> Array | tuple[Array, Array]:
+    """attention(q, k, v, scale=scale) with the keys split into kv_splits chunks merged by merge_states.
+
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), and with
+    return_lse=True also lse (..., Hq, L). Every query sees every key: for a decode step (L = 1) that
+    is exactly causal attention with bottom-right alignment, since the one query is the newest token.
+    Meant for few queries (decoding, a short continuation): a chunk's scores hold B·Hq·L·S/kv_splits
+    values; for long L use flash_attention, whose tiles also bound L.
+
+    kv_splits: number of contiguous key chunks (default max(workers, ⌈S / 4,096⌉)); more than S acts
+    as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. The result is
+    the same bits for any number of workers; for any kv_splits it equals attention() to rounding.
+    float16 is computed in float32 and cast back.
+    """
+    two_d = np.ndim(q) == 2
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e)
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    if kv_splits is None:
+        kv_splits = default_kv_splits(dims.n_k, workers)
+    kv_splits = min(check_positive_int(kv_splits, "kv_splits"), max(dims.n_k, 1))
+    ct = compute_dtype(q, k, v)
+    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv  # every (batch, kv head) pair
+    rows = dims.group * dims.n_q  # query rows that read one kv head: G heads x L queries
+
+    # 1) stack the G query heads of each kv head into one matrix, and fold the scale into q once.
+    #    Query head h reads kv head h // G, so heads g·G .. g·G + G - 1 are neighbours: a reshape suffices.
+    q_s = np.multiply(q.reshape(n_kv, rows, dims.e), scale, dtype=ct)  # (B·Hkv, G·L, E)
+    k_c = k.reshape(n_kv, dims.n_k, dims.e).astype(ct, copy=False)  # (B·Hkv, S, E), no copy for float32/64
+    v_c = v.reshape(n_kv, dims.n_k, dims.ev).astype(ct, copy=False)  # (B·Hkv, S, Ev)
+
+    # 2) contiguous chunks of keys: bounds[n] .. bounds[n + 1] is chunk n
+    bounds = [dims.n_k * n // kv_splits for n in range(kv_splits + 1)]
+
+    def run(n: int) -> tuple[Array, Array]:
+        keys = slice(bounds[n], bounds[n + 1])
+        return _attend_chunk(q_s, k_c[:, keys], v_c[:, keys])
+
+    # 3) attend to every chunk; each task writes only its own arrays
+    if dims.n_k == 0 or rows == 0 or n_kv == 0:  # no key (out 0, lse -inf) or nothing to compute
+        parts = [(np.zeros((n_kv, rows, dims.ev), ct), np.full((n_kv, rows), -np.inf, ct))]
+    else:
+        with _one_blas_thread():
+            if workers == 1 or kv_splits == 1:
+                parts = [run(n) for n in range(kv_splits)]
+            else:
+                with ThreadPoolExecutor(max_workers=min(workers, kv_splits)) as pool:
+                    parts = list(pool.map(run, range(kv_splits)))
+
+    # 4) merge the chunks, in order: out = Σ exp(lse_n - lse) out_n with lse = log Σ exp(lse_n)
+    out, lse = parts[0]
+    for out_n, lse_n in parts[1:]:
+        out, lse = merge_states(out, lse, out_n, lse_n)
+
+    out_dtype = result_dtype(q, k, v)
+    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(out_dtype, copy=False)
+    lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q).astype(out_dtype, copy=False)
+    if two_d:
+        out_full, lse_full = out_full[0], lse_full[0]
+    return (out_full, lse_full) if return_lse else out_full
