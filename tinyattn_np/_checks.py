@@ -3,6 +3,7 @@ and what came, as a ValueError or TypeError (never an assert: user input deserve
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -13,9 +14,29 @@ ACCEPTED_DTYPES = (np.dtype(np.float16), *COMPUTE_DTYPES)
 
 
 def as_float_array(x: Any, name: str) -> np.ndarray:
-    """x as an ndarray of float16/32/64; anything else is a TypeError that names the dtype."""
+    """x as an ndarray of float16/32/64 in the machine's byte order; anything else is a TypeError that names
+    the dtype.
+
+    Refused with a TypeError that says what to pass instead: a masked array (its mask would be silently
+    ignored) and np.matrix (its * and ** mean matrix products, and it stays 2-D). A ragged list, which
+    NumPy cannot make into one array, is a ValueError naming the argument. A big-endian float32 (">f4",
+    as read from some files) is float32: it is accepted and computed in the native order.
+    """
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(
+            f"{name} is a masked array, whose mask attention would ignore: pass {name}.filled(value) to choose "
+            f"what the masked entries hold, or np.asarray({name}) to drop the mask deliberately "
+            "(to hide keys, use the attention mask argument)"
+        )
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{name} is an np.matrix: pass np.asarray({name}), a plain ndarray")
     if not isinstance(x, np.ndarray):
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+        except ValueError as err:  # a ragged nested list: "inhomogeneous shape after 1 dimensions"
+            raise ValueError(f"{name} must be an array of numbers with one shape; could not make one: {err}") from None
+    if x.dtype.kind == "f" and not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))  # ">f4" is float32 too: compute in the native order
     if x.dtype not in ACCEPTED_DTYPES:
         raise TypeError(f"{name} must be float16, float32 or float64; got dtype {x.dtype}")
     return x
@@ -74,14 +95,18 @@ def check_sizes(n_q: Any, n_k: Any) -> tuple[int, int]:
 
 
 def check_scale(scale: Any, head_dim: int) -> float:
-    """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given number."""
+    """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given finite number."""
     if scale is None:
         return 1.0 / float(np.sqrt(head_dim))
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
         raise TypeError(f"scale must be a number or None; got {scale!r} ({type(scale).__name__})")
-    if not np.isfinite(scale):
-        raise ValueError(f"scale must be finite; got {scale}")
-    return float(scale)
+    try:
+        value = float(scale)
+    except OverflowError:  # an int such as 10**400 has no float: past float64's largest, about 1.8e308
+        raise ValueError("scale must be a finite number; got an int too large for a float (past 1.8e308)") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be a finite number; got {scale}")
+    return value
 
 
 class QKVShape:
@@ -96,8 +121,8 @@ class QKVShape:
 
     @property
     def group(self) -> int:
-        """Query heads per kv head: query head h reads kv head h // group."""
-        return self.hq // self.hkv
+        """Query heads per kv head: query head h reads kv head h // group (0 heads on both sides: 1)."""
+        return self.hq // self.hkv if self.hkv else 1
 
 
 def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape]:
@@ -120,7 +145,7 @@ def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndar
     if k.shape[-3:-1] != v.shape[-3:-1]:
         raise ValueError(f"k and v must have the same heads and keys (Hkv, S); got shapes {k.shape} and {v.shape}")
     hq, hkv = q.shape[-3], k.shape[-3]
-    if hkv == 0 or hq % hkv != 0:
+    if (hkv == 0 and hq > 0) or (hkv > 0 and hq % hkv != 0):  # zero heads on both sides is empty, not wrong
         raise ValueError(
             f"the query heads Hq must be a multiple of the kv heads Hkv; got Hq={hq} (q {q.shape}) "
             f"and Hkv={hkv} (k {k.shape})"

@@ -198,7 +198,7 @@ def _attention_sizes(
     heads = check_positive_int(heads, "heads")
     kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
     e = check_positive_int(head_dim, "head_dim")
-    ev = e if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
+    ev = e if head_dim_v is None else check_count(head_dim_v, "head_dim_v")  # Ev = 0 is empty, not wrong
     return n_q, n_k, heads, kv_heads, e, ev, check_positive_int(batch, "batch")
 
 
@@ -214,19 +214,22 @@ def naive_attention_bytes(
     dtype: Any = "fp32",
     causal: bool = False,
     bool_mask: bool = False,
+    mask_elements: int | None = None,
 ) -> int:
-    """Peak bytes that attention() (attention.py) allocates, for q, k, v that already exist.
+    """Peak bytes that attention() (attention.py) allocates, for q, k, v (and a mask) that already exist.
 
     With B = batch, c = bytes of the compute dtype (fp32 for fp16 inputs), the arrays alive at once:
 
+        q_s       B·Hq·L·E·c    q times the scale, in the compute dtype
         scores    B·Hq·L·S·c    the score matrix, made into the weights in place (softmax_)
         blocked   L·S           bool, causal=True: which keys each query may not see (held to the end)
-        ~mask     L·S           bool, bool_mask=True with an (L, S) mask: a temporary, freed before
-                                the softmax, so it overlaps scores but not out
+        ~mask     M             bool, bool_mask=True: a temporary of the mask's M = mask_elements entries
+                                (default L·S, an (L, S) mask), freed before the softmax: it overlaps
+                                scores but not out. A float mask is added chunk by chunk: no copy.
         out       B·Hq·L·Ev·c   weights @ v
-        fp16 only: fp32 copies of q, k, v (B·(Hq·L·E + Hkv·S·(E + Ev))·4) and the fp16 copy of out
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and the fp16 copy of out
 
-        peak = copies + scores + max(~mask, blocked + out + out_fp16)
+        peak = q_s + copies + scores + max(~mask, blocked + out + out_fp16)
 
     softmax_'s per-row max and sum (B·Hq·L each) are left out: they are gone before out exists.
     """
@@ -234,13 +237,15 @@ def naive_attention_bytes(
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
     size, compute = _compute_dtype(dtype)
     rows = batch * heads * n_q  # query rows over all heads
-    copies = batch * (heads * n_q * e + kv_heads * n_k * (e + ev)) * compute if size < compute else 0
+    q_s = rows * e * compute
+    copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
     scores = rows * n_k * compute
     blocked = n_q * n_k if _check_bool(causal, "causal") else 0
-    inverted_mask = n_q * n_k if _check_bool(bool_mask, "bool_mask") else 0
+    mask_elements = n_q * n_k if mask_elements is None else check_count(mask_elements, "mask_elements")
+    inverted_mask = mask_elements if _check_bool(bool_mask, "bool_mask") else 0
     out = rows * ev * (compute + (size if size < compute else 0))
     after_scores = max(Fraction(inverted_mask), blocked + out)  # the ~mask is freed before out exists
-    return math.ceil(copies + scores + after_scores)
+    return math.ceil(q_s + copies + scores + after_scores)
 
 
 def flash_attention_bytes(
@@ -297,3 +302,63 @@ def flash_attention_bytes(
         # the ufunc buffers: 2 operands x 8 B, at most getbufsize() elements each (NumPy's default 8,192)
         per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
     return math.ceil(copies + held + max(busy * per_worker, cast_back))
+
+
+# ---------------------------------------------------------------------------------------------------
+# ring attention (ring.py): what each of P devices holds and sends
+
+
+def ring_attention_bytes(
+    tokens: int,
+    devices: int,
+    *,
+    kv_heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    layers: int = 1,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    workers: int = 1,
+) -> dict[str, int]:
+    """Bytes per device when `tokens` are split evenly over `devices` and the K/V blocks go round a ring.
+
+    With t = T / P tokens per device and b = bytes_per_element(dtype) (K/V travel in their own dtype):
+
+        block         B·Hkv·t·(E + Ev)·b      one layer's K/V shard: what one ring step sends and receives
+        kv_shards     layers · block          the K/V a device keeps for every layer
+        in_flight     2 · block               send_buf (the block in hand, also being sent) and recv_buf
+        score_tile    workers · bq · bk · c   flash's score tile, bq = min(block_q, t); c = max(b, 4 B):
+                                              16-bit inputs are computed in fp32
+        steps         P - 1                   per layer: the last block needs no passing on
+        sent_total    layers · (P - 1) · block, and as much received
+
+    ring_attention's RingStats report exactly block per step and (P - 1) · block per layer.
+    """
+    tokens = check_count(tokens, "tokens")
+    devices = check_positive_int(devices, "devices")
+    if tokens % devices:
+        raise ValueError(f"tokens must split evenly over the devices; got tokens={tokens:,} and devices={devices}")
+    kv_heads = check_positive_int(kv_heads, "kv_heads")
+    e = check_positive_int(head_dim, "head_dim")
+    ev = e if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
+    layers = check_positive_int(layers, "layers")
+    batch = check_positive_int(batch, "batch")
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    workers = check_positive_int(workers, "workers")
+    size = bytes_per_element(dtype)
+    per_device = tokens // devices
+    block = _nbytes(batch * kv_heads * per_device * (e + ev), dtype)
+    tile = workers * min(block_q, per_device) * min(block_k, per_device) * max(size, Fraction(4))
+    return {
+        "tokens_per_device": per_device,
+        "block": block,
+        "kv_shards": layers * block,
+        "in_flight": 2 * block,
+        "score_tile": math.ceil(tile),
+        "steps": devices - 1,
+        "sent_per_step": block,
+        "sent_total": layers * (devices - 1) * block,
+    }

@@ -49,12 +49,16 @@ def softmax(x: Array, axis: int = -1) -> Array:
 
 
 def logsumexp(x: Array, axis: int = -1, keepdims: bool = False) -> Array:
-    """log(sum(exp(x))) along axis, computed as m + log(sum(exp(x - m))); an all -inf row gives -inf."""
+    """log(sum(exp(x))) along axis, computed as m + log(sum(exp(x - m))); an all -inf row gives -inf,
+    a row holding +inf gives +inf and a row holding NaN gives NaN (SciPy's answers)."""
     x = as_float_array(x, "x")
     if x.ndim == 0:
         raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
     x_c = x.astype(compute_dtype(x), copy=False)
-    m = _safe_max(x_c, axis)
+    m = np.max(x_c, axis=axis, keepdims=True, initial=-np.inf)
+    # a max of ±inf (or NaN) has nothing finite to subtract: use 0, so that inf - inf = NaN cannot appear
+    # and exp(+inf) = inf gives lse = +inf, exp(-inf) = 0 gives lse = -inf
+    m = np.where(np.isfinite(m), m, 0.0).astype(x_c.dtype, copy=False)
     total = np.sum(np.exp(x_c - m), axis=axis, keepdims=True)
     with np.errstate(divide="ignore"):  # log(0) = -inf is the answer for an all -inf row
         out = m + np.log(total)
@@ -70,10 +74,13 @@ def merge_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tupl
         lse = log(exp(lse_a) + exp(lse_b))
         out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
     A part with no visible key (lse = -inf) gets weight 0; if both have none, out = 0 and lse = -inf.
+    A NaN or +inf lse is not a part that saw nothing: it propagates (NaN in out, lse NaN or +inf), never a
+    quiet 0. float16 is computed in float32: out comes back in the outs' dtype, lse as float32.
     (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; Dao et al. 2022.)
     """
     out_a, out_b = as_float_array(out_a, "out_a"), as_float_array(out_b, "out_b")
     lse_a, lse_b = as_float_array(lse_a, "lse_a"), as_float_array(lse_b, "lse_b")
+    out_dtype = np.result_type(out_a, out_b)
     if out_a.shape != out_b.shape:
         raise ValueError(f"out_a and out_b must have the same shape; got {out_a.shape} and {out_b.shape}")
     if lse_a.shape != lse_b.shape or lse_a.shape != out_a.shape[:-1]:
@@ -81,10 +88,12 @@ def merge_states(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array) -> tupl
             f"lse_a and lse_b must have shape {out_a.shape[:-1]} (out without its last dim); "
             f"got {lse_a.shape} and {lse_b.shape}"
         )
-    lse = np.logaddexp(lse_a, lse_b)  # (..., L); -inf only where both are -inf
-    seen = np.isfinite(lse)
-    with np.errstate(invalid="ignore"):  # -inf - (-inf) where neither part saw a key: masked below
+    ct = compute_dtype(out_a, out_b, lse_a, lse_b)  # float16 in float32, as everywhere: a float16 lse rounds to 2^-11
+    lse_a, lse_b = lse_a.astype(ct, copy=False), lse_b.astype(ct, copy=False)
+    with np.errstate(invalid="ignore"):  # -inf - (-inf) where neither part saw a key (masked below), inf - inf
+        lse = np.logaddexp(lse_a, lse_b)  # (..., L); -inf only where both are -inf, NaN or +inf if either is
+        seen = ~np.isneginf(lse)  # only "no key on either side" means weight 0; NaN and +inf go on
         w_a = np.where(seen, np.exp(lse_a - lse), 0.0)[..., None]  # (..., L, 1)
         w_b = np.where(seen, np.exp(lse_b - lse), 0.0)[..., None]
-    out = (w_a * out_a + w_b * out_b).astype(np.result_type(out_a, out_b), copy=False)
-    return out, lse
+        out = w_a * out_a.astype(ct, copy=False) + w_b * out_b.astype(ct, copy=False)  # (..., L, Ev)
+    return out.astype(out_dtype, copy=False), lse
