@@ -4,6 +4,7 @@ The names below are the public API (DESIGN.md); each lives in the module named a
 """
 
 from .attention import AttentionMemoryError, attention, scaled_dot_product_attention
+from .backward import attention_backward, flash_attention_backward, rope_backward
 from .flash import Tile, draw_tile_plan, flash_attention, tile_plan
 from .head import one_head
 from .kvcache import KVCache
@@ -45,6 +46,7 @@ __all__ = [
     "PRESETS",
     "Tile",
     "attention",
+    "attention_backward",
     "attention_flops",
     "bytes_per_element",
     "causal_entries",
@@ -52,6 +54,7 @@ __all__ = [
     "draw_tile_plan",
     "embed",
     "flash_attention",
+    "flash_attention_backward",
     "flash_decode",
     "flash_attention_bytes",
     "half_split_permutation",
@@ -64,6 +67,7 @@ __all__ = [
     "one_head",
     "permute_qk_weight",
     "rope",
+    "rope_backward",
     "rope_frequencies",
     "scaled_dot_product_attention",
     "score_matrix_bytes",

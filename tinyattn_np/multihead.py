@@ -10,13 +10,14 @@ Splitting into heads adds no parameters: it only decides how the d_model channel
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_positive_int
 from .attention import attention
+from .backward import attention_backward, flash_attention_backward, rope_backward
 from .flash import flash_attention
 from .kvcache import KVCache
 from .masks import window_mask
@@ -147,3 +148,92 @@ class MultiHeadAttention:
             return cast(Array, flash_decode(q, keys, values) if fused else attention(q, keys, values))
         attend = flash_attention if fused else attention
         return cast(Array, attend(q, keys, values, causal=True))  # bottom-right: query i sees start + i keys
+
+    # --- training: a forward that keeps what its backward needs, and the backward by hand -----------
+
+    def forward(self, x: Array, *, causal: bool = True, fused: bool = True) -> tuple[Array, Saved]:
+        """out = self(x, causal=causal, fused=fused), and `saved`: what backward() needs, held by the caller.
+
+        Nothing is kept on the module, so two forwards and then two backwards give each its own gradients.
+        fused=True keeps flash_attention's lse and backward() runs flash_attention_backward; fused=False
+        backward() runs the reference attention_backward, which builds the (B, H, T, T) weights again.
+        """
+        x = as_float_array(x, "x")
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
+        causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
+        unbatched = x.ndim == 2
+        x_b = x[None] if unbatched else x  # (B, T, d_model)
+        B, T, _ = x_b.shape
+        x_b = x_b.astype(self.w_qkv.dtype, copy=False)
+        q, k, v = self.split_heads(x_b)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
+        lse = None
+        if fused:
+            y, lse = cast(tuple[Array, Array], flash_attention(q, k, v, causal=causal, return_lse=True))
+        else:
+            y = cast(Array, attention(q, k, v, causal=causal))  # (B, H, T, d_head)
+        y_cat = y.swapaxes(1, 2).reshape(B, T, self.d_model)  # glue the heads back: (B, T, d_model)
+        out = y_cat @ self.w_out  # (B, T, d_model)
+        saved = Saved(self, x_b, q, k, v, y, lse, causal, fused, unbatched)
+        return (out[0] if unbatched else out), saved
+
+    def backward(self, dout: Array, saved: Saved) -> tuple[Array, Array, Array]:
+        """dx, dw_qkv, dw_out from dout = ∂loss/∂out and the `saved` of the forward that made out.
+
+        The forward's lines, last first, each with its gradient (W multiplies from the right):
+            out = Y W_out                 dW_out = Yᵀ dout              dY = dout W_outᵀ
+            Y = attention(q, k, v)        dq, dk, dv = (flash_)attention_backward(..., dY)
+            q, k = rope(q), rope(k)       dq, dk = rope_backward(dq), rope_backward(dk)
+            qkv = x W_qkv                 dW_qkv = xᵀ dqkv              dx = dqkv W_qkvᵀ
+        Sums over the batch and tokens are folded into the weight gradients' matmuls.
+        dx has x's shape; dw_qkv and dw_out have the weights' shapes and dtype.
+        """
+        if not isinstance(saved, Saved) or saved.module is not self:
+            raise ValueError(
+                "saved must be the second value returned by this module's own forward(); "
+                f"got {type(saved).__name__}" + (" from another MultiHeadAttention" if isinstance(saved, Saved) else "")
+            )
+        x, q, k, v, y = saved.x, saved.q, saved.k, saved.v, saved.y
+        B, T, _ = x.shape
+        want = (T, self.d_model) if saved.unbatched else (B, T, self.d_model)
+        dout = as_float_array(dout, "dout")
+        if dout.shape != want:
+            raise ValueError(f"dout must have the forward's output shape {want}; got shape {dout.shape}")
+        dout = dout.reshape(B, T, self.d_model).astype(self.w_qkv.dtype, copy=False)  # (B, T, d_model)
+
+        # 1) out = Y W_out
+        y_cat = y.swapaxes(1, 2).reshape(B * T, self.d_model)  # (B·T, d_model)
+        dw_out = y_cat.T @ dout.reshape(B * T, self.d_model)  # (d_model, d_model)
+        dy = (dout @ self.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
+        # 2) through the attention, the way the forward went
+        if saved.fused:
+            dq, dk, dv = flash_attention_backward(q, k, v, y, dy, saved.lse, causal=saved.causal)
+        else:
+            dq, dk, dv = attention_backward(q, k, v, dy, causal=saved.causal)
+        # 3) through RoPE: the rotation back by -θ
+        if self.rope:
+            dq, dk = rope_backward(dq), rope_backward(dk)
+        # 4) qkv = x W_qkv: gather the heads' gradients into qkv's column order [q heads | k heads | v heads]
+        dqkv = np.concatenate(
+            [g.swapaxes(1, 2).reshape(B, T, -1) for g in (dq, dk, dv)], axis=-1
+        )  # (B, T, (H + 2·Hkv)·d_head)
+        dqkv = dqkv.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
+        dw_qkv = x.reshape(B * T, self.d_model).T @ dqkv  # (d_model, (H + 2·Hkv)·d_head)
+        dx = (dqkv @ self.w_qkv.T).reshape(want)  # x's shape
+        return dx, dw_qkv, dw_out
+
+
+class Saved(NamedTuple):
+    """What MultiHeadAttention.backward needs from its forward: the input, the heads' q, k, v (after
+    RoPE) and attention output y (B, H, T, d_head), flash's lse (fused) or None, and the flags."""
+
+    module: MultiHeadAttention
+    x: Array
+    q: Array
+    k: Array
+    v: Array
+    y: Array
+    lse: Array | None
+    causal: bool
+    fused: bool
+    unbatched: bool
