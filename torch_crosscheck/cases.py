@@ -10,6 +10,17 @@ computes in the low format, we compute in float32, and the difference is torch's
 
 Tolerances (tolerance() below) are written in units of the format's unit roundoff u = 2^-p, p the
 significand bits: float64 2^-53, float32 2^-24, float16 2^-11, bfloat16 2^-8.
+
+Kernels. A case whose torch side goes through F.scaled_dot_product_attention (Case.sdpa) runs once per
+SDPA kernel of its device (KERNELS), forced with torch.nn.attention.sdpa_kernel; run_case() returns
+None where torch has no such kernel for the case (torch raises "No available kernel"). On CPU torch has
+two: "math", its reference in plain tensor ops, and "flash", its fused CPU kernel (SDPBackend.
+FLASH_ATTENTION; 4-D inputs only). On CUDA it has four: math, mem-efficient, flash and cuDNN.
+
+Rows that see no key. Our output there is 0 and our logsumexp -inf (the project's convention). torch's
+kernels disagree with each other there (cuDNN and mem-efficient return non-zero values on CUDA), so a
+case marks those rows (Outcome.unseen): they are left out of the comparison, ours must be exactly 0
+(-inf) there, and what torch returned there is recorded (Outcome.torch_unseen), never failed on.
 """
 
 from __future__ import annotations
@@ -23,11 +34,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 import tinyattn_np as ta
 
 DEVICES = ("cpu", "cuda")
+# the SDPA kernels torch has on each device, by the name a report row gives them
+KERNELS = {"cpu": ("math", "flash"), "cuda": ("math", "mem-efficient", "flash", "cudnn")}
+BACKENDS = {"math": SDPBackend.MATH, "mem-efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}  # fmt: skip
+# how torch 2.x words "this kernel does not take these inputs" (sdpa_kernel with one backend):
+# "No available kernel. Aborting execution." or "No viable backend for scaled_dot_product_attention ..."
+NO_KERNEL = ("No available kernel", "No viable backend")
 FULL = ("float64", "float32")  # tinyattn_np computes in this very dtype
 LOW = ("float16", "bfloat16")  # torch computes in this dtype, tinyattn_np in float32
 ALL = FULL + LOW
@@ -74,23 +93,56 @@ def max_abs_error(mine: np.ndarray, gold: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class Outcome:
-    """Both results as float64 NumPy arrays, and the tolerance on their max abs difference."""
+    """Both results as float64 NumPy arrays, and the tolerance on their max abs difference.
+
+    unseen: None, or a bool array that broadcasts to mine's shape, True on the rows that see no key.
+    There ours must equal unseen_value exactly (0 for an output, -inf for a logsumexp) and torch's
+    value is only recorded (torch_unseen): its kernels do not agree on what such a row holds."""
 
     mine: np.ndarray
     gold: np.ndarray
     tolerance: float
+    unseen: np.ndarray | None = None
+    unseen_value: float = 0.0
+
+    def _seen(self) -> np.ndarray:
+        """True where both results are defined and compared."""
+        if self.unseen is None:
+            return np.ones(self.mine.shape, bool)
+        return ~np.broadcast_to(self.unseen, self.mine.shape)
 
     @property
     def error(self) -> float:
-        return max_abs_error(self.mine, self.gold)
+        """max |mine - gold| over the rows that see a key."""
+        seen = self._seen()
+        return max_abs_error(self.mine[seen], self.gold[seen])
+
+    @property
+    def mine_unseen_exact(self) -> bool:
+        """Ours is exactly unseen_value on every row that sees no key (True when there is none)."""
+        return bool(np.all(self.mine[~self._seen()] == self.unseen_value))
+
+    @property
+    def torch_unseen(self) -> str:
+        """What torch returned on the rows that see no key: "-" (no such row), "NaN", or its value of
+        largest magnitude there ("0", "-1.91", "-inf" for a logsumexp)."""
+        there = self.gold[~self._seen()]
+        if there.size == 0:
+            return "-"
+        if np.isnan(there).any():
+            return "NaN"
+        return f"{float(there[np.argmax(np.abs(there))]):.3g}"
 
     @property
     def passed(self) -> bool:
-        return self.error <= self.tolerance
+        return self.error <= self.tolerance and self.mine_unseen_exact
 
     def explain(self) -> str:
         """Where the two differ most, with both values (STYLE.md: on failure, print both)."""
-        diff = np.nan_to_num(np.abs(self.mine - self.gold), nan=np.inf)
+        if not self.mine_unseen_exact:
+            there = self.mine[~self._seen()]
+            return f"ours is not exactly {self.unseen_value} on the rows that see no key: {there[:8]!r}"
+        diff = np.where(self._seen(), np.nan_to_num(np.abs(self.mine - self.gold), nan=np.inf), 0.0)
         where = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
         return (
             f"max abs error {self.error:.3g} > tolerance {self.tolerance:.3g} at index {tuple(map(int, where))}: "
@@ -100,11 +152,34 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Case:
-    """name: what is compared; run(device, dtype) -> Outcome; dtypes: the dtypes it runs in."""
+    """name: what is compared; run(device, dtype) -> Outcome; dtypes: the dtypes it runs in;
+    sdpa: whether torch's side goes through F.scaled_dot_product_attention, so that the case runs once
+    per SDPA kernel (KERNELS) instead of once with torch's own choice."""
 
     name: str
     run: Callable[[str, str], Outcome]
     dtypes: tuple[str, ...]
+    sdpa: bool = True
+
+
+def kernels_for(case: Case, device: str) -> tuple[str | None, ...]:
+    """The kernels a case runs with on a device: each SDPA kernel, or (None,) when torch's side does
+    not call SDPA (RoPE, logsumexp)."""
+    return KERNELS[device] if case.sdpa else (None,)
+
+
+def run_case(case: Case, device: str, dtype: str, kernel: str | None) -> Outcome | None:
+    """case.run with every SDPA call forced to `kernel` (None: torch's own choice); None where torch
+    has no such kernel for these inputs."""
+    if kernel is None:
+        return case.run(device, dtype)
+    try:
+        with sdpa_kernel(BACKENDS[kernel]):
+            return case.run(device, dtype)
+    except RuntimeError as exc:
+        if str(exc).startswith(NO_KERNEL):
+            return None
+        raise
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,9 +205,22 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float64).numpy()
 
 
-def outcome(mine: np.ndarray, gold: torch.Tensor | np.ndarray, dtype: str, magnitude: float) -> Outcome:
+def outcome(
+    mine: np.ndarray,
+    gold: torch.Tensor | np.ndarray,
+    dtype: str,
+    magnitude: float,
+    unseen: np.ndarray | None = None,
+    unseen_value: float = 0.0,
+) -> Outcome:
     gold = to_numpy(gold) if isinstance(gold, torch.Tensor) else np.asarray(gold, np.float64)
-    return Outcome(np.asarray(mine, np.float64), gold, tolerance(dtype, magnitude))
+    return Outcome(np.asarray(mine, np.float64), gold, tolerance(dtype, magnitude), unseen, unseen_value)
+
+
+def rows_with_no_key(allowed: np.ndarray) -> np.ndarray:
+    """(..., L, 1): True for a query row whose bool mask (..., L, S) lets it see no key, kept as a
+    trailing axis of 1 so that it broadcasts over an output (..., L, Ev)."""
+    return ~allowed.any(axis=-1, keepdims=True)
 
 
 def magnitude(v: np.ndarray) -> float:
@@ -275,13 +363,14 @@ def sdpa_case(
         (q, k, v, noise), (tq, tk, tv, tnoise) = make_inputs(
             name, [(B, H, L, E), (B, hkv, S, E), (B, hkv, S, E), shape], dtype, device
         )
-        attn_mask, t_mask = None, None
+        attn_mask, t_mask, unseen = None, None, None
         if mask == "bool":
             allowed = noise > -0.5  # about 70 % of the keys visible
             allowed[..., 0] = True  # every row sees at least its first key...
             if fully_masked_rows:
                 allowed[..., [1, L - 1], :] = False  # ...except these, which see none: output 0
             attn_mask, t_mask = allowed, torch.from_numpy(allowed).to(device)
+            unseen = rows_with_no_key(allowed)
         elif mask == "float":
             attn_mask, t_mask = noise, tnoise  # added to the scores, in the query's dtype (torch asks for it)
             if fully_masked_rows:
@@ -289,13 +378,14 @@ def sdpa_case(
                 attn_mask[..., [1, L - 1], :] = -np.inf
                 t_mask = tnoise.clone()
                 t_mask[..., [1, L - 1], :] = float("-inf")
+                unseen = rows_with_no_key(attn_mask > -np.inf)
         mine = ta.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=hkv != H
         )
         gold = F.scaled_dot_product_attention(
             tq, tk, tv, attn_mask=t_mask, is_causal=is_causal, scale=scale, enable_gqa=hkv != H
         )
-        return outcome(mine, gold, dtype, magnitude(v))
+        return outcome(mine, gold, dtype, magnitude(v), unseen)
 
     return run
 
@@ -305,15 +395,14 @@ def sdpa_case(
 
 
 def lower_right_gold(tq: torch.Tensor, tk: torch.Tensor, tv: torch.Tensor) -> np.ndarray:
-    """torch with causal_lower_right(L, S). For L > S the first L - S queries see no key: torch warns
-    that its kernels give NaN there (the CPU path gives 0), and our convention is 0 (DESIGN.md), so
-    those rows of the gold are set to 0: the comparison then also checks that ours are exactly 0."""
+    """torch with causal_lower_right(L, S), as torch returns it. For L > S the first L - S queries see
+    no key: torch warns that its kernels give NaN there; measured, its math and CPU kernels give 0 and
+    its CUDA mem-efficient kernel non-zero values. Callers leave those rows out of the comparison
+    (rows_with_no_key(causal_mask(L, S)))."""
     L, S = tq.shape[-2], tk.shape[-2]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Lower right causal bias will produce NaNs")
-        gold = to_numpy(F.scaled_dot_product_attention(tq, tk, tv, attn_mask=causal_lower_right(L, S)))
-    gold[..., ~ta.causal_mask(L, S).any(axis=-1), :] = 0.0
-    return gold
+        return to_numpy(F.scaled_dot_product_attention(tq, tk, tv, attn_mask=causal_lower_right(L, S)))
 
 
 def bottom_right_case(flash: bool, L: int, S: int, hkv: int = H, **flash_kw: int) -> Callable[[str, str], Outcome]:
@@ -329,7 +418,7 @@ def bottom_right_case(flash: bool, L: int, S: int, hkv: int = H, **flash_kw: int
         # stays about the mask alone
         group = H // hkv
         gold = lower_right_gold(tq, tk.repeat_interleave(group, dim=1), tv.repeat_interleave(group, dim=1))
-        return outcome(mine, gold, dtype, magnitude(v))
+        return outcome(mine, gold, dtype, magnitude(v), rows_with_no_key(ta.causal_mask(L, S)))
 
     return run
 
@@ -356,7 +445,7 @@ def flash_case(
 
 def flash_lse_case(L: int, S: int, **flash_kw: int) -> Callable[[str, str], Outcome]:
     """flash_attention's lse vs torch.logsumexp of the scaled, bottom-right-masked scores. For L > S the
-    first L - S rows see no key: -inf on both sides (max_abs_error counts equal infinities as 0)."""
+    first L - S rows see no key: ours must be exactly -inf there (torch.logsumexp gives -inf too)."""
 
     def run(device: str, dtype: str) -> Outcome:
         (q, k, v), (tq, tk, _) = make_inputs(f"lse {L} {S} {flash_kw}", [(B, H, L, E), (B, H, S, E), (B, H, S, E)],
@@ -366,7 +455,8 @@ def flash_lse_case(L: int, S: int, **flash_kw: int) -> Callable[[str, str], Outc
         allowed = torch.from_numpy(ta.causal_mask(L, S)).to(device)  # bottom-right, (L, S)
         gold = torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # (B, H, L)
         finite = np.isfinite(lse)
-        return outcome(lse, gold, dtype, float(np.abs(lse[finite]).max()))
+        unseen = ~ta.causal_mask(L, S).any(axis=-1)  # (L,): broadcasts over lse (B, H, L)
+        return outcome(lse, gold, dtype, float(np.abs(lse[finite]).max()), unseen, -np.inf)
 
     return run
 
@@ -422,9 +512,11 @@ CASES: list[Case] = [
         "flash_attention T=1000 blocks 37x53", flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL
     ),  # fmt: skip
     Case("flash_attention causal B=3 Hq=6 Hkv=2", flash_case(3, 6, 2, 129, 129, 16, True, block_q=31, block_k=17), ALL),
-    Case("flash_attention lse L<S", flash_lse_case(40, 90, block_q=16, block_k=32), FULL),
-    Case("flash_attention lse L>S (rows with no key)", flash_lse_case(90, 40, block_q=16, block_k=32), FULL),
-    Case("rope interleaved (Llama complex multiply)", rope_case(True), ALL),
-    Case("rope half-split (HF rotate_half)", rope_case(False), ALL),
-    Case("rope interleaved, positions 1000..1031", rope_case(True, start=1000), ALL),
+    Case("flash_attention lse L<S", flash_lse_case(40, 90, block_q=16, block_k=32), FULL, sdpa=False),
+    Case(
+        "flash_attention lse L>S (rows with no key)", flash_lse_case(90, 40, block_q=16, block_k=32), FULL, sdpa=False
+    ),  # fmt: skip
+    Case("rope interleaved (Llama complex multiply)", rope_case(True), ALL, sdpa=False),
+    Case("rope half-split (HF rotate_half)", rope_case(False), ALL, sdpa=False),
+    Case("rope interleaved, positions 1000..1031", rope_case(True, start=1000), ALL, sdpa=False),
 ]

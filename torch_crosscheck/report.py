@@ -1,9 +1,25 @@
-"""Print one table: every crosscheck case (cases.py) on every device and dtype, tinyattn_np vs torch.
+"""Print one table: every crosscheck case on every device, SDPA kernel and dtype, tinyattn_np vs torch.
 
     python torch_crosscheck/report.py [--format github]
 
-Columns: case, device, dtype, max abs error, tolerance, result. Without a GPU every case still gets a
-cuda row, marked "skipped (no CUDA)". Exits 1 if any comparison fails, 0 otherwise.
+One row per (case, device, kernel, dtype). Columns:
+
+    case        what is compared (Case.name)
+    device      cpu or cuda
+    kernel      the SDPA kernel torch was held to (torch.nn.attention.sdpa_kernel): math or flash on
+                CPU; math, mem-efficient, flash or cudnn on CUDA; "-" where torch's side calls no SDPA
+    dtype       float64, float32, float16 or bfloat16
+    max abs error   over the rows that see a key
+    tolerance   what the case allows (cases.tolerance)
+    torch, no-key rows   torch's value of largest magnitude on rows that see no key ("-": no such row);
+                recorded, never failed on: ours must be exactly 0 there (-inf for a logsumexp)
+    result      pass, FAIL, "not supported" (torch has no such kernel for this case), or skipped (no CUDA)
+
+Without a GPU every case still gets a cuda row, marked "skipped (no CUDA)". Exits 1 if any comparison
+fails, 0 otherwise.
+
+To add rows: write cases as cases.Case objects (run(device, dtype) -> cases.Outcome) in a module of
+this folder, and add that list in all_cases() below.
 """
 
 from __future__ import annotations
@@ -13,36 +29,52 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tinyattn_np.report import add_format_argument, table
 
-HEADERS = ["case", "device", "dtype", "max abs error", "tolerance", "result"]
+HEADERS = ["case", "device", "kernel", "dtype", "max abs error", "tolerance", "torch, no-key rows", "result"]
+NOT_SUPPORTED = "not supported"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Compare tinyattn_np with torch (SDPA, nn.Linear, RoPE references) on CPU and CUDA, "
-        "print one table, exit 1 on any failure."
+        description="Compare tinyattn_np with torch (SDPA, once per SDPA kernel, nn.Linear, RoPE references) "
+        "on CPU and CUDA, print one table, exit 1 on any failure."
     )
     add_format_argument(parser)
     return parser.parse_args(argv)
 
 
-def rows_for(case, device: str, cuda: bool) -> tuple[list[list[str]], int]:
-    """The table rows of one case on one device, and how many of them failed."""
+def all_cases() -> list[Any]:
+    """Every case the report runs, in table order."""
+    from cases import CASES
+
+    return [*CASES]
+
+
+def rows_for(case: Any, device: str, cuda: bool) -> tuple[list[list[Any]], int]:
+    """The table rows of one case on one device (one per kernel and dtype), and how many failed."""
+    from cases import kernels_for, run_case
+
     if device == "cuda" and not cuda:
-        return [[case.name, device, ", ".join(case.dtypes), "skipped (no CUDA)", "", "skipped"]], 0
+        return [[case.name, device, "", ", ".join(case.dtypes), "skipped (no CUDA)", "", "", "skipped"]], 0
     rows, failed = [], 0
-    for dtype in case.dtypes:
-        try:
-            result = case.run(device, dtype)
-        except Exception as exc:  # a crash is a failure with its reason in the table, not a traceback
-            rows.append([case.name, device, dtype, f"error: {type(exc).__name__}: {exc}"[:60], "", "FAIL"])
-            failed += 1
-            continue
-        rows.append([case.name, device, dtype, f"{result.error:.2e}", result.tolerance,
-                     "pass" if result.passed else "FAIL"])  # fmt: skip
-        failed += not result.passed
+    for kernel in kernels_for(case, device):
+        for dtype in case.dtypes:
+            row = [case.name, device, kernel or "-", dtype]
+            try:
+                result = run_case(case, device, dtype, kernel)
+            except Exception as exc:  # a crash is a failure with its reason in the table, not a traceback
+                rows.append([*row, f"error: {type(exc).__name__}: {exc}"[:60], "", "", "FAIL"])
+                failed += 1
+                continue
+            if result is None:
+                rows.append([*row, "", "", "", NOT_SUPPORTED])
+                continue
+            verdict = "pass" if result.passed else "FAIL"
+            rows.append([*row, f"{result.error:.2e}", result.tolerance, result.torch_unseen, verdict])
+            failed += not result.passed
     return rows, failed
 
 
@@ -50,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # cases.py, beside this file
     import torch
-    from cases import CASES, DEVICES
+    from cases import DEVICES
 
     cuda = torch.cuda.is_available()
     start = time.perf_counter()
     rows, failed = [], 0
     for device in DEVICES:
-        for case in CASES:
+        for case in all_cases():
             case_rows, case_failed = rows_for(case, device, cuda)
             rows += case_rows
             failed += case_failed
@@ -65,10 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name(0) if cuda else "none"
     print(f"torch {torch.__version__}, CPU {platform.machine()} ({torch.get_num_threads()} threads), GPU: {gpu}")
     # the error column holds text ("skipped (no CUDA)") too, so its numbers come formatted already
-    print(table(rows, HEADERS, fmt=args.format, floatfmt=["", "", "", ".2e", ".2e", ""]))
-    counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", "skipped")}
-    print(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['skipped']} cases skipped (no CUDA) "
-          f"in {seconds:.1f} s")  # fmt: skip
+    print(table(rows, HEADERS, fmt=args.format, floatfmt=["", "", "", "", ".2e", ".2e", "", ""]))
+    counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", NOT_SUPPORTED, "skipped")}
+    print(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts[NOT_SUPPORTED]} not supported by that torch "
+          f"kernel, {counts['skipped']} cases skipped (no CUDA) in {seconds:.1f} s")  # fmt: skip
     return 1 if failed else 0
 
 
