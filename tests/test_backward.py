@@ -1,0 +1,323 @@
+"""The hand-written gradients, proved by central finite differences in float64, and the blockwise
+backward proved equal to the reference one (fixed cases and hypothesis-drawn shapes and blocks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import bottom_right
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tinyattn_np import (
+    MultiHeadAttention,
+    attention,
+    attention_backward,
+    flash_attention,
+    flash_attention_backward,
+    rope,
+    rope_backward,
+)
+
+# Central differences: error O(eps²·f''') from the formula plus O(u/eps) from rounding; with eps = 1e-6
+# in float64 both are around 1e-10 for these O(1) functions, so 1e-7 leaves room and still catches a
+# wrong term (which shows up at the size of the gradient itself, ~0.1-1).
+EPS = 1e-6
+FD_TOL = 1e-7
+
+
+def numerical_grad(loss, x: np.ndarray) -> np.ndarray:
+    """∂loss/∂x by central differences, one element at a time (x is changed in place and restored)."""
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + EPS
+        up = loss()
+        x[i] = old - EPS
+        down = loss()
+        x[i] = old
+        grad[i] = (up - down) / (2 * EPS)
+    return grad
+
+
+def assert_grads(loss, pairs, what: str) -> None:
+    """Every (input, analytic gradient) pair against finite differences of loss()."""
+    for name, x, grad in pairs:
+        gold = numerical_grad(loss, x)
+        np.testing.assert_allclose(grad, gold, rtol=0, atol=FD_TOL, err_msg=f"{what}: d{name}")
+
+
+def qkv(rng, batch, hq, hkv, n_q, n_k, e=4, ev=3):
+    q = rng.standard_normal((*batch, hq, n_q, e))
+    k = rng.standard_normal((*batch, hkv, n_k, e))
+    v = rng.standard_normal((*batch, hkv, n_k, ev))
+    dout = rng.standard_normal((*batch, hq, n_q, ev))
+    return q, k, v, dout
+
+
+# (batch, Hq, Hkv, L, S, causal): causal and not, L != S both ways, GQA and MQA
+SHAPES = [
+    ((2,), 2, 2, 5, 5, True),
+    ((2,), 2, 2, 5, 5, False),
+    ((1,), 4, 2, 3, 7, True),  # L < S: every query sees the S - L earlier keys too
+    ((1,), 3, 1, 7, 4, True),  # L > S and MQA: the first 3 queries see no key at all
+    ((2,), 4, 1, 6, 3, False),
+    ((), 2, 2, 4, 6, False),
+]
+
+
+@pytest.mark.parametrize("batch,hq,hkv,n_q,n_k,causal", SHAPES)
+def test_attention_backward_matches_finite_differences(rng, batch, hq, hkv, n_q, n_k, causal):
+    q, k, v, dout = qkv(rng, batch, hq, hkv, n_q, n_k)
+
+    def loss():  # Σ out ∘ dout: its gradient with respect to out is dout
+        return float(np.sum(attention(q, k, v, causal=causal) * dout))
+
+    dq, dk, dv = attention_backward(q, k, v, dout, causal=causal)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+    assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], f"attention {batch} {hq}/{hkv} {n_q}x{n_k}")
+
+
+@pytest.mark.parametrize("batch,hq,hkv,n_q,n_k,causal", SHAPES)
+@pytest.mark.parametrize("block_q,block_k", [(2, 3), (3, 2), (64, 64)])
+def test_flash_backward_matches_finite_differences(rng, batch, hq, hkv, n_q, n_k, causal, block_q, block_k):
+    q, k, v, dout = qkv(rng, batch, hq, hkv, n_q, n_k)
+    blocks = dict(block_q=block_q, block_k=block_k)
+
+    def loss():
+        return float(np.sum(flash_attention(q, k, v, causal=causal, **blocks) * dout))
+
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)
+    dq, dk, dv = flash_attention_backward(q, k, v, out, dout, lse, causal=causal, **blocks)
+    assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], f"flash {blocks}")
+
+
+@pytest.mark.parametrize("kind", ["padding", "float", "padding+causal"])
+def test_attention_backward_with_masks(rng, kind):
+    """A padding mask (the last two keys of batch entry 1 hidden), a float mask, and one with causal."""
+    q, k, v, dout = qkv(rng, (2,), 2, 1, 4, 6)
+    if kind == "float":
+        mask = 0.5 * rng.standard_normal((4, 6))  # added to the scores
+    else:
+        mask = np.ones((2, 1, 1, 6), bool)
+        mask[1, ..., 4:] = False
+    causal = kind == "padding+causal"
+
+    def loss():
+        return float(np.sum(attention(q, k, v, mask=mask, causal=causal) * dout))
+
+    dq, dk, dv = attention_backward(q, k, v, dout, mask=mask, causal=causal)
+    assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], kind)
+    if kind != "float":  # a hidden key gets no gradient at all
+        assert not dk[1, :, 4:].any() and not dv[1, :, 4:].any()
+
+
+def test_scale_and_two_d_inputs(rng):
+    q, k, v, dout = (x[0, 0] for x in qkv(rng, (1,), 1, 1, 5, 4))  # (L, E) each: one head
+
+    def loss():
+        return float(np.sum(attention(q, k, v, scale=0.7) * dout))
+
+    dq, dk, dv = attention_backward(q, k, v, dout, scale=0.7)
+    assert dq.shape == (5, 4) and dv.shape == (4, 3)
+    assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], "2-D, scale 0.7")
+    out, lse = flash_attention(q, k, v, scale=0.7, return_lse=True)
+    for mine, gold in zip(flash_attention_backward(q, k, v, out, dout, lse, scale=0.7), (dq, dk, dv), strict=True):
+        np.testing.assert_allclose(mine, gold, atol=1e-13)
+
+
+def test_rows_that_see_no_key_get_zero_not_nan(rng):
+    """causal with L > S: the first L - S queries see nothing (out 0, lse -inf); S = 0 and L = 0 too."""
+    q, k, v, dout = qkv(rng, (1,), 2, 2, 6, 2)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True, block_q=2, block_k=2)
+    assert np.isneginf(lse[..., :4]).all()
+    for dq, dk, dv in (
+        attention_backward(q, k, v, dout, causal=True),
+        flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=2, block_k=2),
+    ):
+        assert np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+        assert not dq[..., :4, :].any()  # the blind rows
+    empty_k, empty_v = k[..., :0, :], v[..., :0, :]
+    out0, lse0 = flash_attention(q, empty_k, empty_v, return_lse=True)
+    for dq, dk, dv in (
+        attention_backward(q, empty_k, empty_v, dout),
+        flash_attention_backward(q, empty_k, empty_v, out0, dout, lse0),
+    ):
+        assert not dq.any() and dk.shape == (1, 2, 0, 4) and dv.shape == (1, 2, 0, 3)
+    no_q, no_dout = q[..., :0, :], dout[..., :0, :]
+    out_e, lse_e = flash_attention(no_q, k, v, return_lse=True)
+    dq, dk, dv = flash_attention_backward(no_q, k, v, out_e, no_dout, lse_e)
+    assert dq.shape == (1, 2, 0, 4) and not dk.any() and not dv.any()
+
+
+def test_nan_stays_nan(rng):
+    q, k, v, dout = qkv(rng, (1,), 1, 1, 4, 4)
+    q[0, 0, 2, 1] = np.nan  # row 2's scores are NaN: its gradients, and every key's, are NaN
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    for dq, dk, dv in (attention_backward(q, k, v, dout), flash_attention_backward(q, k, v, out, dout, lse)):
+        assert np.isnan(dq[0, 0, 2]).all() and np.isnan(dk).any() and np.isnan(dv).any()
+        assert np.isfinite(dq[0, 0, [0, 1, 3]]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_low_precision_follows_float64(rng, dtype):
+    """float32 computes in float32, float16 in float32 and casts back; both close to float64's answer."""
+    q, k, v, dout = qkv(rng, (1,), 4, 2, 40, 40, e=16, ev=16)
+    gold = attention_backward(q, k, v, dout, causal=True)
+    low = [x.astype(dtype) for x in (q, k, v, dout)]
+    out, lse = flash_attention(*low[:3], causal=True, return_lse=True, block_q=16, block_k=8)
+    tol = 2e-4 if dtype == np.float32 else 3e-2
+    for grads in (
+        attention_backward(*low, causal=True),
+        flash_attention_backward(*low[:3], out, low[3], lse, causal=True, block_q=16, block_k=8),
+    ):
+        for mine, want in zip(grads, gold, strict=True):
+            assert mine.dtype == dtype
+            np.testing.assert_allclose(mine.astype(np.float64), want, rtol=0, atol=tol)
+
+
+def test_same_bits_for_any_worker_count(rng):
+    q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (2,), 4, 2, 70, 90, e=8, ev=8))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    runs = [
+        flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=16, block_k=32, workers=w)
+        for w in (1, 2, 3, 8)
+    ]
+    for grads in runs[1:]:
+        for a, b in zip(runs[0], grads, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    hkv=st.integers(1, 2),
+    group=st.integers(1, 3),
+    n_q=st.integers(1, 12),
+    n_k=st.integers(1, 12),
+    block_q=st.integers(1, 13),
+    block_k=st.integers(1, 13),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_flash_backward_equals_reference(hkv, group, n_q, n_k, block_q, block_k, causal, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v, dout = qkv(rng, (1,), hkv * group, hkv, n_q, n_k, e=3, ev=2)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, block_q=block_q, block_k=block_k)
+    mine = flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=block_q, block_k=block_k)
+    gold = attention_backward(q, k, v, dout, causal=causal)
+    for name, a, b in zip("qkv", mine, gold, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"d{name}")
+
+
+def test_causal_flash_backward_against_an_explicit_mask(rng):
+    """flash's causal=True is the same bottom-right alignment as a mask built with a loop (conftest)."""
+    q, k, v, dout = qkv(rng, (1,), 2, 2, 5, 8)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True, block_q=2, block_k=3)
+    mine = flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=2, block_k=3)
+    gold = attention_backward(q, k, v, dout, mask=bottom_right(5, 8))
+    for a, b in zip(mine, gold, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-13)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("positions", [None, [3, 1, 4, 1, 5], np.array([0.5, 2.0, 7.25, 9.0, 11.0])])
+def test_rope_backward_matches_finite_differences(rng, interleaved, positions):
+    x = rng.standard_normal((2, 5, 6))
+    grad_out = rng.standard_normal((2, 5, 6))
+
+    def loss():
+        return float(np.sum(rope(x, positions=positions, interleaved=interleaved) * grad_out))
+
+    grad = rope_backward(grad_out, positions=positions, interleaved=interleaved)
+    assert_grads(loss, [("x", x, grad)], f"rope interleaved={interleaved}")
+    # a rotation by -θ undoes the one by +θ
+    np.testing.assert_allclose(rope_backward(rope(x, positions=positions), positions=positions), x, atol=1e-13)
+
+
+def hand_loss(mha, x, dout, causal, fused):
+    return float(np.sum(mha(x, causal=causal, fused=fused) * dout))
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(4, None), (4, 2), (4, 1)])
+@pytest.mark.parametrize("use_rope", [False, True])
+@pytest.mark.parametrize("fused", [True, False])
+def test_multihead_backward_matches_finite_differences(rng, n_heads, n_kv_heads, use_rope, fused):
+    mha = MultiHeadAttention(16, n_heads, n_kv_heads, rope=use_rope, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((2, 5, 16))
+    dout = rng.standard_normal((2, 5, 16))
+    out, saved = mha.forward(x, fused=fused)
+    np.testing.assert_allclose(out, mha(x, fused=fused), atol=1e-14)
+    dx, dw_qkv, dw_out = mha.backward(dout, saved)
+    assert (dx.shape, dw_qkv.shape, dw_out.shape) == (x.shape, mha.w_qkv.shape, mha.w_out.shape)
+
+    def loss():
+        return hand_loss(mha, x, dout, True, fused)
+
+    assert_grads(loss, [("x", x, dx), ("w_qkv", mha.w_qkv, dw_qkv), ("w_out", mha.w_out, dw_out)], "mha")
+
+
+def test_multihead_no_hidden_state_fused_equals_reference(rng):
+    """Two forwards, then two backwards in the other order: each its own gradients; fused == reference."""
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=rng, dtype=np.float64)
+    x1, x2 = rng.standard_normal((2, 7, 16)), rng.standard_normal((7, 16))  # batched and unbatched
+    d1, d2 = rng.standard_normal((2, 7, 16)), rng.standard_normal((7, 16))
+    _, s1 = mha.forward(x1, causal=False)
+    _, s2 = mha.forward(x2, causal=False)
+    g2 = mha.backward(d2, s2)
+    g1 = mha.backward(d1, s1)
+    assert g2[0].shape == (7, 16)
+    for x, d, grads in ((x1, d1, g1), (x2, d2, g2)):
+        _, s = mha.forward(x, causal=False, fused=False)
+        for a, b in zip(grads, mha.backward(d, s), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-12)
+    assert not np.allclose(g1[1], g2[1])
+
+
+def test_float32_module_gives_float32_gradients(rng):
+    mha = MultiHeadAttention(16, 2, rng=rng)
+    out, saved = mha.forward(rng.standard_normal((3, 16)).astype(np.float32))
+    grads = mha.backward(np.ones_like(out), saved)
+    assert all(g.dtype == np.float32 for g in grads)
+
+
+def test_bad_input(rng):
+    q, k, v, dout = qkv(rng, (1,), 2, 2, 4, 5)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match=r"dout must have shape out's \(\.\.\., Hq, L, Ev\) = \(1, 2, 4, 3\)"):
+        attention_backward(q, k, v, dout[..., :2])
+    with pytest.raises(TypeError, match="dout must be float16, float32 or float64; got dtype int64"):
+        attention_backward(q, k, v, dout.astype(np.int64))
+    with pytest.raises(ValueError, match=r"out must have shape \(\.\.\., Hq, L, Ev\) = \(1, 2, 4, 3\)"):
+        flash_attention_backward(q, k, v, out[:, :1], dout, lse)
+    with pytest.raises(ValueError, match=r"dout must have shape"):
+        flash_attention_backward(q, k, v, out, dout[..., :3, :], lse)
+    with pytest.raises(ValueError, match=r"lse must have shape \(\.\.\., Hq, L\) = \(1, 2, 4\)"):
+        flash_attention_backward(q, k, v, out, dout, lse[..., None])
+    with pytest.raises(TypeError, match="lse must be float16"):
+        flash_attention_backward(q, k, v, out, dout, lse.astype(np.int32))
+    with pytest.raises(ValueError, match="block_q must be a positive int"):
+        flash_attention_backward(q, k, v, out, dout, lse, block_q=0)
+    with pytest.raises(TypeError, match="workers must be a positive int"):
+        flash_attention_backward(q, k, v, out, dout, lse, workers=1.5)
+    with pytest.raises(ValueError, match="grad must have at least 2 dims"):
+        rope_backward(np.zeros(4))
+    with pytest.raises(TypeError, match="positions must be ints or floats"):
+        rope_backward(np.zeros((2, 4)), positions=np.array([True, False]))
+
+
+def test_multihead_backward_bad_input(rng):
+    mha, other = MultiHeadAttention(16, 2, rng=rng), MultiHeadAttention(16, 2, rng=rng)
+    x = rng.standard_normal((2, 3, 16)).astype(np.float32)
+    out, saved = mha.forward(x)
+    with pytest.raises(ValueError, match="saved must be the second value returned by this module's own forward"):
+        other.backward(out, saved)
+    with pytest.raises(ValueError, match="got tuple"):
+        mha.backward(out, tuple(saved))
+    with pytest.raises(
+        ValueError, match=r"dout must have the forward's output shape \(2, 3, 16\); got shape \(3, 16\)"
+    ):
+        mha.backward(out[0], saved)
+    with pytest.raises(ValueError, match=r"x must be \(B, T, 16\)"):
+        mha.forward(x[..., :8])
+    with pytest.raises(TypeError, match="fused must be True or False"):
+        mha.forward(x, fused="False")
