@@ -10,13 +10,19 @@ from scipy.special import logsumexp as scipy_logsumexp
 
 from tinyattn_np import (
     AttentionMemoryError,
+    LearnedPositions,
+    MultiHeadAttention,
     attention,
     causal_mask,
     flash_attention,
     logsumexp,
     merge_states,
     naive_attention_bytes,
+    one_head,
+    rope,
     scaled_dot_product_attention,
+    to_half_split,
+    to_interleaved,
 )
 from tinyattn_np.measure import traced_peak
 
@@ -256,3 +262,65 @@ def test_sdpa_mask_and_is_causal_error_shows_the_way(rng):
         scaled_dot_product_attention(q, k, v, attn_mask=padding, is_causal=True)
     combined = scaled_dot_product_attention(q, k, v, attn_mask=padding & causal_mask(5, 5, align="top_left"))
     np.testing.assert_allclose(combined, attention(q, k, v, causal=True, mask=padding), atol=1e-15)
+
+
+# --- one_head, MultiHeadAttention and the position helpers -------------------------------------------
+
+
+def test_one_head_causal_must_be_a_bool(rng):
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal((4, 2))
+    with pytest.raises(TypeError, match="causal must be True or False; got 'False'"):
+        one_head(x, w, w, w, causal="False")
+
+
+def test_multihead_flags_must_be_bools():
+    with pytest.raises(TypeError, match="rope must be True or False"):
+        MultiHeadAttention(8, 2, rope="yes", rng=0)
+    mha = MultiHeadAttention(8, 2, rng=0)
+    x = np.zeros((3, 8), np.float32)
+    for flag in ("causal", "fused"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False; got 0"):
+            mha(x, **{flag: 0})
+
+
+def test_multihead_rng_seed_fresh_default_and_repr():
+    seeded = MultiHeadAttention(8, 2, rng=42)
+    np.testing.assert_array_equal(seeded.w_qkv, MultiHeadAttention(8, 2, rng=np.random.default_rng(42)).w_qkv)
+    assert not np.array_equal(MultiHeadAttention(8, 2).w_qkv, MultiHeadAttention(8, 2).w_qkv)  # fresh draws
+    bound = 1 / np.sqrt(8)
+    assert np.abs(seeded.w_qkv).max() <= bound and np.abs(seeded.w_out).max() <= bound
+    for bad in ("42", 4.2, True):
+        with pytest.raises(TypeError, match="rng must be a np.random.Generator, an int seed or None"):
+            MultiHeadAttention(8, 2, rng=bad)
+    assert repr(seeded) == (
+        "MultiHeadAttention(d_model=8, n_heads=2, n_kv_heads=2, rope=False, dtype=float32, parameters=256)"
+    )
+
+
+def test_multihead_computes_in_its_own_dtype():
+    mha = MultiHeadAttention(8, 2, rng=0)  # float32 weights
+    x = np.random.default_rng(0).standard_normal((3, 8))  # float64
+    out = mha(x)
+    assert out.dtype == np.float32  # as its docstring says: the module's dtype, not x's
+    np.testing.assert_array_equal(out, mha(x.astype(np.float32)))
+
+
+def test_rope_refuses_bad_base_and_flags():
+    x = np.ones((3, 4))
+    for base in (float("inf"), float("nan"), 0.0, -2.0, 1.0):
+        with pytest.raises(ValueError, match="base must be a finite number > 1"):
+            rope(x, base=base)
+    with pytest.raises(TypeError, match="interleaved must be True or False"):
+        rope(x, interleaved="False")
+
+
+def test_layout_helpers_need_an_axis():
+    for convert in (to_half_split, to_interleaved):
+        with pytest.raises(ValueError, match=r"x must have at least 1 dim \(\.\.\., d\), d even; got shape \(\)"):
+            convert(1.0)
+
+
+def test_learned_positions_refuse_int_tables():
+    with pytest.raises(TypeError, match="dtype must be float16, float32 or float64; got int32"):
+        LearnedPositions(8, 4, dtype=np.int32)
+    assert LearnedPositions(8, 4, dtype=np.float16).table.dtype == np.float16

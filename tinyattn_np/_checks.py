@@ -56,7 +56,8 @@ def result_dtype(*arrays: np.ndarray) -> np.dtype:
 
 def check_ndim(x: np.ndarray, name: str, min_ndim: int, what: str) -> None:
     if x.ndim < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dims {what}; got shape {x.shape}")
+        dims = "dim" if min_ndim == 1 else "dims"
+        raise ValueError(f"{name} must have at least {min_ndim} {dims} {what}; got shape {x.shape}")
 
 
 def check_positive_int(value: Any, name: str, default: int | None = None) -> int:

@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import as_float_array, compute_dtype, result_dtype
+from ._checks import as_float_array, check_bool, compute_dtype, result_dtype
 from .masks import causal_mask
 from .softmax import softmax
 
@@ -21,6 +21,7 @@ Array = NDArray[np.floating]
 
 def one_head(x: Array, wq: Array, wk: Array, wv: Array, *, causal: bool = True) -> tuple[Array, Array]:
     """x (T, d_model), wq/wk (d_model, d_head), wv (d_model, d_v) -> (out (T, d_v), weights (T, T))."""
+    causal = check_bool(causal, "causal")
     x = as_float_array(x, "x")
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D (T, d_model); got shape {x.shape}")

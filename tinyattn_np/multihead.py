@@ -35,6 +35,13 @@ class MultiHeadAttention:
         w_qkv (d_model, (n_heads + 2·n_kv_heads)·d_head), columns [q heads | k heads | v heads]
         w_out (d_model, d_model)
     rope=True rotates q and k (never v) by position before the scores.
+
+    Initialisation: every weight uniform in ±1/√d_model, the range torch's nn.Linear draws from.
+    rng: a np.random.Generator, or an int seed for np.random.default_rng(seed); None (the default) draws
+    fresh weights from a fresh generator, so two modules built without rng differ. Pass rng for repeatable weights.
+    dtype: float16, float32 (default) or float64, the dtype of the weights. The module computes in that dtype:
+    an input x of another dtype (a float64 x for the default float32 module) is converted first, and the
+    output comes back in the module's dtype, not x's.
     """
 
     def __init__(
@@ -59,13 +66,24 @@ class MultiHeadAttention:
         self.d_head = self.d_model // self.n_heads
         if rope and self.d_head % 2:
             raise ValueError(f"rope=True needs an even head size; got d_head={self.d_head}")
-        self.rope = bool(rope)
-        rng = np.random.default_rng(0) if rng is None else rng
+        self.rope = check_bool(rope, "rope")
+        if rng is None or isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
+            rng = np.random.default_rng(rng)  # None: fresh entropy; an int: that seed
+        elif not isinstance(rng, np.random.Generator):
+            raise TypeError(
+                f"rng must be a np.random.Generator, an int seed or None; got {rng!r} ({type(rng).__name__})"
+            )
         n_qkv = (self.n_heads + 2 * self.n_kv_heads) * self.d_head
         # uniform(-1/√in, 1/√in): the range torch's nn.Linear draws its default weights from
         bound = 1.0 / np.sqrt(self.d_model)
         self.w_qkv = rng.uniform(-bound, bound, (self.d_model, n_qkv)).astype(dtype)
         self.w_out = rng.uniform(-bound, bound, (self.d_model, self.d_model)).astype(dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"rope={self.rope}, dtype={self.w_qkv.dtype.name}, parameters={self.num_parameters:,})"
+        )
 
     @property
     def num_parameters(self) -> int:
@@ -99,6 +117,7 @@ class MultiHeadAttention:
         so a one-token decode step (L = 1) sees all S cached keys. A prefill (T tokens into an empty
         cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
         """
+        causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
         x = as_float_array(x, "x")
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
