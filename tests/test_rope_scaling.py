@@ -1,0 +1,174 @@
+"""RoPE for long context: each method's documented properties, Llama-3.1-8B's real rope_scaling, and clear
+errors for unknown methods and missing keys."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tinyattn_np import rope, rope_attention_factor, rope_frequencies
+from tinyattn_np.position import ROPE_TYPES, rotary_dim
+
+# huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: rope_theta 500000, head_dim 128
+LLAMA_31 = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+THETA_31 = 500000.0
+RNG = np.random.default_rng(7)
+
+
+def test_no_scaling_is_plain_rope():
+    theta = rope_frequencies(8, 100.0)
+    np.testing.assert_allclose(theta, [1.0, 100**-0.25, 100**-0.5, 100**-0.75])
+    np.testing.assert_array_equal(rope_frequencies(64, scaling={"rope_type": "default"}), rope_frequencies(64))
+    assert rope_attention_factor(None) == 1.0
+
+
+def test_llama3_keeps_high_frequencies_and_divides_low_ones():
+    plain = rope_frequencies(128, THETA_31)
+    scaled = rope_frequencies(128, THETA_31, scaling=LLAMA_31)
+    wavelength = 2 * np.pi / plain  # (64,) positions per turn
+    high = wavelength < 8192 / 4.0  # turns more than 4 times in the trained 8,192 tokens: kept
+    low = wavelength > 8192 / 1.0  # turns less than once: divided by 8
+    np.testing.assert_array_equal(scaled[high], plain[high])
+    np.testing.assert_allclose(scaled[low], plain[low] / 8, rtol=1e-15)
+    assert high.sum() == 29 and low.sum() == 29  # Llama-3.1-8B: 29 pairs kept, 29 divided, 6 between
+    middle = ~high & ~low
+    ratio = scaled[middle] / plain[middle]
+    assert np.all((ratio > 1 / 8) & (ratio < 1)) and np.all(np.diff(ratio) < 0)  # a smooth, falling blend
+    # one middle pair by hand: s = (8192 / wavelength - 1) / (4 - 1), θ' = (1 - s) θ / 8 + s θ
+    i = np.flatnonzero(middle)[0]
+    s = (8192 / wavelength[i] - 1) / 3
+    assert scaled[i] == pytest.approx((1 - s) * plain[i] / 8 + s * plain[i], rel=1e-14)
+    assert scaled[0] == 1.0 and scaled[-1] == pytest.approx(THETA_31 ** (-126 / 128) / 8, rel=1e-14)
+    assert rope_attention_factor(LLAMA_31) == 1.0
+
+
+def test_linear_divides_every_frequency():
+    scaling = {"type": "linear", "factor": 4.0}  # the older key name, "type"
+    np.testing.assert_allclose(rope_frequencies(64, scaling=scaling), rope_frequencies(64) / 4, rtol=1e-15)
+    # so position 4p with linear scaling turns exactly as far as position p without it
+    x = RNG.standard_normal((5, 64))
+    np.testing.assert_allclose(
+        rope(x, positions=4 * np.arange(5), scaling=scaling), rope(x, positions=np.arange(5)), atol=1e-12
+    )
+
+
+def test_dynamic_is_plain_up_to_the_original_length_and_stretches_past_it():
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    plain = rope_frequencies(64)
+    for seq_len in (None, 1, 4096):
+        scaled = rope_frequencies(64, scaling=scaling, seq_len=seq_len, max_position_embeddings=4096)
+        np.testing.assert_allclose(scaled, plain, rtol=1e-15)
+    longer = rope_frequencies(64, scaling=scaling, seq_len=8192, max_position_embeddings=4096)
+    base = 10000 * (2 * 8192 / 4096 - 1) ** (64 / 62)  # NTK: base' = base (f T / L0 - (f - 1))^(d / (d - 2))
+    np.testing.assert_allclose(longer, base ** (-np.arange(0, 64, 2) / 64), rtol=1e-13)
+    assert longer[0] == 1.0 and np.all(longer[1:] < plain[1:])
+    # rope() takes seq_len from the largest position: 0 .. 4095 is plain RoPE, 0 .. 8191 is not
+    x = RNG.standard_normal((2, 64))
+    short = rope(x, positions=[0, 4095], scaling=scaling, max_position_embeddings=4096)
+    np.testing.assert_allclose(short, rope(x, positions=[0, 4095]), atol=1e-12)
+    long = rope(x, positions=[0, 8191], scaling=scaling, max_position_embeddings=4096)
+    assert not np.allclose(long[1], rope(x, positions=[0, 8191])[1])
+
+
+def test_yarn_attention_factor_and_ramp():
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert rope_attention_factor(scaling) == pytest.approx(0.1 * math.log(4.0) + 1)
+    assert rope_attention_factor({**scaling, "attention_factor": 0.5}) == 0.5
+    mscale = {**scaling, "mscale": 0.707, "mscale_all_dim": 0.707}  # DeepSeek's pair: the two cancel
+    assert rope_attention_factor(mscale) == 1.0
+    plain = rope_frequencies(128, 1e6)
+    scaled = rope_frequencies(128, 1e6, scaling=scaling)
+    ratio = plain / scaled  # (64,): 1 where kept, 4 where interpolated
+    turns = 32768 * plain / (2 * np.pi)  # how often each pair turns within the trained length
+    assert np.all(ratio[turns > 32] == 1)  # beta_fast = 32: fast pairs untouched
+    np.testing.assert_allclose(ratio[turns < 1], 4.0, rtol=1e-14)  # beta_slow = 1: slow pairs divided
+    assert np.all(np.diff(ratio) >= -1e-12)  # a ramp between
+    # cos and sin carry the factor: every rotated vector is that much longer
+    x = RNG.standard_normal((3, 128))
+    lengths = np.linalg.norm(rope(x, scaling=scaling), axis=-1) / np.linalg.norm(x, axis=-1)
+    np.testing.assert_allclose(lengths, 0.1 * math.log(4.0) + 1, rtol=1e-12)
+    # with the config's max_position_embeddings too, transformers takes the factor as the ratio
+    assert rope_attention_factor(scaling, max_position_embeddings=131072) == pytest.approx(0.1 * math.log(4) + 1)
+    no_truncate = rope_frequencies(128, 1e6, scaling={**scaling, "truncate": False})
+    assert not np.array_equal(no_truncate, scaled)
+    step = rope_frequencies(128, 1e6, scaling={**scaling, "beta_fast": 8, "beta_slow": 8, "truncate": False})
+    assert set(np.round(plain / step, 9)) == {1.0, 4.0}  # a zero-width ramp is a step
+
+
+def test_yarn_without_original_length_takes_it_from_the_argument():
+    scaling = {"rope_type": "yarn", "factor": 4.0}
+    with pytest.raises(ValueError, match="original_max_position_embeddings in the dict, or max_position_embeddings="):
+        rope_frequencies(64, scaling=scaling)
+    np.testing.assert_array_equal(
+        rope_frequencies(64, scaling=scaling, max_position_embeddings=4096),
+        rope_frequencies(64, scaling={**scaling, "original_max_position_embeddings": 4096}),
+    )
+
+
+def test_longrope_short_and_long_factors():
+    d = 8
+    scaling = {"rope_type": "longrope", "short_factor": [1, 1, 2, 2], "long_factor": [1, 2, 4, 8]}
+    plain = rope_frequencies(d)
+    kwargs = dict(scaling=scaling, max_position_embeddings=131072)
+    original = {**scaling, "original_max_position_embeddings": 4096}
+    np.testing.assert_allclose(rope_frequencies(d, **{**kwargs, "scaling": original}), plain / [1, 1, 2, 2])
+    long = rope_frequencies(d, seq_len=5000, **{**kwargs, "scaling": original})
+    np.testing.assert_allclose(long, plain / [1, 2, 4, 8])
+    # Phi-3: factor = 131072 / 4096 = 32, attention factor sqrt(1 + ln 32 / ln 4096)
+    expected = math.sqrt(1 + math.log(32) / math.log(4096))
+    assert rope_attention_factor(original, max_position_embeddings=131072) == pytest.approx(expected)
+    assert rope_attention_factor({**scaling, "factor": 1.0}, max_position_embeddings=4096) == 1.0
+    with pytest.raises(ValueError, match=r"scaling\['short_factor'\] must be 2 positive numbers"):
+        rope_frequencies(4, **kwargs)
+
+
+def test_partial_rotary_factor_turns_only_the_first_channels():
+    scaling = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    assert rotary_dim(64, scaling) == 32
+    theta = rope_frequencies(64, scaling=scaling)
+    np.testing.assert_allclose(theta, 10000.0 ** (-np.arange(0, 32, 2) / 32))  # d is the rotated part
+    x = RNG.standard_normal((4, 64))
+    for interleaved in (True, False):
+        out = rope(x, scaling=scaling, interleaved=interleaved)
+        np.testing.assert_array_equal(out[:, 32:], x[:, 32:])
+        np.testing.assert_allclose(out[:, :32], rope(x[:, :32], interleaved=interleaved), atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("scaling", "error", "message"),
+    [
+        ({"rope_type": "ntk-by-parts", "factor": 2.0}, ValueError, "unknown; known: " + ", ".join(ROPE_TYPES)),
+        ({"rope_type": "llama3", "factor": 8.0}, ValueError, "missing low_freq_factor, high_freq_factor"),
+        ({"type": "linear"}, ValueError, "'linear' is missing factor; linear needs factor"),
+        ({"rope_type": "longrope"}, ValueError, "missing short_factor, long_factor"),
+        ({"rope_type": "linear", "factor": "2"}, TypeError, r"scaling\['factor'\] must be a number"),
+        ({"rope_type": "linear", "factor": -2.0}, ValueError, r"scaling\['factor'\] must be a finite number > 0"),
+        ({**LLAMA_31, "high_freq_factor": 0.5}, ValueError, "high_freq_factor > low_freq_factor"),
+        ({"rope_type": "default", "partial_rotary_factor": 1.5}, ValueError, "partial_rotary_factor"),
+        ([("rope_type", "linear")], TypeError, "scaling must be a config's rope_scaling dict or None; got list"),
+    ],
+)
+def test_bad_scaling_names_what_is_wrong(scaling, error, message):
+    with pytest.raises(error, match=message):
+        rope_frequencies(64, scaling=scaling)
+
+
+def test_other_bad_arguments():
+    with pytest.raises(ValueError, match="base must be a finite number > 1; got inf"):
+        rope_frequencies(64, float("inf"))
+    with pytest.raises(TypeError, match="base must be a number > 1"):
+        rope_frequencies(64, "10000")
+    with pytest.raises(ValueError, match="seq_len must be a positive int; got 0"):
+        rope_frequencies(64, scaling={"rope_type": "dynamic", "factor": 2.0}, seq_len=0, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="dynamic scaling needs more than 2 rotated channels"):
+        rope_frequencies(2, scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="dim must be even"):
+        rope_frequencies(7)
