@@ -1,0 +1,335 @@
+"""Ring attention: shard/unshard and the tile counts as plain functions, the ring in-process on MPI.COMM_SELF,
+and on real processes under `mpiexec -n 1..4` (tests/ring_worker.py), where the gathered output must equal
+single-process flash_attention. The MPI tests skip, saying why, when mpi4py or mpiexec is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_close
+
+from tinyattn_np import flash_attention
+from tinyattn_np.memory import ring_attention_bytes
+from tinyattn_np.ring import (
+    DIAGONAL,
+    FULL,
+    HIDDEN,
+    _agree,
+    _Local,
+    chunks_of,
+    n_chunks,
+    pair_kind,
+    ring_attention,
+    ring_pairs,
+    shard,
+    tile_counts,
+    unshard,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    from mpi4py import MPI
+except ImportError:  # pragma: no cover - depends on the machine
+    MPI = None
+
+
+def find_mpiexec() -> str | None:
+    """The mpiexec beside this Python (the mpich wheel puts it there), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+MPIEXEC = find_mpiexec()
+needs_mpi4py = pytest.mark.skipif(MPI is None, reason='mpi4py is not installed: pip install -e ".[distributed]"')
+needs_mpiexec = pytest.mark.skipif(
+    MPI is None or MPIEXEC is None, reason='mpi4py or mpiexec is missing: pip install -e ".[distributed]"'
+)
+
+
+# --- the layouts ----------------------------------------------------------------------------------
+
+
+def test_zigzag_gives_each_rank_one_early_and_one_late_chunk() -> None:
+    tokens = np.arange(8)[:, None]  # (T, 1): each row is its own position
+    assert shard(tokens, 0, 2)[:, 0].tolist() == [0, 1, 6, 7]  # chunks 0 and 3 of 4
+    assert shard(tokens, 1, 2)[:, 0].tolist() == [2, 3, 4, 5]  # chunks 1 and 2
+    assert shard(tokens, 1, 2, layout="contiguous")[:, 0].tolist() == [4, 5, 6, 7]
+    assert chunks_of(1, 4) == (1, 6) and chunks_of(1, 4, "contiguous") == (1,)
+    assert n_chunks(4) == 8 and n_chunks(4, "contiguous") == 4
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_unshard_undoes_shard(layout: str, size: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((2, 3, 2 * size * 5, 4))  # (B, H, T, E)
+    parts = [shard(x, rank, size, layout=layout) for rank in range(size)]
+    assert all(p.shape == (2, 3, 10, 4) for p in parts)
+    np.testing.assert_array_equal(unshard(parts, layout=layout), x)
+
+
+def test_shard_errors_name_what_is_wrong() -> None:
+    x = np.zeros((2, 10, 4))
+    with pytest.raises(ValueError, match=r"x has 10 tokens .* cannot split into 8 equal chunks; use a multiple of 8"):
+        shard(x, 0, 4)
+    with pytest.raises(ValueError, match=r"rank must lie in \[0, size\) = \[0, 2\); got 2"):
+        shard(x, 2, 2)
+    with pytest.raises(ValueError, match="layout must be one of 'zigzag', 'contiguous'; got 'striped'"):
+        shard(x, 0, 2, layout="striped")
+    with pytest.raises(ValueError, match="at least 2 dims"):
+        shard(np.zeros(8), 0, 2)
+    with pytest.raises(TypeError, match="size must be a positive int"):
+        shard(x, 0, 2.0)  # type: ignore[arg-type]
+
+
+def test_unshard_errors_name_what_is_wrong() -> None:
+    with pytest.raises(TypeError, match="non-empty list"):
+        unshard([])
+    with pytest.raises(ValueError, match="one shape"):
+        unshard([np.zeros((4, 2)), np.zeros((6, 2))])
+    with pytest.raises(ValueError, match=r"parts\[0\] has 3 tokens"):
+        unshard([np.zeros((3, 2))])
+
+
+# --- the schedule and its tiles --------------------------------------------------------------------
+
+
+def test_pair_kinds() -> None:
+    assert pair_kind(3, 1, causal=True) == FULL
+    assert pair_kind(3, 3, causal=True) == DIAGONAL
+    assert pair_kind(1, 3, causal=True) == HIDDEN
+    assert pair_kind(1, 3, causal=False) == FULL
+    # zigzag, 2 ranks: rank 0 holds chunks 0 and 3; the block of rank 1 (chunks 1 and 2) is seen by chunk 3 only
+    kinds = [(p.q_chunk, p.k_chunk, p.kind) for p in ring_pairs(0, 1, 2, causal=True)]
+    assert kinds == [(0, 1, HIDDEN), (0, 2, HIDDEN), (3, 1, FULL), (3, 2, FULL)]
+    assert [p.kind for p in ring_pairs(0, 1, 2, causal=False)] == [FULL]  # one pair: shard x shard
+
+
+def tiles_by_brute_force(tokens: int, size: int, layout: str, block: int) -> list[int]:
+    """An independent count: every block x block tile of every (query part, key part) that holds at least
+    one score the causal mask keeps, found from the global positions that shard() gives each token."""
+    positions = np.arange(tokens)[:, None]  # (T, 1)
+    per_rank = n_chunks(size, layout) // size
+    counts = []
+    for rank in range(size):
+        q_pos = shard(positions, rank, size, layout=layout)[:, 0]
+        count = 0
+        for source_rank in range(size):
+            k_pos = shard(positions, source_rank, size, layout=layout)[:, 0]
+            part = len(q_pos) // per_rank
+            for a in range(per_rank):
+                for b in range(per_rank):
+                    qs, ks = q_pos[a * part : (a + 1) * part], k_pos[b * part : (b + 1) * part]
+                    for i in range(0, part, block):
+                        for j in range(0, part, block):
+                            count += bool((ks[j : j + block][None, :] <= qs[i : i + block][:, None]).any())
+        counts.append(count)
+    return counts
+
+
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_tile_counts_match_a_brute_force_count(layout: str, size: int) -> None:
+    tokens = 2 * size * 20  # chunks of 20 (zigzag) or 40 (contiguous) in tiles of 16: partial edge tiles
+    counted = tile_counts(tokens, size, layout=layout, block_q=16, block_k=16)
+    assert [row["tiles"] for row in counted] == tiles_by_brute_force(tokens, size, layout, 16)
+
+
+@pytest.mark.parametrize("size", range(2, 9))
+def test_zigzag_balances_the_causal_work(size: int) -> None:
+    counted = tile_counts(2 * size * 512, size, layout="zigzag")
+    assert len({row["tiles"] for row in counted}) == 1  # every rank the same, exactly
+    assert all((row[FULL], row[DIAGONAL], row[HIDDEN]) == (2 * size - 1, 2, 2 * size - 1) for row in counted)
+
+
+@pytest.mark.parametrize(("size", "ratio"), [(2, 1.5), (4, 1.75)])
+def test_contiguous_busiest_rank_does_about_two_minus_one_over_size(size: int, ratio: float) -> None:
+    tiles = [row["tiles"] for row in tile_counts(65536, size, layout="contiguous")]
+    assert max(tiles) / np.mean(tiles) == pytest.approx(ratio, abs=0.005)
+
+
+def test_tile_counts_without_mask_and_errors() -> None:
+    counted = tile_counts(64, 2, causal=False, block_q=16, block_k=16)
+    assert [row["tiles"] for row in counted] == [2 * 2 * 2, 2 * 2 * 2]  # 2 steps of a 32 x 32 shard pair
+    with pytest.raises(ValueError, match="cannot be split into 8 equal chunks"):
+        tile_counts(100, 4)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        tile_counts(64, 2, causal="yes")  # type: ignore[arg-type]
+
+
+# --- the byte estimate -------------------------------------------------------------------------------
+
+
+def test_ring_attention_bytes_by_hand() -> None:
+    est = ring_attention_bytes(1024, 4, kv_heads=2, head_dim=64, layers=3, dtype="fp16")
+    block = 2 * 256 * (64 + 64) * 2  # Hkv · t · (E + Ev) · 2 bytes
+    assert est == {
+        "tokens_per_device": 256,
+        "block": block,
+        "kv_shards": 3 * block,
+        "in_flight": 2 * block,
+        "score_tile": 256 * 256 * 4,  # fp16 scores are computed in fp32
+        "steps": 3,
+        "sent_per_step": block,
+        "sent_total": 3 * 3 * block,
+    }
+    assert ring_attention_bytes(10, 1, kv_heads=1, head_dim=2)["score_tile"] == 10 * 10 * 4
+    with pytest.raises(ValueError, match="split evenly over the devices"):
+        ring_attention_bytes(10, 4, kv_heads=1, head_dim=2)
+
+
+# --- the ring in this process: a communicator of one rank ----------------------------------------------
+
+
+@needs_mpi4py
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_of_one_is_flash_attention(layout: str, causal: bool, rng: np.random.Generator) -> None:
+    q = rng.standard_normal((2, 4, 42, 8))  # (B, Hq, T, E), GQA below; 42 tokens = two chunks of 21
+    k = rng.standard_normal((2, 2, 42, 8))
+    v = rng.standard_normal((2, 2, 42, 5))
+    out, lse, stats = ring_attention(
+        q, k, v, comm=MPI.COMM_SELF, causal=causal, layout=layout, return_lse=True, return_stats=True,
+        block_q=16, block_k=16,
+    )  # fmt: skip
+    gold, gold_lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    assert_close(out, gold, np.float64, "out")
+    assert_close(lse, gold_lse, np.float64, "lse")
+    assert stats.tiles == tile_counts(42, 1, layout=layout, causal=causal, block_q=16, block_k=16)[0]["tiles"]
+    assert (stats.bytes_sent, stats.bytes_received, len(stats.steps)) == (0, 0, 1)
+    assert stats.wait_seconds >= 0 and stats.compute_seconds > 0
+    assert sum(stats.pairs.values()) == (4 if causal and layout == "zigzag" else 1)
+
+
+@needs_mpi4py
+def test_ring_keeps_float16_and_returns_out_alone(rng: np.random.Generator) -> None:
+    q, k, v = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(3))
+    out = ring_attention(q, k, v, comm=MPI.COMM_SELF, causal=True)
+    assert isinstance(out, np.ndarray) and out.dtype == np.float16
+    assert_close(out, flash_attention(q, k, v, causal=True), np.float16, "float16")
+
+
+@needs_mpi4py
+def test_ring_errors_name_what_is_wrong() -> None:
+    x = np.zeros((1, 2, 8, 4))
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
+        ring_attention(x, x, x, comm="world")
+    with pytest.raises(ValueError, match="rank 0 of 1: a zigzag shard is two equal chunks"):
+        ring_attention(x[..., :7, :], x[..., :7, :], x[..., :7, :], comm=MPI.COMM_SELF)
+    with pytest.raises(TypeError, match="rank 0 of 1: causal must be True or False"):
+        ring_attention(x, x, x, comm=MPI.COMM_SELF, causal="False")
+    with pytest.raises(ValueError, match="the same tokens"):
+        ring_attention(x, x[..., :4, :], x[..., :4, :], comm=MPI.COMM_SELF)
+    with pytest.raises(ValueError, match="with a head axis"):
+        ring_attention(x[0, 0], x[0, 0], x[0, 0], comm=MPI.COMM_SELF)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        ring_attention(x, x, x, comm=MPI.COMM_SELF, layout="striped")
+
+
+def local(tokens: int = 8, heads: int = 2, causal: bool = True) -> _Local:
+    shape = (1, heads, tokens, 4)
+    return _Local(shape, shape, shape, ("float64",) * 3, (causal, "zigzag", 0.5, 256, 256))
+
+
+def test_agree_raises_the_same_error_for_every_rank() -> None:
+    """What every rank does with the allgathered reports (the mpiexec tests show it on real ranks)."""
+    _agree([local(), local()])  # all the same: nothing to say
+    with pytest.raises(ValueError, match=r"unequal length: tokens per rank \[8, 10\]"):
+        _agree([local(), local(tokens=10)])
+    with pytest.raises(ValueError, match="disagree on their shapes"):
+        _agree([local(), local(heads=4)])
+    with pytest.raises(ValueError, match=r"disagree on their settings .* rank 1 has \(False"):
+        _agree([local(), local(causal=False)])
+    with pytest.raises(TypeError, match="rank 1 of 2: causal must be"):
+        _agree([local(), ("TypeError", "causal must be True or False")])
+
+
+def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # `from mpi4py import MPI` now fails
+    x = np.zeros((1, 1, 2, 2))
+    with pytest.raises(ImportError, match=r'pip install -e "\.\[distributed\]"'):
+        ring_attention(x, x, x, comm=None)
+
+
+# --- real processes: mpiexec -n 1, 2, 3, 4 --------------------------------------------------------------
+
+
+def run_mpi(ranks: int, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """`mpiexec -n ranks python args...` with this checkout on the path and one BLAS thread per rank."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+    )
+    assert MPIEXEC is not None
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
+    # a session of its own, so that a hang is ended with every rank, not just mpiexec
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} ran past {timeout} s (a hang?)\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
+def test_ring_on_real_processes_equals_one_process(ranks: int) -> None:
+    result = run_mpi(ranks, str(ROOT / "tests" / "ring_worker.py"))
+    log = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0, log
+    cases = 10 if ranks == 1 else 13  # the mismatch cases need a second rank
+    assert f"ring worker: {ranks} ranks, {cases} cases passed, 0 failed" in result.stdout, log
+    assert "FAIL" not in result.stdout, log
+
+
+@needs_mpiexec
+def test_ring_script_under_mpiexec() -> None:
+    result = run_mpi(2, "scripts/ring.py", "--tokens", "512", "--block", "64", "--repeats", "1", "--max-ranks", "4")
+    log = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode == 0 and "all checks passed" in result.stdout, log
+    assert result.stdout.count("ring of 2 rank(s)") == 1, "only rank 0 prints"
+    for section in ("1) tiles per rank", "2) zigzag", "3) contiguous", "4) wall time"):
+        assert section in result.stdout, section
+    assert "contiguous / zigzag wall time" in result.stdout
+
+
+@needs_mpiexec
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--tokens", "6"], "--tokens 6 cannot be split into 4 equal chunks"),
+        (["--seed", "-1"], "--seed must be 0 or more"),
+        (["--heads", "4", "--kv-heads", "3"], "must be a multiple of --kv-heads"),
+        (["--json", "/no/such/folder/ring.json"], "does not exist"),
+        (["--tokens", "nan"], "invalid int value"),
+    ],
+)
+def test_ring_script_rejects_bad_flags_once_without_a_traceback(flags: list[str], message: str) -> None:
+    result = run_mpi(2, "scripts/ring.py", *flags, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count(message) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_ring_script_without_mpi4py_says_what_to_install() -> None:
+    hide = (
+        "import runpy, sys; sys.modules['mpi4py'] = None; sys.argv = sys.argv[1:]; "
+        "runpy.run_path(sys.argv[0], run_name='__main__')"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, "-c", hide, "scripts/ring.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and 'pip install -e ".[distributed]"' in result.stderr, result.stderr
