@@ -34,7 +34,7 @@ from tinyattn_np import (
     tile_plan,
     tokenize,
 )
-from tinyattn_np.report import Checklist, add_format_argument, matrix_table, table
+from tinyattn_np.report import Checklist, add_format_argument, matrix_table, nonnegative_seed, table
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
@@ -74,7 +74,10 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
 
     torch = load_torch()
     if torch is None:
-        print("   torch checks skipped (here and in 4): torch is not installed (pip install torch adds them)")
+        print(
+            "   torch checks skipped (here and in 4): torch is not installed; the pinned CPU wheel adds them:\n"
+            "   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+        )
     else:
         import torch.nn.functional as F
 
@@ -215,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         "multi-head, the two causal alignments, the tiles flash attention skips, and why scores are "
         "divided by √d; every claim is checked (exit 1 if one fails).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and inputs (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=nonnegative_seed,
+        default=0,
+        help="seed for the random weights and inputs (an int >= 0; default 0)",
+    )
     add_format_argument(parser)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)

@@ -29,6 +29,7 @@ from tinyattn_np.memory import (
     causal_entries,
     flash_attention_bytes,
     naive_attention_bytes,
+    ring_attention_bytes,
     score_matrix_bytes,
 )
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
@@ -106,7 +107,8 @@ def tiny_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
         [
             f"{row['tokens']:,}",
             *(format_sig(to_unit(row[key], unit[key])) for key, _ in columns),
-            f"{row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes']:,.0f}x",
+            # format_sig: a ratio below 1 prints as 0.667x, not a rounded "1x"
+            f"{format_sig(row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes'])}x",
         ]
         for row in rows
     ]
@@ -207,6 +209,50 @@ def long_context_table(rows: list[dict[str, Any]], fmt: str) -> str:
     return text_table(body, headers, fmt)
 
 
+# --- 5) ring attention: how many devices a long context needs -----------------------------------------
+
+RING_TOKENS = 1_048_576  # "1M tokens", 2^20: splits evenly over 1 .. 64 devices, and into zigzag's 2·P chunks
+RING_DEVICES = [1, 2, 4, 8, 16, 32, 64]
+
+
+def ring_rows(model: ModelShape, dtype: str, kv_dtype: str) -> list[dict[str, Any]]:
+    """Per device, with the model's context of RING_TOKENS split over P devices (ring_attention_bytes):
+    every layer's K/V shard, the two in-flight K/V blocks of the layer being computed, one score tile,
+    and the weights, which context parallelism keeps whole on every device."""
+    weights = model.weights_bytes(dtype)
+    rows = []
+    for devices in RING_DEVICES:
+        ring = ring_attention_bytes(
+            RING_TOKENS, devices, kv_heads=model.kv_heads, head_dim=model.head_dim, layers=model.layers, dtype=kv_dtype
+        )
+        total = ring["kv_shards"] + ring["in_flight"] + ring["score_tile"] + weights
+        rows.append({"devices": devices, **ring, "weights": weights, "total": total, "fits_h100": total <= H100_BYTES})
+    return rows
+
+
+def ring_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
+    columns = [
+        ("kv_shards", "K/V shards, every layer"),
+        ("in_flight", "in-flight K/V blocks"),
+        ("score_tile", "score tile"),
+        ("weights", "weights"),
+        ("total", "total"),
+        ("sent_total", "sent per forward"),
+    ]
+    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
+    headers = ["devices", "tokens each", *(f"{title} ({unit[key]})" for key, title in columns), "fits one H100 80GB"]
+    body = [
+        [
+            str(row["devices"]),
+            f"{row['tokens_per_device']:,}",
+            *(format_sig(to_unit(row[key], unit[key])) for key, _ in columns),
+            "yes" if row["fits_h100"] else "no",
+        ]
+        for row in rows
+    ]
+    return text_table(body, headers, fmt)
+
+
 # --- the command line ---------------------------------------------------------------------------------
 
 
@@ -253,6 +299,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("binary", "decimal"),
         help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)",
     )
+    parser.add_argument(
+        "--ring-model", default="llama-3-8b", metavar="NAME|PATH",
+        help="the model of section 5, ring attention at 1M tokens (default: llama-3-8b)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print everything as JSON, bytes as integers")
     args = parser.parse_args(argv)
     if args.batch < 1:
@@ -265,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         models = [load_model_shape(source) for source in (args.model or list(PRESETS))]
+        ring_model = load_model_shape(args.ring_model)
     except (ValueError, TypeError) as err:
         print(f"memory.py: {err}", file=sys.stderr)
         return 2
@@ -273,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     tiny = tiny_table_rows(workers)
     bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
     ratios = long_context_rows()
+    ring = ring_rows(ring_model, args.dtype, args.kv_dtype)
 
     if args.json:
         report = {
@@ -282,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
             "long_context": ratios,
+            "ring": {"model": ring_model.name, "tokens": RING_TOKENS, "kv_dtype": args.kv_dtype, "rows": ring},
         }  # fmt: skip
         print(json.dumps(report, indent=2))
         return 0
@@ -293,7 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);"
     )
-    print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096")
+    print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096.")
+    print(
+        f"   flash_attention()'s peak depends on the core count: each of its workers (default: one per core, "
+        f"{workers} here)"
+    )
+    print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")
     print(tiny_table(tiny, args.units, args.format))
     print()
     print(f"3) Models: batch {args.batch}; scores = every head and layer at once; TFLOP = QKᵀ and PV, causal")
@@ -306,6 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("4) Long context: linear work grows with T, attention work with T²")
     print(long_context_table(ratios, args.format))
+    print()
+    print(f"5) Ring attention (tinyattn_np/ring.py): {ring_model.name} at {RING_TOKENS:,} tokens split over P devices;")
+    print(f"   per device: K/V {args.kv_dtype}, weights {args.dtype} (whole on every device), one fp32 score tile,")
+    print("   and the layer's two K/V blocks in flight (the one in hand, also being sent, and the next)")
+    print(ring_table(ring, args.units, args.format))
+    fitting = [row["devices"] for row in ring if row["fits_h100"]]
+    needed = f"{fitting[0]} devices" if fitting else f"more than {RING_DEVICES[-1]} devices"
+    print(f"   the smallest ring here in which every device fits in one H100 80GB (81,559 MiB): {needed}")
+    if ring_model.sliding_window is not None:
+        print(f"   {ring_model.name}'s sliding window is not counted: every layer is taken as full attention")
     return 0
 
 

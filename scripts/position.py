@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from tinyattn_np import LearnedPositions, attention, embed, rope, tokenize
-from tinyattn_np.report import Checklist, add_format_argument, table
+from tinyattn_np.report import Checklist, add_format_argument, nonnegative_seed, table
 
 D_MODEL, D_HEAD = 256, 64
 SHUFFLE = [3, 0, 4, 1, 2]  # token i of the shuffled sentence is token SHUFFLE[i] of the original
@@ -140,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         "'Moriarty shot Holmes.') until position is added; RoPE scores depend only on distance and keep "
         "norms; a learned table refuses positions past its end. Every claim is checked (exit 1 if one fails).",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed for the random weights and vectors (default 0)")
+    parser.add_argument(
+        "--seed",
+        type=nonnegative_seed,
+        default=0,
+        help="seed for the random weights and vectors (an int >= 0; default 0)",
+    )
     add_format_argument(parser)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)

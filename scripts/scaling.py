@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,10 +26,11 @@ from tinyattn_np import attention, flash_attention
 from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import add_format_argument, format_bytes, table
+from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, table, text_table
 
 MiB = 2**20
 SETTLE_SECONDS = 0.3
+MAX_MINUTES = 30  # a run whose lower-bound time is longer is refused before it starts
 
 
 def progress(message: str) -> None:
@@ -50,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-tokens", type=int, default=256, help="smallest T (default 256)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="q, k, v dtype (default float32)")
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per figure, after two warm-ups (default 5)")
     p.add_argument("--workers", type=int, default=None, help="flash worker threads (default: CPU count)")
@@ -80,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", help="write every figure and the machine to PATH")
     p.add_argument("--plot", metavar="PATH.png", help="draw time and memory vs T (needs the plot extra)")
     add_format_argument(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=nonnegative_seed, default=0, help="seed for the random q, k, v (an int >= 0; default 0)"
+    )
     args = p.parse_args(argv)
     for name in ("max_tokens", "min_tokens", "heads", "head_dim", "repeats", "block_q", "block_k"):
         if getattr(args, name) < 1:
@@ -89,13 +93,66 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--workers must be at least 1; got {args.workers}")
     if args.min_tokens > args.max_tokens:
         p.error(f"--min-tokens ({args.min_tokens}) must not exceed --max-tokens ({args.max_tokens})")
-    if args.mem_budget is not None and args.mem_budget <= 0:
-        p.error(f"--mem-budget must be positive GiB; got {args.mem_budget}")
+    if args.mem_budget is not None and not (math.isfinite(args.mem_budget) and args.mem_budget > 0):
+        p.error(f"--mem-budget must be a finite number of GiB > 0; got {args.mem_budget}")
     if args.torch_3d and not args.torch:
         p.error("--torch-3d needs --torch")
     if args.sweep_blocks is not None and args.sweep_blocks < 1:
         p.error(f"--sweep-blocks must be a positive T; got {args.sweep_blocks}")
+    check_fits(p, args)
+    check_outputs(p, args)
     return args
+
+
+def check_fits(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse up front sizes whose inputs and flash working memory alone need more than half of this
+    machine's memory (huge --max-tokens, --heads, --head-dim): NumPy would fail in the middle instead."""
+    T = args.sweep_blocks if args.sweep_blocks is not None else args.max_tokens
+    dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=not args.no_causal)
+    inputs = 3 * args.heads * T * args.head_dim * np.dtype(args.dtype).itemsize  # q, k, v: (H, T, E) each
+    needed = inputs + flash_attention_bytes(T, **dims, block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    if needed > memory_total() / 2:
+        p.error(
+            f"T={T:,} with {args.heads} heads x {args.head_dim} ({args.dtype}) needs {format_bytes(needed)} for "
+            f"q, k, v and flash alone, more than half of this machine's {format_bytes(memory_total())}: "
+            "lower --max-tokens, --heads or --head-dim"
+        )
+
+
+def check_outputs(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--json's folder and --plot's matplotlib are checked before the benchmark, not after it."""
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is None:
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            p.error(f"{flag} {path} is a folder: give a file name in it")
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            p.error(f"{flag} {path}: the folder {folder} does not exist or is not writable")
+    if args.plot is not None:
+        if args.sweep_blocks is not None:
+            p.error("--plot draws the table as T doubles; it does not apply to --sweep-blocks")
+        try:
+            import matplotlib  # noqa: F401  (only to know now that the plot can be drawn)
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install -e '.[plot]'")
+
+
+def check_duration(args: argparse.Namespace, sizes: list[int], causal: bool, rate: float) -> None:
+    """Refuse, before the first row, a run that cannot end within MAX_MINUTES even if flash ran at this
+    machine's matmul rate (it runs slower, so this is a lower bound; --repeats 1000000000 stops here)."""
+    runs = args.repeats + 3  # two warm-ups and the traced run around the timed ones
+    full = [attention_flops(T, heads=args.heads, head_dim=args.head_dim) for T in sizes]
+    masked = [attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes]
+    flops = runs * (sum(masked) + (sum(full) if causal else 0))  # with causal, the no-mask run too
+    if args.sweep_blocks is not None:
+        flops = runs * 2 * 16 * masked[0]  # two worker counts, 16 block shapes
+    minutes = flops / (rate * 1e9) / 60
+    if minutes > MAX_MINUTES:
+        sys.exit(
+            f"error: this run needs at least {minutes:,.0f} minutes ({flops:.2e} FLOP at this machine's "
+            f"{rate:.1f} GFLOP/s matmul rate), over the {MAX_MINUTES}-minute limit: lower --max-tokens or --repeats"
+        )
 
 
 def make_qkv(rng: np.random.Generator, T: int, args: argparse.Namespace) -> tuple[np.ndarray, ...]:
@@ -126,7 +183,10 @@ def torch_runner(args: argparse.Namespace, threads: int) -> Any:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        sys.exit("error: --torch needs torch: pip install torch (see torch_crosscheck/README.md)")
+        sys.exit(
+            "error: --torch needs torch; install the pinned CPU wheel (see torch_crosscheck/README.md):\n"
+            "  pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+        )
     torch.set_num_threads(threads)
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> Any:
@@ -155,6 +215,8 @@ def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, t
         row["naive_ms"] = settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
         row["naive_peak_bytes"] = traced_peak(attention, q, k, v, causal=causal)[1]
     progress(f"  T={T}: flash")
+    time.sleep(SETTLE_SECONDS)
+    row["matmul_gflops"] = matmul_rate(args.dtype)  # beside the row: "of matmul" compares like with like
     row["flash_ms"] = settled_median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
     row["flash_peak_bytes"] = traced_peak(flash_attention, q, k, v, causal=causal, **blocks)[1]
     if causal:  # the same flash run without the mask: how much the skipped tiles save
@@ -171,7 +233,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a / b
 
 
-def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool, rate: float) -> None:
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool) -> None:
     headers = [
         "tokens",
         "scores MiB",
@@ -208,7 +270,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
             r["flash_peak_bytes"] / MiB,
             r["flash_estimate_bytes"] / MiB,
             gflops,
-            f"{gflops / rate:.0%}",
+            f"{gflops / r['matmul_gflops']:.0%}",
         ]
         if causal:
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
@@ -216,8 +278,26 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
             line += [r["torch_ms"], r["flash_ms"] / r["torch_ms"]]
         if args.torch_3d:
             line += [r["torch_3d_ms"]]
-        body.append(line)
-    print(table(body, headers, fmt=args.format, floatfmt=".2f"))
+        body.append([cell(x) for x in line])
+    # formatted here, not by tabulate: a "skipped" string in a column stops tabulate rounding that column
+    print(text_table(body, headers, fmt=args.format))
+
+
+def cell(x: Any) -> str:
+    """One table cell: floats to 2 decimals, None (a skipped figure) as "-", the rest as they are."""
+    if x is None:
+        return "-"
+    return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def doubling(min_tokens: int, max_tokens: int) -> list[int]:
+    """min_tokens, 2·min_tokens, ... up to max_tokens."""
+    sizes = []
+    T = min_tokens
+    while T <= max_tokens:
+        sizes.append(T)
+        T *= 2
+    return sizes
 
 
 def growth_line(rows: list[dict[str, Any]], key: str) -> str:
@@ -327,15 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         + (f"; torch {torch_version} ({threads} threads)" if torch_version else "")
     )
     print(f"{args.dtype} matmul, 2048 x 2048: {rate:.1f} GFLOP/s")
+    sizes = [args.sweep_blocks] if args.sweep_blocks is not None else doubling(args.min_tokens, args.max_tokens)
+    check_duration(args, sizes, causal, rate)
 
     if args.sweep_blocks is not None:
         results: Any = sweep_blocks(args, causal, rate)
     else:
-        sizes = []
-        T = args.min_tokens
-        while T <= args.max_tokens:
-            sizes.append(T)
-            T *= 2
         print(
             f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
             f"{'causal' if causal else 'no mask'}; flash blocks {args.block_q} x {args.block_k}, "
@@ -346,12 +423,16 @@ def main(argv: list[str] | None = None) -> int:
         for T in sizes:
             progress(f"T = {T}")
             results.append(measure_row(T, args, causal, budget, torch_run))
-        print_table(results, args, causal, rate)
+        print_table(results, args, causal)
         print(
             f"time growth per doubling: naive {growth_line(results, 'naive_ms')}; "
             f"flash {growth_line(results, 'flash_ms')}"
         )
-        print("useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / matmul GFLOP/s")
+        print(
+            "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of "
+            f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this "
+            "machine's matmul rate that flash reaches (over 100%: the load changed between the two)."
+        )
         if args.plot:
             plot(results, args.plot, args)
 

@@ -7,6 +7,7 @@ hidden, whether or not it is installed.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import re
@@ -152,3 +153,103 @@ def test_scaling_no_causal_and_bad_flags():
     bad = run("scripts/scaling.py", "--min-tokens", "512", "--max-tokens", "256")
     assert bad.returncode == 2 and "--min-tokens (512) must not exceed" in bad.stderr
     assert run("scripts/scaling.py", "--help").returncode == 0
+
+
+# --- every script: clean errors for bad flags, help text on every flag -------------------------------
+
+
+@pytest.mark.parametrize("script", ["attention.py", "position.py", "scaling.py"])
+def test_negative_seed_is_refused_without_a_traceback(script: str) -> None:
+    result = run(str(SCRIPTS / script), "--seed", "-1")
+    assert result.returncode == 2, result.stderr
+    assert "--seed: must be an int >= 0" in result.stderr and "Traceback" not in result.stderr
+
+
+def _parser_of(script: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The script's ArgumentParser, caught when its main() asks it to parse."""
+    caught: list[argparse.ArgumentParser] = []
+
+    def catch(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        caught.append(self)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    with pytest.raises(SystemExit):
+        load(script).main([])
+    return caught[0]
+
+
+@pytest.mark.parametrize("script", ["attention.py", "position.py", "scaling.py", "memory.py"])
+def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = _parser_of(script, monkeypatch)
+    missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+    assert not missing, f"{script}: flags without help text: {missing}"
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--max-tokens", "1000000000"], "needs 4.7 TiB for q, k, v and flash alone"),
+        (["--heads", "1000000"], "lower --max-tokens, --heads or --head-dim"),
+        (["--head-dim", "100000000"], "lower --max-tokens, --heads or --head-dim"),
+        (["--min-tokens", "2000000000", "--max-tokens", "2000000000"], "T=2,000,000,000"),
+        (["--mem-budget", "nan"], "--mem-budget must be a finite number of GiB > 0; got nan"),
+        (["--mem-budget", "inf"], "--mem-budget must be a finite number of GiB > 0; got inf"),
+        (["--json", "/no/such/folder/x.json"], "the folder /no/such/folder does not exist"),
+        (["--plot", "x.png", "--sweep-blocks", "64"], "does not apply to --sweep-blocks"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+    ],
+)
+def test_scaling_refuses_up_front(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load("scaling.py").parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_scaling_json_to_a_folder_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load("scaling.py").parse_args(["--json", str(tmp_path)])
+    assert "is a folder: give a file name in it" in capsys.readouterr().err
+
+
+def test_scaling_plot_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    with pytest.raises(SystemExit):
+        load("scaling.py").parse_args(["--plot", str(tmp_path / "x.png")])
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_scaling_refuses_a_run_that_cannot_finish() -> None:
+    scaling = load("scaling.py")
+    args = scaling.parse_args(["--repeats", "1000000000"])
+    with pytest.raises(SystemExit, match=r"needs at least [0-9,]+ minutes .* lower --max-tokens or --repeats"):
+        scaling.check_duration(args, scaling.doubling(256, 8192), True, rate=100.0)
+    scaling.check_duration(scaling.parse_args([]), scaling.doubling(256, 8192), True, rate=10.0)  # the default fits
+
+
+def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFixture[str]) -> None:
+    scaling = load("scaling.py")
+    args = scaling.parse_args([])
+    row = dict(
+        tokens=1024, score_matrix_bytes=2**24, naive_estimate_bytes=19 * 2**20, naive_ms=None, naive_peak_bytes=None,
+        flash_ms=12.3456789, flash_peak_bytes=3.3e6, flash_estimate_bytes=3.2e6, flops=4.5e9,
+        matmul_gflops=91.234567, flash_no_mask_ms=20.987654,
+    )  # fmt: skip
+    scaling.print_table([row, dict(row, tokens=512, naive_ms=1.23456, naive_peak_bytes=5.0e6)], args, True)
+    out = capsys.readouterr().out
+    assert "skipped (needs 19.0 MiB)" in out and "12.35" in out
+    assert not re.search(r"\d\.\d{3,}", out), out  # no unrounded float next to the skipped row
+
+
+# --- scripts/memory.py's output -------------------------------------------------------------------
+
+
+def test_memory_ratio_below_one_and_core_count_note(capsys: pytest.CaptureFixture[str]) -> None:
+    memory = load("memory.py")
+    row = dict(tokens=256, scores_fp32_bytes=1, scores_fp16_bytes=1, naive_peak_fp32_bytes=2, flash_peak_fp32_bytes=3)
+    assert "0.667x" in memory.tiny_table([row], "binary", "simple")  # not "1x"
+    assert memory.main([]) == 0
+    assert "flash_attention()'s peak depends on the core count" in capsys.readouterr().out

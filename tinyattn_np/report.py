@@ -134,6 +134,17 @@ def add_format_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def nonnegative_seed(text: str) -> int:
+    """argparse type for --seed: an int >= 0 (np.random.default_rng refuses negative seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0 (NumPy refuses negative seeds); got {value}")
+    return value
+
+
 class Checklist:
     """The claims a demo script checks as it prints: a false one is reported where it happens, and
     finish() lists them all and gives the exit code (1 if any failed)."""
