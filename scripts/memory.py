@@ -374,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"   the smallest ring here in which every device fits in one H100 80GB (81,559 MiB): {needed}")
     if ring_model.sliding_window is not None:
         print(f"   {ring_model.name}'s sliding window is not counted: every layer is taken as full attention")
+    if ring_model.max_positions is not None and RING_TOKENS > ring_model.max_positions:
+        print(
+            f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: "
+            "this is the memory arithmetic of the context, not a claim that the model handles it"
+        )
     return 0
 
 
