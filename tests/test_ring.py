@@ -6,6 +6,7 @@ single-process flash_attention. The MPI tests skip, saying why, when mpi4py or m
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -333,3 +334,17 @@ def test_ring_script_without_mpi4py_says_what_to_install() -> None:
         [sys.executable, "-c", hide, "scripts/ring.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and 'pip install -e ".[distributed]"' in result.stderr, result.stderr
+
+
+def test_memory_script_ring_section() -> None:
+    """scripts/memory.py section 5: per-device bytes of a ring over 1 .. 64 devices at 1M tokens."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, "scripts/memory.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    section = result.stdout.split("5) Ring attention")[1]
+    # Llama-3-8B, bf16: 128 KiB of K/V per token, 128 GiB at 2^20 tokens, halved by every doubling of devices
+    assert re.search(r"^1 +1,048,576 +128 +8\.00 +256 +15\.0 +151 +0 +no$", section, re.MULTILINE), section
+    assert re.search(r"^4 +262,144 +32\.0 +2\.00 +256 +15\.0 +49\.0 +96\.0 +yes$", section, re.MULTILINE), section
+    assert "every device fits in one H100 80GB (81,559 MiB): 4 devices" in section
