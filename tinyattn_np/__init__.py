@@ -1,6 +1,6 @@
 """tinyattn_np: transformer attention in pure NumPy, written to be read.
 
-The names below are the public API (DESIGN.md); each lives in the module named after its concept.
+The names below are the public API (README: file map and conventions); each lives in the module named after its concept.
 """
 
 from .attention import AttentionMemoryError, attention, scaled_dot_product_attention

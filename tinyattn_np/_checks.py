@@ -127,7 +127,7 @@ class QKVShape:
 
 
 def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape]:
-    """Validate q, k, v against DESIGN.md's shape contract; return them as arrays with a head axis."""
+    """Validate q, k, v against torch SDPA's shape contract (README, Conventions); return them with a head axis."""
     q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_ndim(x, name, 2, "(..., L or S, E)")

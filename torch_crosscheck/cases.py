@@ -54,7 +54,7 @@ ALL = FULL + LOW
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}  # fmt: skip
 # the NumPy dtype our side computes in: bfloat16 has no NumPy dtype, and float16 is computed in
-# float32 by tinyattn_np anyway (DESIGN.md, dtypes), so we hand it the float32 values directly
+# float32 by tinyattn_np anyway (README, Conventions: dtypes), so we hand it the float32 values directly
 NUMPY_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float32, "bfloat16": np.float32}
 UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
@@ -62,7 +62,7 @@ UNIT_ROUNDOFF = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, 
 # fused kernels). An attention output passes through about five rounding steps (scores, exp, row sum,
 # divide, P @ V); its weights are >= 0 and sum to 1, so each step costs a few ulps of max|v|, not of the
 # sum's length: measured on CPU, at most about 7 u · max|v| in every case below (T up to 4096). We allow 32:
-# float32, max|v| = 3 gives 5.7e-6, under the 1e-5 the issue asks for one_head.
+# float32, max|v| = 3 gives 5.7e-6, under the 1e-5 this project asks of one_head.
 FULL_ULPS = 32
 # float16/bfloat16: our float32 result is the exact answer to within 32 float32 ulps, so the whole
 # difference is torch's rounding in the format: the output once (u · |out| <= u · max|v|), the
@@ -138,7 +138,7 @@ class Outcome:
         return self.error <= self.tolerance and self.mine_unseen_exact
 
     def explain(self) -> str:
-        """Where the two differ most, with both values (STYLE.md: on failure, print both)."""
+        """Where the two differ most, with both values (on failure, print both)."""
         if not self.mine_unseen_exact:
             there = self.mine[~self._seen()]
             return f"ours is not exactly {self.unseen_value} on the rows that see no key: {there[:8]!r}"

@@ -1,4 +1,4 @@
-"""The conventions DESIGN.md fixes, checked against torch directly: the two causal alignments, fully
+"""The conventions the README fixes, checked against torch directly: the two causal alignments, fully
 masked rows, and the argument errors that SDPA raises."""
 
 from __future__ import annotations
