@@ -36,6 +36,7 @@ Install the MPI pieces with `pip install -e ".[distributed]"` and run with `mpie
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -164,7 +165,13 @@ def pair_tiles(pair: Pair, part_tokens: int, block_q: int, block_k: int) -> int:
     """flash_attention's tiles for one pair of part_tokens x part_tokens: tile_plan counts them exactly."""
     if pair.kind == HIDDEN:
         return 0
-    return len(tile_plan(part_tokens, part_tokens, block_q, block_k, causal=pair.kind == DIAGONAL))
+    return _planned_tiles(part_tokens, block_q, block_k, pair.kind == DIAGONAL)
+
+
+@functools.lru_cache(maxsize=64)
+def _planned_tiles(part_tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+    """len(tile_plan(...)), remembered: a ring asks for the same few sizes at every step."""
+    return len(tile_plan(part_tokens, part_tokens, block_q, block_k, causal=causal))
 
 
 def tile_counts(
@@ -408,7 +415,7 @@ def ring_attention(
     # 3) two buffers: send_buf is the block in hand (computed on while it goes to the right neighbour),
     #    recv_buf takes the next block from the left. K/V travel in their own dtype (float16 stays 2 bytes).
     travel = np.result_type(k, v)
-    send_buf = _pack(k, v, travel)  # (Hkv·T/P·(E + Ev),) for each batch entry
+    send_buf = _pack(k, v, travel)  # (B·Hkv·T/P·(E + Ev),): k_block and v_block, one message
     recv_buf = np.empty_like(send_buf)
     right, left = (rank + 1) % size, (rank - 1) % size
 
