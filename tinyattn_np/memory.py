@@ -305,6 +305,92 @@ def flash_attention_bytes(
 
 
 # ---------------------------------------------------------------------------------------------------
+# the backward (backward.py): FLOPs and the blockwise backward's peak
+
+
+def attention_backward_flops(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    causal: bool = False,
+    batch: int = 1,
+    head_dim_v: int | None = None,
+) -> int:
+    """FLOPs of the five matmuls of attention's backward, counting a multiply-add as 2 FLOPs.
+
+        flops = batch · heads · entries · 2 (3E + 2Ev)      entries as in attention_flops
+
+    Per kept score: S = Q Kᵀ again (E), dV += Pᵀ dO (Ev), dP = dO Vᵀ (Ev), dQ += dS K (E),
+    dK += dSᵀ Q (E). With Ev = E that is 2.5x the forward's 2 (E + Ev) (FlashAttention-2 paper, section 4.1).
+    """
+    n_q, n_k = check_sizes(n_q, n_k)
+    heads = check_positive_int(heads, "heads")
+    head_dim = check_positive_int(head_dim, "head_dim")
+    head_dim_v = head_dim if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
+    batch = check_positive_int(batch, "batch")
+    entries = causal_entries(n_q, n_k) if _check_bool(causal, "causal") else n_q * n_k
+    return batch * heads * entries * 2 * (3 * head_dim + 2 * head_dim_v)
+
+
+def flash_attention_backward_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    workers: int | None = None,
+) -> int:
+    """Peak bytes that flash_attention_backward() (backward.py) allocates, for q, k, v, out, dout, lse
+    that already exist.
+
+    With B = batch, c = bytes of the compute dtype, rows = B·Hq·L, bq = min(block_q, L), bk = min(block_k, S):
+
+        q_s, dq            2·rows·E·c               q times the scale, and dq
+        dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
+        D, lse             2·rows·c                 rowsum(dO ∘ O), and lse with -inf made +inf
+        per busy worker (min(workers, B·Hq): an item is a whole query head):
+                           2·bq·bk·c                the tile of P and the tile of dP (then dS)
+                           max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
+                           causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
+        G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of dout, out (2·rows·Ev·4); after the
+                   tiles, fp16 copies of dq, dk, dv (rows·E + B·Hkv·S·(E + Ev))·2
+
+        peak = the arrays held + max(busy · per worker, group sums + fp16 copies)
+
+    Nothing is L x S: O((L + S)·E), about 4 (L + S)·E·c for one head of fp32 (q_s, dq, dk, dv).
+    """
+    sizes = _attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
+    n_q, n_k, heads, kv_heads, e, ev, batch = sizes
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    size, compute = _compute_dtype(dtype)
+    low = size < compute
+    rows = batch * heads * n_q
+    kv_elements = batch * kv_heads * n_k * (e + ev)  # k and v, or dk and dv
+    held = (2 * rows * e + batch * heads * n_k * (e + ev) + 2 * rows) * compute
+    copies = (kv_elements + 2 * rows * ev) * compute if low else 0
+    bq, bk = min(block_q, n_q), min(block_k, n_k)
+    busy = min(workers, batch * heads)
+    per_worker = (2 * bq * bk + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
+    if _check_bool(causal, "causal") and bq and bk:
+        per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
+    group_sums = kv_elements * compute if heads > kv_heads else 0
+    cast_back = (rows * e + kv_elements) * size if low else 0
+    return math.ceil(held + copies + max(busy * per_worker, group_sums + cast_back))
+
+
+# ---------------------------------------------------------------------------------------------------
 # ring attention (ring.py): what each of P devices holds and sends
 
 
