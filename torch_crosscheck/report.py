@@ -1,6 +1,6 @@
 """Print one table: every crosscheck case on every device, SDPA kernel and dtype, tinyattn_np vs torch.
 
-    python torch_crosscheck/report.py [--format github]
+    python torch_crosscheck/report.py [--format github] [--only "fully masked"]
 
 One row per (case, device, kernel, dtype). Columns:
 
@@ -42,12 +42,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Compare tinyattn_np with torch (SDPA, once per SDPA kernel, nn.Linear, RoPE references) "
         "on CPU and CUDA, print one table, exit 1 on any failure."
     )
+    parser.add_argument(
+        "--only", metavar="TEXT", default="", help="run only the cases whose name contains TEXT (default: all)"
+    )
     add_format_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    names = [case.name for case in all_cases()]
+    if not any(args.only in name for name in names):
+        parser.error(f"--only {args.only!r} matches no case; the cases are: {', '.join(names)}")
+    return args
 
 
 def all_cases() -> list[Any]:
     """Every case the report runs, in table order."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)  # cases.py, beside this file, when run as a script
     from cases import CASES
 
     return [*CASES]
@@ -80,7 +90,6 @@ def rows_for(case: Any, device: str, cuda: bool) -> tuple[list[list[Any]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # cases.py, beside this file
     import torch
     from cases import DEVICES
 
@@ -88,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     rows, failed = [], 0
     for device in DEVICES:
-        for case in all_cases():
+        for case in (case for case in all_cases() if args.only in case.name):
             case_rows, case_failed = rows_for(case, device, cuda)
             rows += case_rows
             failed += case_failed

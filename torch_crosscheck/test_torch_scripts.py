@@ -1,5 +1,6 @@
 """The two scripts run as a user runs them: report.py exits 0 (every comparison passes) and
-gpu_scaling.py exits 0 without CUDA, saying so."""
+gpu_scaling.py exits 0 without CUDA, saying so, and refuses bad flags; gpu_scaling's naive path checked
+against SDPA on CPU."""
 
 from __future__ import annotations
 
@@ -19,17 +20,39 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_report_passes_and_lists_cuda_rows() -> None:
-    done = run("report.py", "--format", "github")
+    """Two cases, not all: test_torch_cases.py runs every comparison already."""
+    done = run("report.py", "--format", "github", "--only", "one_head")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| cuda " in done.stdout  # cuda rows are there, measured or "skipped (no CUDA)"
     assert "FAIL" not in done.stdout
+    assert "| cpu      | math     | float32 " in done.stdout  # one row per SDPA kernel, named
+    # torch's fused CPU kernel takes 4-D inputs only: one_head's (T, d) tensors have no flash row
+    assert "| cpu      | flash    | float32 " in done.stdout and "not supported" in done.stdout
     if not torch.cuda.is_available():
         assert "skipped (no CUDA)" in done.stdout
 
 
-def test_report_help_and_bad_format() -> None:
-    assert run("report.py", "--help").returncode == 0
-    assert run("report.py", "--format", "no-such-format").returncode == 2  # argparse's usage error
+def test_report_rows_with_no_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows that see no key pass on our exact 0; torch's value there is shown, not compared."""
+    from report import main
+
+    assert main(["--only", "fully masked rows"]) == 0
+    out = capsys.readouterr().out
+    assert "torch, no-key rows" in out
+    assert "sdpa bool mask, fully masked rows" in out and "sdpa bool mask  " not in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--format", "no-such-format"], "--format"), (["--only", "no such case"], "matches no case")],
+)
+def test_report_refuses_bad_flags(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from report import parse_args
+
+    with pytest.raises(SystemExit) as exited:
+        parse_args(flags)
+    assert exited.value.code == 2  # argparse's usage error, no traceback
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available: gpu_scaling measures instead")
@@ -40,11 +63,52 @@ def test_gpu_scaling_without_cuda_says_so_and_exits_0() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA: torch.cuda.is_available() is False")
-def test_gpu_scaling_small_run_on_cuda() -> None:
-    done = run("gpu_scaling.py", "--max-tokens", "512", "--heads", "4", "--repeats", "1")
+@pytest.mark.parametrize("flags", [[], ["--no-causal", "--memory-limit-gib", "1"]])
+def test_gpu_scaling_small_run_on_cuda(flags: list[str]) -> None:
+    done = run("gpu_scaling.py", "--max-tokens", "512", "--repeats", "1", *flags)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "512" in done.stdout
+    assert "check: naive == fused" in done.stdout
+    assert "naive MiB / score matrix" in done.stdout
 
 
-def test_gpu_scaling_help() -> None:
-    assert run("gpu_scaling.py", "--help").returncode == 0
+def test_gpu_scaling_help(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_scaling import parse_args
+
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--help"])
+    assert exited.value.code == 0
+    assert "--memory-limit-gib" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags", [["--max-tokens", "0"], ["--heads", "-1"], ["--memory-limit-gib", "nan"], ["--memory-limit-gib", "0"],
+              ["--max-tokens", str(2**40)], ["--repeats", "0"]],
+)  # fmt: skip
+def test_gpu_scaling_refuses_bad_flags(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_scaling import parse_args
+
+    with pytest.raises(SystemExit) as exited:
+        parse_args(flags)
+    assert exited.value.code == 2  # argparse's usage error, no traceback
+    assert f"error: {flags[0]}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gpu_scaling_naive_path_is_attention(causal: bool) -> None:
+    """The article's naive path (masked_fill, softmax, @ v) computes what SDPA computes; on CPU in float64."""
+    from gpu_scaling import fused, naive
+
+    q, k, v = (torch.randn(1, 4, 33, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))  # fmt: skip
+    assert torch.allclose(naive(q, k, v, causal), fused(q, k, v, causal), rtol=0, atol=1e-12)
+    assert not torch.allclose(naive(q, k, v, True), naive(q, k, v, False))  # the mask does something
+
+
+def test_gpu_scaling_token_counts() -> None:
+    from gpu_scaling import growth, token_counts
+
+    assert token_counts(2048) == [256, 512, 1024, 2048]
+    assert token_counts(3000) == [256, 512, 1024, 2048]
+    assert token_counts(100) == [100]
+    assert growth([1.0, 3.5, 14.0]) == "3.50x, 4.00x"
+    assert growth([1.0]) == "-"
