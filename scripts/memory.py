@@ -354,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")
     print(tiny_table(tiny, args.units, args.format))
     print()
-    print(f"3) Models: batch {args.batch}; scores = every head and layer at once; TFLOP = QKᵀ and PV, causal")
+    print(
+        f"3) Models: batch {args.batch}; scores = every head and layer at once; "
+        "TFLOP = QKᵀ and PV, causal (a sliding window: its band only)"
+    )
     print(models_table(bills, args))
     beyond = [b["model"] for b in bills if any(c["beyond_max_positions"] for c in b["contexts"])]
     if beyond:

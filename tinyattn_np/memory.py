@@ -131,20 +131,30 @@ def kv_cache_bytes(
     return _nbytes(2 * layers * kv_heads * head_dim * kept * batch, dtype)
 
 
-def causal_entries(n_q: int, n_k: int | None = None) -> int:
-    """How many of the L x S scores a causal mask keeps, with bottom-right alignment (DESIGN.md).
+def causal_entries(n_q: int, n_k: int | None = None, *, window: int | None = None) -> int:
+    """How many of the L x S scores a causal mask keeps, with bottom-right alignment (masks.py).
 
     Query i sees key j when j <= i + (S - L), so row i keeps clip(i + S - L + 1, 0, S) keys:
 
         L <= S:  L · (S - L) + L (L + 1) / 2     (every row sees the S - L cached keys, then a triangle)
         L >  S:  S (S + 1) / 2                   (the first L - S rows see nothing)
 
-    For L == S that is L (L + 1) / 2: a little more than half.
+    For L == S that is L (L + 1) / 2: a little more than half. A sliding window of W also hides the keys
+    j <= i + S - L - W, max(i + S - L + 1 - W, 0) of them in row i, so each row keeps at most W:
+    about L · W entries in all, linear in L, where the plain causal count grows like L².
     """
     n_q, n_k = check_sizes(n_q, n_k)
     if n_q <= n_k:
-        return n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
-    return n_k * (n_k + 1) // 2
+        kept = n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
+    else:
+        kept = n_k * (n_k + 1) // 2
+    if window is None:
+        return kept
+    window = check_positive_int(window, "window")
+    # row i hides a_i = i + S - L + 1 - W keys when a_i > 0; a_i runs from S - L + 1 - W to S - W
+    first, last = max(n_k - n_q + 1 - window, 1), n_k - window
+    hidden = (first + last) * (last - first + 1) // 2 if last >= first else 0
+    return kept - hidden
 
 
 def attention_flops(
@@ -156,10 +166,13 @@ def attention_flops(
     causal: bool = False,
     batch: int = 1,
     head_dim_v: int | None = None,
+    window: int | None = None,
 ) -> int:
     """FLOPs of the two matmuls of attention, QKᵀ and PV, counting a multiply-add as 2 FLOPs.
 
-        flops = batch · heads · entries · 2 (E + Ev)       entries = L · S, or causal_entries(L, S)
+        flops = batch · heads · entries · 2 (E + Ev)       entries = L · S, or causal_entries(L, S, window=W)
+
+    window (needs causal=True): a sliding window of W keys, counted as a band-aware kernel skips the rest.
 
     Each kept score costs E multiply-adds in QKᵀ and Ev in PV. causal=True counts exactly the unmasked
     entries (what a mask-aware kernel computes), not L · S / 2. Softmax's few FLOPs per entry are left
@@ -170,7 +183,10 @@ def attention_flops(
     head_dim = check_positive_int(head_dim, "head_dim")
     head_dim_v = head_dim if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
     batch = check_positive_int(batch, "batch")
-    entries = causal_entries(n_q, n_k) if _check_bool(causal, "causal") else n_q * n_k
+    causal = _check_bool(causal, "causal")
+    if window is not None and not causal:
+        raise ValueError(f"window={window} needs causal=True (a sliding window looks back from each query)")
+    entries = causal_entries(n_q, n_k, window=window) if causal else n_q * n_k
     return batch * heads * entries * 2 * (head_dim + head_dim_v)
 
 

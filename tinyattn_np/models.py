@@ -1,19 +1,24 @@
 """Model shapes: the sizes a transformer's memory bill depends on, from a preset or a Hugging Face config.json.
 
 A ModelShape holds layers, heads, kv heads, head_dim, hidden, vocab, MLP width and the attention fields
-(max positions, sliding window); model_bill turns one into bytes and FLOPs at each context length with the
-formulas of memory.py.
+(max positions, sliding window, RoPE's base and long-context scaling); model_bill turns one into bytes and
+FLOPs at each context length with the formulas of memory.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ._checks import check_count, check_positive_int
 from .memory import _check_bool, _nbytes, attention_flops, kv_cache_bytes, score_matrix_bytes
+from .position import _rope_type, rope_frequencies
 
 # ---------------------------------------------------------------------------------------------------
 # model shapes: presets and Hugging Face config.json
@@ -32,6 +37,8 @@ class ModelShape:
       "attention"  a stack of attention blocks only (w_qkv and w_out, no bias): the article's tiny model
     sliding_window: keys a query may see (None: all). window_layers: how many layers use it (None: all);
     Gemma-2 alternates, so 21 of its 42 layers keep a 4,096-token cache and 21 keep everything.
+    rope_theta: RoPE's base (None: no rotary positions, as in gpt2); rope_scaling: the config's
+    rope_scaling (or rope_parameters) dict for long context, as position.rope_frequencies takes it.
     """
 
     name: str
@@ -49,6 +56,8 @@ class ModelShape:
     arch: str = "llama"
     qkv_bias: bool = False
     norms_per_layer: int = 2
+    rope_theta: float | None = None
+    rope_scaling: dict[str, Any] | None = dataclasses.field(default=None, hash=False)  # a dict cannot be hashed
 
     def __post_init__(self) -> None:
         for field in ("layers", "heads", "kv_heads", "head_dim", "hidden"):
@@ -72,6 +81,35 @@ class ModelShape:
             raise ValueError("a gpt2-style model needs max_positions: its position table has that many rows")
         _check_bool(self.tied_embeddings, "tied_embeddings")
         _check_bool(self.qkv_bias, "qkv_bias")
+        if self.rope_theta is not None:
+            theta = self.rope_theta
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
+                raise ValueError(f"rope_theta must be a finite number > 1 or None; got {theta!r}")
+        if self.rope_scaling is not None:
+            _rope_type(self.rope_scaling)  # an unknown rope_type or a missing key is a ValueError naming it
+
+    def attention_flops(self, tokens: int, batch: int = 1) -> int:
+        """QKᵀ and PV of all layers over a causal context of `tokens`: window layers count their band only."""
+        windowed = (
+            0 if self.sliding_window is None else self.layers if self.window_layers is None else self.window_layers
+        )
+        full, band = (
+            attention_flops(tokens, heads=self.heads, head_dim=self.head_dim, causal=True, batch=batch, window=w)
+            for w in (None, self.sliding_window)
+        )  # one full layer, one window layer
+        return (self.layers - windowed) * full + windowed * band
+
+    def rope_frequencies(self, seq_len: int | None = None) -> Any:
+        """θ of this model's RoPE (position.rope_frequencies with its base, scaling and max positions)."""
+        if self.rope_theta is None:
+            raise ValueError(f"{self.name} has no rotary positions (rope_theta is None)")
+        return rope_frequencies(
+            self.head_dim,
+            self.rope_theta,
+            scaling=self.rope_scaling,
+            seq_len=seq_len,
+            max_position_embeddings=self.max_positions,
+        )
 
     # -- parameters, piece by piece (weights are (in, out) matrices; a bias adds `out`) --------------
 
@@ -138,6 +176,15 @@ class ModelShape:
         return total
 
 
+# Llama 3.1's rope_scaling, as its config.json has it (every Llama 3.1 size shares it)
+LLAMA31_ROPE_SCALING: dict[str, Any] = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3",
+}
+
 # Each preset is the model's Hugging Face config.json, read the way load_model_shape reads it.
 # The test suite checks num_parameters against the published size given in each comment.
 PRESETS: dict[str, ModelShape] = {
@@ -157,27 +204,28 @@ PRESETS: dict[str, ModelShape] = {
     # hidden 4096, intermediate 14336, vocab 128256, max_position_embeddings 8192. 8,030,261,248.
     "llama-3-8b": ModelShape(
         "Llama-3-8B", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, vocab=128256,
-        intermediate=14336, max_positions=8192,
+        intermediate=14336, max_positions=8192, rope_theta=500000.0,
     ),
     # huggingface.co/meta-llama/Llama-3.1-70B/blob/main/config.json: 80 layers, 64 heads, 8 kv heads,
-    # hidden 8192, intermediate 28672, vocab 128256, max_position_embeddings 131072. 70,553,706,496.
+    # hidden 8192, intermediate 28672, vocab 128256, max_position_embeddings 131072, rope_theta 500000,
+    # rope_scaling llama3 (factor 8, low_freq_factor 1, high_freq_factor 4, from 8,192). 70,553,706,496.
     "llama-3.1-70b": ModelShape(
         "Llama-3.1-70B", layers=80, heads=64, kv_heads=8, head_dim=128, hidden=8192, vocab=128256,
-        intermediate=28672, max_positions=131072,
+        intermediate=28672, max_positions=131072, rope_theta=500000.0, rope_scaling=LLAMA31_ROPE_SCALING,
     ),
     # huggingface.co/mistralai/Mistral-7B-v0.1/blob/main/config.json: 32 layers, 32 heads, 8 kv heads,
     # hidden 4096, intermediate 14336, vocab 32000, max_position_embeddings 32768, sliding_window 4096
     # on every layer. 7,241,732,096.
     "mistral-7b-v0.1": ModelShape(
         "Mistral-7B-v0.1", layers=32, heads=32, kv_heads=8, head_dim=128, hidden=4096, vocab=32000,
-        intermediate=14336, max_positions=32768, sliding_window=4096,
+        intermediate=14336, max_positions=32768, sliding_window=4096, rope_theta=10000.0,
     ),
     # huggingface.co/Qwen/Qwen2.5-7B/blob/main/config.json: 28 layers, 28 heads, 4 kv heads, hidden 3584,
     # intermediate 18944, vocab 152064, max_position_embeddings 131072, use_sliding_window false, untied;
     # Qwen2 puts a bias on q, k and v. 7,615,616,512.
     "qwen2.5-7b": ModelShape(
         "Qwen2.5-7B", layers=28, heads=28, kv_heads=4, head_dim=128, hidden=3584, vocab=152064,
-        intermediate=18944, max_positions=131072, qkv_bias=True,
+        intermediate=18944, max_positions=131072, qkv_bias=True, rope_theta=1000000.0,
     ),
     # huggingface.co/google/gemma-2-9b/blob/main/config.json: 42 layers, 16 heads, 8 kv heads,
     # head_dim 256 (not 3584 / 16 = 224), hidden 3584, intermediate 14336, vocab 256000,
@@ -186,14 +234,14 @@ PRESETS: dict[str, ModelShape] = {
     "gemma-2-9b": ModelShape(
         "Gemma-2-9B", layers=42, heads=16, kv_heads=8, head_dim=256, hidden=3584, vocab=256000,
         intermediate=14336, max_positions=8192, sliding_window=4096, window_layers=21,
-        tied_embeddings=True, norms_per_layer=4,
+        tied_embeddings=True, norms_per_layer=4, rope_theta=10000.0,
     ),
     # huggingface.co/microsoft/Phi-3-mini-4k-instruct/blob/main/config.json: 32 layers, 32 heads and
     # 32 kv heads of 96, hidden 3072, intermediate 8192, vocab 32064, max_position_embeddings 4096,
     # sliding_window 2047, untied. 3,821,079,552.
     "phi-3-mini": ModelShape(
         "Phi-3-mini", layers=32, heads=32, kv_heads=32, head_dim=96, hidden=3072, vocab=32064,
-        intermediate=8192, max_positions=4096, sliding_window=2047,
+        intermediate=8192, max_positions=4096, sliding_window=2047, rope_theta=10000.0,
     ),
 }  # fmt: skip
 
@@ -224,6 +272,38 @@ def _config_int(config: dict[str, Any], *names: str, required: bool = True, defa
     return value
 
 
+def _config_bool(config: dict[str, Any], name: str, default: bool) -> bool:
+    """A true/false field; JSON's true and false only (the string "false" is truthy in Python)."""
+    value = config.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"config field {name!r} must be true or false; got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _rope_fields(config: dict[str, Any], rotary: bool) -> tuple[float | None, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from a config: rope_theta at the top (default 10,000, every rotary
+    config class's default) or inside rope_parameters (transformers 5); rope_scaling or
+    rope_parameters as the scaling dict, with a top-level partial_rotary_factor and (Phi-3's)
+    original_max_position_embeddings moved into it, so that it is all rope_frequencies needs."""
+    if not rotary:
+        return None, None
+    parameters = _field(config, "rope_scaling", "rope_parameters", required=False, default={})
+    if not isinstance(parameters, dict):
+        raise ValueError(f"config field 'rope_scaling' must be an object or null; got {parameters!r}")
+    theta = _field(config, "rope_theta", required=False, default=parameters.get("rope_theta", 10000.0))
+    scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
+    for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+        if config.get(key) is not None and key not in scaling:
+            scaling[key] = config[key]
+    if scaling and "rope_type" not in scaling and "type" not in scaling:
+        scaling["rope_type"] = "default"
+    if scaling.get("rope_type", scaling.get("type")) == "default" and set(scaling) <= {"rope_type", "type"}:
+        scaling = {}  # plain RoPE: nothing to carry
+    return theta, scaling or None
+
+
 def _window_layers(config: dict[str, Any], layers: int) -> int | None:
     """How many layers slide: from layer_types when given, else every other layer for Gemma-2."""
     layer_types = config.get("layer_types")
@@ -239,10 +319,17 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
 
     head_dim, when the config gives one, wins over hidden_size / num_attention_heads: Gemma-2-9B has
     hidden 3584 and 16 heads, but heads of 256, not 224. Dense models only: a mixture-of-experts
-    config (num_local_experts) would be counted as one expert.
+    config (num_local_experts) would be counted as one expert. A multimodal config (LLaVA, Gemma-3,
+    Llama-3.2-Vision) keeps its language model in text_config: that is the one read, under the outer
+    config's name (the vision tower is not counted).
     """
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict; got {type(config).__name__}")
+    text = config.get("text_config")
+    if isinstance(text, dict) and _field(config, "num_hidden_layers", "n_layer", required=False) is None:
+        name = config.get("_name_or_path") or default_name or config.get("model_type")
+        outer = {key: config[key] for key in ("tie_word_embeddings",) if key in config}  # set outside, at times
+        return shape_from_config({**outer, **text, "_name_or_path": name}, default_name=name)
     model_type = config.get("model_type", "")
     gpt2 = model_type == "gpt2" or "n_layer" in config
     layers = _config_int(config, "num_hidden_layers", "n_layer")
@@ -260,9 +347,10 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
     else:
         intermediate = _config_int(config, "intermediate_size")
     window = _config_int(config, "sliding_window", required=False)
-    if config.get("use_sliding_window") is False:  # Qwen2 ships sliding_window 131072 but switched off
+    if not _config_bool(config, "use_sliding_window", True):  # Qwen2 ships sliding_window 131072 but off
         window = None
-    tied = config.get("tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2)
+    tied = _config_bool(config, "tie_word_embeddings", model_type in _TIED_BY_DEFAULT or gpt2)
+    rope_theta, rope_scaling = _rope_fields(config, rotary=not gpt2)
     return ModelShape(
         name=config.get("_name_or_path") or default_name or model_type or "config",
         layers=layers,
@@ -275,10 +363,12 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
         max_positions=_config_int(config, "max_position_embeddings", "n_positions", required=False),
         sliding_window=window,
         window_layers=_window_layers(config, layers) if window else None,
-        tied_embeddings=bool(tied),
+        tied_embeddings=tied,
         arch="gpt2" if gpt2 else "llama",
-        qkv_bias=bool(config.get("attention_bias", False)) or model_type == "qwen2",
+        qkv_bias=_config_bool(config, "attention_bias", False) or model_type == "qwen2",
         norms_per_layer=4 if model_type in _FOUR_NORMS else 2,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
     )
 
 
@@ -311,25 +401,29 @@ def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelS
 
 
 def model_bill(
-    model: ModelShape, tokens: list[int], *, dtype: Any = "bf16", kv_dtype: Any = None, batch: int = 1
+    model: ModelShape, tokens: int | list[int], *, dtype: Any = "bf16", kv_dtype: Any = None, batch: int = 1
 ) -> dict[str, Any]:
     """Weights, KV cache, naive score matrices and attention FLOPs of a model at each context length.
 
     dtype is for the weights and the scores, kv_dtype for the cache (default: dtype). Per context T:
         kv_cache_bytes        model.kv_cache_bytes(T): sliding-window layers keep at most W tokens
         score_matrix_bytes    every layer's and head's T x T scores at once (the article's worst case)
-        attention_flops       QKᵀ and PV over all layers, causal (decoder), dense: a sliding window
-                              would skip more, and is not counted here
+        attention_flops       QKᵀ and PV over all layers, causal (decoder); sliding-window layers
+                              count only their band (about T·W entries, not T²/2)
         beyond_max_positions  T > max_position_embeddings: the model was not trained that long
     Plain ints and bools only, so the result is also JSON.
     """
     if not isinstance(model, ModelShape):
         raise TypeError(f"model must be a ModelShape (see load_model_shape); got {type(model).__name__}")
     kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if isinstance(tokens, (int, np.integer)) and not isinstance(tokens, bool):
+        tokens = [int(tokens)]  # one context length
+    if not isinstance(tokens, (list, tuple)):
+        raise TypeError(f"tokens must be an int or a list of ints; got {type(tokens).__name__}")
     contexts = []
     for n in tokens:
         n = check_count(n, "tokens")
-        flops = attention_flops(n, heads=model.heads, head_dim=model.head_dim, causal=True, batch=batch)
+        flops = model.attention_flops(n, batch)
         contexts.append(
             {
                 "tokens": n,
@@ -337,7 +431,7 @@ def model_bill(
                 "score_matrix_bytes": score_matrix_bytes(
                     n, heads=model.heads, layers=model.layers, batch=batch, dtype=dtype
                 ),
-                "attention_flops": model.layers * flops,
+                "attention_flops": flops,
                 "beyond_max_positions": model.max_positions is not None and n > model.max_positions,
             }
         )
