@@ -324,3 +324,18 @@ def test_learned_positions_refuse_int_tables():
     with pytest.raises(TypeError, match="dtype must be float16, float32 or float64; got int32"):
         LearnedPositions(8, 4, dtype=np.int32)
     assert LearnedPositions(8, 4, dtype=np.float16).table.dtype == np.float16
+
+
+def test_learned_positions_take_a_seed_or_draw_fresh():
+    np.testing.assert_array_equal(LearnedPositions(8, 4, rng=3).table, LearnedPositions(8, 4, rng=3).table)
+    assert not np.array_equal(LearnedPositions(8, 4).table, LearnedPositions(8, 4).table)
+    with pytest.raises(ValueError, match="rng as a seed must be an int >= 0; got -1"):
+        LearnedPositions(8, 4, rng=-1)
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, an int seed or None"):
+        LearnedPositions(8, 4, rng="3")
+
+
+def test_logsumexp_keepdims_must_be_a_bool():
+    with pytest.raises(TypeError, match="keepdims must be True or False"):
+        logsumexp(np.ones((2, 3)), keepdims="False")
+    assert logsumexp(np.zeros((2, 3)), keepdims=np.True_).shape == (2, 1)

@@ -80,6 +80,20 @@ def check_bool(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def check_rng(rng: Any, name: str = "rng") -> np.random.Generator:
+    """A random generator from what a constructor was given: a np.random.Generator as it is, an int >= 0 as
+    the seed of np.random.default_rng, None as a fresh generator (new weights every time)."""
+    if rng is None or isinstance(rng, np.random.Generator):
+        return np.random.default_rng(rng)  # default_rng(generator) returns that same generator
+    if isinstance(rng, (bool, np.bool_)) or not isinstance(rng, (int, np.integer)):
+        raise TypeError(
+            f"{name} must be a np.random.Generator, an int seed or None; got {rng!r} ({type(rng).__name__})"
+        )
+    if rng < 0:
+        raise ValueError(f"{name} as a seed must be an int >= 0; got {rng}")
+    return np.random.default_rng(int(rng))
+
+
 def check_count(value: Any, name: str) -> int:
     """A size that may be 0 (tokens, queries, keys) as an int >= 0; non-ints are TypeErrors."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_positive_int
+from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_positive_int, check_rng
 from .attention import attention
 from .backward import attention_backward, flash_attention_backward, rope_backward
 from .flash import flash_attention
@@ -67,12 +67,7 @@ class MultiHeadAttention:
         if rope and self.d_head % 2:
             raise ValueError(f"rope=True needs an even head size; got d_head={self.d_head}")
         self.rope = check_bool(rope, "rope")
-        if rng is None or isinstance(rng, (int, np.integer)) and not isinstance(rng, (bool, np.bool_)):
-            rng = np.random.default_rng(rng)  # None: fresh entropy; an int: that seed
-        elif not isinstance(rng, np.random.Generator):
-            raise TypeError(
-                f"rng must be a np.random.Generator, an int seed or None; got {rng!r} ({type(rng).__name__})"
-            )
+        rng = check_rng(rng)  # None: fresh weights; an int: that seed
         n_qkv = (self.n_heads + 2 * self.n_kv_heads) * self.d_head
         # uniform(-1/√in, 1/√in): the range torch's nn.Linear draws its default weights from
         bound = 1.0 / np.sqrt(self.d_model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import as_float_array, compute_dtype
+from ._checks import as_float_array, check_bool, compute_dtype
 
 Array = NDArray[np.floating]
 
@@ -51,6 +51,7 @@ def softmax(x: Array, axis: int = -1) -> Array:
 def logsumexp(x: Array, axis: int = -1, keepdims: bool = False) -> Array:
     """log(sum(exp(x))) along axis, computed as m + log(sum(exp(x - m))); an all -inf row gives -inf,
     a row holding +inf gives +inf and a row holding NaN gives NaN (SciPy's answers)."""
+    keepdims = check_bool(keepdims, "keepdims")
     x = as_float_array(x, "x")
     if x.ndim == 0:
         raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
