@@ -58,11 +58,10 @@ def _check_memory(dims: QKVShape, dtype: np.dtype, causal: bool, mask: np.ndarra
     batch = int(np.prod(dims.batch, dtype=np.int64))
     if batch == 0 or dims.hq == 0:
         return  # no query head at all: nothing the size of the scores is made
-    bool_mask = mask is not None and mask.dtype == np.bool_
+    inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
     needed = naive_attention_bytes(
-        dims.n_q, dims.n_k, heads=dims.hq, kv_heads=max(dims.hkv, 1), head_dim=dims.e, head_dim_v=dims.ev,
-        batch=batch, dtype=dtype, causal=causal, bool_mask=bool_mask,
-        mask_elements=mask.size if bool_mask else None,
+        dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
+        batch=batch, dtype=dtype, causal=causal, bool_mask=inverted is not None, mask_elements=inverted,
     )  # fmt: skip
     available = memory_available()
     if needed > available:
