@@ -2,8 +2,10 @@
 
     python scripts/scaling.py                      # 1 sequence, 4 heads of 64, causal, float32, T up to 8192
     python scripts/scaling.py --torch              # add torch SDPA on the CPU (same dtype, same threads)
+    python scripts/scaling.py --torch-naive        # and the article's CPU table: torch naive vs torch fused
     python scripts/scaling.py --no-causal          # the same without the mask
     python scripts/scaling.py --sweep-blocks 4096  # flash block sizes and worker counts at one T
+    python scripts/scaling.py --backward --torch   # flash's backward beside its forward and torch's backward
 
 Every time is the median of --repeats runs after two warm-ups; every peak is what tracemalloc saw in a
 separate run, next to tinyattn_np.memory's estimate. Figures are ratios within this one run: the
@@ -22,10 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import attention, flash_attention
+from tinyattn_np import attention, flash_attention, flash_attention_backward
 from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
-from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
+from tinyattn_np.memory import (
+    attention_backward_flops,
+    attention_flops,
+    flash_attention_backward_bytes,
+    flash_attention_bytes,
+    naive_attention_bytes,
+    score_matrix_bytes,
+)
 from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, table, text_table
 
 MiB = 2**20
@@ -73,11 +82,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with --torch, also time torch on 3-D (H, T, E) inputs, which its CPU backend sends to the slow math path",
     )
     p.add_argument(
+        "--torch-naive",
+        action="store_true",
+        help="implies --torch; also time the article's naive torch code (causal masked_fill, softmax, @ v) and "
+        "print the article's CPU table, torch naive vs torch fused, beside ours",
+    )
+    p.add_argument(
         "--sweep-blocks",
         type=int,
         metavar="T",
         default=None,
         help="instead of the table: time flash for several block sizes and worker counts at T",
+    )
+    p.add_argument(
+        "--backward",
+        action="store_true",
+        help="instead of the table: flash_attention_backward as T doubles, beside flash's forward, its GFLOP/s, "
+        "its traced peak and memory.py's estimate, and with --torch torch's CPU backward (autograd through SDPA)",
     )
     p.add_argument("--json", metavar="PATH", help="write every figure and the machine to PATH")
     p.add_argument("--plot", metavar="PATH.png", help="draw time and memory vs T (needs the plot extra)")
@@ -97,8 +118,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--mem-budget must be a finite number of GiB > 0; got {args.mem_budget}")
     if args.torch_3d and not args.torch:
         p.error("--torch-3d needs --torch")
+    if args.torch_naive and args.sweep_blocks is not None:
+        p.error("--torch-naive prints a table as T doubles; it does not apply to --sweep-blocks")
+    args.torch = args.torch or args.torch_naive  # the article's table needs torch's fused time too
     if args.sweep_blocks is not None and args.sweep_blocks < 1:
         p.error(f"--sweep-blocks must be a positive T; got {args.sweep_blocks}")
+    if args.backward and (args.sweep_blocks is not None or args.plot is not None or args.torch_3d):
+        p.error("--backward is a table of its own: it does not combine with --sweep-blocks, --plot or --torch-3d")
     check_fits(p, args)
     check_outputs(p, args)
     return args
@@ -147,6 +173,8 @@ def check_duration(args: argparse.Namespace, sizes: list[int], causal: bool, rat
     flops = runs * (sum(masked) + (sum(full) if causal else 0))  # with causal, the no-mask run too
     if args.sweep_blocks is not None:
         flops = runs * 2 * 16 * masked[0]  # two worker counts, 16 block shapes
+    if args.backward:  # the forward, and the backward's 2.5x the forward's FLOPs
+        flops = runs * sum(masked) * 3.5
     minutes = flops / (rate * 1e9) / 60
     if minutes > MAX_MINUTES:
         sys.exit(
@@ -196,6 +224,80 @@ def torch_runner(args: argparse.Namespace, threads: int) -> Any:
     return run, torch.__version__
 
 
+# ---------------------------------------------------------------------------------------------------
+# --torch-naive: the CPU table of "Train a Tiny GPT at Home, Part 2: Attention", torch naive vs torch fused
+
+
+def torch_naive(q: Any, k: Any, v: Any, causal: bool) -> Any:
+    """The article's naive path, in torch: softmax(q kᵀ / √E with the future keys at -inf) v, written as
+    the article writes it, so that scores, masked scores and weights are alive at once."""
+    import torch
+
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+    if not causal:
+        return scores.softmax(-1) @ v  # (B, H, T, E)
+    T = q.shape[-2]
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)  # (T, T): keys after each query
+    return scores.masked_fill(future, float("-inf")).softmax(-1) @ v  # (B, H, T, E)
+
+
+def torch_naive_bytes(T: int, heads: int, dtype: str, causal: bool) -> int:
+    """The article's naive torch code at its peak: scores, masked scores and weights, (H, T, T) each,
+    and the (T, T) bool mask, about 3.1x the score matrix (without the mask: scores and weights, 2x).
+    Our attention() turns the scores into the weights in place: about 1.07x."""
+    scores = score_matrix_bytes(T, heads=heads, dtype=dtype)
+    return 3 * scores + T * T if causal else 2 * scores
+
+
+def check_torch_naive(args: argparse.Namespace, causal: bool) -> float:
+    """torch naive == torch fused (SDPA) on 64 tokens before anything is timed; stop if they disagree."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.from_numpy(x) for x in make_qkv(np.random.default_rng(args.seed), 64, args))
+    diff = (torch_naive(q, k, v, causal) - F.scaled_dot_product_attention(q, k, v, is_causal=causal)).abs().max()
+    tol = 1e-5 if args.dtype == "float32" else 1e-12
+    if not float(diff) <= tol:
+        sys.exit(f"error: torch naive and torch fused disagree on 64 tokens: max |diff| = {float(diff):.3g} > {tol:g}")
+    return float(diff)
+
+
+def measure_torch_naive(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, budget: float, repeats: int
+) -> dict[str, Any]:
+    """{"torch_naive_ms": median ms of torch_naive on these inputs}, None if it would exceed the budget."""
+    import torch
+
+    heads, T = q.shape[-3], q.shape[-2]
+    if torch_naive_bytes(T, heads, str(q.dtype), causal) > budget:
+        return {"torch_naive_ms": None}
+    progress(f"  T={T}: torch naive")
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
+    return {"torch_naive_ms": settled_median_ms(lambda: torch_naive(tq, tk, tv, causal), repeats)}
+
+
+def print_torch_naive_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool, threads: int) -> None:
+    """The article's CPU table (tokens, score matrix, naive ms, fused ms, speed-up), with torch on both
+    sides as in the article, and our two paths beside it from the same rows."""
+    print(
+        f"\nThe article's CPU table: torch naive (q kᵀ, {'causal masked_fill, ' if causal else ''}softmax, @ v) vs "
+        f"torch fused (SDPA{', is_causal=True' if causal else ''}), {args.dtype}, {args.heads} heads x "
+        f"{args.head_dim}, {threads} threads; ours beside it (same inputs, same run)"
+    )
+    headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms", "our flash ms",
+               "speed-up", "torch naive / our naive"]  # fmt: skip
+    body = []
+    for r in rows:
+        line = [r["tokens"], r["score_matrix_bytes"] / MiB, r["torch_naive_ms"], r["torch_ms"],
+                ratio(r["torch_naive_ms"], r["torch_ms"]), r["naive_ms"], r["flash_ms"],
+                ratio(r["naive_ms"], r["flash_ms"]), ratio(r["torch_naive_ms"], r["naive_ms"])]  # fmt: skip
+        body.append([cell(x) for x in line])
+    print(text_table(body, headers, fmt=args.format))
+    speedups = [x for r in rows if (x := ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]
+    if speedups:
+        print(f"torch fused is {min(speedups):.1f}x to {max(speedups):.1f}x faster than torch naive here")
+
+
 def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, torch_run: Any) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed + T)
     q, k, v = make_qkv(rng, T, args)
@@ -226,6 +328,8 @@ def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, t
         row["torch_ms"] = settled_median_ms(torch_run(q, k, v, causal), args.repeats)
         if args.torch_3d:  # the same numbers without the batch axis: (H, T, E)
             row["torch_3d_ms"] = settled_median_ms(torch_run(q[0], k[0], v[0], causal), args.repeats)
+    if args.torch_naive:
+        row.update(measure_torch_naive(q, k, v, causal, budget, args.repeats))
     return row
 
 
@@ -340,6 +444,100 @@ def sweep_blocks(args: argparse.Namespace, causal: bool, rate: float) -> list[di
     return results
 
 
+def torch_backward_runner(threads: int) -> Any:
+    """A function (q, k, v, dout, causal) -> a call that runs torch's backward alone: the forward runs once,
+    with autograd recording, and each call back-propagates dout through it again (retain_graph)."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, causal: bool) -> Any:
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))  # 4-D: torch's fast CPU path
+        tdout = torch.from_numpy(dout)
+        out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+        def backward() -> None:
+            tq.grad = tk.grad = tv.grad = None  # fresh gradients each time, not accumulated ones
+            out.backward(tdout, retain_graph=True)
+
+        return backward
+
+    return run
+
+
+def measure_backward_row(
+    T: int, args: argparse.Namespace, causal: bool, threads: int, torch_backward: Any
+) -> dict[str, Any]:
+    """Flash's forward and backward at T (time, GFLOP/s, traced peak beside the estimate), and torch's backward."""
+    rng = np.random.default_rng(args.seed + T)
+    q, k, v = make_qkv(rng, T, args)
+    dout = rng.standard_normal(q.shape, dtype=np.dtype(args.dtype))
+    blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    sizes = dict(heads=args.heads, head_dim=args.head_dim, causal=causal)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)
+    row: dict[str, Any] = {
+        "tokens": T,
+        "forward_flops": attention_flops(T, **sizes),
+        "backward_flops": attention_backward_flops(T, **sizes),
+        "backward_estimate_bytes": flash_attention_backward_bytes(T, **sizes, dtype=args.dtype, **blocks),
+    }
+    progress(f"  T={T}: flash forward")
+    row["forward_ms"] = settled_median_ms(
+        lambda: flash_attention(q, k, v, causal=causal, return_lse=True, **blocks), args.repeats
+    )
+    progress(f"  T={T}: flash backward")
+    row["backward_ms"] = settled_median_ms(
+        lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=causal, **blocks), args.repeats
+    )
+    row["backward_peak_bytes"] = traced_peak(flash_attention_backward, q, k, v, out, dout, lse, causal=causal,
+                                             **blocks)[1]  # fmt: skip
+    if torch_backward is not None:
+        progress(f"  T={T}: torch backward")
+        row["torch_backward_ms"] = settled_median_ms(torch_backward(q, k, v, dout, causal), args.repeats)
+    return row
+
+
+def backward_section(
+    args: argparse.Namespace, causal: bool, sizes: list[int], threads: int, with_torch: bool
+) -> list[dict[str, Any]]:
+    """--backward: the table of flash_attention_backward as T doubles."""
+    torch_backward = torch_backward_runner(threads) if with_torch else None
+    print(
+        f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+        f"{'causal' if causal else 'no mask'}; blocks {args.block_q} x {args.block_k}, {threads} workers; "
+        f"median of {args.repeats} runs; peak from tracemalloc, (est.) = memory.flash_attention_backward_bytes"
+    )
+    rows = []
+    for T in sizes:
+        progress(f"T = {T}")
+        rows.append(measure_backward_row(T, args, causal, threads, torch_backward))
+    headers = ["tokens", "forward ms", "backward ms", "bwd/fwd", "bwd GFLOP/s", "bwd peak MiB", "(est.)", "peak/est."]
+    if with_torch:
+        headers += ["torch bwd ms", "flash/torch bwd"]
+    body = []
+    for r in rows:
+        line = [
+            r["tokens"],
+            f"{r['forward_ms']:.1f}",
+            f"{r['backward_ms']:.1f}",
+            f"{r['backward_ms'] / r['forward_ms']:.2f}",
+            f"{r['backward_flops'] / r['backward_ms'] / 1e6:.1f}",
+            f"{r['backward_peak_bytes'] / MiB:.1f}",
+            f"{r['backward_estimate_bytes'] / MiB:.1f}",
+            f"{r['backward_peak_bytes'] / r['backward_estimate_bytes']:.2f}",
+        ]
+        if with_torch:
+            line += [f"{r['torch_backward_ms']:.1f}", f"{r['backward_ms'] / r['torch_backward_ms']:.2f}"]
+        body.append(line)
+    print(text_table(body, headers, fmt=args.format))
+    print(
+        "backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev)); "
+        "torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward excluded"
+    )
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> None:
     try:
         import matplotlib
@@ -397,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
 
     diff = check_agreement(args, causal)
     print(f"check: naive == flash on 64 tokens (max |diff| {diff:.2e})")
+    if args.torch_naive:
+        print(f"check: torch naive == torch fused on 64 tokens (max |diff| {check_torch_naive(args, causal):.2e})")
     rate = matmul_rate(args.dtype)
     blas = ", ".join(
         f"{b['internal_api']} {b['version']} {b['architecture']} kernels ({b['num_threads']} threads)"
@@ -412,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sweep_blocks is not None:
         results: Any = sweep_blocks(args, causal, rate)
+    elif args.backward:
+        results = backward_section(args, causal, sizes, threads, torch_run is not None)
     else:
         print(
             f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
@@ -433,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
             f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this "
             "machine's matmul rate that flash reaches (over 100%: the load changed between the two)."
         )
+        if args.torch_naive:
+            print_torch_naive_table(results, args, causal, threads)
         if args.plot:
             plot(results, args.plot, args)
 
