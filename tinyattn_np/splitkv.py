@@ -32,14 +32,17 @@ from .softmax import merge_states
 
 Array = NDArray[np.floating]
 
-# A chunk of at most this many keys per task by default: its scores, B·Hq·L·4,096 values, stay small
-# (512 KiB for 32 heads and L = 1 in float32), and there are enough tasks to keep every core busy.
+# By default a chunk holds at most SPLIT_KEYS keys, so that its scores, B·Hq·L·4,096 values, stay small
+# (512 KiB for 32 heads and L = 1 in float32), and at least MIN_SPLIT_KEYS, below which starting a
+# thread costs more than the chunk's work.
 SPLIT_KEYS = 4096
+MIN_SPLIT_KEYS = 1024
 
 
 def default_kv_splits(n_k: int, workers: int) -> int:
-    """max(workers, ⌈S / 4,096⌉) chunks, at most S: every worker gets a chunk, and no chunk is huge."""
-    return max(1, min(n_k, max(workers, math.ceil(n_k / SPLIT_KEYS))))
+    """⌈S / 4,096⌉ chunks, or one per worker where S has 1,024 keys or more for each: a short cache
+    is one chunk on one thread, a long one keeps every worker busy with chunks of at most 4,096."""
+    return max(1, math.ceil(n_k / SPLIT_KEYS), min(workers, n_k // MIN_SPLIT_KEYS))
 
 
 def _attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
@@ -79,9 +82,10 @@ def flash_decode(
     Meant for few queries (decoding, a short continuation): a chunk's scores hold B·Hq·L·S/kv_splits
     values; for long L use flash_attention, whose tiles also bound L.
 
-    kv_splits: number of contiguous key chunks (default max(workers, ⌈S / 4,096⌉)); more than S acts
-    as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. The result is
-    the same bits for any number of workers; for any kv_splits it equals attention() to rounding.
+    kv_splits: number of contiguous key chunks (default: default_kv_splits(S, workers)); more than S
+    acts as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. For a given
+    kv_splits the result is the same bits for any number of workers (the chunks and the order of the
+    merge are fixed); for any kv_splits it equals attention() to rounding.
     float16 is computed in float32 and cast back.
     """
     two_d = np.ndim(q) == 2
@@ -111,9 +115,11 @@ def flash_decode(
     # 3) attend to every chunk; each task writes only its own arrays
     if dims.n_k == 0 or rows == 0 or n_kv == 0:  # no key (out 0, lse -inf) or nothing to compute
         parts = [(np.zeros((n_kv, rows, dims.ev), ct), np.full((n_kv, rows), -np.inf, ct))]
-    else:
+    elif kv_splits == 1:  # one chunk: BLAS may use its own threads on it
+        parts = [run(0)]
+    else:  # the chunks are the parallelism: BLAS held to one thread, so cores are not oversubscribed
         with _one_blas_thread():
-            if workers == 1 or kv_splits == 1:
+            if workers == 1:
                 parts = [run(n) for n in range(kv_splits)]
             else:
                 with ThreadPoolExecutor(max_workers=min(workers, kv_splits)) as pool:

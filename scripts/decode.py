@@ -1,0 +1,401 @@
+"""Generating tokens with a KV cache, and without one: the same tokens, linear against quadratic.
+
+What it shows:
+  1) a random little model (token table, a few layers of MultiHeadAttention with RoPE, greedy decoding)
+     generates --tokens tokens three ways: with a KVCache per layer (each step computes one token's
+     k and v and attends 1 x T), by recomputing the whole sequence every step (T x T), and with a
+     sliding-window cache of --window tokens (a ring buffer). A table as the context grows: per-token
+     time and peak memory of each, the cache bytes in use beside memory.kv_cache_bytes, and whether
+     the outputs agree (the same tokens; the cached logits equal the recomputed ones to rounding).
+     With --torch, torch SDPA times the same decode step (L = 1 query against S = context keys).
+  2) --step: one decode step at a long context (default S = 32,768, 32 query heads over 8 kv heads of
+     128, float32): flash_decode (split-KV) against attention(), flash_attention() and, when torch is
+     installed, torch SDPA on the same q, k, v.
+
+Run:  python scripts/decode.py [--tokens 248] [--prompt 8] [--window 16] [--torch] [--seed 0]
+      python scripts/decode.py --step [--context 32768] [--repeats 5] [--torch]
+The weights are random and untrained: the tokens mean nothing; the mechanics are the point.
+Every claim is checked; the exit code is 1 (and the failed checks are named) if one fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from tinyattn_np import KVCache, MultiHeadAttention, attention, flash_attention, flash_decode, kv_cache_bytes
+from tinyattn_np.masks import window_mask
+from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
+from tinyattn_np.report import Checklist, add_format_argument, format_bytes, nonnegative_seed, text_table
+
+check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
+MAX_TOKENS = 4096  # recomputing T tokens at every step costs T³ / 3 scores in all: past this, minutes
+
+
+def max_diff(a: Any, b: Any) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+# ---------------------------------------------------------------------------------------------------
+# the little model
+
+
+class TinyDecoder:
+    """Token table E (V, C), `layers` residual attention blocks, logits = x Eᵀ (a tied output head).
+
+    x_0 = E[tokens]        x_{l+1} = x_l + MHA_l(x_l)        logits = x_L Eᵀ
+    """
+
+    def __init__(self, args: argparse.Namespace, rng: np.random.Generator):
+        dtype = np.dtype(args.dtype)
+        self.vocab, self.d_model, self.dtype = args.vocab, args.d_model, dtype
+        self.table = rng.standard_normal((args.vocab, args.d_model)).astype(dtype)  # (V, C)
+        self.blocks = [
+            MultiHeadAttention(args.d_model, args.heads, args.kv_heads, rope=True, rng=rng, dtype=dtype)
+            for _ in range(args.layers)
+        ]
+
+    def new_caches(self, max_tokens: int, window: int | None = None) -> list[KVCache]:
+        block = self.blocks[0]
+        return [
+            KVCache(1, block.n_kv_heads, max_tokens, block.d_head, dtype=self.dtype, window=window) for _ in self.blocks
+        ]
+
+    def logits(self, tokens: list[int], caches: list[KVCache] | None = None) -> np.ndarray:
+        """Logits (V,) of the next token. With caches, tokens continue what they hold; without, tokens
+        are the whole sequence, recomputed."""
+        x = self.table[tokens][None]  # (1, T, C)
+        for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
+            x = x + block(x, cache=cache)  # (1, T, C)
+        return x[0, -1] @ self.table.T  # (V,)
+
+    def windowed_logits(self, tokens: list[int], window: int) -> np.ndarray:
+        """The whole sequence recomputed under a sliding-window band mask: the reference for the ring."""
+        x = self.table[tokens][None]  # (1, T, C)
+        band = window_mask(len(tokens), window=window)  # (T, T)
+        for block in self.blocks:
+            q, k, v = block.split_heads(x)  # (1, H, T, d_head), (1, Hkv, T, d_head) twice
+            y = attention(q, k, v, mask=band).swapaxes(1, 2).reshape(x.shape)  # (1, T, C)
+            x = x + y @ block.w_out
+        return x[0, -1] @ self.table.T  # (V,)
+
+
+def cache_bytes_in_use(caches: list[KVCache]) -> int:
+    """Bytes of the keys and values attention may see now (the views), over all layers."""
+    return sum(c.keys.nbytes + c.values.nbytes for c in caches)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1) generation, three ways
+
+
+def checkpoints(prompt: int, total: int) -> list[int]:
+    """About 8 context lengths, evenly spaced from the prompt to the end, at which a row is printed."""
+    step = max(1, (total - prompt) // 8)
+    return sorted({*range(prompt + step, total + 1, step), total})
+
+
+def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, torch_step: Any) -> list[dict]:
+    total = args.prompt + args.tokens
+    tokens = [int(t) for t in rng.integers(0, args.vocab, args.prompt)]
+    cached, windowed = model.new_caches(total), model.new_caches(total, args.window)
+    block = model.blocks[0]
+    sizes = dict(layers=args.layers, kv_heads=block.n_kv_heads, head_dim=block.d_head, dtype=args.dtype)
+
+    # the prompt: one prefill call per cache
+    logits = model.logits(tokens, cached)
+    model.logits(tokens, windowed)
+    marks, rows = checkpoints(args.prompt, total), []
+    times: dict[str, list[float]] = {"cached": [], "recompute": [], "window": []}
+    worst, same_tokens, window_worst = 0.0, True, 0.0
+    while len(tokens) < total:
+        # 1) the next token from the cached logits; the recomputed logits must give the same one
+        token = int(np.argmax(logits))
+        tokens.append(token)
+        context = len(tokens)
+        measure = context in marks
+        steps = {
+            "cached": lambda token=token: model.logits([token], cached),
+            "recompute": lambda: model.logits(tokens),
+            "window": lambda token=token: model.logits([token], windowed),
+        }
+        results, peaks = {}, {}
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            if measure:  # the checkpoint step runs under tracemalloc for its peak; its time is not used
+                results[name], peaks[name] = traced_peak(step)
+            else:
+                results[name] = step()
+                times[name].append(time.perf_counter() - t0)
+        logits = results["cached"]
+        worst = max(worst, max_diff(logits, results["recompute"]))
+        same_tokens &= int(np.argmax(results["recompute"])) == int(np.argmax(logits))
+        if not measure:
+            continue
+        # 2) a row: the window cache checked against a full recompute under the band mask
+        window_worst = max(window_worst, max_diff(results["window"], model.windowed_logits(tokens, args.window)))
+        row = {
+            "context": context,
+            **{f"{name}_ms": 1e3 * float(np.mean(times[name])) if times[name] else None for name in times},
+            **{f"{name}_peak": peaks[name] for name in peaks},
+            "cache_bytes": cache_bytes_in_use(cached),
+            "kv_cache_bytes": kv_cache_bytes(context, **sizes),
+            "window_bytes": cache_bytes_in_use(windowed),
+            "window_kv_cache_bytes": kv_cache_bytes(context, window=args.window, **sizes),
+            "max_diff": worst,
+        }
+        if torch_step is not None:
+            row.update(torch_step(model, cached[0], token, context))
+        rows.append(row)
+        times = {name: [] for name in times}
+
+    tol = 1e-9 if args.dtype == "float64" else 1e-3
+    check(same_tokens, "cached and recomputed decoding pick the same token at every step")
+    check(worst <= tol, f"cached logits equal the recomputed ones (max |diff| {worst:.1e} <= {tol:g})")
+    check(window_worst <= tol, f"the ring-buffer window equals the band mask (max |diff| {window_worst:.1e})")
+    check(
+        all(r["cache_bytes"] == r["kv_cache_bytes"] for r in rows),
+        "the cache holds exactly memory.kv_cache_bytes(context)",
+    )
+    check(
+        all(r["window_bytes"] == r["window_kv_cache_bytes"] for r in rows),
+        "the window cache holds exactly memory.kv_cache_bytes(context, window=W)",
+    )
+    return rows
+
+
+def make_torch_step(args: argparse.Namespace) -> Any:
+    """A function timing torch SDPA and flash_decode on one layer's decode step (L = 1, S = context)."""
+    torch, F = load_torch()
+
+    def step(model: TinyDecoder, cache: KVCache, token: int, context: int) -> dict[str, float]:
+        block = model.blocks[0]
+        q, _, _ = block.split_heads(model.table[[token]][None], positions=[context - 1])  # (1, H, 1, d_head)
+        keys, values = cache.keys, cache.values  # (1, Hkv, context, d_head)
+        tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)) for x in (q, keys, values))
+        ours = flash_decode(q, keys, values)
+        gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
+        check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
+        return {
+            "ours_step_ms": median_ms(lambda: flash_decode(q, keys, values), repeats=5),
+            "torch_step_ms": median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), repeats=5),
+        }
+
+    return step
+
+
+def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    def kib(x: int) -> str:
+        return f"{x / 1024:,.1f}"
+
+    headers = [
+        "context",
+        "cached ms/token",
+        "recompute ms/token",
+        f"window={args.window} ms/token",
+        "cached peak KiB",
+        "recompute peak KiB",
+        "cache KiB",
+        "kv_cache_bytes KiB",
+        "window cache KiB",
+        "max |diff|",
+    ]
+    if args.torch:
+        headers += ["flash_decode step ms", "torch SDPA step ms"]
+    table = []
+    for r in rows:
+        cells = [
+            f"{r['context']:,}",
+            ms(r["cached_ms"]),
+            ms(r["recompute_ms"]),
+            ms(r["window_ms"]),
+            kib(r["cached_peak"]),
+            kib(r["recompute_peak"]),
+            kib(r["cache_bytes"]),
+            kib(r["kv_cache_bytes"]),
+            kib(r["window_bytes"]),
+            f"{r['max_diff']:.1e}",
+        ]
+        if args.torch:
+            cells += [ms(r["ours_step_ms"]), ms(r["torch_step_ms"])]
+        table.append(cells)
+    print(
+        f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
+        f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}"
+    )
+    print(text_table(table, headers, args.format))
+    print("  ms/token: mean over the steps since the previous row; peak: one step under tracemalloc, output included")
+    print("  cache KiB: the keys and values attention sees now, all layers (the views' bytes)")
+    first, last = rows[0], rows[-1]
+    growth = last["context"] / first["context"]
+    if first["cached_ms"] and last["cached_ms"] and first["recompute_ms"] and last["recompute_ms"]:
+        print(
+            f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
+            f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
+            f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2) one long decode step
+
+
+def load_torch() -> Any:
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        sys.exit(
+            "error: --torch needs torch; install the pinned CPU wheel (see torch_crosscheck/README.md):\n"
+            "  pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+        )
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch, F
+
+
+def decode_step(args: argparse.Namespace, rng: np.random.Generator) -> list[dict]:
+    dtype = np.dtype(args.dtype)
+    q = rng.standard_normal((1, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)  # (1, Hq, 1, E)
+    k = rng.standard_normal((1, args.kv_heads, args.context, args.head_dim), dtype=np.float64).astype(dtype)
+    v = rng.standard_normal((1, args.kv_heads, args.context, args.head_dim), dtype=np.float64).astype(dtype)
+    gold = attention(q, k, v)  # (1, Hq, 1, E): the reference
+    runs: dict[str, Any] = {
+        "flash_decode (split-KV)": lambda: flash_decode(q, k, v),
+        "flash_attention": lambda: flash_attention(q, k, v, causal=True),
+        "attention (reference)": lambda: attention(q, k, v, causal=True),
+    }
+    if args.torch:
+        torch, F = load_torch()
+        tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+        runs["torch SDPA (enable_gqa)"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
+    rows = []
+    for name, run in runs.items():
+        out = run()
+        out = out.numpy() if hasattr(out, "numpy") else out
+        diff = max_diff(out, gold)
+        check(diff <= (1e-5 if dtype == np.float32 else 1e-12), f"{name} equals attention() (max |diff| {diff:.1e})")
+        rows.append({"kernel": name, "ms": median_ms(run, repeats=args.repeats, warmup=1), "max_diff": diff})
+    return rows
+
+
+def print_step(rows: list[dict], args: argparse.Namespace) -> None:
+    ours = rows[0]["ms"]
+    torch_ms = rows[-1]["ms"] if args.torch else None
+    table = [
+        [r["kernel"], f"{r['ms']:.2f}", f"{r['ms'] / ours:.2f}x", f"{r['max_diff']:.1e}"]
+        + ([f"{r['ms'] / torch_ms:.2f}x"] if torch_ms else [])
+        for r in rows
+    ]
+    headers = ["one decode step", "ms (median)", "/ flash_decode", "max |diff| vs attention()"]
+    if torch_ms:
+        headers.append("/ torch")
+    kv = 2 * args.kv_heads * args.context * args.head_dim * np.dtype(args.dtype).itemsize
+    print(
+        f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
+        f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}; the cache read is {format_bytes(kv)}"
+    )
+    print(text_table(table, headers, args.format))
+    if torch_ms:
+        ratio = ours / torch_ms
+        print(f"  flash_decode / torch SDPA = {ratio:.2f} (target: at most 1.5)")
+        check(ratio <= 1.5, f"flash_decode takes at most 1.5x torch SDPA's time (got {ratio:.2f}x)")
+
+
+# ---------------------------------------------------------------------------------------------------
+# arguments
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int; got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=positive, default=248, help="tokens to generate (default 248)")
+    p.add_argument("--prompt", type=positive, default=8, help="prompt tokens, one prefill (default 8)")
+    p.add_argument("--window", type=positive, default=16, help="sliding window of the window cache (default 16)")
+    p.add_argument("--d-model", type=positive, default=64, help="model width C (default 64)")
+    p.add_argument("--layers", type=positive, default=2, help="attention blocks (default 2)")
+    p.add_argument("--vocab", type=positive, default=512, help="vocabulary size (default 512)")
+    p.add_argument("--step", action="store_true", help="time one long decode step instead of generating")
+    p.add_argument("--context", type=positive, default=32768, help="--step: cached keys S (default 32768)")
+    p.add_argument("--heads", type=positive, default=None, help="query heads (default 4; --step: 32)")
+    p.add_argument("--kv-heads", type=positive, default=None, help="key/value heads (default 2; --step: 8)")
+    p.add_argument("--head-dim", type=positive, default=128, help="--step: channels per head E (default 128)")
+    p.add_argument("--repeats", type=positive, default=5, help="--step: timed runs per kernel (default 5)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default=None,
+        help="dtype of weights, cache and inputs (default float64; --step: float32)",
+    )
+    p.add_argument("--torch", action="store_true", help="add torch SDPA (CPU) for the same decode step")
+    p.add_argument("--seed", type=nonnegative_seed, default=0, help="random seed, an int >= 0 (default 0)")
+    p.add_argument("--json", metavar="PATH", help="also write the rows and the machine to PATH")
+    add_format_argument(p)
+    args = p.parse_args(argv)
+    args.heads = args.heads or (32 if args.step else 4)
+    args.kv_heads = args.kv_heads or (8 if args.step else 2)
+    args.dtype = args.dtype or ("float32" if args.step else "float64")
+    if args.heads % args.kv_heads:
+        p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
+    if not args.step:
+        if args.d_model % args.heads or (args.d_model // args.heads) % 2:
+            p.error(f"--d-model ({args.d_model}) must split into --heads ({args.heads}) heads of an even size (RoPE)")
+        if args.prompt + args.tokens > MAX_TOKENS:
+            p.error(f"--prompt + --tokens must be at most {MAX_TOKENS:,}: recomputing every step grows as T³")
+        if args.d_model > 4096 or args.vocab > 1_000_000 or args.layers > 64:
+            p.error("--d-model at most 4,096, --vocab at most 1,000,000, --layers at most 64: this is a demo")
+    else:
+        itemsize = np.dtype(args.dtype).itemsize
+        needed = (2 * args.kv_heads * args.head_dim + 2 * args.heads) * args.context * itemsize  # k, v, scores
+        if needed > memory_total() / 4:
+            p.error(
+                f"--step with S={args.context:,} needs about {format_bytes(needed)}, more than a quarter of this "
+                f"machine's {format_bytes(memory_total())}: lower --context, --kv-heads or --head-dim"
+            )
+    if args.json is not None:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            p.error(f"--json {args.json}: give a file name in a folder that exists and is writable")
+    if args.torch:
+        load_torch()  # now, not after the run
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    info = machine_info()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}")
+    if args.step:
+        rows = decode_step(args, rng)
+        print_step(rows, args)
+    else:
+        model = TinyDecoder(args, rng)
+        rows = generate(model, args, rng, make_torch_step(args) if args.torch else None)
+        print_generation(rows, args)
+    if args.json is not None:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), "machine": info, "rows": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+    return check.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

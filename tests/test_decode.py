@@ -1,0 +1,142 @@
+"""flash_decode (split-KV decoding) equals direct attention for any number of splits, and scripts/decode.py
+runs, checks what it prints and refuses bad flags up front."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinyattn_np import attention, flash_attention, flash_decode
+from tinyattn_np.splitkv import default_kv_splits
+
+ROOT = Path(__file__).resolve().parents[1]
+RNG = np.random.default_rng(5)
+
+
+def _qkv(batch=(2,), hq=8, hkv=2, n_q=1, n_k=37, e=16, ev=12, dtype=np.float64):
+    q = RNG.standard_normal((*batch, hq, n_q, e)).astype(dtype)
+    k = RNG.standard_normal((*batch, hkv, n_k, e)).astype(dtype)
+    v = RNG.standard_normal((*batch, hkv, n_k, ev)).astype(dtype)
+    return q, k, v
+
+
+# --- flash_decode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_splits", [None, 1, 2, 3, 7, 36, 37, 1000])
+def test_equals_attention_for_any_number_of_splits(kv_splits):
+    q, k, v = _qkv()
+    out, lse = flash_decode(q, k, v, kv_splits=kv_splits, return_lse=True)
+    np.testing.assert_allclose(out, attention(q, k, v), atol=1e-13)
+    _, lse_gold = flash_attention(q, k, v, return_lse=True)
+    np.testing.assert_allclose(lse, lse_gold, atol=1e-13)
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (6, 1), (8, 2)])
+@pytest.mark.parametrize("n_q", [1, 3])
+def test_gqa_mqa_and_a_few_queries(hq, hkv, n_q):
+    q, k, v = _qkv(batch=(2, 1), hq=hq, hkv=hkv, n_q=n_q, n_k=50)
+    for kv_splits in (1, 4):
+        np.testing.assert_allclose(
+            flash_decode(q, k, v, kv_splits=kv_splits, scale=0.3), attention(q, k, v, scale=0.3), atol=1e-13
+        )
+
+
+def test_one_step_of_decoding_is_bottom_right_causal():
+    """The one query is the newest token: it sees every cached key, which is causal=True bottom-right."""
+    q, k, v = _qkv(n_q=1, n_k=20)
+    np.testing.assert_allclose(flash_decode(q, k, v, kv_splits=3), attention(q, k, v, causal=True), atol=1e-13)
+
+
+def test_same_bits_for_any_number_of_workers():
+    q, k, v = _qkv(n_k=3000, dtype=np.float32)
+    one = flash_decode(q, k, v, kv_splits=5, workers=1)
+    for workers in (2, 3, 8):
+        np.testing.assert_array_equal(flash_decode(q, k, v, kv_splits=5, workers=workers), one)
+
+
+def test_float16_two_d_and_no_keys():
+    q, k, v = _qkv(dtype=np.float16)
+    out = flash_decode(q, k, v, kv_splits=4)
+    assert out.dtype == np.float16
+    gold = attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    np.testing.assert_allclose(out.astype(np.float32), gold, atol=2e-3)
+    q2, k2, v2 = q[0, 0], k[0, 0], v[0, 0]  # (L, E): one head, no head axis
+    np.testing.assert_allclose(flash_decode(q2, k2, v2, kv_splits=2), attention(q2, k2, v2), atol=2e-3)
+    out, lse = flash_decode(*_qkv(n_k=0), return_lse=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_default_splits():
+    assert default_kv_splits(0, 2) == 1 and default_kv_splits(500, 8) == 1  # short: one chunk, no threads
+    assert default_kv_splits(2048, 2) == 2 and default_kv_splits(2048, 16) == 2  # at least 1,024 keys each
+    assert default_kv_splits(32768, 2) == 8  # at most 4,096 keys each
+
+
+def test_bad_arguments_are_named():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="kv_splits must be a positive int; got 0"):
+        flash_decode(q, k, v, kv_splits=0)
+    with pytest.raises(TypeError, match="kv_splits must be a positive int"):
+        flash_decode(q, k, v, kv_splits=2.0)
+    with pytest.raises(ValueError, match="workers must be a positive int; got -1"):
+        flash_decode(q, k, v, workers=-1)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        flash_decode(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match="must be float16, float32 or float64"):
+        flash_decode(q.astype(np.int32), k, v)
+
+
+# --- scripts/decode.py -----------------------------------------------------------------------------
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("decode_script", ROOT / "scripts" / "decode.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, capsys):
+    path = tmp_path / "decode.json"
+    args = ["--tokens", "24", "--prompt", "4", "--window", "5", "--d-model", "32", "--vocab", "64", "--json", str(path)]
+    assert _script().main(args) == 0
+    text = capsys.readouterr().out
+    assert "all checks passed" in text and "window=5 ms/token" in text
+    report = json.loads(path.read_text())
+    rows = report["rows"]
+    assert rows[-1]["context"] == 28 and all(r["cache_bytes"] == r["kv_cache_bytes"] for r in rows)
+    assert rows[-1]["window_bytes"] == 2 * 2 * 5 * 2 * 8 * 8  # layers, k and v, window, kv heads, d_head, float64
+    assert rows[-1]["max_diff"] < 1e-9
+
+
+def test_script_step_mode_without_torch(capsys):
+    args = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
+    assert _script().main(args) == 0
+    text = capsys.readouterr().out
+    assert "flash_decode (split-KV)" in text and "S = 3,000 cached keys" in text and "torch" not in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "-1"], "must be an int >= 0"),
+        (["--tokens", "0"], "must be a positive int; got 0"),
+        (["--tokens", "nan"], "must be a positive int; got 'nan'"),
+        (["--tokens", "5000"], "at most 4,096"),
+        (["--heads", "3"], "must be a multiple of --kv-heads"),
+        (["--d-model", "36", "--heads", "4"], "heads of an even size"),
+        (["--d-model", "100000"], "this is a demo"),
+        (["--step", "--context", "10000000000"], "lower --context"),
+        (["--json", "/no/such/folder/x.json"], "folder that exists"),
+    ],
+)
+def test_script_refuses_bad_flags_up_front(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _script().parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
