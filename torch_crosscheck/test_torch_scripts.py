@@ -112,3 +112,57 @@ def test_gpu_scaling_token_counts() -> None:
     assert token_counts(100) == [100]
     assert growth([1.0, 3.5, 14.0]) == "3.50x, 4.00x"
     assert growth([1.0]) == "-"
+
+
+# --- scripts/scaling.py --torch-naive: the article's CPU table (torch naive vs torch fused) beside ours
+
+
+def load_scaling():
+    """scripts/scaling.py as a module (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_script", HERE.parent / "scripts" / "scaling.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_torch_naive_is_attention(causal: bool) -> None:
+    """The article's naive torch code computes what SDPA computes (float64, CPU)."""
+    scaling = load_scaling()
+    q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+               for i in range(3))  # fmt: skip
+    gold = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.allclose(scaling.torch_naive(q, k, v, causal), gold, rtol=0, atol=1e-12)
+
+
+def test_torch_naive_bytes_is_three_score_matrices_and_the_mask() -> None:
+    scaling = load_scaling()
+    scores = 4 * 1024 * 1024 * 4  # 4 heads, T = 1024, float32
+    assert scaling.torch_naive_bytes(1024, 4, "float32", True) == 3 * scores + 1024 * 1024  # 3.06x
+    assert scaling.torch_naive_bytes(1024, 4, "float32", False) == 2 * scores
+
+
+def test_scaling_torch_naive_prints_the_articles_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scaling = load_scaling()
+    # the table's shape is under test, not the timings: no idle waits, no 2048 x 2048 matmul rate
+    monkeypatch.setattr(scaling, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(scaling, "matmul_rate", lambda dtype: 100.0)
+    flags = ["--torch-naive", "--min-tokens", "128", "--max-tokens", "128", "--repeats", "1", "--format", "github"]
+    assert scaling.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "check: torch naive == torch fused on 64 tokens" in out
+    assert "The article's CPU table" in out and "torch naive ms" in out and "torch fused ms" in out
+    assert "| 128 " in out and "torch fused is " in out
+    assert "torch ms" in out  # --torch-naive implies --torch: the main table has torch's column too
+
+
+def test_scaling_torch_naive_not_with_sweep_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    scaling = load_scaling()
+    with pytest.raises(SystemExit) as exited:
+        scaling.parse_args(["--torch-naive", "--sweep-blocks", "512"])
+    assert exited.value.code == 2
+    assert "--torch-naive" in capsys.readouterr().err
