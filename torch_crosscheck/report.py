@@ -59,8 +59,9 @@ def all_cases() -> list[Any]:
     if here not in sys.path:
         sys.path.insert(0, here)  # cases.py, beside this file, when run as a script
     from cases import CASES
+    from grad_cases import GRAD_CASES  # the hand-written gradients against torch autograd
 
-    return [*CASES]
+    return [*CASES, *GRAD_CASES]
 
 
 def rows_for(case: Any, device: str, cuda: bool) -> tuple[list[list[Any]], int]:
