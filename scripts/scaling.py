@@ -118,8 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--mem-budget must be a finite number of GiB > 0; got {args.mem_budget}")
     if args.torch_3d and not args.torch:
         p.error("--torch-3d needs --torch")
-    if args.torch_naive and args.sweep_blocks is not None:
-        p.error("--torch-naive prints a table as T doubles; it does not apply to --sweep-blocks")
+    if args.torch_naive and (args.sweep_blocks is not None or args.backward):
+        p.error(
+            "--torch-naive prints the forward table as T doubles; it does not apply to --sweep-blocks or --backward"
+        )
     args.torch = args.torch or args.torch_naive  # the article's table needs torch's fused time too
     if args.sweep_blocks is not None and args.sweep_blocks < 1:
         p.error(f"--sweep-blocks must be a positive T; got {args.sweep_blocks}")

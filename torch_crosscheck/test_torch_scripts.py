@@ -160,9 +160,10 @@ def test_scaling_torch_naive_prints_the_articles_table(
     assert "torch ms" in out  # --torch-naive implies --torch: the main table has torch's column too
 
 
-def test_scaling_torch_naive_not_with_sweep_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("other", [["--sweep-blocks", "512"], ["--backward"]])
+def test_scaling_torch_naive_not_with_other_tables(other: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     scaling = load_scaling()
     with pytest.raises(SystemExit) as exited:
-        scaling.parse_args(["--torch-naive", "--sweep-blocks", "512"])
+        scaling.parse_args(["--torch-naive", *other])
     assert exited.value.code == 2
     assert "--torch-naive" in capsys.readouterr().err
