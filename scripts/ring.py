@@ -75,6 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("tokens", "heads", "kv_heads", "head_dim", "block", "workers", "reference_workers", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    for name in ("workers", "reference_workers"):
+        if getattr(args, name) > 256:
+            p.error(f"--{name.replace('_', '-')} must be at most 256 threads; got {getattr(args, name)}")
     if args.max_ranks < 2:
         p.error(f"--max-ranks must be at least 2; got {args.max_ranks}")
     if args.max_ranks > 1024:

@@ -250,6 +250,8 @@ def test_agree_raises_the_same_error_for_every_rank() -> None:
         _agree([local(), local(causal=False)])
     with pytest.raises(TypeError, match="rank 1 of 2: causal must be"):
         _agree([local(), ("TypeError", "causal must be True or False")])
+    with pytest.raises(ValueError, match="rank 0 of 2: MemoryError: out of memory"):
+        _agree([("MemoryError", "out of memory"), local()])
 
 
 def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

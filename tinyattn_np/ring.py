@@ -315,7 +315,8 @@ def _agree(reports: list[Any]) -> None:
         if not isinstance(report, _Local):
             kind, message = report
             error = TypeError if kind == "TypeError" else ValueError
-            raise error(f"rank {rank} of {len(reports)}: {message}")
+            detail = message if kind in ("TypeError", "ValueError") else f"{kind}: {message}"
+            raise error(f"rank {rank} of {len(reports)}: {detail}")
     tokens = [r.q_shape[-2] for r in reports]
     if len(set(tokens)) > 1:
         raise ValueError(
@@ -397,7 +398,7 @@ def ring_attention(
         local: Any = _check_local(q, k, v, settings)
         settings["scale"] = check_scale(scale, local.q_shape[-1])
         local = local._replace(settings=tuple(settings.values()))
-    except (ValueError, TypeError) as err:
+    except Exception as err:  # any error: the other ranks must hear of it, or they would wait in allgather forever
         local = (type(err).__name__, str(err))
     _agree(comm.allgather(local))
 
