@@ -321,3 +321,59 @@ def test_multihead_backward_bad_input(rng):
         mha.forward(x[..., :8])
     with pytest.raises(TypeError, match="fused must be True or False"):
         mha.forward(x, fused="False")
+
+
+def test_backward_flops_are_five_matmuls():
+    from tinyattn_np.memory import attention_backward_flops, attention_flops, causal_entries
+
+    assert attention_backward_flops(8, heads=2, head_dim=4) == 2 * 64 * 2 * (3 * 4 + 2 * 4)
+    assert attention_backward_flops(8, heads=2, head_dim=4, causal=True) == 2 * causal_entries(8) * 2 * 20
+    assert attention_backward_flops(6, 9, heads=1, head_dim=4, head_dim_v=2, batch=3) == 3 * 54 * 2 * (12 + 4)
+    # with Ev = E the backward is 2.5x the forward
+    assert attention_backward_flops(64, heads=4, head_dim=64) * 2 == 5 * attention_flops(64, heads=4, head_dim=64)
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        attention_backward_flops(8, heads=1, head_dim=4, causal="yes")
+
+
+@pytest.mark.parametrize(
+    "n,heads,kv_heads,dtype,causal",
+    [(600, 2, 2, np.float32, True), (500, 4, 2, np.float32, False), (400, 2, 1, np.float16, True)],
+)
+def test_backward_bytes_estimate_matches_tracemalloc(rng, n, heads, kv_heads, dtype, causal):
+    """memory.flash_attention_backward_bytes within 15% of what tracemalloc sees (one worker: no timing)."""
+    from tinyattn_np.measure import traced_peak
+    from tinyattn_np.memory import flash_attention_backward_bytes
+
+    q = rng.standard_normal((1, heads, n, 32)).astype(dtype)
+    k, v = (rng.standard_normal((1, kv_heads, n, 32)).astype(dtype) for _ in range(2))
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    blocks = dict(block_q=128, block_k=64, workers=1)
+    _, peak = traced_peak(flash_attention_backward, q, k, v, out, dout, lse, causal=causal, **blocks)
+    estimate = flash_attention_backward_bytes(
+        n, heads=heads, kv_heads=kv_heads, head_dim=32, dtype=np.dtype(dtype), causal=causal, **blocks
+    )
+    assert 0.85 < peak / estimate < 1.15, (peak, estimate)
+    longer = flash_attention_backward_bytes(
+        8 * n, heads=heads, kv_heads=kv_heads, head_dim=32, dtype=np.dtype(dtype), causal=causal, **blocks
+    )
+    assert longer <= 8 * estimate  # O(T), nothing of L x S: 8x the tokens, at most 8x the bytes
+
+
+def test_scaling_backward_section(capsys):
+    """scripts/scaling.py --backward prints its table at a tiny size and refuses combinations it ignores."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "scaling.py"
+    spec = importlib.util.spec_from_file_location("scaling_script", path)
+    assert spec is not None and spec.loader is not None
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    assert scaling.main(["--backward", "--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "flash_attention_backward: 1 sequence, 4 heads x 64" in out and "bwd/fwd" in out
+    assert [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")] == ["64", "128"]
+    with pytest.raises(SystemExit):
+        scaling.parse_args(["--backward", "--sweep-blocks", "256"])
+    assert "--backward is a table of its own" in capsys.readouterr().err
