@@ -82,6 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--max-ranks must be at least 2; got {args.max_ranks}")
     if args.max_ranks > 1024:
         p.error(f"--max-ranks must be at most 1024; got {args.max_ranks}")
+    if args.tokens < 2 * args.max_ranks:
+        p.error(
+            f"--tokens must be at least 2 x --max-ranks = {2 * args.max_ranks} (the tile table cuts it into "
+            f"2 chunks per rank); got {args.tokens}"
+        )
     if args.seed < 0:
         p.error(f"--seed must be 0 or more; got {args.seed}")
     if args.heads % args.kv_heads:
@@ -105,7 +110,7 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
     itemsize = np.dtype(DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
     if held > memory_available() // 2:
-        return f"--tokens {args.tokens:,} needs about {held / 2**30:.1f} GiB on rank 0; this machine has less free"
+        return f"--tokens {args.tokens:,} needs about {held / 2**30:,.1f} GiB on rank 0; this machine has less free"
     return None
 
 

@@ -358,8 +358,10 @@ def test_ring_script_under_mpiexec() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--tokens", "6"], "--tokens 6 cannot be split into 4 equal chunks"),
+        (["--tokens", "4098"], "--tokens 4098 cannot be split into 4 equal chunks"),
         (["--seed", "-1"], "--seed must be 0 or more"),
+        (["--tokens", "10"], "--tokens must be at least 2 x --max-ranks = 16"),
+        (["--heads", "100000", "--tokens", "1000000"], "needs about 119,209.3 GiB on rank 0"),
         (["--heads", "4", "--kv-heads", "3"], "must be a multiple of --kv-heads"),
         (["--json", "/no/such/folder/ring.json"], "does not exist"),
         (["--tokens", "nan"], "invalid int value"),
