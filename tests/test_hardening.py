@@ -339,3 +339,13 @@ def test_logsumexp_keepdims_must_be_a_bool():
     with pytest.raises(TypeError, match="keepdims must be True or False"):
         logsumexp(np.ones((2, 3)), keepdims="False")
     assert logsumexp(np.zeros((2, 3)), keepdims=np.True_).shape == (2, 1)
+
+
+def test_bad_masks_and_scales_are_named(rng):
+    q, k, v = qkv(rng)
+    with pytest.raises(TypeError, match="mask must be bool .* got dtype int64"):
+        attention(q, k, v, mask=np.ones((5, 5), np.int64))
+    with pytest.raises(ValueError, match=r"mask must broadcast to the scores' shape .* got shape \(3, 2, 5, 5\)"):
+        attention(q, k, v, mask=np.ones((3, 2, 5, 5), bool))  # would enlarge the scores
+    with pytest.raises(TypeError, match="scale must be a number or None; got '0.5'"):
+        attention(q, k, v, scale="0.5")
