@@ -56,10 +56,11 @@ def test_report_refuses_bad_flags(flags: list[str], message: str, capsys: pytest
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available: gpu_scaling measures instead")
-def test_gpu_scaling_without_cuda_says_so_and_exits_0() -> None:
-    done = run("gpu_scaling.py")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "CUDA is not available" in done.stdout
+def test_gpu_scaling_without_cuda_says_so_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpu_scaling import main
+
+    assert main([]) == 0
+    assert "CUDA is not available" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA: torch.cuda.is_available() is False")
