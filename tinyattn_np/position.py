@@ -20,7 +20,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_ndim, check_positive_int, compute_dtype
+from ._checks import (
+    ACCEPTED_DTYPES,
+    as_float_array,
+    check_bool,
+    check_ndim,
+    check_positive_int,
+    check_rng,
+    compute_dtype,
+)
 
 Array = NDArray[np.floating]
 
@@ -337,6 +345,7 @@ class LearnedPositions:
 
     It has a fixed number of rows, so a position past the end has no vector: asking for one is a
     ValueError, where RoPE would just compute another angle.
+    rng: a np.random.Generator, an int seed, or None (a fresh table each time); dtype: float16, 32 or 64.
     """
 
     def __init__(
@@ -346,7 +355,7 @@ class LearnedPositions:
         self.dim = check_positive_int(dim, "dim")
         if np.dtype(dtype) not in ACCEPTED_DTYPES:  # an int table would round every 0.01-sized entry to 0
             raise TypeError(f"dtype must be float16, float32 or float64; got {np.dtype(dtype)}")
-        rng = np.random.default_rng(0) if rng is None else rng
+        rng = check_rng(rng)  # None: a fresh table; an int: that seed
         # GPT-2 initialises wpe with N(0, 0.01²) (Radford et al. 2019, the released code)
         self.table = (0.01 * rng.standard_normal((self.max_positions, self.dim))).astype(dtype)
 
