@@ -179,7 +179,7 @@ def _parser_of(script: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Argumen
     return caught[0]
 
 
-@pytest.mark.parametrize("script", ["attention.py", "position.py", "scaling.py", "memory.py"])
+@pytest.mark.parametrize("script", sorted(path.name for path in SCRIPTS.glob("*.py")))
 def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = _parser_of(script, monkeypatch)
     missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
