@@ -17,6 +17,7 @@ from .memory import (
     flash_attention_bytes,
     kv_cache_bytes,
     naive_attention_bytes,
+    ring_attention_bytes,
     score_matrix_bytes,
 )
 from .models import PRESETS, ModelShape, load_model_shape, model_bill, shape_from_config
@@ -67,6 +68,7 @@ __all__ = [
     "naive_attention_bytes",
     "one_head",
     "permute_qk_weight",
+    "ring_attention_bytes",
     "rope",
     "rope_backward",
     "rope_attention_factor",
