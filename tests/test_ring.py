@@ -397,3 +397,12 @@ def test_memory_script_ring_section() -> None:
     assert re.search(r"^1 +1,048,576 +128 +8\.00 +256 +15\.0 +151 +0 +no$", section, re.MULTILINE), section
     assert re.search(r"^4 +262,144 +32\.0 +2\.00 +256 +15\.0 +49\.0 +96\.0 +yes$", section, re.MULTILINE), section
     assert "every device fits in one H100 80GB (81,559 MiB): 4 devices" in section
+
+
+def test_importing_the_package_or_the_ring_module_does_not_import_mpi4py() -> None:
+    check = "import sys, tinyattn_np, tinyattn_np.ring; print(sorted(m for m in sys.modules if m.startswith('mpi4py')))"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
