@@ -218,7 +218,7 @@ def plot(before: np.ndarray, after: np.ndarray, tokens: np.ndarray, symbols: str
         ax.set_ylabel("query")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=80)
+    fig.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(fig)
 
 
