@@ -1,10 +1,12 @@
 import itertools
+import threading
 
 import numpy as np
 import pytest
 from conftest import assert_close, bottom_right, gold_attention
 
-from tinyattn_np import attention, draw_tile_plan, flash_attention, merge_states, tile_plan
+from tinyattn_np import attention, draw_tile_plan, flash_attention, merge_states, tile_plan, window_mask
+from tinyattn_np.flash import default_tiles
 from tinyattn_np.measure import traced_peak
 
 SHAPES = [  # (n_q, n_k, block_q, block_k): dividing blocks, ragged blocks, L != S both ways, L = 1
@@ -50,10 +52,23 @@ def test_rows_that_see_no_key(rng):
 
 def test_scale_float16_and_two_d(rng):
     q, k, v = (rng.standard_normal((33, 8)).astype(np.float16) for _ in range(3))
-    out = flash_attention(q, k, v, causal=True, scale=0.2, block_q=5, block_k=6)
+    out, lse = flash_attention(q, k, v, causal=True, scale=0.2, block_q=5, block_k=6, return_lse=True)
     assert out.shape == (33, 8) and out.dtype == np.float16
-    gold, _ = gold_attention(q[None], k[None], v[None], bottom_right(33, 33), scale=0.2)
+    assert lse.shape == (33,) and lse.dtype == np.float32  # computed in float32, and kept: see the next test
+    gold, gold_lse = gold_attention(q[None], k[None], v[None], bottom_right(33, 33), scale=0.2)
     assert_close(out, gold[0], np.float16, "float16 2-D")
+    assert_close(lse, gold_lse[0], np.float32, "float16 lse")
+
+
+def test_float16_lse_past_float16_range():
+    # scores of 1e5 (float16 tops out at 65504): out is v, lse is 1e5 + log(2), which float16 cannot hold
+    q = np.full((1, 2, 1), 100.0, np.float16)
+    k = np.full((1, 2, 1), 1000.0, np.float16)
+    v = np.ones((1, 2, 3), np.float16)
+    out, lse = flash_attention(q, k, v, scale=1.0, return_lse=True)
+    np.testing.assert_array_equal(out, 1.0)
+    assert lse.dtype == np.float32
+    np.testing.assert_allclose(lse, 1e5 + np.log(2), rtol=1e-6)
 
 
 def test_same_bits_for_any_number_of_workers(rng):
@@ -64,6 +79,52 @@ def test_same_bits_for_any_number_of_workers(rng):
         many = flash_attention(q, k, v, causal=True, block_q=32, block_k=64, workers=workers, return_lse=True)
         np.testing.assert_array_equal(one[0], many[0])
         np.testing.assert_array_equal(one[1], many[1])
+
+
+def test_same_bits_for_any_heads_per_step(rng):
+    # GQA, batch 2: 4 kv heads of 3 query heads each, stepped 1, 2, 3 (a ragged last step) and 4 at a time
+    q = rng.standard_normal((2, 6, 40, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 50, 8)).astype(np.float32) for _ in range(2))
+    gold = attention(q, k, v, causal=True)
+    for heads in (1, 2, 3, 4):
+        out = flash_attention(q, k, v, causal=True, block_q=16, block_k=16, kv_heads_per_step=heads)
+        assert_close(out, gold, np.float32, f"kv_heads_per_step={heads}")
+
+
+def test_overlapping_calls_keep_the_blas_limit_and_the_bits(rng):
+    from threadpoolctl import threadpool_info
+
+    before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    q, k, v = (rng.standard_normal((4, 500, 32)).astype(np.float32) for _ in range(3))
+    serial = flash_attention(q, k, v, causal=True, block_q=64, block_k=64)
+    results: list[np.ndarray] = [None] * 6  # type: ignore[list-item]
+    started = threading.Barrier(6)
+
+    def call(i: int) -> None:
+        started.wait()  # all six at once: each enters while the others run
+        results[i] = flash_attention(q, k, v, causal=True, block_q=64, block_k=64, workers=1 + i % 3)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for result in results:
+        np.testing.assert_array_equal(result, serial)
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
+
+
+def test_nested_calls_restore_the_limit(rng):
+    from threadpoolctl import threadpool_info
+
+    from tinyattn_np.flash import _one_blas_thread
+
+    before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+    with _one_blas_thread():
+        with _one_blas_thread():
+            pass
+        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+    assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
 
 
 def test_merge_of_two_key_halves_is_the_whole(rng):
@@ -104,6 +165,153 @@ def test_causal_plan_skips_about_half():
 def test_draw_tile_plan():
     tiles = tile_plan(4, 4, 2, 2, causal=True)
     assert draw_tile_plan(tiles, 4, 4, 2, 2) == "\\ .\n# \\"
+    assert draw_tile_plan(tiles) == "\\ .\n# \\"  # the plan carries its sizes
+
+
+def test_draw_tile_plan_refuses_sizes_that_are_not_the_plans():
+    tiles = tile_plan(4, 4, 2, 2, causal=True)
+    with pytest.raises(ValueError, match="block_q=1 does not match the plan, which has block_q=2"):
+        draw_tile_plan(tiles, 4, 4, 1, 2)
+    with pytest.raises(ValueError, match="n_k=8"):
+        draw_tile_plan(tiles, 4, 8, 2, 2)
+    with pytest.raises(TypeError, match="tile_plan"):
+        draw_tile_plan(list(tiles), 4, 4, 2, 2)
+
+
+def test_draw_window_band():
+    # 8 x 8 tokens in 2 x 2 tiles, a window of 3: the band is two tiles wide, the rest skipped
+    drawing = draw_tile_plan(tile_plan(8, 8, 2, 2, causal=True, window=3))
+    assert drawing == "\\ . . .\n\\ \\ . .\n. \\ \\ .\n. . \\ \\"
+
+
+# --- sliding windows -------------------------------------------------------------------------
+
+WINDOW_SHAPES = [  # (n_q, n_k, block_q, block_k, window)
+    (64, 64, 16, 16, 1),
+    (64, 64, 16, 16, 17),
+    (37, 53, 8, 16, 5),
+    (53, 37, 16, 8, 9),
+    (1, 50, 1, 7, 10),
+    (129, 257, 64, 32, 100),
+    (20, 20, 4, 4, 10**6),
+]
+
+
+@pytest.mark.parametrize("n_q,n_k,block_q,block_k,window", WINDOW_SHAPES)
+def test_window_equals_reference_with_a_band_mask(rng, n_q, n_k, block_q, block_k, window):
+    q = rng.standard_normal((2, 4, n_q, 8))
+    k, v = (rng.standard_normal((2, 2, n_k, 8)) for _ in range(2))
+    band = window_mask(n_q, n_k, window=window)
+    out, lse = flash_attention(q, k, v, causal=True, window=window, block_q=block_q, block_k=block_k, return_lse=True)
+    gold_out, gold_lse = gold_attention(q, k, v, band)
+    assert_close(out, gold_out, np.float64, "flash window vs gold")
+    assert_close(out, attention(q, k, v, mask=band), np.float64, "flash window vs attention(mask=band)")
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(gold_lse))
+    assert_close(lse[np.isfinite(gold_lse)], gold_lse[np.isfinite(gold_lse)], np.float64, "lse")
+
+
+def test_window_is_mistral_and_flash_attn_window_size():
+    # with L = S, query i sees keys i - window < j <= i; flash-attn's window_size=(w, 0) is window = w + 1
+    band = window_mask(6, window=3)
+    for i in range(6):
+        assert band[i].nonzero()[0].tolist() == [j for j in range(6) if i - 3 < j <= i]
+    left = 2  # flash-attn: keys i - left ... i
+    assert (band == window_mask(6, window=left + 1)).all()
+
+
+@pytest.mark.parametrize("n_q,n_k,block_q,block_k,window", WINDOW_SHAPES + [(5, 0, 2, 2, 3), (0, 5, 2, 2, 3)])
+def test_window_plan_covers_the_band_once(n_q, n_k, block_q, block_k, window):
+    band = window_mask(n_q, n_k, window=window)
+    covered = np.zeros((n_q, n_k), int)
+    for t in tile_plan(n_q, n_k, block_q, block_k, causal=True, window=window):
+        covered[t.q_start : t.q_stop, t.k_start : t.k_stop] += 1
+        inside = band[t.q_start : t.q_stop, t.k_start : t.k_stop]
+        assert inside.any(), f"{t} lies wholly outside the band"
+        assert t.kind == ("full" if inside.all() else "diagonal"), t
+    assert (covered[band] == 1).all() and (covered <= 1).all()
+
+
+def test_window_tiles_grow_as_t_times_window():
+    # doubling T with a fixed window doubles the tiles (T·window), where plain causal quadruples them
+    windowed = [len(tile_plan(n, n, 64, 64, causal=True, window=256)) for n in (4096, 8192)]
+    causal = [len(tile_plan(n, n, 64, 64, causal=True)) for n in (4096, 8192)]
+    assert windowed[1] < 2.1 * windowed[0] and causal[1] > 3.9 * causal[0]
+
+
+def test_window_needs_causal_and_a_positive_int(rng):
+    q = rng.standard_normal((1, 4, 4))
+    with pytest.raises(ValueError, match="window=3 needs causal=True"):
+        flash_attention(q, q, q, window=3)
+    with pytest.raises(ValueError, match="needs causal=True"):
+        tile_plan(4, 4, 2, 2, window=3)
+    with pytest.raises(ValueError, match="window"):
+        flash_attention(q, q, q, causal=True, window=0)
+    with pytest.raises(TypeError, match="window"):
+        flash_attention(q, q, q, causal=True, window=2.0)
+    huge = flash_attention(q, q, q, causal=True, window=2**63)  # a window past every key is plain causal
+    np.testing.assert_array_equal(huge, flash_attention(q, q, q, causal=True))
+
+
+# --- defaults ----------------------------------------------------------------------------------
+
+
+def test_default_tiles_rule():
+    assert default_tiles(8192, 8192, 1, cores=2) == (256, 256, 4)  # 2^18 scores: 4 heads of 256 x 256
+    assert default_tiles(8192, 8192, 4, cores=2) == (256, 256, 1)  # one kv head brings 4 query heads
+    assert default_tiles(8192, 8192, 1, cores=16) == (512, 512, 2)  # 2^19 scores: 2 heads of 512 x 512
+    assert default_tiles(1, 1, 1, cores=2) == (256, 256, 2**18)  # tiny problems: many heads per step
+    assert default_tiles(1, 4096, 8, cores=2) == (256, 256, 128)  # decoding: 8 query heads x 256 keys each
+    assert default_tiles(100, 100, 1, block_q=10, block_k=10, cores=2) == (10, 10, 2**18 // 100)
+
+
+def test_many_tiny_heads_are_batched(rng):
+    # 20,000 heads of one query and one key: a handful of tile steps, not 20,000 of them
+    q, k, v = (rng.standard_normal((20000, 1, 1, 4)) for _ in range(3))
+    calls = []
+    import tinyattn_np.flash as flash_module
+
+    real = flash_module._attend_block
+    flash_module._attend_block = lambda *a: calls.append(1) or real(*a)
+    try:
+        out = flash_attention(q, k, v, causal=True)
+    finally:
+        flash_module._attend_block = real
+    assert len(calls) == 1
+    np.testing.assert_allclose(out, v)  # one key: the weight is 1
+
+
+# --- flags and empty shapes ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["causal", "return_lse"])
+@pytest.mark.parametrize("value", ["False", 0, 1, None])
+def test_flags_must_be_bools(rng, flag, value):
+    q = rng.standard_normal((1, 4, 4))
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        flash_attention(q, q, q, **{flag: value})
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        tile_plan(4, 4, 2, 2, causal="False")
+    flash_attention(q, q, q, causal=np.bool_(True), return_lse=np.bool_(False))  # NumPy bools are bools
+
+
+@pytest.mark.parametrize(
+    "q_shape,kv_shape,ev",
+    [
+        ((0, 4, 5, 8), (0, 2, 6, 8), 3),  # empty batch
+        ((2, 0, 5, 8), (2, 1, 6, 8), 3),  # zero query heads
+        ((2, 4, 5, 8), (2, 2, 6, 8), 0),  # Ev = 0
+        ((1, 2, 0, 8), (1, 2, 6, 8), 3),  # no queries
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_but_valid_shapes(rng, q_shape, kv_shape, ev, causal):
+    q, k = rng.standard_normal(q_shape), rng.standard_normal(kv_shape)
+    v = rng.standard_normal((*kv_shape[:-1], ev))
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    assert out.shape == (*q_shape[:-1], ev) and lse.shape == q_shape[:-1]
+    np.testing.assert_array_equal(out, attention(q, k, v, causal=causal))
+    _, gold_lse = gold_attention(q, k, v, bottom_right(q_shape[-2], kv_shape[-2]) if causal else None)
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-12)
 
 
 # --- memory ----------------------------------------------------------------------------------
@@ -118,10 +326,23 @@ def test_flash_never_holds_the_score_matrix(rng):
     assert peak < 64 * 2**20, f"traced peak {peak / 2**20:.1f} MiB, score matrix {score_matrix / 2**30:.0f} GiB"
 
 
+def test_one_by_one_tiles_stay_linear_in_memory(rng):
+    # the tiles are made per query block as it runs: 1 x 1 tiles hold no list of T² tiles
+    peaks = []
+    for n in (128, 256):
+        x = rng.standard_normal((1, n, 4))
+        out, peak = traced_peak(flash_attention, x, x, x, causal=True, block_q=1, block_k=1)
+        np.testing.assert_allclose(out, attention(x, x, x, causal=True), atol=1e-12)
+        peaks.append(peak)
+    score_matrix = 256 * 256 * 8
+    assert peaks[1] < score_matrix / 2, f"{peaks[1]} B traced, the score matrix is {score_matrix} B"
+    assert peaks[1] < 3 * peaks[0], f"peaks {peaks}: more than linear in T"
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["block_q", "block_k", "workers"])
+@pytest.mark.parametrize("name", ["block_q", "block_k", "workers", "kv_heads_per_step"])
 @pytest.mark.parametrize("value,error", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)])
 def test_bad_block_sizes_and_workers(rng, name, value, error):
     q = rng.standard_normal((1, 4, 4))

@@ -12,6 +12,16 @@ For L == S they are the same lower triangle. For L = 2, S = 5 (two new tokens af
     1 1 0 0 0     1 1 1 1 1
 
 Bottom-right is what decoding needs: the last query is the newest token and sees every key.
+
+A sliding window of w keys (Mistral, Gemma-2's local layers) keeps the causal edge and adds a second,
+parallel one: query i sees key j when i + offset - w < j <= i + offset, itself and the w - 1 keys before
+it. For L = S = 5 and w = 2:
+
+    1 0 0 0 0
+    1 1 0 0 0
+    0 1 1 0 0
+    0 0 1 1 0
+    0 0 0 1 1
 """
 
 from __future__ import annotations
@@ -42,6 +52,28 @@ def causal_blocked(q_start: int, q_stop: int, k_start: int, k_stop: int, offset:
     return cols > rows + offset  # (bq, bk)
 
 
+def band_blocked(
+    q_start: int, q_stop: int, k_start: int, k_stop: int, offset: int, window: int | None
+) -> NDArray[np.bool_]:
+    """causal_blocked, and with a window also the keys too far back: j <= i + offset - window.
+
+    window=None is the plain causal mask. Shape (q_stop - q_start, k_stop - k_start).
+    """
+    blocked = causal_blocked(q_start, q_stop, k_start, k_stop, offset)  # (bq, bk)
+    if window is not None:
+        rows = np.arange(q_start, q_stop)[:, None]  # (bq, 1)
+        cols = np.arange(k_start, k_stop)[None, :]  # (1, bk)
+        blocked |= cols <= rows + offset - window  # (bq, bk)
+    return blocked
+
+
+def check_window(window: object, n_q: int, n_k: int) -> int:
+    """window as a positive int, clipped to n_q + n_k: a window that long already reaches back past the
+    first key from every query (so it is plain causal), and the clip keeps huge ints such as 2**63 out
+    of NumPy's int64 arithmetic."""
+    return min(check_positive_int(window, "window"), n_q + n_k + 1)
+
+
 def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> NDArray[np.bool_]:
     """(n_q, n_k) bool, True where query i may attend to key j: j <= i + offset (see module doc)."""
     n_q, n_k = check_sizes(n_q, n_k)
@@ -53,10 +85,10 @@ def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "
     """(n_q, n_k) bool for causal sliding-window attention (Mistral, Gemma-2 local layers).
 
     Query i sees key j when i + offset - window < j <= i + offset: itself and the window - 1 keys
-    before it. window >= n_k gives the plain causal mask.
+    before it. A window of n_q + n_k keys or more (any size: 2**63 too) gives the plain causal mask.
     """
     n_q, n_k = check_sizes(n_q, n_k)
-    window = check_positive_int(window, "window")
+    window = check_window(window, n_q, n_k)
     offset = causal_offset(n_q, n_k, align)
     rows = np.arange(n_q)[:, None] + offset  # (n_q, 1): the key position each query lines up with
     cols = np.arange(n_k)[None, :]  # (1, n_k)

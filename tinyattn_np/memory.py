@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_count, check_positive_int, check_sizes
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles
 
 # Bytes per element. int4 packs two values per byte, so sizes are Fractions and a total is rounded up
 # to whole bytes only once, at the end (an odd count of int4 values still needs its last byte).
@@ -275,45 +275,55 @@ def flash_attention_bytes(
     batch: int = 1,
     dtype: Any = "fp32",
     causal: bool = False,
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
     workers: int | None = None,
+    kv_heads_per_step: int | None = None,
 ) -> int:
     """Peak bytes that flash_attention() (flash.py) allocates, for q, k, v that already exist.
 
-    With B = batch, c = bytes of the compute dtype, bq = min(block_q, L), bk = min(block_k, S):
+    With B = batch, c = bytes of the compute dtype, G = Hq / Hkv, bq = min(block_q, L),
+    bk = min(block_k, S), and n = h·G·bq the query rows of one tile step (h kv heads per step;
+    block sizes and h default as in flash_attention, flash.default_tiles):
 
-        q_s       B·Hq·L·E·c        q times the scale, made once
         out, lse  B·Hq·L·(Ev + 1)·c
-        per busy worker, while the tiles run (min(workers, B·Hq·⌈L / block_q⌉) workers):
-                  bq·bk·c           the score tile, reused for every key block
-                  2·bq·Ev·c         acc, and the tile's exp(s) @ v before it is added to acc
-                  8·bq·c            per-row vectors: m, l, the tile's max and sum, m', alpha, ...
+        per busy worker, while the tiles run (min(workers, ⌈B·Hkv / h⌉·⌈L / block_q⌉) workers):
+                  n·E·c             the step's queries times the scale, transposed
+                  n·bk·c            the score tile, reused for every key block
+                  2·n·Ev·c          acc, and the tile's exp(s) @ v before it is added to acc
+                  8·n·c             per-row vectors: m, l, the tile's max and sum, m', alpha, ...
                   causal=True: bq·bk bool, the mask of a tile the diagonal crosses, and the buffers
                   NumPy's ufunc uses to build it from two broadcast int64 ranges (2·8·8,192 B)
         fp16 only: fp32 copies of k and v, B·Hkv·S·(E + Ev)·4, and after the tiles (when the
-                   workers' buffers are gone) fp16 copies of out and lse, B·Hq·L·(Ev + 1)·2
+                   workers' buffers are gone) the fp16 copy of out, B·Hq·L·Ev·2 (lse stays fp32)
 
-        peak = q_s + out + lse + copies of k, v + max(busy · per worker, fp16 copies of out, lse)
+        peak = out + lse + copies of k, v + max(busy · per worker, fp16 copy of out)
 
     Nothing is L x S: it grows like (L + S)·E. workers defaults to the CPU count, as in
     flash_attention. The busy workers are counted as if they all held their buffers at once, which
     they do once a call lasts a few milliseconds; a tiny call may finish before a second thread
-    starts, and then it measures less. Python's bookkeeping (one small tuple per tile) is left out.
+    starts, and then it measures less. Python's bookkeeping (one small tuple per work item) is left out.
     """
     sizes = _attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
-    block_q = check_positive_int(block_q, "block_q")
-    block_k = check_positive_int(block_k, "block_k")
+    group = heads // kv_heads if kv_heads else 1
+    if block_q is not None:
+        block_q = check_positive_int(block_q, "block_q")
+    if block_k is not None:
+        block_k = check_positive_int(block_k, "block_k")
+    block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k)
+    per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
     workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
     size, compute = _compute_dtype(dtype)
     rows = batch * heads * n_q  # query rows over all heads
     copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
-    held = rows * (e + ev + 1) * compute  # q_s, out, lse
-    cast_back = rows * (ev + 1) * size if size < compute else 0  # fp16 out and lse
+    held = rows * (ev + 1) * compute  # out, lse
+    cast_back = rows * ev * size if size < compute else 0  # fp16 out
     bq, bk = min(block_q, n_q), min(block_k, n_k)
-    busy = min(workers, batch * heads * -(-n_q // block_q))  # a worker takes whole query blocks
-    per_worker = bq * bk * compute + 2 * bq * ev * compute + 8 * bq * compute if n_k else 0
+    h = min(per_step, batch * kv_heads)
+    n = h * group * bq  # query rows of one tile step
+    busy = min(workers, -(-batch * kv_heads // max(h, 1)) * -(-n_q // block_q))  # a worker takes whole items
+    per_worker = n * (e + bk + 2 * ev + 8) * compute if n_k else 0
     if _check_bool(causal, "causal") and n_k:
         # the ufunc buffers: 2 operands x 8 B, at most getbufsize() elements each (NumPy's default 8,192)
         per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
