@@ -377,3 +377,24 @@ def test_scaling_backward_section(capsys):
     with pytest.raises(SystemExit):
         scaling.parse_args(["--backward", "--sweep-blocks", "256"])
     assert "--backward is a table of its own" in capsys.readouterr().err
+
+
+def test_blas_threads_restored_after_concurrent_forward_and_backward(rng):
+    """The backward shares flash_attention's BLAS limit: run both at once in two threads, and BLAS has its
+    threads back afterwards (two separate limits could leave it stuck at one thread)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_threads()
+    q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (1,), 4, 4, 300, 300, e=16, ev=16))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    with ThreadPoolExecutor(2) as pool:
+        jobs = [pool.submit(flash_attention, q, k, v, causal=True, block_q=16, block_k=16) for _ in range(3)]
+        jobs += [pool.submit(flash_attention_backward, q, k, v, out, dout, lse, causal=True) for _ in range(3)]
+        for job in jobs:
+            job.result()
+    assert blas_threads() == before

@@ -34,7 +34,7 @@ from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype
 from .attention import attention
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Tile, tile_plan
+from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Tile, _one_blas_thread, tile_plan
 from .masks import causal_blocked, causal_offset
 from .position import rope
 
@@ -145,21 +145,6 @@ def _key_block_grads(
         dk_rows += dp.T @ q_s[rows]  # (bk, bq) @ (bq, E)
 
 
-_blas_controller: Any = None
-
-
-def _one_blas_thread() -> Any:
-    """A context in which BLAS runs single-threaded: the workers are the parallelism, and a matmul on one
-    thread sums in one fixed order, so the result is the same bits for any number of workers. (The same
-    threadpoolctl limit flash_attention takes: process-wide while it lasts.)"""
-    global _blas_controller
-    if _blas_controller is None:
-        from threadpoolctl import ThreadpoolController
-
-        _blas_controller = ThreadpoolController()
-    return _blas_controller.limit(limits=1, user_api="blas")
-
-
 def flash_attention_backward(
     q: Array,
     k: Array,
@@ -249,6 +234,10 @@ def flash_attention_backward(
                              dq[h], dk_heads[h, cols], dv_heads[h, cols], tile_buf, dp_buf)  # fmt: skip
 
     # 4) every query head is one item; each writes only its own dq[h], dk_heads[h], dv_heads[h]
+    #    BLAS on one thread: the workers are the parallelism, and a one-thread matmul sums in one fixed order.
+    #    It is flash_attention's own limit, shared on purpose: a forward and a backward running at once in two
+    #    threads hold one limit between them, where two separate limits would each restore BLAS's threads
+    #    when they end, under the other's feet.
     with _one_blas_thread():
         if workers == 1 or n_heads <= 1:
             for h in range(n_heads):

@@ -221,7 +221,7 @@ class MultiHeadAttention:
         dy = (dout @ self.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
         # 2) through the attention, the way the forward went
         if saved.fused:
-            dq, dk, dv = flash_attention_backward(q, k, v, y, dy, saved.lse, causal=saved.causal)
+            dq, dk, dv = flash_attention_backward(q, k, v, y, dy, cast(Array, saved.lse), causal=saved.causal)
         else:
             dq, dk, dv = attention_backward(q, k, v, dy, causal=saved.causal)
         # 3) through RoPE: the rotation back by -θ
