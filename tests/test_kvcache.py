@@ -148,14 +148,15 @@ def _windowed_reference(mha: MultiHeadAttention, x: np.ndarray, window: int) -> 
     return y.swapaxes(1, 2).reshape(x.shape) @ mha.w_out
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("prefill", [1, 2, 6])
 @pytest.mark.parametrize("step", [1, 2, 5])
-def test_window_cache_equals_the_band_mask(prefill, step):
+def test_window_cache_equals_the_band_mask(prefill, step, fused):
     mha = _model()
     x = RNG.standard_normal((2, 13, 32))
     cache = KVCache(2, 2, 13, 8, dtype=np.float64, window=3)
-    outs = [mha(x[:, :prefill], cache=cache)]
-    outs += [mha(x[:, t : t + step], cache=cache) for t in range(prefill, 13, step)]
+    outs = [mha(x[:, :prefill], cache=cache, fused=fused)]
+    outs += [mha(x[:, t : t + step], cache=cache, fused=fused) for t in range(prefill, 13, step)]
     np.testing.assert_allclose(np.concatenate(outs, axis=1), _windowed_reference(mha, x, 3), atol=1e-13)
     assert cache.nbytes == kv_cache_bytes(13, layers=1, kv_heads=2, head_dim=8, dtype="fp64", batch=2, window=3)
 

@@ -152,8 +152,11 @@ class MultiHeadAttention:
             k_old, v_old = cache.ordered()  # (B, Hkv, kept, d_head) each, oldest first
             k_all = np.concatenate([k_old, k], axis=2)  # (B, Hkv, kept + T, d_head)
             v_all = np.concatenate([v_old, v], axis=2)
-            band = window_mask(T, k_all.shape[2], window=cache.window)  # (T, kept + T), bottom-right
-            y = cast(Array, attention(q, k_all, v_all, mask=band))  # (B, H, T, d_head)
+            if fused:  # flash skips the tiles outside the band: work and memory grow as T·window
+                y = cast(Array, flash_attention(q, k_all, v_all, causal=True, window=cache.window))
+            else:  # the reference, with the band drawn as a mask (bottom-right)
+                band = window_mask(T, k_all.shape[2], window=cache.window)  # (T, kept + T)
+                y = cast(Array, attention(q, k_all, v_all, mask=band))  # (B, H, T, d_head)
             cache.append(k, v)
             return y
         cache.append(k, v)  # refused (nothing changed) if it does not fit
