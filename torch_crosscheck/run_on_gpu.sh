@@ -18,8 +18,9 @@ logs=$1
 mkdir -p "$logs" || exit 2
 : > "$logs/exit_codes.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the tree under test, installed or not
+python=$(command -v python || command -v python3) || { echo "no python on PATH" >&2; exit 1; }
 
-if ! python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "torch sees no CUDA GPU here: nothing to run (python -c 'import torch; print(torch.cuda.is_available())')" >&2
     exit 1
 fi
@@ -36,14 +37,14 @@ step() {
     tail -n 3 "$logs/$name.log"
 }
 
-step machine 30 python -c "import platform, numpy, torch; print(platform.platform(), platform.python_version()); \
+step machine 30 "$python" -c "import platform, numpy, torch; print(platform.platform(), platform.python_version()); \
 print('numpy', numpy.__version__, '| torch', torch.__version__, 'CUDA', torch.version.cuda, '| cuDNN', \
 torch.backends.cudnn.version(), '|', torch.cuda.get_device_name(0), '| CPU threads', torch.get_num_threads())"
-step pytest 150 python -m pytest torch_crosscheck -q -ra -p no:cacheprovider
-step report 120 python torch_crosscheck/report.py
-step gpu_scaling_4x64 120 python torch_crosscheck/gpu_scaling.py --max-tokens 262144
-step gpu_scaling_4x64_8gib 60 python torch_crosscheck/gpu_scaling.py --memory-limit-gib 8
-step gpu_scaling_32x128 120 python torch_crosscheck/gpu_scaling.py --heads 32 --head-dim 128 --max-tokens 131072
+step pytest 150 "$python" -m pytest torch_crosscheck -q -ra -p no:cacheprovider
+step report 120 "$python" torch_crosscheck/report.py
+step gpu_scaling_4x64 120 "$python" torch_crosscheck/gpu_scaling.py --max-tokens 262144
+step gpu_scaling_4x64_8gib 60 "$python" torch_crosscheck/gpu_scaling.py --memory-limit-gib 8
+step gpu_scaling_32x128 120 "$python" torch_crosscheck/gpu_scaling.py --heads 32 --head-dim 128 --max-tokens 131072
 
 echo "== exit codes (step, status, seconds):"
 cat "$logs/exit_codes.txt"
