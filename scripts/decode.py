@@ -178,7 +178,7 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         block = model.blocks[0]
         q, _, _ = block.split_heads(model.table[[token]][None], positions=[context - 1])  # (1, H, 1, d_head)
         keys, values = cache.keys, cache.values  # (1, Hkv, context, d_head)
-        tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(x)) for x in (q, keys, values))
+        tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))  # copies: the views are read-only
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
         check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
@@ -241,6 +241,7 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
         print(
             f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
             f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
+            f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
             f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}"
         )
 
