@@ -206,6 +206,7 @@ def test_window_equals_reference_with_a_band_mask(rng, n_q, n_k, block_q, block_
     gold_out, gold_lse = gold_attention(q, k, v, band)
     assert_close(out, gold_out, np.float64, "flash window vs gold")
     assert_close(out, attention(q, k, v, mask=band), np.float64, "flash window vs attention(mask=band)")
+    assert_close(attention(q, k, v, causal=True, window=window), gold_out, np.float64, "attention(window=)")
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(gold_lse))
     assert_close(lse[np.isfinite(gold_lse)], gold_lse[np.isfinite(gold_lse)], np.float64, "lse")
 
@@ -244,6 +245,10 @@ def test_window_needs_causal_and_a_positive_int(rng):
         flash_attention(q, q, q, window=3)
     with pytest.raises(ValueError, match="needs causal=True"):
         tile_plan(4, 4, 2, 2, window=3)
+    with pytest.raises(ValueError, match="window=2 needs causal=True"):
+        attention(q, q, q, window=2)
+    with pytest.raises(ValueError, match="window"):
+        attention(q, q, q, causal=True, window=-1)
     with pytest.raises(ValueError, match="window"):
         flash_attention(q, q, q, causal=True, window=0)
     with pytest.raises(TypeError, match="window"):

@@ -3,6 +3,7 @@ import pytest
 from conftest import bottom_right
 
 from tinyattn_np import causal_mask, window_mask
+from tinyattn_np.masks import band_blocked, causal_offset
 
 
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (4, 4), (2, 5), (5, 2), (1, 9), (3, 0), (0, 3)])
@@ -39,6 +40,33 @@ def test_window_mask():
     np.testing.assert_array_equal(window_mask(3, 6, window=100), causal_mask(3, 6))
 
 
+@pytest.mark.parametrize("window", [2**31, 2**63, 10**30])
+def test_huge_window_is_plain_causal(window):
+    # past int64 too: the window is clipped to n_q + n_k before NumPy sees it
+    np.testing.assert_array_equal(window_mask(3, window=window), causal_mask(3))
+    np.testing.assert_array_equal(
+        window_mask(2, 5, window=window, align="top_left"), causal_mask(2, 5, align="top_left")
+    )
+
+
+@pytest.mark.parametrize("n_q,n_k,window", [(5, 5, 2), (2, 5, 3), (5, 2, 1), (4, 9, 4)])
+def test_band_blocked_is_the_window_mask_inverted(n_q, n_k, window):
+    offset = causal_offset(n_q, n_k)
+    np.testing.assert_array_equal(band_blocked(0, n_q, 0, n_k, offset, window), ~window_mask(n_q, n_k, window=window))
+    np.testing.assert_array_equal(band_blocked(0, n_q, 0, n_k, offset, None), ~causal_mask(n_q, n_k))
+    # a tile of the matrix is the same piece of the band
+    np.testing.assert_array_equal(
+        band_blocked(1, n_q, 1, n_k, offset, window), ~window_mask(n_q, n_k, window=window)[1:, 1:]
+    )
+
+
+def test_window_mask_loop_oracle():
+    # Mistral's sliding window with L = S: query i sees i - window < j <= i
+    n, window = 7, 3
+    gold = np.array([[i - window < j <= i for j in range(n)] for i in range(n)])
+    np.testing.assert_array_equal(window_mask(n, window=window), gold)
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="align"):
         causal_mask(3, align="left")
@@ -48,3 +76,5 @@ def test_bad_arguments():
         causal_mask(2, 2.5)
     with pytest.raises(ValueError, match="window"):
         window_mask(3, window=0)
+    with pytest.raises(TypeError, match="window"):
+        window_mask(3, window=1.5)

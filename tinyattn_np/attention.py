@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import QKVShape, as_float_array, check_bool, check_qkv, check_scale, compute_dtype, result_dtype
-from .masks import causal_blocked, causal_offset
+from .masks import band_blocked, causal_offset, check_window
 from .measure import memory_available
 from .memory import naive_attention_bytes
 from .report import format_bytes
@@ -94,6 +94,7 @@ def attention(
     return_weights: bool = False,
     check_memory: bool = True,
     align: str = "bottom_right",
+    window: int | None = None,
 ) -> Array | tuple[Array, Array]:
     """softmax(q kᵀ · scale + mask) v, building the (..., Hq, L, S) score matrix.
 
@@ -102,6 +103,8 @@ def attention(
     mask: bool (True = may attend) or float (added to the scores), broadcastable to (..., Hq, L, S).
     causal=True hides key j from query i when j > i + S - L (bottom-right); it combines with mask.
     align="top_left" moves that diagonal to j > i, torch's is_causal (the same when L == S).
+    window (needs causal=True): a sliding window, query i sees only the last `window` keys, itself
+    included (bottom-right: j > i + S - L - window; masks.window_mask draws it).
     A query that may see no key gets output 0 (and weights 0), never NaN; S = 0 gives zeros.
     A NaN in q or k reaches only the output rows whose scores touch it. A NaN in v reaches every row:
     weights @ v multiplies it by each row's weight, and 0 · NaN is NaN (the same in torch's math path).
@@ -116,6 +119,10 @@ def attention(
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e)
     offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
+    if window is not None:
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+        window = check_window(window, dims.n_q, dims.n_k)
     scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     if mask is not None:
         mask = _check_mask(mask, scores_shape)
@@ -136,7 +143,7 @@ def attention(
     elif mask is not None:
         np.add(scores, mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy of mask
     if causal:
-        blocked = causal_blocked(0, dims.n_q, 0, dims.n_k, offset)  # (L, S)
+        blocked = band_blocked(0, dims.n_q, 0, dims.n_k, offset, window)  # (L, S); the window's edge too
         np.copyto(scores, -np.inf, where=blocked)
 
     # 3) softmax over the keys, in place: the weights take the scores' memory
