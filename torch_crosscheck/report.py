@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, CPU {platform.machine()} ({torch.get_num_threads()} threads), GPU: {gpu}")
     # the error column holds text ("skipped (no CUDA)") too, so its numbers come formatted already
     print(table(rows, HEADERS, fmt=args.format, floatfmt=["", "", "", "", ".2e", ".2e", "", ""]))
+    # torch's value on rows that see no key, where it is not what ours is (0, or -inf for a logsumexp)
+    odd = [f"{r[0]} | {r[1]} {r[2]} {r[3]}: {r[6]}" for r in rows if r[6] not in ("", "-", "0", "-inf")]
+    if odd:
+        print(f"torch returned something else on rows that see no key (recorded, not compared) in {len(odd)} rows:")
+        print("\n".join(f"  {line}" for line in odd))
     counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", NOT_SUPPORTED, "skipped")}
     print(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts[NOT_SUPPORTED]} not supported by that torch "
           f"kernel, {counts['skipped']} cases skipped (no CUDA) in {seconds:.1f} s")  # fmt: skip

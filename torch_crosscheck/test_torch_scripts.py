@@ -42,6 +42,33 @@ def test_report_rows_with_no_key(capsys: pytest.CaptureFixture[str]) -> None:
     assert "sdpa bool mask, fully masked rows" in out and "sdpa bool mask  " not in out
 
 
+def test_report_records_what_torch_returns_on_rows_with_no_key(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel that returns non-zero values on a row with no key (as cuDNN does on CUDA) passes and is
+    listed; ours not exactly 0 there fails."""
+    import numpy as np
+    import report
+    from cases import Case, Outcome
+
+    unseen = np.array([[False], [True]])  # (L=2, 1): row 1 sees no key
+
+    def run_with(mine_row_1: float, torch_row_1: float):
+        mine, gold = np.array([[0.5, 0.25], [mine_row_1, 0.0]]), np.array([[0.5, 0.25], [torch_row_1, -1.5]])
+        return lambda device, dtype: Outcome(mine, gold, 1e-6, unseen)
+
+    cases = [Case("like cuDNN on a fully masked row", run_with(0.0, 0.8), ("float32",)),
+             Case("ours not zero on a fully masked row", run_with(1e-30, 0.0), ("float32",))]  # fmt: skip
+    monkeypatch.setattr(report, "all_cases", lambda: cases)
+    assert report.main(["--only", "like cuDNN"]) == 0
+    out = capsys.readouterr().out
+    rows = 2 + 4 * torch.cuda.is_available()  # one per kernel: math and flash on CPU, four on CUDA
+    assert f"torch returned something else on rows that see no key (recorded, not compared) in {rows} rows:" in out
+    assert "like cuDNN on a fully masked row | cpu math float32: -1.5" in out
+    assert report.main(["--only", "ours not zero"]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--format", "no-such-format"], "--format"), (["--only", "no such case"], "matches no case")],
