@@ -326,7 +326,7 @@ def positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tokens", type=positive, default=248, help="tokens to generate (default 248)")
     p.add_argument("--prompt", type=positive, default=8, help="prompt tokens, one prefill (default 8)")
     p.add_argument("--window", type=positive, default=16, help="sliding window of the window cache (default 16)")
