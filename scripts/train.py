@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, attention
-from tinyattn_np.report import add_format_argument, text_table
+from tinyattn_np.report import add_format_argument, nonnegative_seed, text_table
 
 SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
 
@@ -261,11 +261,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--plot", metavar="PATH.png", help="draw the attention before and after (needs the plot extra)")
     p.add_argument("--json", metavar="PATH", help="write the table's figures to PATH")
-    p.add_argument("--seed", type=int, default=0, help="seed for data and weights, >= 0 (default 0)")
+    p.add_argument(
+        "--seed", type=nonnegative_seed, default=0, help="seed for data and weights, an int >= 0 (default 0)"
+    )
     add_format_argument(p)
     args = p.parse_args(argv)
-    if args.seed < 0:
-        p.error(f"--seed must be >= 0; got {args.seed}")
     if args.vocab > 62:
         p.error(f"--vocab must be at most 62 (one character per token in the heat map); got {args.vocab}")
     if args.length < 2:
@@ -279,6 +279,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.heads % kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
     for flag, path in (("--plot", args.plot), ("--json", args.json)):
+        if path is not None and os.path.isdir(path):
+            p.error(f"{flag} {path} is a folder: give a file name in it")
         if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             p.error(f"{flag}: the folder of {path!r} does not exist")
     if args.plot is not None:

@@ -94,7 +94,7 @@ def test_heat_map_shades():
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--seed", "-1"], "--seed must be >= 0"),
+        (["--seed", "-1"], "--seed: must be an int >= 0"),
         (["--lr", "nan"], "expected a positive float"),
         (["--steps", "0"], "expected a positive int"),
         (["--vocab", "63"], "at most 62"),
@@ -104,6 +104,7 @@ def test_heat_map_shades():
         (["--heads", "4", "--kv-heads", "3"], "multiple of --kv-heads"),
         (["--plot", "/no/such/folder/x.png"], "does not exist"),
         (["--json", "/no/such/folder/x.json"], "does not exist"),
+        (["--json", "/"], "is a folder"),
     ],
 )
 def test_bad_flags(flags, message, capsys):
