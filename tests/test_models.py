@@ -157,3 +157,14 @@ def test_model_flops_count_window_layers_by_their_band():
     half = 21 * attention_flops(n, heads=16, head_dim=256, causal=True)
     assert gemma.attention_flops(n) == half + 21 * attention_flops(n, heads=16, head_dim=256, causal=True, window=4096)
     assert model_bill(mistral, n)["contexts"][0]["attention_flops"] == mistral.attention_flops(n)
+
+
+def test_mistral_config_slides_on_every_layer_and_zero_window_layers_on_none():
+    mistral = {**LLAMA_31_8B, "model_type": "mistral", "vocab_size": 32000, "max_position_embeddings": 32768,
+               "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 4096}  # fmt: skip
+    shape = load_model_shape(mistral)
+    assert shape == ModelShape(**{**PRESETS["mistral-7b-v0.1"].__dict__, "name": "mistral"})
+    assert shape.window_layers is None and shape.kv_cache_bytes(8192) == shape.kv_cache_bytes(4096)
+    none_slide = load_model_shape({**mistral, "layer_types": ["full_attention"] * 32})
+    assert none_slide.window_layers == 0 and none_slide.kv_cache_bytes(8192) == 2 * none_slide.kv_cache_bytes(4096)
+    assert none_slide.attention_flops(8192) == 32 * attention_flops(8192, heads=32, head_dim=128, causal=True)
