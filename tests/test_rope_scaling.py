@@ -95,8 +95,8 @@ def test_yarn_attention_factor_and_ramp():
     x = RNG.standard_normal((3, 128))
     lengths = np.linalg.norm(rope(x, scaling=scaling), axis=-1) / np.linalg.norm(x, axis=-1)
     np.testing.assert_allclose(lengths, 0.1 * math.log(4.0) + 1, rtol=1e-12)
-    # with the config's max_position_embeddings too, transformers takes the factor as the ratio
-    assert rope_attention_factor(scaling, max_position_embeddings=131072) == pytest.approx(0.1 * math.log(4) + 1)
+    # a given factor wins over max_position_embeddings / L0 (Qwen3: factor 4 from 32,768, max 40,960)
+    assert rope_attention_factor(scaling, max_position_embeddings=40960) == pytest.approx(0.1 * math.log(4) + 1)
     no_truncate = rope_frequencies(128, 1e6, scaling={**scaling, "truncate": False})
     assert not np.array_equal(no_truncate, scaled)
     step = rope_frequencies(128, 1e6, scaling={**scaling, "beta_fast": 8, "beta_slow": 8, "truncate": False})
@@ -128,6 +128,8 @@ def test_longrope_short_and_long_factors():
     assert rope_attention_factor({**scaling, "factor": 1.0}, max_position_embeddings=4096) == 1.0
     with pytest.raises(ValueError, match=r"scaling\['short_factor'\] must be 2 positive numbers"):
         rope_frequencies(4, **kwargs)
+    with pytest.raises(ValueError, match="'longrope' has no factor: give it in the dict, or max_position_embeddings="):
+        rope_attention_factor(original)
 
 
 def test_partial_rotary_factor_turns_only_the_first_channels():

@@ -109,13 +109,18 @@ def _original_length(kind: str, scaling: dict[str, Any], max_position_embeddings
 
 
 def _factor(kind: str, scaling: dict[str, Any], max_position_embeddings: Any) -> float:
-    """The stretch factor of yarn and longrope. Where both lengths are known, transformers takes it as
-    their ratio, max_position_embeddings / original_max_position_embeddings (DeepSeek-V3, Phi-3)."""
-    original = scaling.get("original_max_position_embeddings")
-    if original is not None and max_position_embeddings is not None:
-        original = check_positive_int(original, "original_max_position_embeddings")
-        return check_positive_int(max_position_embeddings, "max_position_embeddings") / original
-    return _number(scaling, "factor") if kind == "yarn" or scaling.get("factor") is not None else 1.0
+    """The stretch factor of yarn and longrope: the dict's factor; where it has none (Phi-3's longrope),
+    max_position_embeddings / L0, as transformers does since it stopped letting that ratio override a
+    given factor (huggingface/transformers issue 38224)."""
+    if scaling.get("factor") is not None:
+        return _number(scaling, "factor")
+    if max_position_embeddings is None:
+        raise ValueError(
+            f"scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= "
+            f"(the config's) so that factor = max_position_embeddings / original_max_position_embeddings"
+        )
+    original = _original_length(kind, scaling, max_position_embeddings)
+    return check_positive_int(max_position_embeddings, "max_position_embeddings") / original
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
