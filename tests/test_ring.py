@@ -261,6 +261,8 @@ def test_ring_keeps_float16_and_returns_out_alone(rng: np.random.Generator, comm
     out = ring_attention(q, k, v, comm=comm_self, causal=True)
     assert isinstance(out, np.ndarray) and out.dtype == np.float16
     assert_close(out, flash_attention(q, k, v, causal=True), np.float16, "float16")
+    _, lse = ring_attention(q, k, v, comm=comm_self, causal=True, return_lse=True)
+    assert lse.dtype == np.float32  # as flash_attention's: float16 would overflow past 65504
 
 
 def test_ring_errors_name_what_is_wrong(comm_self: object) -> None:

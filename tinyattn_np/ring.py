@@ -373,7 +373,8 @@ def ring_attention(
     workers: flash_attention's threads per rank; keep 1 when there is one rank per core.
     return_stats=True appends a RingStats: tiles, messages, bytes and waiting time of every step.
     Bad input on any rank is raised on every rank (the inputs are compared first), never a hang.
-    float16 is computed in float32 and cast back; the K/V blocks travel in their own dtype.
+    float16 is computed in float32 and out cast back (lse stays float32, as flash_attention's); the K/V
+    blocks travel in their own dtype.
     """
     MPI = _mpi()
     if not isinstance(comm, MPI.Comm):
@@ -474,7 +475,7 @@ def ring_attention(
     out_dtype = result_dtype(q, k, v)
     results: list[Any] = [out.astype(out_dtype, copy=False)]
     if return_lse:
-        results.append(lse.astype(out_dtype, copy=False))
+        results.append(lse)  # in the compute dtype, as flash_attention's: float32 for float16 inputs
     if return_stats:
         results.append(stats)
     return results[0] if len(results) == 1 else tuple(results)
