@@ -75,7 +75,7 @@ def test_the_model_learns_to_copy():
 
 def test_main_prints_table_and_heat_maps(tmp_path, capsys):
     plot, figures = tmp_path / "train.png", tmp_path / "train.json"
-    assert train.main([*TINY, "--layers", "2", "--kv-heads", "1", "--plot", str(plot), "--json", str(figures)]) == 0
+    assert train.main([*TINY, "--kv-heads", "1", "--plot", str(plot), "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert "gradient check (float64" in out and "ok" in out
     assert "held-out accuracy" in out and "before: mean weight" in out and "after: mean weight" in out
