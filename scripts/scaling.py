@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import attention, flash_attention, flash_attention_backward
-from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles, tile_plan
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
 from tinyattn_np.memory import (
     attention_backward_flops,
@@ -65,10 +65,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per figure, after two warm-ups (default 5)")
     p.add_argument("--workers", type=int, default=None, help="flash worker threads (default: CPU count)")
+    rule = f"{DEFAULT_BLOCK_Q}, or {2 * DEFAULT_BLOCK_Q} on more than 8 cores: flash.default_tiles"
+    p.add_argument("--block-q", type=int, default=None, help=f"flash query block (default {rule})")
+    p.add_argument("--block-k", type=int, default=None, help=f"flash key block (default {rule})")
     p.add_argument(
-        "--block-q", type=int, default=DEFAULT_BLOCK_Q, help=f"flash query block (default {DEFAULT_BLOCK_Q})"
+        "--kv-heads-per-step",
+        type=int,
+        default=None,
+        help="kv heads (each with its query heads) in one batched matmul per flash tile step (default: as many as "
+        "fit in 2^18 scores, 2^19 on more than 8 cores: flash.default_tiles)",
     )
-    p.add_argument("--block-k", type=int, default=DEFAULT_BLOCK_K, help=f"flash key block (default {DEFAULT_BLOCK_K})")
     p.add_argument(
         "--mem-budget",
         type=float,
@@ -92,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         metavar="T",
         default=None,
-        help="instead of the table: time flash for several block sizes and worker counts at T",
+        help="instead of the table: time flash at T for square tiles of 128 to 1024, 1, 2 or 4 heads per tile step and "
+        "1 or all workers, and measure each tile step's interpreter-held time against its work (the many-core model)",
     )
     p.add_argument(
         "--backward",
@@ -107,8 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--seed", type=nonnegative_seed, default=0, help="seed for the random q, k, v (an int >= 0; default 0)"
     )
     args = p.parse_args(argv)
-    for name in ("max_tokens", "min_tokens", "heads", "head_dim", "repeats", "block_q", "block_k"):
-        if getattr(args, name) < 1:
+    for name in ("max_tokens", "min_tokens", "heads", "head_dim", "repeats", "block_q", "block_k", "kv_heads_per_step"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
     if args.workers is not None and args.workers < 1:
         p.error(f"--workers must be at least 1; got {args.workers}")
@@ -138,7 +145,8 @@ def check_fits(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     T = args.sweep_blocks if args.sweep_blocks is not None else args.max_tokens
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=not args.no_causal)
     inputs = 3 * args.heads * T * args.head_dim * np.dtype(args.dtype).itemsize  # q, k, v: (H, T, E) each
-    needed = inputs + flash_attention_bytes(T, **dims, block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    needed = inputs + flash_attention_bytes(T, **dims, **blocks, kv_heads_per_step=args.kv_heads_per_step)
     if needed > memory_total() / 2:
         p.error(
             f"T={T:,} with {args.heads} heads x {args.head_dim} ({args.dtype}) needs {format_bytes(needed)} for "
@@ -174,7 +182,7 @@ def check_duration(args: argparse.Namespace, sizes: list[int], causal: bool, rat
     masked = [attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes]
     flops = runs * (sum(masked) + (sum(full) if causal else 0))  # with causal, the no-mask run too
     if args.sweep_blocks is not None:
-        flops = runs * 2 * 16 * masked[0]  # two worker counts, 16 block shapes
+        flops = runs * 2 * len(SWEEP_SIDES) * len(SWEEP_HEADS) * masked[0]  # two worker counts per tile shape
     if args.backward:  # the forward, and the backward's 2.5x the forward's FLOPs
         flops = runs * sum(masked) * 3.5
     minutes = flops / (rate * 1e9) / 60
@@ -304,7 +312,9 @@ def measure_row(T: int, args: argparse.Namespace, causal: bool, budget: float, t
     rng = np.random.default_rng(args.seed + T)
     q, k, v = make_qkv(rng, T, args)
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
-    blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    blocks = dict(
+        block_q=args.block_q, block_k=args.block_k, workers=args.workers, kv_heads_per_step=args.kv_heads_per_step
+    )
     row: dict[str, Any] = {
         "tokens": T,
         "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
@@ -412,38 +422,145 @@ def growth_line(rows: list[dict[str, Any]], key: str) -> str:
     return ", ".join(steps) if steps else "-"
 
 
+# The 16-core measurements quoted in README ("Block sizes and workers": Intel Xeon, 16 cores, the flash of
+# one head per tile step, T = 8192, 4 heads x 64, causal) that calibrate the many-core model below.
+XEON_CORES = 16
+XEON_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
+XEON_PROCESSES_MS, XEON_PROCESSES_SIDE = 64.4, 512  # 16 processes on (head, 512-query block) items, no lock
+
+
+SWEEP_SIDES = (128, 256, 512, 1024)  # --sweep-blocks: square tiles
+SWEEP_HEADS = (1, 2, 4)  # --sweep-blocks: kv heads per tile step
+
+
+def sweep_items(T: int, side: int, heads: int, per_step: int, causal: bool) -> list[int]:
+    """The tile steps of each work item (kv heads of one step x one query block), as flash_attention makes them."""
+    plan = tile_plan(T, T, side, side, causal=causal)
+    per_block = [sum(1 for t in plan if t.q_start == q_start) for q_start in range(0, T, side)]
+    return [n for n in per_block for _ in range(-(-heads // per_step))]
+
+
+def makespan(items: list[int], workers: int) -> int:
+    """Steps of the busiest worker when each free worker takes the next item, longest first (as flash does)."""
+    loads = [0] * workers
+    for n in sorted(items, reverse=True):
+        loads[loads.index(min(loads))] += n
+    return max(loads)
+
+
+def held_us_per_step(T: int, side: int, causal: bool, repeats: int) -> float:
+    """Microseconds per tile step spent in Python and NumPy's per-call overhead, with the interpreter lock held:
+    the same grid of tiles and the same calls per step, on 2 x 2 tiles of E = 1, where the arithmetic is nil
+    (and NumPy keeps the lock: its loops let go of it only for larger arrays). The cost of the call itself
+    (checks, set-up) is measured on one tile and taken off."""
+
+    def ms_for(n_blocks: int) -> float:
+        x = np.random.default_rng(0).standard_normal((1, 2 * n_blocks, 1))
+        call = lambda: flash_attention(x, x, x, causal=causal, block_q=2, block_k=2, workers=1)  # noqa: E731
+        return settled_median_ms(call, max(repeats, 5))
+
+    n_blocks = -(-T // side)
+    steps = len(tile_plan(2 * n_blocks, 2 * n_blocks, 2, 2, causal=causal))
+    return max(ms_for(n_blocks) - ms_for(1), 0.0) * 1e3 / max(steps - 1, 1)
+
+
 def sweep_blocks(args: argparse.Namespace, causal: bool, rate: float) -> list[dict[str, Any]]:
-    """Time flash at one T for block sizes and worker counts: the table that picks the defaults."""
+    """Time flash at one T for tile sizes, heads per step and worker counts, and model many cores from it.
+
+    Per tile step: w, the time of one step on one thread, and held, the part of it with the interpreter lock
+    held (held_us_per_step). Amdahl: with f = held / w, N threads run at most 1 / (f + (1 - f) / N) times
+    faster. The 16-core measurements add what Amdahl leaves out: 16 threads handing the lock around take
+    XEON_HELD_S_PER_STEP per step (wake-ups, not the calls themselves), and cores that all compute at once
+    run slower than one alone (kappa, from the 16-process run). Predicted time on 16 cores:
+        max(steps · held_16, kappa · w · makespan of the items on 16 workers)
+    """
     T = args.sweep_blocks
     q, k, v = make_qkv(np.random.default_rng(args.seed), T, args)
     flops = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal)
     cores = os.cpu_count() or 1
+    # the defaults at this shape, here and on 16 cores, with no more heads per step than there are heads
+    default, xeon = (
+        (side, side, min(per_step, args.heads))
+        for side, _, per_step in (default_tiles(T, T, 1, cores=n) for n in (cores, XEON_CORES))
+    )
     results = []
-    for workers in sorted({1, cores}):
-        for block_q in (64, 128, 256, 512):
-            for block_k in (128, 256, 512, 1024):
-                progress(f"  workers={workers} block_q={block_q} block_k={block_k}")
-                blocks = dict(block_q=block_q, block_k=block_k, workers=workers)
+    for side in SWEEP_SIDES:
+        held = held_us_per_step(T, side, causal, args.repeats)
+        for per_step in [h for h in SWEEP_HEADS if h <= args.heads]:
+            items = sweep_items(T, side, args.heads, per_step, causal)
+            row: dict[str, Any] = dict(side=side, per_step=per_step, steps=sum(items), items=len(items), held_us=held)
+            for workers in sorted({1, cores}):
+                progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
 
-                def run(blocks: dict[str, int] = blocks) -> None:
-                    flash_attention(q, k, v, causal=causal, **blocks)
+                def run(side: int = side, per_step: int = per_step, workers: int = workers) -> None:
+                    flash_attention(
+                        q, k, v, causal=causal, block_q=side, block_k=side, kv_heads_per_step=per_step, workers=workers
+                    )
 
-                ms = settled_median_ms(run, args.repeats)
-                results.append(dict(workers=workers, block_q=block_q, block_k=block_k, ms=ms, gflops=flops / ms / 1e6))
-    body = [
-        [r["workers"], r["block_q"], r["block_k"], r["ms"], r["gflops"], f"{r['gflops'] / rate:.0%}"] for r in results
-    ]
+                row[f"ms_{workers}"] = settled_median_ms(run, args.repeats)
+            row["w_us"] = row["ms_1"] * 1e3 / row["steps"]
+            row["span_16"] = makespan(items, XEON_CORES)
+            results.append(row)
+    # kappa: the 16-process run (T = 8192, 4 heads) against this machine's one-thread time per step for the same
+    # tiles, one head a step (a step's time depends on its tile, not on T)
+    base = next((r for r in results if r["side"] == XEON_PROCESSES_SIDE and r["per_step"] == 1), None)
+    xeon_span = makespan(sweep_items(8192, XEON_PROCESSES_SIDE, 4, 1, True), XEON_CORES)
+    kappa = XEON_PROCESSES_MS / (base["w_us"] * xeon_span / 1e3) if base and args.head_dim == 64 else None
+    body = []
+    for r in results:
+        f = r["held_us"] / r["w_us"]
+        r["amdahl_16"] = 1 / (f + (1 - f) / XEON_CORES)
+        r["predicted_16_ms"] = (
+            max(r["steps"] * XEON_HELD_S_PER_STEP * 1e3, kappa * r["w_us"] * r["span_16"] / 1e3) if kappa else None
+        )
+        mark = " <- default" if (r["side"], r["side"], r["per_step"]) == default else ""
+        body.append(
+            [
+                f"{r['side']} x {r['side']}",
+                r["per_step"],
+                r["steps"],
+                r["items"],
+                r["ms_1"],
+                r.get(f"ms_{cores}"),
+                flops / r[f"ms_{cores}"] / 1e6,
+                f"{flops / r[f'ms_{cores}'] / 1e6 / rate:.0%}",
+                r["w_us"],
+                r["held_us"],
+                r["amdahl_16"],
+                r["predicted_16_ms"],
+                mark,
+            ]
+        )
     print(
-        f"flash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-        f"{'causal' if causal else 'no mask'}; median of {args.repeats}"
+        f"\nflash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+        f"{'causal' if causal else 'no mask'}; median of {args.repeats}; 'ms, {cores} w' = {cores} workers"
     )
-    print(table(body, ["workers", "block_q", "block_k", "ms", "GFLOP/s", "of matmul"], fmt=args.format, floatfmt=".1f"))
-    best = min(results, key=lambda r: r["ms"])
+    headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
+               "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)", ""]  # fmt: skip
+    print(table(body, headers, fmt=args.format, floatfmt=".1f"))
+    best = min(results, key=lambda r: r[f"ms_{cores}"])
     print(
-        f"fastest: workers={best['workers']} block_q={best['block_q']} block_k={best['block_k']} "
-        f"({best['ms']:.1f} ms); defaults are block_q={DEFAULT_BLOCK_Q} block_k={DEFAULT_BLOCK_K}"
+        f"fastest here: {best['side']} x {best['side']}, {best['per_step']} heads per step "
+        f"({best[f'ms_{cores}']:.1f} ms on {cores} workers); the default at this shape on this machine: "
+        f"{default[0]} x {default[1]}, {default[2]} heads per step; on 16 cores: {xeon[0]} x {xeon[1]}, "
+        f"{xeon[2]} heads per step (flash.default_tiles)"
     )
+    if kappa:
+        print(
+            f"model: held_16 = {XEON_HELD_S_PER_STEP * 1e6:.0f} µs per step (16 threads, 256 x 256, one head a step: "
+            f"457.4 ms / 2,112 steps); kappa = {kappa:.2f} ({XEON_PROCESSES_MS} ms for 16 processes on "
+            f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w); Amdahl x16 leaves the "
+            "lock hand-offs out and is a ceiling only"
+        )
     return results
+
+
+def tiles_text(args: argparse.Namespace, T: int) -> str:
+    """The flash tile settings of a run, as the header of its table says them."""
+    block_q, block_k, per_step = default_tiles(T, T, 1, block_q=args.block_q, block_k=args.block_k)
+    per_step = args.kv_heads_per_step or per_step
+    chosen = "given" if args.block_q or args.block_k or args.kv_heads_per_step else "default"
+    return f"tiles {block_q} x {block_k} with {min(per_step, args.heads)} heads per step ({chosen} at T={T:,})"
 
 
 def torch_backward_runner(threads: int) -> Any:
@@ -475,7 +592,8 @@ def measure_backward_row(
     rng = np.random.default_rng(args.seed + T)
     q, k, v = make_qkv(rng, T, args)
     dout = rng.standard_normal(q.shape, dtype=np.dtype(args.dtype))
-    blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)
+    block_q, block_k = args.block_q or DEFAULT_BLOCK_Q, args.block_k or DEFAULT_BLOCK_K  # the backward's defaults
+    blocks = dict(block_q=block_q, block_k=block_k, workers=args.workers)
     sizes = dict(heads=args.heads, head_dim=args.head_dim, causal=causal)
     out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)
     row: dict[str, Any] = {
@@ -507,8 +625,9 @@ def backward_section(
     torch_backward = torch_backward_runner(threads) if with_torch else None
     print(
         f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-        f"{'causal' if causal else 'no mask'}; blocks {args.block_q} x {args.block_k}, {threads} workers; "
-        f"median of {args.repeats} runs; peak from tracemalloc, (est.) = memory.flash_attention_backward_bytes"
+        f"{'causal' if causal else 'no mask'}; blocks {args.block_q or DEFAULT_BLOCK_Q} x "
+        f"{args.block_k or DEFAULT_BLOCK_K}, {threads} workers; median of {args.repeats} runs; "
+        "peak from tracemalloc, (est.) = memory.flash_attention_backward_bytes"
     )
     rows = []
     for T in sizes:
@@ -619,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-            f"{'causal' if causal else 'no mask'}; flash blocks {args.block_q} x {args.block_k}, "
+            f"{'causal' if causal else 'no mask'}; flash {tiles_text(args, sizes[-1])}, "
             f"{threads} workers; median of {args.repeats} runs; peaks from tracemalloc, "
             f"(est.) = tinyattn_np.memory; naive budget {format_bytes(budget)}"
         )

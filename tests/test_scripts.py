@@ -253,3 +253,23 @@ def test_memory_ratio_below_one_and_core_count_note(capsys: pytest.CaptureFixtur
     assert "0.667x" in memory.tiny_table([row], "binary", "simple")  # not "1x"
     assert memory.main([]) == 0
     assert "flash_attention()'s peak depends on the core count" in capsys.readouterr().out
+
+
+def test_scaling_sweep_blocks_small_run() -> None:
+    """--sweep-blocks at a tiny T: every tile shape, heads per step and worker count, the default marked."""
+    result = run("scripts/scaling.py", "--sweep-blocks", "64", "--repeats", "1")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for side in (128, 256, 512, 1024):
+        assert len(re.findall(rf"^{side} x {side}\s", out, re.MULTILINE)) == 3, f"{side}: three heads-per-step rows"
+    assert out.count("<- default") == 1
+    assert "fastest here:" in out and "on 16 cores: 512 x 512" in out
+    assert "model: held_16 = 217 µs per step" in out
+
+
+def test_scaling_sweep_model_pieces() -> None:
+    scaling = load("scaling.py")
+    assert scaling.makespan([8, 1, 7, 2, 6, 3], 3) == 9  # longest first: 8+1, 7+2, 6+3
+    assert scaling.makespan([5, 5, 5], 1) == 15
+    # T = 512 in 256 x 256 tiles, causal: block 0 runs 1 tile, block 1 runs 2; 4 heads 2 at a time: 2 items each
+    assert sorted(scaling.sweep_items(512, 256, 4, 2, True)) == [1, 1, 2, 2]
