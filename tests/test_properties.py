@@ -45,6 +45,8 @@ class FlashCase:
     block_q: int
     block_k: int
     causal: bool
+    window: int | None  # a sliding window (causal only): the last `window` keys of each query
+    kv_heads_per_step: int  # kv heads in one batched tile step (any count gives the same result)
     two_d: bool  # q (L, E), k (S, E), v (S, Ev): one head and no head axis
     dtype: type
     seed: int
@@ -74,24 +76,33 @@ def flash_cases(draw: st.DrawFn) -> FlashCase:
     block_q = draw(st.integers(-(-n_q // per_axis), 300))
     block_k = draw(st.integers(-(-n_k // per_axis), 300))
     causal = draw(st.booleans())
-    return FlashCase(batch, hq, hkv, n_q, n_k, e, ev, block_q, block_k, causal, two_d, draw(DTYPES), draw(SEEDS))
+    window = draw(st.none() | st.integers(1, n_k + 2)) if causal else None
+    per_step = draw(st.integers(1, math.prod(batch) * hkv))
+    return FlashCase(
+        batch, hq, hkv, n_q, n_k, e, ev, block_q, block_k, causal, window, per_step, two_d, draw(DTYPES), draw(SEEDS)
+    )
 
 
-# window= and the backward pass do not exist yet: their flash-vs-reference properties go here (issue 6).
 @given(case=flash_cases())
 def test_flash_attention_equals_attention(case):
     q, k, v = case.arrays()
     note(f"q {q.shape}, k {k.shape}, v {v.shape}, block_q={case.block_q}, block_k={case.block_k}")
-    out, lse = flash_attention(q, k, v, causal=case.causal, block_q=case.block_q, block_k=case.block_k, return_lse=True)
+    tiles = dict(block_q=case.block_q, block_k=case.block_k, kv_heads_per_step=case.kv_heads_per_step)
+    out, lse = flash_attention(q, k, v, causal=case.causal, window=case.window, return_lse=True, **tiles)
     assert out.shape == (*q.shape[:-1], case.ev) and out.dtype == case.dtype, case
-    assert lse.shape == q.shape[:-1] and lse.dtype == case.dtype, case
+    # lse stays in the compute dtype: float32 for float16 inputs (float16 overflows past 65504)
+    assert lse.shape == q.shape[:-1] and lse.dtype == np.result_type(case.dtype, np.float32), case
     # tolerance(dtype): both sum the same <= 300 products a row, in tiles or in one go; conftest's
     # bound is a few hundred ulps of such a sum
-    assert_close(out, attention(q, k, v, causal=case.causal), case.dtype, f"flash vs attention, {case}")
+    reference = attention(q, k, v, causal=case.causal, window=case.window)
+    assert_close(out, reference, case.dtype, f"flash vs attention, {case}")
 
     # lse against scipy's logsumexp of the scaled, bottom-right-masked scores (in float64)
     heads = (lambda x: x[None]) if case.two_d else (lambda x: x)
     allowed = bottom_right(case.n_q, case.n_k) if case.causal else None
+    if case.window is not None:  # the band's back edge, written as a loop: query i sees j > i + S - L - window
+        allowed = allowed & np.array([[j > i + case.n_k - case.n_q - case.window for j in range(case.n_k)]
+                                      for i in range(case.n_q)]).reshape(case.n_q, case.n_k)  # fmt: skip
     gold_lse = gold_attention(heads(q), heads(k), heads(v), allowed)[1].reshape(lse.shape)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(gold_lse), err_msg=f"rows that see no key, {case}")
     finite = np.isfinite(gold_lse)
