@@ -398,3 +398,35 @@ def test_blas_threads_restored_after_concurrent_forward_and_backward(rng):
         for job in jobs:
             job.result()
     assert blas_threads() == before
+
+
+def test_one_head_splits_over_key_blocks_with_the_same_bits(rng):
+    """Items are (key block, head): one head still runs on several workers, and dq, added in key-block
+    order whatever the timing, comes out the same bits as on one worker."""
+    q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (), 1, 1, 200, 230, e=8, ev=8))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    one, *many = (
+        flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=16, block_k=8, workers=w)
+        for w in (1, 2, 4)
+    )
+    for grads in many:
+        for a, b in zip(one, grads, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_failing_item_stops_the_others_instead_of_hanging(rng, monkeypatch):
+    """If the first key block's item fails, the items waiting for its turn to add into dq stop too."""
+    import tinyattn_np.backward as backward
+
+    real = backward._key_block_grads
+
+    def first_block_fails(*args, **kwargs):
+        if args[6][0].k_start == 0:  # tiles of key block 0
+            raise MemoryError("no memory for this tile")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backward, "_key_block_grads", first_block_fails)
+    q, k, v, dout = qkv(rng, (), 2, 2, 40, 40)
+    out, lse = flash_attention(q, k, v, return_lse=True)
+    with pytest.raises(MemoryError, match="no memory for this tile"):
+        flash_attention_backward(q, k, v, out, dout, lse, block_q=8, block_k=8, workers=2)

@@ -26,6 +26,8 @@ tiles tile_plan() runs in the forward. Memory O((L + S)·E), time about 2.5x the
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
@@ -112,16 +114,17 @@ def _key_block_grads(
     d: np.ndarray,
     tiles: list[Tile],
     offset: int,
-    dq: np.ndarray,
+    add_dq: Callable[[Tile, np.ndarray], None],
     dk_rows: np.ndarray,
     dv_rows: np.ndarray,
     tile_buf: np.ndarray,
     dp_buf: np.ndarray,
 ) -> None:
     """FlashAttention-2's inner loop for one key block j over the query blocks i that see it (tiles):
-    adds into dk_rows (bk, E) and dv_rows (bk, Ev) of this block, and into dq (L, E) (unscaled: the
-    caller multiplies dq by the scale once). q_s (L, E) is q times the scale; k (S, E), v (S, Ev);
-    d_o (L, Ev), lse (L,) with +inf for rows that see no key, d (L,) = rowsum(dO ∘ O)."""
+    adds into dk_rows (bk, E) and dv_rows (bk, Ev) of this block, and hands each tile's share of dq,
+    dS K_j (bq, E), to add_dq (unscaled: the caller multiplies dq by the scale once). q_s (L, E) is q
+    times the scale; k (S, E), v (S, Ev); d_o (L, Ev), lse (L,) with +inf for rows that see no key,
+    d (L,) = rowsum(dO ∘ O)."""
     for t in tiles:
         rows, cols = slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop)
         s = tile_buf[: t.q_stop - t.q_start, : t.k_stop - t.k_start]  # (bq, bk)
@@ -140,9 +143,49 @@ def _key_block_grads(
         np.matmul(d_o[rows], v[cols].T, out=dp)  # (bq, Ev) @ (Ev, bk)
         dp -= d[rows, None]
         dp *= s  # dp now holds dS (bq, bk)
-        # 6) dQ_i += dS K_j and dK_j += dSᵀ (scale · Q_i): q_s carries dK's scale, dQ's comes at the end
-        dq[rows] += dp @ k[cols]  # (bq, bk) @ (bk, E)
+        # 6) dQ_i += dS K_j (added in key-block order: _OrderedDq) and dK_j += dSᵀ (scale · Q_i):
+        #    q_s carries dK's scale, dQ's comes at the end
+        add_dq(t, dp @ k[cols])  # (bq, bk) @ (bk, E)
         dk_rows += dp.T @ q_s[rows]  # (bk, bq) @ (bq, E)
+
+
+class _OrderedDq:
+    """dq (B·Hq, L, E), into which the key blocks of each head add their shares in key-block order,
+    whatever the threads' timing: a wavefront.
+
+    Key block j adds its share to the rows of query block i only once every earlier key block that sees
+    query block i has added its own. Each dq row is then the sum over j = 0, 1, ... in that order, on any
+    number of workers: the same bits as one thread, with neither an atomic add (a GPU's answer, whose
+    order, and so last bits, would depend on the timing) nor a copy of dq per key block (O(L·S/block_k)).
+    A waiting worker holds one (bq, E) share; key block j - 1 is at most one tile ahead, so waits are short.
+    """
+
+    def __init__(self, dq: np.ndarray, tiles: list[Tile]):
+        self.dq = dq
+        adders: dict[int, list[int]] = {}  # query block -> the key blocks that add to its rows
+        for t in tiles:
+            adders.setdefault(t.q_start, []).append(t.k_start)
+        # (query block, key block) -> its place in the order of adds to that query block's rows
+        self.place = {(q_start, k_start): n for q_start, ks in adders.items() for n, k_start in enumerate(sorted(ks))}
+        self.added: dict[tuple[int, int], int] = {}  # (head, query block) -> how many key blocks have added
+        self.turn = threading.Condition()
+        self.failed = False
+
+    def add(self, h: int, t: Tile, share: np.ndarray) -> None:
+        """dq[h, t's rows] += share (bq, E), once it is t's key block's turn for those rows."""
+        place = self.place[t.q_start, t.k_start]
+        with self.turn:
+            self.turn.wait_for(lambda: self.failed or self.added.get((h, t.q_start), 0) == place)
+            if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
+                raise RuntimeError("flash_attention_backward: another work item failed")
+            self.dq[h, t.q_start : t.q_stop] += share
+            self.added[h, t.q_start] = place + 1
+            self.turn.notify_all()
+
+    def fail(self) -> None:
+        with self.turn:
+            self.failed = True
+            self.turn.notify_all()
 
 
 def flash_attention_backward(
@@ -172,14 +215,13 @@ def flash_attention_backward(
     The tiles are tile_plan()'s, the same ones the forward runs: a tile the forward skips holds only
     zeros of P, so it adds nothing here either.
 
-    Work items and races: one item is one query head (of every batch entry). It walks its key blocks in
-    order (Algorithm 2's outer loop) and owns its rows of dq, dk and dv outright, so no two threads ever
-    add into the same array, and each dq row sums its key blocks in the same order (j = 0, 1, ...)
-    whatever the number of workers: the result is the same bits for any `workers`. (On a GPU the key
-    blocks of one head run in parallel and dq is added atomically; atomics on a CPU would make the
-    sum's order, and so its last bits, depend on the thread timing.) With grouped-query heads, the G
-    query heads of a kv head each fill their own (S, E) copy of dk and dv, summed in head order at the
-    end: G - 1 extra copies of k and v, still O(S·E).
+    Work items and races: one item is one key block of one query head, as in Algorithm 2, where the key
+    blocks run in parallel. The item owns its rows of dk and dv outright. dq rows receive a share from
+    every key block that sees them: on a GPU an atomic add, whose order, and so whose last bits, depend on
+    the timing. Here the shares are added in key-block order instead (_OrderedDq: key block j adds to a
+    query block's rows after key block j - 1 has), so the result is the same bits for any `workers`.
+    With grouped-query heads, the G query heads of a kv head each fill their own (S, E) copy of dk and
+    dv, summed in head order at the end: G - 1 extra copies of k and v, still O(S·E).
     Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles.
     workers: threads (default: the CPU count); BLAS is held to one thread meanwhile, as in the forward.
     """
@@ -224,27 +266,39 @@ def flash_attention_backward(
     for t in tiles:
         by_key_block.setdefault(t.k_start, []).append(t)
     bq, bk = min(block_q, dims.n_q), min(block_k, dims.n_k)
+    ordered_dq = _OrderedDq(dq, tiles)
 
-    def run(h: int) -> None:
+    def run(item: tuple[int, int]) -> None:
+        k_start, h = item
         kv = h // group  # query head h reads kv head h // G (within its batch entry)
-        tile_buf, dp_buf = np.empty((bq, bk), ct), np.empty((bq, bk), ct)  # this worker's two tiles
-        for k_start, key_tiles in by_key_block.items():
-            cols = slice(k_start, min(k_start + block_k, dims.n_k))
-            _key_block_grads(q_s[h], k_c[kv], v_c[kv], d_o[h], lse_c[h], d[h], key_tiles, offset,
-                             dq[h], dk_heads[h, cols], dv_heads[h, cols], tile_buf, dp_buf)  # fmt: skip
+        cols = slice(k_start, min(k_start + block_k, dims.n_k))
+        tile_buf, dp_buf = np.empty((bq, bk), ct), np.empty((bq, bk), ct)  # this item's two tiles
 
-    # 4) every query head is one item; each writes only its own dq[h], dk_heads[h], dv_heads[h]
+        def add_dq(t: Tile, share: np.ndarray) -> None:
+            ordered_dq.add(h, t, share)
+
+        try:
+            _key_block_grads(q_s[h], k_c[kv], v_c[kv], d_o[h], lse_c[h], d[h], by_key_block[k_start], offset,
+                             add_dq, dk_heads[h, cols], dv_heads[h, cols], tile_buf, dp_buf)  # fmt: skip
+        except BaseException:
+            ordered_dq.fail()  # wake the items that wait for this one's turn
+            raise
+
+    # 4) the items, key block by key block (the longest first under a causal mask). The pool takes them
+    #    in this order, so an item only ever waits (in ordered_dq) for an earlier one, which is running
+    #    or done: no deadlock. Each item writes only its own rows of dk_heads[h] and dv_heads[h].
     #    BLAS on one thread: the workers are the parallelism, and a one-thread matmul sums in one fixed order.
     #    It is flash_attention's own limit, shared on purpose: a forward and a backward running at once in two
     #    threads hold one limit between them, where two separate limits would each restore BLAS's threads
     #    when they end, under the other's feet.
     with _one_blas_thread():
-        if workers == 1 or n_heads <= 1:
-            for h in range(n_heads):
-                run(h)
+        items = [(k_start, h) for k_start in sorted(by_key_block) for h in range(n_heads)]
+        if workers == 1 or len(items) <= 1:
+            for item in items:
+                run(item)
         else:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                list(pool.map(run, range(n_heads)))
+                list(pool.map(run, items))
 
     # 5) dQ's scale, once; a kv head's gradient is the sum over its G query heads (in head order)
     dq *= scale

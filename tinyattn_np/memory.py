@@ -383,7 +383,7 @@ def flash_attention_backward_bytes(
         q_s, dq            2·rows·E·c               q times the scale, and dq
         dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
         D, lse             2·rows·c                 rowsum(dO ∘ O), and lse with -inf made +inf
-        per busy worker (min(workers, B·Hq): an item is a whole query head):
+        per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
                            2·bq·bk·c                the tile of P and the tile of dP (then dS)
                            max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
                            causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
@@ -407,7 +407,7 @@ def flash_attention_backward_bytes(
     held = (2 * rows * e + batch * heads * n_k * (e + ev) + 2 * rows) * compute
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
-    busy = min(workers, batch * heads)
+    busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head
     per_worker = (2 * bq * bk + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
     if _check_bool(causal, "causal") and bq and bk:
         per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
