@@ -157,7 +157,8 @@ class _OrderedDq:
     query block i has added its own. Each dq row is then the sum over j = 0, 1, ... in that order, on any
     number of workers: the same bits as one thread, with neither an atomic add (a GPU's answer, whose
     order, and so last bits, would depend on the timing) nor a copy of dq per key block (O(L·S/block_k)).
-    A waiting worker holds one (bq, E) share; key block j - 1 is at most one tile ahead, so waits are short.
+    A waiting worker holds one (bq, E) share. The items start key block by key block, so the one it waits
+    for is already running, usually a tile ahead: the waits are short.
     """
 
     def __init__(self, dq: np.ndarray, tiles: list[Tile]):
