@@ -430,3 +430,24 @@ def test_a_failing_item_stops_the_others_instead_of_hanging(rng, monkeypatch):
     out, lse = flash_attention(q, k, v, return_lse=True)
     with pytest.raises(MemoryError, match="no memory for this tile"):
         flash_attention_backward(q, k, v, out, dout, lse, block_q=8, block_k=8, workers=2)
+
+
+@pytest.mark.parametrize(
+    "scaling,max_positions",
+    [
+        ({"rope_type": "linear", "factor": 4.0}, None),
+        ({"rope_type": "dynamic", "factor": 2.0}, 8),  # past 8 positions θ depends on the longest one
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8}, None),  # cos, sin scaled
+        ({"rope_type": "default", "partial_rotary_factor": 0.5}, None),  # half the channels do not turn
+    ],
+)
+def test_rope_backward_with_scaling(rng, scaling, max_positions):
+    x = rng.standard_normal((2, 5, 8))
+    grad_out = rng.standard_normal((2, 5, 8))
+    positions = [2, 7, 11, 12, 30]
+    kw = dict(positions=positions, scaling=scaling, max_position_embeddings=max_positions)
+
+    def loss():
+        return float(np.sum(rope(x, **kw) * grad_out))
+
+    assert_grads(loss, [("x", x, rope_backward(grad_out, **kw))], f"rope {scaling}")

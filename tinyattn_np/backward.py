@@ -319,22 +319,36 @@ def flash_attention_backward(
     return grads
 
 
-def rope_backward(grad: Array, *, positions: Any = None, base: float = 10000.0, interleaved: bool = True) -> Array:
+def rope_backward(
+    grad: Array,
+    *,
+    positions: Any = None,
+    base: float = 10000.0,
+    interleaved: bool = True,
+    scaling: dict[str, Any] | None = None,
+    seq_len: int | None = None,
+    max_position_embeddings: int | None = None,
+) -> Array:
     """∂loss/∂x from ∂loss/∂rope(x) = grad (..., T, d): rope with the angles negated.
 
-    rope rotates each channel pair at position m by R(mθ_i), an orthogonal matrix, so the gradient goes
-    back through R(mθ_i)ᵀ = R(−mθ_i): the rotation by −θ. Same positions, base and pair layout as the
-    forward (position.rope).
+    rope multiplies each channel pair at position m by a · R(mθ_i), a rotation (times scaling's attention
+    factor a, 1 without scaling), so the gradient goes back through a · R(mθ_i)ᵀ = a · R(−mθ_i): the
+    rotation by −θ. Pass what the forward got (position.rope): positions, base, pair layout, scaling,
+    seq_len and max_position_embeddings. Channels that partial rotary leaves alone pass the gradient as is.
     """
     grad = as_float_array(grad, "grad")
     if grad.ndim < 2:
         raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
     n = grad.shape[-2]
     if positions is None:
-        back = -np.arange(n, dtype=np.float64)  # (T,)
+        forward = np.arange(n, dtype=np.float64)  # (T,)
     else:
         positions = np.asarray(positions)
         if not (np.issubdtype(positions.dtype, np.integer) or np.issubdtype(positions.dtype, np.floating)):
             raise TypeError(f"positions must be ints or floats; got dtype {positions.dtype}")
-        back = -positions.astype(np.float64)  # float first: negating an unsigned int would wrap around
-    return rope(grad, positions=back, base=base, interleaved=interleaved)
+        forward = positions.astype(np.float64)  # float first: negating an unsigned int would wrap around
+    if seq_len is None and scaling is not None and forward.size:
+        # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
+        seq_len = max(int(forward.max()) + 1, 1)
+    return rope(grad, positions=-forward, base=base, interleaved=interleaved, scaling=scaling, seq_len=seq_len,
+                max_position_embeddings=max_position_embeddings)  # fmt: skip
