@@ -451,3 +451,15 @@ def test_rope_backward_with_scaling(rng, scaling, max_positions):
         return float(np.sum(rope(x, **kw) * grad_out))
 
     assert_grads(loss, [("x", x, rope_backward(grad_out, **kw))], f"rope {scaling}")
+
+
+def test_backward_bytes_defaults_and_errors():
+    from tinyattn_np.memory import flash_attention_backward_bytes
+
+    default = flash_attention_backward_bytes(1000, heads=2, head_dim=64)
+    assert flash_attention_backward_bytes(1000, heads=2, head_dim=64, block_q=None, block_k=None) == default
+    assert flash_attention_backward_bytes(1000, heads=2, head_dim=64, block_q=256, block_k=256) == default
+    with pytest.raises(ValueError, match="block_k must be a positive int"):
+        flash_attention_backward_bytes(1000, heads=2, head_dim=64, block_k=0)
+    with pytest.raises(ValueError, match="dtype"):
+        flash_attention_backward_bytes(1000, heads=2, head_dim=64, dtype="int8")

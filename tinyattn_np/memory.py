@@ -371,8 +371,8 @@ def flash_attention_backward_bytes(
     batch: int = 1,
     dtype: Any = "fp32",
     causal: bool = False,
-    block_q: int = DEFAULT_BLOCK_Q,
-    block_k: int = DEFAULT_BLOCK_K,
+    block_q: int | None = DEFAULT_BLOCK_Q,
+    block_k: int | None = DEFAULT_BLOCK_K,
     workers: int | None = None,
 ) -> int:
     """Peak bytes that flash_attention_backward() (backward.py) allocates, for q, k, v, out, dout, lse
@@ -397,8 +397,8 @@ def flash_attention_backward_bytes(
     """
     sizes = _attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
-    block_q = check_positive_int(block_q, "block_q")
-    block_k = check_positive_int(block_k, "block_k")
+    block_q = check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q)  # None: the backward's default
+    block_k = check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K)
     workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
     size, compute = _compute_dtype(dtype)
     low = size < compute
