@@ -195,7 +195,7 @@ def _attend_block(
     acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) running exp(score - m) @ v
     # The score tile is kept transposed, keys down and queries across: (c, bk, n). The per-query max and
     # sum then run down an axis that is not the last of a C-order array, which NumPy does with whole-row
-    # vector ops, twice as fast as along the last axis (README, "Block sizes and workers").
+    # vector ops, about twice as fast as along the last axis on a 256 x 256 tile.
     tile_buf = np.empty(c * widest * n, dtype)  # the one score tile this block reuses
     for t in tiles:
         bk = t.k_stop - t.k_start
