@@ -189,7 +189,7 @@ def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--max-tokens", "1000000000"], "needs 4.7 TiB for q, k, v and flash alone"),
+        (["--max-tokens", "1000000000"], "needs 3.7 TiB for q, k, v and flash alone"),
         (["--heads", "1000000"], "lower --max-tokens, --heads or --head-dim"),
         (["--head-dim", "100000000"], "lower --max-tokens, --heads or --head-dim"),
         (["--min-tokens", "2000000000", "--max-tokens", "2000000000"], "T=2,000,000,000"),
