@@ -140,3 +140,10 @@ def test_script_refuses_bad_flags_up_front(argv, message, capsys):
         _script().parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_flash_decode_lse_of_float16_is_float32_like_flash_attention():
+    q, k, v = (x.astype(np.float16) for x in _qkv())
+    out, lse = flash_decode(q, k, v, kv_splits=2, return_lse=True)
+    _, lse_flash = flash_attention(q, k, v, return_lse=True)
+    assert out.dtype == np.float16 and lse.dtype == lse_flash.dtype == np.float32

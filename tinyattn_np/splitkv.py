@@ -97,7 +97,7 @@ def flash_decode(
     acts as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. For a given
     kv_splits the result is the same bits for any number of workers (the chunks and the order of the
     merge are fixed); for any kv_splits it equals attention() to rounding.
-    float16 is computed in float32 and cast back.
+    float16 is computed in float32 and out cast back; lse stays float32, as flash_attention returns it.
     """
     two_d = np.ndim(q) == 2
     q, k, v, dims = check_qkv(q, k, v)
@@ -143,7 +143,7 @@ def flash_decode(
 
     out_dtype = result_dtype(q, k, v)
     out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(out_dtype, copy=False)
-    lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q).astype(out_dtype, copy=False)
+    lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q)  # compute dtype, as flash_attention returns it
     if two_d:
         out_full, lse_full = out_full[0], lse_full[0]
     return (out_full, lse_full) if return_lse else out_full
