@@ -380,3 +380,16 @@ def test_a_model_shape_passes_through_and_layer_types_count_windows():
     assert mixed.kv_cache_bytes(4096) == per_layer * (2 * 4096 + 2 * 1024)
     every_layer = load_model_shape({**config, "layer_types": ["sliding_attention"] * 4})
     assert every_layer.kv_cache_bytes(4096) == per_layer * 4 * 1024
+
+
+def test_naive_estimate_counts_the_window_edge(warm):
+    # one narrow head: the bool masks weigh as much as the scores here, so the window's temporary shows
+    n, window = 1024, 64
+    q, k, v = (np.random.default_rng(1).standard_normal((1, n, 8)).astype(np.float32) for _ in range(3))
+    _, measured = traced_peak(attention, q, k, v, causal=True, window=window)
+    estimate = naive_attention_bytes(n, heads=1, head_dim=8, dtype="fp32", causal=True, window=window)
+    _check(f"attention T={n} window={window}", measured, estimate)
+    plain = naive_attention_bytes(n, heads=1, head_dim=8, dtype="fp32", causal=True)
+    assert plain < estimate <= plain + n * n  # at most one more L x S bool
+    with pytest.raises(ValueError, match="needs causal=True"):
+        naive_attention_bytes(n, heads=1, head_dim=8, window=window)

@@ -51,7 +51,9 @@ class AttentionMemoryError(MemoryError):
     """attention() refused to build a score matrix larger than the memory that is available."""
 
 
-def _check_memory(dims: QKVShape, dtype: np.dtype, causal: bool, mask: np.ndarray | None) -> None:
+def _check_memory(
+    dims: QKVShape, dtype: np.dtype, causal: bool, mask: np.ndarray | None, window: int | None = None
+) -> None:
     """Refuse, before allocating, a call whose peak (memory.naive_attention_bytes: the score matrix,
     its masks and the output) does not fit in the memory that is available. It reads shapes and dtypes
     only, so it runs before anything is converted or built."""
@@ -62,6 +64,7 @@ def _check_memory(dims: QKVShape, dtype: np.dtype, causal: bool, mask: np.ndarra
     needed = naive_attention_bytes(
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
         batch=batch, dtype=dtype, causal=causal, bool_mask=inverted is not None, mask_elements=inverted,
+        window=window,
     )  # fmt: skip
     available = memory_available()
     if needed > available:
@@ -127,7 +130,7 @@ def attention(
     if mask is not None:
         mask = _check_mask(mask, scores_shape)
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
-        _check_memory(dims, result_dtype(q, k, v), causal, mask)
+        _check_memory(dims, result_dtype(q, k, v), causal, mask, window)
     ct = compute_dtype(q, k, v)
     k_c, v_c = (x.astype(ct, copy=False) for x in (k, v))
 

@@ -231,6 +231,7 @@ def naive_attention_bytes(
     causal: bool = False,
     bool_mask: bool = False,
     mask_elements: int | None = None,
+    window: int | None = None,
 ) -> int:
     """Peak bytes that attention() (attention.py) allocates, for q, k, v (and a mask) that already exist.
 
@@ -239,13 +240,17 @@ def naive_attention_bytes(
         q_s       B·Hq·L·E·c    q times the scale, in the compute dtype
         scores    B·Hq·L·S·c    the score matrix, made into the weights in place (softmax_)
         blocked   L·S           bool, causal=True: which keys each query may not see (held to the end)
+        edge      L·S           bool, window=W: the keys behind the window, a temporary or-ed into blocked
         ~mask     M             bool, bool_mask=True: a temporary of the mask's M = mask_elements entries
                                 (default L·S, an (L, S) mask), freed before the softmax: it overlaps
                                 scores but not out. A float mask is added chunk by chunk: no copy.
         out       B·Hq·L·Ev·c   weights @ v
         fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and the fp16 copy of out
 
-        peak = q_s + copies + scores + max(~mask, blocked + out + out_fp16)
+        peak = q_s + copies + scores + max(~mask, blocked + edge, blocked + out + out_fp16)
+
+    A window changes no other array: the reference still builds all L x S scores (flash_attention is
+    the path whose work shrinks to L·W).
 
     softmax_'s per-row max and sum (B·Hq·L each) are left out: they are gone before out exists.
     """
@@ -256,11 +261,17 @@ def naive_attention_bytes(
     q_s = rows * e * compute
     copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
     scores = rows * n_k * compute
-    blocked = n_q * n_k if _check_bool(causal, "causal") else 0
+    causal = _check_bool(causal, "causal")
+    blocked = n_q * n_k if causal else 0
+    if window is not None:
+        check_positive_int(window, "window")
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True, as in attention()")
+    edge = blocked if window is not None else 0
     mask_elements = n_q * n_k if mask_elements is None else check_count(mask_elements, "mask_elements")
     inverted_mask = mask_elements if _check_bool(bool_mask, "bool_mask") else 0
     out = rows * ev * (compute + (size if size < compute else 0))
-    after_scores = max(Fraction(inverted_mask), blocked + out)  # the ~mask is freed before out exists
+    after_scores = max(Fraction(inverted_mask), Fraction(blocked + edge), blocked + out)  # temporaries die before out
     return math.ceil(q_s + copies + scores + after_scores)
 
 
