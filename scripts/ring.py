@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         MPI = _mpi()
     except ImportError:
+        parse_args(argv)  # --help and bad flags answer even without MPI
         print(f"ring.py needs mpi4py and an MPI library: {INSTALL_HINT}", file=sys.stderr)
         return 2
     comm = MPI.COMM_WORLD
