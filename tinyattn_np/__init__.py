@@ -11,9 +11,11 @@ from .kvcache import KVCache
 from .masks import causal_mask, window_mask
 from .memory import (
     DTYPES,
+    attention_backward_flops,
     attention_flops,
     bytes_per_element,
     causal_entries,
+    flash_attention_backward_bytes,
     flash_attention_bytes,
     kv_cache_bytes,
     naive_attention_bytes,
@@ -49,6 +51,7 @@ __all__ = [
     "Tile",
     "attention",
     "attention_backward",
+    "attention_backward_flops",
     "attention_flops",
     "bytes_per_element",
     "causal_entries",
@@ -58,6 +61,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
     "flash_decode",
+    "flash_attention_backward_bytes",
     "flash_attention_bytes",
     "half_split_permutation",
     "kv_cache_bytes",
