@@ -38,7 +38,7 @@ from ._checks import as_float_array, check_positive_int, check_qkv, check_scale,
 from .attention import attention
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Tile, _one_blas_thread, tile_plan
 from .masks import causal_blocked, causal_offset
-from .position import rope
+from .position import _positions, rope
 
 Array = NDArray[np.floating]
 
@@ -339,14 +339,8 @@ def rope_backward(
     grad = as_float_array(grad, "grad")
     if grad.ndim < 2:
         raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
-    n = grad.shape[-2]
-    if positions is None:
-        forward = np.arange(n, dtype=np.float64)  # (T,)
-    else:
-        positions = np.asarray(positions)
-        if not (np.issubdtype(positions.dtype, np.integer) or np.issubdtype(positions.dtype, np.floating)):
-            raise TypeError(f"positions must be ints or floats; got dtype {positions.dtype}")
-        forward = positions.astype(np.float64)  # float first: negating an unsigned int would wrap around
+    # the forward's positions (T,), checked as rope checks them, as float64: negating an unsigned int would wrap
+    forward = _positions(positions, grad.shape[-2])
     if seq_len is None and scaling is not None and forward.size:
         # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
         seq_len = max(int(forward.max()) + 1, 1)
