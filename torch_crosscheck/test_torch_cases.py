@@ -8,25 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cases import CASES, kernels_for, run_case  # noqa: E402  (needs torch, so after the importorskip)
-from devices import DEVICE_PARAMS  # noqa: E402
+from cases import CASES, run_case  # noqa: E402  (needs torch, so after the importorskip)
+from devices import case_params  # noqa: E402
 
 
-def params() -> list:
-    """(case, dtype, device, kernel) for every device in DEVICE_PARAMS, with its marks (cuda: skipped
-    without a GPU)."""
-    out = []
-    for device in DEVICE_PARAMS:
-        name = device.values[0]
-        for case in CASES:
-            for kernel in kernels_for(case, name):
-                for dtype in case.dtypes:
-                    label = f"{case.name} | {name} | {kernel or '-'} | {dtype}"
-                    out.append(pytest.param(case, dtype, name, kernel, id=label, marks=device.marks))
-    return out
-
-
-@pytest.mark.parametrize(("case", "dtype", "device", "kernel"), params())
+@pytest.mark.parametrize(("case", "dtype", "device", "kernel"), case_params(CASES))
 def test_case(case, dtype: str, device: str, kernel: str | None) -> None:
     result = run_case(case, device, dtype, kernel)
     if result is None:
