@@ -32,7 +32,7 @@ import numpy as np
 from tinyattn_np import KVCache, MultiHeadAttention, attention, flash_attention, flash_decode, kv_cache_bytes
 from tinyattn_np.masks import window_mask
 from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
-from tinyattn_np.report import Checklist, add_format_argument, format_bytes, nonnegative_seed, text_table
+from tinyattn_np.report import Checklist, add_format_argument, format_bytes, nonnegative_seed, positive, text_table
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_TOKENS = 4096  # recomputing T tokens at every step costs T³ / 3 scores in all: past this, minutes
@@ -315,30 +315,20 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
 # arguments
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive int; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive int; got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tokens", type=positive, default=248, help="tokens to generate (default 248)")
-    p.add_argument("--prompt", type=positive, default=8, help="prompt tokens, one prefill (default 8)")
-    p.add_argument("--window", type=positive, default=16, help="sliding window of the window cache (default 16)")
-    p.add_argument("--d-model", type=positive, default=64, help="model width C (default 64)")
-    p.add_argument("--layers", type=positive, default=2, help="attention blocks (default 2)")
-    p.add_argument("--vocab", type=positive, default=512, help="vocabulary size (default 512)")
+    p.add_argument("--tokens", type=positive(int), default=248, help="tokens to generate (default 248)")
+    p.add_argument("--prompt", type=positive(int), default=8, help="prompt tokens, one prefill (default 8)")
+    p.add_argument("--window", type=positive(int), default=16, help="sliding window of the window cache (default 16)")
+    p.add_argument("--d-model", type=positive(int), default=64, help="model width C (default 64)")
+    p.add_argument("--layers", type=positive(int), default=2, help="attention blocks (default 2)")
+    p.add_argument("--vocab", type=positive(int), default=512, help="vocabulary size (default 512)")
     p.add_argument("--step", action="store_true", help="time one long decode step instead of generating")
-    p.add_argument("--context", type=positive, default=32768, help="--step: cached keys S (default 32768)")
-    p.add_argument("--heads", type=positive, default=None, help="query heads (default 4; --step: 32)")
-    p.add_argument("--kv-heads", type=positive, default=None, help="key/value heads (default 2; --step: 8)")
-    p.add_argument("--head-dim", type=positive, default=128, help="--step: channels per head E (default 128)")
-    p.add_argument("--repeats", type=positive, default=5, help="--step: timed runs per kernel (default 5)")
+    p.add_argument("--context", type=positive(int), default=32768, help="--step: cached keys S (default 32768)")
+    p.add_argument("--heads", type=positive(int), default=None, help="query heads (default 4; --step: 32)")
+    p.add_argument("--kv-heads", type=positive(int), default=None, help="key/value heads (default 2; --step: 8)")
+    p.add_argument("--head-dim", type=positive(int), default=128, help="--step: channels per head E (default 128)")
+    p.add_argument("--repeats", type=positive(int), default=5, help="--step: timed runs per kernel (default 5)")
     p.add_argument(
         "--dtype",
         choices=["float32", "float64"],

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, attention
-from tinyattn_np.report import add_format_argument, nonnegative_seed, text_table
+from tinyattn_np.report import add_format_argument, nonnegative_seed, positive, text_table
 
 SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
 
@@ -224,19 +224,6 @@ def plot(before: np.ndarray, after: np.ndarray, tokens: np.ndarray, symbols: str
 
 # ---------------------------------------------------------------------------------------------------
 # the run
-
-
-def positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}; got {text!r}") from None
-        if not (np.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}; got {text!r}")
-        return value
-
-    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,7 +1,9 @@
+import argparse
+
 import numpy as np
 import pytest
 
-from tinyattn_np.report import best_unit, format_bytes, matrix_table, table, to_unit
+from tinyattn_np.report import best_unit, format_bytes, matrix_table, positive, table, to_unit
 
 
 def test_units_never_mix():
@@ -29,8 +31,6 @@ def test_tables():
 
 
 def test_checklist_and_format_flag(capsys):
-    import argparse
-
     from tinyattn_np.report import Checklist, add_format_argument
 
     check = Checklist()
@@ -47,3 +47,15 @@ def test_checklist_and_format_flag(capsys):
     assert parser.parse_args(["--format", "github"]).format == "github"
     with pytest.raises(SystemExit):
         parser.parse_args(["--format", "nope"])
+
+
+@pytest.mark.parametrize("text", ["0", "-3", "nan", "inf", "two"])
+def test_positive_refuses_what_cannot_be_a_size_or_a_rate(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive float"):
+        positive(float)(text)
+
+
+def test_positive_keeps_the_kind():
+    assert positive(int)("12") == 12 and positive(float)("0.005") == 0.005
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive int; got '1.5'"):
+        positive(int)("1.5")

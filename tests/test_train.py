@@ -101,8 +101,8 @@ def test_heat_map_shades():
     "flags,message",
     [
         (["--seed", "-1"], "--seed: must be an int >= 0"),
-        (["--lr", "nan"], "expected a positive float"),
-        (["--steps", "0"], "expected a positive int"),
+        (["--lr", "nan"], "must be a positive float"),
+        (["--steps", "0"], "must be a positive int"),
         (["--vocab", "63"], "at most 62"),
         (["--length", "1"], "at least 2"),
         (["--length", "100000"], "would not finish"),

@@ -7,8 +7,9 @@ Byte figures always carry their unit. Binary units (KiB, MiB, GiB: powers of 102
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -132,6 +133,22 @@ def add_format_argument(parser: argparse.ArgumentParser) -> None:
         metavar="FORMAT",
         help="table format, any of tabulate's: simple, github, grid, latex, ... (default simple)",
     )
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    """argparse type for a size or a rate: positive(int) or positive(float), finite and > 0 (nan and inf too
+    are refused up front, where they would otherwise fail deep inside a run)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}; got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}; got {value}")
+        return value
+
+    return parse
 
 
 def nonnegative_seed(text: str) -> int:
