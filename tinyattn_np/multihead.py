@@ -51,7 +51,7 @@ class MultiHeadAttention:
         n_kv_heads: int | None = None,
         *,
         rope: bool = False,
-        rng: np.random.Generator | None = None,
+        rng: np.random.Generator | int | None = None,
         dtype: Any = np.float32,
     ):
         self.d_model = check_positive_int(d_model, "d_model")

@@ -354,7 +354,7 @@ class LearnedPositions:
     """
 
     def __init__(
-        self, max_positions: int, dim: int, *, rng: np.random.Generator | None = None, dtype: Any = np.float32
+        self, max_positions: int, dim: int, *, rng: np.random.Generator | int | None = None, dtype: Any = np.float32
     ):
         self.max_positions = check_positive_int(max_positions, "max_positions")
         self.dim = check_positive_int(dim, "dim")
