@@ -112,23 +112,28 @@ class MultiHeadAttention:
         so a one-token decode step (L = 1) sees all S cached keys. A prefill (T tokens into an empty
         cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
         """
+        if cache is None:  # the forward pass, without keeping anything for a backward
+            return self.forward(x, causal=causal, fused=fused)[0]
         causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
+        x_b, unbatched = self._batched(x)  # (B, T, d_model)
+        y = self._attend_cached(x_b, cache, causal=causal, fused=fused)  # (B, H, T, d_head)
+        out = self._merge_heads(y) @ self.w_out  # (B, T, d_model)
+        return out[0] if unbatched else out
+
+    def _batched(self, x: Array) -> tuple[Array, bool]:
+        """x (B, T, d_model) or (T, d_model), checked, as (B, T, d_model) in the module's dtype, and
+        whether it came without a batch axis."""
         x = as_float_array(x, "x")
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
         unbatched = x.ndim == 2
-        if unbatched:
-            x = x[None]  # (1, T, d_model)
-        B, T, _ = x.shape
-        if cache is not None:
-            y = self._attend_cached(x.astype(self.w_qkv.dtype, copy=False), cache, causal=causal, fused=fused)
-        else:
-            q, k, v = self.split_heads(x.astype(self.w_qkv.dtype, copy=False))
-            attend = flash_attention if fused else attention
-            y = cast(Array, attend(q, k, v, causal=causal))  # (B, H, T, d_head)
-        y = y.swapaxes(1, 2).reshape(B, T, self.d_model)  # glue the heads back: (B, T, d_model)
-        out = y @ self.w_out  # (B, T, d_model)
-        return out[0] if unbatched else out
+        x_b = x[None] if unbatched else x  # (B, T, d_model)
+        return x_b.astype(self.w_qkv.dtype, copy=False), unbatched
+
+    def _merge_heads(self, y: Array) -> Array:
+        """y (B, H, T, d_head) -> (B, T, d_model): glue the heads back, side by side."""
+        B, _, T, _ = y.shape
+        return y.swapaxes(1, 2).reshape(B, T, self.d_model)
 
     def _attend_cached(self, x: Array, cache: KVCache, *, causal: bool, fused: bool) -> Array:
         """x (B, T, d_model) continuing cache -> y (B, H, T, d_head); appends x's k and v to cache."""
@@ -175,22 +180,15 @@ class MultiHeadAttention:
         fused=True keeps flash_attention's lse and backward() runs flash_attention_backward; fused=False
         backward() runs the reference attention_backward, which builds the (B, H, T, T) weights again.
         """
-        x = as_float_array(x, "x")
-        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
         causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
-        unbatched = x.ndim == 2
-        x_b = x[None] if unbatched else x  # (B, T, d_model)
-        B, T, _ = x_b.shape
-        x_b = x_b.astype(self.w_qkv.dtype, copy=False)
+        x_b, unbatched = self._batched(x)  # (B, T, d_model)
         q, k, v = self.split_heads(x_b)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
         lse = None
         if fused:
             y, lse = cast(tuple[Array, Array], flash_attention(q, k, v, causal=causal, return_lse=True))
         else:
             y = cast(Array, attention(q, k, v, causal=causal))  # (B, H, T, d_head)
-        y_cat = y.swapaxes(1, 2).reshape(B, T, self.d_model)  # glue the heads back: (B, T, d_model)
-        out = y_cat @ self.w_out  # (B, T, d_model)
+        out = self._merge_heads(y) @ self.w_out  # (B, T, d_model)
         saved = Saved(self, x_b, q, k, v, y, lse, causal, fused, unbatched)
         return (out[0] if unbatched else out), saved
 
@@ -219,7 +217,7 @@ class MultiHeadAttention:
         dout = dout.reshape(B, T, self.d_model).astype(self.w_qkv.dtype, copy=False)  # (B, T, d_model)
 
         # 1) out = Y W_out
-        y_cat = y.swapaxes(1, 2).reshape(B * T, self.d_model)  # (B·T, d_model)
+        y_cat = self._merge_heads(y).reshape(B * T, self.d_model)  # (B·T, d_model)
         dw_out = y_cat.T @ dout.reshape(B * T, self.d_model)  # (d_model, d_model)
         dy = (dout @ self.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
         # 2) through the attention, the way the forward went
