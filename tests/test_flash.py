@@ -117,11 +117,11 @@ def test_overlapping_calls_keep_the_blas_limit_and_the_bits(rng):
 def test_nested_calls_restore_the_limit(rng):
     from threadpoolctl import threadpool_info
 
-    from tinyattn_np.flash import _one_blas_thread
+    from tinyattn_np._parallel import one_blas_thread
 
     before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
-    with _one_blas_thread():
-        with _one_blas_thread():
+    with one_blas_thread():
+        with one_blas_thread():
             pass
         assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
     assert [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"] == before
@@ -275,12 +275,12 @@ def test_many_tiny_heads_are_batched(rng):
     calls = []
     import tinyattn_np.flash as flash_module
 
-    real = flash_module._attend_block
-    flash_module._attend_block = lambda *a: calls.append(1) or real(*a)
+    real = flash_module.attend_block
+    flash_module.attend_block = lambda *a: calls.append(1) or real(*a)
     try:
         out = flash_attention(q, k, v, causal=True)
     finally:
-        flash_module._attend_block = real
+        flash_module.attend_block = real
     assert len(calls) == 1
     np.testing.assert_allclose(out, v)  # one key: the weight is 1
 

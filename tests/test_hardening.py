@@ -26,7 +26,7 @@ from tinyattn_np import (
 )
 from tinyattn_np.measure import traced_peak
 
-attention_module = importlib.import_module("tinyattn_np.attention")
+guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
 
 
 def qkv(rng, shape=(2, 5, 4), dtype=np.float64):
@@ -99,7 +99,7 @@ def test_full_shape_bool_mask_is_counted(rng, monkeypatch):
     small = naive_attention_bytes(64, heads=8, head_dim=4, bool_mask=True)
     full = naive_attention_bytes(64, heads=8, head_dim=4, bool_mask=True, mask_elements=8 * 64 * 64)
     assert full > small
-    monkeypatch.setattr(attention_module, "memory_available", lambda: (small + full) // 2)
+    monkeypatch.setattr(guard_module, "memory_available", lambda: (small + full) // 2)
     attention(q, q, q, mask=np.ones((64, 64), bool))  # fits
     with pytest.raises(AttentionMemoryError):
         attention(q, q, q, mask=np.ones((8, 64, 64), bool))

@@ -5,6 +5,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from tinyattn_np import _guard as guard
 from tinyattn_np import measure
 
 
@@ -58,10 +59,10 @@ def test_cpu_model_without_proc(monkeypatch):
 def test_memory_from_proc_sysconf_or_fallback(monkeypatch, tmp_path):
     assert 0 < measure.memory_available() <= measure.memory_total()
     # /proc/meminfo unreadable: os.sysconf answers
-    monkeypatch.setattr(measure, "_meminfo_bytes", lambda field: None)
+    monkeypatch.setattr(guard, "meminfo_bytes", lambda field: None)
     assert measure.memory_total() > 0 and measure.memory_available() > 0
     # neither answers: the conservative fallback
-    monkeypatch.setattr(measure, "_sysconf_bytes", lambda name: None)
+    monkeypatch.setattr(guard, "sysconf_bytes", lambda name: None)
     assert measure.memory_available() == measure.memory_total() == measure.FALLBACK_MEMORY_BYTES == 2 * 2**30
 
 
@@ -72,14 +73,14 @@ def test_meminfo_parsing(monkeypatch, tmp_path):
     monkeypatch.setattr(
         "builtins.open", lambda path, *a, **k: real_open(fake if path == "/proc/meminfo" else path, *a, **k)
     )
-    assert measure._meminfo_bytes("MemTotal") == 16384 * 1024
-    assert measure._meminfo_bytes("MemAvailable") == 8192 * 1024
-    assert measure._meminfo_bytes("SwapTotal") is None
+    assert guard.meminfo_bytes("MemTotal") == 16384 * 1024
+    assert guard.meminfo_bytes("MemAvailable") == 8192 * 1024
+    assert guard.meminfo_bytes("SwapTotal") is None
 
 
 def test_sysconf_failures(monkeypatch):
     def broken(name):
         raise ValueError(name)
 
-    monkeypatch.setattr(measure.os, "sysconf", broken)
-    assert measure._sysconf_bytes("SC_PHYS_PAGES") is None
+    monkeypatch.setattr(guard.os, "sysconf", broken)
+    assert guard.sysconf_bytes("SC_PHYS_PAGES") is None

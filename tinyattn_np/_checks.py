@@ -4,7 +4,7 @@ and what came, as a ValueError or TypeError (never an assert: user input deserve
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -109,8 +109,9 @@ def check_sizes(n_q: Any, n_k: Any) -> tuple[int, int]:
     return n_q, n_q if n_k is None else check_count(n_k, "n_k")
 
 
-def check_scale(scale: Any, head_dim: int) -> float:
-    """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given finite number."""
+def check_scale(scale: Any, head_dim: int, dtype: Any = np.float64) -> float:
+    """The softmax scale: 1/sqrt(E) by default (Vaswani et al. 2017, eq. 1), else the given finite number,
+    which must also be finite in the compute dtype (1e40 is inf in float32, and every score with it)."""
     if scale is None:
         return 1.0 / float(np.sqrt(head_dim))
     if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.floating, np.integer)):
@@ -121,18 +122,28 @@ def check_scale(scale: Any, head_dim: int) -> float:
         raise ValueError("scale must be a finite number; got an int too large for a float (past 1.8e308)") from None
     if not math.isfinite(value):
         raise ValueError(f"scale must be a finite number; got {scale}")
+    largest = float(np.finfo(dtype).max)
+    if abs(value) > largest:
+        raise ValueError(
+            f"scale={value:g} overflows {np.dtype(dtype)}, the dtype the scores are computed in (largest "
+            f"{largest:.3g}): every score would be ±inf; pass a smaller scale or float64 inputs"
+        )
     return value
 
 
-class QKVShape:
+class QKVShape(NamedTuple):
     """The sizes read off q (..., Hq, L, E), k (..., Hkv, S, E) and v (..., Hkv, S, Ev).
 
     2-D inputs (L, E) have no head axis: they count as one head, and the caller adds the axis back.
     """
 
-    def __init__(self, batch: tuple[int, ...], hq: int, hkv: int, n_q: int, n_k: int, e: int, ev: int):
-        self.batch, self.hq, self.hkv = batch, hq, hkv
-        self.n_q, self.n_k, self.e, self.ev = n_q, n_k, e, ev
+    batch: tuple[int, ...]
+    hq: int
+    hkv: int
+    n_q: int
+    n_k: int
+    e: int
+    ev: int
 
     @property
     def group(self) -> int:
@@ -169,3 +180,8 @@ def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndar
         raise ValueError(f"q has {hq} heads and k, v have {hkv}: pass enable_gqa=True for grouped-query attention")
     dims = QKVShape(q.shape[:-3], hq, hkv, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
     return q, k, v, dims
+
+
+def without_head_axis(q: Any) -> bool:
+    """Whether q is one head without a head axis, (L, E); a ragged list gets the error that names q."""
+    return bool(as_float_array(q, "q").ndim == 2)

@@ -14,22 +14,34 @@ Two entry points:
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import QKVShape, as_float_array, check_bool, check_qkv, check_scale, compute_dtype, result_dtype
+from ._checks import QKVShape, check_bool, check_qkv, check_scale, compute_dtype, result_dtype, without_head_axis
+from ._guard import AttentionMemoryError, naive_attention_bytes, refuse_if_too_big
 from .masks import band_blocked, causal_offset, check_window
-from .measure import memory_available
-from .memory import naive_attention_bytes
-from .report import format_bytes
 from .softmax import softmax_
 
 Array = NDArray[np.floating]
 
+__all__ = ["AttentionMemoryError", "attend", "attention", "check_attention", "scaled_dot_product_attention"]
 
-def _check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
+
+class Hidden(NamedTuple):
+    """Which scores a call hides: a bool (True = may attend) or float (added) mask, and the causal band.
+
+    offset is None without causal; else query i sees key j when j <= i + offset, and with a window
+    only when j > i + offset - window as well (masks.band_blocked).
+    """
+
+    mask: np.ndarray | None
+    offset: int | None
+    window: int | None
+
+
+def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
     """mask as a bool or float array that broadcasts to the scores' shape without enlarging it."""
     if isinstance(mask, (np.ma.MaskedArray, np.matrix)):
         raise TypeError(f"mask must be a plain ndarray; got {type(mask).__name__}: pass np.asarray(mask)")
@@ -47,43 +59,78 @@ def _check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
     return mask
 
 
-class AttentionMemoryError(MemoryError):
-    """attention() refused to build a score matrix larger than the memory that is available."""
+def check_attention(
+    q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, Hidden]:
+    """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, what is hidden."""
+    causal = check_bool(causal, "causal")
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
+    offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
+    if window is not None:
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+        window = check_window(window, dims.n_q, dims.n_k)
+    if mask is not None:
+        mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))
+    return q, k, v, dims, scale, Hidden(mask, offset if causal else None, window)
 
 
-def _check_memory(
-    dims: QKVShape, dtype: np.dtype, causal: bool, mask: np.ndarray | None, window: int | None = None
-) -> None:
-    """Refuse, before allocating, a call whose peak (memory.naive_attention_bytes: the score matrix,
-    its masks and the output) does not fit in the memory that is available. It reads shapes and dtypes
-    only, so it runs before anything is converted or built."""
+def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
+    """Refuse, before allocating, a call whose peak (naive_attention_bytes: the score matrix, its masks and
+    the output) does not fit in the memory that is available. It reads shapes and dtypes only, so it runs
+    before anything is converted or built."""
     batch = int(np.prod(dims.batch, dtype=np.int64))
     if batch == 0 or dims.hq == 0:
         return  # no query head at all: nothing the size of the scores is made
+    mask = hidden.mask
     inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
     needed = naive_attention_bytes(
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
-        batch=batch, dtype=dtype, causal=causal, bool_mask=inverted is not None, mask_elements=inverted,
-        window=window,
+        batch=batch, dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None,
+        mask_elements=inverted, window=hidden.window,
     )  # fmt: skip
-    available = memory_available()
-    if needed > available:
-        scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
-        raise AttentionMemoryError(
-            f"attention() would allocate {format_bytes(needed)} at its peak (score matrix {scores_shape}), but "
-            f"only {format_bytes(available)} of memory is available. flash_attention() gives the same "
-            "result without building that matrix; pass check_memory=False to try anyway."
-        )
+    scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
+    refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
 
 
-def _grouped(x: np.ndarray, dims: QKVShape, n: int, kv: bool) -> np.ndarray:
+def grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
     """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
 
     Query head h = g_kv · G + g reads kv head g_kv, so broadcasting over the size-1 axis shares each
     kv head with its G query heads without copying K or V (torch: repeat_interleave).
     """
     heads = (dims.hkv, 1) if kv else (dims.hkv, dims.group)
-    return x.reshape(*dims.batch, *heads, n, x.shape[-1])
+    return x.reshape(*dims.batch, *heads, x.shape[-2], x.shape[-1])
+
+
+def attend(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, hidden: Hidden
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S)."""
+    # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first, as
+    #    flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
+    q_s = np.multiply(q, scale, dtype=k.dtype)  # (..., Hq, L, E) in the compute dtype; q stays as it was
+    scores = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
+    scores = scores.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., Hq, L, S): free, it is contiguous
+    del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
+
+    # 2) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
+    if hidden.mask is not None and hidden.mask.dtype == np.bool_:
+        np.copyto(scores, -np.inf, where=~hidden.mask)  # ~mask: a temporary of the mask's size
+    elif hidden.mask is not None:
+        np.add(scores, hidden.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
+    if hidden.offset is not None:
+        blocked = band_blocked(0, dims.n_q, 0, dims.n_k, hidden.offset, hidden.window)  # (L, S); the window too
+        np.copyto(scores, -np.inf, where=blocked)
+
+    # 3) softmax over the keys, in place: the weights take the scores' memory
+    weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+
+    # 4) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
+    out = grouped(weights, dims, kv=False) @ grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
+    return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
 
 
 def attention(
@@ -114,49 +161,23 @@ def attention(
     check_memory=True refuses (AttentionMemoryError) a score matrix larger than the available memory,
     before anything is converted or built: the check reads shapes and dtypes only.
     float16 is computed in float32; mixed dtypes compute in the widest and return np.result_type of q, k, v.
+
+    >>> q = k = v = np.eye(2)
+    >>> attention(q, k, v, causal=True)[0]
+    array([1., 0.])
     """
-    causal, return_weights = check_bool(causal, "causal"), check_bool(return_weights, "return_weights")
-    check_memory = check_bool(check_memory, "check_memory")
-    q = as_float_array(q, "q")  # before np.ndim: a ragged list gets an error that names q
-    two_d = q.ndim == 2
-    q, k, v, dims = check_qkv(q, k, v)
-    scale = check_scale(scale, dims.e)
-    offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
-    if window is not None:
-        if not causal:
-            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
-        window = check_window(window, dims.n_q, dims.n_k)
-    scores_shape = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
-    if mask is not None:
-        mask = _check_mask(mask, scores_shape)
+    return_weights, check_memory = (
+        check_bool(return_weights, "return_weights"),
+        check_bool(check_memory, "check_memory"),
+    )
+    two_d = without_head_axis(q)
+    q, k, v, dims, scale, hidden = check_attention(
+        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window
+    )
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
-        _check_memory(dims, result_dtype(q, k, v), causal, mask, window)
+        check_fits(dims, result_dtype(q, k, v), hidden)
     ct = compute_dtype(q, k, v)
-    k_c, v_c = (x.astype(ct, copy=False) for x in (k, v))
-
-    # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first,
-    #    as flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
-    q_s = np.multiply(q, scale, dtype=ct)  # (..., Hq, L, E): a new array in the compute dtype; q stays as it was
-    scores = _grouped(q_s, dims, dims.n_q, kv=False) @ _grouped(k_c, dims, dims.n_k, kv=True).swapaxes(-1, -2)
-    scores = scores.reshape(scores_shape)  # (..., Hq, L, S); the reshape is free, scores is contiguous
-
-    # 2) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
-    if mask is not None and mask.dtype == np.bool_:
-        np.copyto(scores, -np.inf, where=~mask)  # ~mask: a temporary of the mask's size
-    elif mask is not None:
-        np.add(scores, mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy of mask
-    if causal:
-        blocked = band_blocked(0, dims.n_q, 0, dims.n_k, offset, window)  # (L, S); the window's edge too
-        np.copyto(scores, -np.inf, where=blocked)
-
-    # 3) softmax over the keys, in place: the weights take the scores' memory
-    weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
-
-    # 4) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
-    grouped_weights = weights.reshape(*dims.batch, dims.hkv, dims.group, dims.n_q, dims.n_k)
-    out = (grouped_weights @ _grouped(v_c, dims, dims.n_k, kv=True)).reshape(
-        *dims.batch, dims.hq, dims.n_q, dims.ev
-    )  # (..., Hq, L, Ev)
+    out, weights = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
 
     out_dtype = result_dtype(q, k, v)
     out = out.astype(out_dtype, copy=False)

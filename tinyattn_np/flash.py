@@ -9,49 +9,62 @@ A new tile of scores s raises the maximum to m' = max(m, max s); everything accu
 measured against m, so it is rescaled by exp(m - m') before the tile is added:
     l'   = l · exp(m - m') + Σ exp(s - m')
     acc' = acc · exp(m - m') + exp(s - m') @ v_tile
-After the last tile, out = acc / l and logsumexp = m + log l. (Milakov & Gimelshein 2018; Dao et al.
-2022, "FlashAttention", Algorithm 1.) merge_states() in softmax.py is the same algebra for two
-finished parts.
+After the last tile, out = acc / l and logsumexp = m + log l. (Milakov & Gimelshein 2018; Dao 2023,
+"FlashAttention-2", Algorithm 1.) merge_states() in softmax.py is the same algebra for two finished parts.
 
-Under a causal mask, a tile wholly above the diagonal is never computed, and only the tiles that the
-diagonal crosses pay for a mask: tile_plan() lists exactly the tiles that run. That is the "free 2x" of
-FlashAttention-2 (Dao 2023). A sliding window adds a second diagonal edge, and the tiles wholly behind
-it are skipped too, so the work grows as L·window instead of L·S.
+Read it in this order:
+    Band, tile_plan, draw_tile_plan    which tiles run: under a causal mask a tile wholly above the
+                                       diagonal is never computed, and only the tiles the diagonal
+                                       crosses pay for a mask (the "free 2x" of FlashAttention-2); a
+                                       sliding window skips the tiles behind its back edge too
+    flash_attention_one_head           Algorithm 1 for one head on one thread, as the paper prints it
+    flash_attention                    the same algorithm, fast: several heads share each tile step
+                                       (one batched matmul for the query heads of one or more kv heads),
+                                       and worker threads take whole (heads, query block) items
 
-Several heads share each tile step: the query heads that read one kv head, and as many kv heads as
-fit in the step's budget of scores, go through one batched matmul and one pass of each ufunc. Python's
-per-call overhead (a few microseconds, with the interpreter lock held) is then paid once for all of
-them, which is what lets worker threads scale with cores (README, "Block sizes and workers").
-
-Memory: out, lse, and per worker one step's tile of scores (at most the step budget) plus per-row
-vectors: O((L + S)·E + workers·budget), never L x S. The tiles of a query block are made lazily, as
-it runs, so the plan itself costs no memory either.
+Why the fast path batches heads: Python's per-call overhead (a few microseconds, with the interpreter
+lock held) is then paid once for all of them, which is what lets worker threads scale with cores
+(docs/tiles.md). Memory: out, lse, and per worker one step's tile of scores (at most the step budget)
+plus per-row vectors: O((L + S)·E + workers·budget), never L x S. The tiles of a query block are made
+as it runs, so the plan itself costs no memory either.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_bool, check_positive_int, check_qkv, check_scale, check_sizes, compute_dtype, result_dtype
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    check_sizes,
+    compute_dtype,
+    result_dtype,
+    without_head_axis,
+)
+from ._parallel import one_blas_thread, run_items
 from .masks import band_blocked, causal_offset, check_window
 
 Array = NDArray[np.floating]
 
 # The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in README, "Block sizes and workers" (scripts/scaling.py --sweep-blocks).
+# on more than 8 cores. Measured in docs/tiles.md (scripts/tiles.py).
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 SCORES_PER_STEP = 2**18
 
-FULL, DIAGONAL = "full", "diagonal"
+FULL, DIAGONAL = "full", "diagonal"  # a tile every query sees whole, and one a mask edge crosses
+
+
+# ---------------------------------------------------------------------------------------------------
+# which tiles run
 
 
 class Tile(NamedTuple):
@@ -68,38 +81,73 @@ class Tile(NamedTuple):
     kind: str
 
 
-def _visible_keys(q_start: int, q_stop: int, n_k: int, offset: int, causal: bool, window: int | None) -> range:
-    """The key positions that at least one query of q_start:q_stop may see (bottom-right alignment).
+class Band(NamedTuple):
+    """The keys each query may see: every key (offset None), or the causal band, bottom-right aligned:
+    query i sees key j when j <= i + offset, and with a window also j > i + offset - window.
 
-    Query i sees key j when j <= i + offset (causal) and j > i + offset - window (window).
+    It answers the three questions the kernels ask: the tiles of a row of query blocks (the forward),
+    the tiles of a column of key blocks (the backward), and which entries of a tile are hidden.
     """
-    stop = min(n_k, q_stop + offset) if causal else n_k  # the last query's diagonal, inclusive
-    start = max(0, q_start + offset - window + 1) if window is not None else 0  # the first query's back edge
-    return range(start, max(start, stop))
+
+    offset: int | None
+    window: int | None = None
+
+    def visible_keys(self, q_start: int, q_stop: int, n_k: int) -> range:
+        """The keys that at least one query of q_start:q_stop may see."""
+        if self.offset is None:
+            return range(n_k)
+        stop = min(n_k, q_stop + self.offset)  # the last query's diagonal, inclusive
+        start = 0 if self.window is None else max(0, q_start + self.offset - self.window + 1)  # first's back edge
+        return range(start, max(start, stop))
+
+    def visible_queries(self, k_start: int, k_stop: int, n_q: int) -> range:
+        """The queries that see at least one key of k_start:k_stop."""
+        if self.offset is None:
+            return range(n_q)
+        start = max(0, k_start - self.offset)  # the first query whose diagonal reaches the first key
+        stop = n_q if self.window is None else min(n_q, k_stop - 1 - self.offset + self.window)
+        return range(start, max(start, stop))
+
+    def kind(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> str:
+        """ "full" when every query of the tile sees every key of it, else "diagonal"."""
+        if self.offset is None:
+            return FULL
+        below_diagonal = k_stop - 1 <= q_start + self.offset  # the first query sees the last key
+        inside_window = self.window is None or k_start > q_stop - 1 + self.offset - self.window  # last sees first
+        return FULL if below_diagonal and inside_window else DIAGONAL
+
+    def row_tiles(self, q_start: int, q_stop: int, n_k: int, block_k: int) -> Iterator[Tile]:
+        """The tiles of query block q_start:q_stop that run, on the key grid 0, block_k, ..., made one at a time."""
+        keys = self.visible_keys(q_start, q_stop, n_k)
+        for k_start in range(keys.start // block_k * block_k, keys.stop, block_k):
+            k_stop = min(k_start + block_k, n_k)
+            yield Tile(q_start, q_stop, k_start, k_stop, self.kind(q_start, q_stop, k_start, k_stop))
+
+    def column_tiles(self, k_start: int, k_stop: int, n_q: int, block_q: int) -> Iterator[Tile]:
+        """The tiles of key block k_start:k_stop that run, on the query grid 0, block_q, ..., one at a time."""
+        queries = self.visible_queries(k_start, k_stop, n_q)
+        for q_start in range(queries.start // block_q * block_q, queries.stop, block_q):
+            q_stop = min(q_start + block_q, n_q)
+            yield Tile(q_start, q_stop, k_start, k_stop, self.kind(q_start, q_stop, k_start, k_stop))
+
+    def row_length(self, q_start: int, q_stop: int, n_k: int, block_k: int) -> int:
+        """How many tiles row_tiles makes, without making them."""
+        keys = self.visible_keys(q_start, q_stop, n_k)
+        return len(range(keys.start // block_k * block_k, keys.stop, block_k))
+
+    def hidden(self, tile: Tile) -> NDArray[np.bool_]:
+        """(bq, bk) bool, True where the tile's query may not see its key (only asked of "diagonal" tiles)."""
+        return band_blocked(tile.q_start, tile.q_stop, tile.k_start, tile.k_stop, self.offset or 0, self.window)
 
 
-def block_tiles(
-    q_start: int, q_stop: int, n_k: int, block_k: int, *, offset: int, causal: bool, window: int | None
-) -> Iterator[Tile]:
-    """The tiles of one query block that run, made one at a time (nothing is stored).
-
-    Key tiles sit on the grid k_start = 0, block_k, 2·block_k, ...; those that no query of the block
-    may see are never made. A tile is "full" when every query sees every key of it.
-    """
-    keys = _visible_keys(q_start, q_stop, n_k, offset, causal, window)
-    for k_start in range(keys.start // block_k * block_k, keys.stop, block_k):
-        k_stop = min(k_start + block_k, n_k)
-        below_diagonal = not causal or k_stop - 1 <= q_start + offset  # the first query sees the last key
-        inside_window = window is None or k_start > q_stop - 1 + offset - window  # the last query sees the first
-        yield Tile(q_start, q_stop, k_start, k_stop, FULL if below_diagonal and inside_window else DIAGONAL)
-
-
-def _tiles_in_block(
-    q_start: int, q_stop: int, n_k: int, block_k: int, offset: int, causal: bool, window: int | None
-) -> int:
-    """How many tiles block_tiles makes, without making them."""
-    keys = _visible_keys(q_start, q_stop, n_k, offset, causal, window)
-    return len(range(keys.start // block_k * block_k, keys.stop, block_k))
+def check_band(causal: Any, window: Any, n_q: int, n_k: int) -> Band:
+    """causal and window checked, as the Band they describe (bottom-right alignment)."""
+    causal = check_bool(causal, "causal")
+    if window is not None:
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+        window = check_window(window, n_q, n_k)
+    return Band(causal_offset(n_q, n_k) if causal else None, window)
 
 
 class TilePlan(list[Tile]):
@@ -121,19 +169,16 @@ def tile_plan(
     window (needs causal=True): each query sees only the last `window` keys, itself included; tiles
     wholly behind that band are left out too, and those its back edge crosses are "diagonal".
     flash_attention makes the same tiles one query block at a time; this list is for counting and drawing.
+
+    >>> print(draw_tile_plan(tile_plan(4, 4, 2, 2, causal=True)))
+    \\ .
+    # \\
     """
     n_q, n_k = check_sizes(n_q, n_k)
-    block_q = check_positive_int(block_q, "block_q")
-    block_k = check_positive_int(block_k, "block_k")
-    causal, window = _check_causal_window(causal, window, n_q, n_k)
-    offset = causal_offset(n_q, n_k)
-    tiles = [
-        tile
-        for q_start in range(0, n_q, block_q)
-        for tile in block_tiles(
-            q_start, min(q_start + block_q, n_q), n_k, block_k, offset=offset, causal=causal, window=window
-        )
-    ]
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    band = check_band(causal, window, n_q, n_k)
+    rows = range(0, n_q, block_q)
+    tiles = [tile for q_start in rows for tile in band.row_tiles(q_start, min(q_start + block_q, n_q), n_k, block_k)]
     return TilePlan(tiles, n_q, n_k, block_q, block_k)
 
 
@@ -163,50 +208,97 @@ def draw_tile_plan(
     return "\n".join(" ".join(row) for row in grid)
 
 
-def _check_causal_window(causal: Any, window: Any, n_q: int, n_k: int) -> tuple[bool, int | None]:
-    causal = check_bool(causal, "causal")
-    if window is None:
-        return causal, None
-    if not causal:
-        raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from each query's diagonal")
-    return causal, check_window(window, n_q, n_k)
+# ---------------------------------------------------------------------------------------------------
+# Algorithm 1, one head on one thread
 
 
-def _attend_block(
-    q_t: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    tiles: Iterator[Tile],
-    widest: int,
-    offset: int,
-    window: int | None,
-    out_rows: np.ndarray,
-    lse_rows: np.ndarray,
-) -> None:
+def flash_attention_one_head(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    window: int | None = None,
+) -> tuple[Array, Array]:
+    """FlashAttention-2's forward (Dao 2023, Algorithm 1) for one head, one query block at a time:
+    q (L, E), k (S, E), v (S, Ev) -> out (L, Ev) and lse (L,), in the compute dtype.
+
+    flash_attention() is the same algorithm with many heads per step and worker threads; the tests hold
+    the two equal. Mask and dtype conventions as in flash_attention.
+    """
+    q, k, v, dims, scale, band = check_one_head(q, k, v, causal, scale, window)
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    out, lse = np.zeros((dims.n_q, dims.ev), k.dtype), np.full(dims.n_q, -np.inf, k.dtype)
+    lowest = np.finfo(k.dtype).min  # subtracted instead of a max of -inf: exp(-inf - lowest) = 0, not NaN
+    for q_start in range(0, dims.n_q, block_q):
+        rows = slice(q_start, min(q_start + block_q, dims.n_q))
+        q_i = q[rows] * scale  # (bq, E): Q_i, the scale folded in once
+        m = np.full(q_i.shape[0], -np.inf, k.dtype)  # (bq,) m_i: the running row max
+        l = np.zeros(q_i.shape[0], k.dtype)  # (bq,) l_i: the running sum of exp(s - m)
+        acc = np.zeros((q_i.shape[0], dims.ev), k.dtype)  # (bq, Ev) O_i before the division by l_i
+        for tile in band.row_tiles(rows.start, rows.stop, dims.n_k, block_k):
+            keys = slice(tile.k_start, tile.k_stop)
+            s = q_i @ k[keys].T  # (bq, bk) S_ij = Q_i K_jᵀ
+            if tile.kind == DIAGONAL:
+                s[band.hidden(tile)] = -np.inf  # (bq, bk) keys this query may not see
+            m_new = np.maximum(m, s.max(axis=1))  # (bq,) m_i' = max(m_i, rowmax(S_ij))
+            p = np.exp(s - np.maximum(m_new, lowest)[:, None])  # (bq, bk) P_ij = exp(S_ij - m_i')
+            alpha = np.exp(m - np.maximum(m_new, lowest))  # (bq,) exp(m_i - m_i'): rescales the old sums
+            l = alpha * l + p.sum(axis=1)  # (bq,) l_i' = exp(m_i - m_i') l_i + rowsum(P_ij)
+            acc = alpha[:, None] * acc + p @ v[keys]  # (bq, Ev) O_i' = diag(exp(m_i - m_i')) O_i + P_ij V_j
+            m = m_new
+        seen = l > 0  # a row that saw no key keeps out 0 and lse -inf
+        out[rows][seen] = acc[seen] / l[seen, None]  # (bq, Ev) O_i = diag(l_i)⁻¹ O_i
+        lse[rows][seen] = m[seen] + np.log(l[seen])  # (bq,) L_i = m_i + log(l_i)
+    return out, lse
+
+
+def check_one_head(
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, Band]:
+    """One head's q (L, E), k (S, E), v (S, Ev) checked, in the compute dtype, with the scale and the band."""
+    if not without_head_axis(q):
+        raise ValueError(f"q must be one head (L, E); got shape {np.shape(q)}: use flash_attention for more heads")
+    q, k, v, dims = check_qkv(q, k, v)
+    ct = compute_dtype(q, k, v)
+    band = check_band(causal, window, dims.n_q, dims.n_k)
+    return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), dims, check_scale(scale, dims.e, ct), band
+
+
+# ---------------------------------------------------------------------------------------------------
+# the fast path: many heads per tile step, worker threads
+
+
+def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, band: Band, tiles: Iterator[Tile],
+                 out_rows: np.ndarray, lse_rows: np.ndarray) -> None:  # fmt: skip
     """The online softmax for one query block of c kv heads, each with its G query heads, over its tiles.
 
     q_t (c, E, G·bq): the scaled queries, transposed; column g·bq + i is query i of head g of the group.
     k (c, S, E), v (c, S, Ev): the c kv heads. Writes out_rows (c, G, bq, Ev) and lse_rows (c, G, bq).
+    The score tile is kept transposed, keys down and queries across: (c, bk, n). The per-query max and
+    sum then run down an axis that is not the last of a C-order array, which NumPy does with whole-row
+    vector ops, about twice as fast as along the last axis on a 256 x 256 tile.
     """
     c, _, n = q_t.shape
     dtype = q_t.dtype
     m = np.full((c, n), -np.inf, dtype)  # (c, n) running max of the scores
     l = np.zeros((c, n), dtype)  # (c, n) running sum of exp(score - m)
     acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) running exp(score - m) @ v
-    # The score tile is kept transposed, keys down and queries across: (c, bk, n). The per-query max and
-    # sum then run down an axis that is not the last of a C-order array, which NumPy does with whole-row
-    # vector ops, about twice as fast as along the last axis on a 256 x 256 tile.
-    tile_buf = np.empty(c * widest * n, dtype)  # the one score tile this block reuses
+    tile_buf = np.empty(0, dtype)  # the one score tile this block reuses, made at its first (widest) tile
     for t in tiles:
         bk = t.k_stop - t.k_start
+        if tile_buf.size < c * bk * n:
+            tile_buf = np.empty(c * bk * n, dtype)
         s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
         # 1) scores of this tile for every head of the step; the scale is already folded into q
         np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
         # 2) a tile that a mask edge crosses hides the keys its queries may not see (the same for each head)
         if t.kind == DIAGONAL:
-            blocked = band_blocked(t.q_start, t.q_stop, t.k_start, t.k_stop, offset, window)  # (bq, bk)
             bq = t.q_stop - t.q_start
-            np.copyto(s.reshape(c, bk, n // bq, bq), -np.inf, where=blocked.T[:, None, :])  # (c, bk, G, bq)
+            np.copyto(s.reshape(c, bk, n // bq, bq), -np.inf, where=band.hidden(t).T[:, None, :])  # (c, bk, G, bq)
         # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
         #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
         m_new = np.maximum(m, s.max(axis=1))  # (c, n)
@@ -223,45 +315,18 @@ def _attend_block(
         acc *= alpha[:, :, None]
         acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
         m = m_new
-    # 6) divide once at the end; a row that saw no key (l = 0) gets out 0 and lse -inf.
-    #    (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)
+    finish_rows(acc, m, l, out_rows, lse_rows)
+
+
+def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndarray, lse_rows: np.ndarray) -> None:
+    """6) Divide once at the end: out = acc / l, lse = m + log l; a row that saw no key (l = 0) gets out 0
+    and lse -inf. (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)"""
     acc, m, l = acc.reshape(out_rows.shape), m.reshape(lse_rows.shape), l.reshape(lse_rows.shape)  # (c, G, bq, ...)
     empty = l == 0  # (c, G, bq)
     np.divide(acc, l[..., None], out=out_rows, where=~empty[..., None])
     out_rows[empty] = 0.0
     with np.errstate(divide="ignore"):
         lse_rows[...] = np.where(empty, -np.inf, m + np.log(l))
-
-
-# BLAS is held to one thread while any flash_attention runs: the workers are the parallelism, and one
-# thread per matmul makes the result the same bits for any number of workers. Calls may overlap (threads)
-# or nest, so the first one in sets the limit and the last one out restores what it found.
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_limiter: Any = None
-_blas_controller: Any = None
-
-
-@contextmanager
-def _one_blas_thread() -> Iterator[None]:
-    """A context in which BLAS runs single-threaded, safe for overlapping and nested use."""
-    global _blas_users, _blas_limiter, _blas_controller
-    with _blas_lock:
-        if _blas_users == 0:
-            if _blas_controller is None:
-                from threadpoolctl import ThreadpoolController
-
-                _blas_controller = ThreadpoolController()
-            _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
-        _blas_users += 1
-    try:
-        yield
-    finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limiter.restore_original_limits()
-                _blas_limiter = None
 
 
 def default_tiles(
@@ -280,6 +345,78 @@ def default_tiles(
     block_k = side if block_k is None else block_k
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
     return block_q, block_k, max(1, budget // scores_per_kv_head)
+
+
+class FlashPlan(NamedTuple):
+    """How flash_forward runs a checked call: the scale, the band, the tile sizes, heads per step, workers."""
+
+    scale: float
+    band: Band
+    block_q: int
+    block_k: int
+    kv_heads_per_step: int
+    workers: int
+
+
+def check_flash(
+    q: Any, k: Any, v: Any, *, causal: Any, scale: Any, window: Any, block_q: Any, block_k: Any,
+    kv_heads_per_step: Any, workers: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, FlashPlan]:  # fmt: skip
+    """flash_attention's inputs checked, once, and its plan: the defaults filled in (default_tiles)."""
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
+    band = check_band(causal, window, dims.n_q, dims.n_k)
+    sizes = {"block_q": block_q, "block_k": block_k, "kv_heads_per_step": kv_heads_per_step, "workers": workers}
+    sizes = {name: None if value is None else check_positive_int(value, name) for name, value in sizes.items()}
+    return q, k, v, dims, flash_plan(dims, band, scale, **sizes)
+
+
+def flash_plan(
+    dims: QKVShape, band: Band, scale: float, *, block_q: int | None = None, block_k: int | None = None,
+    kv_heads_per_step: int | None = None, workers: int | None = None,
+) -> FlashPlan:  # fmt: skip
+    """The plan for checked sizes, the defaults filled in: default_tiles, and the CPU count for workers."""
+    block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
+    heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
+    return FlashPlan(scale, band, block_q, block_k, heads, workers or os.cpu_count() or 1)
+
+
+def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, plan: FlashPlan) -> tuple[Array, Array]:
+    """flash_attention's work on inputs check_flash() accepted: out (..., Hq, L, Ev) in the inputs' result
+    dtype, lse (..., Hq, L) in the compute dtype."""
+    ct = compute_dtype(q, k, v)
+    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
+    # 1) one view of the heads, grouped by the kv head they read: query head h reads kv head h // G
+    q_heads = q.reshape(n_kv, g, dims.n_q, dims.e)  # (B·Hkv, G, L, E)
+    k_c = np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
+    v_c = np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
+    out = np.empty((n_kv, g, dims.n_q, dims.ev), ct)  # (B·Hkv, G, L, Ev)
+    lse = np.empty((n_kv, g, dims.n_q), ct)  # (B·Hkv, G, L)
+
+    def run(item: tuple[int, int]) -> None:
+        # 2) one item: the query heads of c kv heads, one query block; the scale folded into q once, transposed
+        heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
+        rows = slice(item[1], min(item[1] + plan.block_q, dims.n_q))
+        c, bq = heads.stop - heads.start, rows.stop - rows.start
+        q_t = np.empty((c, dims.e, g, bq), ct)  # (c, E, G, bq): queries across
+        np.multiply(q_heads[heads, :, rows].transpose(0, 3, 1, 2), plan.scale, out=q_t, dtype=ct)
+        tiles = plan.band.row_tiles(rows.start, rows.stop, dims.n_k, plan.block_k)
+        attend_block(q_t.reshape(c, dims.e, g * bq), k_c[heads], v_c[heads], plan.band, tiles,
+                     out[heads, :, rows], lse[heads, :, rows])  # fmt: skip
+
+    # 3) the items, longest first so that the workers finish together; each writes its own rows of out and lse
+    with one_blas_thread():
+        run_items(run, forward_items(dims, plan, n_kv), plan.workers)
+    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
+    return out_full, lse.reshape(*dims.batch, dims.hq, dims.n_q)
+
+
+def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int) -> list[tuple[int, int]]:
+    """(first kv head, query block start) for every item; the query blocks with the most tiles come first."""
+    q_starts = range(0, dims.n_q, plan.block_q)
+    length = {q: plan.band.row_length(q, min(q + plan.block_q, dims.n_q), dims.n_k, plan.block_k) for q in q_starts}
+    ordered = sorted(q_starts, key=lambda q_start: -length[q_start])
+    return [(h, q_start) for q_start in ordered for h in range(0, n_kv, plan.kv_heads_per_step)]
 
 
 def flash_attention(
@@ -313,77 +450,17 @@ def flash_attention(
     workers: threads, each taking whole (heads, query block) items (default: the CPU count); the result
     is the same bits for any number of workers. While it runs, BLAS is held to one thread for the whole
     process (threadpoolctl; overlapping calls share the limit, the last one out restores it), so a
-    matmul in another thread of yours runs single-threaded meanwhile.
+    matmul in another thread of yours runs single-threaded meanwhile. Ctrl-C stops it between two tiles.
+
+    >>> q = k = v = np.eye(2)
+    >>> flash_attention(q, k, v, causal=True)[0]
+    array([1., 0.])
     """
-    two_d = np.ndim(q) == 2
-    q, k, v, dims = check_qkv(q, k, v)
-    scale = check_scale(scale, dims.e)
-    causal, window = _check_causal_window(causal, window, dims.n_q, dims.n_k)
     return_lse = check_bool(return_lse, "return_lse")
-    if block_q is not None:
-        block_q = check_positive_int(block_q, "block_q")
-    if block_k is not None:
-        block_k = check_positive_int(block_k, "block_k")
-    block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
-    kv_heads_per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
-    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
-    ct = compute_dtype(q, k, v)
-    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv  # every (batch, kv head) pair
-    g = dims.group
-
-    # 1) one view of the heads, grouped by the kv head they read: query head h reads kv head h // G
-    q4 = q.reshape(n_kv, g, dims.n_q, dims.e)  # (B·Hkv, G, L, E)
-    k_c = np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
-    v_c = np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-    out = np.empty((n_kv, g, dims.n_q, dims.ev), ct)  # (B·Hkv, G, L, Ev)
-    lse = np.empty((n_kv, g, dims.n_q), ct)  # (B·Hkv, G, L)
-
-    # 2) the work items: (first kv head, query block); longest first, so that the workers finish together
-    offset = causal_offset(dims.n_q, dims.n_k) if causal else 0
-    widest = min(block_k, dims.n_k)
-
-    def tiles_in(q_start: int) -> int:
-        q_stop = min(q_start + block_q, dims.n_q)
-        return _tiles_in_block(q_start, q_stop, dims.n_k, block_k, offset, causal, window)
-
-    q_starts = sorted(range(0, dims.n_q, block_q), key=lambda q_start: -tiles_in(q_start))
-    items = [(h, q_start) for q_start in q_starts for h in range(0, n_kv, kv_heads_per_step)]
-
-    def run(item: tuple[int, int]) -> None:
-        h, q_start = item
-        heads, rows = slice(h, min(h + kv_heads_per_step, n_kv)), slice(q_start, min(q_start + block_q, dims.n_q))
-        c, bq = heads.stop - heads.start, rows.stop - rows.start
-        # fold the scale into q once per item, not into every tile of scores; transposed, queries across
-        q_t = np.empty((c, dims.e, g, bq), ct)  # (c, E, G, bq)
-        np.multiply(q4[heads, :, rows].transpose(0, 3, 1, 2), scale, out=q_t, dtype=ct)
-        tiles = block_tiles(q_start, rows.stop, dims.n_k, block_k, offset=offset, causal=causal, window=window)
-        _attend_block(
-            q_t.reshape(c, dims.e, g * bq), k_c[heads], v_c[heads], tiles, widest, offset, window,
-            out[heads, :, rows], lse[heads, :, rows],
-        )  # fmt: skip
-
-    # 3) run the items; each writes its own rows of out and lse, so threads never share an array slice.
-    #    Each worker takes the next item when it is free (one future per worker, not one per item).
-    pending, take = iter(items), threading.Lock()
-
-    def work() -> None:
-        while True:
-            with take:
-                item = next(pending, None)
-            if item is None:
-                return
-            run(item)
-
-    with _one_blas_thread():
-        if workers == 1 or len(items) <= 1:
-            work()
-        else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                for done in [pool.submit(work) for _ in range(min(workers, len(items)))]:
-                    done.result()  # re-raises a worker's exception here
-
-    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
-    lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q)
+    two_d = without_head_axis(q)
+    sizes = {"block_q": block_q, "block_k": block_k, "kv_heads_per_step": kv_heads_per_step, "workers": workers}
+    q, k, v, dims, plan = check_flash(q, k, v, causal=causal, scale=scale, window=window, **sizes)
+    out, lse = flash_forward(q, k, v, dims, plan)
     if two_d:
-        out_full, lse_full = out_full[0], lse_full[0]
-    return (out_full, lse_full) if return_lse else out_full
+        out, lse = out[0], lse[0]
+    return (out, lse) if return_lse else out

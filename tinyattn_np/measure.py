@@ -16,6 +16,19 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ._guard import FALLBACK_MEMORY_BYTES, memory_available, memory_total
+
+__all__ = [
+    "FALLBACK_MEMORY_BYTES",
+    "cpu_model",
+    "machine_info",
+    "median_ms",
+    "memory_available",
+    "memory_total",
+    "time_calls",
+    "traced_peak",
+]
+
 R = TypeVar("R")
 
 
@@ -87,42 +100,3 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "blas": blas,
     }
-
-
-# When the operating system does not say how much memory there is, assume this little, so that a
-# guard built on it refuses too early rather than too late.
-FALLBACK_MEMORY_BYTES = 2 * 1024**3
-
-
-def _meminfo_bytes(field: str) -> int | None:
-    """A field of Linux's /proc/meminfo ("MemAvailable", "MemTotal") in bytes, or None elsewhere."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name == field:
-                    return int(rest.split()[0]) * 1024  # the file counts in kB = 1024 bytes
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _sysconf_bytes(pages_name: str) -> int | None:
-    try:
-        pages, page_size = os.sysconf(pages_name), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-    return pages * page_size if pages > 0 and page_size > 0 else None
-
-
-def memory_available() -> int:
-    """Bytes a new allocation can take without swapping: MemAvailable on Linux (free memory plus the
-    page cache the kernel can drop), else os.sysconf's free pages, else FALLBACK_MEMORY_BYTES."""
-    found = _meminfo_bytes("MemAvailable") or _sysconf_bytes("SC_AVPHYS_PAGES")
-    return found or FALLBACK_MEMORY_BYTES
-
-
-def memory_total() -> int:
-    """The machine's physical memory in bytes (FALLBACK_MEMORY_BYTES where the OS does not say)."""
-    found = _meminfo_bytes("MemTotal") or _sysconf_bytes("SC_PHYS_PAGES")
-    return found or FALLBACK_MEMORY_BYTES

@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int
-from .memory import _check_bool, _nbytes, attention_flops, kv_cache_bytes, score_matrix_bytes
+from ._bytes import nbytes
+from ._checks import check_bool, check_count, check_positive_int
+from .memory import attention_flops, kv_cache_bytes, score_matrix_bytes
 from .position import _rope_type, rope_frequencies
 
 # ---------------------------------------------------------------------------------------------------
@@ -79,8 +80,8 @@ class ModelShape:
             raise ValueError(f"arch must be one of {', '.join(ARCHS)}; got {self.arch!r}")
         if self.arch == "gpt2" and self.max_positions is None:
             raise ValueError("a gpt2-style model needs max_positions: its position table has that many rows")
-        _check_bool(self.tied_embeddings, "tied_embeddings")
-        _check_bool(self.qkv_bias, "qkv_bias")
+        check_bool(self.tied_embeddings, "tied_embeddings")
+        check_bool(self.qkv_bias, "qkv_bias")
         if self.rope_theta is not None:
             theta = self.rope_theta
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
@@ -159,7 +160,7 @@ class ModelShape:
 
     def weights_bytes(self, dtype: Any = "bf16") -> int:
         """num_parameters · bytes_per_element."""
-        return _nbytes(self.num_parameters, dtype)
+        return nbytes(self.num_parameters, dtype)
 
     def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1) -> int:
         """KV cache after `tokens` tokens: window layers keep min(tokens, window), the rest keep all."""

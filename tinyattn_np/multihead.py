@@ -10,19 +10,20 @@ Splitting into heads adds no parameters: it only decides how the d_model channel
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, as_float_array, check_bool, check_positive_int, check_rng
-from .attention import attention
-from .backward import attention_backward, flash_attention_backward, rope_backward
-from .flash import flash_attention
+from ._checks import ACCEPTED_DTYPES, QKVShape, as_float_array, check_bool, check_positive_int, check_rng
+from .attention import Hidden, attend, check_fits
+from .backward import BackwardPlan, attention_grads, flash_backward, rope_backward
+from .flash import Band, check_band, flash_forward, flash_plan
 from .kvcache import KVCache
-from .masks import window_mask
 from .position import rope as apply_rope
-from .splitkv import flash_decode
+from .splitkv import decode, default_kv_splits
 
 Array = NDArray[np.floating]
 
@@ -88,8 +89,15 @@ class MultiHeadAttention:
     def split_heads(self, x: Array, positions: Any = None) -> tuple[Array, Array, Array]:
         """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul.
         positions (T,): the absolute positions RoPE rotates by (default 0 .. T-1)."""
+        x = as_float_array(x, "x")
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, {self.d_model}); got shape {x.shape}")
+        return self._project(x.astype(self.w_qkv.dtype, copy=False), positions, self.w_qkv)
+
+    def _project(self, x: Array, positions: Any, w_qkv: Array) -> tuple[Array, Array, Array]:
+        """split_heads on a checked x (B, T, d_model) in the module's dtype, with the weights w_qkv."""
         B, T, _ = x.shape
-        qkv = x @ self.w_qkv  # (B, T, (H + 2·Hkv)·d_head): all heads' q, k and v at once
+        qkv: Array = x @ w_qkv  # (B, T, (H + 2·Hkv)·d_head): all heads' q, k and v at once
         q_end = self.n_heads * self.d_head
         k_end = q_end + self.n_kv_heads * self.d_head
         q, k, v = qkv[..., :q_end], qkv[..., q_end:k_end], qkv[..., k_end:]
@@ -103,8 +111,8 @@ class MultiHeadAttention:
         return q, k, v
 
     def __call__(self, x: Array, *, causal: bool = True, fused: bool = True, cache: KVCache | None = None) -> Array:
-        """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash_attention,
-        fused=False the reference attention() that builds the (B, H, T, T) scores.
+        """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash attention,
+        fused=False the reference attention that builds the (B, H, T, T) scores.
 
         cache: a KVCache(B, n_kv_heads, max_tokens, d_head, dtype) that x continues. Its tokens sit at
         absolute positions len(cache) .. len(cache) + T - 1 (RoPE turns them by those), their k and v
@@ -135,11 +143,24 @@ class MultiHeadAttention:
         B, _, T, _ = y.shape
         return y.swapaxes(1, 2).reshape(B, T, self.d_model)
 
+    def _attend(self, q: Array, k: Array, v: Array, band: Band, fused: bool) -> tuple[Array, Array | None]:
+        """The attention of the heads this module made (their shapes need no check): flash's kernel, which
+        also gives lse, or the reference's, behind its memory guard. q (B, H, L, d), k, v (B, Hkv, S, d)."""
+        dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, q.shape[2], k.shape[2], self.d_head, self.d_head)
+        scale = 1.0 / math.sqrt(self.d_head)
+        if fused:
+            return flash_forward(q, k, v, dims, flash_plan(dims, band, scale))
+        hidden = Hidden(None, band.offset, band.window)
+        check_fits(dims, q.dtype, hidden)
+        ct = np.result_type(k, np.float32)  # float16 is computed in float32
+        y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
+        return y.astype(q.dtype, copy=False), None
+
     def _attend_cached(self, x: Array, cache: KVCache, *, causal: bool, fused: bool) -> Array:
         """x (B, T, d_model) continuing cache -> y (B, H, T, d_head); appends x's k and v to cache."""
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache or None; got {type(cache).__name__}")
-        if not check_bool(causal, "causal"):
+        if not causal:
             raise ValueError("cache= continues a sequence token by token: it needs causal=True; got causal=False")
         want = (x.shape[0], self.n_kv_heads, self.d_head)
         if (cache.batch, cache.kv_heads, cache.head_dim) != want:
@@ -149,47 +170,54 @@ class MultiHeadAttention:
             )
         # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
         start, T = len(cache), x.shape[1]
-        q, k, v = self.split_heads(x, positions=np.arange(start, start + T))
+        q, k, v = self._project(x, np.arange(start, start + T), self.w_qkv)
         # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
         #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
-        #    the new ones under the band mask, then append.
+        #    the new ones under the band (bottom-right), then append.
         if cache.window is not None and T > 1:
             k_old, v_old = cache.ordered()  # (B, Hkv, kept, d_head) each, oldest first
-            k_all = np.concatenate([k_old, k], axis=2)  # (B, Hkv, kept + T, d_head)
-            v_all = np.concatenate([v_old, v], axis=2)
-            if fused:  # flash skips the tiles outside the band: work and memory grow as T·window
-                y = cast(Array, flash_attention(q, k_all, v_all, causal=True, window=cache.window))
-            else:  # the reference, with the band drawn as a mask (bottom-right)
-                band = window_mask(T, k_all.shape[2], window=cache.window)  # (T, kept + T)
-                y = cast(Array, attention(q, k_all, v_all, mask=band))  # (B, H, T, d_head)
+            k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
+            band = check_band(True, cache.window, T, k_all.shape[2])  # flash skips the tiles outside it
+            y, _ = self._attend(q, k_all, v_all, band, fused)
             cache.append(k, v)
             return y
         cache.append(k, v)  # refused (nothing changed) if it does not fit
         keys, values = cache.keys, cache.values  # (B, Hkv, kept, d_head): slot order, which softmax ignores
-        if T == 1:  # a decode step: one query sees every kept key, split over the cores when fused
-            return cast(Array, flash_decode(q, keys, values) if fused else attention(q, keys, values))
-        attend = flash_attention if fused else attention
-        return cast(Array, attend(q, keys, values, causal=True))  # bottom-right: query i sees start + i keys
+        if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
+            return self._decode_step(q, keys, values)
+        band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i keys
+        return self._attend(q, keys, values, band, fused)[0]
+
+    def _decode_step(self, q: Array, keys: Array, values: Array) -> Array:
+        """One new token per sequence against the whole cache: split-KV (splitkv.decode), q (B, H, 1, d)."""
+        B, kept = q.shape[0], keys.shape[2]
+        dims = QKVShape((B,), self.n_heads, self.n_kv_heads, 1, kept, self.d_head, self.d_head)
+        workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
+        out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(self.d_head), default_kv_splits(kept, workers), workers)
+        return out.reshape(B, self.n_heads, 1, self.d_head).astype(q.dtype, copy=False)
 
     # --- training: a forward that keeps what its backward needs, and the backward by hand -----------
 
-    def forward(self, x: Array, *, causal: bool = True, fused: bool = True) -> tuple[Array, Saved]:
+    def forward(
+        self, x: Array, *, causal: bool = True, fused: bool = True, window: int | None = None
+    ) -> tuple[Array, Saved]:
         """out = self(x, causal=causal, fused=fused), and `saved`: what backward() needs, held by the caller.
 
+        window (needs causal=True): a sliding window of that many keys, as in flash_attention.
         Nothing is kept on the module, so two forwards and then two backwards give each its own gradients.
-        fused=True keeps flash_attention's lse and backward() runs flash_attention_backward; fused=False
-        backward() runs the reference attention_backward, which builds the (B, H, T, T) weights again.
+        saved holds its own copies of x and of the weights as they were, so changing either between the
+        forward and the backward cannot change the gradients: they are always those of this forward.
+        fused=True keeps flash attention's lse and backward() runs its blockwise backward; fused=False
+        backward() runs the reference's, which builds the (B, H, T, T) weights again.
         """
-        causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
+        fused = check_bool(fused, "fused")
         x_b, unbatched = self._batched(x)  # (B, T, d_model)
-        q, k, v = self.split_heads(x_b)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
-        lse = None
-        if fused:
-            y, lse = cast(tuple[Array, Array], flash_attention(q, k, v, causal=causal, return_lse=True))
-        else:
-            y = cast(Array, attention(q, k, v, causal=causal))  # (B, H, T, d_head)
-        out = self._merge_heads(y) @ self.w_out  # (B, T, d_model)
-        saved = Saved(self, x_b, q, k, v, y, lse, causal, fused, unbatched)
+        band = check_band(causal, window, x_b.shape[1], x_b.shape[1])
+        w_qkv, w_out = self.w_qkv.copy(), self.w_out.copy()  # the weights of this forward, whatever comes later
+        q, k, v = self._project(x_b, None, w_qkv)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
+        y, lse = self._attend(q, k, v, band, fused)  # (B, H, T, d_head), (B, H, T) or None
+        out = self._merge_heads(y) @ w_out  # (B, T, d_model)
+        saved = Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched)
         return (out[0] if unbatched else out), saved
 
     def backward(self, dout: Array, saved: Saved) -> tuple[Array, Array, Array]:
@@ -208,7 +236,7 @@ class MultiHeadAttention:
                 "saved must be the second value returned by this module's own forward(); "
                 f"got {type(saved).__name__}" + (" from another MultiHeadAttention" if isinstance(saved, Saved) else "")
             )
-        x, q, k, v, y = saved.x, saved.q, saved.k, saved.v, saved.y
+        x, y = saved.x, saved.y
         B, T, _ = x.shape
         want = (T, self.d_model) if saved.unbatched else (B, T, self.d_model)
         dout = as_float_array(dout, "dout")
@@ -216,15 +244,12 @@ class MultiHeadAttention:
             raise ValueError(f"dout must have the forward's output shape {want}; got shape {dout.shape}")
         dout = dout.reshape(B, T, self.d_model).astype(self.w_qkv.dtype, copy=False)  # (B, T, d_model)
 
-        # 1) out = Y W_out
+        # 1) out = Y W_out, with the forward's own W_out
         y_cat = self._merge_heads(y).reshape(B * T, self.d_model)  # (B·T, d_model)
         dw_out = y_cat.T @ dout.reshape(B * T, self.d_model)  # (d_model, d_model)
-        dy = (dout @ self.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
-        # 2) through the attention, the way the forward went
-        if saved.fused:
-            dq, dk, dv = flash_attention_backward(q, k, v, y, dy, cast(Array, saved.lse), causal=saved.causal)
-        else:
-            dq, dk, dv = attention_backward(q, k, v, dy, causal=saved.causal)
+        dy = (dout @ saved.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
+        # 2) through the attention, the way the forward went (its band: causal and window)
+        dq, dk, dv = self._attention_grads(saved, dy)
         # 3) through RoPE: the rotation back by -θ
         if self.rope:
             dq, dk = rope_backward(dq), rope_backward(dk)
@@ -234,21 +259,43 @@ class MultiHeadAttention:
         )  # (B, T, (H + 2·Hkv)·d_head)
         dqkv = dqkv.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
         dw_qkv = x.reshape(B * T, self.d_model).T @ dqkv  # (d_model, (H + 2·Hkv)·d_head)
-        dx = (dqkv @ self.w_qkv.T).reshape(want)  # x's shape
+        dx = (dqkv @ saved.w_qkv.T).reshape(want)  # x's shape
         return dx, dw_qkv, dw_out
+
+    def _attention_grads(self, saved: Saved, dy: Array) -> tuple[Array, Array, Array]:
+        """dq, dk, dv of the forward's attention (its kernel, band and lse) for dY (B, H, T, d_head)."""
+        q, k, v, y, band = saved.q, saved.k, saved.v, saved.y, saved.band
+        T = q.shape[2]
+        dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, T, T, self.d_head, self.d_head)
+        scale = 1.0 / math.sqrt(self.d_head)
+        if saved.fused:
+            plan = BackwardPlan(scale, band, *flash_plan(dims, band, scale)[2:4], os.cpu_count() or 1)
+            return flash_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
+        ct = np.result_type(q, np.float32)  # float16 is computed in float32
+        q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))
+        grads = attention_grads(q_c, k_c, v_c, dy_c, dims, scale, Hidden(None, band.offset, band.window))
+        return cast(tuple[Array, Array, Array], tuple(g.astype(q.dtype, copy=False) for g in grads))
 
 
 class Saved(NamedTuple):
-    """What MultiHeadAttention.backward needs from its forward: the input, the heads' q, k, v (after
-    RoPE) and attention output y (B, H, T, d_head), flash's lse (fused) or None, and the flags."""
+    """What MultiHeadAttention.backward needs from its forward: copies of the input and of the weights as
+    they were, the heads' q, k, v (after RoPE) and attention output y (B, H, T, d_head), flash's lse (fused)
+    or None, the band (causal, window) and the flags."""
 
     module: MultiHeadAttention
     x: Array
+    w_qkv: Array
+    w_out: Array
     q: Array
     k: Array
     v: Array
     y: Array
     lse: Array | None
-    causal: bool
+    band: Band
     fused: bool
     unbatched: bool
+
+    @property
+    def causal(self) -> bool:
+        """Whether the forward was causal."""
+        return self.band.offset is not None

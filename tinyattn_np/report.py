@@ -15,11 +15,27 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate, tabulate_formats
 
-TABLE_FORMATS: list[str] = sorted(tabulate_formats)
+from ._bytes import UNITS, best_unit, format_bytes, to_unit
 
-_BINARY = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}
-_DECIMAL = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4}
-UNITS: dict[str, int] = {**_BINARY, **_DECIMAL}
+__all__ = [
+    "TABLE_FORMATS",
+    "UNITS",
+    "Checklist",
+    "add_format_argument",
+    "best_unit",
+    "check_format",
+    "column_unit",
+    "format_bytes",
+    "format_sig",
+    "matrix_table",
+    "nonnegative_seed",
+    "positive",
+    "table",
+    "text_table",
+    "to_unit",
+]
+
+TABLE_FORMATS: list[str] = sorted(tabulate_formats)
 
 
 def check_format(fmt: str) -> str:
@@ -27,33 +43,6 @@ def check_format(fmt: str) -> str:
     if fmt not in tabulate_formats:
         raise ValueError(f"table format must be one of {', '.join(TABLE_FORMATS)}; got {fmt!r}")
     return fmt
-
-
-def to_unit(n_bytes: float, unit: str) -> float:
-    """Bytes expressed in `unit` ("MiB", "GB", ...): to_unit(134_217_728, "MiB") == 128.0."""
-    if unit not in UNITS:
-        raise ValueError(f"unit must be one of {', '.join(UNITS)}; got {unit!r}")
-    return n_bytes / UNITS[unit]
-
-
-def best_unit(n_bytes: float, units: str = "binary") -> str:
-    """The largest unit of the family ("binary" or "decimal") in which n_bytes is at least 1."""
-    if units not in ("binary", "decimal"):
-        raise ValueError(f"units must be 'binary' or 'decimal'; got {units!r}")
-    family = _BINARY if units == "binary" else _DECIMAL
-    chosen = "B"
-    for name, size in family.items():
-        if abs(n_bytes) >= size:
-            chosen = name
-    return chosen
-
-
-def format_bytes(n_bytes: float, units: str = "binary", digits: int = 1) -> str:
-    """'128.0 MiB' (binary) or '134.2 MB' (decimal); whole bytes print without decimals."""
-    unit = best_unit(n_bytes, units)
-    if unit == "B":
-        return f"{n_bytes:,.0f} B"
-    return f"{to_unit(n_bytes, unit):,.{digits}f} {unit}"
 
 
 def table(

@@ -44,14 +44,33 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_bool, check_count, check_positive_int, check_qkv, check_scale, compute_dtype, result_dtype
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, flash_attention, tile_plan
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_count,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    compute_dtype,
+    result_dtype,
+)
+from .flash import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    DIAGONAL,
+    FULL,
+    Band,
+    FlashPlan,
+    flash_forward,
+    flash_plan,
+    tile_plan,
+)
 from .softmax import merge_states
 
 Array = NDArray[np.floating]
 
 LAYOUTS = ("zigzag", "contiguous")
-FULL, DIAGONAL, HIDDEN = "full", "diagonal", "hidden"
+HIDDEN = "hidden"  # a chunk pair whose keys all lie in its queries' future; FULL and DIAGONAL as flash's tiles
 INSTALL_HINT = 'pip install -e ".[distributed]"  (mpi4py and the mpich wheel, which brings mpiexec)'
 
 
@@ -347,6 +366,58 @@ def _unpack(buf: np.ndarray, k_shape: tuple[int, ...], v_shape: tuple[int, ...])
     return buf[:n_k].reshape(k_shape), buf[n_k:].reshape(v_shape)
 
 
+def ring_step(
+    q: np.ndarray, k_block: np.ndarray, v_block: np.ndarray, out: np.ndarray, lse: np.ndarray, pairs: list[Pair],
+    part: int, plan: FlashPlan,
+) -> int:  # fmt: skip
+    """One step of the ring: this rank's queries q (..., Hq, T/P, E) attend to the block that has arrived,
+    k_block (..., Hkv, T/P, E), v_block (..., Hkv, T/P, Ev), and fold the result into the running out
+    (..., Hq, T/P, Ev) and lse (..., Hq, T/P). Returns the tiles computed.
+
+    For each pair of chunks (pairs: ring_pairs, `part` tokens a side), the three cases of the module doc:
+        hidden      skip: every key lies in every query's future
+        full        out_p, lse_p = flash attention of the pair, no mask
+        diagonal    out_p, lse_p = flash attention of the pair, causal (the chunk against itself)
+        then        out, lse = merge_states(out, lse, out_p, lse_p) over the pair's rows
+    """
+    tiles = 0
+    for pair in pairs:
+        if pair.kind == HIDDEN:
+            continue
+        rows = slice(pair.q_part * part, (pair.q_part + 1) * part)  # this pair's queries within the shard
+        keys = slice(pair.k_part * part, (pair.k_part + 1) * part)  # and its keys within the block
+        q_p, k_p, v_p = q[..., rows, :], k_block[..., keys, :], v_block[..., keys, :]
+        dims = QKVShape(q.shape[:-3], q.shape[-3], k_p.shape[-3], part, part, q.shape[-1], v_p.shape[-1])  # a pair
+        band = Band(0 if pair.kind == DIAGONAL else None)  # the chunk against itself: L == S, offset 0
+        part_out, part_lse = flash_forward(
+            q_p, k_p, v_p, dims, plan._replace(band=band)
+        )  # (..., part, Ev), (..., part)
+        out[..., rows, :], lse[..., rows] = merge_states(out[..., rows, :], lse[..., rows], part_out, part_lse)
+        tiles += pair_tiles(pair, part, plan.block_q, plan.block_k)
+    return tiles
+
+
+def check_ring(q: Any, k: Any, v: Any, comm: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """Check this rank's inputs, then compare every rank's (comm.allgather): one bad rank makes every rank
+    raise the same error, so no rank is left waiting for another. Returns the checked settings."""
+    workers = 1
+    try:
+        settings["causal"] = check_bool(settings["causal"], "causal")
+        for flag in ("return_lse", "return_stats"):
+            check_bool(settings.pop(flag), flag)
+        settings["block_q"] = check_positive_int(settings["block_q"], "block_q", default=DEFAULT_BLOCK_Q)
+        settings["block_k"] = check_positive_int(settings["block_k"], "block_k", default=DEFAULT_BLOCK_K)
+        workers = check_positive_int(settings.pop("workers"), "workers")
+        local: Any = _check_local(q, k, v, settings)
+        compute = np.float64 if "float64" in local.dtypes else np.float32  # float16 computes in float32
+        settings["scale"] = check_scale(settings["scale"], local.q_shape[-1], compute)
+        local = local._replace(settings=tuple(settings.values()))
+    except Exception as err:  # any error: the other ranks must hear of it, or they would wait in allgather forever
+        local = (type(err).__name__, str(err))
+    _agree(comm.allgather(local))
+    return {**settings, "workers": workers}
+
+
 def ring_attention(
     q: Array,
     k: Array,
@@ -380,102 +451,60 @@ def ring_attention(
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator such as MPI.COMM_WORLD; got {type(comm).__name__}")
     rank, size = comm.Get_rank(), comm.Get_size()
-
-    # 1) check this rank's inputs, then compare every rank's: one bad rank makes every rank raise
-    settings: dict[str, Any] = {
-        "causal": causal,
-        "layout": layout,
-        "scale": scale,
-        "block_q": block_q,
-        "block_k": block_k,
-    }
-    try:
-        settings["causal"] = check_bool(causal, "causal")
-        check_bool(return_lse, "return_lse")
-        check_bool(return_stats, "return_stats")
-        settings["block_q"] = check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q)
-        settings["block_k"] = check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K)
-        workers = check_positive_int(workers, "workers")
-        local: Any = _check_local(q, k, v, settings)
-        settings["scale"] = check_scale(scale, local.q_shape[-1])
-        local = local._replace(settings=tuple(settings.values()))
-    except Exception as err:  # any error: the other ranks must hear of it, or they would wait in allgather forever
-        local = (type(err).__name__, str(err))
-    _agree(comm.allgather(local))
-
-    # 2) this rank's running state: out and lse start as "no key seen yet" (0 and -inf)
+    # 1) every rank's inputs checked and compared; then this rank's running state: no key seen yet (0, -inf)
+    settings = check_ring(q, k, v, comm, {"causal": causal, "layout": layout, "scale": scale, "block_q": block_q,
+                                          "block_k": block_k, "return_lse": return_lse, "return_stats": return_stats,
+                                          "workers": workers})  # fmt: skip
     q, k, v, dims = check_qkv(q, k, v)
-    causal, bq, bk = bool(settings["causal"]), int(settings["block_q"]), int(settings["block_k"])
     ct = compute_dtype(q, k, v)
     q_c = q.astype(ct, copy=False)  # (..., Hq, T/P, E)
     out = np.zeros((*dims.batch, dims.hq, dims.n_q, dims.ev), ct)  # (..., Hq, T/P, Ev)
     lse = np.full((*dims.batch, dims.hq, dims.n_q), -np.inf, ct)  # (..., Hq, T/P)
     held = chunks_of(rank, size, layout)
-    part = dims.n_q // len(held) if causal else dims.n_q  # tokens per pair side: a chunk, or the shard
-    stats = RingStats(rank, size, layout, causal, dims.n_q, held)
-
-    # 3) two buffers: send_buf is the block in hand (computed on while it goes to the right neighbour),
+    part = dims.n_q // len(held) if settings["causal"] else dims.n_q  # tokens per pair side: a chunk, or the shard
+    plan = flash_plan(
+        dims._replace(n_q=part, n_k=part),
+        Band(None),
+        settings["scale"],
+        block_q=settings["block_q"],
+        block_k=settings["block_k"],
+        workers=settings["workers"],
+    )  # the band is set per pair
+    stats = RingStats(rank, size, layout, settings["causal"], dims.n_q, held)
+    # 2) two buffers: send_buf is the block in hand (computed on while it goes to the right neighbour),
     #    recv_buf takes the next block from the left. K/V travel in their own dtype (float16 stays 2 bytes).
-    travel = np.result_type(k, v)
-    send_buf = _pack(k, v, travel)  # (B·Hkv·T/P·(E + Ev),): k_block and v_block, one message
+    send_buf = _pack(k, v, np.result_type(k, v))  # (B·Hkv·T/P·(E + Ev),): k_block and v_block, one message
     recv_buf = np.empty_like(send_buf)
-    right, left = (rank + 1) % size, (rank - 1) % size
-
     for step in range(size):
         source_rank = (rank - step) % size  # whose block is in send_buf now
         started = time.perf_counter()
-        # 4) start passing the block on while we compute on it; the last block needs no passing
+        # 3) start passing the block on while we compute on it; the last block needs no passing
         requests = []
         if step < size - 1:
             requests = [
-                comm.Irecv([recv_buf.view(np.uint8), MPI.BYTE], source=left, tag=step),
-                comm.Isend([send_buf.view(np.uint8), MPI.BYTE], dest=right, tag=step),
+                comm.Irecv([recv_buf.view(np.uint8), MPI.BYTE], source=(rank - 1) % size, tag=step),
+                comm.Isend([send_buf.view(np.uint8), MPI.BYTE], dest=(rank + 1) % size, tag=step),
             ]
-        k_block, v_block = _unpack(send_buf, k.shape, v.shape)  # (..., Hkv, T/P, E), (..., Hkv, T/P, Ev)
-        # 5) each pair of chunks: skip the hidden ones, attend to the rest, merge into the running state
-        pairs = ring_pairs(rank, source_rank, size, layout=layout, causal=causal)
-        tiles = 0
-        for pair in pairs:
-            if pair.kind == HIDDEN:
-                continue
-            rows = slice(pair.q_part * part, (pair.q_part + 1) * part)
-            keys = slice(pair.k_part * part, (pair.k_part + 1) * part)
-            part_out, part_lse = flash_attention(
-                q_c[..., rows, :],
-                k_block[..., keys, :].astype(ct, copy=False),
-                v_block[..., keys, :].astype(ct, copy=False),
-                causal=pair.kind == DIAGONAL,
-                scale=settings["scale"],
-                block_q=bq,
-                block_k=bk,
-                return_lse=True,
-                workers=workers,
-            )  # (..., Hq, part, Ev), (..., Hq, part)
-            out[..., rows, :], lse[..., rows] = merge_states(out[..., rows, :], lse[..., rows], part_out, part_lse)
-            tiles += pair_tiles(pair, part, bq, bk)
+        k_block, v_block = (x.astype(ct, copy=False) for x in _unpack(send_buf, k.shape, v.shape))
+        pairs = ring_pairs(rank, source_rank, size, layout=layout, causal=settings["causal"])
+        tiles = ring_step(q_c, k_block, v_block, out, lse, pairs, part, plan)
         computed = time.perf_counter()
-        # 6) wait for the next block to arrive (and ours to leave), then swap the two buffers
+        # 4) wait for the next block to arrive (and ours to leave), then swap the two buffers
         MPI.Request.Waitall(requests)
-        waited = time.perf_counter()
+        stats.steps.append(step_stats(step, source_rank, tiles, pairs, send_buf.nbytes if requests else 0,
+                                      computed - started, time.perf_counter() - computed))  # fmt: skip
         send_buf, recv_buf = recv_buf, send_buf
-        passed_bytes = send_buf.nbytes if requests else 0
-        stats.steps.append(
-            StepStats(
-                step,
-                source_rank,
-                tiles,
-                {kind: sum(p.kind == kind for p in pairs) for kind in (FULL, DIAGONAL, HIDDEN)},
-                passed_bytes,
-                passed_bytes,
-                computed - started,
-                waited - computed,
-            )
-        )
-
-    out_dtype = result_dtype(q, k, v)
-    results: list[Any] = [out.astype(out_dtype, copy=False)]
+    results: list[Any] = [out.astype(result_dtype(q, k, v), copy=False)]
     if return_lse:
         results.append(lse)  # in the compute dtype, as flash_attention's: float32 for float16 inputs
     if return_stats:
         results.append(stats)
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def step_stats(
+    step: int, source_rank: int, tiles: int, pairs: list[Pair], passed: int, compute: float, wait: float
+) -> StepStats:
+    """The record of one ring step: whose block, the work done, the bytes passed (sent and received)."""
+    kinds = {kind: sum(p.kind == kind for p in pairs) for kind in (FULL, DIAGONAL, HIDDEN)}
+    return StepStats(step, source_rank, tiles, kinds, passed, passed, compute, wait)

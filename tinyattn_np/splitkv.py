@@ -5,12 +5,16 @@ blocks, and there is only one: a single core would do all the work. Split the ke
 
     keys 0 .. S-1  ->  N chunks K_1 .. K_N (and V_1 .. V_N), one per task
     out_n, lse_n   =  attention(q, K_n, V_n) and its logsumexp, for each chunk, in parallel
-    lse            =  log Σ_n exp(lse_n)
-    out            =  Σ_n exp(lse_n - lse) · out_n                       (merge_states, chunk by chunk)
+    m              =  max_n lse_n                                        one max over every chunk
+    lse            =  m + log Σ_n exp(lse_n - m)                         one sum
+    out            =  Σ_n exp(lse_n - lse) · out_n                       (merge_chunks)
 
 The merge is exact: exp(lse_n) is chunk n's softmax denominator, so reweighting each chunk's output by
 its share of the total denominator gives the softmax over all S keys. The result equals attention() for
-any N (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference").
+any N (Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"). It is
+merge_states (softmax.py) for N parts at once: folding merge_states over the chunks one by one gives the
+same value, but rescales the running output at every step, and in float32 those roundings add up as N
+grows; one max and one sum round each chunk's weight once.
 
 Grouped-query attention makes decoding cheaper still: the G = Hq / Hkv query heads that share a kv head
 are stacked into one (G·L, E) matrix, so each cached key is read from memory once per step, not G times.
@@ -20,14 +24,21 @@ Decoding is bound by reading the cache, not by arithmetic.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_positive_int, check_qkv, check_scale, compute_dtype, result_dtype
-from .flash import _one_blas_thread
-from .softmax import merge_states
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    compute_dtype,
+    result_dtype,
+    without_head_axis,
+)
+from ._parallel import one_blas_thread, run_items
 
 Array = NDArray[np.floating]
 
@@ -44,11 +55,12 @@ def default_kv_splits(n_k: int, workers: int) -> int:
     return max(1, min(workers, n_k // MIN_SPLIT_KEYS))
 
 
-def _attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
+def attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
     """Attention of (already scaled) queries over one chunk of keys, and its logsumexp, by the online
     softmax over blocks of BLOCK_K keys (flash.py's steps, with the G heads of a kv head stacked).
 
     q_s (N, G·L, E), k_chunk (N, Sc, E), v_chunk (N, Sc, Ev) -> out (N, G·L, Ev), lse (N, G·L); Sc >= 1.
+    k and v may be float16: each block is converted to q_s's dtype as it is read, never the whole chunk.
     """
     n, rows, ev = q_s.shape[0], q_s.shape[1], v_chunk.shape[-1]
     m = np.full((n, rows, 1), -np.inf, q_s.dtype)  # running max of the scores
@@ -57,7 +69,8 @@ def _attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Ar
     for start in range(0, k_chunk.shape[1], BLOCK_K):
         keys = slice(start, start + BLOCK_K)
         # 1) scores of every query row of the group against this block of keys
-        s = q_s @ k_chunk[:, keys].swapaxes(-1, -2)  # (N, G·L, bk); BLAS reads the transposed k in place
+        k_block = k_chunk[:, keys].astype(q_s.dtype, copy=False)  # (N, bk, E); a copy only for float16
+        s = q_s @ k_block.swapaxes(-1, -2)  # (N, G·L, bk); BLAS reads the transposed k in place
         # 2) the new running max, and the block's probabilities relative to it, in place
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, G·L, 1)
         s -= m_new
@@ -67,12 +80,36 @@ def _attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Ar
         l *= alpha
         l += s.sum(axis=-1, keepdims=True)
         acc *= alpha
-        acc += s @ v_chunk[:, keys]  # (N, G·L, bk) @ (N, bk, Ev)
+        acc += s @ v_chunk[:, keys].astype(q_s.dtype, copy=False)  # (N, G·L, bk) @ (N, bk, Ev)
         m = m_new
     # 4) divide once at the end
     acc /= l
     lse = (m + np.log(l))[..., 0]  # (N, G·L): log Σ_j exp(score_j)
     return acc, lse
+
+
+def merge_chunks(outs: list[Array], lses: list[Array]) -> tuple[Array, Array]:
+    """The attention over every chunk's keys from each chunk's own: outs[n] (..., Ev), lses[n] (...).
+
+        m = max_n lse_n;   w_n = exp(lse_n − m);   lse = m + log Σ_n w_n;   out = Σ_n w_n out_n / Σ_n w_n
+
+    Each weight is rounded once, and the sums run over the chunks in their order (the same bits for any
+    number of workers). A row that no chunk saw (every lse -inf) gets out 0 and lse -inf; a NaN or +inf
+    lse propagates, as in merge_states.
+    """
+    m = np.max(np.stack(lses), axis=0)  # (...,) one max over every chunk's lse
+    m_safe = np.where(np.isneginf(m), 0.0, m).astype(m.dtype)  # no chunk saw a key: exp(-inf - 0) = 0, no NaN
+    total = np.zeros_like(m)  # (...,) Σ_n w_n
+    out = np.zeros_like(outs[0])  # (..., Ev) Σ_n w_n out_n
+    with np.errstate(invalid="ignore"):  # inf - inf where an lse is +inf: NaN, and it propagates
+        for out_n, lse_n in zip(outs, lses, strict=True):
+            w_n = np.exp(lse_n - m_safe)  # (...,) chunk n's share, before the division by the total
+            total += w_n
+            out += w_n[..., None] * out_n
+        np.divide(out, total[..., None], out=out, where=(total != 0)[..., None])  # a row no chunk saw keeps 0
+        with np.errstate(divide="ignore"):
+            lse = m_safe + np.log(total)  # (...,) -inf where no chunk saw a key
+    return out, lse.astype(m.dtype, copy=False)
 
 
 def flash_decode(
@@ -85,7 +122,7 @@ def flash_decode(
     workers: int | None = None,
     return_lse: bool = False,
 ) -> Array | tuple[Array, Array]:
-    """attention(q, k, v, scale=scale) with the keys split into kv_splits chunks merged by merge_states.
+    """attention(q, k, v, scale=scale) with the keys split into kv_splits chunks merged by merge_chunks.
 
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), and with
     return_lse=True also lse (..., Hq, L). Every query sees every key: for a decode step (L = 1) that
@@ -96,54 +133,49 @@ def flash_decode(
     kv_splits: number of contiguous key chunks (default: default_kv_splits(S, workers)); more than S
     acts as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. For a given
     kv_splits the result is the same bits for any number of workers (the chunks and the order of the
-    merge are fixed); for any kv_splits it equals attention() to rounding.
-    float16 is computed in float32 and out cast back; lse stays float32, as flash_attention returns it.
+    merge are fixed); for any kv_splits it equals attention() to float rounding.
+    float16 is computed in float32, a block of 256 keys at a time, and out cast back; lse stays float32,
+    as flash_attention returns it.
     """
-    two_d = np.ndim(q) == 2
+    return_lse = check_bool(return_lse, "return_lse")
+    two_d = without_head_axis(q)
     q, k, v, dims = check_qkv(q, k, v)
-    scale = check_scale(scale, dims.e)
+    scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
     workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
-    if kv_splits is None:
-        kv_splits = default_kv_splits(dims.n_k, workers)
-    kv_splits = min(check_positive_int(kv_splits, "kv_splits"), max(dims.n_k, 1))
-    ct = compute_dtype(q, k, v)
-    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv  # every (batch, kv head) pair
-    rows = dims.group * dims.n_q  # query rows that read one kv head: G heads x L queries
-
-    # 1) stack the G query heads of each kv head into one matrix, and fold the scale into q once.
-    #    Query head h reads kv head h // G, so heads g·G .. g·G + G - 1 are neighbours: a reshape suffices.
-    q_s = np.multiply(q.reshape(n_kv, rows, dims.e), scale, dtype=ct)  # (B·Hkv, G·L, E)
-    k_c = k.reshape(n_kv, dims.n_k, dims.e).astype(ct, copy=False)  # (B·Hkv, S, E), no copy for float32/64
-    v_c = v.reshape(n_kv, dims.n_k, dims.ev).astype(ct, copy=False)  # (B·Hkv, S, Ev)
-
-    # 2) contiguous chunks of keys: bounds[n] .. bounds[n + 1] is chunk n
-    bounds = [dims.n_k * n // kv_splits for n in range(kv_splits + 1)]
-
-    def run(n: int) -> tuple[Array, Array]:
-        keys = slice(bounds[n], bounds[n + 1])
-        return _attend_chunk(q_s, k_c[:, keys], v_c[:, keys])
-
-    # 3) attend to every chunk; each task writes only its own arrays
-    if dims.n_k == 0 or rows == 0 or n_kv == 0:  # no key (out 0, lse -inf) or nothing to compute
-        parts = [(np.zeros((n_kv, rows, dims.ev), ct), np.full((n_kv, rows), -np.inf, ct))]
-    elif kv_splits == 1:  # one chunk: BLAS may use its own threads on it
-        parts = [run(0)]
-    else:  # the chunks are the parallelism: BLAS held to one thread, so cores are not oversubscribed
-        with _one_blas_thread():
-            if workers == 1:
-                parts = [run(n) for n in range(kv_splits)]
-            else:
-                with ThreadPoolExecutor(max_workers=min(workers, kv_splits)) as pool:
-                    parts = list(pool.map(run, range(kv_splits)))
-
-    # 4) merge the chunks, in order: out = Σ exp(lse_n - lse) out_n with lse = log Σ exp(lse_n)
-    out, lse = parts[0]
-    for out_n, lse_n in parts[1:]:
-        out, lse = merge_states(out, lse, out_n, lse_n)
-
-    out_dtype = result_dtype(q, k, v)
-    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(out_dtype, copy=False)
+    kv_splits = check_positive_int(kv_splits, "kv_splits", default=default_kv_splits(dims.n_k, workers))
+    out, lse = decode(q, k, v, dims, scale, min(kv_splits, max(dims.n_k, 1)), workers)
+    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
     lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q)  # compute dtype, as flash_attention returns it
     if two_d:
         out_full, lse_full = out_full[0], lse_full[0]
     return (out_full, lse_full) if return_lse else out_full
+
+
+def decode(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, kv_splits: int, workers: int
+) -> tuple[Array, Array]:
+    """flash_decode's work on checked inputs: out (B·Hkv, G·L, Ev) and lse (B·Hkv, G·L) in the compute dtype."""
+    ct = compute_dtype(q, k, v)
+    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv  # every (batch, kv head) pair
+    rows = dims.group * dims.n_q  # query rows that read one kv head: G heads x L queries
+    if dims.n_k == 0 or rows == 0 or n_kv == 0:  # no key (out 0, lse -inf) or nothing to compute
+        return np.zeros((n_kv, rows, dims.ev), ct), np.full((n_kv, rows), -np.inf, ct)
+    # 1) stack the G query heads of each kv head into one matrix, and fold the scale into q once.
+    #    Query head h reads kv head h // G, so heads g·G .. g·G + G - 1 are neighbours: a reshape suffices.
+    q_s = np.multiply(q.reshape(n_kv, rows, dims.e), scale, dtype=ct)  # (B·Hkv, G·L, E)
+    k_c, v_c = k.reshape(n_kv, dims.n_k, dims.e), v.reshape(n_kv, dims.n_k, dims.ev)  # views, in their own dtype
+    # 2) contiguous chunks of keys: bounds[n] .. bounds[n + 1] is chunk n; each task writes its own entry
+    bounds = [dims.n_k * n // kv_splits for n in range(kv_splits + 1)]
+    parts: list[tuple[Array, Array]] = [(q_s, q_s)] * kv_splits
+
+    def run(n: int) -> None:
+        keys = slice(bounds[n], bounds[n + 1])
+        parts[n] = attend_chunk(q_s, k_c[:, keys], v_c[:, keys])
+
+    if kv_splits == 1:  # one chunk: BLAS may use its own threads on it
+        run(0)
+    else:  # the chunks are the parallelism: BLAS held to one thread, so cores are not oversubscribed
+        with one_blas_thread():
+            run_items(run, range(kv_splits), min(workers, kv_splits))
+    # 3) one merge over every chunk
+    return merge_chunks([out for out, _ in parts], [lse for _, lse in parts])

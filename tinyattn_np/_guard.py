@@ -1,0 +1,172 @@
+"""The reference path's memory guard: attention() and attention_backward() build (..., L, S) arrays, so
+before they allocate anything they estimate their own peak from shapes and dtypes alone and refuse a
+call the machine cannot hold (AttentionMemoryError), instead of swapping or being killed.
+
+The estimates are exact models of what the two functions allocate (tests/test_memory.py and
+tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+from typing import Any
+
+from ._bytes import attention_sizes, float_bytes, format_bytes
+from ._checks import check_bool, check_count, check_positive_int
+
+# When the operating system does not say how much memory there is, assume this little, so that a
+# guard built on it refuses too early rather than too late.
+FALLBACK_MEMORY_BYTES = 2 * 1024**3
+
+
+class AttentionMemoryError(MemoryError):
+    """attention() or attention_backward() refused to build arrays larger than the memory available."""
+
+
+def meminfo_bytes(field: str) -> int | None:
+    """A field of Linux's /proc/meminfo ("MemAvailable", "MemTotal") in bytes, or None elsewhere."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name == field:
+                    return int(rest.split()[0]) * 1024  # the file counts in kB = 1024 bytes
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def sysconf_bytes(pages_name: str) -> int | None:
+    """os.sysconf's count of pages (SC_AVPHYS_PAGES, SC_PHYS_PAGES) in bytes, or None where it has none."""
+    try:
+        pages, page_size = os.sysconf(pages_name), os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    return pages * page_size if pages > 0 and page_size > 0 else None
+
+
+def memory_available() -> int:
+    """Bytes a new allocation can take without swapping: MemAvailable on Linux (free memory plus the
+    page cache the kernel can drop), else os.sysconf's free pages, else FALLBACK_MEMORY_BYTES."""
+    found = meminfo_bytes("MemAvailable") or sysconf_bytes("SC_AVPHYS_PAGES")
+    return found or FALLBACK_MEMORY_BYTES
+
+
+def memory_total() -> int:
+    """The machine's physical memory in bytes (FALLBACK_MEMORY_BYTES where the OS does not say)."""
+    found = meminfo_bytes("MemTotal") or sysconf_bytes("SC_PHYS_PAGES")
+    return found or FALLBACK_MEMORY_BYTES
+
+
+def refuse_if_too_big(needed: int, who: str, what: str, instead: str) -> None:
+    """Raise AttentionMemoryError when `needed` bytes exceed the memory available now; `instead` names the
+    blockwise function that gives the same result without the L x S arrays."""
+    available = memory_available()
+    if needed > available:
+        raise AttentionMemoryError(
+            f"{who} would allocate {format_bytes(needed)} at its peak ({what}), but only "
+            f"{format_bytes(available)} of memory is available. {instead} gives the same result without "
+            "building that matrix; pass check_memory=False to try anyway."
+        )
+
+
+def naive_attention_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    bool_mask: bool = False,
+    mask_elements: int | None = None,
+    window: int | None = None,
+) -> int:
+    """Peak bytes that attention() (attention.py) allocates, for q, k, v (and a mask) that already exist.
+
+    With B = batch, c = bytes of the compute dtype (fp32 for fp16 inputs), the arrays alive at once:
+
+        q_s       B·Hq·L·E·c    q times the scale, in the compute dtype; freed once the scores exist
+        scores    B·Hq·L·S·c    the score matrix, made into the weights in place (softmax_)
+        blocked   L·S           bool, causal=True: which keys each query may not see (held to the end)
+        edge      L·S           bool, window=W: the keys behind the window, a temporary or-ed into blocked
+        ~mask     M             bool, bool_mask=True: a temporary of the mask's M = mask_elements entries
+                                (default L·S, an (L, S) mask), freed before the softmax: it overlaps
+                                scores but not out. A float mask is added chunk by chunk: no copy.
+        out       B·Hq·L·Ev·c   weights @ v
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and the fp16 copy of out
+
+        peak = copies + scores + max(q_s, ~mask, blocked + edge, blocked + out + out_fp16)
+
+    A window changes no other array: the reference still builds all L x S scores (flash_attention is
+    the path whose work shrinks to L·W).
+
+    softmax_'s per-row max and sum (B·Hq·L each) are left out: they are gone before out exists.
+    """
+    n_q, n_k, heads, kv_heads, e, ev, batch = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
+    size, compute = float_bytes(dtype)
+    rows = batch * heads * n_q  # query rows over all heads
+    q_s = rows * e * compute
+    copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
+    scores = rows * n_k * compute
+    causal = check_bool(causal, "causal")
+    blocked = n_q * n_k if causal else 0
+    if window is not None:
+        check_positive_int(window, "window")
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True, as in attention()")
+    edge = blocked if window is not None else 0
+    mask_elements = n_q * n_k if mask_elements is None else check_count(mask_elements, "mask_elements")
+    inverted_mask = mask_elements if check_bool(bool_mask, "bool_mask") else 0
+    out = rows * ev * (compute + (size if size < compute else 0))
+    beside_scores = max(q_s, Fraction(inverted_mask), Fraction(blocked + edge), blocked + out)  # one at a time
+    return math.ceil(copies + scores + beside_scores)
+
+
+def attention_backward_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    bool_mask: bool = False,
+    mask_elements: int | None = None,
+    window: int | None = None,
+) -> int:
+    """Peak bytes that attention_backward() (backward.py) allocates, for q, k, v, dout (and a mask) that exist.
+
+    With c = bytes of the compute dtype, R = B·Hq·L query rows and P = R·S·c one array of the weights'
+    size, the steps of attention_grads and what is alive at each:
+
+        1  the forward again     naive_attention_bytes' arrays (without its fp16 parts): P + max(...), and O
+        2  dV = Pᵀ dO            P + O + B·Hq·S·Ev·c (each query head's dV, then summed) + dV
+        3  dP = dO Vᵀ            P + O + dV + dS (dP, made into dS in place)
+        5  dQ, dK                dS + O + dV + dQ (R·E·c) + B·Hq·S·E·c (each query head's dK, then summed) + dK
+        fp16 only: fp32 copies of q, k, v and dout, held throughout
+
+        peak = copies + max(step 1, step 2, step 3, step 5)
+    """
+    n_q, n_k, heads, kv_heads, e, ev, batch = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
+    size, compute = float_bytes(dtype)
+    rows = batch * heads * n_q
+    copies = (rows * (e + ev) + batch * kv_heads * n_k * (e + ev)) * compute if size < compute else Fraction(0)
+    forward = naive_attention_bytes(
+        n_q, n_k, heads=heads, head_dim=e, head_dim_v=ev, kv_heads=kv_heads, batch=batch, dtype=f"fp{8 * compute}",
+        causal=causal, bool_mask=bool_mask, mask_elements=mask_elements, window=window,
+    )  # fmt: skip
+    weights, o = rows * n_k * compute, rows * ev * compute
+    dv, dk = batch * kv_heads * n_k * ev * compute, batch * kv_heads * n_k * e * compute
+    step_2 = weights + o + batch * heads * n_k * ev * compute + dv
+    step_3 = 2 * weights + o + dv
+    step_5 = weights + o + dv + rows * e * compute + batch * heads * n_k * e * compute + dk
+    return math.ceil(copies + max(Fraction(forward), step_2, step_3, step_5))

@@ -1,0 +1,113 @@
+"""The one worker engine: flash_attention, its backward and the split-KV decode run their work items
+through run_items(), with BLAS held to one thread while they do (one_blas_thread()).
+
+Why threads help at all in Python: NumPy releases the interpreter lock inside a matmul or a ufunc, so
+while one worker multiplies a tile, another can multiply the next. BLAS is held to one thread meanwhile:
+the workers are the parallelism, and a one-thread matmul sums in one fixed order, so the result is the
+same bits for any number of workers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+Item = TypeVar("Item")
+_DONE = object()  # what next() gives when the items are used up
+
+# Calls may overlap (threads) or nest, so the first one in sets the limit and the last one out restores
+# what it found: a module lock and a count of the calls inside.
+_blas_lock = threading.Lock()
+_blas_users = 0
+_blas_limiter: Any = None
+_blas_controller: Any = None
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """A context in which BLAS runs single-threaded (threadpoolctl), safe for overlapping and nested use.
+
+    The limit is process-wide: a matmul in another thread of yours runs single-threaded meanwhile.
+    """
+    global _blas_users, _blas_limiter, _blas_controller
+    with _blas_lock:
+        if _blas_users == 0:
+            if _blas_controller is None:
+                from threadpoolctl import ThreadpoolController
+
+                _blas_controller = ThreadpoolController()
+            _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
+        _blas_users += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limiter.restore_original_limits()
+                _blas_limiter = None
+
+
+class Stopped(Exception):
+    """Raised by a work item that gives up waiting because another item failed; run_items never reports it."""
+
+
+def run_items(
+    run: Callable[[Item], None],
+    items: Iterable[Item],
+    workers: int,
+    *,
+    on_failure: Callable[[], None] | None = None,
+) -> None:
+    """Call run(item) for every item on `workers` threads, the caller's own thread among them.
+
+    - In order: items are taken one at a time, in the order given, by whichever worker is free, so item n
+      starts only after items 0 .. n-1 have started. An item may therefore wait for an earlier one (the
+      backward's dq adds in key-block order): that one is already running, and the wait always ends.
+    - The first failure wins: an exception in any item (Ctrl-C included) stops the workers from taking new
+      items and calls on_failure(), so that items waiting for another can stop (they raise Stopped). Once
+      every worker has finished its item, that first exception is raised here, with its traceback.
+    - Ctrl-C stops it promptly: Python delivers it to the main thread, which is one of the workers, so it
+      lands between two NumPy calls of an item, or in a wait, never in a join that lasts the whole call.
+    Each item must write only its own slices of the shared outputs.
+    """
+    pending = iter(items)
+    take = threading.Lock()
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def fail(err: BaseException) -> None:
+        with take:
+            if not isinstance(err, Stopped):
+                failures.append(err)
+        stop.set()
+        if on_failure is not None:
+            on_failure()
+
+    def work() -> None:
+        while not stop.is_set():
+            with take:
+                item = next(pending, _DONE)
+            if item is _DONE:
+                return
+            try:
+                run(item)  # type: ignore[arg-type]
+            except BaseException as err:  # Ctrl-C too: the others must stop
+                fail(err)
+                return
+
+    helpers = [threading.Thread(target=work, daemon=True) for _ in range(workers - 1)]
+    for thread in helpers:
+        thread.start()
+    try:
+        work()
+        for thread in helpers:
+            thread.join()
+    except BaseException as err:  # Ctrl-C outside an item (taking one, joining): stop the others first
+        fail(err)
+        for thread in helpers:
+            thread.join()
+    if failures:
+        raise failures[0]

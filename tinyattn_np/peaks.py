@@ -1,0 +1,212 @@
+"""Peak memory of this project's own attention functions, before they run: exact integer bytes, each
+a model of what one function allocates, checked against tracemalloc in the tests (tests/test_memory.py,
+tests/test_backward.py). memory.py holds the formulas true of any implementation; this file holds ours.
+
+    naive_attention_bytes            attention()                 the L x S score matrix and its masks
+    attention_backward_bytes         attention_backward()        two L x S arrays, P and dS
+    flash_attention_bytes            flash_attention()           out, lse, and per worker one tile step
+    flash_attention_backward_bytes   flash_attention_backward()  dq, dk, dv, and per worker two tiles
+    ring_attention_bytes             ring_attention()            per device: its shard and two K/V blocks
+
+The first two live in _guard.py, where attention() and attention_backward() read them before they allocate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
+from ._checks import check_bool, check_count, check_positive_int
+from ._guard import attention_backward_bytes, naive_attention_bytes
+from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles
+
+__all__ = [
+    "attention_backward_bytes",
+    "flash_attention_backward_bytes",
+    "flash_attention_bytes",
+    "naive_attention_bytes",
+    "ring_attention_bytes",
+]
+
+
+def flash_attention_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    block_q: int | None = None,
+    block_k: int | None = None,
+    workers: int | None = None,
+    kv_heads_per_step: int | None = None,
+) -> int:
+    """Peak bytes that flash_attention() (flash.py) allocates, for q, k, v that already exist.
+
+    With B = batch, c = bytes of the compute dtype, G = Hq / Hkv, bq = min(block_q, L),
+    bk = min(block_k, S), and n = h·G·bq the query rows of one tile step (h kv heads per step;
+    block sizes and h default as in flash_attention, flash.default_tiles):
+
+        out, lse  B·Hq·L·(Ev + 1)·c
+        per busy worker, while the tiles run (min(workers, ⌈B·Hkv / h⌉·⌈L / block_q⌉) workers):
+                  n·E·c             the step's queries times the scale, transposed
+                  n·bk·c            the score tile, reused for every key block
+                  2·n·Ev·c          acc, and the tile's exp(s) @ v before it is added to acc
+                  8·n·c             per-row vectors: m, l, the tile's max and sum, m', alpha, ...
+                  causal=True: bq·bk bool, the mask of a tile the diagonal crosses, and the buffers
+                  NumPy's ufunc uses to build it from two broadcast int64 ranges (2·8·8,192 B)
+        fp16 only: fp32 copies of k and v, B·Hkv·S·(E + Ev)·4, and after the tiles (when the
+                   workers' buffers are gone) the fp16 copy of out, B·Hq·L·Ev·2 (lse stays fp32)
+
+        peak = out + lse + copies of k, v + max(busy · per worker, fp16 copy of out)
+
+    Nothing is L x S: it grows like (L + S)·E. workers defaults to the CPU count, as in
+    flash_attention. The busy workers are counted as if they all held their buffers at once, which
+    they do once a call lasts a few milliseconds; a tiny call may finish before a second thread
+    starts, and then it measures less. Python's bookkeeping (one small tuple per work item) is left out.
+    """
+    sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
+    n_q, n_k, heads, kv_heads, e, ev, batch = sizes
+    group = heads // kv_heads if kv_heads else 1
+    if block_q is not None:
+        block_q = check_positive_int(block_q, "block_q")
+    if block_k is not None:
+        block_k = check_positive_int(block_k, "block_k")
+    block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k)
+    per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    size, compute = float_bytes(dtype)
+    rows = batch * heads * n_q  # query rows over all heads
+    copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
+    held = rows * (ev + 1) * compute  # out, lse
+    cast_back = rows * ev * size if size < compute else 0  # fp16 out
+    bq, bk = min(block_q, n_q), min(block_k, n_k)
+    h = min(per_step, batch * kv_heads)
+    n = h * group * bq  # query rows of one tile step
+    busy = min(workers, -(-batch * kv_heads // max(h, 1)) * -(-n_q // block_q))  # a worker takes whole items
+    per_worker = n * (e + bk + 2 * ev + 8) * compute if n_k else 0
+    if check_bool(causal, "causal") and n_k:
+        # the ufunc buffers: 2 operands x 8 B, at most getbufsize() elements each (NumPy's default 8,192)
+        per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
+    return math.ceil(copies + held + max(busy * per_worker, cast_back))
+
+
+def flash_attention_backward_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    block_q: int | None = DEFAULT_BLOCK_Q,
+    block_k: int | None = DEFAULT_BLOCK_K,
+    workers: int | None = None,
+) -> int:
+    """Peak bytes that flash_attention_backward() (backward.py) allocates, for q, k, v, out, dout, lse
+    that already exist.
+
+    With B = batch, c = bytes of the compute dtype, rows = B·Hq·L, bq = min(block_q, L), bk = min(block_k, S):
+
+        q_s, dq            2·rows·E·c               q times the scale, and dq
+        dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
+        D, lse             2·rows·c                 rowsum(dO ∘ O), and lse with -inf made +inf
+        per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
+                           2·bq·bk·c                the tile of P and the tile of dP (then dS)
+                           max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
+                           causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
+        G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of dout, out (2·rows·Ev·4); after the
+                   tiles, fp16 copies of dq, dk, dv (rows·E + B·Hkv·S·(E + Ev))·2
+
+        peak = the arrays held + max(busy · per worker, group sums + fp16 copies)
+
+    Nothing is L x S: O((L + S)·E), about 4 (L + S)·E·c for one head of fp32 (q_s, dq, dk, dv).
+    """
+    sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
+    n_q, n_k, heads, kv_heads, e, ev, batch = sizes
+    block_q = check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q)  # None: the backward's default
+    block_k = check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K)
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    size, compute = float_bytes(dtype)
+    low = size < compute
+    rows = batch * heads * n_q
+    kv_elements = batch * kv_heads * n_k * (e + ev)  # k and v, or dk and dv
+    held = (2 * rows * e + batch * heads * n_k * (e + ev) + 2 * rows) * compute
+    copies = (kv_elements + 2 * rows * ev) * compute if low else 0
+    bq, bk = min(block_q, n_q), min(block_k, n_k)
+    busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head
+    per_worker = (2 * bq * bk + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
+    if check_bool(causal, "causal") and bq and bk:
+        per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
+    group_sums = kv_elements * compute if heads > kv_heads else 0
+    cast_back = (rows * e + kv_elements) * size if low else 0
+    return math.ceil(held + copies + max(busy * per_worker, group_sums + cast_back))
+
+
+def ring_attention_bytes(
+    tokens: int,
+    devices: int,
+    *,
+    kv_heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    layers: int = 1,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    block_q: int = DEFAULT_BLOCK_Q,
+    block_k: int = DEFAULT_BLOCK_K,
+    workers: int = 1,
+) -> dict[str, int]:
+    """Bytes per device when `tokens` are split evenly over `devices` and the K/V blocks go round a ring.
+
+    With t = T / P tokens per device and b = bytes_per_element(dtype) (K/V travel in their own dtype):
+
+        block         B·Hkv·t·(E + Ev)·b      one layer's K/V shard: what one ring step sends and receives
+        kv_shards     layers · block          the K/V a device keeps for every layer
+        in_flight     2 · block               send_buf (the block in hand, also being sent) and recv_buf
+        score_tile    workers · bq · bk · c   flash's score tile, bq = min(block_q, t); c = max(b, 4 B):
+                                              16-bit inputs are computed in fp32
+        steps         P - 1                   per layer: the last block needs no passing on
+        sent_total    layers · (P - 1) · block, and as much received
+
+    ring_attention's RingStats report exactly block per step and (P - 1) · block per layer.
+    """
+    tokens = check_count(tokens, "tokens")
+    devices = check_positive_int(devices, "devices")
+    if tokens % devices:
+        raise ValueError(f"tokens must split evenly over the devices; got tokens={tokens:,} and devices={devices}")
+    kv_heads = check_positive_int(kv_heads, "kv_heads")
+    e = check_positive_int(head_dim, "head_dim")
+    ev = e if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
+    layers = check_positive_int(layers, "layers")
+    batch = check_positive_int(batch, "batch")
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    workers = check_positive_int(workers, "workers")
+    size = bytes_per_element(dtype)
+    per_device = tokens // devices
+    block = nbytes(batch * kv_heads * per_device * (e + ev), dtype)
+    tile = workers * min(block_q, per_device) * min(block_k, per_device) * max(size, Fraction(4))
+    return {
+        "tokens_per_device": per_device,
+        "block": block,
+        "kv_shards": layers * block,
+        "in_flight": 2 * block,
+        "score_tile": math.ceil(tile),
+        "steps": devices - 1,
+        "sent_per_step": block,
+        "sent_total": layers * (devices - 1) * block,
+    }
