@@ -122,7 +122,9 @@ def flash_attention_backward_bytes(
 
         q_s, dq            2·rows·E·c               q times the scale, and dq
         dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
-        D, lse             2·rows·c                 rowsum(dO ∘ O), and lse with -inf made +inf
+        D, lse, P's sums   3·rows·c                 rowsum(dO ∘ O), lse with -inf made +inf, and the row sums
+                                                    of P that check lse against q, k and the mask
+        turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
                            2·bq·bk·c                the tile of P and the tile of dP (then dS)
                            max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
@@ -144,7 +146,7 @@ def flash_attention_backward_bytes(
     low = size < compute
     rows = batch * heads * n_q
     kv_elements = batch * kv_heads * n_k * (e + ev)  # k and v, or dk and dv
-    held = (2 * rows * e + batch * heads * n_k * (e + ev) + 2 * rows) * compute
+    held = (2 * rows * e + batch * heads * n_k * (e + ev) + 3 * rows) * compute + batch * heads * -(-n_q // block_q) * 8
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
     busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head

@@ -479,12 +479,7 @@ def ring_attention(
         source_rank = (rank - step) % size  # whose block is in send_buf now
         started = time.perf_counter()
         # 3) start passing the block on while we compute on it; the last block needs no passing
-        requests = []
-        if step < size - 1:
-            requests = [
-                comm.Irecv([recv_buf.view(np.uint8), MPI.BYTE], source=(rank - 1) % size, tag=step),
-                comm.Isend([send_buf.view(np.uint8), MPI.BYTE], dest=(rank + 1) % size, tag=step),
-            ]
+        requests = pass_on(comm, send_buf, recv_buf, step) if step < size - 1 else []
         k_block, v_block = (x.astype(ct, copy=False) for x in _unpack(send_buf, k.shape, v.shape))
         pairs = ring_pairs(rank, source_rank, size, layout=layout, causal=settings["causal"])
         tiles = ring_step(q_c, k_block, v_block, out, lse, pairs, part, plan)
@@ -500,6 +495,17 @@ def ring_attention(
     if return_stats:
         results.append(stats)
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def pass_on(comm: Any, send_buf: np.ndarray, recv_buf: np.ndarray, step: int) -> list[Any]:
+    """Start sending send_buf to the right neighbour and receiving the next block from the left one into
+    recv_buf, without waiting: the two requests to wait for (MPI.Request.Waitall)."""
+    MPI = _mpi()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    return [
+        comm.Irecv([recv_buf.view(np.uint8), MPI.BYTE], source=(rank - 1) % size, tag=step),
+        comm.Isend([send_buf.view(np.uint8), MPI.BYTE], dest=(rank + 1) % size, tag=step),
+    ]
 
 
 def step_stats(

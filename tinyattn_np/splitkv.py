@@ -94,22 +94,23 @@ def merge_chunks(outs: list[Array], lses: list[Array]) -> tuple[Array, Array]:
         m = max_n lse_n;   w_n = exp(lse_n − m);   lse = m + log Σ_n w_n;   out = Σ_n w_n out_n / Σ_n w_n
 
     Each weight is rounded once, and the sums run over the chunks in their order (the same bits for any
-    number of workers). A row that no chunk saw (every lse -inf) gets out 0 and lse -inf; a NaN or +inf
-    lse propagates, as in merge_states.
+    number of workers), in float64: a float32 sum of N terms drifts by about √N ulps, which thousands
+    of chunks would make visible. out comes back in the outs' dtype, lse in the lses'. A row that no
+    chunk saw (every lse -inf) gets out 0 and lse -inf; a NaN propagates, as in merge_states.
     """
-    m = np.max(np.stack(lses), axis=0)  # (...,) one max over every chunk's lse
-    m_safe = np.where(np.isneginf(m), 0.0, m).astype(m.dtype)  # no chunk saw a key: exp(-inf - 0) = 0, no NaN
+    m = np.max(np.stack(lses), axis=0).astype(np.float64)  # (...,) one max over every chunk's lse
+    m_safe = np.where(np.isneginf(m), 0.0, m)  # no chunk saw a key: exp(-inf - 0) = 0, never NaN
     total = np.zeros_like(m)  # (...,) Σ_n w_n
-    out = np.zeros_like(outs[0])  # (..., Ev) Σ_n w_n out_n
+    out = np.zeros(outs[0].shape, np.float64)  # (..., Ev) Σ_n w_n out_n
     with np.errstate(invalid="ignore"):  # inf - inf where an lse is +inf: NaN, and it propagates
         for out_n, lse_n in zip(outs, lses, strict=True):
-            w_n = np.exp(lse_n - m_safe)  # (...,) chunk n's share, before the division by the total
+            w_n = np.exp(lse_n - m_safe)  # (...,) chunk n's weight, before the division by the total
             total += w_n
             out += w_n[..., None] * out_n
         np.divide(out, total[..., None], out=out, where=(total != 0)[..., None])  # a row no chunk saw keeps 0
         with np.errstate(divide="ignore"):
             lse = m_safe + np.log(total)  # (...,) -inf where no chunk saw a key
-    return out, lse.astype(m.dtype, copy=False)
+    return out.astype(outs[0].dtype), lse.astype(lses[0].dtype)
 
 
 def flash_decode(

@@ -1,0 +1,111 @@
+"""The shape of the code a learner reads: short functions, no private names across modules, the reference
+path on its own, and scripts of one purpose each. These read the source as text (ast); nothing runs."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "tinyattn_np"
+SCRIPTS = ROOT / "scripts"
+MAX_FUNCTION_LINES = 60  # lines of code: docstring, comments and blank lines not counted
+MAX_SCRIPT_LINES = 500
+
+
+def code_lines(source: str, node: ast.AST) -> int:
+    """Lines of node that hold code: not blank, not only a comment, not its docstring (nested functions count)."""
+    assert isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    lines = source.splitlines()[node.lineno - 1 : node.end_lineno]
+    docstring = ast.get_docstring(node, clean=False) is not None
+    skip: set[int] = set()
+    if docstring:
+        first = node.body[0]
+        skip = set(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    comment_only: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
+        if token.type == tokenize.COMMENT and not lines[token.start[0] - 1][: token.start[1]].strip():
+            comment_only.add(token.start[0] + node.lineno - 1)
+    return sum(
+        1
+        for number, text in enumerate(lines, start=node.lineno)
+        if text.strip() and number not in skip and number not in comment_only
+    )
+
+
+def functions(path: Path) -> list[tuple[str, int]]:
+    """(qualified name, lines of code) of every top-level function and method in the file."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    found = []
+    for node in tree.body:
+        members = node.body if isinstance(node, ast.ClassDef) else [node]
+        for member in members:
+            if isinstance(member, ast.FunctionDef | ast.AsyncFunctionDef):
+                name = f"{node.name}.{member.name}" if isinstance(node, ast.ClassDef) else member.name
+                found.append((name, code_lines(source, member)))
+    return found
+
+
+def package_imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every relative import in a package file, wherever it stands (functions too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.append((node.module or "", [alias.name for alias in node.names]))
+    return found
+
+
+@pytest.mark.parametrize("folder", [PACKAGE, SCRIPTS], ids=["tinyattn_np", "scripts"])
+def test_no_function_is_longer_than_a_screen(folder):
+    long = [
+        f"{path.relative_to(ROOT)}:{name} has {n} lines of code"
+        for path in sorted(folder.glob("*.py"))
+        for name, n in functions(path)
+        if n > MAX_FUNCTION_LINES
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_no_script_is_longer_than_500_lines():
+    long = [f"{p.name}: {n}" for p in sorted(SCRIPTS.glob("*.py")) if (n := len(p.read_text().splitlines())) > 500]
+    assert not long, f"scripts over {MAX_SCRIPT_LINES} lines: {long}"
+
+
+def test_no_module_imports_another_modules_private_name():
+    private = [
+        f"{path.name}: from .{module} import {name}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        for module, names in package_imports(path)
+        for name in names
+        if name.startswith("_")
+    ]
+    assert not private, "\n".join(private)
+
+
+def test_the_reference_path_stands_alone():
+    """head.py and attention.py import (transitively) only the softmax, the masks, the checks and their own
+    guard: never flash, the bills, the tables or the worker engine."""
+    allowed = {"head", "attention", "softmax", "masks", "_checks", "_guard", "_bytes"}
+    seen, todo = set(), ["head", "attention"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += [name for name, _ in package_imports(PACKAGE / f"{module}.py")]
+    assert seen <= allowed, f"the reference path imports {sorted(seen - allowed)}"
+
+
+def test_the_counter_counts_what_it_should(tmp_path):
+    # the rule's own check: a docstring, comments and blank lines do not count; a nested function does
+    path = tmp_path / "sample.py"
+    path.write_text(
+        'def f(x):\n    """Doc\n    string."""\n    # a comment\n\n    y = x  # code with a comment\n'
+        "    def g():\n        return y\n    return g\n"
+    )
+    assert functions(path) == [("f", 5)]  # def f, y = x, def g, return y, return g
