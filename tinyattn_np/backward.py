@@ -38,7 +38,7 @@ from ._checks import as_float_array, check_positive_int, check_qkv, check_scale,
 from .attention import attention
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Tile, _one_blas_thread, tile_plan
 from .masks import causal_blocked, causal_offset
-from .position import _positions, rope
+from .position import rope, rope_positions
 
 Array = NDArray[np.floating]
 
@@ -340,7 +340,7 @@ def rope_backward(
     if grad.ndim < 2:
         raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
     # the forward's positions (T,), checked as rope checks them, as float64: negating an unsigned int would wrap
-    forward = _positions(positions, grad.shape[-2])
+    forward = rope_positions(positions, grad.shape[-2])
     if seq_len is None and scaling is not None and forward.size:
         # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
         seq_len = max(int(forward.max()) + 1, 1)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._checks import check_count, check_positive_int
 from .memory import _check_bool, _nbytes, attention_flops, kv_cache_bytes, score_matrix_bytes
-from .position import _rope_type, rope_frequencies
+from .position import check_rope_scaling, rope_attention_factor, rope_frequencies
 
 # ---------------------------------------------------------------------------------------------------
 # model shapes: presets and Hugging Face config.json
@@ -86,7 +86,12 @@ class ModelShape:
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
                 raise ValueError(f"rope_theta must be a finite number > 1 or None; got {theta!r}")
         if self.rope_scaling is not None:
-            _rope_type(self.rope_scaling)  # an unknown rope_type or a missing key is a ValueError naming it
+            if self.rope_theta is None:
+                raise ValueError("rope_scaling stretches rotary positions, so it needs rope_theta; got None")
+            # every field of the dict, as shape.rope_frequencies() and rope() will read it
+            sizes = dict(max_position_embeddings=self.max_positions)
+            check_rope_scaling(self.rope_scaling, self.head_dim, base=self.rope_theta, **sizes)
+            rope_attention_factor(self.rope_scaling, **sizes)
 
     def attention_flops(self, tokens: int, batch: int = 1) -> int:
         """QKᵀ and PV of all layers over a causal context of `tokens`: window layers count their band only."""
@@ -286,7 +291,8 @@ def _rope_fields(config: dict[str, Any], rotary: bool) -> tuple[float | None, di
     """(rope_theta, rope_scaling) from a config: rope_theta at the top (default 10,000, every rotary
     config class's default) or inside rope_parameters (transformers 5); rope_scaling or
     rope_parameters as the scaling dict, with a top-level partial_rotary_factor and (Phi-3's)
-    original_max_position_embeddings moved into it, so that it is all rope_frequencies needs."""
+    original_max_position_embeddings moved into it, so that it is all rope_frequencies needs. Not for
+    dynamic: its L0 is max_position_embeddings whatever else the config says, as in transformers."""
     if not rotary:
         return None, None
     parameters = _field(config, "rope_scaling", "rope_parameters", required=False, default={})
@@ -294,7 +300,10 @@ def _rope_fields(config: dict[str, Any], rotary: bool) -> tuple[float | None, di
         raise ValueError(f"config field 'rope_scaling' must be an object or null; got {parameters!r}")
     theta = _field(config, "rope_theta", required=False, default=parameters.get("rope_theta", 10000.0))
     scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
-    for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+    moved = ["partial_rotary_factor"]
+    if parameters.get("rope_type", parameters.get("type")) != "dynamic":  # dynamic's L0: max_position_embeddings
+        moved.append("original_max_position_embeddings")
+    for key in moved:
         if config.get(key) is not None and key not in scaling:
             scaling[key] = config[key]
     if scaling and "rope_type" not in scaling and "type" not in scaling:
