@@ -48,11 +48,13 @@ class KVCache:
     buffer (slots = min(W, max_tokens)). dtype: float16, float32 or float64, the dtype k and v must have.
 
     Several threads may append at once: each append is atomic (all its tokens, each k with its v, or none),
-    and len(cache) counts every token that went in. A reader of `keys`, `values` or `positions` gets a view
-    sized by the tokens appended when it asked; an append running meanwhile is not in it. Without a window
-    the slots such a view covers are never written again, so it stays as read. With a window a later append
-    overwrites ring slots in place, under the reader's view. To read keys and values as one consistent pair
-    while other threads append, hold `cache.lock` (a re-entrant lock) and copy:
+    and len(cache) counts every token that went in. Reading does not take the lock: `keys` and `values` are
+    views sized by the tokens appended when each was asked for (`positions` likewise, as a new array), so
+    an append running meanwhile is not in them, and keys read just before an append may be one token
+    shorter than values read just after it. Without a window the slots a view covers are never written
+    again, so it stays as read; with a window a later append overwrites ring slots in place, under the
+    view. To read keys and values as one consistent pair while other threads append, hold `cache.lock`
+    (a re-entrant lock) and copy:
         with cache.lock:
             keys, values = cache.keys.copy(), cache.values.copy()
     `ordered()` takes the lock itself.
