@@ -4,6 +4,8 @@ refused without touching the cache."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import sys
 import threading
 
@@ -286,3 +288,16 @@ def test_a_reader_holding_the_lock_sees_keys_and_values_that_match():
     _threads(append_or_read, n_threads)
     assert not mismatched
     assert len(cache) == (n_threads - 1) * per_thread
+
+
+def test_a_cache_with_its_lock_still_copies_and_pickles():
+    """The lock cannot be copied; the copy gets its own and the same tokens, and the two then part ways."""
+    cache = KVCache(1, 2, 8, 4, window=3)
+    for t in range(5):
+        cache.append(*_tokens(cache, 1, t))
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert len(twin) == 5 and twin.lock is not cache.lock
+        np.testing.assert_array_equal(twin.keys, cache.keys)
+        np.testing.assert_array_equal(twin.positions, cache.positions)
+        twin.append(*_tokens(twin, 1, 5))
+        assert len(twin) == 6 and len(cache) == 5

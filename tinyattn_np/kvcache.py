@@ -87,6 +87,17 @@ class KVCache:
         self._seen = 0  # tokens appended so far
         self.lock = threading.RLock()  # held by append (and ordered): check, write and count as one step
 
+    def __getstate__(self) -> dict[str, Any]:
+        """copy.deepcopy and pickle: everything but the lock, which cannot be copied (the copy gets its own).
+        Copy a cache while no other thread appends to it: the buffers are read after this returns."""
+        state = self.__dict__.copy()
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
     def __len__(self) -> int:
         """Tokens seen so far (with a window, more than the cache still holds once it has wrapped)."""
         return self._seen
