@@ -4,6 +4,11 @@ refused without touching the cache."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -185,3 +190,114 @@ def test_cache_errors():
     assert len(full) == 3  # the refused call left the cache as it was
     with pytest.raises(TypeError, match="k must have this cache's dtype float32; got float64"):
         mha(x, cache=KVCache(2, 2, 8, 8))
+
+
+# --- appends from several threads ------------------------------------------------------------------
+
+
+def _threads(target, n_threads: int, *args) -> None:
+    """Run target(thread_index, *args) in n_threads threads started together, with the GIL handed over
+    every microsecond so that the threads interleave inside append (the default 5 ms hides races)."""
+    barrier, errors = threading.Barrier(n_threads), []
+
+    def run(index):
+        try:
+            target(index, barrier, *args)
+        except BaseException as err:  # a thread's exception would otherwise only be printed
+            errors.append(err)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        workers = [threading.Thread(target=run, args=(i,)) for i in range(n_threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    if errors:
+        raise errors[0]
+
+
+def _token(cache: KVCache, token_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """One token whose k entries all equal its id and whose v entries equal -id: a slot read back says
+    which token it holds, and whether its k and v came from the same one."""
+    k = np.full((cache.batch, cache.kv_heads, 1, cache.head_dim), token_id, cache.dtype)
+    return k, -k
+
+
+@pytest.mark.parametrize("window", [None, 64])
+def test_appends_from_many_threads_keep_every_token_with_its_value(window):
+    n_threads, per_thread = 8, 200
+    cache = KVCache(2, 2, n_threads * per_thread, 16, dtype=np.float64, window=window)
+
+    def append_many(index, barrier):
+        barrier.wait()
+        for step in range(per_thread):
+            cache.append(*_token(cache, 1 + index * per_thread + step))  # ids 1 .. 1,600, each once
+
+    _threads(append_many, n_threads)
+    assert len(cache) == n_threads * per_thread  # nothing lost, nothing counted twice
+    keys, values = cache.keys, cache.values  # (2, 2, kept, 16)
+    np.testing.assert_array_equal(values, -keys)  # every slot: k and v of the same token
+    ids = keys[0, 0, :, 0]  # (kept,)
+    assert np.all(keys == ids[None, None, :, None])  # no slot mixes two tokens across heads or channels
+    if window is None:
+        np.testing.assert_array_equal(np.sort(ids), np.arange(1, n_threads * per_thread + 1))  # each token once
+    else:
+        assert len(set(ids.tolist())) == window  # the ring holds `window` distinct tokens
+
+
+def test_appends_past_the_end_from_many_threads_are_refused_exactly():
+    n_threads, per_thread, max_tokens = 8, 250, 1600
+    cache = KVCache(1, 1, max_tokens, 4, dtype=np.float64)
+    accepted, refused = [0] * n_threads, [0] * n_threads
+
+    def append_many(index, barrier):
+        barrier.wait()
+        for step in range(per_thread):
+            try:
+                cache.append(*_token(cache, 1 + index * per_thread + step))
+                accepted[index] += 1
+            except ValueError:
+                refused[index] += 1
+
+    _threads(append_many, n_threads)
+    assert len(cache) == sum(accepted) == max_tokens
+    assert sum(refused) == n_threads * per_thread - max_tokens
+    assert len(set(cache.keys[0, 0, :, 0].tolist())) == max_tokens  # 1,600 distinct tokens, none overwritten
+
+
+def test_a_reader_holding_the_lock_sees_keys_and_values_that_match():
+    n_threads, per_thread = 4, 300
+    cache = KVCache(1, 2, n_threads * per_thread, 8, dtype=np.float64, window=16)
+    mismatched = []
+
+    def append_or_read(index, barrier):
+        barrier.wait()
+        for step in range(per_thread):
+            if index == 0:  # the reader: one consistent pair of copies under the lock
+                with cache.lock:
+                    keys, values = cache.keys.copy(), cache.values.copy()
+                if not np.array_equal(values, -keys):
+                    mismatched.append(step)
+            else:
+                cache.append(*_token(cache, 1 + index * per_thread + step))
+
+    _threads(append_or_read, n_threads)
+    assert not mismatched
+    assert len(cache) == (n_threads - 1) * per_thread
+
+
+def test_a_cache_with_its_lock_still_copies_and_pickles():
+    """The lock cannot be copied; the copy gets its own and the same tokens, and the two then part ways."""
+    cache = KVCache(1, 2, 8, 4, window=3)
+    for t in range(5):
+        cache.append(*_tokens(cache, 1, t))
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert len(twin) == 5 and twin.lock is not cache.lock
+        np.testing.assert_array_equal(twin.keys, cache.keys)
+        np.testing.assert_array_equal(twin.positions, cache.positions)
+        twin.append(*_tokens(twin, 1, 5))
+        assert len(twin) == 6 and len(cache) == 5

@@ -3,6 +3,8 @@ for one context; and the window parameter of memory.py's estimates."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -168,3 +170,89 @@ def test_mistral_config_slides_on_every_layer_and_zero_window_layers_on_none():
     none_slide = load_model_shape({**mistral, "layer_types": ["full_attention"] * 32})
     assert none_slide.window_layers == 0 and none_slide.kv_cache_bytes(8192) == 2 * none_slide.kv_cache_bytes(4096)
     assert none_slide.attention_flops(8192) == 32 * attention_flops(8192, heads=32, head_dim=128, causal=True)
+
+
+# --- hostile inputs: every rope field at load, the ModelShape fields, and files that are not config.json -----
+
+
+def test_dynamic_config_keeps_its_trained_length_at_max_position_embeddings():
+    """load_model_shape moved a top-level original_max_position_embeddings into every scaling dict, and
+    dynamic then used it as L0; transformers reads L0 from max_position_embeddings for dynamic."""
+    config = {**LLAMA_31_8B, "max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
+              "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.rope_scaling == {"rope_type": "dynamic", "factor": 2.0}
+    expected = rope_frequencies(128, 500000.0, scaling=shape.rope_scaling, seq_len=32768, max_position_embeddings=16384)
+    np.testing.assert_array_equal(shape.rope_frequencies(seq_len=32768), expected)
+    base = 500000.0 * (2 * 32768 / 16384 - 1) ** (128 / 126)
+    np.testing.assert_allclose(expected, base ** (-np.arange(0, 128, 2) / 128), rtol=1e-13)
+    no_max = {key: value for key, value in config.items() if key != "max_position_embeddings"}
+    with pytest.raises(ValueError, match="'dynamic' needs the trained length L0 from max_position_embeddings="):
+        load_model_shape(no_max)
+
+
+PHI3_LONGROPE = {
+    **LLAMA_31_8B, "model_type": "phi3", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
+    "hidden_size": 3072, "num_key_value_heads": 32,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rope_scaling", "error", "message"),
+    [
+        ({"rope_type": "linear", "factor": "2"}, TypeError, r"scaling\['factor'\] must be a number > 0; got '2'"),
+        ({"rope_type": "linear", "factor": -2}, ValueError, r"scaling\['factor'\] must be a finite number > 0; got -2"),
+        ({**PHI3_LONGROPE["rope_scaling"], "long_factor": [2.0] * 47}, ValueError,
+         r"scaling\['long_factor'\] must be 48 positive numbers \(one per pair\); got 47"),
+        ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0}, ValueError, r"scaling\['beta_fast'\] must be a finite"),
+    ],
+)  # fmt: skip
+def test_every_rope_field_is_checked_at_load(rope_scaling, error, message):
+    """These used to load, and fail (or give wrong θ) only when the frequencies were asked for."""
+    with pytest.raises(error, match=message):
+        load_model_shape({**PHI3_LONGROPE, "rope_scaling": rope_scaling})
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "message"),
+    [
+        (dict(name=3), TypeError, "name must be a str; got 3 \\(int\\)"),
+        (dict(window_layers=2), ValueError, "window_layers counts the layers that use sliding_window, so it needs one"),
+        (dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), ValueError, "rope_scaling .* needs rope_theta"),
+    ],
+)
+def test_model_shape_fields_that_mean_nothing_alone(change, error, message):
+    sizes = dict(name="x", layers=4, heads=2, kv_heads=2, head_dim=8, hidden=16, vocab=10, intermediate=32)
+    with pytest.raises(error, match=message):
+        ModelShape(**{**sizes, **change})
+
+
+def test_files_that_are_not_a_config_json_are_named_in_a_value_error(tmp_path):
+    """Deep nesting ended in a RecursionError traceback, a 5,000-character path in an OSError, a Latin-1
+    file in a UnicodeDecodeError that named no file, and a bad field said nothing of where it was."""
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"_name_or_path": "café"}'.encode("latin-1"))
+    bad_field = tmp_path / "bad" / "config.json"
+    bad_field.parent.mkdir()
+    bad_field.write_text(json.dumps({**LLAMA_31_8B, "rope_scaling": {"rope_type": "linear", "factor": -2}}))
+    with pytest.raises(ValueError, match=f"{deep} nests its JSON too deeply to read"):
+        load_model_shape(deep)
+    with pytest.raises(ValueError, match=f"{latin1} is not UTF-8 text, as a config.json is: byte 0xe9 at offset 22"):
+        load_model_shape(latin1)
+    with pytest.raises(ValueError, match=f"{bad_field}: " + r"scaling\['factor'\] must be a finite number > 0"):
+        load_model_shape(bad_field.parent)  # the folder: its config.json
+    with pytest.raises(ValueError, match=r"source 'aaa.*' \(5,000 characters\) cannot be opened as a config.json"):
+        load_model_shape("a" * 5000)
+    with pytest.raises(ValueError, match="source must be a preset .* or a path to a config.json; got 'no-such-model'"):
+        load_model_shape("no-such-model")
+
+
+def test_a_file_too_big_for_a_config_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA_31_8B))
+    monkeypatch.setattr(tinyattn_np.models, "MAX_CONFIG_BYTES", 100)
+    with pytest.raises(ValueError, match=r"config.json has \d{3} bytes, more than a config.json \(at most 100\)"):
+        load_model_shape(path)

@@ -130,3 +130,16 @@ def test_learned_positions_refuse_past_the_table(rng):
         table([-1])
     with pytest.raises(TypeError, match="ints"):
         table([1.5])
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_positions_must_be_finite(rng, bad):
+    """A NaN position turned its whole row into NaN without a word (and with scaling ended in "cannot
+    convert float NaN to integer"); an infinite one gave NaN with a RuntimeWarning."""
+    x = rng.standard_normal((3, 8))
+    for scaling in (None, {"rope_type": "dynamic", "factor": 2.0}):
+        with pytest.raises(ValueError, match=f"positions must be finite numbers; got {bad} at index 2"):
+            rope(x, positions=[0.0, 1.0, bad], scaling=scaling, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="positions must be a 1-D array of numbers; could not make one"):
+        rope(x, positions=[[0], [1, 2], 3])
+    np.testing.assert_allclose(rope(x, positions=[-2, 0, 2.5]), rope_by_complex(x, [-2, 0, 2.5]), atol=1e-12)

@@ -174,3 +174,104 @@ def test_other_bad_arguments():
         rope_frequencies(2, scaling={"rope_type": "dynamic", "factor": 2.0}, max_position_embeddings=8)
     with pytest.raises(ValueError, match="dim must be even"):
         rope_frequencies(7)
+
+
+def test_dynamic_takes_its_trained_length_from_max_position_embeddings_as_transformers_does():
+    """transformers' _compute_dynamic_ntk_parameters (modeling_rope_utils.py) reads L0 from
+    config.max_position_embeddings only; a dict's original_max_position_embeddings used to replace it here,
+    moving the last θ by 80% at seq_len 32,768 for a dict with 4,096 and a config with 16,384."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0}
+    with_key = {**scaling, "original_max_position_embeddings": 4096}
+    theta = rope_frequencies(64, scaling=with_key, seq_len=32768, max_position_embeddings=16384)
+    base = 10000 * (2 * 32768 / 16384 - 1) ** (64 / 62)  # base' with L0 = 16,384
+    np.testing.assert_allclose(theta, base ** (-np.arange(0, 64, 2) / 64), rtol=1e-13)
+    plain_key = rope_frequencies(64, scaling=scaling, seq_len=32768, max_position_embeddings=16384)
+    np.testing.assert_array_equal(theta, plain_key)
+    x = RNG.standard_normal((2, 64))
+    np.testing.assert_array_equal(
+        rope(x, positions=[0, 32767], scaling=with_key, max_position_embeddings=16384),
+        rope(x, positions=[0, 32767], scaling=scaling, max_position_embeddings=16384),
+    )
+    with pytest.raises(ValueError, match="'dynamic' needs the trained length L0 from max_position_embeddings="):
+        rope_frequencies(64, scaling=with_key, seq_len=32768)  # the dict's key is not a way round it
+
+
+def test_dynamic_with_a_huge_factor_stays_finite():
+    """base' = base · ratio^(d/(d-2)) overflowed float64 (an OverflowError) for factor 1e300; θ'_i =
+    θ_i · ratio^(-2i/(d-2)) is the same number without the overflow, and tends to 0 past pair 0."""
+    scaling = {"rope_type": "dynamic", "factor": 1e300}
+    theta = rope_frequencies(64, scaling=scaling, seq_len=10**6, max_position_embeddings=4096)
+    assert np.all(np.isfinite(theta)) and theta[0] == 1.0 and np.all(np.diff(theta) <= 0)
+    huge = rope_frequencies(64, scaling={**scaling, "factor": 1e308}, seq_len=10**9, max_position_embeddings=4096)
+    assert huge[0] == 1.0 and np.all(huge[1:] == 0)  # factor · T / L0 past float64: every other pair stops turning
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32}
+
+
+@pytest.mark.parametrize(
+    ("scaling", "error", "message"),
+    [
+        # yarn: each field a finite number > 0 (0 used to become the default, a negative mscale a negative a)
+        ({**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}, ValueError,
+         r"scaling\['mscale'\] must be a finite number > 0; got -1.0"),
+        ({**YARN, "mscale": 1.0, "mscale_all_dim": "1"}, TypeError,
+         r"scaling\['mscale_all_dim'\] must be a number > 0; got '1' \(str\)"),
+        ({**YARN, "beta_fast": 0}, ValueError, r"scaling\['beta_fast'\] must be a finite number > 0; got 0"),
+        ({**YARN, "beta_fast": float("nan")}, ValueError,
+         r"scaling\['beta_fast'\] must be a finite number > 0; got nan"),
+        ({**YARN, "beta_slow": float("inf")}, ValueError,
+         r"scaling\['beta_slow'\] must be a finite number > 0; got inf"),
+        ({**YARN, "beta_slow": -1}, ValueError, r"scaling\['beta_slow'\] must be a finite number > 0; got -1"),
+        ({**YARN, "beta_fast": "32"}, TypeError, r"scaling\['beta_fast'\] must be a number > 0; got '32' \(str\)"),
+        ({**YARN, "beta_fast": 1, "beta_slow": 32}, ValueError,
+         r"scaling\['beta_fast'\] must be >= beta_slow .*got beta_fast=1.0, beta_slow=32.0"),
+        ({**YARN, "truncate": "false"}, TypeError, r"scaling\['truncate'\] must be True or False; got 'false' \(str\)"),
+        ({**YARN, "attention_factor": 0}, ValueError,
+         r"scaling\['attention_factor'\] must be a finite number > 0; got 0"),
+        ({**YARN, "factor": True}, TypeError, r"scaling\['factor'\] must be a number > 0; got True \(bool\)"),
+        ({**YARN, "original_max_position_embeddings": 4096.5}, TypeError,
+         r"scaling\['original_max_position_embeddings'\] must be a positive int; got 4096.5"),
+        ({**YARN, "original_max_position_embeddings": 0}, ValueError,
+         r"scaling\['original_max_position_embeddings'\] must be a positive int; got 0"),
+        # llama3
+        ({**LLAMA_31, "low_freq_factor": 0}, ValueError,
+         r"scaling\['low_freq_factor'\] must be a finite number > 0; got 0"),
+        ({**LLAMA_31, "high_freq_factor": "4"}, TypeError,
+         r"scaling\['high_freq_factor'\] must be a number > 0; got '4'"),
+        # longrope: lists of finite numbers > 0, one per rotated pair, both of them (not only the one in use)
+        ({**LONGROPE, "long_factor": [2.0] * 31}, ValueError,
+         r"scaling\['long_factor'\] must be 32 positive numbers \(one per pair\); got 31"),
+        ({**LONGROPE, "short_factor": ["1"] * 32}, TypeError,
+         r"scaling\['short_factor'\] must be a list of numbers, one per rotated pair"),
+        ({**LONGROPE, "short_factor": 2.0}, TypeError, r"scaling\['short_factor'\] must be a list of numbers"),
+        ({**LONGROPE, "long_factor": [2.0] * 31 + [-1.0]}, ValueError,
+         r"scaling\['long_factor'\] must hold finite numbers > 0; got -1.0 at index 31"),
+        ({**LONGROPE, "original_max_position_embeddings": 1}, ValueError,
+         r"scaling\['original_max_position_embeddings'\] must be >= 2 for longrope"),
+        # any method
+        ({"rope_type": ["linear"], "factor": 2.0}, ValueError,
+         r"rope_type \['linear'\], which is unknown; known: default"),
+        ({"rope_type": "default", "partial_rotary_factor": "0.5"}, TypeError,
+         r"scaling\['partial_rotary_factor'\] must be a number in \(0, 1\]; got '0.5'"),
+        ({"rope_type": "default", "partial_rotary_factor": 0.0}, ValueError,
+         r"scaling\['partial_rotary_factor'\] must be a finite number in \(0, 1\]; got 0.0"),
+        ({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}, ValueError,
+         r"scaling\['rope_theta'\] is 1000000.0 but base is 10000.0"),
+        ({"rope_type": "linear", "factor": 5e-324}, ValueError,
+         r"'linear' gives frequency θ_0 = inf: its factors are too extreme for float64"),
+    ],
+)  # fmt: skip
+def test_every_scaling_field_is_checked_and_named(scaling, error, message):
+    """Each used to pass silently, or end in "math domain error", NaN-to-int, an OverflowError or a
+    ZeroDivisionError; now each is an error naming the field, its value and what is allowed."""
+    with pytest.raises(error, match=message):
+        rope(np.ones((2, 64)), scaling=scaling, max_position_embeddings=131072)
+
+
+def test_a_bad_max_position_embeddings_is_refused_even_where_unused():
+    with pytest.raises(ValueError, match="max_position_embeddings must be a positive int; got 0"):
+        rope_frequencies(8, scaling={"rope_type": "linear", "factor": 2.0}, max_position_embeddings=0)
+    with pytest.raises(TypeError, match="max_position_embeddings must be a positive int; got 4096.0"):
+        rope_attention_factor(YARN, max_position_embeddings=4096.0)

@@ -38,3 +38,21 @@ def test_bad_input():
     with pytest.raises(ValueError, match="dim"):
         embed(["a"], 0)
     assert embed([], 4).shape == (0, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(dtype=np.int32), TypeError, "dtype must be float16, float32 or float64; got int32"),
+        (dict(dtype="nonsense"), TypeError, "dtype must be float16, float32 or float64; got 'nonsense'"),
+        (dict(seed=1.5), TypeError, "seed must be an int >= 0; got 1.5"),
+        (dict(seed=-1), ValueError, "seed must be an int >= 0; got -1"),
+        (dict(tokens=None), TypeError, "tokens must be a sequence of token strings"),
+        (dict(tokens={"a", "b"}), TypeError, "tokens must be a sequence of token strings .a list.; got set"),
+    ],
+)
+def test_embed_refuses_what_it_would_get_wrong(kwargs, error, message):
+    """An int dtype used to truncate every N(0, 1) entry to -1, 0 or 1; a set has no order to embed in."""
+    with pytest.raises(error, match=message):
+        embed(**{"tokens": ["a", "b"], "dim": 4, **kwargs})
+    assert embed(["a"], 4, dtype=np.float16).dtype == np.float16

@@ -51,7 +51,7 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped
 from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Band, Tile, check_band
-from .position import _positions, rope
+from .position import rope, rope_positions
 
 Array = NDArray[np.floating]
 
@@ -445,7 +445,7 @@ def rope_backward(
     if grad.ndim < 2:
         raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
     # the forward's positions (T,), checked as rope checks them, as float64: negating an unsigned int would wrap
-    forward = _positions(positions, grad.shape[-2])
+    forward = rope_positions(positions, grad.shape[-2])
     if seq_len is None and scaling is not None and forward.size:
         # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
         seq_len = max(int(forward.max()) + 1, 1)

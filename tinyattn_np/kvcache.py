@@ -21,10 +21,15 @@ Once the ring has wrapped, the slots are no longer in token order. That does not
 So `keys` and `values` are views of the buffer in slot order, and `positions` says which absolute
 position each slot holds. Where order does matter (a mask over a many-token continuation), `ordered()`
 returns them oldest first.
+
+Threads: `append` is atomic. It holds the cache's lock from the room check to the count update, so appends
+from several threads all land (in some order), each token's k and v in the same slot, and one that does
+not fit is refused whole. Reading does not take the lock: see `KVCache`.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -41,6 +46,18 @@ class KVCache:
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
     refused. window=None keeps every token (slots = max_tokens); window=W keeps the last W in a ring
     buffer (slots = min(W, max_tokens)). dtype: float16, float32 or float64, the dtype k and v must have.
+
+    Several threads may append at once: each append is atomic (all its tokens, each k with its v, or none),
+    and len(cache) counts every token that went in. Reading does not take the lock: `keys` and `values` are
+    views sized by the tokens appended when each was asked for (`positions` likewise, as a new array), so
+    an append running meanwhile is not in them, and keys read just before an append may be one token
+    shorter than values read just after it. Without a window the slots a view covers are never written
+    again, so it stays as read; with a window a later append overwrites ring slots in place, under the
+    view. To read keys and values as one consistent pair while other threads append, hold `cache.lock`
+    (a re-entrant lock) and copy:
+        with cache.lock:
+            keys, values = cache.keys.copy(), cache.values.copy()
+    `ordered()` takes the lock itself.
     """
 
     def __init__(
@@ -68,6 +85,18 @@ class KVCache:
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E)
         self._seen = 0  # tokens appended so far
+        self.lock = threading.RLock()  # held by append (and ordered): check, write and count as one step
+
+    def __getstate__(self) -> dict[str, Any]:
+        """copy.deepcopy and pickle: everything but the lock, which cannot be copied (the copy gets its own).
+        Copy a cache while no other thread appends to it: the buffers are read after this returns."""
+        state = self.__dict__.copy()
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
     def __len__(self) -> int:
         """Tokens seen so far (with a window, more than the cache still holds once it has wrapped)."""
@@ -108,25 +137,29 @@ class KVCache:
         """Add T_new tokens: k and v (batch, kv_heads, T_new, head_dim), already rotated by RoPE.
 
         Every check runs before anything is written, so a refused append leaves the cache as it was.
+        Atomic under threads: the room check, both writes and the count run under `self.lock`, so two
+        appends never take the same slots and no slot holds the k of one token and the v of another.
         """
-        # 1) check both arrays and the room left, before touching the buffers
+        # 1) check both arrays (no lock needed: they are the caller's)
         k, v = self._check(k, "k"), self._check(v, "v")
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
         t_new = check_count(k.shape[2], "T_new")
-        if self._seen + t_new > self.max_tokens:
-            raise ValueError(
-                f"k has {t_new} new tokens but the cache holds {self._seen} of max_tokens={self.max_tokens}: "
-                f"only {self.max_tokens - self._seen} more fit"
-            )
-        # 2) write them: token p goes to slot p (no window) or p mod W (ring). Of a continuation longer
-        #    than the ring, only its last `slots` tokens survive, so only those are written.
-        start, stop = self._seen, self._seen + t_new
-        first = max(start, stop - self.slots)
-        slots = np.arange(first, stop) % self.slots  # (kept new tokens,)
-        self._k[:, :, slots] = k[:, :, first - start :]  # (B, Hkv, kept, E)
-        self._v[:, :, slots] = v[:, :, first - start :]
-        self._seen = stop
+        with self.lock:
+            # 2) the room left, read under the lock: another thread's append may have just taken it
+            if self._seen + t_new > self.max_tokens:
+                raise ValueError(
+                    f"k has {t_new} new tokens but the cache holds {self._seen} of max_tokens={self.max_tokens}: "
+                    f"only {self.max_tokens - self._seen} more fit"
+                )
+            # 3) write them: token p goes to slot p (no window) or p mod W (ring). Of a continuation longer
+            #    than the ring, only its last `slots` tokens survive, so only those are written.
+            start, stop = self._seen, self._seen + t_new
+            first = max(start, stop - self.slots)
+            slots = np.arange(first, stop) % self.slots  # (kept new tokens,)
+            self._k[:, :, slots] = k[:, :, first - start :]  # (B, Hkv, kept, E)
+            self._v[:, :, slots] = v[:, :, first - start :]
+            self._seen = stop
 
     def _view(self, buf: np.ndarray) -> np.ndarray:
         view = buf[:, :, : self.kept]  # (B, Hkv, kept, E): before the ring wraps, slots are in token order
@@ -147,13 +180,16 @@ class KVCache:
     def positions(self) -> NDArray[np.int64]:
         """(kept,) absolute position of the token in each slot of keys/values: slot s holds the latest
         token p with p mod slots == s."""
-        slot = np.arange(self.kept)  # (kept,)
-        newest = self._seen - 1  # the position of the newest token
+        seen = self._seen  # read once: an append in another thread may change it meanwhile
+        slot = np.arange(min(seen, self.slots))  # (kept,)
+        newest = seen - 1  # the position of the newest token
         return newest - (newest - slot) % self.slots  # (kept,)
 
     def ordered(self) -> tuple[Array, Array]:
-        """(keys, values) oldest token first: views before the ring wraps, a rolled copy after."""
-        if self._seen <= self.slots:
-            return self.keys, self.values
-        order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
-        return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies
+        """(keys, values) oldest token first: views before the ring wraps, a rolled copy after. Taken under
+        the lock, so the two come from the same appends (the views, as `keys` does, may see later ones)."""
+        with self.lock:
+            if self._seen <= self.slots:
+                return self.keys, self.values
+            order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
+            return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies

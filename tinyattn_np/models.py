@@ -19,7 +19,7 @@ import numpy as np
 from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from .memory import attention_flops, kv_cache_bytes, score_matrix_bytes
-from .position import _rope_type, rope_frequencies
+from .position import check_rope_scaling, rope_attention_factor, rope_frequencies
 
 # ---------------------------------------------------------------------------------------------------
 # model shapes: presets and Hugging Face config.json
@@ -61,6 +61,8 @@ class ModelShape:
     rope_scaling: dict[str, Any] | None = dataclasses.field(default=None, hash=False)  # a dict cannot be hashed
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):  # it heads every table and JSON row
+            raise TypeError(f"name must be a str; got {self.name!r} ({type(self.name).__name__})")
         for field in ("layers", "heads", "kv_heads", "head_dim", "hidden"):
             check_positive_int(getattr(self, field), field)
         for field in ("vocab", "intermediate", "norms_per_layer"):
@@ -71,6 +73,11 @@ class ModelShape:
         if self.window_layers is not None:
             if check_count(self.window_layers, "window_layers") > self.layers:
                 raise ValueError(f"window_layers must be between 0 and layers={self.layers}; got {self.window_layers}")
+            if self.sliding_window is None:  # the count of layers that slide means nothing without a window
+                raise ValueError(
+                    f"window_layers counts the layers that use sliding_window, so it needs one; got "
+                    f"window_layers={self.window_layers} and sliding_window=None"
+                )
         if self.heads % self.kv_heads:
             raise ValueError(
                 f"heads must be a multiple of kv_heads (grouped-query attention); "
@@ -87,7 +94,12 @@ class ModelShape:
             if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
                 raise ValueError(f"rope_theta must be a finite number > 1 or None; got {theta!r}")
         if self.rope_scaling is not None:
-            _rope_type(self.rope_scaling)  # an unknown rope_type or a missing key is a ValueError naming it
+            if self.rope_theta is None:
+                raise ValueError("rope_scaling stretches rotary positions, so it needs rope_theta; got None")
+            # every field of the dict, as shape.rope_frequencies() and rope() will read it
+            sizes = dict(max_position_embeddings=self.max_positions)
+            check_rope_scaling(self.rope_scaling, self.head_dim, base=self.rope_theta, **sizes)
+            rope_attention_factor(self.rope_scaling, **sizes)
 
     def attention_flops(self, tokens: int, batch: int = 1) -> int:
         """QKᵀ and PV of all layers over a causal context of `tokens`: window layers count their band only."""
@@ -287,7 +299,8 @@ def _rope_fields(config: dict[str, Any], rotary: bool) -> tuple[float | None, di
     """(rope_theta, rope_scaling) from a config: rope_theta at the top (default 10,000, every rotary
     config class's default) or inside rope_parameters (transformers 5); rope_scaling or
     rope_parameters as the scaling dict, with a top-level partial_rotary_factor and (Phi-3's)
-    original_max_position_embeddings moved into it, so that it is all rope_frequencies needs."""
+    original_max_position_embeddings moved into it, so that it is all rope_frequencies needs. Not for
+    dynamic: its L0 is max_position_embeddings whatever else the config says, as in transformers."""
     if not rotary:
         return None, None
     parameters = _field(config, "rope_scaling", "rope_parameters", required=False, default={})
@@ -295,7 +308,10 @@ def _rope_fields(config: dict[str, Any], rotary: bool) -> tuple[float | None, di
         raise ValueError(f"config field 'rope_scaling' must be an object or null; got {parameters!r}")
     theta = _field(config, "rope_theta", required=False, default=parameters.get("rope_theta", 10000.0))
     scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
-    for key in ("partial_rotary_factor", "original_max_position_embeddings"):
+    moved = ["partial_rotary_factor"]
+    if parameters.get("rope_type", parameters.get("type")) != "dynamic":  # dynamic's L0: max_position_embeddings
+        moved.append("original_max_position_embeddings")
+    for key in moved:
         if config.get(key) is not None and key not in scaling:
             scaling[key] = config[key]
     if scaling and "rope_type" not in scaling and "type" not in scaling:
@@ -374,7 +390,11 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
 
 
 def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelShape:
-    """A ModelShape from a preset name (see PRESETS), a path to a config.json (or its folder), or a dict."""
+    """A ModelShape from a preset name (see PRESETS), a path to a config.json (or its folder), or a dict.
+
+    Every problem with a file is a ValueError (or, for a field of the wrong type, a TypeError) that names
+    the file: one that cannot be found or read, is not UTF-8 JSON, nests too deeply, or holds a bad field.
+    """
     if isinstance(source, ModelShape):
         return source
     if isinstance(source, dict):
@@ -383,18 +403,60 @@ def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelS
         raise TypeError(f"source must be a preset name, a path to a config.json or a dict; got {type(source).__name__}")
     if isinstance(source, str) and source.lower() in PRESETS:
         return PRESETS[source.lower()]
-    path = Path(source)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ValueError(
-            f"source must be a preset ({', '.join(PRESETS)}) or a path to a config.json; got {str(source)!r}"
-        )
+    path = _config_path(source)
+    config = _read_json(path)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        return shape_from_config(config, default_name=path.parent.name or None)
+    except (TypeError, ValueError) as err:  # say which file the bad field is in
+        raise (TypeError if isinstance(err, TypeError) else ValueError)(f"{path}: {err}") from None
+
+
+# a config.json is a few KiB (Phi-3's with its longrope lists: about 10 KiB); a bigger file is something else
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
+def _config_path(source: str | Path) -> Path:
+    """The config.json that source names (itself, or config.json in the folder), checked to be a file."""
+    path = Path(source)
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        found = path.is_file()
+    except OSError as err:  # a name longer than the file system allows (ENAMETOOLONG), and the like
+        raise ValueError(f"source {_shown(source)} cannot be opened as a config.json: {err.strerror}") from None
+    if not found:
+        raise ValueError(
+            f"source must be a preset ({', '.join(PRESETS)}) or a path to a config.json; got {_shown(source)}"
+        )
+    return path
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in path, every failure a ValueError that names the file."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path} has {size:,} bytes, more than a config.json (at most {MAX_CONFIG_BYTES:,})")
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        byte = f"byte {err.object[err.start]:#04x} at offset {err.start}"
+        raise ValueError(f"{path} is not UTF-8 text, as a config.json is: {byte}") from None
+    except OSError as err:
+        raise ValueError(f"{path} could not be read: {err.strerror}") from None
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
-    return shape_from_config(config, default_name=path.parent.name or None)
+    except RecursionError:  # Python's decoder recurses once per level: thousands of [ or { exhaust the stack
+        raise ValueError(f"{path} nests its JSON too deeply to read (a config.json is a few levels deep)") from None
+    except ValueError as err:  # an integer longer than Python converts (4,300 digits)
+        raise ValueError(f"{path} holds a value that cannot be read: {err}") from None
+
+
+def _shown(source: str | Path) -> str:
+    """source for a message: whole when short, else its ends and its length (a 5,000-character path)."""
+    text = str(source)
+    return repr(text) if len(text) <= 200 else f"{text[:80]!r} ... {text[-40:]!r} ({len(text):,} characters)"
 
 
 # ---------------------------------------------------------------------------------------------------

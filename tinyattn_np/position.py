@@ -10,11 +10,15 @@ Which channels make a pair is a convention:
     interleaved=False   pairs (i, i + d/2)              Hugging Face's rotate_half
 They are the same rotation once the channels are permuted; to_half_split() and permute_qk_weight()
 convert one into the other.
+
+Read rope() first: the math on one screen. Below it, its input checks and θ; then the layouts and the
+learned table; last, apart, RoPE scaling for long context (the rope_scaling dict of a config.json).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,138 +37,95 @@ from ._checks import (
 Array = NDArray[np.floating]
 
 
-# ---------------------------------------------------------------------------------------------------
-# RoPE for long context: the `rope_scaling` (or `rope_parameters`) dict of a config.json
-#
-# Each method stretches the wavelengths 2π/θ_i so that positions past the trained length
-# (original_max_position_embeddings, L0) land on angles the model has seen. The formulas follow Hugging
-# Face transformers, src/transformers/modeling_rope_utils.py (the _compute_*_parameters functions):
-#   linear    θ_i / factor for every pair (position interpolation, Chen et al. 2023)
-#   dynamic   NTK-aware: base' = base · (factor · T / L0 - (factor - 1))^(d / (d - 2)) once the sequence
-#             length T passes L0; plain RoPE up to L0
-#   yarn      high frequencies kept, low ones divided by factor, a linear ramp between, and cos and sin
-#             multiplied by 0.1 · ln(factor) + 1 (Peng et al. 2023, "YaRN")
-#   llama3    wavelength < L0 / high_freq_factor kept, > L0 / low_freq_factor divided by factor, smooth
-#             in between (Llama 3.1)
-#   longrope  θ_i / ext_i with per-pair factors: short_factor up to L0, long_factor past it, and cos and
-#             sin times sqrt(1 + ln(factor) / ln(L0)) (Phi-3; Ding et al. 2024, "LongRoPE")
-# partial_rotary_factor p (where the dict has it) rotates only the first int(p · d) channels.
+def rope(
+    x: Array,
+    *,
+    positions: Any = None,
+    base: float = 10000.0,
+    interleaved: bool = True,
+    scaling: dict[str, Any] | None = None,
+    seq_len: int | None = None,
+    max_position_embeddings: int | None = None,
+) -> Array:
+    """Rotate each channel pair (x1, x2) of x (..., T, d) at position m by the angle m · θ_i:
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
-_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
-    "default": (),
-    "linear": ("factor",),
-    "dynamic": ("factor",),
-    "yarn": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "longrope": ("short_factor", "long_factor"),
-}
+        x1' = a · (x1 cos mθ_i - x2 sin mθ_i)        θ_i = base^(-2i/d)       (rope_frequencies)
+        x2' = a · (x1 sin mθ_i + x2 cos mθ_i)        a = 1 without scaling    (rope_attention_factor)
 
+    positions: (T,) finite numbers, default 0 .. T-1 (negative ones rotate back). Norms are kept (a
+    rotation does not stretch) unless scaling has an attention factor a. scaling, seq_len and
+    max_position_embeddings: as in rope_frequencies; seq_len defaults to the largest position + 1, as
+    transformers computes it. With partial_rotary_factor only the first rotary_dim channels turn; the
+    rest pass unchanged. Apply to q and k, never to v.
 
-def _check_base(base: Any) -> float:
-    if isinstance(base, (bool, np.bool_)) or not isinstance(base, (int, float, np.floating, np.integer)):
-        raise TypeError(f"base must be a number > 1; got {base!r} ({type(base).__name__})")
-    if not (math.isfinite(float(base)) and base > 1):
-        raise ValueError(f"base must be a finite number > 1; got {base!r}")
-    return float(base)
-
-
-def _rope_type(scaling: Any) -> str:
-    """The method a scaling dict names ("rope_type", or the older "type"), after checking its keys."""
-    if not isinstance(scaling, dict):
-        raise TypeError(f"scaling must be a config's rope_scaling dict or None; got {type(scaling).__name__}")
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind not in _REQUIRED_KEYS:
-        raise ValueError(f"scaling has rope_type {kind!r}, which is unknown; known: {', '.join(ROPE_TYPES)}")
-    missing = [key for key in _REQUIRED_KEYS[kind] if scaling.get(key) is None]
-    if missing:
-        raise ValueError(
-            f"scaling with rope_type {kind!r} is missing {', '.join(missing)}; "
-            f"{kind} needs {', '.join(_REQUIRED_KEYS[kind])}"
-        )
-    return str(kind)
-
-
-def _number(scaling: dict[str, Any], key: str) -> float:
-    value = scaling.get(key)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"scaling[{key!r}] must be a number; got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"scaling[{key!r}] must be a finite number > 0; got {value!r}")
-    return float(value)
-
-
-def _original_length(kind: str, scaling: dict[str, Any], max_position_embeddings: Any) -> int:
-    """L0, the trained context: the dict's original_max_position_embeddings, else the config's
-    max_position_embeddings (passed in), as transformers does."""
-    value = scaling.get("original_max_position_embeddings")
-    if value is None:
-        value = max_position_embeddings
-    if value is None:
-        raise ValueError(
-            f"scaling with rope_type {kind!r} needs the trained length: original_max_position_embeddings in "
-            f"the dict, or max_position_embeddings= (the config's); got neither"
-        )
-    return check_positive_int(value, "original_max_position_embeddings")
-
-
-def _factor(kind: str, scaling: dict[str, Any], max_position_embeddings: Any) -> float:
-    """The stretch factor of yarn and longrope: the dict's factor; where it has none (Phi-3's longrope),
-    max_position_embeddings / L0, as transformers does since it stopped letting that ratio override a
-    given factor (huggingface/transformers issue 38224)."""
-    if scaling.get("factor") is not None:
-        return _number(scaling, "factor")
-    if max_position_embeddings is None:
-        raise ValueError(
-            f"scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= "
-            f"(the config's) so that factor = max_position_embeddings / original_max_position_embeddings"
-        )
-    original = _original_length(kind, scaling, max_position_embeddings)
-    return check_positive_int(max_position_embeddings, "max_position_embeddings") / original
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
-
-
-def rope_attention_factor(scaling: dict[str, Any] | None, *, max_position_embeddings: int | None = None) -> float:
-    """The number that multiplies cos and sin (so every score by its square): 1.0 unless the method has one.
-
-    yarn      attention_factor, else (0.1 · mscale · ln f + 1) / (0.1 · mscale_all_dim · ln f + 1)
-              when the dict has both, else 0.1 · ln f + 1
-    longrope  attention_factor, else sqrt(1 + ln f / ln L0)   (1 where f <= 1)
+        >>> rope(np.array([[1.0, 0.0]]), positions=[np.pi / 2]).round(6)   # a quarter turn
+        array([[0., 1.]])
     """
-    if scaling is None:
-        return 1.0
-    kind = _rope_type(scaling)
-    if kind not in ("yarn", "longrope"):
-        return 1.0
-    if scaling.get("attention_factor") is not None:
-        return _number(scaling, "attention_factor")
-    factor = _factor(kind, scaling, max_position_embeddings)
-    if kind == "yarn":
-        mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        if mscale and mscale_all_dim:
-            return _yarn_mscale(factor, float(mscale)) / _yarn_mscale(factor, float(mscale_all_dim))
-        return _yarn_mscale(factor)
-    if factor <= 1:
-        return 1.0
-    return math.sqrt(1 + math.log(factor) / math.log(_original_length(kind, scaling, max_position_embeddings)))
+    x, positions, interleaved = check_rope(x, positions, interleaved)  # x (..., T, d), positions (T,) float64
+    # the scaling machinery (see the section at the end) gives θ and a; without scaling: base^(-2i/d) and 1
+    seq_len = rope_seq_len(positions, seq_len)
+    theta = rope_frequencies(
+        x.shape[-1], base, scaling=scaling, seq_len=seq_len, max_position_embeddings=max_position_embeddings
+    )  # (r/2,): r = d, or fewer channels with partial_rotary_factor
+    a = rope_attention_factor(scaling, max_position_embeddings=max_position_embeddings)
+    r = 2 * theta.shape[0]  # channels that turn
+    dtype, out_dtype = compute_dtype(x), x.dtype  # float16 is computed in float32 and cast back
+
+    # 1) the angle of pair i at position m, in float64: m · θ_i for m in the thousands keeps its digits
+    angles = positions[:, None] * theta  # (T, r/2)
+    cos = (a * np.cos(angles)).astype(dtype)  # (T, r/2)
+    sin = (a * np.sin(angles)).astype(dtype)  # (T, r/2)
+
+    # 2) the two halves of every pair: (0, 1), (2, 3), ... interleaved, or (i, i + r/2) half-split
+    first, second = (slice(0, r, 2), slice(1, r, 2)) if interleaved else (slice(0, r // 2), slice(r // 2, r))
+    x = x.astype(dtype, copy=False)
+    x1, x2 = x[..., first], x[..., second]  # (..., T, r/2) each
+
+    # 3) rotate each pair; channels r .. d-1 (partial rotary) pass unchanged
+    out = x.copy()  # (..., T, d)
+    out[..., first] = x1 * cos - x2 * sin  # (..., T, r/2)
+    out[..., second] = x1 * sin + x2 * cos  # (..., T, r/2)
+    return out.astype(out_dtype, copy=False)
 
 
-def rotary_dim(dim: int, scaling: dict[str, Any] | None = None) -> int:
-    """Channels RoPE turns: int(partial_rotary_factor · dim), all of them when the dict has no such key."""
-    dim = check_positive_int(dim, "dim")
-    share = 1.0 if scaling is None or scaling.get("partial_rotary_factor") is None else scaling["partial_rotary_factor"]
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-        raise ValueError(f"scaling['partial_rotary_factor'] must be a number in (0, 1]; got {share!r}")
-    rotated = int(dim * share)
-    if rotated % 2 or rotated == 0:
-        raise ValueError(
-            f"dim must be even (channels are rotated in pairs), and so must the rotated part; "
-            f"got dim={dim}, partial_rotary_factor={share} -> {rotated} rotated channels"
-        )
-    return rotated
+def check_rope(x: Any, positions: Any, interleaved: Any, name: str = "x") -> tuple[Array, NDArray[np.float64], bool]:
+    """rope's inputs, checked before any math: x a float array (..., T, d), positions (T,) finite numbers as
+    float64 (rope_positions), interleaved a real bool. Each failure names the argument."""
+    x = as_float_array(x, name)
+    if x.ndim < 2:
+        raise ValueError(f"{name} must have at least 2 dims (..., T, d); got shape {x.shape}")
+    return x, rope_positions(positions, x.shape[-2]), check_bool(interleaved, "interleaved")
+
+
+def rope_positions(positions: Any, n: int) -> NDArray[np.float64]:
+    """positions as (n,) float64: 0 .. n-1 for None, else n finite ints or floats, one per row of x.
+
+    NaN or inf would turn every channel of its row into NaN: refused. Float64 keeps an integer position
+    exact up to 2^53 and lets the backward negate an unsigned one without wrapping.
+    """
+    if positions is None:
+        return np.arange(n, dtype=np.float64)
+    try:
+        positions = np.asarray(positions)
+    except ValueError as err:  # a ragged nested list
+        raise ValueError(f"positions must be a 1-D array of numbers; could not make one: {err}") from None
+    if positions.ndim != 1 or positions.shape[0] != n:
+        raise ValueError(f"positions must be 1-D with one entry per row of x ({n}); got shape {positions.shape}")
+    if not (np.issubdtype(positions.dtype, np.integer) or np.issubdtype(positions.dtype, np.floating)):
+        raise TypeError(f"positions must be ints or floats; got dtype {positions.dtype}")
+    positions = positions.astype(np.float64)
+    bad = np.flatnonzero(~np.isfinite(positions))
+    if bad.size:
+        raise ValueError(f"positions must be finite numbers; got {positions[bad[0]]} at index {bad[0]}")
+    return positions
+
+
+def rope_seq_len(positions: NDArray[np.float64], seq_len: int | None = None) -> int | None:
+    """The sequence length that dynamic and longrope scaling see: seq_len when given, else the largest
+    position + 1 (at least 1), as transformers takes it from position_ids; None with no positions."""
+    if seq_len is not None or positions.size == 0:
+        return seq_len
+    return max(int(positions.max()) + 1, 1)
 
 
 def rope_frequencies(
@@ -178,129 +139,66 @@ def rope_frequencies(
     """θ_i = base^(-2i / d) for i = 0 .. d/2 - 1, stretched for long context by `scaling`.
 
     Without scaling, pair 0 turns one radian a position and the last pair barely turns over thousands
-    of positions. scaling: a config.json's rope_scaling (or rope_parameters) dict; see the section above
-    for each method. seq_len: the current sequence length (dynamic uses it; longrope picks long_factor
-    past L0). max_position_embeddings: the config's, where the dict has no original_max_position_embeddings.
+    of positions. scaling: a config.json's rope_scaling (or rope_parameters) dict, every field checked by
+    check_rope_scaling; see the last section of this file for each method. seq_len: the current sequence
+    length (dynamic uses it; longrope picks long_factor past L0). max_position_embeddings: the config's;
+    L0 where the dict has no original_max_position_embeddings, and always for dynamic.
     d is rotary_dim(dim, scaling): dim unless partial_rotary_factor says less. Shape (d/2,), float64.
     """
-    kind = "default" if scaling is None else _rope_type(scaling)  # checks the dict's keys first
-    d = rotary_dim(dim, scaling)
     base = _check_base(base)
+    params = check_rope_scaling(scaling, dim, base=base, max_position_embeddings=max_position_embeddings)
+    d = rotary_dim(dim, scaling)
     if seq_len is not None:
         seq_len = check_positive_int(seq_len, "seq_len")
-    i2 = np.arange(0, d, 2, dtype=np.float64)  # (d/2,): 2i
-    theta = base ** (-i2 / d)  # (d/2,)
-    if scaling is None:
+    theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)  # (d/2,)
+    if params is None:
         return theta
-    if kind == "linear":
-        return theta / _number(scaling, "factor")
-    if kind == "dynamic":
-        if d <= 2:
-            raise ValueError(f"dynamic scaling needs more than 2 rotated channels (d / (d - 2)); got {d}")
-        factor, original = _number(scaling, "factor"), _original_length(kind, scaling, max_position_embeddings)
-        length = original if seq_len is None else max(seq_len, original)  # plain RoPE up to L0
-        stretched = base * (factor * length / original - (factor - 1)) ** (d / (d - 2))
-        return stretched ** (-i2 / d)
-    if kind == "yarn":
-        return _yarn_frequencies(theta, d, base, scaling, max_position_embeddings)
-    if kind == "llama3":
-        factor = _number(scaling, "factor")
-        low, high = _number(scaling, "low_freq_factor"), _number(scaling, "high_freq_factor")
-        if high <= low:
-            raise ValueError(f"scaling needs high_freq_factor > low_freq_factor; got {high} and {low}")
-        original = _original_length(kind, scaling, max_position_embeddings)
-        wavelength = 2 * np.pi / theta  # (d/2,) positions per full turn
-        smooth = np.clip((original / wavelength - low) / (high - low), 0.0, 1.0)  # 0: divide, 1: keep
-        return (1 - smooth) * theta / factor + smooth * theta
-    if kind == "longrope":
-        original = _original_length(kind, scaling, max_position_embeddings)
-        key = "long_factor" if seq_len is not None and seq_len > original else "short_factor"
-        ext = np.asarray(scaling[key], dtype=np.float64)
-        if ext.shape != theta.shape or not np.all(np.isfinite(ext) & (ext > 0)):
-            raise ValueError(f"scaling[{key!r}] must be {d // 2} positive numbers (one per pair); got {scaling[key]!r}")
-        return theta / ext
-    return theta  # "default"
+    with np.errstate(over="ignore"):  # an overflow is refused just below, with the fields that caused it
+        theta = _SCALED_FREQUENCIES[params.rope_type](theta, params, base, seq_len)  # (d/2,)
+    bad = np.flatnonzero(~np.isfinite(theta))
+    if bad.size:  # a factor such as 1e-320 divides θ past float64's largest
+        raise ValueError(
+            f"scaling with rope_type {params.rope_type!r} gives frequency θ_{bad[0]} = {theta[bad[0]]}: "
+            f"its factors are too extreme for float64; got {scaling!r}"
+        )
+    return theta
 
 
-def _yarn_frequencies(
-    theta: NDArray[np.float64], d: int, base: float, scaling: dict[str, Any], max_position_embeddings: Any
-) -> NDArray[np.float64]:
-    """YaRN: pairs that turn more than beta_fast times over L0 keep θ, pairs that turn fewer than
-    beta_slow times get θ / factor, and a linear ramp over the pair index joins the two."""
-    factor = _factor("yarn", scaling, max_position_embeddings)
-    original = _original_length("yarn", scaling, max_position_embeddings)
-    beta_fast = float(scaling.get("beta_fast") or 32)
-    beta_slow = float(scaling.get("beta_slow") or 1)
-
-    def pair_turning(turns: float) -> float:  # the pair index i whose wavelength fits `turns` times in L0
-        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
-
-    low, high = pair_turning(beta_fast), pair_turning(beta_slow)
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001  # no zero-width ramp
-    ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)  # (d/2,): 0 keep θ, 1 use θ / factor
-    return theta * (1 - ramp) + theta / factor * ramp
+def rotary_dim(dim: int, scaling: dict[str, Any] | None = None) -> int:
+    """Channels RoPE turns: int(partial_rotary_factor · dim), all of them when the dict has no such key."""
+    dim = check_positive_int(dim, "dim")
+    share = 1.0
+    if scaling is not None and rope_type(scaling) and scaling.get("partial_rotary_factor") is not None:
+        share = _positive_number(scaling, "partial_rotary_factor", "in (0, 1]")
+        if share > 1:
+            raise ValueError(f"scaling['partial_rotary_factor'] must be a number in (0, 1]; got {share!r}")
+    rotated = int(dim * share)
+    if rotated % 2 or rotated == 0:
+        raise ValueError(
+            f"dim must be even (channels are rotated in pairs), and so must the rotated part; "
+            f"got dim={dim}, partial_rotary_factor={share} -> {rotated} rotated channels"
+        )
+    return rotated
 
 
-def _positions(positions: Any, n: int) -> NDArray[np.float64]:
-    if positions is None:
-        return np.arange(n, dtype=np.float64)
-    positions = np.asarray(positions)
-    if positions.ndim != 1 or positions.shape[0] != n:
-        raise ValueError(f"positions must be 1-D with one entry per row of x ({n}); got shape {positions.shape}")
-    if not (np.issubdtype(positions.dtype, np.integer) or np.issubdtype(positions.dtype, np.floating)):
-        raise TypeError(f"positions must be ints or floats; got dtype {positions.dtype}")
-    return positions.astype(np.float64)
+def _check_base(base: Any) -> float:
+    if isinstance(base, (bool, np.bool_)) or not isinstance(base, (int, float, np.floating, np.integer)):
+        raise TypeError(f"base must be a number > 1; got {base!r} ({type(base).__name__})")
+    if not (_as_float(base) < math.inf and base > 1):
+        raise ValueError(f"base must be a finite number > 1; got {base!r}")
+    return float(base)
 
 
-def rope(
-    x: Array,
-    *,
-    positions: Any = None,
-    base: float = 10000.0,
-    interleaved: bool = True,
-    scaling: dict[str, Any] | None = None,
-    seq_len: int | None = None,
-    max_position_embeddings: int | None = None,
-) -> Array:
-    """Rotate channel pairs of x (..., T, d) by position · θ_i. positions: (T,), default 0 .. T-1.
+def _as_float(number: Any) -> float:
+    """float(number), with an int too large for a float (10**400) as inf instead of an OverflowError."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf
 
-    Norms are preserved (a rotation does not stretch) unless scaling has an attention factor, which
-    multiplies cos and sin (rope_attention_factor). scaling, seq_len, max_position_embeddings: as in
-    rope_frequencies; seq_len defaults to the largest position + 1, as transformers computes it.
-    With partial_rotary_factor only the first rotary_dim channels turn; the rest pass unchanged.
-    Apply to q and k, never to v.
-    """
-    x = as_float_array(x, "x")
-    if x.ndim < 2:
-        raise ValueError(f"x must have at least 2 dims (..., T, d); got shape {x.shape}")
-    interleaved = check_bool(interleaved, "interleaved")
-    T, d = x.shape[-2], x.shape[-1]
-    pos = _positions(positions, T)  # (T,)
-    if seq_len is None and scaling is not None and T:
-        seq_len = max(int(pos.max()) + 1, 1)
-    theta = rope_frequencies(d, base, scaling=scaling, seq_len=seq_len, max_position_embeddings=max_position_embeddings)
-    r = 2 * theta.shape[0]  # channels that turn
-    factor = rope_attention_factor(scaling, max_position_embeddings=max_position_embeddings)
-    angles = pos[:, None] * theta  # (T, r/2), in float64: large m·θ keeps its digits
-    dtype = compute_dtype(x)
-    cos, sin = (factor * np.cos(angles)).astype(dtype), (factor * np.sin(angles)).astype(dtype)  # (T, r/2)
-    x_c = x.astype(dtype, copy=False)
-    out = x_c.copy()  # channels r .. d-1 (partial rotary) pass unchanged
-    if interleaved:
-        x1, x2 = x_c[..., 0:r:2], x_c[..., 1:r:2]  # (..., T, r/2): pairs (0,1), (2,3), ...
-    else:
-        x1, x2 = x_c[..., : r // 2], x_c[..., r // 2 : r]  # (..., T, r/2): pairs (i, i + r/2)
-    r1 = x1 * cos - x2 * sin  # the 2-D rotation of each pair
-    r2 = x1 * sin + x2 * cos
-    if interleaved:
-        out[..., 0:r:2], out[..., 1:r:2] = r1, r2
-    else:
-        out[..., : r // 2], out[..., r // 2 : r] = r1, r2
-    return out.astype(x.dtype, copy=False)
+
+# ---------------------------------------------------------------------------------------------------
+# the two pair layouts
 
 
 def half_split_permutation(dim: int) -> NDArray[np.intp]:
@@ -345,6 +243,10 @@ def permute_qk_weight(w: Array, n_heads: int, *, to: str = "half_split") -> Arra
     return w[:, cols]
 
 
+# ---------------------------------------------------------------------------------------------------
+# the contrast: a learned table
+
+
 class LearnedPositions:
     """A learned absolute position table (GPT-2's wpe): row p is added to the token at position p.
 
@@ -376,3 +278,292 @@ class LearnedPositions:
                 f"rows and no vector for position {int(outside[0])}"
             )
         return self.table[positions]
+
+
+# ---------------------------------------------------------------------------------------------------
+# RoPE for long context: the `rope_scaling` (or `rope_parameters`) dict of a config.json
+#
+# Each method stretches the wavelengths 2π/θ_i so that positions past the trained length L0 land on
+# angles the model has seen. The formulas follow Hugging Face transformers,
+# src/transformers/modeling_rope_utils.py (the _compute_*_parameters functions):
+#   linear    θ_i / factor for every pair (position interpolation, Chen et al. 2023)
+#   dynamic   NTK-aware: base' = base · (factor · T / L0 - (factor - 1))^(d / (d - 2)) once the sequence
+#             length T passes L0; plain RoPE up to L0
+#   yarn      high frequencies kept, low ones divided by factor, a linear ramp between, and cos and sin
+#             multiplied by 0.1 · ln(factor) + 1 (Peng et al. 2023, "YaRN")
+#   llama3    wavelength < L0 / high_freq_factor kept, > L0 / low_freq_factor divided by factor, smooth
+#             in between (Llama 3.1)
+#   longrope  θ_i / ext_i with per-pair factors: short_factor up to L0, long_factor past it, and cos and
+#             sin times sqrt(1 + ln(factor) / ln(L0)) (Phi-3; Ding et al. 2024, "LongRoPE")
+# L0 is the dict's original_max_position_embeddings, else the config's max_position_embeddings; dynamic
+# always takes max_position_embeddings, as transformers' _compute_dynamic_ntk_parameters does.
+# partial_rotary_factor p (where the dict has it) rotates only the first int(p · d) channels.
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+_REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "dynamic": ("factor",),
+    "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor"),
+}
+# the fields that are numbers > 0 wherever they appear (null, as in transformers, means "not given")
+_POSITIVE_KEYS = (
+    "factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor",
+    "high_freq_factor",
+)  # fmt: skip
+
+
+def rope_type(scaling: Any) -> str:
+    """The method a scaling dict names ("rope_type", or the older "type"), after checking that the dict has
+    every key that method needs."""
+    if not isinstance(scaling, dict):
+        raise TypeError(f"scaling must be a config's rope_scaling dict or None; got {type(scaling).__name__}")
+    kind = next((scaling[key] for key in ("rope_type", "type") if scaling.get(key) is not None), "default")
+    if not isinstance(kind, str) or kind not in _REQUIRED_KEYS:
+        raise ValueError(f"scaling has rope_type {kind!r}, which is unknown; known: {', '.join(ROPE_TYPES)}")
+    missing = [key for key in _REQUIRED_KEYS[kind] if scaling.get(key) is None]
+    if missing:
+        raise ValueError(
+            f"scaling with rope_type {kind!r} is missing {', '.join(missing)}; "
+            f"{kind} needs {', '.join(_REQUIRED_KEYS[kind])}"
+        )
+    return kind
+
+
+_NO_FACTOR = (
+    "scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= (the "
+    "config's) so that factor = max_position_embeddings / original_max_position_embeddings"
+)
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A rope_scaling dict after check_rope_scaling: every field checked, the defaults filled in."""
+
+    rope_type: str
+    factor: float  # the stretch; 0.0 where there is none (default; longrope given no max_position_embeddings)
+    original_length: int  # L0, the trained context; 0 for default and linear, which need none
+    attention_factor: float | None  # the dict's; None: rope_attention_factor derives it from factor
+    beta_fast: float  # yarn: pairs turning more often than this within L0 keep θ (default 32)
+    beta_slow: float  # yarn: pairs turning less often than this get θ / factor (default 1)
+    truncate: bool  # yarn: round the ramp's ends to whole pairs (default True)
+    mscale: float | None  # yarn: counts only together with mscale_all_dim, as in transformers
+    mscale_all_dim: float | None
+    low_freq_factor: float  # llama3 (which requires both); 0.0 for the other methods
+    high_freq_factor: float
+    short_factor: NDArray[np.float64]  # longrope: (d/2,) each (which requires both); empty for the others
+    long_factor: NDArray[np.float64]
+
+
+def check_rope_scaling(
+    scaling: dict[str, Any] | None,
+    dim: int | None = None,
+    *,
+    base: float | None = None,
+    max_position_embeddings: int | None = None,
+) -> RopeScaling | None:
+    """Every field of a rope_scaling dict checked, and what its method needs filled in (None for None).
+
+    Each error names the field, its value and what is allowed. dim, the head size, lets the per-pair lists
+    be checked against rotary_dim(dim) / 2; base (rope_theta) must match the dict's rope_theta where it
+    has one (transformers 5's rope_parameters carries it); max_position_embeddings is the config's.
+    Unknown keys are left alone (configs carry others, such as mrope_section).
+    """
+    if scaling is None:
+        return None
+    kind = rope_type(scaling)  # a dict that names a known method and has its keys
+    given = {key: value for key, value in scaling.items() if value is not None}  # null means "not given"
+    if max_position_embeddings is not None:
+        max_position_embeddings = check_positive_int(max_position_embeddings, "max_position_embeddings")
+    if base is not None and "rope_theta" in given and _positive_number(given, "rope_theta") != base:
+        raise ValueError(
+            f"scaling['rope_theta'] is {given['rope_theta']!r} but base is {base!r}: pass base=scaling['rope_theta'] "
+            "(transformers 5's rope_parameters carry RoPE's base)"
+        )
+    pairs = None if dim is None else rotary_dim(dim, scaling) // 2  # checks partial_rotary_factor too
+    # 1) each field alone
+    number = {key: _positive_number(given, key) for key in _POSITIVE_KEYS if key in given}
+    per_pair = {key: _per_pair(given, key, pairs) for key in ("short_factor", "long_factor") if key in given}
+    key = "original_max_position_embeddings"
+    in_dict = check_positive_int(given[key], f"scaling[{key!r}]") if key in given else None
+    # 2) L0 and the factor, from the config where the dict leaves them out
+    original, factor = _length_and_factor(kind, in_dict, number.get("factor"), max_position_embeddings)
+    # 3) the fields against each other
+    _check_relations(kind, number, original, factor, pairs)
+    return RopeScaling(
+        rope_type=kind,
+        factor=factor or 0.0,
+        original_length=original or 0,
+        attention_factor=number.get("attention_factor"),
+        beta_fast=number.get("beta_fast", 32.0),
+        beta_slow=number.get("beta_slow", 1.0),
+        truncate=check_bool(given.get("truncate", True), "scaling['truncate']"),
+        mscale=number.get("mscale"),
+        mscale_all_dim=number.get("mscale_all_dim"),
+        low_freq_factor=number.get("low_freq_factor", 0.0),
+        high_freq_factor=number.get("high_freq_factor", 0.0),
+        short_factor=per_pair.get("short_factor", np.zeros(0)),
+        long_factor=per_pair.get("long_factor", np.zeros(0)),
+    )
+
+
+def _length_and_factor(
+    kind: str, in_dict: int | None, factor: float | None, max_position_embeddings: int | None
+) -> tuple[int | None, float | None]:
+    """(L0, factor). L0: the dict's original_max_position_embeddings, else the config's max_position_embeddings;
+    dynamic always takes the config's (transformers' _compute_dynamic_ntk_parameters reads only
+    config.max_position_embeddings). factor: the dict's, else max_position_embeddings / L0 (yarn, longrope)."""
+    original = max_position_embeddings if kind == "dynamic" or in_dict is None else in_dict
+    if original is None and kind == "dynamic":
+        raise ValueError(
+            "scaling with rope_type 'dynamic' needs the trained length L0 from max_position_embeddings= (the "
+            "config's), as transformers takes it (not from the dict's original_max_position_embeddings); got None"
+        )
+    if original is None and kind not in ("default", "linear"):
+        raise ValueError(
+            f"scaling with rope_type {kind!r} needs the trained length: original_max_position_embeddings in "
+            f"the dict, or max_position_embeddings= (the config's); got neither"
+        )
+    if factor is None and max_position_embeddings is not None and original is not None:
+        factor = max_position_embeddings / original  # transformers' fallback (huggingface/transformers#38224)
+    if factor is None and kind == "yarn":
+        raise ValueError(_NO_FACTOR.format(kind=kind))
+    return original, factor
+
+
+def _check_relations(
+    kind: str, number: dict[str, float], original: int | None, factor: float | None, pairs: int | None
+) -> None:
+    """What a field may be given the others: the checks no single field can make."""
+    beta_fast, beta_slow = number.get("beta_fast", 32.0), number.get("beta_slow", 1.0)
+    if beta_fast < beta_slow:  # the ramp would run backwards, dividing fast pairs and keeping slow ones
+        raise ValueError(
+            f"scaling['beta_fast'] must be >= beta_slow (defaults 32 and 1); got beta_fast={beta_fast}, "
+            f"beta_slow={beta_slow}"
+        )
+    if kind == "llama3" and number["high_freq_factor"] <= number["low_freq_factor"]:
+        raise ValueError(
+            f"scaling needs high_freq_factor > low_freq_factor; got {number['high_freq_factor']} and "
+            f"{number['low_freq_factor']}"
+        )
+    if kind == "dynamic" and pairs is not None and pairs <= 1:
+        raise ValueError(f"dynamic scaling needs more than 2 rotated channels (d / (d - 2)); got {2 * pairs}")
+    longrope_factor = kind == "longrope" and "attention_factor" not in number and factor is not None and factor > 1
+    if longrope_factor and original == 1:  # sqrt(1 + ln(factor) / ln(L0)) would divide by ln 1 = 0
+        raise ValueError(
+            "scaling['original_max_position_embeddings'] must be >= 2 for longrope's attention factor "
+            "sqrt(1 + ln(factor) / ln(L0)); got 1 (or give attention_factor)"
+        )
+
+
+def _positive_number(scaling: dict[str, Any], key: str, allowed: str = "> 0") -> float:
+    """scaling[key] as a float: a real number (not a bool or a str), finite and > 0."""
+    value = scaling[key]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"scaling[{key!r}] must be a number {allowed}; got {value!r} ({type(value).__name__})")
+    if not (_as_float(value) < math.inf and value > 0):
+        raise ValueError(f"scaling[{key!r}] must be a finite number {allowed}; got {value!r}")
+    return float(value)
+
+
+def _per_pair(scaling: dict[str, Any], key: str, pairs: int | None) -> NDArray[np.float64]:
+    """scaling[key] as (pairs,) float64: a list of finite numbers > 0, one per rotated pair."""
+    value = scaling[key]
+    entries = list(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if entries is None or not all(
+        isinstance(e, (int, float, np.floating, np.integer)) and not isinstance(e, (bool, np.bool_)) for e in entries
+    ):
+        raise TypeError(f"scaling[{key!r}] must be a list of numbers, one per rotated pair; got {value!r}")
+    if pairs is not None and len(entries) != pairs:
+        raise ValueError(f"scaling[{key!r}] must be {pairs} positive numbers (one per pair); got {len(entries)}")
+    for index, entry in enumerate(entries):
+        if not (_as_float(entry) < math.inf and entry > 0):
+            raise ValueError(f"scaling[{key!r}] must hold finite numbers > 0; got {entry!r} at index {index}")
+    return np.array(entries, dtype=np.float64)
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None, *, max_position_embeddings: int | None = None) -> float:
+    """The number that multiplies cos and sin (so every score by its square): 1.0 unless the method has one.
+
+    yarn      attention_factor, else (0.1 · mscale · ln f + 1) / (0.1 · mscale_all_dim · ln f + 1)
+              when the dict has both, else 0.1 · ln f + 1
+    longrope  attention_factor, else sqrt(1 + ln f / ln L0)   (1 where f <= 1)
+    """
+    params = check_rope_scaling(scaling, max_position_embeddings=max_position_embeddings)
+    if params is None or params.rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if params.attention_factor is not None:
+        return params.attention_factor
+    factor = params.factor
+    if factor == 0.0:  # longrope with no factor in the dict and no max_position_embeddings to derive one
+        raise ValueError(_NO_FACTOR.format(kind=params.rope_type))
+    if params.rope_type == "yarn":
+        if params.mscale is not None and params.mscale_all_dim is not None:
+            return _yarn_mscale(factor, params.mscale) / _yarn_mscale(factor, params.mscale_all_dim)
+        return _yarn_mscale(factor)
+    if factor <= 1:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(params.original_length))
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+# θ of each method from plain θ (d/2,); params checked by check_rope_scaling, seq_len None or > 0
+
+
+def _linear(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    return theta / params.factor
+
+
+def _dynamic(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """base' = base · ratio^(d/(d-2)) with ratio = factor · (T / L0 - 1) + 1 for T past L0, so that
+    θ'_i = base'^(-2i/d) = θ_i · ratio^(-2i/(d-2)): no power of base' to overflow float64."""
+    d, original, factor = 2 * theta.shape[0], params.original_length, params.factor
+    length = original if seq_len is None else max(seq_len, original)  # plain RoPE up to L0
+    ratio = factor * (length / original - 1) + 1  # factor · T / L0 - (factor - 1), with no cancellation
+    return theta * ratio ** (-np.arange(0, d, 2, dtype=np.float64) / (d - 2))  # (d/2,)
+
+
+def _yarn(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """YaRN: pairs that turn more than beta_fast times over L0 keep θ, pairs that turn fewer than
+    beta_slow times get θ / factor, and a linear ramp over the pair index joins the two."""
+    d, original, factor = 2 * theta.shape[0], params.original_length, params.factor
+
+    def pair_turning(turns: float) -> float:  # the pair index i whose wavelength fits `turns` times in L0
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(params.beta_fast), pair_turning(params.beta_slow)
+    if params.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)  # (d/2,): 0 keep θ, 1 use θ / factor
+    return theta * (1 - ramp) + theta / factor * ramp
+
+
+def _llama3(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    factor, low, high = params.factor, params.low_freq_factor, params.high_freq_factor
+    wavelength = 2 * np.pi / theta  # (d/2,) positions per full turn
+    smooth = np.clip((params.original_length / wavelength - low) / (high - low), 0.0, 1.0)  # 0: divide, 1: keep
+    return (1 - smooth) * theta / factor + smooth * theta
+
+
+def _longrope(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    long = seq_len is not None and seq_len > params.original_length
+    ext = params.long_factor if long else params.short_factor  # (d/2,) checked against d by check_rope_scaling
+    return theta / ext
+
+
+_SCALED_FREQUENCIES = {
+    "default": lambda theta, params, base, seq_len: theta,
+    "linear": _linear,
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "llama3": _llama3,
+    "longrope": _longrope,
+}
