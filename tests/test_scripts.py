@@ -152,10 +152,10 @@ def test_scaling_small_run_writes_json(tmp_path: Path) -> None:
     assert figures["code"] in result.stdout
 
 
-def test_scaling_no_causal_and_bad_flags() -> None:
-    result = run("scripts/scaling.py", "--min-tokens", "64", "--max-tokens", "64", "--repeats", "1", "--no-causal")
-    assert result.returncode == 0, result.stderr
-    assert "no mask" in result.stdout and "causal/no-mask" not in result.stdout
+def test_scaling_no_causal_and_bad_flags(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "64", "--repeats", "1", "--no-causal"]) == 0
+    out = capsys.readouterr().out
+    assert "no mask" in out and "causal/no-mask" not in out
     bad = run("scripts/scaling.py", "--min-tokens", "512", "--max-tokens", "256")
     assert bad.returncode == 2 and "--min-tokens (512) must not exceed" in bad.stderr
 
