@@ -17,6 +17,8 @@ Rank 0 draws q, k, v (1 sequence, --heads x --head-dim, float32 by default), han
 Each rank computes with one thread (--workers 1, BLAS held to one thread): with one rank per core, more
 would oversubscribe the cores. More ranks than cores only time-share them, so there the times show that
 the ring is right, not how fast it is. Needs the distributed extra: pip install -e ".[distributed]".
+Ctrl-C ends every rank (MPI_Abort, exit code 130); rank 0 first prints what it measured, and --json keeps
+it, unless Ctrl-C finds it waiting inside MPI for a rank that has stopped.
 """
 
 from __future__ import annotations
@@ -55,8 +57,8 @@ BOUNDS = {  # each size flag's smallest and largest value
     "max_ranks": (2, 1024),
 }  # fmt: skip
 ONE_RANK = (
-    "ran 1 rank (no mpiexec): a ring of one is plain flash attention, and its checks say nothing about the "
-    "messages;\nfor a ring of 4 ranks: mpiexec -n 4 python scripts/ring.py"
+    "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
+    "ranks;\nfor a ring of 4 ranks: mpiexec -n 4 python scripts/ring.py"
 )
 
 

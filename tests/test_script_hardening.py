@@ -233,7 +233,7 @@ def test_ring_alone_says_it_ran_one_rank_and_how_to_run_more() -> None:
     done = subprocess.run([sys.executable, "scripts/ring.py", *flags], cwd=ROOT, env=environment(),
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("ran 1 rank (no mpiexec)") == 2  # under the header, and beside "all checks passed"
+    assert done.stdout.count("ran 1 rank: a ring of one is plain flash attention") == 2  # at the top and the end
     assert "mpiexec -n 4 python scripts/ring.py\n\nall checks passed" in done.stdout
 
 
