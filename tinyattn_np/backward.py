@@ -51,7 +51,7 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_block_mask
+from .flash import TileMods, apply_mods, check_block_mask, check_one_head_mask
 from .flex import check_flex
 from .mods import check_score_mod, score_indices
 from .position import rope, rope_positions
@@ -240,7 +240,7 @@ def flash_attention_backward_one_head(
     """
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
-        workers=1, one_head=True, block_mask=block_mask, score_mod=score_mod,
+        workers=1, one_head=True, block_mask=block_mask, score_mod=score_mod, head=head,
     )  # fmt: skip
     mods, heads = TileMods(plan.band.mask_mod, plan.score_mod, 0, head), Heads(np.zeros(1, int), np.array([head]))
     d = np.sum(dout * out, axis=1)  # (L,) D = rowsum(dO ∘ O), once
@@ -280,7 +280,7 @@ class BackwardPlan(NamedTuple):
 def check_flash_backward(
     q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Any, scale: Any, window: Any,
     block_q: Any, block_k: Any, workers: Any, one_head: bool = False, align: Any = "bottom_right",
-    block_mask: Any = None, score_mod: Any = None,
+    block_mask: Any = None, score_mod: Any = None, head: Any = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, BackwardPlan]:  # fmt: skip
     """The backward's inputs checked, once (shapes against q's), and its plan. With one_head=True the
     arrays must be one head's 2-D ones and come back 2-D in the compute dtype, lse with +inf for -inf;
@@ -294,7 +294,7 @@ def check_flash_backward(
     if block_mask is not None:
         if causal or window is not None:
             raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        band = check_block_mask(block_mask, dims)
+        band = check_one_head_mask(block_mask, dims, head) if one_head else check_block_mask(block_mask, dims)
         block_q, block_k = block_mask.BLOCK_SIZE
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),

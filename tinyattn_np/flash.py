@@ -41,6 +41,7 @@ from numpy.typing import NDArray
 from ._checks import (
     QKVShape,
     check_bool,
+    check_count,
     check_positive_int,
     check_qkv,
     check_scale,
@@ -139,7 +140,7 @@ def flash_attention_one_head(
     sink logit. flash_attention() and flex_attention() are the same algorithm with many heads per step
     and worker threads; the tests hold them equal. Mask and dtype conventions as in flash_attention.
     """
-    q, k, v, dims, scale, mask = check_one_head(q, k, v, causal, scale, window, block_mask)
+    q, k, v, dims, scale, mask = check_one_head(q, k, v, causal, scale, window, block_mask, head)
     block_q, block_k = block_mask.BLOCK_SIZE if block_mask is not None else (block_q, block_k)
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
     mods, heads = (
@@ -152,7 +153,7 @@ def flash_attention_one_head(
     for q_start in range(0, dims.n_q, block_q):
         rows = slice(q_start, min(q_start + block_q, dims.n_q))
         q_i = q[rows] * scale  # (bq, E): Q_i, the scale folded in once
-        m, l = running_start(sinks, heads.h, q_i.shape[0], k.dtype)  # (bq,) m_i, l_i: the running max and sum
+        m, l = running_start(sinks, np.zeros(1, int), q_i.shape[0], k.dtype)  # (bq,) m_i, l_i: the running max and sum
         acc = np.zeros((q_i.shape[0], dims.ev), k.dtype)  # (bq, Ev) O_i before the division by l_i
         for tile in mask.row_tiles(rows.start, rows.stop, dims.n_k, block_k, heads):
             keys = slice(tile.k_start, tile.k_stop)
@@ -171,7 +172,7 @@ def flash_attention_one_head(
 
 
 def check_one_head(
-    q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any, block_mask: Any = None
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any, block_mask: Any = None, head: Any = 0
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, TileMask]:
     """One head's q (L, E), k (S, E), v (S, Ev) checked, in the compute dtype, with the scale and the mask:
     the block mask when one is given (then causal and window must be left alone), else the band."""
@@ -183,7 +184,7 @@ def check_one_head(
     if block_mask is not None:
         if causal or window is not None:
             raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        mask = check_block_mask(block_mask, dims)
+        mask = check_one_head_mask(block_mask, dims, head)
     return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), dims, check_scale(scale, dims.e, ct), mask
 
 
@@ -192,6 +193,17 @@ def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")
     block_mask.check_for(int(np.prod(dims.batch, dtype=np.int64)), dims.hq, dims.n_q, dims.n_k)
+    return block_mask
+
+
+def check_one_head_mask(block_mask: Any, dims: QKVShape, head: Any) -> BlockMask:
+    """block_mask for one head of batch entry 0: made for these L and S, and `head` one of its heads."""
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")
+    b_size, h_size, _, _ = block_mask.shape
+    if h_size > 1 and not check_count(head, "head") < h_size:
+        raise ValueError(f"head={head} is not one of the block mask's {h_size} heads")
+    block_mask.check_for(b_size, h_size, dims.n_q, dims.n_k)
     return block_mask
 
 

@@ -67,7 +67,11 @@ def visible(mask_mod: MaskMod, b: Any, h: Any, q_idx: np.ndarray, kv_idx: np.nda
 def modded(score_mod: ScoreModFn, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
     """score_mod(scores, b, h, q_idx, kv_idx), checked: an array that broadcasts to the scores' shape."""
     new = np.asarray(score_mod(scores, b, h, q_idx, kv_idx))
-    if new.dtype.kind not in "fiub" or np.broadcast_shapes(new.shape, scores.shape) != scores.shape:
+    try:
+        fits = new.dtype.kind in "fiub" and np.broadcast_shapes(new.shape, scores.shape) == scores.shape
+    except ValueError:  # shapes that do not broadcast at all
+        fits = False
+    if not fits:
         raise TypeError(
             f"score_mod must return numbers of the scores' shape {scores.shape}; {name_of(score_mod)} gave "
             f"{new.dtype} of shape {new.shape}"
