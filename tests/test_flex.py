@@ -138,13 +138,18 @@ def test_every_score_mod_equals_the_loop_oracle_and_the_reference(rng, n_q, n_k,
 
 
 def test_a_bias_score_mod_is_the_reference_with_a_float_mask(rng):
-    """create_mask of a score_mod is its bias (the mod applied to zero scores): attention with that float
-    mask is flex_attention with the score_mod."""
+    """A bias score_mod applied to zero scores is its bias: attention with that float mask is flex_attention
+    with the score_mod. create_mask of a score_mod is, as torch's, where it leaves a score finite."""
     q, k, v = inputs(rng, 10, 14)
     alibi = Alibi(alibi_slopes(HQ), 10, 14)
-    bias = create_mask(alibi, None, HQ, 10, 14)  # (1, HQ, L, S)
-    assert bias.shape == (1, HQ, 10, 14) and bias.dtype == np.float64
+    bias = alibi(np.zeros((1, HQ, 10, 14)), 0, np.arange(HQ)[:, None, None], np.arange(10)[:, None], np.arange(14))
     assert_close(flex_attention(q, k, v, alibi, enable_gqa=True), attention(q, k, v, mask=bias), np.float64)
+    np.testing.assert_array_equal(create_mask(alibi, None, HQ, 10, 14), np.ones((1, HQ, 10, 14), bool))
+
+    def hide_odd_keys(score, b, h, q_idx, kv_idx):
+        return np.where(kv_idx % 2 == 1, -np.inf, score)
+
+    np.testing.assert_array_equal(create_mask(hide_odd_keys, 2, None, 3, 4)[1, 0, 2], [True, False, True, False])
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -86,17 +86,19 @@ def name_of(mod: Any) -> str:
 
 def create_mask(mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,
                 device: Any = None) -> np.ndarray:  # fmt: skip
-    """The dense (B, H, Q_LEN, KV_LEN) array of a mod, as torch's create_mask: a mask_mod (4 arguments) gives
-    bools, a score_mod (5) gives what it makes of zero scores (its bias). B, H = None count as 1. It holds
-    L x S entries per (b, h): for checking and small cases; create_block_mask never builds it."""
+    """The dense (B, H, Q_LEN, KV_LEN) bool mask of a mod, as torch's create_mask: a mask_mod (4 arguments)
+    gives where it lets a key through, a score_mod (5) where it leaves a score of 0 finite (not -inf).
+    B, H = None count as 1. It holds L x S entries per (b, h): for checking and small cases;
+    create_block_mask never builds it."""
     if device not in (None, "cpu"):
         raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
     B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
     b, h, q_idx, kv_idx = score_indices((B,), H, check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN"))
-    if len(inspect.signature(mod_fn).parameters) == 5:  # a score_mod: the bias it adds to a score of 0
-        return np.broadcast_to(modded(mod_fn, np.zeros((B, H, Q_LEN, KV_LEN)), b, h, q_idx, kv_idx),
-                               (B, H, Q_LEN, KV_LEN)).copy()  # fmt: skip
-    return np.broadcast_to(visible(mod_fn, b, h, q_idx, kv_idx), (B, H, Q_LEN, KV_LEN)).copy()
+    if len(inspect.signature(mod_fn).parameters) == 5:  # a score_mod: the scores it does not hide
+        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, Q_LEN, KV_LEN)), b, h, q_idx, kv_idx))
+    else:
+        allowed = visible(mod_fn, b, h, q_idx, kv_idx)
+    return np.broadcast_to(allowed, (B, H, Q_LEN, KV_LEN)).copy()
 
 
 # ---------------------------------------------------------------------------------------------------
