@@ -266,3 +266,27 @@ def test_float32_gradients_of_the_mods(rng):
     for a, b in zip(grads[np.float32], grads[np.float64], strict=True):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads):
+    """attention() and attention_backward() with mods refuse by an upper bound of their peak: the plain
+    path's model plus what the ready-made mods make (attention.mods_bytes); tracemalloc stays under it."""
+    from tinyattn_np._guard import attention_backward_bytes, naive_attention_bytes
+    from tinyattn_np.attention import mods_bytes
+    from tinyattn_np.measure import traced_peak
+
+    T = 512
+    q, k, v, dout = (rng.standard_normal((1, heads, T, 32)).astype(np.float32) for _ in range(4))
+    mods = [(Alibi(alibi_slopes(heads), T, learned=True), causal_mod(T)), (Softcap(5.0), None),
+            (RelativeBias(rng.standard_normal((heads, 9)), T), prefix_lm_mod(10))]  # fmt: skip
+    for score_mod, mask_mod in mods:
+        checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
+                                  mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
+        dims, hidden = checked[3], checked[5]
+        _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 2)
+        assert forward <= bound, f"{score_mod}: forward {forward:,} B > {bound:,} B"
+        _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
+        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
+        assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"

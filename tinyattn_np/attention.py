@@ -99,15 +99,17 @@ def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
         batch=batch, dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None,
         mask_elements=inverted, window=hidden.window,
-    ) + mods_bytes(dims, dtype, hidden, score_arrays=1)  # fmt: skip
+    ) + mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
 
 
 def mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: Hidden, score_arrays: int) -> int:
-    """An upper bound of what the mods add beside the scores: `score_arrays` arrays of the scores' size for a
-    score_mod (the new scores it returns, and in the backward its derivative), and for a mask_mod its bools
-    and their inverse, counted at the scores' shape (smaller when the mask_mod does not depend on b or h)."""
+    """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
+    of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
+    backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
+    at the scores' shape (smaller when the mask_mod does not depend on b or h). A mod of your own may make
+    more: the guard then refuses too late."""
     elements = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k  # the scores'
     compute = max(np.dtype(dtype).itemsize, 4)  # float16 is computed in float32
     score_mod = score_arrays * elements * compute if hidden.score_mod is not None else 0

@@ -203,7 +203,7 @@ def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev, batch=batch,
         dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None, mask_elements=inverted,
         window=hidden.window,
-    ) + mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
+    ) + mods_bytes(dims, dtype, hidden, score_arrays=5)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention_backward()", f"two arrays of {scores}", "flash_attention_backward()")
 

@@ -233,6 +233,16 @@ def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, wi
 # score mods, each with its derivative for the backward
 
 
+def combine(op: Any, score: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """op(score, bias), written into bias when it already has the result's size: the mod then makes one array
+    of the scores' size, not two (the reference's (L, S) scores are large)."""
+    shape = np.broadcast_shapes(score.shape, bias.shape)
+    if bias.size != math.prod(shape) or bias.dtype != np.result_type(score, bias):
+        return np.asarray(op(score, bias))
+    into = bias.reshape(shape)  # a view: bias is a new, contiguous array
+    return np.asarray(op(score, into, out=into))
+
+
 def alibi_slopes(n_heads: int) -> np.ndarray:
     """ALiBi's head slopes (Press et al. 2022): for n a power of 2 the geometric sequence 2^(-8/n), 2^(-16/n),
     ..., 2^(-8); otherwise those of the power of 2 below n, then every other slope of twice that power
@@ -266,14 +276,17 @@ class Alibi:
         return f"Alibi(slopes of shape {self.slopes.shape}, offset={self.offset}, learned={self.params is not None})"
 
     def distance(self, q_idx: Any, kv_idx: Any, dtype: Any) -> np.ndarray:
-        """|i + S - L - j| in the scores' dtype (int64 times float32 would compute in float64)."""
-        return np.abs(q_idx + self.offset - kv_idx).astype(dtype)
+        """|i + S - L - j| in the scores' dtype (int64 times float32 would compute in float64), made once at
+        the broadcast shape of q_idx and kv_idx, then turned into its absolute value in place."""
+        distance = np.asarray(q_idx + self.offset, dtype=dtype) - np.asarray(kv_idx, dtype=dtype)
+        return np.abs(distance, out=distance)
 
     def slope(self, b: Any, h: Any, dtype: Any) -> np.ndarray:
         return (self.slopes[h] if self.slopes.ndim == 1 else self.slopes[b, h]).astype(dtype)
 
     def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return score - self.slope(b, h, score.dtype) * self.distance(q_idx, kv_idx, score.dtype)
+        bias = self.slope(b, h, score.dtype) * self.distance(q_idx, kv_idx, score.dtype)
+        return combine(np.subtract, score, bias)  # score - slope_h · |i + S - L - j|
 
     def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> None:
         return None  # a bias: ∂new/∂score = 1
@@ -334,18 +347,22 @@ class RelativeBias:
         return f"RelativeBias(table of shape {self.table.shape}, offset={self.offset})"
 
     def clipped(self, distance: np.ndarray) -> np.ndarray:
+        """The default bucket: the distance clipped to ±reach, shifted to 0 .. 2·reach, in place."""
         reach = (self.table.shape[1] - 1) // 2
-        return np.clip(distance, -reach, reach) + reach
+        np.clip(distance, -reach, reach, out=distance)
+        distance += reach
+        return distance
 
     def columns(self, q_idx: Any, kv_idx: Any) -> np.ndarray:
         """The table column of each (query, key): bucket(j - (i + S - L)), checked to lie in the table."""
-        column = np.asarray(self.bucket(kv_idx - (q_idx + self.offset)))
+        distance = np.asarray(kv_idx, np.int32) - np.asarray(q_idx + self.offset, np.int32)  # half int64's bytes
+        column = np.asarray(self.bucket(distance))
         if column.dtype.kind not in "iu" or column.size and not 0 <= column.min() <= column.max() < self.table.shape[1]:
             raise ValueError(f"bucket must give table columns 0 .. {self.table.shape[1] - 1}; got {column.dtype}")
         return column
 
     def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return score + self.table.astype(score.dtype)[h, self.columns(q_idx, kv_idx)]
+        return combine(np.add, score, self.table.astype(score.dtype)[h, self.columns(q_idx, kv_idx)])
 
     def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> None:
         return None  # a bias: ∂new/∂score = 1
