@@ -14,11 +14,13 @@ flex_attention and of the others, peaks, and the ratios the targets speak of, ea
     ALiBi, softcap                flex / that causal flash
     8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
     every pattern                 flex / torch's compiled flex_attention
-Times are medians of --repeats calls after a warm-up; our NumPy paths are timed round-robin, one call of
-each in turn, so that a busy spell of the shared machine falls on all of them alike. Beside each row: the
-matmul rate measured just before it and the load average; a row whose rate fell under 70% of the best of
-the run is marked busy. Peaks: tracemalloc for NumPy (what its arrays held at once), the growth of the
-resident set (VmHWM) for torch, whose allocations tracemalloc does not see.
+Times are medians of --repeats calls after a warm-up. Everything a target compares (our flex paths, flash,
+the batch of documents, torch's compiled flex_attention) is timed round-robin, one call of each in turn,
+with a 2048 x 2048 matmul among them, so that a busy spell of the shared machine falls on all alike; the
+dense paths (our reference, torch SDPA) run once each afterwards, with the matmul rate and the load average
+measured just before. A rate under 70% of the best of the run is marked busy. Peaks: tracemalloc for
+NumPy (what its arrays held at once), the growth of the resident set (VmHWM) for torch, whose allocations
+tracemalloc does not see.
 """
 
 from __future__ import annotations
@@ -205,8 +207,11 @@ def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
 # the rows
 
 
-def our_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any) -> dict[str, dict[str, Any]]:
-    """Block masks, tile counts, peaks and round-robin times of our paths, with the flash baselines."""
+def timed_rows(
+    args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any, side: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """Block masks, tile counts, peaks and round-robin times of our paths, with the flash baselines and (side:
+    torch) torch's compiled flex_attention in the same rounds, so that the ratios see the same machine."""
     q, k, v = qkv
     T, n = args.tokens, args.tokens // args.documents
     rows, calls = {}, {}
@@ -219,16 +224,19 @@ def our_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: An
         calls[name] = lambda run=run: ta.flex_attention(q, k, v, **run)
         rows[name] = {"pattern": name, "mask": block_mask, "mask s": mask_s, "flex peak": peak,
                       "tiles": int(block_mask.to_dense().sum()), "of": block_mask.kinds[0, 0].size}  # fmt: skip
+        if side is not None:  # compiled at its warm-up call
+            calls["torch " + name] = torch_flex_call(name, args, side)
     flash = baseline.flash_attention if baseline is not None else ta.flash_attention
     calls["flash causal"] = lambda: flash(q, k, v, causal=True, workers=args.workers)
     batch = [x.reshape(args.heads, args.documents, n, args.head_dim).swapaxes(0, 1) for x in qkv]  # (docs, H, n, E)
     calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
     square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
     calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
-    progress(f"timing our {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each")
+    progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
+             "flex_attention compiles at its first call)")  # fmt: skip
     times = round_robin(calls, args.repeats)
     for name, row in rows.items():
-        row["flex s"] = times[name]
+        row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
     rate = 2 * 2048**3 / times["matmul"] / 1e9
     return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
             "_rate": {"GFLOP/s": rate, "load": os.getloadavg()[0]}}  # fmt: skip
@@ -257,20 +265,28 @@ def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[s
             "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
 
 
+def torch_flex_call(name: str, args: argparse.Namespace, side: dict[str, Any]) -> Any:
+    """A call of torch's compiled flex_attention on pattern `name`, with its block mask (tiles of 128)."""
+    mask_mod, score_mod = side["patterns"][name]
+    block_mask = side["flex"].create_block_mask(mask_mod, None, None, args.tokens, args.tokens, device="cpu",
+                                                BLOCK_SIZE=128)  # fmt: skip
+
+    def call() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return side["compiled"](*side["qkv"], score_mod, block_mask)
+
+    return call
+
+
 def torch_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]) -> None:
-    """torch SDPA with the dense mask (ALiBi: the dense bias; softcap has no dense form) and torch's compiled
-    flex_attention, for one pattern."""
-    flex, T = side["flex"], args.tokens
+    """torch SDPA with the dense mask (ALiBi: the dense bias; softcap has no dense form), and the peak of
+    torch's compiled flex_attention, for one pattern."""
     mask_mod, score_mod = side["patterns"][row["pattern"]]
     if score_mod is None or row["pattern"] == "alibi":
-        sdpa_row(row, args, side, flex.create_mask(mask_mod, 1, 1, T, T, device="cpu"), score_mod)
-    block_mask = flex.create_block_mask(mask_mod, None, None, T, T, device="cpu", BLOCK_SIZE=128)
-    progress(f"torch's compiled flex_attention: {row['pattern']} (the first call compiles)")
-    run = lambda: side["compiled"](*side["qkv"], score_mod, block_mask)  # noqa: E731
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        row["torch flex s"] = seconds_once(run)
-        row["torch flex peak"] = rss_peak_growth(run)
+        allowed = side["flex"].create_mask(mask_mod, 1, 1, args.tokens, args.tokens, device="cpu")  # (1, 1, T, T)
+        sdpa_row(row, args, side, allowed, score_mod)
+    row["torch flex peak"] = rss_peak_growth(torch_flex_call(row["pattern"], args, side))
 
 
 def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any], allowed: Any, bias_mod: Any) -> None:
@@ -322,7 +338,7 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     for name, row in rows.items():
         if name.startswith("_"):
             continue
-        torch_ratio = row["flex s"] / row["torch flex s"] if "torch flex s" in row else None
+        torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
         rate, load = row["rate"]
         table.append([name, f"{row['tiles']}/{row['of']}", cell(row["mask s"]), cell(row["flex s"]),
                       cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
@@ -332,7 +348,7 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
                       f"{rate:.0f}" + (" busy" if rate < 0.7 * best else ""), f"{load:.1f}"])  # fmt: skip
     print(text_table(table, headers, fmt=args.format))
     busy = " busy" if ours["GFLOP/s"] < 0.7 * best else ""
-    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and torch runs; during our "
+    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs; in the "
           f"round-robin timings it ran at {ours['GFLOP/s']:.0f}{busy} (load {ours['load']:.1f})\n")  # fmt: skip
     docs = f"{args.documents} documents"
     for name, row in rows.items():
@@ -368,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; baseline {args.baseline}" if baseline else ""))  # fmt: skip
     print(check_agreement(args, baseline))
     print_maps(args)
-    rows = our_rows(args, qkv, baseline)
     side = None if args.no_torch else torch_setup(args, qkv)
+    rows = timed_rows(args, qkv, baseline, side)
     for name, row in rows.items():
         if name.startswith("_"):
             continue
