@@ -194,13 +194,22 @@ def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
             sys.exit(f"error: flex_attention and the reference disagree on {name}: max |diff| = {worst:.3g}")
     text = f"check: flex_attention equals the reference on every pattern at T = {small.tokens} (max |diff| {worst:.1e})"
     if baseline is not None:
-        causal = ta.create_block_mask(ta.causal_mod(small.tokens), None, None, small.tokens, small.tokens)
-        if not np.array_equal(
-            ta.flex_attention(q, k, v, block_mask=causal), baseline.flash_attention(q, k, v, causal=True)
-        ):
-            sys.exit("error: flex_attention with the causal mask_mod is not the baseline's flash_attention bit for bit")
-        text += "; with the causal mask_mod, the same bits as the baseline's flash_attention(causal=True)"
+        text += "; " + check_baseline(q, k, v, baseline, args.workers)
     return text
+
+
+def check_baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, baseline: Any, workers: int | None) -> str:
+    """The causal band and the window as mask_mods give the baseline's bits: flex_attention with their block
+    masks against the baseline's flash_attention, and flash_attention_backward against the baseline's."""
+    T, dout = q.shape[-2], np.random.default_rng(1).standard_normal(q.shape, dtype=np.float32)
+    for band, mod in [({}, ta.causal_mod(T)), ({"window": 100}, ta.sliding_window_mod(100, T))]:
+        old = baseline.flash_attention(q, k, v, causal=True, return_lse=True, workers=workers, **band)
+        new = ta.flex_attention(q, k, v, block_mask=ta.create_block_mask(mod, None, None, T, T), return_lse=True)
+        old_grads = baseline.flash_attention_backward(q, k, v, *old[:1], dout, old[1], causal=True, **band)
+        new_grads = ta.flash_attention_backward(q, k, v, *new[:1], dout, new[1], causal=True, **band)
+        if not all(np.array_equal(a, b) for a, b in zip((*old, *old_grads), (*new, *new_grads), strict=True)):
+            sys.exit(f"error: causal {band or ''} is not the baseline's bit for bit (forward or backward)")
+    return "causal and window as mask_mods give the baseline's bits, forward and backward"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "check: flex_attention equals the reference on every pattern at T = 512" in out
-    assert "the same bits as the baseline's flash_attention(causal=True)" in out
+    assert "causal and window as mask_mods give the baseline's bits, forward and backward" in out
     assert "tile maps, one cell = 32 x 32 scores" in out
     for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 1024", "3/4"),
                            ("alibi", "3/4"), ("softcap", "3/4")]:  # fmt: skip

@@ -22,9 +22,17 @@ flash_attention_backward (Dao 2023, "FlashAttention-2", Algorithm 2) never build
 forward's per-row logsumexp and recomputes each tile's probabilities as P = exp(S - lse), for the
 tiles that run in the forward. Memory O((L + S)·E), time about 2.5x the forward's FLOPs.
 
+Through flex attention's mods (flex.py), the forward's S' = score_mod(S) takes S's place in those lines,
+and three more follow from the chain rule (flex_attention_backward):
+
+    dS = dS' ∘ ∂S'/∂S                         the score_mod's derivative (1 for a bias)
+    dθ_h = Σ_ij dS'_ij ∂S'_ij/∂θ_h            a learned parameter of the score_mod (ALiBi's slopes, a bias table)
+    dsink_h = −Σ_i exp(sink_h − lse_i) D_i    a sink is a key with a logit and no value
+
 Read it in this order: attention_backward and attention_grads (the reference: the five lines above on
 whole matrices), flash_attention_backward_one_head (Algorithm 2 for one head on one thread, as the paper
-prints it), then flash_attention_backward (the same, with every key block of every head a work item).
+prints it), then flash_attention_backward (the same, with every key block of every head a work item), and
+flex_attention_backward (the same loop over a block mask's tiles, through the mods).
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_block_mask, check_one_head_mask
+from .flash import TileMods, apply_mods, check_block_mask
 from .flex import check_flex
 from .mods import check_score_mod, score_indices
 from .position import rope, rope_positions
@@ -294,7 +302,7 @@ def check_flash_backward(
     if block_mask is not None:
         if causal or window is not None:
             raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        band = check_one_head_mask(block_mask, dims, head) if one_head else check_block_mask(block_mask, dims)
+        band = check_block_mask(block_mask, dims, head if one_head else None)
         block_q, block_k = block_mask.BLOCK_SIZE
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),

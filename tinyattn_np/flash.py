@@ -68,7 +68,7 @@ from .blockmask import (
 )
 from .mods import check_score_mod, check_sinks, modded, visible
 
-__all__ = [  # blockmask's names as well: flash.Band, flash.tile_plan, ... as before it had its own module
+__all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
     "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
     "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "apply_mods", "attend_block", "check_band", "check_flash",
     "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward",
@@ -143,10 +143,8 @@ def flash_attention_one_head(
     q, k, v, dims, scale, mask = check_one_head(q, k, v, causal, scale, window, block_mask, head)
     block_q, block_k = block_mask.BLOCK_SIZE if block_mask is not None else (block_q, block_k)
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
-    mods, heads = (
-        TileMods(mask.mask_mod, check_score_mod(score_mod), 0, head),
-        Heads(np.zeros(1, int), np.array([head])),
-    )
+    mods = TileMods(mask.mask_mod, check_score_mod(score_mod), 0, head)  # what each tile's scores go through
+    heads = Heads(np.zeros(1, int), np.array([head]))  # batch entry 0, query head `head`
     out, lse = np.zeros((dims.n_q, dims.ev), k.dtype), np.full(dims.n_q, -np.inf, k.dtype)
     lowest = np.finfo(k.dtype).min  # subtracted instead of a max of -inf: exp(-inf - lowest) = 0, not NaN
     sinks = check_sinks(None if sink is None else [sink], 1, k.dtype)  # (1,): this head's sink logit
@@ -184,24 +182,19 @@ def check_one_head(
     if block_mask is not None:
         if causal or window is not None:
             raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        mask = check_one_head_mask(block_mask, dims, head)
+        mask = check_block_mask(block_mask, dims, head)
     return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), dims, check_scale(scale, dims.e, ct), mask
 
 
-def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
-    """block_mask as a BlockMask made for these inputs' sizes."""
-    if not isinstance(block_mask, BlockMask):
-        raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")
-    block_mask.check_for(int(np.prod(dims.batch, dtype=np.int64)), dims.hq, dims.n_q, dims.n_k)
-    return block_mask
-
-
-def check_one_head_mask(block_mask: Any, dims: QKVShape, head: Any) -> BlockMask:
-    """block_mask for one head of batch entry 0: made for these L and S, and `head` one of its heads."""
+def check_block_mask(block_mask: Any, dims: QKVShape, head: Any = None) -> BlockMask:
+    """block_mask as a BlockMask made for these inputs' sizes; for one head (head given: the one-head
+    paths, batch entry 0), made for their L and S, with `head` one of its heads."""
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")
     b_size, h_size, _, _ = block_mask.shape
-    if h_size > 1 and not check_count(head, "head") < h_size:
+    if head is None:
+        b_size, h_size = int(np.prod(dims.batch, dtype=np.int64)), dims.hq
+    elif h_size > 1 and not check_count(head, "head") < h_size:
         raise ValueError(f"head={head} is not one of the block mask's {h_size} heads")
     block_mask.check_for(b_size, h_size, dims.n_q, dims.n_k)
     return block_mask
