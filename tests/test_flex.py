@@ -12,6 +12,7 @@ from conftest import assert_close, gold_attention
 from tinyattn_np import (
     Alibi,
     BlockMask,
+    Differentiable,
     RelativeBias,
     Softcap,
     alibi_slopes,
@@ -361,3 +362,34 @@ def test_a_bucket_outside_the_table_is_refused(rng):
     far = RelativeBias(np.ones((HQ, 3)), 4, bucket=lambda distance: distance + 10)
     with pytest.raises(ValueError, match="bucket must give table columns 0 .. 2"):
         flex_attention(q, k, v, far, enable_gqa=True)
+
+
+def test_one_head_inputs_reprs_and_the_remaining_errors(rng):
+    """2-D inputs (one head) through flex_attention, BlockMask.hidden, the mods' reprs, and the errors that
+    name what to pass."""
+    q, k, v = (rng.standard_normal((7, 4)) for _ in range(3))
+    block_mask = create_block_mask(causal_mod(7), None, None, 7, 7, BLOCK_SIZE=3)
+    out, lse = flex_attention(q, k, v, Softcap(2.0), block_mask, return_lse=True)
+    assert out.shape == (7, 4) and lse.shape == (7,)
+    assert_close(out, attention(q, k, v, causal=True, score_mod=Softcap(2.0)), np.float64, "2-D")
+    tile = next(t for t in block_mask.tile_plan() if t.kind == "partial")
+    np.testing.assert_array_equal(block_mask.hidden(tile), np.triu(np.ones((3, 3), bool), 1))
+    for mod, text in [(Alibi(alibi_slopes(2), 4), "Alibi(slopes of shape (2,)"), (Softcap(50), "Softcap(50)"),
+                      (RelativeBias(np.zeros((2, 3)), 4), "RelativeBias(table of shape (2, 3)"),
+                      (Differentiable(noop_score, noop_score), "Differentiable(noop_score)")]:  # fmt: skip
+        assert repr(mod).startswith(text)
+    with pytest.raises(ValueError, match="head=5 is not one of the block mask's 4 heads"):
+        per_head = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= h, None, 4, 7, 7)
+        flash_attention_one_head(q, k, v, block_mask=per_head, head=5)
+    with pytest.raises(TypeError, match="mask_mod must be a function"):
+        create_block_mask("causal", None, None, 7, 7)
+    with pytest.raises(TypeError, match="mask_mod must be a function"):
+        attention(q, k, v, mask_mod=np.ones((7, 7), bool))
+    with pytest.raises(TypeError, match="score_mod and derivative must be functions"):
+        Differentiable(noop_score, 1.0)
+    with pytest.raises(ValueError, match="device must be None or 'cpu'"):
+        create_mask(causal_mod(7), None, None, 7, 7, device="cuda")
+
+
+def noop_score(score, b, h, q_idx, kv_idx):
+    return score

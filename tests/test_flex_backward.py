@@ -290,3 +290,11 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
         bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
+
+
+def test_the_one_head_backward_refuses_a_block_mask_with_causal(rng):
+    q, k, v, dout = (x[0, 0] for x in inputs(rng))
+    block_mask = create_block_mask(causal_mod(L, S), None, None, L, S)
+    out, lse = flash_attention_one_head(q, k, v, block_mask=block_mask)
+    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
+        flash_attention_backward_one_head(q, k, v, out, dout, lse, causal=True, block_mask=block_mask)

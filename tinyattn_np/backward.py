@@ -333,7 +333,7 @@ def check_saved(out: Any, dout: Any, lse: Any, dims: QKVShape, two_d: bool) -> t
 
 def key_block_grads(
     q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, mods: TileMods,
-    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray, param_rows: np.ndarray | None,
+    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray, param_rows: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2's inner loop for one key block j over the query blocks i that see it (tiles), one head:
     adds into dk_rows (bk, E) and dv_rows (bk, Ev), and hands each tile's share of dq, dS K_j (bq, E), and
