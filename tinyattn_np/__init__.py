@@ -5,15 +5,19 @@ The reading order: each file uses only what came before it.
      1  softmax.py     softmax, logsumexp, merge_states: the online-softmax algebra
      2  masks.py       the causal mask in its two alignments, sliding windows
      3  head.py        one head, a line per step: softmax(q kᵀ / √d) v
-     4  attention.py   the reference that builds the scores; torch's scaled_dot_product_attention
-     5  flash.py       tiles and the online softmax: FlashAttention-2's Algorithm 1 for one head, then the
-                       fast path that batches heads over worker threads
-     6  backward.py    the gradients by hand: the reference's, then Algorithm 2, blockwise
-     7  position.py    RoPE in both pair layouts, and its scaling for long context
-     8  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
-     9  kvcache.py     decoding with a cache of keys and values
-    10  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    11  ring.py        ring attention: the sequence split over MPI processes (not imported here)
+     4  mods.py        an attention pattern as a function of positions: mask_mod and score_mod (FlexAttention),
+                       the ready-made ones (causal, window, prefix-LM, documents, ALiBi, softcap, a bias table)
+     5  attention.py   the reference that builds the scores; torch's scaled_dot_product_attention
+     6  blockmask.py   which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
+     7  flash.py       the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
+                       the fast path that batches heads over worker threads
+     8  flex.py        flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
+     9  backward.py    the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
+    10  position.py    RoPE in both pair layouts, and its scaling for long context
+    11  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
+    12  kvcache.py     decoding with a cache of keys and values
+    13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
+    14  ring.py        ring attention: the sequence split over MPI processes (not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
@@ -25,12 +29,16 @@ The names below are the public API; each lives in the module named after its con
 
 from .attention import AttentionMemoryError, attention, scaled_dot_product_attention
 from .backward import (
+    FlexGrads,
     attention_backward,
     flash_attention_backward,
     flash_attention_backward_one_head,
+    flex_attention_backward,
     rope_backward,
 )
-from .flash import Tile, draw_tile_plan, flash_attention, flash_attention_one_head, tile_plan
+from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
+from .flash import flash_attention, flash_attention_one_head
+from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .head import one_head
 from .kvcache import KVCache
 from .masks import causal_mask, window_mask
@@ -49,6 +57,23 @@ from .memory import (
     score_matrix_bytes,
 )
 from .models import PRESETS, ModelShape, load_model_shape, model_bill, shape_from_config
+from .mods import (
+    Alibi,
+    Differentiable,
+    RelativeBias,
+    Softcap,
+    alibi_slopes,
+    and_masks,
+    causal_mod,
+    create_mask,
+    document_ids,
+    document_mod,
+    noop_mask,
+    or_masks,
+    prefix_lm_mod,
+    sliding_window_mod,
+    varlen_mod,
+)
 from .multihead import MultiHeadAttention
 from .position import (
     LearnedPositions,
@@ -67,14 +92,22 @@ from .text import embed, token_vector, tokenize
 __version__ = "0.1.0"
 
 __all__ = [
+    "Alibi",
     "AttentionMemoryError",
+    "BlockMask",
     "DTYPES",
+    "Differentiable",
+    "FlexGrads",
     "KVCache",
     "LearnedPositions",
     "ModelShape",
     "MultiHeadAttention",
     "PRESETS",
+    "RelativeBias",
+    "Softcap",
     "Tile",
+    "alibi_slopes",
+    "and_masks",
     "attention",
     "attention_backward",
     "attention_backward_bytes",
@@ -83,6 +116,11 @@ __all__ = [
     "bytes_per_element",
     "causal_entries",
     "causal_mask",
+    "causal_mod",
+    "create_block_mask",
+    "create_mask",
+    "document_ids",
+    "document_mod",
     "draw_tile_plan",
     "embed",
     "flash_attention",
@@ -91,7 +129,10 @@ __all__ = [
     "flash_attention_backward_one_head",
     "flash_attention_bytes",
     "flash_attention_one_head",
+    "flash_attention_varlen",
     "flash_decode",
+    "flex_attention",
+    "flex_attention_backward",
     "half_split_permutation",
     "kv_cache_bytes",
     "load_model_shape",
@@ -100,8 +141,11 @@ __all__ = [
     "merge_states",
     "model_bill",
     "naive_attention_bytes",
+    "noop_mask",
     "one_head",
+    "or_masks",
     "permute_qk_weight",
+    "prefix_lm_mod",
     "ring_attention_bytes",
     "rope",
     "rope_attention_factor",
@@ -110,11 +154,14 @@ __all__ = [
     "scaled_dot_product_attention",
     "score_matrix_bytes",
     "shape_from_config",
+    "sliding_window_mod",
     "softmax",
     "tile_plan",
     "to_half_split",
     "to_interleaved",
     "token_vector",
     "tokenize",
+    "varlen_block_mask",
+    "varlen_mod",
     "window_mask",
 ]

@@ -2,8 +2,9 @@
 
     attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,    scale = 1/√E     (Vaswani et al. 2017, eq. 1)
 
-This is the naive path that flash_attention() (flash.py) must agree with. It holds an (..., Hq, L, S)
-array, so its memory grows with L·S; flash_attention never builds it.
+This is the naive path that flash_attention() (flash.py) and flex_attention() (flex.py) must agree with.
+It holds an (..., Hq, L, S) array, so its memory grows with L·S; flash_attention never builds it. It takes
+the same mods as flex_attention (mods.py): a score_mod on every score, a mask_mod that hides keys, sinks.
 
 Two entry points:
 - attention(): this project's conventions; causal=True is bottom-right aligned (query i sees key
@@ -22,6 +23,7 @@ from numpy.typing import NDArray
 from ._checks import QKVShape, check_bool, check_qkv, check_scale, compute_dtype, result_dtype, without_head_axis
 from ._guard import AttentionMemoryError, naive_attention_bytes, refuse_if_too_big
 from .masks import band_blocked, causal_offset, check_window
+from .mods import check_score_mod, check_sinks, modded, score_indices, visible
 from .softmax import softmax_
 
 Array = NDArray[np.floating]
@@ -30,7 +32,8 @@ __all__ = ["AttentionMemoryError", "attend", "attention", "check_attention", "sc
 
 
 class Hidden(NamedTuple):
-    """Which scores a call hides: a bool (True = may attend) or float (added) mask, and the causal band.
+    """What a call does to the scores before the softmax: a bool (True = may attend) or float (added) mask,
+    the causal band, and flex attention's mods: a mask_mod, a score_mod and sinks (Hq,) (mods.py).
 
     offset is None without causal; else query i sees key j when j <= i + offset, and with a window
     only when j > i + offset - window as well (masks.band_blocked).
@@ -39,6 +42,9 @@ class Hidden(NamedTuple):
     mask: np.ndarray | None
     offset: int | None
     window: int | None
+    mask_mod: Any = None
+    score_mod: Any = None
+    sinks: np.ndarray | None = None
 
 
 def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
@@ -60,12 +66,16 @@ def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
 
 
 def check_attention(
-    q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, Hidden]:
+    q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any, mask_mod: Any = None,
+    score_mod: Any = None, sinks: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, Hidden]:  # fmt: skip
     """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, what is hidden."""
     causal = check_bool(causal, "causal")
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) or None; got {mask_mod!r}")
+    mods = (mask_mod, check_score_mod(score_mod), check_sinks(sinks, dims.hq, compute_dtype(q, k, v)))
     offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
     if window is not None:
         if not causal:
@@ -73,7 +83,7 @@ def check_attention(
         window = check_window(window, dims.n_q, dims.n_k)
     if mask is not None:
         mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))
-    return q, k, v, dims, scale, Hidden(mask, offset if causal else None, window)
+    return q, k, v, dims, scale, Hidden(mask, offset if causal else None, window, *mods)
 
 
 def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
@@ -89,9 +99,21 @@ def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
         batch=batch, dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None,
         mask_elements=inverted, window=hidden.window,
-    )  # fmt: skip
+    ) + mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
+
+
+def mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: Hidden, score_arrays: int) -> int:
+    """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
+    of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
+    backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
+    at the scores' shape (smaller when the mask_mod does not depend on b or h). A mod of your own may make
+    more: the guard then refuses too late."""
+    elements = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k  # the scores'
+    compute = max(np.dtype(dtype).itemsize, 4)  # float16 is computed in float32
+    score_mod = score_arrays * elements * compute if hidden.score_mod is not None else 0
+    return score_mod + (2 * elements if hidden.mask_mod is not None else 0)
 
 
 def grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
@@ -116,7 +138,9 @@ def attend(
     scores = scores.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., Hq, L, S): free, it is contiguous
     del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
 
-    # 2) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
+    # 2) flex attention's mods: score_mod rewrites every score, mask_mod hides keys (mods.py)
+    apply_mods(scores, dims, hidden)
+    # 3) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
     if hidden.mask is not None and hidden.mask.dtype == np.bool_:
         np.copyto(scores, -np.inf, where=~hidden.mask)  # ~mask: a temporary of the mask's size
     elif hidden.mask is not None:
@@ -125,12 +149,37 @@ def attend(
         blocked = band_blocked(0, dims.n_q, 0, dims.n_k, hidden.offset, hidden.window)  # (L, S); the window too
         np.copyto(scores, -np.inf, where=blocked)
 
-    # 3) softmax over the keys, in place: the weights take the scores' memory
-    weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+    # 4) softmax over the keys (and each head's sink, when there are sinks), in place: the weights take the
+    #    scores' memory
+    if hidden.sinks is None:
+        weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+    else:
+        weights = softmax_with_sinks_(scores, hidden.sinks[:, None, None])  # rows sum to 1 - the sink's weight
 
-    # 4) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
+    # 5) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
     out = grouped(weights, dims, kv=False) @ grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
     return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
+
+
+def apply_mods(scores: np.ndarray, dims: QKVShape, hidden: Hidden) -> None:
+    """In place on the scores (..., Hq, L, S): score_mod(scores, b, h, q_idx, kv_idx) on every score, then
+    -inf where mask_mod(b, h, q_idx, kv_idx) is False; b, h, q_idx, kv_idx broadcast against the scores."""
+    indices = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., 1, 1, 1), (Hq, 1, 1), (L, 1), (S,)
+    if hidden.score_mod is not None:
+        np.copyto(scores, modded(hidden.score_mod, scores, *indices), casting="same_kind")
+    if hidden.mask_mod is not None:
+        np.copyto(scores, -np.inf, where=~visible(hidden.mask_mod, *indices))
+
+
+def softmax_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """softmax over each row's keys and its head's sink logit (sinks (Hq, 1, 1)), written into the scores;
+    the sink's own weight is dropped (gpt-oss: concatenate the sink as a last column, softmax, drop it):
+        P_ij = exp(s_ij - m_i) / (Σ_k exp(s_ik - m_i) + exp(sink - m_i)),  m_i = max(max_k s_ik, sink)."""
+    m = np.maximum(np.max(scores, axis=-1, keepdims=True, initial=-np.inf), sinks)  # (..., Hq, L, 1), finite
+    scores -= m
+    np.exp(scores, out=scores)
+    scores /= np.sum(scores, axis=-1, keepdims=True) + np.exp(sinks - m)  # never 0: the sink's term is > 0
+    return scores
 
 
 def attention(
@@ -145,6 +194,9 @@ def attention(
     check_memory: bool = True,
     align: str = "bottom_right",
     window: int | None = None,
+    score_mod: Any = None,
+    mask_mod: Any = None,
+    sinks: Any = None,
 ) -> Array | tuple[Array, Array]:
     """softmax(q kᵀ · scale + mask) v, building the (..., Hq, L, S) score matrix.
 
@@ -160,6 +212,9 @@ def attention(
     weights @ v multiplies it by each row's weight, and 0 · NaN is NaN (the same in torch's math path).
     check_memory=True refuses (AttentionMemoryError) a score matrix larger than the available memory,
     before anything is converted or built: the check reads shapes and dtypes only.
+    score_mod, mask_mod, sinks: flex_attention's mods, on the whole matrix (mods.py): the score_mod on
+    every scaled score q·k·scale first, then the masks (mask_mod's False hides a key, as mask's False);
+    sinks (Hq,) join every row's softmax, their weight dropped. b counts the leading dims' entries in order.
     float16 is computed in float32; mixed dtypes compute in the widest and return np.result_type of q, k, v.
 
     >>> q = k = v = np.eye(2)
@@ -172,8 +227,9 @@ def attention(
     )
     two_d = without_head_axis(q)
     q, k, v, dims, scale, hidden = check_attention(
-        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window
-    )
+        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window, mask_mod=mask_mod,
+        score_mod=score_mod, sinks=sinks,
+    )  # fmt: skip
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
         check_fits(dims, result_dtype(q, k, v), hidden)
     ct = compute_dtype(q, k, v)

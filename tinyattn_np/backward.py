@@ -22,9 +22,17 @@ flash_attention_backward (Dao 2023, "FlashAttention-2", Algorithm 2) never build
 forward's per-row logsumexp and recomputes each tile's probabilities as P = exp(S - lse), for the
 tiles that run in the forward. Memory O((L + S)·E), time about 2.5x the forward's FLOPs.
 
+Through flex attention's mods (flex.py), the forward's S' = score_mod(S) takes S's place in those lines,
+and three more follow from the chain rule (flex_attention_backward):
+
+    dS = dS' ∘ ∂S'/∂S                         the score_mod's derivative (1 for a bias)
+    dθ_h = Σ_ij dS'_ij ∂S'_ij/∂θ_h            a learned parameter of the score_mod (ALiBi's slopes, a bias table)
+    dsink_h = −Σ_i exp(sink_h − lse_i) D_i    a sink is a key with a logit and no value
+
 Read it in this order: attention_backward and attention_grads (the reference: the five lines above on
 whole matrices), flash_attention_backward_one_head (Algorithm 2 for one head on one thread, as the paper
-prints it), then flash_attention_backward (the same, with every key block of every head a work item).
+prints it), then flash_attention_backward (the same, with every key block of every head a work item), and
+flex_attention_backward (the same loop over a block mask's tiles, through the mods).
 """
 
 from __future__ import annotations
@@ -49,16 +57,21 @@ from ._checks import (
 )
 from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
-from .attention import Hidden, attend, check_attention, grouped
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, Band, Tile, check_band
+from .attention import Hidden, attend, check_attention, grouped, mods_bytes
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
+from .flash import TileMods, apply_mods, check_block_mask
+from .flex import check_flex
+from .mods import check_score_mod, score_indices
 from .position import rope, rope_positions
 
 Array = NDArray[np.floating]
 
 __all__ = [
+    "FlexGrads",
     "attention_backward",
     "flash_attention_backward",
     "flash_attention_backward_one_head",
+    "flex_attention_backward",
     "rope_backward",
 ]
 
@@ -69,6 +82,18 @@ def check_like(x: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarr
     if x.shape != shape:
         raise ValueError(f"{name} must have shape {what} = {shape}; got shape {x.shape}")
     return x
+
+
+class FlexGrads(NamedTuple):
+    """What flex_attention_backward returns: dq, dk, dv like q, k, v; dscore_mod, the gradient of the
+    score_mod's learned parameters (shaped like score_mod.params; None when it has none); dsinks (Hq,)
+    (None without sinks)."""
+
+    dq: Array
+    dk: Array
+    dv: Array
+    dscore_mod: Array | None
+    dsinks: Array | None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -87,20 +112,25 @@ def attention_backward(
     align: str = "bottom_right",
     window: int | None = None,
     check_memory: bool = True,
+    score_mod: Any = None,
+    mask_mod: Any = None,
+    sinks: Any = None,
 ) -> tuple[Array, Array, Array]:
-    """The gradients of attention(q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window)
-    for ∂loss/∂out = dout.
+    """The gradients of attention(q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window,
+    score_mod=score_mod, mask_mod=mask_mod, sinks=sinks) for ∂loss/∂out = dout.
 
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev), dout (..., Hq, L, Ev)
     -> dq, dk, dv shaped and typed like q, k, v. Builds the (..., Hq, L, S) weights, like attention(), and
     check_memory=True refuses (AttentionMemoryError), before anything is converted or built, a call whose
-    peak does not fit in the memory available (peaks.attention_backward_bytes).
+    peak does not fit in the memory available (peaks.attention_backward_bytes; an upper bound with mods).
+    A score_mod must give its derivative, as for flex_attention_backward (mods.Differentiable).
     """
     check_memory = check_bool(check_memory, "check_memory")
     two_d = without_head_axis(q)
     q, k, v, dims, scale, hidden = check_attention(
-        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window
-    )
+        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window, mask_mod=mask_mod,
+        score_mod=check_score_mod(score_mod, backward=True), sinks=sinks,
+    )  # fmt: skip
     out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)
     dout = check_like(dout, "dout", out_shape[1:] if two_d else out_shape, "out's (..., Hq, L, Ev)")
     ct = compute_dtype(q, k, v, dout)
@@ -117,6 +147,16 @@ def attention_grads(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The five lines of the module doc on whole matrices, for inputs attention_backward() checked, in the
     compute dtype: -> dq (..., Hq, L, E), dk (..., Hkv, S, E), dv (..., Hkv, S, Ev)."""
+    grads = attention_flex_grads(q, k, v, dout, dims, scale, hidden)
+    return grads.dq, grads.dk, grads.dv
+
+
+def attention_flex_grads(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: Hidden
+) -> FlexGrads:
+    """attention_grads, and through flex attention's mods (hidden's score_mod and sinks): dS = dS' ∘ ∂S'/∂S
+    with the learned parameters' gradient from dS' (score_mod_grads), and dsink_h = -Σ_i P_sink,i D_i, where
+    P_sink,i = 1 - Σ_j P_ij is the weight the row's keys did not take."""
     # 1) the forward again, keeping the weights P (..., Hq, L, S) and the output O (..., Hq, L, Ev)
     o, p = attend(q, k, v, dims, scale, hidden)
     p, o, d_o = grouped(p, dims, kv=False), grouped(o, dims, kv=False), grouped(dout, dims, kv=False)  # (.., G, L, .)
@@ -127,15 +167,37 @@ def attention_grads(
     ds = d_o @ v_g.swapaxes(-1, -2)  # (..., Hkv, G, L, S): dP, made into dS in place below
     # 4) dS = P ∘ (dP − D), D = rowsum(dO ∘ O): softmax's Jacobian applied to dP
     d = np.einsum("...le,...le->...l", d_o, o)  # (..., Hkv, G, L)
+    p_sink = None if hidden.sinks is None else 1 - p.sum(axis=-1)  # (..., Hkv, G, L)
     ds -= d[..., None]
     ds *= p  # (..., Hkv, G, L, S); 0 wherever P is 0 (masked keys, rows that see nothing)
     del p  # dS alone is needed from here on
+    # 4b) through the score_mod: dS' above is ∂loss/∂S' for S' = score_mod(S)
+    dparams = None if hidden.score_mod is None else score_mod_grads(ds, q, k, dims, scale, hidden.score_mod)
+    dsinks = None if p_sink is None else -(p_sink * d).reshape(-1, dims.hq, dims.n_q).sum(axis=(0, 2))  # (Hq,)
     # 5) dQ = scale · dS K and dK = scale · dSᵀ Q (summed over the group, like dV)
     dq = ds @ k_g  # (..., Hkv, G, L, E)
     dq *= scale
     dk = (ds.swapaxes(-1, -2) @ grouped(q, dims, kv=False)).sum(axis=-3)  # (..., Hkv, S, E)
     dk *= scale
-    return dq.reshape(*dims.batch, dims.hq, dims.n_q, dims.e), dk, dv
+    return FlexGrads(dq.reshape(*dims.batch, dims.hq, dims.n_q, dims.e), dk, dv, dparams, dsinks)
+
+
+def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape, scale: float, score_mod: Any) -> Any:
+    """On whole matrices: the learned parameters' gradient from dS' (param_grad, head by head), then dS' made
+    into dS = dS' ∘ ∂S'/∂S in place, the derivative taken at the raw scores S = q kᵀ · scale, made again."""
+    ds_heads = ds.reshape(-1, dims.hq, dims.n_q, dims.n_k)  # (B, Hq, L, S) view, B flat over the leading dims
+    b, h, q_idx, kv_idx = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)
+    params, dparams = getattr(score_mod, "params", None), None
+    if params is not None:  # one parameter row per head, shared by the batch entries
+        dparams = np.zeros(params.shape, ds.dtype)
+        for b_i, h_i in np.ndindex(ds_heads.shape[:2]):
+            dparams[h_i] += score_mod.param_grad(ds_heads[b_i, h_i], b_i, h_i, q_idx, kv_idx)
+    q_s = np.multiply(q, scale, dtype=k.dtype)  # as attend() scales, so the same S
+    s = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
+    derivative = score_mod.derivative(s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
+    if derivative is not None:
+        ds_heads *= np.broadcast_to(derivative, (*dims.batch, dims.hq, dims.n_q, dims.n_k)).reshape(ds_heads.shape)
+    return dparams
 
 
 def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
@@ -149,7 +211,7 @@ def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev, batch=batch,
         dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None, mask_elements=inverted,
         window=hidden.window,
-    )  # fmt: skip
+    ) + mods_bytes(dims, dtype, hidden, score_arrays=5)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention_backward()", f"two arrays of {scores}", "flash_attention_backward()")
 
@@ -171,66 +233,84 @@ def flash_attention_backward_one_head(
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
     window: int | None = None,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    head: int = 0,
 ) -> tuple[Array, Array, Array]:
     """FlashAttention-2's backward (Dao 2023, Algorithm 2) for one head: q (L, E), k (S, E), v (S, Ev),
     out (L, Ev), dout (L, Ev), lse (L,) from flash_attention_one_head -> dq, dk, dv in the compute dtype.
 
-    flash_attention_backward() is the same algorithm with every key block of every head a work item;
-    the tests hold the two equal.
+    The tiles are the forward's: block_mask or causal and window; score_mod (one that gives its derivative,
+    mods.py) on every tile and the mask_mod on partial ones, as query head `head`. The chain rule through
+    S' = score_mod(S) is one more line: dS = dS' ∘ ∂S'/∂S. flash_attention_backward() and
+    flex_attention_backward() are the same algorithm with every key block of every head a work item (and
+    the gradients of learned mods and sinks); the tests hold them equal.
     """
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
-        workers=1, one_head=True,
+        workers=1, one_head=True, block_mask=block_mask, score_mod=score_mod, head=head,
     )  # fmt: skip
+    mods, heads = TileMods(plan.band.mask_mod, plan.score_mod, 0, head), Heads(np.zeros(1, int), np.array([head]))
     d = np.sum(dout * out, axis=1)  # (L,) D = rowsum(dO ∘ O), once
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for k_start in range(0, dims.n_k, plan.block_k):  # the outer loop walks the key blocks j
         cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
-        for tile in plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q):  # the query blocks i
+        for tile in plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads):  # query blocks i
             rows = slice(tile.q_start, tile.q_stop)
+            q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)
             s = (q[rows] * plan.scale) @ k[cols].T  # (bq, bk) S_ij = scale · Q_i K_jᵀ
-            p = np.exp(s - lse[rows, None])  # (bq, bk) P_ij = exp(S_ij − L_i): the forward's weights, exactly
-            if tile.kind == DIAGONAL:
-                p[plan.band.hidden(tile)] = 0.0  # (bq, bk) hidden keys got no weight in the forward
+            s_mod = s.copy()
+            apply_mods(s_mod, tile, mods, q_idx, kv_idx)  # (bq, bk) S'_ij: score_mod, and -inf where hidden
+            p = np.exp(s_mod - lse[rows, None])  # (bq, bk) P_ij = exp(S'_ij − L_i): the forward's weights, exactly
             dv[cols] += p.T @ dout[rows]  # (bk, Ev) dV_j += P_ijᵀ dO_i
             dp = dout[rows] @ v[cols].T  # (bq, bk) dP_ij = dO_i V_jᵀ
-            ds = p * (dp - d[rows, None])  # (bq, bk) dS_ij = P_ij ∘ (dP_ij − D_i)
+            ds = p * (dp - d[rows, None])  # (bq, bk) dS'_ij = P_ij ∘ (dP_ij − D_i)
+            if plan.score_mod is not None:
+                through_score_mod(ds, s, mods, q_idx, kv_idx, None)  # (bq, bk) dS_ij = dS'_ij ∘ ∂S'_ij/∂S_ij
             dq[rows] += plan.scale * (ds @ k[cols])  # (bq, E) dQ_i += scale · dS_ij K_j
             dk[cols] += plan.scale * (ds.T @ q[rows])  # (bk, E) dK_j += scale · dS_ijᵀ Q_i
     return dq, dk, dv
 
 
 class BackwardPlan(NamedTuple):
-    """How flash_backward runs a checked call: the scale, the band, the tile sizes, the workers."""
+    """How flash_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
+    the workers, and flex attention's score_mod (one that gives its derivative) and sinks (Hq,)."""
 
     scale: float
-    band: Band
+    band: TileMask
     block_q: int
     block_k: int
     workers: int
+    score_mod: Any = None
+    sinks: np.ndarray | None = None
 
 
 def check_flash_backward(
     q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Any, scale: Any, window: Any,
-    block_q: Any, block_k: Any, workers: Any, one_head: bool = False,
+    block_q: Any, block_k: Any, workers: Any, one_head: bool = False, align: Any = "bottom_right",
+    block_mask: Any = None, score_mod: Any = None, head: Any = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, BackwardPlan]:  # fmt: skip
     """The backward's inputs checked, once (shapes against q's), and its plan. With one_head=True the
-    arrays must be one head's 2-D ones and come back 2-D in the compute dtype, lse with +inf for -inf."""
+    arrays must be one head's 2-D ones and come back 2-D in the compute dtype, lse with +inf for -inf;
+    then a block_mask (its BLOCK_SIZE the tiles) and a score_mod may take the place of causal and window."""
     if one_head and not without_head_axis(q):
         raise ValueError(f"q must be one head (L, E); got shape {np.shape(q)}: use flash_attention_backward")
     two_d = without_head_axis(q)
     q, k, v, dims = check_qkv(q, k, v)
-    out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)[1 if two_d else 0 :]
-    out = check_like(out, "out", out_shape, "(..., Hq, L, Ev)")
-    dout = check_like(dout, "dout", out_shape, "out's (..., Hq, L, Ev)")
-    lse = check_like(lse, "lse", out_shape[:-1], "(..., Hq, L)")
-    band = check_band(causal, window, dims.n_q, dims.n_k)
+    out, dout, lse = check_saved(out, dout, lse, dims, two_d)
+    band: TileMask = check_band(causal, window, dims.n_q, dims.n_k, align)
+    if block_mask is not None:
+        if causal or window is not None:
+            raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
+        band = check_block_mask(block_mask, dims, head if one_head else None)
+        block_q, block_k = block_mask.BLOCK_SIZE
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         band,
         check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q),
         check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K),
         check_positive_int(workers, "workers", default=os.cpu_count() or 1),
+        check_score_mod(score_mod, backward=True),
     )
     if one_head:
         ct = compute_dtype(q, k, v, out, dout)
@@ -239,43 +319,69 @@ def check_flash_backward(
     return q, k, v, out, dout, lse, dims, plan
 
 
+def check_saved(out: Any, dout: Any, lse: Any, dims: QKVShape, two_d: bool) -> tuple[np.ndarray, ...]:
+    """The forward's out and lse and the incoming dout, checked against the shapes q, k, v give them."""
+    out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)[1 if two_d else 0 :]
+    out = check_like(out, "out", out_shape, "(..., Hq, L, Ev)")
+    dout = check_like(dout, "dout", out_shape, "out's (..., Hq, L, Ev)")
+    return out, dout, check_like(lse, "lse", out_shape[:-1], "(..., Hq, L)")
+
+
 # ---------------------------------------------------------------------------------------------------
 # the fast path: every key block of every head is a work item
 
 
 def key_block_grads(
-    q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, band: Band,
-    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray,
+    q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, mods: TileMods,
+    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray, param_rows: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2's inner loop for one key block j over the query blocks i that see it (tiles), one head:
     adds into dk_rows (bk, E) and dv_rows (bk, Ev), and hands each tile's share of dq, dS K_j (bq, E), and
     of P's row sums (bq,) to add_dq (dq unscaled: the caller multiplies dq by the scale once). q_s (L, E)
     is q times the scale; k (S, E), v (S, Ev); d_o (L, Ev), lse (L,) with +inf for rows that see no key,
-    d (L,) = rowsum(dO ∘ O). Two tile buffers serve every tile of the block (made at the first, the widest)."""
-    p_buf = ds_buf = np.empty(0, q_s.dtype)
+    d (L,) = rowsum(dO ∘ O). mods: the tile's score_mod and mask_mod, as in the forward; param_rows: where
+    the learned score_mod's parameter gradient of this head and key block adds up (None: nothing learned).
+    Two tile buffers (three with a score_mod) serve every tile of the block, made at the first, the widest."""
+    buffers = np.empty((0, 0), q_s.dtype)
     for t in tiles:
         rows, cols = slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop)
         bq, bk = t.q_stop - t.q_start, t.k_stop - t.k_start
-        if p_buf.size < bq * bk:
-            p_buf, ds_buf = np.empty(bq * bk, q_s.dtype), np.empty(bq * bk, q_s.dtype)
-        p, ds = p_buf[: bq * bk].reshape(bq, bk), ds_buf[: bq * bk].reshape(bq, bk)
-        # 1) scores of this tile, as in the forward (the scale is folded into q)
-        np.matmul(q_s[rows], k[cols].T, out=p)  # (bq, bk)
-        # 2) P = exp(S − lse): the forward's probabilities, exactly normalised, without a row max or sum
+        if buffers.shape[1] < bq * bk:
+            buffers = np.empty((2 if mods.score_mod is None else 3, bq * bk), q_s.dtype)
+        p, ds, *raw = (buffer[: bq * bk].reshape(bq, bk) for buffer in buffers)
+        q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
+        # 1) scores of this tile, as in the forward (the scale is folded into q); kept raw for the score_mod
+        np.matmul(q_s[rows], k[cols].T, out=p)  # (bq, bk) S
+        if raw:
+            np.copyto(raw[0], p)
+        # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − lse): the forward's
+        #    probabilities, exactly normalised, without a row max or sum (a hidden key: exp(-inf) = 0)
+        apply_mods(p, t, mods, q_idx, kv_idx)
         p -= lse[rows, None]
         np.exp(p, out=p)  # (bq, bk) P
-        # 3) a tile that a mask edge crosses hides the keys its queries may not see: P = 0 there
-        if t.kind == DIAGONAL:
-            np.copyto(p, 0.0, where=band.hidden(t))
-        # 4) dV_j += Pᵀ dO_i
+        # 3) dV_j += Pᵀ dO_i
         dv_rows += p.T @ d_o[rows]  # (bk, bq) @ (bq, Ev)
-        # 5) dP = dO_i V_jᵀ, then dS = P ∘ (dP − D_i), in place
+        # 4) dP = dO_i V_jᵀ, then dS' = P ∘ (dP − D_i), in place; through the score_mod: dS = dS' ∘ ∂S'/∂S
         np.matmul(d_o[rows], v[cols].T, out=ds)  # (bq, Ev) @ (Ev, bk): dP
         ds -= d[rows, None]
-        ds *= p  # (bq, bk) dS
-        # 6) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
+        ds *= p  # (bq, bk) dS'
+        if raw:
+            through_score_mod(ds, raw[0], mods, q_idx, kv_idx, param_rows)
+        # 5) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
         add_dq(t, ds @ k[cols], p.sum(axis=1))  # (bq, bk) @ (bk, E), (bq,)
         dk_rows += ds.T @ q_s[rows]  # (bk, bq) @ (bq, E)
+
+
+def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any, kv_idx: Any,
+                      param_rows: np.ndarray | None) -> None:  # fmt: skip
+    """The chain rule through S' = score_mod(S), in place: ds holds dS' = ∂loss/∂S' and becomes
+    dS = dS' ∘ ∂S'/∂S (derivative None: 1, a bias). Learned parameters first take their share of dS'
+    (param_grad) into param_rows."""
+    if param_rows is not None:
+        param_rows += mods.score_mod.param_grad(ds, mods.b, mods.h, q_idx, kv_idx)
+    derivative = mods.score_mod.derivative(s, mods.b, mods.h, q_idx, kv_idx)
+    if derivative is not None:
+        ds *= derivative
 
 
 class OrderedDq:
@@ -285,22 +391,23 @@ class OrderedDq:
     Key block j adds its share to the rows of query block i only once every earlier key block that sees
     query block i has added its own. Each row is then the sum over j = 0, 1, ... in that order, on any
     number of workers: the same bits as one thread, with neither an atomic add (a GPU's answer, whose
-    order, and so last bits, would depend on the timing) nor a copy of dq per key block. The keys each
-    query block sees are contiguous, so a key block's place in that order is its distance from the first
-    one (Band.visible_keys): no table of tiles. The bookkeeping is one count per (head, query block).
+    order, and so last bits, would depend on the timing) nor a copy of dq per key block. A tile's place
+    in that order is how many tiles of its row come before it (the mask's place(): for the causal band,
+    its distance from the first key block the row sees): no table of tiles. The bookkeeping is one count
+    per (head, query block).
     """
 
-    def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: Band, n_k: int, block_q: int, block_k: int):
+    def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: TileMask, n_k: int, block_q: int, block_k: int):
         self.dq, self.p_sums, self.band, self.n_k = dq, p_sums, band, n_k
         self.block_q, self.block_k = block_q, block_k
         self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
         self.turn = threading.Condition()
         self.failed = False
 
-    def add(self, h: int, t: Tile, share: np.ndarray, p_sum: np.ndarray) -> None:
-        """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn."""
-        first = self.band.visible_keys(t.q_start, t.q_stop, self.n_k).start // self.block_k
-        place, block = t.k_start // self.block_k - first, t.q_start // self.block_q
+    def add(self, h: int, t: Tile, share: np.ndarray, p_sum: np.ndarray, heads: Heads | None = None) -> None:
+        """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
+        heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
+        place, block = self.band.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
         with self.turn:
             self.turn.wait_for(lambda: self.failed or self.added[h, block] == place)
             if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
@@ -330,15 +437,18 @@ def flash_attention_backward(
     block_k: int | None = None,
     workers: int | None = None,
     window: int | None = None,
+    align: str = "bottom_right",
 ) -> tuple[Array, Array, Array]:
-    """The gradients of flash_attention(q, k, v, causal=causal, scale=scale, window=window), blockwise.
+    """The gradients of flash_attention(q, k, v, causal=causal, scale=scale, window=window, align=align),
+    blockwise.
 
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev); out (..., Hq, L, Ev) and lse (..., Hq, L)
     from flash_attention(..., return_lse=True); dout (..., Hq, L, Ev) = ∂loss/∂out
     -> dq, dk, dv shaped and typed like q, k, v. causal=True is bottom-right aligned, as in the forward.
-    Pass the forward's causal, window and scale: P = exp(S − lse) is only the forward's weights under the
-    forward's mask. The backward checks that P's rows sum to 1 and raises a ValueError where they do not
-    (an lse from another mask, scale or input), rather than return the gradients of another function.
+    Pass the forward's causal, window, align and scale: P = exp(S − lse) is only the forward's weights
+    under the forward's mask. The backward checks that P's rows sum to 1 and raises a ValueError where
+    they do not (an lse from another mask, scale or input), rather than return the gradients of another
+    function.
 
     FlashAttention-2's backward (Dao 2023, Algorithm 2):
         D = rowsum(dO ∘ O) once; then for each key block j, for each query block i that sees it:
@@ -359,17 +469,71 @@ def flash_attention_backward(
     two_d = without_head_axis(q)
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
-        workers=workers,
+        workers=workers, align=align,
     )  # fmt: skip
     dq, dk, dv = flash_backward(q, k, v, out, dout, lse, dims, plan)
     return (dq[0], dk[0], dv[0]) if two_d else (dq, dk, dv)
+
+
+def flex_attention_backward(
+    query: Array,
+    key: Array,
+    value: Array,
+    out: Array,
+    dout: Array,
+    lse: Array,
+    *,
+    score_mod: Any = None,
+    block_mask: Any = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    sinks: Any = None,
+    workers: int | None = None,
+) -> FlexGrads:
+    """The gradients of flex_attention(query, key, value, score_mod, block_mask, scale, enable_gqa, sinks=sinks),
+    blockwise, by hand (torch's flex_attention has no backward on CPU).
+
+    out and lse from flex_attention(..., return_lse=True); dout = ∂loss/∂out -> FlexGrads(dq, dk, dv,
+    dscore_mod, dsinks). The same Algorithm 2 loop as flash_attention_backward over the block mask's
+    non-empty tiles, with the forward's S' = score_mod(S) in place of S, and two more lines:
+
+        dS = dS' ∘ ∂S'/∂S                 score_mod.derivative(S, b, h, q_idx, kv_idx); None means 1 (a bias)
+        dθ_h = Σ_ij dS'_ij ∂S'_ij/∂θ_h    score_mod.param_grad: learned parameters θ (Alibi's slopes with
+                                          learned=True, RelativeBias's table), summed in key-block order
+        dsink_h = -Σ_i exp(sink_h − lse_i) D_i    a sink is a key with a score and no value: O_i loses the
+                                                  weight it takes, ∂O_i/∂sink_h = −P_sink,i O_i
+
+    A score_mod must give its derivative: a ready-made mod (mods.Alibi, Softcap, RelativeBias), or
+    mods.Differentiable(your_score_mod, derivative); anything else is refused with a TypeError that says
+    so. P's rows (with the sink's weight) are checked to sum to 1, as in flash_attention_backward.
+    """
+    two_d = without_head_axis(query)
+    q, k, v, dims, fplan = check_flex(
+        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
+        sinks=sinks, workers=workers, backward=True,
+    )  # fmt: skip
+    out, dout, lse = check_saved(out, dout, lse, dims, two_d)
+    plan = BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
+                        fplan.sinks)  # fmt: skip
+    grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
+    return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0]) if two_d else grads
 
 
 def flash_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
     dims: QKVShape, plan: BackwardPlan,
 ) -> tuple[Array, Array, Array]:  # fmt: skip
-    """flash_attention_backward's work on inputs check_flash_backward() accepted: dq, dk, dv like q, k, v."""
+    """flash_attention_backward's work on inputs check_flash_backward() accepted: dq, dk, dv like q, k, v
+    (flex_backward without the gradients of learned mods and sinks)."""
+    grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
+    return grads.dq, grads.dk, grads.dv
+
+
+def flex_backward(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
+    dims: QKVShape, plan: BackwardPlan,
+) -> FlexGrads:  # fmt: skip
+    """The blockwise backward on checked inputs: FlexGrads of the forward that plan describes."""
     ct = compute_dtype(q, k, v, out, dout)
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
     n_kv_heads, group = n_heads // dims.group, dims.group
@@ -387,25 +551,45 @@ def flash_backward(
     # dk, dv per query head (summed over the group below when G > 1, else the result itself)
     dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
     ordered_dq = OrderedDq(dq, p_sums, plan.band, dims.n_k, plan.block_q, plan.block_k)
+    params = getattr(plan.score_mod, "params", None)  # learned: a gradient per (head, key block), summed in order
+    n_k_blocks = -(-dims.n_k // plan.block_k)
+    param_grads = None if params is None else np.zeros((n_heads, n_k_blocks, *params.shape[1:]), ct)
 
     def run(item: tuple[int, int]) -> None:
         k_start, h = item  # query head h reads kv head h // G
         cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
-        tiles = plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q)
-        key_block_grads(q_s[h], k_c[h // group], v_c[h // group], d_o[h], lse_c[h], d[h], plan.band, tiles,
-                        partial(ordered_dq.add, h), dk_heads[h, cols], dv_heads[h, cols])  # fmt: skip
+        heads = Heads(np.array([h // dims.hq]), np.array([h % dims.hq]))  # (batch entry, query head)
+        tiles = plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads)
+        mods = TileMods(plan.band.mask_mod, plan.score_mod, h // dims.hq, h % dims.hq)
+        param_rows = None if param_grads is None else param_grads[h, k_start // plan.block_k, ...]
+        key_block_grads(q_s[h], k_c[h // group], v_c[h // group], d_o[h], lse_c[h], d[h], mods, tiles,
+                        partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
+                        param_rows)  # fmt: skip
 
     # 3) the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
     items = ((k_start, h) for k_start in range(0, dims.n_k, plan.block_k) for h in range(n_heads))
     with one_blas_thread():
         run_items(run, items, plan.workers, on_failure=ordered_dq.fail)
+    dsinks = sink_grads(p_sums, lse_c, d, dims, plan.sinks)  # adds the sink's weight to p_sums first
     check_weights_sum_to_one(p_sums, lse_c)
     # 4) dQ's scale, once; a kv head's gradient is the sum over its G query heads (in head order)
     dq *= plan.scale
     dk_c = dk_heads.reshape(n_kv_heads, group, dims.n_k, dims.e).sum(axis=1) if group > 1 else dk_heads
     dv_c = dv_heads.reshape(n_kv_heads, group, dims.n_k, dims.ev).sum(axis=1) if group > 1 else dv_heads
-    return (dq.reshape(q.shape).astype(q.dtype, copy=False), dk_c.reshape(k.shape).astype(k.dtype, copy=False),
-            dv_c.reshape(v.shape).astype(v.dtype, copy=False))  # fmt: skip
+    # 5) a learned score_mod's gradient: key blocks in order, then the batch entries (one parameter per head)
+    dparams = None if params is None else param_grads.sum(axis=1).reshape(-1, *params.shape).sum(axis=0)  # type: ignore[union-attr]
+    return FlexGrads(dq.reshape(q.shape).astype(q.dtype, copy=False), dk_c.reshape(k.shape).astype(k.dtype, copy=False),
+                     dv_c.reshape(v.shape).astype(v.dtype, copy=False), dparams, dsinks)  # fmt: skip
+
+
+def sink_grads(p_sums: np.ndarray, lse: np.ndarray, d: np.ndarray, dims: QKVShape, sinks: np.ndarray | None) -> Any:
+    """dsink_h = -Σ_i P_sink,i D_i over the rows of head h in every batch entry, P_sink,i = exp(sink_h - lse_i),
+    the weight the sink took in row i; that weight is added to P's row sums (B·Hq, L), which then sum to 1."""
+    if sinks is None:
+        return None
+    p_sink = np.exp(np.tile(sinks, len(p_sums) // dims.hq)[:, None] - lse)  # (B·Hq, L)
+    p_sums += p_sink
+    return -(p_sink * d).reshape(-1, dims.hq, dims.n_q).sum(axis=(0, 2))  # (Hq,)
 
 
 def check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
@@ -423,8 +607,8 @@ def check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
         head, row = np.argwhere(wrong)[0]
         raise ValueError(
             f"lse does not match q, k and the mask: the weights P = exp(S − lse) of row {row} of head {head} sum "
-            f"to {p_sums[head, row]:.6g}, not 1. Pass the causal, window and scale the forward used, with its own "
-            "out and lse (flash_attention(..., return_lse=True))"
+            f"to {p_sums[head, row]:.6g}, not 1. Pass the causal, window, align, scale (and block_mask, "
+            "score_mod, sinks) the forward used, with its own out and lse (flash_attention(..., return_lse=True))"
         )
 
 

@@ -19,9 +19,10 @@ from numpy.typing import NDArray
 
 from ._checks import ACCEPTED_DTYPES, QKVShape, as_float_array, check_bool, check_positive_int, check_rng
 from .attention import Hidden, attend, check_fits
-from .backward import BackwardPlan, attention_grads, flash_backward, rope_backward
-from .flash import Band, check_band, flash_forward, flash_plan
+from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward, rope_backward
+from .flash import Band, TileMask, check_band, check_block_mask, flash_forward, flash_plan
 from .kvcache import KVCache
+from .mods import check_score_mod
 from .position import rope as apply_rope
 from .splitkv import decode, default_kv_splits
 
@@ -110,9 +111,13 @@ class MultiHeadAttention:
             q, k = apply_rope(q, positions=positions), apply_rope(k, positions=positions)
         return q, k, v
 
-    def __call__(self, x: Array, *, causal: bool = True, fused: bool = True, cache: KVCache | None = None) -> Array:
+    def __call__(
+        self, x: Array, *, causal: bool = True, fused: bool = True, cache: KVCache | None = None,
+        block_mask: Any = None, score_mod: Any = None,
+    ) -> Array:  # fmt: skip
         """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash attention,
         fused=False the reference attention that builds the (B, H, T, T) scores.
+        block_mask, score_mod: flex attention's, as in forward() (not with cache=).
 
         cache: a KVCache(B, n_kv_heads, max_tokens, d_head, dtype) that x continues. Its tokens sit at
         absolute positions len(cache) .. len(cache) + T - 1 (RoPE turns them by those), their k and v
@@ -121,7 +126,9 @@ class MultiHeadAttention:
         cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
         """
         if cache is None:  # the forward pass, without keeping anything for a backward
-            return self.forward(x, causal=causal, fused=fused)[0]
+            return self.forward(x, causal=causal, fused=fused, block_mask=block_mask, score_mod=score_mod)[0]
+        if block_mask is not None or score_mod is not None:
+            raise ValueError("cache= decodes with the causal band: pass block_mask=None and score_mod=None with it")
         causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
         x_b, unbatched = self._batched(x)  # (B, T, d_model)
         y = self._attend_cached(x_b, cache, causal=causal, fused=fused)  # (B, H, T, d_head)
@@ -143,14 +150,17 @@ class MultiHeadAttention:
         B, _, T, _ = y.shape
         return y.swapaxes(1, 2).reshape(B, T, self.d_model)
 
-    def _attend(self, q: Array, k: Array, v: Array, band: Band, fused: bool) -> tuple[Array, Array | None]:
+    def _attend(
+        self, q: Array, k: Array, v: Array, band: TileMask, fused: bool, score_mod: Any = None
+    ) -> tuple[Array, Array | None]:
         """The attention of the heads this module made (their shapes need no check): flash's kernel, which
-        also gives lse, or the reference's, behind its memory guard. q (B, H, L, d), k, v (B, Hkv, S, d)."""
+        also gives lse, or the reference's, behind its memory guard. q (B, H, L, d), k, v (B, Hkv, S, d).
+        band: a Band or a BlockMask; score_mod: flex attention's, or None."""
         dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, q.shape[2], k.shape[2], self.d_head, self.d_head)
         scale = 1.0 / math.sqrt(self.d_head)
         if fused:
-            return flash_forward(q, k, v, dims, flash_plan(dims, band, scale))
-        hidden = Hidden(None, band.offset, band.window)
+            return flash_forward(q, k, v, dims, flash_plan(dims, band, scale, score_mod=score_mod))
+        hidden = reference_hidden(band, score_mod)
         check_fits(dims, q.dtype, hidden)
         ct = np.result_type(k, np.float32)  # float16 is computed in float32
         y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
@@ -199,11 +209,15 @@ class MultiHeadAttention:
     # --- training: a forward that keeps what its backward needs, and the backward by hand -----------
 
     def forward(
-        self, x: Array, *, causal: bool = True, fused: bool = True, window: int | None = None
-    ) -> tuple[Array, Saved]:
+        self, x: Array, *, causal: bool = True, fused: bool = True, window: int | None = None,
+        block_mask: Any = None, score_mod: Any = None,
+    ) -> tuple[Array, Saved]:  # fmt: skip
         """out = self(x, causal=causal, fused=fused), and `saved`: what backward() needs, held by the caller.
 
         window (needs causal=True): a sliding window of that many keys, as in flash_attention.
+        block_mask: a BlockMask for (B or 1, n_heads or 1, T, T) that says which keys each query sees, in
+        place of causal and window (pass causal=False with it; put causality in its mask_mod).
+        score_mod: flex attention's score_mod (mods.py); for backward() one that gives its derivative.
         Nothing is kept on the module, so two forwards and then two backwards give each its own gradients.
         saved holds its own copies of x and of the weights as they were, so changing either between the
         forward and the backward cannot change the gradients: they are always those of this forward.
@@ -212,16 +226,31 @@ class MultiHeadAttention:
         """
         fused = check_bool(fused, "fused")
         x_b, unbatched = self._batched(x)  # (B, T, d_model)
-        band = check_band(causal, window, x_b.shape[1], x_b.shape[1])
+        band = self._mask(x_b.shape[0], x_b.shape[1], causal, window, block_mask)
+        score_mod = check_score_mod(score_mod)
         w_qkv, w_out = self.w_qkv.copy(), self.w_out.copy()  # the weights of this forward, whatever comes later
         q, k, v = self._project(x_b, None, w_qkv)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
-        y, lse = self._attend(q, k, v, band, fused)  # (B, H, T, d_head), (B, H, T) or None
+        y, lse = self._attend(q, k, v, band, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
         out = self._merge_heads(y) @ w_out  # (B, T, d_model)
-        saved = Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched)
+        saved = Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched, score_mod)
         return (out[0] if unbatched else out), saved
 
-    def backward(self, dout: Array, saved: Saved) -> tuple[Array, Array, Array]:
-        """dx, dw_qkv, dw_out from dout = ∂loss/∂out and the `saved` of the forward that made out.
+    def _mask(self, batch: int, T: int, causal: Any, window: Any, block_mask: Any) -> TileMask:
+        """Which keys each of the T queries sees: the band of causal and window, or a block mask for them."""
+        band = check_band(causal, window, T, T)
+        if block_mask is None:
+            return band
+        if band.offset is not None:
+            raise ValueError(
+                "pass block_mask with causal=False: the block mask says which keys are seen; for causal "
+                "documents, make it from and_masks(causal_mod(T), your mask_mod)"
+            )
+        return check_block_mask(block_mask, QKVShape((batch,), self.n_heads, self.n_kv_heads, T, T, 1, 1))
+
+    def backward(self, dout: Array, saved: Saved) -> Any:
+        """dx, dw_qkv, dw_out from dout = ∂loss/∂out and the `saved` of the forward that made out; with a
+        score_mod that holds learned parameters (mods.Alibi(learned=True), RelativeBias), also their
+        gradient, a fourth value shaped like score_mod.params.
 
         The forward's lines, last first, each with its gradient (W multiplies from the right):
             out = Y W_out                 dW_out = Yᵀ dout              dY = dout W_outᵀ
@@ -248,8 +277,8 @@ class MultiHeadAttention:
         y_cat = self._merge_heads(y).reshape(B * T, self.d_model)  # (B·T, d_model)
         dw_out = y_cat.T @ dout.reshape(B * T, self.d_model)  # (d_model, d_model)
         dy = (dout @ saved.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
-        # 2) through the attention, the way the forward went (its band: causal and window)
-        dq, dk, dv = self._attention_grads(saved, dy)
+        # 2) through the attention, the way the forward went (its band: causal and window, or its block mask)
+        dq, dk, dv, dscore_mod, _ = self._attention_grads(saved, dy)
         # 3) through RoPE: the rotation back by -θ
         if self.rope:
             dq, dk = rope_backward(dq), rope_backward(dk)
@@ -260,27 +289,37 @@ class MultiHeadAttention:
         dqkv = dqkv.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
         dw_qkv = x.reshape(B * T, self.d_model).T @ dqkv  # (d_model, (H + 2·Hkv)·d_head)
         dx = (dqkv @ saved.w_qkv.T).reshape(want)  # x's shape
-        return dx, dw_qkv, dw_out
+        return (dx, dw_qkv, dw_out) if dscore_mod is None else (dx, dw_qkv, dw_out, dscore_mod)
 
-    def _attention_grads(self, saved: Saved, dy: Array) -> tuple[Array, Array, Array]:
-        """dq, dk, dv of the forward's attention (its kernel, band and lse) for dY (B, H, T, d_head)."""
+    def _attention_grads(self, saved: Saved, dy: Array) -> FlexGrads:
+        """dq, dk, dv (and the score_mod's parameters') of the forward's attention (its kernel, mask, score_mod
+        and lse) for dY (B, H, T, d_head)."""
         q, k, v, y, band = saved.q, saved.k, saved.v, saved.y, saved.band
+        score_mod = check_score_mod(saved.score_mod, backward=True)
         T = q.shape[2]
         dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, T, T, self.d_head, self.d_head)
         scale = 1.0 / math.sqrt(self.d_head)
         if saved.fused:
-            plan = BackwardPlan(scale, band, *flash_plan(dims, band, scale)[2:4], os.cpu_count() or 1)
-            return flash_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
+            block_q, block_k = flash_plan(dims, band, scale)[2:4]
+            plan = BackwardPlan(scale, band, block_q, block_k, os.cpu_count() or 1, score_mod)
+            return flex_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
         ct = np.result_type(q, np.float32)  # float16 is computed in float32
         q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))
-        grads = attention_grads(q_c, k_c, v_c, dy_c, dims, scale, Hidden(None, band.offset, band.window))
-        return cast(tuple[Array, Array, Array], tuple(g.astype(q.dtype, copy=False) for g in grads))
+        grads = attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_hidden(band, score_mod))
+        return grads._replace(**{name: getattr(grads, name).astype(q.dtype, copy=False) for name in ("dq", "dk", "dv")})
+
+
+def reference_hidden(band: TileMask, score_mod: Any) -> Hidden:
+    """What the reference path hides and changes for a Band or a BlockMask (its mask_mod), and a score_mod."""
+    if isinstance(band, Band):
+        return Hidden(None, band.offset, band.window, score_mod=score_mod)
+    return Hidden(None, None, None, mask_mod=band.mask_mod, score_mod=score_mod)
 
 
 class Saved(NamedTuple):
     """What MultiHeadAttention.backward needs from its forward: copies of the input and of the weights as
     they were, the heads' q, k, v (after RoPE) and attention output y (B, H, T, d_head), flash's lse (fused)
-    or None, the band (causal, window) and the flags."""
+    or None, the mask (a Band of causal and window, or a BlockMask), the flags, and the score_mod or None."""
 
     module: MultiHeadAttention
     x: Array
@@ -291,11 +330,12 @@ class Saved(NamedTuple):
     v: Array
     y: Array
     lse: Array | None
-    band: Band
+    band: TileMask
     fused: bool
     unbatched: bool
+    score_mod: Any = None
 
     @property
     def causal(self) -> bool:
-        """Whether the forward was causal."""
-        return self.band.offset is not None
+        """Whether the forward was causal (a band with a diagonal; a block mask says it in its mask_mod)."""
+        return isinstance(self.band, Band) and self.band.offset is not None

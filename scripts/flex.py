@@ -1,0 +1,413 @@
+"""Attention patterns as mods, measured: our flex_attention beside flash_attention, our dense-mask reference,
+torch SDPA with a dense mask and torch's compiled flex_attention, on the same cores.
+
+    python scripts/flex.py                                # T = 2048, 4 heads of 64, float32: seconds
+    python scripts/flex.py --tokens 16384                 # the issue's table (minutes: the dense paths)
+    python scripts/flex.py --tokens 16384 --baseline DIR  # "today's" flash from DIR/tinyattn_np (another version)
+    python scripts/flex.py --no-torch --no-reference      # our paths only
+
+The patterns, all over T tokens (self-attention, L = S = T): causal; 8 packed documents, each causal;
+prefix-LM (the first T/4 tokens bidirectional); a sliding window of 1024; ALiBi and softcap (50) on causal.
+For each: the tile map (drawn coarse, T/16 a cell), the tiles that run, the time of the block mask, of our
+flex_attention and of the others, peaks, and the ratios the targets speak of, each within this run:
+    causal as a mask_mod          flex / flash_attention(causal=True) (the baseline's, with --baseline)
+    ALiBi, softcap                flex / that causal flash
+    8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
+    every pattern                 flex / torch's compiled flex_attention
+Times are medians of --repeats calls after a warm-up. Everything a target compares (our flex paths, flash,
+the batch of documents, torch's compiled flex_attention) is timed round-robin, one call of each in turn,
+with a 2048 x 2048 matmul among them, so that a busy spell of the shared machine falls on all alike; the
+dense paths (our reference, torch SDPA) run once each afterwards, with the matmul rate and the load average
+measured just before. A rate under 70% of the best of the run is marked busy. Peaks: tracemalloc for
+NumPy (what its arrays held at once), the growth of the resident set (VmHWM) for torch, whose allocations
+tracemalloc does not see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import math
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tinyattn_np as ta
+from tinyattn_np.measure import machine_info, median_ms, traced_peak
+from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, text_table
+
+SETTLE_SECONDS = 0.3
+TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
+           "torch flex": 1.5}  # fmt: skip
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=2048, help="T, a multiple of 16 (default 2048; the issue's: 16384)")
+    p.add_argument("--heads", type=int, default=4, help="query heads = kv heads (default 4)")
+    p.add_argument("--head-dim", type=int, default=64, help="E (default 64)")
+    p.add_argument("--window", type=int, default=1024, help="the sliding window's keys (default 1024)")
+    p.add_argument("--documents", type=int, default=8, help="packed documents of T / n tokens each (default 8)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls of each of our paths (default 3)")
+    p.add_argument("--workers", type=int, default=None, help="our threads, and torch's (default: the CPU count)")
+    p.add_argument("--baseline", metavar="DIR", help="time flash_attention(causal=True) from DIR/tinyattn_np too, "
+                   "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR")  # fmt: skip
+    p.add_argument("--no-reference", action="store_true", help="leave out our dense-mask reference (L x S memory)")
+    p.add_argument("--no-torch", action="store_true", help="leave out torch SDPA and torch's compiled flex")
+    add_format_argument(p)
+    p.add_argument("--seed", type=nonnegative_seed, default=0, help="seed for q, k, v (an int >= 0; default 0)")
+    args = p.parse_args(argv)
+    for name in ("tokens", "heads", "head_dim", "window", "documents", "repeats", "workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1; got {value}")
+    if args.tokens % math.lcm(16, args.documents):
+        p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
+    if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
+        p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
+    return args
+
+
+def load_baseline(folder: str) -> Any:
+    """The tinyattn_np package in folder, imported as another module (tinyattn_baseline)."""
+    package = Path(folder) / "tinyattn_np"
+    spec = importlib.util.spec_from_file_location(
+        "tinyattn_baseline", package / "__init__.py", submodule_search_locations=[str(package)]
+    )
+    assert spec is not None and spec.loader is not None  # a file that exists, checked in parse_args
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tinyattn_baseline"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------------
+# the patterns: each a mask_mod and a score_mod, on our side and on torch's
+
+
+def patterns(args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
+    """name -> (mask_mod, score_mod) with tinyattn_np's ready-made mods."""
+    T = args.tokens
+    causal = ta.causal_mod(T)
+    documents = ta.and_masks(ta.document_mod(np.repeat(np.arange(args.documents), T // args.documents)), causal)
+    return {
+        "causal": (causal, None),
+        f"{args.documents} documents": (documents, None),
+        "prefix-LM": (ta.prefix_lm_mod(T // 4), None),
+        f"window {args.window}": (ta.sliding_window_mod(args.window, T), None),
+        "alibi": (causal, ta.Alibi(ta.alibi_slopes(args.heads), T)),
+        "softcap": (causal, ta.Softcap(50.0)),
+    }
+
+
+def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any, Any]]:
+    """The same patterns written in torch ops, for torch's flex_attention (and its create_mask for SDPA)."""
+    T, window = args.tokens, args.window
+    n = T // args.documents  # tokens per document
+    slopes = torch.from_numpy(ta.alibi_slopes(args.heads).astype(np.float32))
+
+    def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return kv <= q
+
+    return {
+        "causal": (causal, None),
+        f"{args.documents} documents": (lambda b, h, q, kv: (q // n == kv // n) & (kv <= q), None),
+        "prefix-LM": (lambda b, h, q, kv: (kv < T // 4) | (kv <= q), None),
+        f"window {window}": (lambda b, h, q, kv: (kv <= q) & (q - kv < window), None),
+        "alibi": (causal, lambda s, b, h, q, kv: s - slopes[h] * (q - kv)),
+        "softcap": (causal, lambda s, b, h, q, kv: 50.0 * torch.tanh(s / 50.0)),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# measuring
+
+
+def matmul_rate(n: int = 2048) -> float:
+    """GFLOP/s of one n x n float32 matmul on all BLAS threads, now: how fast the machine is at the moment."""
+    a = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    return 2 * n**3 / median_ms(lambda: a @ a, 3) / 1e6
+
+
+def round_robin(calls: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Seconds (median) of each call, timed one call of each in turn, after one warm-up call of each; a short
+    idle before each, so that no library's spinning threads (OpenBLAS, OpenMP) slow the next call down."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for repeat in range(repeats + 1):
+        for name, call in calls.items():
+            time.sleep(SETTLE_SECONDS)
+            started = time.perf_counter()
+            call()
+            if repeat:  # the first round warms up
+                times[name].append(time.perf_counter() - started)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
+def rss_peak_growth(call: Any) -> int:
+    """Bytes by which the resident set's high-water mark rose during call() (Linux: reset by clear_refs).
+    malloc_trim first hands freed memory back to the system, so that the call's allocations show."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+        f.write("5")  # reset VmHWM to the current VmRSS
+    before = status_kib("VmRSS")
+    call()
+    return max(0, status_kib("VmHWM") - before) * 1024
+
+
+def status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+
+def seconds_once(call: Any) -> float:
+    time.sleep(SETTLE_SECONDS)  # let the other library's spinning threads go to sleep first
+    call()  # warm-up
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
+    """Every pattern through flex_attention against the reference on the first 512 tokens' worth of the same
+    patterns, and with --baseline, the causal one against the baseline's flash bit for bit; exit 1 if not."""
+    step = math.lcm(16, args.documents)  # T must split into the documents and into 16 map cells
+    small = argparse.Namespace(**{**vars(args), "tokens": min(args.tokens, max(step, 512 // step * step))})
+    rng = np.random.default_rng(args.seed)
+    q, k, v = (rng.standard_normal((1, args.heads, small.tokens, args.head_dim), dtype=np.float32) for _ in range(3))
+    worst = 0.0
+    for name, (mask_mod, score_mod) in patterns(small).items():
+        block_mask = ta.create_block_mask(mask_mod, None, None, small.tokens, small.tokens)
+        mine = ta.flex_attention(q, k, v, score_mod, block_mask, workers=args.workers)
+        worst = max(worst, float(np.max(np.abs(mine - ta.attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)))))
+        if not worst <= 1e-5:
+            sys.exit(f"error: flex_attention and the reference disagree on {name}: max |diff| = {worst:.3g}")
+    text = f"check: flex_attention equals the reference on every pattern at T = {small.tokens} (max |diff| {worst:.1e})"
+    if baseline is not None:
+        text += "; " + check_baseline(q, k, v, baseline, args.workers)
+    return text
+
+
+def check_baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, baseline: Any, workers: int | None) -> str:
+    """The causal band and the window as mask_mods give the baseline's bits: flex_attention with their block
+    masks against the baseline's flash_attention, and flash_attention_backward against the baseline's."""
+    T, dout = q.shape[-2], np.random.default_rng(1).standard_normal(q.shape, dtype=np.float32)
+    for band, mod in [({}, ta.causal_mod(T)), ({"window": 100}, ta.sliding_window_mod(100, T))]:
+        old = baseline.flash_attention(q, k, v, causal=True, return_lse=True, workers=workers, **band)
+        new = ta.flex_attention(q, k, v, block_mask=ta.create_block_mask(mod, None, None, T, T), return_lse=True)
+        old_grads = baseline.flash_attention_backward(q, k, v, *old[:1], dout, old[1], causal=True, **band)
+        new_grads = ta.flash_attention_backward(q, k, v, *new[:1], dout, new[1], causal=True, **band)
+        if not all(np.array_equal(a, b) for a, b in zip((*old, *old_grads), (*new, *new_grads), strict=True)):
+            sys.exit(f"error: causal {band or ''} is not the baseline's bit for bit (forward or backward)")
+    return "causal and window as mask_mods give the baseline's bits, forward and backward"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the rows
+
+
+def timed_rows(
+    args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any, side: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """Block masks, tile counts, peaks and round-robin times of our paths, with the flash baselines and (side:
+    torch) torch's compiled flex_attention in the same rounds, so that the ratios see the same machine."""
+    q, k, v = qkv
+    T, n = args.tokens, args.tokens // args.documents
+    rows, calls = {}, {}
+    for name, (mask_mod, score_mod) in patterns(args).items():
+        started = time.perf_counter()
+        block_mask = ta.create_block_mask(mask_mod, None, None, T, T)
+        mask_s = time.perf_counter() - started
+        run = dict(score_mod=score_mod, block_mask=block_mask, workers=args.workers)
+        _, peak = traced_peak(ta.flex_attention, q, k, v, **run)
+        calls[name] = lambda run=run: ta.flex_attention(q, k, v, **run)
+        rows[name] = {"pattern": name, "mask": block_mask, "mask s": mask_s, "flex peak": peak,
+                      "tiles": int(block_mask.to_dense().sum()), "of": block_mask.kinds[0, 0].size}  # fmt: skip
+        if side is not None:  # compiled at its warm-up call
+            calls["torch " + name] = torch_flex_call(name, args, side)
+    flash = baseline.flash_attention if baseline is not None else ta.flash_attention
+    calls["flash causal"] = lambda: flash(q, k, v, causal=True, workers=args.workers)
+    batch = [x.reshape(args.heads, args.documents, n, args.head_dim).swapaxes(0, 1) for x in qkv]  # (docs, H, n, E)
+    calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
+    square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
+    calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
+    progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
+             "flex_attention compiles at its first call)")  # fmt: skip
+    times = round_robin(calls, args.repeats)
+    for name, row in rows.items():
+        row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
+    rate = 2 * 2048**3 / times["matmul"] / 1e9
+    return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
+            "_rate": {"GFLOP/s": rate, "load": os.getloadavg()[0]}}  # fmt: skip
+
+
+def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> None:
+    """Our dense-mask reference: attention() with the dense bool mask (made beforehand, not timed)."""
+    mask_mod, score_mod = patterns(args)[row["pattern"]]
+    dense = ta.create_mask(mask_mod, None, None, args.tokens, args.tokens)[0, 0]  # (T, T) bool
+    try:
+        _, row["ref peak"] = traced_peak(ta.attention, *qkv, mask=dense, score_mod=score_mod)
+        row["ref s"] = seconds_once(lambda: ta.attention(*qkv, mask=dense, score_mod=score_mod))
+    except ta.AttentionMemoryError as err:
+        row["ref s"] = f"refused: {str(err).split(' at its peak')[0].split('allocate ')[-1]}"
+
+
+def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
+    """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import flex_attention as flex
+
+    torch.set_num_threads(args.workers or os.cpu_count() or 1)
+    return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
+            "patterns": torch_patterns(args, torch), "qkv": tuple(torch.from_numpy(x) for x in qkv),
+            "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
+
+
+def torch_flex_call(name: str, args: argparse.Namespace, side: dict[str, Any]) -> Any:
+    """A call of torch's compiled flex_attention on pattern `name`, with its block mask (tiles of 128)."""
+    mask_mod, score_mod = side["patterns"][name]
+    block_mask = side["flex"].create_block_mask(mask_mod, None, None, args.tokens, args.tokens, device="cpu",
+                                                BLOCK_SIZE=128)  # fmt: skip
+
+    def call() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return side["compiled"](*side["qkv"], score_mod, block_mask)
+
+    return call
+
+
+def torch_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]) -> None:
+    """torch SDPA with the dense mask (ALiBi: the dense bias; softcap has no dense form), and the peak of
+    torch's compiled flex_attention, for one pattern."""
+    mask_mod, score_mod = side["patterns"][row["pattern"]]
+    if score_mod is None or row["pattern"] == "alibi":
+        allowed = side["flex"].create_mask(mask_mod, 1, 1, args.tokens, args.tokens, device="cpu")  # (1, 1, T, T)
+        sdpa_row(row, args, side, allowed, score_mod)
+    row["torch flex peak"] = rss_peak_growth(torch_flex_call(row["pattern"], args, side))
+
+
+def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any], allowed: Any, bias_mod: Any) -> None:
+    """torch SDPA with allowed (1, 1, T, T) bool as its attn_mask, or the bias of bias_mod, -inf where hidden."""
+    torch, T, attn_mask = side["torch"], args.tokens, allowed
+    if bias_mod is not None:  # a float mask (1, H, T, T): the score_mod applied to zero scores
+        h = torch.arange(args.heads)[None, :, None, None]
+        bias = bias_mod(torch.zeros(1, args.heads, T, T), 0, h, torch.arange(T)[:, None], torch.arange(T))
+        attn_mask = bias.masked_fill(~allowed, float("-inf"))
+    sdpa = lambda: side["sdpa"](*side["qkv"], attn_mask=attn_mask)  # noqa: E731
+    row["sdpa s"], row["sdpa peak"] = seconds_once(sdpa), rss_peak_growth(sdpa)
+
+
+# ---------------------------------------------------------------------------------------------------
+# printing
+
+
+def cell(x: Any, unit: str = "s") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    return format_bytes(x) if unit == "B" else f"{x:.3f}"
+
+
+def ratio_text(value: float, target: float, below: bool = True) -> str:
+    met = value <= target if below else value >= target
+    return f"{value:.2f}x ({'<=' if below else '>='} {target}: {'met' if met else 'MISSED'})"
+
+
+def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], docs: str) -> str:
+    flash, batch = rows["_flash"]["s"], rows["_batch"]["s"]
+    if name == "causal":
+        return "flex/flash " + ratio_text(row["flex s"] / flash, TARGETS["causal"])
+    if name in ("alibi", "softcap"):
+        return "flex/causal flash " + ratio_text(row["flex s"] / flash, TARGETS[name])
+    if name == docs:
+        return (f"flex/batch {ratio_text(row['flex s'] / batch, TARGETS['documents vs batch'])}; flex/causal flash "
+                f"{ratio_text(row['flex s'] / flash, TARGETS['documents vs causal'])}")  # fmt: skip
+    return ""
+
+
+def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak",
+               "torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s", "load"]  # fmt: skip
+    ours = rows["_rate"]
+    best = max([ours["GFLOP/s"]] + [row["rate"][0] for name, row in rows.items() if "rate" in row])
+    table = []
+    for name, row in rows.items():
+        if name.startswith("_"):
+            continue
+        torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
+        rate, load = row["rate"]
+        table.append([name, f"{row['tiles']}/{row['of']}", cell(row["mask s"]), cell(row["flex s"]),
+                      cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
+                      cell(row.get("sdpa s")), cell(row.get("sdpa peak"), "B"), cell(row.get("torch flex s")),
+                      cell(row.get("torch flex peak"), "B"),
+                      "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"]),
+                      f"{rate:.0f}" + (" busy" if rate < 0.7 * best else ""), f"{load:.1f}"])  # fmt: skip
+    print(text_table(table, headers, fmt=args.format))
+    busy = " busy" if ours["GFLOP/s"] < 0.7 * best else ""
+    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs; in the "
+          f"round-robin timings it ran at {ours['GFLOP/s']:.0f}{busy} (load {ours['load']:.1f})\n")  # fmt: skip
+    docs = f"{args.documents} documents"
+    for name, row in rows.items():
+        if not name.startswith("_") and (text := target_text(name, row, rows, docs)):
+            print(f"{name}: {text}")
+    which = "the baseline's" if args.baseline else "this version's"
+    print(f"flash_attention(causal=True), {which}: {rows['_flash']['s']:.3f} s; the {args.documents} documents as "
+          f"a batch of {args.documents} x {args.tokens // args.documents}: {rows['_batch']['s']:.3f} s")  # fmt: skip
+
+
+def print_maps(args: argparse.Namespace) -> None:
+    """Each pattern's tile map, drawn with cells of T/16 (the kernels run tiles of 256: counts in the table)."""
+    T = args.tokens
+    print(f"tile maps, one cell = {T // 16} x {T // 16} scores ('#' full, '\\' partial, '.' empty):")
+    maps = []
+    for name, (mask_mod, _) in patterns(args).items():
+        coarse = ta.create_block_mask(mask_mod, None, None, T, T, BLOCK_SIZE=T // 16)
+        maps.append([name] + ta.draw_tile_plan(coarse).splitlines())
+    for line in zip(*maps, strict=True):
+        print("   ".join(f"{part:<31}" for part in line))
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    T, H, E = args.tokens, args.heads, args.head_dim
+    rng = np.random.default_rng(args.seed)
+    qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
+    info = machine_info()
+    print(f"T = {T}, {H} heads of {E}, float32, B = 1; {info['cpu']}, {info['cores']} cores, numpy "
+          f"{info['numpy']}; workers {args.workers or os.cpu_count()}"
+          + (f"; baseline {args.baseline}" if baseline else ""))  # fmt: skip
+    print(check_agreement(args, baseline))
+    print_maps(args)
+    side = None if args.no_torch else torch_setup(args, qkv)
+    rows = timed_rows(args, qkv, baseline, side)
+    for name, row in rows.items():
+        if name.startswith("_"):
+            continue
+        time.sleep(SETTLE_SECONDS)
+        row["rate"] = (matmul_rate(), os.getloadavg()[0])  # the machine's speed just before this row's others
+        if not args.no_reference:
+            progress(f"our dense-mask reference: {name}")
+            reference_row(row, args, qkv)
+        if side is not None:
+            torch_row(row, args, side)
+    print_table(rows, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""flex_attention_backward by hand, proved by central finite differences in float64 through every mask_mod
+and every ready-made score_mod (softcap's derivative, ALiBi's and the bias table's learned parameters, the
+sinks), held equal to the reference's gradients on whole matrices, and through MultiHeadAttention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_backward import assert_grads
+from test_flex import HKV, HQ, B, documents
+
+from tinyattn_np import (
+    Alibi,
+    Differentiable,
+    KVCache,
+    MultiHeadAttention,
+    RelativeBias,
+    Softcap,
+    alibi_slopes,
+    and_masks,
+    attention,
+    attention_backward,
+    causal_mod,
+    create_block_mask,
+    document_mod,
+    flash_attention_backward_one_head,
+    flash_attention_one_head,
+    flex_attention,
+    flex_attention_backward,
+    prefix_lm_mod,
+    sliding_window_mod,
+)
+from tinyattn_np.attention import check_attention
+from tinyattn_np.backward import attention_flex_grads
+
+L, S = 7, 9
+
+
+def inputs(rng, n_q=L, n_k=S, e=3, ev=2):
+    q, k = rng.standard_normal((B, HQ, n_q, e)), rng.standard_normal((B, HKV, n_k, e))
+    v, dout = rng.standard_normal((B, HKV, n_k, ev)), rng.standard_normal((B, HQ, n_q, ev))
+    return q, k, v, dout
+
+
+def mask_mods(n_q=L, n_k=S):
+    """(name, mask_mod, B and H of its block mask)."""
+    ids_q, ids_k = documents(n_q, [3]), documents(n_k, [5])
+    return [
+        ("none", None, None, None),
+        ("causal", causal_mod(n_q, n_k), None, None),
+        ("top-left", causal_mod(n_q, n_k, align="top_left"), None, None),
+        ("window", sliding_window_mod(3, n_q, n_k), None, None),
+        ("prefix-LM", prefix_lm_mod(np.array([2, 4])), B, None),
+        ("causal documents", and_masks(document_mod(ids_q, ids_k), causal_mod(n_q, n_k)), None, None),
+        ("per head", lambda b, h, q_idx, kv_idx: (kv_idx + h) % 3 != 0, None, HQ),
+    ]
+
+
+def score_mods(rng, n_q=L, n_k=S):
+    def wobble(score, b, h, q_idx, kv_idx):  # a user's mod, not a bias: its derivative is given by hand
+        return score + 0.3 * np.sin(score) + 0.05 * h
+
+    return [
+        ("none", None),
+        ("alibi, learned", Alibi(rng.uniform(0.1, 1.0, HQ), n_q, n_k, learned=True)),
+        ("alibi per batch", Alibi(rng.uniform(0.1, 1.0, (B, HQ)), n_q, n_k)),
+        ("softcap", Softcap(0.9)),
+        ("relative bias", RelativeBias(rng.standard_normal((HQ, 5)), n_q, n_k)),
+        ("user's, Differentiable", Differentiable(wobble, lambda score, b, h, q_idx, kv_idx: 1 + 0.3 * np.cos(score))),
+    ]
+
+
+def check_flex_grads(q, k, v, dout, score_mod, block_mask, sinks, what):
+    """flex_attention_backward against finite differences of Σ flex_attention(...) ∘ dout."""
+    run = dict(enable_gqa=True, sinks=sinks)
+    out, lse = flex_attention(q, k, v, score_mod, block_mask, return_lse=True, **run)
+    grads = flex_attention_backward(q, k, v, out, dout, lse, score_mod=score_mod, block_mask=block_mask, **run)
+
+    def loss():
+        return float(np.sum(flex_attention(q, k, v, score_mod, block_mask, **run) * dout))
+
+    pairs = [("q", q, grads.dq), ("k", k, grads.dk), ("v", v, grads.dv)]
+    if getattr(score_mod, "params", None) is not None:
+        pairs.append(("score_mod's parameters", score_mod.params, grads.dscore_mod))
+    else:
+        assert grads.dscore_mod is None
+    if sinks is not None:
+        pairs.append(("sinks", sinks, grads.dsinks))
+    assert_grads(loss, pairs, what)
+    return grads
+
+
+@pytest.mark.parametrize("index", range(7), ids=[case[0] for case in mask_mods()])
+def test_flex_backward_through_every_mask_mod(rng, index):
+    """Every mask_mod, with a nonlinear score_mod (softcap) and sinks on top, odd tiles, L != S, GQA."""
+    q, k, v, dout = inputs(rng)
+    name, mask_mod, b_size, h_size = mask_mods()[index]
+    block_mask = None if mask_mod is None else create_block_mask(mask_mod, b_size, h_size, L, S, BLOCK_SIZE=(2, 4))
+    check_flex_grads(q, k, v, dout, Softcap(1.5), block_mask, rng.standard_normal(HQ), name)
+
+
+@pytest.mark.parametrize("index", range(6), ids=[case[0] for case in score_mods(np.random.default_rng(0))])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_flex_backward_through_every_score_mod(rng, index, sinks):
+    """Every ready-made score_mod and a user's Differentiable one, under causal documents, with and without
+    sinks: dq, dk, dv, the learned parameters and the sinks against finite differences."""
+    q, k, v, dout = inputs(rng)
+    name, score_mod = score_mods(rng)[index]
+    mask_mod = mask_mods()[5][1]
+    block_mask = create_block_mask(mask_mod, None, None, L, S, BLOCK_SIZE=(3, 2))
+    check_flex_grads(q, k, v, dout, score_mod, block_mask, rng.standard_normal(HQ) if sinks else None, name)
+
+
+@pytest.mark.parametrize("block_size", [(1, 1), (2, 3), (5, 4), (64, 64)])
+def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_size):
+    """The blockwise backward and the reference's on whole matrices (attention_flex_grads), every mask_mod
+    with every score_mod, with sinks: the same gradients to rounding."""
+    q, k, v, dout = inputs(rng)
+    sinks = rng.standard_normal(HQ)
+    for mask_name, mask_mod, b_size, h_size in mask_mods():
+        block_mask = (
+            None if mask_mod is None else create_block_mask(mask_mod, b_size, h_size, L, S, BLOCK_SIZE=block_size)
+        )
+        for score_name, score_mod in score_mods(rng):
+            out, lse = flex_attention(q, k, v, score_mod, block_mask, enable_gqa=True, return_lse=True, sinks=sinks)
+            mine = flex_attention_backward(q, k, v, out, dout, lse, score_mod=score_mod, block_mask=block_mask,
+                                           enable_gqa=True, sinks=sinks)  # fmt: skip
+            checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
+                                      mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)  # fmt: skip
+            gold = attention_flex_grads(*checked[:3], dout, *checked[3:])
+            for field, a, b in zip(mine._fields, mine, gold, strict=True):
+                if a is None or b is None:
+                    assert a is b, f"{field}: {mask_name} x {score_name}"
+                    continue
+                np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"{field}: {mask_name} x {score_name}")
+
+
+def test_the_reference_backward_takes_the_mods(rng):
+    q, k, v, dout = inputs(rng)
+    score_mod, mask_mod, sinks = Softcap(0.7), mask_mods()[4][1], rng.standard_normal(HQ)
+
+    def loss():
+        return float(np.sum(attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, sinks=sinks) * dout))
+
+    dq, dk, dv = attention_backward(q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
+    assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], "reference with mods")
+
+
+def test_a_score_mod_without_its_derivative_is_refused_with_what_to_pass(rng):
+    q, k, v, dout = inputs(rng)
+
+    def shifted(score, b, h, q_idx, kv_idx):
+        return score + 1.0
+
+    out, lse = flex_attention(q, k, v, shifted, enable_gqa=True, return_lse=True)  # the forward takes any mod
+    with pytest.raises(TypeError, match=r"does not give its derivative.*Differentiable\(score_mod, derivative\)"):
+        flex_attention_backward(q, k, v, out, dout, lse, score_mod=shifted, enable_gqa=True)
+    with pytest.raises(TypeError, match="Differentiable"):
+        attention_backward(q, k, v, dout, score_mod=shifted)
+    grads = flex_attention_backward(q, k, v, out, dout, lse, score_mod=Differentiable(shifted, lambda *_: 1.0),
+                                    enable_gqa=True)  # fmt: skip
+    plain_out, plain_lse = flex_attention(q, k, v, enable_gqa=True, return_lse=True)  # softmax ignores the shift
+    np.testing.assert_allclose(plain_lse + 1.0, lse, atol=1e-12)
+    plain = flex_attention_backward(q, k, v, plain_out, dout, plain_lse, enable_gqa=True)
+    for a, b in zip(grads[:3], plain[:3], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+def test_the_backward_refuses_another_forwards_state(rng):
+    """P's rows, with the sink's weight, must sum to 1: an lse from other sinks or another mod is refused."""
+    q, k, v, dout = inputs(rng)
+    sinks = np.array([0.5, 1.0, -0.5, 2.0])
+    out, lse = flex_attention(q, k, v, enable_gqa=True, return_lse=True, sinks=sinks)
+    with pytest.raises(ValueError, match="sum to .*, not 1.*sinks"):
+        flex_attention_backward(q, k, v, out, dout, lse, enable_gqa=True)  # the sinks left out
+    with pytest.raises(ValueError, match="sum to"):
+        flex_attention_backward(q, k, v, out, dout, lse, score_mod=Softcap(0.5), enable_gqa=True, sinks=sinks)
+
+
+def test_same_bits_for_any_number_of_workers(rng):
+    q, k, v, dout = (x.astype(np.float32) for x in inputs(rng, 90, 110, e=8, ev=8))
+    block_mask = create_block_mask(mask_mods(90, 110)[6][1], None, HQ, 90, 110, BLOCK_SIZE=(16, 8))
+    run = dict(score_mod=RelativeBias(rng.standard_normal((HQ, 9)), 90, 110), block_mask=block_mask,
+               enable_gqa=True, sinks=np.ones(HQ))  # fmt: skip
+    out, lse = flex_attention(q, k, v, return_lse=True, **run)
+    one = flex_attention_backward(q, k, v, out, dout, lse, workers=1, **run)
+    for workers in (2, 3):
+        for a, b in zip(one, flex_attention_backward(q, k, v, out, dout, lse, workers=workers, **run), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_one_head_plain_backward_is_the_fast_path(rng):
+    q, k, v, dout = inputs(rng, 11, 13)
+    block_mask = create_block_mask(prefix_lm_mod(3), None, HQ, 11, 13, BLOCK_SIZE=(4, 3))
+    softcap = Softcap(1.1)
+    out, lse = flex_attention(q, k, v, softcap, block_mask, enable_gqa=True, return_lse=True)
+    fast = flex_attention_backward(q, k, v, out, dout, lse, score_mod=softcap, block_mask=block_mask, enable_gqa=True)
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for h in range(HQ):
+        head = (q[0, h], k[0, h // 2], v[0, h // 2])
+        mods = dict(score_mod=softcap, block_mask=block_mask, head=h)
+        one_out, one_lse = flash_attention_one_head(*head, **mods)
+        dq_h, dk_h, dv_h = flash_attention_backward_one_head(*head, one_out, dout[0, h], one_lse, **mods)
+        np.testing.assert_allclose(dq_h, fast.dq[0, h], rtol=1e-12, atol=1e-12)
+        dk[0, h // 2] += dk_h
+        dv[0, h // 2] += dv_h
+    np.testing.assert_allclose(dk[0], fast.dk[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dv[0], fast.dv[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multihead_attention_with_a_block_mask_and_a_learned_score_mod(rng, fused):
+    """The module's forward and backward through a block mask (causal documents) and a learned bias table:
+    the fourth gradient is the table's, and all four match finite differences."""
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=rng, dtype=np.float64)
+    x, dout = rng.standard_normal((2, 6, 16)), rng.standard_normal((2, 6, 16))
+    ids = documents(6, [2])
+    block_mask = create_block_mask(and_masks(document_mod(ids), causal_mod(6)), None, None, 6, 6, BLOCK_SIZE=(4, 2))
+    bias = RelativeBias(rng.standard_normal((4, 5)), 6)
+    run = dict(causal=False, fused=fused, block_mask=block_mask, score_mod=bias)
+    out, saved = mha.forward(x, **run)
+    np.testing.assert_allclose(out, mha(x, **run), atol=1e-14)
+    dx, dw_qkv, dw_out, dtable = mha.backward(dout, saved)
+
+    def loss():
+        return float(np.sum(mha(x, **run) * dout))
+
+    pairs = [("x", x, dx), ("w_qkv", mha.w_qkv, dw_qkv), ("w_out", mha.w_out, dw_out), ("table", bias.table, dtable)]
+    assert_grads(loss, pairs, f"mha fused={fused}")
+
+
+def test_multihead_attention_mods_errors(rng):
+    mha = MultiHeadAttention(16, 4, rng=rng, dtype=np.float64)
+    x = rng.standard_normal((1, 6, 16))
+    block_mask = create_block_mask(causal_mod(6), None, None, 6, 6)
+    with pytest.raises(ValueError, match="pass block_mask with causal=False"):
+        mha.forward(x, block_mask=block_mask)
+    with pytest.raises(ValueError, match=r"block_mask was made for .* \(1, 1, 6, 6\)"):
+        mha.forward(x[:, :5], causal=False, block_mask=block_mask)
+    with pytest.raises(ValueError, match="cache= decodes with the causal band"):
+        mha(x, cache=KVCache(1, 4, 8, 4, dtype=np.float64), score_mod=Softcap(1.0))
+    out, saved = mha.forward(x, score_mod=lambda score, b, h, q_idx, kv_idx: score * 2)
+    with pytest.raises(TypeError, match="does not give its derivative"):
+        mha.backward(out, saved)
+    assert saved.causal and not mha.forward(x, causal=False, block_mask=block_mask)[1].causal
+
+
+def test_alibi_slopes_are_the_papers():
+    """Press et al. 2022: 8 heads 1/2 ... 1/256; 12 heads: the 8 of 8 heads, then every other of 16 heads."""
+    np.testing.assert_array_equal(alibi_slopes(8), 2.0 ** -np.arange(1, 9))
+    sixteen = 2.0 ** (-0.5 * np.arange(1, 17))
+    np.testing.assert_array_equal(alibi_slopes(12), np.concatenate([alibi_slopes(8), sixteen[0::2][:4]]))
+    np.testing.assert_allclose(alibi_slopes(1), [2.0**-8])
+
+
+def test_float32_gradients_of_the_mods(rng):
+    """In float32 the mods' gradients come back in float32, close to the float64 ones."""
+    q, k, v, dout = inputs(rng)
+    alibi, sinks = Alibi(alibi_slopes(HQ), L, S, learned=True), np.zeros(HQ)
+    grads = {}
+    for dtype in (np.float32, np.float64):
+        args = [x.astype(dtype) for x in (q, k, v)]
+        out, lse = flex_attention(*args, alibi, enable_gqa=True, return_lse=True, sinks=sinks)
+        grads[dtype] = flex_attention_backward(*args, out, dout.astype(dtype), lse, score_mod=alibi, enable_gqa=True,
+                                               sinks=sinks)  # fmt: skip
+    for a, b in zip(grads[np.float32], grads[np.float64], strict=True):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads):
+    """attention() and attention_backward() with mods refuse by an upper bound of their peak: the plain
+    path's model plus what the ready-made mods make (attention.mods_bytes); tracemalloc stays under it."""
+    from tinyattn_np._guard import attention_backward_bytes, naive_attention_bytes
+    from tinyattn_np.attention import mods_bytes
+    from tinyattn_np.measure import traced_peak
+
+    T = 512
+    q, k, v, dout = (rng.standard_normal((1, heads, T, 32)).astype(np.float32) for _ in range(4))
+    mods = [(Alibi(alibi_slopes(heads), T, learned=True), causal_mod(T)), (Softcap(5.0), None),
+            (RelativeBias(rng.standard_normal((heads, 9)), T), prefix_lm_mod(10))]  # fmt: skip
+    for score_mod, mask_mod in mods:
+        checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
+                                  mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
+        dims, hidden = checked[3], checked[5]
+        _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
+        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 2)
+        assert forward <= bound, f"{score_mod}: forward {forward:,} B > {bound:,} B"
+        _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
+        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
+        assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
+
+
+def test_the_one_head_backward_refuses_a_block_mask_with_causal(rng):
+    q, k, v, dout = (x[0, 0] for x in inputs(rng))
+    block_mask = create_block_mask(causal_mod(L, S), None, None, L, S)
+    out, lse = flash_attention_one_head(q, k, v, block_mask=block_mask)
+    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
+        flash_attention_backward_one_head(q, k, v, out, dout, lse, causal=True, block_mask=block_mask)

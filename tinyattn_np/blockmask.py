@@ -1,0 +1,398 @@
+"""Which tiles of the score matrix run: the block mask, read by every blockwise kernel.
+
+Cut the L x S scores into tiles of block_q x block_k. Under a mask each tile is one of three kinds:
+
+    full      every query of the tile sees every key of it: run it, no mask needed
+    partial   a mask edge crosses it: run it, then hide the keys its queries may not see
+    empty     no query sees any key of it: never computed
+
+Two things answer the kernels' questions about them (row_tiles for the forward, column_tiles for the
+backward, and the mask_mod that hides keys in a partial tile):
+
+    Band        the causal band (and a sliding window) by arithmetic, O(1) per tile: what
+                flash_attention(causal=True, window=...) runs; its partial tiles are "diagonal"
+    BlockMask   any mask_mod, from a table of tile kinds that create_block_mask fills tile by tile,
+                calling the mask_mod on one tile at a time, never on all L x S (torch's FlexAttention)
+
+For the causal mask they give the same tiles: create_block_mask(causal_mod(L, S), ...) is Band's plan.
+tile_plan lists the tiles of a band, draw_tile_plan draws any plan ('#' full, '\\' partial, '.' empty).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import check_bool, check_count, check_positive_int, check_sizes
+from .masks import causal_offset, check_window
+from .mods import causal_band, name_of, noop_mask, visible
+
+# The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
+# default: measured in docs/tiles.md. torch's default is 128, sized for a GPU's shared memory.
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 256
+
+FULL, DIAGONAL, PARTIAL = "full", "diagonal", "partial"  # DIAGONAL: Band's partial tiles, a causal edge
+EMPTY_TILE, PARTIAL_TILE, FULL_TILE = 0, 1, 2  # a BlockMask's table of kinds
+
+
+class Tile(NamedTuple):
+    """One block of the score matrix that runs: rows q_start:q_stop, columns k_start:k_stop.
+
+    kind is "full" (no entry masked), or "diagonal" or "partial" (a mask edge crosses it: needs a mask).
+    """
+
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    kind: str
+
+
+class Heads(NamedTuple):
+    """The query heads a kernel step runs: batch entry b[n] and query head h[n] of each, (n,) ints."""
+
+    b: np.ndarray
+    h: np.ndarray
+
+
+class TileMask(Protocol):
+    """What the kernels ask of a mask; Band and BlockMask both answer. heads: the query heads of the step
+    (Band's answers are the same for every head). place: how many tiles of its row come before a tile."""
+
+    @property
+    def mask_mod(self) -> Callable[..., Any]: ...  # fmt: skip
+
+    def row_tiles(
+        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
+    ) -> Iterator[Tile]: ...  # fmt: skip
+
+    def column_tiles(
+        self, k_start: int, k_stop: int, n_q: int, block_q: int, heads: Heads | None = None
+    ) -> Iterator[Tile]: ...  # fmt: skip
+
+    def row_length(
+        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
+    ) -> int: ...  # fmt: skip
+
+    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int: ...  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# the causal band, by arithmetic
+
+
+class Band(NamedTuple):
+    """The keys each query may see: every key (offset None), or the causal band: query i sees key j when
+    j <= i + offset (offset = S - L bottom-right, 0 top-left), and with a window also j > i + offset - window.
+
+    It answers the kernels' questions by arithmetic: the tiles of a row of query blocks (the forward), the
+    tiles of a column of key blocks (the backward), and, through its mask_mod (mods.causal_band), which
+    entries of a "diagonal" tile are hidden. The heads argument is accepted and ignored: every head sees
+    the same band.
+    """
+
+    offset: int | None
+    window: int | None = None
+
+    @property
+    def mask_mod(self) -> Callable[..., Any]:
+        """The band as a mask_mod: noop_mask without causal, else mods.causal_band(offset, window)."""
+        return noop_mask if self.offset is None else causal_band(self.offset, self.window)
+
+    def visible_keys(self, q_start: int, q_stop: int, n_k: int) -> range:
+        """The keys that at least one query of q_start:q_stop may see."""
+        if self.offset is None:
+            return range(n_k)
+        stop = min(n_k, q_stop + self.offset)  # the last query's diagonal, inclusive
+        start = 0 if self.window is None else max(0, q_start + self.offset - self.window + 1)  # first's back edge
+        return range(start, max(start, stop))
+
+    def visible_queries(self, k_start: int, k_stop: int, n_q: int) -> range:
+        """The queries that see at least one key of k_start:k_stop."""
+        if self.offset is None:
+            return range(n_q)
+        start = max(0, k_start - self.offset)  # the first query whose diagonal reaches the first key
+        stop = n_q if self.window is None else min(n_q, k_stop - 1 - self.offset + self.window)
+        return range(start, max(start, stop))
+
+    def kind(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> str:
+        """ "full" when every query of the tile sees every key of it, else "diagonal"."""
+        if self.offset is None:
+            return FULL
+        below_diagonal = k_stop - 1 <= q_start + self.offset  # the first query sees the last key
+        inside_window = self.window is None or k_start > q_stop - 1 + self.offset - self.window  # last sees first
+        return FULL if below_diagonal and inside_window else DIAGONAL
+
+    def row_tiles(
+        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
+    ) -> Iterator[Tile]:
+        """The tiles of query block q_start:q_stop that run, on the key grid 0, block_k, ..., made one at a time."""
+        keys = self.visible_keys(q_start, q_stop, n_k)
+        for k_start in range(keys.start // block_k * block_k, keys.stop, block_k):
+            k_stop = min(k_start + block_k, n_k)
+            yield Tile(q_start, q_stop, k_start, k_stop, self.kind(q_start, q_stop, k_start, k_stop))
+
+    def column_tiles(
+        self, k_start: int, k_stop: int, n_q: int, block_q: int, heads: Heads | None = None
+    ) -> Iterator[Tile]:
+        """The tiles of key block k_start:k_stop that run, on the query grid 0, block_q, ..., one at a time."""
+        queries = self.visible_queries(k_start, k_stop, n_q)
+        for q_start in range(queries.start // block_q * block_q, queries.stop, block_q):
+            q_stop = min(q_start + block_q, n_q)
+            yield Tile(q_start, q_stop, k_start, k_stop, self.kind(q_start, q_stop, k_start, k_stop))
+
+    def row_length(self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+        """How many tiles row_tiles makes, without making them."""
+        keys = self.visible_keys(q_start, q_stop, n_k)
+        return len(range(keys.start // block_k * block_k, keys.stop, block_k))
+
+    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+        """How many tiles of its row come before tile: the keys a row sees are contiguous."""
+        return tile.k_start // block_k - self.visible_keys(tile.q_start, tile.q_stop, n_k).start // block_k
+
+    def hidden(self, tile: Tile) -> NDArray[np.bool_]:
+        """(bq, bk) bool, True where the tile's query may not see its key (only asked of "diagonal" tiles)."""
+        rows, cols = np.arange(tile.q_start, tile.q_stop)[:, None], np.arange(tile.k_start, tile.k_stop)[None, :]
+        return ~visible(self.mask_mod, 0, 0, rows, cols)  # (bq, bk)
+
+
+def check_band(causal: Any, window: Any, n_q: int, n_k: int, align: Any = "bottom_right") -> Band:
+    """causal, window and align checked, as the Band they describe."""
+    causal = check_bool(causal, "causal")
+    offset = causal_offset(n_q, n_k, align)  # checks align even when causal=False
+    if window is not None:
+        if not causal:
+            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+        window = check_window(window, n_q, n_k)
+    return Band(offset if causal else None, window)
+
+
+# ---------------------------------------------------------------------------------------------------
+# any mask_mod, from a table of tile kinds
+
+
+class BlockMask:
+    """The kind of every tile, for each batch entry and query head (torch's BlockMask, in NumPy).
+
+    kinds: int8 (B, H, ⌈Q_LEN / block_q⌉, ⌈KV_LEN / block_k⌉), 0 empty, 1 partial, 2 full; B or H of 1 is
+    shared by every batch entry or head (then the mask_mod must not depend on b or h). mask_mod hides the
+    keys of the partial tiles. Make one with create_block_mask. torch's names read the same table:
+    kv_num_blocks and kv_indices list each query block's partial tiles, full_kv_num_blocks and
+    full_kv_indices its full ones; to_dense() is the tile map, sparsity() the percent of tiles skipped.
+    """
+
+    def __init__(self, kinds: np.ndarray, seq_lengths: tuple[int, int], BLOCK_SIZE: tuple[int, int],
+                 mask_mod: Callable[..., Any]):  # fmt: skip
+        self.kinds = kinds  # (B, H, n_q blocks, n_k blocks)
+        self.seq_lengths, self.BLOCK_SIZE, self.mask_mod = seq_lengths, BLOCK_SIZE, mask_mod
+        seen = kinds != EMPTY_TILE
+        self.before = (np.cumsum(seen, axis=-1) - seen).astype(np.int32)  # the tiles left of each in its row
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(B, H, Q_LEN, KV_LEN), as torch's BlockMask.shape."""
+        b_size, h_size = self.kinds.shape[:2]
+        return b_size, h_size, *self.seq_lengths
+
+    def __repr__(self) -> str:
+        return (f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, sparsity={self.sparsity():.2f}%, "
+                f"mask_mod={name_of(self.mask_mod)})")  # fmt: skip
+
+    def __str__(self) -> str:
+        return draw_tile_plan(self)
+
+    def sparsity(self) -> float:
+        """The percent of tiles that never run (torch's BlockMask.sparsity)."""
+        return 100.0 * float(np.mean(self.kinds == EMPTY_TILE)) if self.kinds.size else 0.0
+
+    def to_dense(self) -> np.ndarray:
+        """(B, H, n_q blocks, n_k blocks) int32, 1 where a tile runs (torch's BlockMask.to_dense)."""
+        return (self.kinds != EMPTY_TILE).astype(np.int32)
+
+    def indices(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
+        """How many tiles of `kind` each query block has (B, H, n_q blocks), and their key blocks, first."""
+        chosen = self.kinds == kind
+        order = np.argsort(~chosen, axis=-1, kind="stable")  # the chosen key blocks first, each in order
+        return chosen.sum(axis=-1, dtype=np.int32), order.astype(np.int32)
+
+    kv_num_blocks = property(lambda self: self.indices(PARTIAL_TILE)[0], doc="partial tiles per query block")
+    kv_indices = property(lambda self: self.indices(PARTIAL_TILE)[1], doc="their key blocks, first in each row")
+    full_kv_num_blocks = property(lambda self: self.indices(FULL_TILE)[0], doc="full tiles per query block")
+    full_kv_indices = property(lambda self: self.indices(FULL_TILE)[1], doc="their key blocks, first in each row")
+
+    def kinds_of(self, heads: Heads | None, q_block: Any = slice(None), k_block: Any = slice(None)) -> np.ndarray:
+        """The kinds of the tiles [q_block, k_block] that one step over these heads (None: every head) sees:
+        full where full for every head, empty where empty for every head, else partial (the mask_mod then
+        hides what each head may not see)."""
+        b_size, h_size = self.kinds.shape[:2]
+        if (b_size, h_size) == (1, 1):
+            return self.kinds[0, 0, q_block, k_block]
+        if heads is None:
+            each = self.kinds[:, :, q_block, k_block].reshape(b_size * h_size, -1)  # (B·H, tiles)
+        else:  # a mask of B or H = 1 is shared: entry 0 for every batch entry or head
+            each = self.kinds[heads.b % b_size, heads.h % h_size, q_block, k_block].reshape(len(heads.b), -1)
+        full, empty = (each == FULL_TILE).all(axis=0), (each == EMPTY_TILE).all(axis=0)
+        kinds = np.where(full, FULL_TILE, np.where(empty, EMPTY_TILE, PARTIAL_TILE)).astype(np.int8)
+        return kinds.reshape(self.kinds[0, 0, q_block, k_block].shape)
+
+    def row_tiles(
+        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
+    ) -> Iterator[Tile]:
+        """The tiles of query block q_start:q_stop that run, in key order (block_k is BLOCK_SIZE[1])."""
+        row = self.kinds_of(heads, q_block=q_start // self.BLOCK_SIZE[0])  # (n_k blocks,)
+        for k_block in np.flatnonzero(row).tolist():
+            k_start = k_block * self.BLOCK_SIZE[1]
+            kind = FULL if row[k_block] == FULL_TILE else PARTIAL
+            yield Tile(q_start, q_stop, k_start, min(k_start + self.BLOCK_SIZE[1], n_k), kind)
+
+    def column_tiles(
+        self, k_start: int, k_stop: int, n_q: int, block_q: int, heads: Heads | None = None
+    ) -> Iterator[Tile]:
+        """The tiles of key block k_start:k_stop that run, in query order (block_q is BLOCK_SIZE[0])."""
+        column = self.kinds_of(heads, k_block=k_start // self.BLOCK_SIZE[1])  # (n_q blocks,)
+        for q_block in np.flatnonzero(column).tolist():
+            q_start = q_block * self.BLOCK_SIZE[0]
+            kind = FULL if column[q_block] == FULL_TILE else PARTIAL
+            yield Tile(q_start, min(q_start + self.BLOCK_SIZE[0], n_q), k_start, k_stop, kind)
+
+    def row_length(self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+        """How many tiles row_tiles makes."""
+        return int(np.count_nonzero(self.kinds_of(heads, q_block=q_start // self.BLOCK_SIZE[0])))
+
+    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+        """How many tiles of its row come before tile, for the one head of heads (the backward's items)."""
+        b, h = (0, 0) if heads is None else (int(heads.b[0]), int(heads.h[0]))
+        table = self.before[b % self.before.shape[0], h % self.before.shape[1]]  # (n_q blocks, n_k blocks)
+        return int(table[tile.q_start // self.BLOCK_SIZE[0], tile.k_start // self.BLOCK_SIZE[1]])
+
+    def hidden(self, tile: Tile) -> NDArray[np.bool_]:
+        """(bq, bk) bool, True where the mask_mod hides the key from the query (batch entry 0, head 0)."""
+        rows, cols = np.arange(tile.q_start, tile.q_stop)[:, None], np.arange(tile.k_start, tile.k_stop)[None, :]
+        return ~np.broadcast_to(visible(self.mask_mod, 0, 0, rows, cols), (len(rows), cols.shape[1]))
+
+    def check_for(self, batch: int, hq: int, n_q: int, n_k: int) -> None:
+        """Refuse a block mask made for other inputs: B and H must be 1 or the inputs', the lengths theirs."""
+        b_size, h_size = self.kinds.shape[:2]
+        if self.seq_lengths != (n_q, n_k) or b_size not in (1, batch) or h_size not in (1, hq):
+            raise ValueError(
+                f"block_mask was made for (B, H, Q_LEN, KV_LEN) = {self.shape}; the inputs have B = {batch}, "
+                f"Hq = {hq}, L = {n_q}, S = {n_k} (B and H of the mask must be 1 or the inputs')"
+            )
+
+    def tile_plan(self, b: int = 0, h: int = 0) -> TilePlan:
+        """The tiles that run for batch entry b and head h, as tile_plan lists them (to draw or count)."""
+        (n_q, n_k), (block_q, block_k) = self.seq_lengths, self.BLOCK_SIZE
+        heads = Heads(np.array([b]), np.array([h]))
+        rows = range(0, n_q, block_q)
+        tiles = [
+            t for q_start in rows for t in self.row_tiles(q_start, min(q_start + block_q, n_q), n_k, block_k, heads)
+        ]
+        return TilePlan(tiles, n_q, n_k, block_q, block_k)
+
+
+def create_block_mask(
+    mask_mod: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device: Any = None,
+    BLOCK_SIZE: int | tuple[int, int] = DEFAULT_BLOCK_Q,
+) -> BlockMask:  # fmt: skip
+    """The BlockMask of mask_mod(b, h, q_idx, kv_idx) (torch's create_block_mask): one call per tile, for
+    every batch entry and head at once, so nothing of L x S is ever held. B or H = None: one entry shared
+    by all (the mask_mod must not depend on b or h then). BLOCK_SIZE: an int or (block_q, block_k); the
+    kernels run tiles of that size. Time O(L·S) comparisons, once per mask, however many layers use it.
+
+    >>> from tinyattn_np.mods import causal_mod
+    >>> print(create_block_mask(causal_mod(6, 6), None, None, 6, 6, BLOCK_SIZE=2))
+    \\ . .
+    # \\ .
+    # # \\
+    """
+    if device not in (None, "cpu"):
+        raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
+    if not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx); got {mask_mod!r}")
+    b_size, h_size = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
+    n_q, n_k = check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN")
+    sizes = BLOCK_SIZE if isinstance(BLOCK_SIZE, tuple) else (BLOCK_SIZE, BLOCK_SIZE)
+    block_q, block_k = (check_positive_int(size, "BLOCK_SIZE") for size in sizes)
+    b, h = np.arange(b_size)[:, None, None, None], np.arange(h_size)[None, :, None, None]  # (B, 1, 1, 1), (1, H, 1, 1)
+    kinds = np.empty((b_size, h_size, -(-n_q // block_q), -(-n_k // block_k)), np.int8)
+    for i, q_start in enumerate(range(0, n_q, block_q)):
+        q_idx = np.arange(q_start, min(q_start + block_q, n_q))[:, None]  # (bq, 1)
+        for j, k_start in enumerate(range(0, n_k, block_k)):
+            kv_idx = np.arange(k_start, min(k_start + block_k, n_k))[None, :]  # (1, bk)
+            tile = np.broadcast_to(visible(mask_mod, b, h, q_idx, kv_idx), (b_size, h_size, q_idx.size, kv_idx.size))
+            seen = np.count_nonzero(tile, axis=(2, 3))  # (B, H): how many (query, key) pairs of the tile may attend
+            kinds[:, :, i, j] = np.where(seen == tile[0, 0].size, FULL_TILE, np.minimum(seen, PARTIAL_TILE))
+    return BlockMask(kinds, (n_q, n_k), (block_q, block_k), mask_mod)
+
+
+# ---------------------------------------------------------------------------------------------------
+# listing and drawing the tiles
+
+
+class TilePlan(list[Tile]):
+    """The tiles that run, as a list, with the sizes they were planned for (draw_tile_plan reads them)."""
+
+    def __init__(self, tiles: list[Tile], n_q: int, n_k: int, block_q: int, block_k: int):
+        super().__init__(tiles)
+        self.n_q, self.n_k, self.block_q, self.block_k = n_q, n_k, block_q, block_k
+
+
+def tile_plan(
+    n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool = False, window: int | None = None,
+    align: str = "bottom_right",
+) -> TilePlan:  # fmt: skip
+    """The tiles of an n_q x n_k score matrix that flash_attention computes, row block by row block.
+
+    Without causal every tile runs, all "full". With causal (bottom-right: query i sees key j when
+    j <= i + n_k - n_q; align="top_left": j <= i) a tile wholly above the diagonal is left out, a tile
+    wholly below it is "full", and a tile the diagonal crosses is "diagonal". Rows that see no key at all
+    (n_q > n_k) get no tile. window (needs causal=True): each query sees only the last `window` keys,
+    itself included; tiles wholly behind that band are left out too, and those its back edge crosses are
+    "diagonal". flash_attention makes the same tiles one query block at a time; this list is for counting
+    and drawing. BlockMask.tile_plan() lists a block mask's tiles the same way.
+
+    >>> print(draw_tile_plan(tile_plan(4, 4, 2, 2, causal=True)))
+    \\ .
+    # \\
+    """
+    n_q, n_k = check_sizes(n_q, n_k)
+    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
+    band = check_band(causal, window, n_q, n_k, align)
+    rows = range(0, n_q, block_q)
+    tiles = [tile for q_start in rows for tile in band.row_tiles(q_start, min(q_start + block_q, n_q), n_k, block_k)]
+    return TilePlan(tiles, n_q, n_k, block_q, block_k)
+
+
+def draw_tile_plan(
+    tiles: TilePlan | BlockMask,
+    n_q: int | None = None,
+    n_k: int | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> str:
+    """A character map of the tile grid: '#' full tile, '\\' a tile a mask edge crosses, '.' skipped.
+
+    tiles: what tile_plan() returns, or a BlockMask (its batch entry 0 and head 0; block_mask.tile_plan(b, h)
+    for another). The plan carries its own sizes: draw_tile_plan(tile_plan(...)) is enough. Sizes passed as
+    well must be the plan's (a grid of other sizes would draw a wrong picture), else ValueError.
+    """
+    if isinstance(tiles, BlockMask):
+        tiles = tiles.tile_plan()
+    if not isinstance(tiles, TilePlan):
+        raise TypeError(
+            f"tiles must be what tile_plan() returns (a TilePlan) or a BlockMask; got {type(tiles).__name__}"
+        )
+    given = {"n_q": n_q, "n_k": n_k, "block_q": block_q, "block_k": block_k}
+    for name, value in given.items():
+        if value is not None and value != getattr(tiles, name):
+            raise ValueError(f"{name}={value!r} does not match the plan, which has {name}={getattr(tiles, name)}")
+    marks = {FULL: "#", DIAGONAL: "\\", PARTIAL: "\\"}
+    n_rows, n_cols = -(-tiles.n_q // tiles.block_q), -(-tiles.n_k // tiles.block_k)
+    grid = [["."] * n_cols for _ in range(n_rows)]
+    for t in tiles:
+        grid[t.q_start // tiles.block_q][t.k_start // tiles.block_k] = marks[t.kind]
+    return "\n".join(" ".join(row) for row in grid)

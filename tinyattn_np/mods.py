@@ -1,0 +1,427 @@
+"""Mods: an attention pattern as a plain function of positions (torch's FlexAttention, in NumPy).
+
+    mask_mod(b, h, q_idx, kv_idx) -> bool           True where query q_idx of head h in batch entry b may see key kv_idx
+    score_mod(score, b, h, q_idx, kv_idx) -> score  the score rewritten (a bias added, a cap applied), before softmax
+
+    attention = softmax(where(mask_mod, score_mod(Q Kᵀ · scale), -inf)) V
+
+b, h, q_idx and kv_idx are NumPy integer arrays that broadcast against the scores (one tile of them, or all),
+and a mod is called once per tile with all of them at once, never once per score. So a mod written with
+operations NumPy and torch share (comparisons, &, |, arithmetic, indexing a table by h) runs unchanged in
+torch.nn.attention.flex_attention, which calls it on 0-d tensors:
+
+    def sliding_causal(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < 1024)
+
+h is the query head; with grouped-query heads, query head h reads kv head h // (Hq // Hkv).
+
+The ready-made mods, each from its source:
+    causal_mod, sliding_window_mod      the causal mask in both alignments, a sliding window (masks.py)
+    prefix_lm_mod                       a bidirectional prefix, then causal (Raffel et al. 2020, T5's prefix LM)
+    document_mod, varlen_mod            packed documents see only their own (FlashAttention's varlen cu_seqlens)
+    Alibi                               -slope_h · |i + S - L - j| (Press et al. 2022; FlashAttention's alibi_slopes)
+    Softcap                             cap · tanh(score / cap) (Gemma 2, Gemma Team 2024)
+    RelativeBias                        a learned bias per head and relative distance (Shaw et al. 2018; T5)
+    Differentiable                      your score_mod, with the derivative you give it, for the backward
+
+A score mod that the backward can go through says its derivative ∂new/∂score (derivative(), None for a bias,
+whose derivative is 1) and, when it holds learned parameters (params, leading axis the query heads), the
+gradient of one head's parameters from one tile of ∂loss/∂new (param_grad()).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._checks import check_count, check_positive_int
+from .masks import causal_offset, check_window
+
+MaskMod = Callable[..., Any]
+ScoreModFn = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------------------------------
+# calling a mod on a block of scores
+
+
+def score_indices(batch: tuple[int, ...], hq: int, n_q: int, n_k: int) -> tuple[np.ndarray, ...]:
+    """b, h, q_idx, kv_idx for the scores (*batch, Hq, L, S), each shaped to broadcast against them;
+    b counts the batch entries in C order over the leading dims (0 when there are none)."""
+    b = np.arange(math.prod(batch)).reshape(*batch, 1, 1, 1)  # (*batch, 1, 1, 1)
+    return b, np.arange(hq)[:, None, None], np.arange(n_q)[:, None], np.arange(n_k)  # (Hq, 1, 1), (L, 1), (S,)
+
+
+def visible(mask_mod: MaskMod, b: Any, h: Any, q_idx: np.ndarray, kv_idx: np.ndarray) -> np.ndarray:
+    """mask_mod(b, h, q_idx, kv_idx) as a bool array (True = may attend); anything but bools is a TypeError."""
+    allowed = np.asarray(mask_mod(b, h, q_idx, kv_idx))
+    if allowed.dtype != np.bool_:
+        raise TypeError(f"mask_mod must return bools (True = may attend); {name_of(mask_mod)} gave {allowed.dtype}")
+    return allowed
+
+
+def modded(score_mod: ScoreModFn, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
+    """score_mod(scores, b, h, q_idx, kv_idx), checked: an array that broadcasts to the scores' shape."""
+    new = np.asarray(score_mod(scores, b, h, q_idx, kv_idx))
+    try:
+        fits = new.dtype.kind in "fiub" and np.broadcast_shapes(new.shape, scores.shape) == scores.shape
+    except ValueError:  # shapes that do not broadcast at all
+        fits = False
+    if not fits:
+        raise TypeError(
+            f"score_mod must return numbers of the scores' shape {scores.shape}; {name_of(score_mod)} gave "
+            f"{new.dtype} of shape {new.shape}"
+        )
+    return new
+
+
+def name_of(mod: Any) -> str:
+    """A mod's name for a message: its function name, or its repr."""
+    return getattr(mod, "__name__", None) or repr(mod)
+
+
+def create_mask(mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,
+                device: Any = None) -> np.ndarray:  # fmt: skip
+    """The dense (B, H, Q_LEN, KV_LEN) bool mask of a mod, as torch's create_mask: a mask_mod (4 arguments)
+    gives where it lets a key through, a score_mod (5) where it leaves a score of 0 finite (not -inf).
+    B, H = None count as 1. It holds L x S entries per (b, h): for checking and small cases;
+    create_block_mask never builds it."""
+    if device not in (None, "cpu"):
+        raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
+    B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
+    b, h, q_idx, kv_idx = score_indices((B,), H, check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN"))
+    if len(inspect.signature(mod_fn).parameters) == 5:  # a score_mod: the scores it does not hide
+        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, Q_LEN, KV_LEN)), b, h, q_idx, kv_idx))
+    else:
+        allowed = visible(mod_fn, b, h, q_idx, kv_idx)
+    return np.broadcast_to(allowed, (B, H, Q_LEN, KV_LEN)).copy()
+
+
+# ---------------------------------------------------------------------------------------------------
+# mask mods: which keys each query sees
+
+
+def noop_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
+    """Every query sees every key (torch's noop_mask)."""
+    return np.ones(np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx))), bool)
+
+
+def and_masks(*mask_mods: MaskMod) -> MaskMod:
+    """A mask_mod that lets a key through where every one of mask_mods does (torch's and_masks)."""
+
+    def both(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        allowed = noop_mask(b, h, q_idx, kv_idx)
+        for mod in mask_mods:
+            allowed = allowed & visible(mod, b, h, q_idx, kv_idx)
+        return allowed
+
+    both.__name__ = "and_masks(" + ", ".join(name_of(mod) for mod in mask_mods) + ")"
+    return both
+
+
+def or_masks(*mask_mods: MaskMod) -> MaskMod:
+    """A mask_mod that lets a key through where any one of mask_mods does (torch's or_masks)."""
+
+    def either(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        allowed = ~noop_mask(b, h, q_idx, kv_idx)
+        for mod in mask_mods:
+            allowed = allowed | visible(mod, b, h, q_idx, kv_idx)
+        return allowed
+
+    either.__name__ = "or_masks(" + ", ".join(name_of(mod) for mod in mask_mods) + ")"
+    return either
+
+
+def causal_band(offset: int, window: int | None = None) -> MaskMod:
+    """The causal band as a mask_mod: query i sees key j when j <= i + offset, and with a window also
+    j > i + offset - window (masks.py draws both). flash.Band's partial tiles use exactly this."""
+
+    def band(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        allowed = kv_idx <= q_idx + offset
+        return allowed if window is None else allowed & (kv_idx > q_idx + offset - window)
+
+    band.__name__ = f"causal_band(offset={offset}" + ("" if window is None else f", window={window}") + ")"
+    return band
+
+
+def causal_mod(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
+    """The causal mask of masks.causal_mask as a mask_mod: bottom-right (j <= i + S - L) or top-left (j <= i)."""
+    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
+    return causal_band(causal_offset(n_q, n_k, align))
+
+
+def sliding_window_mod(window: int, n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
+    """masks.window_mask as a mask_mod: query i sees itself and the window - 1 keys before it (Mistral;
+    FlashAttention's window_size=(w, 0) is window = w + 1)."""
+    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
+    return causal_band(causal_offset(n_q, n_k, align), check_window(window, n_q, n_k))
+
+
+def prefix_lm_mod(prefix: Any) -> MaskMod:
+    """Prefix-LM (Raffel et al. 2020, T5): every query sees the first `prefix` keys, and the rest causally
+    (top-left, j <= i: self-attention). prefix: an int, or one per batch entry, shape (B,)."""
+    prefix = np.asarray(prefix)
+    if prefix.dtype.kind not in "iu" or prefix.ndim > 1 or (prefix < 0).any():
+        raise ValueError(f"prefix must be an int >= 0 or a (B,) array of them; got {prefix!r}")
+
+    def prefix_lm(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        length = prefix if prefix.ndim == 0 else prefix[b]
+        return (kv_idx < length) | (kv_idx <= q_idx)
+
+    return prefix_lm
+
+
+def document_ids(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
+    """The document of every packed token, from FlashAttention's cu_seqlens (0, n_0, n_0 + n_1, ..., total):
+    cu_seqlens = [0, 3, 5] -> [0, 0, 0, 1, 1]."""
+    cu = np.asarray(cu_seqlens)
+    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or (np.diff(cu) < 0).any():
+        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    return np.repeat(np.arange(cu.size - 1), np.diff(cu))  # (total,)
+
+
+def document_mod(q_documents: Any, kv_documents: Any = None) -> MaskMod:
+    """Document masking for packed sequences (torch's FlexAttention examples): a query sees only the keys
+    of its own document. q_documents: the document id of every query, (L,) or one row per batch entry
+    (B, L); kv_documents the same for the keys (default: q_documents, self-attention). and_masks it with
+    causal_mod for causal documents; varlen_mod does both from cu_seqlens."""
+    q_doc = np.asarray(q_documents)
+    kv_doc = q_doc if kv_documents is None else np.asarray(kv_documents)
+    for name, ids in (("q_documents", q_doc), ("kv_documents", kv_doc)):
+        if ids.dtype.kind not in "iu" or ids.ndim not in (1, 2):
+            raise ValueError(f"{name} must be ints of shape (L,) or (B, L); got {ids.dtype} of shape {ids.shape}")
+
+    def document(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        q_ids = q_doc[q_idx] if q_doc.ndim == 1 else q_doc[b, q_idx]
+        return q_ids == (kv_doc[kv_idx] if kv_doc.ndim == 1 else kv_doc[b, kv_idx])
+
+    return document
+
+
+def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, window: int | None = None) -> MaskMod:
+    """FlashAttention's varlen mask: packed sequences, each attending only to its own keys, and with causal
+    bottom-right within its own sequence (query i of a sequence of L_d queries and S_d keys sees its
+    keys j <= i + S_d - L_d), as flash_attn_varlen_func does; window as in sliding_window_mod."""
+    q_doc, kv_doc = document_ids(cu_seqlens_q, "cu_seqlens_q"), document_ids(cu_seqlens_k, "cu_seqlens_k")
+    ends_q, ends_k = np.asarray(cu_seqlens_q)[1:], np.asarray(cu_seqlens_k)[1:]
+    if ends_q.size != ends_k.size:
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must count the same sequences; got {ends_q.size} and {ends_k.size}"
+        )
+    same_document = document_mod(q_doc, kv_doc)
+    if not causal:
+        if window is not None:
+            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+        return same_document
+    width = None if window is None else check_window(window, q_doc.size, kv_doc.size)
+
+    def varlen(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        doc = q_doc[q_idx]
+        # positions counted back from each sequence's end: bottom-right alignment within the sequence
+        i, j = q_idx - ends_q[doc], kv_idx - ends_k[doc]
+        allowed = same_document(b, h, q_idx, kv_idx) & (j <= i)
+        return allowed if width is None else allowed & (j > i - width)
+
+    return varlen
+
+
+# ---------------------------------------------------------------------------------------------------
+# score mods, each with its derivative for the backward
+
+
+def combine(op: Any, score: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """op(score, bias), written into bias when it already has the result's size: the mod then makes one array
+    of the scores' size, not two (the reference's (L, S) scores are large)."""
+    shape = np.broadcast_shapes(score.shape, bias.shape)
+    if bias.size != math.prod(shape) or bias.dtype != np.result_type(score, bias):
+        return np.asarray(op(score, bias))
+    into = bias.reshape(shape)  # a view: bias is a new, contiguous array
+    return np.asarray(op(score, into, out=into))
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """ALiBi's head slopes (Press et al. 2022): for n a power of 2 the geometric sequence 2^(-8/n), 2^(-16/n),
+    ..., 2^(-8); otherwise those of the power of 2 below n, then every other slope of twice that power
+    (the paper's code). n_heads = 8: 1/2, 1/4, ..., 1/256. float64, shape (n_heads,)."""
+    n = check_positive_int(n_heads, "n_heads")
+    power = 2 ** int(math.floor(math.log2(n)))
+    slopes = 2.0 ** (-8.0 * np.arange(1, power + 1) / power)  # (power,)
+    extra = 2.0 ** (-8.0 * np.arange(1, 2 * power + 1, 2) / (2 * power))  # every other slope of 2·power heads
+    return np.concatenate([slopes, extra[: n - power]])  # (n_heads,)
+
+
+class Alibi:
+    """ALiBi (Press et al. 2022, "Train Short, Test Long"), aligned as FlashAttention's alibi_slopes:
+
+        new = score - slope_h · |i + S - L - j|        (query i of L, key j of S: bottom-right)
+
+    slopes: (Hq,) or (B, Hq) per batch entry, alibi_slopes(Hq) for the paper's. learned=True makes the (Hq,)
+    slopes parameters: the backward returns ∂loss/∂slope_h = Σ_ij dnew_ij · (-|i + S - L - j|).
+    """
+
+    def __init__(self, slopes: Any, n_q: int, n_k: int | None = None, *, learned: bool = False):
+        self.slopes = np.asarray(slopes, dtype=np.float64)
+        if self.slopes.ndim not in (1, 2) or not np.isfinite(self.slopes).all():
+            raise ValueError(f"slopes must be finite, shape (Hq,) or (B, Hq); got shape {self.slopes.shape}")
+        if learned and self.slopes.ndim != 1:
+            raise ValueError(f"learned slopes must have shape (Hq,), one per head; got {self.slopes.shape}")
+        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.params = self.slopes if learned else None
+
+    def __repr__(self) -> str:
+        return f"Alibi(slopes of shape {self.slopes.shape}, offset={self.offset}, learned={self.params is not None})"
+
+    def distance(self, q_idx: Any, kv_idx: Any, dtype: Any) -> np.ndarray:
+        """|i + S - L - j| in the scores' dtype (int64 times float32 would compute in float64), made once at
+        the broadcast shape of q_idx and kv_idx, then turned into its absolute value in place."""
+        distance = np.asarray(q_idx + self.offset, dtype=dtype) - np.asarray(kv_idx, dtype=dtype)
+        return np.abs(distance, out=distance)
+
+    def slope(self, b: Any, h: Any, dtype: Any) -> np.ndarray:
+        return (self.slopes[h] if self.slopes.ndim == 1 else self.slopes[b, h]).astype(dtype)
+
+    def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        bias = self.slope(b, h, score.dtype) * self.distance(q_idx, kv_idx, score.dtype)
+        return combine(np.subtract, score, bias)  # score - slope_h · |i + S - L - j|
+
+    def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> None:
+        return None  # a bias: ∂new/∂score = 1
+
+    def param_grad(self, dnew: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
+        """∂loss/∂slope_h from one block of dnew = ∂loss/∂new for head h: Σ dnew · (-|i + S - L - j|)."""
+        return np.asarray(-np.sum(dnew * self.distance(q_idx, kv_idx, dnew.dtype), dtype=np.float64))
+
+
+class Softcap:
+    """Logit soft-capping (Gemma 2, Gemma Team 2024; attention cap 50): new = cap · tanh(score / cap), so
+    that no score leaves (-cap, cap). Its derivative: ∂new/∂score = 1 - tanh²(score / cap)."""
+
+    params = None
+
+    def __init__(self, cap: float):
+        if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating, np.integer)) or not cap > 0:
+            raise ValueError(f"cap must be a positive number; got {cap!r}")
+        self.cap = float(cap)
+
+    def __repr__(self) -> str:
+        return f"Softcap({self.cap:g})"
+
+    def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        new = np.multiply(score, 1.0 / self.cap, dtype=score.dtype)  # one new array, then in place
+        np.tanh(new, out=new)
+        new *= self.cap
+        return new
+
+    def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        t = np.tanh(np.multiply(score, 1.0 / self.cap, dtype=score.dtype))
+        return 1.0 - t * t
+
+
+class RelativeBias:
+    """A learned bias per head and relative position, read from a table (Shaw et al. 2018 clip the distance;
+    T5, Raffel et al. 2020, buckets it):
+
+        new = score + table[h, bucket(j - (i + S - L))]
+
+    table: (Hq, R). bucket: a function of the signed distance j - i' (an int array, 0 on the bottom-right
+    diagonal) to table columns 0 .. R - 1; by default the distance clipped to ±(R - 1) / 2, shifted to
+    0 .. R - 1 (R odd). learned=True (the default) makes the table a parameter: the backward returns
+    ∂loss/∂table[h, r] = Σ of dnew over the scores of head h in bucket r.
+    """
+
+    def __init__(self, table: Any, n_q: int, n_k: int | None = None, *, bucket: Any = None, learned: bool = True):
+        self.table = np.asarray(table, dtype=np.float64)
+        if self.table.ndim != 2 or self.table.shape[1] < 1 or not np.isfinite(self.table).all():
+            raise ValueError(f"table must be finite numbers of shape (Hq, R); got shape {self.table.shape}")
+        if bucket is None and self.table.shape[1] % 2 == 0:
+            raise ValueError(f"the default bucket clips to ±(R - 1)/2: R must be odd; got R = {self.table.shape[1]}")
+        self.bucket = bucket if bucket is not None else self.clipped
+        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.params = self.table if learned else None
+
+    def __repr__(self) -> str:
+        return f"RelativeBias(table of shape {self.table.shape}, offset={self.offset})"
+
+    def clipped(self, distance: np.ndarray) -> np.ndarray:
+        """The default bucket: the distance clipped to ±reach, shifted to 0 .. 2·reach, in place."""
+        reach = (self.table.shape[1] - 1) // 2
+        np.clip(distance, -reach, reach, out=distance)
+        distance += reach
+        return distance
+
+    def columns(self, q_idx: Any, kv_idx: Any) -> np.ndarray:
+        """The table column of each (query, key): bucket(j - (i + S - L)), checked to lie in the table."""
+        distance = np.asarray(kv_idx, np.int32) - np.asarray(q_idx + self.offset, np.int32)  # half int64's bytes
+        column = np.asarray(self.bucket(distance))
+        if column.dtype.kind not in "iu" or column.size and not 0 <= column.min() <= column.max() < self.table.shape[1]:
+            raise ValueError(f"bucket must give table columns 0 .. {self.table.shape[1] - 1}; got {column.dtype}")
+        return column
+
+    def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return combine(np.add, score, self.table.astype(score.dtype)[h, self.columns(q_idx, kv_idx)])
+
+    def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> None:
+        return None  # a bias: ∂new/∂score = 1
+
+    def param_grad(self, dnew: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
+        """∂loss/∂table[h] (R,) from one block of dnew for head h: dnew summed by bucket."""
+        columns = np.broadcast_to(self.columns(q_idx, kv_idx), dnew.shape)
+        return np.bincount(columns.ravel(), weights=dnew.ravel(), minlength=self.table.shape[1])
+
+
+class Differentiable:
+    """Your score_mod with its derivative, so that the backward can go through it:
+
+        Differentiable(score_mod, derivative), derivative(score, b, h, q_idx, kv_idx) = ∂score_mod/∂score
+
+    called on the raw scores of a tile (a number or an array that broadcasts to them; 1 for a bias).
+    Nothing in it is learned: for learned parameters, write a class like Alibi with params and param_grad.
+    """
+
+    params = None
+
+    def __init__(self, score_mod: ScoreModFn, derivative: ScoreModFn):
+        if not callable(score_mod) or not callable(derivative):
+            raise TypeError(f"score_mod and derivative must be functions; got {score_mod!r} and {derivative!r}")
+        self.score_mod, self.derivative_fn = score_mod, derivative
+        self.__name__ = name_of(score_mod)
+
+    def __repr__(self) -> str:
+        return f"Differentiable({self.__name__})"
+
+    def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return self.score_mod(score, b, h, q_idx, kv_idx)
+
+    def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return self.derivative_fn(score, b, h, q_idx, kv_idx)
+
+
+def check_score_mod(score_mod: Any, backward: bool = False) -> Any:
+    """score_mod as given (None or a function); for the backward it must say its derivative."""
+    if score_mod is None:
+        return None
+    if not callable(score_mod):
+        raise TypeError(
+            f"score_mod must be a function score_mod(score, b, h, q_idx, kv_idx) or None; got {score_mod!r}"
+        )
+    if backward and not callable(getattr(score_mod, "derivative", None)):
+        raise TypeError(
+            f"score_mod {name_of(score_mod)} does not give its derivative, which the backward needs: pass "
+            "score_mod=Differentiable(score_mod, derivative), derivative(score, b, h, q_idx, kv_idx) = "
+            "∂score_mod/∂score (1 for a bias), or a ready-made mod (Alibi, Softcap, RelativeBias)"
+        )
+    return score_mod
+
+
+def check_sinks(sinks: Any, hq: int, dtype: Any) -> np.ndarray | None:
+    """The sink logits, one per query head (Hq,), finite, in the compute dtype; None stays None."""
+    if sinks is None:
+        return None
+    sinks_array = np.asarray(sinks)
+    if sinks_array.dtype.kind not in "fiu" or sinks_array.shape != (hq,) or not np.isfinite(sinks_array).all():
+        raise ValueError(f"sinks must be {hq} finite numbers, one per query head (Hq,); got {sinks!r}")
+    return sinks_array.astype(dtype)
