@@ -55,7 +55,11 @@ def test_report_ctrl_c_keeps_the_rows_so_far(
     monkeypatch.setattr(report, "rows_for", twice)
     assert report.main(["--only", "MultiHeadAttention H=6"]) == 130
     out = capsys.readouterr().out
-    assert "MultiHeadAttention H=6 Hkv=6 fused" in out and "MultiHeadAttention H=6 Hkv=6 unfused" not in out and re.search(r"^interrupted \(Ctrl-C\) after 1 of", out, re.M)
+    assert (
+        "MultiHeadAttention H=6 Hkv=6 fused" in out
+        and "MultiHeadAttention H=6 Hkv=6 unfused" not in out
+        and re.search(r"^interrupted \(Ctrl-C\) after 1 of", out, re.M)
+    )
 
 
 def test_report_rows_with_no_key(capsys: pytest.CaptureFixture[str]) -> None:
