@@ -93,7 +93,6 @@ from .flash import (
     FlashPlan,
     flash_forward,
     flash_plan,
-    tile_plan,
 )
 from .softmax import merge_states
 
@@ -102,6 +101,7 @@ Array = NDArray[np.floating]
 LAYOUTS = ("zigzag", "contiguous")
 HIDDEN = "hidden"  # a chunk pair whose keys all lie in its queries' future; FULL and DIAGONAL as flash's tiles
 INSTALL_HINT = 'pip install -e ".[distributed]"  (mpi4py and the mpich wheel, which brings mpiexec)'
+PRINT_SECONDS = 0.25  # how long a failing rank lets mpiexec pass on its message before MPI_Abort
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -214,13 +214,15 @@ def pair_tiles(pair: Pair, part_tokens: int, block_q: int, block_k: int) -> int:
     """flash_attention's tiles for one pair of part_tokens x part_tokens: tile_plan counts them exactly."""
     if pair.kind == HIDDEN:
         return 0
-    return _planned_tiles(part_tokens, block_q, block_k, pair.kind == DIAGONAL)
+    return square_tiles(part_tokens, block_q, block_k, pair.kind == DIAGONAL)
 
 
 @functools.lru_cache(maxsize=64)
-def _planned_tiles(part_tokens: int, block_q: int, block_k: int, causal: bool) -> int:
-    """len(tile_plan(...)), remembered: a ring asks for the same few sizes at every step."""
-    return len(tile_plan(part_tokens, part_tokens, block_q, block_k, causal=causal))
+def square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+    """len(tile_plan(tokens, tokens, block_q, block_k, causal=causal)), counted row block by row block
+    without making the tiles, and remembered: a ring asks for the same few sizes at every step."""
+    band = Band(0 if causal else None)
+    return sum(band.row_length(q, min(q + block_q, tokens), tokens, block_k) for q in range(0, tokens, block_q))
 
 
 def tile_counts(
@@ -374,6 +376,7 @@ def abort_on_failure(comm: Any, what: str) -> Iterator[None]:
         if not interrupted:
             traceback.print_exception(err, file=sys.stderr)
         sys.stderr.flush()
+        time.sleep(PRINT_SECONDS)  # MPI_Abort ends every process at once: what is still in mpiexec's pipes is lost
         status = 130 if interrupted else 1
         comm.Abort(status)
         os._exit(status)  # MPICH's MPI_Abort may return while its launcher ends the job: end this process now

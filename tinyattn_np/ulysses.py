@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from ._checks import QKVShape
 from .backward import BackwardPlan, flash_backward
-from .flash import check_band, flash_forward, flash_plan, tile_plan
+from .flash import check_band, flash_forward, flash_plan
 from .ring import (
     Report,
     abort_on_failure,
@@ -50,6 +50,7 @@ from .ring import (
     finish,
     load_mpi,
     shard,
+    square_tiles,
     unshard,
     wait_for,
 )
@@ -69,7 +70,7 @@ class UlyssesStats:
     causal: bool
     tokens: int  # this rank's tokens of the sequence, T/P
     heads: int  # the query heads it computed, Hq/P (of every batch entry)
-    tiles: int  # flash tiles of the whole T x T score matrix, as tile_plan counts them
+    tiles: int  # flash tiles of the whole T x T score matrix (tile_plan's count), for every head
     bytes_sent: int  # to the other ranks, over every all-to-all (as many were received)
     bytes_received: int
     compute_seconds: float  # flash attention (or its backward) on this rank's heads
@@ -128,7 +129,8 @@ def all_to_all(comm: Any, outgoing: list[list[np.ndarray]], stats: UlyssesStats)
 def to_heads(comm: Any, arrays: list[np.ndarray], layout: str, stats: UlyssesStats) -> list[np.ndarray]:
     """Sequence shards (..., H, T/P, E) -> this rank's head group over the whole sequence (..., H/P, T, E)."""
     size = comm.Get_size()
-    outgoing = [[np.split(x, size, axis=-3)[j] for x in arrays] for j in range(size)]  # head group j to rank j
+    groups = [np.split(x, size, axis=-3) for x in arrays]  # the head groups of each array, (..., H/P, T/P, E)
+    outgoing = [[heads[j] for heads in groups] for j in range(size)]  # head group j to rank j
     incoming = all_to_all(comm, outgoing, stats)  # incoming[i]: rank i's tokens of our heads, (..., H/P, T/P, E)
     return [unshard([parts[n] for parts in incoming], layout=layout) for n in range(len(arrays))]  # (.., H/P, T, E)
 
@@ -150,7 +152,7 @@ def head_dims(dims: QKVShape, size: int) -> QKVShape:
 def new_stats(comm: Any, dims: QKVShape, settings: dict[str, Any]) -> UlyssesStats:
     """A record with nothing counted yet; the tiles are those of flash over the whole T x T matrix."""
     size, tokens = comm.Get_size(), dims.n_q * comm.Get_size()
-    tiles = len(tile_plan(tokens, tokens, settings["block_q"], settings["block_k"], causal=settings["causal"]))
+    tiles = square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
     return UlyssesStats(comm.Get_rank(), size, settings["layout"], settings["causal"], dims.n_q, dims.hq // size,
                         tiles, 0, 0, 0.0, 0.0)  # fmt: skip
 
