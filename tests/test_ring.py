@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from tinyattn_np.ring import (
     HIDDEN,
     Failed,
     Report,
+    StopTogether,
     abort_on_failure,
     agree,
     check_on_every_rank,
@@ -433,6 +435,24 @@ def test_a_ctrl_c_in_a_check_aborts_where_an_error_is_reported(monkeypatch: pyte
     with pytest.raises(TwoRanks.Aborted):
         check_on_every_rank(comm, interrupted, "the check")
     assert comm.aborted == [130]
+
+
+class Gathering:
+    """A communicator of one rank that answers allreduce (the only call StopTogether.stop makes)."""
+
+    def allreduce(self, value: object, op: object = None) -> object:
+        return value
+
+
+def test_stop_together_notes_ctrl_c_and_says_so_at_the_step_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(LOR="LOR")))
+    before = signal.getsignal(signal.SIGINT)
+    with StopTogether() as ctrl_c:
+        assert not ctrl_c.stop(Gathering())
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: noted, not raised
+        time.sleep(0.01)
+        assert ctrl_c.stop(Gathering())
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

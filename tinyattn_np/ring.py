@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import time
 import traceback
@@ -380,6 +381,31 @@ def abort_on_failure(comm: Any, what: str) -> Iterator[None]:
         status = 130 if interrupted else 1
         comm.Abort(status)
         os._exit(status)  # MPICH's MPI_Abort may return while its launcher ends the job: end this process now
+
+
+class StopTogether:
+    """Ctrl-C in a program that loops over ring calls (a training loop), without ending the job: inside
+    `with StopTogether() as ctrl_c:`, Ctrl-C is noted instead of raised, so that no rank stops in the middle
+    of a ring (which ends the job, abort_on_failure) or of a collective call. ctrl_c.stop(comm), called by
+    every rank at the same point (between two steps), tells every rank whether any rank has seen one, so
+    that all of them stop after the same step and the program can keep what it has. It must be entered from
+    the main thread (Python runs signal handlers there); a second Ctrl-C still reaches mpiexec, which then
+    ends the job itself."""
+
+    def __enter__(self) -> StopTogether:
+        self.pressed = False
+        self.previous = signal.signal(signal.SIGINT, self.press)
+        return self
+
+    def press(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+
+    def stop(self, comm: Any) -> bool:
+        """Whether any rank of comm saw Ctrl-C (a collective call: every rank must make it)."""
+        return bool(comm.allreduce(self.pressed, op=load_mpi().LOR))
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self.previous)
 
 
 class Failed(NamedTuple):
