@@ -2,23 +2,31 @@
 and Ulysses' forward and backward must equal one process and bad input on some ranks must raise on every
 rank; then one rank failing inside a call (an exception in a step's compute, a MemoryError, Ctrl-C in the
 compute or in the input check) must end the whole job at once, with that rank's error printed, never a
-hang; and the bytes each scheme sends, by formula (peaks.sequence_parallel_bytes).
+hang; the bytes each scheme sends, by formula (peaks.sequence_parallel_bytes); and the two scripts,
+scripts/sequence_parallel.py and scripts/train.py --sequence-parallel, under mpiexec.
 
 Every run has a timeout (run_mpi): a hang fails the test instead of stalling the suite.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 from test_ring import MPIEXEC, ROOT, needs_mpiexec, run_mpi
 
 from tinyattn_np.peaks import ring_attention_bytes, sequence_parallel_bytes
+
+SCHEMES = {"ring zigzag", "ring contiguous", "ulysses"}  # what scripts/sequence_parallel.py runs
 
 WORKER = str(ROOT / "tests" / "ring_worker.py")
 FAILURE_TIMEOUT = 60  # seconds; a failing job ends in about one (2 cores, 2 or 3 ranks)
@@ -73,32 +81,42 @@ def test_one_rank_failing_ends_the_job_with_its_error(function: str, how: str) -
     assert ("Traceback (most recent call last)" in result.stderr) == (not how.startswith("interrupt")), log
 
 
-def run_and_interrupt(ranks: int, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run the worker under mpiexec, press Ctrl-C (SIGINT to mpiexec, which passes it to every rank) half a
-    second after rank 0 says it is calling; return what it printed and how long it took to end after that."""
+def run_and_interrupt(
+    ranks: int, *args: str, after: str = "rank 0: calling"
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run `mpiexec -n ranks python args...`, press Ctrl-C (SIGINT to mpiexec, which passes it to every rank)
+    half a second after `after` (a regex) shows in its output; return what it printed and how long it took
+    to end after that."""
     assert MPIEXEC is not None
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, WORKER, *args]
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes) as process:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
+        deadline = time.monotonic() + FAILURE_TIMEOUT
+        while not re.search(after, read(out) + read(err)) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        pressed = time.perf_counter()
+        os.kill(process.pid, signal.SIGINT)
         try:
-            first = process.stdout.readline()  # "rank 0: calling ring_attention"
-            time.sleep(0.5)
-            pressed = time.perf_counter()
-            os.kill(process.pid, signal.SIGINT)
-            stdout, stderr = process.communicate(timeout=FAILURE_TIMEOUT)
+            process.wait(timeout=FAILURE_TIMEOUT)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-            pytest.fail(f"Ctrl-C did not end mpiexec -n {ranks} {' '.join(args)} (a hang)\n{stdout}\n{stderr}")
-    return subprocess.CompletedProcess(
-        command, process.returncode, first + stdout, stderr
-    ), time.perf_counter() - pressed
+            process.wait()
+            pytest.fail(f"Ctrl-C did not end mpiexec -n {ranks} {' '.join(args)} (a hang)\n{read(out)}\n{read(err)}")
+        ended = time.perf_counter() - pressed
+        return subprocess.CompletedProcess(command, process.returncode, read(out), read(err)), ended
+
+
+def read(file: Any) -> str:
+    """All that a TemporaryFile holds so far."""
+    file.seek(0)
+    return str(file.read())
 
 
 @needs_mpiexec
 def test_ctrl_c_ends_a_running_ring() -> None:
-    result, seconds = run_and_interrupt(3, "long")
+    result, seconds = run_and_interrupt(3, WORKER, "long")
     assert result.returncode == 130, result.stderr
     assert "ring_attention interrupted (Ctrl-C)" in result.stderr and seconds < 10, result.stderr
 
@@ -107,7 +125,7 @@ def test_ctrl_c_ends_a_running_ring() -> None:
 def test_another_communicator_on_one_rank_waits_until_ctrl_c() -> None:
     """The one mistake the ring cannot see (the module doc says so): the last rank passes MPI.COMM_SELF and
     computes a ring of its own, while rank 0 waits for it in the input check. Ctrl-C ends that wait."""
-    result, seconds = run_and_interrupt(2, "other-comm")
+    result, seconds = run_and_interrupt(2, WORKER, "other-comm")
     assert "rank 1: returned" in result.stdout, result.stdout  # a ring of one: no error to give
     assert "rank 0: returned" not in result.stdout, result.stdout
     assert result.returncode == 130 and seconds < 10, result.stderr
@@ -159,3 +177,70 @@ def test_sequence_parallel_bytes_refuses_what_cannot_run() -> None:
         sequence_parallel_bytes(10, 4, scheme="ring", **llama)
     with pytest.raises(TypeError, match="return_lse must be True or False"):
         sequence_parallel_bytes(64, 2, scheme="ring", return_lse="yes", **llama)  # type: ignore[arg-type]
+
+
+# --- the scripts --------------------------------------------------------------------------------------------
+
+
+@needs_mpiexec
+def test_sequence_parallel_script_under_mpiexec(tmp_path: Path) -> None:
+    flags = ["--tokens", "512", "--block", "64", "--repeats", "1", "--reference-workers", "1"]
+    result = run_mpi(2, "scripts/sequence_parallel.py", *flags, "--json", str(tmp_path / "sp.json"))
+    log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0 and "all checks passed" in result.stdout, log
+    assert result.stdout.count("2 rank(s): T = 512 tokens") == 1, "only rank 0 prints"
+    for section in (
+        "1) GiB one process sends",
+        "2) the ring's backward",
+        "3) ring (zigzag) against Ulysses",
+        "4) wall",
+    ):
+        assert section in result.stdout, section
+    assert re.search(r"^8 +131,072 +112\.0 +336\.0 +70\.4 +140\.4$", result.stdout, re.MULTILINE), log
+    assert re.search(r"^ulysses +1 +", result.stdout, re.MULTILINE), log  # Ulysses ran: 4 heads split over 2
+    saved = json.loads((tmp_path / "sp.json").read_text())
+    assert saved["interrupted"] is False and {row["scheme"] for row in saved["summary"]} == set(SCHEMES)
+
+
+@needs_mpiexec
+def test_sequence_parallel_script_skips_ulysses_where_the_heads_do_not_split() -> None:
+    result = run_mpi(3, "scripts/sequence_parallel.py", "--tokens", "384", "--block", "64", "--repeats", "1",
+                     "--no-reference")  # fmt: skip
+    assert result.returncode == 0 and "all checks passed" in result.stdout, result.stdout + result.stderr
+    assert "Ulysses did not run: 4 query heads and 4 kv heads do not both split over 3 ranks" in result.stdout
+
+
+@needs_mpiexec
+def test_ctrl_c_in_the_sequence_parallel_script_keeps_what_was_measured() -> None:
+    flags = ["--tokens", "1024", "--block", "128", "--repeats", "100", "--no-reference"]  # each scheme a few s
+    result, seconds = run_and_interrupt(2, "scripts/sequence_parallel.py", *flags, after="ring zigzag: done")
+    assert result.returncode == 130 and seconds < 30, result.stderr
+    assert "interrupted (Ctrl-C) after 1 of 3 schemes" in result.stdout, result.stdout
+    assert re.search(r"^ring zigzag +1 +", result.stdout, re.MULTILINE), result.stdout  # its rows are printed
+
+
+@needs_mpiexec
+@pytest.mark.parametrize("scheme", ["ring", "ulysses"])
+def test_training_split_over_processes_equals_one_process(scheme: str) -> None:
+    flags = ["--sequence-parallel", scheme, "--steps", "6", "--eval-every", "3", "--batch", "8"]
+    result = run_mpi(2, "scripts/train.py", *flags)
+    log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0 and "all checks passed" in result.stdout, log
+    assert re.search(r"max \|difference\| = \d\.\de-1[6-9] ok", result.stdout), log  # float64 gradients
+    assert re.search(r"^6 +\d\.\d{6} +\d\.\d{6} +[-+]\d\.\de[-+]\d\d$", result.stdout, re.MULTILINE), log
+    assert "the same bits on every rank" in result.stdout, log
+
+
+@needs_mpiexec
+def test_training_split_refuses_what_does_not_split() -> None:
+    result = run_mpi(3, "scripts/train.py", "--sequence-parallel", "ulysses", "--steps", "2")
+    message = "--sequence-parallel ulysses splits the heads over the 3 processes"
+    assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
+
+
+@needs_mpiexec
+def test_ctrl_c_in_split_training_stops_every_rank_after_one_step() -> None:
+    flags = ["--sequence-parallel", "ring", "--steps", "5000", "--no-check"]
+    result, seconds = run_and_interrupt(2, "scripts/train.py", *flags, after="step 10/5000")
+    assert result.returncode == 130 and seconds < 30 and "Traceback" not in result.stderr, result.stderr
+    assert re.search(r"interrupted \(Ctrl-C\) after \d+ of 5000 steps", result.stdout), result.stdout
