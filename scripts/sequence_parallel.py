@@ -7,15 +7,15 @@ sent and the peak memory, against one process; and the bytes each scheme sends a
 
 Rank 0 draws q, k, v and dout (1 sequence, --heads x --head-dim, causal, float32 by default) and hands every
 rank its shards. Every rank then runs three schemes, --repeats times each, the forward (return_lse=True)
-then the backward: the ring with the zigzag split, the ring with the contiguous split, and Ulysses (where the
-heads split over the ranks). Rank 0 prints:
+then the backward, each started together on every rank: the ring with the zigzag split, the ring with the
+contiguous split, and Ulysses (where the heads split over the ranks). Rank 0 prints:
   1) the bytes one process sends, forward and backward, for --model at --model-tokens tokens over 2 .. 64
      processes (tinyattn_np.peaks.sequence_parallel_bytes: a formula, no processes needed)
   2) the ring's backward per layout and rank: tiles, time, waiting, bytes sent and the formula's, peak memory
   3) ring (zigzag) against Ulysses per rank, forward + backward: time, waiting, bytes sent, peak memory
-  4) each scheme's wall time (its slowest rank) against one process's flash_attention and
-     flash_attention_backward (--reference-workers threads), and the largest difference of the gathered
-     output and gradients from that process's
+  4) each scheme's wall time (the slowest rank's forward plus the slowest rank's backward) against one
+     process's flash_attention and flash_attention_backward (--reference-workers threads), and the largest
+     difference of the gathered output and gradients from that process's
 Each rank computes with one thread (--workers 1, BLAS held to one thread): with one rank per core, more
 would oversubscribe the cores; more ranks than cores only time-share them. Ctrl-C stops every rank after
 the call it is in, prints what was measured, and exits with status 130.
@@ -158,23 +158,25 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
     settings = dict(comm=comm, causal=True, layout=layout, block_q=args.block, block_k=args.block, workers=args.workers)
 
     def both() -> tuple[Any, ...]:
-        out, lse, forward_stats = forward(
-            mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True, **settings
-        )
-        middle = time.perf_counter()
+        """The forward and the backward, each started together on every rank (a rank's time then includes
+        waiting for the slower ones, but not for their forward): the results and the two times."""
+        comm.Barrier()
+        started = time.perf_counter()
+        out, lse, forward_stats = forward(mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True,
+                                          **settings)  # fmt: skip
+        forward_seconds = time.perf_counter() - started
+        comm.Barrier()
+        started = time.perf_counter()
         *grads, backward_stats = backward(mine["q"], mine["k"], mine["v"], out, mine["dout"], lse, return_stats=True,
                                           **settings)  # fmt: skip
-        return out, grads, forward_stats, backward_stats, middle
+        return out, grads, forward_stats, backward_stats, (forward_seconds, time.perf_counter() - started)
 
-    comm.Barrier()
     _, peak = traced_peak(both)  # first: it warms the caches for the timed runs too
     seconds, walls = [], []
     for _ in range(args.repeats):
-        comm.Barrier()  # start together: a rank's time then includes waiting for the slower ones
-        started = time.perf_counter()
-        out, grads, forward_stats, backward_stats, middle = both()
-        seconds.append((middle - started, time.perf_counter() - middle))
-        walls.append((comm.allreduce(seconds[-1][0], op=MAX), comm.allreduce(sum(seconds[-1]), op=MAX)))
+        out, grads, forward_stats, backward_stats, times = both()
+        seconds.append(times)
+        walls.append(tuple(comm.allreduce(t, op=MAX) for t in times))  # a pass is done when its last rank is
         if ctrl_c.stop(comm):
             raise KeyboardInterrupt
     formula = sequence_parallel_bytes(args.tokens, size, scheme=name.split()[0], heads=args.heads,
@@ -193,7 +195,7 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         "ranks": comm.gather(figures, root=0),
         "parts": [comm.gather(x, root=0) for x in (out, *grads)],
         "wall_forward_ms": 1e3 * statistics.median(w[0] for w in walls),
-        "wall_ms": 1e3 * statistics.median(w[1] for w in walls),
+        "wall_ms": 1e3 * statistics.median(w[0] + w[1] for w in walls),
         "busy": common.busy_reasons(),
     }
 
