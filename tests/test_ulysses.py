@@ -57,6 +57,16 @@ def test_ulysses_keeps_float16_and_returns_out_alone(rng: np.random.Generator, c
     assert [g.dtype for g in grads] == [np.float16] * 3
 
 
+def test_ulysses_is_found_from_the_ring_module_too() -> None:
+    import tinyattn_np.ring as ring
+    import tinyattn_np.ulysses as ulysses
+
+    assert ring.ulysses_attention is ulysses.ulysses_attention  # the name the design lists under tinyattn_np.ring
+    assert ring.ulysses_attention_backward is ulysses.ulysses_attention_backward
+    with pytest.raises(AttributeError, match="has no attribute 'ulysses'"):
+        ring.ulysses  # noqa: B018  (only the functions are forwarded)
+
+
 def test_heads_that_do_not_split_are_refused_saying_what_to_do() -> None:
     dims = QKVShape((1,), 32, 8, 128, 128, 64, 64)  # Llama-3-8B's heads
     check_heads(dims, 8)  # 4 query heads and 1 kv head per rank: fine

@@ -48,12 +48,16 @@ exchange. So any exception inside the ring, on any rank, is printed with its ran
 with MPI_Abort (exit status 130 for Ctrl-C, else 1), as `python -m mpi4py` does for an unhandled one.
 The waits poll (MPI.Request.Testall), so that Ctrl-C lands in them too: MPI_Waitall would block inside
 C, where Python cannot deliver it. A communicator of one rank has nobody waiting: it raises as usual.
+A program that would rather finish its step on every rank and keep what it has (a training loop) runs
+inside StopTogether, which notes Ctrl-C instead of raising it, and asks at the end of each step.
 One mistake cannot be seen: a rank that passes another communicator (MPI.COMM_SELF where the others pass
 MPI.COMM_WORLD) runs a ring of its own, and the others wait in the input check for a rank that never
 comes; that job ends only by Ctrl-C (which ends it promptly) or its time limit.
 
 mpi4py is imported only when a ring runs: shard, unshard and the tile counts are plain NumPy.
 Install the MPI pieces with `pip install -e ".[distributed]"` and run with `mpiexec -n 4 python ...`.
+DeepSpeed-Ulysses, the other way to split a sequence over processes, lives beside this file (ulysses.py);
+its functions can be imported from here too.
 """
 
 from __future__ import annotations
@@ -881,3 +885,13 @@ def backward_ring(
         home += arrived
     dk, dv = _unpack(home, *kv_shapes)
     return query, dk, dv, stats
+
+
+def __getattr__(name: str) -> Any:
+    """ulysses_attention and ulysses_attention_backward live in ulysses.py, beside the ring, which imports this
+    module: they are found from here too (tinyattn_np.ring.ulysses_attention), imported when first asked for."""
+    if name in ("ulysses_attention", "ulysses_attention_backward", "UlyssesStats"):
+        from . import ulysses
+
+        return getattr(ulysses, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
