@@ -17,8 +17,8 @@ Rank 0 draws q, k, v (1 sequence, --heads x --head-dim, float32 by default), han
 Each rank computes with one thread (--workers 1, BLAS held to one thread): with one rank per core, more
 would oversubscribe the cores. More ranks than cores only time-share them, so there the times show that
 the ring is right, not how fast it is. Needs the distributed extra: pip install -e ".[distributed]".
-Ctrl-C ends every rank (MPI_Abort, exit code 130); rank 0 first prints what it measured, and --json keeps
-it, unless Ctrl-C finds it waiting inside MPI for a rank that has stopped.
+Ctrl-C stops every ring after the run it is in (a ring cut halfway would have to end the job at once), and
+then ends every rank (MPI_Abort, exit code 130) once rank 0 has printed what it measured (and --json kept it).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.memory import attention_flops, ring_attention_bytes
 from tinyattn_np.report import Checklist, add_format_argument, column_unit, format_sig, text_table, to_unit
-from tinyattn_np.ring import LAYOUTS, chunks_of, n_chunks, ring_attention, shard, tile_counts, unshard
+from tinyattn_np.ring import LAYOUTS, StopTogether, chunks_of, n_chunks, ring_attention, shard, tile_counts, unshard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -204,9 +204,11 @@ def blocks(args: argparse.Namespace) -> dict[str, int]:
 # --- 2) the ring, on every rank ----------------------------------------------------------------------
 
 
-def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None) -> dict[str, Any]:
+def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None,
+             ctrl_c: StopTogether) -> dict[str, Any]:  # fmt: skip
     """Scatter the shards from rank 0, run the ring --repeats times and once under tracemalloc; return
-    this rank's figures (and, on rank 0, the gathered output)."""
+    this rank's figures (and, on rank 0, the gathered output). Ctrl-C: KeyboardInterrupt on every rank
+    after the same run."""
     rank, size = comm.Get_rank(), comm.Get_size()
     causal = not args.no_causal
     parts = None
@@ -228,6 +230,8 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         out, stats = ring()
         seconds.append(time.perf_counter() - started)
         walls.append(comm.allreduce(seconds[-1], op=common.load_mpi().MAX))  # the ring is done when its last rank is
+        if ctrl_c.stop(comm):
+            raise KeyboardInterrupt
     comm.Barrier()
     (_, _), peak = traced_peak(ring)
     gathered = comm.gather(out, root=0)
@@ -418,12 +422,13 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
         full = {name: rng.standard_normal((1, heads, args.tokens, args.head_dim)).astype(dtype)
                 for name, heads in shapes.items()}  # fmt: skip
     runs = {}
-    for section, layout in enumerate(layouts(args), start=2):
-        runs[layout] = run_ring(comm, args, layout, full)
-        runs[layout]["busy"] = common.busy_reasons()  # the machine's load: every rank computes on one core
-        if rank == 0:
-            layout_section(section, layout, runs[layout], args, check)
-            report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}
+    with StopTogether() as ctrl_c:  # Ctrl-C is noted, not raised, inside a ring
+        for section, layout in enumerate(layouts(args), start=2):
+            runs[layout] = run_ring(comm, args, layout, full, ctrl_c)
+            runs[layout]["busy"] = common.busy_reasons()  # the machine's load: every rank computes on one core
+            if rank == 0:
+                layout_section(section, layout, runs[layout], args, check)
+                report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}
     reference = None
     if not args.no_reference:
         if rank == 0 and full is not None:

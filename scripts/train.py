@@ -3,6 +3,7 @@
     python scripts/train.py                        # about half a minute on 2 cores
     python scripts/train.py --plot train.png       # and draw the attention before and after
     python scripts/train.py --no-fused             # the reference attention instead of flash
+    mpiexec -n 2 python scripts/train.py --sequence-parallel ring   # each sequence split over 2 processes
 
 The task (induction, or "copy the token a fixed distance back"): a sequence of --length random tokens is
 followed by the same tokens again. In the second copy, the next token is always the one that followed
@@ -93,30 +94,18 @@ class TinyModel:
         """Cross-entropy over the scored positions, and its gradient for every parameter."""
         B, T = tokens.shape
         rows = scored_positions(length)  # (P,)
-        targets = tokens[:, rows + 1]  # (B, P)
-        # forward: 1) embed  2) attention layers with residuals  3) logits  4) cross-entropy
+        # forward: 1) embed  2) attention layers with residuals  3) logits and 4) cross-entropy (cross_entropy)
         h = self.embed[tokens]  # (B, T, C)
         saved = []
         for layer in self.layers:
             out, s = layer.forward(h, causal=True, fused=fused)  # (B, T, C)
             saved.append(s)
             h = h + out
-        logits = h[:, rows] @ self.w_head  # (B, P, V)
-        logits = logits - logits.max(axis=-1, keepdims=True)  # log-softmax without overflow
-        log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # (B, P, V)
-        picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)  # (B, P, 1)
-        n = B * len(rows)
-        loss = float(-picked.sum() / n)
-
-        # backward, the same lines in reverse
-        # 4) d loss / d logits = (softmax - one_hot) / n
-        dlogits = np.exp(log_probs)  # (B, P, V)
-        np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
-        dlogits /= n
-        # 3) logits = h W_head, at the scored positions only
-        grads = {"w_head": h[:, rows].reshape(-1, h.shape[-1]).T @ dlogits.reshape(-1, dlogits.shape[-1])}
+        loss, dh_rows, dw_head = cross_entropy(h[:, rows], self.w_head, tokens[:, rows + 1], B * len(rows))
+        # backward, the same lines in reverse (4 and 3 in cross_entropy)
+        grads = {"w_head": dw_head}
         dh = np.zeros_like(h)  # (B, T, C)
-        dh[:, rows] = dlogits @ self.w_head.T
+        dh[:, rows] = dh_rows
         # 2) h + layer(h): the residual passes dh straight through and adds the layer's dx
         for i in reversed(range(len(self.layers))):
             dx, grads[f"layer{i}.w_qkv"], grads[f"layer{i}.w_out"] = self.layers[i].backward(dh, saved[i])
@@ -147,6 +136,24 @@ class TinyModel:
         q, k, v = self.layers[layer].split_heads(h)  # rotated by RoPE, as the layer sees them
         _, weights = attention(q, k, v, causal=True, return_weights=True)  # (1, H, T, T)
         return np.asarray(weights[0])
+
+
+def cross_entropy(
+    h: np.ndarray, w_head: np.ndarray, targets: np.ndarray, n: int
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """Steps 3 and 4 of TinyModel.loss_and_grads and their gradients, for scored rows h (B, P, C) whose next
+    tokens are targets (B, P): (the loss summed over the rows and divided by n, dloss/dh (B, P, C), dloss/dW_head)."""
+    logits = h @ w_head  # (B, P, V)
+    logits = logits - logits.max(axis=-1, keepdims=True)  # log-softmax without overflow
+    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # (B, P, V)
+    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)  # (B, P, 1)
+    # 4) d loss / d logits = (softmax - one_hot) / n
+    dlogits = np.exp(log_probs)  # (B, P, V)
+    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
+    dlogits /= n
+    # 3) logits = h W_head
+    dw_head = h.reshape(-1, h.shape[-1]).T @ dlogits.reshape(-1, dlogits.shape[-1])  # (C, V)
+    return float(-picked.sum() / n), dlogits @ w_head.T, dw_head
 
 
 class Adam:
@@ -319,6 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check", action=argparse.BooleanOptionalAction, default=True,
         help="compare every gradient of a tiny float64 model with finite differences first (default on)",
     )  # fmt: skip
+    p.add_argument("--sequence-parallel", choices=["ring", "ulysses"],
+                   help="under mpiexec -n P: each sequence split over P processes (train_parallel.py)")  # fmt: skip
     common.add_plot_arguments(p, "the attention before and after")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
     common.add_seed_and_format(p, "data and weights")
@@ -447,6 +456,10 @@ def print_intro(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_run(args)
+    if args.sequence_parallel:
+        import train_parallel  # here, not at the top: it imports mpi4py, and this file as `train`
+
+        return train_parallel.run(args)
     info, lines = common.header()
     print(lines)
     print_intro(args)

@@ -1,7 +1,8 @@
-"""Ring attention: shard/unshard and the tile counts as plain functions, the ring in-process on MPI.COMM_SELF
-(a one-rank stand-in where mpi4py is missing), and on real processes under `mpiexec -n 1..4`
-(tests/ring_worker.py), where the gathered output must equal single-process flash_attention. The tests that
-need real MPI skip, saying why, when mpi4py or mpiexec is missing.
+"""Ring attention: shard/unshard and the tile counts as plain functions, the ring's forward and backward
+in-process on MPI.COMM_SELF (a one-rank stand-in where mpi4py is missing), what every rank does with the
+checks' reports, and scripts/ring.py under mpiexec. The runs on real processes (tests/ring_worker.py under
+`mpiexec -n 1..4`, failures included) are in tests/test_sequence_parallel.py, with the helpers below. The
+tests that need real MPI skip, saying why, when mpi4py or mpiexec is missing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -19,18 +21,23 @@ import numpy as np
 import pytest
 from conftest import assert_close
 
-from tinyattn_np import flash_attention
+from tinyattn_np import flash_attention, flash_attention_backward
 from tinyattn_np.memory import ring_attention_bytes
 from tinyattn_np.ring import (
     DIAGONAL,
     FULL,
     HIDDEN,
-    _agree,
-    _Local,
+    Failed,
+    Report,
+    StopTogether,
+    abort_on_failure,
+    agree,
+    check_on_every_rank,
     chunks_of,
     n_chunks,
     pair_kind,
     ring_attention,
+    ring_attention_backward,
     ring_pairs,
     shard,
     tile_counts,
@@ -56,10 +63,10 @@ MPIEXEC = find_mpiexec()
 class OneRankMPI(types.ModuleType):
     """Stands in for mpi4py.MPI where mpi4py is not installed: its COMM_SELF is a communicator of one rank.
 
-    A ring of one never sends a message (there is no neighbour to pass a block to), so allgather and an
-    empty Waitall are all ring_attention asks of it. With it, the in-process tests below run the ring's
-    code on any machine, and the coverage floor holds without MPI; the proof on real processes is the
-    mpiexec tests, which skip without mpi4py.
+    A ring of one never sends a message (there is no neighbour to pass a block to), and an all-to-all of
+    one keeps its one row: allgather, Ialltoall and a poll of what is already done are all the schemes ask
+    of it. With it, the in-process tests run the schemes' code on any machine, and the coverage floor holds
+    without MPI; the proof on real processes is the mpiexec tests, which skip without mpi4py.
     """
 
     class Comm:
@@ -72,11 +79,14 @@ class OneRankMPI(types.ModuleType):
         def allgather(self, value: object) -> list[object]:
             return [value]
 
+        def Ialltoall(self, sendbuf: list[np.ndarray], recvbuf: list[np.ndarray]) -> object:
+            recvbuf[0][...] = sendbuf[0]  # the one row is this rank's own
+            return object()
+
     class Request:
         @staticmethod
-        def Waitall(requests: list[object]) -> None:
-            if requests:  # pragma: no cover - would mean a ring of one sent a message
-                raise AssertionError(f"a ring of one sent messages: {requests}")
+        def Testall(requests: list[object]) -> bool:
+            return True  # a ring of one posts nothing; an all-to-all of one was done when posted
 
     BYTE = "BYTE"
 
@@ -85,8 +95,7 @@ class OneRankMPI(types.ModuleType):
         self.COMM_SELF = self.Comm()
 
 
-@pytest.fixture
-def comm_self(monkeypatch: pytest.MonkeyPatch) -> object:
+def one_rank_comm(monkeypatch: pytest.MonkeyPatch) -> object:
     """MPI.COMM_SELF, from mpi4py where it is installed, else from OneRankMPI."""
     if MPI is not None:
         return MPI.COMM_SELF
@@ -96,6 +105,11 @@ def comm_self(monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.setitem(sys.modules, "mpi4py", package)
     monkeypatch.setitem(sys.modules, "mpi4py.MPI", one_rank)
     return one_rank.COMM_SELF
+
+
+@pytest.fixture
+def comm_self(monkeypatch: pytest.MonkeyPatch) -> object:
+    return one_rank_comm(monkeypatch)
 
 
 needs_mpiexec = pytest.mark.skipif(
@@ -281,24 +295,164 @@ def test_ring_errors_name_what_is_wrong(comm_self: object) -> None:
         ring_attention(x, x, x, comm=comm_self, layout="striped")
 
 
-def local(tokens: int = 8, heads: int = 2, causal: bool = True) -> _Local:
+@pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_ring_backward_of_one_is_flash_attention_backward(
+    layout: str, causal: bool, rng: np.random.Generator, comm_self: object
+) -> None:
+    q = rng.standard_normal((2, 4, 42, 8))  # (B, Hq, T, E), GQA: 2 query heads per kv head
+    k, v = rng.standard_normal((2, 2, 42, 8)), rng.standard_normal((2, 2, 42, 5))
+    dout = rng.standard_normal((2, 4, 42, 5))
+    settings = dict(causal=causal, layout=layout, block_q=16, block_k=16)
+    out, lse = ring_attention(q, k, v, comm=comm_self, return_lse=True, **settings)
+    dq, dk, dv, stats = ring_attention_backward(q, k, v, out, dout, lse, comm=comm_self, return_stats=True, **settings)
+    gold = flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16)
+    for name, mine, want in zip(("dq", "dk", "dv"), (dq, dk, dv), gold, strict=True):
+        np.testing.assert_allclose(mine, want, rtol=1e-10, atol=1e-10, err_msg=name)
+    assert stats.tiles == tile_counts(42, 1, layout=layout, causal=causal, block_q=16, block_k=16)[0]["tiles"]
+    assert (stats.bytes_sent, len(stats.steps)) == (0, 1)  # a ring of one sends nothing, its gradients included
+
+
+def test_ring_backward_keeps_the_dtypes_and_rows_that_see_nothing(rng: np.random.Generator, comm_self: object) -> None:
+    q, k, v, dout = (rng.standard_normal((1, 2, 16, 8)).astype(np.float16) for _ in range(4))
+    out, lse = ring_attention(q, k, v, comm=comm_self, causal=True, return_lse=True)
+    grads = ring_attention_backward(q, k, v, out, dout, lse, comm=comm_self, causal=True, workers=2)
+    gold = flash_attention_backward(q, k, v, out, dout, lse, causal=True)
+    for mine, want in zip(grads, gold, strict=True):
+        assert mine.dtype == np.float16
+        assert_close(mine, want, np.float16, "float16 gradients")
+    # a row with lse = -inf (it saw no key) gets P = 0: zero gradients, not NaN
+    q64, dout64 = q.astype(np.float64), dout.astype(np.float64)
+    out64, lse64 = np.zeros_like(dout64), np.full(q.shape[:-1], -np.inf)
+    dq, dk, dv = ring_attention_backward(q64, q64, q64, out64, dout64, lse64, comm=comm_self)
+    assert not dq.any() and not dk.any() and not dv.any()
+
+
+def test_ring_backward_errors_name_what_is_wrong(rng: np.random.Generator, comm_self: object) -> None:
+    q, k, v, dout = (rng.standard_normal((1, 2, 16, 8)) for _ in range(4))
+    out, lse = ring_attention(q, k, v, comm=comm_self, return_lse=True)  # no mask
+    with pytest.raises(ValueError, match="rank 0 of 1: lse must have shape"):
+        ring_attention_backward(q, k, v, out, dout, lse[..., :3], comm=comm_self)
+    with pytest.raises(ValueError, match=r"rank 0 of 1: out must have shape"):
+        ring_attention_backward(q, k, v, out[..., :3, :], dout, lse, comm=comm_self)
+    with pytest.raises(ValueError, match="rank 0 of 1: lse does not match q, k and the mask"):
+        ring_attention_backward(q, k, v, out, dout, lse, comm=comm_self, causal=True)  # another mask than the forward's
+    with pytest.raises(TypeError, match="rank 0 of 1: return_stats must be True or False"):
+        ring_attention_backward(q, k, v, out, dout, lse, comm=comm_self, return_stats=1)  # type: ignore[arg-type]
+
+
+# --- every rank: the checks' reports, and a failure ----------------------------------------------------------------
+
+
+def report(tokens: int = 8, heads: int = 2, causal: bool = True) -> Report:
     shape = (1, heads, tokens, 4)
-    return _Local(shape, shape, shape, ("float64",) * 3, (causal, "zigzag", 0.5, 256, 256))
+    return Report((shape, shape, shape), ("float64",) * 3, (causal, "zigzag", 0.5, 256, 256))
 
 
 def test_agree_raises_the_same_error_for_every_rank() -> None:
     """What every rank does with the allgathered reports (the mpiexec tests show it on real ranks)."""
-    _agree([local(), local()])  # all the same: nothing to say
+    agree([report(), report()])  # all the same: nothing to say
     with pytest.raises(ValueError, match=r"unequal length: tokens per rank \[8, 10\]"):
-        _agree([local(), local(tokens=10)])
+        agree([report(), report(tokens=10)])
     with pytest.raises(ValueError, match="disagree on their shapes"):
-        _agree([local(), local(heads=4)])
+        agree([report(), report(heads=4)])
     with pytest.raises(ValueError, match=r"disagree on their settings .* rank 1 has \(False"):
-        _agree([local(), local(causal=False)])
-    with pytest.raises(TypeError, match="rank 1 of 2: causal must be"):
-        _agree([local(), ("TypeError", "causal must be True or False")])
-    with pytest.raises(ValueError, match="rank 0 of 2: MemoryError: out of memory"):
-        _agree([("MemoryError", "out of memory"), local()])
+        agree([report(), report(causal=False)])
+
+
+def test_a_failed_check_is_raised_on_every_rank_naming_the_rank() -> None:
+    assert isinstance(Failed("TypeError", "causal must be True or False").error(1, 2), TypeError)
+    assert str(Failed("ValueError", "bad").error(0, 3)) == "rank 0 of 3: bad"
+    assert str(Failed("MemoryError", "out of memory").error(0, 2)) == "rank 0 of 2: MemoryError: out of memory"
+
+
+class TwoRanks:
+    """A communicator of two ranks whose allgather hands back this rank's report twice and whose Abort is
+    recorded: enough to see what a rank does, in this process. Its Abort raises so that the test lives on."""
+
+    class Aborted(Exception):
+        pass
+
+    def __init__(self) -> None:
+        self.aborted: list[int] = []
+
+    def Get_rank(self) -> int:
+        return 1
+
+    def Get_size(self) -> int:
+        return 2
+
+    def Ibarrier(self) -> object:
+        return object()
+
+    def allgather(self, value: object) -> list[object]:
+        return [value, value]
+
+    def Abort(self, status: int) -> None:
+        self.aborted.append(status)
+        raise self.Aborted
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "said"),
+    [
+        (RuntimeError("inside the compute"), 1, "rank 1 of 2: the ring failed: RuntimeError: inside the compute"),
+        (MemoryError("no room"), 1, "rank 1 of 2: the ring failed: MemoryError: no room"),
+        (KeyboardInterrupt(), 130, "rank 1 of 2: the ring interrupted (Ctrl-C)"),
+    ],
+)
+def test_a_failure_among_ranks_is_printed_and_aborts_the_job(
+    error: BaseException, status: int, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    comm = TwoRanks()
+    with pytest.raises(TwoRanks.Aborted), abort_on_failure(comm, "the ring"):
+        raise error
+    assert comm.aborted == [status]
+    printed = capsys.readouterr().err
+    assert said in printed and "MPI_Abort ends the whole job" in printed
+    assert ("Traceback" in printed) == (status == 1)  # Ctrl-C: one line, not a traceback
+
+
+def test_a_failure_in_a_ring_of_one_is_raised_as_usual(comm_self: object) -> None:
+    with pytest.raises(MemoryError, match="no room"), abort_on_failure(comm_self, "the ring"):
+        raise MemoryError("no room")
+
+
+def test_a_ctrl_c_in_a_check_aborts_where_an_error_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=OneRankMPI()))  # Testall: done at once
+    comm = TwoRanks()
+
+    def check() -> tuple[object, object]:
+        raise ValueError("bad input here")
+
+    with pytest.raises(ValueError, match="rank 0 of 2: bad input here"):  # the same report twice: rank 0's first
+        check_on_every_rank(comm, check, "the check")
+    assert comm.aborted == []
+
+    def interrupted() -> tuple[object, object]:
+        raise KeyboardInterrupt  # no Exception: `except Exception` misses it, so it must abort, not hang
+
+    with pytest.raises(TwoRanks.Aborted):
+        check_on_every_rank(comm, interrupted, "the check")
+    assert comm.aborted == [130]
+
+
+class Gathering:
+    """A communicator of one rank that answers allreduce (the only call StopTogether.stop makes)."""
+
+    def allreduce(self, value: object, op: object = None) -> object:
+        return value
+
+
+def test_stop_together_notes_ctrl_c_and_says_so_at_the_step_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(LOR="LOR")))
+    before = signal.getsignal(signal.SIGINT)
+    with StopTogether() as ctrl_c:
+        assert not ctrl_c.stop(Gathering())
+        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: noted, not raised
+        time.sleep(0.01)
+        assert ctrl_c.stop(Gathering())
+    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -332,17 +486,6 @@ def run_mpi(ranks: int, *args: str, timeout: float = 90) -> subprocess.Completed
             stdout, stderr = process.communicate()
             pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} ran past {timeout} s (a hang?)\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
-
-
-@needs_mpiexec
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_ring_on_real_processes_equals_one_process(ranks: int) -> None:
-    result = run_mpi(ranks, str(ROOT / "tests" / "ring_worker.py"))
-    log = f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-    assert result.returncode == 0, log
-    cases = 10 if ranks == 1 else 13  # the mismatch cases need a second rank
-    assert f"ring worker: {ranks} ranks, {cases} cases passed, 0 failed" in result.stdout, log
-    assert "FAIL" not in result.stdout, log
 
 
 @needs_mpiexec

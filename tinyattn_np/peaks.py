@@ -7,6 +7,7 @@ tests/test_backward.py). memory.py holds the formulas true of any implementation
     flash_attention_bytes            flash_attention()           out, lse, and per worker one tile step
     flash_attention_backward_bytes   flash_attention_backward()  dq, dk, dv, and per worker two tiles
     ring_attention_bytes             ring_attention()            per device: its shard and two K/V blocks
+    sequence_parallel_bytes          ring.py, ulysses.py         per device: the bytes sent, forward and backward
 
 The first two live in _guard.py, where attention() and attention_backward() read them before they allocate.
 """
@@ -31,6 +32,7 @@ __all__ = [
     "flash_attention_bytes",
     "naive_attention_bytes",
     "ring_attention_bytes",
+    "sequence_parallel_bytes",
 ]
 
 
@@ -212,3 +214,68 @@ def ring_attention_bytes(
         "sent_per_step": block,
         "sent_total": layers * (devices - 1) * block,
     }
+
+
+SCHEMES = ("ring", "ulysses")
+
+
+def sequence_parallel_bytes(
+    tokens: int,
+    devices: int,
+    *,
+    scheme: str,
+    heads: int,
+    head_dim: int,
+    kv_heads: int | None = None,
+    head_dim_v: int | None = None,
+    layers: int = 1,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    return_lse: bool = True,
+) -> dict[str, int]:
+    """Bytes one device sends to the others in attention's forward and in its backward, when `tokens` are
+    split evenly over `devices` (and as many arrive): what ring.py and ulysses.py send, over all layers.
+
+    With t = T / P tokens per device, b = bytes_per_element(dtype), c = max(b, 4 B) (16-bit inputs are
+    computed in fp32), kv = B·Hkv·t·(E + Ev) the elements of one K/V shard, and P > 1:
+
+    ring (ring_attention, ring_attention_backward):
+        forward    layers·(P - 1)·kv·b          the K/V block, passed on at every step but the last
+        backward   layers·(P - 1)·kv·(b + c)    the K/V blocks again, and their dK/dV accumulators (in c:
+                                                sums over every rank), each device's own share kept home
+
+    ulysses (ulysses_attention, ulysses_attention_backward): an all-to-all keeps the 1/P of a buffer that is
+    this device's own, so each sends (P - 1)/P of what it moves. With qe = B·Hq·t·E (q or dq), o = B·Hq·t·Ev
+    (out or dout) and r = B·Hq·t (lse):
+        forward    layers·(P - 1)/P·((qe + kv + o)·b + r·c)     q, k, v to heads; out (and lse) back
+        backward   layers·(P - 1)/P·((qe + kv + 2·o)·b + r·c    q, k, v, out, dout, lse to heads
+                                     + (qe + kv)·b)             dq, dk, dv back
+    return_lse=False: the forward sends no lse back (r = 0); training needs it for the backward.
+    Ulysses needs Hq and Hkv to be multiples of P (ValueError otherwise); the ring takes any P.
+    A ring's or an all-to-all's stats (RingStats, UlyssesStats) report exactly these bytes per call.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {', '.join(map(repr, SCHEMES))}; got {scheme!r}")
+    return_lse = check_bool(return_lse, "return_lse")
+    tokens, _, heads, kv_heads, e, ev, batch = attention_sizes(
+        tokens, None, heads, kv_heads, head_dim, head_dim_v, batch
+    )
+    devices = check_positive_int(devices, "devices")
+    layers = check_positive_int(layers, "layers")
+    if tokens % devices:
+        raise ValueError(f"tokens must split evenly over the devices; got tokens={tokens:,} and devices={devices}")
+    b, c = bytes_per_element(dtype), max(bytes_per_element(dtype), Fraction(4))
+    t = tokens // devices
+    kv, qe, o, r = batch * kv_heads * t * (e + ev), batch * heads * t * e, batch * heads * t * ev, batch * heads * t
+    if scheme == "ring":
+        forward, backward = (devices - 1) * kv * b, (devices - 1) * kv * (b + c)
+    else:
+        if heads % devices or kv_heads % devices:
+            raise ValueError(
+                f"Ulysses splits the heads over the devices: heads={heads} and kv_heads={kv_heads} must both be "
+                f"multiples of devices={devices}"
+            )
+        share = Fraction(devices - 1, devices)  # of each all-to-all's buffer, the part for the other devices
+        forward = share * ((qe + kv + o) * b + (r * c if return_lse else 0))
+        backward = share * ((qe + kv + 2 * o) * b + r * c + (qe + kv) * b)
+    return {"tokens_per_device": t, "forward": math.ceil(layers * forward), "backward": math.ceil(layers * backward)}
