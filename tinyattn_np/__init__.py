@@ -17,7 +17,9 @@ The reading order: each file uses only what came before it.
     11  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
     12  kvcache.py     decoding with a cache of keys and values
     13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    14  ring.py        ring attention: the sequence split over MPI processes (not imported here)
+    14  ring.py        ring attention: the sequence split over MPI processes, forward and backward
+    15  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                       (ring.py and ulysses.py need mpi4py and are not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),

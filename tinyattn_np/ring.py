@@ -96,6 +96,7 @@ from .flash import (
     FULL,
     Band,
     FlashPlan,
+    TileMods,
     flash_forward,
     flash_plan,
 )
@@ -769,8 +770,9 @@ def pair_backward(
         k_start, h = item  # query head h reads kv head h // G
         cols = slice(k_start, min(k_start + plan.block_k, part))  # within the pair
         tiles = plan.band.column_tiles(cols.start, cols.stop, part, plan.block_q)
+        mods = TileMods(plan.band.mask_mod, None, 0, 0)  # the causal band: the same for every batch entry and head
         key_block_grads(query.q_s[h, rows], k_block[h // group, keys], v_block[h // group, keys], query.d_o[h, rows],
-                        query.lse[h, rows], query.d[h, rows], plan.band, tiles, partial(ordered_dq.add, h),
+                        query.lse[h, rows], query.d[h, rows], mods, tiles, partial(ordered_dq.add, h),
                         query.dk_heads[h, keys][cols], query.dv_heads[h, keys][cols])  # fmt: skip
 
     items = ((k_start, h) for k_start in range(0, part, plan.block_k) for h in range(n_heads))
