@@ -18,7 +18,8 @@ Times are medians of --repeats calls after a warm-up. Everything a target compar
 the batch of documents, torch's compiled flex_attention) is timed round-robin, one call of each in turn,
 with a 2048 x 2048 matmul among them, so that a busy spell of the shared machine falls on all alike; the
 dense paths (our reference, torch SDPA) run once each afterwards, with the matmul rate and the load average
-measured just before. A rate under 70% of the best of the run is marked busy. Peaks: tracemalloc for
+measured just before; a row whose rate moved more than 20% from the round-robin's, or measured while the
+load average exceeded the cores, is marked '*', and a note says why. Peaks: tracemalloc for
 NumPy (what its arrays held at once), the growth of the resident set (VmHWM) for torch, whose allocations
 tracemalloc does not see.
 """
@@ -40,16 +41,14 @@ from typing import Any
 import numpy as np
 
 import tinyattn_np as ta
-from tinyattn_np.measure import machine_info, median_ms, traced_peak
-from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, text_table
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed
 
-SETTLE_SECONDS = 0.3
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
+import common  # noqa: E402
+
 TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
            "torch flex": 1.5}  # fmt: skip
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR")  # fmt: skip
     p.add_argument("--no-reference", action="store_true", help="leave out our dense-mask reference (L x S memory)")
     p.add_argument("--no-torch", action="store_true", help="leave out torch SDPA and torch's compiled flex")
+    p.add_argument("--json", metavar="PATH", help="also write every figure, the machine and the code to PATH")
     add_format_argument(p)
     p.add_argument("--seed", type=nonnegative_seed, default=0, help="seed for q, k, v (an int >= 0; default 0)")
     args = p.parse_args(argv)
@@ -74,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.tokens % math.lcm(16, args.documents):
         p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
+    common.check_output(p, "--json", args.json)
     if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
         p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
     return args
@@ -134,19 +135,13 @@ def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any,
 # measuring
 
 
-def matmul_rate(n: int = 2048) -> float:
-    """GFLOP/s of one n x n float32 matmul on all BLAS threads, now: how fast the machine is at the moment."""
-    a = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
-    return 2 * n**3 / median_ms(lambda: a @ a, 3) / 1e6
-
-
 def round_robin(calls: dict[str, Any], repeats: int) -> dict[str, float]:
     """Seconds (median) of each call, timed one call of each in turn, after one warm-up call of each; a short
     idle before each, so that no library's spinning threads (OpenBLAS, OpenMP) slow the next call down."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for repeat in range(repeats + 1):
         for name, call in calls.items():
-            time.sleep(SETTLE_SECONDS)
+            time.sleep(common.SETTLE_SECONDS)
             started = time.perf_counter()
             call()
             if repeat:  # the first round warms up
@@ -171,7 +166,7 @@ def status_kib(field: str) -> int:
 
 
 def seconds_once(call: Any) -> float:
-    time.sleep(SETTLE_SECONDS)  # let the other library's spinning threads go to sleep first
+    time.sleep(common.SETTLE_SECONDS)  # let the other library's spinning threads go to sleep first
     call()  # warm-up
     started = time.perf_counter()
     call()
@@ -241,14 +236,14 @@ def timed_rows(
     calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
     square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
     calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
-    progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
+    common.progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
              "flex_attention compiles at its first call)")  # fmt: skip
     times = round_robin(calls, args.repeats)
     for name, row in rows.items():
         row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
     rate = 2 * 2048**3 / times["matmul"] / 1e9
     return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
-            "_rate": {"GFLOP/s": rate, "load": os.getloadavg()[0]}}  # fmt: skip
+            "_rate": {"GFLOP/s": rate, "load": common.load_average() or 0.0}}  # fmt: skip
 
 
 def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> None:
@@ -264,11 +259,9 @@ def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.n
 
 def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
     """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
-    import torch
-    import torch.nn.functional as F
+    torch, F = common.load_torch(args.workers, flag="the torch columns (leave them out with --no-torch)")
     from torch.nn.attention import flex_attention as flex
 
-    torch.set_num_threads(args.workers or os.cpu_count() or 1)
     return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
             "patterns": torch_patterns(args, torch), "qkv": tuple(torch.from_numpy(x) for x in qkv),
             "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
@@ -339,26 +332,25 @@ def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]],
 
 
 def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    """The table (rows Ctrl-C cut short show '-' where they have no figure), its busy marks, the targets."""
     headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak",
-               "torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s", "load"]  # fmt: skip
-    ours = rows["_rate"]
-    best = max([ours["GFLOP/s"]] + [row["rate"][0] for name, row in rows.items() if "rate" in row])
-    table = []
+               "torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]  # fmt: skip
+    body, measured = [], []
     for name, row in rows.items():
         if name.startswith("_"):
             continue
         torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
-        rate, load = row["rate"]
-        table.append([name, f"{row['tiles']}/{row['of']}", cell(row["mask s"]), cell(row["flex s"]),
-                      cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
-                      cell(row.get("sdpa s")), cell(row.get("sdpa peak"), "B"), cell(row.get("torch flex s")),
-                      cell(row.get("torch flex peak"), "B"),
-                      "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"]),
-                      f"{rate:.0f}" + (" busy" if rate < 0.7 * best else ""), f"{load:.1f}"])  # fmt: skip
-    print(text_table(table, headers, fmt=args.format))
-    busy = " busy" if ours["GFLOP/s"] < 0.7 * best else ""
+        body.append([name, f"{row['tiles']}/{row['of']}", cell(row["mask s"]), cell(row["flex s"]),
+                     cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
+                     cell(row.get("sdpa s")), cell(row.get("sdpa peak"), "B"), cell(row.get("torch flex s")),
+                     cell(row.get("torch flex peak"), "B"),
+                     "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"]),
+                     f"{row['rate']:.0f}" if "rate" in row else "-"])  # fmt: skip
+        measured.append(row)
+    print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"]))
+    ours = rows["_rate"]
     print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs; in the "
-          f"round-robin timings it ran at {ours['GFLOP/s']:.0f}{busy} (load {ours['load']:.1f})\n")  # fmt: skip
+          f"round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n")  # fmt: skip
     docs = f"{args.documents} documents"
     for name, row in rows.items():
         if not name.startswith("_") and (text := target_text(name, row, rows, docs)):
@@ -387,27 +379,44 @@ def main(argv: list[str] | None = None) -> int:
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
     qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
-    info = machine_info()
-    print(f"T = {T}, {H} heads of {E}, float32, B = 1; {info['cpu']}, {info['cores']} cores, numpy "
-          f"{info['numpy']}; workers {args.workers or os.cpu_count()}"
-          + (f"; baseline {args.baseline}" if baseline else ""))  # fmt: skip
+    side = None if args.no_torch else torch_setup(args, qkv)
+    _, lines = common.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
+    print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
+          + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip
     print(check_agreement(args, baseline))
     print_maps(args)
-    side = None if args.no_torch else torch_setup(args, qkv)
     rows = timed_rows(args, qkv, baseline, side)
-    for name, row in rows.items():
-        if name.startswith("_"):
-            continue
-        time.sleep(SETTLE_SECONDS)
-        row["rate"] = (matmul_rate(), os.getloadavg()[0])  # the machine's speed just before this row's others
-        if not args.no_reference:
-            progress(f"our dense-mask reference: {name}")
-            reference_row(row, args, qkv)
-        if side is not None:
-            torch_row(row, args, side)
+    stopped = dense_rows(rows, args, qkv, side)
     print_table(rows, args)
-    return 0
+    if args.json:
+        figures = {name: {key: value for key, value in row.items() if key != "mask"} for name, row in rows.items()}
+        common.write_json(args.json, {"args": vars(args), "rows": figures}, stopped)
+    patterns_done = sum("dense done" in row for row in rows.values())
+    return common.interrupted(patterns_done, len(patterns(args)), "patterns' dense rows") if stopped else 0
+
+
+def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: tuple[np.ndarray, ...],
+               side: dict[str, Any] | None) -> bool:  # fmt: skip
+    """Our dense-mask reference and torch SDPA for each pattern, each row beside the matmul rate measured just
+    before it; True when Ctrl-C stopped them (the rows measured so far stay)."""
+    first_rate = rows["_rate"]["GFLOP/s"]
+    try:
+        for name, row in rows.items():
+            if name.startswith("_"):
+                continue
+            time.sleep(common.SETTLE_SECONDS)
+            rate = common.matmul_rate("float32", repeats=3)  # the machine's speed just before this row's others
+            row["rate"], row["busy"] = rate, common.busy_reasons(rate, first_rate)
+            if not args.no_reference:
+                common.progress(f"our dense-mask reference: {name}")
+                reference_row(row, args, qkv)
+            if side is not None:
+                torch_row(row, args, side)
+            row["dense done"] = True
+    except KeyboardInterrupt:
+        return True
+    return False
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))
