@@ -110,3 +110,16 @@ def test_the_counter_counts_what_it_should(tmp_path):
         "    def g():\n        return y\n    return g\n"
     )
     assert functions(path) == [("f", 5)]  # def f, y = x, def g, return y, return g
+
+
+def test_the_pages_the_code_points_to_exist():
+    import re
+
+    named = {
+        (path.relative_to(ROOT), page)
+        for folder in (PACKAGE, SCRIPTS)
+        for path in folder.glob("*.py")
+        for page in re.findall(r"docs/[\w.-]+\.(?:md|ipynb|png)", path.read_text(encoding="utf-8"))
+    }
+    missing = sorted(f"{path}: {page}" for path, page in named if not (ROOT / page).exists())
+    assert not missing, "\n".join(missing)

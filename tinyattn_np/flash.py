@@ -25,7 +25,7 @@ Read it in this order:
 
 Why the fast path batches heads: Python's per-call overhead (a few microseconds, with the interpreter
 lock held) is then paid once for all of them, which is what lets worker threads scale with cores
-(docs/tiles.md). Memory: out, lse, and per worker one step's tile of scores (at most the step budget)
+(docs/flash.md). Memory: out, lse, and per worker one step's tile of scores (at most the step budget)
 plus per-row vectors: O((L + S)·E + workers·budget), never L x S. The tiles of a query block are made
 as it runs, so the plan itself costs no memory either.
 """
@@ -78,7 +78,7 @@ __all__ = [  # with blockmask's tile names, which other modules import from here
 Array = NDArray[np.floating]
 
 # The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in docs/tiles.md (scripts/tiles.py).
+# on more than 8 cores. Measured in docs/flash.md (scripts/tiles.py).
 SCORES_PER_STEP = 2**18
 
 
