@@ -13,7 +13,8 @@ The reading order: each file uses only what came before it.
      8  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
      9  kvcache.py     decoding with a cache of keys and values
     10  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    11  ring.py        ring attention: the sequence split over MPI processes (not imported here)
+    11  paged.py       serving many sequences: a pool of blocks, block tables, decoding through them
+    12  ring.py        ring attention: the sequence split over MPI processes (not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
@@ -45,11 +46,13 @@ from .memory import (
     flash_attention_bytes,
     kv_cache_bytes,
     naive_attention_bytes,
+    paged_kv_cache_bytes,
     ring_attention_bytes,
     score_matrix_bytes,
 )
 from .models import PRESETS, ModelShape, load_model_shape, model_bill, shape_from_config
 from .multihead import MultiHeadAttention
+from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
 from .position import (
     LearnedPositions,
     half_split_permutation,
@@ -74,6 +77,8 @@ __all__ = [
     "ModelShape",
     "MultiHeadAttention",
     "PRESETS",
+    "PagedKVCache",
+    "PoolExhaustedError",
     "Tile",
     "attention",
     "attention_backward",
@@ -81,6 +86,7 @@ __all__ = [
     "attention_backward_flops",
     "attention_flops",
     "bytes_per_element",
+    "cascade_decode",
     "causal_entries",
     "causal_mask",
     "draw_tile_plan",
@@ -101,6 +107,8 @@ __all__ = [
     "model_bill",
     "naive_attention_bytes",
     "one_head",
+    "paged_decode",
+    "paged_kv_cache_bytes",
     "permute_qk_weight",
     "ring_attention_bytes",
     "rope",
