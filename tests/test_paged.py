@@ -68,6 +68,14 @@ def test_sizes_and_an_empty_pool(dtype):
     assert "0 sequences, 0 blocks used" in repr(cache)
 
 
+def test_a_pool_larger_than_memory_is_refused_before_it_is_made_and_the_pool_is_read_only():
+    with pytest.raises(MemoryError, match="lower num_blocks"):
+        PagedKVCache(10**9, 256, 8, 128)  # 2 PiB
+    cache = PagedKVCache(4, 2, 1, 2)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.k_pool[0, 0, 0, 0] = 1.0  # a write here would change every sequence holding the block
+
+
 def test_a_block_is_taken_only_when_the_last_one_is_full():
     cache = PagedKVCache(10, 4, 1, 2)
     seq = cache.add_sequence()
@@ -133,7 +141,8 @@ def test_an_append_the_pool_cannot_hold_is_refused_and_changes_nothing():
     cache.append(a, *_tokens(cache, 1, 6))  # 2 blocks
     cache.append(b, *_tokens(cache, 20, 3))  # 1 block: 1 left
     before = _state(cache)
-    with pytest.raises(PoolExhaustedError, match=r"sequence 0: 2\) and 1 of 4 are free; nothing was changed"):
+    message = r"for sequence 0: it needs 2 new blocks and 1 of 4 are free; nothing was changed"
+    with pytest.raises(PoolExhaustedError, match=message):
         cache.append(a, *_tokens(cache, 7, 7))  # 2 fill the last block, 5 more need 2 blocks
     _assert_same_state(before, _state(cache))
     with pytest.raises(MemoryError):  # PoolExhaustedError is a MemoryError
@@ -249,7 +258,7 @@ def test_the_copy_on_write_block_counts_in_the_refusal():
     other = cache.add_sequence()
     cache.append(other, *_tokens(cache, 50, 1))  # block 1: the pool is now full
     before = _state(cache)
-    with pytest.raises(PoolExhaustedError, match=r"sequence 1: 1\) and 0 of 2 are free"):
+    with pytest.raises(PoolExhaustedError, match=r"sequence 1: it needs 1 new blocks and 0 of 2 are free"):
         cache.append(child, *_tokens(cache, 9, 1))  # one token, with room in block 0, but block 0 is shared
     _assert_same_state(before, _state(cache))
     cache.free(other)

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from ._bytes import format_bytes
 from ._checks import (
     ACCEPTED_DTYPES,
     as_float_array,
@@ -43,6 +44,7 @@ from ._checks import (
     compute_dtype,
     result_dtype,
 )
+from ._guard import memory_available
 from ._parallel import one_blas_thread, run_items
 from .softmax import merge_states
 from .splitkv import attend_blocks, block_keys, default_kv_splits, merge_chunks
@@ -93,8 +95,15 @@ class PagedKVCache:
         if self.dtype not in ACCEPTED_DTYPES:
             raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
-        self.k_pool = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
-        self.v_pool = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
+        pool_bytes = 2 * int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+        if pool_bytes > memory_available():  # before allocating: the pool is filled as sequences grow
+            raise MemoryError(
+                f"a pool of {self.num_blocks:,} blocks of {self.block_size} tokens ({self.kv_heads} kv heads of "
+                f"{self.head_dim}, {self.dtype}) takes {format_bytes(pool_bytes)}, more than the "
+                f"{format_bytes(memory_available())} of memory available: lower num_blocks"
+            )
+        self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
+        self._v = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
         self._refs = np.zeros(self.num_blocks, np.int64)  # block tables holding each block; 0 = free
         self._filled = np.zeros(self.num_blocks, np.int64)  # slots of each block that hold a token
         self._used = 0  # blocks that some table holds (those with a count above 0)
@@ -124,6 +133,20 @@ class PagedKVCache:
     # --- what the pool holds -------------------------------------------------------------------------
 
     @property
+    def k_pool(self) -> Array:
+        """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view of the pool."""
+        view = self._k.view()
+        view.flags.writeable = False  # the cache's own: a write here would change every sequence holding it
+        return view
+
+    @property
+    def v_pool(self) -> Array:
+        """The values of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view."""
+        view = self._v.view()
+        view.flags.writeable = False
+        return view
+
+    @property
     def block_bytes(self) -> int:
         """Bytes of one block: keys and values of block_size tokens, every kv head."""
         return 2 * self.kv_heads * self.block_size * self.head_dim * self.dtype.itemsize
@@ -131,7 +154,7 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the whole preallocated pool (keys and values): num_blocks · block_bytes."""
-        return int(self.k_pool.nbytes + self.v_pool.nbytes)
+        return int(self._k.nbytes + self._v.nbytes)
 
     @property
     def blocks_used(self) -> int:
@@ -163,7 +186,8 @@ class PagedKVCache:
     @property
     def sequences(self) -> tuple[int, ...]:
         """The ids of the sequences in the cache, oldest first."""
-        return tuple(self._tables)
+        with self.lock:  # a dict that another thread changes cannot be iterated
+            return tuple(self._tables)
 
     def length(self, seq: int) -> int:
         """Tokens in sequence seq."""
@@ -180,8 +204,8 @@ class PagedKVCache:
         A copy, for checking and for the reference path; paged_decode reads the blocks where they are."""
         with self.lock:
             table, length = self._tables[self.check_seq(seq)], self._lengths[seq]
-            keys = self.k_pool[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]  # (Hkv, T, E)
-            values = self.v_pool[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]
+            keys = self._k[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]  # (Hkv, T, E)
+            values = self._v[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]
             return keys, values
 
     def check_seq(self, seq: Any) -> int:
@@ -249,14 +273,21 @@ class PagedKVCache:
                 raise ValueError(f"seq_ids must name each sequence once; got {seq_ids}")
             needed = [self.blocks_needed(seq, t_new) for seq in seqs]
             if sum(needed) > self.blocks_free:
-                wanted = ", ".join(f"sequence {seq}: {n}" for seq, n in zip(seqs, needed, strict=True) if n)
-                raise PoolExhaustedError(
-                    f"the pool cannot hold {t_new} more tokens for each of sequences {seqs}: they need "
-                    f"{sum(needed)} new blocks ({wanted}) and {self.blocks_free} of {self.num_blocks} are free; "
-                    "nothing was changed (free a sequence, or make a larger pool)"
-                )
+                raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
             for i, seq in enumerate(seqs):
                 self._write(seq, k[i], v[i])
+
+    def _refusal(self, seqs: list[int], needed: list[int], t_new: int) -> str:
+        """What a refused append says: the sequences, the blocks each needs, the blocks free."""
+        free = f"{self.blocks_free} of {self.num_blocks} are free; nothing was changed"
+        if len(seqs) == 1:
+            it_needs = f"for sequence {seqs[0]}: it needs {needed[0]} new blocks"
+        else:
+            each = ", ".join(f"sequence {seq}: {n}" for seq, n in zip(seqs, needed, strict=True) if n)
+            it_needs = f"for each of sequences {seqs}: they need {sum(needed)} new blocks ({each})"
+        return (
+            f"the pool cannot hold {t_new} more tokens {it_needs} and {free} (free a sequence, or make a larger pool)"
+        )
 
     def _check_kv(self, x: Any, name: str, ndim: int) -> np.ndarray:
         """x must be an ndarray ([N,] kv_heads, T_new, head_dim) of this cache's dtype."""
@@ -294,8 +325,8 @@ class PagedKVCache:
             elif self._refs[table[-1]] > 1:  # shared: copy it before the first write (copy-on-write)
                 table[-1] = self._copy_block(table[-1], after=table[-2] if len(table) > 1 else None)
             block, n = table[-1], min(self.block_size - slot, k.shape[1] - written)
-            self.k_pool[:, block, slot : slot + n] = k[:, written : written + n]  # (Hkv, n, E)
-            self.v_pool[:, block, slot : slot + n] = v[:, written : written + n]
+            self._k[:, block, slot : slot + n] = k[:, written : written + n]  # (Hkv, n, E)
+            self._v[:, block, slot : slot + n] = v[:, written : written + n]
             self._filled[block] = slot + n
             self._lengths[seq], written = length + n, written + n
 
@@ -321,8 +352,8 @@ class PagedKVCache:
         """A private copy of a shared block (its filled slots), for the table about to write to it."""
         block = self._take_block(after)
         filled = self._filled[shared]
-        self.k_pool[:, block, :filled] = self.k_pool[:, shared, :filled]  # (Hkv, filled, E)
-        self.v_pool[:, block, :filled] = self.v_pool[:, shared, :filled]
+        self._k[:, block, :filled] = self._k[:, shared, :filled]  # (Hkv, filled, E)
+        self._v[:, block, :filled] = self._v[:, shared, :filled]
         self._filled[block] = filled
         self._refs[shared] -= 1  # still held by the others
         return block
@@ -356,14 +387,15 @@ def page_blocks(cache: PagedKVCache, chunk: PageChunk, block_k: int) -> Iterator
     """The keys and values of a chunk as blocks of about block_k keys (whole pages), each a list of pieces
     (k (Hkv, n, E), v (Hkv, n, Ev)): one per run of consecutive pages, a view of the pool, never a copy."""
     size, heads, dim = cache.block_size, cache.kv_heads, cache.head_dim
+    k_pool, v_pool = cache.k_pool, cache.v_pool  # (Hkv, blocks, block_size, E) each, read-only views
     per_block = max(1, block_k // size)  # pages per block: the block structure does not depend on the layout
     for first in range(0, len(chunk.pages), per_block):
         keys_left = chunk.keys - first * size  # the last page of the chunk may be partly filled
         pieces = []
         for start, count in consecutive_runs(chunk.pages[first : first + per_block]):
             n = min(count * size, keys_left)
-            k = cache.k_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E) view
-            v = cache.v_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E) view
+            k = k_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
+            v = v_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
             pieces.append((k, v))
             keys_left -= n
         yield pieces
