@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -34,26 +35,16 @@ from tinyattn_np import (
     tile_plan,
     tokenize,
 )
-from tinyattn_np.report import Checklist, add_format_argument, matrix_table, nonnegative_seed, table
+from tinyattn_np.report import Checklist, matrix_table, table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
 TOL = 1e-5  # float32 results computed in two different orders agree to about 1e-6
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
-
-
-def max_diff(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
-def load_torch():
-    """torch if it is installed, else None. tinyattn_np never needs it; here it is one more witness."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch
 
 
 def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
@@ -68,23 +59,21 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
 
     q, k, v = x @ wq, x @ wk, x @ wv  # (5, 64) each
     ref = attention(q, k, v, causal=True)  # (5, 64)
-    diff = max_diff(out, ref)
+    diff = common.max_diff(out, ref)
     print(f"   max |one_head - attention(causal=True)| = {diff:.1e}")
     check(diff < TOL, f"one_head equals attention() within {TOL:g}")
 
-    torch = load_torch()
+    torch = common.optional_torch()  # tinyattn_np never needs it; here it is one more witness
     if torch is None:
-        print(
-            "   torch checks skipped (here and in 4): torch is not installed; the pinned CPU wheel adds them:\n"
-            "   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-        )
+        print(f"   torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n"
+              f"   {common.TORCH_INSTALL_HINT}")  # fmt: skip
     else:
         import torch.nn.functional as F
 
         gold = F.scaled_dot_product_attention(*(torch.from_numpy(t)[None] for t in (q, k, v)), is_causal=True)[
             0
         ].numpy()  # (5, 64)
-        diff = max_diff(out, gold)
+        diff = common.max_diff(out, gold)
         print(
             f"   max |one_head - torch F.scaled_dot_product_attention(is_causal=True)| = {diff:.1e}"
             f"  (torch {torch.__version__})"
@@ -108,7 +97,7 @@ def multihead_demo(rng: np.random.Generator, seed: int) -> None:
     x = embed(tokenize(SENTENCE), D_MODEL, seed=seed)[None]  # (1, 5, 256): a batch of one
     fused = mha(x, fused=True)  # flash_attention inside
     unfused = mha(x, fused=False)  # the reference attention(), score matrix and all
-    diff = max_diff(fused, unfused)
+    diff = common.max_diff(fused, unfused)
     n_params = mha.num_parameters
     print(
         f"   w_qkv {mha.w_qkv.shape} + w_out {mha.w_out.shape} = {n_params:,} params"
@@ -142,20 +131,20 @@ def alignment_demo(rng: np.random.Generator) -> None:
     ours = attention(q, k, v, causal=True)  # (2, 64)
     sdpa = scaled_dot_product_attention(q, k, v, is_causal=True)  # (2, 64)
     check(
-        max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
+        common.max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
         "attention(causal=True) uses the bottom-right mask",
     )
     check(
-        max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
+        common.max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
         "scaled_dot_product_attention(is_causal=True) uses the top-left mask",
     )
-    check(max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
-    torch = load_torch()
+    check(common.max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
+    torch = common.optional_torch()
     if torch is not None:
         import torch.nn.functional as F
 
         gold = F.scaled_dot_product_attention(*(torch.from_numpy(t) for t in (q, k, v)), is_causal=True)
-        diff = max_diff(sdpa, gold.numpy())
+        diff = common.max_diff(sdpa, gold.numpy())
         print(f"   torch's is_causal=True at L={n_q}, S={n_k} matches the top-left grid: max diff {diff:.1e}")
         check(diff < TOL, "torch SDPA(is_causal=True) is top-left aligned, like scaled_dot_product_attention")
 
@@ -189,7 +178,7 @@ def tile_demo(rng: np.random.Generator, fmt: str) -> None:
 
     q, k, v = rng.standard_normal((3, T, D_HEAD)).astype(np.float32)  # (1024, 64) each: one head
     flash = flash_attention(q, k, v, causal=True, block_q=block, block_k=block)  # (1024, 64)
-    diff = max_diff(flash, attention(q, k, v, causal=True))
+    diff = common.max_diff(flash, attention(q, k, v, causal=True))
     print(f"   one head, E={D_HEAD}, float32: max |flash_attention - attention| = {diff:.1e}")
     check(diff < TOL, f"flash_attention equals attention at T={T} within {TOL:g}")
 
@@ -218,13 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "multi-head, the two causal alignments, the tiles flash attention skips, and why scores are "
         "divided by √d; every claim is checked (exit 1 if one fails).",
     )
-    parser.add_argument(
-        "--seed",
-        type=nonnegative_seed,
-        default=0,
-        help="seed for the random weights and inputs (an int >= 0; default 0)",
-    )
-    add_format_argument(parser)
+    common.add_seed_and_format(parser, "the random weights and inputs")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
 
@@ -238,4 +221,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))

@@ -21,25 +21,26 @@ Every claim is checked; the exit code is 1 (and the failed checks are named) if 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from tinyattn_np import KVCache, MultiHeadAttention, attention, flash_attention, flash_decode, kv_cache_bytes
 from tinyattn_np.masks import window_mask
-from tinyattn_np.measure import machine_info, median_ms, memory_total, traced_peak
-from tinyattn_np.report import Checklist, add_format_argument, format_bytes, nonnegative_seed, positive, text_table
+from tinyattn_np.measure import median_ms, traced_peak
+from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes
+from tinyattn_np.report import Checklist, format_bytes, positive
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_TOKENS = 4096  # recomputing T tokens at every step costs T³ / 3 scores in all: past this, minutes
-
-
-def max_diff(a: Any, b: Any) -> float:
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -101,29 +102,26 @@ def checkpoints(prompt: int, total: int) -> list[int]:
     return sorted({*range(prompt + step, total + 1, step), total})
 
 
-def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, torch_step: Any) -> list[dict]:
+def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, run: Any) -> None:
+    """Generate --tokens tokens after a random prompt, three ways at once; at each checkpoint append a row
+    to run.rows. run.worst, run.same_tokens and run.window_worst gather the comparisons as it goes, so that
+    everything measured stays in `run` when Ctrl-C stops it."""
     total = args.prompt + args.tokens
     tokens = [int(t) for t in rng.integers(0, args.vocab, args.prompt)]
-    cached, windowed = model.new_caches(total), model.new_caches(total, args.window)
-    block = model.blocks[0]
-    sizes = dict(layers=args.layers, kv_heads=block.n_kv_heads, head_dim=block.d_head, dtype=args.dtype)
-
-    # the prompt: one prefill call per cache
-    logits = model.logits(tokens, cached)
-    model.logits(tokens, windowed)
-    marks, rows = checkpoints(args.prompt, total), []
+    caches = {"cached": model.new_caches(total), "window": model.new_caches(total, args.window)}
+    logits = model.logits(tokens, caches["cached"])  # the prompt: one prefill call per cache
+    model.logits(tokens, caches["window"])
+    marks = checkpoints(args.prompt, total)
     times: dict[str, list[float]] = {"cached": [], "recompute": [], "window": []}
-    worst, same_tokens, window_worst = 0.0, True, 0.0
     while len(tokens) < total:
         # 1) the next token from the cached logits; the recomputed logits must give the same one
         token = int(np.argmax(logits))
         tokens.append(token)
-        context = len(tokens)
-        measure = context in marks
+        measure = len(tokens) in marks
         steps = {
-            "cached": lambda token=token: model.logits([token], cached),
+            "cached": lambda token=token: model.logits([token], caches["cached"]),
             "recompute": lambda: model.logits(tokens),
-            "window": lambda token=token: model.logits([token], windowed),
+            "window": lambda token=token: model.logits([token], caches["window"]),
         }
         results, peaks = {}, {}
         for name, step in steps.items():
@@ -134,45 +132,56 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
                 results[name] = step()
                 times[name].append(time.perf_counter() - t0)
         logits = results["cached"]
-        worst = max(worst, max_diff(logits, results["recompute"]))
-        same_tokens &= int(np.argmax(results["recompute"])) == int(np.argmax(logits))
-        if not measure:
-            continue
-        # 2) a row: the window cache checked against a full recompute under the band mask
-        window_worst = max(window_worst, max_diff(results["window"], model.windowed_logits(tokens, args.window)))
-        row = {
-            "context": context,
-            **{f"{name}_ms": 1e3 * float(np.mean(times[name])) if times[name] else None for name in times},
-            **{f"{name}_peak": peaks[name] for name in peaks},
-            "cache_bytes": cache_bytes_in_use(cached),
-            "kv_cache_bytes": kv_cache_bytes(context, **sizes),
-            "window_bytes": cache_bytes_in_use(windowed),
-            "window_kv_cache_bytes": kv_cache_bytes(context, window=args.window, **sizes),
-            "max_diff": worst,
-        }
-        if torch_step is not None:
-            row.update(torch_step(model, cached[0], token, context))
-        rows.append(row)
-        times = {name: [] for name in times}
+        run.worst = max(run.worst, common.max_diff(logits, results["recompute"]))
+        run.same_tokens &= int(np.argmax(results["recompute"])) == int(np.argmax(logits))
+        if measure:  # 2) a row, and the window cache checked against a full recompute under the band mask
+            windowed = model.windowed_logits(tokens, args.window)
+            run.window_worst = max(run.window_worst, common.max_diff(results["window"], windowed))
+            run.rows.append(generation_row(model, args, run, token, times, peaks, caches))
+            common.progress(f"  context {len(tokens)}: row measured")
+            times = {name: [] for name in times}
 
+
+def generation_row(model: TinyDecoder, args: argparse.Namespace, run: Any, token: int, times: dict[str, list[float]],
+                   peaks: dict[str, int], caches: dict[str, list[KVCache]]) -> dict[str, Any]:  # fmt: skip
+    """The figures of one checkpoint: mean ms per token since the last row, traced peaks, cache bytes."""
+    context = len(caches["cached"][0])
+    block = model.blocks[0]
+    sizes = dict(layers=args.layers, kv_heads=block.n_kv_heads, head_dim=block.d_head, dtype=args.dtype)
+    row = {
+        "context": context,
+        **{f"{name}_ms": 1e3 * float(np.mean(times[name])) if times[name] else None for name in times},
+        **{f"{name}_peak": peaks[name] for name in peaks},
+        "cache_bytes": cache_bytes_in_use(caches["cached"]),
+        "kv_cache_bytes": kv_cache_bytes(context, **sizes),
+        "window_bytes": cache_bytes_in_use(caches["window"]),
+        "window_kv_cache_bytes": kv_cache_bytes(context, window=args.window, **sizes),
+        "max_diff": run.worst,
+        **common.beside_the_row(args.dtype, run.rate, n=RATE_SIZE),
+    }
+    if run.torch_step is not None:
+        row.update(run.torch_step(model, caches["cached"][0], token, context))
+    return row
+
+
+def check_generation(run: Any, args: argparse.Namespace) -> None:
     tol = 1e-9 if args.dtype == "float64" else 1e-3
-    check(same_tokens, "cached and recomputed decoding pick the same token at every step")
-    check(worst <= tol, f"cached logits equal the recomputed ones (max |diff| {worst:.1e} <= {tol:g})")
-    check(window_worst <= tol, f"the ring-buffer window equals the band mask (max |diff| {window_worst:.1e})")
+    check(run.same_tokens, "cached and recomputed decoding pick the same token at every step")
+    check(run.worst <= tol, f"cached logits equal the recomputed ones (max |diff| {run.worst:.1e} <= {tol:g})")
+    check(run.window_worst <= tol, f"the ring-buffer window equals the band mask (max |diff| {run.window_worst:.1e})")
     check(
-        all(r["cache_bytes"] == r["kv_cache_bytes"] for r in rows),
+        all(r["cache_bytes"] == r["kv_cache_bytes"] for r in run.rows),
         "the cache holds exactly memory.kv_cache_bytes(context)",
     )
     check(
-        all(r["window_bytes"] == r["window_kv_cache_bytes"] for r in rows),
+        all(r["window_bytes"] == r["window_kv_cache_bytes"] for r in run.rows),
         "the window cache holds exactly memory.kv_cache_bytes(context, window=W)",
     )
-    return rows
 
 
 def make_torch_step(args: argparse.Namespace) -> Any:
     """A function timing torch SDPA and flash_decode on one layer's decode step (L = 1, S = context)."""
-    torch, F = load_torch()
+    torch, F = common.load_torch()
 
     def step(model: TinyDecoder, cache: KVCache, token: int, context: int) -> dict[str, float]:
         block = model.blocks[0]
@@ -181,7 +190,7 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))  # copies: the views are read-only
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
-        check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
+        check(common.max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
         return {
             "ours_step_ms": median_ms(lambda: flash_decode(q, keys, values), repeats=5),
             "torch_step_ms": median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), repeats=5),
@@ -197,34 +206,15 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     def kib(x: int) -> str:
         return f"{x / 1024:,.1f}"
 
-    headers = [
-        "context",
-        "cached ms/token",
-        "recompute ms/token",
-        f"window={args.window} ms/token",
-        "cached peak KiB",
-        "recompute peak KiB",
-        "cache KiB",
-        "kv_cache_bytes KiB",
-        "window cache KiB",
-        "max |diff|",
-    ]
+    headers = ["context", "cached ms/token", "recompute ms/token", f"window={args.window} ms/token", "cached peak KiB",
+               "recompute peak KiB", "cache KiB", "kv_cache_bytes KiB", "window cache KiB", "max |diff|"]  # fmt: skip
     if args.torch:
         headers += ["flash_decode step ms", "torch SDPA step ms"]
     table = []
     for r in rows:
-        cells = [
-            f"{r['context']:,}",
-            ms(r["cached_ms"]),
-            ms(r["recompute_ms"]),
-            ms(r["window_ms"]),
-            kib(r["cached_peak"]),
-            kib(r["recompute_peak"]),
-            kib(r["cache_bytes"]),
-            kib(r["kv_cache_bytes"]),
-            kib(r["window_bytes"]),
-            f"{r['max_diff']:.1e}",
-        ]
+        cells = [f"{r['context']:,}", ms(r["cached_ms"]), ms(r["recompute_ms"]), ms(r["window_ms"]),
+                 kib(r["cached_peak"]), kib(r["recompute_peak"]), kib(r["cache_bytes"]), kib(r["kv_cache_bytes"]),
+                 kib(r["window_bytes"]), f"{r['max_diff']:.1e}"]  # fmt: skip
         if args.torch:
             cells += [ms(r["ours_step_ms"]), ms(r["torch_step_ms"])]
         table.append(cells)
@@ -232,7 +222,7 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
         f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
         f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}"
     )
-    print(text_table(table, headers, args.format))
+    print(common.marked_table(table, rows, headers, args.format, lambda r: f"context {r['context']:,}"))
     print("  ms/token: mean over the steps since the previous row; peak: one step under tracemalloc, output included")
     print("  cache KiB: the keys and values attention sees now, all layers (the views' bytes)")
     first, last = rows[0], rows[-1]
@@ -250,47 +240,36 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
 # 2) one long decode step
 
 
-def load_torch() -> Any:
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        sys.exit(
-            "error: --torch needs torch; install the pinned CPU wheel (see torch_crosscheck/README.md):\n"
-            "  pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
-        )
-    torch.set_num_threads(os.cpu_count() or 1)
-    return torch, F
-
-
-def decode_step(args: argparse.Namespace, rng: np.random.Generator) -> list[dict]:
+def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> tuple[dict[str, Any], np.ndarray]:
+    """The kernels of one decode step on the same q (1, Hq, 1, E), k, v (1, Hkv, S, E), and attention()'s answer."""
     dtype = np.dtype(args.dtype)
     q = rng.standard_normal((1, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)  # (1, Hq, 1, E)
     k = rng.standard_normal((1, args.kv_heads, args.context, args.head_dim), dtype=np.float64).astype(dtype)
     v = rng.standard_normal((1, args.kv_heads, args.context, args.head_dim), dtype=np.float64).astype(dtype)
-    gold = attention(q, k, v)  # (1, Hq, 1, E): the reference
     runs: dict[str, Any] = {
         "flash_decode (split-KV)": lambda: flash_decode(q, k, v),
         "flash_attention": lambda: flash_attention(q, k, v, causal=True),
         "attention (reference)": lambda: attention(q, k, v, causal=True),
     }
     if args.torch:
-        torch, F = load_torch()
+        torch, F = common.load_torch()
         tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
         runs["torch SDPA (enable_gqa)"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)
-    rows = []
-    for name, run in runs.items():
-        out = run()
-        out = out.numpy() if hasattr(out, "numpy") else out
-        diff = max_diff(out, gold)
-        check(diff <= (1e-5 if dtype == np.float32 else 1e-12), f"{name} equals attention() (max |diff| {diff:.1e})")
-        rows.append({"kernel": name, "ms": median_ms(run, repeats=args.repeats, warmup=1), "max_diff": diff})
-    return rows
+    return runs, attention(q, k, v)  # (1, Hq, 1, E): the reference
+
+
+def measure_kernel(name: str, kernel: Any, gold: np.ndarray, args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    common.progress(f"  {name}")
+    out = kernel()
+    diff = common.max_diff(out.numpy() if hasattr(out, "numpy") else out, gold)
+    check(diff <= (1e-5 if args.dtype == "float32" else 1e-12), f"{name} equals attention() (max |diff| {diff:.1e})")
+    machine = common.beside_the_row(args.dtype, rate, n=RATE_SIZE)
+    return {"kernel": name, "ms": median_ms(kernel, repeats=args.repeats, warmup=1), "max_diff": diff, **machine}
 
 
 def print_step(rows: list[dict], args: argparse.Namespace) -> None:
     ours = rows[0]["ms"]
-    torch_ms = rows[-1]["ms"] if args.torch else None
+    torch_ms = rows[-1]["ms"] if args.torch and rows[-1]["kernel"].startswith("torch") else None
     table = [
         [r["kernel"], f"{r['ms']:.2f}", f"{r['ms'] / ours:.2f}x", f"{r['max_diff']:.1e}"]
         + ([f"{r['ms'] / torch_ms:.2f}x"] if torch_ms else [])
@@ -304,7 +283,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
         f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
         f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}; the cache read is {format_bytes(kv)}"
     )
-    print(text_table(table, headers, args.format))
+    print(common.marked_table(table, rows, headers, args.format, lambda r: r["kernel"]))
     if torch_ms:
         ratio = ours / torch_ms
         print(f"  flash_decode / torch SDPA = {ratio:.2f} (target: at most 1.5)")
@@ -312,7 +291,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# arguments
+# arguments, and the whole run estimated before it starts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -336,9 +315,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="dtype of weights, cache and inputs (default float64; --step: float32)",
     )
     p.add_argument("--torch", action="store_true", help="add torch SDPA (CPU) for the same decode step")
-    p.add_argument("--seed", type=nonnegative_seed, default=0, help="random seed, an int >= 0 (default 0)")
-    p.add_argument("--json", metavar="PATH", help="also write the rows and the machine to PATH")
-    add_format_argument(p)
+    p.add_argument("--json", metavar="PATH", help="also write the rows, the machine and the code version to PATH")
+    common.add_seed_and_format(p, "the random model and prompt")
     args = p.parse_args(argv)
     args.heads = args.heads or (32 if args.step else 4)
     args.kv_heads = args.kv_heads or (8 if args.step else 2)
@@ -352,41 +330,93 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"--prompt + --tokens must be at most {MAX_TOKENS:,}: recomputing every step grows as T³")
         if args.d_model > 4096 or args.vocab > 1_000_000 or args.layers > 64:
             p.error("--d-model at most 4,096, --vocab at most 1,000,000, --layers at most 64: this is a demo")
-    else:
-        itemsize = np.dtype(args.dtype).itemsize
-        needed = (2 * args.kv_heads * args.head_dim + 2 * args.heads) * args.context * itemsize  # k, v, scores
-        if needed > memory_total() / 4:
-            p.error(
-                f"--step with S={args.context:,} needs about {format_bytes(needed)}, more than a quarter of this "
-                f"machine's {format_bytes(memory_total())}: lower --context, --kv-heads or --head-dim"
-            )
-    if args.json is not None:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            p.error(f"--json {args.json}: give a file name in a folder that exists and is writable")
+    needed, detail, lower = run_bytes(args)
+    problem = common.memory_problem(needed, "this run", lower, detail)
+    if problem:
+        p.error(problem)
+    common.check_output(p, "--json", args.json)
     if args.torch:
-        load_torch()  # now, not after the run
+        common.load_torch()  # now, not after the run
     return args
+
+
+def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
+    """(peak bytes, " (what they hold)", which flags to lower) of the whole run, estimated from the flags.
+
+    --step: k and v, and the reference's scores (memory.naive_attention_bytes).
+    generation: the token table and every layer's weights, both caches at their full size, and the largest
+    step: a full recompute at the last context (x, qkv and flash's working memory, per layer) or the
+    band-mask reference the window cache is checked against (memory.naive_attention_bytes with its mask).
+    """
+    c = np.dtype(args.dtype).itemsize
+    if args.step:
+        kv = 2 * args.kv_heads * args.context * args.head_dim * c
+        sizes = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, causal=True)
+        needed = kv + naive_attention_bytes(1, args.context, **sizes)
+        return needed, f" (the cache and the scores at S={args.context:,})", "lower --context, --kv-heads or --head-dim"
+    T, C, d = args.prompt + args.tokens, args.d_model, args.d_model // args.heads
+    qkv = (args.heads + 2 * args.kv_heads) * d
+    weights = (args.vocab * C + args.layers * (C * qkv + C * C)) * c
+    caches = 2 * args.layers * args.kv_heads * d * (T + min(T, args.window)) * c
+    sizes = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=d, dtype=args.dtype, causal=True)
+    recompute = T * (2 * C + qkv) * c + flash_attention_bytes(T, **sizes)
+    band = naive_attention_bytes(T, **sizes, bool_mask=True)
+    needed = weights + caches + max(recompute, band) + 2 * args.vocab * c
+    return needed, " (the model, its caches and one step's arrays)", "lower --d-model, --vocab, --layers or --tokens"
+
+
+def run_flops(args: argparse.Namespace) -> float:
+    """FLOPs of the whole run: --step's kernels, or every generated token's three forwards (cached,
+    recomputed, windowed) and the band-mask reference at each checkpoint."""
+    if args.step:
+        kernels = 3 + args.torch
+        return kernels * (args.repeats + 2) * attention_flops(1, args.context, heads=args.heads, head_dim=args.head_dim)
+    C, d, layers = args.d_model, args.d_model // args.heads, args.layers
+    qkv = (args.heads + 2 * args.kv_heads) * d
+
+    def forward(n: int, context: int) -> float:  # n new tokens attending over `context` keys
+        attend = attention_flops(n, context, heads=args.heads, head_dim=d, causal=True)
+        return layers * (2 * n * C * (qkv + C) + attend) + 2 * C * args.vocab
+
+    total = args.prompt + args.tokens
+    contexts = range(args.prompt + 1, total + 1)
+    marks = checkpoints(args.prompt, total)
+    return sum(forward(1, t) + forward(t, t) + forward(1, min(t, args.window)) for t in contexts) + sum(
+        forward(t, t) for t in marks
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)
+    problem = common.time_problem(run_flops(args), rate, "lower --tokens, --d-model, --layers, --context or --repeats")
+    if problem:
+        sys.exit(f"decode.py: error: {problem}")
     rng = np.random.default_rng(args.seed)
-    info = machine_info()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}")
+    info, lines = common.header()
+    print(lines)
     if args.step:
-        rows = decode_step(args, rng)
-        print_step(rows, args)
+        runs, gold = step_kernels(args, rng)
+        rows: list[dict[str, Any]] = []
+        measure = lambda item: measure_kernel(item[0], item[1], gold, args, rate)  # noqa: E731
+        stopped = common.measure_each(runs.items(), measure, rows)
+        if rows:
+            print_step(rows, args)
+        total = len(runs)
     else:
-        model = TinyDecoder(args, rng)
-        rows = generate(model, args, rng, make_torch_step(args) if args.torch else None)
-        print_generation(rows, args)
+        run = SimpleNamespace(rows=[], worst=0.0, same_tokens=True, window_worst=0.0, rate=rate)
+        run.torch_step = make_torch_step(args) if args.torch else None
+        stopped = common.measure_each([None], lambda _: generate(TinyDecoder(args, rng), args, rng, run), [])
+        rows, total = run.rows, len(checkpoints(args.prompt, args.prompt + args.tokens))
+        if rows:
+            print_generation(rows, args)
+            check_generation(run, args)
     if args.json is not None:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "machine": info, "rows": rows}, f, indent=1)
-        print(f"wrote {args.json}")
-    return check.finish()
+        common.write_json(
+            args.json, {"args": vars(args), "machine": info, "matmul_gflops": rate, "rows": rows}, stopped
+        )
+    return common.interrupted(len(rows), total) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))

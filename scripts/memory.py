@@ -9,17 +9,23 @@ What it prints, in order:
      FLOPs at the first --tokens; a context beyond the model's max_position_embeddings is flagged
   4) long context: 1M tokens against 8k is 125x the linear work and 15,625x the attention work
 
+  5) ring attention: the per-device bill of --ring-model at 1M tokens split over 1 .. 64 devices
+
 Run:  python scripts/memory.py [--model NAME|PATH ...] [--tokens 8192,32768,131072] [--dtype bf16]
-                               [--kv-dtype bf16] [--batch 1] [--format simple] [--units binary] [--json]
---model takes a preset name or a Hugging Face config.json (or the folder that holds one).
+                               [--kv-dtype bf16] [--batch 1] [--format simple] [--units binary] [--json PATH]
+--model takes a preset name or a Hugging Face config.json (or the folder that holds one); a config is
+named by its own "_name_or_path", else by the path given. --json PATH writes every figure to PATH
+(--json alone, or --json -, prints them as JSON instead of the tables).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from tinyattn_np.memory import (
@@ -34,6 +40,9 @@ from tinyattn_np.memory import (
 )
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
 from tinyattn_np.report import add_format_argument, column_unit, format_bytes, format_sig, text_table, to_unit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
 
 N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
@@ -282,7 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--model", action="append", metavar="NAME|PATH",
-        help="a preset or a Hugging Face config.json (repeatable; default: every preset)",
+        help="a preset or a Hugging Face config.json, or its folder (repeatable; default: every preset); a config "
+        "is named by its own _name_or_path, else by the path given",
     )  # fmt: skip
     parser.add_argument(
         "--tokens", type=parse_tokens, default=[8192, 32768, 131072], metavar="N,N,...",
@@ -303,44 +313,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ring-model", default="llama-3-8b", metavar="NAME|PATH",
         help="the model of section 5, ring attention at 1M tokens (default: llama-3-8b)",
     )  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print everything as JSON, bytes as integers")
+    parser.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH",
+        help="write every figure to PATH as JSON, bytes as integers (--json alone or --json -: print the JSON "
+        "instead of the tables)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.batch < 1:
         parser.error(f"--batch must be a positive int; got {args.batch}")
     args.kv_dtype = args.kv_dtype or args.dtype
+    common.check_output(parser, "--json", args.json)
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        models = [load_model_shape(source) for source in (args.model or list(PRESETS))]
-        ring_model = load_model_shape(args.ring_model)
-    except (ValueError, TypeError) as err:
-        print(f"memory.py: {err}", file=sys.stderr)
-        return 2
+def load_model(source: str) -> ModelShape:
+    """A preset, or a config.json (or its folder) named by its own _name_or_path, else by the path given: two
+    configs in one folder are two rows, not two rows named after the folder."""
+    if source.lower() in PRESETS:
+        return load_model_shape(source)
+    path = Path(source)
+    if not path.exists():
+        raise ValueError(f"--model {source}: no such file, and not a preset ({', '.join(PRESETS)})")
+    model = load_model_shape(path)
+    config = path / "config.json" if path.is_dir() else path
+    if json.loads(config.read_text(encoding="utf-8")).get("_name_or_path"):
+        return model  # the config names itself
+    return dataclasses.replace(model, name=source)
+
+
+def bill(args: argparse.Namespace, models: list[ModelShape], ring_model: ModelShape) -> dict[str, Any]:
+    """Every figure of the five sections, as plain numbers (the JSON of --json)."""
     workers = os.cpu_count() or 1  # flash_attention's default
-    example = worked_example()
-    tiny = tiny_table_rows(workers)
     bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
-    ratios = long_context_rows()
-    ring = ring_rows(ring_model, args.dtype, args.kv_dtype)
+    return {
+        "worked_example": worked_example(),
+        "tiny_model": {
+            "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "workers": workers,
+            "rows": tiny_table_rows(workers),
+        },
+        "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
+        "long_context": long_context_rows(),
+        "ring": {"model": ring_model.name, "tokens": RING_TOKENS, "kv_dtype": args.kv_dtype,
+                 "rows": ring_rows(ring_model, args.dtype, args.kv_dtype)},
+    }  # fmt: skip
 
-    if args.json:
-        report = {
-            "worked_example": example,
-            "tiny_model": {
-                "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "workers": workers, "rows": tiny
-            },
-            "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
-            "long_context": ratios,
-            "ring": {"model": ring_model.name, "tokens": RING_TOKENS, "kv_dtype": args.kv_dtype, "rows": ring},
-        }  # fmt: skip
-        print(json.dumps(report, indent=2))
-        return 0
 
+def print_first_sections(report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Sections 1 and 2: the worked example, and the tiny model's score matrix beside our two peaks."""
+    workers = report["tiny_model"]["workers"]
     print('1) The score matrix at n = 8,192 ("Attention From Scratch"): fp16, batch 1')
-    print(worked_example_table(example, args.format))
+    print(worked_example_table(report["worked_example"], args.format))
     print()
     print(f'2) The tiny model ("Train a Tiny GPT at Home"): 1 sequence, {TINY_HEADS} heads of {TINY_HEAD_DIM}, causal;')
     print(
@@ -352,21 +374,25 @@ def main(argv: list[str] | None = None) -> int:
         f"{workers} here)"
     )
     print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")
-    print(tiny_table(tiny, args.units, args.format))
-    print()
+    print(tiny_table(report["tiny_model"]["rows"], args.units, args.format))
+
+
+def print_last_sections(report: dict[str, Any], args: argparse.Namespace, models: list[ModelShape],
+                        ring_model: ModelShape) -> None:  # fmt: skip
+    """Sections 3 to 5: one row per model, long context, and the ring's per-device bill."""
+    bills, ring = report["models"]["rows"], report["ring"]["rows"]
     print(
         f"3) Models: batch {args.batch}; scores = every head and layer at once; "
         "TFLOP = QKᵀ and PV, causal (a sliding window: its band only)"
     )
     print(models_table(bills, args))
-    beyond = [b["model"] for b in bills if any(c["beyond_max_positions"] for c in b["contexts"])]
-    if beyond:
+    if any(c["beyond_max_positions"] for b in bills for c in b["contexts"]):
         print("  * longer than the model's max_position_embeddings: it was not trained for that context")
     for note in model_notes(models):
         print(note)
     print()
     print("4) Long context: linear work grows with T, attention work with T²")
-    print(long_context_table(ratios, args.format))
+    print(long_context_table(report["long_context"], args.format))
     print()
     print(f"5) Ring attention (tinyattn_np/ring.py): {ring_model.name} at {RING_TOKENS:,} tokens split over P devices;")
     print(f"   per device: K/V {args.kv_dtype}, weights {args.dtype} (whole on every device), one fp32 score tile,")
@@ -382,8 +408,27 @@ def main(argv: list[str] | None = None) -> int:
             f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: "
             "this is the memory arithmetic of the context, not a claim that the model handles it"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        models = [load_model(source) for source in (args.model or list(PRESETS))]
+        ring_model = load_model(args.ring_model)
+    except (ValueError, TypeError) as err:
+        print(f"memory.py: {err}", file=sys.stderr)
+        return 2
+    report = bill(args, models, ring_model)
+    if args.json == "-":
+        print(json.dumps({**report, "code": common.code_version()}, indent=2))
+        return 0
+    print_first_sections(report, args)
+    print()
+    print_last_sections(report, args, models, ring_model)
+    if args.json:
+        common.write_json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))

@@ -7,7 +7,7 @@
 Rank 0 draws q, k, v (1 sequence, --heads x --head-dim, float32 by default), hands every rank its shard
 (tinyattn_np.ring.shard), and every rank runs ring_attention on its own shard. Rank 0 then prints:
   1) the tiles per rank that the causal mask leaves, counted without running anything: zigzag against
-     contiguous for 2 .. --max-ranks ranks (the busiest rank over the mean)
+     contiguous for 2 .. 8 ranks, then powers of two up to --max-ranks (the busiest rank over the mean)
   2) per layout and per rank: the chunks and tokens it holds, the tiles it computed, the bytes it sent
      and received per ring step and in total next to tinyattn_np.memory's estimate (they must be equal),
      its peak memory (tracemalloc), its time and the part of it spent waiting on the ring
@@ -17,6 +17,8 @@ Rank 0 draws q, k, v (1 sequence, --heads x --head-dim, float32 by default), han
 Each rank computes with one thread (--workers 1, BLAS held to one thread): with one rank per core, more
 would oversubscribe the cores. More ranks than cores only time-share them, so there the times show that
 the ring is right, not how fast it is. Needs the distributed extra: pip install -e ".[distributed]".
+Ctrl-C ends every rank (MPI_Abort, exit code 130); rank 0 first prints what it measured, and --json keeps
+it, unless Ctrl-C finds it waiting inside MPI for a rank that has stopped.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
+import math
 import os
 import statistics
 import sys
@@ -33,18 +35,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
-from tinyattn_np import flash_attention
+from tinyattn_np import flash_attention, tile_plan
 from tinyattn_np.flash import DEFAULT_BLOCK_Q
-from tinyattn_np.measure import memory_available, traced_peak
-from tinyattn_np.memory import ring_attention_bytes
+from tinyattn_np.measure import median_ms, traced_peak
+from tinyattn_np.memory import attention_flops, ring_attention_bytes
 from tinyattn_np.report import Checklist, add_format_argument, column_unit, format_sig, text_table, to_unit
-from tinyattn_np.ring import INSTALL_HINT, LAYOUTS, chunks_of, n_chunks, ring_attention, shard, tile_counts, unshard
+from tinyattn_np.ring import LAYOUTS, chunks_of, n_chunks, ring_attention, shard, tile_counts, unshard
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
 MAX_TOKENS = 1 << 22  # 4M tokens: the full q, k, v and two outputs on rank 0 are already GiBs
+BOUNDS = {  # each size flag's smallest and largest value
+    "tokens": (1, MAX_TOKENS), "heads": (1, sys.maxsize), "kv_heads": (1, sys.maxsize), "head_dim": (1, sys.maxsize),
+    "block": (1, sys.maxsize), "workers": (1, 256), "reference_workers": (1, 256), "repeats": (1, sys.maxsize),
+    "max_ranks": (2, 1024),
+}  # fmt: skip
+ONE_RANK = (
+    "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
+    "ranks;\nfor a ring of 4 ranks: mpiexec -n 4 python scripts/ring.py"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,22 +81,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--no-reference", action="store_true", help="skip the single-process run and the comparison")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, the median is shown (default 3)")
-    p.add_argument("--max-ranks", type=int, default=8, help="largest ring in the tile-count table (default 8)")
+    p.add_argument(
+        "--max-ranks", type=int, default=8,
+        help="largest ring in the tile-count table: 2 .. 8 ranks, then powers of two up to this (default 8)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="random seed for q, k, v (default 0)")
     add_format_argument(p)
     p.add_argument("--json", metavar="PATH", help="also write every figure to PATH (its folder must exist)")
     args = p.parse_args(argv)
     args.kv_heads = args.heads if args.kv_heads is None else args.kv_heads
-    for name in ("tokens", "heads", "kv_heads", "head_dim", "block", "workers", "reference_workers", "repeats"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
-    for name in ("workers", "reference_workers"):
-        if getattr(args, name) > 256:
-            p.error(f"--{name.replace('_', '-')} must be at most 256 threads; got {getattr(args, name)}")
-    if args.max_ranks < 2:
-        p.error(f"--max-ranks must be at least 2; got {args.max_ranks}")
-    if args.max_ranks > 1024:
-        p.error(f"--max-ranks must be at most 1024; got {args.max_ranks}")
+    for name, (low, high) in BOUNDS.items():
+        value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
+        if value < low or value > high:
+            p.error(f"{flag} must be {'at least' if value < low else 'at most'} {low if value < low else high:,}; "
+                    f"got {value:,}")  # fmt: skip
     if args.tokens < 2 * args.max_ranks:
         p.error(
             f"--tokens must be at least 2 x --max-ranks = {2 * args.max_ranks} (the tile table cuts it into "
@@ -91,15 +104,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seed must be 0 or more; got {args.seed}")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    if args.tokens > MAX_TOKENS:
-        p.error(f"--tokens must be at most {MAX_TOKENS:,}; got {args.tokens:,}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        p.error(f"--json {args.json}: the folder {Path(args.json).resolve().parent} does not exist")
+    common.check_output(p, "--json", args.json)
     return args
 
 
 def check_against_size(args: argparse.Namespace, size: int) -> str | None:
-    """What is wrong with the flags for a ring of `size` ranks (None when nothing is)."""
+    """What is wrong with the flags for a ring of `size` ranks (None when nothing is): tokens that do not
+    split, arrays that do not fit on rank 0, or a run that cannot end within the time limit."""
     for layout in layouts(args):
         pieces = n_chunks(size, layout)
         if args.tokens % pieces:
@@ -109,32 +120,53 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
             )
     itemsize = np.dtype(DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
-    if held > memory_available() // 2:
-        return f"--tokens {args.tokens:,} needs about {held / 2**30:,.1f} GiB on rank 0; this machine has less free"
-    return None
+    problem = common.memory_problem(
+        held, f"--tokens {args.tokens:,}", "lower --tokens", " on rank 0 (q, k, v, two outputs)"
+    )
+    if problem:
+        return problem
+    flops, rate, seconds = run_cost(args, size)
+    return common.time_problem(flops, rate, "lower --max-ranks, --tokens or --repeats, or raise --block", seconds)
+
+
+def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
+    """(FLOPs, the matmul rate in GFLOP/s, seconds of bookkeeping) of the whole run, for time_problem: the
+    rings' and the reference's FLOPs, and the tile-count table of section 1, priced by timing a small one
+    here (its pairs of chunks, and the tiles tile_plan lists)."""
+    rate = common.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
+    flops = attention_flops(args.tokens, heads=args.heads, head_dim=args.head_dim, causal=not args.no_causal)
+    rings = len(layouts(args)) * (args.repeats + 1) * flops / size  # every rank computes its share at once
+    reference = 0 if args.no_reference else args.repeats * flops
+    probe = argparse.Namespace(**{**vars(args), "tokens": 1024, "max_ranks": 32, "block": 1024})  # 1 tile a pair
+    pair_s = median_ms(lambda: balance_rows(probe, True), 3) / 1e3 / sum(5 * n * n for n in table_sizes(32))
+    tile_s = median_ms(lambda: tile_plan(512, 512, 8, 8), 3) / 1e3 / 64**2
+    seconds = 0.0
+    for ranks in table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
+        parts = (args.tokens / (2 * ranks), args.tokens / ranks)  # a zigzag chunk, a contiguous one
+        seconds += 5 * ranks**2 * pair_s + sum(2 * math.ceil(part / args.block) ** 2 for part in parts) * tile_s
+    return rings + reference, rate, seconds
 
 
 def layouts(args: argparse.Namespace) -> list[str]:
     return list(LAYOUTS) if args.layout == "both" else [args.layout]
 
 
-def idle_wait(comm: Any) -> None:
-    """Wait for the other ranks without spinning: MPI's blocking calls poll the CPU, and a polling rank
-    would take a core from the single-process run that rank 0 times meanwhile."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.005)
-
-
 # --- 1) tiles per rank, counted --------------------------------------------------------------------
 
 
+def table_sizes(max_ranks: int) -> list[int]:
+    """The rings of the tile-count table: 2 .. 8 ranks, then the powers of two and max_ranks itself (every
+    size up to 1,024 would be a thousand rows and half an hour of counting)."""
+    powers = [2**n for n in range(4, max_ranks.bit_length())]
+    return sorted({*range(2, min(max_ranks, 8) + 1), *powers, max_ranks})
+
+
 def balance_rows(args: argparse.Namespace, causal: bool) -> list[dict[str, Any]]:
-    """For 2 .. --max-ranks ranks: the busiest rank's tiles over the mean, zigzag and contiguous.
+    """For the rings of table_sizes: the busiest rank's tiles over the mean, zigzag and contiguous.
 
     T is --tokens rounded down to a multiple of 2·ranks, so that both layouts can split it."""
     rows = []
-    for size in range(2, args.max_ranks + 1):
+    for size in table_sizes(args.max_ranks):
         tokens = args.tokens - args.tokens % (2 * size)
         row: dict[str, Any] = {"ranks": size, "tokens": tokens}
         for layout in LAYOUTS:
@@ -195,7 +227,7 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         started = time.perf_counter()
         out, stats = ring()
         seconds.append(time.perf_counter() - started)
-        walls.append(comm.allreduce(seconds[-1], op=_mpi().MAX))  # the ring is done when its last rank is
+        walls.append(comm.allreduce(seconds[-1], op=common.load_mpi().MAX))  # the ring is done when its last rank is
     comm.Barrier()
     (_, _), peak = traced_peak(ring)
     gathered = comm.gather(out, root=0)
@@ -274,18 +306,13 @@ def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
 # --- the program ---------------------------------------------------------------------------------------
 
 
-def _mpi() -> Any:
-    from mpi4py import MPI
-
-    return MPI
-
-
-def main(argv: list[str] | None = None) -> int:
+def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
+    """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
     try:
-        MPI = _mpi()
-    except ImportError:
+        MPI = common.load_mpi()
+    except ImportError as err:
         parse_args(argv)  # --help and bad flags answer even without MPI
-        print(f"ring.py needs mpi4py and an MPI library: {INSTALL_HINT}", file=sys.stderr)
+        print(f"ring.py {err}", file=sys.stderr)
         return 2
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -297,120 +324,160 @@ def main(argv: list[str] | None = None) -> int:
     ):
         args = parse_args(argv)
         problem = check_against_size(args, size) if rank == 0 else None
+        common.idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
         problem = comm.bcast(problem, root=0)
         if problem:
             print(f"ring.py: error: {problem}", file=sys.stderr)
             return 2
+    return comm, args
 
-    from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=1, user_api="blas")  # one BLAS thread per rank (flash holds it there too)
-    causal = not args.no_causal
-    dtype = DTYPES[args.dtype]
-    say = print if rank == 0 else (lambda *a, **k: None)
-    check = Checklist()
-    report: dict[str, Any] = {"ranks": size, "args": dict(vars(args))}
-
-    mask = "causal" if causal else "no mask"
-    say(f"ring of {size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and")
-    say(f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x {args.block},")
-    say(f"{args.workers} thread(s) per rank; times are the median of {args.repeats}")
-
-    # 1) balance, counted (plain arithmetic: rank 0 alone)
-    if rank == 0:
-        balance = balance_rows(args, causal)
-        report["balance"] = balance
-        say(f"\n1) tiles per rank ({mask}), counted: the busiest rank against the mean")
-        say(balance_table(balance, args.format))
-        say("   a tile is block x block, smaller where a chunk ends mid-block: compare ranks within one layout")
-    if causal and rank == 0:
+def balance_section(args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
+    """1) tiles per rank, counted (plain arithmetic: rank 0 alone)."""
+    causal, mask = not args.no_causal, "no mask" if args.no_causal else "causal"
+    balance = balance_rows(args, causal)
+    report["balance"] = balance
+    print(f"\n1) tiles per rank ({mask}), counted: the busiest rank against the mean")
+    print(balance_table(balance, args.format))
+    print("   a tile is block x block, smaller where a chunk ends mid-block: compare ranks within one layout")
+    if causal:
         worst = max(row["zigzag"]["max_over_mean"] for row in balance)
         check(worst <= 1.05, f"zigzag's busiest rank within 1.05x of the mean (worst {worst:.3f}x)")
 
-    # 2) the ring itself, layout by layout
-    full = None
+
+def layout_section(section: int, layout: str, run: dict[str, Any], args: argparse.Namespace, check: Checklist) -> None:
+    """2) and 3) on rank 0: one layout's ring, rank by rank and (rank 0's) step by step, checked."""
+    ranks, size = run["ranks"], len(run["ranks"])
+    print(f"\n{section}) {layout}: per rank (pairs of chunks: full / diagonal / hidden; memory.py = its estimate of")
+    print("   the bytes sent, exact; peak = tracemalloc's, in the ring call)")
+    print(rank_table(ranks, "binary", args.format))
+    if size > 1:
+        print(f"   rank 0 step by step (it sends each block on to rank 1 and receives from rank {size - 1}):")
+        print(step_table(ranks, args.format))
+    for r in ranks:
+        check(r["tiles"] == r["tiles_counted"], f"{layout} rank {r['rank']}: tiles computed == tiles counted")
+        check(r["sent"] == r["estimate_total"], f"{layout} rank {r['rank']}: bytes sent == memory.py's estimate")
+        check(r["received"] == r["estimate_total"], f"{layout} rank {r['rank']}: bytes received == estimate")
+        steps = r["sent_per_step"]
+        check(
+            all(b == r["estimate_per_step"] for b in steps[:-1]) and steps[-1] == 0,
+            f"{layout} rank {r['rank']}: every step but the last sends memory.py's block",
+        )
+
+
+def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> tuple[float, np.ndarray]:
+    """(median ms, output) of single-process flash_attention on the whole sequence, on rank 0."""
+    seconds = []
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        reference = flash_attention(full["q"], full["k"], full["v"], causal=not args.no_causal,
+                                    workers=args.reference_workers, **blocks(args))  # fmt: skip
+        seconds.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(seconds), np.asarray(reference)  # --repeats is at least 1
+
+
+def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | None, args: argparse.Namespace,
+                 check: Checklist, report: dict[str, Any]) -> None:  # fmt: skip
+    """The last section on rank 0: each layout's wall time against one process, and the largest difference."""
+    size = len(next(iter(runs.values()))["ranks"])
+    print(f"\n{len(runs) + 2}) wall time (the slowest rank) against one process")
+    body, summary = [], {}
+    for layout, run in runs.items():
+        tiles = [r["tiles"] for r in run["ranks"]]
+        row = [layout, f"{run['wall_ms']:,.1f}", f"{max(tiles):,}", f"{max(tiles) / statistics.mean(tiles):.3f}x"]
+        diff = None
+        if reference is not None:
+            mine = unshard(run["out"], layout=layout)
+            diff = common.max_diff(mine, reference[1])
+            rtol, atol = TOLERANCE[args.dtype]
+            check(bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
+                  f"{layout}: gathered ring output == single-process flash_attention")  # fmt: skip
+            row += [f"{run['wall_ms'] / reference[0]:.2f}", f"{diff:.2e}"]
+        body.append(row)
+        summary[layout] = {"layout": layout, "wall_ms": run["wall_ms"], "max_abs_diff": diff, "busy": run["busy"]}
+    headers = ["layout", "wall ms", "busiest rank's tiles", "max/mean"]
+    if reference is not None:
+        headers += ["/ one process", "max |ring - one process|"]
+        print(f"   one process: flash_attention with {args.reference_workers} worker(s): {reference[0]:,.1f} ms")
+    print(common.marked_table(body, list(summary.values()), headers, args.format, lambda row: row["layout"]))
+    if len(runs) == 2:
+        print(f"   contiguous / zigzag wall time: {runs['contiguous']['wall_ms'] / runs['zigzag']['wall_ms']:.2f}")
+    if size > (os.cpu_count() or 1):
+        print(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
+    report["reference_ms"] = None if reference is None else reference[0]
+    report["summary"] = summary
+
+
+def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
+    """Every section in order; rank 0 prints, every rank runs the rings."""
+    rank, dtype, full = comm.Get_rank(), DTYPES[args.dtype], None
     if rank == 0:
+        balance_section(args, check, report)
         rng = np.random.default_rng(args.seed)
-        full = {
-            "q": rng.standard_normal((1, args.heads, args.tokens, args.head_dim)).astype(dtype),
-            "k": rng.standard_normal((1, args.kv_heads, args.tokens, args.head_dim)).astype(dtype),
-            "v": rng.standard_normal((1, args.kv_heads, args.tokens, args.head_dim)).astype(dtype),
-        }
+        shapes = {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads}  # (1, heads, T, E) each
+        full = {name: rng.standard_normal((1, heads, args.tokens, args.head_dim)).astype(dtype)
+                for name, heads in shapes.items()}  # fmt: skip
     runs = {}
     for section, layout in enumerate(layouts(args), start=2):
-        run = run_ring(comm, args, layout, full)
-        runs[layout] = run
-        if rank:
-            continue
-        ranks = run["ranks"]
-        say(f"\n{section}) {layout}: per rank (pairs of chunks: full / diagonal / hidden; memory.py = its estimate of")
-        say("   the bytes sent, exact; peak = tracemalloc's, in the ring call)")
-        say(rank_table(ranks, "binary", args.format))
-        if size > 1:
-            say(f"   rank 0 step by step (it sends each block on to rank 1 and receives from rank {size - 1}):")
-            say(step_table(ranks, args.format))
-        for r in ranks:
-            check(r["tiles"] == r["tiles_counted"], f"{layout} rank {r['rank']}: tiles computed == tiles counted")
-            check(r["sent"] == r["estimate_total"], f"{layout} rank {r['rank']}: bytes sent == memory.py's estimate")
-            check(r["received"] == r["estimate_total"], f"{layout} rank {r['rank']}: bytes received == estimate")
-            steps = r["sent_per_step"]
-            check(
-                all(b == r["estimate_per_step"] for b in steps[:-1]) and steps[-1] == 0,
-                f"{layout} rank {r['rank']}: every step but the last sends memory.py's block",
-            )
-        report[layout] = {"wall_ms": run["wall_ms"], "ranks": ranks}
-
-    # 3) against one process
-    reference_ms, reference = None, None
+        runs[layout] = run_ring(comm, args, layout, full)
+        runs[layout]["busy"] = common.busy_reasons()  # the machine's load: every rank computes on one core
+        if rank == 0:
+            layout_section(section, layout, runs[layout], args, check)
+            report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}
+    reference = None
     if not args.no_reference:
         if rank == 0 and full is not None:
-
-            def single() -> Any:
-                return flash_attention(
-                    full["q"], full["k"], full["v"], causal=causal, workers=args.reference_workers, **blocks(args)
-                )
-
-            seconds = []
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                reference = single()
-                seconds.append(time.perf_counter() - started)
-            reference_ms = 1e3 * statistics.median(seconds)
-        idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
+            reference = reference_run(args, full)
+        common.idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
     if rank == 0:
-        say(f"\n{len(layouts(args)) + 2}) wall time (the slowest rank) against one process")
-        body, summary = [], {}
-        for layout, run in runs.items():
-            tiles = [r["tiles"] for r in run["ranks"]]
-            row = [layout, f"{run['wall_ms']:,.1f}", f"{max(tiles):,}", f"{max(tiles) / statistics.mean(tiles):.3f}x"]
-            diff = None
-            if reference is not None:
-                mine = unshard(run["out"], layout=layout)
-                diff = float(np.max(np.abs(mine.astype(np.float64) - reference.astype(np.float64)), initial=0.0))
-                rtol, atol = TOLERANCE[args.dtype]
-                close = np.allclose(mine, reference, rtol=rtol, atol=atol)
-                check(bool(close), f"{layout}: gathered ring output == single-process flash_attention")
-                row += [f"{run['wall_ms'] / reference_ms:.2f}", f"{diff:.2e}"]
-            body.append(row)
-            summary[layout] = {"wall_ms": run["wall_ms"], "max_abs_diff": diff}
-        headers = ["layout", "wall ms", "busiest rank's tiles", "max/mean"]
-        if reference is not None:
-            headers += ["/ one process", "max |ring - one process|"]
-            say(f"   one process: flash_attention with {args.reference_workers} worker(s): {reference_ms:,.1f} ms")
-        say(text_table(body, headers, args.format))
-        if len(runs) == 2:
-            ratio = runs["contiguous"]["wall_ms"] / runs["zigzag"]["wall_ms"]
-            say(f"   contiguous / zigzag wall time: {ratio:.2f}")
-        if size > (os.cpu_count() or 1):
-            say(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
-        report["reference_ms"] = reference_ms
-        report["summary"] = summary
-        if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
-            say(f"   figures written to {args.json}")
+        wall_section(runs, reference, args, check, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ready = setup(argv)
+    if isinstance(ready, int):
+        return ready
+    comm, args = ready
+    rank, size = comm.Get_rank(), comm.Get_size()
+    threadpool_limits(limits=1, user_api="blas")  # one BLAS thread per rank (flash holds it there too)
+    check = Checklist()
+    report: dict[str, Any] = {"ranks": size, "args": dict(vars(args))}
+    if rank == 0:
+        info, lines = common.header()
+        report["machine"] = info
+        mask = "no mask" if args.no_causal else "causal"
+        print(lines)
+        print(f"ring of {size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and")
+        print(f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x "
+              f"{args.block},\n{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
+        if size == 1:
+            print(ONE_RANK)
+    try:
+        run_sections(comm, args, check, report)
+    except KeyboardInterrupt:
+        return stop_all(comm, args, report)
+    if rank == 0 and args.json:
+        common.write_json(args.json, report)
+    if rank == 0 and size == 1:
+        print(f"\n{ONE_RANK}")
     code = check.finish() if rank == 0 else 0
     return int(comm.bcast(code, root=0))
 
 
+def stop_all(comm: Any, args: argparse.Namespace, report: dict[str, Any]) -> int:
+    """Ctrl-C: rank 0 keeps what was measured (printed, and in --json) and says so; then the whole job ends:
+    a rank left waiting for a message from a stopped one would wait forever."""
+    if comm.Get_rank() == 0:
+        if args.json:
+            common.write_json(args.json, report, stopped=True)
+        common.interrupted(sum(layout in report for layout in layouts(args)), len(layouts(args)), "layouts")
+        sys.stdout.flush()
+    else:
+        time.sleep(1.0)  # let rank 0, interrupted too, print first
+    if comm.Get_size() > 1:
+        comm.Abort(common.INTERRUPTED)
+    return common.INTERRUPTED
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))

@@ -360,25 +360,6 @@ def test_backward_bytes_estimate_matches_tracemalloc(rng, n, heads, kv_heads, dt
     assert longer <= 8 * estimate  # O(T), nothing of L x S: 8x the tokens, at most 8x the bytes
 
 
-def test_scaling_backward_section(capsys):
-    """scripts/scaling.py --backward prints its table at a tiny size and refuses combinations it ignores."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "scaling.py"
-    spec = importlib.util.spec_from_file_location("scaling_script", path)
-    assert spec is not None and spec.loader is not None
-    scaling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scaling)
-    assert scaling.main(["--backward", "--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "flash_attention_backward: 1 sequence, 4 heads x 64" in out and "bwd/fwd" in out
-    assert [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")] == ["64", "128"]
-    with pytest.raises(SystemExit):
-        scaling.parse_args(["--backward", "--sweep-blocks", "256"])
-    assert "--backward is a table of its own" in capsys.readouterr().err
-
-
 def test_blas_threads_restored_after_concurrent_forward_and_backward(rng):
     """The backward shares flash_attention's BLAS limit: run both at once in two threads, and BLAS has its
     threads back afterwards (two separate limits could leave it stuck at one thread)."""

@@ -256,3 +256,23 @@ def test_a_file_too_big_for_a_config_is_refused_before_it_is_read(tmp_path, monk
     monkeypatch.setattr(tinyattn_np.models, "MAX_CONFIG_BYTES", 100)
     with pytest.raises(ValueError, match=r"config.json has \d{3} bytes, more than a config.json \(at most 100\)"):
         load_model_shape(path)
+
+
+def test_configs_without_a_name_are_named_by_their_file(tmp_path):
+    # two files in one folder must not both be called after the folder (issue 21, item 20)
+    config = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 100,
+        "intermediate_size": 256,
+    }
+    folder = tmp_path / "a"
+    folder.mkdir()
+    for stem in ("x", "y", "config"):
+        (folder / f"{stem}.json").write_text(json.dumps(config))
+    names = [load_model_shape(folder / f"{stem}.json").name for stem in ("x", "y", "config")]
+    assert names == ["x", "y", "a"]
+    named = {**config, "_name_or_path": "org/tiny"}
+    (folder / "x.json").write_text(json.dumps(named))
+    assert load_model_shape(folder / "x.json").name == "org/tiny"

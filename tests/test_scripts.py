@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
+BENCHMARKS = ["scaling.py", "torch_naive.py", "tiles.py", "scaling_backward.py"]
 
 # Runs a script as __main__ with `import torch` failing, as on a machine without torch.
 WITHOUT_TORCH = (
@@ -69,7 +71,8 @@ def test_attention_script_torch_line_matches_what_is_installed(attention_out: st
 
 def test_attention_script_without_torch() -> None:
     out = passed(run("-c", WITHOUT_TORCH, str(SCRIPTS / "attention.py")))
-    assert "torch checks skipped (here and in 4): torch is not installed" in out
+    assert "torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n" in out
+    assert "   bash torch_crosscheck/install_torch_cpu.sh\n" in out  # the one install line, from common.py
 
 
 def test_position_script_sections(position_out: str) -> None:
@@ -89,11 +92,13 @@ def test_position_script_other_seed_and_format() -> None:
     assert re.search(r"^\| \(10, 3\)\s+\|", out, re.MULTILINE), "github table rows start with |"
 
 
-@pytest.mark.parametrize("script", ["attention.py", "position.py"])
+@pytest.mark.parametrize("script", ["attention.py", "position.py", *BENCHMARKS, "decode.py", "train.py", "ring.py"])
 def test_help(script: str) -> None:
     result = run(str(SCRIPTS / script), "--help")
     assert result.returncode == 0, result.stderr
     assert "--seed" in result.stdout and "--format" in result.stdout
+    if script not in ("attention.py", "position.py"):  # the demos print checks, not figures
+        assert "--json PATH" in result.stdout
 
 
 def test_unknown_format_is_refused() -> None:
@@ -102,6 +107,7 @@ def test_unknown_format_is_refused() -> None:
 
 
 def load(script: str) -> ModuleType:
+    """A script as a module (scripts/ is not a package; each script puts its folder on sys.path for common.py)."""
     spec = importlib.util.spec_from_file_location(f"script_{Path(script).stem}", SCRIPTS / script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -117,48 +123,62 @@ def test_a_failed_check_exits_1_and_names_it(capsys: pytest.CaptureFixture[str])
     assert "RoPE (interleaved pairs (2i, 2i+1)) preserves every vector's norm" in capsys.readouterr().err
 
 
-# --- scripts/scaling.py: a tiny run proves the script works; the benchmark itself is never timed here
+# --- the attention benchmarks: tiny runs prove the scripts work; the benchmarks themselves are never timed here
 
 
-def test_scaling_small_run_writes_json(tmp_path):
+@pytest.fixture
+def quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No idle waits, no 2048 x 2048 matmul, a quiet machine: the tables' shape is under test, not the timings.
+    It patches common.py before the test loads a script (a script binds common's names as it loads)."""
+    load("scaling.py")  # imports scripts/common.py as the module `common`
+    common = sys.modules["common"]
+    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(common, "load_average", lambda: 0.0)
+    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+
+
+def test_scaling_small_run_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "scaling.json"
-    result = run(
-        "scripts/scaling.py",
-        "--min-tokens",
-        "64",
-        "--max-tokens",
-        "128",
-        "--repeats",
-        "1",
-        "--json",
-        str(out),
-        "--mem-budget",
-        "0.00001",
-    )
+    flags = ["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1", "--mem-budget", "0.00001"]
+    result = run("scripts/scaling.py", *flags, "--json", str(out))
     assert result.returncode == 0, result.stderr
     assert "check: naive == flash on 64 tokens" in result.stdout
+    assert re.search(r"^code: tinyattn_np \S+, (git [0-9a-f]{4,}(-dirty)?|not a git checkout)$", result.stdout, re.M)
     assert "skipped (needs" in result.stdout  # the tiny budget turns the naive rows into the OOM row
-    import json
-
     figures = json.loads(out.read_text())
     assert [r["tokens"] for r in figures["results"]] == [64, 128]
     assert figures["results"][0]["naive_ms"] is None and figures["results"][0]["flash_ms"] > 0
-    assert figures["machine"]["cores"] >= 1
+    assert figures["machine"]["cores"] >= 1 and figures["interrupted"] is False
+    assert figures["code"] in result.stdout
 
 
-def test_scaling_no_causal_and_bad_flags():
-    result = run("scripts/scaling.py", "--min-tokens", "64", "--max-tokens", "64", "--repeats", "1", "--no-causal")
-    assert result.returncode == 0, result.stderr
-    assert "no mask" in result.stdout and "causal/no-mask" not in result.stdout
+def test_scaling_no_causal_and_bad_flags(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "64", "--repeats", "1", "--no-causal"]) == 0
+    out = capsys.readouterr().out
+    assert "no mask" in out and "causal/no-mask" not in out
     bad = run("scripts/scaling.py", "--min-tokens", "512", "--max-tokens", "256")
     assert bad.returncode == 2 and "--min-tokens (512) must not exceed" in bad.stderr
-    assert run("scripts/scaling.py", "--help").returncode == 0
 
 
-# --- every script: clean errors for bad flags, help text on every flag -------------------------------
+@pytest.mark.parametrize(
+    "flags,command",
+    [
+        (["--torch-naive"], "python scripts/torch_naive.py"),
+        (["--sweep-blocks", "4096"], "python scripts/tiles.py --tokens 4096"),
+        (["--backward", "--torch"], "python scripts/scaling_backward.py"),
+    ],
+)
+def test_scaling_old_flags_name_the_new_command(
+    flags: list[str], command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        load("scaling.py").parse_args(flags)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"scaling.py: error: {flags[0]} is a script of its own now: {command}\n"  # one line
 
 
-@pytest.mark.parametrize("script", ["attention.py", "position.py", "scaling.py"])
+@pytest.mark.parametrize("script", ["attention.py", "position.py", *BENCHMARKS, "decode.py", "train.py"])
 def test_negative_seed_is_refused_without_a_traceback(script: str) -> None:
     result = run(str(SCRIPTS / script), "--seed", "-1")
     assert result.returncode == 2, result.stderr
@@ -173,13 +193,14 @@ def _parser_of(script: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Argumen
         caught.append(self)
         raise SystemExit(0)
 
+    module = load(script)
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
     with pytest.raises(SystemExit):
-        load(script).main([])
+        module.main([])
     return caught[0]
 
 
-@pytest.mark.parametrize("script", sorted(path.name for path in SCRIPTS.glob("*.py")))
+@pytest.mark.parametrize("script", sorted(path.name for path in SCRIPTS.glob("*.py") if path.name != "common.py"))
 def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = _parser_of(script, monkeypatch)
     missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
@@ -187,22 +208,27 @@ def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.parametrize(
-    "flags,message",
+    "script,flags,message",
     [
-        (["--max-tokens", "1000000000"], "needs 3.7 TiB for q, k, v and flash alone"),
-        (["--heads", "1000000"], "lower --max-tokens, --heads or --head-dim"),
-        (["--head-dim", "100000000"], "lower --max-tokens, --heads or --head-dim"),
-        (["--min-tokens", "2000000000", "--max-tokens", "2000000000"], "T=2,000,000,000"),
-        (["--mem-budget", "nan"], "--mem-budget must be a finite number of GiB > 0; got nan"),
-        (["--mem-budget", "inf"], "--mem-budget must be a finite number of GiB > 0; got inf"),
-        (["--json", "/no/such/folder/x.json"], "the folder /no/such/folder does not exist"),
-        (["--plot", "x.png", "--sweep-blocks", "64"], "does not apply to --sweep-blocks"),
-        (["--repeats", "0"], "--repeats must be at least 1"),
+        ("scaling.py", ["--max-tokens", "1000000000"], "GiB for q, k, v and flash alone, more than half"),
+        ("scaling.py", ["--heads", "1000000"], "lower --max-tokens, --heads or --head-dim"),
+        ("scaling.py", ["--head-dim", "100000000"], "lower --max-tokens, --heads or --head-dim"),
+        ("scaling.py", ["--min-tokens", "2000000000", "--max-tokens", "2000000000"], "T=2,000,000,000"),
+        ("scaling.py", ["--mem-budget", "nan"], "--mem-budget: must be a positive float; got nan"),
+        ("scaling.py", ["--mem-budget", "inf"], "--mem-budget: must be a positive float; got inf"),
+        ("scaling.py", ["--json", "/no/such/folder/x.json"], "the folder /no/such/folder does not exist"),
+        ("scaling.py", ["--repeats", "0"], "--repeats: must be a positive int; got 0"),
+        ("scaling.py", ["--torch-3d"], "--torch-3d needs --torch"),
+        ("tiles.py", ["--tokens", "1000000000"], "lower --tokens, --heads or --head-dim"),
+        ("torch_naive.py", ["--max-tokens", "1000000000"], "lower --max-tokens, --heads or --head-dim"),
+        ("scaling_backward.py", ["--workers", "0"], "--workers: must be a positive int; got 0"),
     ],
 )
-def test_scaling_refuses_up_front(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_benchmarks_refuse_up_front(
+    script: str, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        load("scaling.py").parse_args(flags)
+        load(script).parse_args(flags)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -216,18 +242,31 @@ def test_scaling_json_to_a_folder_is_refused(tmp_path: Path, capsys: pytest.Capt
 def test_scaling_plot_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    scaling = load("scaling.py")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
     with pytest.raises(SystemExit):
-        load("scaling.py").parse_args(["--plot", str(tmp_path / "x.png")])
+        scaling.parse_args(["--plot", str(tmp_path / "x.png")])
     assert "--plot needs matplotlib" in capsys.readouterr().err
 
 
-def test_scaling_refuses_a_run_that_cannot_finish() -> None:
-    scaling = load("scaling.py")
-    args = scaling.parse_args(["--repeats", "1000000000"])
-    with pytest.raises(SystemExit, match=r"needs at least [0-9,]+ minutes .* lower --max-tokens or --repeats"):
-        scaling.check_duration(args, scaling.doubling(256, 8192), True, rate=100.0)
-    scaling.check_duration(scaling.parse_args([]), scaling.doubling(256, 8192), True, rate=10.0)  # the default fits
+@pytest.mark.parametrize("script", BENCHMARKS)
+def test_benchmarks_refuse_a_run_that_cannot_finish(script: str) -> None:
+    """run_flops prices the whole run; common.start_benchmark refuses it past MAX_MINUTES at the matmul rate."""
+    module = load(script)
+    common = sys.modules["common"]
+    args = module.parse_args(["--repeats", "1000000000"])
+    sizes = [args.tokens] if script == "tiles.py" else common.doubling(args.min_tokens, args.max_tokens)
+    problem = common.time_problem(module.run_flops(args, sizes, True), 100.0, "lower --max-tokens or --repeats")
+    assert problem and re.search(r"needs at least [0-9,]+ minutes .* lower --max-tokens or --repeats", problem)
+    default = module.parse_args([])
+    assert common.time_problem(module.run_flops(default, sizes, True), 10.0, "") is None  # the default fits
+
+
+def test_a_run_too_long_is_refused_before_its_first_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    load("scaling.py")
+    monkeypatch.setattr(sys.modules["common"], "matmul_rate", lambda dtype, n=2048, repeats=5: 1e-6)
+    with pytest.raises(SystemExit, match=r"error: this run needs at least [0-9,]+ minutes"):
+        load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "64", "--repeats", "1"])
 
 
 def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFixture[str]) -> None:
@@ -236,12 +275,59 @@ def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFi
     row = dict(
         tokens=1024, score_matrix_bytes=2**24, naive_estimate_bytes=19 * 2**20, naive_ms=None, naive_peak_bytes=None,
         flash_ms=12.3456789, flash_peak_bytes=3.3e6, flash_estimate_bytes=3.2e6, flops=4.5e9,
-        matmul_gflops=91.234567, flash_no_mask_ms=20.987654,
+        matmul_gflops=91.234567, flash_no_mask_ms=20.987654, busy=[],
     )  # fmt: skip
     scaling.print_table([row, dict(row, tokens=512, naive_ms=1.23456, naive_peak_bytes=5.0e6)], args, True)
     out = capsys.readouterr().out
     assert "skipped (needs 19.0 MiB)" in out and "12.35" in out
     assert not re.search(r"\d\.\d{3,}", out), out  # no unrounded float next to the skipped row
+    assert "*" not in out  # a quiet machine: no row marked
+
+
+def test_scaling_small_run_in_process_prints_every_section(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("check: naive == flash", "machine: ", "code: ", "float32 matmul, 2048 x 2048: 100.0 GFLOP/s",
+                   "naive budget", "time growth per doubling", "useful FLOPs"):  # fmt: skip
+        assert needle in out, needle
+    assert [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")] == ["64", "128"]
+
+
+def test_tiles_small_run(quick: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every tile shape, heads per step and worker count at a tiny T, the default marked, the model lines."""
+    figures = tmp_path / "tiles.json"
+    assert load("tiles.py").main(["--tokens", "64", "--repeats", "1", "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    for side in (128, 256, 512, 1024):
+        assert len(re.findall(rf"^{side} x {side}\s", out, re.MULTILINE)) == 3, f"{side}: three heads-per-step rows"
+    assert out.count("<- default") == 1
+    assert "fastest here:" in out and "on 16 cores: 512 x 512" in out
+    assert "model: held_16 = 217 µs per step" in out
+    rows = json.loads(figures.read_text())["results"]
+    assert len(rows) == 12 and all(r["predicted_16_ms"] > 0 for r in rows)
+
+
+def test_tiles_model_pieces() -> None:
+    tiles = load("tiles.py")
+    assert tiles.makespan([8, 1, 7, 2, 6, 3], 3) == 9  # longest first: 8+1, 7+2, 6+3
+    assert tiles.makespan([5, 5, 5], 1) == 15
+    # T = 512 in 256 x 256 tiles, causal: block 0 runs 1 tile, block 1 runs 2; 4 heads 2 at a time: 2 items each
+    assert sorted(tiles.sweep_items(512, 256, 4, 2, True)) == [1, 1, 2, 2]
+
+
+def test_scaling_backward_small_run(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """The backward's table at a tiny size (what scaling.py --backward printed)."""
+    assert load("scaling_backward.py").main(["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "flash_attention_backward: 1 sequence, 4 heads x 64" in out and "bwd/fwd" in out and "peak/est." in out
+    assert [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")] == ["64", "128"]
+    assert "backward FLOPs = 2·(3E + 2Ev) per unmasked score" in out
+
+
+def test_torch_naive_without_torch_names_the_install_line() -> None:
+    result = run("-c", WITHOUT_TORCH, str(SCRIPTS / "torch_naive.py"), "--max-tokens", "256")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().endswith("install its CPU build with: bash torch_crosscheck/install_torch_cpu.sh")
 
 
 # --- scripts/memory.py's output -------------------------------------------------------------------
@@ -253,23 +339,3 @@ def test_memory_ratio_below_one_and_core_count_note(capsys: pytest.CaptureFixtur
     assert "0.667x" in memory.tiny_table([row], "binary", "simple")  # not "1x"
     assert memory.main([]) == 0
     assert "flash_attention()'s peak depends on the core count" in capsys.readouterr().out
-
-
-def test_scaling_sweep_blocks_small_run() -> None:
-    """--sweep-blocks at a tiny T: every tile shape, heads per step and worker count, the default marked."""
-    result = run("scripts/scaling.py", "--sweep-blocks", "64", "--repeats", "1")
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    for side in (128, 256, 512, 1024):
-        assert len(re.findall(rf"^{side} x {side}\s", out, re.MULTILINE)) == 3, f"{side}: three heads-per-step rows"
-    assert out.count("<- default") == 1
-    assert "fastest here:" in out and "on 16 cores: 512 x 512" in out
-    assert "model: held_16 = 217 µs per step" in out
-
-
-def test_scaling_sweep_model_pieces() -> None:
-    scaling = load("scaling.py")
-    assert scaling.makespan([8, 1, 7, 2, 6, 3], 3) == 9  # longest first: 8+1, 7+2, 6+3
-    assert scaling.makespan([5, 5, 5], 1) == 15
-    # T = 512 in 256 x 256 tiles, causal: block 0 runs 1 tile, block 1 runs 2; 4 heads 2 at a time: 2 items each
-    assert sorted(scaling.sweep_items(512, 256, 4, 2, True)) == [1, 1, 2, 2]

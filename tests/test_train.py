@@ -77,10 +77,12 @@ def test_main_prints_table_and_heat_maps(tmp_path, capsys):
     figures = tmp_path / "train.json"
     assert train.main([*TINY, "--kv-heads", "1", "--json", str(figures)]) == 0
     out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code printed it
     assert "gradient check (float64" in out and "ok" in out
     assert "held-out accuracy" in out and "before: mean weight" in out and "after: mean weight" in out
     assert "keys " in out
-    assert len(json.loads(figures.read_text())["rows"]) == 4  # steps 0, 10, 20, 30
+    saved = json.loads(figures.read_text())
+    assert len(saved["rows"]) == 4 and saved["stopped"] is None and saved["interrupted"] is False  # 0, 10, 20, 30
 
 
 def test_main_draws_the_plot(tmp_path):
@@ -109,6 +111,7 @@ def test_heat_map_shades():
         (["--d-model", "10", "--heads", "4"], "even size"),
         (["--heads", "4", "--kv-heads", "3"], "multiple of --kv-heads"),
         (["--plot", "/no/such/folder/x.png"], "does not exist"),
+        (["--heads", "4", "--d-model", "1022"], "even size"),
         (["--json", "/no/such/folder/x.json"], "does not exist"),
         (["--json", "/"], "is a folder"),
     ],

@@ -392,6 +392,9 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
 def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelShape:
     """A ModelShape from a preset name (see PRESETS), a path to a config.json (or its folder), or a dict.
 
+    The model's name is the config's own "_name_or_path"; without one, the file's: a/x.json is "x", and
+    a/config.json (the Hugging Face layout) is "a", its folder's.
+
     Every problem with a file is a ValueError (or, for a field of the wrong type, a TypeError) that names
     the file: one that cannot be found or read, is not UTF-8 JSON, nests too deeply, or holds a bad field.
     """
@@ -405,8 +408,10 @@ def load_model_shape(source: str | Path | dict[str, Any] | ModelShape) -> ModelS
         return PRESETS[source.lower()]
     path = _config_path(source)
     config = _read_json(path)
+    # a config without a name of its own is named by its file: a/x.json is "x", a/config.json is "a"
+    name = path.parent.name if path.name == "config.json" else path.stem
     try:
-        return shape_from_config(config, default_name=path.parent.name or None)
+        return shape_from_config(config, default_name=name or None)
     except (TypeError, ValueError) as err:  # say which file the bad field is in
         raise (TypeError if isinstance(err, TypeError) else ValueError)(f"{path}: {err}") from None
 

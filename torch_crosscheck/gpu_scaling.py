@@ -24,7 +24,8 @@ and v are not counted, the output is), beside tinyattn_np.memory's score-matrix 
 --memory-limit-gib N caps this process's share of the GPU (torch.cuda.set_per_process_memory_fraction),
 so that a large GPU shows where a card of N GiB runs out.
 
-Without CUDA it says so and exits 0: there is nothing to measure.
+Without CUDA it says so and exits 0: there is nothing to measure. Ctrl-C prints the rows measured so far
+and exits 130.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 try:
@@ -44,8 +46,11 @@ try:
 except ImportError:  # the script still answers --help, and says what is missing
     torch = None
 
-from tinyattn_np.memory import score_matrix_bytes
-from tinyattn_np.report import add_format_argument, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # common.py, the scripts' shared helpers
+from common import code_version, doubling, growth, interrupted, measure_each, run_main  # noqa: E402
+
+from tinyattn_np.memory import score_matrix_bytes  # noqa: E402
+from tinyattn_np.report import add_format_argument, table  # noqa: E402
 
 OOM = "OOM"
 MiB = 2**20
@@ -86,11 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def token_counts(max_tokens: int) -> list[int]:
     """256, 512, 1024, ... up to max_tokens (just max_tokens if it is below 256)."""
-    counts, T = [], 256
-    while T <= max_tokens:
-        counts.append(T)
-        T *= 2
-    return counts or [max_tokens]
+    return doubling(256, max_tokens) or [max_tokens]
 
 
 def naive(q: Any, k: Any, v: Any, causal: bool = True) -> Any:
@@ -143,9 +144,43 @@ def check_agreement(B: int, H: int, d: int, causal: bool) -> float:
     return diff
 
 
-def growth(times: list[float]) -> str:
-    """Time ratio per doubling of T, e.g. '3.56x, 3.45x'."""
-    return ", ".join(f"{b / a:.2f}x" for a, b in zip(times, times[1:], strict=False)) or "-"
+def measure_row(T: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Naive and fused at T: each (ms, MiB) or OOM; a row of OOMs when not even q, k, v fit."""
+    B, H, d, causal = args.batch, args.heads, args.head_dim, not args.no_causal
+    row: dict[str, Any] = {"tokens": T, "scores_bytes": score_matrix_bytes(T, heads=H, batch=B, dtype="fp16")}
+    try:
+        q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    except torch.cuda.OutOfMemoryError:
+        return {**row, "inputs": OOM, "naive": OOM, "fused": OOM}
+    for name, attend in (("naive", naive), ("fused", fused)):
+        result = measure(attend, q, k, v, causal, args.repeats)
+        free_memory()
+        row[name] = OOM if result == OOM else (result[0] * 1e3, result[1] / MiB)
+    del q, k, v
+    free_memory()
+    return row
+
+
+def print_rows(rows: list[dict[str, Any]], fmt: str) -> None:
+    body, ratio = [], None
+    for r in rows:
+        naive_ms, naive_mib = (OOM, OOM) if r["naive"] == OOM else r["naive"]
+        fused_ms, fused_mib = (OOM, OOM) if r["fused"] == OOM else r["fused"]
+        speedup = f"{naive_ms / fused_ms:.1f}x" if OOM not in (naive_ms, fused_ms) else "-"
+        # formatted here: a column that holds "OOM" is text to tabulate, and its floatfmt would not apply
+        cells = [f"{x:,.2f}" if x != OOM else OOM for x in (naive_ms, fused_ms)]
+        cells += [f"{x:,.1f}" if x != OOM else OOM for x in (naive_mib, fused_mib)]
+        body.append([r["tokens"], f"{r['scores_bytes'] / MiB:,.1f}", cells[0], cells[1], speedup, cells[2], cells[3]])
+        if naive_mib != OOM:
+            ratio = (r["tokens"], naive_mib * MiB / r["scores_bytes"])
+    headers = ["tokens", "score matrix MiB", "naive ms", "fused ms", "speed-up", "naive MiB", "fused MiB"]
+    print(table(body, headers, fmt=fmt, colalign=["right"] * len(headers), disable_numparse=True))
+    print("MiB = 2^20 B; naive/fused MiB: what one call adds at its peak (torch.cuda.max_memory_allocated "
+          "minus what was allocated before it; the output counts, q, k and v do not)")  # fmt: skip
+    if ratio is not None:
+        print(f"naive MiB / score matrix at T={ratio[0]}: {ratio[1]:.2f}x")
+    times = {name: [r[name][0] for r in rows if r[name] != OOM] for name in ("naive", "fused")}
+    print(f"time per doubling: naive {growth(times['naive'])}; fused {growth(times['fused'])}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,8 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CUDA is not available (torch {torch.__version__} sees no GPU): nothing to measure. "
               "Run this on a machine with an NVIDIA GPU and a CUDA build of torch.")  # fmt: skip
         return 0
-
-    B, H, d, causal = args.batch, args.heads, args.head_dim, not args.no_causal
     limit = ""
     if args.memory_limit_gib is not None:
         total = torch.cuda.get_device_properties(0).total_memory
@@ -167,50 +200,27 @@ def main(argv: list[str] | None = None) -> int:
                      f"({total / 2**30:.1f} GiB)")  # fmt: skip
         torch.cuda.set_per_process_memory_fraction(args.memory_limit_gib * 2**30 / total)
         limit = f"; memory capped at {args.memory_limit_gib:g} GiB"
-    diff = check_agreement(B, H, d, causal)
+    diff = check_agreement(args.batch, args.heads, args.head_dim, not args.no_causal)
     print(f"check: naive == fused on 64 tokens (max |diff| {diff:.2e})")
-    mask = "causal" if causal else "non-causal"
+    mask = "non-causal" if args.no_causal else "causal"
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}; float16, "
-          f"B={B}, H={H}, d={d}, {mask}; time: median of {args.repeats}{limit}")  # fmt: skip
+          f"B={args.batch}, H={args.heads}, d={args.head_dim}, {mask}; time: median of {args.repeats}"
+          f"{limit}")  # fmt: skip
+    print(f"code: {code_version()}")
+    rows: list[dict[str, Any]] = []
+    sizes = token_counts(args.max_tokens)
 
-    rows, naive_times, fused_times, ratio = [], [], [], None
-    for T in token_counts(args.max_tokens):
-        scores = score_matrix_bytes(T, heads=H, batch=B, dtype="fp16")
-        try:
-            q, k, v = (torch.randn(B, H, T, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        except torch.cuda.OutOfMemoryError:
-            rows.append([T, f"{scores / MiB:,.1f}", OOM, OOM, "-", OOM, OOM])  # not even q, k, v fit: stop
-            break
-        results = []
-        for attend in (naive, fused):
-            results.append(measure(attend, q, k, v, causal, args.repeats))
-            free_memory()
-        del q, k, v
-        free_memory()
-        (naive_ms, naive_mib), (fused_ms, fused_mib) = (
-            (OOM, OOM) if r == OOM else (r[0] * 1e3, r[1] / MiB) for r in results
-        )
-        speedup = f"{naive_ms / fused_ms:.1f}x" if OOM not in (naive_ms, fused_ms) else "-"
-        # formatted here: a column that holds "OOM" is text to tabulate, and its floatfmt would not apply
-        cells = [f"{x:,.2f}" if x != OOM else OOM for x in (naive_ms, fused_ms)]
-        cells += [f"{x:,.1f}" if x != OOM else OOM for x in (naive_mib, fused_mib)]
-        rows.append([T, f"{scores / MiB:,.1f}", cells[0], cells[1], speedup, cells[2], cells[3]])
-        for times, ms in ((naive_times, naive_ms), (fused_times, fused_ms)):
-            if ms != OOM:
-                times.append(ms)
-        if naive_mib != OOM:
-            ratio = (T, naive_mib * MiB / scores)
-        if naive_ms == fused_ms == OOM:
-            break  # both out of memory: a larger T cannot fit either
-    headers = ["tokens", "score matrix MiB", "naive ms", "fused ms", "speed-up", "naive MiB", "fused MiB"]
-    print(table(rows, headers, fmt=args.format, colalign=["right"] * len(headers), disable_numparse=True))
-    print("MiB = 2^20 B; naive/fused MiB: what one call adds at its peak (torch.cuda.max_memory_allocated "
-          "minus what was allocated before it; the output counts, q, k and v do not)")  # fmt: skip
-    if ratio is not None:
-        print(f"naive MiB / score matrix at T={ratio[0]}: {ratio[1]:.2f}x")
-    print(f"time per doubling: naive {growth(naive_times)}; fused {growth(fused_times)}")
-    return 0
+    def until_both_fail() -> Iterator[int]:
+        for T in sizes:
+            if rows and rows[-1]["naive"] == rows[-1]["fused"] == OOM:
+                return  # both out of memory: a larger T cannot fit either
+            yield T
+
+    stopped = measure_each(until_both_fail(), lambda T: measure_row(T, args), rows)
+    if rows:
+        print_rows(rows, args.format)
+    return interrupted(len(rows), len(sizes)) if stopped else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -15,8 +15,8 @@ One row per (case, device, kernel, dtype). Columns:
                 recorded, never failed on: ours must be exactly 0 there (-inf for a logsumexp)
     result      pass, FAIL, "not supported" (torch has no such kernel for this case), or skipped (no CUDA)
 
-Without a GPU every case still gets a cuda row, marked "skipped (no CUDA)". Exits 1 if any comparison
-fails, 0 otherwise.
+Without a GPU, one line says that CUDA is absent and how many rows that skips. Exits 1 if any comparison
+fails, 130 on Ctrl-C (after printing the rows done so far), 0 otherwise.
 
 To add rows: write cases as cases.Case objects (run(device, dtype) -> cases.Outcome) in a module of
 this folder, and add that list in all_cases() below.
@@ -28,10 +28,14 @@ import argparse
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from tinyattn_np.report import add_format_argument, table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # common.py, the scripts' shared helpers
+from common import code_version, interrupted, load_torch, measure_each, run_main  # noqa: E402
+
+from tinyattn_np.report import add_format_argument, table  # noqa: E402
 
 HEADERS = ["case", "device", "kernel", "dtype", "max abs error", "tolerance", "torch, no-key rows", "result"]
 NOT_SUPPORTED = "not supported"
@@ -64,12 +68,10 @@ def all_cases() -> list[Any]:
     return [*CASES, *GRAD_CASES]
 
 
-def rows_for(case: Any, device: str, cuda: bool) -> tuple[list[list[Any]], int]:
+def rows_for(case: Any, device: str) -> tuple[list[list[Any]], int]:
     """The table rows of one case on one device (one per kernel and dtype), and how many failed."""
     from cases import kernels_for, run_case
 
-    if device == "cuda" and not cuda:
-        return [[case.name, device, "", ", ".join(case.dtypes), "skipped (no CUDA)", "", "", "skipped"]], 0
     rows, failed = [], 0
     for kernel in kernels_for(case, device):
         for dtype in case.dtypes:
@@ -91,33 +93,41 @@ def rows_for(case: Any, device: str, cuda: bool) -> tuple[list[list[Any]], int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-    from cases import DEVICES
+    torch, _ = load_torch(flag="report.py")
+    from cases import DEVICES, kernels_for
 
     cuda = torch.cuda.is_available()
+    cases = [case for case in all_cases() if args.only in case.name]
+    runs = [(case, device) for device in DEVICES if device != "cuda" or cuda for case in cases]
     start = time.perf_counter()
-    rows, failed = [], 0
-    for device in DEVICES:
-        for case in (case for case in all_cases() if args.only in case.name):
-            case_rows, case_failed = rows_for(case, device, cuda)
-            rows += case_rows
-            failed += case_failed
+    done: list[tuple[list[list[Any]], int]] = []
+    with warnings.catch_warnings():  # torch's notes on why it picked no fused kernel: the table's "not supported"
+        warnings.filterwarnings("ignore", message=".*sdp_utils", category=UserWarning)
+        stopped = measure_each(runs, lambda run: rows_for(*run), done)
     seconds = time.perf_counter() - start
+    rows = [row for case_rows, _ in done for row in case_rows]
 
     gpu = torch.cuda.get_device_name(0) if cuda else "none"
     print(f"torch {torch.__version__}, CPU {platform.machine()} ({torch.get_num_threads()} threads), GPU: {gpu}")
-    # the error column holds text ("skipped (no CUDA)") too, so its numbers come formatted already
+    print(f"code: {code_version()}")
+    if not cuda:
+        skipped = sum(len(kernels_for(case, "cuda")) * len(case.dtypes) for case in cases)
+        print(f"CUDA is absent (torch.cuda.is_available() is False): {skipped} cuda rows of {len(cases)} cases "
+              "skipped; on a GPU machine: bash torch_crosscheck/run_on_gpu.sh LOG_DIR")  # fmt: skip
+    # the error column holds text ("error: ...") too, so its numbers come formatted already
     print(table(rows, HEADERS, fmt=args.format, floatfmt=["", "", "", "", ".2e", ".2e", "", ""]))
     # torch's value on rows that see no key, where it is not what ours is (0, or -inf for a logsumexp)
     odd = [f"{r[0]} | {r[1]} {r[2]} {r[3]}: {r[6]}" for r in rows if r[6] not in ("", "-", "0", "-inf")]
     if odd:
         print(f"torch returned something else on rows that see no key (recorded, not compared) in {len(odd)} rows:")
         print("\n".join(f"  {line}" for line in odd))
-    counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", NOT_SUPPORTED, "skipped")}
+    counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", NOT_SUPPORTED)}
     print(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts[NOT_SUPPORTED]} not supported by that torch "
-          f"kernel, {counts['skipped']} cases skipped (no CUDA) in {seconds:.1f} s")  # fmt: skip
-    return 1 if failed else 0
+          f"kernel in {seconds:.1f} s")  # fmt: skip
+    if stopped:
+        return interrupted(len(done), len(runs), "cases")
+    return 1 if sum(failed for _, failed in done) else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -1,9 +1,12 @@
-"""The two scripts run as a user runs them: report.py exits 0 (every comparison passes) and
-gpu_scaling.py exits 0 without CUDA, saying so, and refuses bad flags; gpu_scaling's naive path checked
-against SDPA on CPU."""
+"""The torch scripts run as a user runs them: report.py exits 0 (every comparison passes), quietly and in
+one line about a missing GPU; gpu_scaling.py exits 0 without CUDA, saying so, and refuses bad flags;
+gpu_scaling's and scripts/torch_naive.py's naive paths checked against SDPA on CPU, and torch_naive.py's
+table."""
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,13 +26,36 @@ def test_report_passes_and_lists_cuda_rows() -> None:
     """Two cases, not all: test_torch_cases.py runs every comparison already."""
     done = run("report.py", "--format", "github", "--only", "one_head")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "| cuda " in done.stdout  # cuda rows are there, measured or "skipped (no CUDA)"
-    assert "FAIL" not in done.stdout
+    assert "FAIL" not in done.stdout and "Warning" not in done.stderr, done.stderr  # torch's kernel notes are not news
     assert "| cpu      | math     | float32 " in done.stdout  # one row per SDPA kernel, named
     # torch's fused CPU kernel takes 4-D inputs only: one_head's (T, d) tensors have no flash row
     assert "| cpu      | flash    | float32 " in done.stdout and "not supported" in done.stdout
-    if not torch.cuda.is_available():
-        assert "skipped (no CUDA)" in done.stdout
+    assert "code: tinyattn_np " in done.stdout
+    if torch.cuda.is_available():
+        assert "| cuda " in done.stdout
+    else:  # one line, not a row per case
+        assert "| cuda " not in done.stdout
+        assert re.search(r"^CUDA is absent \(torch.cuda.is_available\(\) is False\): 8 cuda rows of 1 cases skipped",
+                         done.stdout, re.MULTILINE), done.stdout  # fmt: skip
+
+
+def test_report_ctrl_c_keeps_the_rows_so_far(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import report
+
+    rows_for, calls = report.rows_for, []
+
+    def twice(case, device):  # Ctrl-C during the second case
+        calls.append(case)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return rows_for(case, device)
+
+    monkeypatch.setattr(report, "rows_for", twice)
+    assert report.main(["--only", "MultiHeadAttention H=6"]) == 130
+    out = capsys.readouterr().out
+    assert "MultiHeadAttention H=6 Hkv=6 fused" in out and "MultiHeadAttention H=6 Hkv=6 unfused" not in out and re.search(r"^interrupted \(Ctrl-C\) after 1 of", out, re.M)
 
 
 def test_report_rows_with_no_key(capsys: pytest.CaptureFixture[str]) -> None:
@@ -142,14 +168,23 @@ def test_gpu_scaling_token_counts() -> None:
     assert growth([1.0]) == "-"
 
 
-# --- scripts/scaling.py --torch-naive: the article's CPU table (torch naive vs torch fused) beside ours
+# --- scripts/torch_naive.py: the article's CPU table (torch naive vs torch fused) beside ours
 
 
-def load_scaling():
-    """scripts/scaling.py as a module (scripts/ is not a package)."""
+def load_torch_naive(monkeypatch: pytest.MonkeyPatch | None = None):
+    """scripts/torch_naive.py as a module; with monkeypatch, no idle waits and no 2048 x 2048 matmul (the
+    table's shape is under test, not the timings), patched in common.py before the script binds its names."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("scaling_script", HERE.parent / "scripts" / "scaling.py")
+    path = HERE.parent / "scripts" / "torch_naive.py"
+    if monkeypatch is not None:
+        sys.path.insert(0, str(path.parent))
+        import common
+
+        monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
+        monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+        monkeypatch.setattr(common, "load_average", lambda: 0.0)
+    spec = importlib.util.spec_from_file_location("torch_naive_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -158,40 +193,48 @@ def load_scaling():
 @pytest.mark.parametrize("causal", [True, False])
 def test_torch_naive_is_attention(causal: bool) -> None:
     """The article's naive torch code computes what SDPA computes (float64, CPU)."""
-    scaling = load_scaling()
+    torch_naive = load_torch_naive()
     q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
                for i in range(3))  # fmt: skip
     gold = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    assert torch.allclose(scaling.torch_naive(q, k, v, causal), gold, rtol=0, atol=1e-12)
+    assert torch.allclose(torch_naive.torch_naive(q, k, v, causal), gold, rtol=0, atol=1e-12)
 
 
 def test_torch_naive_bytes_is_three_score_matrices_and_the_mask() -> None:
-    scaling = load_scaling()
+    torch_naive = load_torch_naive()
     scores = 4 * 1024 * 1024 * 4  # 4 heads, T = 1024, float32
-    assert scaling.torch_naive_bytes(1024, 4, "float32", True) == 3 * scores + 1024 * 1024  # 3.06x
-    assert scaling.torch_naive_bytes(1024, 4, "float32", False) == 2 * scores
+    assert torch_naive.torch_naive_bytes(1024, 4, "float32", True) == 3 * scores + 1024 * 1024  # 3.06x
+    assert torch_naive.torch_naive_bytes(1024, 4, "float32", False) == 2 * scores
 
 
-def test_scaling_torch_naive_prints_the_articles_table(
+def test_torch_naive_prints_the_articles_table(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    torch_naive = load_torch_naive(monkeypatch)
+    figures = tmp_path / "torch_naive.json"
+    flags = ["--min-tokens", "128", "--max-tokens", "256", "--repeats", "1", "--format", "github"]
+    assert torch_naive.main([*flags, "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    assert "check: naive == flash on 64 tokens" in out and "check: torch naive == torch fused on 64 tokens" in out
+    assert "The article's CPU table" in out and "torch naive ms" in out and "torch fused ms" in out
+    assert "| 128 " in out and "| 256 " in out and "torch fused is " in out and "code: tinyattn_np " in out
+    rows = json.loads(figures.read_text())["results"]
+    assert [r["tokens"] for r in rows] == [128, 256] and all(r["torch_naive_ms"] > 0 for r in rows)
+
+
+def test_torch_naive_ctrl_c_keeps_the_rows_so_far(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scaling = load_scaling()
-    # the table's shape is under test, not the timings: no idle waits, no 2048 x 2048 matmul rate
-    monkeypatch.setattr(scaling, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(scaling, "matmul_rate", lambda dtype: 100.0)
-    flags = ["--torch-naive", "--min-tokens", "128", "--max-tokens", "128", "--repeats", "1", "--format", "github"]
-    assert scaling.main(flags) == 0
+    torch_naive = load_torch_naive(monkeypatch)
+    measure, calls = torch_naive.measure_row, []
+
+    def twice(*args):  # Ctrl-C during the second row
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args)
+
+    monkeypatch.setattr(torch_naive, "measure_row", twice)
+    assert torch_naive.main(["--min-tokens", "64", "--max-tokens", "256", "--repeats", "1"]) == 130
     out = capsys.readouterr().out
-    assert "check: torch naive == torch fused on 64 tokens" in out
-    assert "The article's CPU table" in out and "torch naive ms" in out and "torch fused ms" in out
-    assert "| 128 " in out and "torch fused is " in out
-    assert "torch ms" in out  # --torch-naive implies --torch: the main table has torch's column too
-
-
-@pytest.mark.parametrize("other", [["--sweep-blocks", "512"], ["--backward"]])
-def test_scaling_torch_naive_not_with_other_tables(other: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    scaling = load_scaling()
-    with pytest.raises(SystemExit) as exited:
-        scaling.parse_args(["--torch-naive", *other])
-    assert exited.value.code == 2
-    assert "--torch-naive" in capsys.readouterr().err
+    assert re.search(r"^64 ", out, re.MULTILINE) and "interrupted (Ctrl-C) after 1 of 3 rows" in out

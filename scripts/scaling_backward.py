@@ -1,0 +1,140 @@
+"""The backward's bill, measured: flash_attention_backward as T doubles, beside flash's forward.
+
+    python scripts/scaling_backward.py                     # 1 sequence, 4 heads of 64, causal, T up to 8192
+    python scripts/scaling_backward.py --torch             # and torch's CPU backward (autograd through SDPA)
+
+Per row: flash's forward and backward times, their ratio, the backward's GFLOP/s, its traced peak beside
+memory.flash_attention_backward_bytes, and with --torch torch's backward on the same q, k, v and dout.
+Every time is the median of --repeats runs after two warm-ups. A row measured while the machine was busy
+(its matmul rate moved by more than 20%, or the load exceeded the cores) is marked with *.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from tinyattn_np import flash_attention, flash_attention_backward
+from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.memory import attention_backward_flops, attention_flops, flash_attention_backward_bytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common.add_shape_arguments(p)
+    common.add_flash_arguments(p, per_step=False)
+    p.add_argument("--torch", action="store_true", help="add torch's CPU backward (autograd through SDPA; needs torch)")
+    args = p.parse_args(argv)
+    common.check_sizes(p, args, args.max_tokens)
+    return args
+
+
+def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float:
+    """FLOPs of the whole run, for the refusal of a run too long: per row the forward, the backward's 2.5x
+    the forward's FLOPs, and torch's backward as many again."""
+    masked = sum(attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes)
+    return (args.repeats + 3) * masked * (3.5 + 2.5 * args.torch)
+
+
+def torch_backward_runner(threads: int) -> tuple[Any, str]:
+    """(a function (q, k, v, dout, causal) -> a call that runs torch's backward alone, torch's version):
+    the forward runs once, with autograd recording, and each call back-propagates dout through it again."""
+    torch, F = common.load_torch(threads)
+
+    def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, causal: bool) -> Any:
+        tq, tk, tv = (torch.from_numpy(x).requires_grad_() for x in (q, k, v))  # 4-D: torch's fast CPU path
+        tdout = torch.from_numpy(dout)
+        out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+        def backward() -> None:
+            tq.grad = tk.grad = tv.grad = None  # fresh gradients each time, not accumulated ones
+            out.backward(tdout, retain_graph=True)  # retain_graph: the same graph serves every call
+
+        return backward
+
+    return run, torch.__version__
+
+
+def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
+    """Flash's forward and backward at T (time, GFLOP/s, traced peak beside the estimate), and torch's backward."""
+    common.progress(f"T = {T}")
+    rng = np.random.default_rng(args.seed + T)
+    q, k, v = common.make_qkv(rng, T, args)
+    dout = rng.standard_normal(q.shape, dtype=np.dtype(args.dtype))
+    causal, blocks = run.causal, run.blocks
+    sizes = dict(heads=args.heads, head_dim=args.head_dim, causal=causal)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)
+    row: dict[str, Any] = {
+        "tokens": T,
+        "forward_flops": attention_flops(T, **sizes),
+        "backward_flops": attention_backward_flops(T, **sizes),
+        "backward_estimate_bytes": flash_attention_backward_bytes(T, **sizes, dtype=args.dtype, **blocks),
+    }
+    row.update(common.beside_the_row(args.dtype, run.rate))  # did the machine stay as quiet as it was?
+    common.progress(f"  T={T}: flash forward")
+    forward = lambda: flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)  # noqa: E731
+    row["forward_ms"] = common.settled_median_ms(forward, args.repeats)
+    common.progress(f"  T={T}: flash backward")
+    backward = lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=causal, **blocks)  # noqa: E731
+    row["backward_ms"] = common.settled_median_ms(backward, args.repeats)
+    row["backward_peak_bytes"] = traced_peak(backward)[1]
+    if run.torch is not None:
+        common.progress(f"  T={T}: torch backward")
+        row["torch_backward_ms"] = common.settled_median_ms(run.torch(q, k, v, dout, causal), args.repeats)
+    return row
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
+    headers = ["tokens", "forward ms", "backward ms", "bwd/fwd", "bwd GFLOP/s", "bwd peak MiB", "(est.)", "peak/est."]
+    if args.torch:
+        headers += ["torch bwd ms", "flash/torch bwd"]
+    body = []
+    for r in rows:
+        line = [
+            str(r["tokens"]),
+            f"{r['forward_ms']:.1f}",
+            f"{r['backward_ms']:.1f}",
+            f"{r['backward_ms'] / r['forward_ms']:.2f}",
+            f"{r['backward_flops'] / r['backward_ms'] / 1e6:.1f}",
+            f"{r['backward_peak_bytes'] / common.MiB:.1f}",
+            f"{r['backward_estimate_bytes'] / common.MiB:.1f}",
+            f"{r['backward_peak_bytes'] / r['backward_estimate_bytes']:.2f}",
+        ]
+        if args.torch:
+            line += [f"{r['torch_backward_ms']:.1f}", f"{r['backward_ms'] / r['torch_backward_ms']:.2f}"]
+        body.append(line)
+    print(common.marked_table(body, rows, headers, args.format))
+    print(
+        "backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev)); "
+        "torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward excluded"
+    )
+
+
+def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
+    mask, blocks = "causal" if run.causal else "no mask", f"{run.blocks['block_q']} x {run.blocks['block_k']}"
+    return (
+        f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; blocks "
+        f"{blocks}, {run.threads} workers; median of {args.repeats} runs; peak from tracemalloc, (est.) = "
+        "memory.flash_attention_backward_bytes"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    run = common.start_benchmark(args, run_flops, torch_backward_runner if args.torch else None)
+    block_q, block_k = args.block_q or DEFAULT_BLOCK_Q, args.block_k or DEFAULT_BLOCK_K  # the backward's defaults
+    run.blocks = dict(block_q=block_q, block_k=block_k, workers=args.workers)
+    return common.measure_rows(args, run, run.sizes, measure_row, print_table, title(args, run))
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main))

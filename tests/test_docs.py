@@ -1,0 +1,312 @@
+"""The docs run: every Python block of README.md and docs/*.md, every link between the pages, the notebook
+tour's two forms, and CI's copy of the README's test command.
+
+How a page's code is read (the rules for whoever writes a page):
+
+- A ```python block is a whole program: it runs on its own, in a fresh namespace, as a reader who pastes
+  it would run it, and it passes the project's ruff rules (lint and format).
+- A ```text block right after it (only blank lines between) is what it prints, and the test compares the
+  two line by line. A number written in scientific notation below 1e-3 (a rounding error, such as
+  1.2e-07) matches any number within a factor of 10 of it, so that another machine's BLAS does not fail
+  the page; every other character must match.
+- A block that imports torch skips without torch. A block that imports mpi4py runs under the
+  `mpiexec -n N` that it names in a comment, and skips without mpi4py or mpiexec.
+- ```bash blocks are commands to copy and never run; nor does any other kind of block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose Python blocks run
+LINKED = [*PAGES, ROOT / "torch_crosscheck" / "README.md"]  # the pages whose links are followed
+README_MAX_LINES = 300
+
+
+class Block(NamedTuple):
+    page: Path
+    line: int  # the opening fence's line, 1-based
+    end: int  # the closing fence's line
+    language: str  # the fence's first word: python, text, bash, ...
+    source: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def fenced_blocks(page: Path) -> list[Block]:
+    """Every ``` block of a page, in order."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            closing = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), None)
+            if closing is None:
+                raise ValueError(f"{page.name}:{i + 1}: a code fence that is never closed")
+            language = (lines[i][3:].split() or [""])[0]
+            blocks.append(Block(page, i + 1, closing + 1, language, "\n".join(lines[i + 1 : closing]) + "\n"))
+            i = closing
+        i += 1
+    return blocks
+
+
+def examples() -> list[tuple[Block, Block | None]]:
+    """Each Python block of the pages, with the text block that shows its output (None where none does)."""
+    found = []
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        blocks = fenced_blocks(page)
+        for block, after in zip(blocks, [*blocks[1:], None], strict=True):
+            if block.language != "python":
+                continue
+            between = lines[block.end : after.line - 1] if after else ["-"]
+            shown = after if after and after.language == "text" and not any(s.strip() for s in between) else None
+            found.append((block, shown))
+    return found
+
+
+EXAMPLES = examples()
+SCIENTIFIC = re.compile(r"[-+]?\d+(?:\.\d+)?e[-+]?\d+")
+NUMBER = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[-+]?\d+)?|nan|inf)"
+
+
+def same_output(printed: str, shown: str) -> bool:
+    """printed equals shown line by line (trailing spaces aside), small scientific numbers within 10x."""
+    printed_lines = [line.rstrip() for line in printed.rstrip("\n").splitlines()]
+    shown_lines = [line.rstrip() for line in shown.rstrip("\n").splitlines()]
+    if len(printed_lines) != len(shown_lines):
+        return False
+    for mine, theirs in zip(printed_lines, shown_lines, strict=True):
+        small = [m for m in SCIENTIFIC.finditer(theirs) if abs(float(m.group())) < 1e-3]
+        if not small:
+            if mine != theirs:
+                return False
+            continue
+        pattern, start = "", 0  # the shown line as a pattern: its small numbers become any number
+        for m in small:
+            pattern += re.escape(theirs[start : m.start()]) + NUMBER
+            start = m.end()
+        match = re.fullmatch(pattern + re.escape(theirs[start:]), mine)
+        if match is None:
+            return False
+        for value, m in zip(match.groups(), small, strict=True):
+            got, want = abs(float(value)), abs(float(m.group()))
+            if not (got == want == 0 or (want > 0 and want / 10 <= got <= want * 10)):
+                return False
+    return True
+
+
+def needs(block: Block, module: str) -> bool:
+    return re.search(rf"^\s*(import|from) {module}\b", block.source, re.MULTILINE) is not None
+
+
+def run_here(block: Block) -> str:
+    """Run a block in this process, in a namespace of its own; return what it printed."""
+    printed = io.StringIO()
+    code = compile(block.source, block.name, "exec")  # a traceback names the page and the block
+    with contextlib.redirect_stdout(printed):
+        exec(code, {"__name__": "__main__"})
+    return printed.getvalue()
+
+
+def run_under_mpiexec(block: Block, folder: Path) -> str:
+    """Run a block as a script under the `mpiexec -n N` its comment names; return rank output."""
+    pytest.importorskip("mpi4py", reason='mpi4py is missing: pip install -e ".[distributed]"')
+    beside = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(beside) if beside.exists() else shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip('mpiexec is missing: pip install -e ".[distributed]"')
+    ranks = re.search(r"mpiexec -n (\d+)", block.source)
+    assert ranks, f"{block.name}: a block that imports mpi4py names how it runs: `mpiexec -n N python ...`"
+    script = folder / "block.py"
+    script.write_text(block.source, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    command = [mpiexec, "-n", ranks.group(1), sys.executable, str(script)]
+    # a session of its own, so that a hang is ended with every rank, not just mpiexec
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with subprocess.Popen(command, cwd=folder, env=env, start_new_session=True, **pipes) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            pytest.fail(f"{block.name} under mpiexec ran past 120 s\n{stdout}\n{stderr}")
+    assert process.returncode == 0, f"{block.name} under mpiexec: exit {process.returncode}\n{stdout}\n{stderr}"
+    return stdout
+
+
+@pytest.mark.parametrize(("block", "shown"), EXAMPLES, ids=[block.name for block, _ in EXAMPLES])
+def test_python_block_runs_and_prints_what_the_page_shows(block: Block, shown: Block | None, tmp_path: Path) -> None:
+    assert ">>>" not in block.source, f"{block.name}: write a plain program, and its output in a text block"
+    if needs(block, "torch"):
+        pytest.importorskip("torch", reason="this block needs torch (the crosscheck extra)")
+    printed = run_under_mpiexec(block, tmp_path) if needs(block, "mpi4py") else run_here(block)
+    if shown is not None:
+        assert same_output(printed, shown.source), f"{block.name} printed:\n{printed}\nthe page shows:\n{shown.source}"
+
+
+def test_the_pages_have_python_blocks_and_outputs() -> None:
+    """The collector finds what it should: the README's example and its output, and blocks on the pages."""
+    assert EXAMPLES[0][0].page == README and EXAMPLES[0][1] is not None
+    assert len({block.page for block, _ in EXAMPLES}) >= 5
+
+
+def test_python_blocks_pass_ruff(tmp_path: Path) -> None:
+    """Every block passes the project's ruff rules, as if it were a file of the project."""
+    ruff = shutil.which("ruff", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if ruff is None:
+        pytest.skip('ruff is missing: pip install -e ".[test]"')
+    files = []
+    for block, _ in EXAMPLES:
+        files.append(tmp_path / (block.name.replace("/", "_").replace(":", "_").replace(".md", "") + ".py"))
+        files[-1].write_text(block.source, encoding="utf-8")
+    config = ["--config", str(ROOT / "pyproject.toml"), "--no-cache"]
+    for command in (["check", *config], ["format", "--check", "--diff", *config]):
+        result = subprocess.run([ruff, *command, *map(str, files)], capture_output=True, text=True)
+        assert result.returncode == 0, f"ruff {command[0]}:\n{result.stdout}\n{result.stderr}"
+
+
+@pytest.mark.parametrize(
+    ("printed", "shown", "same"),
+    [
+        ("(2, 3) 1.19e-06\n", "(2, 3) 1.1920928955078125e-06", True),  # a rounding error within 10x
+        ("(2, 3) 2.0e-05\n", "(2, 3) 1.2e-06", False),  # 17x: too far
+        ("(2, 3) 0.0e+00\n", "(2, 3) 1.2e-06", False),
+        ("0.0e+00", "0.0e+00", True),
+        ("1.5e+03", "1.4e+03", False),  # a large number matches exactly
+        ("[45, 93, 189]", "[45, 93, 188]", False),
+        ("a  \nb\n", "a\nb", True),  # trailing spaces and newlines aside
+        ("a\nb\nc", "a\nb", False),
+    ],
+)
+def test_same_output(printed: str, shown: str, same: bool) -> None:
+    assert same_output(printed, shown) is same
+
+
+# --- links --------------------------------------------------------------------------------------------
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def prose(page: Path, *, inline_code: bool = False) -> list[tuple[int, str]]:
+    """The lines of a page outside code blocks, (line number, text); inline code removed unless asked for."""
+    lines, inside = [], False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.startswith("```"):
+            inside = not inside
+        elif not inside:
+            lines.append((number, line if inline_code else re.sub(r"`[^`]*`", "", line)))
+    return lines
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens,
+    -1, -2, ... after a repeated one."""
+    seen: dict[str, int] = {}
+    found = set()
+    for _, line in prose(page, inline_code=True):
+        heading = re.match(r"#{1,6} (.*)", line)
+        if heading is None:
+            continue
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1)).strip().lower()
+        slug = re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_link_between_the_pages_resolves() -> None:
+    broken = []
+    for page in LINKED:
+        for number, line in prose(page):
+            for target in LINK.findall(line):
+                if re.match(r"[a-z]+:", target):  # https:, mailto:: not ours to check
+                    continue
+                path, _, anchor = target.partition("#")
+                file = (page.parent / path).resolve() if path else page
+                if not file.exists() or ROOT not in [file, *file.parents]:
+                    broken.append(f"{page.relative_to(ROOT)}:{number}: {target} (no such file)")
+                elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+                    broken.append(f"{page.relative_to(ROOT)}:{number}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_readme_is_short_and_links_every_page() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move some to a page in docs/"
+    linked = {target.partition("#")[0] for _, line in prose(README) for target in LINK.findall(line)}
+    pages = {f"docs/{page.name}" for page in PAGES[1:]} | {"docs/tour.ipynb"}
+    assert pages <= linked, f"pages the README does not link: {sorted(pages - linked)}"
+
+
+def test_ci_runs_the_readmes_test_command() -> None:
+    commands = [block.source.strip() for block in fenced_blocks(README) if block.language == "bash"]
+    test_command = next(command for command in commands if "pytest" in command)
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert test_command in ci, f".ci/run must run the README's test command as it stands: {test_command}"
+
+
+# --- the notebook tour: docs/tour.ipynb and its jupytext twin docs/tour.py ---------------------------
+
+
+def percent_cells(text: str) -> list[tuple[str, str]]:
+    """The cells of a jupytext percent-format script: (cell type, source). A cell starts at a line
+    `# %%` (code) or `# %% [markdown]` (its lines are comments); the header before the first is metadata."""
+    cells: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            cells.append(("markdown" if line.strip() == "# %% [markdown]" else "code", []))
+        elif cells and cells[-1][0] == "markdown":
+            cells[-1][1].append(line[2:] if line.startswith("# ") else line.removeprefix("#"))
+        elif cells:
+            cells[-1][1].append(line)
+    return [(kind, "\n".join(lines).strip("\n")) for kind, lines in cells]
+
+
+def notebook() -> dict:
+    return json.loads((ROOT / "docs" / "tour.ipynb").read_text(encoding="utf-8"))
+
+
+def test_the_notebook_and_its_script_hold_the_same_cells() -> None:
+    script = percent_cells((ROOT / "docs" / "tour.py").read_text(encoding="utf-8"))
+    cells = [(cell["cell_type"], "".join(cell["source"]).strip("\n")) for cell in notebook()["cells"]]
+    assert len(script) == len(cells), f"docs/tour.py has {len(script)} cells, docs/tour.ipynb {len(cells)}"
+    for number, (mine, theirs) in enumerate(zip(script, cells, strict=True)):
+        assert mine == theirs, f"cell {number} differs: run `jupytext --sync docs/tour.py`\n{mine}\n---\n{theirs}"
+
+
+def test_the_notebook_is_saved_with_its_outputs() -> None:
+    """So that it renders where the code is hosted: every code cell ran, in order, and the pictures are in it."""
+    code = [cell for cell in notebook()["cells"] if cell["cell_type"] == "code"]
+    assert [cell["execution_count"] for cell in code] == list(range(1, len(code) + 1))
+    pictures = sum("image/png" in output.get("data", {}) for cell in code for output in cell["outputs"])
+    assert pictures >= 4, f"the tour shows {pictures} pictures; it should show at least 4"
+    errors = [output for cell in code for output in cell["outputs"] if output["output_type"] == "error"]
+    assert not errors, errors
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jupytext") is None, reason="jupytext is missing: the notebook extra")
+def test_jupytext_reads_the_script_as_the_notebook() -> None:
+    """The same comparison, by jupytext itself, where it is installed (CI installs it)."""
+    import jupytext
+
+    script = jupytext.read(ROOT / "docs" / "tour.py")
+    cells = [(cell.cell_type, cell.source) for cell in script.cells]
+    assert cells == [(cell["cell_type"], "".join(cell["source"])) for cell in notebook()["cells"]]
