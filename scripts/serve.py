@@ -27,10 +27,9 @@ The weights are random and untrained: the tokens mean nothing; the memory and th
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,11 +43,14 @@ from tinyattn_np import (
     paged_decode,
     paged_kv_cache_bytes,
 )
-from tinyattn_np.measure import machine_info, memory_total
-from tinyattn_np.report import Checklist, add_format_argument, format_bytes, nonnegative_seed, positive, text_table
+from tinyattn_np.report import Checklist, format_bytes, positive, text_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
+RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -223,8 +225,8 @@ def check_alone(model: TinyDecoder, requests: list[Request], tol: float) -> floa
     return worst
 
 
-def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator) -> list[dict]:
-    """Part 1: the workload under each scheme, the checks, and a row of what was measured for each."""
+def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, rate: float) -> list[dict]:
+    """Part 1: the workload under each scheme, the checks, a row of what was measured for each, printed."""
     workload, rows = draw_workload(args, rng), []
     for scheme in ("paged", "contiguous"):
         requests = [Request(*drawn) for drawn in workload]  # the same requests, fresh for each scheme
@@ -241,7 +243,10 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
             "waste": 1 - stored.sum() / own.sum(),
             "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
             "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
+            **common.beside_the_row(args.dtype, rate, n=RATE_SIZE),
         })  # fmt: skip
+    print_batching(rows, args)
+    print_bill(args)
     return rows
 
 
@@ -290,7 +295,9 @@ def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.rando
     q = rng.standard_normal((n, mha.n_heads, 1, mha.d_head)).astype(model.dtype)
     diff = float(np.max(np.abs(paged_decode(q, shared[0], seqs) - cascade_decode(q, shared[0], seqs))))
     check(diff <= (1e-12 if args.dtype == "float64" else 1e-5), f"cascade_decode equals paged_decode ({diff:.1e})")
-    return {"shared_bytes": shared_bytes, "copies_bytes": copies_bytes, "formula_bytes": formula, "lengths": lengths}
+    result = {"shared_bytes": shared_bytes, "copies_bytes": copies_bytes, "formula_bytes": formula, "lengths": lengths}
+    print_samples(result, args)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -311,7 +318,7 @@ def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
         f"tokens ({args.blocks * args.block_size:,} KV slots per layer); {args.layers} layers, d_model {args.d_model}, "
         f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}"
     )
-    print(text_table(table, headers, args.format))
+    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"]))
     paged = rows[0]
     print(
         "  the paged run's requests, step by step, preallocated at their limits instead: "
@@ -374,9 +381,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--dtype", choices=["float32", "float64"], default="float64",
         help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)")  # fmt: skip
     add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
-    add("--seed", type=nonnegative_seed, default=0, help="random seed, an int >= 0 (default 0)")
-    add("--json", metavar="PATH", help="also write the rows and the machine to PATH")
-    add_format_argument(p)
+    add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
+    common.add_seed_and_format(p, "the model, the workload and the samples")
     args = p.parse_args(argv)
     if args.min_prompt > args.max_prompt:
         p.error(f"--min-prompt ({args.min_prompt}) must be at most --max-prompt ({args.max_prompt})")
@@ -389,38 +395,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"at most {MAX_WORK_TOKENS:,} tokens of work (requests x (max-prompt + max-new) plus the samples; got "
                 f"{work:,}), --d-model 1,024, --layers 16, --vocab 100,000: this is a simulation")  # fmt: skip
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
-    if 3 * args.layers * slots * 2 * args.d_model * 8 > memory_total() / 4:  # the pools of part 2, k and v, float64
-        p.error("the pools would take more than a quarter of this machine's memory: lower --blocks or --samples")
-    if args.json is not None:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            p.error(f"--json {args.json}: give a file name in a folder that exists and is writable")
+    needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
+    problem = common.memory_problem(needed, "the pools of this run", "lower --blocks, --samples or --layers")
+    if problem:
+        p.error(problem)
+    common.check_output(p, "--json", args.json)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    info, lines = common.header()
+    print(lines)
+    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
     rng = np.random.default_rng(args.seed)
-    info = machine_info()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, Python {info['python']}, NumPy {info['numpy']}")
-    model = TinyDecoder(args, rng)
-    report: dict[str, Any] = {"args": vars(args), "machine": info}
-    try:
-        report["batching"] = batching_rows(model, args, np.random.default_rng(args.seed))
-        print_batching(report["batching"], args)
-        print_bill(args)
-        report["samples"] = parallel_samples(model, args, rng)
-        print_samples(report["samples"], args)
-    except KeyboardInterrupt:
-        measured = json.dumps(report.get("batching"), default=str)
-        print(f"interrupted: stopped before the end; measured so far: {measured}")
-        return 130
+    model, figures = TinyDecoder(args, rng), {"args": vars(args), "machine": info, "matmul_gflops": rate}
+    parts = {
+        "batching": lambda: batching_rows(model, args, np.random.default_rng(args.seed), rate),
+        "samples": lambda: parallel_samples(model, args, rng),
+    }
+
+    def run_part(name: str) -> str:  # each part prints its table when it ends; Ctrl-C keeps those already printed
+        figures[name] = parts[name]()
+        return name
+
+    done: list[str] = []
+    stopped = common.measure_each(parts, run_part, done)
     if args.json is not None:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1, default=str)
-        print(f"wrote {args.json}")
-    return check.finish()
+        common.write_json(args.json, figures, stopped)
+    return common.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_main(main))

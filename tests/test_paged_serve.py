@@ -57,16 +57,20 @@ def test_a_wrong_paged_decode_is_caught(monkeypatch, capsys):
     assert "the same logits to rounding" in capsys.readouterr().err
 
 
-def test_ctrl_c_stops_with_what_was_measured(monkeypatch, capsys):
+def test_ctrl_c_stops_with_what_was_measured(monkeypatch, capsys, tmp_path):
     module = _script()
 
     def interrupted(*args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module, "parallel_samples", interrupted)
-    assert module.main(SMALL) == 130
+    path = tmp_path / "serve.json"
+    assert module.main([*SMALL, "--json", str(path)]) == 130
     out = capsys.readouterr().out
-    assert "interrupted" in out and '"scheme": "paged"' in out  # part 1 had finished: it is printed
+    assert "held, no token (waste)" in out  # part 1 had finished: its table stays printed
+    assert "interrupted (Ctrl-C) after 1 of 2 parts" in out
+    saved = json.loads(path.read_text())
+    assert saved["interrupted"] is True and len(saved["batching"]) == 2 and "samples" not in saved
 
 
 @pytest.mark.parametrize(
