@@ -99,6 +99,14 @@ def test_sequence_order_repeats_and_an_empty_sequence():
         assert_close(out[i], attention(q[i], *cache.gather(order[i]), scale=0.3), np.float64)
 
 
+@pytest.mark.parametrize("decode", [paged_decode, cascade_decode])
+@pytest.mark.parametrize("q_shape", [(0, 2, 1, 8), (1, 2, 0, 8), (1, 0, 1, 8)])
+def test_no_sequence_no_query_no_head(decode, q_shape):
+    cache, seqs = _filled([5], 2)
+    out, lse = decode(np.zeros(q_shape), cache, seqs[: q_shape[0]], return_lse=True)
+    assert out.shape == q_shape and lse.shape == q_shape[:-1]
+
+
 def test_a_shared_block_is_read_by_every_sequence_that_holds_it():
     cache, (parent,) = _filled([13], 4, spare=4)
     child = cache.fork(parent)

@@ -459,9 +459,10 @@ def decode_pages(
 ) -> tuple[Array, Array]:
     """paged_decode's work on checked inputs, under the cache's lock: q (N, Hq, L, E) -> out (N, Hkv, G·L, Ev)
     and lse (N, Hkv, G·L) in the compute dtype. kv_splits None: default_kv_splits of each sequence."""
-    n, hkv, e = q.shape[0], cache.kv_heads, cache.head_dim
     # 1) each sequence's query matrix: its G·L query rows of each kv head stacked, the scale folded in once
-    q_s = np.multiply(q.reshape(n, hkv, -1, e), scale, dtype=compute_dtype(q, cache.k_pool))  # (N, Hkv, G·L, E)
+    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, G·L, E)
+    if q_s.shape[0] == 0:  # no sequence: nothing to read
+        return q_s.copy(), q_s[..., 0].copy()
     # 2) each sequence's pages as chunks, the work items; a sequence with no token has none
     chunks = []
     for i, seq in enumerate(seqs):
@@ -470,8 +471,17 @@ def decode_pages(
         chunks += sequence_chunks(i, cache._tables[seq], length, cache.block_size, splits)
     # 3) every chunk against its pages in place, then one merge per sequence
     queries = list(q_s)
-    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, e)
+    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.head_dim)
     return np.stack([out for out, _ in merged]), np.stack([lse for _, lse in merged])
+
+
+def scaled_queries(q: np.ndarray, cache: PagedKVCache, scale: float) -> Array:
+    """q (N, Hq, L, E) as each sequence's query matrix, the G = Hq / Hkv query heads that read a kv head stacked
+    (query head h reads kv head h // G: neighbours, so a reshape suffices) and the scale folded in once:
+    (N, Hkv, G·L, E) in the compute dtype."""
+    n, hq, n_q, e = q.shape
+    rows = hq // cache.kv_heads * n_q
+    return np.multiply(q.reshape(n, cache.kv_heads, rows, e), scale, dtype=compute_dtype(q, cache.k_pool))
 
 
 def shared_prefix(tables: list[list[int]], lengths: list[int], page_size: int) -> tuple[int, int]:
@@ -489,9 +499,11 @@ def decode_cascade(
 ) -> tuple[Array, Array]:
     """cascade_decode's work on checked inputs, under the cache's lock: as decode_pages, but the pages that
     every sequence shares are read once, by the queries of all N sequences stacked into one matrix."""
-    n, hkv, e, size = q.shape[0], cache.kv_heads, cache.head_dim, cache.block_size
-    q_s = np.multiply(q.reshape(n, hkv, -1, e), scale, dtype=compute_dtype(q, cache.k_pool))  # (N, Hkv, R, E)
-    rows = q_s.shape[2]  # R = G·L query rows per sequence and kv head
+    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, R, E): R = G·L query rows per sequence and kv head
+    n, hkv, rows, e = q_s.shape
+    size = cache.block_size
+    if n == 0:  # no sequence: nothing to read
+        return q_s.copy(), q_s[..., 0].copy()
     tables, lengths = [cache._tables[seq] for seq in seqs], [cache._lengths[seq] for seq in seqs]
     pages, keys = shared_prefix(tables, lengths, size)
     # 1) the shared prefix, once: all N·R query rows of a kv head against it, as one matrix (query number N)
