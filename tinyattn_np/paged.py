@@ -35,7 +35,6 @@ from numpy.typing import NDArray
 
 from ._bytes import format_bytes
 from ._checks import (
-    ACCEPTED_DTYPES,
     as_float_array,
     check_bool,
     check_count,
@@ -46,6 +45,7 @@ from ._checks import (
 )
 from ._guard import memory_available
 from ._parallel import one_blas_thread, run_items
+from .kvcache import CopiedWithoutLock, check_cache_dtype
 from .softmax import merge_states
 from .splitkv import attend_blocks, block_keys, default_kv_splits, merge_chunks
 
@@ -56,7 +56,7 @@ class PoolExhaustedError(MemoryError):
     """An append needs more free blocks than the pool has. Nothing was changed, for any sequence."""
 
 
-class PagedKVCache:
+class PagedKVCache(CopiedWithoutLock):
     """A pool of `num_blocks` blocks of `block_size` token slots, each holding keys and values of
     `kv_heads` heads of `head_dim`, and one block table per sequence.
 
@@ -88,12 +88,7 @@ class PagedKVCache:
         self.block_size = check_positive_int(block_size, "block_size")
         self.kv_heads = check_positive_int(kv_heads, "kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be float16, float32 or float64; got {dtype!r}") from None
-        if self.dtype not in ACCEPTED_DTYPES:
-            raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
+        self.dtype = check_cache_dtype(dtype)
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
         pool_bytes = 2 * int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
         if pool_bytes > memory_available():  # before allocating: the pool is filled as sequences grow
@@ -110,17 +105,6 @@ class PagedKVCache:
         self._tables: dict[int, list[int]] = {}  # sequence id -> its blocks, in token order
         self._lengths: dict[int, int] = {}  # sequence id -> its tokens
         self._next_id = 0
-        self.lock = threading.RLock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """copy.deepcopy and pickle: everything but the lock, which cannot be copied (the copy gets its own)."""
-        with self.lock:
-            state = self.__dict__.copy()
-        del state["lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self.lock = threading.RLock()
 
     def __repr__(self) -> str:
