@@ -16,11 +16,11 @@ a block table, not the blocks, and each block counts the tables that hold it. A 
 written: the first append to a shared, partly filled last block copies it first (copy-on-write), and a
 block returns to the pool when its count falls to 0.
 
-Attention does not care where a key sits, only which keys it sees (kvcache.py explains why the order of
-the keys does not matter), so paged_decode reads keys and values through the block tables, never copying
-a sequence into one array. Reading order (this file): PagedKVCache, then paged_decode (one decode step for
-a batch of sequences of different lengths) and cascade_decode (a prefix that every sequence shares, read
-once for all of them).
+A decode step reads each sequence's keys and values through its block table, where they lie: a run of
+blocks that follow one another in the pool is one matmul operand, and no sequence is ever copied into one
+array. Reading order (this file): PagedKVCache, then paged_decode (one decode step for a batch of
+sequences of different lengths) and cascade_decode (a prefix that every sequence shares, read once for all
+of them).
 """
 
 from __future__ import annotations
