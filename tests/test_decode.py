@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -114,11 +116,46 @@ def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, c
     assert rows[-1]["max_diff"] < 1e-9
 
 
-def test_script_step_mode_without_torch(capsys):
+def test_script_step_mode_without_torch(capsys, tmp_path, monkeypatch):
+    path = tmp_path / "step.json"
     args = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
-    assert _script().main(args) == 0
+    script = _script()
+    monkeypatch.setattr(sys.modules["common"], "SETTLE_SECONDS", 0.0)  # no idle before each of the 12 rows' rates
+    assert script.main([*args, "--json", str(path)]) == 0
     text = capsys.readouterr().out
     assert "flash_decode (split-KV)" in text and "S = 3,000 cached keys" in text and "torch" not in text
+    rows = {r["kernel"]: r for r in json.loads(path.read_text())["rows"]}
+    for name in (
+        "read K and V once, 1 thread",
+        "read K and V once, 2 threads",
+        "16 sequences of 93..3,000 keys: read once",
+    ):
+        assert rows[name]["max_diff"] is None  # a read of the bytes, the floor: nothing to compare
+    for name in ("paged_decode, blocks of 16", "paged_decode, blocks of 256", "paged_decode, blocks of 16, every other "
+                 "block", "16 sequences: paged_decode, blocks of 16"):  # fmt: skip
+        assert rows[name]["max_diff"] < 1e-5  # each equals attention() (the script checks it too)
+    assert re.search(
+        r"^  paged_decode, blocks of 256: [0-9.]+x the floor \(target 1.3x: (met|[0-9]+% over)\)$", text, re.M
+    )
+    assert "16 sequences: paged_decode, blocks of 16: " in text
+
+
+def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
+    script = _script()
+    reads = []
+    arrays = [type("Array", (), {"sum": lambda self, i=i: reads.append(i)})() for i in range(2)]
+    script.read_once(arrays, threads=1)
+    script.read_once(arrays, threads=2)
+    assert sorted(reads) == [0, 0, 1, 1]
+
+
+def test_script_step_mode_scatters_blocks_on_request():
+    k = v = np.zeros((2, 100, 4), np.float32)
+    cache, (seq,) = _script().paged([100], k, v, 16, True)
+    table = cache.block_table(seq)
+    assert len(table) == 7 and all(b % 2 == 0 for b in table)  # every other block: no two adjacent
+    cache, (seq,) = _script().paged([100], k, v, 16, False)
+    assert cache.block_table(seq) == tuple(range(7))  # alone in an empty pool: one run
 
 
 @pytest.mark.parametrize(

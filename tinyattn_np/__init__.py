@@ -17,8 +17,9 @@ The reading order: each file uses only what came before it.
     11  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
     12  kvcache.py     decoding with a cache of keys and values
     13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    14  ring.py        ring attention: the sequence split over MPI processes, forward and backward
-    15  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+    14  paged.py       serving many sequences: a pool of blocks, block tables, decoding through them
+    15  ring.py        ring attention: the sequence split over MPI processes, forward and backward
+    16  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
                        (ring.py and ulysses.py need mpi4py and are not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
@@ -55,6 +56,7 @@ from .memory import (
     flash_attention_bytes,
     kv_cache_bytes,
     naive_attention_bytes,
+    paged_kv_cache_bytes,
     ring_attention_bytes,
     score_matrix_bytes,
 )
@@ -77,6 +79,7 @@ from .mods import (
     varlen_mod,
 )
 from .multihead import MultiHeadAttention
+from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
 from .position import (
     LearnedPositions,
     half_split_permutation,
@@ -105,6 +108,8 @@ __all__ = [
     "ModelShape",
     "MultiHeadAttention",
     "PRESETS",
+    "PagedKVCache",
+    "PoolExhaustedError",
     "RelativeBias",
     "Softcap",
     "Tile",
@@ -116,6 +121,7 @@ __all__ = [
     "attention_backward_flops",
     "attention_flops",
     "bytes_per_element",
+    "cascade_decode",
     "causal_entries",
     "causal_mask",
     "causal_mod",
@@ -146,6 +152,8 @@ __all__ = [
     "noop_mask",
     "one_head",
     "or_masks",
+    "paged_decode",
+    "paged_kv_cache_bytes",
     "permute_qk_weight",
     "prefix_lm_mod",
     "ring_attention_bytes",

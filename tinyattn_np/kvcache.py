@@ -40,7 +40,35 @@ from ._checks import ACCEPTED_DTYPES, check_count, check_positive_int
 Array = NDArray[np.floating]
 
 
-class KVCache:
+def check_cache_dtype(dtype: Any) -> np.dtype:
+    """A cache's dtype: float16, float32 or float64 (what its k and v must have); anything else is a TypeError."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float16, float32 or float64; got {dtype!r}") from None
+    if dtype not in ACCEPTED_DTYPES:
+        raise TypeError(f"dtype must be float16, float32 or float64; got {dtype}")
+    return dtype
+
+
+class CopiedWithoutLock:
+    """copy.deepcopy and pickle for a cache that holds `self.lock` (a threading.RLock, which cannot be copied):
+    everything but the lock, and the copy gets a lock of its own. Copy a cache while no other thread changes
+    it: the buffers are read after __getstate__ returns."""
+
+    lock: threading.RLock
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
+
+class KVCache(CopiedWithoutLock):
     """Preallocated keys and values for one attention layer: (batch, kv_heads, slots, head_dim) each.
 
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
@@ -74,29 +102,13 @@ class KVCache:
         self.max_tokens = check_positive_int(max_tokens, "max_tokens")
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.window = None if window is None else check_positive_int(window, "window")
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be float16, float32 or float64; got {dtype!r}") from None
-        if self.dtype not in ACCEPTED_DTYPES:
-            raise TypeError(f"dtype must be float16, float32 or float64; got {self.dtype}")
+        self.dtype = check_cache_dtype(dtype)
         self.slots = self.max_tokens if self.window is None else min(self.window, self.max_tokens)
         shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E)
         self._seen = 0  # tokens appended so far
         self.lock = threading.RLock()  # held by append (and ordered): check, write and count as one step
-
-    def __getstate__(self) -> dict[str, Any]:
-        """copy.deepcopy and pickle: everything but the lock, which cannot be copied (the copy gets its own).
-        Copy a cache while no other thread appends to it: the buffers are read after this returns."""
-        state = self.__dict__.copy()
-        del state["lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.lock = threading.RLock()
 
     def __len__(self) -> int:
         """Tokens seen so far (with a window, more than the cache still holds once it has wrapped)."""

@@ -18,6 +18,7 @@ The three bills, told apart:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ._bytes import DTYPES, bytes_per_element, nbytes
@@ -41,6 +42,7 @@ __all__ = [
     "flash_attention_bytes",
     "kv_cache_bytes",
     "naive_attention_bytes",
+    "paged_kv_cache_bytes",
     "ring_attention_bytes",
     "score_matrix_bytes",
 ]
@@ -87,6 +89,47 @@ def kv_cache_bytes(
     window = None if window is None else check_positive_int(window, "window")
     kept = tokens if window is None else min(tokens, window)
     return nbytes(2 * layers * kv_heads * head_dim * kept * batch, dtype)
+
+
+def paged_kv_cache_bytes(
+    lengths: Sequence[int],
+    *,
+    block_size: int,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: Any = "bf16",
+    shared_prefix: int = 0,
+) -> int:
+    """Bytes of the blocks a paged KV cache (paged.PagedKVCache) holds for sequences of these lengths.
+
+        blocks = Σ_i ceil(T_i / block_size)          each sequence takes a block only when its last is full
+        bytes  = blocks · block_size · 2 (k and v) · layers · kv_heads · head_dim · bytes_per_element
+
+    At most block_size - 1 slots per sequence hold no token. Contiguous preallocation reserves each
+    sequence's maximum instead: kv_cache_bytes(max_tokens, batch=N, ...), whatever the lengths turn out to be.
+    shared_prefix: tokens at the start of every sequence that they share (one prompt, n samples forked from
+    it): its full blocks are held once, and each sequence, once it has written past the prompt, its own
+    copy of the prompt's partly filled last block (copy-on-write).
+
+    >>> paged_kv_cache_bytes([100, 20], block_size=16, layers=1, kv_heads=1, head_dim=1, dtype="fp32")  # 7 + 2 blocks
+    1152
+    >>> kv_cache_bytes(128, layers=1, kv_heads=1, head_dim=1, dtype="fp32", batch=2)  # both reserve 128 tokens
+    2048
+    """
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Sequence):
+        raise TypeError(f"lengths must be a sequence of token counts; got {type(lengths).__name__}")
+    lengths = [check_count(t, "lengths[i]") for t in lengths]
+    block_size = check_positive_int(block_size, "block_size")
+    layers = check_positive_int(layers, "layers")
+    kv_heads = check_positive_int(kv_heads, "kv_heads")
+    head_dim = check_positive_int(head_dim, "head_dim")
+    shared_prefix = check_count(shared_prefix, "shared_prefix")
+    if lengths and shared_prefix > min(lengths):
+        raise ValueError(f"shared_prefix ({shared_prefix}) must be at most the shortest length ({min(lengths)})")
+    shared = shared_prefix // block_size if lengths else 0  # full blocks of the prefix: held once
+    blocks = shared + sum(-(-t // block_size) - shared for t in lengths)
+    return nbytes(2 * layers * kv_heads * head_dim * blocks * block_size, dtype)
 
 
 def causal_entries(n_q: int, n_k: int | None = None, *, window: int | None = None) -> int:

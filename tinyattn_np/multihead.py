@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -23,8 +24,9 @@ from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backwa
 from .flash import Band, TileMask, check_band, check_block_mask, flash_forward, flash_plan
 from .kvcache import KVCache
 from .mods import check_score_mod
+from .paged import PagedKVCache, check_sequences, decode_pages
 from .position import rope as apply_rope
-from .splitkv import decode, default_kv_splits
+from .splitkv import decode, default_kv_splits, merge_chunks
 
 Array = NDArray[np.floating]
 
@@ -112,9 +114,16 @@ class MultiHeadAttention:
         return q, k, v
 
     def __call__(
-        self, x: Array, *, causal: bool = True, fused: bool = True, cache: KVCache | None = None,
-        block_mask: Any = None, score_mod: Any = None,
-    ) -> Array:  # fmt: skip
+        self,
+        x: Array,
+        *,
+        causal: bool = True,
+        fused: bool = True,
+        cache: KVCache | PagedKVCache | None = None,
+        seq_ids: Sequence[int] | None = None,
+        block_mask: Any = None,
+        score_mod: Any = None,
+    ) -> Array:
         """x (B, T, d_model) or (T, d_model) -> same shape. fused=True runs flash attention,
         fused=False the reference attention that builds the (B, H, T, T) scores.
         block_mask, score_mod: flex attention's, as in forward() (not with cache=).
@@ -124,14 +133,20 @@ class MultiHeadAttention:
         are appended, and they attend causally to everything the cache holds: bottom-right alignment,
         so a one-token decode step (L = 1) sees all S cached keys. A prefill (T tokens into an empty
         cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
+
+        Or a PagedKVCache(num_blocks, block_size, n_kv_heads, d_head, dtype) and seq_ids, the B sequences that
+        the rows of x continue: each row's tokens sit at that sequence's own positions, length(seq) onwards.
+        The lengths may differ; the B appends are all or nothing (PoolExhaustedError changes nothing).
         """
         if cache is None:  # the forward pass, without keeping anything for a backward
+            if seq_ids is not None:
+                raise ValueError("seq_ids names sequences of a PagedKVCache: pass cache= as well, or no seq_ids")
             return self.forward(x, causal=causal, fused=fused, block_mask=block_mask, score_mod=score_mod)[0]
         if block_mask is not None or score_mod is not None:
             raise ValueError("cache= decodes with the causal band: pass block_mask=None and score_mod=None with it")
         causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
         x_b, unbatched = self._batched(x)  # (B, T, d_model)
-        y = self._attend_cached(x_b, cache, causal=causal, fused=fused)  # (B, H, T, d_head)
+        y = self._attend_cached(x_b, cache, causal=causal, fused=fused, seq_ids=seq_ids)  # (B, H, T, d_head)
         out = self._merge_heads(y) @ self.w_out  # (B, T, d_model)
         return out[0] if unbatched else out
 
@@ -166,12 +181,21 @@ class MultiHeadAttention:
         y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
         return y.astype(q.dtype, copy=False), None
 
-    def _attend_cached(self, x: Array, cache: KVCache, *, causal: bool, fused: bool) -> Array:
+    def _attend_cached(
+        self, x: Array, cache: KVCache | PagedKVCache, *, causal: bool, fused: bool, seq_ids: Any
+    ) -> Array:
         """x (B, T, d_model) continuing cache -> y (B, H, T, d_head); appends x's k and v to cache."""
-        if not isinstance(cache, KVCache):
-            raise TypeError(f"cache must be a KVCache or None; got {type(cache).__name__}")
+        if not isinstance(cache, (KVCache, PagedKVCache)):
+            raise TypeError(
+                f"cache must be a KVCache or None; got {type(cache).__name__} (or, for sequences of different "
+                "lengths, a PagedKVCache with seq_ids=)"
+            )
         if not causal:
             raise ValueError("cache= continues a sequence token by token: it needs causal=True; got causal=False")
+        if isinstance(cache, PagedKVCache):
+            return self._attend_paged(x, cache, seq_ids, fused)
+        if seq_ids is not None:
+            raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
         want = (x.shape[0], self.n_kv_heads, self.d_head)
         if (cache.batch, cache.kv_heads, cache.head_dim) != want:
             raise ValueError(
@@ -197,6 +221,59 @@ class MultiHeadAttention:
             return self._decode_step(q, keys, values)
         band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i keys
         return self._attend(q, keys, values, band, fused)[0]
+
+    def _attend_paged(self, x: Array, cache: PagedKVCache, seq_ids: Any, fused: bool) -> Array:
+        """x (B, T, d_model), row b continuing sequence seq_ids[b] of a paged cache -> y (B, H, T, d_head);
+        appends x's k and v to those sequences, all or nothing.
+
+        Every cached key is older than every new token, so the new queries see all of them; among
+        themselves they are causal. The two parts are over disjoint keys and merge exactly:
+            out_c, lse_c = paged attention(q, the cached pages)        read in place (paged.decode_pages)
+            out_n, lse_n = flash_attention(q, k_new, v_new, causal)
+            y = merge(out_c, lse_c, out_n, lse_n)                       (merge_chunks: merge_states for N parts)
+        A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1. fused=False
+        instead lays each sequence out contiguously (PagedKVCache.gather) for the reference attention.
+        """
+        want = (self.n_kv_heads, self.d_head, self.w_qkv.dtype)
+        if (cache.kv_heads, cache.head_dim, cache.dtype) != want:
+            raise ValueError(
+                f"cache must be PagedKVCache(..., kv_heads={want[0]}, head_dim={want[1]}, dtype={want[2]}) for this "
+                f"module; got kv_heads={cache.kv_heads}, head_dim={cache.head_dim}, dtype={cache.dtype}"
+            )
+        B, T = x.shape[:2]
+        with cache.lock:  # the lengths read here are the ones the appends continue
+            seqs = check_sequences(cache, seq_ids, B)
+            # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
+            starts = [cache.length(seq) for seq in seqs]
+            rows = [self._project(x[b : b + 1], np.arange(s, s + T), self.w_qkv) for b, s in enumerate(starts)]
+            q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
+            y = self._attend_pages(q, k, v, cache, seqs) if fused else self._attend_gathered(q, k, v, cache, seqs)
+            cache.append_batch(seqs, k, v)  # all or nothing: refused before any write if the pool is short
+        return y
+
+    def _attend_pages(self, q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
+        """The fused paged path: the cached pages in place, the new tokens by flash, merged (see _attend_paged)."""
+        B, _, T, d = q.shape
+        scale = 1.0 / math.sqrt(d)
+        out_c, lse_c = decode_pages(q, cache, seqs, scale, None, os.cpu_count() or 1)  # (B, Hkv, G·T, d)
+        dims = QKVShape((B,), self.n_heads, self.n_kv_heads, T, T, d, d)
+        band = check_band(True, None, T, T)
+        out_n, lse_n = flash_forward(q, k, v, dims, flash_plan(dims, band, scale))  # (B, H, T, d), (B, H, T)
+        out_c, lse_c = out_c.reshape(out_n.shape), lse_c.reshape(lse_n.shape)  # (B, H, T, d): the same row order
+        y, _ = merge_chunks([out_c, out_n], [lse_c, lse_n])  # disjoint keys: the attention over both
+        return y.astype(q.dtype, copy=False)
+
+    def _attend_gathered(self, q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
+        """The reference paged path: each sequence's cached keys laid out contiguously, then the new ones, and
+        attention with the causal band (bottom-right: new token i sees start + i + 1 keys)."""
+        y = np.empty_like(q)  # (B, H, T, d_head)
+        for b, seq in enumerate(seqs):
+            k_old, v_old = cache.gather(seq)  # (Hkv, start, d_head) each: copies
+            k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, d_head)
+            v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)
+            band = check_band(True, None, q.shape[2], k_all.shape[2])
+            y[b] = self._attend(q[b : b + 1], k_all, v_all, band, False)[0][0]
+        return y
 
     def _decode_step(self, q: Array, keys: Array, values: Array) -> Array:
         """One new token per sequence against the whole cache: split-KV (splitkv.decode), q (B, H, 1, d)."""

@@ -24,6 +24,7 @@ Decoding is bound by reading the cache, not by arithmetic.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,11 +43,14 @@ from ._parallel import one_blas_thread, run_items
 
 Array = NDArray[np.floating]
 
-# A chunk is walked in blocks of BLOCK_K keys: a (G·L x 256) score block and its 256 keys and values
-# (128 KiB at E = 128 in float32) stay in the core's cache between the two matmuls, which in our
-# measurements ran about twice as fast as one matmul over the whole chunk. A chunk gets at least
-# MIN_SPLIT_KEYS keys: below that, starting a thread costs more than the chunk's work.
-BLOCK_K = 256
+# A chunk is walked in blocks of keys, and each block is one step of the online softmax: its scores
+# (rows x keys) are made, exponentiated and multiplied by its values before the next block is read.
+# A block holds about SCORES_PER_BLOCK scores (and, for a float16 cache, as many elements of keys and
+# values converted to float32): large enough that the dozen NumPy calls of a step are few next to the
+# bytes it reads, small enough that it stays in the core's cache (512 KiB in float32). A chunk gets at
+# least MIN_SPLIT_KEYS keys: below that, starting a thread costs more than the chunk's work.
+SCORES_PER_BLOCK = 2**17
+MIN_BLOCK_K = 256
 MIN_SPLIT_KEYS = 1024
 
 
@@ -55,37 +59,63 @@ def default_kv_splits(n_k: int, workers: int) -> int:
     return max(1, min(workers, n_k // MIN_SPLIT_KEYS))
 
 
-def attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
-    """Attention of (already scaled) queries over one chunk of keys, and its logsumexp, by the online
-    softmax over blocks of BLOCK_K keys (flash.py's steps, with the G heads of a kv head stacked).
+def block_keys(rows: int, converted_per_key: int = 0) -> int:
+    """Keys per block of the online softmax: SCORES_PER_BLOCK values for `rows` scores per key and, where the
+    cache must be converted (float16), converted_per_key elements of keys and values; at least 256 keys."""
+    per_key = max(rows + converted_per_key, 1)
+    return max(MIN_BLOCK_K, SCORES_PER_BLOCK // per_key // MIN_BLOCK_K * MIN_BLOCK_K)
 
-    q_s (N, G·L, E), k_chunk (N, Sc, E), v_chunk (N, Sc, Ev) -> out (N, G·L, Ev), lse (N, G·L); Sc >= 1.
-    k and v may be float16: each block is converted to q_s's dtype as it is read, never the whole chunk.
+
+def attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: int) -> tuple[Array, Array]:
+    """Attention of (already scaled) queries over blocks of keys, and its logsumexp, by the online softmax
+    (flash.py's steps, with the G heads of a kv head stacked), one block per step.
+
+    q_s (N, R, E) -> out (N, R, Ev), lse (N, R). Each block is a list of pieces (k (N, n_i, E), v (N, n_i, Ev)),
+    read where they lie: one slice of a contiguous cache (attend_chunk), or one per run of consecutive
+    pages of a paged cache (paged.page_blocks); n_i >= 1. k and v may be float16: each piece is converted
+    to q_s's dtype as it is read, never more. A query that sees no block gets out 0 and lse -inf.
     """
-    n, rows, ev = q_s.shape[0], q_s.shape[1], v_chunk.shape[-1]
+    n, rows = q_s.shape[:2]
     m = np.full((n, rows, 1), -np.inf, q_s.dtype)  # running max of the scores
     l = np.zeros((n, rows, 1), q_s.dtype)  # running sum of exp(score - m)
     acc = np.zeros((n, rows, ev), q_s.dtype)  # running exp(score - m) @ v
-    for start in range(0, k_chunk.shape[1], BLOCK_K):
-        keys = slice(start, start + BLOCK_K)
-        # 1) scores of every query row of the group against this block of keys
-        k_block = k_chunk[:, keys].astype(q_s.dtype, copy=False)  # (N, bk, E); a copy only for float16
-        s = q_s @ k_block.swapaxes(-1, -2)  # (N, G·L, bk); BLAS reads the transposed k in place
+    part = np.empty_like(acc)  # one piece's exp(score - m) @ v, before it is added
+    for pieces in blocks:
+        bounds = np.cumsum([0] + [k.shape[1] for k, _ in pieces])  # piece i: columns bounds[i] .. bounds[i + 1]
+        s = np.empty((n, rows, bounds[-1]), q_s.dtype)  # (N, R, bk): this block's scores
+        # 1) scores of every query row against the block's keys, piece by piece; BLAS reads each k in place
+        for (k, _), start, stop in zip(pieces, bounds, bounds[1:], strict=False):
+            k = k.astype(q_s.dtype, copy=False)  # a copy only for float16, one piece at a time
+            np.matmul(q_s, k.swapaxes(-1, -2), out=s[:, :, start:stop])  # (N, R, E) @ (N, E, n_i)
         # 2) the new running max, and the block's probabilities relative to it, in place
-        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, G·L, 1)
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, R, 1)
         s -= m_new
         np.exp(s, out=s)
-        # 3) rescale what was accumulated against the old max, then add this block
-        alpha = np.exp(m - m_new)  # (N, G·L, 1); 0 on the first block, where m = -inf
+        # 3) rescale what was accumulated against the old max, then add this block, piece by piece
+        alpha = np.exp(m - m_new)  # (N, R, 1); 0 on the first block, where m = -inf
         l *= alpha
         l += s.sum(axis=-1, keepdims=True)
         acc *= alpha
-        acc += s @ v_chunk[:, keys].astype(q_s.dtype, copy=False)  # (N, G·L, bk) @ (N, bk, Ev)
+        for (_, v), start, stop in zip(pieces, bounds, bounds[1:], strict=False):
+            v = v.astype(q_s.dtype, copy=False)
+            acc += np.matmul(s[:, :, start:stop], v, out=part)  # (N, R, n_i) @ (N, n_i, Ev)
         m = m_new
-    # 4) divide once at the end
-    acc /= l
-    lse = (m + np.log(l))[..., 0]  # (N, G·L): log Σ_j exp(score_j)
+    # 4) divide once at the end; a row that saw no key keeps out 0 and lse -inf
+    np.divide(acc, l, out=acc, where=l != 0)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(l))[..., 0]  # (N, R): log Σ_j exp(score_j)
     return acc, lse
+
+
+def attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
+    """attend_blocks over a contiguous chunk: q_s (N, R, E), k_chunk (N, Sc, E), v_chunk (N, Sc, Ev) ->
+    out (N, R, Ev), lse (N, R), in blocks of block_keys(N·R) keys, each a slice read in place."""
+    n, rows = q_s.shape[:2]
+    converted = 0 if k_chunk.dtype == q_s.dtype else n * (k_chunk.shape[-1] + v_chunk.shape[-1])  # float16
+    step = block_keys(n * rows, converted)
+    starts = range(0, k_chunk.shape[1], step)
+    blocks = ([(k_chunk[:, s : s + step], v_chunk[:, s : s + step])] for s in starts)
+    return attend_blocks(q_s, blocks, v_chunk.shape[-1])
 
 
 def merge_chunks(outs: list[Array], lses: list[Array]) -> tuple[Array, Array]:

@@ -1,0 +1,430 @@
+"""A simulated server: continuous batching over a paged KV cache, and the memory paging saves.
+
+What it shows:
+  1) --requests requests arrive over time (a seeded Poisson process), each with a prompt length and an output
+     length drawn from seeded uniform distributions, and a limit of --max-new new tokens. Every step the
+     server admits waiting requests while the pool has room, prefills them (their first token), decodes one
+     token for every other running request in one batched step (MultiHeadAttention over a PagedKVCache per
+     layer: paged_decode), and retires the finished ones, whose blocks return to the pool. The workload runs
+     twice under one memory budget (--blocks blocks of --block-size tokens): admitted as paging needs (blocks
+     as tokens come), and as contiguous preallocation needs (each request reserves its whole maximum, prompt
+     + max-new, at admission, as a KVCache of max_tokens would). The table: tokens per second, steps, requests
+     at once, and the share of the held KV memory that holds no token: the vLLM paper's waste figure
+     (Kwon et al. 2023, "Efficient Memory Management for Large Language Model Serving with PagedAttention").
+  2) --samples parallel samples of one prompt of --sample-prompt tokens: forked from it (copy-on-write), each
+     sampling --sample-tokens tokens at temperature 1 with its own seed. The KV memory with the prompt's
+     blocks shared, against n separate copies (both measured in the pool) and memory.paged_kv_cache_bytes;
+     one decode step over the samples by paged_decode and by cascade_decode (the prompt read once for all).
+
+Checks (exit code 1, naming the failed ones): every request's tokens, and its logits to rounding, equal running
+that request alone through a contiguous KVCache; the blocks in use equal memory.paged_kv_cache_bytes of the
+lengths at every step; each sample equals that sample run alone; cascade_decode equals paged_decode.
+
+Run:  python scripts/serve.py [--requests 24] [--blocks 96] [--block-size 16] [--samples 8] [--seed 0]
+The weights are random and untrained: the tokens mean nothing; the memory and the scheduling are the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tinyattn_np import (
+    KVCache,
+    MultiHeadAttention,
+    PagedKVCache,
+    cascade_decode,
+    kv_cache_bytes,
+    paged_decode,
+    paged_kv_cache_bytes,
+)
+from tinyattn_np.report import Checklist, format_bytes, positive, text_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+import common  # noqa: E402
+
+check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
+MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
+RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the little model, over either kind of cache
+
+
+class TinyDecoder:
+    """Token table E (V, C), `layers` residual attention blocks with RoPE, logits = x Eᵀ (a tied head).
+
+    x_0 = E[tokens]        x_{l+1} = x_l + MHA_l(x_l)        logits = x_L Eᵀ
+    """
+
+    def __init__(self, args: argparse.Namespace, rng: np.random.Generator):
+        self.dtype = np.dtype(args.dtype)
+        self.table = rng.standard_normal((args.vocab, args.d_model)).astype(self.dtype)  # (V, C)
+        self.blocks = [
+            MultiHeadAttention(args.d_model, args.heads, args.kv_heads, rope=True, rng=rng, dtype=self.dtype)
+            for _ in range(args.layers)
+        ]
+
+    def paged_caches(self, num_blocks: int, block_size: int) -> list[PagedKVCache]:
+        """One PagedKVCache per layer; every layer gets the same appends, so their block tables match."""
+        mha = self.blocks[0]
+        return [PagedKVCache(num_blocks, block_size, mha.n_kv_heads, mha.d_head, self.dtype) for _ in self.blocks]
+
+    def logits(self, tokens: np.ndarray, caches: list[Any], seq_ids: list[int] | None = None) -> np.ndarray:
+        """Logits (B, V) of the next token of each row. tokens (B, T) continue what the caches hold: one
+        KVCache per layer, or one PagedKVCache per layer and the B sequences seq_ids."""
+        x = self.table[tokens]  # (B, T, C)
+        for mha, cache in zip(self.blocks, caches, strict=True):
+            x = x + mha(x, cache=cache, seq_ids=seq_ids)  # (B, T, C)
+        return x[:, -1] @ self.table.T  # (B, V)
+
+
+def sample(logits: np.ndarray, rng: np.random.Generator | None) -> int:
+    """The next token: greedy without rng, else drawn at temperature 1 from softmax(logits)."""
+    if rng is None:
+        return int(np.argmax(logits))
+    p = np.exp(logits - logits.max())
+    return int(rng.choice(len(p), p=p / p.sum()))
+
+
+def run_alone(model: TinyDecoder, prompt: np.ndarray, n_new: int, rng: np.random.Generator | None = None):
+    """One request on its own through a contiguous KVCache per layer: its tokens and the logits behind each."""
+    mha = model.blocks[0]
+    caches = [KVCache(1, mha.n_kv_heads, len(prompt) + n_new, mha.d_head, model.dtype) for _ in model.blocks]
+    logits = model.logits(prompt[None], caches)[0]  # (V,)
+    tokens, all_logits = [], []
+    while len(tokens) < n_new:
+        tokens.append(sample(logits, rng))
+        all_logits.append(logits)
+        if len(tokens) < n_new:
+            logits = model.logits(np.array([[tokens[-1]]]), caches)[0]
+    return tokens, np.array(all_logits)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1) continuous batching
+
+
+class Request:
+    """One request: when it arrives, its prompt (token ids), how many tokens it generates (its end of sequence,
+    at most --max-new), and as it runs its sequence id (the same in every layer's cache), tokens and logits."""
+
+    def __init__(self, arrival: int, prompt: np.ndarray, output_len: int):
+        self.arrival, self.prompt, self.output_len = arrival, prompt, output_len
+        self.seq = -1
+        self.tokens: list[int] = []
+        self.logits: list[np.ndarray] = []
+
+    @property
+    def length(self) -> int:
+        """Tokens in the cache: the prompt and every generated token but the newest (not yet fed back)."""
+        return len(self.prompt) + max(len(self.tokens) - 1, 0)
+
+    def record(self, logits: np.ndarray) -> None:
+        self.tokens.append(sample(logits, None))
+        self.logits.append(logits)
+
+
+def draw_workload(args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[int, np.ndarray, int]]:
+    """(arrival step, prompt, output length) of each request: Poisson arrivals at --rate per step, prompt lengths
+    uniform in [--min-prompt, --max-prompt], outputs uniform in [1, --max-new]. A request rarely uses its whole
+    limit of --max-new tokens, and its limit is what preallocation must reserve."""
+    gaps = rng.exponential(1 / args.rate, args.requests)
+    arrivals = np.floor(np.cumsum(gaps) - gaps[0]).astype(int)
+    prompts = rng.integers(args.min_prompt, args.max_prompt + 1, args.requests)
+    outputs = rng.integers(1, args.max_new + 1, args.requests)
+    return [
+        (int(t), rng.integers(0, args.vocab, int(p)), int(o))
+        for t, p, o in zip(arrivals, prompts, outputs, strict=True)
+    ]
+
+
+def admits(scheme: str, request: Request, running: list[Request], cache: PagedKVCache, args: Any) -> bool:
+    """Whether the scheme has room for one more request now.
+
+    paged: blocks for its prompt, and one to spare for each running request's next token. contiguous: its
+    whole maximum, prompt + max-new tokens (in whole blocks of the same pool), beside what the running ones
+    reserved: what a KVCache of max_tokens per request holds, within the same budget."""
+    if scheme == "paged":
+        return cache.blocks_free >= -(-len(request.prompt) // args.block_size) + len(running) + 1
+    reserved = sum(-(-(len(r.prompt) + args.max_new) // args.block_size) for r in [*running, request])
+    return reserved <= args.blocks
+
+
+def serve(model: TinyDecoder, requests: list[Request], scheme: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Run every request to its end under one scheme's admission rule (the same kernel for both); what was
+    measured. Each step: arrivals join the queue; if the running requests' next tokens need more blocks
+    than are free, the latest admitted is preempted (its blocks freed, recomputed later: vLLM's recompute);
+    waiting ones are admitted and prefilled; the others decode one token each, in one batch."""
+    caches = model.paged_caches(args.blocks, args.block_size)
+    pending, waiting, running = sorted(requests, key=lambda r: r.arrival), [], []
+    stats: dict[str, Any] = {"steps": 0, "seconds": 0.0, "preempted": 0, "at_once": [], "memory": []}
+    while pending or waiting or running:
+        while pending and pending[0].arrival <= stats["steps"]:
+            waiting.append(pending.pop(0))
+        t0 = time.perf_counter()
+        while sum(caches[0].blocks_needed(r.seq, 1) for r in running) > caches[0].blocks_free:
+            waiting.insert(0, release(running.pop(), caches))  # 1) preempt the latest admitted
+            stats["preempted"] += 1
+        new = []
+        while waiting and admits(scheme, waiting[0], running + new, caches[0], args):
+            new.append(request := waiting.pop(0))  # 2) admit and prefill: the prompt into pages, its first token
+            request.seq = caches[0].add_sequence()
+            assert all(cache.add_sequence() == request.seq for cache in caches[1:])  # the layers agree
+            request.record(model.logits(request.prompt[None], caches, [request.seq])[0])
+        if running:  # 3) one decode step, in one batch, for every request that was already running
+            last = np.array([[r.tokens[-1]] for r in running])  # (B, 1)
+            for request, logits in zip(running, model.logits(last, caches, [r.seq for r in running]), strict=True):
+                request.record(logits)
+        running += new
+        stats["seconds"] += time.perf_counter() - t0
+        stats["memory"].append(memory_now(running, caches[0], args))
+        stats["at_once"].append(len(running))
+        for request in [r for r in running if len(r.tokens) == r.output_len]:  # 4) retire the finished
+            running.remove(request)
+            release(request, caches)
+        stats["steps"] += 1
+    stats["tokens"] = sum(r.output_len for r in requests)
+    return stats
+
+
+def release(request: Request, caches: list[PagedKVCache]) -> Request:
+    """Free a request's sequence in every layer's cache; a preempted request starts again from its prompt."""
+    for cache in caches:
+        cache.free(request.seq)
+    if len(request.tokens) < request.output_len:
+        request.tokens, request.logits = [], []
+    return request
+
+
+def memory_now(running: list[Request], cache: PagedKVCache, args: argparse.Namespace) -> tuple[int, int, int, bool]:
+    """Token slots of one layer at this step: held by paging (its blocks), reserved by preallocation (each
+    request's maximum), holding a token; and whether the pool holds memory.paged_kv_cache_bytes of the lengths."""
+    lengths = [r.length for r in running]
+    formula = paged_kv_cache_bytes(lengths, block_size=args.block_size, layers=1, kv_heads=args.kv_heads,
+                                   head_dim=args.d_model // args.heads, dtype=args.dtype)  # fmt: skip
+    reserved = sum(len(r.prompt) + args.max_new for r in running)
+    return cache.blocks_used * args.block_size, reserved, sum(lengths), cache.bytes_used == formula
+
+
+def check_alone(model: TinyDecoder, requests: list[Request], tol: float) -> float:
+    """Every request's tokens must equal running it alone through a contiguous KVCache; the largest |logit diff|."""
+    worst, same = 0.0, True
+    for request in requests:
+        tokens, logits = run_alone(model, request.prompt, request.output_len)
+        same &= tokens == request.tokens
+        worst = max(worst, float(np.max(np.abs(logits - np.array(request.logits)))))
+    check(same, f"every one of {len(requests)} requests generates the same tokens as when run alone")
+    check(worst <= tol, f"... and the same logits to rounding (max |diff| {worst:.1e} <= {tol:g})")
+    return worst
+
+
+def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, rate: float) -> list[dict]:
+    """Part 1: the workload under each scheme, the checks, a row of what was measured for each, printed."""
+    workload, rows = draw_workload(args, rng), []
+    for scheme in ("paged", "contiguous"):
+        requests = [Request(*drawn) for drawn in workload]  # the same requests, fresh for each scheme
+        stats = serve(model, requests, scheme, args)
+        held, reserved, stored, match = (np.array(column) for column in zip(*stats["memory"], strict=True))
+        check(bool(match.all()), f"{scheme}: the pool holds memory.paged_kv_cache_bytes of the lengths at every step")
+        if args.check:
+            stats["max_diff"] = check_alone(model, requests, 1e-9 if args.dtype == "float64" else 1e-3)
+        own = held if scheme == "paged" else reserved  # the memory this scheme holds
+        rows.append({
+            "scheme": scheme, "steps": stats["steps"], "tokens": stats["tokens"],
+            "tokens_per_s": stats["tokens"] / stats["seconds"], "mean_at_once": float(np.mean(stats["at_once"])),
+            "most_at_once": int(max(stats["at_once"])), "preempted": stats["preempted"],
+            "waste": 1 - stored.sum() / own.sum(),
+            "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
+            "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
+            **common.beside_the_row(args.dtype, rate, n=RATE_SIZE),
+        })  # fmt: skip
+    print_batching(rows, args)
+    print_bill(args)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2) parallel samples of one prompt
+
+
+def sample_all(model: TinyDecoder, caches: list[PagedKVCache], seqs: list[int], first: np.ndarray, args, seeds):
+    """Each sequence samples --sample-tokens tokens with its own generator, all decoded in one batch per step."""
+    rngs = [np.random.default_rng(seed) for seed in seeds]
+    tokens = [[sample(first, rng)] for rng in rngs]
+    while len(tokens[0]) < args.sample_tokens:
+        logits = model.logits(np.array([[t[-1]] for t in tokens]), caches, seqs)  # (n, V)
+        for row, rng, out in zip(logits, rngs, tokens, strict=True):
+            out.append(sample(row, rng))
+    return tokens
+
+
+def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
+    """Part 2: n samples forked from one prompt against n separate copies of it; the bytes, the checks, the
+    decode step by paged_decode and by cascade_decode."""
+    n, size, mha = args.samples, args.block_size, model.blocks[0]
+    prompt, seeds = rng.integers(0, args.vocab, args.sample_prompt), rng.integers(2**32, size=n)
+    blocks = n * (-(-(args.sample_prompt + args.sample_tokens) // size) + 1)  # room for n copies
+    # 1) shared: one prefill, then n - 1 forks of it (every layer alike)
+    shared = model.paged_caches(blocks, size)
+    parent = [cache.add_sequence() for cache in shared][0]
+    first = model.logits(prompt[None], shared, [parent])[0]
+    seqs = [parent] + [[cache.fork(parent) for cache in shared][0] for _ in range(n - 1)]
+    tokens = sample_all(model, shared, seqs, first, args, seeds)
+    # 2) copies: n prefills of the same prompt, the same samples
+    copies = model.paged_caches(blocks, size)
+    own = [[cache.add_sequence() for cache in copies][0] for _ in range(n)]
+    for seq in own:
+        model.logits(prompt[None], copies, [seq])
+    check(sample_all(model, copies, own, first, args, seeds) == tokens, "the copies sample the same tokens")
+    lengths = [shared[0].length(seq) for seq in seqs]
+    formula = paged_kv_cache_bytes(lengths, block_size=size, layers=args.layers, kv_heads=mha.n_kv_heads,
+                                   head_dim=mha.d_head, dtype=args.dtype, shared_prefix=args.sample_prompt)  # fmt: skip
+    shared_bytes, copies_bytes = (sum(cache.bytes_used for cache in caches) for caches in (shared, copies))
+    check(shared_bytes == formula, "the shared pool holds memory.paged_kv_cache_bytes(..., shared_prefix=prompt)")
+    if args.check:
+        alone = [run_alone(model, prompt, args.sample_tokens, np.random.default_rng(seed))[0] for seed in seeds]
+        check(alone == tokens, f"each of the {n} samples equals that sample run alone")
+    # 3) a decode step over the samples: every sequence's keys, or the shared prompt once for all (cascade)
+    q = rng.standard_normal((n, mha.n_heads, 1, mha.d_head)).astype(model.dtype)
+    diff = float(np.max(np.abs(paged_decode(q, shared[0], seqs) - cascade_decode(q, shared[0], seqs))))
+    check(diff <= (1e-12 if args.dtype == "float64" else 1e-5), f"cascade_decode equals paged_decode ({diff:.1e})")
+    result = {"shared_bytes": shared_bytes, "copies_bytes": copies_bytes, "formula_bytes": formula, "lengths": lengths}
+    print_samples(result, args)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# the tables
+
+
+def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
+    table = [
+        [r["scheme"], f"{r['tokens_per_s']:,.0f}", f"{r['steps']:,}", f"{r['mean_at_once']:.1f}",
+         str(r["most_at_once"]), str(r["preempted"]), f"{r['peak_held']:,}", f"{100 * r['waste']:.1f}%"]
+        for r in rows
+    ]  # fmt: skip
+    headers = ["admission", "tokens/s", "steps", "requests at once (mean)", "(most)", "preempted",
+               "KV slots held (peak)", "held, no token (waste)"]  # fmt: skip
+    print(
+        f"1) {args.requests} requests, prompts {args.min_prompt}-{args.max_prompt} tokens, outputs 1-{args.max_new} "
+        f"(limit {args.max_new}), {args.rate} arrivals per step; a budget of {args.blocks} blocks of {args.block_size} "
+        f"tokens ({args.blocks * args.block_size:,} KV slots per layer); {args.layers} layers, d_model {args.d_model}, "
+        f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}"
+    )
+    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"]))
+    paged = rows[0]
+    print(
+        "  the paged run's requests, step by step, preallocated at their limits instead: "
+        f"{100 * paged['waste_if_preallocated']:.1f}% of the memory held would hold no token "
+        f"(paged: {100 * paged['waste']:.1f}%, at most block_size - 1 slots a request)"
+    )
+    print("  waste: 1 - (tokens in the cache) / (token slots held), summed over the steps; one layer (all are alike)")
+
+
+def print_bill(args: argparse.Namespace) -> None:
+    """The workload's bill on a real model, from the formulas: every request at its full length at once."""
+    shape = dict(layers=32, kv_heads=8, head_dim=128, dtype="bf16")  # Llama-3-8B (models.PRESETS)
+    workload = draw_workload(args, np.random.default_rng(args.seed))
+    paged = paged_kv_cache_bytes([len(p) + o for _, p, o in workload], block_size=16, **shape)
+    reserved = kv_cache_bytes(sum(len(p) + args.max_new for _, p, _ in workload), **shape)
+    print(
+        f"  on Llama-3-8B (bf16), every request at its full length at once: paged in blocks of 16 "
+        f"{format_bytes(paged)}, preallocated at prompt + limit {format_bytes(reserved)} "
+        "(memory.paged_kv_cache_bytes, memory.kv_cache_bytes)"
+    )
+
+
+def print_samples(result: dict, args: argparse.Namespace) -> None:
+    saved = result["copies_bytes"] - result["shared_bytes"]
+    table = [
+        ["shared prompt (fork, copy-on-write)", format_bytes(result["shared_bytes"])],
+        [f"{args.samples} copies of the prompt", format_bytes(result["copies_bytes"])],
+        ["saved", f"{format_bytes(saved)} ({100 * saved / result['copies_bytes']:.0f}%)"],
+        ["memory.paged_kv_cache_bytes(..., shared_prefix)", format_bytes(result["formula_bytes"])],
+    ]
+    print(
+        f"2) {args.samples} samples of one {args.sample_prompt}-token prompt, {args.sample_tokens} tokens each "
+        f"(temperature 1, a seed each), KV memory of all {args.layers} layers"
+    )
+    print(text_table(table, ["KV cache", "bytes held"], args.format))
+
+
+# ---------------------------------------------------------------------------------------------------
+# arguments
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--requests", type=positive(int), default=24, help="requests in the workload (default 24)")
+    add("--rate", type=positive(float), default=1.0, help="mean arrivals per step (default 1.0)")
+    add("--min-prompt", type=positive(int), default=8, help="shortest prompt, tokens (default 8)")
+    add("--max-prompt", type=positive(int), default=96, help="longest prompt, tokens (default 96)")
+    add("--max-new", type=positive(int), default=96, help="each request's limit of new tokens (default 96)")
+    add("--blocks", type=positive(int), default=96, help="the memory budget: blocks in the pool (default 96)")
+    add("--block-size", type=positive(int), default=16, help="tokens per block (default 16, as vLLM)")
+    add("--samples", type=positive(int), default=8, help="parallel samples of one prompt (default 8)")
+    add("--sample-prompt", type=positive(int), default=200, help="the samples' prompt, tokens (default 200)")
+    add("--sample-tokens", type=positive(int), default=24, help="tokens each sample draws (default 24)")
+    add("--layers", type=positive(int), default=2, help="attention layers (default 2)")
+    add("--d-model", type=positive(int), default=64, help="model width (default 64)")
+    add("--heads", type=positive(int), default=4, help="query heads (default 4)")
+    add("--kv-heads", type=positive(int), default=2, help="key/value heads (default 2)")
+    add("--vocab", type=positive(int), default=256, help="vocabulary size (default 256)")
+    add("--dtype", choices=["float32", "float64"], default="float64",
+        help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)")  # fmt: skip
+    add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
+    add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
+    common.add_seed_and_format(p, "the model, the workload and the samples")
+    args = p.parse_args(argv)
+    if args.min_prompt > args.max_prompt:
+        p.error(f"--min-prompt ({args.min_prompt}) must be at most --max-prompt ({args.max_prompt})")
+    if args.d_model % args.heads or (args.d_model // args.heads) % 2 or args.heads % args.kv_heads:
+        p.error("--d-model must split into --heads heads of an even size (RoPE), --heads into --kv-heads groups")
+    if -(-(args.max_prompt + args.max_new) // args.block_size) + 1 > args.blocks:
+        p.error(f"--blocks ({args.blocks}) cannot hold one request of --max-prompt + --max-new tokens: raise it")
+    work = args.requests * (args.max_prompt + args.max_new) + args.samples * (args.sample_prompt + args.sample_tokens)
+    if work > MAX_WORK_TOKENS or args.d_model > 1024 or args.layers > 16 or args.vocab > 100_000:
+        p.error(f"at most {MAX_WORK_TOKENS:,} tokens of work (requests x (max-prompt + max-new) plus the samples; got "
+                f"{work:,}), --d-model 1,024, --layers 16, --vocab 100,000: this is a simulation")  # fmt: skip
+    slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
+    needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
+    problem = common.memory_problem(needed, "the pools of this run", "lower --blocks, --samples or --layers")
+    if problem:
+        p.error(problem)
+    common.check_output(p, "--json", args.json)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    info, lines = common.header()
+    print(lines)
+    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
+    rng = np.random.default_rng(args.seed)
+    model, figures = TinyDecoder(args, rng), {"args": vars(args), "machine": info, "matmul_gflops": rate}
+    parts = {
+        "batching": lambda: batching_rows(model, args, np.random.default_rng(args.seed), rate),
+        "samples": lambda: parallel_samples(model, args, rng),
+    }
+
+    def run_part(name: str) -> str:  # each part prints its table when it ends; Ctrl-C keeps those already printed
+        figures[name] = parts[name]()
+        return name
+
+    done: list[str] = []
+    stopped = common.measure_each(parts, run_part, done)
+    if args.json is not None:
+        common.write_json(args.json, figures, stopped)
+    return common.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main))

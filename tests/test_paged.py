@@ -1,0 +1,415 @@
+"""PagedKVCache: blocks taken only when the last is full, fork with copy-on-write, free with reference counts,
+refusals that change nothing (the whole pool compared before and after), atomic appends under threads, and
+hypothesis-drawn sequences of appends, forks and frees against a plain dict of arrays."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_kvcache import _threads
+
+from tinyattn_np import PagedKVCache, PoolExhaustedError, paged_kv_cache_bytes
+from tinyattn_np.paged import consecutive_runs
+
+RNG = np.random.default_rng(19)
+
+
+def _tokens(cache: PagedKVCache, first: int, t_new: int) -> tuple[np.ndarray, np.ndarray]:
+    """k and v of t_new tokens whose entries are their ids first, first + 1, ... (v: minus the id), so a slot
+    read back says which token it holds and whether its k and v belong together."""
+    ids = np.arange(first, first + t_new, dtype=cache.dtype)  # (T_new,)
+    k = np.broadcast_to(ids[None, :, None], (cache.kv_heads, t_new, cache.head_dim)).copy()
+    return k, -k
+
+
+def _state(cache: PagedKVCache) -> dict:
+    """Everything a cache holds: the whole pool, the reference counts, every table and length."""
+    return {
+        "k_pool": cache.k_pool.copy(),
+        "v_pool": cache.v_pool.copy(),
+        "refs": cache.ref_counts,
+        "tables": {seq: cache.block_table(seq) for seq in cache.sequences},
+        "lengths": {seq: cache.length(seq) for seq in cache.sequences},
+        "free": cache.blocks_free,
+        "wasted": cache.slots_wasted,
+    }
+
+
+def _assert_same_state(before: dict, after: dict) -> None:
+    for name in ("k_pool", "v_pool", "refs"):
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    for name in ("tables", "lengths", "free", "wasted"):
+        assert after[name] == before[name], name
+
+
+def _ids(cache: PagedKVCache, seq: int) -> np.ndarray:
+    """The token ids sequence seq holds, in order (read from its keys), checked against its values."""
+    keys, values = cache.gather(seq)  # (Hkv, T, E)
+    np.testing.assert_array_equal(values, -keys)
+    assert np.all(keys == keys[:1, :, :1])  # one token per slot, across heads and channels
+    return keys[0, :, 0]
+
+
+# --- the pool and the block tables -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_sizes_and_an_empty_pool(dtype):
+    cache = PagedKVCache(10, 4, 2, 8, dtype=dtype)
+    itemsize = np.dtype(dtype).itemsize
+    assert cache.block_bytes == 2 * 2 * 4 * 8 * itemsize and cache.nbytes == 10 * cache.block_bytes
+    assert cache.blocks_used == 0 and cache.blocks_free == 10 and cache.slots_wasted == 0 and cache.bytes_used == 0
+    assert cache.k_pool.shape == (2, 10, 4, 8) and cache.k_pool.dtype == dtype
+    assert "0 sequences, 0 blocks used" in repr(cache)
+
+
+def test_a_pool_larger_than_memory_is_refused_before_it_is_made_and_the_pool_is_read_only():
+    with pytest.raises(MemoryError, match="lower num_blocks"):
+        PagedKVCache(10**9, 256, 8, 128)  # 2 PiB
+    cache = PagedKVCache(4, 2, 1, 2)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.k_pool[0, 0, 0, 0] = 1.0  # a write here would change every sequence holding the block
+
+
+def test_a_block_is_taken_only_when_the_last_one_is_full():
+    cache = PagedKVCache(10, 4, 1, 2)
+    seq = cache.add_sequence()
+    assert cache.block_table(seq) == () and cache.length(seq) == 0  # no token, no block
+    used = []
+    for t in range(1, 10):
+        cache.append(seq, *_tokens(cache, t, 1))
+        used.append(cache.blocks_used)
+    assert used == [1, 1, 1, 1, 2, 2, 2, 2, 3]  # a new block at tokens 1, 5 and 9
+    assert cache.slots_wasted == 3 and cache.block_table(seq) == (0, 1, 2)  # one sequence alone: one run
+    np.testing.assert_array_equal(_ids(cache, seq), np.arange(1, 10))
+    cache.append(seq, *_tokens(cache, 10, 7))  # 3 fill the last block, 4 take exactly one more
+    assert cache.blocks_used == 4 and cache.slots_wasted == 0 and cache.length(seq) == 16
+    np.testing.assert_array_equal(_ids(cache, seq), np.arange(1, 17))
+
+
+def test_sequences_that_grow_together_lie_in_runs_of_their_own_and_keep_their_own_tokens():
+    cache = PagedKVCache(12, 2, 2, 3, dtype=np.float64)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    for t in range(5):
+        cache.append(a, *_tokens(cache, 100 + t, 1))
+        cache.append(b, *_tokens(cache, 200 + t, 1))
+    # a starts the empty pool; b lands in the middle of the free run after a, where a is not about to grow
+    assert cache.block_table(a) == (0, 1, 2) and cache.block_table(b) == (6, 7, 8)
+    np.testing.assert_array_equal(_ids(cache, a), 100 + np.arange(5))
+    np.testing.assert_array_equal(_ids(cache, b), 200 + np.arange(5))
+    assert cache.blocks_used == 6 and cache.slots_wasted == 2  # each last block half full
+    assert cache.bytes_used == paged_kv_cache_bytes(
+        [5, 5], block_size=2, layers=1, kv_heads=2, head_dim=3, dtype="fp64"
+    )
+
+
+def test_sequences_decoding_together_stay_in_few_runs_of_blocks():
+    """Eight sequences appending one token each in turn (a server's decode steps): each takes the block after
+    its own while it is free, so its table breaks into few runs, which paged_decode reads in one matmul each."""
+    cache = PagedKVCache(256, 2, 1, 2)
+    seqs = [cache.add_sequence() for _ in range(8)]
+    for t in range(60):
+        for seq in seqs:
+            cache.append(seq, *_tokens(cache, t, 1))
+    runs = [len(consecutive_runs(cache.block_table(seq))) for seq in seqs]
+    assert cache.blocks_used == 8 * 30 and runs == [1] * 8, runs  # 30 blocks each, each in one run (lowest-first
+    # allocation would give each 30 runs of one block: the eight would take turns)
+
+
+def test_a_batch_append_writes_each_sequence_its_own_tokens():
+    cache = PagedKVCache(8, 4, 2, 2)
+    seqs = [cache.add_sequence() for _ in range(3)]
+    cache.append(seqs[1], *_tokens(cache, 50, 3))  # a head start: the batch continues different lengths
+    ks, vs = zip(*(_tokens(cache, 10 * (i + 1), 2) for i in range(3)), strict=True)
+    cache.append_batch(seqs, np.stack(ks), np.stack(vs))
+    assert [cache.length(s) for s in seqs] == [2, 5, 2]
+    np.testing.assert_array_equal(_ids(cache, seqs[1]), [50, 51, 52, 20, 21])
+    np.testing.assert_array_equal(_ids(cache, seqs[2]), [30, 31])
+
+
+# --- refusals change nothing -----------------------------------------------------------------------
+
+
+def test_an_append_the_pool_cannot_hold_is_refused_and_changes_nothing():
+    cache = PagedKVCache(4, 4, 2, 2)
+    a, b = cache.add_sequence(), cache.add_sequence()
+    cache.append(a, *_tokens(cache, 1, 6))  # 2 blocks
+    cache.append(b, *_tokens(cache, 20, 3))  # 1 block: 1 left
+    before = _state(cache)
+    message = r"for sequence 0: it needs 2 new blocks and 1 of 4 are free; nothing was changed"
+    with pytest.raises(PoolExhaustedError, match=message):
+        cache.append(a, *_tokens(cache, 7, 7))  # 2 fill the last block, 5 more need 2 blocks
+    _assert_same_state(before, _state(cache))
+    with pytest.raises(MemoryError):  # PoolExhaustedError is a MemoryError
+        cache.append(b, *_tokens(cache, 23, 10))
+    _assert_same_state(before, _state(cache))
+    cache.append(a, *_tokens(cache, 7, 6))  # what fits still goes in
+    assert cache.blocks_free == 0
+
+
+def test_a_batch_is_all_or_nothing():
+    cache = PagedKVCache(3, 2, 1, 2)
+    seqs = [cache.add_sequence() for _ in range(3)]
+    cache.append(seqs[0], *_tokens(cache, 1, 1))  # block 0 has room for 1 more
+    before = _state(cache)
+    ks, vs = zip(*(_tokens(cache, 10 * i, 2) for i in range(3)), strict=True)
+    with pytest.raises(
+        PoolExhaustedError, match=r"they need 3 new blocks \(sequence 0: 1, sequence 1: 1, sequence 2: 1\)"
+    ):
+        cache.append_batch(seqs, np.stack(ks), np.stack(vs))  # 3 needed, 2 free: the first two would fit
+    _assert_same_state(before, _state(cache))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda c, s: c.append(s, np.zeros((2, 1, 4), np.float64), np.zeros((2, 1, 4))), TypeError, "dtype float32"),
+        (
+            lambda c, s: c.append(s, np.zeros((3, 1, 4), np.float32), np.zeros((3, 1, 4), np.float32)),
+            ValueError,
+            r"shape \(2, T_new, 4\)",
+        ),  # fmt: skip
+        (
+            lambda c, s: c.append(s, np.zeros((2, 1, 4), np.float32), np.zeros((2, 2, 4), np.float32)),
+            ValueError,
+            "the same shape",
+        ),  # fmt: skip
+        (lambda c, s: c.append(s, [[[0.0]]], [[[0.0]]]), TypeError, "must be a NumPy array"),
+        (lambda c, s: c.append(7, *_tokens(c, 0, 1)), ValueError, r"sequence 7 is not in this cache"),
+        (lambda c, s: c.append(True, *_tokens(c, 0, 1)), TypeError, "seq must be a sequence id"),
+        (lambda c, s: c.append_batch([s, s], *(np.stack([x, x]) for x in _tokens(c, 0, 1))), ValueError, "once"),
+        (
+            lambda c, s: c.append_batch([s], *(np.stack([x, x]) for x in _tokens(c, 0, 1))),
+            ValueError,
+            "k has 2 sequences",
+        ),  # fmt: skip
+        (lambda c, s: c.append_batch(s, *(x[None] for x in _tokens(c, 0, 1))), TypeError, "sequence of ids"),
+        (lambda c, s: c.free(99), ValueError, "sequence 99 is not in this cache"),
+        (lambda c, s: c.fork(-1), ValueError, "sequence -1 is not in this cache"),
+    ],
+)
+def test_bad_calls_are_named_and_change_nothing(call, error, message):
+    cache = PagedKVCache(6, 2, 2, 4)
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(cache, 1, 3))
+    before = _state(cache)
+    with pytest.raises(error, match=message):
+        call(cache, seq)
+    _assert_same_state(before, _state(cache))
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        ((0, 4, 1, 2), ValueError, "num_blocks must be a positive int; got 0"),
+        ((4, 2.0, 1, 2), TypeError, "block_size must be a positive int"),
+        ((4, 4, 1, 2, np.int32), TypeError, "dtype must be float16, float32 or float64; got int32"),
+        ((4, 4, 1, 2, "nonsense"), TypeError, "dtype must be float16, float32 or float64"),
+    ],
+)
+def test_bad_construction_is_named(args, error, message):
+    with pytest.raises(error, match=message):
+        PagedKVCache(*args)
+
+
+# --- fork, copy-on-write, free, reference counts ---------------------------------------------------
+
+
+def test_fork_shares_every_block_and_copies_the_shared_last_one_on_first_write():
+    cache = PagedKVCache(8, 4, 2, 2)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(cache, 1, 6))  # blocks 0 (full) and 1 (2 of 4)
+    child = cache.fork(parent)
+    assert cache.block_table(child) == cache.block_table(parent) == (0, 1)
+    assert list(cache.ref_counts[:2]) == [2, 2] and cache.blocks_used == 2  # shared, held once
+    # the child writes into the shared, partly filled block 1: it gets its own copy first
+    cache.append(child, *_tokens(cache, 100, 1))
+    copy_of_1 = cache.block_table(child)[1]
+    assert cache.block_table(child) == (0, copy_of_1) and cache.block_table(parent) == (0, 1) and copy_of_1 > 1
+    assert cache.ref_counts[[0, 1, copy_of_1]].tolist() == [2, 1, 1]
+    np.testing.assert_array_equal(_ids(cache, parent), [1, 2, 3, 4, 5, 6])  # untouched
+    np.testing.assert_array_equal(_ids(cache, child), [1, 2, 3, 4, 5, 6, 100])
+    # the parent now holds block 1 alone: it writes in place, no copy
+    cache.append(parent, *_tokens(cache, 7, 2))
+    assert cache.block_table(parent) == (0, 1) and cache.blocks_used == 3
+    np.testing.assert_array_equal(_ids(cache, parent), [1, 2, 3, 4, 5, 6, 7, 8])
+
+
+def test_a_full_shared_last_block_is_not_copied():
+    cache = PagedKVCache(8, 4, 1, 2)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(cache, 1, 8))  # two full blocks
+    child = cache.fork(parent)
+    cache.append(child, *_tokens(cache, 9, 1))  # a new block, no copy
+    assert cache.block_table(child) == (0, 1, 2) and cache.blocks_used == 3
+    assert list(cache.ref_counts[:3]) == [2, 2, 1]
+
+
+def test_the_copy_on_write_block_counts_in_the_refusal():
+    cache = PagedKVCache(2, 4, 1, 2)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(cache, 1, 2))  # block 0, half full
+    child = cache.fork(parent)
+    other = cache.add_sequence()
+    cache.append(other, *_tokens(cache, 50, 1))  # block 1: the pool is now full
+    before = _state(cache)
+    with pytest.raises(PoolExhaustedError, match=r"sequence 1: it needs 1 new blocks and 0 of 2 are free"):
+        cache.append(child, *_tokens(cache, 9, 1))  # one token, with room in block 0, but block 0 is shared
+    _assert_same_state(before, _state(cache))
+    cache.free(other)
+    cache.append(child, *_tokens(cache, 9, 1))  # now the copy has a block to go to
+    assert cache.block_table(child) == (1,) and cache.block_table(parent) == (0,)
+    np.testing.assert_array_equal(_ids(cache, child), [1, 2, 9])
+
+
+def test_free_returns_blocks_when_no_sequence_holds_them_and_they_are_reused():
+    cache = PagedKVCache(6, 2, 1, 2)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(cache, 1, 4))  # blocks 0, 1
+    child = cache.fork(parent)
+    cache.append(child, *_tokens(cache, 5, 2))  # block 2
+    cache.free(parent)
+    assert cache.blocks_used == 3 and list(cache.ref_counts[:3]) == [1, 1, 1]  # the child still holds 0 and 1
+    np.testing.assert_array_equal(_ids(cache, child), [1, 2, 3, 4, 5, 6])
+    cache.free(child)
+    assert cache.blocks_used == 0 and not cache.ref_counts.any() and cache.slots_wasted == 0
+    with pytest.raises(ValueError, match="sequence 1 is not in this cache"):
+        cache.free(child)  # twice
+    again = cache.add_sequence()
+    cache.append(again, *_tokens(cache, 50, 5))
+    assert cache.block_table(again) == (0, 1, 2)  # the lowest free blocks first
+    np.testing.assert_array_equal(_ids(cache, again), 50 + np.arange(5))  # nothing of the old tokens shows
+
+
+def test_copies_and_pickles_with_their_own_lock():
+    cache = PagedKVCache(4, 2, 1, 2)
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(cache, 1, 3))
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        assert twin.lock is not cache.lock and twin.block_table(seq) == cache.block_table(seq)
+        twin.append(seq, *_tokens(twin, 4, 1))
+        assert twin.length(seq) == 4 and cache.length(seq) == 3  # they part ways
+
+
+# --- against a plain model: a dict of arrays --------------------------------------------------------
+
+OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and forks drawn most often
+    st.tuples(
+        st.sampled_from(["add", "append", "append", "append", "fork", "fork", "free"]),
+        st.integers(0, 7),
+        st.integers(0, 9),
+    ),  # fmt: skip
+    min_size=10,
+    max_size=50,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(OPERATIONS, st.sampled_from([1, 2, 3, 5]), st.integers(4, 16))
+def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, block_size, num_blocks):
+    """The model: each sequence is the array of its token ids. The cache must hold exactly those tokens;
+    a refused append must change nothing; the blocks in use are the union of the tables, each counted by
+    how many tables hold it; and without sharing, each sequence holds ceil(length / block_size) blocks."""
+    cache = PagedKVCache(num_blocks, block_size, 1, 2, dtype=np.float64)
+    model: dict[int, np.ndarray] = {}
+    next_token = 1
+    for name, pick, t_new in operations:
+        live = sorted(model)
+        seq = live[pick % len(live)] if live else None
+        if name == "add" or seq is None:
+            model[cache.add_sequence()] = np.zeros(0)
+        elif name == "fork":
+            model[cache.fork(seq)] = model[seq].copy()
+        elif name == "free":
+            cache.free(seq)
+            del model[seq]
+        else:
+            before = _state(cache)
+            needed = _blocks_needed(before, seq, t_new, block_size)
+            try:
+                cache.append(seq, *_tokens(cache, next_token, t_new))
+            except PoolExhaustedError:
+                assert needed > before["free"]  # refused only when it does not fit
+                _assert_same_state(before, _state(cache))
+            else:
+                assert cache.blocks_free == before["free"] - needed  # exactly the blocks it needed
+                model[seq] = np.concatenate([model[seq], next_token + np.arange(t_new)])
+                next_token += t_new
+        _check_against(cache, model, block_size)
+
+
+def _blocks_needed(state: dict, seq: int, t_new: int, block_size: int) -> int:
+    """The blocks an append should take, from what the cache showed before it: the ones past the last block's
+    free slots, and a copy of the last block if other tables hold it too and it is about to be written."""
+    table, length = state["tables"][seq], state["lengths"][seq]
+    room = len(table) * block_size - length
+    copy = room > 0 and t_new > 0 and state["refs"][table[-1]] > 1
+    return -(-max(0, t_new - room) // block_size) + int(copy)
+
+
+def _check_against(cache: PagedKVCache, model: dict[int, np.ndarray], block_size: int) -> None:
+    assert set(cache.sequences) == set(model)
+    tables = {seq: cache.block_table(seq) for seq in model}
+    for seq, ids in model.items():
+        np.testing.assert_array_equal(_ids(cache, seq), ids)
+        assert len(tables[seq]) == -(-len(ids) // block_size)  # a block only when the last is full
+    counts = np.zeros(cache.num_blocks, np.int64)
+    for table in tables.values():
+        counts[list(table)] += 1
+    np.testing.assert_array_equal(cache.ref_counts, counts)
+    assert cache.blocks_used == np.count_nonzero(counts) == cache.num_blocks - cache.blocks_free
+    filled: dict[int, set[int]] = {}  # block -> the tokens each table holding it has in it
+    for seq, table in tables.items():
+        for i, block in enumerate(table):
+            filled.setdefault(block, set()).add(min(block_size, len(model[seq]) - i * block_size))
+    assert all(len(tokens) == 1 for tokens in filled.values())  # a shared block is never written
+    assert cache.slots_wasted == len(filled) * block_size - sum(min(tokens) for tokens in filled.values())
+
+
+# --- threads ---------------------------------------------------------------------------------------
+
+
+def test_appends_from_many_threads_keep_every_token_with_its_value():
+    n_threads, per_thread = 8, 150
+    cache = PagedKVCache(n_threads * per_thread // 4 + 8, 4, 2, 8, dtype=np.float64)
+    shared, own = cache.add_sequence(), [cache.add_sequence() for _ in range(n_threads)]
+
+    def append_many(index, barrier):
+        barrier.wait()
+        for step in range(per_thread):
+            token = 1 + index * per_thread + step
+            target = shared if step % 2 else own[index]  # every thread also appends to one common sequence
+            cache.append(target, *_tokens(cache, token, 1))
+
+    _threads(append_many, n_threads)
+    ids = np.concatenate([_ids(cache, seq) for seq in [shared, *own]])
+    np.testing.assert_array_equal(np.sort(ids), np.arange(1, n_threads * per_thread + 1))  # each token once
+    for index, seq in enumerate(own):  # a thread's own sequence in its order
+        np.testing.assert_array_equal(_ids(cache, seq), 1 + index * per_thread + np.arange(0, per_thread, 2))
+
+
+def test_appends_past_the_pool_from_many_threads_are_refused_exactly():
+    n_threads, per_thread, num_blocks = 8, 100, 50
+    cache = PagedKVCache(num_blocks, 4, 1, 2)
+    seqs = [cache.add_sequence() for _ in range(n_threads)]
+    accepted = [0] * n_threads
+
+    def append_many(index, barrier):
+        barrier.wait()
+        for step in range(per_thread):
+            try:
+                cache.append(seqs[index], *_tokens(cache, 1 + index * per_thread + step, 1))
+                accepted[index] += 1
+            except PoolExhaustedError:
+                pass
+
+    _threads(append_many, n_threads)
+    assert [cache.length(s) for s in seqs] == accepted
+    assert cache.blocks_used == num_blocks == sum(-(-a // 4) for a in accepted)  # the pool, filled
+    for seq in seqs:
+        assert len(_ids(cache, seq)) == cache.length(seq)

@@ -1,0 +1,100 @@
+"""scripts/serve.py: a small simulated server runs, its outputs equal each request run alone, paging holds less
+than preallocation and a shared prompt less than copies; a wrong decode is caught; bad flags are refused up
+front; Ctrl-C stops with what was measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = [
+    "--requests", "8", "--rate", "2", "--min-prompt", "3", "--max-prompt", "20", "--max-new", "16",
+    "--blocks", "16", "--block-size", "4", "--samples", "3", "--sample-prompt", "10", "--sample-tokens", "5",
+    "--layers", "1", "--d-model", "16", "--heads", "2", "--kv-heads", "1", "--vocab", "32",
+]  # fmt: skip
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("serve_script", ROOT / "scripts" / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_small_server_run_checks_everything_it_prints(tmp_path, capsys):
+    path = tmp_path / "serve.json"
+    assert _script().main([*SMALL, "--json", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "all checks passed" in text and "held, no token (waste)" in text and "3 copies of the prompt" in text
+    report = json.loads(path.read_text())
+    paged, contiguous = report["batching"]
+    assert paged["scheme"] == "paged" and contiguous["scheme"] == "contiguous"
+    assert paged["tokens"] == contiguous["tokens"]  # the same workload
+    assert paged["waste"] < contiguous["waste"] and paged["mean_at_once"] > contiguous["mean_at_once"]
+    assert paged["max_diff"] < 1e-9 and contiguous["max_diff"] < 1e-9  # equal to each request alone
+    samples = report["samples"]
+    assert samples["shared_bytes"] == samples["formula_bytes"] < samples["copies_bytes"]
+
+
+def test_a_wrong_paged_decode_is_caught(monkeypatch, capsys):
+    """The check against each request alone can fail: scale the cached part of every paged step by 1.01."""
+    module = _script()
+    import tinyattn_np.multihead as multihead
+
+    decode_pages = multihead.decode_pages
+
+    def wrong(*args):
+        out, lse = decode_pages(*args)
+        return out * 1.01, lse
+
+    monkeypatch.setattr(multihead, "decode_pages", wrong)
+    assert module.main([*SMALL, "--samples", "1"]) == 1
+    assert "the same logits to rounding" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_with_what_was_measured(monkeypatch, capsys, tmp_path):
+    module = _script()
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, "parallel_samples", interrupted)
+    path = tmp_path / "serve.json"
+    assert module.main([*SMALL, "--json", str(path)]) == 130
+    out = capsys.readouterr().out
+    assert "held, no token (waste)" in out  # part 1 had finished: its table stays printed
+    assert "interrupted (Ctrl-C) after 1 of 2 parts" in out
+    saved = json.loads(path.read_text())
+    assert saved["interrupted"] is True and len(saved["batching"]) == 2 and "samples" not in saved
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "-1"], "must be an int >= 0"),
+        (["--requests", "0"], "must be a positive int; got 0"),
+        (["--min-prompt", "50", "--max-prompt", "10"], "must be at most --max-prompt"),
+        (["--d-model", "30", "--heads", "4"], "heads of an even size"),
+        (["--blocks", "4"], "cannot hold one request"),
+        (["--requests", "100000"], "this is a simulation"),
+        (["--json", "/no/such/folder/x.json"], "folder that exists"),
+    ],
+)
+def test_bad_flags_are_refused_up_front(argv, message, capsys):
+    with pytest.raises(SystemExit) as stop:
+        _script().parse_args(argv)
+    assert stop.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sampling_is_seeded_and_greedy_without_a_generator():
+    module = _script()
+    logits = np.array([0.0, 3.0, 1.0])
+    assert module.sample(logits, None) == 1
+    draws = [module.sample(logits, np.random.default_rng(4)) for _ in range(3)]
+    assert len(set(draws)) == 1  # the same seed, the same token

@@ -1,0 +1,605 @@
+"""The paged KV cache: keys and values in fixed-size blocks from one pool, a block table per sequence.
+
+KVCache keeps one preallocated (batch, kv_heads, max_tokens, head_dim) array: every sequence of the batch
+has the same length and reserves max_tokens slots from the start. A server holds many requests of
+different and unknown lengths, and reserving each one's maximum wastes most of the memory (60-80% in the
+systems the vLLM paper measured). PagedAttention (Kwon et al. 2023, "Efficient Memory Management for
+Large Language Model Serving with PagedAttention") manages the cache as an operating system manages
+memory: one pool of blocks of `block_size` token slots, and for each sequence a block table, the list of
+its blocks in token order. Token p of a sequence lives in
+
+    block = table[p // block_size],   slot = p % block_size
+
+A sequence takes a new block only when its last one is full, so at most block_size - 1 slots per sequence
+are ever unused. Sequences may share blocks (parallel samples of one prompt, beam search): fork() copies
+a block table, not the blocks, and each block counts the tables that hold it. A shared block is never
+written: the first append to a shared, partly filled last block copies it first (copy-on-write), and a
+block returns to the pool when its count falls to 0.
+
+A decode step reads each sequence's keys and values through its block table, where they lie: a run of
+blocks that follow one another in the pool is one matmul operand, and no sequence is ever copied into one
+array. Reading order (this file): PagedKVCache, then paged_decode (one decode step for a batch of
+sequences of different lengths) and cascade_decode (a prefix that every sequence shares, read once for all
+of them).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._bytes import format_bytes
+from ._checks import (
+    as_float_array,
+    check_bool,
+    check_count,
+    check_positive_int,
+    check_scale,
+    compute_dtype,
+    result_dtype,
+)
+from ._guard import memory_available
+from ._parallel import one_blas_thread, run_items
+from .kvcache import CopiedWithoutLock, check_cache_dtype
+from .softmax import merge_states
+from .splitkv import attend_blocks, block_keys, default_kv_splits, merge_chunks
+
+Array = NDArray[np.floating]
+
+
+class PoolExhaustedError(MemoryError):
+    """An append needs more free blocks than the pool has. Nothing was changed, for any sequence."""
+
+
+class PagedKVCache(CopiedWithoutLock):
+    """A pool of `num_blocks` blocks of `block_size` token slots, each holding keys and values of
+    `kv_heads` heads of `head_dim`, and one block table per sequence.
+
+    The pool is preallocated once, keys and values each of shape (kv_heads, num_blocks, block_size,
+    head_dim): a kv head's blocks are neighbours in memory, so blocks that follow one another in the pool
+    read as one (keys, head_dim) matrix, which a matmul takes in place. (vLLM puts the block first; on a
+    CPU, with NumPy, a run of consecutive blocks read in one matmul is what makes a decode step fast.)
+
+        seq = cache.add_sequence()        a new, empty sequence; its id
+        cache.append(seq, k, v)           k, v (kv_heads, T_new, head_dim): T_new tokens at its end
+        child = cache.fork(seq)           a sequence sharing every block of seq (copy-on-write)
+        cache.free(seq)                   its blocks return to the pool when no other sequence holds them
+
+    An append the pool cannot hold raises PoolExhaustedError (a MemoryError) naming the sequence, the
+    blocks it needs and the blocks free, and changes nothing, for that sequence or any other.
+    A sequence takes the block right after its last one when that block is free, and otherwise one far from
+    the others, in the longest run of free blocks: sequences that grow together still lie in long runs of
+    consecutive blocks, which paged_decode reads in one matmul each.
+
+    Threads: every change (add_sequence, append, append_batch, fork, free) is atomic. Each holds
+    `cache.lock` (a re-entrant lock) from its checks to its last write, so appends from several threads
+    all land, each token's k and v in the same slot, and one that does not fit is refused whole.
+    paged_decode and cascade_decode hold the lock while they read, so no change lands under a read.
+    To read several things as one consistent state while other threads change the cache, hold the lock.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: Any = np.float32):
+        self.num_blocks = check_positive_int(num_blocks, "num_blocks")
+        self.block_size = check_positive_int(block_size, "block_size")
+        self.kv_heads = check_positive_int(kv_heads, "kv_heads")
+        self.head_dim = check_positive_int(head_dim, "head_dim")
+        self.dtype = check_cache_dtype(dtype)
+        shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
+        pool_bytes = 2 * int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+        if pool_bytes > memory_available():  # before allocating: the pool is filled as sequences grow
+            raise MemoryError(
+                f"a pool of {self.num_blocks:,} blocks of {self.block_size} tokens ({self.kv_heads} kv heads of "
+                f"{self.head_dim}, {self.dtype}) takes {format_bytes(pool_bytes)}, more than the "
+                f"{format_bytes(memory_available())} of memory available: lower num_blocks"
+            )
+        self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
+        self._v = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
+        self._refs = np.zeros(self.num_blocks, np.int64)  # block tables holding each block; 0 = free
+        self._filled = np.zeros(self.num_blocks, np.int64)  # slots of each block that hold a token
+        self._used = 0  # blocks that some table holds (those with a count above 0)
+        self._tables: dict[int, list[int]] = {}  # sequence id -> its blocks, in token order
+        self._lengths: dict[int, int] = {}  # sequence id -> its tokens
+        self._next_id = 0
+        self.lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, kv_heads={self.kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.dtype}; {len(self._tables)} sequences, "
+            f"{self.blocks_used} blocks used)"
+        )
+
+    # --- what the pool holds -------------------------------------------------------------------------
+
+    @property
+    def k_pool(self) -> Array:
+        """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view of the pool."""
+        view = self._k.view()
+        view.flags.writeable = False  # the cache's own: a write here would change every sequence holding it
+        return view
+
+    @property
+    def v_pool(self) -> Array:
+        """The values of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view."""
+        view = self._v.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block: keys and values of block_size tokens, every kv head."""
+        return 2 * self.kv_heads * self.block_size * self.head_dim * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole preallocated pool (keys and values): num_blocks · block_bytes."""
+        return int(self._k.nbytes + self._v.nbytes)
+
+    @property
+    def blocks_used(self) -> int:
+        """Blocks that at least one sequence holds (a shared block counts once)."""
+        return self._used
+
+    @property
+    def blocks_free(self) -> int:
+        """Blocks in the pool that no sequence holds."""
+        return self.num_blocks - self._used
+
+    @property
+    def bytes_used(self) -> int:
+        """Bytes of the blocks in use: blocks_used · block_bytes."""
+        return self.blocks_used * self.block_bytes
+
+    @property
+    def slots_wasted(self) -> int:
+        """Slots of the blocks in use that hold no token: at most block_size - 1 per sequence, and a slot
+        of a shared block counts once."""
+        with self.lock:
+            return self.blocks_used * self.block_size - int(self._filled.sum())
+
+    @property
+    def ref_counts(self) -> NDArray[np.int64]:
+        """(num_blocks,) how many block tables hold each block (0: free), a copy."""
+        return self._refs.copy()
+
+    @property
+    def sequences(self) -> tuple[int, ...]:
+        """The ids of the sequences in the cache, oldest first."""
+        with self.lock:  # a dict that another thread changes cannot be iterated
+            return tuple(self._tables)
+
+    def length(self, seq: int) -> int:
+        """Tokens in sequence seq."""
+        return self._lengths[self.check_seq(seq)]
+
+    def block_table(self, seq: int) -> tuple[int, ...]:
+        """Sequence seq's blocks, in token order: token p is in block_table[p // block_size]."""
+        with self.lock:
+            return tuple(self._tables[self.check_seq(seq)])
+
+    def gather(self, seq: int) -> tuple[Array, Array]:
+        """Sequence seq's keys and values laid out contiguously: two new arrays (kv_heads, tokens, head_dim).
+
+        A copy, for checking and for the reference path; paged_decode reads the blocks where they are."""
+        with self.lock:
+            table, length = self._tables[self.check_seq(seq)], self._lengths[seq]
+            keys = self._k[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]  # (Hkv, T, E)
+            values = self._v[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]
+            return keys, values
+
+    def check_seq(self, seq: Any) -> int:
+        """seq as the int id of a sequence in this cache, else a TypeError or ValueError that names it."""
+        if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
+            raise TypeError(f"seq must be a sequence id (an int); got {seq!r} ({type(seq).__name__})")
+        if int(seq) not in self._tables:
+            raise ValueError(f"sequence {seq} is not in this cache (its sequences: {list(self._tables)})")
+        return int(seq)
+
+    # --- changes -------------------------------------------------------------------------------------
+
+    def add_sequence(self) -> int:
+        """A new sequence with no tokens and no blocks; its id (ids are never reused)."""
+        with self.lock:
+            seq, self._next_id = self._next_id, self._next_id + 1
+            self._tables[seq], self._lengths[seq] = [], 0
+            return seq
+
+    def fork(self, seq: int) -> int:
+        """A new sequence with seq's tokens, sharing every one of its blocks (no copy); its id.
+
+        Parallel sampling and beam search: n continuations of one prompt hold the prompt's blocks once.
+        A shared block is copied only when one of its holders writes to it (the partly filled last block).
+        """
+        with self.lock:
+            table = self._tables[self.check_seq(seq)]
+            child = self.add_sequence()
+            self._tables[child], self._lengths[child] = list(table), self._lengths[seq]
+            self._refs[table] += 1  # a table holds each of its blocks once
+            return child
+
+    def free(self, seq: int) -> None:
+        """Remove sequence seq; each of its blocks returns to the pool if no other sequence holds it."""
+        with self.lock:
+            table = self._tables.pop(self.check_seq(seq))
+            del self._lengths[seq]
+            self._refs[table] -= 1
+            for block in table:
+                if self._refs[block] == 0:
+                    self._filled[block] = 0
+                    self._used -= 1
+
+    def append(self, seq: int, k: Array, v: Array) -> None:
+        """Add T_new tokens at the end of sequence seq: k and v (kv_heads, T_new, head_dim), already rotated by
+        RoPE, of the cache's dtype. All or nothing: see append_batch."""
+        k, v = self._check_kv(k, "k", 3), self._check_kv(v, "v", 3)
+        self.append_batch([seq], k[None], v[None])
+
+    def append_batch(self, seq_ids: Sequence[int], k: Array, v: Array) -> None:
+        """Add T_new tokens to each of the N sequences seq_ids: k and v (N, kv_heads, T_new, head_dim).
+
+        All or nothing, and atomic under threads: the checks, the count of blocks needed and every write
+        run under `self.lock`. If the pool has fewer free blocks than the appends need in all (a new block
+        when a last block is full, a copy of a shared last block), PoolExhaustedError names the sequences,
+        the blocks each needs and the blocks free, and no sequence changes.
+        """
+        k, v = self._check_kv(k, "k", 4), self._check_kv(v, "v", 4)
+        if k.shape != v.shape:
+            raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
+        t_new = check_count(k.shape[2], "T_new")
+        with self.lock:
+            seqs = check_sequences(self, seq_ids, k.shape[0], "k")
+            if len(set(seqs)) != len(seqs):
+                raise ValueError(f"seq_ids must name each sequence once; got {seq_ids}")
+            needed = [self.blocks_needed(seq, t_new) for seq in seqs]
+            if sum(needed) > self.blocks_free:
+                raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
+            for i, seq in enumerate(seqs):
+                self._write(seq, k[i], v[i])
+
+    def _refusal(self, seqs: list[int], needed: list[int], t_new: int) -> str:
+        """What a refused append says: the sequences, the blocks each needs, the blocks free."""
+        free = f"{self.blocks_free} of {self.num_blocks} are free; nothing was changed"
+        if len(seqs) == 1:
+            it_needs = f"for sequence {seqs[0]}: it needs {needed[0]} new blocks"
+        else:
+            each = ", ".join(f"sequence {seq}: {n}" for seq, n in zip(seqs, needed, strict=True) if n)
+            it_needs = f"for each of sequences {seqs}: they need {sum(needed)} new blocks ({each})"
+        return (
+            f"the pool cannot hold {t_new} more tokens {it_needs} and {free} (free a sequence, or make a larger pool)"
+        )
+
+    def _check_kv(self, x: Any, name: str, ndim: int) -> np.ndarray:
+        """x must be an ndarray ([N,] kv_heads, T_new, head_dim) of this cache's dtype."""
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{name} must be a NumPy array; got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"{name} must have this cache's dtype {self.dtype}; got {x.dtype}")
+        lead = "N, " if ndim == 4 else ""
+        if x.ndim != ndim or (x.shape[-3], x.shape[-1]) != (self.kv_heads, self.head_dim):
+            raise ValueError(
+                f"{name} must have shape ({lead}{self.kv_heads}, T_new, {self.head_dim}) "
+                f"({lead}kv_heads, T_new, head_dim); got {x.shape}"
+            )
+        return x
+
+    def blocks_needed(self, seq: int, t_new: int) -> int:
+        """New blocks that t_new more tokens of seq take: the ones past its last block's free slots, and one
+        for a copy of its last block if that is shared and partly filled (it will be written). A scheduler
+        asks this before a step, to admit or hold requests."""
+        t_new = check_count(t_new, "t_new")
+        with self.lock:
+            table, length = self._tables[self.check_seq(seq)], self._lengths[seq]
+            room = len(table) * self.block_size - length  # free slots in the last block
+            copy = room > 0 and t_new > 0 and self._refs[table[-1]] > 1
+            return -(-max(0, t_new - room) // self.block_size) + int(copy)
+
+    def _write(self, seq: int, k: Array, v: Array) -> None:
+        """Write k, v (kv_heads, T_new, head_dim) at seq's end, block by block (the blocks are known to be free)."""
+        table, written = self._tables[seq], 0
+        while written < k.shape[1]:
+            length = self._lengths[seq]
+            slot = length % self.block_size
+            if slot == 0:  # the last block is full (or there is none): take a new one
+                table.append(self._take_block(after=table[-1] if table else None))
+            elif self._refs[table[-1]] > 1:  # shared: copy it before the first write (copy-on-write)
+                table[-1] = self._copy_block(table[-1], after=table[-2] if len(table) > 1 else None)
+            block, n = table[-1], min(self.block_size - slot, k.shape[1] - written)
+            self._k[:, block, slot : slot + n] = k[:, written : written + n]  # (Hkv, n, E)
+            self._v[:, block, slot : slot + n] = v[:, written : written + n]
+            self._filled[block] = slot + n
+            self._lengths[seq], written = length + n, written + n
+
+    def _take_block(self, after: int | None) -> int:
+        """A free block, held once: the one right after `after` if it is free; else, from the longest run of
+        free blocks, its first block if it starts the pool, or its middle if it follows a block in use (that
+        block's sequence may want to grow into it). Runs stay long: a sequence grows into the blocks after
+        its own, and sequences that start or move meanwhile land far from each other."""
+        if after is not None and after + 1 < self.num_blocks and self._refs[after + 1] == 0:
+            block = after + 1
+        else:
+            free = np.concatenate([[0], self._refs == 0, [0]]).astype(np.int8)  # (num_blocks + 2,)
+            edges = np.flatnonzero(np.diff(free))  # each run of free blocks: its start, then its stop
+            starts, stops = edges[0::2], edges[1::2]
+            longest = int(np.argmax(stops - starts))
+            start, stop = int(starts[longest]), int(stops[longest])
+            block = start if start == 0 else (start + stop - 1) // 2
+        self._refs[block] = 1
+        self._used += 1
+        return block
+
+    def _copy_block(self, shared: int, after: int | None) -> int:
+        """A private copy of a shared block (its filled slots), for the table about to write to it."""
+        block = self._take_block(after)
+        filled = self._filled[shared]
+        self._k[:, block, :filled] = self._k[:, shared, :filled]  # (Hkv, filled, E)
+        self._v[:, block, :filled] = self._v[:, shared, :filled]
+        self._filled[block] = filled
+        self._refs[shared] -= 1  # still held by the others
+        return block
+
+
+# ---------------------------------------------------------------------------------------------------
+# one decode step through the block tables
+
+
+class PageChunk(NamedTuple):
+    """One work item of a paged decode step: the query matrix number `query` against the first `keys`
+    token slots of `pages` (blocks of the pool, in token order)."""
+
+    query: int
+    pages: tuple[int, ...]
+    keys: int
+
+
+def consecutive_runs(pages: Sequence[int]) -> list[tuple[int, int]]:
+    """(first page, count) of each run of consecutive pages, in order: [7, 8, 9, 3, 4] -> [(7, 3), (3, 2)]."""
+    runs: list[tuple[int, int]] = []
+    for page in pages:
+        if runs and page == runs[-1][0] + runs[-1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((page, 1))
+    return runs
+
+
+def page_blocks(cache: PagedKVCache, chunk: PageChunk, block_k: int) -> Iterator[list[tuple[Array, Array]]]:
+    """The keys and values of a chunk as blocks of about block_k keys (whole pages), each a list of pieces
+    (k (Hkv, n, E), v (Hkv, n, Ev)): one per run of consecutive pages, a view of the pool, never a copy."""
+    size, heads, dim = cache.block_size, cache.kv_heads, cache.head_dim
+    k_pool, v_pool = cache.k_pool, cache.v_pool  # (Hkv, blocks, block_size, E) each, read-only views
+    per_block = max(1, block_k // size)  # pages per block: the block structure does not depend on the layout
+    for first in range(0, len(chunk.pages), per_block):
+        keys_left = chunk.keys - first * size  # the last page of the chunk may be partly filled
+        pieces = []
+        for start, count in consecutive_runs(chunk.pages[first : first + per_block]):
+            n = min(count * size, keys_left)
+            k = k_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
+            v = v_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
+            pieces.append((k, v))
+            keys_left -= n
+        yield pieces
+
+
+def sequence_chunks(query: int, pages: Sequence[int], keys: int, page_size: int, splits: int) -> list[PageChunk]:
+    """A sequence's `keys` keys in `pages` as min(splits, pages) chunks of whole pages, in token order."""
+    n_pages = -(-keys // page_size)  # pages that hold a key
+    if n_pages == 0:
+        return []
+    splits = min(splits, n_pages)
+    bounds = [n_pages * i // splits for i in range(splits + 1)]  # chunk i: pages bounds[i] .. bounds[i + 1] - 1
+    return [
+        PageChunk(query, tuple(pages[start:stop]), min(keys, stop * page_size) - start * page_size)
+        for start, stop in zip(bounds, bounds[1:], strict=False)
+    ]
+
+
+def attend_page_chunks(
+    queries: list[Array], cache: PagedKVCache, chunks: list[PageChunk], workers: int
+) -> list[tuple[Array, Array]]:
+    """(out (Hkv, R, Ev), lse (Hkv, R)) of every chunk, its query matrix queries[chunk.query] (Hkv, R, E) already
+    scaled, computed by attend_blocks on the chunks' pages in place, the chunks spread over the workers."""
+    results: list[tuple[Array, Array]] = [(queries[0], queries[0])] * len(chunks)
+
+    def run(i: int) -> None:
+        q_s = queries[chunks[i].query]
+        converted = 0 if cache.dtype == q_s.dtype else 2 * cache.kv_heads * cache.head_dim  # a float16 pool
+        blocks = page_blocks(cache, chunks[i], block_keys(q_s.shape[0] * q_s.shape[1], converted))
+        results[i] = attend_blocks(q_s, blocks, cache.head_dim)
+
+    longest_first = sorted(range(len(chunks)), key=lambda i: -chunks[i].keys)  # the workers finish together
+    if len(chunks) <= 1:  # one chunk: BLAS may use its own threads on it
+        for i in longest_first:
+            run(i)
+    else:  # the chunks are the parallelism; chosen without the workers, so any number gives the same bits
+        with one_blas_thread():
+            run_items(run, longest_first, min(workers, len(chunks)))
+    return results
+
+
+def merge_per_query(
+    parts: list[tuple[Array, Array]], chunks: list[PageChunk], queries: list[Array], ev: int
+) -> list[tuple[Array, Array]]:
+    """Each query matrix's chunks merged by merge_chunks, in chunk order: a list of (out (Hkv, R, Ev), lse (Hkv, R)).
+    A query matrix without chunks (a sequence with no token) gets out 0 and lse -inf."""
+    mine: dict[int, list[tuple[Array, Array]]] = {}
+    for part, chunk in zip(parts, chunks, strict=True):
+        mine.setdefault(chunk.query, []).append(part)
+    merged = []
+    for index, q_s in enumerate(queries):
+        if index in mine:
+            merged.append(merge_chunks([out for out, _ in mine[index]], [lse for _, lse in mine[index]]))
+        else:
+            merged.append((np.zeros((*q_s.shape[:-1], ev), q_s.dtype), np.full(q_s.shape[:-1], -np.inf, q_s.dtype)))
+    return merged
+
+
+def decode_pages(
+    q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
+) -> tuple[Array, Array]:
+    """paged_decode's work on checked inputs, under the cache's lock: q (N, Hq, L, E) -> out (N, Hkv, G·L, Ev)
+    and lse (N, Hkv, G·L) in the compute dtype. kv_splits None: default_kv_splits of each sequence."""
+    # 1) each sequence's query matrix: its G·L query rows of each kv head stacked, the scale folded in once
+    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, G·L, E)
+    if q_s.shape[0] == 0:  # no sequence: nothing to read
+        return q_s.copy(), q_s[..., 0].copy()
+    # 2) each sequence's pages as chunks, the work items; a sequence with no token has none
+    chunks = []
+    for i, seq in enumerate(seqs):
+        length = cache._lengths[seq]
+        splits = kv_splits or default_kv_splits(length, workers)
+        chunks += sequence_chunks(i, cache._tables[seq], length, cache.block_size, splits)
+    # 3) every chunk against its pages in place, then one merge per sequence
+    queries = list(q_s)
+    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.head_dim)
+    return np.stack([out for out, _ in merged]), np.stack([lse for _, lse in merged])
+
+
+def scaled_queries(q: np.ndarray, cache: PagedKVCache, scale: float) -> Array:
+    """q (N, Hq, L, E) as each sequence's query matrix, the G = Hq / Hkv query heads that read a kv head stacked
+    (query head h reads kv head h // G: neighbours, so a reshape suffices) and the scale folded in once:
+    (N, Hkv, G·L, E) in the compute dtype."""
+    n, hq, n_q, e = q.shape
+    rows = hq // cache.kv_heads * n_q
+    return np.multiply(q.reshape(n, cache.kv_heads, rows, e), scale, dtype=compute_dtype(q, cache.k_pool))
+
+
+def shared_prefix(tables: list[list[int]], lengths: list[int], page_size: int) -> tuple[int, int]:
+    """(pages, keys) that every sequence shares: the leading blocks that all the tables hold at the same
+    place. Keys: those pages' slots, or the sequences' common length if the last shared block is partly
+    filled (a shared block is never written, so every sequence then ends in it)."""
+    pages = 0
+    while all(len(table) > pages for table in tables) and len({table[pages] for table in tables}) == 1:
+        pages += 1
+    return pages, min(min(lengths), pages * page_size)
+
+
+def decode_cascade(
+    q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
+) -> tuple[Array, Array]:
+    """cascade_decode's work on checked inputs, under the cache's lock: as decode_pages, but the pages that
+    every sequence shares are read once, by the queries of all N sequences stacked into one matrix."""
+    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, R, E): R = G·L query rows per sequence and kv head
+    n, hkv, rows, e = q_s.shape
+    size = cache.block_size
+    if n == 0:  # no sequence: nothing to read
+        return q_s.copy(), q_s[..., 0].copy()
+    tables, lengths = [cache._tables[seq] for seq in seqs], [cache._lengths[seq] for seq in seqs]
+    pages, keys = shared_prefix(tables, lengths, size)
+    # 1) the shared prefix, once: all N·R query rows of a kv head against it, as one matrix (query number N)
+    q_all = q_s.transpose(1, 0, 2, 3).reshape(hkv, n * rows, e)  # (Hkv, N·R, E)
+    chunks = sequence_chunks(n, tables[0][:pages], keys, size, kv_splits or default_kv_splits(keys, workers))
+    # 2) each sequence's own pages, after the prefix (none if it ends in the prefix)
+    for i, (table, length) in enumerate(zip(tables, lengths, strict=True)):
+        splits = kv_splits or default_kv_splits(length - keys, workers)
+        chunks += sequence_chunks(i, table[pages:], length - keys, size, splits)
+    queries = [*q_s, q_all]
+    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, e)
+    # 3) the two parts of each sequence, over disjoint keys, combined: merge_states
+    out_shared = merged[n][0].reshape(hkv, n, rows, e).transpose(1, 0, 2, 3)  # (N, Hkv, R, Ev)
+    lse_shared = merged[n][1].reshape(hkv, n, rows).transpose(1, 0, 2)  # (N, Hkv, R)
+    out_own, lse_own = np.stack([out for out, _ in merged[:n]]), np.stack([lse for _, lse in merged[:n]])
+    return merge_states(out_shared, lse_shared, out_own, lse_own)
+
+
+def check_sequences(cache: PagedKVCache, seq_ids: Any, n: int, name: str = "x") -> list[int]:
+    """seq_ids as a list of n ids of sequences in cache, one for each row of `name` (its first axis)."""
+    if not isinstance(seq_ids, Iterable) or isinstance(seq_ids, (str, bytes)):
+        raise TypeError(f"seq_ids must be a sequence of ids, one per row of {name}; got {type(seq_ids).__name__}")
+    seqs = [cache.check_seq(seq) for seq in seq_ids]
+    if len(seqs) != n:
+        raise ValueError(f"{name} has {n} sequences (its first axis) but seq_ids names {len(seqs)}")
+    return seqs
+
+
+def check_paged(
+    q: Any, cache: Any, seq_ids: Any, scale: Any, kv_splits: Any, workers: Any
+) -> tuple[np.ndarray, list[int], float, int | None, int]:
+    """paged_decode's inputs checked, once: q (N, Hq, L, E) for the N sequences seq_ids of cache."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache; got {type(cache).__name__}")
+    q = as_float_array(q, "q")
+    if q.ndim != 4 or q.shape[-1] != cache.head_dim or q.shape[1] % cache.kv_heads:
+        raise ValueError(
+            f"q must be (N, Hq, L, {cache.head_dim}) (sequences, query heads, queries, head_dim) with Hq a multiple "
+            f"of the cache's kv_heads={cache.kv_heads}; got shape {q.shape}"
+        )
+    seqs = check_sequences(cache, seq_ids, q.shape[0], "q")
+    scale = check_scale(scale, cache.head_dim, compute_dtype(q, cache.k_pool))
+    kv_splits = None if kv_splits is None else check_positive_int(kv_splits, "kv_splits")
+    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    return q, seqs, scale, kv_splits, workers
+
+
+def paged_decode(
+    q: Array,
+    cache: PagedKVCache,
+    seq_ids: Sequence[int],
+    *,
+    scale: float | None = None,
+    kv_splits: int | None = None,
+    workers: int | None = None,
+    return_lse: bool = False,
+) -> Array | tuple[Array, Array]:
+    """One decode step for N sequences of different lengths: attention of q[i] over sequence seq_ids[i]'s keys.
+
+    q (N, Hq, L, E) -> out (N, Hq, L, E), and with return_lse=True also lse (N, Hq, L). Every query sees
+    every key of its sequence (for L = 1 that is causal attention: the query is the newest token), so out[i]
+    equals attention(q[i], K_i, V_i) with K_i, V_i = cache.gather(seq_ids[i]), the keys laid out
+    contiguously. Query head h reads kv head h // (Hq / kv_heads).
+
+    The keys are read through the block tables where they lie: each run of consecutive blocks is one
+    matmul operand, never copied. A sequence is split into kv_splits chunks of whole blocks (default
+    default_kv_splits: one per worker, 1,024 keys or more each), every chunk of every sequence is a work
+    item for `workers` threads (default the CPU count), and each sequence's chunks are merged by
+    merge_chunks, as flash_decode does. For a given kv_splits the result is the same bits for any number
+    of workers. The cache's lock is held while it reads. float16 is computed in float32.
+
+    >>> cache = PagedKVCache(num_blocks=4, block_size=2, kv_heads=1, head_dim=2)
+    >>> seq = cache.add_sequence()
+    >>> cache.append(seq, np.eye(2, dtype=np.float32)[None], np.eye(2, dtype=np.float32)[None])
+    >>> paged_decode(np.array([[[[9.0, 0.0]]]], np.float32), cache, [seq]).round(3)   # sees key 0 far more
+    array([[[[0.998, 0.002]]]], dtype=float32)
+    """
+    return run_decode(decode_pages, q, cache, seq_ids, scale, kv_splits, workers, return_lse)
+
+
+def cascade_decode(
+    q: Array,
+    cache: PagedKVCache,
+    seq_ids: Sequence[int],
+    *,
+    scale: float | None = None,
+    kv_splits: int | None = None,
+    workers: int | None = None,
+    return_lse: bool = False,
+) -> Array | tuple[Array, Array]:
+    """paged_decode's result, computed as cascade attention (FlashInfer): the blocks that every sequence
+    shares (a common prompt, after fork) are read once for all of them, the rest of each sequence on its own.
+
+    With a prefix P shared by all N sequences and each one's own keys O_i after it:
+        out_P, lse_P = attention(all N sequences' queries stacked, P)     one pass over P, N·Hq·L rows
+        out_i, lse_i = attention(q_i, O_i)                                  each sequence alone
+        out = merge_states(out_P, lse_P, out_i, lse_i)                      disjoint keys: exact
+    Decoding N samples of one long prompt then reads the prompt once per step, not N times, in matmuls of
+    N times the rows. The shared prefix is the leading blocks that every table holds at the same place
+    (none: this is paged_decode). Arguments and result as in paged_decode.
+    """
+    return run_decode(decode_cascade, q, cache, seq_ids, scale, kv_splits, workers, return_lse)
+
+
+def run_decode(
+    kernel: Any, q: Any, cache: Any, seq_ids: Any, scale: Any, kv_splits: Any, workers: Any, return_lse: Any
+) -> Array | tuple[Array, Array]:
+    """The door of paged_decode and cascade_decode: check once, run the kernel under the cache's lock, shape."""
+    return_lse = check_bool(return_lse, "return_lse")
+    q, seqs, scale, kv_splits, workers = check_paged(q, cache, seq_ids, scale, kv_splits, workers)
+    with cache.lock:
+        out, lse = kernel(q, cache, seqs, scale, kv_splits, workers)
+    out = out.reshape(q.shape).astype(result_dtype(q, cache.k_pool), copy=False)  # (N, Hq, L, E)
+    lse = lse.reshape(q.shape[:-1])  # (N, Hq, L), in the compute dtype
+    return (out, lse) if return_lse else out
