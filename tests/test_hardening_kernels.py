@@ -256,3 +256,20 @@ def test_split_heads_checks_its_input():
 def test_byte_estimates_refuse_heads_that_do_not_group():
     with pytest.raises(ValueError, match="heads must be a multiple of kv_heads"):
         flash_attention_backward_bytes(64, heads=6, kv_heads=4, head_dim=8)
+
+
+def test_multihead_decoding_into_one_kv_cache_from_threads_keeps_every_token(rng):
+    # the length read, the rotation at it and the append are one step under the cache's lock: no token lost,
+    # no two tokens at one position (issue 21, item 2, through MultiHeadAttention)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tinyattn_np import KVCache
+
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=0)
+    cache = KVCache(1, 2, 400, 4)
+    x = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: mha(x, cache=cache), range(200)))
+    assert len(cache) == 200
+    keys = cache.keys[0, 0]  # the same token at 200 positions: RoPE turned each by its own, so all differ
+    assert len({tuple(np.round(key, 5)) for key in keys}) == 200

@@ -202,6 +202,11 @@ class MultiHeadAttention:
                 f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this "
                 f"input; got batch={cache.batch}, kv_heads={cache.kv_heads}, head_dim={cache.head_dim}"
             )
+        with cache.lock:  # the length read here is the one the append continues, whatever other threads do
+            return self._attend_kv_cache(x, cache, fused)
+
+    def _attend_kv_cache(self, x: Array, cache: KVCache, fused: bool) -> Array:
+        """x (B, T, d_model) continuing a KVCache (checked, its lock held) -> y (B, H, T, d_head)."""
         # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
         start, T = len(cache), x.shape[1]
         q, k, v = self._project(x, np.arange(start, start + T), self.w_qkv)
