@@ -19,7 +19,7 @@
 # Attention in NumPy, from one head to decoding with a KV cache, with pictures where a picture says more
 # than a table: one head and its weights, the causal mask in its two alignments, multi-head attention,
 # RoPE, flash attention and the tiles it skips, time and memory as T doubles, the gradients by hand and
-# a training run, and generation with a cache. It runs in about half a minute on two cores.
+# a training run, and generation with a cache. It runs in under ten seconds on two cores.
 #
 # `docs/tour.py` is this notebook as a plain script (jupytext's percent format): edit either, then
 # `jupytext --sync docs/tour.py` brings the other along. To run it: `pip install -e ".[notebook]"`, then
