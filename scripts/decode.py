@@ -44,7 +44,7 @@ from tinyattn_np import (
     paged_decode,
 )
 from tinyattn_np.masks import window_mask
-from tinyattn_np.measure import median_ms, traced_peak
+from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes
 from tinyattn_np.report import Checklist, format_bytes, positive
 
@@ -203,10 +203,10 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
         check(common.max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
-        return {
-            "ours_step_ms": median_ms(lambda: flash_decode(q, keys, values), repeats=5),
-            "torch_step_ms": median_ms(lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True), repeats=5),
-        }
+        # settled: no library's threads still spin from the other's last call (one held torch's for 8 ms)
+        settled = common.settled_median_ms
+        sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
+        return {"ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5), "torch_step_ms": settled(sdpa, 5)}
 
     return step
 

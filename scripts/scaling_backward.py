@@ -113,10 +113,10 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
             line += [f"{r['torch_backward_ms']:.1f}", f"{r['backward_ms'] / r['torch_backward_ms']:.2f}"]
         body.append(line)
     print(common.marked_table(body, rows, headers, args.format))
-    print(
-        "backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev)); "
-        "torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward excluded"
-    )
+    torch_note = "; torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward " \
+        "excluded" if args.torch else ""  # fmt: skip
+    print("backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev))"
+          + torch_note)  # fmt: skip
 
 
 def title(args: argparse.Namespace, run: SimpleNamespace) -> str:

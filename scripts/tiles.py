@@ -145,24 +145,24 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     body = []
     for r in rows:
         gflops = flops / r[f"ms_{cores}"] / 1e6
-        mark = " <- default" if (r["side"], r["side"], r["per_step"]) == default else ""
-        body.append([f"{r['side']} x {r['side']}", r["per_step"], r["steps"], r["items"], r["ms_1"], r[f"ms_{cores}"],
-                     gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"], r["predicted_16_ms"],
-                     mark])  # fmt: skip
+        mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
+        body.append([f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"],
+                     r[f"ms_{cores}"], gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"],
+                     r["predicted_16_ms"]])  # fmt: skip
     print(
         f"\nflash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
         f"{'causal' if causal else 'no mask'}; median of {args.repeats}; 'ms, {cores} w' = {cores} workers"
     )
     headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
-               "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)", ""]  # fmt: skip
-    label = lambda r: f"{r['side']} x {r['side']}, {r['per_step']} heads per step"  # noqa: E731
+               "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]  # fmt: skip
+    label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
     print(common.marked_table(body, rows, headers, args.format, label, floatfmt=".1f"))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
     print(
-        f"fastest here: {best['side']} x {best['side']}, {best['per_step']} heads per step "
+        f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
         f"({best[f'ms_{cores}']:.1f} ms on {cores} workers); the default at this shape on this machine: "
-        f"{default[0]} x {default[1]}, {default[2]} heads per step; on 16 cores: {xeon[0]} x {xeon[1]}, "
-        f"{xeon[2]} heads per step (flash.default_tiles)"
+        f"{default[0]} x {default[1]}, {per_step(default[2])}; on 16 cores: {xeon[0]} x {xeon[1]}, "
+        f"{per_step(xeon[2])} (flash.default_tiles)"
     )
     if kappa:
         print(
@@ -171,6 +171,11 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
             f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w); Amdahl x16 leaves the "
             "lock hand-offs out and is a ceiling only"
         )
+
+
+def per_step(n: int) -> str:
+    """'1 kv head per step', '4 kv heads per step': a tile step's kv heads, each with its query heads."""
+    return f"{n} kv head{'' if n == 1 else 's'} per step"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,14 +158,14 @@ def flash_decode(
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), and with
     return_lse=True also lse (..., Hq, L). Every query sees every key: for a decode step (L = 1) that
     is exactly causal attention with bottom-right alignment, since the one query is the newest token.
-    Meant for few queries (decoding, a short continuation): a worker's scores hold B·Hq·L·256 values;
-    for long L use flash_attention, whose tiles also bound L.
+    Meant for few queries (decoding, a short continuation): a worker's scores hold about 2^17 values, and
+    at least B·Hq·L·256 (block_keys); for long L use flash_attention, whose tiles also bound L.
 
     kv_splits: number of contiguous key chunks (default: default_kv_splits(S, workers)); more than S
     acts as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. For a given
     kv_splits the result is the same bits for any number of workers (the chunks and the order of the
     merge are fixed); for any kv_splits it equals attention() to float rounding.
-    float16 is computed in float32, a block of 256 keys at a time, and out cast back; lse stays float32,
+    float16 is computed in float32, one block of keys at a time, and out cast back; lse stays float32,
     as flash_attention returns it.
     """
     return_lse = check_bool(return_lse, "return_lse")
