@@ -23,13 +23,13 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from test_ring import MPIEXEC, run_mpi
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -128,28 +128,17 @@ def run_here(block: Block) -> str:
 def run_under_mpiexec(block: Block, folder: Path) -> str:
     """Run a block as a script under the `mpiexec -n N` its comment names; return rank output."""
     pytest.importorskip("mpi4py", reason='mpi4py is missing: pip install -e ".[distributed]"')
-    beside = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(beside) if beside.exists() else shutil.which("mpiexec")
-    if mpiexec is None:
+    if MPIEXEC is None:
         pytest.skip('mpiexec is missing: pip install -e ".[distributed]"')
     ranks = re.search(r"mpiexec -n (\d+)", block.source)
     assert ranks, f"{block.name}: a block that imports mpi4py names how it runs: `mpiexec -n N python ...`"
     script = folder / "block.py"
     script.write_text(block.source, encoding="utf-8")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    command = [mpiexec, "-n", ranks.group(1), sys.executable, str(script)]
-    # a session of its own, so that a hang is ended with every rank, not just mpiexec
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    with subprocess.Popen(command, cwd=folder, env=env, start_new_session=True, **pipes) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-            pytest.fail(f"{block.name} under mpiexec ran past 120 s\n{stdout}\n{stderr}")
-    assert process.returncode == 0, f"{block.name} under mpiexec: exit {process.returncode}\n{stdout}\n{stderr}"
-    return stdout
+    result = run_mpi(int(ranks.group(1)), str(script), timeout=120, cwd=folder)
+    assert result.returncode == 0, (
+        f"{block.name} under mpiexec: exit {result.returncode}\n{result.stdout}\n{result.stderr}"
+    )
+    return result.stdout
 
 
 @pytest.mark.parametrize(("block", "shown"), EXAMPLES, ids=[block.name for block, _ in EXAMPLES])

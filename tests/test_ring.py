@@ -465,8 +465,9 @@ def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
 # --- real processes: mpiexec -n 1, 2, 3, 4 --------------------------------------------------------------
 
 
-def run_mpi(ranks: int, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """`mpiexec -n ranks python args...` with this checkout on the path and one BLAS thread per rank."""
+def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`mpiexec -n ranks python args...` in cwd, with this checkout on the path and one BLAS thread per rank;
+    a run past `timeout` seconds is killed with every rank and fails the test."""
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -477,7 +478,7 @@ def run_mpi(ranks: int, *args: str, timeout: float = 90) -> subprocess.Completed
     command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
     # a session of its own, so that a hang is ended with every rank, not just mpiexec
     with subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     ) as process:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
