@@ -20,12 +20,13 @@ from numpy.typing import NDArray
 
 from ._checks import ACCEPTED_DTYPES, QKVShape, as_float_array, check_bool, check_positive_int, check_rng
 from .attention import Hidden, attend, check_fits
-from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward, rope_backward
+from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward
 from .flash import Band, TileMask, check_band, check_block_mask, flash_forward, flash_plan
 from .kvcache import KVCache
 from .mods import check_score_mod
 from .paged import PagedKVCache, check_sequences, decode_pages
 from .position import rope as apply_rope
+from .position import rope_backward
 from .splitkv import decode, default_kv_splits, merge_chunks
 
 Array = NDArray[np.floating]
