@@ -16,8 +16,8 @@ The reading order: each file uses only what came before it.
     10  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
     11  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
     12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
-    13  kvcache.py       decoding with a cache of keys and values
-    14  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
     15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
     16  ring.py          ring attention: the sequence split over MPI processes, forward and backward
     17  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
