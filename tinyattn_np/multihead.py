@@ -6,6 +6,10 @@
     out = concat_heads(y) W_out        (B, T, d_model)
 
 Splitting into heads adds no parameters: it only decides how the d_model channels are grouped.
+Training: forward() keeps what backward() needs, and backward() derives every gradient by hand. Decoding
+belongs to the caches that come after this file (kvcache.py, paged.py): self(x, cache=c) hands x to
+c.attend(self, x), which projects it with split_heads at the positions that continue c and attends through
+attend_heads, the one function here that runs the heads' attention (flash or the reference).
 """
 
 from __future__ import annotations
