@@ -1,5 +1,5 @@
-"""The gradients of attention, by hand: the reference from the weights, FlashAttention-2's blockwise
-backward that recomputes them tile by tile, and the gradient through RoPE.
+"""The gradients of attention, by hand: the reference from the weights, and FlashAttention-2's blockwise
+backward that recomputes them tile by tile.
 
 The forward, with S the scaled scores and P the weights (attention.py):
 
@@ -62,7 +62,6 @@ from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, 
 from .flash import TileMods, apply_mods, check_block_mask
 from .flex import check_flex
 from .mods import check_score_mod, score_indices
-from .position import rope, rope_positions
 
 Array = NDArray[np.floating]
 
@@ -72,7 +71,6 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_backward_one_head",
     "flex_attention_backward",
-    "rope_backward",
 ]
 
 
@@ -610,32 +608,3 @@ def check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
             f"to {p_sums[head, row]:.6g}, not 1. Pass the causal, window, align, scale (and block_mask, "
             "score_mod, sinks) the forward used, with its own out and lse (flash_attention(..., return_lse=True))"
         )
-
-
-def rope_backward(
-    grad: Array,
-    *,
-    positions: Any = None,
-    base: float = 10000.0,
-    interleaved: bool = True,
-    scaling: dict[str, Any] | None = None,
-    seq_len: int | None = None,
-    max_position_embeddings: int | None = None,
-) -> Array:
-    """∂loss/∂x from ∂loss/∂rope(x) = grad (..., T, d): rope with the angles negated.
-
-    rope multiplies each channel pair at position m by a · R(mθ_i), a rotation (times scaling's attention
-    factor a, 1 without scaling), so the gradient goes back through a · R(mθ_i)ᵀ = a · R(−mθ_i): the
-    rotation by −θ. Pass what the forward got (position.rope): positions, base, pair layout, scaling,
-    seq_len and max_position_embeddings. Channels that partial rotary leaves alone pass the gradient as is.
-    """
-    grad = as_float_array(grad, "grad")
-    if grad.ndim < 2:
-        raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
-    # the forward's positions (T,), checked as rope checks them, as float64: negating an unsigned int would wrap
-    forward = rope_positions(positions, grad.shape[-2])
-    if seq_len is None and scaling is not None and forward.size:
-        # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
-        seq_len = max(int(forward.max()) + 1, 1)
-    return rope(grad, positions=-forward, base=base, interleaved=interleaved, scaling=scaling, seq_len=seq_len,
-                max_position_embeddings=max_position_embeddings)  # fmt: skip
