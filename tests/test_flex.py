@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import assert_close, gold_attention
+from scipy.special import logsumexp
 
 from tinyattn_np import (
     Alibi,
@@ -25,7 +26,6 @@ from tinyattn_np import (
     document_mod,
     draw_tile_plan,
     flash_attention,
-    flash_attention_one_head,
     flash_attention_varlen,
     flex_attention,
     noop_mask,
@@ -35,6 +35,7 @@ from tinyattn_np import (
     tile_plan,
     varlen_mod,
 )
+from tinyattn_np.mods import score_indices
 
 B, HQ, HKV, E, EV = 2, 4, 2, 8, 5
 
@@ -243,17 +244,19 @@ def test_document_ids_and_varlen_equal_each_sequence_alone(rng):
     np.testing.assert_array_equal(mask, gold)
 
 
-def test_the_one_head_plain_path_is_the_fast_path(rng):
-    """flash_attention_one_head with a block mask, a score_mod and a sink equals flex_attention's head."""
+def test_a_block_mask_a_score_mod_and_sinks_in_odd_tiles_are_the_reference(rng):
+    """flex_attention with a block mask in tiles that divide neither L nor S, ALiBi and a sink per head equals
+    the reference with the same mods; lse is the logsumexp of the modded, masked scores and the sink."""
     q, k, v = inputs(rng, 11, 14)
-    block_mask = create_block_mask(prefix_lm_mod(3), None, HQ, 11, 14, BLOCK_SIZE=(4, 3))
+    mask_mod = prefix_lm_mod(3)
+    block_mask = create_block_mask(mask_mod, None, HQ, 11, 14, BLOCK_SIZE=(4, 3))
     alibi, sinks = Alibi(alibi_slopes(HQ), 11, 14), np.array([0.3, 0.1, -0.2, 1.0])
     out, lse = flex_attention(q, k, v, alibi, block_mask, enable_gqa=True, return_lse=True, sinks=sinks)
-    for h in range(HQ):
-        one_out, one_lse = flash_attention_one_head(q[0, h], k[0, h // 2], v[0, h // 2], score_mod=alibi,
-                                                    block_mask=block_mask, sink=sinks[h], head=h)  # fmt: skip
-        assert_close(one_out, out[0, h], np.float64, f"head {h}")
-        assert_close(one_lse, lse[0, h], np.float64, f"lse of head {h}")
+    assert_close(out, attention(q, k, v, score_mod=alibi, mask_mod=mask_mod, sinks=sinks), np.float64, "out")
+    scores = np.einsum("bhle,bhse->bhls", q, np.repeat(k, 2, axis=1)) / np.sqrt(E)  # (B, Hq, L, S)
+    scores = np.where(create_mask(mask_mod, B, HQ, 11, 14), alibi(scores, *score_indices((B,), HQ, 11, 14)), -np.inf)
+    with_sink = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (B, HQ, 11, 1))], axis=-1)
+    assert_close(lse, logsumexp(with_sink, axis=-1), np.float64, "lse with the sink")
 
 
 def test_same_bits_for_any_number_of_workers_and_heads_per_step(rng):
@@ -330,8 +333,6 @@ def test_errors_name_what_to_pass(rng):
         flex_attention(q, k, v, enable_gqa=True, sinks=[0.0, 1.0])
     with pytest.raises(ValueError, match="device must be None or 'cpu'"):
         create_block_mask(noop_mask, None, None, 6, 6, device="cuda")
-    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
-        flash_attention_one_head(q[0, 0], k[0, 0], v[0, 0], causal=True, block_mask=mask)
     with pytest.raises(ValueError, match=r"q must be packed heads \(H, 6, E\)"):
         flash_attention_varlen(q, k, v, [0, 6], [0, 6])
     with pytest.raises(ValueError, match="cu_seqlens_q must be 1-D ints rising from 0"):
@@ -378,9 +379,6 @@ def test_one_head_inputs_reprs_and_the_remaining_errors(rng):
                       (RelativeBias(np.zeros((2, 3)), 4), "RelativeBias(table of shape (2, 3)"),
                       (Differentiable(noop_score, noop_score), "Differentiable(noop_score)")]:  # fmt: skip
         assert repr(mod).startswith(text)
-    with pytest.raises(ValueError, match="head=5 is not one of the block mask's 4 heads"):
-        per_head = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= h, None, 4, 7, 7)
-        flash_attention_one_head(q, k, v, block_mask=per_head, head=5)
     with pytest.raises(TypeError, match="mask_mod must be a function"):
         create_block_mask("causal", None, None, 7, 7)
     with pytest.raises(TypeError, match="mask_mod must be a function"):

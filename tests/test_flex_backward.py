@@ -23,8 +23,6 @@ from tinyattn_np import (
     causal_mod,
     create_block_mask,
     document_mod,
-    flash_attention_backward_one_head,
-    flash_attention_one_head,
     flex_attention,
     flex_attention_backward,
     prefix_lm_mod,
@@ -189,23 +187,17 @@ def test_same_bits_for_any_number_of_workers(rng):
             np.testing.assert_array_equal(a, b)
 
 
-def test_the_one_head_plain_backward_is_the_fast_path(rng):
+def test_a_block_mask_and_a_score_mod_in_odd_tiles_are_the_reference(rng):
+    """The backward through a block mask in tiles that divide neither L nor S and a softcap equals the
+    reference's gradients with the same mods."""
     q, k, v, dout = inputs(rng, 11, 13)
-    block_mask = create_block_mask(prefix_lm_mod(3), None, HQ, 11, 13, BLOCK_SIZE=(4, 3))
-    softcap = Softcap(1.1)
+    mask_mod, softcap = prefix_lm_mod(3), Softcap(1.1)
+    block_mask = create_block_mask(mask_mod, None, HQ, 11, 13, BLOCK_SIZE=(4, 3))
     out, lse = flex_attention(q, k, v, softcap, block_mask, enable_gqa=True, return_lse=True)
     fast = flex_attention_backward(q, k, v, out, dout, lse, score_mod=softcap, block_mask=block_mask, enable_gqa=True)
-    dk, dv = np.zeros_like(k), np.zeros_like(v)
-    for h in range(HQ):
-        head = (q[0, h], k[0, h // 2], v[0, h // 2])
-        mods = dict(score_mod=softcap, block_mask=block_mask, head=h)
-        one_out, one_lse = flash_attention_one_head(*head, **mods)
-        dq_h, dk_h, dv_h = flash_attention_backward_one_head(*head, one_out, dout[0, h], one_lse, **mods)
-        np.testing.assert_allclose(dq_h, fast.dq[0, h], rtol=1e-12, atol=1e-12)
-        dk[0, h // 2] += dk_h
-        dv[0, h // 2] += dv_h
-    np.testing.assert_allclose(dk[0], fast.dk[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dv[0], fast.dv[0], rtol=1e-12, atol=1e-12)
+    gold = attention_backward(q, k, v, dout, score_mod=softcap, mask_mod=mask_mod)
+    for name, mine, ref in zip(("dq", "dk", "dv"), fast[:3], gold, strict=True):
+        np.testing.assert_allclose(mine, ref, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -290,11 +282,3 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
         bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
-
-
-def test_the_one_head_backward_refuses_a_block_mask_with_causal(rng):
-    q, k, v, dout = (x[0, 0] for x in inputs(rng))
-    block_mask = create_block_mask(causal_mod(L, S), None, None, L, S)
-    out, lse = flash_attention_one_head(q, k, v, block_mask=block_mask)
-    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
-        flash_attention_backward_one_head(q, k, v, out, dout, lse, causal=True, block_mask=block_mask)

@@ -2,27 +2,28 @@
 
 The reading order: each file uses only what came before it.
 
-     1  softmax.py     softmax, logsumexp, merge_states: the online-softmax algebra
-     2  masks.py       the causal mask in its two alignments, sliding windows
-     3  head.py        one head, a line per step: softmax(q kᵀ / √d) v
-     4  mods.py        an attention pattern as a function of positions: mask_mod and score_mod (FlexAttention),
-                       the ready-made ones (causal, window, prefix-LM, documents, ALiBi, softcap, a bias table)
-     5  attention.py   the reference that builds the scores; torch's scaled_dot_product_attention
-     6  blockmask.py   which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
-     7  flash.py       the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
-                       the fast path that batches heads over worker threads
-     8  flex.py        flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
-     9  backward.py    the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
-    10  position.py    RoPE in both pair layouts, and its scaling for long context
-    11  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
-    12  kvcache.py     decoding with a cache of keys and values
-    13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    14  paged.py       serving many sequences: a pool of blocks, block tables, decoding through them
-    15  shards.py      the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    16  _mpi.py        the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    17  ring.py        ring attention: the sequence split over MPI processes, forward and backward
-    18  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                       (15 to 18 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+     1  softmax.py       softmax, logsumexp, merge_states: the online-softmax algebra
+     2  masks.py         the causal mask in its two alignments, sliding windows
+     3  head.py          one head, a line per step: softmax(q kᵀ / √d) v
+     4  mods.py          an attention pattern as a function of positions: mask_mod and score_mod (FlexAttention),
+                         the ready-made ones (causal, window, prefix-LM, documents, ALiBi, softcap, a bias table)
+     5  attention.py     the reference that builds the scores; torch's scaled_dot_product_attention
+     6  blockmask.py     which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
+     7  flash.py         the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
+                         the fast path that batches heads over worker threads
+     8  flex.py          flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
+     9  backward.py      the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
+    10  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
+    11  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
+    12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
+    13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
+    15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
+    16  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    17  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    18  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    19  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (16 to 19 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
@@ -39,7 +40,6 @@ from .backward import (
     flash_attention_backward,
     flash_attention_backward_one_head,
     flex_attention_backward,
-    rope_backward,
 )
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
@@ -88,6 +88,7 @@ from .position import (
     permute_qk_weight,
     rope,
     rope_attention_factor,
+    rope_backward,
     rope_frequencies,
     to_half_split,
     to_interleaved,

@@ -19,7 +19,8 @@ import numpy as np
 from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from .memory import attention_flops, kv_cache_bytes, score_matrix_bytes
-from .position import check_rope_scaling, rope_attention_factor, rope_frequencies
+from .position import rope_attention_factor, rope_frequencies
+from .rope_scaling import check_rope_scaling
 
 # ---------------------------------------------------------------------------------------------------
 # model shapes: presets and Hugging Face config.json
