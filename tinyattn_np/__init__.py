@@ -25,10 +25,17 @@ The reading order: each file uses only what came before it.
     19  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
                          (16 to 19 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
-Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
-allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
-_parallel.py (the worker engine), _guard.py (the reference path's memory guard), _bytes.py (bytes per
-dtype, byte units), measure.py, report.py, text.py.
+Then the bills and the tools a script uses to show them:
+
+    20  peaks.py         what our own functions allocate, worked out from their tiles
+    21  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    22  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    23  measure.py       peaks, timings and machine facts, as the scripts measure them
+    24  report.py        the tables the scripts print
+    25  text.py          tokens and embeddings for the demos
+
+Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
+guard), _bytes.py (bytes per dtype, byte units).
 
 The names below are the public API; each lives in the module named after its concept.
 """
