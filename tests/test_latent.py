@@ -4,6 +4,13 @@ its tokens, the backward against central differences, and bad input refused befo
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import bottom_right, gold_attention
@@ -22,6 +29,7 @@ from tinyattn_np import (
 )
 from tinyattn_np import latent as latent_module
 
+ROOT = Path(__file__).resolve().parents[1]
 SIZES = dict(kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6)
 D_MODEL, HEADS = 24, 3
 # naive == absorbed: the same scores summed in another order (float64 to 1e-12, float32 to 1e-5, relative)
@@ -383,3 +391,84 @@ def test_other_bad_input_names_the_argument(rng):
         rms_norm(np.ones((2, 3)), np.ones(4))
     with pytest.raises(ValueError, match="eps must be a finite number > 0"):
         rms_norm(np.ones((2, 3)), np.ones(3), eps=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------
+# scripts/mla.py at tiny sizes (the benchmark itself is never timed here)
+
+
+@pytest.fixture
+def mla_script(monkeypatch):
+    """scripts/mla.py as a module, its common.py patched: no idle waits, fixed ceilings, a quiet machine."""
+    from test_scripts import load
+
+    script = load("mla.py")
+    monkeypatch.setattr(script.common, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(script.common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(script, "read_bandwidth", lambda n_bytes=2**30, repeats=5: 10.0)
+    monkeypatch.setattr(script.common, "load_average", lambda: 0.0)
+    return script
+
+
+def test_mla_script_prints_the_cache_table_and_every_step(mla_script, tmp_path, capsys):
+    figures = tmp_path / "mla.json"
+    flags = ["--heads", "2", "--contexts", "64", "200", "--repeats", "1", "--json", str(figures)]
+    assert mla_script.main(flags) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^latent \(MLA\): c_KV and k_rope\s+-\s+576\s+1,152\s+2,304\s+1\.0x$", out, re.M)
+    assert re.search(r"^multi-head \(MHA\): every head's k and v\s+2\s+640\s+", out, re.M)
+    assert "a step is compute-bound above 10.0 FLOPs per byte read" in out
+    assert re.search(r"^200\s+absorbed\s+[0-9.]+\s+0\.00\s+1\.[0-9]\s+", out, re.M)
+    assert "S = 200: absorbed " in out and "naive " in out and out.rstrip().endswith("all checks passed")
+    saved = json.loads(figures.read_text())
+    assert [row["context"] for row in saved["rows"]] == [64, 200]
+    assert {"naive", "absorbed", "products"} <= set(saved["rows"][0]) and saved["interrupted"] is False
+    flops, read = saved["rows"][1]["absorbed"]["flops"], saved["rows"][1]["absorbed"]["bytes"]
+    assert flops == 2 * 2 * 128 * 512 + 2 * 2 * 200 * (576 + 512) + 2 * 2 * 512 * 128  # absorb, two products, W_UV
+    assert read == (512 * 2 * 256 + 200 * 576) * 4  # W_UKV once, the latents once
+
+
+def test_mla_script_runs_the_absorbed_form_alone_where_the_naive_cache_does_not_fit(mla_script, monkeypatch, capsys):
+    problem = mla_script.common.memory_problem
+    monkeypatch.setattr(mla_script.common, "memory_problem", lambda needed, what, lower, detail="": (
+        "too large" if "naive" in what else problem(needed, what, lower, detail)))  # fmt: skip
+    assert mla_script.main(["--heads", "2", "--contexts", "64", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "S = 64: absorbed" in out and "naive not run: too large" in out
+    assert not re.search(r"^64\s+naive", out, re.M)
+
+
+def test_mla_script_keeps_the_rows_measured_on_ctrl_c(mla_script, monkeypatch, capsys):
+    measure, calls = mla_script.measure_context, []
+
+    def twice(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return measure(*args)
+
+    monkeypatch.setattr(mla_script, "measure_context", twice)
+    assert mla_script.main(["--heads", "2", "--contexts", "64", "128", "--repeats", "1"]) == 130
+    out = capsys.readouterr().out
+    assert re.search(r"^64\s+absorbed", out, re.M) and "interrupted (Ctrl-C) after 1 of 2 rows" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--contexts", "0"], "--contexts: must be a positive int; got 0"),
+        (["--contexts", "100000000000"], "S=100,000,000,000 needs about"),
+        (["--heads", "-2"], "--heads: must be a positive int"),
+        (["--json", "/no/such/folder/mla.json"], "the folder /no/such/folder does not exist"),
+    ],
+)
+def test_mla_script_refuses_bad_flags_up_front(mla_script, capsys, flags, message):
+    with pytest.raises(SystemExit) as stop:
+        mla_script.parse_args(flags)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_mla_script_help():
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "mla.py"), "--help"], capture_output=True,
+                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    assert result.returncode == 0 and "--torch" in result.stdout and "--json PATH" in result.stdout
