@@ -24,7 +24,7 @@ and W_UV,h (r, d_v) are its columns of W_UKV; for a query t and a key s, a line 
 
     q_nope,t · k_nope,s = q_nope,t · (c_s W_UK,h)                    k_nope,s = c_s W_UK,h
                         = (q_nope,t W_UK,hᵀ) · c_s                   a · (c W) = (a Wᵀ) · c: W moves to the query
-    score(t, s) · √d    = [q_nope,t W_UK,hᵀ | q_rope,t] · [c_s | k_rope,s]       one dot product of r + d_rope
+    score(t, s) / scale = [q_nope,t W_UK,hᵀ | q_rope,t] · [c_s | k_rope,s]       one dot product of r + d_rope
     o_h,t = Σ_s p_ts v_s = Σ_s p_ts (c_s W_UV,h)                     v_s = c_s W_UV,h
                          = (Σ_s p_ts c_s) W_UV,h                     a sum of products is the product of the sum
 
@@ -40,10 +40,11 @@ r = 512):
     absorbed, the latent cached:         reads r + d_rope = 576 numbers, once for all H heads;
                                          2 H (r + d_rope) + 2 H r = 278,528 FLOPs
 and once a step, not per token, the absorption (2 H d_nope r) and the up-projection (2 H r d_v). The absorbed
-step does 3.4x the FLOPs per cached token and reads 71x fewer bytes; a decode step of the naive form is bound
-by reading its cache, the absorbed one by arithmetic (scripts/mla.py measures both; docs/latent.md). The naive
-form over the latent cache, decompressing all S tokens every step, would add 2 r H (d_nope + d_v) FLOPs a
-token (33.6 million): prefill, where the queries are many, is where it belongs.
+step does 3.4x the FLOPs per cached token and reads 71x fewer bytes: at 0.5 FLOPs per float32 byte the naive step
+is bound by reading its cache, at 121 the absorbed one by arithmetic wherever the matmul rate is under 121 times
+the read bandwidth (scripts/mla.py measures both; docs/latent.md). The naive form over the latent cache,
+decompressing all S tokens every step, would add 2 r H (d_nope + d_v) FLOPs a token (33.6 million): prefill,
+where the queries are many, is where it belongs.
 
 Details
 
