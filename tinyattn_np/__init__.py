@@ -19,20 +19,22 @@ The reading order: each file uses only what came before it.
     13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
     14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
     15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
-    16  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    17  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    18  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    19  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (16 to 19 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    16  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+                         cache decoded by flash_decode and paged_decode, the backward by hand
+    17  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    18  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    19  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    20  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (17 to 20 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    20  peaks.py         what our own functions allocate, worked out from their tiles
-    21  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    22  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    23  measure.py       peaks, timings and machine facts, as the scripts measure them
-    24  report.py        the tables the scripts print
-    25  text.py          tokens and embeddings for the demos
+    21  peaks.py         what our own functions allocate, worked out from their tiles
+    22  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    23  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    24  measure.py       peaks, timings and machine facts, as the scripts measure them
+    25  report.py        the tables the scripts print
+    26  text.py          tokens and embeddings for the demos
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard), _bytes.py (bytes per dtype, byte units).
@@ -53,6 +55,20 @@ from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .head import one_head
 from .kvcache import KVCache
+from .latent import (
+    RMS_EPS,
+    Attended,
+    LatentSaved,
+    MultiHeadLatentAttention,
+    absorb_query,
+    attend_latent,
+    decompress,
+    join_ukv,
+    latent_softmax_scale,
+    rms_norm,
+    rms_norm_backward,
+    split_ukv,
+)
 from .masks import causal_mask, window_mask
 from .memory import (
     DTYPES,
@@ -108,23 +124,29 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Alibi",
+    "Attended",
     "AttentionMemoryError",
     "BlockMask",
     "DTYPES",
     "Differentiable",
     "FlexGrads",
     "KVCache",
+    "LatentSaved",
     "LearnedPositions",
     "ModelShape",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "PRESETS",
     "PagedKVCache",
     "PoolExhaustedError",
+    "RMS_EPS",
     "RelativeBias",
     "Softcap",
     "Tile",
+    "absorb_query",
     "alibi_slopes",
     "and_masks",
+    "attend_latent",
     "attention",
     "attention_backward",
     "attention_backward_bytes",
@@ -137,6 +159,7 @@ __all__ = [
     "causal_mod",
     "create_block_mask",
     "create_mask",
+    "decompress",
     "document_ids",
     "document_mod",
     "draw_tile_plan",
@@ -152,7 +175,9 @@ __all__ = [
     "flex_attention",
     "flex_attention_backward",
     "half_split_permutation",
+    "join_ukv",
     "kv_cache_bytes",
+    "latent_softmax_scale",
     "load_model_shape",
     "logsumexp",
     "merge_chunks",
@@ -167,6 +192,8 @@ __all__ = [
     "permute_qk_weight",
     "prefix_lm_mod",
     "ring_attention_bytes",
+    "rms_norm",
+    "rms_norm_backward",
     "rope",
     "rope_attention_factor",
     "rope_backward",
@@ -176,6 +203,7 @@ __all__ = [
     "shape_from_config",
     "sliding_window_mod",
     "softmax",
+    "split_ukv",
     "tile_plan",
     "to_half_split",
     "to_interleaved",
