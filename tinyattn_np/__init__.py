@@ -19,14 +19,23 @@ The reading order: each file uses only what came before it.
     13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
     14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
     15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
-    16  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    17  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (ring.py and ulysses.py need mpi4py and are not imported here)
+    16  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    17  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    18  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    19  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (16 to 19 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
-Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
-allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
-_parallel.py (the worker engine), _guard.py (the reference path's memory guard), _bytes.py (bytes per
-dtype, byte units), measure.py, report.py, text.py.
+Then the bills and the tools a script uses to show them:
+
+    20  peaks.py         what our own functions allocate, worked out from their tiles
+    21  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    22  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    23  measure.py       peaks, timings and machine facts, as the scripts measure them
+    24  report.py        the tables the scripts print
+    25  text.py          tokens and embeddings for the demos
+
+Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
+guard), _bytes.py (bytes per dtype, byte units).
 
 The names below are the public API; each lives in the module named after its concept.
 """
