@@ -260,6 +260,21 @@ def test_the_readme_is_short_and_links_every_page() -> None:
     assert not missing, f"results pages docs/results/README.md does not link: {missing}"
 
 
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")  # a git commit id
+
+
+def test_only_the_results_pages_name_commits() -> None:
+    """The README and the topic pages cite no commit: the numbers they quote link to a results page, whose
+    header names the commit, the machine and the BLAS kernels."""
+    cited = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in [README, *TOPICS]
+        for number, line in prose(page, inline_code=True)
+        if COMMIT.search(line)
+    ]
+    assert not cited, "\n".join(cited)
+
+
 def test_ci_runs_the_readmes_test_command() -> None:
     commands = [block.source.strip() for block in fenced_blocks(README) if block.language == "bash"]
     test_command = next(command for command in commands if "pytest" in command)
