@@ -119,7 +119,7 @@ def test_the_pages_the_code_points_to_exist():
         (path.relative_to(ROOT), page)
         for folder in (PACKAGE, SCRIPTS)
         for path in folder.glob("*.py")
-        for page in re.findall(r"docs/[\w.-]+\.(?:md|ipynb|png)", path.read_text(encoding="utf-8"))
+        for page in re.findall(r"docs/[\w./-]+\.(?:md|ipynb|png)", path.read_text(encoding="utf-8"))
     }
     missing = sorted(f"{path}: {page}" for path, page in named if not (ROOT / page).exists())
     assert not missing, "\n".join(missing)

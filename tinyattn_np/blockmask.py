@@ -32,7 +32,7 @@ from .masks import causal_offset, check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
 # The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
-# default: measured in docs/flash.md. torch's default is 128, sized for a GPU's shared memory.
+# default: measured in docs/results/tiles.md. torch's default is 128, sized for a GPU's shared memory.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 

@@ -78,7 +78,7 @@ __all__ = [  # with blockmask's tile names, which other modules import from here
 Array = NDArray[np.floating]
 
 # The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in docs/flash.md (scripts/tiles.py).
+# on more than 8 cores. Measured in docs/results/tiles.md (scripts/tiles.py).
 SCORES_PER_STEP = 2**18
 
 
