@@ -203,3 +203,18 @@ def test_no_module_defines_a_module_getattr():
         if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
     ]
     assert not found, f"a module-level __getattr__ hides an import: {found}"
+
+
+def test_the_readme_gives_the_same_reading_order():
+    """README.md's "Where to start reading" numbers the files of the package docstring, in its order."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Where to start reading", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\d+\. `(\w+)\.py`", section, flags=re.MULTILINE)
+    numbered = reading_order()
+    assert listed == numbered[: len(listed)], f"README: {listed}\npackage docstring: {numbered}"
+    rest = " ".join(re.findall(r"`(\w+)\.py`", section.split("Then the bills", 1)[1]))
+    assert all(module in rest for module in numbered[len(listed) :]), (
+        f"the README names none of {numbered[len(listed) :]}"
+    )
