@@ -184,6 +184,21 @@ def test_cross_entropy_backward_matches_central_differences(rng):
     assert_gradient(dlogits, lambda: cross_entropy(logits, targets)[0], logits, "dlogits")
 
 
+def test_cross_entropy_with_out_writes_where_it_is_told(rng):
+    logits, targets = rng.normal(size=(4, 6)), rng.integers(0, 6, 4)
+    loss, probs = cross_entropy(logits, targets)
+    dlogits = cross_entropy_backward(probs, targets)
+    in_place = logits.copy()
+    loss_2, probs_2 = cross_entropy(in_place, targets, out=in_place)
+    assert probs_2 is in_place and loss_2 == loss
+    np.testing.assert_array_equal(probs_2, probs)
+    assert cross_entropy_backward(probs_2, targets, out=probs_2) is probs_2
+    np.testing.assert_array_equal(probs_2, dlogits)
+    elsewhere = np.empty_like(probs)
+    assert cross_entropy_backward(probs, targets, out=elsewhere) is elsewhere
+    np.testing.assert_array_equal(elsewhere, dlogits)
+
+
 def test_cross_entropy_survives_large_float32_logits():
     logits = np.array([[1000.0, 0.0, -1000.0]], np.float32)  # exp(1000) is inf in any float
     loss, probs = cross_entropy(logits, np.array([1]))
