@@ -143,6 +143,19 @@ def test_the_same_seed_gives_the_same_model_and_the_same_gradients_bit_for_bit()
     assert not np.array_equal(GPT(config, rng=6).params["wte"], first.params["wte"])
 
 
+def test_gradients_are_the_same_bit_for_bit_when_flash_runs_many_tiles_on_many_workers():
+    """256 tokens: many query and key tiles, shared among the worker threads, whose order may vary."""
+    config = GPTConfig(vocab=50, context=256, layers=1, heads=4, width=32)
+    model = GPT(config, rng=0)
+    idx, targets = tokens(config, 2, 256, seed=3)
+    loss, grads = model.loss_and_grads(idx, targets)
+    for _ in range(3):
+        again_loss, again = model.loss_and_grads(idx, targets)
+        assert again_loss == loss
+        for name in grads:
+            np.testing.assert_array_equal(again[name], grads[name], err_msg=name)
+
+
 def test_init_follows_gpt2():
     config = GPTConfig(layers=8, width=64, heads=2, bias=True)
     params = init_params(config, 0)
