@@ -120,6 +120,13 @@ def test_the_schedule_warms_up_then_follows_a_half_cosine():
     assert lrs[14] == lrs[15] == 0.1
 
 
+def test_the_schedule_refuses_bad_arguments_by_name():
+    with pytest.raises(ValueError, match="min_lr must be a finite number >= 0"):
+        warmup_cosine_lr(0, lr=1.0, warmup=1, total=2, min_lr=-0.1)
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        warmup_cosine_lr(-1, lr=1.0, warmup=1, total=2)
+
+
 def test_clipping_scales_to_the_max_norm_and_leaves_small_gradients_alone():
     grads = {"a": np.array([3.0, 0.0]), "b": np.array([[4.0]])}
     assert global_norm(grads) == 5.0
