@@ -50,6 +50,7 @@ def test_adamw_is_the_papers_algorithm_2():
     for t, eta in enumerate(multipliers, start=1):
         opt.step(params, quadratic_grads(params, t), lr=eta * alpha)
     assert opt.t == 8 and opt.decay == {"w": True, "b": False}
+    assert repr(opt) == "AdamW(lr=0.01, betas=(0.9, 0.95), eps=1e-08, weight_decay=50; 2 arrays, 8 steps taken)"
     for name in params:
         np.testing.assert_allclose(params[name], gold[name], rtol=1e-13, atol=1e-15, err_msg=name)
 
@@ -108,6 +109,8 @@ def test_step_refuses_gradients_that_do_not_fit():
     ],
 )
 def test_bad_hyperparameters_are_refused_by_name(kwargs, error, match):
+    with pytest.raises(ValueError, match="params must be a non-empty dict"):
+        AdamW({})
     with pytest.raises(error, match=match):
         AdamW({"w": np.zeros(2)}, **kwargs)
 
