@@ -19,22 +19,29 @@ The reading order: each file uses only what came before it.
     13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
     14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
     15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
-    16  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+    16  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+                         the MLP, dropout, cross-entropy
+    17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    17  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    18  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    19  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    20  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (17 to 20 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+                         its gradient by hand, the presets tiny and part3
+    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    21  peaks.py         what our own functions allocate, worked out from their tiles
-    22  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    23  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    24  measure.py       peaks, timings and machine facts, as the scripts measure them
-    25  report.py        the tables the scripts print
-    26  text.py          tokens and embeddings for the demos
+    25  peaks.py         what our own functions allocate, worked out from their tiles
+    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    28  measure.py       peaks, timings and machine facts, as the scripts measure them
+    29  report.py        the tables the scripts print
+    30  text.py          tokens and embeddings for the demos
+    31  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard), _bytes.py (bytes per dtype, byte units).
@@ -53,6 +60,7 @@ from .backward import (
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
+from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .head import one_head
 from .kvcache import KVCache
 from .latent import (
@@ -65,9 +73,21 @@ from .latent import (
     decompress,
     join_ukv,
     latent_softmax_scale,
-    rms_norm,
-    rms_norm_backward,
     split_ukv,
+)
+from .layers import (
+    cross_entropy,
+    cross_entropy_backward,
+    dropout,
+    dropout_backward,
+    gelu,
+    gelu_backward,
+    layer_norm,
+    layer_norm_backward,
+    mlp,
+    mlp_backward,
+    swiglu,
+    swiglu_backward,
 )
 from .masks import causal_mask, window_mask
 from .memory import (
@@ -104,6 +124,7 @@ from .mods import (
     varlen_mod,
 )
 from .multihead import MultiHeadAttention
+from .optim import AdamW, accumulate_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
 from .position import (
     LearnedPositions,
@@ -116,13 +137,16 @@ from .position import (
     to_half_split,
     to_interleaved,
 )
+from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
+from .trainbill import TrainingMemory, training_memory
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdamW",
     "Alibi",
     "Attended",
     "AttentionMemoryError",
@@ -130,6 +154,9 @@ __all__ = [
     "DTYPES",
     "Differentiable",
     "FlexGrads",
+    "GPT",
+    "GPTConfig",
+    "GPT_PRESETS",
     "KVCache",
     "LatentSaved",
     "LearnedPositions",
@@ -144,6 +171,8 @@ __all__ = [
     "Softcap",
     "Tile",
     "absorb_query",
+    "TrainingMemory",
+    "accumulate_grads",
     "alibi_slopes",
     "and_masks",
     "attend_latent",
@@ -157,12 +186,17 @@ __all__ = [
     "causal_entries",
     "causal_mask",
     "causal_mod",
+    "clip_grad_norm",
     "create_block_mask",
     "create_mask",
     "decompress",
+    "cross_entropy",
+    "cross_entropy_backward",
     "document_ids",
     "document_mod",
     "draw_tile_plan",
+    "dropout",
+    "dropout_backward",
     "embed",
     "flash_attention",
     "flash_attention_backward",
@@ -174,14 +208,22 @@ __all__ = [
     "flash_decode",
     "flex_attention",
     "flex_attention_backward",
+    "gelu",
+    "gelu_backward",
+    "generate",
+    "global_norm",
     "half_split_permutation",
     "join_ukv",
     "kv_cache_bytes",
     "latent_softmax_scale",
+    "layer_norm",
+    "layer_norm_backward",
     "load_model_shape",
     "logsumexp",
     "merge_chunks",
     "merge_states",
+    "mlp",
+    "mlp_backward",
     "model_bill",
     "naive_attention_bytes",
     "noop_mask",
@@ -198,18 +240,23 @@ __all__ = [
     "rope_attention_factor",
     "rope_backward",
     "rope_frequencies",
+    "sample_next",
     "scaled_dot_product_attention",
     "score_matrix_bytes",
     "shape_from_config",
     "sliding_window_mod",
     "softmax",
     "split_ukv",
+    "swiglu",
+    "swiglu_backward",
     "tile_plan",
     "to_half_split",
     "to_interleaved",
     "token_vector",
     "tokenize",
+    "training_memory",
     "varlen_block_mask",
     "varlen_mod",
+    "warmup_cosine_lr",
     "window_mask",
 ]

@@ -70,6 +70,7 @@ from ._checks import as_float_array, check_bool, check_positive_int, check_rng, 
 from .backward import flash_attention_backward
 from .flash import flash_attention
 from .kvcache import KVCache
+from .layers import rms_norm, rms_norm_backward
 from .paged import PagedKVCache, paged_decode
 from .position import rope, rope_backward, rope_frequencies
 from .softmax import merge_states
@@ -83,12 +84,9 @@ __all__ = [
     "absorb_query",
     "attend_latent",
     "check_latent",
-    "check_norm",
     "decompress",
     "join_ukv",
     "latent_softmax_scale",
-    "rms_norm",
-    "rms_norm_backward",
     "split_ukv",
 ]
 
@@ -98,45 +96,18 @@ RMS_EPS = 1e-6  # DeepseekV3RMSNorm's default, which its attention's two norms u
 
 
 # ---------------------------------------------------------------------------------------------------
-# the pieces: RMSNorm, the up-projection's two halves, the two forms
+# the pieces: the two norms, the up-projection's two halves, the two forms
 
 
-def rms_norm(x: Array, gain: Array, eps: float = RMS_EPS) -> Array:
-    """RMSNorm (Zhang & Sennrich 2019): x / √(mean(x²) + eps) · gain over the last axis. x (..., n), gain (n,)."""
-    x, gain, eps = check_norm(x, gain, eps)
-    rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., 1)
-    return x / rms * gain  # (..., n)
+def _norm(x: Array, gain: Array) -> Array:
+    """The attention's two RMSNorms (layers.rms_norm) at DeepSeek-V3's eps. x (..., n), gain (n,)."""
+    return rms_norm(x, gain, RMS_EPS)[0]
 
 
-def rms_norm_backward(dy: Array, x: Array, gain: Array, eps: float = RMS_EPS) -> tuple[Array, Array]:
-    """(dx, dgain) of y = rms_norm(x, gain) for dy = ∂loss/∂y (x's shape), with n̂ = x / rms:
-
-    dgain = Σ dy ∘ n̂                      over every axis but the last
-    dn̂    = dy ∘ gain
-    dx    = (dn̂ − n̂ · mean(dn̂ ∘ n̂)) / rms  ∂n̂_i/∂x_j = δ_ij / rms − x_i x_j / (n rms³)
-    """
-    x, gain, eps = check_norm(x, gain, eps)
-    dy = as_float_array(dy, "dy")
-    if dy.shape != x.shape:
-        raise ValueError(f"dy must have x's shape {x.shape}; got {dy.shape}")
-    rms = np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # (..., 1)
-    n_hat = x / rms  # (..., n)
-    dgain = (dy * n_hat).reshape(-1, x.shape[-1]).sum(axis=0)  # (n,)
-    dn_hat = dy * gain  # (..., n)
-    dx = (dn_hat - n_hat * np.mean(dn_hat * n_hat, axis=-1, keepdims=True)) / rms  # (..., n)
-    return dx, dgain
-
-
-def check_norm(x: Any, gain: Any, eps: Any) -> tuple[Array, Array, float]:
-    """rms_norm's inputs: x (..., n) and gain (n,) float arrays, eps a finite number > 0."""
-    x, gain = as_float_array(x, "x"), as_float_array(gain, "gain")
-    if x.ndim < 1 or gain.ndim != 1 or x.shape[-1] != gain.shape[0]:
-        raise ValueError(f"x must be (..., n) and gain (n,), the same n; got shapes {x.shape} and {gain.shape}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.floating, np.integer)):
-        raise TypeError(f"eps must be a number > 0; got {eps!r} ({type(eps).__name__})")
-    if not (0 < eps < math.inf):
-        raise ValueError(f"eps must be a finite number > 0; got {eps}")
-    return x, gain, float(eps)
+def _norm_backward(dy: Array, x: Array, gain: Array) -> tuple[Array, Array]:
+    """(dx, dgain) of _norm(x, gain) for dy (x's shape): layers.rms_norm_backward on the forward's saved x̂."""
+    grads = rms_norm_backward(dy, rms_norm(x, gain, RMS_EPS)[1])
+    return grads.dx, grads.dgain
 
 
 def split_ukv(w_ukv: Array, n_heads: int, d_nope: int) -> tuple[Array, Array]:
@@ -403,12 +374,12 @@ class MultiHeadLatentAttention:
             q = x @ weights["w_q"]  # (B, T, H·(d_nope + d_rope))
         else:
             c_q_raw = x @ weights["w_dq"]  # (B, T, q_lora_rank)
-            c_q = rms_norm(c_q_raw, weights["q_norm"])
+            c_q = _norm(c_q_raw, weights["q_norm"])
             q = c_q @ weights["w_uq"]  # (B, T, H·(d_nope + d_rope))
         q = q.reshape(B, T, self.n_heads, -1).swapaxes(1, 2)  # (B, H, T, d_nope + d_rope)
         q_rope = self._rope(q[..., self.d_nope :], positions)  # (B, H, T, d_rope)
         c_kv_raw, k_rope = np.split(x @ weights["w_dkv"], [self.kv_lora_rank], axis=-1)  # (B, T, r), (B, T, d_rope)
-        c_kv = rms_norm(c_kv_raw, weights["kv_norm"])  # (B, T, r)
+        c_kv = _norm(c_kv_raw, weights["kv_norm"])  # (B, T, r)
         latent = np.concatenate([c_kv, self._rope(k_rope, positions)], axis=-1)[:, None]  # (B, 1, T, r + d_rope)
         return Projected(c_q_raw, c_q, q[..., : self.d_nope], q_rope, c_kv_raw, latent)
 
@@ -664,7 +635,7 @@ class MultiHeadLatentAttention:
         x_flat = x.reshape(B * T, C)
         # the latent path: k_rope = RoPE(·), c_KV = RMSNorm(c_KV_raw), [c_KV_raw | k_rope] = x W_DKV
         dk_rope = self._rope(dlatent[:, 0, :, r:], saved.positions, backward=True)  # (B, T, d_rope)
-        dc_kv_raw, grads["kv_norm"] = rms_norm_backward(dlatent[:, 0, :, :r], proj.c_kv_raw, w["kv_norm"])
+        dc_kv_raw, grads["kv_norm"] = _norm_backward(dlatent[:, 0, :, :r], proj.c_kv_raw, w["kv_norm"])
         d_dkv = np.concatenate([dc_kv_raw, dk_rope], axis=-1).reshape(B * T, -1)  # (B·T, r + d_rope)
         grads["w_dkv"] = x_flat.T @ d_dkv  # (C, r + d_rope)
         dx = d_dkv @ w["w_dkv"].T  # (B·T, C)
@@ -676,7 +647,7 @@ class MultiHeadLatentAttention:
             return dx + dq @ w["w_q"].T
         grads["w_uq"] = proj.c_q.reshape(B * T, -1).T @ dq  # (q_lora_rank, H·(d_nope + d_rope))
         dc_q = dq @ w["w_uq"].T  # (B·T, q_lora_rank)
-        dc_q_raw, grads["q_norm"] = rms_norm_backward(dc_q, proj.c_q_raw.reshape(B * T, -1), w["q_norm"])
+        dc_q_raw, grads["q_norm"] = _norm_backward(dc_q, proj.c_q_raw.reshape(B * T, -1), w["q_norm"])
         grads["w_dq"] = x_flat.T @ dc_q_raw  # (C, q_lora_rank)
         return dx + dc_q_raw @ w["w_dq"].T
 
