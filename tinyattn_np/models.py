@@ -943,7 +943,7 @@ class _Arch:
     lm_head_bias: _Rule = False
     qk_norm: tuple[_Rule, str] | None = None  # (the rule that switches it, its kind)
     parallel: _Rule = False
-    windows: str = "none"  # which layers slide when the config has no layer_types (_layer_types)
+    windows: str = "none"  # which layers slide when the config has no layer_types (_default_layer_types)
     moe: str | None = None  # how the config names its experts (_MOE_READERS)
     special: str | None = None  # a reader of its own for what no other architecture has (_SPECIAL_READERS)
     sinks: bool = False
@@ -1039,6 +1039,7 @@ _NEVER_BILLED = frozenset(
     ep_size block_size full_attn_alpha_factor full_attn_beta_factor linear_attn_alpha_factor
     linear_attn_beta_factor mlp_alpha_factor mlp_beta_factor summary_type summary_use_proj summary_activation
     summary_proj_to_labels summary_first_dropout n_ctx apply_residual_connection_post_layernorm
+    initial_context_length
 """.split()
 )
 # fields that describe another kind of model unless they say "off"
@@ -1552,21 +1553,20 @@ def _contexts(model: ModelShape, tokens: list[int], dtype: Any, kv_dtype: Any, b
     for n in tokens:
         n = check_count(n, "tokens")
         kv = model.kv_cache_bytes(n, kv_dtype, batch)
+        decompressed = None if model.latent is None else model.kv_cache_bytes(n, kv_dtype, batch, decompressed=True)
+        layers = model.attention_layers  # the softmax layers: linear ones have no score matrix
+        scores = score_matrix_bytes(n, heads=model.heads, layers=layers, batch=batch, dtype=dtype) if layers else 0
         contexts.append(
             {
                 "tokens": n,
                 "kv_cache_bytes": kv,
-                "kv_cache_bytes_decompressed": (
-                    None if model.latent is None else model.kv_cache_bytes(n, kv_dtype, batch, decompressed=True)
-                ),
+                "kv_cache_bytes_decompressed": decompressed,
                 "cache_bytes": kv + state,
-                "score_matrix_bytes": score_matrix_bytes(
-                    n, heads=model.heads, layers=max(model.attention_layers, 1), batch=batch, dtype=dtype
-                ) if model.attention_layers else 0,
+                "score_matrix_bytes": scores,
                 "attention_flops": model.attention_flops(n, batch),
                 "beyond_max_positions": model.max_positions is not None and n > model.max_positions,
             }
-        )  # fmt: skip
+        )
     return contexts
 
 
