@@ -109,7 +109,7 @@ class Band(NamedTuple):
             return range(n_k)
         stop = min(n_k, q_stop + self.offset)  # the last query's diagonal, inclusive
         start = 0 if self.window is None else max(0, q_start + self.offset - self.window + 1)  # first's back edge
-        return range(start, max(start, stop))
+        return range(start, stop) if start < stop else range(0)  # rows past the keys' end see none (L > S + w)
 
     def visible_queries(self, k_start: int, k_stop: int, n_q: int) -> range:
         """The queries that see at least one key of k_start:k_stop."""
@@ -117,7 +117,7 @@ class Band(NamedTuple):
             return range(n_q)
         start = max(0, k_start - self.offset)  # the first query whose diagonal reaches the first key
         stop = n_q if self.window is None else min(n_q, k_stop - 1 - self.offset + self.window)
-        return range(start, max(start, stop))
+        return range(start, stop) if start < stop else range(0)  # keys no query reaches: no query
 
     def kind(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> str:
         """ "full" when every query of the tile sees every key of it, else "diagonal"."""
