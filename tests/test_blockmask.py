@@ -13,11 +13,14 @@ import pytest
 from conftest import gold_attention
 
 from tinyattn_np import (
+    BlockMask,
     attention,
     attention_backward,
+    causal_mod,
     create_block_mask,
     flash_attention,
     flash_attention_backward,
+    flex_attention,
     tile_plan,
 )
 from tinyattn_np.blockmask import FULL, check_band
@@ -140,3 +143,82 @@ def test_flash_forward_and_backward_on_every_small_plan_equal_the_dense_referenc
                     grads = finishes_within(20, flash_attention_backward, q, k, v, out, dout, lse, **run)
                     for mine, gold in zip(grads, gold_grads, strict=True):
                         np.testing.assert_allclose(mine, gold, atol=1e-12)
+
+
+# --- a BlockMask: what it refuses, its read-only tables, indexing -------------------------------------
+
+
+def per_entry_mod(b, h, q_idx, kv_idx):
+    """A mask that differs between batch entries (the diagonal moves with b) and heads (every third key)."""
+    return (kv_idx <= q_idx + b) & ((kv_idx + h) % 3 != 0)
+
+
+def test_a_block_mask_indexed_by_batch_entry_and_head_is_that_entrys_mask():
+    """block_mask[b], [:, h], [b, h], slices and lists, as torch indexes a BlockMask (an int keeps its axis):
+    the tables are those entries', and flex_attention with it gives those entries' results."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 3, 10, 4)) for _ in range(3))
+    block_mask = create_block_mask(per_entry_mod, 2, 3, 10, 10, BLOCK_SIZE=(4, 3))
+    whole = flex_attention(q, k, v, block_mask=block_mask)
+    for index, b, h in [(1, [1], [0, 1, 2]), ((slice(None), 2), [0, 1], [2]), ((1, 2), [1], [2]),
+                        (([1, 0], slice(0, 2)), [1, 0], [0, 1]), ((-1, -2), [1], [1])]:  # fmt: skip
+        picked = block_mask[index]
+        assert picked.shape == (len(b), len(h), 10, 10)
+        np.testing.assert_array_equal(picked.kinds, block_mask.kinds[np.ix_(b, h)])
+        mine = flex_attention(q[np.ix_(b, h)], k[np.ix_(b, h)], v[np.ix_(b, h)], block_mask=picked)
+        np.testing.assert_array_equal(mine, whole[np.ix_(b, h)])
+    one = block_mask[1, 2]  # one entry, shared by every batch entry and head it meets
+    shared = flex_attention(q, k, v, block_mask=one)
+    np.testing.assert_array_equal(shared[0, 0], flex_attention(q[0, 0], k[0, 0], v[0, 0], block_mask=one))
+    assert "per_entry_mod[b in [1], h in [2]]" in repr(one)
+    for bad in [2, (0, 3), (0, 0, 0), slice(2, 2)]:
+        with pytest.raises(IndexError, match="BlockMask"):
+            block_mask[bad]
+
+
+def test_a_hand_made_block_mask_must_match_its_lengths_and_tiles():
+    made = create_block_mask(causal_mod(10), None, None, 10, 10, BLOCK_SIZE=4)  # a grid of 3 x 3 tiles
+    assert BlockMask(made.kinds, (10, 10), 4, made.mask_mod).tile_plan() == made.tile_plan()
+    for kinds, lengths, block_size, message in [
+        (made.kinds, (10, 13), 4, r"kinds must have shape \(B, H, 3, 4\) .* got shape \(1, 1, 3, 3\)"),
+        (made.kinds, (10, 10), 5, r"kinds must have shape \(B, H, 2, 2\)"),
+        (made.kinds[0], (10, 10), 4, r"got shape \(1, 3, 3\)"),
+        (made.kinds * 2, (10, 10), 4, "the ints 0 .empty., 1 .partial. and 2 .full. only"),
+        (made.kinds.astype(float), (10, 10), 4, "got float64"),
+        (made.kinds, (10,), 4, r"seq_lengths must be a pair"),
+        (made.kinds, (10, 10), (4,), r"BLOCK_SIZE must be an int or a pair \(block_q, block_k\); got \(4,\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            BlockMask(kinds, lengths, block_size, made.mask_mod)
+    with pytest.raises(TypeError, match="mask_mod must be a function"):
+        BlockMask(made.kinds, (10, 10), 4, None)
+    for block_size in [(2,), (2, 2, 2), [0, 2]]:
+        with pytest.raises(ValueError, match="BLOCK_SIZE must be"):
+            create_block_mask(causal_mod(10), None, None, 10, 10, BLOCK_SIZE=block_size)
+    assert create_block_mask(causal_mod(10), None, None, 10, 10, BLOCK_SIZE=[4, 2]).BLOCK_SIZE == (4, 2)
+
+
+def test_a_block_masks_tables_and_attributes_are_read_only():
+    made = create_block_mask(per_entry_mod, 2, 3, 10, 10, BLOCK_SIZE=4)
+    kinds = np.array(made.kinds)
+    hand_made = BlockMask(kinds, (10, 10), 4, per_entry_mod)
+    kinds[:] = 0  # the caller's array: the mask keeps its own copy
+    np.testing.assert_array_equal(hand_made.kinds, made.kinds)
+    for table in (made.kv_num_blocks, made.full_kv_indices, made.to_dense()):
+        assert table.flags.writeable  # the answers to torch's names are new arrays: the caller's to change
+    with pytest.raises(ValueError, match="read-only"):
+        made.kinds[...] = 0
+    for name in ("kinds", "seq_lengths", "BLOCK_SIZE", "mask_mod"):
+        with pytest.raises(AttributeError):
+            setattr(made, name, getattr(made, name))
+
+
+def test_tile_plan_of_a_batch_entry_or_head_the_mask_does_not_have_is_refused():
+    made = create_block_mask(per_entry_mod, 2, 3, 10, 10, BLOCK_SIZE=4)
+    assert made.tile_plan(1, 2) != made.tile_plan(0, 0)
+    with pytest.raises(ValueError, match=r"b=5 is not one of the block mask's 2 \(0 .. 1\)"):
+        made.tile_plan(b=5)
+    with pytest.raises(ValueError, match=r"h=3 is not one of the block mask's 3"):
+        made.tile_plan(h=3)
+    with pytest.raises(ValueError, match="b must be an int >= 0"):
+        made.tile_plan(b=-1)

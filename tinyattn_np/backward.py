@@ -394,13 +394,21 @@ class OrderedDq:
     order, and so last bits, would depend on the timing) nor a copy of dq per key block. A tile's place
     in that order is how many tiles of its row come before it (the mask's place(): for the causal band,
     its distance from the first key block the row sees): no table of tiles. The bookkeeping is one count
-    per (head, query block).
+    per (head, query block), and per head how many of its key blocks have finished, from the first on.
+
+    Every wait ends. A tile waits only for tiles of earlier key blocks of its head, and those items were
+    taken before it (run_items takes them in order): they add their share, raise (then fail() wakes
+    every waiter, which stops), or finish without reaching this tile's turn. In the last case the turn
+    can never come (a mask whose column tiles or places disagree with its rows), and the tile raises a
+    RuntimeError instead of waiting.
     """
 
     def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: TileMask, n_k: int, block_q: int, block_k: int):
         self.dq, self.p_sums, self.band, self.n_k = dq, p_sums, band, n_k
         self.block_q, self.block_k = block_q, block_k
         self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
+        self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (heads, key blocks + 1)
+        self.done = np.zeros(dq.shape[0], np.int64)  # per head: key blocks 0 .. done - 1 have all finished
         self.turn = threading.Condition()
         self.failed = False
 
@@ -408,13 +416,29 @@ class OrderedDq:
         """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
         heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
         place, block = self.band.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
+        key_block = t.k_start // self.block_k
         with self.turn:
-            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place)
+            # its turn, or every earlier key block of the head has finished: then the turn has come or never will
+            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
             if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
                 raise Stopped
+            if self.added[h, block] != place:
+                raise RuntimeError(
+                    f"the tiles of query block {block} of head {h} are out of order: key block {key_block} is "
+                    f"tile {place} of its row, but the key blocks before it, all finished, added "
+                    f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
+                )
             self.dq[h, t.q_start : t.q_stop] += share
             self.p_sums[h, t.q_start : t.q_stop] += p_sum
             self.added[h, block] = place + 1
+            self.turn.notify_all()
+
+    def finish(self, h: int, k_start: int) -> None:
+        """Key block k_start of head h has added all its tiles: wake the tiles that wait on it."""
+        with self.turn:
+            self.finished[h, k_start // self.block_k] = True
+            while self.finished[h, self.done[h]]:  # the last column stays False: done stops at the key blocks' count
+                self.done[h] += 1
             self.turn.notify_all()
 
     def fail(self) -> None:
@@ -565,6 +589,7 @@ def flex_backward(
         key_block_grads(q_s[h], k_c[h // group], v_c[h // group], d_o[h], lse_c[h], d[h], mods, tiles,
                         partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
                         param_rows)  # fmt: skip
+        ordered_dq.finish(h, k_start)
 
     # 3) the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
     items = ((k_start, h) for k_start in range(0, dims.n_k, plan.block_k) for h in range(n_heads))
