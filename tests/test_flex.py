@@ -343,7 +343,7 @@ def test_errors_name_what_to_pass(rng):
     [
         (lambda: Alibi(np.ones((2, 3, 4)), 4), "slopes must be finite"),
         (lambda: Alibi(np.ones((2, 4)), 4, learned=True), r"learned slopes must have shape \(Hq,\)"),
-        (lambda: Softcap(0), "cap must be a positive number"),
+        (lambda: Softcap(0), "cap must be a positive finite number; got 0$"),
         (lambda: RelativeBias(np.ones((4, 6)), 4), "R must be odd"),
         (lambda: RelativeBias(np.ones(4), 4), r"shape \(Hq, R\)"),
         (lambda: prefix_lm_mod(-1), "prefix must be an int >= 0"),

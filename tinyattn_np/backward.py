@@ -61,7 +61,7 @@ from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
 from .flash import TileMods, apply_mods, check_block_mask
 from .flex import check_flex
-from .mods import check_score_mod, score_indices
+from .mods import check_score_mod, derivative_of, score_indices
 from .position import rope, rope_positions
 
 Array = NDArray[np.floating]
@@ -194,7 +194,7 @@ def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape
             dparams[h_i] += score_mod.param_grad(ds_heads[b_i, h_i], b_i, h_i, q_idx, kv_idx)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # as attend() scales, so the same S
     s = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
-    derivative = score_mod.derivative(s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
+    derivative = derivative_of(score_mod, s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
     if derivative is not None:
         ds_heads *= np.broadcast_to(derivative, (*dims.batch, dims.hq, dims.n_q, dims.n_k)).reshape(ds_heads.shape)
     return dparams
@@ -379,7 +379,7 @@ def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any,
     (param_grad) into param_rows."""
     if param_rows is not None:
         param_rows += mods.score_mod.param_grad(ds, mods.b, mods.h, q_idx, kv_idx)
-    derivative = mods.score_mod.derivative(s, mods.b, mods.h, q_idx, kv_idx)
+    derivative = derivative_of(mods.score_mod, s, mods.b, mods.h, q_idx, kv_idx)  # checked: numbers of s's shape
     if derivative is not None:
         ds *= derivative
 
