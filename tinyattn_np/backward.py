@@ -518,7 +518,8 @@ def flex_attention_backward(
     blockwise, by hand (torch's flex_attention has no backward on CPU).
 
     out and lse from flex_attention(..., return_lse=True); dout = ∂loss/∂out -> FlexGrads(dq, dk, dv,
-    dscore_mod, dsinks). The same Algorithm 2 loop as flash_attention_backward over the block mask's
+    dscore_mod, dsinks); key and value of batch 1 (broadcast over the query's batch) get their gradients
+    summed over it. The same Algorithm 2 loop as flash_attention_backward over the block mask's
     non-empty tiles, with the forward's S' = score_mod(S) in place of S, and two more lines:
 
         dS = dS' ∘ ∂S'/∂S                 score_mod.derivative(S, b, h, q_idx, kv_idx); None means 1 (a bias)
@@ -540,7 +541,19 @@ def flex_attention_backward(
     plan = BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
     grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
-    return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0]) if two_d else grads
+    if two_d:
+        return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])
+    # key and value of batch 1 served every batch entry: their gradients are the sums over the batch
+    return grads._replace(dk=summed_to(grads.dk, np.shape(key)), dv=summed_to(grads.dv, np.shape(value)))
+
+
+def summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """grad (*batch, H, S, E) summed over the batch entries when shape's batch dims are all 1 (a broadcast
+    input), in at least float32, in batch order; else grad as it is."""
+    if grad.shape == shape:
+        return grad
+    total = grad.reshape(-1, *shape[-3:]).sum(axis=0, dtype=np.result_type(grad.dtype, np.float32))  # (H, S, E)
+    return total.reshape(shape).astype(grad.dtype, copy=False)
 
 
 def flash_backward(
