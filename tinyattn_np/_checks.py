@@ -8,6 +8,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+__all__ = [
+    "ACCEPTED_DTYPES", "COMPUTE_DTYPES", "QKVShape", "as_float_array", "check_bool", "check_count", "check_ndim",
+    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "compute_dtype", "plain_array",
+    "result_dtype", "without_head_axis",
+]  # fmt: skip
+
 # float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
 COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ACCEPTED_DTYPES = (np.dtype(np.float16), *COMPUTE_DTYPES)

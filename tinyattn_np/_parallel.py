@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+__all__ = ["Stopped", "nonfinite_quiet", "one_blas_thread", "run_items"]
+
 Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
 

@@ -30,6 +30,12 @@ from ._checks import check_bool, check_count, check_positive_int, check_sizes
 from .masks import causal_offset, check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
+__all__ = [
+    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "EMPTY_TILE", "FULL", "FULL_TILE", "PARTIAL", "PARTIAL_TILE",
+    "Band", "BlockMask", "Heads", "Tile", "TileMask", "TilePlan", "check_band", "check_block_size",
+    "create_block_mask", "draw_tile_plan", "tile_plan",
+]  # fmt: skip
+
 # The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
 # default: measured in docs/flash.md. torch's default is 128, sized for a GPU's shared memory.
 DEFAULT_BLOCK_Q = 256

@@ -46,6 +46,8 @@ from .flash import FlashPlan, check_block_mask, flash_forward, flash_plan
 from .masks import check_window
 from .mods import check_cu_seqlens, check_score_mod, check_sinks, varlen_mod
 
+__all__ = ["check_flex", "flash_attention_varlen", "flex_attention", "varlen_block_mask"]
+
 Array = NDArray[np.floating]
 
 
@@ -140,7 +142,8 @@ def varlen_block_mask(
     bottom-right within each), over all cu_seqlens_q[-1] queries and cu_seqlens_k[-1] keys. Its tiles
     follow from the boundaries alone (document_kinds, by arithmetic): the mask_mod is called only inside
     the partial tiles, as the kernels run them."""
-    mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=check_bool(causal, "causal"), window=window)
+    causal = check_bool(causal, "causal")
+    mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window)
     cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
     width = None if window is None else check_window(window, total_q, total_k)

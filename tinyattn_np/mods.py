@@ -41,6 +41,13 @@ import numpy as np
 from ._checks import check_count, check_positive_int, plain_array
 from .masks import causal_offset, check_window
 
+__all__ = [
+    "Alibi", "Differentiable", "MaskMod", "RelativeBias", "ScoreModFn", "Softcap", "alibi_slopes", "and_masks",
+    "causal_band", "causal_mod", "check_cu_seqlens", "check_score_mod", "check_sinks", "create_mask",
+    "derivative_of", "document_ids", "document_mod", "modded", "name_of", "noop_mask", "or_masks", "prefix_lm_mod",
+    "score_indices", "sliding_window_mod", "varlen_mod", "visible",
+]  # fmt: skip
+
 MaskMod = Callable[..., Any]
 ScoreModFn = Callable[..., Any]
 
