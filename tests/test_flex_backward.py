@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_backward import assert_grads
+from test_blockmask import finishes_within
 from test_flex import HKV, HQ, B, documents
 
 from tinyattn_np import (
     Alibi,
+    BlockMask,
     Differentiable,
     KVCache,
     MultiHeadAttention,
@@ -282,3 +284,53 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
         bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
+
+
+# --- no wait without an end ------------------------------------------------------------------------
+
+
+def test_a_block_mask_cannot_be_edited_behind_the_backwards_back(rng):
+    """The forward and the backward read one table of tiles, which nobody can change after create_block_mask:
+    an edited table would make the backward wait for a tile that the forward no longer runs."""
+    q, k, v, dout = inputs(rng, 64, 64)
+    block_mask = create_block_mask(causal_mod(64), None, None, 64, 64, BLOCK_SIZE=16)
+    with pytest.raises(ValueError, match="read-only"):
+        block_mask.kinds[0, 0, 3, 0] = 0
+    with pytest.raises(ValueError, match="cannot set WRITEABLE"):
+        block_mask.kinds.flags.writeable = True
+    with pytest.raises(AttributeError):
+        block_mask.kinds = np.zeros_like(block_mask.kinds)
+    out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
+    grads = finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
+                            enable_gqa=True, workers=3)  # fmt: skip
+    reference = attention_backward(q, k, v, dout, causal=True)
+    for mine, gold in zip(grads[:3], reference, strict=True):
+        np.testing.assert_allclose(mine, gold, atol=1e-12)
+
+
+class PlacesOutOfOrder(BlockMask):
+    """A mask whose places disagree with its rows: each row's second tile claims the first place too."""
+
+    def place(self, tile, n_k, block_k, heads=None):
+        return max(0, super().place(tile, n_k, block_k, heads) - 1)
+
+
+class ColumnsMissingATile(BlockMask):
+    """A mask whose columns leave out a tile that its rows have: the last of the first column, which is the
+    first of its row, so that the rest of that row waits for it."""
+
+    def column_tiles(self, k_start, k_stop, n_q, block_q, heads=None):
+        tiles = list(super().column_tiles(k_start, k_stop, n_q, block_q, heads))
+        return tiles[:-1] if k_start == 0 else tiles
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("kind", [PlacesOutOfOrder, ColumnsMissingATile])
+def test_a_tile_whose_turn_cannot_come_raises_instead_of_waiting(rng, kind, workers):
+    q, k, v, dout = inputs(rng, 32, 32)
+    made = create_block_mask(causal_mod(32), None, None, 32, 32, BLOCK_SIZE=8)
+    block_mask = kind(made.kinds, made.seq_lengths, made.BLOCK_SIZE, made.mask_mod)
+    out, lse = flex_attention(q, k, v, block_mask=made, enable_gqa=True, return_lse=True)
+    with pytest.raises(RuntimeError, match="out of order"):
+        finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
+                        enable_gqa=True, workers=workers)  # fmt: skip

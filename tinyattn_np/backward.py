@@ -61,7 +61,7 @@ from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
 from .flash import TileMods, apply_mods, check_one_head
 from .flex import check_flex
-from .mods import check_score_mod, score_indices
+from .mods import check_score_mod, derivative_of, score_indices
 
 Array = NDArray[np.floating]
 
@@ -192,7 +192,7 @@ def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape
             dparams[h_i] += score_mod.param_grad(ds_heads[b_i, h_i], b_i, h_i, q_idx, kv_idx)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # as attend() scales, so the same S
     s = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
-    derivative = score_mod.derivative(s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
+    derivative = derivative_of(score_mod, s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
     if derivative is not None:
         ds_heads *= np.broadcast_to(derivative, (*dims.batch, dims.hq, dims.n_q, dims.n_k)).reshape(ds_heads.shape)
     return dparams
@@ -371,7 +371,7 @@ def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any,
     (param_grad) into param_rows."""
     if param_rows is not None:
         param_rows += mods.score_mod.param_grad(ds, mods.b, mods.h, q_idx, kv_idx)
-    derivative = mods.score_mod.derivative(s, mods.b, mods.h, q_idx, kv_idx)
+    derivative = derivative_of(mods.score_mod, s, mods.b, mods.h, q_idx, kv_idx)  # checked: numbers of s's shape
     if derivative is not None:
         ds *= derivative
 
@@ -386,13 +386,21 @@ class OrderedDq:
     order, and so last bits, would depend on the timing) nor a copy of dq per key block. A tile's place
     in that order is how many tiles of its row come before it (the mask's place(): for the causal band,
     its distance from the first key block the row sees): no table of tiles. The bookkeeping is one count
-    per (head, query block).
+    per (head, query block), and per head how many of its key blocks have finished, from the first on.
+
+    Every wait ends. A tile waits only for tiles of earlier key blocks of its head, and those items were
+    taken before it (run_items takes them in order): they add their share, raise (then fail() wakes
+    every waiter, which stops), or finish without reaching this tile's turn. In the last case the turn
+    can never come (a mask whose column tiles or places disagree with its rows), and the tile raises a
+    RuntimeError instead of waiting.
     """
 
     def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: TileMask, n_k: int, block_q: int, block_k: int):
         self.dq, self.p_sums, self.band, self.n_k = dq, p_sums, band, n_k
         self.block_q, self.block_k = block_q, block_k
         self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
+        self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (heads, key blocks + 1)
+        self.done = np.zeros(dq.shape[0], np.int64)  # per head: key blocks 0 .. done - 1 have all finished
         self.turn = threading.Condition()
         self.failed = False
 
@@ -400,13 +408,29 @@ class OrderedDq:
         """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
         heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
         place, block = self.band.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
+        key_block = t.k_start // self.block_k
         with self.turn:
-            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place)
+            # its turn, or every earlier key block of the head has finished: then the turn has come or never will
+            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
             if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
                 raise Stopped
+            if self.added[h, block] != place:
+                raise RuntimeError(
+                    f"the tiles of query block {block} of head {h} are out of order: key block {key_block} is "
+                    f"tile {place} of its row, but the key blocks before it, all finished, added "
+                    f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
+                )
             self.dq[h, t.q_start : t.q_stop] += share
             self.p_sums[h, t.q_start : t.q_stop] += p_sum
             self.added[h, block] = place + 1
+            self.turn.notify_all()
+
+    def finish(self, h: int, k_start: int) -> None:
+        """Key block k_start of head h has added all its tiles: wake the tiles that wait on it."""
+        with self.turn:
+            self.finished[h, k_start // self.block_k] = True
+            while self.finished[h, self.done[h]]:  # the last column stays False: done stops at the key blocks' count
+                self.done[h] += 1
             self.turn.notify_all()
 
     def fail(self) -> None:
@@ -486,7 +510,8 @@ def flex_attention_backward(
     blockwise, by hand (torch's flex_attention has no backward on CPU).
 
     out and lse from flex_attention(..., return_lse=True); dout = ∂loss/∂out -> FlexGrads(dq, dk, dv,
-    dscore_mod, dsinks). The same Algorithm 2 loop as flash_attention_backward over the block mask's
+    dscore_mod, dsinks); key and value of batch 1 (broadcast over the query's batch) get their gradients
+    summed over it. The same Algorithm 2 loop as flash_attention_backward over the block mask's
     non-empty tiles, with the forward's S' = score_mod(S) in place of S, and two more lines:
 
         dS = dS' ∘ ∂S'/∂S                 score_mod.derivative(S, b, h, q_idx, kv_idx); None means 1 (a bias)
@@ -508,7 +533,19 @@ def flex_attention_backward(
     plan = BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
     grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
-    return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0]) if two_d else grads
+    if two_d:
+        return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])
+    # key and value of batch 1 served every batch entry: their gradients are the sums over the batch
+    return grads._replace(dk=summed_to(grads.dk, np.shape(key)), dv=summed_to(grads.dv, np.shape(value)))
+
+
+def summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """grad (*batch, H, S, E) summed over the batch entries when shape's batch dims are all 1 (a broadcast
+    input), in at least float32, in batch order; else grad as it is."""
+    if grad.shape == shape:
+        return grad
+    total = grad.reshape(-1, *shape[-3:]).sum(axis=0, dtype=np.result_type(grad.dtype, np.float32))  # (H, S, E)
+    return total.reshape(shape).astype(grad.dtype, copy=False)
 
 
 def flash_backward(
@@ -595,6 +632,7 @@ def run_key_blocks(
         key_block_grads(q_s[h], k[h // group], v[h // group], d_o[h], lse[h], d[h], mods, tiles,
                         partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
                         param_rows)  # fmt: skip
+        ordered_dq.finish(h, k_start)
 
     # the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
     items = ((k_start, h) for k_start in range(0, n_k, plan.block_k) for h in range(n_heads))
