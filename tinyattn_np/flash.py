@@ -70,9 +70,10 @@ from .mods import modded, visible
 
 __all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
     "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
-    "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "apply_mods", "attend_block", "check_band", "check_flash",
-    "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward",
-    "flash_plan", "forward_items", "running_start", "tile_plan",
+    "GroupedHeads", "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "apply_mods", "attend_block", "check_band",
+    "check_flash", "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention", "flash_attention_one_head",
+    "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads", "item_parts", "running_start",
+    "scaled_queries", "tile_plan",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -316,35 +317,71 @@ def flash_plan(
     return FlashPlan(scale, band, block_q, block_k, heads, workers or os.cpu_count() or 1, score_mod, sinks)
 
 
+class GroupedHeads(NamedTuple):
+    """flash_forward's arrays, one leading index per (batch entry, kv head), query head h reading kv head h // G:
+    q (B·Hkv, G, L, E) a view of the input, k (B·Hkv, S, E) and v (B·Hkv, S, Ev) in the compute dtype (views
+    where they already are), and out (B·Hkv, G, L, Ev) and lse (B·Hkv, G, L) for the items to fill."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    out: np.ndarray
+    lse: np.ndarray
+
+
+def grouped_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, ct: np.dtype) -> GroupedHeads:
+    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
+    return GroupedHeads(
+        q.reshape(n_kv, g, dims.n_q, dims.e),  # (B·Hkv, G, L, E)
+        np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct),  # (B·Hkv, S, E)
+        np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct),  # (B·Hkv, S, Ev)
+        np.empty((n_kv, g, dims.n_q, dims.ev), ct),  # (B·Hkv, G, L, Ev)
+        np.empty((n_kv, g, dims.n_q), ct),  # (B·Hkv, G, L)
+    )
+
+
+def item_parts(item: tuple[int, int], arrays: GroupedHeads, plan: FlashPlan, hq: int) -> tuple[slice, slice, Heads]:
+    """One work item (first kv head, query block start) as slices: its kv heads and its query rows, and its
+    c·G query heads as (batch entry, query head) pairs, kv head by kv head."""
+    n_kv, g, n_q = arrays.q.shape[:3]
+    heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
+    rows = slice(item[1], min(item[1] + plan.block_q, n_q))
+    query_heads = np.arange(heads.start * g, heads.stop * g)  # (c·G,) their (batch, query head) pairs, flat
+    return heads, rows, Heads(query_heads // hq, query_heads % hq)
+
+
+def scaled_queries(q_heads: np.ndarray, heads: slice, rows: slice, scale: float, ct: np.dtype) -> np.ndarray:
+    """The queries of one item, times the scale, transposed (queries across) -> q_t (c, E, G·bq)."""
+    c, g, bq, e = heads.stop - heads.start, q_heads.shape[1], rows.stop - rows.start, q_heads.shape[3]
+    q_t = np.empty((c, e, g, bq), ct)  # (c, E, G, bq): column g·bq + i is query i of head g
+    np.multiply(q_heads[heads, :, rows].transpose(0, 3, 1, 2), scale, out=q_t, dtype=ct)
+    return q_t.reshape(c, e, g * bq)
+
+
 def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, plan: FlashPlan) -> tuple[Array, Array]:
     """flash_attention's work on inputs check_flash() accepted: out (..., Hq, L, Ev) in the inputs' result
     dtype, lse (..., Hq, L) in the compute dtype."""
     ct = compute_dtype(q, k, v)
-    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
     # 1) one view of the heads, grouped by the kv head they read: query head h reads kv head h // G
-    q_heads = q.reshape(n_kv, g, dims.n_q, dims.e)  # (B·Hkv, G, L, E)
-    k_c = np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
-    v_c = np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-    out = np.empty((n_kv, g, dims.n_q, dims.ev), ct)  # (B·Hkv, G, L, Ev)
-    lse = np.empty((n_kv, g, dims.n_q), ct)  # (B·Hkv, G, L)
+    arrays = grouped_heads(q, k, v, dims, ct)
 
     def run(item: tuple[int, int]) -> None:
         # 2) one item: the query heads of c kv heads, one query block; the scale folded into q once, transposed
-        heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
-        rows = slice(item[1], min(item[1] + plan.block_q, dims.n_q))
-        c, bq = heads.stop - heads.start, rows.stop - rows.start
-        q_t = np.empty((c, dims.e, g, bq), ct)  # (c, E, G, bq): queries across
-        np.multiply(q_heads[heads, :, rows].transpose(0, 3, 1, 2), plan.scale, out=q_t, dtype=ct)
-        query_heads = np.arange(heads.start * g, heads.stop * g)  # (c·G,) their (batch, query head) pairs, flat
-        attend_block(q_t.reshape(c, dims.e, g * bq), k_c[heads], v_c[heads], plan,
-                     Heads(query_heads // dims.hq, query_heads % dims.hq), rows,
-                     out[heads, :, rows], lse[heads, :, rows])  # fmt: skip
+        heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
+        q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
+        attend_block(q_t, arrays.k[heads], arrays.v[heads], plan, query_heads, rows,
+                     arrays.out[heads, :, rows], arrays.lse[heads, :, rows])  # fmt: skip
 
     # 3) the items, longest first so that the workers finish together; each writes its own rows of out and lse
     with one_blas_thread():
-        run_items(run, forward_items(dims, plan, n_kv), plan.workers)
-    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
-    return out_full, lse.reshape(*dims.batch, dims.hq, dims.n_q)
+        run_items(run, forward_items(dims, plan, len(arrays.k)), plan.workers)
+    return forward_results(arrays, dims, result_dtype(q, k, v))
+
+
+def forward_results(arrays: GroupedHeads, dims: QKVShape, dtype: Any) -> tuple[Array, Array]:
+    """out (..., Hq, L, Ev) in the result dtype and lse (..., Hq, L), from the grouped arrays the items filled."""
+    out = arrays.out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(dtype, copy=False)
+    return out, arrays.lse.reshape(*dims.batch, dims.hq, dims.n_q)
 
 
 def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int) -> list[tuple[int, int]]:
