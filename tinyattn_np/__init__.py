@@ -31,8 +31,9 @@ Then the bills and the tools a script uses to show them:
     21  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
     22  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
     23  measure.py       peaks, timings and machine facts, as the scripts measure them
-    24  report.py        the tables the scripts print
-    25  text.py          tokens and embeddings for the demos
+    24  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    25  report.py        the tables the scripts print
+    26  text.py          tokens and embeddings for the demos
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard), _bytes.py (bytes per dtype, byte units).
@@ -103,6 +104,7 @@ from .position import (
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
+from .tune import tune, untune
 
 __version__ = "0.1.0"
 
@@ -181,6 +183,8 @@ __all__ = [
     "to_interleaved",
     "token_vector",
     "tokenize",
+    "tune",
+    "untune",
     "varlen_block_mask",
     "varlen_mod",
     "window_mask",

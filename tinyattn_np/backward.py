@@ -37,7 +37,6 @@ flex_attention_backward (the same loop over a block mask's tiles, through the mo
 
 from __future__ import annotations
 
-import os
 import threading
 from functools import partial
 from typing import Any, NamedTuple
@@ -59,7 +58,7 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_one_head
+from .flash import TileMods, apply_mods, check_one_head, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, score_indices
 
@@ -304,9 +303,9 @@ def check_flash_backward(
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         check_band(causal, window, dims.n_q, dims.n_k, align),
-        check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q),
-        check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K),
-        check_positive_int(workers, "workers", default=os.cpu_count() or 1),
+        check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
+        check_positive_int(block_k, "block_k", default=tile_rule().backward_side),
+        check_positive_int(workers, "workers", default=tile_rule().workers),
     )
     return q, k, v, out, dout, lse, dims, plan
 
@@ -456,7 +455,8 @@ def flash_attention_backward(
     own (S, E) copy of dk and dv, summed in head order at the end: G - 1 extra copies of k and v, O(S·E).
     Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles; the tiles
     are made as each item runs, so the bookkeeping is one count per (head, query block).
-    workers: threads (default: the CPU count); BLAS is held to one thread meanwhile, as in the forward.
+    block_q, block_k (default 256) and workers (default: the CPU count), or what tinyattn_np.tune() measured
+    on this machine (flash.tile_rule); BLAS is held to one thread meanwhile, as in the forward.
     """
     two_d = without_head_axis(q)
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(

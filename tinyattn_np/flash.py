@@ -70,16 +70,16 @@ from .mods import modded, visible
 
 __all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
     "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
-    "GroupedHeads", "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "apply_mods", "attend_block", "check_band",
-    "check_flash", "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention", "flash_attention_one_head",
-    "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads", "item_parts", "running_start",
-    "scaled_queries", "tile_plan",
+    "GroupedHeads", "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "TileRule", "apply_mods", "attend_block",
+    "check_band", "check_flash", "constant_rule", "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention",
+    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
+    "item_parts", "running_start", "scaled_queries", "tile_plan", "tile_rule", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
 
-# The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in docs/flash.md (scripts/tiles.py).
+# The constant defaults (constant_rule): square tiles of 256, and a tile step of up to 2^18 scores, both
+# doubled on more than 8 cores. Measured in docs/flash.md (scripts/tiles.py); tune.py measures this machine.
 SCORES_PER_STEP = 2**18
 
 
@@ -258,22 +258,61 @@ def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndar
         lse_rows[...] = np.where(empty, -np.inf, m + np.log(l))
 
 
+class TileRule(NamedTuple):
+    """What flash_attention and its backward take when no size is given: square tiles of `side` and, in each
+    tile step, the query heads of as many kv heads as fit in `scores_per_step` scores (the forward); square
+    tiles of `backward_side` (the backward); `workers` threads (both)."""
+
+    side: int
+    scores_per_step: int
+    backward_side: int
+    workers: int
+
+
+def constant_rule(cores: int | None = None) -> TileRule:
+    """The constants, measured on a 2-core machine and a 16-core one (docs/flash.md): tiles of 256 and 2^18
+    scores a step (512 and 2^19 on more than 8 cores), the backward's tiles of 256, a worker per core."""
+    cores = cores if cores is not None else os.cpu_count() or 1
+    if cores <= 8:
+        return TileRule(DEFAULT_BLOCK_Q, SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)
+    return TileRule(2 * DEFAULT_BLOCK_Q, 2 * SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)
+
+
+_rule_in_force: TileRule | None = None  # set by use_tile_rule (tune.py); None: the constants
+
+
+def use_tile_rule(rule: TileRule | None) -> None:
+    """Make rule the defaults of flash_attention and flash_attention_backward in this process, or with None
+    go back to the constants. tune.tune() calls it with the rule it measured."""
+    global _rule_in_force
+    if rule is not None:
+        rule = TileRule(*(check_positive_int(value, name) for name, value in rule._asdict().items()))
+    _rule_in_force = rule
+
+
+def tile_rule(cores: int | None = None) -> TileRule:
+    """The rule in force: what use_tile_rule() set, else the constants. Given `cores`, the constants for that
+    many cores, whatever is in force."""
+    rule = _rule_in_force
+    return rule if rule is not None and cores is None else constant_rule(cores)
+
+
 def default_tiles(
     n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None, cores: int | None = None
 ) -> tuple[int, int, int]:
     """(block_q, block_k, kv heads per step) for L = n_q, S = n_k and G = group query heads per kv head.
 
     The rule in one sentence: square tiles of 256 (512 on more than 8 cores), and in each tile step the
-    G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores).
-    Given block sizes are kept and the heads fill the same budget. It depends on the shape and
-    os.cpu_count() only, never on the number of workers, so every worker count gives the same bits.
+    G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
+    measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget. It
+    depends on the shape and the rule only, never on the number of workers, so every worker count gives the
+    same bits.
     """
-    cores = cores if cores is not None else os.cpu_count() or 1
-    side, budget = (DEFAULT_BLOCK_Q, SCORES_PER_STEP) if cores <= 8 else (2 * DEFAULT_BLOCK_Q, 2 * SCORES_PER_STEP)
-    block_q = side if block_q is None else block_q
-    block_k = side if block_k is None else block_k
+    rule = tile_rule(cores)
+    block_q = rule.side if block_q is None else block_q
+    block_k = rule.side if block_k is None else block_k
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
-    return block_q, block_k, max(1, budget // scores_per_kv_head)
+    return block_q, block_k, max(1, rule.scores_per_step // scores_per_kv_head)
 
 
 class FlashPlan(NamedTuple):
@@ -314,7 +353,7 @@ def flash_plan(
         block_q, block_k = band.BLOCK_SIZE
     block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
-    return FlashPlan(scale, band, block_q, block_k, heads, workers or os.cpu_count() or 1, score_mod, sinks)
+    return FlashPlan(scale, band, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
 
 
 class GroupedHeads(NamedTuple):
@@ -423,8 +462,9 @@ def flash_attention(
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     kv_heads_per_step: kv heads (each with its Hq / Hkv query heads) that share one batched matmul
     per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores), and
-    in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores).
-    workers: threads, each taking whole (heads, query block) items (default: the CPU count); the result
+    in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores),
+    or what tinyattn_np.tune() measured on this machine (docs/flash.md, "Tiles chosen by measuring").
+    workers: threads, each taking whole (heads, query block) items (default: the CPU count, or tune()'s); the result
     is the same bits for any number of workers. While it runs, BLAS is held to one thread for the whole
     process (threadpoolctl; overlapping calls share the limit, the last one out restores it), so a
     matmul in another thread of yours runs single-threaded meanwhile. Ctrl-C stops it between two tiles.
