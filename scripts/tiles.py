@@ -34,7 +34,13 @@ from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention
 from tinyattn_np._checks import compute_dtype
-from tinyattn_np.backward import check_flash_backward, check_weights_sum_to_one, flash_backward, query_rows
+from tinyattn_np.backward import (
+    check_flash_backward,
+    check_weights_sum_to_one,
+    flash_backward,
+    query_rows,
+    with_column,
+)
 from tinyattn_np.flash import (
     Heads,
     TileMods,
@@ -49,7 +55,9 @@ from tinyattn_np.flash import (
     item_parts,
     running_start,
     scaled_queries,
+    tile_mods,
     tile_plan,
+    trusted,
 )
 from tinyattn_np.measure import time_calls
 from tinyattn_np.memory import attention_flops
@@ -274,44 +282,36 @@ def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: A
 
 def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: Heads, rows: slice,
                out_rows: np.ndarray, lse_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
-    """flash.attend_block's statements in its order, each timed into its part."""
+    """flash.attend_block's statements in its order, each timed into its part (tile_scores split in two: its
+    matmul and its mods). The fallback it never needs on these inputs is left out: the bits would tell."""
     c, _, n = q_t.shape
-    dtype, bq = q_t.dtype, rows.stop - rows.start
     with clock(COPIES):
-        mods = TileMods(plan.band.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
-        q_idx = np.arange(rows.start, rows.stop).reshape(1, 1, 1, bq)
-        m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, bq, dtype))
-        acc = np.zeros((c, n, v.shape[-1]), dtype)
-        tile_buf = np.empty(0, dtype)
-    for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-        bk = t.k_stop - t.k_start
-        with clock(COPIES):
-            if tile_buf.size < c * bk * n:
-                tile_buf = np.empty(c * bk * n, dtype)
-        s = tile_buf[: c * bk * n].reshape(c, bk, n)
-        with clock(MATMULS):
-            np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)
-        with clock(MASKING):
-            kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-            apply_mods(s.reshape(c, bk, n // bq, bq), t, mods, q_idx, kv_idx)
-        with clock(REDUCTIONS):
-            m_new = np.maximum(m, s.max(axis=1))
-            m_safe = np.maximum(m_new, np.finfo(dtype).min)
-            s -= m_safe[:, None, :]
-        with clock(EXPONENTIALS):
-            np.exp(s, out=s)
-            alpha = np.exp(m - m_safe)
-        with clock(REDUCTIONS):
-            l *= alpha
-            l += s.sum(axis=1)
-            acc *= alpha[:, :, None]
-        with clock(MATMULS):
-            pv = s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]
-        with clock(REDUCTIONS):
-            acc += pv
-        m = m_new
+        mods, q_idx = tile_mods(plan, heads, rows, c)
+        m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, q_t.dtype))
+        l *= np.exp(m)
+        acc = np.zeros((c, n, v.shape[-1]), q_t.dtype)
+        tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, q_t.dtype)
+        ones = np.ones(min(plan.block_k, k.shape[1]), q_t.dtype)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+            bk = t.k_stop - t.k_start
+            s = tile_buf[: c * bk * n].reshape(c, bk, n)
+            with clock(MATMULS):
+                np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)
+            with clock(MASKING):
+                kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
+                apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx)
+            with clock(EXPONENTIALS):
+                np.exp(s, out=s)
+            with clock(REDUCTIONS):
+                l += ones[:bk] @ s
+            with clock(MATMULS):
+                pv = s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]
+            with clock(REDUCTIONS):
+                acc += pv
     with clock(REDUCTIONS):
-        finish_rows(acc, m, l, out_rows, lse_rows)
+        trusted(l, acc)
+        finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
 
 
 def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
@@ -346,39 +346,43 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
 def key_block_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
                    mods: TileMods, tiles: Any, dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray,
                    dv_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
-    """backward.key_block_grads's statements in its order, each timed into its part; the shares of dq and of
-    P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
-    dq, p_sums = dq_rows
+    """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
+    of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
+    (dq, p_sums), tiles = dq_rows, list(tiles)
+    if not tiles:
+        return
     with clock(COPIES):
-        buffers = np.empty((0, 0), q_s.dtype)
+        cols, height, dtype = slice(tiles[0].k_start, tiles[0].k_stop), tiles[0].q_stop - tiles[0].q_start, q_s.dtype
+        bk = cols.stop - cols.start
+        k_one, v_one = (np.concatenate([x[cols], np.ones((bk, 1), dtype)], axis=1) for x in (k, v))
+        p_buf, ds_buf = np.empty((2, height * bk), dtype)
+        q_lse, do_d = np.empty((height, k_one.shape[1]), dtype), np.empty((height, v_one.shape[1]), dtype)
+        ones = np.ones(bk, dtype)
     for t in tiles:
-        rows, cols = slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop)
-        bq, bk = t.q_stop - t.q_start, t.k_stop - t.k_start
+        rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
+        p, ds = (buffer[: bq * bk].reshape(bq, bk) for buffer in (p_buf, ds_buf))
         with clock(COPIES):
-            if buffers.shape[1] < bq * bk:
-                buffers = np.empty((2, bq * bk), q_s.dtype)
-        p, ds = (buffer[: bq * bk].reshape(bq, bk) for buffer in buffers)
+            with_column(q_lse[:bq], q_s[rows], -lse[rows])
         with clock(MATMULS):
-            np.matmul(q_s[rows], k[cols].T, out=p)
+            np.matmul(q_lse[:bq], k_one.T, out=p)
         with clock(MASKING):
             apply_mods(p, t, mods, np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop))
-        with clock(REDUCTIONS):
-            p -= lse[rows, None]
         with clock(EXPONENTIALS):
             np.exp(p, out=p)
         with clock(MATMULS):
             dv_share = p.T @ d_o[rows]
         with clock(REDUCTIONS):
             dv_rows += dv_share
+        with clock(COPIES):
+            with_column(do_d[:bq], d_o[rows], -d[rows])
         with clock(MATMULS):
-            np.matmul(d_o[rows], v[cols].T, out=ds)
+            np.matmul(do_d[:bq], v_one.T, out=ds)
         with clock(REDUCTIONS):
-            ds -= d[rows, None]
             ds *= p
         with clock(MATMULS):
-            dq_share = ds @ k[cols]
+            dq_share = ds @ k_one[:, :-1]
         with clock(REDUCTIONS):
-            p_sum = p.sum(axis=1)
+            p_sum = p @ ones
             dq[rows] += dq_share
             p_sums[rows] += p_sum
         with clock(MATMULS):

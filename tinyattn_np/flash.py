@@ -22,7 +22,9 @@ Read it in this order:
                                        m = -inf, l = 0, a line per equation (docs/online_softmax.md)
     flash_attention                    the same algorithm, fast: several heads share each tile step
                                        (one batched matmul for the query heads of one or more kv heads),
-                                       and worker threads take whole (heads, query block) items
+                                       worker threads take whole (heads, query block) items, and the sums
+                                       are measured against 0 rather than the running max (attend_block),
+                                       with the running max where exp(s) cannot hold them
 
 Why the fast path batches heads: Python's per-call overhead (a few microseconds, with the interpreter
 lock held) is then paid once for all of them, which is what lets worker threads scale with cores
@@ -69,11 +71,12 @@ from .blockmask import (
 from .mods import modded, visible
 
 __all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
-    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
-    "GroupedHeads", "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "TileRule", "apply_mods", "attend_block",
-    "check_band", "check_flash", "constant_rule", "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention",
-    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
-    "item_parts", "running_start", "scaled_queries", "tile_plan", "tile_rule", "use_tile_rule",
+    "Band", "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "FlashPlan", "GroupedHeads", "Heads", "PARTIAL",
+    "SCORES_PER_STEP", "Tile", "TileMask", "TileMods", "TilePlan", "TileRule", "apply_mods", "attend_block",
+    "attend_block_online", "check_band", "check_flash", "constant_rule", "default_tiles", "draw_tile_plan",
+    "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items",
+    "forward_results", "grouped_heads", "item_parts", "running_start", "scaled_queries", "tile_mods", "tile_plan",
+    "tile_rule", "tile_scores", "trusted", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -201,33 +204,88 @@ def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
 
 def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice,
                  out_rows: np.ndarray, lse_rows: np.ndarray) -> None:  # fmt: skip
-    """The online softmax for one query block (rows) of c kv heads, each with its G query heads, over the
-    tiles that plan.band says run for those heads.
+    """The softmax of one query block (rows) of c kv heads, each with its G query heads, over the tiles that
+    plan.band says run for those heads.
 
     q_t (c, E, G·bq): the scaled queries, transposed; column g·bq + i is query i of head g of the group.
     k (c, S, E), v (c, S, Ev): the c kv heads; heads: the c·G query heads, kv head by kv head. Writes
     out_rows (c, G, bq, Ev) and lse_rows (c, G, bq).
-    The score tile is kept transposed, keys down and queries across: (c, bk, n). The per-query max and
-    sum then run down an axis that is not the last of a C-order array, which NumPy does with whole-row
-    vector ops, about twice as fast as along the last axis on a 256 x 256 tile.
+
+    Why this is fast: the sums are measured against 0, not against the running max. The reference point
+    cancels in acc / l, so any m gives the softmax; with m = 0 for every row and every tile (FlashDecoding++,
+    Hong et al. 2023, section 3: a "unified max value"), nothing is found, subtracted or rescaled, and a
+    tile is two matmuls, one exponential and one row sum:
+        l   += Σ_keys exp(s)          acc += exp(s) @ v_tile          out = acc / l,  lse = log l
+    m = 0 holds as long as exp(s) neither overflows nor leaves a row with nothing but underflowed terms;
+    the sums say when it did not (trusted), and then the block is done again with the running max
+    (attend_block_online), so the result is the online softmax's either way.
+    The score tile is kept transposed, keys down and queries across: (c, bk, n); BLAS sums its columns
+    (ones @ s) faster than NumPy sums an axis.
     """
     c, _, n = q_t.shape
-    dtype, bq = q_t.dtype, rows.stop - rows.start
+    dtype = q_t.dtype
+    mods, q_idx = tile_mods(plan, heads, rows, c)
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))
+    l *= np.exp(m)  # (c, n): a sink's term exp(sink) measured against 0 (no sink: 0)
+    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) Σ exp(s) v
+    tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
+    ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the sums, and trusted() sees it
+        for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+            # 1) scores of this tile for every head of the step, 2) the mods (tile_scores)
+            s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
+            # 3) P̃ = exp(S) in place, against 0: no max to find, none to subtract
+            np.exp(s, out=s)
+            # 4) add the tile's row sums and its weighted values: nothing to rescale
+            l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
+            acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+    if not trusted(l, acc):
+        attend_block_online(q_t, k, v, plan, heads, rows, out_rows, lse_rows, tile_buf, acc)
+        return
+    finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
+
+
+def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
+    """Whether sums against 0 hold every row's softmax: nothing overflowed (l and acc finite; a NaN from the
+    inputs fails too) and l ≥ √tiny (1.1e-19 in float32), far above the underflow. Underflow costs out at most
+    S·(smallest subnormal) / l absolute, below √tiny·S then. A row that saw no key (l = 0) fails: the
+    running max sorts it out from one whose terms all underflowed."""
+    return bool((l >= np.sqrt(np.finfo(l.dtype).tiny)).all() and np.isfinite(l).all() and np.isfinite(acc).all())
+
+
+def tile_mods(plan: FlashPlan, heads: Heads, rows: slice, c: int) -> tuple[TileMods, np.ndarray]:
+    """The mods of a block's tiles, with b and h shaped (c, 1, G, 1) to broadcast against a tile's (c, bk, G, bq)
+    view, and the block's query positions q_idx (1, 1, 1, bq)."""
     mods = TileMods(plan.band.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
-    q_idx = np.arange(rows.start, rows.stop).reshape(1, 1, 1, bq)  # queries across, grouped by head
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, bq, dtype))  # (c, n) running max and sum
-    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) running exp(score - m) @ v
-    tile_buf = np.empty(0, dtype)  # the one score tile this block reuses, made at its first (widest) tile
+    return mods, np.arange(rows.start, rows.stop).reshape(1, 1, 1, -1)
+
+
+def tile_scores(k: np.ndarray, q_t: np.ndarray, t: Tile, tile_buf: np.ndarray, mods: TileMods,
+                q_idx: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Tile t's scores in tile_buf: 1) s = k_tile q_t for the c heads of the step (the scale already in q),
+    2) the score_mod, and -inf where the mask_mod hides a key (apply_mods) -> s (c, bk, n)."""
+    c, _, n = q_t.shape
+    bk = t.k_stop - t.k_start
+    s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n)
+    np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
+    kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
+    apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx)  # (c, bk, G, bq)
+    return s
+
+
+def attend_block_online(
+    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, out_rows: np.ndarray,
+    lse_rows: np.ndarray, tile_buf: np.ndarray, acc: np.ndarray,
+) -> None:  # fmt: skip
+    """attend_block with the running max (the module doc's m, l, acc), for a block whose sums against 0 did not
+    hold: scores too large for exp, or too far below 0. tile_buf and acc: attend_block's, used again."""
+    c, _, n = q_t.shape
+    dtype = q_t.dtype
+    mods, q_idx = tile_mods(plan, heads, rows, c)
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
+    acc[...] = 0  # (c, n, Ev) running exp(score - m) @ v
     for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-        bk = t.k_stop - t.k_start
-        if tile_buf.size < c * bk * n:
-            tile_buf = np.empty(c * bk * n, dtype)
-        s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
-        # 1) scores of this tile for every head of the step; the scale is already folded into q
-        np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
-        # 2) score_mod on every score; in a tile a mask edge crosses, -inf where the mask_mod hides a key
-        kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-        apply_mods(s.reshape(c, bk, n // bq, bq), t, mods, q_idx, kv_idx)  # (c, bk, G, bq)
+        s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n)
         # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
         #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
         m_new = np.maximum(m, s.max(axis=1))  # (c, n)
@@ -242,7 +300,7 @@ def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan,
         l *= alpha
         l += s.sum(axis=1)
         acc *= alpha[:, :, None]
-        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev)
         m = m_new
     finish_rows(acc, m, l, out_rows, lse_rows)
 
