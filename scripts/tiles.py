@@ -4,6 +4,7 @@ where one forward and one backward spend their time.
     python scripts/tiles.py                       # T = 4096, 4 heads of 64, causal, float32
     python scripts/tiles.py --tokens 8192 --repeats 3
     python scripts/tiles.py --profile             # T = 1024: the parts of one forward and one backward
+    python scripts/tiles.py --tune --profile      # the same with this machine's tiles (tinyattn_np.tune)
 
 It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one
 worker and on all, and measures what decides many cores: w, the time of one tile step on one thread, and
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+import tinyattn_np
 from tinyattn_np import flash_attention
 from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
@@ -81,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=positive(int), default=None, help="T, the sequence length (default 4096; "
                    "1024 with --profile)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
+    p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): this machine's tiles and workers")
     common.add_shape_arguments(p, tokens_range=False, repeats=3)
     args = p.parse_args(argv)
     args.tokens = args.tokens or (1024 if args.profile else 4096)
@@ -232,9 +235,7 @@ class Stopwatch:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self.laps = 0
-        self.part = ""
-        self.start = 0.0
+        self.laps, self.part, self.start = 0, "", 0.0
 
     def __call__(self, part: str) -> Stopwatch:
         self.part = part
@@ -250,8 +251,7 @@ class Stopwatch:
     @staticmethod
     def lap_cost(laps: int = 2000) -> float:
         """Seconds one lap adds to a run beyond what it records: a run of `laps` empty blocks, less their parts."""
-        clock = Stopwatch()
-        start = time.perf_counter()
+        clock, start = Stopwatch(), time.perf_counter()
         for _ in range(laps):
             with clock("nothing"):
                 pass
@@ -259,8 +259,7 @@ class Stopwatch:
 
 
 def best_ms(fn: Any, repeats: int) -> float:
-    """The fastest of `repeats` calls of fn() in milliseconds, after one untimed call: on a busy machine the
-    fastest run is the one least slowed by the others."""
+    """The fastest of `repeats` calls of fn() in ms, after one untimed call: the least slowed by other work."""
     return 1e3 * min(time_calls(fn, repeats, warmup=1))
 
 
@@ -330,7 +329,9 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         for h in range(n_heads):
             cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
             heads = Heads(np.array([h // dims.hq]), np.array([h % dims.hq]))
-            tiles = plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads)
+            tiles = list(plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads))
+            if not tiles:  # a key block no query sees
+                continue
             mods = TileMods(plan.band.mask_mod, None, h // dims.hq, h % dims.hq)
             key_block_copy(q_s[h], k_c[h // dims.group], v_c[h // dims.group], d_o[h], lse_c[h], d[h], mods, tiles,
                            (dq[h], p_sums[h]), dk_heads[h, cols], dv_heads[h, cols], clock)  # fmt: skip
@@ -349,8 +350,6 @@ def key_block_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarra
     """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
     of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
     (dq, p_sums), tiles = dq_rows, list(tiles)
-    if not tiles:
-        return
     with clock(COPIES):
         cols, height, dtype = slice(tiles[0].k_start, tiles[0].k_stop), tiles[0].q_stop - tiles[0].q_start, q_s.dtype
         bk = cols.stop - cols.start
@@ -392,10 +391,9 @@ def key_block_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarra
 
 
 def measure_parts(kernel: Any, copy: Any, repeats: int) -> dict[str, Any]:
-    """The copy's run split into parts, each part the least it took in `repeats` runs (on a busy machine another
-    process may stop any part of a run): each timed part, and "Python between them", a run's wall time less its
-    parts and less what the timing itself cost; the kernel's own time on one thread beside it (the fastest of
-    `repeats`), and whether the copy gave the kernel's bits."""
+    """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of a
+    run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own cost;
+    the kernel's own time on one thread (the fastest of `repeats`), and whether the copy gave the kernel's bits."""
     lap_cost = Stopwatch.lap_cost()
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
@@ -467,24 +465,29 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace, rate
 def profile_main(args: argparse.Namespace) -> int:
     """--profile: the header, the forward's table, then the backward's; Ctrl-C keeps the tables printed."""
     common.check_agreement(args, not args.no_causal)
-    _, lines = common.header()
+    info, lines = common.header()
     with threadpool_limits(limits=1, user_api="blas"):  # one worker's ceiling: flash runs BLAS on one thread
         rate = common.matmul_rate(args.dtype)
     print(f"{lines}\n{args.dtype} matmul, 2048 x 2048, one BLAS thread: {rate:.1f} GFLOP/s")
-    qkv = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args)
-    done = []
-    for name, profile in (("forward", profile_forward), ("backward", profile_backward)):
-        try:
-            row = profile(args, qkv)
-        except KeyboardInterrupt:
-            return common.interrupted(len(done), 2, "tables")
+    qkv, rows = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), []
+    profiles = {"forward": profile_forward, "backward": profile_backward}
+    stopped = common.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
+    for name, row in rows:
         print_profile(name, row, args, rate)
-        done.append(row)
-    return 0 if all(row["same_bits"] for row in done) else 1
+    done = dict(rows)
+    if args.json:
+        common.write_json(args.json, {"machine": info, "one_thread_matmul_gflops": rate, "args": vars(args), **done},
+                          stopped)  # fmt: skip
+    if stopped:
+        return common.interrupted(len(done), 2, "tables")
+    return 0 if all(row["same_bits"] for row in done.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tune:
+        common.progress("tuning (tinyattn_np.tune)")
+        print(f"tuned: {tinyattn_np.tune()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)

@@ -318,6 +318,22 @@ def test_tiles_profile_splits_both_kernels(quick: None, capsys: pytest.CaptureFi
     assert out.count("the profile's copy gives the kernel's bits: yes") == 2
 
 
+def test_tiles_profile_keeps_the_forward_after_ctrl_c(
+    quick: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiles, figures = load("tiles.py"), tmp_path / "profile.json"
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiles, "profile_backward", interrupted)
+    assert tiles.main(["--profile", "--tokens", "96", "--repeats", "1", "--json", str(figures)]) == 130
+    out = capsys.readouterr().out
+    assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 2 tables" in out
+    saved = json.loads(figures.read_text())
+    assert saved["interrupted"] is True and "forward" in saved and "backward" not in saved
+
+
 def test_tiles_model_pieces() -> None:
     tiles = load("tiles.py")
     assert tiles.makespan([8, 1, 7, 2, 6, 3], 3) == 9  # longest first: 8+1, 7+2, 6+3
