@@ -21,8 +21,9 @@ tune_module = importlib.import_module("tinyattn_np.tune")  # the module: tinyatt
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Each test with a cache directory of its own, and the constants in force before and after it."""
+    """Each test with a cache directory of its own, a quiet machine, and the constants in force before and after."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(tune_module, "busy", lambda: None)
     untune()
     yield
     untune()
@@ -131,6 +132,26 @@ def test_tune_keeps_the_fastest_for_the_process_and_the_cache(monkeypatch, tmp_p
     untune()
     monkeypatch.setattr(tune_module, "time_candidates", lambda *a: pytest.fail("measured despite the cache"))
     assert tune(tokens=64, head_dim=8, repeats=1) == rule == tile_rule()
+
+
+def test_a_rule_measured_on_a_busy_machine_holds_here_and_is_not_stored(monkeypatch, tmp_path):
+    fixed_timings(monkeypatch, fastest_index=0)
+    monkeypatch.setattr(tune_module, "busy", lambda: "the load average was 6.4 on 2 cores")
+    with pytest.warns(UserWarning, match="load average was 6.4 on 2 cores; the rule measured holds for this process"):
+        rule = tune(tokens=64, head_dim=8, repeats=1)
+    assert tile_rule() == rule and rule.side == 128
+    assert leftovers(tmp_path) == []
+
+
+def test_busy_reads_the_load_average(monkeypatch):
+    import os
+
+    monkeypatch.undo()  # the real busy()
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.5, 0.0, 0.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert tune_module.busy() == "the load average was 3.5 on 2 cores"
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 0.0, 0.0))
+    assert tune_module.busy() is None
 
 
 def test_a_candidate_must_clearly_beat_the_constants(monkeypatch):

@@ -16,7 +16,8 @@ A candidate replaces the constants' own choice only when it is faster by more th
 does not move the defaults. The rule is kept for this process (flash.use_tile_rule) and, with cache=True, in the
 user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json), keyed by the CPU model, the
 BLAS library and its kernel set, and the core count: the next process on this machine reads it instead of
-measuring. The file is written whole or not at all (a temporary file, then a rename).
+measuring. The file is written whole or not at all (a temporary file, then a rename), and not at all when the
+machine was busy (a load average above the cores): that rule holds for the process only, with a warning.
 
 Off: do not call tune(), or call untune(); a block_q, block_k, kv_heads_per_step or workers that a call passes
 always wins over the rule. A tuning that fails (any exception) warns and leaves the constants in force; Ctrl-C
@@ -44,7 +45,9 @@ from .backward import flash_attention_backward
 from .flash import TileRule, constant_rule, flash_attention, tile_rule, use_tile_rule
 from .measure import cpu_model, machine_info, time_calls
 
-__all__ = ["CLEAR_MARGIN", "SIDES", "STEP_HEADS", "cache_file", "candidate_rules", "machine_key", "tune", "untune"]
+__all__ = [
+    "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key", "tune", "untune",
+]  # fmt: skip
 
 SIDES = (128, 256, 512)  # square tiles, forward and backward
 STEP_HEADS = (1, 2, 4)  # kv heads per tile step at the tuning problem's shape: scores_per_step = side² · heads
@@ -95,15 +98,30 @@ def tune(*, tokens: int = 2048, head_dim: int = 64, repeats: int = 3, cache: boo
     key, path = machine_key(), cache_file() if cache else None
     rule = read_rule(path, key) if path is not None else None
     if rule is None:
+        busy_before = busy()
         try:
             rule = measure_rule(tokens, head_dim, repeats)
         except Exception as err:  # noqa: BLE001 (a failed measurement must not stop the caller: the constants stay)
             warnings.warn(f"tune() failed ({err!r}): flash_attention keeps its constant defaults", stacklevel=2)
             return tile_rule()
-        if path is not None:
+        load = busy_before or busy()
+        if load:  # other work took cores from the measurement: good for now, not for the next process
+            warnings.warn(f"tune(): {load}; the rule measured holds for this process and is not stored", stacklevel=2)
+        elif path is not None:
             store_rule(path, key, rule)
     use_tile_rule(rule)
     return rule
+
+
+def busy() -> str | None:
+    """Why this machine was too busy for a measurement to keep (None when it was not): a load average (processes
+    running or waiting for a core over the last minute, ours included) above the cores."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system
+        return None
+    cores = os.cpu_count() or 1
+    return f"the load average was {load:.1f} on {cores} cores" if load > cores else None
 
 
 def measure_rule(tokens: int, head_dim: int, repeats: int) -> TileRule:
