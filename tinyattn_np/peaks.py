@@ -128,6 +128,7 @@ def flash_attention_backward_bytes(
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
                            2·bq·bk·c                the tile of P and the tile of dP (then dS)
+                           (bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
                            max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
                            causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
         G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
@@ -151,7 +152,7 @@ def flash_attention_backward_bytes(
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
     busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head
-    per_worker = (2 * bq * bk + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
+    per_worker = (2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
     if check_bool(causal, "causal") and bq and bk:
         per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
     group_sums = kv_elements * compute if heads > kv_heads else 0
