@@ -17,8 +17,8 @@ row measured while the machine was busy is marked with *.
 kernels choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions
 and rescaling, the masking, the copies and set-up. The copy calls the kernels' own helpers and must give the
 kernels' bits (checked). "Python between them" is the rest of the copy's run (the loop, the slicing, the
-calls), less what the timing itself costs. Each part is the least it took in --repeats runs, beside the one-
-thread matmul rate and the kernel's own time.
+calls), less what the timing itself costs. Each part is the least it took in --repeats runs, beside the best
+one-thread matmul rate measured between them and the kernel's own time.
 """
 
 from __future__ import annotations
@@ -390,22 +390,23 @@ def key_block_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarra
             dk_rows += dk_share
 
 
-def measure_parts(kernel: Any, copy: Any, repeats: int) -> dict[str, Any]:
+def measure_parts(kernel: Any, copy: Any, repeats: int, dtype: str) -> dict[str, Any]:
     """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of a
     run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own cost;
-    the kernel's own time on one thread (the fastest of `repeats`), and whether the copy gave the kernel's bits."""
-    lap_cost = Stopwatch.lap_cost()
+    the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
+    the one-thread matmul rate, the best of one 2048 x 2048 product beside each run."""
+    lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
-        runs = []
         for _ in range(repeats):
+            rates.append(common.matmul_rate(dtype, repeats=1))
             clock, start = Stopwatch(), time.perf_counter()
             result = copy(clock)
             wall = time.perf_counter() - start - clock.laps * lap_cost
             runs.append({**clock.seconds, PYTHON: max(wall - sum(clock.seconds.values()), 0.0)})
         same = all(np.array_equal(a, b) for a, b in zip(result, kernel(), strict=True))
     parts = {part: 1e3 * min(run.get(part, 0.0) for run in runs) for part in (*PARTS, PYTHON)}
-    return {"kernel_ms": kernel_ms, "parts_ms": parts, "same_bits": same}
+    return {"kernel_ms": kernel_ms, "parts_ms": parts, "same_bits": same, "matmul_gflops": max(rates)}
 
 
 def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
@@ -414,7 +415,7 @@ def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> di
                                       block_k=None, kv_heads_per_step=None, workers=None)  # fmt: skip
     one = plan._replace(workers=1)
     row = measure_parts(lambda: flash_forward(q, k, v, dims, one), lambda c: forward_copy(q, k, v, dims, one, c),
-                        args.repeats)  # fmt: skip
+                        args.repeats, args.dtype)  # fmt: skip
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
     steps = [(item, t) for item in forward_items(dims, plan, n_kv) for t in plan.band.row_tiles(
         item[1], min(item[1] + plan.block_q, dims.n_q), dims.n_k, plan.block_k)]  # fmt: skip
@@ -434,7 +435,8 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
         window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
     one = plan._replace(workers=1)
     row = measure_parts(lambda: flash_backward(q, k, v, out, dout, lse, dims, one),
-                        lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c), args.repeats)  # fmt: skip
+                        lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
+                        args.repeats, args.dtype)  # fmt: skip
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.band.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
@@ -443,7 +445,7 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     return row
 
 
-def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace, rate: float) -> None:
+def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> None:
     """One table: each part per tile and in all, and its share of the copy's run on one thread."""
     plan, tiles, parts = row["plan"], row["tiles"], row["parts_ms"]
     total = sum(parts.values())
@@ -456,8 +458,9 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace, rate
     body = [[part, 1e3 * parts[part] / tiles, parts[part], f"{parts[part] / total:.0%}"] for part in (*PARTS, PYTHON)]
     body.append(["in all", 1e3 * total / tiles, total, "100%"])
     print(common.table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
-    gflops = row["flops"] / parts[MATMULS] / 1e6
-    print(f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of the one-thread matmul rate; the kernel itself: "
+    gflops, rate = row["flops"] / parts[MATMULS] / 1e6, row["matmul_gflops"]
+    print(f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
+          f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
           f"{row['kernel_ms']:.1f} ms on one worker, {row['all_workers_ms']:.1f} ms on {plan.workers}; the profile's "
           f"copy gives the kernel's bits: {'yes' if row['same_bits'] else 'NO'}")  # fmt: skip
 
@@ -466,18 +469,15 @@ def profile_main(args: argparse.Namespace) -> int:
     """--profile: the header, the forward's table, then the backward's; Ctrl-C keeps the tables printed."""
     common.check_agreement(args, not args.no_causal)
     info, lines = common.header()
-    with threadpool_limits(limits=1, user_api="blas"):  # one worker's ceiling: flash runs BLAS on one thread
-        rate = common.matmul_rate(args.dtype)
-    print(f"{lines}\n{args.dtype} matmul, 2048 x 2048, one BLAS thread: {rate:.1f} GFLOP/s")
+    print(lines)
     qkv, rows = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), []
     profiles = {"forward": profile_forward, "backward": profile_backward}
     stopped = common.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
     for name, row in rows:
-        print_profile(name, row, args, rate)
+        print_profile(name, row, args)
     done = dict(rows)
     if args.json:
-        common.write_json(args.json, {"machine": info, "one_thread_matmul_gflops": rate, "args": vars(args), **done},
-                          stopped)  # fmt: skip
+        common.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)
     if stopped:
         return common.interrupted(len(done), 2, "tables")
     return 0 if all(row["same_bits"] for row in done.values()) else 1
