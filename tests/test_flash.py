@@ -71,6 +71,30 @@ def test_float16_lse_past_float16_range():
     np.testing.assert_allclose(lse, 1e5 + np.log(2), rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "shift,falls_back",
+    [(0.0, False), (95.0, True), (-70.0, True), (30.0, False)],  # float32: exp overflows past 88.7; e^-70 · S < √tiny
+)
+def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_them(rng, monkeypatch, shift, falls_back):
+    """The fast path sums exp(s) against 0 (flash.attend_block); scores too large for exp, or all far below 0,
+    send a block to the running max (attend_block_online). Either way the result is the reference's."""
+    import tinyattn_np.flash as flash_module
+
+    q = rng.standard_normal((2, 40, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 50, 8)).astype(np.float32) for _ in range(2))
+    q[1, :, 0], k[1, :, 0] = 0.0, shift  # key channel 0 holds the shift, which only queries 16..31 read:
+    q[1, 16:32] = 0.0
+    q[1, 16:32, 0] = 1.0  # their every score is `shift`
+    online, used = flash_module.attend_block_online, []
+    monkeypatch.setattr(flash_module, "attend_block_online", lambda *a: used.append(1) or online(*a))
+    out, lse = flash_attention(q, k, v, causal=True, scale=1.0, block_q=16, block_k=16, return_lse=True)
+    gold, gold_lse = gold_attention(q, k, v, bottom_right(40, 50), scale=1.0)
+    assert_close(out, gold, np.float32, f"shift {shift}")
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-6, atol=1e-6)
+    assert bool(used) == falls_back  # only the block with those rows, and only when exp cannot hold them
+    assert len(used) <= 1
+
+
 def test_same_bits_for_any_number_of_workers(rng):
     q = rng.standard_normal((1, 4, 300, 32)).astype(np.float32)
     k, v = (rng.standard_normal((1, 2, 300, 32)).astype(np.float32) for _ in range(2))

@@ -307,6 +307,34 @@ def test_tiles_small_run(quick: None, tmp_path: Path, capsys: pytest.CaptureFixt
     assert len(rows) == 12 and all(r["predicted_16_ms"] > 0 for r in rows)
 
 
+def test_tiles_profile_splits_both_kernels(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """--profile: a table each for the forward and the backward, every part named, the copy the kernels' bits."""
+    assert load("tiles.py").main(["--profile", "--tokens", "96", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "forward: T=96" in out and "backward: T=96" in out
+    assert out.count("matmul on one BLAS thread beside them (100.0 GFLOP/s, the best of 1)") == 2
+    for part in ("matmuls", "exponentials", "reductions and rescaling", "masking", "copies and set-up",
+                 "Python between them", "in all"):  # fmt: skip
+        assert len(re.findall(rf"^{part}\s", out, re.MULTILINE)) == 2, part
+    assert out.count("the profile's copy gives the kernel's bits: yes") == 2
+
+
+def test_tiles_profile_keeps_the_forward_after_ctrl_c(
+    quick: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiles, figures = load("tiles.py"), tmp_path / "profile.json"
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiles, "profile_backward", interrupted)
+    assert tiles.main(["--profile", "--tokens", "96", "--repeats", "1", "--json", str(figures)]) == 130
+    out = capsys.readouterr().out
+    assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 2 tables" in out
+    saved = json.loads(figures.read_text())
+    assert saved["interrupted"] is True and "forward" in saved and "backward" not in saved
+
+
 def test_tiles_model_pieces() -> None:
     tiles = load("tiles.py")
     assert tiles.makespan([8, 1, 7, 2, 6, 3], 3) == 9  # longest first: 8+1, 7+2, 6+3

@@ -1,7 +1,6 @@
 """tinyattn_np: transformer attention in pure NumPy, written to be read.
 
 The reading order: each file uses only what came before it.
-
      1  softmax.py       softmax, logsumexp, merge_states: the online-softmax algebra
      2  masks.py         the causal mask in its two alignments, sliding windows
      3  head.py          one head, a line per step: softmax(q kᵀ / √d) v
@@ -34,14 +33,14 @@ The reading order: each file uses only what came before it.
                          (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
-
     25  peaks.py         what our own functions allocate, worked out from their tiles
     26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
     27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
     28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  report.py        the tables the scripts print
-    30  text.py          tokens and embeddings for the demos
-    31  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    30  report.py        the tables the scripts print
+    31  text.py          tokens and embeddings for the demos
+    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard), _bytes.py (bytes per dtype, byte units).
@@ -153,6 +152,7 @@ from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory
+from .tune import tune, untune
 
 __version__ = "0.1.0"
 
@@ -271,6 +271,8 @@ __all__ = [
     "token_vector",
     "tokenize",
     "training_memory",
+    "tune",
+    "untune",
     "varlen_block_mask",
     "varlen_mod",
     "warmup_cosine_lr",

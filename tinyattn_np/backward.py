@@ -37,7 +37,7 @@ flex_attention_backward (the same loop over a block mask's tiles, through the mo
 
 from __future__ import annotations
 
-import os
+import itertools
 import threading
 from functools import partial
 from typing import Any, NamedTuple
@@ -59,7 +59,7 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_one_head
+from .flash import TileMods, apply_mods, check_one_head, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
@@ -304,9 +304,9 @@ def check_flash_backward(
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         check_band(causal, window, dims.n_q, dims.n_k, align),
-        check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q),
-        check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K),
-        check_positive_int(workers, "workers", default=os.cpu_count() or 1),
+        check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
+        check_positive_int(block_k, "block_k", default=tile_rule().backward_side),
+        check_positive_int(workers, "workers", default=tile_rule().workers),
     )
     return q, k, v, out, dout, lse, dims, plan
 
@@ -333,35 +333,57 @@ def key_block_grads(
     is q times the scale; k (S, E), v (S, Ev); d_o (L, Ev), lse (L,) with +inf for rows that see no key,
     d (L,) = rowsum(dO ∘ O). mods: the tile's score_mod and mask_mod, as in the forward; param_rows: where
     the learned score_mod's parameter gradient of this head and key block adds up (None: nothing learned).
-    Two tile buffers (three with a score_mod) serve every tile of the block, made at the first, the widest."""
-    buffers = np.empty((0, 0), q_s.dtype)
-    for t in tiles:
-        rows, cols = slice(t.q_start, t.q_stop), slice(t.k_start, t.k_stop)
-        bq, bk = t.q_stop - t.q_start, t.k_stop - t.k_start
-        if buffers.shape[1] < bq * bk:
-            buffers = np.empty((2 if mods.score_mod is None else 3, bq * bk), q_s.dtype)
-        p, ds, *raw = (buffer[: bq * bk].reshape(bq, bk) for buffer in buffers)
+
+    Why this is fast: a tile's two subtractions ride in its matmuls as one more term of each dot product,
+        S − L_i = [Q_i, −L_i] [K_j, 1]ᵀ        dP − D_i = [dO_i, −D_i] [V_j, 1]ᵀ
+    (a 65th column costs a 64-column matmul about 2%, a pass over the tile much more), and P's row sums
+    are the matrix-vector product P 1. A score_mod needs S itself, so with one, S − L_i comes after it.
+    The buffers serve every tile of the block: the two tiles P and dS (and S for a score_mod), and the rows
+    [Q_i, −L_i] and [dO_i, −D_i]."""
+    tiles = iter(tiles)
+    first = next(tiles, None)
+    if first is None:
+        return
+    cols, height, dtype = slice(first.k_start, first.k_stop), first.q_stop - first.q_start, q_s.dtype  # the widest
+    bk = cols.stop - cols.start
+    k_one, v_one = (np.concatenate([x[cols], np.ones((bk, 1), dtype)], axis=1) for x in (k, v))  # [K_j, 1], [V_j, 1]
+    p_buf, ds_buf, *raw_buf = np.empty((2 if mods.score_mod is None else 3, height * bk), dtype)
+    q_lse, do_d = np.empty((height, k_one.shape[1]), dtype), np.empty((height, v_one.shape[1]), dtype)
+    ones = np.ones(bk, dtype)  # (bk,) P 1: P's row sums
+    for t in itertools.chain([first], tiles):
+        rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
+        p, ds, *raw = (buffer[: bq * bk].reshape(bq, bk) for buffer in (p_buf, ds_buf, *raw_buf))
         q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
-        # 1) scores of this tile, as in the forward (the scale is folded into q); kept raw for the score_mod
-        np.matmul(q_s[rows], k[cols].T, out=p)  # (bq, bk) S
+        # 1) scores of this tile less the forward's logsumexp, S − L_i (the scale is folded into q); with a
+        #    score_mod, S first, kept raw for its derivative, and L_i taken off after the mods
+        with_column(q_lse[:bq], q_s[rows], 0.0 if raw else -lse[rows])  # (bq, E + 1)
+        np.matmul(q_lse[:bq], k_one.T, out=p)  # (bq, E + 1) @ (E + 1, bk)
         if raw:
             np.copyto(raw[0], p)
-        # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − lse): the forward's
+        # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − L_i): the forward's
         #    probabilities, exactly normalised, without a row max or sum (a hidden key: exp(-inf) = 0)
         apply_mods(p, t, mods, q_idx, kv_idx)
-        p -= lse[rows, None]
+        if raw:
+            p -= lse[rows, None]
         np.exp(p, out=p)  # (bq, bk) P
         # 3) dV_j += Pᵀ dO_i
         dv_rows += p.T @ d_o[rows]  # (bk, bq) @ (bq, Ev)
-        # 4) dP = dO_i V_jᵀ, then dS' = P ∘ (dP − D_i), in place; through the score_mod: dS = dS' ∘ ∂S'/∂S
-        np.matmul(d_o[rows], v[cols].T, out=ds)  # (bq, Ev) @ (Ev, bk): dP
-        ds -= d[rows, None]
+        # 4) dP − D_i = dO_i V_jᵀ − D_i in one matmul, then dS' = P ∘ (dP − D_i), in place; through the
+        #    score_mod: dS = dS' ∘ ∂S'/∂S
+        with_column(do_d[:bq], d_o[rows], -d[rows])  # (bq, Ev + 1)
+        np.matmul(do_d[:bq], v_one.T, out=ds)  # (bq, Ev + 1) @ (Ev + 1, bk): dP − D_i
         ds *= p  # (bq, bk) dS'
         if raw:
             through_score_mod(ds, raw[0], mods, q_idx, kv_idx, param_rows)
         # 5) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
-        add_dq(t, ds @ k[cols], p.sum(axis=1))  # (bq, bk) @ (bk, E), (bq,)
+        add_dq(t, ds @ k_one[:, :-1], p @ ones)  # (bq, bk) @ (bk, E), (bq, bk) @ (bk,)
         dk_rows += ds.T @ q_s[rows]  # (bk, bq) @ (bq, E)
+
+
+def with_column(out: np.ndarray, x: np.ndarray, column: Any) -> None:
+    """out = [x, column]: x (n, m) and one more column (n,) or a number (n, m + 1)."""
+    out[:, :-1] = x
+    out[:, -1] = column
 
 
 def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any, kv_idx: Any,
@@ -480,7 +502,8 @@ def flash_attention_backward(
     own (S, E) copy of dk and dv, summed in head order at the end: G - 1 extra copies of k and v, O(S·E).
     Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles; the tiles
     are made as each item runs, so the bookkeeping is one count per (head, query block).
-    workers: threads (default: the CPU count); BLAS is held to one thread meanwhile, as in the forward.
+    block_q, block_k (default 256) and workers (default: the CPU count), or what tinyattn_np.tune() measured
+    on this machine (flash.tile_rule); BLAS is held to one thread meanwhile, as in the forward.
     """
     two_d = without_head_axis(q)
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(

@@ -22,7 +22,9 @@ Read it in this order:
                                        m = -inf, l = 0, a line per equation (docs/online_softmax.md)
     flash_attention                    the same algorithm, fast: several heads share each tile step
                                        (one batched matmul for the query heads of one or more kv heads),
-                                       and worker threads take whole (heads, query block) items
+                                       worker threads take whole (heads, query block) items, and the sums
+                                       are measured against 0 rather than the running max (attend_block),
+                                       with the running max where exp(s) cannot hold them
 
 Why the fast path batches heads: Python's per-call overhead (a few microseconds, with the interpreter
 lock held) is then paid once for all of them, which is what lets worker threads scale with cores
@@ -69,16 +71,18 @@ from .blockmask import (
 from .mods import modded, visible
 
 __all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
-    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
-    "Heads", "Tile", "TileMask", "TileMods", "TilePlan", "apply_mods", "attend_block", "check_band", "check_flash",
-    "default_tiles", "draw_tile_plan", "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward",
-    "flash_plan", "forward_items", "running_start", "tile_plan",
+    "Band", "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "FlashPlan", "GroupedHeads", "Heads", "PARTIAL",
+    "SCORES_PER_STEP", "Tile", "TileMask", "TileMods", "TilePlan", "TileRule", "apply_mods", "attend_block",
+    "attend_block_online", "check_band", "check_flash", "constant_rule", "default_tiles", "draw_tile_plan",
+    "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items",
+    "forward_results", "grouped_heads", "item_parts", "running_start", "scaled_queries", "tile_mods", "tile_plan",
+    "tile_rule", "tile_scores", "trusted", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
 
-# The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in docs/results/tiles.md (scripts/tiles.py).
+# The constant defaults (constant_rule): square tiles of 256, and a tile step of up to 2^18 scores, both
+# doubled on more than 8 cores. Measured in docs/results/tiles.md (scripts/tiles.py); tune.py measures this machine.
 SCORES_PER_STEP = 2**18
 
 
@@ -200,33 +204,88 @@ def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
 
 def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice,
                  out_rows: np.ndarray, lse_rows: np.ndarray) -> None:  # fmt: skip
-    """The online softmax for one query block (rows) of c kv heads, each with its G query heads, over the
-    tiles that plan.band says run for those heads.
+    """The softmax of one query block (rows) of c kv heads, each with its G query heads, over the tiles that
+    plan.band says run for those heads.
 
     q_t (c, E, G·bq): the scaled queries, transposed; column g·bq + i is query i of head g of the group.
     k (c, S, E), v (c, S, Ev): the c kv heads; heads: the c·G query heads, kv head by kv head. Writes
     out_rows (c, G, bq, Ev) and lse_rows (c, G, bq).
-    The score tile is kept transposed, keys down and queries across: (c, bk, n). The per-query max and
-    sum then run down an axis that is not the last of a C-order array, which NumPy does with whole-row
-    vector ops, about twice as fast as along the last axis on a 256 x 256 tile.
+
+    Why this is fast: the sums are measured against 0, not against the running max. The reference point
+    cancels in acc / l, so any m gives the softmax; with m = 0 for every row and every tile (FlashDecoding++,
+    Hong et al. 2023, section 3: a "unified max value"), nothing is found, subtracted or rescaled, and a
+    tile is two matmuls, one exponential and one row sum:
+        l   += Σ_keys exp(s)          acc += exp(s) @ v_tile          out = acc / l,  lse = log l
+    m = 0 holds as long as exp(s) neither overflows nor leaves a row with nothing but underflowed terms;
+    the sums say when it did not (trusted), and then the block is done again with the running max
+    (attend_block_online), so the result is the online softmax's either way.
+    The score tile is kept transposed, keys down and queries across: (c, bk, n); BLAS sums its columns
+    (ones @ s) faster than NumPy sums an axis.
     """
     c, _, n = q_t.shape
-    dtype, bq = q_t.dtype, rows.stop - rows.start
+    dtype = q_t.dtype
+    mods, q_idx = tile_mods(plan, heads, rows, c)
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))
+    l *= np.exp(m)  # (c, n): a sink's term exp(sink) measured against 0 (no sink: 0)
+    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) Σ exp(s) v
+    tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
+    ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the sums, and trusted() sees it
+        for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+            # 1) scores of this tile for every head of the step, 2) the mods (tile_scores)
+            s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
+            # 3) P̃ = exp(S) in place, against 0: no max to find, none to subtract
+            np.exp(s, out=s)
+            # 4) add the tile's row sums and its weighted values: nothing to rescale
+            l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
+            acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+    if not trusted(l, acc):
+        attend_block_online(q_t, k, v, plan, heads, rows, out_rows, lse_rows, tile_buf, acc)
+        return
+    finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
+
+
+def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
+    """Whether sums against 0 hold every row's softmax: nothing overflowed (l and acc finite; a NaN from the
+    inputs fails too) and l ≥ √tiny (1.1e-19 in float32), far above the underflow. Underflow costs out at most
+    S·(smallest subnormal) / l absolute, below √tiny·S then. A row that saw no key (l = 0) fails: the
+    running max sorts it out from one whose terms all underflowed."""
+    return bool((l >= np.sqrt(np.finfo(l.dtype).tiny)).all() and np.isfinite(l).all() and np.isfinite(acc).all())
+
+
+def tile_mods(plan: FlashPlan, heads: Heads, rows: slice, c: int) -> tuple[TileMods, np.ndarray]:
+    """The mods of a block's tiles, with b and h shaped (c, 1, G, 1) to broadcast against a tile's (c, bk, G, bq)
+    view, and the block's query positions q_idx (1, 1, 1, bq)."""
     mods = TileMods(plan.band.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
-    q_idx = np.arange(rows.start, rows.stop).reshape(1, 1, 1, bq)  # queries across, grouped by head
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, bq, dtype))  # (c, n) running max and sum
-    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) running exp(score - m) @ v
-    tile_buf = np.empty(0, dtype)  # the one score tile this block reuses, made at its first (widest) tile
+    return mods, np.arange(rows.start, rows.stop).reshape(1, 1, 1, -1)
+
+
+def tile_scores(k: np.ndarray, q_t: np.ndarray, t: Tile, tile_buf: np.ndarray, mods: TileMods,
+                q_idx: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Tile t's scores in tile_buf: 1) s = k_tile q_t for the c heads of the step (the scale already in q),
+    2) the score_mod, and -inf where the mask_mod hides a key (apply_mods) -> s (c, bk, n)."""
+    c, _, n = q_t.shape
+    bk = t.k_stop - t.k_start
+    s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n)
+    np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
+    kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
+    apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx)  # (c, bk, G, bq)
+    return s
+
+
+def attend_block_online(
+    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, out_rows: np.ndarray,
+    lse_rows: np.ndarray, tile_buf: np.ndarray, acc: np.ndarray,
+) -> None:  # fmt: skip
+    """attend_block with the running max (the module doc's m, l, acc), for a block whose sums against 0 did not
+    hold: scores too large for exp, or too far below 0. tile_buf and acc: attend_block's, used again."""
+    c, _, n = q_t.shape
+    dtype = q_t.dtype
+    mods, q_idx = tile_mods(plan, heads, rows, c)
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
+    acc[...] = 0  # (c, n, Ev) running exp(score - m) @ v
     for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-        bk = t.k_stop - t.k_start
-        if tile_buf.size < c * bk * n:
-            tile_buf = np.empty(c * bk * n, dtype)
-        s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
-        # 1) scores of this tile for every head of the step; the scale is already folded into q
-        np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
-        # 2) score_mod on every score; in a tile a mask edge crosses, -inf where the mask_mod hides a key
-        kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-        apply_mods(s.reshape(c, bk, n // bq, bq), t, mods, q_idx, kv_idx)  # (c, bk, G, bq)
+        s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n)
         # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
         #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
         m_new = np.maximum(m, s.max(axis=1))  # (c, n)
@@ -241,7 +300,7 @@ def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan,
         l *= alpha
         l += s.sum(axis=1)
         acc *= alpha[:, :, None]
-        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev)
         m = m_new
     finish_rows(acc, m, l, out_rows, lse_rows)
 
@@ -257,22 +316,61 @@ def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndar
         lse_rows[...] = np.where(empty, -np.inf, m + np.log(l))
 
 
+class TileRule(NamedTuple):
+    """What flash_attention and its backward take when no size is given: square tiles of `side` and, in each
+    tile step, the query heads of as many kv heads as fit in `scores_per_step` scores (the forward); square
+    tiles of `backward_side` (the backward); `workers` threads (both)."""
+
+    side: int
+    scores_per_step: int
+    backward_side: int
+    workers: int
+
+
+def constant_rule(cores: int | None = None) -> TileRule:
+    """The constants, measured on a 2-core machine and a 16-core one (docs/flash.md): tiles of 256 and 2^18
+    scores a step (512 and 2^19 on more than 8 cores), the backward's tiles of 256, a worker per core."""
+    cores = cores if cores is not None else os.cpu_count() or 1
+    if cores <= 8:
+        return TileRule(DEFAULT_BLOCK_Q, SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)
+    return TileRule(2 * DEFAULT_BLOCK_Q, 2 * SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)
+
+
+_rule_in_force: TileRule | None = None  # set by use_tile_rule (tune.py); None: the constants
+
+
+def use_tile_rule(rule: TileRule | None) -> None:
+    """Make rule the defaults of flash_attention and flash_attention_backward in this process, or with None
+    go back to the constants. tune.tune() calls it with the rule it measured."""
+    global _rule_in_force
+    if rule is not None:
+        rule = TileRule(*(check_positive_int(value, name) for name, value in rule._asdict().items()))
+    _rule_in_force = rule
+
+
+def tile_rule(cores: int | None = None) -> TileRule:
+    """The rule in force: what use_tile_rule() set, else the constants. Given `cores`, the constants for that
+    many cores, whatever is in force."""
+    rule = _rule_in_force
+    return rule if rule is not None and cores is None else constant_rule(cores)
+
+
 def default_tiles(
     n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None, cores: int | None = None
 ) -> tuple[int, int, int]:
     """(block_q, block_k, kv heads per step) for L = n_q, S = n_k and G = group query heads per kv head.
 
     The rule in one sentence: square tiles of 256 (512 on more than 8 cores), and in each tile step the
-    G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores).
-    Given block sizes are kept and the heads fill the same budget. It depends on the shape and
-    os.cpu_count() only, never on the number of workers, so every worker count gives the same bits.
+    G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
+    measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget. It
+    depends on the shape and the rule only, never on the number of workers, so every worker count gives the
+    same bits.
     """
-    cores = cores if cores is not None else os.cpu_count() or 1
-    side, budget = (DEFAULT_BLOCK_Q, SCORES_PER_STEP) if cores <= 8 else (2 * DEFAULT_BLOCK_Q, 2 * SCORES_PER_STEP)
-    block_q = side if block_q is None else block_q
-    block_k = side if block_k is None else block_k
+    rule = tile_rule(cores)
+    block_q = rule.side if block_q is None else block_q
+    block_k = rule.side if block_k is None else block_k
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
-    return block_q, block_k, max(1, budget // scores_per_kv_head)
+    return block_q, block_k, max(1, rule.scores_per_step // scores_per_kv_head)
 
 
 class FlashPlan(NamedTuple):
@@ -313,38 +411,74 @@ def flash_plan(
         block_q, block_k = band.BLOCK_SIZE
     block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
-    return FlashPlan(scale, band, block_q, block_k, heads, workers or os.cpu_count() or 1, score_mod, sinks)
+    return FlashPlan(scale, band, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
+
+
+class GroupedHeads(NamedTuple):
+    """flash_forward's arrays, one leading index per (batch entry, kv head), query head h reading kv head h // G:
+    q (B·Hkv, G, L, E) a view of the input, k (B·Hkv, S, E) and v (B·Hkv, S, Ev) in the compute dtype (views
+    where they already are), and out (B·Hkv, G, L, Ev) and lse (B·Hkv, G, L) for the items to fill."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    out: np.ndarray
+    lse: np.ndarray
+
+
+def grouped_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, ct: np.dtype) -> GroupedHeads:
+    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
+    return GroupedHeads(
+        q.reshape(n_kv, g, dims.n_q, dims.e),  # (B·Hkv, G, L, E)
+        np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct),  # (B·Hkv, S, E)
+        np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct),  # (B·Hkv, S, Ev)
+        np.empty((n_kv, g, dims.n_q, dims.ev), ct),  # (B·Hkv, G, L, Ev)
+        np.empty((n_kv, g, dims.n_q), ct),  # (B·Hkv, G, L)
+    )
+
+
+def item_parts(item: tuple[int, int], arrays: GroupedHeads, plan: FlashPlan, hq: int) -> tuple[slice, slice, Heads]:
+    """One work item (first kv head, query block start) as slices: its kv heads and its query rows, and its
+    c·G query heads as (batch entry, query head) pairs, kv head by kv head."""
+    n_kv, g, n_q = arrays.q.shape[:3]
+    heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
+    rows = slice(item[1], min(item[1] + plan.block_q, n_q))
+    query_heads = np.arange(heads.start * g, heads.stop * g)  # (c·G,) their (batch, query head) pairs, flat
+    return heads, rows, Heads(query_heads // hq, query_heads % hq)
+
+
+def scaled_queries(q_heads: np.ndarray, heads: slice, rows: slice, scale: float, ct: np.dtype) -> np.ndarray:
+    """The queries of one item, times the scale, transposed (queries across) -> q_t (c, E, G·bq)."""
+    c, g, bq, e = heads.stop - heads.start, q_heads.shape[1], rows.stop - rows.start, q_heads.shape[3]
+    q_t = np.empty((c, e, g, bq), ct)  # (c, E, G, bq): column g·bq + i is query i of head g
+    np.multiply(q_heads[heads, :, rows].transpose(0, 3, 1, 2), scale, out=q_t, dtype=ct)
+    return q_t.reshape(c, e, g * bq)
 
 
 def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, plan: FlashPlan) -> tuple[Array, Array]:
     """flash_attention's work on inputs check_flash() accepted: out (..., Hq, L, Ev) in the inputs' result
     dtype, lse (..., Hq, L) in the compute dtype."""
     ct = compute_dtype(q, k, v)
-    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
     # 1) one view of the heads, grouped by the kv head they read: query head h reads kv head h // G
-    q_heads = q.reshape(n_kv, g, dims.n_q, dims.e)  # (B·Hkv, G, L, E)
-    k_c = np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
-    v_c = np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-    out = np.empty((n_kv, g, dims.n_q, dims.ev), ct)  # (B·Hkv, G, L, Ev)
-    lse = np.empty((n_kv, g, dims.n_q), ct)  # (B·Hkv, G, L)
+    arrays = grouped_heads(q, k, v, dims, ct)
 
     def run(item: tuple[int, int]) -> None:
         # 2) one item: the query heads of c kv heads, one query block; the scale folded into q once, transposed
-        heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
-        rows = slice(item[1], min(item[1] + plan.block_q, dims.n_q))
-        c, bq = heads.stop - heads.start, rows.stop - rows.start
-        q_t = np.empty((c, dims.e, g, bq), ct)  # (c, E, G, bq): queries across
-        np.multiply(q_heads[heads, :, rows].transpose(0, 3, 1, 2), plan.scale, out=q_t, dtype=ct)
-        query_heads = np.arange(heads.start * g, heads.stop * g)  # (c·G,) their (batch, query head) pairs, flat
-        attend_block(q_t.reshape(c, dims.e, g * bq), k_c[heads], v_c[heads], plan,
-                     Heads(query_heads // dims.hq, query_heads % dims.hq), rows,
-                     out[heads, :, rows], lse[heads, :, rows])  # fmt: skip
+        heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
+        q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
+        attend_block(q_t, arrays.k[heads], arrays.v[heads], plan, query_heads, rows,
+                     arrays.out[heads, :, rows], arrays.lse[heads, :, rows])  # fmt: skip
 
     # 3) the items, longest first so that the workers finish together; each writes its own rows of out and lse
     with one_blas_thread():
-        run_items(run, forward_items(dims, plan, n_kv), plan.workers)
-    out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
-    return out_full, lse.reshape(*dims.batch, dims.hq, dims.n_q)
+        run_items(run, forward_items(dims, plan, len(arrays.k)), plan.workers)
+    return forward_results(arrays, dims, result_dtype(q, k, v))
+
+
+def forward_results(arrays: GroupedHeads, dims: QKVShape, dtype: Any) -> tuple[Array, Array]:
+    """out (..., Hq, L, Ev) in the result dtype and lse (..., Hq, L), from the grouped arrays the items filled."""
+    out = arrays.out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(dtype, copy=False)
+    return out, arrays.lse.reshape(*dims.batch, dims.hq, dims.n_q)
 
 
 def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int) -> list[tuple[int, int]]:
@@ -386,8 +520,9 @@ def flash_attention(
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     kv_heads_per_step: kv heads (each with its Hq / Hkv query heads) that share one batched matmul
     per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores), and
-    in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores).
-    workers: threads, each taking whole (heads, query block) items (default: the CPU count); the result
+    in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores),
+    or what tinyattn_np.tune() measured on this machine (docs/flash.md, "Tiles chosen by measuring").
+    workers: threads, each taking whole (heads, query block) items (default: the CPU count, or tune()'s); the result
     is the same bits for any number of workers. While it runs, BLAS is held to one thread for the whole
     process (threadpoolctl; overlapping calls share the limit, the last one out restores it), so a
     matmul in another thread of yours runs single-threaded meanwhile. Ctrl-C stops it between two tiles.

@@ -15,7 +15,6 @@ The first two live in _guard.py, where attention() and attention_backward() read
 from __future__ import annotations
 
 import math
-import os
 from fractions import Fraction
 from typing import Any
 
@@ -24,7 +23,7 @@ import numpy as np
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from ._guard import attention_backward_bytes, naive_attention_bytes
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles
+from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles, tile_rule
 
 __all__ = [
     "attention_backward_bytes",
@@ -85,7 +84,7 @@ def flash_attention_bytes(
         block_k = check_positive_int(block_k, "block_k")
     block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k)
     per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
-    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    workers = check_positive_int(workers, "workers", default=tile_rule().workers)
     size, compute = float_bytes(dtype)
     rows = batch * heads * n_q  # query rows over all heads
     copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
@@ -113,8 +112,8 @@ def flash_attention_backward_bytes(
     batch: int = 1,
     dtype: Any = "fp32",
     causal: bool = False,
-    block_q: int | None = DEFAULT_BLOCK_Q,
-    block_k: int | None = DEFAULT_BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
     workers: int | None = None,
 ) -> int:
     """Peak bytes that flash_attention_backward() (backward.py) allocates, for q, k, v, out, dout, lse
@@ -129,6 +128,7 @@ def flash_attention_backward_bytes(
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
                            2·bq·bk·c                the tile of P and the tile of dP (then dS)
+                           (bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
                            max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
                            causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
         G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
@@ -141,9 +141,9 @@ def flash_attention_backward_bytes(
     """
     sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
-    block_q = check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q)  # None: the backward's default
-    block_k = check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K)
-    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    block_q = check_positive_int(block_q, "block_q", default=tile_rule().backward_side)  # None: the backward's default
+    block_k = check_positive_int(block_k, "block_k", default=tile_rule().backward_side)
+    workers = check_positive_int(workers, "workers", default=tile_rule().workers)
     size, compute = float_bytes(dtype)
     low = size < compute
     rows = batch * heads * n_q
@@ -152,7 +152,7 @@ def flash_attention_backward_bytes(
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
     busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head
-    per_worker = (2 * bq * bk + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
+    per_worker = (2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
     if check_bool(causal, "causal") and bq and bk:
         per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
     group_sums = kv_elements * compute if heads > kv_heads else 0
