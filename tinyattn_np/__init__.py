@@ -18,8 +18,14 @@ The reading order: each file uses only what came before it.
     12  kvcache.py     decoding with a cache of keys and values
     13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
     14  paged.py       serving many sequences: a pool of blocks, block tables, decoding through them
-    15  ring.py        ring attention: the sequence split over MPI processes, forward and backward
-    16  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+    15  layers.py      the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+                       the MLP, dropout, cross-entropy
+    16  gpt.py         a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+                       its gradient by hand, the presets tiny and part3
+    17  sampling.py    generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    18  optim.py       AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    19  ring.py        ring attention: the sequence split over MPI processes, forward and backward
+    20  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
                        (ring.py and ulysses.py need mpi4py and are not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
@@ -42,8 +48,25 @@ from .backward import (
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
+from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .head import one_head
 from .kvcache import KVCache
+from .layers import (
+    cross_entropy,
+    cross_entropy_backward,
+    dropout,
+    dropout_backward,
+    gelu,
+    gelu_backward,
+    layer_norm,
+    layer_norm_backward,
+    mlp,
+    mlp_backward,
+    rms_norm,
+    rms_norm_backward,
+    swiglu,
+    swiglu_backward,
+)
 from .masks import causal_mask, window_mask
 from .memory import (
     DTYPES,
@@ -79,6 +102,7 @@ from .mods import (
     varlen_mod,
 )
 from .multihead import MultiHeadAttention
+from .optim import AdamW, accumulate_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
 from .position import (
     LearnedPositions,
@@ -90,6 +114,7 @@ from .position import (
     to_half_split,
     to_interleaved,
 )
+from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
@@ -97,12 +122,16 @@ from .text import embed, token_vector, tokenize
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdamW",
     "Alibi",
     "AttentionMemoryError",
     "BlockMask",
     "DTYPES",
     "Differentiable",
     "FlexGrads",
+    "GPT",
+    "GPTConfig",
+    "GPT_PRESETS",
     "KVCache",
     "LearnedPositions",
     "ModelShape",
@@ -113,6 +142,7 @@ __all__ = [
     "RelativeBias",
     "Softcap",
     "Tile",
+    "accumulate_grads",
     "alibi_slopes",
     "and_masks",
     "attention",
@@ -125,11 +155,16 @@ __all__ = [
     "causal_entries",
     "causal_mask",
     "causal_mod",
+    "clip_grad_norm",
     "create_block_mask",
     "create_mask",
+    "cross_entropy",
+    "cross_entropy_backward",
     "document_ids",
     "document_mod",
     "draw_tile_plan",
+    "dropout",
+    "dropout_backward",
     "embed",
     "flash_attention",
     "flash_attention_backward",
@@ -141,12 +176,20 @@ __all__ = [
     "flash_decode",
     "flex_attention",
     "flex_attention_backward",
+    "gelu",
+    "gelu_backward",
+    "generate",
+    "global_norm",
     "half_split_permutation",
     "kv_cache_bytes",
+    "layer_norm",
+    "layer_norm_backward",
     "load_model_shape",
     "logsumexp",
     "merge_chunks",
     "merge_states",
+    "mlp",
+    "mlp_backward",
     "model_bill",
     "naive_attention_bytes",
     "noop_mask",
@@ -157,15 +200,20 @@ __all__ = [
     "permute_qk_weight",
     "prefix_lm_mod",
     "ring_attention_bytes",
+    "rms_norm",
+    "rms_norm_backward",
     "rope",
     "rope_attention_factor",
     "rope_backward",
     "rope_frequencies",
+    "sample_next",
     "scaled_dot_product_attention",
     "score_matrix_bytes",
     "shape_from_config",
     "sliding_window_mod",
     "softmax",
+    "swiglu",
+    "swiglu_backward",
     "tile_plan",
     "to_half_split",
     "to_interleaved",
@@ -173,5 +221,6 @@ __all__ = [
     "tokenize",
     "varlen_block_mask",
     "varlen_mod",
+    "warmup_cosine_lr",
     "window_mask",
 ]

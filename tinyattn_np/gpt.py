@@ -1,0 +1,426 @@
+"""A tiny GPT: token embeddings, pre-norm blocks of attention (RoPE, flash) and an MLP, a tied output head.
+
+The model in its lines, B sequences of T tokens, width C, vocabulary V, N = B·T rows:
+
+    x = E[idx]                                   (N, C)    E (V, C): the token embeddings
+    for each of the L blocks:
+        x = x + drop(Attn(Norm_1(x)))            (N, C)    MultiHeadAttention: RoPE, causal, flash
+        x = x + drop(MLP(Norm_2(x)))             (N, C)    GELU (4C) or SwiGLU, layers.mlp
+    logits = Norm_f(x) Eᵀ                        (N, V)    the head is E itself: tied
+    loss = cross_entropy(logits, targets)                  the mean of -log p(target)
+
+The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's). A
+residual line x = x + f(x) passes its gradient on unchanged and adds f's. E is used twice, once to embed and
+once as the head, so its gradient is the sum of the two uses' (GPT._backward says where).
+
+Positions come from RoPE inside the attention, so there is no position table. A sequence longer than the
+context is attended with a sliding window of `context` keys (each layer sees the last `context` tokens): that
+is what a KVCache(window=context) decodes, so cached generation equals recomputation token for token at any
+length, and for T <= context it is the plain causal model.
+
+API (names kept once published):
+    GPTConfig(vocab, context, layers, heads, width, mlp="gelu"|"swiglu", norm="layernorm"|"rmsnorm",
+              dropout=0.0, bias=False, dtype="float32", mlp_hidden=None)    .to_dict()  GPTConfig.from_dict(d)
+    GPT_PRESETS["tiny"]    nanoGPT's CPU Shakespeare model: 4 layers, 4 heads, width 128, context 64, no dropout
+    GPT_PRESETS["part3"]   6 layers, width 256, 4 heads of 64, context 256, LayerNorm, GELU 4x, biases in the
+                           MLP and the norms: 5,781,504 parameters with vocab = 4,096 (the preset's vocab)
+    param_shapes(config) -> {name: shape}          init_params(config, rng) -> {name: array}
+    GPT(config, params=None, *, rng=None)          .params (name -> array, the optimizer updates them in place)
+        .loss_and_grads(idx, targets, *, rng=None) -> (loss, grads)   idx, targets (B, T) ints; grads like params
+        .loss(idx, targets) -> float               .logits(idx) -> (B, T, V)     no dropout, no gradients
+        .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one KVCache per layer
+        .num_parameters
+Generation lives in sampling.py; the memory of a training step in trainbill.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import check_bool, check_positive_int, check_rng
+from .kvcache import KVCache
+from .layers import (
+    MLP_KINDS,
+    MLPSaved,
+    NormGrads,
+    NormSaved,
+    cross_entropy,
+    cross_entropy_backward,
+    dropout,
+    dropout_backward,
+    layer_norm,
+    layer_norm_backward,
+    mlp,
+    mlp_backward,
+    rms_norm,
+    rms_norm_backward,
+)
+from .multihead import MultiHeadAttention, Saved
+
+Array = NDArray[np.floating]
+Params = dict[str, Array]
+
+__all__ = ["GPT", "GPTConfig", "GPT_PRESETS", "NORM_KINDS", "init_params", "param_shapes"]
+
+NORM_KINDS = ("layernorm", "rmsnorm")
+GPT_DTYPES = ("float32", "float64")
+INIT_STD = 0.02  # GPT-2's initialisation (Radford et al. 2019), as nanoGPT draws it
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """The shape of a GPT. vocab: tokens; context: the longest sequence trained on; layers, heads, width (C);
+    mlp: "gelu" (hidden 4C) or "swiglu" (hidden 8C/3 rounded up to a multiple of 8, about the same weights);
+    mlp_hidden: another hidden size; norm: "layernorm" or "rmsnorm"; dropout: on the embeddings and on
+    each residual branch; bias: biases in the MLP and the LayerNorms (attention's projections have none);
+    dtype: "float32" or "float64" (the weights' and the computation's)."""
+
+    vocab: int = 65
+    context: int = 64
+    layers: int = 4
+    heads: int = 4
+    width: int = 128
+    mlp: str = "gelu"
+    norm: str = "layernorm"
+    dropout: float = 0.0
+    bias: bool = False
+    dtype: str = "float32"
+    mlp_hidden: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab", "context", "layers", "heads", "width"):
+            check_positive_int(getattr(self, name), name)
+        if self.mlp_hidden is not None:
+            check_positive_int(self.mlp_hidden, "mlp_hidden")
+        if self.width % self.heads or (self.width // self.heads) % 2:
+            raise ValueError(
+                f"width ({self.width}) must split into {self.heads} heads of an even size (RoPE turns pairs)"
+            )
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"mlp must be one of {MLP_KINDS}; got {self.mlp!r}")
+        if self.norm not in NORM_KINDS:
+            raise ValueError(f"norm must be one of {NORM_KINDS}; got {self.norm!r}")
+        if self.dtype not in GPT_DTYPES:
+            raise ValueError(f"dtype must be one of {GPT_DTYPES}; got {self.dtype!r}")
+        check_bool(self.bias, "bias")
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be a number in [0, 1); got {self.dropout!r}")
+
+    @property
+    def hidden(self) -> int:
+        """The MLP's hidden size H: mlp_hidden, else 4C (GELU) or 8C/3 up to a multiple of 8 (SwiGLU)."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        return 4 * self.width if self.mlp == "gelu" else 8 * math.ceil(self.width / 3)
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for a JSON file."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        """The config a to_dict() wrote; an unknown key is a ValueError that names it."""
+        unknown = sorted(set(values) - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {unknown}; known: {[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**values)
+
+
+GPT_PRESETS = {
+    # nanoGPT's config/train_shakespeare_char.py with its CPU settings; vocab 65 is Tiny Shakespeare's characters
+    "tiny": GPTConfig(vocab=65, context=64, layers=4, heads=4, width=128),
+    # 6·(256·768 + 256·256 + 2·256·1024 + 1024 + 256 + 2·512) + 512 + 4096·256 = 5,781,504
+    "part3": GPTConfig(vocab=4096, context=256, layers=6, heads=4, width=256, bias=True),
+}
+
+
+def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in a fixed order (the optimizer's, the checkpoint's).
+
+    Matrices multiply from the right (x @ W, W of shape (in, out)); norms have a gain (C,) and, for a
+    LayerNorm with bias=True, a bias (C,). The MLP's w_fc is (C, H), or (C, 2H) = [W_gate | W_up] for SwiGLU.
+    """
+    C, H = config.width, config.hidden
+    fc = 2 * H if config.mlp == "swiglu" else H
+
+    def norm(name: str) -> dict[str, tuple[int, ...]]:
+        with_bias = config.bias and config.norm == "layernorm"
+        return {f"{name}.gain": (C,), **({f"{name}.bias": (C,)} if with_bias else {})}
+
+    shapes: dict[str, tuple[int, ...]] = {"wte": (config.vocab, C)}
+    for layer in range(config.layers):
+        p = f"h.{layer}."
+        shapes |= norm(p + "ln_1") | {p + "attn.w_qkv": (C, 3 * C), p + "attn.w_out": (C, C)} | norm(p + "ln_2")
+        shapes[p + "mlp.w_fc"] = (C, fc)
+        if config.bias:
+            shapes[p + "mlp.b_fc"] = (fc,)
+        shapes[p + "mlp.w_proj"] = (H, C)
+        if config.bias:
+            shapes[p + "mlp.b_proj"] = (C,)
+    return shapes | norm("ln_f")
+
+
+def init_params(config: GPTConfig, rng: np.random.Generator | int | None = None) -> Params:
+    """GPT-2's initialisation: matrices and embeddings normal(0, 0.02), the two projections into the
+    residual stream (attn.w_out, mlp.w_proj) normal(0, 0.02 / √(2L)) so that the stream's variance does not
+    grow with depth, biases 0, gains 1. rng: a Generator, an int seed, or None for fresh weights."""
+    rng = check_rng(rng)
+    residual_std = INIT_STD / math.sqrt(2 * config.layers)
+    params: Params = {}
+    for name, shape in param_shapes(config).items():
+        if name.endswith(".gain"):
+            params[name] = np.ones(shape, config.dtype)
+        elif len(shape) == 1:
+            params[name] = np.zeros(shape, config.dtype)
+        else:
+            std = residual_std if name.endswith(("attn.w_out", "mlp.w_proj")) else INIT_STD
+            params[name] = rng.normal(0.0, std, shape).astype(config.dtype)
+    return params
+
+
+class BlockSaved(NamedTuple):
+    """One block's forward, kept for its backward: each norm's, the attention's and the MLP's saved values,
+    and the dropout masks of the two residual branches (None without dropout)."""
+
+    norm_1: NormSaved
+    attn: Saved
+    keep_1: NDArray[np.bool_] | None
+    norm_2: NormSaved
+    mlp: MLPSaved
+    keep_2: NDArray[np.bool_] | None
+
+
+class Trace(NamedTuple):
+    """The whole forward's saved values: the tokens and targets (N,), the embeddings' dropout mask, the
+    blocks', the final norm's and its output x_f (N, C) (the head's input), and the probabilities (N, V)."""
+
+    idx: NDArray[np.int64]
+    targets: NDArray[np.int64]
+    keep_embed: NDArray[np.bool_] | None
+    blocks: list[BlockSaved]
+    norm_f: NormSaved
+    x_f: Array
+    probs: Array
+
+
+class GPT:
+    """The model: a GPTConfig and its parameters, a dict name -> array (param_shapes' names and order).
+
+    params: None draws them (init_params with rng); a dict (from a checkpoint's .npz, say) is checked
+    against the config (names and shapes) and copied into arrays of the config's dtype.
+    """
+
+    def __init__(self, config: GPTConfig, params: dict[str, Any] | None = None, *, rng: Any = None):
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
+        self.config = config
+        self.params = init_params(config, rng) if params is None else checked_params(config, params)
+        # one MultiHeadAttention per layer for its arithmetic; its weights are pointed at params before each use
+        self._attention_modules = [
+            MultiHeadAttention(config.width, config.heads, rope=True, rng=0, dtype=config.dtype)
+            for _ in range(config.layers)
+        ]
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"GPT(layers={c.layers}, heads={c.heads}, width={c.width}, context={c.context}, vocab={c.vocab}, "
+            f"mlp={c.mlp}, norm={c.norm}, parameters={self.num_parameters:,})"
+        )
+
+    @property
+    def num_parameters(self) -> int:
+        """Every weight, the tied embedding counted once."""
+        return sum(int(p.size) for p in self.params.values())
+
+    # --- the training forward and backward ----------------------------------------------------------------
+
+    def loss_and_grads(self, idx: Any, targets: Any, *, rng: Any = None) -> tuple[float, Params]:
+        """The mean cross-entropy of targets given idx, and its gradient for every parameter.
+
+        idx, targets: (B, T) ints in [0, vocab), T <= context (targets[b, t] is the token after idx[b, t]).
+        rng: the Generator (or int seed) that draws the dropout masks; needed only when dropout > 0.
+        Returns (loss, grads), grads a dict with params' names, shapes and dtype.
+        """
+        idx, targets = check_tokens(idx, self.config.vocab, "idx"), check_tokens(targets, self.config.vocab, "targets")
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have idx's shape {idx.shape}; got {targets.shape}")
+        if idx.shape[1] > self.config.context:
+            raise ValueError(f"idx has {idx.shape[1]} tokens a row; the model trains on at most {self.config.context}")
+        if self.config.dropout and rng is None:
+            raise ValueError(f"dropout={self.config.dropout} draws masks: pass rng (a np.random.Generator or a seed)")
+        loss, trace = self._forward(idx, targets, None if rng is None else check_rng(rng))
+        return loss, self._backward(trace, idx.shape)
+
+    def _forward(self, idx: NDArray[np.int64], targets: NDArray[np.int64], rng: Any) -> tuple[float, Trace]:
+        """The model's lines, keeping what the backward needs (Trace)."""
+        p, B, T = self.params, idx.shape[0], idx.shape[1]
+        idx_flat, targets_flat = idx.reshape(-1), targets.reshape(-1)  # (N,)
+        x, keep_embed = dropout(p["wte"][idx_flat], self.config.dropout, rng)  # (N, C): our own copy
+        blocks = []
+        for layer in range(self.config.layers):
+            saved = self._block_forward(layer, x, B, T, rng)  # adds both residual branches to x in place
+            blocks.append(saved)
+        x_f, norm_f = self._norm(x, "ln_f")  # (N, C)
+        logits = x_f @ p["wte"].T  # (N, V): the tied head
+        loss, probs = cross_entropy(logits, targets_flat)  # probs (N, V)
+        return loss, Trace(idx_flat, targets_flat, keep_embed, blocks, norm_f, x_f, probs)
+
+    def _block_forward(self, layer: int, x: Array, B: int, T: int, rng: Any) -> BlockSaved:
+        """x += drop(Attn(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C)."""
+        p, prefix, drop = self.params, f"h.{layer}.", self.config.dropout
+        # 1) attention: heads, RoPE and flash inside MultiHeadAttention
+        h, norm_1 = self._norm(x, prefix + "ln_1")  # (N, C)
+        a, attn = self._attention(layer).forward(h.reshape(B, T, -1), causal=True)  # (B, T, C)
+        a, keep_1 = dropout(a.reshape(x.shape), drop, rng)  # (N, C)
+        x += a
+        # 2) the MLP
+        h, norm_2 = self._norm(x, prefix + "ln_2")  # (N, C)
+        biases = (p.get(prefix + "mlp.b_fc"), p.get(prefix + "mlp.b_proj"))
+        m, mlp_saved = mlp(h, p[prefix + "mlp.w_fc"], p[prefix + "mlp.w_proj"], *biases, kind=self.config.mlp)
+        m, keep_2 = dropout(m, drop, rng)  # (N, C)
+        x += m
+        return BlockSaved(norm_1, attn, keep_1, norm_2, mlp_saved, keep_2)
+
+    def _backward(self, trace: Trace, shape: tuple[int, int]) -> Params:
+        """Every parameter's gradient from the trace, the forward's lines last first."""
+        E, grads = self.params["wte"], Params()
+        dlogits: Array = cross_entropy_backward(trace.probs, trace.targets)  # (N, V)
+        # E's gradient is the sum of its two uses' gradients: the head's here (logits = x_f Eᵀ) ...
+        d_embedding = dlogits.T @ trace.x_f  # (V, C)
+        dx: Array = dlogits @ E  # (N, C)
+        del dlogits
+        dx = self._norm_backward(dx, trace.norm_f, "ln_f", grads)  # (N, C)
+        for layer in reversed(range(self.config.layers)):
+            dx = self._block_backward(layer, dx, trace.blocks[layer], shape, grads)
+            trace.blocks[layer] = None  # type: ignore[call-overload]  # free this block's activations now
+        dx = dropout_backward(dx, trace.keep_embed, self.config.dropout)  # (N, C)
+        # ... plus the embedding's (x = E[idx]): each row of dx goes back to the row of E it was read from
+        np.add.at(d_embedding, trace.idx, dx)
+        grads["wte"] = d_embedding
+        return {name: grads[name] for name in self.params}  # params' order
+
+    def _block_backward(self, layer: int, dx: Array, saved: BlockSaved, shape: tuple[int, int], grads: Params) -> Array:
+        """dx (N, C) through one block, last line first; the block's parameter gradients go into grads."""
+        prefix, drop = f"h.{layer}.", self.config.dropout
+        # 2) x = x + drop(MLP(Norm_2(x))): dx flows on unchanged and gains the branch's gradient
+        m = mlp_backward(dropout_backward(dx, saved.keep_2, drop), saved.mlp)
+        grads[prefix + "mlp.w_fc"], grads[prefix + "mlp.w_proj"] = m.dw_fc, m.dw_proj
+        if m.db_fc is not None and m.db_proj is not None:
+            grads[prefix + "mlp.b_fc"], grads[prefix + "mlp.b_proj"] = m.db_fc, m.db_proj
+        dx += self._norm_backward(m.dx, saved.norm_2, prefix + "ln_2", grads)
+        # 1) x = x + drop(Attn(Norm_1(x)))
+        da = dropout_backward(dx, saved.keep_1, drop).reshape(*shape, -1)  # (B, T, C)
+        dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = self._attention(layer).backward(da, saved.attn)
+        dx += self._norm_backward(dh.reshape(dx.shape), saved.norm_1, prefix + "ln_1", grads)
+        return dx
+
+    # --- the pieces the passes share ----------------------------------------------------------------------
+
+    def _attention(self, layer: int) -> MultiHeadAttention:
+        """Layer `layer`'s MultiHeadAttention, its weights the arrays in params now (no copy)."""
+        attn = self._attention_modules[layer]
+        attn.w_qkv, attn.w_out = self.params[f"h.{layer}.attn.w_qkv"], self.params[f"h.{layer}.attn.w_out"]
+        return attn
+
+    def _norm(self, x: Array, name: str) -> tuple[Array, NormSaved]:
+        """The norm called `name` (its gain, and bias if it has one) on x (..., C)."""
+        gain = self.params[name + ".gain"]
+        if self.config.norm == "rmsnorm":
+            return rms_norm(x, gain)
+        return layer_norm(x, gain, self.params.get(name + ".bias"))
+
+    def _norm_backward(self, dy: Array, saved: NormSaved, name: str, grads: Params) -> Array:
+        """dx of the norm called `name`; its gain's (and bias's) gradient into grads."""
+        g: NormGrads = rms_norm_backward(dy, saved) if self.config.norm == "rmsnorm" else layer_norm_backward(dy, saved)
+        grads[name + ".gain"] = g.dgain
+        if name + ".bias" in self.params and g.dbias is not None:
+            grads[name + ".bias"] = g.dbias
+        return g.dx
+
+    # --- inference: no dropout, nothing kept for a backward -----------------------------------------------
+
+    def hidden(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
+        """The final norm's output (B, T, C) for tokens idx (B, T).
+
+        caches: None runs the whole sequence (a sliding window of `context` keys past the context); a list of
+        one KVCache per layer (new_caches) continues what they hold: idx's tokens come after it.
+        """
+        idx = check_tokens(idx, self.config.vocab, "idx")
+        if caches is not None and (not isinstance(caches, list) or len(caches) != self.config.layers):
+            raise ValueError(f"caches must be a list of {self.config.layers} KVCache, one per layer (new_caches)")
+        p, (B, T), C = self.params, idx.shape, self.config.width
+        window = None if T <= self.config.context else self.config.context
+        x = p["wte"][idx]  # (B, T, C)
+        for layer in range(self.config.layers):
+            prefix, attn = f"h.{layer}.", self._attention(layer)
+            h = self._norm(x, prefix + "ln_1")[0]  # (B, T, C)
+            x += attn(h, cache=caches[layer]) if caches is not None else attn.forward(h, window=window)[0]
+            h = self._norm(x, prefix + "ln_2")[0].reshape(B * T, C)  # (N, C)
+            biases = (p.get(prefix + "mlp.b_fc"), p.get(prefix + "mlp.b_proj"))
+            x += mlp(h, p[prefix + "mlp.w_fc"], p[prefix + "mlp.w_proj"], *biases, kind=self.config.mlp)[0].reshape(
+                B, T, C
+            )
+        return self._norm(x, "ln_f")[0]
+
+    def logits(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
+        """logits (B, T, V) = hidden(idx, caches) Eᵀ."""
+        return self.hidden(idx, caches) @ self.params["wte"].T
+
+    def loss(self, idx: Any, targets: Any) -> float:
+        """The mean cross-entropy of targets (B, T) given idx (B, T), without dropout or gradients."""
+        targets = check_tokens(targets, self.config.vocab, "targets")
+        logits = self.logits(idx)  # (B, T, V)
+        if targets.shape != logits.shape[:2]:
+            raise ValueError(f"targets must have idx's shape {logits.shape[:2]}; got {targets.shape}")
+        return cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))[0]
+
+    def new_caches(self, batch: int, max_tokens: int) -> list[KVCache]:
+        """One empty KVCache per layer for `batch` sequences of up to max_tokens tokens in all; past the
+        context a ring of `context` slots (the sliding window that hidden() recomputes)."""
+        window = None if max_tokens <= self.config.context else self.config.context
+        c = self.config
+        return [KVCache(batch, c.heads, max_tokens, c.head_dim, c.dtype, window=window) for _ in range(c.layers)]
+
+
+def check_tokens(idx: Any, vocab: int, name: str) -> NDArray[np.int64]:
+    """idx as an int64 array (B, T) of token ids in [0, vocab), T >= 1; anything else names the argument."""
+    idx = np.asarray(idx)
+    if idx.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer token ids; got dtype {idx.dtype}")
+    if idx.ndim != 2 or idx.shape[1] == 0:
+        raise ValueError(f"{name} must be (B, T) token ids with T >= 1; got shape {idx.shape}")
+    outside = (idx < 0) | (idx >= vocab)
+    if outside.any():
+        raise ValueError(f"{name} holds token {idx[outside].flat[0]}, outside the vocabulary [0, {vocab})")
+    return idx.astype(np.int64, copy=False)
+
+
+def checked_params(config: GPTConfig, params: dict[str, Any]) -> Params:
+    """params checked against param_shapes(config), every name there and no other, each of its shape,
+    copied into a new array of the config's dtype in param_shapes' order."""
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict name -> array; got {type(params).__name__}")
+    shapes = param_shapes(config)
+    missing, unexpected = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
+    if missing or unexpected:
+        raise ValueError(f"params do not fit this config: missing {missing}, unexpected {unexpected}")
+    checked: Params = {}
+    for name, shape in shapes.items():
+        value = np.asarray(params[name])
+        if value.shape != shape:
+            raise ValueError(f"params[{name!r}] must have shape {shape} for this config; got {value.shape}")
+        if value.dtype.kind != "f":
+            raise TypeError(f"params[{name!r}] must be a float array; got dtype {value.dtype}")
+        checked[name] = np.array(value, dtype=config.dtype)  # our own copy: the optimizer changes it in place
+    return checked

@@ -1,0 +1,368 @@
+"""The layers of a transformer block around attention, each with its backward beside its forward.
+
+    layer_norm     y = (x - μ) / √(σ² + ε) · g + b              Ba, Kiros & Hinton 2016
+    rms_norm       y = x / √(mean(x²) + ε) · g                    Zhang & Sennrich 2019
+    gelu           y = ½ u (1 + tanh(√(2/π) (u + 0.044715 u³)))   Hendrycks & Gimpel 2016, the tanh form
+    swiglu         y = silu(a_gate) ∘ a_up                        Shazeer 2020
+    mlp            y = act(x W_fc + b_fc) W_proj + b_proj          the block's feed-forward half
+    dropout        y = x ∘ keep / (1 - p)                         the mask kept for the backward
+    cross_entropy  loss = mean_n (logsumexp(z_n) - z_n[target_n])  and its gradient (softmax(z) - onehot) / N
+
+API: every forward returns (y, saved); its backward takes (dy, saved) and returns the gradients, the input's
+first. Rows are the leading axes (N tokens, or B, T), features the last. Every layer computes in its input's
+dtype: float32 stays float32, and float64 (the gradient checks) stays float64. A forward's `saved` holds its
+weights by reference: update them only after the backward (the optimizer steps after it).
+
+    layer_norm(x, gain, bias=None, eps=1e-5) -> (y, NormSaved)    layer_norm_backward(dy, saved) -> NormGrads
+    rms_norm(x, gain, eps=1e-5) -> (y, NormSaved)                 rms_norm_backward(dy, saved) -> NormGrads
+    gelu(u) -> (y, GeluSaved)                                     gelu_backward(dy, saved) -> du
+    swiglu(a) -> (y, SwigluSaved)  a = [gate | up] (..., 2H)      swiglu_backward(dy, saved) -> da
+    mlp(x, w_fc, w_proj, b_fc=None, b_proj=None, kind="gelu") -> (y, MLPSaved)    mlp_backward(dy, saved) -> MLPGrads
+    dropout(x, p, rng) -> (y, keep or None)                       dropout_backward(dy, keep, p) -> dx
+    cross_entropy(logits, targets) -> (loss, probs)               cross_entropy_backward(probs, targets) -> dlogits
+
+Each backward's docstring derives its lines; tests/test_layers.py holds each against central differences.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.floating]
+
+__all__ = [
+    "MLP_KINDS",
+    "GeluSaved",
+    "MLPGrads",
+    "MLPSaved",
+    "NormGrads",
+    "NormSaved",
+    "SwigluSaved",
+    "cross_entropy",
+    "cross_entropy_backward",
+    "dropout",
+    "dropout_backward",
+    "gelu",
+    "gelu_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "mlp",
+    "mlp_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "swiglu",
+    "swiglu_backward",
+]
+
+MLP_KINDS = ("gelu", "swiglu")
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+
+
+# --- the norms ----------------------------------------------------------------------------------------
+
+
+class NormSaved(NamedTuple):
+    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1) and the gain."""
+
+    x_hat: Array
+    rstd: Array
+    gain: Array
+
+
+class NormGrads(NamedTuple):
+    """dx (x's shape), dgain (C,), dbias (C,) or None where the norm has no bias."""
+
+    dx: Array
+    dgain: Array
+    dbias: Array | None
+
+
+def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e-5) -> tuple[Array, NormSaved]:
+    """y = x̂ · g + b with x̂ = (x - μ) / √(σ² + ε), μ and σ² the mean and (biased) variance of each row.
+
+    x (..., C), gain and bias (C,) -> y (..., C). torch.nn.LayerNorm(C, eps, bias=bias is not None).
+
+        >>> y, _ = layer_norm(np.array([[1.0, 3.0]]), np.ones(2))
+        >>> y.round(3)
+        array([[-1.,  1.]])
+    """
+    mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+    x_hat = x - mean  # (..., C): centred, normalised in place below
+    var = np.mean(np.square(x_hat), axis=-1, keepdims=True)  # (..., 1)
+    rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
+    x_hat *= rstd  # (..., C)
+    y = x_hat * gain  # (..., C)
+    if bias is not None:
+        y += bias
+    return y, NormSaved(x_hat, rstd, gain)
+
+
+def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
+    """The gradients of layer_norm, from dy = ∂loss/∂y (..., C).
+
+        y = x̂ g + b                 dg = Σ_rows dy ∘ x̂      db = Σ_rows dy      dx̂ = dy ∘ g
+        x̂ = (x - μ) r, r = (σ² + ε)^-½
+                                    dx = r (dx̂ - mean(dx̂) - x̂ mean(dx̂ ∘ x̂))   (means over the row)
+    The last line: ∂x̂_j/∂x_i = r (δ_ij - 1/C - x̂_i x̂_j / C), since ∂μ/∂x_i = 1/C and ∂r/∂x_i = -r³ (x_i - μ) / C.
+    """
+    x_hat, rstd, gain = saved
+    C = x_hat.shape[-1]
+    dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
+    dbias = dy.reshape(-1, C).sum(axis=0)  # (C,)
+    dx_hat = dy * gain  # (..., C)
+    dx = dx_hat - dx_hat.mean(axis=-1, keepdims=True)  # (..., C)
+    dx -= x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)
+    dx *= rstd
+    return NormGrads(dx, dgain, dbias)
+
+
+def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved]:
+    """y = x̂ · g with x̂ = x / √(mean(x²) + ε): LayerNorm without the centring and without a bias.
+
+    x (..., C), gain (C,) -> y (..., C). torch.nn.RMSNorm(C, eps).
+
+        >>> y, _ = rms_norm(np.array([[3.0, 4.0]]), np.ones(2), eps=0.0)
+        >>> y.round(3)
+        array([[0.849, 1.131]])
+    """
+    rstd = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)  # (..., 1)
+    x_hat = x * rstd  # (..., C)
+    return x_hat * gain, NormSaved(x_hat, rstd, gain)
+
+
+def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
+    """The gradients of rms_norm, from dy (..., C): layer_norm_backward's lines without the mean's term.
+
+        y = x̂ g                     dg = Σ_rows dy ∘ x̂      dx̂ = dy ∘ g
+        x̂ = x r, r = (mean(x²) + ε)^-½
+                                    dx = r (dx̂ - x̂ mean(dx̂ ∘ x̂))
+    since ∂x̂_j/∂x_i = r (δ_ij - x̂_i x̂_j / C).
+    """
+    x_hat, rstd, gain = saved
+    C = x_hat.shape[-1]
+    dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
+    dx_hat = dy * gain  # (..., C)
+    dx = dx_hat - x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)  # (..., C)
+    dx *= rstd
+    return NormGrads(dx, dgain, None)
+
+
+# --- the activations ----------------------------------------------------------------------------------
+
+
+class GeluSaved(NamedTuple):
+    """gelu's input u and t = tanh(√(2/π) (u + 0.044715 u³)), both (..., H)."""
+
+    u: Array
+    t: Array
+
+
+def gelu(u: Array) -> tuple[Array, GeluSaved]:
+    """y = ½ u (1 + t), t = tanh(√(2/π) (u + 0.044715 u³)): GPT-2's GELU, torch's GELU(approximate="tanh").
+
+    u (..., H) -> y (..., H). The inner polynomial is written u (a + b u²), a = √(2/π), b = 0.044715 a.
+
+        >>> gelu(np.array([-1.0, 0.0, 1.0]))[0].round(4)
+        array([-0.1588,  0.    ,  0.8412])
+    """
+    t = np.square(u)  # (..., H): u², then the inner polynomial, then its tanh, in one buffer
+    t *= GELU_CUBIC * SQRT_2_OVER_PI
+    t += SQRT_2_OVER_PI
+    t *= u
+    np.tanh(t, out=t)
+    y = t + 1.0  # (..., H)
+    y *= u
+    y *= 0.5
+    return y, GeluSaved(u, t)
+
+
+def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
+    """du from dy (..., H): the product rule on y = ½ u (1 + t) with t = tanh(u (a + b u²)):
+
+    dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
+    """
+    u, t = saved
+    slope = np.square(u)  # (..., H): a + 3 b u² below, then the whole derivative
+    slope *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
+    slope += SQRT_2_OVER_PI
+    slope *= u
+    slope *= 1.0 - np.square(t)  # ½ is applied once, with the first term
+    slope += t
+    slope += 1.0
+    slope *= 0.5
+    slope *= dy
+    return slope
+
+
+class SwigluSaved(NamedTuple):
+    """swiglu's two halves, gate and up (..., H) (views of its input), and σ(gate)."""
+
+    gate: Array
+    up: Array
+    sigmoid: Array
+
+
+def swiglu(a: Array) -> tuple[Array, SwigluSaved]:
+    """y = silu(gate) ∘ up with [gate | up] = a, silu(g) = g σ(g): a (..., 2H) -> y (..., H).
+
+    The two halves come from one matmul (the MLP's w_fc holds [W_gate | W_up] side by side).
+    σ(g) is computed as ½ (1 + tanh(g / 2)): the same function, without exp's overflow for large -g.
+
+        >>> swiglu(np.array([[0.0, 1.0, 2.0, 3.0]]))[0].round(4)   # gate (0, 1), up (2, 3)
+        array([[0.    , 2.1932]])
+    """
+    H = a.shape[-1] // 2
+    gate, up = a[..., :H], a[..., H:]  # (..., H) each, views
+    sigmoid = np.tanh(0.5 * gate)  # (..., H): σ(gate), in one buffer
+    sigmoid += 1.0
+    sigmoid *= 0.5
+    y = gate * sigmoid  # (..., H): silu(gate)
+    y *= up
+    return y, SwigluSaved(gate, up, sigmoid)
+
+
+def swiglu_backward(dy: Array, saved: SwigluSaved) -> Array:
+    """da = [dgate | dup] (..., 2H) from dy (..., H):
+
+    y = s(g) u, s(g) = g σ(g)       du = dy s(g)        dg = dy u s'(g),  s'(g) = σ(g) (1 + g (1 - σ(g)))
+    """
+    gate, up, sigmoid = saved
+    H = gate.shape[-1]
+    da = np.empty((*dy.shape[:-1], 2 * H), dtype=dy.dtype)  # (..., 2H)
+    dgate, dup = da[..., :H], da[..., H:]
+    np.multiply(gate, sigmoid, out=dup)  # silu(gate)
+    dup *= dy
+    np.subtract(1.0, sigmoid, out=dgate)  # s'(g) = σ (1 + g (1 - σ)), built in place
+    dgate *= gate
+    dgate += 1.0
+    dgate *= sigmoid
+    dgate *= up
+    dgate *= dy
+    return da
+
+
+# --- the MLP: one matmul in, the activation, one matmul out -------------------------------------------
+
+
+class MLPSaved(NamedTuple):
+    """What mlp_backward needs: the input x (N, C), the activation's output h and what its backward keeps,
+    the two matrices (references, not copies), whether there were biases, and the kind."""
+
+    x: Array
+    h: Array
+    activation: GeluSaved | SwigluSaved
+    w_fc: Array
+    w_proj: Array
+    biased: bool
+    kind: str
+
+
+class MLPGrads(NamedTuple):
+    """dx (N, C), dw_fc, dw_proj (the matrices' shapes), db_fc and db_proj (or None without biases)."""
+
+    dx: Array
+    dw_fc: Array
+    dw_proj: Array
+    db_fc: Array | None
+    db_proj: Array | None
+
+
+def mlp(
+    x: Array, w_fc: Array, w_proj: Array, b_fc: Array | None = None, b_proj: Array | None = None, *, kind: str = "gelu"
+) -> tuple[Array, MLPSaved]:
+    """y = act(x W_fc + b_fc) W_proj + b_proj: x (N, C) -> y (N, C).
+
+    kind="gelu": W_fc (C, H), W_proj (H, C), act = gelu (GPT-2's MLP, H = 4C).
+    kind="swiglu": W_fc (C, 2H) = [W_gate | W_up], W_proj (H, C), act = swiglu (Llama's MLP).
+    b_fc and b_proj: both or neither.
+    """
+    if kind not in MLP_KINDS:
+        raise ValueError(f"kind must be one of {MLP_KINDS}; got {kind!r}")
+    a = x @ w_fc  # (N, H) or (N, 2H)
+    if b_fc is not None:
+        a += b_fc
+    h, activation = gelu(a) if kind == "gelu" else swiglu(a)  # (N, H)
+    y = h @ w_proj  # (N, C)
+    if b_proj is not None:
+        y += b_proj
+    return y, MLPSaved(x, h, activation, w_fc, w_proj, b_fc is not None, kind)
+
+
+def mlp_backward(dy: Array, saved: MLPSaved) -> MLPGrads:
+    """The gradients of mlp from dy (N, C), its lines last first (W multiplies from the right):
+
+    y = h W_proj + b_proj       dW_proj = hᵀ dy      db_proj = Σ_rows dy      dh = dy W_projᵀ
+    h = act(a)                  da = act_backward(dh)
+    a = x W_fc + b_fc           dW_fc = xᵀ da        db_fc = Σ_rows da        dx = da W_fcᵀ
+    """
+    x, h, activation, w_fc, w_proj, biased, kind = saved
+    dw_proj = h.T @ dy  # (H, C)
+    dh = dy @ w_proj.T  # (N, H)
+    if kind == "gelu":
+        da = gelu_backward(dh, activation)  # type: ignore[arg-type]  # (N, H)
+    else:
+        da = swiglu_backward(dh, activation)  # type: ignore[arg-type]  # (N, 2H)
+    dw_fc = x.T @ da  # (C, H) or (C, 2H)
+    dx = da @ w_fc.T  # (N, C)
+    db_fc, db_proj = (da.sum(axis=0), dy.sum(axis=0)) if biased else (None, None)
+    return MLPGrads(dx, dw_fc, dw_proj, db_fc, db_proj)
+
+
+# --- dropout and the loss -----------------------------------------------------------------------------
+
+
+def dropout(x: Array, p: float, rng: np.random.Generator | None) -> tuple[Array, NDArray[np.bool_] | None]:
+    """Inverted dropout: y = x ∘ keep / (1 - p), keep[i] true with probability 1 - p, so E[y] = x.
+
+    p = 0 returns x itself and no mask (no draw from rng). The mask is returned for dropout_backward;
+    at evaluation, do not call dropout at all.
+    """
+    if p == 0.0:
+        return x, None
+    if rng is None:
+        raise ValueError(f"dropout with p={p} draws its mask: pass rng, a np.random.Generator")
+    keep = rng.random(x.shape, dtype=np.float32) >= p  # (..., C) bool: one byte per element
+    y = x * keep  # (..., C)
+    y *= 1.0 / (1.0 - p)
+    return y, keep
+
+
+def dropout_backward(dy: Array, keep: NDArray[np.bool_] | None, p: float) -> Array:
+    """dx = dy ∘ keep / (1 - p): the same mask and scale as the forward (dy itself when p = 0)."""
+    if keep is None:
+        return dy
+    dx = dy * keep
+    dx *= 1.0 / (1.0 - p)
+    return dx
+
+
+def cross_entropy(logits: Array, targets: NDArray[np.integer]) -> tuple[float, Array]:
+    """loss = (1/N) Σ_n (logsumexp(z_n) - z_n[t_n]), the mean negative log-likelihood of the targets.
+
+    logits z (N, V), targets t (N,) ints in [0, V) -> (loss as a Python float, probs = softmax(z) (N, V)).
+    torch.nn.functional.cross_entropy(z, t). The row max is subtracted first: exp of a logit of 100
+    overflows float32, exp of 0 does not.
+    """
+    rows = np.arange(logits.shape[0])
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # (N, V): every row's largest is 0
+    target_logit = shifted[rows, targets]  # (N,)
+    probs = np.exp(shifted, out=shifted)  # (N, V): the exponentials, normalised below
+    total = probs.sum(axis=-1, keepdims=True)  # (N, 1)
+    loss = float(np.mean(np.log(total[:, 0]) - target_logit))
+    probs /= total
+    return loss, probs
+
+
+def cross_entropy_backward(probs: Array, targets: NDArray[np.integer]) -> Array:
+    """dlogits (N, V) = (softmax(z) - onehot(t)) / N: for one row, ∂(logsumexp(z) - z_t)/∂z_j = p_j - [j = t],
+    and the mean over N rows divides by N."""
+    N = probs.shape[0]
+    dlogits = probs.copy()  # (N, V)
+    dlogits[np.arange(N), targets] -= 1.0
+    dlogits *= 1.0 / N
+    return dlogits
