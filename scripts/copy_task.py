@@ -1,9 +1,11 @@
-"""A tiny model learns to attend: NumPy forward, hand-written backward, Adam, nothing else.
+"""The copy task: a tiny model learns to attend. NumPy forward, hand-written backward, Adam, nothing else.
 
-    python scripts/train.py                        # about half a minute on 2 cores
-    python scripts/train.py --plot train.png       # and draw the attention before and after
-    python scripts/train.py --no-fused             # the reference attention instead of flash
-    mpiexec -n 2 python scripts/train.py --sequence-parallel ring   # each sequence split over 2 processes
+A module that two scripts share: `python scripts/train.py --task copy` trains it on one process, and
+`mpiexec -n 2 python scripts/train_parallel.py` with each sequence split over the processes.
+
+    python scripts/train.py --task copy                        # about half a minute on 2 cores
+    python scripts/train.py --task copy --plot train.png       # and draw the attention before and after
+    python scripts/train.py --task copy --no-fused             # the reference attention instead of flash
 
 The task (induction, or "copy the token a fixed distance back"): a sequence of --length random tokens is
 followed by the same tokens again. In the second copy, the next token is always the one that followed
@@ -28,6 +30,7 @@ import argparse
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +45,7 @@ from tinyattn_np.memory import (
 )
 from tinyattn_np.report import positive, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this module, however it is started
 import common  # noqa: E402
 
 SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
@@ -291,23 +294,30 @@ def run_bill(args: argparse.Namespace) -> tuple[int, int]:
     return peak, args.steps * 3 * args.batch * forward + len(table_steps(args)) * HELD_OUT * forward
 
 
-def check_run(args: argparse.Namespace) -> None:
+def check_run(args: argparse.Namespace, script: str) -> None:
     """Refuse, before anything runs, a run that needs more memory than this machine can give or that
-    cannot end within MAX_MINUTES even at its matmul rate."""
+    cannot end within MAX_MINUTES even at its matmul rate (the error names the script that was run)."""
     needed, flops = run_bill(args)
     lower = "lower --batch, --length, --d-model, --layers or --steps"
     problem = common.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
     problem = problem or common.time_problem(flops, common.matmul_rate("float32", n=1024, repeats=3), lower)
     if problem:
-        sys.exit(f"train.py: error: {problem}")
+        sys.exit(f"{script}: error: {problem}")
 
 
 # ---------------------------------------------------------------------------------------------------
 # the run
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(
+    argv: list[str] | None,
+    add_more: Callable[[argparse.ArgumentParser], None] | None = None,
+    description: str | None = None,
+    prog: str | None = None,
+) -> argparse.Namespace:
+    """The copy task's flags, and those add_more(p) adds (the calling script's own), checked together."""
+    p = argparse.ArgumentParser(prog=prog, description=description or __doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--steps", type=positive(int), default=200, help="Adam steps (default 200)")
     p.add_argument("--batch", type=positive(int), default=32, help="sequences per step (default 32)")
     p.add_argument("--length", type=positive(int), default=12, help="random tokens before the repeat (default 12)")
@@ -326,8 +336,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--check", action=argparse.BooleanOptionalAction, default=True,
         help="compare every gradient of a tiny float64 model with finite differences first (default on)",
     )  # fmt: skip
-    p.add_argument("--sequence-parallel", choices=["ring", "ulysses"],
-                   help="under mpiexec -n P: each sequence split over P processes (train_parallel.py)")  # fmt: skip
+    if add_more is not None:
+        add_more(p)
     common.add_plot_arguments(p, "the attention before and after")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
     common.add_seed_and_format(p, "data and weights")
@@ -453,13 +463,9 @@ def print_intro(args: argparse.Namespace) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    check_run(args)
-    if args.sequence_parallel:
-        import train_parallel  # here, not at the top: it imports mpi4py, and this file as `train`
-
-        return train_parallel.run(args)
+def run(args: argparse.Namespace) -> int:
+    """train.py --task copy: the gradient check, the training, the table and the heat maps; the exit code."""
+    check_run(args, "train.py")
     info, lines = common.header()
     print(lines)
     print_intro(args)
@@ -491,7 +497,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: stopped: {stop}", file=sys.stderr)
         return 1
     return common.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0
-
-
-if __name__ == "__main__":
-    sys.exit(common.run_main(main))

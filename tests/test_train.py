@@ -1,5 +1,6 @@
-"""scripts/train.py: its gradients are right, its Adam is Adam, fused and reference training give the
-same losses, the model learns, and bad flags are clear errors. Tiny configurations only."""
+"""scripts/train.py --task copy (scripts/copy_task.py): its gradients are right, its Adam is Adam, fused and
+reference training give the same losses, the model learns, and bad flags are clear errors. Tiny
+configurations only."""
 
 from __future__ import annotations
 
@@ -15,15 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "30", "--batch", "8", "--length", "4", "--vocab", "6", "--d-model", "8", "--eval-every", "10"]
 
 
-def load_train():
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-train = load_train()
+train = load_script("copy_task")
+train_script = load_script("train")
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -75,7 +77,7 @@ def test_the_model_learns_to_copy():
 
 def test_main_prints_table_and_heat_maps(tmp_path, capsys):
     figures = tmp_path / "train.json"
-    assert train.main([*TINY, "--kv-heads", "1", "--json", str(figures)]) == 0
+    assert train_script.main(["--task", "copy", *TINY, "--kv-heads", "1", "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code printed it
     assert "gradient check (float64" in out and "ok" in out
@@ -88,7 +90,7 @@ def test_main_prints_table_and_heat_maps(tmp_path, capsys):
 def test_main_draws_the_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     plot = tmp_path / "train.png"
-    assert train.main([*TINY, "--no-check", "--plot", str(plot)]) == 0
+    assert train_script.main(["--task", "copy", *TINY, "--no-check", "--plot", str(plot)]) == 0
     assert plot.stat().st_size > 1000
 
 

@@ -1,0 +1,214 @@
+"""Train a tiny GPT on any text, in NumPy: every gradient by hand, AdamW, checkpoints that resume bit for bit.
+
+    python scripts/train.py                                # the tiny preset on this project's own pages
+    python scripts/train.py --data input.txt --steps 2000 --out run --plot run/loss.png
+    python scripts/train.py --out run --resume             # go on from run's checkpoint, to --steps
+    python scripts/sample.py run --prompt "ROMEO:"         # then generate from it
+    mpiexec -n 2 python scripts/train.py --data-parallel   # the batch split over 2 processes
+    python scripts/train.py --task copy                    # a smaller task: attention learns to copy
+
+The model is tinyattn_np.gpt.GPT (pre-norm blocks of RoPE attention and a GELU MLP, a tied head); --preset
+tiny is nanoGPT's CPU model for Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12), --preset
+part3 a 6-layer model of width 256 and context 256. The vocabulary is the tokenizer's: the characters of
+the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The
+text is cut into a training part and the last --validation of it, which is never trained on. A step:
+a batch of random windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm
+to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim).
+
+With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
+fingerprint and the random generators' states) is written at every validation, at the end, on Ctrl-C and
+before a step whose loss is not finite; the run then stops and says what to change. --resume continues
+it, to the same bits as a run that was never stopped. Under mpiexec, --data-parallel gives each process
+an equal slice of every batch and averages the gradients with one Allreduce: the same losses as one
+process with the whole batch, to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import checkpoint  # noqa: E402
+import common  # noqa: E402
+import copy_task  # noqa: E402
+import text_data  # noqa: E402
+import training  # noqa: E402
+
+from tinyattn_np.report import nonnegative_seed, positive  # noqa: E402
+
+MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
+MAX_BATCH = 4096
+
+
+def add_task(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=["gpt", "copy"], default="gpt",
+                   help="gpt: a language model on a text (default); copy: the copy task of copy_task.py "
+                   "(train.py --task copy --help lists its flags)")  # fmt: skip
+
+
+def fraction(text: str) -> float:
+    """argparse type for --validation: a number strictly between 0 and 1."""
+    value = positive(float)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
+    return float(value)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)  # --task decides which flags there are
+    add_task(pre)
+    task, _ = pre.parse_known_args(argv)
+    if task.task == "copy":
+        return copy_task.parse_args(argv, add_task, prog="train.py --task copy")
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_task(p)
+    p.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: this project's README.md and docs/)")
+    p.add_argument(
+        "--tokenizer",
+        default="char",
+        metavar="char|byte|PATH.json",
+        help="characters (default), UTF-8 bytes, or a Hugging Face tokenizer.json (the tokenizers extra)",
+    )
+    p.add_argument(
+        "--preset",
+        choices=sorted(training.PRESETS),
+        default=None,
+        help="the model and its training settings (default tiny; with --resume, the checkpoint's)",
+    )
+    p.add_argument("--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the "
+                   "checkpoint's)")  # fmt: skip
+    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
+    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
+    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
+    p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
+                   "tenth of --steps)")  # fmt: skip
+    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
+    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
+    p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
+                   "the preset's, 0)")  # fmt: skip
+    p.add_argument("--validation", type=fraction, default=0.1, help="the text's last part kept to validate on "
+                   "(default 0.1)")  # fmt: skip
+    p.add_argument("--eval-every", type=positive(int), default=25, help="steps between validations (default 25)")
+    p.add_argument("--eval-windows", type=positive(int), default=64, help="validation windows (default 64)")
+    p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out DIR")
+    p.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="under mpiexec -n P: each process takes 1/P of every batch, the gradients averaged",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=200,
+        metavar="N",
+        help="print N tokens sampled from the model at the end (default 200; 0: none)",
+    )
+    common.add_plot_arguments(p, "the loss curve")
+    p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
+    common.add_seed_and_format(p, "the weights, the batches and dropout")
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the flags must satisfy together, before anything is read or allocated."""
+    if args.steps is not None and args.steps > MAX_STEPS:
+        p.error(f"--steps must be at most {MAX_STEPS:,} (a run that long would not end on a CPU); got {args.steps:,}")
+    if args.batch is not None and args.batch > MAX_BATCH:
+        p.error(f"--batch must be at most {MAX_BATCH:,}; got {args.batch:,}")
+    if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
+        p.error("--weight-decay and --dropout must be numbers in [0, 1)")
+    if args.eval_windows > 100_000 or not 0 <= args.sample <= 100_000:
+        p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
+    if args.resume and args.out is None:
+        p.error("--resume continues the checkpoint in --out DIR: give --out")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a file: give a folder (it is made if missing)")
+    common.check_output(p, "--json", args.json)
+    common.check_plot(p, args.plot, args.overwrite)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the run
+
+
+def print_start(run: training.Run, size: int) -> None:
+    c, s = run.model.config, run.settings
+    print(
+        f"data: {run.source}: {len(run.train) + len(run.val):,} tokens ({run.tokenizer.describe()['kind']} "
+        f"tokenizer, vocabulary {c.vocab:,}); {len(run.train):,} to train on, {len(run.val):,} to validate on"
+    )
+    print(
+        f"model: GPT ({run.preset}), {c.layers} layers, {c.heads} heads, width {c.width}, context {c.context}, "
+        f"{c.mlp} MLP of {c.hidden}, {c.norm}, tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
+    )
+    print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
+          f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
+          f"{c.context} tokens" + (f" split over {size} processes" if size > 1 else ""))  # fmt: skip
+    if run.step:
+        print(f"resumed from {run.args.out} at step {run.step}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.task == "copy":
+        return copy_task.run(args)
+    comm = training.communicator(args)
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    try:
+        run = training.start(args, size)
+    except (text_data.DataError, checkpoint.CheckpointError, training.RunError) as err:
+        if rank == 0:
+            print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    info = None
+    if rank == 0:
+        info, lines = common.header()
+        print(lines)
+        print_start(run, size)
+        print(training.ROW_HEADER)
+    stop = training.train(run, comm)
+    scaling = training.scaling(run, comm) if comm is not None and size > 1 else None  # every rank takes part
+    if rank != 0:
+        return training.exit_code(stop)
+    return finish(run, stop, info, scaling)
+
+
+def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: str | None) -> int:
+    """Rank 0 after the loop: the last lines, the sample, the plot, --json; the exit code."""
+    args = run.args
+    seconds = sum(run.step_seconds)
+    tokens = len(run.step_seconds) * run.settings["batch"] * run.model.config.context
+    busy = common.busy_reasons()
+    print(f"{len(run.step_seconds)} steps in {seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
+          + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
+    if scaling:
+        print(scaling)
+    if stop is None and args.sample:
+        print(f"\nsample ({args.sample} tokens, temperature 0.8, seed {args.seed}):")
+        print(training.sample(run, args.sample))
+    if args.out:
+        print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
+    if args.plot and run.history:
+        training.plot_losses(run, args.plot)
+        print(f"plot written to {args.plot}")
+    if args.json:
+        figures = {"machine": info, "args": vars(args), "settings": run.settings, "seconds": seconds, "busy": busy,
+                   "rows": run.rows, "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
+        common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
+    if isinstance(stop, training.NonFiniteLoss):
+        print(f"train.py: stopped: {stop}", file=sys.stderr)
+    elif isinstance(stop, KeyboardInterrupt):
+        return common.interrupted(run.step, run.settings["steps"], "steps")
+    return training.exit_code(stop)
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main))
