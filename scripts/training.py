@@ -10,9 +10,10 @@ One step, the whole of it (train_step):
     optimizer.step(params, grads, lr=warmup_cosine_lr(step, ...))         AdamW (optim.py)
 
 A run's state is the model's weights, AdamW's moments and step count, and the two random generators (the
-batches', dropout's). A checkpoint holds all of it, so that a run resumed from one draws the same batches
-and takes the same steps as a run that never stopped: the same bits. A loss or a gradient norm that is not
-finite stops the loop before the weights change; the checkpoint then written is the state before that step.
+batches', which is where the data stands, and dropout's). A checkpoint holds all of it, so that a run resumed
+from one draws the same batches and takes the same steps as a run that never stopped: the same bits. A loss
+or a gradient norm that is not finite stops the loop and writes no checkpoint: the last one, from the last
+validation, stays as the one to go on from with a lower learning rate.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import copy
 import math
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,7 +68,7 @@ class NonFiniteLoss(ArithmeticError):
 
     def __init__(self, run: Run, loss: float, norm: float):
         what = f"the loss became {loss}" if not math.isfinite(loss) else f"the gradient's norm became {norm}"
-        kept = f"; the weights before it are saved in {run.args.out} (step {run.step})" if run.args.out else ""
+        kept = f"; the last checkpoint, {run.args.out} at step {run.saved_step}, is kept" if run.args.out else ""
         super().__init__(
             f"{what} at step {run.step + 1}{kept}. Lower --lr (now {run.settings['lr']:g}; the preset's is "
             f"{PRESETS[run.preset].lr:g}), or lengthen --warmup (now {run.settings['warmup']}) or lower --clip "
@@ -96,21 +98,23 @@ class Run:
     step_seconds: list[float] = field(default_factory=list)  # this session's steps
     allreduce_seconds: list[float] = field(default_factory=list)
     saved_step: int | None = None
+    bar: bool = False  # whether the progress bar's line is open on stderr
 
 
 # ---------------------------------------------------------------------------------------------------
 # the start: new, or resumed from a checkpoint
 
 
-def settings_of(args: argparse.Namespace, preset: Preset, saved: dict[str, Any]) -> dict[str, Any]:
-    """SETTINGS: a flag given now, else the checkpoint's, else the preset's default."""
+def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str, Any]) -> dict[str, Any]:
+    """SETTINGS: a flag given now, else as given to the run that wrote the checkpoint, else the default
+    (the preset's; --min-lr follows --lr, --warmup follows --steps). Under "given", the flags given."""
     defaults = {"steps": 100, "batch": preset.batch, "lr": preset.lr, "weight_decay": 0.1, "clip": 1.0,
                 "dropout": preset.config.dropout}  # fmt: skip
-    settings = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
-    settings = {**defaults, **saved, **settings}
+    given = {**given_before, **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}}
+    settings = {**defaults, **given}
     settings.setdefault("min_lr", settings["lr"] / 10)
     settings.setdefault("warmup", min(preset.warmup, settings["steps"] // 10))
-    return settings
+    return {**settings, "given": given}
 
 
 def resumed(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -135,7 +139,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
     arrays, meta = resumed(args)
     preset_name = meta.get("preset") or args.preset or "tiny"
     preset = PRESETS[preset_name]
-    settings = settings_of(args, preset, meta.get("settings", {}))
+    settings = settings_of(args, preset, meta.get("settings", {}).get("given", {}))
     text, source = text_data.load_text(args.data)
     if meta and text_data.fingerprint(text) != meta["data"]["fingerprint"]:
         trained_on = f"{meta['data']['source']} (fingerprint {meta['data']['fingerprint']})"
@@ -186,10 +190,12 @@ def train_step(run: Run, x: np.ndarray, y: np.ndarray, comm: Any = None) -> floa
     """The module docstring's step on this process's rows x, y (b, T); the whole batch's loss. Raises
     NonFiniteLoss, with nothing changed, where the loss or the gradient norm is not finite."""
     dropout_rng = run.dropout_rng if run.model.config.dropout else None
-    loss, grads = run.model.loss_and_grads(x, y, rng=dropout_rng)
-    if comm is not None:
-        loss = allreduce_mean(run, comm, loss, grads)
-    norm = clip_grad_norm(grads, run.settings["clip"])
+    with warnings.catch_warnings():  # NumPy's overflow warnings: NonFiniteLoss says it once, with a cure
+        warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
+        loss, grads = run.model.loss_and_grads(x, y, rng=dropout_rng)
+        if comm is not None:
+            loss = allreduce_mean(run, comm, loss, grads)
+        norm = clip_grad_norm(grads, run.settings["clip"])
     if not (math.isfinite(loss) and math.isfinite(norm)):
         raise NonFiniteLoss(run, loss, norm)
     s = run.settings
@@ -235,10 +241,11 @@ def train(run: Run, comm: Any = None) -> BaseException | None:
         try:
             loop(run, comm, ctrl_c)
         except (KeyboardInterrupt, NonFiniteLoss) as err:
-            save(run, comm)
+            end_bar(run)
             if isinstance(err, KeyboardInterrupt):
-                common.progress("")
+                save(run, comm)
             return err
+    end_bar(run)
     return None
 
 
@@ -254,14 +261,9 @@ def loop(run: Run, comm: Any, ctrl_c: StopTogether) -> None:
             save(run, comm)
         if run.step >= total:
             return
-        states = run.rng.bit_generator.state, run.dropout_rng.bit_generator.state
         x, y = text_data.random_batch(run.rng, run.train, run.settings["batch"], T)  # (B, T) each
         began = time.perf_counter()
-        try:
-            loss = train_step(run, x[mine], y[mine], comm)
-        except NonFiniteLoss:  # keep the state before the step: --resume draws its batch again
-            run.rng.bit_generator.state, run.dropout_rng.bit_generator.state = states
-            raise
+        loss = train_step(run, x[mine], y[mine], comm)
         run.step_seconds.append(time.perf_counter() - began)
         run.history.append((run.step, loss))
         if rank == 0 and run.step - first == 2:
@@ -292,17 +294,18 @@ def record(run: Run, val_loss: float, show: bool) -> None:
         "step": run.step,
         "train_loss": float(np.mean(losses)) if losses else None,
         "val_loss": val_loss,
-        "lr": warmup_cosine_lr(max(run.step - 1, 0), lr=s["lr"], warmup=s["warmup"], total=s["steps"],
-                               min_lr=s["min_lr"]),
+        "lr": warmup_cosine_lr(run.step - 1, lr=s["lr"], warmup=s["warmup"], total=s["steps"], min_lr=s["min_lr"])
+        if run.step else None,  # the last step's
         "tokens_per_s": len(steps) * s["batch"] * T / sum(steps) if steps else None,
         "seconds": sum(run.step_seconds),
     }  # fmt: skip
     run.rows.append(row)
     if show:
-        common.progress("")  # end the progress bar's line
+        end_bar(run)
         train = "-" if row["train_loss"] is None else f"{row['train_loss']:.4f}"
         speed = "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:,.0f}"
-        print(f"{run.step:>7}  {train:>10}  {val_loss:>8.4f}  {row['lr']:>9.2e}  {speed:>9}  "
+        lr = "-" if row["lr"] is None else f"{row['lr']:.2e}"
+        print(f"{run.step:>7}  {train:>10}  {val_loss:>8.4f}  {lr:>9}  {speed:>9}  "
               f"{row['seconds']:>7.1f}s", flush=True)  # fmt: skip
 
 
@@ -317,6 +320,14 @@ def progress_bar(run: Run, loss: float) -> None:
     line = (f"step {run.step}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss:.4f}  "
             f"{speed:,.0f} tokens/s  {clock(left)} left")  # fmt: skip
     print(f"\r{line}", end="", file=sys.stderr, flush=True)
+    run.bar = True
+
+
+def end_bar(run: Run) -> None:
+    """End the progress bar's line, so that what is printed next starts on a line of its own."""
+    if run.bar:
+        common.progress("")
+        run.bar = False
 
 
 def clock(seconds: float) -> str:
@@ -331,7 +342,8 @@ def say_how_long(run: Run) -> None:
     left = (run.settings["steps"] - run.step) * run.step_seconds[-1]
     if left > 60:
         steps = run.settings["steps"] - run.step
-        common.progress(f"\rabout {run.step_seconds[-1]:.2f} s a step: the {steps:,} steps left take about "
+        end_bar(run)
+        common.progress(f"about {run.step_seconds[-1]:.2f} s a step: the {steps:,} steps left take about "
                         f"{clock(left)} (h:mm:ss; Ctrl-C stops and keeps a checkpoint)")  # fmt: skip
 
 
