@@ -29,9 +29,9 @@ The reading order: each file uses only what came before it.
                        (ring.py and ulysses.py need mpi4py and are not imported here)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
-allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
-_parallel.py (the worker engine), _guard.py (the reference path's memory guard), _bytes.py (bytes per
-dtype, byte units), measure.py, report.py, text.py.
+allocate), models.py (model shapes, presets, config.json), trainbill.py (the memory of a GPT training
+step). Helpers: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the reference
+path's memory guard), _bytes.py (bytes per dtype, byte units), measure.py, report.py, text.py.
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -118,6 +118,7 @@ from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
+from .trainbill import TrainingMemory, training_memory
 
 __version__ = "0.1.0"
 
@@ -142,6 +143,7 @@ __all__ = [
     "RelativeBias",
     "Softcap",
     "Tile",
+    "TrainingMemory",
     "accumulate_grads",
     "alibi_slopes",
     "and_masks",
@@ -219,6 +221,7 @@ __all__ = [
     "to_interleaved",
     "token_vector",
     "tokenize",
+    "training_memory",
     "varlen_block_mask",
     "varlen_mod",
     "warmup_cosine_lr",

@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -200,17 +200,20 @@ class BlockSaved(NamedTuple):
     keep_2: NDArray[np.bool_] | None
 
 
-class Trace(NamedTuple):
+@dataclass
+class Trace:
     """The whole forward's saved values: the tokens and targets (N,), the embeddings' dropout mask, the
-    blocks', the final norm's and its output x_f (N, C) (the head's input), and the probabilities (N, V)."""
+    blocks', the final norm's and its output x_f (N, C) (the head's input), and the probabilities (N, V).
+    The backward empties it as it goes (blocks become None, probs turns into dlogits), freeing each part
+    once its gradient is taken."""
 
     idx: NDArray[np.int64]
     targets: NDArray[np.int64]
     keep_embed: NDArray[np.bool_] | None
-    blocks: list[BlockSaved]
+    blocks: list[BlockSaved | None]
     norm_f: NormSaved
     x_f: Array
-    probs: Array
+    probs: Array | None
 
 
 class GPT:
@@ -225,11 +228,14 @@ class GPT:
             raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         self.config = config
         self.params = init_params(config, rng) if params is None else checked_params(config, params)
-        # one MultiHeadAttention per layer for its arithmetic; its weights are pointed at params before each use
+        # one MultiHeadAttention per layer for its arithmetic; its weights are the arrays in params, pointed at
+        # them again before each use (so a params entry replaced by a new array is the one used)
         self._attention_modules = [
             MultiHeadAttention(config.width, config.heads, rope=True, rng=0, dtype=config.dtype)
             for _ in range(config.layers)
         ]
+        for layer in range(config.layers):
+            self._attention(layer)  # its own random weights are dropped now, not kept beside params
 
     def __repr__(self) -> str:
         c = self.config
@@ -267,13 +273,13 @@ class GPT:
         p, B, T = self.params, idx.shape[0], idx.shape[1]
         idx_flat, targets_flat = idx.reshape(-1), targets.reshape(-1)  # (N,)
         x, keep_embed = dropout(p["wte"][idx_flat], self.config.dropout, rng)  # (N, C): our own copy
-        blocks = []
+        blocks: list[BlockSaved | None] = []
         for layer in range(self.config.layers):
             saved = self._block_forward(layer, x, B, T, rng)  # adds both residual branches to x in place
             blocks.append(saved)
         x_f, norm_f = self._norm(x, "ln_f")  # (N, C)
         logits = x_f @ p["wte"].T  # (N, V): the tied head
-        loss, probs = cross_entropy(logits, targets_flat)  # probs (N, V)
+        loss, probs = cross_entropy(logits, targets_flat, out=logits)  # probs (N, V), in the logits' memory
         return loss, Trace(idx_flat, targets_flat, keep_embed, blocks, norm_f, x_f, probs)
 
     def _block_forward(self, layer: int, x: Array, B: int, T: int, rng: Any) -> BlockSaved:
@@ -295,15 +301,18 @@ class GPT:
     def _backward(self, trace: Trace, shape: tuple[int, int]) -> Params:
         """Every parameter's gradient from the trace, the forward's lines last first."""
         E, grads = self.params["wte"], Params()
-        dlogits: Array = cross_entropy_backward(trace.probs, trace.targets)  # (N, V)
+        probs, trace.probs = cast(Array, trace.probs), None
+        dlogits = cross_entropy_backward(probs, trace.targets, out=probs)  # (N, V), in probs' memory
+        del probs
         # E's gradient is the sum of its two uses' gradients: the head's here (logits = x_f Eᵀ) ...
         d_embedding = dlogits.T @ trace.x_f  # (V, C)
         dx: Array = dlogits @ E  # (N, C)
         del dlogits
         dx = self._norm_backward(dx, trace.norm_f, "ln_f", grads)  # (N, C)
         for layer in reversed(range(self.config.layers)):
-            dx = self._block_backward(layer, dx, trace.blocks[layer], shape, grads)
-            trace.blocks[layer] = None  # type: ignore[call-overload]  # free this block's activations now
+            saved, trace.blocks[layer] = cast(BlockSaved, trace.blocks[layer]), None  # freed after its backward
+            dx = self._block_backward(layer, dx, saved, shape, grads)
+            del saved
         dx = dropout_backward(dx, trace.keep_embed, self.config.dropout)  # (N, C)
         # ... plus the embedding's (x = E[idx]): each row of dx goes back to the row of E it was read from
         np.add.at(d_embedding, trace.idx, dx)

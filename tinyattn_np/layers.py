@@ -19,7 +19,7 @@ weights by reference: update them only after the backward (the optimizer steps a
     swiglu(a) -> (y, SwigluSaved)  a = [gate | up] (..., 2H)      swiglu_backward(dy, saved) -> da
     mlp(x, w_fc, w_proj, b_fc=None, b_proj=None, kind="gelu") -> (y, MLPSaved)    mlp_backward(dy, saved) -> MLPGrads
     dropout(x, p, rng) -> (y, keep or None)                       dropout_backward(dy, keep, p) -> dx
-    cross_entropy(logits, targets) -> (loss, probs)               cross_entropy_backward(probs, targets) -> dlogits
+    cross_entropy(logits, targets, out=None) -> (loss, probs)     cross_entropy_backward(probs, targets, out=None)
 
 Each backward's docstring derives its lines; tests/test_layers.py holds each against central differences.
 """
@@ -341,15 +341,16 @@ def dropout_backward(dy: Array, keep: NDArray[np.bool_] | None, p: float) -> Arr
     return dx
 
 
-def cross_entropy(logits: Array, targets: NDArray[np.integer]) -> tuple[float, Array]:
+def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> tuple[float, Array]:
     """loss = (1/N) Σ_n (logsumexp(z_n) - z_n[t_n]), the mean negative log-likelihood of the targets.
 
     logits z (N, V), targets t (N,) ints in [0, V) -> (loss as a Python float, probs = softmax(z) (N, V)).
     torch.nn.functional.cross_entropy(z, t). The row max is subtracted first: exp of a logit of 100
-    overflows float32, exp of 0 does not.
+    overflows float32, exp of 0 does not. out: where the probabilities go (out=logits overwrites the logits
+    when nothing needs them after; default a new array).
     """
     rows = np.arange(logits.shape[0])
-    shifted = logits - logits.max(axis=-1, keepdims=True)  # (N, V): every row's largest is 0
+    shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out)  # (N, V): each row's largest is 0
     target_logit = shifted[rows, targets]  # (N,)
     probs = np.exp(shifted, out=shifted)  # (N, V): the exponentials, normalised below
     total = probs.sum(axis=-1, keepdims=True)  # (N, 1)
@@ -358,11 +359,14 @@ def cross_entropy(logits: Array, targets: NDArray[np.integer]) -> tuple[float, A
     return loss, probs
 
 
-def cross_entropy_backward(probs: Array, targets: NDArray[np.integer]) -> Array:
+def cross_entropy_backward(probs: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> Array:
     """dlogits (N, V) = (softmax(z) - onehot(t)) / N: for one row, ∂(logsumexp(z) - z_t)/∂z_j = p_j - [j = t],
-    and the mean over N rows divides by N."""
+    and the mean over N rows divides by N. out: where to write it (out=probs reuses the forward's probabilities
+    when nothing needs them after; default a new array)."""
     N = probs.shape[0]
-    dlogits = probs.copy()  # (N, V)
+    dlogits = probs.copy() if out is None else out  # (N, V)
+    if out is not None and out is not probs:
+        out[...] = probs
     dlogits[np.arange(N), targets] -= 1.0
     dlogits *= 1.0 / N
     return dlogits

@@ -1,0 +1,221 @@
+"""gpt.py: the configuration and its presets, the whole model's gradient against central differences in
+float64, the cached forward against the whole one, determinism, and the errors that name their argument."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, init_params, param_shapes
+
+STEP = 1e-6
+SMALL = dict(vocab=11, context=6, layers=2, heads=2, width=8, dtype="float64")
+
+
+def small(**changes) -> GPTConfig:
+    return GPTConfig(**(SMALL | changes))
+
+
+def tokens(config: GPTConfig, batch: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, config.vocab, (batch, length)), rng.integers(0, config.vocab, (batch, length))
+
+
+def test_part3_has_the_articles_parameter_count():
+    # the article's model: 6 layers, width 256, 4 heads, GELU 4x, LayerNorm, tied, RoPE, vocab 4,096
+    config = GPT_PRESETS["part3"]
+    assert (config.layers, config.width, config.heads, config.head_dim, config.context) == (6, 256, 4, 64, 256)
+    per_layer = 256 * 768 + 256 * 256 + (256 * 1024 + 1024) + (1024 * 256 + 256) + 2 * (256 + 256)
+    assert per_layer * 6 + 512 + 4096 * 256 == 5_781_504
+    assert sum(int(np.prod(shape)) for shape in param_shapes(config).values()) == 5_781_504
+
+
+def test_tiny_is_nanogpts_cpu_shakespeare_model():
+    config = GPT_PRESETS["tiny"]
+    assert (config.layers, config.heads, config.width, config.context, config.dropout) == (4, 4, 128, 64, 0.0)
+    # no biases: 12 C² per layer, a gain per norm, the embedding
+    assert GPT(config, rng=0).num_parameters == 4 * (12 * 128 * 128 + 2 * 128) + 128 + 65 * 128
+
+
+def test_swiglu_hidden_keeps_about_the_gelu_mlps_weights():
+    config = GPTConfig(width=256, heads=4, mlp="swiglu")
+    assert config.hidden == 688  # 8 · 256 / 3 = 682.7, up to a multiple of 8
+    assert param_shapes(config)["h.0.mlp.w_fc"] == (256, 2 * 688)
+
+
+def test_config_round_trips_through_a_dict():
+    config = GPT_PRESETS["part3"]
+    assert GPTConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown GPTConfig fields \\['n_embd'\\]"):
+        GPTConfig.from_dict(config.to_dict() | {"n_embd": 3})
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "match"),
+    [
+        (dict(width=10, heads=4), ValueError, "width \\(10\\) must split into 4 heads"),
+        (dict(width=12, heads=4), ValueError, "heads of an even size"),
+        (dict(mlp="relu"), ValueError, "mlp must be one of"),
+        (dict(norm="batchnorm"), ValueError, "norm must be one of"),
+        (dict(dtype="float16"), ValueError, "dtype must be one of"),
+        (dict(dropout=1.0), ValueError, "dropout must be a number in \\[0, 1\\)"),
+        (dict(layers=0), ValueError, "layers must be a positive int"),
+        (dict(vocab=2.0), TypeError, "vocab must be a positive int"),
+        (dict(bias="yes"), TypeError, "bias must be True or False"),
+    ],
+)
+def test_config_refuses_what_cannot_be_built(changes, error, match):
+    with pytest.raises(error, match=match):
+        GPTConfig(**changes)
+
+
+CONFIGS = {
+    "layernorm gelu": small(),
+    "layernorm gelu bias": small(bias=True),
+    "rmsnorm swiglu": small(norm="rmsnorm", mlp="swiglu"),
+    "rmsnorm gelu bias": small(norm="rmsnorm", bias=True),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_the_whole_models_gradient_matches_central_differences(name):
+    """Every parameter array, a few entries each (the tied embedding's too), in float64."""
+    config = CONFIGS[name]
+    model = GPT(config, rng=1)
+    idx, targets = tokens(config, 2, config.context, seed=2)
+    loss, grads = model.loss_and_grads(idx, targets)
+    assert list(grads) == list(model.params)
+    rng = np.random.default_rng(3)
+    for param_name, param in model.params.items():
+        assert grads[param_name].shape == param.shape and grads[param_name].dtype == param.dtype
+        for flat in rng.choice(param.size, min(param.size, 6), replace=False):
+            i = np.unravel_index(flat, param.shape)
+            old = param[i]
+            param[i] = old + STEP
+            up = model.loss(idx, targets)
+            param[i] = old - STEP
+            down = model.loss(idx, targets)
+            param[i] = old
+            numeric = (up - down) / (2 * STEP)
+            assert grads[param_name][i] == pytest.approx(numeric, rel=1e-5, abs=1e-9), f"{param_name}{i}"
+
+
+def test_the_gradient_with_dropout_is_that_of_the_masks_drawn():
+    """With the same seed the perturbed losses draw the same masks, so central differences see one function."""
+    config = small(dropout=0.2)
+    model = GPT(config, rng=1)
+    idx, targets = tokens(config, 2, config.context, seed=4)
+    loss, grads = model.loss_and_grads(idx, targets, rng=7)
+    assert loss != pytest.approx(model.loss(idx, targets))  # the masks changed something
+    for name in ("wte", "h.1.mlp.w_fc", "h.0.attn.w_qkv"):
+        param = model.params[name]
+        i = np.unravel_index(5, param.shape)
+        old = param[i]
+        param[i] = old + STEP
+        up = model.loss_and_grads(idx, targets, rng=7)[0]
+        param[i] = old - STEP
+        down = model.loss_and_grads(idx, targets, rng=7)[0]
+        param[i] = old
+        assert grads[name][i] == pytest.approx((up - down) / (2 * STEP), rel=1e-5, abs=1e-9), name
+
+
+def test_loss_and_grads_loss_is_the_evaluation_loss_and_the_logits():
+    config = small()
+    model = GPT(config, rng=0)
+    idx, targets = tokens(config, 3, 5, seed=0)
+    logits = model.logits(idx)
+    assert logits.shape == (3, 5, config.vocab)
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    gold = -np.take_along_axis(log_probs, targets[..., None], -1).mean()
+    assert model.loss_and_grads(idx, targets)[0] == pytest.approx(gold, rel=1e-13)
+    assert model.loss(idx, targets) == pytest.approx(gold, rel=1e-13)
+
+
+def test_the_same_seed_gives_the_same_model_and_the_same_gradients_bit_for_bit():
+    config = small(dtype="float32", dropout=0.1)
+    first, second = GPT(config, rng=5), GPT(config, rng=5)
+    idx, targets = tokens(config, 2, 6, seed=1)
+    loss_1, grads_1 = first.loss_and_grads(idx, targets, rng=9)
+    loss_2, grads_2 = second.loss_and_grads(idx, targets, rng=9)
+    assert loss_1 == loss_2
+    for name in grads_1:
+        np.testing.assert_array_equal(grads_1[name], grads_2[name], err_msg=name)
+    assert not np.array_equal(GPT(config, rng=6).params["wte"], first.params["wte"])
+
+
+def test_init_follows_gpt2():
+    config = GPTConfig(layers=8, width=64, heads=2, bias=True)
+    params = init_params(config, 0)
+    assert all(params[name].dtype == np.float32 for name in params)
+    assert abs(params["wte"].std() - 0.02) < 0.001
+    assert abs(params["h.0.mlp.w_proj"].std() - 0.02 / 4) < 0.0003  # 0.02 / √(2 · 8)
+    assert np.all(params["h.3.ln_1.gain"] == 1) and np.all(params["h.3.mlp.b_fc"] == 0)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm swiglu", "layernorm gelu bias"])
+def test_the_cached_forward_equals_the_whole_one_past_the_context(name):
+    """A prompt, then one token at a time through the caches, gives hidden states equal to the whole sequence
+    at once, also past the context (6), where both attend to the last `context` tokens."""
+    config = CONFIGS[name]
+    model = GPT(config, rng=2)
+    idx, _ = tokens(config, 2, 15, seed=5)
+    whole = model.hidden(idx)  # (2, 15, C)
+    caches = model.new_caches(2, 15)
+    parts = [model.hidden(idx[:, :4], caches)] + [model.hidden(idx[:, t : t + 1], caches) for t in range(4, 15)]
+    np.testing.assert_allclose(np.concatenate(parts, axis=1), whole, rtol=1e-12, atol=1e-12)
+
+
+def test_past_the_context_each_position_sees_only_the_last_context_tokens():
+    """Context 6: position 8 attends to positions 3 .. 8. With one layer, token 0 cannot reach it; with two,
+    it does, through positions 3 .. 5 of the first layer (which saw it)."""
+    idx, _ = tokens(small(), 1, 9, seed=6)
+    changed = idx.copy()
+    changed[0, 0] = (idx[0, 0] + 1) % 11
+    one_layer = GPT(small(layers=1), rng=2)
+    whole, other = one_layer.hidden(idx), one_layer.hidden(changed)
+    assert not np.allclose(whole[0, 5], other[0, 5])  # position 5 sees token 0
+    np.testing.assert_array_equal(whole[0, 8], other[0, 8])  # position 8 does not
+    two_layers = GPT(small(), rng=2)
+    assert not np.allclose(two_layers.hidden(idx)[0, 8], two_layers.hidden(changed)[0, 8])
+    # within the context it is the plain causal model: the first 6 positions as if the rest were not there
+    np.testing.assert_allclose(two_layers.hidden(idx)[0, :6], two_layers.hidden(idx[:, :6])[0], rtol=1e-12)
+
+
+def test_params_are_checked_and_copied():
+    config = small()
+    params = init_params(config, 0)
+    model = GPT(config, params)
+    assert model.params["wte"] is not params["wte"]
+    np.testing.assert_array_equal(model.params["wte"], params["wte"])
+    with pytest.raises(ValueError, match="missing \\['ln_f.gain'\\], unexpected \\['ln_f.weight'\\]"):
+        GPT(config, {k.replace("ln_f.gain", "ln_f.weight"): v for k, v in params.items()})
+    with pytest.raises(ValueError, match="params\\['wte'\\] must have shape \\(11, 8\\)"):
+        GPT(config, params | {"wte": np.zeros((12, 8))})
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        GPT(SMALL)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("idx", "targets", "error", "match"),
+    [
+        (np.zeros((2, 7), int), np.zeros((2, 7), int), ValueError, "at most 6"),
+        (np.zeros((2, 3), int), np.zeros((2, 4), int), ValueError, "targets must have idx's shape"),
+        (np.full((1, 3), 11), np.zeros((1, 3), int), ValueError, "idx holds token 11, outside the vocabulary"),
+        (np.zeros((1, 3)), np.zeros((1, 3), int), TypeError, "idx must hold integer token ids"),
+        (np.zeros(3, int), np.zeros(3, int), ValueError, "idx must be \\(B, T\\)"),
+    ],
+)
+def test_bad_batches_are_refused_by_name(idx, targets, error, match):
+    with pytest.raises(error, match=match):
+        GPT(small(), rng=0).loss_and_grads(idx, targets)
+
+
+def test_dropout_needs_a_generator():
+    with pytest.raises(ValueError, match="pass rng"):
+        GPT(small(dropout=0.1), rng=0).loss_and_grads(np.zeros((1, 2), int), np.zeros((1, 2), int))
+
+
+def test_caches_must_be_one_per_layer():
+    model = GPT(small(), rng=0)
+    with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
+        model.hidden(np.zeros((1, 2), int), model.new_caches(1, 4)[:1])

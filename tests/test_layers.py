@@ -1,0 +1,220 @@
+"""layers.py: every forward against an independent formula (SciPy where it has one), every backward against
+central differences in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.special import expit, log_softmax
+
+from tinyattn_np.layers import (
+    cross_entropy,
+    cross_entropy_backward,
+    dropout,
+    dropout_backward,
+    gelu,
+    gelu_backward,
+    layer_norm,
+    layer_norm_backward,
+    mlp,
+    mlp_backward,
+    rms_norm,
+    rms_norm_backward,
+    swiglu,
+    swiglu_backward,
+)
+
+STEP = 1e-6  # central differences: error O(h²) ≈ 1e-12 plus rounding ≈ 1e-16 / h ≈ 1e-10
+
+
+def numerical_gradient(loss, x: np.ndarray) -> np.ndarray:
+    """∂loss()/∂x by central differences, one entry at a time, x changed in place and restored."""
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + STEP
+        up = loss()
+        x[i] = old - STEP
+        down = loss()
+        x[i] = old
+        grad[i] = (up - down) / (2 * STEP)
+    return grad
+
+
+def assert_gradient(mine: np.ndarray, loss, x: np.ndarray, what: str) -> None:
+    gold = numerical_gradient(loss, x)
+    np.testing.assert_allclose(mine, gold, rtol=1e-6, atol=1e-8, err_msg=what)
+
+
+@pytest.fixture
+def x(rng) -> np.ndarray:
+    return rng.normal(size=(3, 4, 6)) * 2 + 0.5  # (B, T, C): not centred, not unit
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_is_the_normalised_row(x, rng, with_bias):
+    gain, bias = rng.normal(size=6), (rng.normal(size=6) if with_bias else None)
+    y, _ = layer_norm(x, gain, bias)
+    gold = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gain
+    np.testing.assert_allclose(y, gold + (bias if with_bias else 0), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_backward_matches_central_differences(x, rng, with_bias):
+    gain, bias = rng.normal(size=6), (rng.normal(size=6) if with_bias else None)
+    r = rng.normal(size=x.shape)  # loss = Σ y ∘ r, so dy = r
+
+    def loss() -> float:
+        return float(np.sum(layer_norm(x, gain, bias)[0] * r))
+
+    _, saved = layer_norm(x, gain, bias)
+    grads = layer_norm_backward(r, saved)
+    assert_gradient(grads.dx, loss, x, "dx")
+    assert_gradient(grads.dgain, loss, gain, "dgain")
+    if with_bias:
+        assert_gradient(grads.dbias, loss, bias, "dbias")
+
+
+def test_rms_norm_is_the_row_over_its_root_mean_square(x, rng):
+    gain = rng.normal(size=6)
+    y, _ = rms_norm(x, gain)
+    np.testing.assert_allclose(y, x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-5) * gain, rtol=1e-12)
+
+
+def test_rms_norm_backward_matches_central_differences(x, rng):
+    gain, r = rng.normal(size=6), rng.normal(size=x.shape)
+
+    def loss() -> float:
+        return float(np.sum(rms_norm(x, gain)[0] * r))
+
+    grads = rms_norm_backward(r, rms_norm(x, gain)[1])
+    assert grads.dbias is None
+    assert_gradient(grads.dx, loss, x, "dx")
+    assert_gradient(grads.dgain, loss, gain, "dgain")
+
+
+def test_gelu_is_u_times_a_sigmoid(rng):
+    # ½ (1 + tanh z) = σ(2z): the same function written another way, through SciPy's expit
+    u = rng.normal(size=(5, 7)) * 3
+    inner = np.sqrt(2 / np.pi) * (u + 0.044715 * u**3)
+    np.testing.assert_allclose(gelu(u)[0], u * expit(2 * inner), rtol=1e-12, atol=1e-15)
+
+
+def test_gelu_backward_matches_central_differences(rng):
+    u, r = rng.normal(size=(4, 9)) * 2, rng.normal(size=(4, 9))
+    du = gelu_backward(r, gelu(u)[1])
+    assert_gradient(du, lambda: float(np.sum(gelu(u)[0] * r)), u, "du")
+
+
+def test_swiglu_is_silu_of_the_gate_times_up(rng):
+    a = rng.normal(size=(3, 2, 10)) * 3
+    gate, up = a[..., :5], a[..., 5:]
+    np.testing.assert_allclose(swiglu(a)[0], gate * expit(gate) * up, rtol=1e-12, atol=1e-15)
+
+
+def test_swiglu_backward_matches_central_differences(rng):
+    a, r = rng.normal(size=(4, 10)) * 2, rng.normal(size=(4, 5))
+    da = swiglu_backward(r, swiglu(a)[1])
+    assert da.shape == a.shape
+    assert_gradient(da, lambda: float(np.sum(swiglu(a)[0] * r)), a, "da")
+
+
+@pytest.mark.parametrize("kind", ["gelu", "swiglu"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_mlp_backward_matches_central_differences(rng, kind, with_bias):
+    N, C, H = 5, 4, 6
+    fc = 2 * H if kind == "swiglu" else H
+    x, w_fc, w_proj = rng.normal(size=(N, C)), rng.normal(size=(C, fc)), rng.normal(size=(H, C))
+    b_fc, b_proj = (rng.normal(size=fc), rng.normal(size=C)) if with_bias else (None, None)
+    r = rng.normal(size=(N, C))
+
+    def loss() -> float:
+        return float(np.sum(mlp(x, w_fc, w_proj, b_fc, b_proj, kind=kind)[0] * r))
+
+    grads = mlp_backward(r, mlp(x, w_fc, w_proj, b_fc, b_proj, kind=kind)[1])
+    for name, value, grad in [("x", x, grads.dx), ("w_fc", w_fc, grads.dw_fc), ("w_proj", w_proj, grads.dw_proj)]:
+        assert_gradient(grad, loss, value, name)
+    if with_bias:
+        assert_gradient(grads.db_fc, loss, b_fc, "b_fc")
+        assert_gradient(grads.db_proj, loss, b_proj, "b_proj")
+    else:
+        assert grads.db_fc is None and grads.db_proj is None
+
+
+def test_mlp_refuses_an_unknown_kind(rng):
+    with pytest.raises(ValueError, match="kind must be one of"):
+        mlp(np.ones((2, 3)), np.ones((3, 4)), np.ones((4, 3)), kind="relu")
+
+
+def test_dropout_keeps_the_mean_and_its_backward_uses_the_same_mask(rng):
+    x = rng.normal(size=(200, 300))
+    y, keep = dropout(x, 0.25, np.random.default_rng(0))
+    assert keep is not None and keep.dtype == np.bool_
+    assert abs(keep.mean() - 0.75) < 0.01  # 60,000 draws: the standard error is 0.0018
+    np.testing.assert_allclose(y, np.where(keep, x / 0.75, 0.0), rtol=1e-15)
+    dy = rng.normal(size=x.shape)
+    np.testing.assert_allclose(dropout_backward(dy, keep, 0.25), np.where(keep, dy / 0.75, 0.0), rtol=1e-15)
+
+
+def test_dropout_of_zero_is_the_identity_and_draws_nothing():
+    x = np.ones((2, 3))
+    gen = np.random.default_rng(0)
+    state = gen.bit_generator.state
+    y, keep = dropout(x, 0.0, gen)
+    assert y is x and keep is None and gen.bit_generator.state == state
+    assert dropout_backward(x, None, 0.0) is x
+
+
+def test_dropout_needs_a_generator():
+    with pytest.raises(ValueError, match="pass rng"):
+        dropout(np.ones(3), 0.1, None)
+
+
+def test_cross_entropy_is_the_mean_negative_log_likelihood(rng):
+    logits, targets = rng.normal(size=(7, 5)) * 3, rng.integers(0, 5, 7)
+    loss, probs = cross_entropy(logits, targets)
+    gold = -log_softmax(logits, axis=-1)[np.arange(7), targets].mean()
+    assert loss == pytest.approx(gold, rel=1e-14)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-14)
+
+
+def test_cross_entropy_backward_matches_central_differences(rng):
+    logits, targets = rng.normal(size=(6, 4)), rng.integers(0, 4, 6)
+    dlogits = cross_entropy_backward(cross_entropy(logits, targets)[1], targets)
+    assert_gradient(dlogits, lambda: cross_entropy(logits, targets)[0], logits, "dlogits")
+
+
+def test_cross_entropy_with_out_writes_where_it_is_told(rng):
+    logits, targets = rng.normal(size=(4, 6)), rng.integers(0, 6, 4)
+    loss, probs = cross_entropy(logits, targets)
+    dlogits = cross_entropy_backward(probs, targets)
+    in_place = logits.copy()
+    loss_2, probs_2 = cross_entropy(in_place, targets, out=in_place)
+    assert probs_2 is in_place and loss_2 == loss
+    np.testing.assert_array_equal(probs_2, probs)
+    assert cross_entropy_backward(probs_2, targets, out=probs_2) is probs_2
+    np.testing.assert_array_equal(probs_2, dlogits)
+    elsewhere = np.empty_like(probs)
+    assert cross_entropy_backward(probs, targets, out=elsewhere) is elsewhere
+    np.testing.assert_array_equal(elsewhere, dlogits)
+
+
+def test_cross_entropy_survives_large_float32_logits():
+    logits = np.array([[1000.0, 0.0, -1000.0]], np.float32)  # exp(1000) is inf in any float
+    loss, probs = cross_entropy(logits, np.array([1]))
+    assert loss == pytest.approx(1000.0) and probs.dtype == np.float32
+    np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [
+        lambda x: layer_norm(x, np.ones(8, np.float32), np.zeros(8, np.float32))[0],
+        lambda x: rms_norm(x, np.ones(8, np.float32))[0],
+        lambda x: gelu(x)[0],
+        lambda x: swiglu(x)[0],
+    ],
+    ids=["layer_norm", "rms_norm", "gelu", "swiglu"],
+)
+def test_float32_stays_float32(forward):
+    assert forward(np.ones((2, 8), np.float32)).dtype == np.float32

@@ -1,0 +1,70 @@
+"""trainbill.py: the bill of a training step against tracemalloc's peak of the step itself, within 10%."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
+from tinyattn_np.optim import AdamW, clip_grad_norm
+from tinyattn_np.trainbill import training_memory
+
+
+def traced_step_peak(config: GPTConfig, batch: int, tokens: int) -> int:
+    """tracemalloc's peak from building the model and the optimiser to the end of one step."""
+    rng = np.random.default_rng(0)
+    idx, targets = rng.integers(0, config.vocab, (2, batch, tokens))
+    tracemalloc.start()
+    try:
+        model = GPT(config, rng=0)
+        opt = AdamW(model.params)
+        loss, grads = model.loss_and_grads(idx, targets, rng=1)
+        clip_grad_norm(grads, 1.0)
+        opt.step(model.params, grads)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
+CASES = {
+    "tiny, batch 12": (GPT_PRESETS["tiny"], 12, 64),
+    "part3, batch 2": (GPT_PRESETS["part3"], 2, 256),
+    "swiglu rmsnorm dropout float64": (
+        GPTConfig(vocab=300, context=32, layers=3, heads=4, width=64, mlp="swiglu", norm="rmsnorm", dropout=0.1,
+                  dtype="float64"),
+        6, 32,
+    ),
+    "tiny, 4 tokens: the optimizer's update is the peak": (GPT_PRESETS["tiny"], 1, 4),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_bill_is_within_ten_percent_of_tracemalloc(name):
+    config, batch, tokens = CASES[name]
+    bill = training_memory(config, batch, tokens)
+    measured = traced_step_peak(config, batch, tokens)
+    assert abs(bill.peak - measured) <= 0.1 * measured, f"{name}: bill {bill} against {measured:,} bytes measured"
+
+
+def test_the_parts_add_up():
+    bill = training_memory(GPT_PRESETS["part3"], 12)
+    assert bill.weights == bill.gradients == 4 * 5_781_504 and bill.moments == 2 * bill.weights
+    assert bill.peak == bill.weights + bill.moments + bill.activations + bill.working
+    short = training_memory(GPT_PRESETS["part3"], 12, tokens=128)
+    assert short.activations < bill.activations and short.weights == bill.weights
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((GPT_PRESETS["tiny"], 0), ValueError, "batch must be a positive int"),
+        ((GPT_PRESETS["tiny"], 2, 65), ValueError, "tokens \\(65\\) must be at most the context \\(64\\)"),
+        (("tiny", 2), TypeError, "config must be a GPTConfig"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(args, error, match):
+    with pytest.raises(error, match=match):
+        training_memory(*args)

@@ -1,0 +1,103 @@
+"""The memory of one training step of gpt.GPT with optim.AdamW, before it runs: the bill in bytes.
+
+With P parameters, c bytes per number (4 for float32), N = B·T tokens, L layers, width C, MLP hidden H,
+vocabulary V, h heads:
+
+    weights      P c                                   the parameters
+    gradients    P c                                   one per parameter, built during the backward
+    moments      2 P c                                 Adam's m and v
+    activations  c (N a + 4 L C²) + dropout masks      what the forward keeps for the backward (GPT's Trace)
+    working      what the backward holds beside them at its fullest (below)
+
+a, the numbers kept per token, counts each array the forward keeps (layers.py and multihead.py):
+
+    per block    10 C      the two norms' x̂; the attention's input copy, q and k (after RoPE), its
+                           output y, and qkv (3 C: v is a view of it, so all of qkv stays); the MLP's input
+                 3 H       GELU: the MLP's pre-activation u, tanh(...) and the activation's output
+                 (4 H      SwiGLU: the two halves [gate | up], σ(gate), the output)
+                 2 + h     the two norms' 1/σ, and flash attention's logsumexp per head
+    the head     2 C + 1   the final norm's x̂ and 1/σ, its output (the head's input)
+                 V         the probabilities, which the backward turns into dlogits in place
+and 4 L C² for the copies of w_qkv and w_out that each attention layer keeps with its saved values (so a
+weight changed between forward and backward cannot change the gradient). Dropout adds one byte per
+element of its masks: N C (2 L + 1).
+
+The step's peak: the weights and moments live throughout; on top of them either the backward's start
+(all activations, the head's gradients: E's V C and dx's N C; then, with the probabilities freed, the
+last MLP's backward: the N x H arrays of its activation's gradient and dW_proj) or the optimizer's update
+(every gradient, and one scratch array the size of the largest parameter):
+
+    peak = weights + moments + max(activations + working, gradients + largest parameter)
+
+The formulas count NumPy's arrays (what tracemalloc sees), not Python's objects or the interpreter;
+tests/test_trainbill.py holds them within 10% of tracemalloc's peak for the presets and their variants.
+
+API:
+    training_memory(config, batch, tokens=None) -> TrainingMemory(weights, gradients, moments, activations,
+                                                                  working, peak), each in bytes
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ._checks import check_positive_int
+from .gpt import GPTConfig, param_shapes
+
+__all__ = ["TrainingMemory", "training_memory"]
+
+
+class TrainingMemory(NamedTuple):
+    """Bytes of one training step: the parameters, their gradients, Adam's two moments, the activations kept
+    for the backward, the backward's working arrays at its fullest, and the step's peak (the module docstring)."""
+
+    weights: int
+    gradients: int
+    moments: int
+    activations: int
+    working: int
+    peak: int
+
+
+def activation_numbers_per_token(config: GPTConfig) -> int:
+    """a: the numbers the forward keeps per token (the module docstring's table)."""
+    C, H = config.width, config.hidden
+    per_block = 10 * C + (3 * H if config.mlp == "gelu" else 4 * H) + 2 + config.heads
+    return config.layers * per_block + 2 * C + 1 + config.vocab
+
+
+def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) -> TrainingMemory:
+    """The bill of one step (loss_and_grads, clip_grad_norm, AdamW.step) for `batch` sequences of `tokens`
+    tokens each (default: the context), in bytes.
+
+        >>> bill = training_memory(GPTConfig(), batch=12)   # the tiny preset: 795,904 parameters
+        >>> bill.weights, bill.moments
+        (3183616, 6367232)
+    """
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
+    batch = check_positive_int(batch, "batch")
+    tokens = check_positive_int(tokens, "tokens", default=config.context)
+    if tokens > config.context:
+        raise ValueError(
+            f"tokens ({tokens}) must be at most the context ({config.context}): the model trains on no more"
+        )
+    c = np.dtype(config.dtype).itemsize
+    shapes = param_shapes(config)
+    P = sum(int(np.prod(shape)) for shape in shapes.values())
+    N, L, C, H, V = batch * tokens, config.layers, config.width, config.hidden, config.vocab
+
+    masks = N * C * (2 * L + 1) if config.dropout else 0  # one byte per element
+    activations = c * (N * activation_numbers_per_token(config) + 4 * L * C * C) + masks
+    # the backward at its fullest: the head's gradients (E's from the head, dx), then, with the probabilities
+    # freed, the last MLP's backward: GELU's dh, slope and two temporaries (SwiGLU: dh and [dgate | dup])
+    head = V * C + N * C
+    mlp_arrays = 4 if config.mlp == "gelu" else 3
+    last_mlp = head - N * V + mlp_arrays * N * H + H * C
+    working = c * max(head, last_mlp)
+    largest = c * max(int(np.prod(shape)) for shape in shapes.values())
+    weights, gradients, moments = c * P, c * P, 2 * c * P
+    peak = weights + moments + max(activations + working, gradients + largest)
+    return TrainingMemory(weights, gradients, moments, activations, working, peak)
