@@ -321,7 +321,7 @@ def optional_torch() -> Any:
 
 def load_mpi() -> Any:
     """mpi4py's MPI; ImportError, naming what to install, where mpi4py or an MPI library is missing."""
-    from tinyattn_np.ring import INSTALL_HINT
+    from tinyattn_np._mpi import INSTALL_HINT
 
     try:
         from mpi4py import MPI

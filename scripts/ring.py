@@ -5,7 +5,7 @@
     python scripts/ring.py                                 # a ring of one: plain flash attention
 
 Rank 0 draws q, k, v (1 sequence, --heads x --head-dim, float32 by default), hands every rank its shard
-(tinyattn_np.ring.shard), and every rank runs ring_attention on its own shard. Rank 0 then prints:
+(tinyattn_np.shards.shard), and every rank runs ring_attention on its own shard. Rank 0 then prints:
   1) the tiles per rank that the causal mask leaves, counted without running anything: zigzag against
      contiguous for 2 .. 8 ranks, then powers of two up to --max-ranks (the busiest rank over the mean)
   2) per layout and per rank: the chunks and tokens it holds, the tiles it computed, the bytes it sent
@@ -38,11 +38,13 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, tile_plan
+from tinyattn_np._mpi import StopTogether
 from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.memory import attention_flops, ring_attention_bytes
 from tinyattn_np.report import Checklist, add_format_argument, column_unit, format_sig, text_table, to_unit
-from tinyattn_np.ring import LAYOUTS, StopTogether, chunks_of, n_chunks, ring_attention, shard, tile_counts, unshard
+from tinyattn_np.ring import ring_attention, tile_counts
+from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402

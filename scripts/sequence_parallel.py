@@ -37,12 +37,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape
+from tinyattn_np._mpi import StopTogether
 from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import sequence_parallel_bytes
 from tinyattn_np.report import Checklist, column_unit, format_sig, positive, text_table, to_unit
-from tinyattn_np.ring import StopTogether, ring_attention, ring_attention_backward, shard, tile_counts, unshard
+from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
+from tinyattn_np.shards import shard, unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started

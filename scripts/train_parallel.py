@@ -4,7 +4,7 @@ MPI processes, and the losses side by side with one process's.
     mpiexec -n 2 python scripts/train_parallel.py                              # the ring
     mpiexec -n 2 python scripts/train_parallel.py --sequence-parallel ulysses
 
-Each process holds T/P tokens of every sequence of the batch (tinyattn_np.ring.shard, the zigzag split):
+Each process holds T/P tokens of every sequence of the batch (tinyattn_np.shards.shard, the zigzag split):
 their embeddings, their rows of q, k and v (RoPE turns them by their positions in the sequence), their
 logits and their part of the loss. Everything in the model but attention works token by token, so it runs
 on each process alone; attention, forward and backward, goes through ring_attention or ulysses_attention
@@ -29,8 +29,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, rope_backward
+from tinyattn_np._mpi import StopTogether
 from tinyattn_np.report import Checklist, text_table
-from tinyattn_np.ring import StopTogether, ring_attention, ring_attention_backward, shard
+from tinyattn_np.ring import ring_attention, ring_attention_backward
+from tinyattn_np.shards import shard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and common.py sit beside this file

@@ -33,9 +33,10 @@ from mpi4py import MPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, not an installed copy
 
-from tinyattn_np import flash_attention, flash_attention_backward, ring, ulysses  # noqa: E402
+from tinyattn_np import _mpi, flash_attention, flash_attention_backward, ring, ulysses  # noqa: E402
 from tinyattn_np.peaks import sequence_parallel_bytes  # noqa: E402
-from tinyattn_np.ring import ring_attention, ring_attention_backward, shard, tile_counts, unshard  # noqa: E402
+from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts  # noqa: E402
+from tinyattn_np.shards import shard, unshard  # noqa: E402
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward  # noqa: E402
 
 # float64: the forward to 1e-12, the gradients to 1e-10; float32 and float16 to the tests' tolerances
@@ -268,7 +269,7 @@ def fail(function: str, how: str, failing_rank: int) -> None:
     check (the forward's comes first)."""
     computes = {"ring": (ring, "ring_step"), "ring-backward": (ring, "ring_backward_step"),
                 "ulysses": (ulysses, "flash_forward"), "ulysses-backward": (ulysses, "flash_backward")}  # fmt: skip
-    module, name = (ring, "check_shards") if how == "interrupt-in-check" else computes[function]
+    module, name = (_mpi, "check_shards") if how == "interrupt-in-check" else computes[function]
     at_call = int(how == "error-1" or (how == "interrupt-in-check" and function.endswith("backward")))
     if rank == failing_rank:
         setattr(module, name, failing(getattr(module, name), how, at_call, name))

@@ -123,7 +123,7 @@ def test_ctrl_c_ends_a_running_ring() -> None:
 
 @needs_mpiexec
 def test_another_communicator_on_one_rank_waits_until_ctrl_c() -> None:
-    """The one mistake the ring cannot see (the module doc says so): the last rank passes MPI.COMM_SELF and
+    """The one mistake the ring cannot see (_mpi.py's module doc says so): the last rank passes MPI.COMM_SELF and
     computes a ring of its own, while rank 0 waits for it in the input check. Ctrl-C ends that wait."""
     result, seconds = run_and_interrupt(2, WORKER, "other-comm")
     assert "rank 1: returned" in result.stdout, result.stdout  # a ring of one: no error to give

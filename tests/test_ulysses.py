@@ -1,14 +1,14 @@
 """Ulysses in this process, on MPI.COMM_SELF (a one-rank stand-in where mpi4py is missing): forward and
 backward equal one process's flash attention, the heads' limit is refused with a message that says what to
-do, and the all-to-all keeps every array's dtype. The runs on real processes are in
-tests/test_sequence_parallel.py (tests/ring_worker.py under mpiexec -n 1..4)."""
+do, the all-to-all keeps every array's dtype, and neither scheme imports the other. The runs on real
+processes are in tests/test_sequence_parallel.py (tests/ring_worker.py under mpiexec -n 1..4)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from conftest import assert_close
-from test_ring import one_rank_comm
+from test_ring import modules_after, one_rank_comm
 
 from tinyattn_np import flash_attention, flash_attention_backward
 from tinyattn_np._checks import QKVShape
@@ -57,14 +57,11 @@ def test_ulysses_keeps_float16_and_returns_out_alone(rng: np.random.Generator, c
     assert [g.dtype for g in grads] == [np.float16] * 3
 
 
-def test_ulysses_is_found_from_the_ring_module_too() -> None:
-    import tinyattn_np.ring as ring
-    import tinyattn_np.ulysses as ulysses
-
-    assert ring.ulysses_attention is ulysses.ulysses_attention  # the name the design lists under tinyattn_np.ring
-    assert ring.ulysses_attention_backward is ulysses.ulysses_attention_backward
-    with pytest.raises(AttributeError, match="has no attribute 'ulysses'"):
-        ring.ulysses  # noqa: B018  (only the functions are forwarded)
+@pytest.mark.parametrize(("module", "other"), [("ulysses", "ring"), ("ring", "ulysses")])
+def test_neither_scheme_imports_the_other(module: str, other: str) -> None:
+    loaded = modules_after(f"tinyattn_np.{module}", "tinyattn_np.")
+    assert {"tinyattn_np._mpi", "tinyattn_np.shards"} <= set(loaded), loaded  # what both build on
+    assert f"tinyattn_np.{other}" not in loaded, loaded
 
 
 def test_heads_that_do_not_split_are_refused_saying_what_to_do() -> None:

@@ -24,9 +24,11 @@ The reading order: each file uses only what came before it.
                        its gradient by hand, the presets tiny and part3
     17  sampling.py    generation: temperature, top-k, top-p; with the KV cache or by recomputation
     18  optim.py       AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    19  ring.py        ring attention: the sequence split over MPI processes, forward and backward
-    20  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                       (ring.py and ulysses.py need mpi4py and are not imported here)
+    19  shards.py      the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    20  _mpi.py        the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    21  ring.py        ring attention: the sequence split over MPI processes, forward and backward
+    22  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                       (19 to 22 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json), trainbill.py (the memory of a GPT training

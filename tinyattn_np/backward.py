@@ -538,38 +538,18 @@ def flex_backward(
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
     n_kv_heads, group = n_heads // dims.group, dims.group
     # 1) inputs in the compute dtype, one head per leading index (views when they already are)
-    q_s = np.multiply(q.reshape(n_heads, dims.n_q, dims.e), plan.scale, dtype=ct)  # (B·Hq, L, E): scale folded in
     k_c = np.ascontiguousarray(k.reshape(n_kv_heads, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
     v_c = np.ascontiguousarray(v.reshape(n_kv_heads, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-    d_o = np.ascontiguousarray(dout.reshape(n_heads, dims.n_q, dims.ev), dtype=ct)  # (B·Hq, L, Ev)
-    # 2) D = rowsum(dO ∘ O), once for all tiles (einsum: no (B·Hq, L, Ev) product in memory)
-    d = np.einsum("hle,hle->hl", d_o, out.reshape(n_heads, dims.n_q, dims.ev).astype(ct, copy=False))  # (B·Hq, L)
-    # a row that saw no key has lse = -inf; +inf instead makes its P = exp(S − lse) exactly 0, not NaN
-    lse_c = lse.reshape(n_heads, dims.n_q).astype(ct)  # (B·Hq, L), a copy we may change
-    lse_c[np.isneginf(lse_c)] = np.inf
+    # 2) the query side: q times the scale, dout, D = rowsum(dO ∘ O) and lse, once for all tiles
+    q_s, d_o, d, lse_c = query_rows(q, out, dout, lse, dims, plan.scale, ct)
     dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)  # (B·Hq, L, E), (B·Hq, L)
     # dk, dv per query head (summed over the group below when G > 1, else the result itself)
     dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
-    ordered_dq = OrderedDq(dq, p_sums, plan.band, dims.n_k, plan.block_q, plan.block_k)
     params = getattr(plan.score_mod, "params", None)  # learned: a gradient per (head, key block), summed in order
     n_k_blocks = -(-dims.n_k // plan.block_k)
     param_grads = None if params is None else np.zeros((n_heads, n_k_blocks, *params.shape[1:]), ct)
-
-    def run(item: tuple[int, int]) -> None:
-        k_start, h = item  # query head h reads kv head h // G
-        cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
-        heads = Heads(np.array([h // dims.hq]), np.array([h % dims.hq]))  # (batch entry, query head)
-        tiles = plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads)
-        mods = TileMods(plan.band.mask_mod, plan.score_mod, h // dims.hq, h % dims.hq)
-        param_rows = None if param_grads is None else param_grads[h, k_start // plan.block_k, ...]
-        key_block_grads(q_s[h], k_c[h // group], v_c[h // group], d_o[h], lse_c[h], d[h], mods, tiles,
-                        partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
-                        param_rows)  # fmt: skip
-
-    # 3) the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
-    items = ((k_start, h) for k_start in range(0, dims.n_k, plan.block_k) for h in range(n_heads))
-    with one_blas_thread():
-        run_items(run, items, plan.workers, on_failure=ordered_dq.fail)
+    # 3) every key block of every head, a work item
+    run_key_blocks(q_s, k_c, v_c, d_o, lse_c, d, dq, p_sums, dk_heads, dv_heads, plan, dims.hq, param_grads)
     dsinks = sink_grads(p_sums, lse_c, d, dims, plan.sinks)  # adds the sink's weight to p_sums first
     check_weights_sum_to_one(p_sums, lse_c)
     # 4) dQ's scale, once; a kv head's gradient is the sum over its G query heads (in head order)
@@ -580,6 +560,54 @@ def flex_backward(
     dparams = None if params is None else param_grads.sum(axis=1).reshape(-1, *params.shape).sum(axis=0)  # type: ignore[union-attr]
     return FlexGrads(dq.reshape(q.shape).astype(q.dtype, copy=False), dk_c.reshape(k.shape).astype(k.dtype, copy=False),
                      dv_c.reshape(v.shape).astype(v.dtype, copy=False), dparams, dsinks)  # fmt: skip
+
+
+def query_rows(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
+               ct: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """What the blockwise backward reads on the query side, in the compute dtype ct, one head per leading
+    index: q_s = q · scale (B·Hq, L, E), d_o = dout (B·Hq, L, Ev), D = rowsum(dO ∘ O) (B·Hq, L), and lse
+    (B·Hq, L), a copy. The ring's backward makes its rows with it too."""
+    n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
+    q_s = np.multiply(q.reshape(n_heads, dims.n_q, dims.e), scale, dtype=ct)  # (B·Hq, L, E): scale folded in
+    d_o = np.ascontiguousarray(dout.reshape(n_heads, dims.n_q, dims.ev), dtype=ct)  # (B·Hq, L, Ev)
+    # D once for all tiles (einsum: no (B·Hq, L, Ev) product in memory)
+    d = np.einsum("hle,hle->hl", d_o, out.reshape(n_heads, dims.n_q, dims.ev).astype(ct, copy=False))  # (B·Hq, L)
+    # a row that saw no key has lse = -inf; +inf instead makes its P = exp(S − lse) exactly 0, not NaN
+    lse_c = lse.reshape(n_heads, dims.n_q).astype(ct)  # (B·Hq, L), a copy we may change
+    lse_c[np.isneginf(lse_c)] = np.inf
+    return q_s, d_o, d, lse_c
+
+
+def run_key_blocks(
+    q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, dq: np.ndarray,
+    p_sums: np.ndarray, dk_heads: np.ndarray, dv_heads: np.ndarray, plan: BackwardPlan, hq: int,
+    param_grads: np.ndarray | None = None,
+) -> None:  # fmt: skip
+    """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads.
+    q_s (B·Hq, L, E) is q times the scale, k (B·Hkv, S, E), v (B·Hkv, S, Ev), d_o (B·Hq, L, Ev), lse and d
+    (B·Hq, L) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
+    order (OrderedDq), into dk_heads (B·Hq, S, E) and dv_heads (B·Hq, S, Ev), the shares of each query head,
+    and into param_grads (B·Hq, key blocks, ...) for a learned score_mod. hq: query heads per batch entry, for
+    a mask or mod that differs between heads. The ring's backward runs its pairs of chunks through it too."""
+    n_heads, n_q, n_k = q_s.shape[0], q_s.shape[1], k.shape[1]
+    group = n_heads // k.shape[0]  # query head h reads kv head h // G
+    ordered_dq = OrderedDq(dq, p_sums, plan.band, n_k, plan.block_q, plan.block_k)
+
+    def run(item: tuple[int, int]) -> None:
+        k_start, h = item
+        cols = slice(k_start, min(k_start + plan.block_k, n_k))
+        heads = Heads(np.array([h // hq]), np.array([h % hq]))  # (batch entry, query head)
+        tiles = plan.band.column_tiles(cols.start, cols.stop, n_q, plan.block_q, heads)
+        mods = TileMods(plan.band.mask_mod, plan.score_mod, h // hq, h % hq)
+        param_rows = None if param_grads is None else param_grads[h, k_start // plan.block_k, ...]
+        key_block_grads(q_s[h], k[h // group], v[h // group], d_o[h], lse[h], d[h], mods, tiles,
+                        partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
+                        param_rows)  # fmt: skip
+
+    # the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
+    items = ((k_start, h) for k_start in range(0, n_k, plan.block_k) for h in range(n_heads))
+    with one_blas_thread():
+        run_items(run, items, plan.workers, on_failure=ordered_dq.fail)
 
 
 def sink_grads(p_sums: np.ndarray, lse: np.ndarray, d: np.ndarray, dims: QKVShape, sinks: np.ndarray | None) -> Any:

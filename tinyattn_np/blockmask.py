@@ -20,6 +20,7 @@ tile_plan lists the tiles of a band, draw_tile_plan draws any plan ('#' full, '\
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol
 
@@ -365,6 +366,15 @@ def tile_plan(
     rows = range(0, n_q, block_q)
     tiles = [tile for q_start in rows for tile in band.row_tiles(q_start, min(q_start + block_q, n_q), n_k, block_k)]
     return TilePlan(tiles, n_q, n_k, block_q, block_k)
+
+
+@functools.lru_cache(maxsize=64)
+def square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+    """len(tile_plan(tokens, tokens, block_q, block_k, causal=causal)), counted row block by row block
+    without making the tiles, and remembered: the sequence-parallel schemes ask for the same few sizes at
+    every step."""
+    band = Band(0 if causal else None)
+    return sum(band.row_length(q, min(q + block_q, tokens), tokens, block_k) for q in range(0, tokens, block_q))
 
 
 def draw_tile_plan(

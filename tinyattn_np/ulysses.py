@@ -22,8 +22,9 @@ rank's shard, so its bytes per rank fall like 1/P, where the ring's stay those o
 
 Every rank is busy the same: each computes whole causal rows for H/P heads, whatever the layout; the
 layout only says which tokens a rank holds (layout="zigzag", the default, takes the ring's shards as they
-are). Failures as in the ring (ring.py's module doc): bad input on any rank, heads that do not split
-included, is raised on every rank before anything moves; any exception after that ends the job (MPI_Abort).
+are). Failures as in the ring (_mpi.py, the plumbing both share): bad input on any rank, heads that do not
+split included, is raised on every rank before anything moves; any exception after that ends the job
+(MPI_Abort).
 """
 
 from __future__ import annotations
@@ -37,23 +38,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import QKVShape
-from .backward import BackwardPlan, flash_backward
-from .flash import check_band, flash_forward, flash_plan
-from .ring import (
+from ._mpi import (
     Report,
     abort_on_failure,
-    agree,
+    agreed_inputs,
     check_backward,
-    check_comm,
     check_forward,
     check_on_every_rank,
     finish,
     load_mpi,
-    shard,
-    square_tiles,
-    unshard,
     wait_for,
 )
+from .backward import BackwardPlan, flash_backward
+from .blockmask import check_band, square_tiles
+from .flash import flash_forward, flash_plan
+from .shards import shard, unshard
 
 Array = NDArray[np.floating]
 
@@ -87,10 +86,11 @@ def check_heads(dims: QKVShape, size: int) -> None:
         )
 
 
-def check_ulysses(check: Any, size: int) -> tuple[Any, Report]:
-    """A ring check (ring.check_forward or check_backward) and Ulysses' own: the heads split over size ranks."""
+def check_ulysses(check: Any, comm: Any) -> tuple[Any, Report]:
+    """A scheme's check (_mpi.check_forward or check_backward) and Ulysses' own: the heads split over the
+    ranks of comm."""
     checked, report = check()
-    check_heads(checked[-2], size)  # checked ends with (dims, settings)
+    check_heads(checked[-2], comm.Get_size())  # checked ends with (dims, settings)
     return checked, report
 
 
@@ -186,14 +186,12 @@ def ulysses_attention(
     workers: flash_attention's threads per rank. return_stats=True appends a UlyssesStats.
     Failures as in ring_attention: bad input raised on every rank, anything later ends the job (MPI_Abort).
     """
-    _, size = check_comm(comm)
     settings = {"causal": causal, "layout": layout, "scale": scale, "block_q": block_q, "block_k": block_k,
                 "return_lse": return_lse, "return_stats": return_stats, "workers": workers}  # fmt: skip
     # 1) every rank's inputs checked and compared
-    check = partial(check_ulysses, partial(check_forward, q, k, v, settings), size)
-    checked, reports = check_on_every_rank(comm, check, "ulysses_attention's check")
-    agree(reports)
-    q, k, v, dims, settings = checked
+    check = partial(check_ulysses, partial(check_forward, q, k, v, settings), comm)
+    q, k, v, dims, settings = agreed_inputs(comm, check, "ulysses_attention's check")
+    size = comm.Get_size()
     with abort_on_failure(comm, "ulysses_attention"):
         stats = new_stats(comm, dims, settings)
         # 2) tokens to heads: the whole sequence of H/P heads, (..., H/P, T, E)
@@ -242,14 +240,12 @@ def ulysses_attention_backward(
     The forward's lse is checked as flash_attention_backward checks it; where it does not match, every
     rank raises the ValueError. Heads that do not split over the ranks are refused as in the forward.
     """
-    _, size = check_comm(comm)
     settings = {"causal": causal, "layout": layout, "scale": scale, "block_q": block_q, "block_k": block_k,
                 "return_stats": return_stats, "workers": workers}  # fmt: skip
     # 1) every rank's inputs checked and compared
-    check = partial(check_ulysses, partial(check_backward, q, k, v, out, dout, lse, settings), size)
-    checked, reports = check_on_every_rank(comm, check, "ulysses_attention_backward's check")
-    agree(reports)
-    q, k, v, out, dout, lse, dims, settings = checked
+    check = partial(check_ulysses, partial(check_backward, q, k, v, out, dout, lse, settings), comm)
+    q, k, v, out, dout, lse, dims, settings = agreed_inputs(comm, check, "ulysses_attention_backward's check")
+    size = comm.Get_size()
     with abort_on_failure(comm, "ulysses_attention_backward"):
         stats = new_stats(comm, dims, settings)
         # 2) tokens to heads, for everything the backward reads
