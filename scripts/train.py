@@ -37,7 +37,8 @@ import copy_task  # noqa: E402
 import text_data  # noqa: E402
 import training  # noqa: E402
 
-from tinyattn_np.report import nonnegative_seed, positive  # noqa: E402
+from tinyattn_np.report import format_bytes, nonnegative_seed, positive  # noqa: E402
+from tinyattn_np.trainbill import training_memory  # noqa: E402
 
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
 MAX_BATCH = 4096
@@ -152,6 +153,9 @@ def print_start(run: training.Run, size: int) -> None:
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
           f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
           f"{c.context} tokens" + (f" split over {size} processes" if size > 1 else ""))  # fmt: skip
+    bill = training_memory(c, s["batch"] // size)
+    parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in ("weights", "moments", "activations"))
+    print(f"memory of a step: {format_bytes(bill.peak)} at its peak ({parts}; trainbill.training_memory)")
     if run.step:
         print(f"resumed from {run.args.out} at step {run.step}")
 

@@ -33,10 +33,11 @@ import common
 import numpy as np
 import text_data
 
+from tinyattn_np._mpi import StopTogether, abort_on_failure
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
 from tinyattn_np.optim import AdamW, clip_grad_norm, warmup_cosine_lr
-from tinyattn_np.ring import StopTogether, abort_on_failure
 from tinyattn_np.sampling import generate
+from tinyattn_np.trainbill import training_memory
 
 
 @dataclass(frozen=True)
@@ -167,17 +168,14 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 
 
 def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> None:
-    """Refuse, before allocating, a batch that does not split over the processes or a run that needs more
-    memory than this machine has: the weights, their gradients, AdamW's two moments, and what one step keeps
-    for its backward (per token and layer about 12 widths and 2 MLP hidden sizes, and the logits twice)."""
+    """Refuse, before allocating, a batch that does not split over the processes or a step that needs more
+    memory than this machine has (trainbill.training_memory: weights, gradients, AdamW's moments, what the
+    forward keeps for the backward, at the step's peak), besides the validation's logits."""
     if settings["batch"] % processes:
         raise RunError(f"--batch {settings['batch']} does not split over {processes} processes: give a multiple")
-    itemsize = np.dtype(config.dtype).itemsize
-    weights = config.vocab * config.width + config.layers * (4 * config.width**2 + 2 * config.width * config.hidden)
-    rows = settings["batch"] // processes * config.context  # the tokens of one process's step
-    kept = rows * (config.layers * (12 * config.width + 2 * config.hidden) + 2 * config.vocab)
-    problem = common.memory_problem((4 * weights + kept) * itemsize, "this run", "lower --batch or use --preset tiny",
-                                    " (the weights four times over and one step's activations)")  # fmt: skip
+    bill = training_memory(config, settings["batch"] // processes)
+    problem = common.memory_problem(bill.peak, "a training step", "lower --batch or use --preset tiny",
+                                    " (the weights, their gradients, AdamW's moments and the activations)")  # fmt: skip
     if problem:
         raise RunError(problem)
 

@@ -267,7 +267,7 @@ def test_bad_gpt_flags(flags, message, capsys):
         ("", [], "is empty: give a text file with something in it"),
         ("abc " * 3, [], "is too short for the context: 12 tokens give 11 to train on and 1 to validate on"),
         (b"\xff\xfe caf\xe9", [], "is not UTF-8 text"),
-        ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "this run needs about"),
+        ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "a training step needs about"),
         ("x" * 2000, ["--tokenizer", "words"], "--tokenizer must be char, byte or the path of a tokenizer.json"),
         ("x" * 2000, ["--tokenizer", "/no/such/tokenizer.json"], "--tokenizer /no/such/tokenizer.json: no such file"),
     ],
@@ -362,3 +362,27 @@ def test_a_failing_rank_ends_the_data_parallel_job(data, tmp_path):
     result = run_mpi(2, str(script), *gpt_flags(data), "--data-parallel", "--steps", "1000", timeout=60)
     assert result.returncode == 1 and time.monotonic() - started < 50, result.stderr
     assert "rank 1 of 2: train.py --data-parallel failed: TypeError" in result.stderr, result.stderr
+
+
+# --- scripts/train_speed.py, at a tiny size (the timings themselves are not under test) ----------------
+
+
+def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
+    speed = load_script("train_speed")
+    figures = tmp_path / "speed.json"
+    flags = ["--presets", "tiny", "--batch", "2", "--tokens", "20", "--repeats", "1", "--json", str(figures)]
+    assert speed.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "1) a training step (forward, backward, clipping, AdamW)" in out and "ours / torch" not in out
+    assert re.search(r"^tiny +7,264 +2 x 16 +[0-9,.]+ +[0-9,]+$", out, re.MULTILINE), out  # vocab 65
+    assert "2) generation of 20 tokens" in out and re.search(r"^tiny( +[0-9,.]+){2} +[0-9.]+x$", out, re.MULTILINE)
+    assert "all checks passed" in out
+    saved = json.loads(figures.read_text())
+    assert saved["training"][0]["ours_ms"] > 0 and saved["generation"][0]["cache_s"] > 0
+
+
+def test_train_speed_refuses_what_would_not_fit(capsys):
+    speed = load_script("train_speed")
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--presets", "part3", "--batch", "4096", "--vocab", "1000000"])
+    assert "a training step of part3 needs about" in capsys.readouterr().err
