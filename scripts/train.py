@@ -196,7 +196,7 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     if scaling:
         print(scaling)
     if stop is None and args.sample:
-        print(f"\nsample ({args.sample} tokens, temperature 0.8, seed {args.seed}):")
+        print(f"\nsample ({args.sample} tokens after a newline, temperature 0.8, seed {args.seed}):")
         print(training.sample(run, args.sample))
     if args.out:
         print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")

@@ -369,9 +369,12 @@ def exit_code(stop: BaseException | None) -> int:
 
 
 def sample(run: Run, tokens: int) -> str:
-    """tokens new tokens after the first token of the validation text, temperature 0.8, seeded."""
-    out = generate(run.model, run.val[:1], tokens, temperature=0.8, rng=run.args.seed)
-    return run.tokenizer.decode(out)
+    """tokens new tokens after a newline (sample.py's default prompt), temperature 0.8, seeded by --seed."""
+    try:
+        prompt = run.tokenizer.encode("\n")
+    except text_data.DataError:  # a text without a newline: its first validation token instead
+        prompt = run.val[:1]
+    return run.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.args.seed))
 
 
 def plot_losses(run: Run, path: str) -> None:
