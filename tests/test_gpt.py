@@ -43,6 +43,13 @@ def test_swiglu_hidden_keeps_about_the_gelu_mlps_weights():
     assert param_shapes(config)["h.0.mlp.w_fc"] == (256, 2 * 688)
 
 
+def test_mlp_hidden_overrides_the_default():
+    config = GPTConfig(mlp_hidden=100)
+    assert config.hidden == 100 and param_shapes(config)["h.1.mlp.w_proj"] == (100, 128)
+    with pytest.raises(ValueError, match="mlp_hidden must be a positive int"):
+        GPTConfig(mlp_hidden=0)
+
+
 def test_config_round_trips_through_a_dict():
     config = GPT_PRESETS["part3"]
     assert GPTConfig.from_dict(config.to_dict()) == config
@@ -143,6 +150,19 @@ def test_the_same_seed_gives_the_same_model_and_the_same_gradients_bit_for_bit()
     assert not np.array_equal(GPT(config, rng=6).params["wte"], first.params["wte"])
 
 
+def test_gradients_are_the_same_bit_for_bit_when_flash_runs_many_tiles_on_many_workers():
+    """256 tokens: many query and key tiles, shared among the worker threads, whose order may vary."""
+    config = GPTConfig(vocab=50, context=256, layers=1, heads=4, width=32)
+    model = GPT(config, rng=0)
+    idx, targets = tokens(config, 2, 256, seed=3)
+    loss, grads = model.loss_and_grads(idx, targets)
+    for _ in range(3):
+        again_loss, again = model.loss_and_grads(idx, targets)
+        assert again_loss == loss
+        for name in grads:
+            np.testing.assert_array_equal(again[name], grads[name], err_msg=name)
+
+
 def test_init_follows_gpt2():
     config = GPTConfig(layers=8, width=64, heads=2, bias=True)
     params = init_params(config, 0)
@@ -191,8 +211,16 @@ def test_params_are_checked_and_copied():
         GPT(config, {k.replace("ln_f.gain", "ln_f.weight"): v for k, v in params.items()})
     with pytest.raises(ValueError, match="params\\['wte'\\] must have shape \\(11, 8\\)"):
         GPT(config, params | {"wte": np.zeros((12, 8))})
+    with pytest.raises(TypeError, match="params\\['wte'\\] must be a float array; got dtype int64"):
+        GPT(config, params | {"wte": np.zeros((11, 8), np.int64)})
+    with pytest.raises(TypeError, match="params must be a dict name -> array; got list"):
+        GPT(config, list(params.values()))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="config must be a GPTConfig"):
         GPT(SMALL)  # type: ignore[arg-type]
+    # 11·8 + 2·(2·8 + 8·24 + 8·8 + 8·32 + 32·8) + 8 = 1,664
+    assert repr(model) == (
+        "GPT(layers=2, heads=2, width=8, context=6, vocab=11, mlp=gelu, norm=layernorm, parameters=1,664)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -208,6 +236,11 @@ def test_params_are_checked_and_copied():
 def test_bad_batches_are_refused_by_name(idx, targets, error, match):
     with pytest.raises(error, match=match):
         GPT(small(), rng=0).loss_and_grads(idx, targets)
+
+
+def test_loss_refuses_targets_of_another_shape():
+    with pytest.raises(ValueError, match="targets must have idx's shape \\(1, 3\\)"):
+        GPT(small(), rng=0).loss(np.zeros((1, 3), int), np.zeros((1, 2), int))
 
 
 def test_dropout_needs_a_generator():

@@ -50,6 +50,7 @@ def test_adamw_is_the_papers_algorithm_2():
     for t, eta in enumerate(multipliers, start=1):
         opt.step(params, quadratic_grads(params, t), lr=eta * alpha)
     assert opt.t == 8 and opt.decay == {"w": True, "b": False}
+    assert repr(opt) == "AdamW(lr=0.01, betas=(0.9, 0.95), eps=1e-08, weight_decay=50; 2 arrays, 8 steps taken)"
     for name in params:
         np.testing.assert_allclose(params[name], gold[name], rtol=1e-13, atol=1e-15, err_msg=name)
 
@@ -108,6 +109,8 @@ def test_step_refuses_gradients_that_do_not_fit():
     ],
 )
 def test_bad_hyperparameters_are_refused_by_name(kwargs, error, match):
+    with pytest.raises(ValueError, match="params must be a non-empty dict"):
+        AdamW({})
     with pytest.raises(error, match=match):
         AdamW({"w": np.zeros(2)}, **kwargs)
 
@@ -118,6 +121,13 @@ def test_the_schedule_warms_up_then_follows_a_half_cosine():
     assert lrs[4] == 1.0 and lrs[9] == pytest.approx(0.55)  # halfway down: (1 + 0.1) / 2
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False))
     assert lrs[14] == lrs[15] == 0.1
+
+
+def test_the_schedule_refuses_bad_arguments_by_name():
+    with pytest.raises(ValueError, match="min_lr must be a finite number >= 0"):
+        warmup_cosine_lr(0, lr=1.0, warmup=1, total=2, min_lr=-0.1)
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        warmup_cosine_lr(-1, lr=1.0, warmup=1, total=2)
 
 
 def test_clipping_scales_to_the_max_norm_and_leaves_small_gradients_alone():

@@ -34,6 +34,13 @@ def test_cached_generation_equals_recomputation(model, sampling):
     assert len(np.unique(cached[:, 3:])) > 1  # the test would not see a wrong token if every token were one
 
 
+def test_a_prompt_longer_than_the_context_is_continued_the_same_way(model):
+    prompt = np.arange(11) % 13  # context 8: the prefill itself runs through the window
+    for sampling in (dict(temperature=0.0), dict(temperature=1.0, top_k=5)):
+        cached = generate(model, prompt, 6, rng=3, use_cache=True, **sampling)
+        np.testing.assert_array_equal(cached, generate(model, prompt, 6, rng=3, use_cache=False, **sampling))
+
+
 def test_a_seed_gives_the_same_tokens_and_another_seed_others(model):
     first = generate(model, [3, 1], 30, rng=1)
     np.testing.assert_array_equal(first, generate(model, [3, 1], 30, rng=1))

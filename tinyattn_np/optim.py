@@ -159,6 +159,7 @@ def warmup_cosine_lr(step: int, *, lr: float, warmup: int, total: int, min_lr: f
     """The learning rate of step `step` (from 0): lr (step + 1) / warmup while step < warmup, then
     min_lr + ½ (lr - min_lr)(1 + cos(π s)) with s = (step - warmup) / (total - warmup) going 0 -> 1, then min_lr."""
     step, warmup, total = check_count(step, "step"), check_count(warmup, "warmup"), check_count(total, "total")
+    lr, min_lr = check_number(lr, "lr"), check_number(min_lr, "min_lr")
     if step < warmup:
         return lr * (step + 1) / warmup
     if step >= total:
