@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * 80 + f"\n{text}\n" + "-" * 80)
     for use_cache, run in runs.items():
         print(speed_line(run, use_cache, args.tokens))
+    busy = common.busy_reasons()
+    if busy:
+        print(f"* timed on a busy machine: {'; '.join(busy)}")
     code = 0
     if args.compare:
         cached, recomputed = runs[True], runs[False]

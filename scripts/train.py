@@ -156,6 +156,8 @@ def print_start(run: training.Run, size: int) -> None:
     bill = training_memory(c, s["batch"] // size)
     parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in ("weights", "moments", "activations"))
     print(f"memory of a step: {format_bytes(bill.peak)} at its peak ({parts}; trainbill.training_memory)")
+    if run.args.data_parallel and size == 1:
+        print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")
     if run.step:
         print(f"resumed from {run.args.out} at step {run.step}")
 

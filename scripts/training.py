@@ -128,6 +128,8 @@ def resumed(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
                            "another --out")  # fmt: skip
         return {}, {}
     arrays, meta = checkpoint.load(args.out)
+    if args.steps is not None and args.steps <= meta["step"]:
+        raise RunError(f"the checkpoint in {args.out} is at step {meta['step']} already: give --steps above it")
     if args.preset is not None and args.preset != meta["preset"]:
         raise RunError(f"the checkpoint in {args.out} is a {meta['preset']} model; --preset {args.preset} is "
                        "another configuration: leave --preset out to continue it, or give another --out")  # fmt: skip
@@ -329,10 +331,10 @@ def end_bar(run: Run) -> None:
 
 
 def clock(seconds: float) -> str:
-    """3725.0 -> '1:02:05', 65.0 -> '1:05'."""
+    """3725.0 -> '1 h 02 min', 65.0 -> '1 min 05 s', 5.0 -> '5 s'."""
     minutes, secs = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
 def say_how_long(run: Run) -> None:
@@ -342,7 +344,7 @@ def say_how_long(run: Run) -> None:
         steps = run.settings["steps"] - run.step
         end_bar(run)
         common.progress(f"about {run.step_seconds[-1]:.2f} s a step: the {steps:,} steps left take about "
-                        f"{clock(left)} (h:mm:ss; Ctrl-C stops and keeps a checkpoint)")  # fmt: skip
+                        f"{clock(left)} (Ctrl-C stops and keeps a checkpoint)")  # fmt: skip
 
 
 def save(run: Run, comm: Any = None) -> None:

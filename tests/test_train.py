@@ -288,6 +288,8 @@ def test_a_checkpoint_is_continued_only_on_purpose_and_with_its_own_data(small_p
     assert "holds a checkpoint already: add --resume" in capsys.readouterr().err
     assert train_script.main(gpt_flags(data, out, "--resume", "--preset", "part3")) == 2
     assert "is a tiny model; --preset part3 is another configuration" in capsys.readouterr().err
+    assert train_script.main(gpt_flags(data, out, "--resume", "--steps", "2")) == 2
+    assert "is at step 2 already: give --steps above it" in capsys.readouterr().err
     other = tmp_path / "other.txt"
     other.write_text(small_text(seed=1))
     assert train_script.main(gpt_flags(other, out, "--resume")) == 2
