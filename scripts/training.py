@@ -172,7 +172,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> None:
     """Refuse, before allocating, a batch that does not split over the processes or a step that needs more
     memory than this machine has (trainbill.training_memory: weights, gradients, AdamW's moments, what the
-    forward keeps for the backward, at the step's peak), besides the validation's logits."""
+    forward keeps for the backward, at the step's peak; a validation batch keeps less)."""
     if settings["batch"] % processes:
         raise RunError(f"--batch {settings['batch']} does not split over {processes} processes: give a multiple")
     bill = training_memory(config, settings["batch"] // processes)
@@ -215,7 +215,7 @@ def allreduce_mean(run: Run, comm: Any, loss: float, grads: dict[str, np.ndarray
     flat /= comm.Get_size()
     offset = 0
     for g in grads.values():
-        g.ravel()[:] = flat[offset : offset + g.size]
+        g[...] = flat[offset : offset + g.size].reshape(g.shape)
         offset += g.size
     run.allreduce_seconds.append(time.perf_counter() - start)
     return float(comm.allreduce(loss, op=MPI.SUM)) / comm.Get_size()
@@ -233,9 +233,10 @@ def validate(run: Run, comm: Any = None) -> float:
 
 
 def train(run: Run, comm: Any = None) -> BaseException | None:
-    """Steps until --steps, a validation (and a checkpoint) every --eval-every and at the end; what stopped
-    it early (KeyboardInterrupt, NonFiniteLoss) is returned, after its checkpoint. Under --data-parallel a
-    failure on one process ends every process (abort_on_failure); Ctrl-C stops them all after one step."""
+    """Steps until --steps, a validation (and a checkpoint) every --eval-every and at the end. What stopped
+    it early is returned: KeyboardInterrupt (after a checkpoint of where it stopped) or NonFiniteLoss (the
+    last checkpoint kept as it is). Under --data-parallel a failure on one process ends every process
+    (abort_on_failure), and Ctrl-C stops them all after the same step."""
     guard = abort_on_failure(comm, "train.py --data-parallel") if comm is not None else nullcontext()
     with StopTogether() as ctrl_c, guard:
         try:
