@@ -17,7 +17,8 @@ With --checkpoint DIR (a GPT that train.py --out DIR trained), the trained heads
   7) an induction score per head: on random token sequences repeated once, the mean weight a token of
      the second copy puts on the token after its first occurrence (the one to copy next); uniform
      attention gives about 1 / (the keys it sees), a head that learned to copy much more
-  8) the best copier's weights on the sentence, trained beside the same model's random initial weights
+  8) the best copier's weights on the sentence (the highest score's head), trained beside the same model's
+     random initial weights
 Run:  python scripts/attention.py --checkpoint run [--sentence TEXT] [--plot heads.png]
 """
 
@@ -57,6 +58,7 @@ import text_data  # noqa: E402
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
 TOL = 1e-5  # float32 results computed in two different orders agree to about 1e-6
+COPIES = 2.0  # an induction score this many times uniform attention's: the head copies
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 
@@ -287,16 +289,20 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
 def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tuple[int, int]:
     """Section 7; returns the (layer, head) that copies best."""
     n = args.repeat or model.config.context // 2
+    uniform = float(np.mean(1 / np.arange(n + 1, 2 * n + 1)))  # query n + i spread over its n + i + 1 keys
     print(f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
           f"the mean weight from the second copy's tokens to the token after their first occurrence "
-          f"(uniform attention: about {np.mean(1 / np.arange(n + 1, 2 * n + 1)):.3f})")  # fmt: skip
+          f"(uniform attention: about {uniform:.3f})")  # fmt: skip
     trained = induction_scores(model, n, args.sequences, args.seed)
     random = induction_scores(untrained, n, args.sequences, args.seed)
     rows = [[layer, h, trained[layer, h], random[layer, h]] for layer, h in np.ndindex(trained.shape)]
     print(table(rows, ["layer", "head", "trained", "random weights"], fmt=args.format, floatfmt=".3f"))
     best = np.unravel_index(int(np.argmax(trained)), trained.shape)
-    print(f"   the best copier: layer {best[0]}, head {best[1]} ({trained[best]:.3f}; at its random weights "
-          f"{random[best]:.3f})")  # fmt: skip
+    score = f"layer {best[0]}, head {best[1]} ({trained[best]:.3f}; at its random weights {random[best]:.3f})"
+    if trained[best] > COPIES * uniform:
+        print(f"   the best copier: {score}")
+    else:
+        print(f"   no head has learned to copy: the highest score, {score}, is within {COPIES}x uniform attention's")
     if args.plot:
         plot_scores(trained, random, n, args.plot)
         print(f"   plot written to {args.plot}")

@@ -5,6 +5,7 @@ that holds no checkpoint, weights of another configuration, an altered file) is 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -148,7 +149,7 @@ def test_layer_inputs_are_what_each_layer_reads(trained, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_uniform_attention_scores_one_over_the_keys_it_sees(trained):
+def test_uniform_attention_scores_one_over_the_keys_it_sees(trained, capsys):
     """With every query weight 0, the scores are all equal: the query at n + i spreads its weight over its
     n + i + 1 keys, and the induction score is the mean of 1 / (n + i + 1)."""
     model = checkpoint.load_model(trained)[0]
@@ -157,3 +158,6 @@ def test_uniform_attention_scores_one_over_the_keys_it_sees(trained):
     n = 6
     scores = attention_script.induction_scores(model, n, sequences=3, seed=0)
     np.testing.assert_allclose(scores, np.mean(1 / np.arange(n + 1, 2 * n + 1)), rtol=1e-5)
+    args = argparse.Namespace(repeat=n, sequences=3, seed=0, format="simple", plot=None)
+    attention_script.induction_demo(model, model, args)
+    assert "no head has learned to copy: the highest score, layer " in capsys.readouterr().out
