@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print("sample.py: error: --prompt must hold at least one token; got an empty text", file=sys.stderr)
         return 2
     c = model.config
+    if args.compare:  # a timing to compare: which machine and which code printed it
+        print(common.header()[1])
     print(f"checkpoint: {args.checkpoint}, step {meta['step']}: GPT ({meta['preset']}), {c.layers} layers, width "
           f"{c.width}, context {c.context}, vocabulary {c.vocab:,}; validation loss {last_val_loss(meta)}")  # fmt: skip
     runs = {}

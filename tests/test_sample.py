@@ -41,6 +41,7 @@ def test_cached_generation_equals_recomputation(trained, flags, tmp_path, capsys
     assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags,
                         "--json", str(figures)]) == 0  # fmt: skip
     out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code timed it
     assert "the two agree on all 40 tokens" in out and re.search(r"the cache is [0-9.]+x faster", out), out
     assert re.search(r"40 tokens in [0-9.]+ s with the KV cache: [0-9,.]+ tokens/s", out)
     assert re.search(r"40 tokens in [0-9.]+ s without a cache \(.*\): [0-9,.]+ tokens/s", out)
