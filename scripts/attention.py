@@ -17,8 +17,8 @@ With --checkpoint DIR (a GPT that train.py --out DIR trained), the trained heads
   7) an induction score per head: on random token sequences repeated once, the mean weight a token of
      the second copy puts on the token after its first occurrence (the one to copy next); uniform
      attention gives about 1 / (the keys it sees), a head that learned to copy much more
-  8) the best copier's weights on the sentence (the highest score's head), trained beside the same model's
-     random initial weights
+  8) one head's weights on the sentence (--head LAYER HEAD; default the highest score's), trained beside
+     the same model's random initial weights
 Run:  python scripts/attention.py --checkpoint run [--sentence TEXT] [--plot heads.png]
 """
 
@@ -231,7 +231,8 @@ def layer_inputs(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
         norm = {f"ln_f.{k}": p[f"h.{layer}.ln_1.{k}"] for k in ("gain", "bias") if f"h.{layer}.ln_1.{k}" in p}
         if layer == 0:  # no block before it: the norm of the embeddings
             x = p["wte"][idx]  # (B, T, C)
-            normed = rms_norm(x, norm["ln_f.gain"]) if c.norm == "rmsnorm" else layer_norm(x, *norm.values())
+            gain, bias = norm["ln_f.gain"], norm.get("ln_f.bias")
+            normed = rms_norm(x, gain) if c.norm == "rmsnorm" else layer_norm(x, gain, bias)
             inputs.append(normed[0])
             continue
         kept = [name for name in p if name == "wte" or (name.startswith("h.") and int(name.split(".")[1]) < layer)]
@@ -339,15 +340,19 @@ def trained_demo(args: argparse.Namespace) -> int:
         print(f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.repeat is not None and 2 * args.repeat > model.config.context:
-        print(f"attention.py: error: --repeat {args.repeat} twice is more than the model's context "
-              f"({model.config.context})", file=sys.stderr)  # fmt: skip
-        return 2
     c = model.config
+    if args.head is not None and not (0 <= args.head[0] < c.layers and 0 <= args.head[1] < c.heads):
+        print(f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
+              f"{c.heads} heads (numbered from 0)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.repeat is not None and 2 * args.repeat > c.context:
+        print(f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
     untrained = GPT(c, rng=meta["seed"])  # the weights this run started from (train.py draws them from --seed)
     best = induction_demo(model, untrained, args)
-    sentence_demo(model, untrained, tokenizer, args, best)
+    sentence_demo(model, untrained, tokenizer, args, best if args.head is None else tuple(args.head))
     return check.finish()
 
 
@@ -361,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sentence", default=SENTENCE, help=f"with --checkpoint: the text (default {SENTENCE!r})")
     parser.add_argument("--repeat", type=positive(int), help="with --checkpoint: the random tokens before the "
                         "repeat (default: half the context)")  # fmt: skip
+    parser.add_argument("--head", type=int, nargs=2, metavar=("LAYER", "HEAD"),
+                        help="with --checkpoint: the head that 8) shows (default: the best copier)")  # fmt: skip
     parser.add_argument(
         "--sequences",
         type=positive(int),

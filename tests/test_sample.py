@@ -126,6 +126,10 @@ def test_attention_script_shows_the_trained_heads(trained, tmp_path, capsys):
     assert len(re.findall(r"^ +[01] +[01] +0\.\d{3} +0\.\d{3}$", out, re.MULTILINE)) == 4  # 2 layers x 2 heads
     assert "8) layer " in out and "\ntrained:\n" in out and "\nrandom:\n" in out and "all checks passed" in out
     assert plot.stat().st_size > 1000
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "the cat", "--head", "1", "0"]) == 0
+    assert "8) layer 1, head 0 on 'the cat'" in capsys.readouterr().out
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "a", "--head", "2", "0"]) == 2
+    assert "--head 2 0: the model has 2 layers of 2 heads" in capsys.readouterr().err
     assert attention_script.main(["--checkpoint", str(trained), "--sentence", "Zero"]) == 2
     assert "--sentence: the text has 1 character(s) that the vocabulary lacks: 'Z'" in capsys.readouterr().err
 
