@@ -27,6 +27,7 @@
 # measured tables; the README has the reading order of the code.
 
 # %%
+import inspect
 import time
 import tracemalloc
 from functools import partial
@@ -46,6 +47,7 @@ from tinyattn_np import (
     embed,
     flash_attention,
     flash_attention_backward,
+    flash_attention_one_head,
     flash_decode,
     one_head,
     rope,
@@ -146,12 +148,32 @@ plt.show()
 # %% [markdown]
 # ## 5. Flash attention and its tiles
 #
-# `flash_attention` walks the score matrix in tiles and keeps a running max, sum and output for each
-# query (the online softmax), so it never holds L x S numbers. Under the causal mask the tiles above the
-# diagonal are skipped; under a sliding window, the tiles behind the band too. `tile_plan` lists the
-# tiles that run.
+# Flash attention walks the score matrix in tiles and keeps a running max m, sum l and output o for each
+# query (the online softmax), so it never holds L x S numbers. When a tile raises a row's max from m to
+# m', what the row summed so far is rescaled by $e^{m - m'}$ before the tile is added; at the end
+# out = o / l. First the algorithm itself, FlashAttention-2's Algorithm 1 for one head with a line per
+# equation of the paper (`flash_attention_one_head`, derived step by step on `docs/online_softmax.md`),
+# on 6 queries and 8 keys in 2 x 3 tiles: under the causal mask it skips the tiles past the diagonal.
 
 # %%
+small = np.random.default_rng(1)
+q1, k1, v1 = (small.standard_normal((n, 16)) for n in (6, 8, 8))  # one head, float64: (L, E), (S, E), (S, Ev)
+out1, lse1 = flash_attention_one_head(q1, k1, v1, causal=True, block_q=2, block_k=3)
+print(draw_tile_plan(tile_plan(6, 8, 2, 3, causal=True)))  # '#' whole, '\' with the diagonal, '.' skipped
+print("max |plain path - reference| =", float(np.abs(out1 - attention(q1, k1, v1, causal=True)).max()))
+print(inspect.getsource(flash_attention_one_head))
+
+# %% [markdown]
+# `flash_attention` is the same algorithm, fast: the query heads of several kv heads share each tile
+# step (one batched matmul), and worker threads take whole query blocks. Under the causal mask the tiles
+# above the diagonal are skipped; under a sliding window, the tiles behind the band too. `tile_plan`
+# lists the tiles that run.
+
+# %%
+print(
+    "the fast path on the same head: max |flash - plain| =",
+    float(np.abs(flash_attention(q1, k1, v1, causal=True) - out1).max()),
+)
 q = rng.standard_normal((4, 1024, 64), dtype=np.float32)  # (H, T, E)
 k = rng.standard_normal((4, 1024, 64), dtype=np.float32)
 v = rng.standard_normal((4, 1024, 64), dtype=np.float32)

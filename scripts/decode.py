@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,7 +43,7 @@ from tinyattn_np import (
     paged_decode,
 )
 from tinyattn_np.masks import window_mask
-from tinyattn_np.measure import traced_peak
+from tinyattn_np.measure import read_once, traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes
 from tinyattn_np.report import Checklist, format_bytes, positive
 
@@ -279,19 +278,6 @@ def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tup
          lambda: read_once([batch.k_pool, batch.v_pool], threads=2), None),
         (f"{BATCH} sequences: paged_decode, blocks of 16", "batch", lambda: paged_decode(q_b, batch, seqs), gold_b),
     ]  # fmt: skip
-
-
-def read_once(arrays: list[np.ndarray], threads: int) -> None:
-    """The bandwidth floor: every byte of the two arrays read once (NumPy sums), on one thread, or on two with
-    one array each (a sum releases the interpreter lock, so the two threads read at once)."""
-    second = threading.Thread(target=arrays[1].sum)
-    if threads == 1:
-        second.run()  # Thread.run: the same call, on this thread
-    else:
-        second.start()
-    arrays[0].sum()
-    if threads == 2:
-        second.join()
 
 
 def paged(lengths: list[int], k: np.ndarray, v: np.ndarray, size: int, scattered: bool) -> tuple[Any, list[int]]:

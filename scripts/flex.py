@@ -2,9 +2,10 @@
 torch SDPA with a dense mask and torch's compiled flex_attention, on the same cores.
 
     python scripts/flex.py                                # T = 2048, 4 heads of 64, float32: seconds
-    python scripts/flex.py --tokens 16384                 # the issue's table (minutes: the dense paths)
+    python scripts/flex.py --tokens 16384                 # docs/flex.md's table (minutes: the dense paths)
     python scripts/flex.py --tokens 16384 --baseline DIR  # "today's" flash from DIR/tinyattn_np (another version)
     python scripts/flex.py --no-torch --no-reference      # our paths only
+    python scripts/flex.py --varlen --tokens 8192         # packed documents against the same as a batch, only
 
 The patterns, all over T tokens (self-attention, L = S = T): causal; 8 packed documents, each causal;
 prefix-LM (the first T/4 tokens bidirectional); a sliding window of 1024; ALiBi and softcap (50) on causal.
@@ -14,6 +15,8 @@ flex_attention and of the others, peaks, and the ratios the targets speak of, ea
     ALiBi, softcap                flex / that causal flash
     8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
     every pattern                 flex / torch's compiled flex_attention
+--varlen times only packed documents: flash_attention_varlen (causal) on 8 and on 32 documents of T / 8 tokens
+each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x.
 Times are medians of --repeats calls after a warm-up. Everything a target compares (our flex paths, flash,
 the batch of documents, torch's compiled flex_attention) is timed round-robin, one call of each in turn,
 with a 2048 x 2048 matmul among them, so that a busy spell of the shared machine falls on all alike; the
@@ -41,19 +44,21 @@ from typing import Any
 import numpy as np
 
 import tinyattn_np as ta
+from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed
+from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
 import common  # noqa: E402
 
 TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
-           "torch flex": 1.5}  # fmt: skip
+           "torch flex": 1.5, "packed vs batch": 1.3}  # fmt: skip
+VARLEN_DOCUMENTS = (8, 32)  # --varlen: packed documents of T / 8 tokens each
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=2048, help="T, a multiple of 16 (default 2048; the issue's: 16384)")
+    p.add_argument("--tokens", type=int, default=2048, help="T, a multiple of 16 (default 2048; docs/flex.md's: 16384)")
     p.add_argument("--heads", type=int, default=4, help="query heads = kv heads (default 4)")
     p.add_argument("--head-dim", type=int, default=64, help="E (default 64)")
     p.add_argument("--window", type=int, default=1024, help="the sliding window's keys (default 1024)")
@@ -64,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR")  # fmt: skip
     p.add_argument("--no-reference", action="store_true", help="leave out our dense-mask reference (L x S memory)")
     p.add_argument("--no-torch", action="store_true", help="leave out torch SDPA and torch's compiled flex")
+    p.add_argument("--varlen", action="store_true", help="time only packed documents (flash_attention_varlen) "
+                   f"against the same documents as a batch, {' and '.join(map(str, VARLEN_DOCUMENTS))} documents of "
+                   "T / 8 tokens each")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every figure, the machine and the code to PATH")
     add_format_argument(p)
     p.add_argument("--seed", type=nonnegative_seed, default=0, help="seed for q, k, v (an int >= 0; default 0)")
@@ -373,8 +381,57 @@ def print_maps(args: argparse.Namespace) -> None:
     print()
 
 
+def varlen_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
+    """Packed documents against the same documents as a batch, for each count in VARLEN_DOCUMENTS, into rows:
+    one causal flash_attention_varlen call on (H, n · T/8, E) and one flash_attention call on (n, H, T/8, E),
+    round-robin; the two results are checked equal first."""
+    tokens, rng = args.tokens // 8, np.random.default_rng(args.seed)
+    for documents in VARLEN_DOCUMENTS:
+        packed = [rng.standard_normal((args.heads, documents * tokens, args.head_dim), dtype=np.float32) for _ in "qkv"]
+        batch = [x.reshape(args.heads, documents, tokens, args.head_dim).swapaxes(0, 1) for x in packed]
+        cu = np.arange(documents + 1) * tokens  # documents of T / 8 tokens each
+        calls = {"packed": lambda p=packed, cu=cu: ta.flash_attention_varlen(*p, cu, cu, causal=True,
+                                                                             workers=args.workers),
+                 "batch": lambda b=batch: ta.flash_attention(*b, causal=True, workers=args.workers)}  # fmt: skip
+        packed_out = calls["packed"]().reshape(args.heads, documents, tokens, -1).swapaxes(0, 1)  # (n, H, T/8, E)
+        diff = float(np.max(np.abs(packed_out - calls["batch"]())))
+        if not diff <= 1e-5:
+            sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
+        common.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
+        rows.append({"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)})
+
+
+def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """The --varlen table; the target is judged where each document fills a tile at least (T / 8 >= 256):
+    shorter documents share tiles when packed, and the batch runs smaller ones."""
+    body = []
+    for row in rows:
+        ratio = row["packed"] / row["batch"]
+        judged = row["tokens"] >= DEFAULT_BLOCK_Q
+        text = ratio_text(ratio, TARGETS["packed vs batch"]) if judged else f"{ratio:.2f}x (not judged)"
+        body.append([row["documents"], row["tokens"], cell(row["packed"]), cell(row["batch"]), text])
+    headers = ["documents", "tokens each", "packed s", "batch s", "packed/batch"]
+    print(text_table(body, headers, fmt=args.format))
+    if any(row["tokens"] < DEFAULT_BLOCK_Q for row in rows):
+        print(f"documents shorter than a tile ({DEFAULT_BLOCK_Q} tokens) share tiles when packed: the target "
+              f"(<= {TARGETS['packed vs batch']}x) is judged from --tokens {8 * DEFAULT_BLOCK_Q} on")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.varlen:
+        print(f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
+              f"{args.workers or os.cpu_count()}\n" + common.header(None, None)[1])  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        try:
+            varlen_rows(args, rows)
+        except KeyboardInterrupt:  # keep the rows measured so far
+            print_varlen(rows, args)
+            return common.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts")
+        print_varlen(rows, args)
+        if args.json:
+            common.write_json(args.json, {"args": vars(args), "varlen": rows})
+        return 0
     baseline = load_baseline(args.baseline) if args.baseline else None
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)

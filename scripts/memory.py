@@ -5,17 +5,24 @@ What it prints, in order:
      then 32 heads x 32 layers of Llama-3-8B, against the model's weights and an 80 GB H100
   2) the score-matrix column of "Train a Tiny GPT at Home, Part 2" (4 heads of 64, T = 256..32,768),
      with the peak memory of this project's attention() and flash_attention() beside it
-  3) one row per model: weights, KV cache per token and at each --tokens, naive scores and attention
-     FLOPs at the first --tokens; a context beyond the model's max_position_embeddings is flagged
+  3) one row per model: parameters (total and active), weights, KV cache per token and the cache at each
+     --tokens, naive scores and attention FLOPs at the first --tokens (a context beyond the model's
+     max_position_embeddings is flagged); then what the bill read of each: its architecture, the cache
+     per token by layer kind, latent against decompressed for latent attention, the fixed state of linear
+     layers
   4) long context: 1M tokens against 8k is 125x the linear work and 15,625x the attention work
-
   5) ring attention: the per-device bill of --ring-model at 1M tokens split over 1 .. 64 devices
+  6) the KV cache per token side by side: multi-head, grouped, multi-query, latent and hybrid attention
 
-Run:  python scripts/memory.py [--model NAME|PATH ...] [--tokens 8192,32768,131072] [--dtype bf16]
-                               [--kv-dtype bf16] [--batch 1] [--format simple] [--units binary] [--json PATH]
---model takes a preset name or a Hugging Face config.json (or the folder that holds one); a config is
-named by its own "_name_or_path", else by the path given. --json PATH writes every figure to PATH
-(--json alone, or --json -, prints them as JSON instead of the tables).
+Run:  python scripts/memory.py [--preset NAME ...] [--config PATH ...] [--tokens 8192,32768,131072]
+                               [--dtype bf16] [--kv-dtype bf16] [--batch 1] [--format simple]
+                               [--units binary] [--wide] [--json PATH]
+--preset takes a preset's name, --config a Hugging Face config.json (or its folder), --model either; all
+three repeat, in the order given, and name the models of sections 3 and 6 (default: every preset). A config
+is named by its own "_name_or_path", else by the path given; one the reader does not understand is refused
+with the field it does not. A table wider than 120 columns is split into parts that repeat its first
+column (--wide: print it whole). --json PATH writes every figure to PATH (--json alone, or --json -, prints
+them as JSON instead of the tables).
 """
 
 from __future__ import annotations
@@ -48,6 +55,41 @@ N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
 TINY_TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # the first article's table rows
 TINY_HEADS, TINY_HEAD_DIM = 4, 64
+WIDTH = 120  # columns a table may take without --wide
+# section 6 without --preset, --config or --model: one model of each kind of attention
+SIDE_BY_SIDE = ["llama-2-7b", "llama-3-8b", "falcon-7b", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
+                "gpt-oss-120b", "llama-4-scout", "qwen3-next-80b-a3b"]  # fmt: skip
+
+
+# --- tables that fit -------------------------------------------------------------------------------
+
+
+def fit(body: list[list[str]], headers: list[str], args: argparse.Namespace) -> str:
+    """The table, or, when it is wider than WIDTH columns and --wide is not given, parts of it that each fit,
+    every part keeping the first column so that a row can be followed across them."""
+    whole = text_table(body, headers, args.format)
+    if args.wide or max(len(line) for line in whole.splitlines()) <= WIDTH:
+        return whole
+
+    def part(columns: list[int]) -> str:
+        return text_table([[row[c] for c in columns] for row in body], [headers[c] for c in columns], args.format)
+
+    parts, columns = [], [0]
+    for column in range(1, len(headers)):
+        if len(columns) > 1 and max(len(line) for line in part([*columns, column]).splitlines()) > WIDTH:
+            parts.append(part(columns))
+            columns = [0]
+        columns.append(column)
+    return "\n\n".join([*parts, part(columns)])
+
+
+def in_units(
+    rows: list[dict[str, Any]], columns: list[tuple[str, str]], units: str
+) -> tuple[list[str], list[list[str]]]:
+    """Byte columns, each in one unit: headers "title (unit)" and every row's cells as bare numbers in it."""
+    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
+    headers = [f"{title} ({unit[key]})" for key, title in columns]
+    return headers, [[format_sig(to_unit(row[key], unit[key])) for key, _ in columns] for row in rows]
 
 
 # --- 1) the worked example ------------------------------------------------------------------------
@@ -104,84 +146,60 @@ def tiny_table_rows(workers: int) -> list[dict[str, Any]]:
 
 
 def tiny_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
-    columns = [
-        ("scores_fp32_bytes", "scores fp32"),
-        ("scores_fp16_bytes", "scores fp16"),
-        ("naive_peak_fp32_bytes", "attention() peak"),
-        ("flash_peak_fp32_bytes", "flash_attention() peak"),
-    ]
-    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
-    headers = ["tokens", *(f"{title} ({unit[key]})" for key, title in columns), "naive / flash"]
+    columns = [("scores_fp32_bytes", "scores fp32"), ("scores_fp16_bytes", "scores fp16"),
+               ("naive_peak_fp32_bytes", "attention() peak"), ("flash_peak_fp32_bytes", "flash peak")]  # fmt: skip
+    headers, cells = in_units(rows, columns, units)
+    # format_sig: a ratio below 1 prints as 0.667x, not a rounded "1x"
+    ratios = [f"{format_sig(row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes'])}x" for row in rows]
     body = [
-        [
-            f"{row['tokens']:,}",
-            *(format_sig(to_unit(row[key], unit[key])) for key, _ in columns),
-            # format_sig: a ratio below 1 prints as 0.667x, not a rounded "1x"
-            f"{format_sig(row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes'])}x",
-        ]
-        for row in rows
+        [f"{row['tokens']:,}", *row_cells, ratio] for row, row_cells, ratio in zip(rows, cells, ratios, strict=True)
     ]
-    return text_table(body, headers, fmt)
+    return text_table(body, ["tokens", *headers, "naive / flash"], fmt)
 
 
-# --- 3) one row per model --------------------------------------------------------------------------
+# --- 3) one row per model, then what the bill read of each ----------------------------------------------
 
 
 def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """Weights, KV cache per token and at each context, scores and FLOPs at the first context."""
+    """Parameters, weights, KV cache per token, the cache at each context, scores and FLOPs at the first."""
     first = args.tokens[0]
-
-    def flagged(text: str, bill: dict[str, Any], n: int) -> str:
-        beyond = bill["max_positions"] is not None and n > bill["max_positions"]
-        return f"{text} *" if beyond else text
-
-    def unit_of(values: list[int]) -> str:
-        return column_unit(values, args.units)
-
-    u_weights = unit_of([b["weights_bytes"] for b in bills])
-    u_token = unit_of([b["kv_bytes_per_token"] for b in bills])
-    u_kv = [unit_of([b["contexts"][i]["kv_cache_bytes"] for b in bills]) for i in range(len(args.tokens))]
-    u_scores = unit_of([b["contexts"][0]["score_matrix_bytes"] for b in bills])
-    headers = [
-        "model",
-        "params (millions)",
-        f"weights {args.dtype} ({u_weights})",
-        f"KV/token {args.kv_dtype} ({u_token})",
-        *(f"KV at {n:,} ({u})" for n, u in zip(args.tokens, u_kv, strict=True)),
-        f"naive scores at {first:,} ({u_scores})",
-        f"attn TFLOP at {first:,}",
-    ]
+    rows = [{"weights": b["weights_bytes"], "token": b["kv_bytes_per_token"], "scores": b["contexts"][0]
+             ["score_matrix_bytes"], **{n: c["cache_bytes"] for n, c in zip(args.tokens, b["contexts"], strict=True)}}
+            for b in bills]  # fmt: skip
+    columns = [("weights", f"weights {args.dtype}"), ("token", f"KV/token {args.kv_dtype}"),
+               *((n, f"cache at {n:,}") for n in args.tokens), ("scores", f"naive scores at {first:,}")]  # fmt: skip
+    headers, cells = in_units(rows, columns, args.units)
     body = []
+    for bill, row_cells in zip(bills, cells, strict=True):
+        beyond = [bill["max_positions"] is not None and n > bill["max_positions"] for n in (*args.tokens, first)]
+        flagged = [f"{cell} *" if flag else cell for cell, flag in zip(row_cells[2:], beyond, strict=True)]
+        active = "?" if bill["active_parameters"] is None else format_sig(bill["active_parameters"] / 1e6)
+        tflop = format_sig(bill["contexts"][0]["attention_flops"] / 1e12) + (" *" if beyond[-1] else "")
+        body.append([bill["model"], format_sig(bill["parameters"] / 1e6), active, *row_cells[:2], *flagged, tflop])
+    return fit(body, ["model", "params (millions)", "active (millions)", *headers, f"attn TFLOP at {first:,}"], args)
+
+
+def model_lines(bills: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
+    """What the bill read of each model: its architecture in lines, then its cache per token by layer kind,
+    the latent against the decompressed heads, and the fixed state of linear layers."""
+    lines = []
     for bill in bills:
-        contexts = bill["contexts"]
-        body.append(
-            [
-                bill["model"],
-                format_sig(bill["parameters"] / 1e6),
-                format_sig(to_unit(bill["weights_bytes"], u_weights)),
-                format_sig(to_unit(bill["kv_bytes_per_token"], u_token)),
-                *(
-                    flagged(format_sig(to_unit(c["kv_cache_bytes"], u)), bill, c["tokens"])
-                    for c, u in zip(contexts, u_kv, strict=True)
-                ),
-                flagged(format_sig(to_unit(contexts[0]["score_matrix_bytes"], u_scores)), bill, first),
-                flagged(format_sig(contexts[0]["attention_flops"] / 1e12), bill, first),
-            ]
-        )
-    return text_table(body, headers, args.format)
-
-
-def model_notes(models: list[ModelShape]) -> list[str]:
-    """One line per model whose sliding window caps its KV cache."""
-    notes = []
-    for m in models:
-        if m.sliding_window is not None:
-            layers = m.layers if m.window_layers is None else m.window_layers
-            notes.append(
-                f"  {m.name}: sliding window of {m.sliding_window:,} tokens on {layers} of {m.layers} layers "
-                "caps their KV cache"
+        lines.append(f"  {bill['model']} ({bill['architecture']})")
+        lines += [f"     {line}" for line in bill["description"]]
+        per_kind = [f"{kind.split('_')[0]} {format_bytes(b, args.units)}"
+                    for kind, b in bill["kv_bytes_per_token_by_kind"].items()]  # fmt: skip
+        cache = f"     K/V per token ({args.kv_dtype}, batch {args.batch}): {', '.join(per_kind) or 'none'}"
+        decompressed = bill["kv_bytes_per_token_decompressed"]
+        if decompressed is not None:
+            ratio = decompressed / bill["kv_bytes_per_token"]
+            cache += (
+                f" (the latent); every head's key and value: {format_bytes(decompressed, args.units)} ({ratio:.1f}x)"
             )
-    return notes
+        lines.append(cache)
+        if bill["state_bytes"]:
+            state = format_bytes(bill["state_bytes"], args.units)
+            lines.append(f"     linear layers: a fixed state of {state} per sequence, whatever the context")
+    return lines
 
 
 # --- 4) long context --------------------------------------------------------------------------------
@@ -239,27 +257,45 @@ def ring_rows(model: ModelShape, dtype: str, kv_dtype: str) -> list[dict[str, An
     return rows
 
 
-def ring_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
-    columns = [
-        ("kv_shards", "K/V shards, every layer"),
-        ("in_flight", "in-flight K/V blocks"),
-        ("score_tile", "score tile"),
-        ("weights", "weights"),
-        ("total", "total"),
-        ("sent_total", "sent per forward"),
-    ]
-    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
-    headers = ["devices", "tokens each", *(f"{title} ({unit[key]})" for key, title in columns), "fits one H100 80GB"]
-    body = [
-        [
-            str(row["devices"]),
-            f"{row['tokens_per_device']:,}",
-            *(format_sig(to_unit(row[key], unit[key])) for key, _ in columns),
-            "yes" if row["fits_h100"] else "no",
-        ]
-        for row in rows
-    ]
-    return text_table(body, headers, fmt)
+def ring_table(rows: list[dict[str, Any]], units: str) -> tuple[list[list[str]], list[str]]:
+    """Section 5's body and headers (print_last_sections fits them)."""
+    columns = [("kv_shards", "K/V"), ("in_flight", "in flight"), ("score_tile", "tile"), ("weights", "weights"),
+               ("total", "total"), ("sent_total", "sent")]  # fmt: skip
+    headers, cells = in_units(rows, columns, units)
+    body = [[str(row["devices"]), f"{row['tokens_per_device']:,}", *row_cells, "yes" if row["fits_h100"] else "no"]
+            for row, row_cells in zip(rows, cells, strict=True)]  # fmt: skip
+    return body, ["devices", "tokens", *headers, "fits"]
+
+
+# --- 6) the KV cache per token, side by side ----------------------------------------------------------
+
+
+def side_by_side_rows(models: list[ModelShape], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Section 6: per model, what each attention layer keeps per token, and the whole cache per token and at
+    the last --tokens (K/V, or the latent, and the fixed state of linear layers)."""
+    tokens = args.tokens[-1]
+    return [
+        {
+            "model": m.name, "attention": m.attention_kind, "query_heads": m.heads, "kv_heads": m.kv_heads,
+            "layers": m.layer_summary(),
+            "kv_numbers_per_token_and_layer": m.kv_width, "kv_bytes_per_token": m.kv_cache_bytes(1, args.kv_dtype),
+            "tokens": tokens, "cache_bytes": m.cache_bytes(tokens, args.kv_dtype),
+        }
+        for m in models
+    ]  # fmt: skip
+
+
+def side_by_side_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    tokens = rows[0]["tokens"] if rows else args.tokens[-1]
+    columns = [("kv_bytes_per_token", "KV/token"), ("cache_bytes", f"cache at {tokens:,}")]
+    headers, cells = in_units(rows, columns, args.units)
+    body = []
+    for row, row_cells in zip(rows, cells, strict=True):
+        # "GQA 32/8": 32 query heads over 8 kv heads; "MLA 128": 128 heads decompress one latent
+        heads = f"{row['query_heads']}" + (f"/{row['kv_heads']}" if row["attention"] in ("GQA", "MQA") else "")
+        per_layer = f"{row['kv_numbers_per_token_and_layer']:,}"
+        body.append([row["model"], f"{row['attention']} {heads}", row["layers"], per_layer, *row_cells])
+    return fit(body, ["model", "attention", "layers", "K/V per layer", *headers], args)
 
 
 # --- the command line ---------------------------------------------------------------------------------
@@ -289,26 +325,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="Memory and compute bill of attention: score matrix, naive vs flash, KV cache, FLOPs.",
         epilog=f"presets: {', '.join(PRESETS)}. dtypes: {', '.join(DTYPES)}.",
     )
-    parser.add_argument(
-        "--model", action="append", metavar="NAME|PATH",
-        help="a preset or a Hugging Face config.json, or its folder (repeatable; default: every preset); a config "
-        "is named by its own _name_or_path, else by the path given",
-    )  # fmt: skip
+    for flag, what, metavar in (
+        ("--preset", "a preset", "NAME"),
+        ("--config", "a Hugging Face config.json, or its folder", "PATH"),
+        ("--model", "a preset or a config.json", "NAME|PATH"),
+    ):
+        parser.add_argument(
+            flag, action="append", dest="sources", metavar=metavar, type=lambda text, flag=flag: (flag, text),
+            help=f"{what} (repeatable; --preset, --config and --model in the order given; default: every preset)",
+        )  # fmt: skip
     parser.add_argument(
         "--tokens", type=parse_tokens, default=[8192, 32768, 131072], metavar="N,N,...",
-        help="context lengths for the model table; scores and FLOPs use the first "
+        help="context lengths for the model table; scores and FLOPs use the first, section 6 the last "
         "(default: 8192,32768,131072)",
     )  # fmt: skip
     parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
-    parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache (default: --dtype)")
+    parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache and state (default: --dtype)")
     parser.add_argument("--batch", type=int, default=1, help="sequences at once (default: 1)")
     add_format_argument(parser)
-    parser.add_argument(
-        "--units",
-        default="binary",
-        choices=("binary", "decimal"),
-        help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)",
-    )
+    parser.add_argument("--units", default="binary", choices=("binary", "decimal"), help="binary: KiB, MiB, GiB "
+                        "(powers of 1024); decimal: KB, MB, GB (default: binary)")  # fmt: skip
+    parser.add_argument("--wide", action="store_true", help=f"print each table whole, even wider than {WIDTH} columns")
     parser.add_argument(
         "--ring-model", default="llama-3-8b", metavar="NAME|PATH",
         help="the model of section 5, ring attention at 1M tokens (default: llama-3-8b)",
@@ -326,14 +363,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_model(source: str) -> ModelShape:
+def load_model(source: str, flag: str = "--model") -> ModelShape:
     """A preset, or a config.json (or its folder) named by its own _name_or_path, else by the path given: two
     configs in one folder are two rows, not two rows named after the folder."""
-    if source.lower() in PRESETS:
+    if flag != "--config" and source.lower() in PRESETS:
         return load_model_shape(source)
+    if flag == "--preset":
+        raise ValueError(f"--preset {source}: not a preset; the presets are {', '.join(PRESETS)}")
     path = Path(source)
     if not path.exists():
-        raise ValueError(f"--model {source}: no such file, and not a preset ({', '.join(PRESETS)})")
+        raise ValueError(f"{flag} {source}: no such file" + (f", and not a preset ({', '.join(PRESETS)})"
+                                                             if flag == "--model" else ""))  # fmt: skip
     model = load_model_shape(path)
     config = path / "config.json" if path.is_dir() else path
     if json.loads(config.read_text(encoding="utf-8")).get("_name_or_path"):
@@ -341,8 +381,21 @@ def load_model(source: str) -> ModelShape:
     return dataclasses.replace(model, name=source)
 
 
-def bill(args: argparse.Namespace, models: list[ModelShape], ring_model: ModelShape) -> dict[str, Any]:
-    """Every figure of the five sections, as plain numbers (the JSON of --json)."""
+def load_models(args: argparse.Namespace) -> tuple[list[ModelShape], list[ModelShape], ModelShape]:
+    """(section 3's models, section 6's, the ring's): the ones asked for, else every preset and SIDE_BY_SIDE."""
+    asked = [load_model(source, flag) for flag, source in args.sources or []]
+    ring_model = load_model(args.ring_model, "--ring-model")
+    if ring_model.latent is not None or ring_model.linear is not None:
+        raise ValueError(f"--ring-model {args.ring_model}: the ring passes K and V of kv_heads heads around, and "
+                         f"{ring_model.name} has {'latent' if ring_model.latent else 'linear'} attention")  # fmt: skip
+    if asked:
+        return asked, asked, ring_model
+    return list(PRESETS.values()), [PRESETS[name] for name in SIDE_BY_SIDE], ring_model
+
+
+def bill(args: argparse.Namespace, models: list[ModelShape], side: list[ModelShape], ring_model: ModelShape
+         ) -> dict[str, Any]:  # fmt: skip
+    """Every figure of the six sections, as plain numbers (the JSON of --json)."""
     workers = os.cpu_count() or 1  # flash_attention's default
     bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
     return {
@@ -355,6 +408,7 @@ def bill(args: argparse.Namespace, models: list[ModelShape], ring_model: ModelSh
         "long_context": long_context_rows(),
         "ring": {"model": ring_model.name, "tokens": RING_TOKENS, "kv_dtype": args.kv_dtype,
                  "rows": ring_rows(ring_model, args.dtype, args.kv_dtype)},
+        "side_by_side": {"kv_dtype": args.kv_dtype, "rows": side_by_side_rows(side, args)},
     }  # fmt: skip
 
 
@@ -369,62 +423,66 @@ def print_first_sections(report: dict[str, Any], args: argparse.Namespace) -> No
         f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);"
     )
     print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096.")
-    print(
-        f"   flash_attention()'s peak depends on the core count: each of its workers (default: one per core, "
-        f"{workers} here)"
-    )
+    print(f"   flash_attention()'s peak depends on the core count: each of its workers (default: one per core, "
+          f"{workers} here)")  # fmt: skip
     print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")
     print(tiny_table(report["tiny_model"]["rows"], args.units, args.format))
 
 
-def print_last_sections(report: dict[str, Any], args: argparse.Namespace, models: list[ModelShape],
-                        ring_model: ModelShape) -> None:  # fmt: skip
-    """Sections 3 to 5: one row per model, long context, and the ring's per-device bill."""
+def print_last_sections(report: dict[str, Any], args: argparse.Namespace, ring_model: ModelShape) -> None:
+    """Sections 3 to 6: one row per model and what the bill read, long context, the ring's per-device bill,
+    and the KV cache per token side by side."""
     bills, ring = report["models"]["rows"], report["ring"]["rows"]
-    print(
-        f"3) Models: batch {args.batch}; scores = every head and layer at once; "
-        "TFLOP = QKᵀ and PV, causal (a sliding window: its band only)"
-    )
+    print(f"3) Models: batch {args.batch}; active = the weights one token runs (all but the experts it skips); cache =")
+    print("   K/V (the latent for MLA) + the fixed state of linear layers; scores = every head and softmax layer at")
+    print("   once; TFLOP = QKᵀ and PV of the softmax layers, causal (a window: its band; a chunk: its blocks)")
     print(models_table(bills, args))
     if any(c["beyond_max_positions"] for b in bills for c in b["contexts"]):
         print("  * longer than the model's max_position_embeddings: it was not trained for that context")
-    for note in model_notes(models):
-        print(note)
+    print("\n".join(model_lines(bills, args)))
     print()
     print("4) Long context: linear work grows with T, attention work with T²")
     print(long_context_table(report["long_context"], args.format))
     print()
     print(f"5) Ring attention (tinyattn_np/ring.py): {ring_model.name} at {RING_TOKENS:,} tokens split over P devices;")
-    print(f"   per device: K/V {args.kv_dtype}, weights {args.dtype} (whole on every device), one fp32 score tile,")
-    print("   and the layer's two K/V blocks in flight (the one in hand, also being sent, and the next)")
-    print(ring_table(ring, args.units, args.format))
+    print(
+        f"   per device: its tokens, every layer's K/V shard of them ({args.kv_dtype}), the layer's two K/V blocks in"
+    )
+    print(
+        f"   flight (the one in hand, also being sent, and the next), one fp32 score tile, the weights ({args.dtype},"
+    )
+    print("   whole on every device) and their total; sent: what a device sends per forward; fits: in one H100 80GB")
+    print(fit(*ring_table(ring, args.units), args))
     fitting = [row["devices"] for row in ring if row["fits_h100"]]
     needed = f"{fitting[0]} devices" if fitting else f"more than {RING_DEVICES[-1]} devices"
     print(f"   the smallest ring here in which every device fits in one H100 80GB (81,559 MiB): {needed}")
-    if ring_model.sliding_window is not None:
-        print(f"   {ring_model.name}'s sliding window is not counted: every layer is taken as full attention")
+    if ring_model.sliding_window is not None or ring_model.attention_chunk is not None:
+        print(f"   {ring_model.name}'s windows and chunks are not counted: every layer is taken as full attention")
     if ring_model.max_positions is not None and RING_TOKENS > ring_model.max_positions:
-        print(
-            f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: "
-            "this is the memory arithmetic of the context, not a claim that the model handles it"
-        )
+        print(f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: "
+              "this is the memory arithmetic of the context, not a claim that the model handles it")  # fmt: skip
+    print()
+    print(f"6) The KV cache per token, side by side ({args.kv_dtype}). attention: GQA 32/8 is 32 query heads over 8")
+    print("   kv heads; K/V per layer: the numbers each attention layer keeps for a token (2 · kv heads · head_dim, or")
+    print("   MLA's latent); a window or a chunk caps its layers at that many tokens; linear layers keep a fixed state")
+    print("   instead (in the cache column)")
+    print(side_by_side_table(report["side_by_side"]["rows"], args))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        models = [load_model(source) for source in (args.model or list(PRESETS))]
-        ring_model = load_model(args.ring_model)
+        models, side, ring_model = load_models(args)
     except (ValueError, TypeError) as err:
         print(f"memory.py: {err}", file=sys.stderr)
         return 2
-    report = bill(args, models, ring_model)
+    report = bill(args, models, side, ring_model)
     if args.json == "-":
         print(json.dumps({**report, "code": common.code_version()}, indent=2))
         return 0
     print_first_sections(report, args)
     print()
-    print_last_sections(report, args, models, ring_model)
+    print_last_sections(report, args, ring_model)
     if args.json:
         common.write_json(args.json, report)
     return 0

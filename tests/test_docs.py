@@ -1,5 +1,5 @@
-"""The docs run: every Python block of README.md and docs/*.md, every link between the pages, the notebook
-tour's two forms, and CI's copy of the README's test command.
+"""The docs run: every Python block of README.md and the pages of docs/ (docs/results/ too), every link
+between the pages, the notebook tour's two forms, and CI's copy of the README's test command.
 
 How a page's code is read (the rules for whoever writes a page):
 
@@ -33,7 +33,9 @@ from test_ring import MPIEXEC, run_mpi
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose Python blocks run
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]  # the pages whose Python blocks run
+TOPICS = sorted((ROOT / "docs").glob("*.md"))  # the pages that teach
+RESULTS = ROOT / "docs" / "results" / "README.md"  # the index of the pages that measure
 LINKED = [*PAGES, ROOT / "torch_crosscheck" / "README.md"]  # the pages whose links are followed
 README_MAX_LINES = 300
 
@@ -72,7 +74,8 @@ def examples() -> list[tuple[Block, Block | None]]:
     for page in PAGES:
         lines = page.read_text(encoding="utf-8").splitlines()
         blocks = fenced_blocks(page)
-        for block, after in zip(blocks, [*blocks[1:], None], strict=True):
+        for index, block in enumerate(blocks):  # a page may have no block at all
+            after = blocks[index + 1] if index + 1 < len(blocks) else None
             if block.language != "python":
                 continue
             between = lines[block.end : after.line - 1] if after else ["-"]
@@ -237,12 +240,39 @@ def test_every_link_between_the_pages_resolves() -> None:
     assert not broken, "\n".join(broken)
 
 
+def linked_pages(page: Path) -> set[Path]:
+    """The files a page links to, resolved."""
+    targets = [target.partition("#")[0] for _, line in prose(page) for target in LINK.findall(line)]
+    return {(page.parent / target).resolve() for target in targets if target}
+
+
 def test_the_readme_is_short_and_links_every_page() -> None:
+    """The README links every topic page, the tour and the index of the results; the index links every
+    results page."""
     lines = README.read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines: move some to a page in docs/"
-    linked = {target.partition("#")[0] for _, line in prose(README) for target in LINK.findall(line)}
-    pages = {f"docs/{page.name}" for page in PAGES[1:]} | {"docs/tour.ipynb"}
-    assert pages <= linked, f"pages the README does not link: {sorted(pages - linked)}"
+    pages = {*TOPICS, ROOT / "docs" / "tour.ipynb", RESULTS}
+    missing = sorted(str(page.relative_to(ROOT)) for page in pages - linked_pages(README))
+    assert not missing, f"pages the README does not link: {missing}"
+    results = set(RESULTS.parent.glob("*.md")) - {RESULTS}
+    assert results, "docs/results/ holds no results page"
+    missing = sorted(str(page.relative_to(ROOT)) for page in results - linked_pages(RESULTS))
+    assert not missing, f"results pages docs/results/README.md does not link: {missing}"
+
+
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")  # a git commit id
+
+
+def test_only_the_results_pages_name_commits() -> None:
+    """The README and the topic pages cite no commit: the numbers they quote link to a results page, whose
+    header names the commit, the machine and the BLAS kernels."""
+    cited = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in [README, *TOPICS]
+        for number, line in prose(page, inline_code=True)
+        if COMMIT.search(line)
+    ]
+    assert not cited, "\n".join(cited)
 
 
 def test_ci_runs_the_readmes_test_command() -> None:

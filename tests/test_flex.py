@@ -5,9 +5,13 @@ bits and the same tiles as the block masks of their mask_mods."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import assert_close, gold_attention
+from scipy.special import logsumexp
+from test_blockmask import finishes_within
 
 from tinyattn_np import (
     Alibi,
@@ -25,16 +29,18 @@ from tinyattn_np import (
     document_mod,
     draw_tile_plan,
     flash_attention,
-    flash_attention_one_head,
     flash_attention_varlen,
     flex_attention,
+    flex_attention_backward,
     noop_mask,
     or_masks,
     prefix_lm_mod,
     sliding_window_mod,
     tile_plan,
+    varlen_block_mask,
     varlen_mod,
 )
+from tinyattn_np.mods import score_indices
 
 B, HQ, HKV, E, EV = 2, 4, 2, 8, 5
 
@@ -243,17 +249,91 @@ def test_document_ids_and_varlen_equal_each_sequence_alone(rng):
     np.testing.assert_array_equal(mask, gold)
 
 
-def test_the_one_head_plain_path_is_the_fast_path(rng):
-    """flash_attention_one_head with a block mask, a score_mod and a sink equals flex_attention's head."""
+def test_the_varlen_block_mask_is_the_mask_mods_tiles_made_by_arithmetic():
+    """varlen_block_mask's tiles, from the boundaries alone, equal create_block_mask's calls of varlen_mod on
+    every tile: random packings (empty sequences, sequences without keys), every band, tiles down to 1."""
+    rng = np.random.default_rng(5)
+    for _ in range(150):
+        n = rng.integers(1, 5)
+        cu_q, cu_k = (np.concatenate([[0], np.cumsum(rng.integers(0, 6, n))]) for _ in range(2))
+        if not (cu_q[-1] and cu_k[-1]):
+            continue
+        for causal, window in [(False, None), (True, None), (True, 1), (True, 3)]:
+            for block_size in [1, (2, 3), (3, 2), (7, 5)]:
+                mine = varlen_block_mask(cu_q, cu_k, causal=causal, window=window, BLOCK_SIZE=block_size)
+                mod = varlen_mod(cu_q, cu_k, causal=causal, window=window)
+                gold = create_block_mask(mod, None, None, int(cu_q[-1]), int(cu_k[-1]), BLOCK_SIZE=block_size)
+                np.testing.assert_array_equal(mine.kinds, gold.kinds, err_msg=f"{cu_q} {cu_k} {causal} {window}")
+
+
+def test_varlen_checks_the_lengths_before_it_builds_anything(rng):
+    """A last cu_seqlens entry far past q's tokens is refused at once: no mask of that size is made first."""
+    q = k = v = rng.standard_normal((1, 5, 4))
+    with pytest.raises(ValueError, match=r"q must be packed heads \(H, 100000000000, E\)"):
+        finishes_within(10, flash_attention_varlen, q, k, v, [0, 5, 10**11], [0, 5, 10**11])
+    with pytest.raises(ValueError, match=r"k must be packed heads \(H, 7, E\)"):
+        flash_attention_varlen(q, k, v, [0, 5], [0, 7])
+
+
+def test_key_and_value_of_batch_one_serve_every_batch_entry_as_in_torch(rng):
+    """k, v (1, Hkv, S, E) against q (B, Hq, L, E): the result of k, v repeated over the batch, forward and
+    backward (the gradients of the shared k and v summed over the batch)."""
+    q, k, v = inputs(rng, 7, 9)
+    k1, v1, dout = k[:1], v[:1], rng.standard_normal((B, HQ, 7, EV))
+    block_mask = create_block_mask(causal_mod(7, 9), None, None, 7, 9, BLOCK_SIZE=3)
+    run = dict(block_mask=block_mask, enable_gqa=True, sinks=np.ones(HQ))
+    out, lse = flex_attention(q, k1, v1, return_lse=True, **run)
+    gold_out, gold_lse = flex_attention(q, np.repeat(k1, B, 0), np.repeat(v1, B, 0), return_lse=True, **run)
+    np.testing.assert_array_equal(out, gold_out)
+    grads = flex_attention_backward(q, k1, v1, out, dout, lse, **run)
+    gold = flex_attention_backward(q, np.repeat(k1, B, 0), np.repeat(v1, B, 0), out, dout, lse, **run)
+    assert grads.dk.shape == k1.shape and grads.dv.shape == v1.shape
+    np.testing.assert_array_equal(grads.dq, gold.dq)
+    assert_close(grads.dk, gold.dk.sum(axis=0, keepdims=True), np.float64, "dk")
+    assert_close(grads.dv, gold.dv.sum(axis=0, keepdims=True), np.float64, "dv")
+    with pytest.raises(ValueError, match="same batch dims"):
+        flex_attention(q, k[:1].repeat(3, 0), v[:1].repeat(3, 0), enable_gqa=True)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_a_nan_or_inf_in_the_inputs_gives_a_defined_result_and_no_warning(rng, bad, where):
+    """As in torch: a NaN (or an inf, through inf - inf) reaches the rows whose tiles meet it and no others,
+    and the package raises no RuntimeWarning, forward or backward. Here entry 9 of head 0 is bad: the query
+    blocks 0 and 1 (rows 0-7, tiles of 4) never meet key 9 under the causal mask, and head 1 is apart."""
+    clean = dict(zip("qkv", (rng.standard_normal((1, 2, 16, 4)) for _ in range(3)), strict=True))
+    x = {name: array.copy() for name, array in clean.items()}
+    x[where][0, 0, 9, 1] = bad
+    block_mask = create_block_mask(causal_mod(16), None, None, 16, 16, BLOCK_SIZE=4)
+    dout = rng.standard_normal((1, 2, 16, 4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning from any thread of the package fails the test
+        out, lse = flex_attention(x["q"], x["k"], x["v"], block_mask=block_mask, return_lse=True, workers=3)
+        grads = flex_attention_backward(x["q"], x["k"], x["v"], out, dout, lse, block_mask=block_mask, workers=3)
+        flash = flash_attention(x["q"], x["k"], x["v"], causal=True, block_q=4, block_k=4, workers=3)
+        flash_attention_varlen(x["q"][0], x["k"][0], x["v"][0], [0, 16], [0, 16], causal=True, block_size=4)
+    gold = flex_attention(clean["q"], clean["k"], clean["v"], block_mask=block_mask)
+    np.testing.assert_array_equal(out, flash)
+    np.testing.assert_array_equal(out[0, 0, :8], gold[0, 0, :8])  # rows that never meet key 9
+    np.testing.assert_array_equal(out[0, 1], gold[0, 1])  # the other head
+    if np.isnan(bad):  # NaN in, NaN out: the whole row through a score, one column through a value
+        assert np.isnan(out[0, 0, 9]).all() if where in "qk" else np.isnan(out[0, 0, 9, 1])
+        assert np.isnan(grads.dq[0, 0, 9]).all()
+
+
+def test_a_block_mask_a_score_mod_and_sinks_in_odd_tiles_are_the_reference(rng):
+    """flex_attention with a block mask in tiles that divide neither L nor S, ALiBi and a sink per head equals
+    the reference with the same mods; lse is the logsumexp of the modded, masked scores and the sink."""
     q, k, v = inputs(rng, 11, 14)
-    block_mask = create_block_mask(prefix_lm_mod(3), None, HQ, 11, 14, BLOCK_SIZE=(4, 3))
+    mask_mod = prefix_lm_mod(3)
+    block_mask = create_block_mask(mask_mod, None, HQ, 11, 14, BLOCK_SIZE=(4, 3))
     alibi, sinks = Alibi(alibi_slopes(HQ), 11, 14), np.array([0.3, 0.1, -0.2, 1.0])
     out, lse = flex_attention(q, k, v, alibi, block_mask, enable_gqa=True, return_lse=True, sinks=sinks)
-    for h in range(HQ):
-        one_out, one_lse = flash_attention_one_head(q[0, h], k[0, h // 2], v[0, h // 2], score_mod=alibi,
-                                                    block_mask=block_mask, sink=sinks[h], head=h)  # fmt: skip
-        assert_close(one_out, out[0, h], np.float64, f"head {h}")
-        assert_close(one_lse, lse[0, h], np.float64, f"lse of head {h}")
+    assert_close(out, attention(q, k, v, score_mod=alibi, mask_mod=mask_mod, sinks=sinks), np.float64, "out")
+    scores = np.einsum("bhle,bhse->bhls", q, np.repeat(k, 2, axis=1)) / np.sqrt(E)  # (B, Hq, L, S)
+    scores = np.where(create_mask(mask_mod, B, HQ, 11, 14), alibi(scores, *score_indices((B,), HQ, 11, 14)), -np.inf)
+    with_sink = np.concatenate([scores, np.broadcast_to(sinks[:, None, None], (B, HQ, 11, 1))], axis=-1)
+    assert_close(lse, logsumexp(with_sink, axis=-1), np.float64, "lse with the sink")
 
 
 def test_same_bits_for_any_number_of_workers_and_heads_per_step(rng):
@@ -330,8 +410,6 @@ def test_errors_name_what_to_pass(rng):
         flex_attention(q, k, v, enable_gqa=True, sinks=[0.0, 1.0])
     with pytest.raises(ValueError, match="device must be None or 'cpu'"):
         create_block_mask(noop_mask, None, None, 6, 6, device="cuda")
-    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
-        flash_attention_one_head(q[0, 0], k[0, 0], v[0, 0], causal=True, block_mask=mask)
     with pytest.raises(ValueError, match=r"q must be packed heads \(H, 6, E\)"):
         flash_attention_varlen(q, k, v, [0, 6], [0, 6])
     with pytest.raises(ValueError, match="cu_seqlens_q must be 1-D ints rising from 0"):
@@ -343,7 +421,7 @@ def test_errors_name_what_to_pass(rng):
     [
         (lambda: Alibi(np.ones((2, 3, 4)), 4), "slopes must be finite"),
         (lambda: Alibi(np.ones((2, 4)), 4, learned=True), r"learned slopes must have shape \(Hq,\)"),
-        (lambda: Softcap(0), "cap must be a positive number"),
+        (lambda: Softcap(0), "cap must be a positive finite number; got 0$"),
         (lambda: RelativeBias(np.ones((4, 6)), 4), "R must be odd"),
         (lambda: RelativeBias(np.ones(4), 4), r"shape \(Hq, R\)"),
         (lambda: prefix_lm_mod(-1), "prefix must be an int >= 0"),
@@ -378,9 +456,6 @@ def test_one_head_inputs_reprs_and_the_remaining_errors(rng):
                       (RelativeBias(np.zeros((2, 3)), 4), "RelativeBias(table of shape (2, 3)"),
                       (Differentiable(noop_score, noop_score), "Differentiable(noop_score)")]:  # fmt: skip
         assert repr(mod).startswith(text)
-    with pytest.raises(ValueError, match="head=5 is not one of the block mask's 4 heads"):
-        per_head = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= h, None, 4, 7, 7)
-        flash_attention_one_head(q, k, v, block_mask=per_head, head=5)
     with pytest.raises(TypeError, match="mask_mod must be a function"):
         create_block_mask("causal", None, None, 7, 7)
     with pytest.raises(TypeError, match="mask_mod must be a function"):

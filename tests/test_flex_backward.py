@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from test_backward import assert_grads
+from test_blockmask import finishes_within
 from test_flex import HKV, HQ, B, documents
 
 from tinyattn_np import (
     Alibi,
+    BlockMask,
     Differentiable,
     KVCache,
     MultiHeadAttention,
@@ -23,8 +25,6 @@ from tinyattn_np import (
     causal_mod,
     create_block_mask,
     document_mod,
-    flash_attention_backward_one_head,
-    flash_attention_one_head,
     flex_attention,
     flex_attention_backward,
     prefix_lm_mod,
@@ -189,23 +189,17 @@ def test_same_bits_for_any_number_of_workers(rng):
             np.testing.assert_array_equal(a, b)
 
 
-def test_the_one_head_plain_backward_is_the_fast_path(rng):
+def test_a_block_mask_and_a_score_mod_in_odd_tiles_are_the_reference(rng):
+    """The backward through a block mask in tiles that divide neither L nor S and a softcap equals the
+    reference's gradients with the same mods."""
     q, k, v, dout = inputs(rng, 11, 13)
-    block_mask = create_block_mask(prefix_lm_mod(3), None, HQ, 11, 13, BLOCK_SIZE=(4, 3))
-    softcap = Softcap(1.1)
+    mask_mod, softcap = prefix_lm_mod(3), Softcap(1.1)
+    block_mask = create_block_mask(mask_mod, None, HQ, 11, 13, BLOCK_SIZE=(4, 3))
     out, lse = flex_attention(q, k, v, softcap, block_mask, enable_gqa=True, return_lse=True)
     fast = flex_attention_backward(q, k, v, out, dout, lse, score_mod=softcap, block_mask=block_mask, enable_gqa=True)
-    dk, dv = np.zeros_like(k), np.zeros_like(v)
-    for h in range(HQ):
-        head = (q[0, h], k[0, h // 2], v[0, h // 2])
-        mods = dict(score_mod=softcap, block_mask=block_mask, head=h)
-        one_out, one_lse = flash_attention_one_head(*head, **mods)
-        dq_h, dk_h, dv_h = flash_attention_backward_one_head(*head, one_out, dout[0, h], one_lse, **mods)
-        np.testing.assert_allclose(dq_h, fast.dq[0, h], rtol=1e-12, atol=1e-12)
-        dk[0, h // 2] += dk_h
-        dv[0, h // 2] += dv_h
-    np.testing.assert_allclose(dk[0], fast.dk[0], rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dv[0], fast.dv[0], rtol=1e-12, atol=1e-12)
+    gold = attention_backward(q, k, v, dout, score_mod=softcap, mask_mod=mask_mod)
+    for name, mine, ref in zip(("dq", "dk", "dv"), fast[:3], gold, strict=True):
+        np.testing.assert_allclose(mine, ref, rtol=1e-12, atol=1e-12, err_msg=name)
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -292,9 +286,51 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
 
 
-def test_the_one_head_backward_refuses_a_block_mask_with_causal(rng):
-    q, k, v, dout = (x[0, 0] for x in inputs(rng))
-    block_mask = create_block_mask(causal_mod(L, S), None, None, L, S)
-    out, lse = flash_attention_one_head(q, k, v, block_mask=block_mask)
-    with pytest.raises(ValueError, match="pass block_mask or causal/window, not both"):
-        flash_attention_backward_one_head(q, k, v, out, dout, lse, causal=True, block_mask=block_mask)
+# --- no wait without an end ------------------------------------------------------------------------
+
+
+def test_a_block_mask_cannot_be_edited_behind_the_backwards_back(rng):
+    """The forward and the backward read one table of tiles, which nobody can change after create_block_mask:
+    an edited table would make the backward wait for a tile that the forward no longer runs."""
+    q, k, v, dout = inputs(rng, 64, 64)
+    block_mask = create_block_mask(causal_mod(64), None, None, 64, 64, BLOCK_SIZE=16)
+    with pytest.raises(ValueError, match="read-only"):
+        block_mask.kinds[0, 0, 3, 0] = 0
+    with pytest.raises(ValueError, match="cannot set WRITEABLE"):
+        block_mask.kinds.flags.writeable = True
+    with pytest.raises(AttributeError):
+        block_mask.kinds = np.zeros_like(block_mask.kinds)
+    out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
+    grads = finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
+                            enable_gqa=True, workers=3)  # fmt: skip
+    reference = attention_backward(q, k, v, dout, causal=True)
+    for mine, gold in zip(grads[:3], reference, strict=True):
+        np.testing.assert_allclose(mine, gold, atol=1e-12)
+
+
+class PlacesOutOfOrder(BlockMask):
+    """A mask whose places disagree with its rows: each row's second tile claims the first place too."""
+
+    def place(self, tile, n_k, block_k, heads=None):
+        return max(0, super().place(tile, n_k, block_k, heads) - 1)
+
+
+class ColumnsMissingATile(BlockMask):
+    """A mask whose columns leave out a tile that its rows have: the last of the first column, which is the
+    first of its row, so that the rest of that row waits for it."""
+
+    def column_tiles(self, k_start, k_stop, n_q, block_q, heads=None):
+        tiles = list(super().column_tiles(k_start, k_stop, n_q, block_q, heads))
+        return tiles[:-1] if k_start == 0 else tiles
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("kind", [PlacesOutOfOrder, ColumnsMissingATile])
+def test_a_tile_whose_turn_cannot_come_raises_instead_of_waiting(rng, kind, workers):
+    q, k, v, dout = inputs(rng, 32, 32)
+    made = create_block_mask(causal_mod(32), None, None, 32, 32, BLOCK_SIZE=8)
+    block_mask = kind(made.kinds, made.seq_lengths, made.BLOCK_SIZE, made.mask_mod)
+    out, lse = flex_attention(q, k, v, block_mask=made, enable_gqa=True, return_lse=True)
+    with pytest.raises(RuntimeError, match="out of order"):
+        finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
+                        enable_gqa=True, workers=workers)  # fmt: skip

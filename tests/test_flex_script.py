@@ -26,6 +26,17 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "flash_attention(causal=True), the baseline's:" in out
 
 
+def test_varlen_times_packed_documents_against_the_batch():
+    result = run(SCRIPT, "--varlen", "--tokens", "256", "--heads", "1", "--head-dim", "8", "--repeats", "1")
+    assert result.returncode == 0, result.stderr
+    for documents in (8, 32):
+        assert re.search(
+            rf"^{documents}\s+32\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+x \(not judged\)", result.stdout, re.MULTILINE
+        )
+    assert "judged from --tokens 2048 on" in result.stdout
+    assert "tile maps" not in result.stdout  # --varlen times the packed documents only
+
+
 def test_help_and_bad_arguments():
     assert "Attention patterns as mods" in run(SCRIPT, "--help").stdout
     for args, message in [(["--tokens", "100"], "--tokens must be a multiple of 16"),

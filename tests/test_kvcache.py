@@ -192,6 +192,29 @@ def test_cache_errors():
         mha(x, cache=KVCache(2, 2, 8, 8))
 
 
+def test_the_cache_attends_for_the_layer():
+    """MultiHeadAttention(x, cache=c) is c.attend(layer, x), the heads merged and projected by W_out."""
+    mha = _model()
+    x = RNG.standard_normal((2, 5, 32))
+    through_layer, direct = KVCache(2, 2, 8, 8, dtype=np.float64), KVCache(2, 2, 8, 8, dtype=np.float64)
+    mha(x[:, :4], cache=through_layer)
+    direct.attend(mha, x[:, :4])
+    y = direct.attend(mha, x[:, 4:])  # (B, H, 1, d_head): a decode step at position 4
+    assert y.shape == (2, 4, 1, 8) and len(direct) == 5
+    np.testing.assert_array_equal(y.swapaxes(1, 2).reshape(2, 1, 32) @ mha.w_out, mha(x[:, 4:], cache=through_layer))
+
+
+def test_the_cache_door_checks_the_layer_and_x():
+    cache = KVCache(2, 2, 8, 8, dtype=np.float64)
+    with pytest.raises(TypeError, match="layer must be a MultiHeadAttention; got str"):
+        cache.attend("mha", RNG.standard_normal((2, 1, 32)))
+    with pytest.raises(ValueError, match=r"x must be \(B, T, 32\); got shape \(1, 32\)"):
+        cache.attend(_model(), RNG.standard_normal((1, 32)))
+    with pytest.raises(TypeError, match="fused must be True or False"):
+        cache.attend(_model(), RNG.standard_normal((2, 1, 32)), fused="yes")
+    assert len(cache) == 0
+
+
 # --- appends from several threads ------------------------------------------------------------------
 
 

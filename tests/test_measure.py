@@ -41,6 +41,15 @@ def test_timing():
         measure.time_calls(lambda: None, warmup=-1)
 
 
+def test_read_bandwidth_reads_both_halves_once_each(monkeypatch):
+    reads = []
+    monkeypatch.setattr(
+        measure, "read_once", lambda arrays, threads: reads.append(([a.nbytes for a in arrays], threads))
+    )
+    assert measure.read_bandwidth(2**20, repeats=2) > 0
+    assert reads == [([2**19, 2**19], 2)] * 3  # one warm-up call, then the two timed
+
+
 def test_machine_info():
     info = measure.machine_info()
     assert info["cores"] >= 1 and info["numpy"] == np.__version__

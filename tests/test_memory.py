@@ -21,6 +21,8 @@ from tinyattn_np.memory import (
     causal_entries,
     flash_attention_bytes,
     kv_cache_bytes,
+    latent_cache_bytes,
+    linear_attention_state_bytes,
     naive_attention_bytes,
     score_matrix_bytes,
 )
@@ -204,7 +206,7 @@ def test_bad_inputs_give_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="layers must be a positive int; got 0"):
         score_matrix_bytes(8, layers=0)
     no_layers = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
-    with pytest.raises(ValueError, match="config is missing 'num_hidden_layers' or 'n_layer'"):
+    with pytest.raises(ValueError, match="config is missing 'num_hidden_layers'"):
         load_model_shape(no_layers)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(no_layers))
@@ -371,7 +373,9 @@ def test_more_bad_inputs_name_what_is_wrong(tmp_path):
 def test_a_model_shape_passes_through_and_layer_types_count_windows():
     shape = load_model_shape("llama-3-8b")
     assert load_model_shape(shape) is shape
+    # a config without model_type is read as Llama, with the sliding window and layer_types it writes
     config = {**LLAMA_3_8B_CONFIG, "sliding_window": 1024, "num_hidden_layers": 4}
+    del config["model_type"]
     config["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
     mixed = load_model_shape(config)
     assert mixed.window_layers == 2
@@ -393,3 +397,45 @@ def test_naive_estimate_counts_the_window_edge(warm):
     assert plain < estimate <= plain + n * n  # at most one more L x S bool
     with pytest.raises(ValueError, match="needs causal=True"):
         naive_attention_bytes(n, heads=1, head_dim=8, window=window)
+
+
+# --- the formulas of latent attention, linear attention and chunked attention -------------------------------
+
+
+def test_latent_cache_keeps_the_latent_and_the_rotary_key():
+    """DeepSeek-V3: 61 layers of 512 + 64 numbers per token in bf16: 70,272 B, whatever its 128 heads."""
+    assert latent_cache_bytes(1, layers=61, kv_rank=512, rope_dim=64) == 61 * 576 * 2 == 70_272
+    assert latent_cache_bytes(10, layers=2, kv_rank=4, rope_dim=2, dtype="fp32", batch=3, window=4) == 2 * 6 * 4 * 3 * 4
+    # decompressed, every head keeps a key of 128 + 64 and a value of 128: 4,997,120 B, 71.1 times the latent
+    naive = kv_cache_bytes(1, layers=61, kv_heads=128, head_dim=192, head_dim_v=128)
+    assert naive == 61 * 128 * (192 + 128) * 2 == 4_997_120
+    with pytest.raises(ValueError, match="kv_rank must be a positive int; got 0"):
+        latent_cache_bytes(1, layers=1, kv_rank=0, rope_dim=64)
+
+
+def test_linear_attention_state_does_not_grow():
+    """Qwen3-Next's 36 gated DeltaNet layers: 32 value heads of a 128 x 128 state, and a convolution of 4 over
+    2·16·128 + 32·128 = 8,192 channels: (524,288 + 32,768) numbers a layer, 40,108,032 B in bf16."""
+    sizes = dict(layers=36, heads=32, key_dim=128, value_dim=128, conv_channels=8192, conv_kernel=4)
+    assert linear_attention_state_bytes(**sizes) == 36 * (32 * 128 * 128 + 8192 * 4) * 2 == 40_108_032
+    assert linear_attention_state_bytes(**sizes, batch=3, dtype="fp32") == 3 * 2 * 40_108_032
+    assert linear_attention_state_bytes(layers=1, heads=2, key_dim=3, value_dim=5) == 2 * 3 * 5 * 2  # no convolution
+
+
+@pytest.mark.parametrize(("n_q", "n_k"), [(1, 1), (8, 8), (5, 13), (13, 5), (1, 17), (0, 4), (20, 20)])
+@pytest.mark.parametrize("chunk", [1, 3, 4, 100])
+def test_chunk_entries_count_the_chunked_mask(n_q, n_k, chunk):
+    """Query i (at position p = i + S - L) sees key j when floor(j / C) = floor(p / C) and j <= p."""
+    p = np.arange(n_q)[:, None] + n_k - n_q
+    j = np.arange(n_k)[None, :]
+    mask = (j <= p) & (j // chunk == p // chunk)
+    assert causal_entries(n_q, n_k, chunk=chunk) == int(mask.sum())
+
+
+def test_chunked_flops_and_their_errors():
+    # 10 tokens in chunks of 4: rows keep 1, 2, 3, 4, 1, 2, 3, 4, 1, 2 keys = 23; 2 (E + Ev) = 4 FLOPs each
+    assert attention_flops(10, heads=1, head_dim=1, causal=True, chunk=4) == 23 * 4
+    with pytest.raises(ValueError, match="chunk=4 needs causal=True"):
+        attention_flops(10, heads=1, head_dim=1, chunk=4)
+    with pytest.raises(ValueError, match="a layer slides or is chunked, not both"):
+        causal_entries(10, window=2, chunk=4)

@@ -3,6 +3,7 @@ for one context; and the window parameter of memory.py's estimates."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -94,10 +95,13 @@ def test_multimodal_configs_load_their_text_model():
     assert tied.tied_embeddings and tied.num_parameters == 8_030_261_248 - 128256 * 4096
 
 
-@pytest.mark.parametrize("field", ["tie_word_embeddings", "use_sliding_window", "attention_bias"])
-def test_json_booleans_must_be_booleans(field):
+@pytest.mark.parametrize(
+    ("field", "model_type"),
+    [("tie_word_embeddings", "llama"), ("use_sliding_window", "qwen2"), ("attention_bias", "llama")],
+)
+def test_json_booleans_must_be_booleans(field, model_type):
     with pytest.raises(ValueError, match=f"config field '{field}' must be true or false; got 'false' \\(str\\)"):
-        load_model_shape({**LLAMA_31_8B, field: "false"})
+        load_model_shape({**LLAMA_31_8B, "model_type": model_type, field: "false"})
 
 
 @pytest.mark.parametrize(
@@ -150,7 +154,7 @@ def test_window_makes_flops_linear_in_the_context():
 
 def test_model_flops_count_window_layers_by_their_band():
     mistral, gemma = PRESETS["mistral-7b-v0.1"], PRESETS["gemma-2-9b"]
-    dense = ModelShape(**{**mistral.__dict__, "sliding_window": None})
+    dense = ModelShape(**{**mistral.__dict__, "sliding_window": None, "layer_types": None})
     n = 32768
     sizes = dict(heads=32, head_dim=128, causal=True)
     assert mistral.attention_flops(n) == 32 * attention_flops(n, window=4096, **sizes)
@@ -276,3 +280,353 @@ def test_configs_without_a_name_are_named_by_their_file(tmp_path):
     named = {**config, "_name_or_path": "org/tiny"}
     (folder / "x.json").write_text(json.dumps(named))
     assert load_model_shape(folder / "x.json").name == "org/tiny"
+
+
+# --- every architecture's rule, by hand-counted small configs -----------------------------------------------
+# A tiny decoder: C = 8, 2 query heads over 1 kv head of 4, an MLP of 12, vocab 10, 2 layers. As Llama builds it:
+#   embeddings 10·8 + lm_head 10·8 = 160
+#   a layer: q 8·8 + k 8·4 + v 8·4 + o 8·8 = 192, gate/up/down 3·8·12 = 288, two RMSNorms 2·8 = 16: 496
+#   2 layers 992 + the final norm 8: 1,160 in all
+TINY = {"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+        "intermediate_size": 12, "vocab_size": 10, "num_hidden_layers": 2}  # fmt: skip
+LAYER_ATTENTION, LAYER_MLP, LAYER_NORMS = 192, 288, 16
+
+
+def tiny(**change):
+    return load_model_shape({**TINY, **change})
+
+
+def test_the_tiny_llama_by_hand():
+    shape = tiny()
+    assert (shape.attention_parameters, shape.mlp_parameters) == (LAYER_ATTENTION, LAYER_MLP)
+    assert shape.num_parameters == 160 + 2 * (LAYER_ATTENTION + LAYER_MLP + LAYER_NORMS) + 8 == 1_160
+    assert shape.active_parameters == shape.num_parameters and shape.architecture == "llama"
+    assert tiny(tie_word_embeddings=True).num_parameters == 1_160 - 80  # one table, read twice
+
+
+@pytest.mark.parametrize(
+    ("change", "difference"),
+    [
+        # llama's attention_bias: q 8 + k 4 + v 4 + o 8 per layer; mlp_bias: gate 12 + up 12 + down 8
+        ({"attention_bias": True}, 2 * 24),
+        ({"mlp_bias": True}, 2 * 32),
+        # Qwen2: q, k and v only (16 a layer), whatever the config says
+        ({"model_type": "qwen2"}, 2 * 16),
+        # GLM-4: q, k, v biases by default, and 4 norms a layer (2 more of 8)
+        ({"model_type": "glm4"}, 2 * (16 + 16)),
+        # Gemma-2: tied (-80), 4 norms a layer (+16 a layer)
+        ({"model_type": "gemma2"}, -80 + 2 * 16),
+        # Qwen3: a norm of E = 4 on q and one on k, every layer; Gemma-3 too, tied and with 4 norms
+        ({"model_type": "qwen3"}, 2 * 8),
+        ({"model_type": "gemma3_text"}, -80 + 2 * (8 + 16)),
+        # OLMo-2: q_norm over all 2·4 and k_norm over 1·4 (12 a layer); OLMo: LayerNorm without parameters
+        ({"model_type": "olmo2"}, 2 * 12),
+        ({"model_type": "olmo"}, -(2 * 16 + 8)),
+        # Cohere: one LayerNorm (weight only) a layer for its parallel block (-8 a layer), tied (-80); its
+        # use_qk_norm: a weight per head and channel, (2 + 1)·4 = 12 a layer
+        ({"model_type": "cohere"}, -80 - 2 * 8),
+        ({"model_type": "cohere", "use_qk_norm": True}, -80 - 2 * 8 + 2 * 12),
+        # StableLM: LayerNorm with bias (+16 a layer, +8 final); its per-head qk_layernorm (2 + 1)·4 = 12 a layer;
+        # parallel: one norm (-16 a layer)
+        ({"model_type": "stablelm"}, 2 * 16 + 8),
+        ({"model_type": "stablelm", "qk_layernorm": True}, 2 * (16 + 12) + 8),
+        ({"model_type": "stablelm", "use_parallel_residual": True}, 8),
+    ],
+)  # fmt: skip
+def test_each_block_rule_by_hand(change, difference):
+    assert tiny(**change).num_parameters == 1_160 + difference
+
+
+def test_two_matrix_mlps_and_layernorms_by_hand():
+    """StarCoder2 (biases on by default), GPT-NeoX (MLP biases always, attention_bias true by default), Phi-2
+    (one norm, biases everywhere, a bias on the output head): up 8·12 and down 12·8 = 192, + 12 + 8 biases."""
+    plain = 2 * 8 * 12
+    starcoder2 = tiny(model_type="starcoder2")  # tied, LayerNorm with bias, every bias
+    assert starcoder2.num_parameters == 80 + 2 * (LAYER_ATTENTION + 24 + plain + 20 + 2 * 16) + 16
+    assert tiny(model_type="starcoder2", use_bias=False).num_parameters == 80 + 2 * (LAYER_ATTENTION + plain + 32) + 16
+    neox = load_model_shape({**TINY, "model_type": "gpt_neox", "num_key_value_heads": None, "head_dim": None})
+    mha = 4 * 8 * 8 + 8 * 3 + 8  # 2 heads of 4 over 2 kv heads: q, k, v, o of 8·8, and their biases
+    assert neox.num_parameters == 160 + 2 * (mha + plain + 20 + 2 * 16) + 16
+    phi = load_model_shape({**TINY, "model_type": "phi", "num_key_value_heads": 2, "head_dim": None})
+    assert phi.num_parameters == 160 + 10 + 2 * (mha + plain + 20 + 16) + 16  # lm_head's bias: 10
+    assert (
+        load_model_shape({**TINY, "model_type": "phi", "num_key_value_heads": 2, "qk_layernorm": True}).num_parameters
+        == phi.num_parameters + 2 * 4 * 4
+    )  # LayerNorm(4) on q and k, with bias
+
+
+def test_falcon_multi_query_new_decoder_and_alibi():
+    """Falcon: n_head / n_layer, a 2-matrix MLP of 4 x hidden (ffn_hidden_size null), tied, no bias."""
+    falcon = {"model_type": "falcon", "hidden_size": 8, "n_head": 2, "n_layer": 2, "vocab_size": 10}
+    mlp = 2 * 8 * 32
+    mqa = load_model_shape(falcon)  # multi_query: one kv head; qkv 8·(8 + 2·4), dense 8·8; one LayerNorm (parallel)
+    assert (mqa.kv_heads, mqa.norms_per_layer, mqa.positions) == (1, 1, "rope")
+    assert mqa.num_parameters == 80 + 2 * (8 * 16 + 64 + mlp + 16) + 16
+    new = load_model_shape({**falcon, "new_decoder_architecture": True, "num_kv_heads": 2})
+    assert new.kv_heads == 2 and new.norms_per_layer == 2  # ln_attn and ln_mlp
+    assert new.num_parameters == 80 + 2 * (8 * 24 + 64 + mlp + 32) + 16
+    old = load_model_shape({**falcon, "multi_query": False, "parallel_attn": False, "alibi": True, "bias": True})
+    assert (old.kv_heads, old.positions, old.rope_theta) == (2, "alibi", None)
+    with pytest.raises(ValueError, match="has no rotary positions"):
+        old.rope_frequencies()
+    assert old.num_parameters == 80 + 2 * (8 * 24 + 64 + 24 + 8 + mlp + 32 + 8 + 32) + 16
+
+
+def test_gpt2_names_learned_positions_and_a_head_dim_of_its_own():
+    gpt2 = load_model_shape({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 2, "n_positions": 5,
+                             "vocab_size": 10, "n_inner": None})  # fmt: skip
+    layer = 4 * 8 * 8 + 32 + 2 * 8 * 32 + 40 + 32  # q k v o and 4 biases of 8, MLP of 32, two LayerNorms
+    assert gpt2.num_parameters == 80 + 5 * 8 + 2 * layer + 16 and gpt2.positions == "learned"
+    # head_dim 6, not 8 / 2: q 8·12, k and v 8·6, o 12·8
+    assert tiny(head_dim=6).attention_parameters == 8 * 12 + 2 * 8 * 6 + 12 * 8
+
+
+# --- experts --------------------------------------------------------------------------------------------------
+
+
+def test_mixtral_experts_total_and_active():
+    """4 experts of 12 on every layer, 2 per token: a router 8·4, 4 experts of 3·8·12 = 288."""
+    moe = tiny(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2)
+    assert moe.moe_parameters == 8 * 4 + 4 * 288
+    assert moe.num_parameters == 1_160 + 2 * (32 + 3 * 288)
+    assert moe.active_parameters == moe.num_parameters - 2 * 2 * 288  # 2 experts a layer it skips
+    assert load_model_shape({**TINY, "model_type": "mixtral", "num_local_experts": 4}).active_parameters is None
+
+
+def test_qwen_moe_layers_shared_expert_and_its_gate():
+    """Qwen2-MoE: layer i routes unless in mlp_only_layers, every decoder_sparse_step-th; experts of
+    moe_intermediate_size 6; a shared expert of 10 behind a gate of 8 -> 1."""
+    config = {**TINY, "model_type": "qwen2_moe", "num_hidden_layers": 4, "num_experts": 3, "num_experts_per_tok": 1,
+              "moe_intermediate_size": 6, "shared_expert_intermediate_size": 10, "decoder_sparse_step": 2}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.experts.layers == (1, 3)
+    assert shape.moe_parameters == 8 * 3 + 3 * (3 * 8 * 6) + 3 * 8 * 10 + 8
+    assert load_model_shape({**config, "mlp_only_layers": [3]}).experts.layers == (1,)
+
+
+def test_deepseek_dense_layers_first_and_shared_experts():
+    """first_k_dense_replace 1: layer 0 dense (intermediate_size); then n_routed_experts 4 of 6, and 2 shared
+    experts of 6 as one MLP of 12; moe_layer_freq 2 routes every other layer."""
+    config = {**TINY, "model_type": "deepseek_v3", "num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": None,
+              "kv_lora_rank": 4, "q_lora_rank": None, "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3,
+              "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 6, "n_shared_experts": 2,
+              "first_k_dense_replace": 1}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.experts.layers == (1, 2, 3) and shape.experts.shared_intermediate == 12
+    assert shape.moe_parameters == 8 * 4 + 4 * (3 * 8 * 6) + 3 * 8 * 12
+    assert load_model_shape({**config, "moe_layer_freq": 2}).experts.layers == (2,)
+
+
+def test_gpt_oss_router_and_expert_biases_and_sinks():
+    config = {**TINY, "model_type": "gpt_oss", "num_local_experts": 3, "num_experts_per_tok": 1,
+              "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}  # fmt: skip
+    shape = load_model_shape(config)
+    expert = 3 * 8 * 12 + 2 * 12 + 8  # gate, up and down, and their biases
+    assert shape.moe_parameters == (8 * 3 + 3) + 3 * expert  # router weights and bias
+    assert shape.attention_parameters == LAYER_ATTENTION + 24 + 2  # biases on q, k, v, o; 2 sinks
+    assert shape.active_parameters == shape.num_parameters - 2 * 2 * expert
+
+
+def test_llama4_interleaved_moe_and_the_dense_width():
+    """Llama 4: every interleave_moe_layer_step-th layer routes, to experts and one shared expert of
+    intermediate_size; the other layers' MLP is intermediate_size_mlp wide; its L2 q/k norm has no weights."""
+    config = {**TINY, "model_type": "llama4_text", "num_hidden_layers": 4, "num_local_experts": 2,
+              "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "intermediate_size_mlp": 20,
+              "attention_chunk_size": 4}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.experts.layers == (1, 3) and shape.intermediate == 20 and shape.qk_norm == "l2"
+    assert shape.mlp_parameters == 3 * 8 * 20 and shape.moe_parameters == 8 * 2 + 2 * 288 + 288
+    assert shape.layer_types == ("chunked_attention",) * 3 + ("full_attention",)  # every 4th layer has no RoPE
+
+
+def test_ernie_moe_layer_range_and_its_score_bias():
+    config = {**TINY, "model_type": "ernie4_5_moe", "num_hidden_layers": 4, "moe_num_experts": 2, "moe_k": 1,
+              "moe_intermediate_size": 6, "moe_num_shared_experts": 1, "moe_layer_start_index": 1,
+              "moe_layer_end_index": 2}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.experts.layers == (1, 2) and shape.tied_embeddings
+    assert shape.moe_parameters == 8 * 2 + 2 + 2 * (3 * 8 * 6) + 3 * 8 * 6  # router, correction bias, experts, shared
+
+
+# --- latent attention -------------------------------------------------------------------------------------
+
+
+def test_latent_attention_weights_and_cache_by_hand():
+    """2 heads; kv_lora_rank 4, q_lora_rank 3, rope 2, nope 2, v 3; C = 8.
+    q: 8·3 + 3 (norm) + 3·2·(2 + 2); kv: 8·(4 + 2) + 4 (norm); 4·2·(2 + 3); o: 2·3·8."""
+    config = {**TINY, "model_type": "deepseek_v2", "num_key_value_heads": 2, "head_dim": None, "kv_lora_rank": 4,
+              "q_lora_rank": 3, "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3,
+              "first_k_dense_replace": 2}  # fmt: skip
+    shape = load_model_shape(config)
+    assert shape.attention_kind == "MLA" and shape.head_dim == 4 and shape.kv_width == 6
+    assert shape.attention_parameters == (24 + 3 + 24) + (48 + 4) + 40 + 48 == 191
+    assert load_model_shape({**config, "q_lora_rank": None}).attention_parameters == 8 * 2 * 4 + 52 + 40 + 48
+    assert load_model_shape({**config, "attention_bias": True}).attention_parameters == 191 + 3 + 6 + 8
+    # the cache: 4 + 2 numbers a token and layer; decompressed, 2 heads of keys 4 and values 3
+    assert shape.kv_cache_bytes(10, "fp32") == 2 * 6 * 10 * 4
+    assert shape.kv_cache_bytes(10, "fp32", decompressed=True) == 2 * 2 * (4 + 3) * 10 * 4
+    assert shape.rotary_dim == 2 and shape.rope_frequencies().shape == (1,)
+
+
+# --- layer kinds: windows, chunks, linear layers ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "kinds"),
+    [
+        ({"model_type": "mistral", "sliding_window": 4}, "SSSS"),
+        ({"model_type": "mistral", "sliding_window": None}, "FFFF"),
+        ({"model_type": "mistral", "sliding_window": 0}, "FFFF"),  # 0: off
+        ({"model_type": "qwen2", "sliding_window": 4}, "FFFF"),  # use_sliding_window false by default: off
+        ({"model_type": "qwen2", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 1}, "FSSS"),
+        ({"model_type": "qwen2_moe", "sliding_window": 4, "use_sliding_window": True, "max_window_layers": 3,
+          "num_experts": 0}, "SFSF"),
+        ({"model_type": "gemma2", "sliding_window": 4}, "SFSF"),
+        ({"model_type": "gemma3_text", "sliding_window": 4, "sliding_window_pattern": 3}, "SSFS"),
+        ({"model_type": "cohere2", "sliding_window": 4}, "SSSF"),
+        ({"model_type": "exaone4", "sliding_window": 4, "sliding_window_pattern": "LG"}, "SFSF"),
+        ({"model_type": "smollm3", "sliding_window": 4, "use_sliding_window": True, "no_rope_layers": [1, 0, 1, 0]},
+         "FSFS"),
+        ({"model_type": "llama4_text", "attention_chunk_size": 4, "num_local_experts": 1, "no_rope_layer_interval": 2},
+         "CFCF"),
+        ({"model_type": "llama4_text", "attention_chunk_size": None, "num_local_experts": 1}, "FFFF"),
+        ({"model_type": "minimax", "num_local_experts": 1}, "FLFL"),
+        ({"model_type": "mistral", "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"] * 2},
+         "FSFS"),
+    ],
+)  # fmt: skip
+def test_which_layers_slide_chunk_or_are_linear(change, kinds):
+    letters = {"full_attention": "F", "sliding_attention": "S", "chunked_attention": "C", "linear_attention": "L"}
+    shape = tiny(num_hidden_layers=4, **change)
+    assert "".join(letters[kind] for kind in shape.layer_types) == kinds
+
+
+def test_cache_by_layer_kind_by_hand():
+    """4 layers of 1 kv head of 4, fp32: 2·4·4 = 32 B a token and layer. Full layers keep every token, sliding
+    ones at most 4, chunked ones at most their chunk of 4, linear ones a fixed state."""
+    mixed = tiny(model_type="gemma2", num_hidden_layers=4, sliding_window=4)  # S F S F
+    assert mixed.kv_cache_bytes(10, "fp32") == 32 * (2 * 10 + 2 * 4)
+    assert mixed.kv_bytes_per_token("fp32") == {"full_attention": 64, "sliding_attention": 64}
+    chunked = tiny(model_type="llama4_text", num_hidden_layers=4, attention_chunk_size=4, num_local_experts=1)
+    assert chunked.kv_cache_bytes(10, "fp32", batch=2) == 2 * 32 * (10 + 3 * 4)
+    # 2 heads, 2 (E + Ev) = 16 FLOPs a score: 3 chunked layers of 23 scores, a full one of 55
+    assert chunked.attention_flops(10) == 2 * 16 * (3 * causal_entries(10, chunk=4) + causal_entries(10))
+    heads = {
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 3,
+        "linear_value_head_dim": 5,
+    }
+    linear = tiny(model_type="qwen3_next", num_hidden_layers=4, num_experts=1, moe_intermediate_size=6,
+                  linear_conv_kernel_dim=2, **heads)  # fmt: skip
+    assert linear.kv_cache_bytes(10, "fp32") == 32 * 10  # one full layer (every 4th)
+    # 3 linear layers: 2 value heads of a 3 x 5 state, and a convolution of 2 over 2·1·3 + 2·5 = 16 channels
+    assert linear.state_bytes("fp32") == 3 * (2 * 3 * 5 + 16 * 2) * 4
+    assert linear.cache_bytes(10, "fp32") == 32 * 10 + 3 * 62 * 4
+    assert linear.linear_attention_parameters == 8 * (6 + 20) + 8 * 4 + 16 * 2 + 4 + 5 + 10 * 8
+    assert linear.attention_parameters == 8 * 16 + 2 * 32 + 64 + 8  # q and its gate 8·16, q/k norms 4 + 4
+    lightning = tiny(model_type="minimax", num_local_experts=1)  # heads 2 of 4: a 4 x 4 state each
+    assert lightning.state_bytes("fp32") == 1 * 2 * 4 * 4 * 4
+    assert lightning.linear_attention_parameters == 8 * 24 + 8 + 8 * 8 + 8 * 8
+
+
+# --- what the reader refuses ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model_type": "mamba"}, r"'model_type' = 'mamba' is not an architecture the reader knows; it knows cohere,"),
+        ({"num_local_experts": 8}, r"'num_local_experts' = 8 would change the bill and is not understood for "
+                                   r"model_type 'llama'; the reader knows cohere, cohere2, deepseek_v2"),
+        ({"kv_lora_rank": 512}, r"'kv_lora_rank' = 512 would change the bill"),
+        ({"sliding_window": 4096}, r"'sliding_window' = 4096 would change the bill"),
+        ({"is_encoder_decoder": True}, r"'is_encoder_decoder' = True describes a model that is not a plain decoder"),
+        ({"model_type": "phi3", "attention_bias": True}, r"'attention_bias' = True is not built by transformers"),
+        ({"model_type": "gemma2", "layer_types": ["mamba", "full_attention"]},
+         r"'layer_types' = \['mamba'\] names layer kinds the reader does not know"),
+        ({"model_type": "gemma2", "sliding_window": 0, "layer_types": ["sliding_attention", "full_attention"]},
+         r"'layer_types' has sliding_attention layers, but the sliding window is off"),
+        ({"model_type": "mistral", "layer_types": ["linear_attention"] * 2}, r"'layer_types' = 'linear_attention' "
+                                                                             r"has no linear layers"),
+    ],
+)  # fmt: skip
+def test_what_the_reader_does_not_understand_is_refused(change, message):
+    with pytest.raises(ValueError, match=message):
+        tiny(**change)
+
+
+def test_null_and_off_mean_off_and_notes_say_what_is_left_out():
+    assert tiny(num_local_experts=None).experts is None  # null: not given
+    assert tiny(model_type="qwen2_moe", sliding_window=0, num_experts=0).sliding_window is None
+    text = {"model_type": "llava", "text_config": {**TINY}, "vision_config": {"hidden_size": 4}}
+    assert load_model_shape(text).notes == ("the language model only (text_config): the other towers are not counted",)
+    quantized = tiny(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    assert quantized.quantization == "fp8" and "quantized (fp8)" in quantized.notes[0]
+    assert load_model_shape({key: value for key, value in TINY.items() if key != "model_type"}).notes == (
+        "the config names no model_type: read as Llama",
+    )
+
+
+# --- the published figures, from each model's config.json ---------------------------------------------------
+
+# huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json, the fields that make its bill
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+    "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+    "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "max_position_embeddings": 163840, "rope_theta": 10000, "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
+    "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "ep_size": 1, "attention_bias": False,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+}  # fmt: skip
+# huggingface.co/Qwen/Qwen2.5-72B/blob/main/config.json
+QWEN25_72B = {
+    "model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0, "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 80,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+# huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json
+LLAMA31_405B = {
+    "model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
+    "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+    "rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE_SCALING), "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def test_the_kv_cache_per_token_of_the_deepseek_v3_report():
+    """The DeepSeek-V3 report's comparison, per token in bf16: 70,272 B (the latent), 327,680 B, 516,096 B."""
+    deepseek, qwen, llama = (load_model_shape(config) for config in (DEEPSEEK_V3, QWEN25_72B, LLAMA31_405B))
+    assert deepseek.kv_cache_bytes(1) == 61 * (512 + 64) * 2 == 70_272
+    assert qwen.kv_cache_bytes(1) == 2 * 80 * 8 * 128 * 2 == 327_680
+    assert llama.kv_cache_bytes(1) == 2 * 126 * 8 * 128 * 2 == 516_096
+    assert model_bill(deepseek, 1)["kv_bytes_per_token_decompressed"] == 61 * 128 * (192 + 128) * 2
+
+
+def test_deepseek_v3_is_671b_with_37b_active():
+    shape = load_model_shape(DEEPSEEK_V3)
+    assert shape.num_parameters == 671_026_404_352  # the "671B": no MTP layer (its note says so)
+    assert 37e9 < shape.active_parameters < 38e9  # "37B activated": 8 of 256 experts a token, and the shared one
+    assert shape == dataclasses.replace(PRESETS["deepseek-v3"], name="deepseek_v3")
+    assert any("multi-token-prediction" in note for note in shape.notes)
+
+
+def test_qwen25_72b_and_llama31_405b_parameters():
+    assert load_model_shape(QWEN25_72B).num_parameters == 72_706_203_648  # "72.7B"
+    assert load_model_shape(LLAMA31_405B).num_parameters == 405_853_388_800  # "405B"
+
+
+def test_model_bill_says_what_it_recognized_and_is_json():
+    bill = model_bill(PRESETS["qwen3-next-80b-a3b"], [4096, 262144])
+    assert bill["architecture"] == "qwen3_next" and bill["parameters"] > bill["active_parameters"]
+    assert bill["state_bytes"] == PRESETS["qwen3-next-80b-a3b"].state_bytes()
+    assert [c["cache_bytes"] - c["kv_cache_bytes"] for c in bill["contexts"]] == [bill["state_bytes"]] * 2
+    assert bill["kv_bytes_per_token_by_kind"] == {"full_attention": 12 * 2 * 2 * 256 * 2}
+    assert any(line.startswith("48 layers: 12 full + 36 linear") for line in bill["description"])
+    json.dumps(bill)
+    assert model_bill(PRESETS["llama-3-8b"], 1)["kv_bytes_per_token_decompressed"] is None

@@ -73,3 +73,30 @@ def test_bad_configuration():
         MultiHeadAttention(16, 0)
     with pytest.raises(ValueError, match=r"x must be \(B, T, 16\)"):
         MultiHeadAttention(16, 4)(np.zeros((2, 3, 8), np.float32))
+
+
+def test_a_cache_passed_in_does_the_decoding(rng):
+    """cache= hands x to cache.attend(layer, x): the layer projects out what the cache returns, nothing more."""
+
+    class Recorder:
+        def attend(self, layer, x, *, fused=True, seq_ids=None):
+            self.call = (layer, x.shape, fused, seq_ids)
+            return np.ones((x.shape[0], layer.n_heads, x.shape[1], layer.d_head), layer.w_qkv.dtype)
+
+    mha = MultiHeadAttention(16, 4, 2, rng=rng, dtype=np.float64)
+    cache = Recorder()
+    out = mha(rng.standard_normal((5, 16)), cache=cache, fused=False, seq_ids=[3])
+    assert cache.call == (mha, (1, 5, 16), False, [3])
+    np.testing.assert_array_equal(out, np.ones((5, 16)) @ mha.w_out)  # y (B, H, T, d_head) merged, then W_out
+
+
+def test_multihead_imports_no_cache():
+    """The caches come after the layer in the reading order: they import it, never the other way round."""
+    import ast
+    import pathlib
+
+    import tinyattn_np.multihead as multihead
+
+    tree = ast.parse(pathlib.Path(multihead.__file__).read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
+    assert not imported & {"kvcache", "splitkv", "paged"}, imported

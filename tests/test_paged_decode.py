@@ -273,3 +273,19 @@ def test_seq_ids_without_a_paged_cache_is_refused():
         mha(np.zeros((1, 1, 16), np.float32), seq_ids=[0])
     with pytest.raises(ValueError, match="seq_ids is for a PagedKVCache"):
         mha(np.zeros((1, 1, 16), np.float32), cache=KVCache(1, 2, 4, 8), seq_ids=[0])
+
+
+def test_the_paged_cache_attends_for_the_layer():
+    """MultiHeadAttention(x, cache=c, seq_ids=) is c.attend(layer, x, seq_ids=), merged and projected by W_out."""
+    mha = MultiHeadAttention(16, 2, 2, rope=True, rng=9, dtype=np.float64)
+    x = RNG.standard_normal((2, 3, 16))
+    caches = [PagedKVCache(8, 2, 2, 8, dtype=np.float64) for _ in range(2)]
+    seqs = [[cache.add_sequence(), cache.add_sequence()] for cache in caches]
+    mha(x[:, :2], cache=caches[0], seq_ids=seqs[0])
+    caches[1].attend(mha, x[:, :2], seq_ids=seqs[1])
+    y = caches[1].attend(mha, x[:, 2:], seq_ids=seqs[1])  # (B, H, 1, d_head)
+    assert y.shape == (2, 2, 1, 8) and [caches[1].length(s) for s in seqs[1]] == [3, 3]
+    out = y.swapaxes(1, 2).reshape(2, 1, 16) @ mha.w_out
+    np.testing.assert_array_equal(out, mha(x[:, 2:], cache=caches[0], seq_ids=seqs[0]))
+    with pytest.raises(TypeError, match="layer must be a MultiHeadAttention; got NoneType"):
+        caches[1].attend(None, x, seq_ids=seqs[1])

@@ -44,15 +44,15 @@ def test_a_small_server_run_checks_everything_it_prints(tmp_path, capsys):
 def test_a_wrong_paged_decode_is_caught(monkeypatch, capsys):
     """The check against each request alone can fail: scale the cached part of every paged step by 1.01."""
     module = _script()
-    import tinyattn_np.multihead as multihead
+    import tinyattn_np.paged as paged
 
-    decode_pages = multihead.decode_pages
+    decode_pages = paged.decode_pages
 
     def wrong(*args):
         out, lse = decode_pages(*args)
         return out * 1.01, lse
 
-    monkeypatch.setattr(multihead, "decode_pages", wrong)
+    monkeypatch.setattr(paged, "decode_pages", wrong)
     assert module.main([*SMALL, "--samples", "1"]) == 1
     assert "the same logits to rounding" in capsys.readouterr().err
 

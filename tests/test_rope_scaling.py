@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tinyattn_np import rope, rope_attention_factor, rope_frequencies
-from tinyattn_np.position import ROPE_TYPES, rotary_dim
+from tinyattn_np.rope_scaling import ROPE_TYPES, check_rope_scaling, rotary_dim
 
 # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: rope_theta 500000, head_dim 128
 LLAMA_31 = {
@@ -178,8 +178,8 @@ def test_other_bad_arguments():
 
 def test_dynamic_takes_its_trained_length_from_max_position_embeddings_as_transformers_does():
     """transformers' _compute_dynamic_ntk_parameters (modeling_rope_utils.py) reads L0 from
-    config.max_position_embeddings only; a dict's original_max_position_embeddings used to replace it here,
-    moving the last θ by 80% at seq_len 32,768 for a dict with 4,096 and a config with 16,384."""
+    config.max_position_embeddings only; taking the dict's original_max_position_embeddings instead would
+    move the last θ by 80% at seq_len 32,768 for a dict with 4,096 and a config with 16,384."""
     scaling = {"rope_type": "dynamic", "factor": 2.0}
     with_key = {**scaling, "original_max_position_embeddings": 4096}
     theta = rope_frequencies(64, scaling=with_key, seq_len=32768, max_position_embeddings=16384)
@@ -197,7 +197,7 @@ def test_dynamic_takes_its_trained_length_from_max_position_embeddings_as_transf
 
 
 def test_dynamic_with_a_huge_factor_stays_finite():
-    """base' = base · ratio^(d/(d-2)) overflowed float64 (an OverflowError) for factor 1e300; θ'_i =
+    """base' = base · ratio^(d/(d-2)) overflows float64 (an OverflowError) for factor 1e300; θ'_i =
     θ_i · ratio^(-2i/(d-2)) is the same number without the overflow, and tends to 0 past pair 0."""
     scaling = {"rope_type": "dynamic", "factor": 1e300}
     theta = rope_frequencies(64, scaling=scaling, seq_len=10**6, max_position_embeddings=4096)
@@ -213,7 +213,7 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": 
 @pytest.mark.parametrize(
     ("scaling", "error", "message"),
     [
-        # yarn: each field a finite number > 0 (0 used to become the default, a negative mscale a negative a)
+        # yarn: each field a finite number > 0 (0 is not the default, a negative mscale no attention factor)
         ({**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}, ValueError,
          r"scaling\['mscale'\] must be a finite number > 0; got -1.0"),
         ({**YARN, "mscale": 1.0, "mscale_all_dim": "1"}, TypeError,
@@ -264,8 +264,8 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": 
     ],
 )  # fmt: skip
 def test_every_scaling_field_is_checked_and_named(scaling, error, message):
-    """Each used to pass silently, or end in "math domain error", NaN-to-int, an OverflowError or a
-    ZeroDivisionError; now each is an error naming the field, its value and what is allowed."""
+    """Unchecked, each would pass silently, or end in "math domain error", NaN-to-int, an OverflowError or a
+    ZeroDivisionError; checked, each is an error naming the field, its value and what is allowed."""
     with pytest.raises(error, match=message):
         rope(np.ones((2, 64)), scaling=scaling, max_position_embeddings=131072)
 
@@ -275,3 +275,18 @@ def test_a_bad_max_position_embeddings_is_refused_even_where_unused():
         rope_frequencies(8, scaling={"rope_type": "linear", "factor": 2.0}, max_position_embeddings=0)
     with pytest.raises(TypeError, match="max_position_embeddings must be a positive int; got 4096.0"):
         rope_attention_factor(YARN, max_position_embeddings=4096.0)
+
+
+def test_the_checked_dict_has_every_field_its_method_reads():
+    """check_rope_scaling fills in what the dict leaves out: yarn's defaults and L0 from the config, longrope's
+    factor as max_position_embeddings / L0, as transformers does."""
+    assert check_rope_scaling(None) is None
+    yarn = check_rope_scaling({"rope_type": "yarn", "factor": 4.0}, 64, max_position_embeddings=4096)
+    assert (yarn.rope_type, yarn.factor, yarn.original_length) == ("yarn", 4.0, 4096)
+    assert (yarn.beta_fast, yarn.beta_slow, yarn.truncate, yarn.attention_factor) == (32.0, 1.0, True, None)
+    longrope = check_rope_scaling({**LONGROPE, "original_max_position_embeddings": 4096}, 64,
+                                  max_position_embeddings=131072)  # fmt: skip
+    assert longrope.factor == 32.0 and longrope.original_length == 4096
+    np.testing.assert_array_equal(longrope.long_factor, np.full(32, 2.0))
+    linear = check_rope_scaling({"type": "linear", "factor": 2.0, "mrope_section": [1, 2]})  # unknown keys: left alone
+    assert (linear.rope_type, linear.factor, linear.original_length, linear.short_factor.size) == ("linear", 2.0, 0, 0)

@@ -119,7 +119,102 @@ def test_the_pages_the_code_points_to_exist():
         (path.relative_to(ROOT), page)
         for folder in (PACKAGE, SCRIPTS)
         for path in folder.glob("*.py")
-        for page in re.findall(r"docs/[\w.-]+\.(?:md|ipynb|png)", path.read_text(encoding="utf-8"))
+        for page in re.findall(r"docs/[\w./-]+\.(?:md|ipynb|png)", path.read_text(encoding="utf-8"))
     }
     missing = sorted(f"{path}: {page}" for path, page in named if not (ROOT / page).exists())
     assert not missing, "\n".join(missing)
+
+
+def reading_order() -> list[str]:
+    """The package docstring's numbered list of files: "  7  flash.py   ..." -> ["softmax", ..., "flash", ...]."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))) or ""
+    return [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+)\.py\b", doc, flags=re.MULTILINE)]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports, at the top or inside a function (a lazy import is an import)."""
+    return {
+        path.stem: {
+            name.split(".")[0] for module, names in package_imports(path) for name in ([module] if module else names)
+        }
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.stem != "__init__"
+    }
+
+
+def test_the_reading_order_lists_every_public_module_once():
+    order = reading_order()
+    public = {stem for stem in import_graph() if not stem.startswith("_")}
+    order_public = {module for module in order if not module.startswith("_")}
+    assert len(order) == len(set(order)), f"listed twice: {sorted({m for m in order if order.count(m) > 1})}"
+    missing = sorted(public - order_public)
+    assert not missing, f"public modules missing from the reading order: {missing}"
+    unknown = sorted(set(order) - set(import_graph()))
+    assert not unknown, f"the reading order lists files that do not exist: {unknown}"
+
+
+def test_each_file_uses_only_what_came_before_it():
+    """A file of the reading order imports files listed before it, or unlisted internal ones (`_`-named); an
+    unlisted internal file imports only internal ones, so the plumbing never reaches up into the lessons."""
+    order = reading_order()
+    place = {module: n for n, module in enumerate(order)}
+    later = [
+        f"{module}.py (#{place[module] + 1}) imports {used}.py (#{place[used] + 1})"
+        for module, uses in import_graph().items()
+        if module in place
+        for used in sorted(uses)
+        if used in place and place[used] >= place[module]
+    ]
+    upward = [
+        f"{module}.py imports {used}.py"
+        for module, uses in import_graph().items()
+        if module.startswith("_") and module not in place
+        for used in sorted(uses)
+        if not used.startswith("_")
+    ]
+    assert not later + upward, "\n".join(later + upward)
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for used in sorted(graph.get(module, ())):
+            if state.get(used) == 1:
+                return path + [module, used]
+            if used not in state and (cycle := visit(used, path + [module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    cycles = [cycle for module in sorted(graph) if module not in state and (cycle := visit(module, []))]
+    assert not cycles, " -> ".join(cycles[0])
+
+
+def test_no_module_defines_a_module_getattr():
+    found = [
+        path.name
+        for path in sorted(PACKAGE.glob("*.py"))
+        for node in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+    ]
+    assert not found, f"a module-level __getattr__ hides an import: {found}"
+
+
+def test_the_readme_gives_the_same_reading_order():
+    """README.md's "Where to start reading" numbers the files of the package docstring, in its order."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Where to start reading", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\d+\. `(\w+)\.py`", section, flags=re.MULTILINE)
+    numbered = reading_order()
+    assert listed == numbered[: len(listed)], f"README: {listed}\npackage docstring: {numbered}"
+    rest = " ".join(re.findall(r"`(\w+)\.py`", section.split("Then the bills", 1)[1]))
+    assert all(module in rest for module in numbered[len(listed) :]), (
+        f"the README names none of {numbered[len(listed) :]}"
+    )

@@ -2,38 +2,49 @@
 
 The reading order: each file uses only what came before it.
 
-     1  softmax.py     softmax, logsumexp, merge_states: the online-softmax algebra
-     2  masks.py       the causal mask in its two alignments, sliding windows
-     3  head.py        one head, a line per step: softmax(q kᵀ / √d) v
-     4  mods.py        an attention pattern as a function of positions: mask_mod and score_mod (FlexAttention),
-                       the ready-made ones (causal, window, prefix-LM, documents, ALiBi, softcap, a bias table)
-     5  attention.py   the reference that builds the scores; torch's scaled_dot_product_attention
-     6  blockmask.py   which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
-     7  flash.py       the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
-                       the fast path that batches heads over worker threads
-     8  flex.py        flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
-     9  backward.py    the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
-    10  position.py    RoPE in both pair layouts, and its scaling for long context
-    11  multihead.py   one fused qkv matmul, grouped-query heads, a training forward and backward
-    12  kvcache.py     decoding with a cache of keys and values
-    13  splitkv.py     one decode step with the keys split over the cores, and the merge of the parts
-    14  paged.py       serving many sequences: a pool of blocks, block tables, decoding through them
-    15  layers.py      the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
-                       the MLP, dropout, cross-entropy
-    16  gpt.py         a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
-                       its gradient by hand, the presets tiny and part3
-    17  sampling.py    generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    18  optim.py       AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    19  shards.py      the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    20  _mpi.py        the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    21  ring.py        ring attention: the sequence split over MPI processes, forward and backward
-    22  ulysses.py     Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                       (19 to 22 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+     1  softmax.py       softmax, logsumexp, merge_states: the online-softmax algebra
+     2  masks.py         the causal mask in its two alignments, sliding windows
+     3  head.py          one head, a line per step: softmax(q kᵀ / √d) v
+     4  mods.py          an attention pattern as a function of positions: mask_mod and score_mod (FlexAttention),
+                         the ready-made ones (causal, window, prefix-LM, documents, ALiBi, softcap, a bias table)
+     5  attention.py     the reference that builds the scores; torch's scaled_dot_product_attention
+     6  blockmask.py     which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
+     7  flash.py         the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
+                         the fast path that batches heads over worker threads
+     8  flex.py          flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
+     9  backward.py      the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
+    10  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
+    11  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
+    12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
+    13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
+    15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
+    16  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+                         the MLP, dropout, cross-entropy
+    17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+                         cache decoded by flash_decode and paged_decode, the backward by hand
+    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+                         its gradient by hand, the presets tiny and part3
+    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
-Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
-allocate), models.py (model shapes, presets, config.json), trainbill.py (the memory of a GPT training
-step). Helpers: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the reference
-path's memory guard), _bytes.py (bytes per dtype, byte units), measure.py, report.py, text.py.
+Then the bills and the tools a script uses to show them:
+
+    25  peaks.py         what our own functions allocate, worked out from their tiles
+    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    28  measure.py       peaks, timings and machine facts, as the scripts measure them
+    29  report.py        the tables the scripts print
+    30  text.py          tokens and embeddings for the demos
+    31  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+
+Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
+guard), _bytes.py (bytes per dtype, byte units).
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -45,7 +56,6 @@ from .backward import (
     flash_attention_backward,
     flash_attention_backward_one_head,
     flex_attention_backward,
-    rope_backward,
 )
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
@@ -53,6 +63,18 @@ from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .head import one_head
 from .kvcache import KVCache
+from .latent import (
+    RMS_EPS,
+    Attended,
+    LatentSaved,
+    MultiHeadLatentAttention,
+    absorb_query,
+    attend_latent,
+    decompress,
+    join_ukv,
+    latent_softmax_scale,
+    split_ukv,
+)
 from .layers import (
     cross_entropy,
     cross_entropy_backward,
@@ -64,8 +86,6 @@ from .layers import (
     layer_norm_backward,
     mlp,
     mlp_backward,
-    rms_norm,
-    rms_norm_backward,
     swiglu,
     swiglu_backward,
 )
@@ -80,12 +100,23 @@ from .memory import (
     flash_attention_backward_bytes,
     flash_attention_bytes,
     kv_cache_bytes,
+    latent_cache_bytes,
+    linear_attention_state_bytes,
     naive_attention_bytes,
     paged_kv_cache_bytes,
     ring_attention_bytes,
     score_matrix_bytes,
 )
-from .models import PRESETS, ModelShape, load_model_shape, model_bill, shape_from_config
+from .models import (
+    PRESETS,
+    Experts,
+    LatentAttention,
+    LinearAttention,
+    ModelShape,
+    load_model_shape,
+    model_bill,
+    shape_from_config,
+)
 from .mods import (
     Alibi,
     Differentiable,
@@ -112,6 +143,7 @@ from .position import (
     permute_qk_weight,
     rope,
     rope_attention_factor,
+    rope_backward,
     rope_frequencies,
     to_half_split,
     to_interleaved,
@@ -127,28 +159,37 @@ __version__ = "0.1.0"
 __all__ = [
     "AdamW",
     "Alibi",
+    "Attended",
     "AttentionMemoryError",
     "BlockMask",
     "DTYPES",
     "Differentiable",
+    "Experts",
     "FlexGrads",
     "GPT",
     "GPTConfig",
     "GPT_PRESETS",
     "KVCache",
+    "LatentSaved",
+    "LatentAttention",
     "LearnedPositions",
+    "LinearAttention",
     "ModelShape",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "PRESETS",
     "PagedKVCache",
     "PoolExhaustedError",
+    "RMS_EPS",
     "RelativeBias",
     "Softcap",
     "Tile",
+    "absorb_query",
     "TrainingMemory",
     "accumulate_grads",
     "alibi_slopes",
     "and_masks",
+    "attend_latent",
     "attention",
     "attention_backward",
     "attention_backward_bytes",
@@ -162,6 +203,7 @@ __all__ = [
     "clip_grad_norm",
     "create_block_mask",
     "create_mask",
+    "decompress",
     "cross_entropy",
     "cross_entropy_backward",
     "document_ids",
@@ -185,9 +227,13 @@ __all__ = [
     "generate",
     "global_norm",
     "half_split_permutation",
+    "join_ukv",
     "kv_cache_bytes",
+    "latent_softmax_scale",
     "layer_norm",
     "layer_norm_backward",
+    "latent_cache_bytes",
+    "linear_attention_state_bytes",
     "load_model_shape",
     "logsumexp",
     "merge_chunks",
@@ -216,6 +262,7 @@ __all__ = [
     "shape_from_config",
     "sliding_window_mod",
     "softmax",
+    "split_ukv",
     "swiglu",
     "swiglu_backward",
     "tile_plan",

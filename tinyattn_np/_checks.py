@@ -8,6 +8,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+__all__ = [
+    "ACCEPTED_DTYPES", "COMPUTE_DTYPES", "QKVShape", "as_float_array", "check_bool", "check_count", "check_ndim",
+    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "compute_dtype", "plain_array",
+    "result_dtype", "without_head_axis",
+]  # fmt: skip
+
 # float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
 COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ACCEPTED_DTYPES = (np.dtype(np.float16), *COMPUTE_DTYPES)
@@ -15,13 +21,28 @@ ACCEPTED_DTYPES = (np.dtype(np.float16), *COMPUTE_DTYPES)
 
 def as_float_array(x: Any, name: str) -> np.ndarray:
     """x as an ndarray of float16/32/64 in the machine's byte order; anything else is a TypeError that names
-    the dtype.
+    the dtype and what to pass.
 
-    Refused with a TypeError that says what to pass instead: a masked array (its mask would be silently
-    ignored) and np.matrix (its * and ** mean matrix products, and it stays 2-D). A ragged list, which
-    NumPy cannot make into one array, is a ValueError naming the argument. A big-endian float32 (">f4",
-    as read from some files) is float32: it is accepted and computed in the native order.
+    Refused as plain_array refuses them: a masked array, np.matrix, a tensor NumPy cannot read. A ragged
+    list, which NumPy cannot make into one array, is a ValueError naming the argument. A big-endian float32
+    (">f4", as read from some files) is float32: it is accepted and computed in the native order.
     """
+    x = plain_array(x, name)
+    if x.dtype.kind == "f" and not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))  # ">f4" is float32 too: compute in the native order
+    if x.dtype not in ACCEPTED_DTYPES:
+        exact = " (float32 holds every bfloat16 value exactly)" if x.dtype.name == "bfloat16" else ""
+        raise TypeError(
+            f"{name} must be float16, float32 or float64; got dtype {x.dtype}: pass {name}.astype(np.float32){exact}"
+        )
+    return x
+
+
+def plain_array(x: Any, name: str) -> np.ndarray:
+    """x as a plain ndarray (np.asarray), refusing with a TypeError that says what to pass instead: a masked
+    array (its mask would be silently ignored), np.matrix (its * and ** mean matrix products, and it stays
+    2-D), and a tensor that NumPy cannot read (torch's bfloat16, one on a GPU or one that requires grad).
+    A ragged list, which NumPy cannot make into one array, is a ValueError naming the argument."""
     if isinstance(x, np.ma.MaskedArray):
         raise TypeError(
             f"{name} is a masked array, whose mask attention would ignore: pass {name}.filled(value) to choose "
@@ -30,16 +51,19 @@ def as_float_array(x: Any, name: str) -> np.ndarray:
         )
     if isinstance(x, np.matrix):
         raise TypeError(f"{name} is an np.matrix: pass np.asarray({name}), a plain ndarray")
-    if not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except ValueError as err:  # a ragged nested list: "inhomogeneous shape after 1 dimensions"
-            raise ValueError(f"{name} must be an array of numbers with one shape; could not make one: {err}") from None
-    if x.dtype.kind == "f" and not x.dtype.isnative:
-        x = x.astype(x.dtype.newbyteorder("="))  # ">f4" is float32 too: compute in the native order
-    if x.dtype not in ACCEPTED_DTYPES:
-        raise TypeError(f"{name} must be float16, float32 or float64; got dtype {x.dtype}")
-    return x
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except ValueError as err:  # a ragged nested list: "inhomogeneous shape after 1 dimensions"
+        raise ValueError(f"{name} must be an array of numbers with one shape; could not make one: {err}") from None
+    except (TypeError, RuntimeError) as err:  # torch: "unsupported ScalarType BFloat16", "requires grad", cuda
+        dtype = getattr(x, "dtype", "?")
+        convert = ".float()" if "bfloat16" in str(dtype) else ""
+        raise TypeError(
+            f"{name} is a {type(x).__name__} of dtype {dtype} that NumPy cannot read ({err}): pass a NumPy array, "
+            f"such as {name}.detach(){convert}.cpu().numpy()"
+        ) from None
 
 
 def compute_dtype(*arrays: np.ndarray) -> np.dtype:

@@ -14,6 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+import numpy as np
+
+__all__ = ["Stopped", "nonfinite_quiet", "one_blas_thread", "run_items"]
+
 Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
 
@@ -50,6 +54,13 @@ def one_blas_thread() -> Iterator[None]:
                 _blas_limiter = None
 
 
+def nonfinite_quiet() -> Any:
+    """A context in which NumPy's floating-point warnings are off: a NaN or inf in the inputs becomes NaN in
+    what it reaches (inf - inf, 0 · inf), as in torch, and never a RuntimeWarning from inside the package.
+    NumPy's error state belongs to the thread (a context variable): each worker enters its own."""
+    return np.errstate(invalid="ignore", over="ignore", divide="ignore")
+
+
 class Stopped(Exception):
     """Raised by a work item that gives up waiting because another item failed; run_items never reports it."""
 
@@ -65,10 +76,13 @@ def run_items(
 
     - In order: items are taken one at a time, in the order given, by whichever worker is free, so item n
       starts only after items 0 .. n-1 have started. An item may therefore wait for an earlier one (the
-      backward's dq adds in key-block order): that one is already running, and the wait always ends.
+      backward's dq adds in key-block order): that one is already running. A wait must be able to end:
+      an item that finds what it waits for will never come (every item it waits on has finished without
+      it) raises instead, and a failure anywhere wakes every waiter (on_failure).
     - The first failure wins: an exception in any item (Ctrl-C included) stops the workers from taking new
       items and calls on_failure(), so that items waiting for another can stop (they raise Stopped). Once
       every worker has finished its item, that first exception is raised here, with its traceback.
+    - Non-finite inputs: the items run inside nonfinite_quiet(), on every worker.
     - Ctrl-C stops it promptly: Python delivers it to the main thread, which is one of the workers, so it
       lands between two NumPy calls of an item, or in a wait, never in a join that lasts the whole call.
     Each item must write only its own slices of the shared outputs.
@@ -93,7 +107,8 @@ def run_items(
             if item is _DONE:
                 return
             try:
-                run(item)  # type: ignore[arg-type]
+                with nonfinite_quiet():
+                    run(item)  # type: ignore[arg-type]
             except BaseException as err:  # Ctrl-C too: the others must stop
                 fail(err)
                 return

@@ -1,5 +1,5 @@
-"""The gradients of attention, by hand: the reference from the weights, FlashAttention-2's blockwise
-backward that recomputes them tile by tile, and the gradient through RoPE.
+"""The gradients of attention, by hand: the reference from the weights, and FlashAttention-2's blockwise
+backward that recomputes them tile by tile.
 
 The forward, with S the scaled scores and P the weights (attention.py):
 
@@ -59,10 +59,9 @@ from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import Hidden, attend, check_attention, grouped, mods_bytes
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_block_mask
+from .flash import TileMods, apply_mods, check_one_head
 from .flex import check_flex
-from .mods import check_score_mod, score_indices
-from .position import rope, rope_positions
+from .mods import check_score_mod, derivative_of, score_indices
 
 Array = NDArray[np.floating]
 
@@ -72,7 +71,6 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_backward_one_head",
     "flex_attention_backward",
-    "rope_backward",
 ]
 
 
@@ -194,7 +192,7 @@ def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape
             dparams[h_i] += score_mod.param_grad(ds_heads[b_i, h_i], b_i, h_i, q_idx, kv_idx)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # as attend() scales, so the same S
     s = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
-    derivative = score_mod.derivative(s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
+    derivative = derivative_of(score_mod, s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
     if derivative is not None:
         ds_heads *= np.broadcast_to(derivative, (*dims.batch, dims.hq, dims.n_q, dims.n_k)).reshape(ds_heads.shape)
     return dparams
@@ -221,55 +219,65 @@ def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None
 
 
 def flash_attention_backward_one_head(
-    q: Array,
-    k: Array,
-    v: Array,
-    out: Array,
-    dout: Array,
-    lse: Array,
+    q: Array,  # (L, E)
+    k: Array,  # (S, E)
+    v: Array,  # (S, Ev)
+    out: Array,  # (L, Ev)
+    dout: Array,  # (L, Ev)
+    lse: Array,  # (L,)
     *,
     causal: bool = False,
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
-    window: int | None = None,
-    score_mod: Any = None,
-    block_mask: Any = None,
-    head: int = 0,
-) -> tuple[Array, Array, Array]:
-    """FlashAttention-2's backward (Dao 2023, Algorithm 2) for one head: q (L, E), k (S, E), v (S, Ev),
-    out (L, Ev), dout (L, Ev), lse (L,) from flash_attention_one_head -> dq, dk, dv in the compute dtype.
+) -> tuple[Array, Array, Array]:  # dq (L, E), dk (S, E), dv (S, Ev)
+    """FlashAttention-2's backward (Dao 2023, Algorithm 2) for one head, as the paper prints it: for each key
+    block K_j, V_j (B_c = block_k rows), over the query blocks Q_i (B_r = block_q rows) that see it, the
+    weights P_ij = exp(S_ij - L_i) made again from the forward's logsumexp, then the five lines of the module
+    doc on the tile. A comment's first number is the line of the paper's algorithm.
 
-    The tiles are the forward's: block_mask or causal and window; score_mod (one that gives its derivative,
-    mods.py) on every tile and the mask_mod on partial ones, as query head `head`. The chain rule through
-    S' = score_mod(S) is one more line: dS = dS' ∘ ∂S'/∂S. flash_attention_backward() and
-    flex_attention_backward() are the same algorithm with every key block of every head a work item (and
-    the gradients of learned mods and sinks); the tests hold them equal.
+    out and lse from flash_attention_one_head(q, k, v) with the same causal and scale; dout = ∂loss/∂out
+    -> dq, dk, dv in the compute dtype. S = scale · Q Kᵀ, so dQ and dK carry the scale (the paper folds it
+    into Q). causal=True is bottom-right, as in the forward, and skips the query blocks that see nothing of
+    K_j. flash_attention_backward is the same algorithm with every key block of every head a work item; the
+    tests hold the two equal.
     """
-    q, k, v, out, dout, lse, dims, plan = check_flash_backward(
-        q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
-        workers=1, one_head=True, block_mask=block_mask, score_mod=score_mod, head=head,
-    )  # fmt: skip
-    mods, heads = TileMods(plan.band.mask_mod, plan.score_mod, 0, head), Heads(np.zeros(1, int), np.array([head]))
-    d = np.sum(dout * out, axis=1)  # (L,) D = rowsum(dO ∘ O), once
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    for k_start in range(0, dims.n_k, plan.block_k):  # the outer loop walks the key blocks j
-        cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
-        for tile in plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads):  # query blocks i
-            rows = slice(tile.q_start, tile.q_stop)
-            q_idx, kv_idx = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)
-            s = (q[rows] * plan.scale) @ k[cols].T  # (bq, bk) S_ij = scale · Q_i K_jᵀ
-            s_mod = s.copy()
-            apply_mods(s_mod, tile, mods, q_idx, kv_idx)  # (bq, bk) S'_ij: score_mod, and -inf where hidden
-            p = np.exp(s_mod - lse[rows, None])  # (bq, bk) P_ij = exp(S'_ij − L_i): the forward's weights, exactly
-            dv[cols] += p.T @ dout[rows]  # (bk, Ev) dV_j += P_ijᵀ dO_i
-            dp = dout[rows] @ v[cols].T  # (bq, bk) dP_ij = dO_i V_jᵀ
-            ds = p * (dp - d[rows, None])  # (bq, bk) dS'_ij = P_ij ∘ (dP_ij − D_i)
-            if plan.score_mod is not None:
-                through_score_mod(ds, s, mods, q_idx, kv_idx, None)  # (bq, bk) dS_ij = dS'_ij ∘ ∂S'_ij/∂S_ij
-            dq[rows] += plan.scale * (ds @ k[cols])  # (bq, E) dQ_i += scale · dS_ij K_j
-            dk[cols] += plan.scale * (ds.T @ q[rows])  # (bk, E) dK_j += scale · dS_ijᵀ Q_i
+    q, k, v, out, dout, lse, scale = check_one_head_backward(q, k, v, out, dout, lse, causal, scale, block_q, block_k)
+    n_q, n_k, offset = len(q), len(k), len(k) - len(q)  # L queries, S keys; query i sees key j <= i + offset
+    lse = np.where(np.isneginf(lse), np.inf, lse)  # (L,) a row that saw no key: P = exp(S - inf) = 0, not NaN
+    d = np.sum(dout * out, axis=1)  # (L,) 4: D = rowsum(dO ∘ O)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)  # (L, E), (S, E), (S, Ev) 3: dQ = 0
+    for k_start in range(0, n_k, block_k):  # 5: for each key block j
+        cols = np.arange(k_start, min(k_start + block_k, n_k))  # (Bc,) the rows of K_j and V_j
+        k_j, v_j = k[cols], v[cols]  # (Bc, E), (Bc, Ev) 6: K_j, V_j
+        dk_j, dv_j = np.zeros_like(k_j), np.zeros_like(v_j)  # (Bc, E), (Bc, Ev) 7: dK_j = 0, dV_j = 0
+        first = max(0, k_start - offset) // block_q * block_q if causal else 0  # causal: the first block to see K_j
+        for q_start in range(first, n_q, block_q):  # 8: for each query block i
+            rows = np.arange(q_start, min(q_start + block_q, n_q))  # (Br,) the rows of Q_i, dO_i, L_i, D_i
+            s = (q[rows] * scale) @ k_j.T  # (Br, Bc) 10: S_ij = scale · Q_i K_jᵀ, as the forward rounds it
+            if causal:  # in a tile the diagonal crosses: exp(-inf) = 0, a hidden key has no weight
+                s[cols > rows[:, None] + offset] = -np.inf
+            p = np.exp(s - lse[rows, None])  # (Br, Bc) 11: P_ij = exp(S_ij - L_i)
+            dv_j += p.T @ dout[rows]  # (Bc, Ev) 12: dV_j += P_ijᵀ dO_i
+            dp = dout[rows] @ v_j.T  # (Br, Bc) 13: dP_ij = dO_i V_jᵀ
+            ds = p * (dp - d[rows, None])  # (Br, Bc) 14: dS_ij = P_ij ∘ (dP_ij - D_i)
+            dq[rows] += scale * (ds @ k_j)  # (Br, E) 15: dQ_i += scale · dS_ij K_j
+            dk_j += scale * (ds.T @ q[rows])  # (Bc, E) 16: dK_j += scale · dS_ijᵀ Q_i
+        dk[cols], dv[cols] = dk_j, dv_j  # 18: write dK_j, dV_j
     return dq, dk, dv
+
+
+def check_one_head_backward(
+    q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, causal: Any, scale: Any, block_q: Any, block_k: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """One head's forward inputs checked as flash_attention_one_head checks them, out (L, Ev), dout (L, Ev) and
+    lse (L,) against their shapes, all six in the compute dtype, with the scale."""
+    q_c, k_c, v_c, scale = check_one_head(q, k, v, causal, scale, block_q, block_k)
+    dims = QKVShape((), 1, 1, len(q_c), len(k_c), q_c.shape[1], v_c.shape[1])
+    out, dout, lse = check_saved(out, dout, lse, dims, two_d=True)
+    ct = compute_dtype(q_c, k_c, v_c, out, dout)
+    q_c, k_c, v_c, out, dout, lse = (x.astype(ct, copy=False) for x in (q_c, k_c, v_c, out, dout, lse))
+    return q_c, k_c, v_c, out, dout, lse, scale
 
 
 class BackwardPlan(NamedTuple):
@@ -287,35 +295,19 @@ class BackwardPlan(NamedTuple):
 
 def check_flash_backward(
     q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Any, scale: Any, window: Any,
-    block_q: Any, block_k: Any, workers: Any, one_head: bool = False, align: Any = "bottom_right",
-    block_mask: Any = None, score_mod: Any = None, head: Any = 0,
+    block_q: Any, block_k: Any, workers: Any, align: Any = "bottom_right",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, BackwardPlan]:  # fmt: skip
-    """The backward's inputs checked, once (shapes against q's), and its plan. With one_head=True the
-    arrays must be one head's 2-D ones and come back 2-D in the compute dtype, lse with +inf for -inf;
-    then a block_mask (its BLOCK_SIZE the tiles) and a score_mod may take the place of causal and window."""
-    if one_head and not without_head_axis(q):
-        raise ValueError(f"q must be one head (L, E); got shape {np.shape(q)}: use flash_attention_backward")
+    """flash_attention_backward's inputs checked, once (shapes against q's), and its plan."""
     two_d = without_head_axis(q)
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
-    band: TileMask = check_band(causal, window, dims.n_q, dims.n_k, align)
-    if block_mask is not None:
-        if causal or window is not None:
-            raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        band = check_block_mask(block_mask, dims, head if one_head else None)
-        block_q, block_k = block_mask.BLOCK_SIZE
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
-        band,
+        check_band(causal, window, dims.n_q, dims.n_k, align),
         check_positive_int(block_q, "block_q", default=DEFAULT_BLOCK_Q),
         check_positive_int(block_k, "block_k", default=DEFAULT_BLOCK_K),
         check_positive_int(workers, "workers", default=os.cpu_count() or 1),
-        check_score_mod(score_mod, backward=True),
     )
-    if one_head:
-        ct = compute_dtype(q, k, v, out, dout)
-        q, k, v, out, dout = (x[0].astype(ct) if x.ndim == 3 else x.astype(ct) for x in (q, k, v, out, dout))
-        lse = np.where(np.isneginf(lse), np.inf, lse).astype(ct)  # a row that saw no key: P = exp(S − inf) = 0
     return q, k, v, out, dout, lse, dims, plan
 
 
@@ -379,7 +371,7 @@ def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any,
     (param_grad) into param_rows."""
     if param_rows is not None:
         param_rows += mods.score_mod.param_grad(ds, mods.b, mods.h, q_idx, kv_idx)
-    derivative = mods.score_mod.derivative(s, mods.b, mods.h, q_idx, kv_idx)
+    derivative = derivative_of(mods.score_mod, s, mods.b, mods.h, q_idx, kv_idx)  # checked: numbers of s's shape
     if derivative is not None:
         ds *= derivative
 
@@ -394,13 +386,21 @@ class OrderedDq:
     order, and so last bits, would depend on the timing) nor a copy of dq per key block. A tile's place
     in that order is how many tiles of its row come before it (the mask's place(): for the causal band,
     its distance from the first key block the row sees): no table of tiles. The bookkeeping is one count
-    per (head, query block).
+    per (head, query block), and per head how many of its key blocks have finished, from the first on.
+
+    Every wait ends. A tile waits only for tiles of earlier key blocks of its head, and those items were
+    taken before it (run_items takes them in order): they add their share, raise (then fail() wakes
+    every waiter, which stops), or finish without reaching this tile's turn. In the last case the turn
+    can never come (a mask whose column tiles or places disagree with its rows), and the tile raises a
+    RuntimeError instead of waiting.
     """
 
     def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: TileMask, n_k: int, block_q: int, block_k: int):
         self.dq, self.p_sums, self.band, self.n_k = dq, p_sums, band, n_k
         self.block_q, self.block_k = block_q, block_k
         self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
+        self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (heads, key blocks + 1)
+        self.done = np.zeros(dq.shape[0], np.int64)  # per head: key blocks 0 .. done - 1 have all finished
         self.turn = threading.Condition()
         self.failed = False
 
@@ -408,13 +408,29 @@ class OrderedDq:
         """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
         heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
         place, block = self.band.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
+        key_block = t.k_start // self.block_k
         with self.turn:
-            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place)
+            # its turn, or every earlier key block of the head has finished: then the turn has come or never will
+            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
             if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
                 raise Stopped
+            if self.added[h, block] != place:
+                raise RuntimeError(
+                    f"the tiles of query block {block} of head {h} are out of order: key block {key_block} is "
+                    f"tile {place} of its row, but the key blocks before it, all finished, added "
+                    f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
+                )
             self.dq[h, t.q_start : t.q_stop] += share
             self.p_sums[h, t.q_start : t.q_stop] += p_sum
             self.added[h, block] = place + 1
+            self.turn.notify_all()
+
+    def finish(self, h: int, k_start: int) -> None:
+        """Key block k_start of head h has added all its tiles: wake the tiles that wait on it."""
+        with self.turn:
+            self.finished[h, k_start // self.block_k] = True
+            while self.finished[h, self.done[h]]:  # the last column stays False: done stops at the key blocks' count
+                self.done[h] += 1
             self.turn.notify_all()
 
     def fail(self) -> None:
@@ -494,7 +510,8 @@ def flex_attention_backward(
     blockwise, by hand (torch's flex_attention has no backward on CPU).
 
     out and lse from flex_attention(..., return_lse=True); dout = ∂loss/∂out -> FlexGrads(dq, dk, dv,
-    dscore_mod, dsinks). The same Algorithm 2 loop as flash_attention_backward over the block mask's
+    dscore_mod, dsinks); key and value of batch 1 (broadcast over the query's batch) get their gradients
+    summed over it. The same Algorithm 2 loop as flash_attention_backward over the block mask's
     non-empty tiles, with the forward's S' = score_mod(S) in place of S, and two more lines:
 
         dS = dS' ∘ ∂S'/∂S                 score_mod.derivative(S, b, h, q_idx, kv_idx); None means 1 (a bias)
@@ -516,7 +533,19 @@ def flex_attention_backward(
     plan = BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
     grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
-    return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0]) if two_d else grads
+    if two_d:
+        return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])
+    # key and value of batch 1 served every batch entry: their gradients are the sums over the batch
+    return grads._replace(dk=summed_to(grads.dk, np.shape(key)), dv=summed_to(grads.dv, np.shape(value)))
+
+
+def summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """grad (*batch, H, S, E) summed over the batch entries when shape's batch dims are all 1 (a broadcast
+    input), in at least float32, in batch order; else grad as it is."""
+    if grad.shape == shape:
+        return grad
+    total = grad.reshape(-1, *shape[-3:]).sum(axis=0, dtype=np.result_type(grad.dtype, np.float32))  # (H, S, E)
+    return total.reshape(shape).astype(grad.dtype, copy=False)
 
 
 def flash_backward(
@@ -603,6 +632,7 @@ def run_key_blocks(
         key_block_grads(q_s[h], k[h // group], v[h // group], d_o[h], lse[h], d[h], mods, tiles,
                         partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
                         param_rows)  # fmt: skip
+        ordered_dq.finish(h, k_start)
 
     # the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
     items = ((k_start, h) for k_start in range(0, n_k, plan.block_k) for h in range(n_heads))
@@ -638,32 +668,3 @@ def check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
             f"to {p_sums[head, row]:.6g}, not 1. Pass the causal, window, align, scale (and block_mask, "
             "score_mod, sinks) the forward used, with its own out and lse (flash_attention(..., return_lse=True))"
         )
-
-
-def rope_backward(
-    grad: Array,
-    *,
-    positions: Any = None,
-    base: float = 10000.0,
-    interleaved: bool = True,
-    scaling: dict[str, Any] | None = None,
-    seq_len: int | None = None,
-    max_position_embeddings: int | None = None,
-) -> Array:
-    """∂loss/∂x from ∂loss/∂rope(x) = grad (..., T, d): rope with the angles negated.
-
-    rope multiplies each channel pair at position m by a · R(mθ_i), a rotation (times scaling's attention
-    factor a, 1 without scaling), so the gradient goes back through a · R(mθ_i)ᵀ = a · R(−mθ_i): the
-    rotation by −θ. Pass what the forward got (position.rope): positions, base, pair layout, scaling,
-    seq_len and max_position_embeddings. Channels that partial rotary leaves alone pass the gradient as is.
-    """
-    grad = as_float_array(grad, "grad")
-    if grad.ndim < 2:
-        raise ValueError(f"grad must have at least 2 dims (..., T, d); got shape {grad.shape}")
-    # the forward's positions (T,), checked as rope checks them, as float64: negating an unsigned int would wrap
-    forward = rope_positions(positions, grad.shape[-2])
-    if seq_len is None and scaling is not None and forward.size:
-        # the forward's θ came from its largest position (dynamic scaling): take it from there, not from -θ's
-        seq_len = max(int(forward.max()) + 1, 1)
-    return rope(grad, positions=-forward, base=base, interleaved=interleaved, scaling=scaling, seq_len=seq_len,
-                max_position_embeddings=max_position_embeddings)  # fmt: skip

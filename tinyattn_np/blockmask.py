@@ -31,13 +31,20 @@ from ._checks import check_bool, check_count, check_positive_int, check_sizes
 from .masks import causal_offset, check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
+__all__ = [
+    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "EMPTY_TILE", "FULL", "FULL_TILE", "PARTIAL", "PARTIAL_TILE",
+    "Band", "BlockMask", "Heads", "Tile", "TileMask", "TilePlan", "check_band", "check_block_size",
+    "create_block_mask", "draw_tile_plan", "tile_plan",
+]  # fmt: skip
+
 # The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
-# default: measured in docs/flash.md. torch's default is 128, sized for a GPU's shared memory.
+# default: measured in docs/results/tiles.md. torch's default is 128, sized for a GPU's shared memory.
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
 FULL, DIAGONAL, PARTIAL = "full", "diagonal", "partial"  # DIAGONAL: Band's partial tiles, a causal edge
 EMPTY_TILE, PARTIAL_TILE, FULL_TILE = 0, 1, 2  # a BlockMask's table of kinds
+AXES = ("batch", "head")  # the axes a BlockMask is indexed by
 
 
 class Tile(NamedTuple):
@@ -110,7 +117,7 @@ class Band(NamedTuple):
             return range(n_k)
         stop = min(n_k, q_stop + self.offset)  # the last query's diagonal, inclusive
         start = 0 if self.window is None else max(0, q_start + self.offset - self.window + 1)  # first's back edge
-        return range(start, max(start, stop))
+        return range(start, stop) if start < stop else range(0)  # rows past the keys' end see none (L > S + w)
 
     def visible_queries(self, k_start: int, k_stop: int, n_q: int) -> range:
         """The queries that see at least one key of k_start:k_stop."""
@@ -118,7 +125,7 @@ class Band(NamedTuple):
             return range(n_q)
         start = max(0, k_start - self.offset)  # the first query whose diagonal reaches the first key
         stop = n_q if self.window is None else min(n_q, k_stop - 1 - self.offset + self.window)
-        return range(start, max(start, stop))
+        return range(start, stop) if start < stop else range(0)  # keys no query reaches: no query
 
     def kind(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> str:
         """ "full" when every query of the tile sees every key of it, else "diagonal"."""
@@ -179,24 +186,48 @@ def check_band(causal: Any, window: Any, n_q: int, n_k: int, align: Any = "botto
 class BlockMask:
     """The kind of every tile, for each batch entry and query head (torch's BlockMask, in NumPy).
 
-    kinds: int8 (B, H, ⌈Q_LEN / block_q⌉, ⌈KV_LEN / block_k⌉), 0 empty, 1 partial, 2 full; B or H of 1 is
-    shared by every batch entry or head (then the mask_mod must not depend on b or h). mask_mod hides the
-    keys of the partial tiles. Make one with create_block_mask. torch's names read the same table:
-    kv_num_blocks and kv_indices list each query block's partial tiles, full_kv_num_blocks and
-    full_kv_indices its full ones; to_dense() is the tile map, sparsity() the percent of tiles skipped.
+    Basics: make one with create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN); print it to see its tiles.
+
+    Details. kinds: int8 (B, H, ⌈Q_LEN / block_q⌉, ⌈KV_LEN / block_k⌉), 0 empty, 1 partial, 2 full; B or H
+    of 1 is shared by every batch entry or head (then the mask_mod must not depend on b or h). mask_mod
+    hides the keys of the partial tiles. torch's names read the same table: kv_num_blocks and kv_indices
+    list each query block's partial tiles, full_kv_num_blocks and full_kv_indices its full ones;
+    to_dense() is the tile map, sparsity() the percent of tiles skipped. block_mask[b], block_mask[:, h]:
+    the mask of some batch entries and heads (as torch indexes one). A BlockMask does not change once
+    made: its tables are read-only (the backward's order of tiles is computed from them), and so are
+    its attributes; to change the tiles, make another.
     """
 
-    def __init__(self, kinds: np.ndarray, seq_lengths: tuple[int, int], BLOCK_SIZE: tuple[int, int],
+    def __init__(self, kinds: Any, seq_lengths: tuple[int, int], BLOCK_SIZE: int | tuple[int, int],
                  mask_mod: Callable[..., Any]):  # fmt: skip
-        self.kinds = kinds  # (B, H, n_q blocks, n_k blocks)
-        self.seq_lengths, self.BLOCK_SIZE, self.mask_mod = seq_lengths, BLOCK_SIZE, mask_mod
-        seen = kinds != EMPTY_TILE
-        self.before = (np.cumsum(seen, axis=-1) - seen).astype(np.int32)  # the tiles left of each in its row
+        self._kinds, self._seq_lengths, self._block_size = check_tiles(kinds, seq_lengths, BLOCK_SIZE)
+        if not callable(mask_mod):
+            raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx); got {mask_mod!r}")
+        self._mask_mod = mask_mod
+        seen = self._kinds != EMPTY_TILE
+        self._before = read_only((np.cumsum(seen, axis=-1) - seen).astype(np.int32))  # tiles left of each in its row
+
+    kinds = property(lambda self: self._kinds.view(), doc="(B, H, n_q blocks, n_k blocks) int8, read-only")
+    seq_lengths = property(lambda self: self._seq_lengths, doc="(Q_LEN, KV_LEN)")
+    BLOCK_SIZE = property(lambda self: self._block_size, doc="(block_q, block_k): the tiles' size")
+    mask_mod = property(lambda self: self._mask_mod, doc="the mask_mod that hides the keys of partial tiles")
+
+    def __getitem__(self, index: Any) -> BlockMask:
+        """block_mask[b], block_mask[:, h], block_mask[b, h] (ints, slices or int arrays): the mask of those
+        batch entries and heads, as torch indexes a BlockMask; an int keeps its axis (of size 1, shared).
+        Its mask_mod is the original one, called with the original b and h."""
+        index = index if isinstance(index, tuple) else (index,)
+        if len(index) > 2:
+            raise IndexError(f"a BlockMask is indexed by batch entry and head, [b] or [b, h]; got {len(index)} indices")
+        index = (*index, slice(None))[:2]
+        b_pick, h_pick = (picked(i, n, axis) for i, n, axis in zip(index, self._kinds.shape[:2], AXES, strict=True))
+        kinds = self._kinds[b_pick[:, None], h_pick[None, :]]  # (len(b_pick), len(h_pick), n_q blocks, n_k blocks)
+        return BlockMask(kinds, self._seq_lengths, self._block_size, picked_mod(self._mask_mod, b_pick, h_pick))
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(B, H, Q_LEN, KV_LEN), as torch's BlockMask.shape."""
-        b_size, h_size = self.kinds.shape[:2]
+        b_size, h_size = self._kinds.shape[:2]
         return b_size, h_size, *self.seq_lengths
 
     def __repr__(self) -> str:
@@ -208,15 +239,15 @@ class BlockMask:
 
     def sparsity(self) -> float:
         """The percent of tiles that never run (torch's BlockMask.sparsity)."""
-        return 100.0 * float(np.mean(self.kinds == EMPTY_TILE)) if self.kinds.size else 0.0
+        return 100.0 * float(np.mean(self._kinds == EMPTY_TILE)) if self._kinds.size else 0.0
 
     def to_dense(self) -> np.ndarray:
         """(B, H, n_q blocks, n_k blocks) int32, 1 where a tile runs (torch's BlockMask.to_dense)."""
-        return (self.kinds != EMPTY_TILE).astype(np.int32)
+        return (self._kinds != EMPTY_TILE).astype(np.int32)
 
     def indices(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
         """How many tiles of `kind` each query block has (B, H, n_q blocks), and their key blocks, first."""
-        chosen = self.kinds == kind
+        chosen = self._kinds == kind
         order = np.argsort(~chosen, axis=-1, kind="stable")  # the chosen key blocks first, each in order
         return chosen.sum(axis=-1, dtype=np.int32), order.astype(np.int32)
 
@@ -229,16 +260,16 @@ class BlockMask:
         """The kinds of the tiles [q_block, k_block] that one step over these heads (None: every head) sees:
         full where full for every head, empty where empty for every head, else partial (the mask_mod then
         hides what each head may not see)."""
-        b_size, h_size = self.kinds.shape[:2]
+        b_size, h_size = self._kinds.shape[:2]
         if (b_size, h_size) == (1, 1):
-            return self.kinds[0, 0, q_block, k_block]
+            return self._kinds[0, 0, q_block, k_block]
         if heads is None:
-            each = self.kinds[:, :, q_block, k_block].reshape(b_size * h_size, -1)  # (B·H, tiles)
+            each = self._kinds[:, :, q_block, k_block].reshape(b_size * h_size, -1)  # (B·H, tiles)
         else:  # a mask of B or H = 1 is shared: entry 0 for every batch entry or head
-            each = self.kinds[heads.b % b_size, heads.h % h_size, q_block, k_block].reshape(len(heads.b), -1)
+            each = self._kinds[heads.b % b_size, heads.h % h_size, q_block, k_block].reshape(len(heads.b), -1)
         full, empty = (each == FULL_TILE).all(axis=0), (each == EMPTY_TILE).all(axis=0)
         kinds = np.where(full, FULL_TILE, np.where(empty, EMPTY_TILE, PARTIAL_TILE)).astype(np.int8)
-        return kinds.reshape(self.kinds[0, 0, q_block, k_block].shape)
+        return kinds.reshape(self._kinds[0, 0, q_block, k_block].shape)
 
     def row_tiles(
         self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
@@ -267,7 +298,7 @@ class BlockMask:
     def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int:
         """How many tiles of its row come before tile, for the one head of heads (the backward's items)."""
         b, h = (0, 0) if heads is None else (int(heads.b[0]), int(heads.h[0]))
-        table = self.before[b % self.before.shape[0], h % self.before.shape[1]]  # (n_q blocks, n_k blocks)
+        table = self._before[b % self._before.shape[0], h % self._before.shape[1]]  # (n_q blocks, n_k blocks)
         return int(table[tile.q_start // self.BLOCK_SIZE[0], tile.k_start // self.BLOCK_SIZE[1]])
 
     def hidden(self, tile: Tile) -> NDArray[np.bool_]:
@@ -277,7 +308,7 @@ class BlockMask:
 
     def check_for(self, batch: int, hq: int, n_q: int, n_k: int) -> None:
         """Refuse a block mask made for other inputs: B and H must be 1 or the inputs', the lengths theirs."""
-        b_size, h_size = self.kinds.shape[:2]
+        b_size, h_size = self._kinds.shape[:2]
         if self.seq_lengths != (n_q, n_k) or b_size not in (1, batch) or h_size not in (1, hq):
             raise ValueError(
                 f"block_mask was made for (B, H, Q_LEN, KV_LEN) = {self.shape}; the inputs have B = {batch}, "
@@ -285,7 +316,12 @@ class BlockMask:
             )
 
     def tile_plan(self, b: int = 0, h: int = 0) -> TilePlan:
-        """The tiles that run for batch entry b and head h, as tile_plan lists them (to draw or count)."""
+        """The tiles that run for batch entry b and head h, as tile_plan lists them (to draw or count):
+        b one of the mask's B entries (0 .. B - 1), h one of its H heads."""
+        for value, name, size in ((b, "b", self._kinds.shape[0]), (h, "h", self._kinds.shape[1])):
+            if check_count(value, name) >= size:
+                raise ValueError(f"{name}={value} is not one of the block mask's {size} (0 .. {size - 1}); "
+                                 f"its shape (B, H, Q_LEN, KV_LEN) is {self.shape}")  # fmt: skip
         (n_q, n_k), (block_q, block_k) = self.seq_lengths, self.BLOCK_SIZE
         heads = Heads(np.array([b]), np.array([h]))
         rows = range(0, n_q, block_q)
@@ -293,6 +329,63 @@ class BlockMask:
             t for q_start in rows for t in self.row_tiles(q_start, min(q_start + block_q, n_q), n_k, block_k, heads)
         ]
         return TilePlan(tiles, n_q, n_k, block_q, block_k)
+
+
+def check_block_size(BLOCK_SIZE: Any) -> tuple[int, int]:
+    """BLOCK_SIZE as (block_q, block_k): an int for both, or a pair of positive ints."""
+    if isinstance(BLOCK_SIZE, (tuple, list)):
+        if len(BLOCK_SIZE) != 2:
+            raise ValueError(f"BLOCK_SIZE must be an int or a pair (block_q, block_k); got {BLOCK_SIZE!r}")
+        return check_positive_int(BLOCK_SIZE[0], "BLOCK_SIZE"), check_positive_int(BLOCK_SIZE[1], "BLOCK_SIZE")
+    size = check_positive_int(BLOCK_SIZE, "BLOCK_SIZE")
+    return size, size
+
+
+def check_tiles(kinds: Any, seq_lengths: Any, BLOCK_SIZE: Any) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+    """A BlockMask's table, lengths and tile size checked against each other; the table as a read-only
+    int8 copy, so that nothing the caller holds can change it."""
+    if not isinstance(seq_lengths, (tuple, list)) or len(seq_lengths) != 2:
+        raise ValueError(f"seq_lengths must be a pair (Q_LEN, KV_LEN); got {seq_lengths!r}")
+    lengths = check_count(seq_lengths[0], "Q_LEN"), check_count(seq_lengths[1], "KV_LEN")
+    block_q, block_k = check_block_size(BLOCK_SIZE)
+    table = np.asarray(kinds)
+    grid = (-(-lengths[0] // block_q), -(-lengths[1] // block_k))  # the tiles that lengths and BLOCK_SIZE make
+    if table.ndim != 4 or table.shape[2:] != grid or min(table.shape[:2]) < 1:
+        raise ValueError(
+            f"kinds must have shape (B, H, {grid[0]}, {grid[1]}) for lengths {lengths} in tiles of "
+            f"{(block_q, block_k)}, B and H at least 1; got shape {table.shape}"
+        )
+    if table.dtype.kind not in "iu" or not np.isin(table, (EMPTY_TILE, PARTIAL_TILE, FULL_TILE)).all():
+        raise ValueError(f"kinds must hold the ints 0 (empty), 1 (partial) and 2 (full) only; got {table.dtype}")
+    return read_only(table.astype(np.int8)), lengths, (block_q, block_k)
+
+
+def read_only(table: np.ndarray) -> np.ndarray:
+    """table, which the caller must own (a new array), made read-only in place."""
+    table.flags.writeable = False
+    return table
+
+
+def picked(index: Any, size: int, axis: str) -> np.ndarray:
+    """The entries 0 .. size - 1 of one axis that index picks, as a 1-D int array (an int keeps its axis)."""
+    try:
+        chosen = np.atleast_1d(np.arange(size)[index])  # (n,)
+    except IndexError as err:
+        raise IndexError(f"{axis} index {index!r} of a BlockMask with {size} {axis} entries: {err}") from None
+    if chosen.ndim != 1 or chosen.size == 0:
+        raise IndexError(f"{axis} index {index!r} must pick at least one of a BlockMask's {size} {axis} entries")
+    return chosen
+
+
+def picked_mod(mask_mod: Callable[..., Any], b_pick: np.ndarray, h_pick: np.ndarray) -> Callable[..., Any]:
+    """mask_mod for the batch entries b_pick and heads h_pick of a bigger mask: entry b of the picked mask is
+    entry b_pick[b] of the original (every b, when one entry is picked and so shared)."""
+
+    def picked_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return mask_mod(b_pick[np.asarray(b) % b_pick.size], h_pick[np.asarray(h) % h_pick.size], q_idx, kv_idx)
+
+    picked_mask.__name__ = f"{name_of(mask_mod)}[b in {b_pick.tolist()}, h in {h_pick.tolist()}]"
+    return picked_mask
 
 
 def create_block_mask(
@@ -316,8 +409,7 @@ def create_block_mask(
         raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx); got {mask_mod!r}")
     b_size, h_size = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
     n_q, n_k = check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN")
-    sizes = BLOCK_SIZE if isinstance(BLOCK_SIZE, tuple) else (BLOCK_SIZE, BLOCK_SIZE)
-    block_q, block_k = (check_positive_int(size, "BLOCK_SIZE") for size in sizes)
+    block_q, block_k = check_block_size(BLOCK_SIZE)
     b, h = np.arange(b_size)[:, None, None, None], np.arange(h_size)[None, :, None, None]  # (B, 1, 1, 1), (1, H, 1, 1)
     kinds = np.empty((b_size, h_size, -(-n_q // block_q), -(-n_k // block_k)), np.int8)
     for i, q_start in enumerate(range(0, n_q, block_q)):

@@ -18,7 +18,8 @@ mask_mod only to the partial ones (flex.py: FlexAttention). A sink (a learned lo
 every row's softmax, gpt-oss) is the running state a row starts from: m = sink, l = 1, acc = 0.
 
 Read it in this order:
-    flash_attention_one_head           Algorithm 1 for one head on one thread, as the paper prints it
+    flash_attention_one_head           Algorithm 1 for one head on one thread, as the paper prints it:
+                                       m = -inf, l = 0, a line per equation (docs/online_softmax.md)
     flash_attention                    the same algorithm, fast: several heads share each tile step
                                        (one batched matmul for the query heads of one or more kv heads),
                                        and worker threads take whole (heads, query block) items
@@ -41,7 +42,6 @@ from numpy.typing import NDArray
 from ._checks import (
     QKVShape,
     check_bool,
-    check_count,
     check_positive_int,
     check_qkv,
     check_scale,
@@ -66,7 +66,7 @@ from .blockmask import (
     draw_tile_plan,
     tile_plan,
 )
-from .mods import check_score_mod, check_sinks, modded, visible
+from .mods import modded, visible
 
 __all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
     "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "PARTIAL", "SCORES_PER_STEP", "Band", "FlashPlan",
@@ -78,7 +78,7 @@ __all__ = [  # with blockmask's tile names, which other modules import from here
 Array = NDArray[np.floating]
 
 # The defaults (default_tiles): square tiles of 256, and a tile step of up to 2^18 scores, both doubled
-# on more than 8 cores. Measured in docs/flash.md (scripts/tiles.py).
+# on more than 8 cores. Measured in docs/results/tiles.md (scripts/tiles.py).
 SCORES_PER_STEP = 2**18
 
 
@@ -118,85 +118,79 @@ def running_start(sinks: np.ndarray | None, h: np.ndarray, rows: int, dtype: Any
 
 
 def flash_attention_one_head(
-    q: Array,
-    k: Array,
-    v: Array,
+    q: Array,  # (L, E)
+    k: Array,  # (S, E)
+    v: Array,  # (S, Ev)
     *,
     causal: bool = False,
     scale: float | None = None,
     block_q: int = DEFAULT_BLOCK_Q,
     block_k: int = DEFAULT_BLOCK_K,
-    window: int | None = None,
-    score_mod: Any = None,
-    block_mask: BlockMask | None = None,
-    sink: float | None = None,
-    head: int = 0,
-) -> tuple[Array, Array]:
-    """FlashAttention-2's forward (Dao 2023, Algorithm 1) for one head, one query block at a time:
-    q (L, E), k (S, E), v (S, Ev) -> out (L, Ev) and lse (L,), in the compute dtype.
+) -> tuple[Array, Array]:  # out (L, Ev), lse (L,)
+    """FlashAttention-2's forward (Dao 2023, Algorithm 1) for one head, as the paper prints it: query blocks
+    Q_i of B_r = block_q rows, key blocks K_j, V_j of B_c = block_k rows, a running max m_i, sum ℓ_i and
+    output O_i per row, never more than a B_r x B_c tile of scores. A comment's first number is the line of
+    the paper's algorithm, whose names the code keeps (m_i' is the paper's m_i^(j), m_i its m_i^(j-1)).
 
-    The tiles are the block mask's: block_mask (then its BLOCK_SIZE) or causal and window; score_mod on
-    every tile, the mask_mod on the partial ones, as query head `head` of batch entry 0; sink: this head's
-    sink logit. flash_attention() and flex_attention() are the same algorithm with many heads per step
-    and worker threads; the tests hold them equal. Mask and dtype conventions as in flash_attention.
+    q (L, E), k (S, E), v (S, Ev) -> out = softmax(scale · q kᵀ) v (L, Ev) and lse (L,), the logsumexp of
+    each row's scaled scores, in the compute dtype (float32 for float16 inputs). causal=True is bottom-right:
+    query i sees key j <= i + S - L; key blocks wholly past the diagonal are skipped (the paper's section 3.1.1).
+    A row that sees no key gets out 0 and lse -inf. flash_attention is the same algorithm with many heads per
+    step, worker threads and windows; the tests hold the two equal. Derived on docs/online_softmax.md.
+
+    >>> out, lse = flash_attention_one_head(np.eye(2), np.eye(2), np.eye(2), causal=True, block_k=1)
+    >>> out.round(2)  # query 0 sees key 0; query 1 sees both, its own a little more
+    array([[1.  , 0.  ],
+           [0.33, 0.67]])
     """
-    q, k, v, dims, scale, mask = check_one_head(q, k, v, causal, scale, window, block_mask, head)
-    block_q, block_k = block_mask.BLOCK_SIZE if block_mask is not None else (block_q, block_k)
-    block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
-    mods = TileMods(mask.mask_mod, check_score_mod(score_mod), 0, head)  # what each tile's scores go through
-    heads = Heads(np.zeros(1, int), np.array([head]))  # batch entry 0, query head `head`
-    out, lse = np.zeros((dims.n_q, dims.ev), k.dtype), np.full(dims.n_q, -np.inf, k.dtype)
-    lowest = np.finfo(k.dtype).min  # subtracted instead of a max of -inf: exp(-inf - lowest) = 0, not NaN
-    sinks = check_sinks(None if sink is None else [sink], 1, k.dtype)  # (1,): this head's sink logit
-    for q_start in range(0, dims.n_q, block_q):
-        rows = slice(q_start, min(q_start + block_q, dims.n_q))
-        q_i = q[rows] * scale  # (bq, E): Q_i, the scale folded in once
-        m, l = running_start(sinks, np.zeros(1, int), q_i.shape[0], k.dtype)  # (bq,) m_i, l_i: the running max and sum
-        acc = np.zeros((q_i.shape[0], dims.ev), k.dtype)  # (bq, Ev) O_i before the division by l_i
-        for tile in mask.row_tiles(rows.start, rows.stop, dims.n_k, block_k, heads):
-            keys = slice(tile.k_start, tile.k_stop)
-            s = q_i @ k[keys].T  # (bq, bk) S_ij = Q_i K_jᵀ
-            apply_mods(s, tile, mods, np.arange(rows.start, rows.stop)[:, None], np.arange(keys.start, keys.stop))
-            m_new = np.maximum(m, s.max(axis=1))  # (bq,) m_i' = max(m_i, rowmax(S_ij))
-            p = np.exp(s - np.maximum(m_new, lowest)[:, None])  # (bq, bk) P_ij = exp(S_ij - m_i')
-            alpha = np.exp(m - np.maximum(m_new, lowest))  # (bq,) exp(m_i - m_i'): rescales the old sums
-            l = alpha * l + p.sum(axis=1)  # (bq,) l_i' = exp(m_i - m_i') l_i + rowsum(P_ij)
-            acc = alpha[:, None] * acc + p @ v[keys]  # (bq, Ev) O_i' = diag(exp(m_i - m_i')) O_i + P_ij V_j
-            m = m_new
-        seen = l > 0  # a row that saw no key (and no sink) keeps out 0 and lse -inf
-        out[rows][seen] = acc[seen] / l[seen, None]  # (bq, Ev) O_i = diag(l_i)⁻¹ O_i
-        lse[rows][seen] = m[seen] + np.log(l[seen])  # (bq,) L_i = m_i + log(l_i)
+    q, k, v, scale = check_one_head(q, k, v, causal, scale, block_q, block_k)
+    n_q, n_k, offset = len(q), len(k), len(k) - len(q)  # L queries, S keys; query i sees key j <= i + offset
+    out, lse = np.zeros((n_q, v.shape[1]), v.dtype), np.zeros(n_q, v.dtype)  # O (L, Ev) and the paper's L (L,)
+    for q_start in range(0, n_q, block_q):  # 3: for each query block i
+        rows = np.arange(q_start, min(q_start + block_q, n_q))  # (Br,) the rows of Q_i
+        q_i = q[rows] * scale  # (Br, E) 4: Q_i, the scale folded in once
+        o_i = np.zeros((len(rows), v.shape[1]), v.dtype)  # (Br, Ev) 5: O_i = 0
+        l_i = np.zeros(len(rows), v.dtype)  # (Br,) 5: ℓ_i = 0
+        m_i = np.full(len(rows), -np.inf, v.dtype)  # (Br,) 5: m_i = -∞
+        n_seen = min(n_k, rows[-1] + 1 + offset) if causal else n_k  # causal: no key block past the last row's
+        for k_start in range(0, n_seen, block_k):  # 6: for each key block j
+            cols = np.arange(k_start, min(k_start + block_k, n_k))  # (Bc,) the rows of K_j and V_j
+            s = q_i @ k[cols].T  # (Br, Bc) 8: S_ij = Q_i K_jᵀ
+            if causal:  # in a tile the diagonal crosses: exp(-inf) = 0 gives a hidden key no weight
+                s[cols > rows[:, None] + offset] = -np.inf
+            m_new = np.maximum(m_i, s.max(axis=1))  # (Br,) 9: m_i' = max(m_i, rowmax(S_ij))
+            m_sub = np.where(m_new == -np.inf, 0, m_new)  # (Br,) a row with no key yet: -inf - 0, not -inf + inf
+            p = np.exp(s - m_sub[:, None])  # (Br, Bc) 9: P̃_ij = exp(S_ij - m_i')
+            alpha = np.exp(m_i - m_sub)  # (Br,) exp(m_i - m_i'): rescales what was summed against the old max
+            l_i = alpha * l_i + p.sum(axis=1)  # (Br,) 9: ℓ_i' = exp(m_i - m_i') ℓ_i + rowsum(P̃_ij)
+            o_i = alpha[:, None] * o_i + p @ v[cols]  # (Br, Ev) 10: O_i' = diag(exp(m_i - m_i')) O_i + P̃_ij V_j
+            m_i = m_new
+        l_i[l_i == 0] = 1  # a row that saw no key: O_i = 0 / 1 = 0 and L_i = -inf + log 1 = -inf
+        out[rows] = o_i / l_i[:, None]  # (Br, Ev) 12: O_i = diag(ℓ_i)⁻¹ O_i
+        lse[rows] = m_i + np.log(l_i)  # (Br,) 13: L_i = m_i + log(ℓ_i)
     return out, lse
 
 
 def check_one_head(
-    q: Any, k: Any, v: Any, causal: Any, scale: Any, window: Any, block_mask: Any = None, head: Any = 0
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, TileMask]:
-    """One head's q (L, E), k (S, E), v (S, Ev) checked, in the compute dtype, with the scale and the mask:
-    the block mask when one is given (then causal and window must be left alone), else the band."""
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, block_q: Any, block_k: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """One head's q (L, E), k (S, E), v (S, Ev) checked and in the compute dtype, with the scale; causal must
+    be a bool and the block sizes positive ints."""
     if not without_head_axis(q):
         raise ValueError(f"q must be one head (L, E); got shape {np.shape(q)}: use flash_attention for more heads")
+    check_bool(causal, "causal")
+    check_positive_int(block_q, "block_q")
+    check_positive_int(block_k, "block_k")
     q, k, v, dims = check_qkv(q, k, v)
     ct = compute_dtype(q, k, v)
-    mask: TileMask = check_band(causal, window, dims.n_q, dims.n_k)
-    if block_mask is not None:
-        if causal or window is not None:
-            raise ValueError("pass block_mask or causal/window, not both: the block mask says which keys are seen")
-        mask = check_block_mask(block_mask, dims, head)
-    return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), dims, check_scale(scale, dims.e, ct), mask
+    return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), check_scale(scale, dims.e, ct)
 
 
-def check_block_mask(block_mask: Any, dims: QKVShape, head: Any = None) -> BlockMask:
-    """block_mask as a BlockMask made for these inputs' sizes; for one head (head given: the one-head
-    paths, batch entry 0), made for their L and S, with `head` one of its heads."""
+def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
+    """block_mask as a BlockMask made for these inputs' sizes: batch entries, query heads, L and S."""
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")
-    b_size, h_size, _, _ = block_mask.shape
-    if head is None:
-        b_size, h_size = int(np.prod(dims.batch, dtype=np.int64)), dims.hq
-    elif h_size > 1 and not check_count(head, "head") < h_size:
-        raise ValueError(f"head={head} is not one of the block mask's {h_size} heads")
-    block_mask.check_for(b_size, h_size, dims.n_q, dims.n_k)
+    block_mask.check_for(int(np.prod(dims.batch, dtype=np.int64)), dims.hq, dims.n_q, dims.n_k)
     return block_mask
 
 

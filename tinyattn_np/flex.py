@@ -23,10 +23,30 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import QKVShape, check_bool, check_positive_int, check_qkv, check_scale, compute_dtype, without_head_axis
-from .blockmask import DEFAULT_BLOCK_Q, Band, BlockMask, create_block_mask
+from ._checks import (
+    QKVShape,
+    as_float_array,
+    check_bool,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    compute_dtype,
+    without_head_axis,
+)
+from .blockmask import (
+    DEFAULT_BLOCK_Q,
+    EMPTY_TILE,
+    FULL_TILE,
+    PARTIAL_TILE,
+    Band,
+    BlockMask,
+    check_block_size,
+)
 from .flash import FlashPlan, check_block_mask, flash_forward, flash_plan
-from .mods import check_score_mod, check_sinks, varlen_mod
+from .masks import check_window
+from .mods import check_cu_seqlens, check_score_mod, check_sinks, varlen_mod
+
+__all__ = ["check_flex", "flash_attention_varlen", "flex_attention", "varlen_block_mask"]
 
 Array = NDArray[np.floating]
 
@@ -42,6 +62,7 @@ def check_flex(
             "kernel_options are torch's GPU kernel settings; here the tiles are the block mask's BLOCK_SIZE and "
             f"the threads workers=: pass kernel_options=None; got {kernel_options!r}"
         )
+    key, value = broadcast_kv(query, key, value)
     q, k, v, dims = check_qkv(query, key, value, gqa_allowed=check_bool(enable_gqa, "enable_gqa"))
     ct = compute_dtype(q, k, v)
     mask = Band(None) if block_mask is None else check_block_mask(block_mask, dims)
@@ -50,6 +71,18 @@ def check_flex(
     plan = flash_plan(dims, mask, check_scale(scale, dims.e, ct), score_mod=check_score_mod(score_mod, backward),
                       sinks=check_sinks(sinks, dims.hq, ct), **sizes)  # fmt: skip
     return q, k, v, dims, plan
+
+
+def broadcast_kv(query: Any, key: Any, value: Any) -> tuple[Any, Any]:
+    """key and value whose batch dims are all 1 against a larger query batch (torch's flex_attention allows
+    Bkv = 1): as views broadcast to the query's batch dims, every batch entry reading the same keys and
+    values (the kernels then copy them per batch entry, as a batch of the query's size would hold them).
+    Anything else is left as it is, for check_qkv to judge."""
+    q, k, v = as_float_array(query, "q"), as_float_array(key, "k"), as_float_array(value, "v")
+    batch, kv_batch = q.shape[:-3], k.shape[:-3]
+    if q.ndim == k.ndim == v.ndim >= 4 and kv_batch == v.shape[:-3] != batch and set(kv_batch) == {1}:
+        return np.broadcast_to(k, (*batch, *k.shape[-3:])), np.broadcast_to(v, (*batch, *v.shape[-3:]))
+    return key, value
 
 
 def flex_attention(
@@ -76,14 +109,15 @@ def flex_attention(
     dtype. score_mod(score, b, h, q_idx, kv_idx): called on every tile that runs, b the batch entry (flat
     over the leading dims), h the query head. block_mask: create_block_mask(mask_mod, B, H, L, S); None
     means every key. scale: default 1/√E. enable_gqa: Hq a multiple of Hkv (query head h reads kv head
-    h // (Hq / Hkv)), as in torch; without it Hq must equal Hkv. kernel_options: torch's GPU kernel knobs,
-    none here (must be None). A row that sees no key gives out 0 and lse -inf, as torch.
+    h // (Hq / Hkv)), as in torch; without it Hq must equal Hkv. key and value of batch 1 serve every batch
+    entry of the query, as in torch (key (1, Hkv, S, E) with query (B, Hq, L, E)). kernel_options: torch's
+    GPU kernel knobs, none here (must be None). A row that sees no key gives out 0 and lse -inf, as torch.
     sinks (Hq,): a logit per head that joins every row's softmax and is then dropped (gpt-oss; FA4's
     learnable_sink): out = Σ_j exp(s_j - lse) v_j with lse = log(exp(sink_h) + Σ_j exp(s_j)), so a row can
     give weight to nothing (a row that sees no key gets out 0 and lse = sink_h). workers: threads, as in
     flash_attention (the same bits for any number); kv_heads_per_step too.
 
-    >>> from tinyattn_np.mods import causal_mod
+    >>> from tinyattn_np import causal_mod, create_block_mask
     >>> q = k = v = np.eye(2)[None]
     >>> flex_attention(q, k, v, block_mask=create_block_mask(causal_mod(2, 2), None, None, 2, 2))[0, 0]
     array([1., 0.])
@@ -105,10 +139,65 @@ def varlen_block_mask(
     BLOCK_SIZE: int | tuple[int, int] = DEFAULT_BLOCK_Q,
 ) -> BlockMask:  # fmt: skip
     """The block mask of packed sequences: mods.varlen_mod (each sequence sees only its own keys; causal
-    bottom-right within each), over all cu_seqlens_q[-1] queries and cu_seqlens_k[-1] keys."""
-    mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=check_bool(causal, "causal"), window=window)
-    total_q, total_k = int(np.asarray(cu_seqlens_q)[-1]), int(np.asarray(cu_seqlens_k)[-1])
-    return create_block_mask(mask_mod, None, None, total_q, total_k, BLOCK_SIZE=BLOCK_SIZE)
+    bottom-right within each), over all cu_seqlens_q[-1] queries and cu_seqlens_k[-1] keys. Its tiles
+    follow from the boundaries alone (document_kinds, by arithmetic): the mask_mod is called only inside
+    the partial tiles, as the kernels run them."""
+    causal = check_bool(causal, "causal")
+    mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window)
+    cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    width = None if window is None else check_window(window, total_q, total_k)
+    block_q, block_k = check_block_size(BLOCK_SIZE)
+    kinds = document_kinds(cu_q, cu_k, causal, width, block_q, block_k)  # (n_q blocks, n_k blocks)
+    return BlockMask(kinds[None, None], (total_q, total_k), (block_q, block_k), mask_mod)
+
+
+def document_tiles(cu_q: np.ndarray, cu_k: np.ndarray, block_q: int, block_k: int) -> tuple[np.ndarray, ...]:
+    """(document, query block, key block) of every tile that holds some of a document's queries and some of
+    its keys, one entry per pair (a tile two documents share appears twice), as three (P,) int arrays."""
+    q0, q1, k0, k1 = cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:]  # (n,) each document's queries and keys
+    n_qb = np.where(q1 > q0, -(-q1 // block_q) - q0 // block_q, 0)  # (n,) query blocks each document meets
+    n_kb = np.where(k1 > k0, -(-k1 // block_k) - k0 // block_k, 0)  # (n,) key blocks
+    pairs = n_qb * n_kb  # (n,) tiles per document (0 without queries or keys)
+    document = np.repeat(np.arange(pairs.size), pairs)  # (P,)
+    within = np.arange(document.size) - np.repeat(np.cumsum(pairs) - pairs, pairs)  # (P,) 0, 1, ... per document
+    q_block = q0[document] // block_q + within // n_kb[document]  # (P,) row by row within the document
+    k_block = k0[document] // block_k + within % n_kb[document]  # (P,)
+    return document, q_block, k_block
+
+
+def document_kinds(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, window: int | None, block_q: int,
+                   block_k: int) -> np.ndarray:  # fmt: skip
+    """The kind of every tile of packed documents (n_q blocks, n_k blocks) int8, from the boundaries alone.
+
+    A tile is full when it lies inside one document and each of its queries sees each of its keys, empty
+    when no document has a query in it that sees a key in it, else partial. Within document d (queries
+    q0 .. q1, keys k0 .. k1) query i sees key j when j <= i + offset and j > i + offset - window, counted
+    from the document's start, with offset = (k1 - k0) - (q1 - q0) (bottom-right); without causal, all of
+    its keys. The rows r0 .. r1 - 1 of a tile together see the keys r0 + offset - window + 1 .. r1 - 1 + offset.
+    """
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    document, q_block, k_block = document_tiles(cu_q, cu_k, block_q, block_k)  # (P,) each
+    q0, k0 = cu_q[document], cu_k[document]  # (P,) the document's first query and key
+    # 1) the tile's rows [r0, r1) and columns [c0, c1) inside the document, counted from its start
+    r0, r1 = np.maximum(q_block * block_q, q0) - q0, np.minimum((q_block + 1) * block_q, cu_q[document + 1]) - q0
+    c0, c1 = np.maximum(k_block * block_k, k0) - k0, np.minimum((k_block + 1) * block_k, cu_k[document + 1]) - k0
+    # 2) the whole tile inside the document
+    whole = (r0 == q_block * block_q - q0) & (r1 == np.minimum((q_block + 1) * block_q, total_q) - q0)
+    whole &= (c0 == k_block * block_k - k0) & (c1 == np.minimum((k_block + 1) * block_k, total_k) - k0)
+    # 3) the band: the keys the tile's rows see meet its columns (seen), and hold them all (all_seen)
+    seen, all_seen = np.ones(document.size, bool), np.ones(document.size, bool)
+    if causal:
+        offset = (cu_k[document + 1] - k0) - (cu_q[document + 1] - q0)  # (P,) bottom-right within the document
+        seen &= c0 <= r1 - 1 + offset  # the last row's diagonal reaches the first column
+        all_seen &= c1 - 1 <= r0 + offset  # the first row's diagonal reaches the last column
+        if window is not None:
+            seen &= c1 - 1 > r0 + offset - window  # the first row's window reaches the last column
+            all_seen &= c0 > r1 - 1 + offset - window  # the last row's window reaches the first column
+    kinds = np.zeros((-(-total_q // block_q), -(-total_k // block_k)), np.int8)
+    kind = np.where(whole & all_seen, FULL_TILE, np.where(seen, PARTIAL_TILE, EMPTY_TILE)).astype(np.int8)
+    np.maximum.at(kinds, (q_block, k_block), kind)  # a tile two documents share: partial if either sees in it
+    return kinds
 
 
 def flash_attention_varlen(
@@ -143,9 +232,10 @@ def flash_attention_varlen(
     >>> flash_attention_varlen(q, k, v, [0, 1, 3], [0, 1, 3], causal=True)[0, :, 0]
     array([1., 2., 3.])
     """
-    mask = varlen_block_mask(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, BLOCK_SIZE=block_size)
-    for name, x, total in (("q", q, mask.seq_lengths[0]), ("k", k, mask.seq_lengths[1])):
+    for name, x, cu_seqlens in (("q", q, cu_seqlens_q), ("k", k, cu_seqlens_k)):  # first: the mask costs time
+        total = int(check_cu_seqlens(cu_seqlens, f"cu_seqlens_{name}")[-1])
         if np.ndim(x) != 3 or np.shape(x)[1] != total:
             raise ValueError(f"{name} must be packed heads (H, {total}, E): cu_seqlens_{name} ends at {total}; "
                              f"got shape {np.shape(x)}")  # fmt: skip
+    mask = varlen_block_mask(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, BLOCK_SIZE=block_size)
     return flex_attention(q, k, v, score_mod, mask, scale, enable_gqa=True, return_lse=return_lse, workers=workers)

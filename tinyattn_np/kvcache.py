@@ -22,22 +22,35 @@ So `keys` and `values` are views of the buffer in slot order, and `positions` sa
 position each slot holds. Where order does matter (a mask over a many-token continuation), `ordered()`
 returns them oldest first.
 
+A layer decodes through the cache with `attend` (MultiHeadAttention(x, cache=c) calls c.attend(layer, x)):
+the new tokens' q, k and v at positions len(c) onwards, k and v appended, and the new queries against every
+kept key. A one-token step is split-KV decoding (splitkv.py): one query has no query blocks to spread over
+the cores, so the keys are split instead.
+
 Threads: `append` is atomic. It holds the cache's lock from the room check to the count update, so appends
 from several threads all land (in some order), each token's k and v in the same slot, and one that does
-not fit is refused whole. Reading does not take the lock: see `KVCache`.
+not fit is refused whole. `attend` holds the lock from reading len(cache) to its append, so the positions
+RoPE turns by are the ones the tokens get. Reading does not take the lock: see `KVCache`.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import threading
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, check_count, check_positive_int
+from ._checks import ACCEPTED_DTYPES, QKVShape, check_bool, check_count, check_positive_int
+from .blockmask import Band, check_band
+from .multihead import MultiHeadAttention, attend_heads, check_layer_input
+from .splitkv import decode, default_kv_splits
 
 Array = NDArray[np.floating]
+
+__all__ = ["KVCache"]
 
 
 def check_cache_dtype(dtype: Any) -> np.dtype:
@@ -205,3 +218,59 @@ class KVCache(CopiedWithoutLock):
                 return self.keys, self.values
             order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
             return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies
+
+    # --- a layer's decoding through this cache: MultiHeadAttention(x, cache=self) --------------------
+
+    def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: None = None) -> Array:
+        """x (B, T, d_model), the next T tokens of the B sequences this cache holds, through layer's heads
+        -> y (B, H, T, d_head), the heads' attention before layer's output projection; x's k and v appended.
+
+        The tokens sit at absolute positions len(self) .. len(self) + T - 1 (RoPE turns them by those) and
+        attend causally to every kept key: bottom-right, so a one-token step (T = 1) sees all of them.
+        fused=True: flash attention, and split-KV for a one-token step; fused=False: the reference.
+        seq_ids: None (a KVCache holds one sequence per row of x; a PagedKVCache takes seq_ids).
+        The lock is held from reading len(self) to the append: threads decoding into one cache each get
+        positions of their own. An append that does not fit is refused, and the cache stays as it was.
+        """
+        if seq_ids is not None:
+            raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
+        x = check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
+        want = (x.shape[0], layer.n_kv_heads, layer.d_head)
+        if (self.batch, self.kv_heads, self.head_dim) != want:
+            raise ValueError(
+                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this "
+                f"input; got batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}"
+            )
+        fused = check_bool(fused, "fused")
+        with self.lock:  # the length read here is the one the append continues, whatever other threads do
+            # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
+            start, T = len(self), x.shape[1]
+            q, k, v = layer.split_heads(x, np.arange(start, start + T))
+            # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
+            #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
+            #    the new ones under the band (bottom-right), then append.
+            if self.window is not None and T > 1:
+                k_old, v_old = self.ordered()  # (B, Hkv, kept, d_head) each, oldest first
+                k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
+                band = check_band(True, self.window, T, k_all.shape[2])  # flash skips the tiles outside it
+                y, _ = attend_heads(q, k_all, v_all, band, fused)
+                self.append(k, v)
+                return y
+            # 3) otherwise append first (refused, nothing changed, if it does not fit), then attend to all kept
+            self.append(k, v)
+            keys, values = self.keys, self.values  # (B, Hkv, kept, d_head): slot order, which softmax ignores
+            if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
+                return _decode_step(q, keys, values)
+            band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i + 1
+            return attend_heads(q, keys, values, band, fused)[0]
+
+
+def _decode_step(q: Array, keys: Array, values: Array) -> Array:
+    """One new token per sequence against the whole cache: split-KV (splitkv.decode). q (B, H, 1, d),
+    keys and values (B, Hkv, S, d) -> y (B, H, 1, d)."""
+    B, H, _, d = q.shape
+    kept = keys.shape[2]
+    dims = QKVShape((B,), H, keys.shape[1], 1, kept, d, d)
+    workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
+    out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(d), default_kv_splits(kept, workers), workers)
+    return out.reshape(B, H, 1, d).astype(q.dtype, copy=False)

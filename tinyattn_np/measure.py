@@ -1,4 +1,4 @@
-"""Peak memory (tracemalloc) and timing helpers for the scripts and the memory tests.
+"""Peak memory (tracemalloc), timing and read-bandwidth helpers for the scripts and the memory tests.
 
 NumPy reports its array buffers to tracemalloc, so the traced peak of a call is the most memory its
 NumPy arrays held at once, above what was already allocated when the call began.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import threading
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -25,6 +26,8 @@ __all__ = [
     "median_ms",
     "memory_available",
     "memory_total",
+    "read_bandwidth",
+    "read_once",
     "time_calls",
     "traced_peak",
 ]
@@ -70,6 +73,26 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> l
 def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of fn() in milliseconds."""
     return 1e3 * statistics.median(time_calls(fn, repeats, warmup))
+
+
+def read_once(arrays: list[np.ndarray], threads: int) -> None:
+    """Every byte of the two arrays read once (NumPy sums), on one thread, or on two with one array each (a sum
+    releases the interpreter lock, so the two threads read at once): the floor of a step bound by reading them."""
+    second = threading.Thread(target=arrays[1].sum)
+    if threads == 1:
+        second.run()  # Thread.run: the same call, on this thread
+    else:
+        second.start()
+    arrays[0].sum()
+    if threads == 2:
+        second.join()
+
+
+def read_bandwidth(n_bytes: int = 2**30, repeats: int = 5) -> float:
+    """GB/s (decimal) of reading n_bytes from memory once, two halves on two threads (read_once): the machine's
+    read bandwidth now, with n_bytes far past its caches."""
+    halves = [np.ones(n_bytes // 8, np.float32) for _ in range(2)]  # n_bytes / 2 each
+    return n_bytes / median_ms(lambda: read_once(halves, threads=2), repeats) / 1e6
 
 
 def cpu_model() -> str:

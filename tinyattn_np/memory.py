@@ -8,6 +8,7 @@ quote come out of these functions:
     score matrix, one head, one layer, n = 8,192, fp16:   8,192² · 2 B = 134,217,728 B (134.2 MB, 128 MiB)
     ... times 32 heads and 32 layers (Llama-3-8B):          137,438,953,472 B (137.4 GB, 128 GiB)
     KV cache per token, Llama-3-8B in bf16:                 2 · 32 · 8 · 128 · 2 B = 131,072 B
+    latent cache per token, DeepSeek-V3 in bf16:            61 · (512 + 64) · 2 B = 70,272 B
 
 The three bills, told apart:
     memory.py   formulas: what attention costs in any implementation (this file)
@@ -41,6 +42,8 @@ __all__ = [
     "flash_attention_backward_bytes",
     "flash_attention_bytes",
     "kv_cache_bytes",
+    "latent_cache_bytes",
+    "linear_attention_state_bytes",
     "naive_attention_bytes",
     "paged_kv_cache_bytes",
     "ring_attention_bytes",
@@ -73,22 +76,91 @@ def kv_cache_bytes(
     dtype: Any = "bf16",
     batch: int = 1,
     window: int | None = None,
+    head_dim_v: int | None = None,
 ) -> int:
     """Bytes of the key/value cache after `tokens` tokens.
 
-        bytes = 2 (k and v) · layers · kv_heads · head_dim · min(tokens, window) · batch · bytes_per_element
+        bytes = layers · kv_heads · (E + Ev) · min(tokens, window) · batch · bytes_per_element
 
-    A sliding window of W tokens means only the last W keys and values are ever read again, so a
-    rolling cache keeps at most W of them. Grouped-query attention shows up as kv_heads < heads.
+    E + Ev is 2 · head_dim (k and v) unless head_dim_v says the values are narrower (the decompressed
+    keys of latent attention are 192 wide, its values 128). A sliding window of W tokens means only the
+    last W keys and values are ever read again, so a rolling cache keeps at most W of them; a chunked
+    layer (Llama 4) keeps at most its chunk, the same bound. Grouped-query attention shows up as
+    kv_heads < heads, multi-query attention as kv_heads = 1.
     """
-    tokens = check_count(tokens, "tokens")
+    kept = _kept(tokens, batch, window)
     layers = check_positive_int(layers, "layers")
     kv_heads = check_positive_int(kv_heads, "kv_heads")
     head_dim = check_positive_int(head_dim, "head_dim")
+    head_dim_v = head_dim if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
+    return nbytes(layers * kv_heads * (head_dim + head_dim_v) * kept, dtype)
+
+
+def _kept(tokens: int, batch: int, window: int | None) -> int:
+    """min(tokens, window) · batch: the tokens a cache holds for every sequence of the batch."""
+    tokens = check_count(tokens, "tokens")
     batch = check_positive_int(batch, "batch")
     window = None if window is None else check_positive_int(window, "window")
-    kept = tokens if window is None else min(tokens, window)
-    return nbytes(2 * layers * kv_heads * head_dim * kept * batch, dtype)
+    return (tokens if window is None else min(tokens, window)) * batch
+
+
+def latent_cache_bytes(
+    tokens: int,
+    *,
+    layers: int,
+    kv_rank: int,
+    rope_dim: int,
+    dtype: Any = "bf16",
+    batch: int = 1,
+    window: int | None = None,
+) -> int:
+    """Bytes of multi-head latent attention's cache (DeepSeek-V2 paper, section 2.1).
+
+        bytes = layers · (kv_rank + rope_dim) · min(tokens, window) · batch · bytes_per_element
+
+    Each token keeps its compressed latent c_KV (kv_rank numbers, from which every head's key and value
+    are decompressed) and one rotary key k_R (rope_dim) that all heads share: the head count is gone from
+    the formula. DeepSeek-V3, 61 layers of 512 + 64 in bf16: 70,272 B a token, where its 128 heads would
+    keep 128 · (192 + 128) · 61 · 2 B = 4,997,120 B decompressed (kv_cache_bytes with head_dim_v).
+
+    >>> latent_cache_bytes(1, layers=61, kv_rank=512, rope_dim=64)
+    70272
+    """
+    kept = _kept(tokens, batch, window)
+    layers = check_positive_int(layers, "layers")
+    kv_rank = check_positive_int(kv_rank, "kv_rank")
+    rope_dim = check_positive_int(rope_dim, "rope_dim")
+    return nbytes(layers * (kv_rank + rope_dim) * kept, dtype)
+
+
+def linear_attention_state_bytes(
+    *,
+    layers: int,
+    heads: int,
+    key_dim: int,
+    value_dim: int,
+    conv_channels: int = 0,
+    conv_kernel: int = 0,
+    dtype: Any = "bf16",
+    batch: int = 1,
+) -> int:
+    """Bytes of the state that linear-attention layers keep in place of a KV cache: fixed, whatever the context.
+
+        bytes = layers · batch · (heads · key_dim · value_dim + conv_channels · conv_kernel) · bytes_per_element
+
+    Each head folds every token into one key_dim x value_dim matrix, S_t = decay_t · S_{t-1} + k_t v_tᵀ
+    (with a delta-rule correction in gated DeltaNet), and reads it as q_t S_t. Where a short causal
+    convolution runs over q, k and v first (Qwen3-Next), its last conv_kernel inputs of conv_channels
+    are kept too, as transformers and Mamba keep them.
+    """
+    layers = check_positive_int(layers, "layers")
+    heads = check_positive_int(heads, "heads")
+    key_dim = check_positive_int(key_dim, "key_dim")
+    value_dim = check_positive_int(value_dim, "value_dim")
+    conv_channels = check_count(conv_channels, "conv_channels")
+    conv_kernel = check_count(conv_kernel, "conv_kernel")
+    batch = check_positive_int(batch, "batch")
+    return nbytes(layers * batch * (heads * key_dim * value_dim + conv_channels * conv_kernel), dtype)
 
 
 def paged_kv_cache_bytes(
@@ -132,7 +204,7 @@ def paged_kv_cache_bytes(
     return nbytes(2 * layers * kv_heads * head_dim * blocks * block_size, dtype)
 
 
-def causal_entries(n_q: int, n_k: int | None = None, *, window: int | None = None) -> int:
+def causal_entries(n_q: int, n_k: int | None = None, *, window: int | None = None, chunk: int | None = None) -> int:
     """How many of the L x S scores a causal mask keeps, with bottom-right alignment (masks.py).
 
     Query i sees key j when j <= i + (S - L), so row i keeps clip(i + S - L + 1, 0, S) keys:
@@ -143,8 +215,23 @@ def causal_entries(n_q: int, n_k: int | None = None, *, window: int | None = Non
     For L == S that is L (L + 1) / 2: a little more than half. A sliding window of W also hides the keys
     j <= i + S - L - W, max(i + S - L + 1 - W, 0) of them in row i, so each row keeps at most W:
     about L · W entries in all, linear in L, where the plain causal count grows like L².
+
+    A chunk of C (Llama 4's chunked attention) instead cuts the sequence into blocks of C positions, and
+    the query at position p sees only keys from the start of its own block, floor(p / C) · C, to p:
+    p mod C + 1 of them. Summed over positions 0 .. n - 1 that is f(n) = q · C (C + 1) / 2 + r (r + 1) / 2
+    with n = q · C + r, and the L queries at positions S - L .. S - 1 keep f(S) - f(max(S - L, 0)).
     """
     n_q, n_k = check_sizes(n_q, n_k)
+    if window is not None and chunk is not None:
+        raise ValueError(f"window={window} and chunk={chunk}: a layer slides or is chunked, not both")
+    if chunk is not None:
+        chunk = check_positive_int(chunk, "chunk")
+
+        def upto(n: int) -> int:  # f(n): the keys positions 0 .. n - 1 see
+            blocks, rest = divmod(n, chunk)
+            return blocks * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+
+        return upto(n_k) - upto(max(n_k - n_q, 0))
     if n_q <= n_k:
         kept = n_q * (n_k - n_q) + n_q * (n_q + 1) // 2
     else:
@@ -168,12 +255,14 @@ def attention_flops(
     batch: int = 1,
     head_dim_v: int | None = None,
     window: int | None = None,
+    chunk: int | None = None,
 ) -> int:
     """FLOPs of the two matmuls of attention, QKᵀ and PV, counting a multiply-add as 2 FLOPs.
 
         flops = batch · heads · entries · 2 (E + Ev)       entries = L · S, or causal_entries(L, S, window=W)
 
-    window (needs causal=True): a sliding window of W keys, counted as a band-aware kernel skips the rest.
+    window (needs causal=True): a sliding window of W keys, counted as a band-aware kernel skips the rest;
+    chunk (needs causal=True): chunked attention, each query within its block of C positions.
 
     Each kept score costs E multiply-adds in QKᵀ and Ev in PV. causal=True counts exactly the unmasked
     entries (what a mask-aware kernel computes), not L · S / 2. Softmax's few FLOPs per entry are left
@@ -187,7 +276,9 @@ def attention_flops(
     causal = check_bool(causal, "causal")
     if window is not None and not causal:
         raise ValueError(f"window={window} needs causal=True (a sliding window looks back from each query)")
-    entries = causal_entries(n_q, n_k, window=window) if causal else n_q * n_k
+    if chunk is not None and not causal:
+        raise ValueError(f"chunk={chunk} needs causal=True (a chunked layer looks back to its block's start)")
+    entries = causal_entries(n_q, n_k, window=window, chunk=chunk) if causal else n_q * n_k
     return batch * heads * entries * 2 * (head_dim + head_dim_v)
 
 

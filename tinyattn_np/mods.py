@@ -38,8 +38,15 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int
+from ._checks import check_count, check_positive_int, plain_array
 from .masks import causal_offset, check_window
+
+__all__ = [
+    "Alibi", "Differentiable", "MaskMod", "RelativeBias", "ScoreModFn", "Softcap", "alibi_slopes", "and_masks",
+    "causal_band", "causal_mod", "check_cu_seqlens", "check_score_mod", "check_sinks", "create_mask",
+    "derivative_of", "document_ids", "document_mod", "modded", "name_of", "noop_mask", "or_masks", "prefix_lm_mod",
+    "score_indices", "sliding_window_mod", "varlen_mod", "visible",
+]  # fmt: skip
 
 MaskMod = Callable[..., Any]
 ScoreModFn = Callable[..., Any]
@@ -57,26 +64,55 @@ def score_indices(batch: tuple[int, ...], hq: int, n_q: int, n_k: int) -> tuple[
 
 
 def visible(mask_mod: MaskMod, b: Any, h: Any, q_idx: np.ndarray, kv_idx: np.ndarray) -> np.ndarray:
-    """mask_mod(b, h, q_idx, kv_idx) as a bool array (True = may attend); anything but bools is a TypeError."""
+    """mask_mod(b, h, q_idx, kv_idx) as a bool array (True = may attend) that broadcasts to the shape of the
+    indices; anything but bools is a TypeError, another shape a ValueError."""
     allowed = np.asarray(mask_mod(b, h, q_idx, kv_idx))
     if allowed.dtype != np.bool_:
         raise TypeError(f"mask_mod must return bools (True = may attend); {name_of(mask_mod)} gave {allowed.dtype}")
+    indices = np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx)))
+    if not broadcasts_to(allowed.shape, indices):
+        raise ValueError(
+            f"mask_mod must return one bool per (b, h, q_idx, kv_idx), an array that broadcasts to the indices' "
+            f"shape {indices}; {name_of(mask_mod)} gave shape {allowed.shape}"
+        )
     return allowed
 
 
-def modded(score_mod: ScoreModFn, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
-    """score_mod(scores, b, h, q_idx, kv_idx), checked: an array that broadcasts to the scores' shape."""
-    new = np.asarray(score_mod(scores, b, h, q_idx, kv_idx))
+def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether an array of `shape` broadcasts to `target` without growing it."""
     try:
-        fits = new.dtype.kind in "fiub" and np.broadcast_shapes(new.shape, scores.shape) == scores.shape
+        return np.broadcast_shapes(shape, target) == target
     except ValueError:  # shapes that do not broadcast at all
-        fits = False
-    if not fits:
+        return False
+
+
+def modded(score_mod: ScoreModFn, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
+    """score_mod(scores, b, h, q_idx, kv_idx), checked: numbers that broadcast to the scores' shape."""
+    return checked_numbers(np.asarray(score_mod(scores, b, h, q_idx, kv_idx)), scores.shape, "score_mod", score_mod)
+
+
+def derivative_of(score_mod: Any, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray | None:
+    """score_mod.derivative(scores, b, h, q_idx, kv_idx) = ∂new/∂score, checked as modded checks the mod's own
+    result; None stands for 1 (a bias)."""
+    derivative = score_mod.derivative(scores, b, h, q_idx, kv_idx)
+    if derivative is None:
+        return None
+    return checked_numbers(np.asarray(derivative), scores.shape, "score_mod.derivative", score_mod)
+
+
+def checked_numbers(result: np.ndarray, shape: tuple[int, ...], what: str, mod: Any) -> np.ndarray:
+    """result, when it holds numbers (not bools) that broadcast to the scores' shape; else a TypeError."""
+    if result.dtype == np.bool_:
         raise TypeError(
-            f"score_mod must return numbers of the scores' shape {scores.shape}; {name_of(score_mod)} gave "
-            f"{new.dtype} of shape {new.shape}"
+            f"{what} must return numbers; {name_of(mod)} gave bools, as a mask_mod does: pass a mask_mod as "
+            "block_mask=create_block_mask(mask_mod, B, H, L, S) (or mask_mod= to attention), not as the score_mod"
         )
-    return new
+    if result.dtype.kind not in "fiu" or not broadcasts_to(result.shape, shape):
+        raise TypeError(
+            f"{what} must return numbers of the scores' shape {shape}; {name_of(mod)} gave {result.dtype} "
+            f"of shape {result.shape}"
+        )
+    return result
 
 
 def name_of(mod: Any) -> str:
@@ -94,7 +130,7 @@ def create_mask(mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN:
         raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
     B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
     b, h, q_idx, kv_idx = score_indices((B,), H, check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN"))
-    if len(inspect.signature(mod_fn).parameters) == 5:  # a score_mod: the scores it does not hide
+    if positional_arguments(mod_fn) == 5:  # a score_mod: the scores it does not hide
         allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, Q_LEN, KV_LEN)), b, h, q_idx, kv_idx))
     else:
         allowed = visible(mod_fn, b, h, q_idx, kv_idx)
@@ -163,13 +199,14 @@ def sliding_window_mod(window: int, n_q: int, n_k: int | None = None, *, align: 
 
 def prefix_lm_mod(prefix: Any) -> MaskMod:
     """Prefix-LM (Raffel et al. 2020, T5): every query sees the first `prefix` keys, and the rest causally
-    (top-left, j <= i: self-attention). prefix: an int, or one per batch entry, shape (B,)."""
-    prefix = np.asarray(prefix)
+    (top-left, j <= i: self-attention). prefix: an int, or one per batch entry, shape (B,); the mod keeps
+    its own copy (changing the caller's array afterwards changes nothing)."""
+    prefix = np.array(plain_array(prefix, "prefix"))  # a copy
     if prefix.dtype.kind not in "iu" or prefix.ndim > 1 or (prefix < 0).any():
         raise ValueError(f"prefix must be an int >= 0 or a (B,) array of them; got {prefix!r}")
 
     def prefix_lm(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        length = prefix if prefix.ndim == 0 else prefix[b]
+        length = prefix if prefix.ndim == 0 else prefix[checked_index(b, prefix.size, "prefix", "batch entry")]
         return (kv_idx < length) | (kv_idx <= q_idx)
 
     return prefix_lm
@@ -178,46 +215,82 @@ def prefix_lm_mod(prefix: Any) -> MaskMod:
 def document_ids(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
     """The document of every packed token, from FlashAttention's cu_seqlens (0, n_0, n_0 + n_1, ..., total):
     cu_seqlens = [0, 3, 5] -> [0, 0, 0, 1, 1]."""
-    cu = np.asarray(cu_seqlens)
-    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.size < 1 or cu[0] != 0 or (np.diff(cu) < 0).any():
-        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    cu = check_cu_seqlens(cu_seqlens, name)
     return np.repeat(np.arange(cu.size - 1), np.diff(cu))  # (total,)
+
+
+def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
+    """cu_seqlens as int64 (n + 1,), 0 first and never falling. Checked in a signed type: the differences
+    of unsigned ints wrap around (uint16 [0, 3, 2] would rise by 3, then by 65535)."""
+    cu = plain_array(cu_seqlens, name)
+    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.size < 1:
+        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    if cu.dtype.kind == "u" and int(cu.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must be ints that fit in int64; got {int(cu.max())}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0 or (np.diff(cu) < 0).any():
+        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    return cu
 
 
 def document_mod(q_documents: Any, kv_documents: Any = None) -> MaskMod:
     """Document masking for packed sequences (torch's FlexAttention examples): a query sees only the keys
     of its own document. q_documents: the document id of every query, (L,) or one row per batch entry
     (B, L); kv_documents the same for the keys (default: q_documents, self-attention). and_masks it with
-    causal_mod for causal documents; varlen_mod does both from cu_seqlens."""
-    q_doc = np.asarray(q_documents)
-    kv_doc = q_doc if kv_documents is None else np.asarray(kv_documents)
+    causal_mod for causal documents; varlen_mod does both from cu_seqlens. The mod keeps its own copies of
+    the ids, and refuses a query, key or batch entry past their end."""
+    q_doc = np.array(plain_array(q_documents, "q_documents"))  # copies: the caller's arrays may change
+    kv_doc = q_doc if kv_documents is None else np.array(plain_array(kv_documents, "kv_documents"))
     for name, ids in (("q_documents", q_doc), ("kv_documents", kv_doc)):
         if ids.dtype.kind not in "iu" or ids.ndim not in (1, 2):
             raise ValueError(f"{name} must be ints of shape (L,) or (B, L); got {ids.dtype} of shape {ids.shape}")
 
     def document(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        q_ids = q_doc[q_idx] if q_doc.ndim == 1 else q_doc[b, q_idx]
-        return q_ids == (kv_doc[kv_idx] if kv_doc.ndim == 1 else kv_doc[b, kv_idx])
+        q_ids = document_of(q_doc, b, q_idx, "q_documents", "query")
+        return q_ids == document_of(kv_doc, b, kv_idx, "kv_documents", "key")
 
     return document
+
+
+def document_of(ids: np.ndarray, b: Any, idx: Any, name: str, what: str) -> np.ndarray:
+    """ids[idx], or ids[b, idx] for one row per batch entry: the documents of positions idx, refusing a
+    position or a batch entry that ids has no id for (NumPy's IndexError would not name them)."""
+    if np.size(idx) and int(np.max(idx)) >= ids.shape[-1]:
+        raise ValueError(
+            f"{name} has {ids.shape[-1]} ids, but the mask is asked about {what} {int(np.max(idx))}: give one "
+            f"document id per {what}, shape (L,) or (B, L)"
+        )
+    return ids[idx] if ids.ndim == 1 else ids[checked_index(b, ids.shape[0], name, "batch entry"), idx]
+
+
+def checked_index(index: Any, size: int, name: str, what: str) -> Any:
+    """index (a batch entry b or a head h, an int or an array of them), after checking that `name`, which
+    has one row per batch entry or head, has `size` > index of them."""
+    if np.size(index) and int(np.max(index)) >= size:
+        raise ValueError(
+            f"{name} has {size} rows, one per {what}, but the mod is asked about {what} {int(np.max(index))}: "
+            f"give one row per {what} of the inputs"
+        )
+    return index
 
 
 def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, window: int | None = None) -> MaskMod:
     """FlashAttention's varlen mask: packed sequences, each attending only to its own keys, and with causal
     bottom-right within its own sequence (query i of a sequence of L_d queries and S_d keys sees its
     keys j <= i + S_d - L_d), as flash_attn_varlen_func does; window as in sliding_window_mod."""
-    q_doc, kv_doc = document_ids(cu_seqlens_q, "cu_seqlens_q"), document_ids(cu_seqlens_k, "cu_seqlens_k")
-    ends_q, ends_k = np.asarray(cu_seqlens_q)[1:], np.asarray(cu_seqlens_k)[1:]
-    if ends_q.size != ends_k.size:
+    cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
+    if cu_q.size != cu_k.size:
         raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k must count the same sequences; got {ends_q.size} and {ends_k.size}"
+            f"cu_seqlens_q and cu_seqlens_k must count the same sequences; got {cu_q.size - 1} and {cu_k.size - 1}"
         )
+    if window is not None and not causal:
+        raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+    width = None if window is None else check_window(window, int(cu_q[-1]), int(cu_k[-1]))
+    q_doc, kv_doc = document_ids(cu_q, "cu_seqlens_q"), document_ids(cu_k, "cu_seqlens_k")
+    ends_q, ends_k = cu_q[1:], cu_k[1:]
     same_document = document_mod(q_doc, kv_doc)
     if not causal:
-        if window is not None:
-            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
         return same_document
-    width = None if window is None else check_window(window, q_doc.size, kv_doc.size)
 
     def varlen(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         doc = q_doc[q_idx]
@@ -260,11 +333,12 @@ class Alibi:
         new = score - slope_h · |i + S - L - j|        (query i of L, key j of S: bottom-right)
 
     slopes: (Hq,) or (B, Hq) per batch entry, alibi_slopes(Hq) for the paper's. learned=True makes the (Hq,)
-    slopes parameters: the backward returns ∂loss/∂slope_h = Σ_ij dnew_ij · (-|i + S - L - j|).
+    slopes parameters: the backward returns ∂loss/∂slope_h = Σ_ij dnew_ij · (-|i + S - L - j|). The mod
+    holds its own float64 copy of the slopes: params is that copy (an optimiser updates it in place).
     """
 
     def __init__(self, slopes: Any, n_q: int, n_k: int | None = None, *, learned: bool = False):
-        self.slopes = np.asarray(slopes, dtype=np.float64)
+        self.slopes = np.array(plain_array(slopes, "slopes"), dtype=np.float64)  # a copy
         if self.slopes.ndim not in (1, 2) or not np.isfinite(self.slopes).all():
             raise ValueError(f"slopes must be finite, shape (Hq,) or (B, Hq); got shape {self.slopes.shape}")
         if learned and self.slopes.ndim != 1:
@@ -282,7 +356,10 @@ class Alibi:
         return np.abs(distance, out=distance)
 
     def slope(self, b: Any, h: Any, dtype: Any) -> np.ndarray:
-        return (self.slopes[h] if self.slopes.ndim == 1 else self.slopes[b, h]).astype(dtype)
+        h = checked_index(h, self.slopes.shape[-1], "slopes", "query head")
+        if self.slopes.ndim == 1:
+            return self.slopes[h].astype(dtype)
+        return self.slopes[checked_index(b, self.slopes.shape[0], "slopes", "batch entry"), h].astype(dtype)
 
     def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         bias = self.slope(b, h, score.dtype) * self.distance(q_idx, kv_idx, score.dtype)
@@ -298,27 +375,43 @@ class Alibi:
 
 class Softcap:
     """Logit soft-capping (Gemma 2, Gemma Team 2024; attention cap 50): new = cap · tanh(score / cap), so
-    that no score leaves (-cap, cap). Its derivative: ∂new/∂score = 1 - tanh²(score / cap)."""
+    that no score leaves (-cap, cap). Its derivative: ∂new/∂score = 1 - tanh²(score / cap).
+
+    cap: a positive finite number (no cap at all is score_mod=None). As the cap grows, cap · tanh(score / cap)
+    tends to the score itself (tanh x ≈ x for small x): a cap past the compute dtype's range (1e39 in
+    float32) is applied in float64, so that the scores come back all but unchanged, never NaN.
+    """
 
     params = None
 
     def __init__(self, cap: float):
-        if isinstance(cap, bool) or not isinstance(cap, (int, float, np.floating, np.integer)) or not cap > 0:
-            raise ValueError(f"cap must be a positive number; got {cap!r}")
-        self.cap = float(cap)
+        if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, (int, float, np.floating, np.integer)):
+            raise TypeError(f"cap must be a positive number; got {cap!r} ({type(cap).__name__})")
+        try:
+            self.cap = float(cap)
+        except OverflowError:  # an int such as 10**400 has no float
+            raise ValueError("cap must be a positive finite number; got an int too large for a float") from None
+        if not self.cap > 0 or not math.isfinite(self.cap):
+            no_cap = ": an infinite cap leaves every score as it is, which score_mod=None does" if self.cap > 0 else ""
+            raise ValueError(f"cap must be a positive finite number; got {cap!r}{no_cap}")
 
     def __repr__(self) -> str:
         return f"Softcap({self.cap:g})"
 
+    def tanh_of(self, score: np.ndarray) -> np.ndarray:
+        """tanh(score / cap), a new array, in the scores' dtype or in float64 when the cap overflows it."""
+        dtype = score.dtype if self.cap <= float(np.finfo(score.dtype).max) else np.float64
+        t = np.divide(score, self.cap, dtype=dtype)
+        return np.tanh(t, out=t)
+
     def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        new = np.multiply(score, 1.0 / self.cap, dtype=score.dtype)  # one new array, then in place
-        np.tanh(new, out=new)
+        new = self.tanh_of(score)
         new *= self.cap
-        return new
+        return new.astype(score.dtype, copy=False)
 
     def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        t = np.tanh(np.multiply(score, 1.0 / self.cap, dtype=score.dtype))
-        return 1.0 - t * t
+        t = self.tanh_of(score)
+        return (1.0 - t * t).astype(score.dtype, copy=False)
 
 
 class RelativeBias:
@@ -330,11 +423,12 @@ class RelativeBias:
     table: (Hq, R). bucket: a function of the signed distance j - i' (an int array, 0 on the bottom-right
     diagonal) to table columns 0 .. R - 1; by default the distance clipped to ±(R - 1) / 2, shifted to
     0 .. R - 1 (R odd). learned=True (the default) makes the table a parameter: the backward returns
-    ∂loss/∂table[h, r] = Σ of dnew over the scores of head h in bucket r.
+    ∂loss/∂table[h, r] = Σ of dnew over the scores of head h in bucket r. The mod holds its own float64
+    copy of the table: params is that copy (an optimiser updates it in place).
     """
 
     def __init__(self, table: Any, n_q: int, n_k: int | None = None, *, bucket: Any = None, learned: bool = True):
-        self.table = np.asarray(table, dtype=np.float64)
+        self.table = np.array(plain_array(table, "table"), dtype=np.float64)  # a copy
         if self.table.ndim != 2 or self.table.shape[1] < 1 or not np.isfinite(self.table).all():
             raise ValueError(f"table must be finite numbers of shape (Hq, R); got shape {self.table.shape}")
         if bucket is None and self.table.shape[1] % 2 == 0:
@@ -362,6 +456,7 @@ class RelativeBias:
         return column
 
     def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        h = checked_index(h, self.table.shape[0], "table", "query head")
         return combine(np.add, score, self.table.astype(score.dtype)[h, self.columns(q_idx, kv_idx)])
 
     def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> None:
@@ -408,6 +503,11 @@ def check_score_mod(score_mod: Any, backward: bool = False) -> Any:
         raise TypeError(
             f"score_mod must be a function score_mod(score, b, h, q_idx, kv_idx) or None; got {score_mod!r}"
         )
+    if positional_arguments(score_mod) == 4:
+        raise TypeError(
+            f"score_mod {name_of(score_mod)} takes 4 arguments, as a mask_mod(b, h, q_idx, kv_idx) does; a score_mod "
+            "takes (score, b, h, q_idx, kv_idx). To hide keys, pass block_mask=create_block_mask(mask_mod, B, H, L, S)"
+        )
     if backward and not callable(getattr(score_mod, "derivative", None)):
         raise TypeError(
             f"score_mod {name_of(score_mod)} does not give its derivative, which the backward needs: pass "
@@ -418,10 +518,28 @@ def check_score_mod(score_mod: Any, backward: bool = False) -> Any:
 
 
 def check_sinks(sinks: Any, hq: int, dtype: Any) -> np.ndarray | None:
-    """The sink logits, one per query head (Hq,), finite, in the compute dtype; None stays None."""
+    """The sink logits, one per query head (Hq,), finite in the compute dtype too (1e39 is inf in float32,
+    and so would be every row's softmax); None stays None."""
     if sinks is None:
         return None
-    sinks_array = np.asarray(sinks)
+    sinks_array = plain_array(sinks, "sinks")
     if sinks_array.dtype.kind not in "fiu" or sinks_array.shape != (hq,) or not np.isfinite(sinks_array).all():
         raise ValueError(f"sinks must be {hq} finite numbers, one per query head (Hq,); got {sinks!r}")
+    largest = float(np.finfo(dtype).max)
+    if sinks_array.size and float(np.abs(sinks_array).max()) > largest:
+        raise ValueError(
+            f"sinks overflow {np.dtype(dtype)}, the dtype the scores are computed in (largest {largest:.3g}); "
+            f"got {float(np.abs(sinks_array).max()):g}: pass smaller sinks or float64 inputs"
+        )
     return sinks_array.astype(dtype)
+
+
+def positional_arguments(fn: Any) -> int | None:
+    """How many positional arguments fn takes (None: any number, or its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins have no signature
+        return None
+    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
+        return None
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)

@@ -6,6 +6,10 @@
     out = concat_heads(y) W_out        (B, T, d_model)
 
 Splitting into heads adds no parameters: it only decides how the d_model channels are grouped.
+Training: forward() keeps what backward() needs, and backward() derives every gradient by hand. Decoding
+belongs to the caches that come after this file (kvcache.py, paged.py): self(x, cache=c) hands x to
+c.attend(self, x), which projects it with split_heads at the positions that continue c and attends through
+attend_heads, the one function here that runs the heads' attention (flash or the reference).
 """
 
 from __future__ import annotations
@@ -13,22 +17,23 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import ACCEPTED_DTYPES, QKVShape, as_float_array, check_bool, check_positive_int, check_rng
 from .attention import Hidden, attend, check_fits
-from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward, rope_backward
-from .flash import Band, TileMask, check_band, check_block_mask, flash_forward, flash_plan
-from .kvcache import KVCache
+from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward
+from .blockmask import Band, TileMask, check_band
+from .flash import check_block_mask, flash_forward, flash_plan
 from .mods import check_score_mod
-from .paged import PagedKVCache, check_sequences, decode_pages
 from .position import rope as apply_rope
-from .splitkv import decode, default_kv_splits, merge_chunks
+from .position import rope_backward
 
 Array = NDArray[np.floating]
+
+__all__ = ["MultiHeadAttention"]
 
 
 class MultiHeadAttention:
@@ -92,10 +97,7 @@ class MultiHeadAttention:
     def split_heads(self, x: Array, positions: Any = None) -> tuple[Array, Array, Array]:
         """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul.
         positions (T,): the absolute positions RoPE rotates by (default 0 .. T-1)."""
-        x = as_float_array(x, "x")
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"x must be (B, T, {self.d_model}); got shape {x.shape}")
-        return self._project(x.astype(self.w_qkv.dtype, copy=False), positions, self.w_qkv)
+        return self._project(check_layer_input(self, x), positions, self.w_qkv)
 
     def _project(self, x: Array, positions: Any, w_qkv: Array) -> tuple[Array, Array, Array]:
         """split_heads on a checked x (B, T, d_model) in the module's dtype, with the weights w_qkv."""
@@ -119,7 +121,7 @@ class MultiHeadAttention:
         *,
         causal: bool = True,
         fused: bool = True,
-        cache: KVCache | PagedKVCache | None = None,
+        cache: DecodingCache | None = None,
         seq_ids: Sequence[int] | None = None,
         block_mask: Any = None,
         score_mod: Any = None,
@@ -128,15 +130,15 @@ class MultiHeadAttention:
         fused=False the reference attention that builds the (B, H, T, T) scores.
         block_mask, score_mod: flex attention's, as in forward() (not with cache=).
 
-        cache: a KVCache(B, n_kv_heads, max_tokens, d_head, dtype) that x continues. Its tokens sit at
-        absolute positions len(cache) .. len(cache) + T - 1 (RoPE turns them by those), their k and v
-        are appended, and they attend causally to everything the cache holds: bottom-right alignment,
-        so a one-token decode step (L = 1) sees all S cached keys. A prefill (T tokens into an empty
-        cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
-
-        Or a PagedKVCache(num_blocks, block_size, n_kv_heads, d_head, dtype) and seq_ids, the B sequences that
-        the rows of x continue: each row's tokens sit at that sequence's own positions, length(seq) onwards.
-        The lengths may differ; the B appends are all or nothing (PoolExhaustedError changes nothing).
+        cache: x continues what the cache holds, and the cache does the decoding (its attend(self, x)):
+        a KVCache(B, n_kv_heads, max_tokens, d_head, dtype) turns x's tokens by RoPE at absolute positions
+        len(cache) .. len(cache) + T - 1, appends their k and v, and lets them attend causally to everything
+        it holds (bottom-right: a one-token decode step sees all S cached keys). A prefill (T tokens into an
+        empty cache) and then T' one-token steps give the same outputs as the whole T + T' tokens at once.
+        A PagedKVCache(num_blocks, block_size, n_kv_heads, d_head, dtype) with seq_ids, the B sequences that
+        the rows of x continue, does the same for each row at its own sequence's positions, length(seq)
+        onwards; the lengths may differ, and the B appends are all or nothing (PoolExhaustedError changes
+        nothing). Either holds its lock from reading its length to the append.
         """
         if cache is None:  # the forward pass, without keeping anything for a backward
             if seq_ids is not None:
@@ -146,7 +148,14 @@ class MultiHeadAttention:
             raise ValueError("cache= decodes with the causal band: pass block_mask=None and score_mod=None with it")
         causal, fused = check_bool(causal, "causal"), check_bool(fused, "fused")
         x_b, unbatched = self._batched(x)  # (B, T, d_model)
-        y = self._attend_cached(x_b, cache, causal=causal, fused=fused, seq_ids=seq_ids)  # (B, H, T, d_head)
+        if not isinstance(cache, DecodingCache):
+            raise TypeError(
+                f"cache must be a KVCache or None; got {type(cache).__name__} (or, for sequences of different "
+                "lengths, a PagedKVCache with seq_ids=)"
+            )
+        if not causal:
+            raise ValueError("cache= continues a sequence token by token: it needs causal=True; got causal=False")
+        y = cache.attend(self, x_b, fused=fused, seq_ids=seq_ids)  # (B, H, T, d_head); x's k and v appended
         out = self._merge_heads(y) @ self.w_out  # (B, T, d_model)
         return out[0] if unbatched else out
 
@@ -164,129 +173,6 @@ class MultiHeadAttention:
         """y (B, H, T, d_head) -> (B, T, d_model): glue the heads back, side by side."""
         B, _, T, _ = y.shape
         return y.swapaxes(1, 2).reshape(B, T, self.d_model)
-
-    def _attend(
-        self, q: Array, k: Array, v: Array, band: TileMask, fused: bool, score_mod: Any = None
-    ) -> tuple[Array, Array | None]:
-        """The attention of the heads this module made (their shapes need no check): flash's kernel, which
-        also gives lse, or the reference's, behind its memory guard. q (B, H, L, d), k, v (B, Hkv, S, d).
-        band: a Band or a BlockMask; score_mod: flex attention's, or None."""
-        dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, q.shape[2], k.shape[2], self.d_head, self.d_head)
-        scale = 1.0 / math.sqrt(self.d_head)
-        if fused:
-            return flash_forward(q, k, v, dims, flash_plan(dims, band, scale, score_mod=score_mod))
-        hidden = reference_hidden(band, score_mod)
-        check_fits(dims, q.dtype, hidden)
-        ct = np.result_type(k, np.float32)  # float16 is computed in float32
-        y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
-        return y.astype(q.dtype, copy=False), None
-
-    def _attend_cached(
-        self, x: Array, cache: KVCache | PagedKVCache, *, causal: bool, fused: bool, seq_ids: Any
-    ) -> Array:
-        """x (B, T, d_model) continuing cache -> y (B, H, T, d_head); appends x's k and v to cache."""
-        if not isinstance(cache, (KVCache, PagedKVCache)):
-            raise TypeError(
-                f"cache must be a KVCache or None; got {type(cache).__name__} (or, for sequences of different "
-                "lengths, a PagedKVCache with seq_ids=)"
-            )
-        if not causal:
-            raise ValueError("cache= continues a sequence token by token: it needs causal=True; got causal=False")
-        if isinstance(cache, PagedKVCache):
-            return self._attend_paged(x, cache, seq_ids, fused)
-        if seq_ids is not None:
-            raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
-        want = (x.shape[0], self.n_kv_heads, self.d_head)
-        if (cache.batch, cache.kv_heads, cache.head_dim) != want:
-            raise ValueError(
-                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this "
-                f"input; got batch={cache.batch}, kv_heads={cache.kv_heads}, head_dim={cache.head_dim}"
-            )
-        with cache.lock:  # the length read here is the one the append continues, whatever other threads do
-            return self._attend_kv_cache(x, cache, fused)
-
-    def _attend_kv_cache(self, x: Array, cache: KVCache, fused: bool) -> Array:
-        """x (B, T, d_model) continuing a KVCache (checked, its lock held) -> y (B, H, T, d_head)."""
-        # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
-        start, T = len(cache), x.shape[1]
-        q, k, v = self._project(x, np.arange(start, start + T), self.w_qkv)
-        # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
-        #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
-        #    the new ones under the band (bottom-right), then append.
-        if cache.window is not None and T > 1:
-            k_old, v_old = cache.ordered()  # (B, Hkv, kept, d_head) each, oldest first
-            k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
-            band = check_band(True, cache.window, T, k_all.shape[2])  # flash skips the tiles outside it
-            y, _ = self._attend(q, k_all, v_all, band, fused)
-            cache.append(k, v)
-            return y
-        cache.append(k, v)  # refused (nothing changed) if it does not fit
-        keys, values = cache.keys, cache.values  # (B, Hkv, kept, d_head): slot order, which softmax ignores
-        if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
-            return self._decode_step(q, keys, values)
-        band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i keys
-        return self._attend(q, keys, values, band, fused)[0]
-
-    def _attend_paged(self, x: Array, cache: PagedKVCache, seq_ids: Any, fused: bool) -> Array:
-        """x (B, T, d_model), row b continuing sequence seq_ids[b] of a paged cache -> y (B, H, T, d_head);
-        appends x's k and v to those sequences, all or nothing.
-
-        Every cached key is older than every new token, so the new queries see all of them; among
-        themselves they are causal. The two parts are over disjoint keys and merge exactly:
-            out_c, lse_c = paged attention(q, the cached pages)        read in place (paged.decode_pages)
-            out_n, lse_n = flash_attention(q, k_new, v_new, causal)
-            y = merge(out_c, lse_c, out_n, lse_n)                       (merge_chunks: merge_states for N parts)
-        A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1. fused=False
-        instead lays each sequence out contiguously (PagedKVCache.gather) for the reference attention.
-        """
-        want = (self.n_kv_heads, self.d_head, self.w_qkv.dtype)
-        if (cache.kv_heads, cache.head_dim, cache.dtype) != want:
-            raise ValueError(
-                f"cache must be PagedKVCache(..., kv_heads={want[0]}, head_dim={want[1]}, dtype={want[2]}) for this "
-                f"module; got kv_heads={cache.kv_heads}, head_dim={cache.head_dim}, dtype={cache.dtype}"
-            )
-        B, T = x.shape[:2]
-        with cache.lock:  # the lengths read here are the ones the appends continue
-            seqs = check_sequences(cache, seq_ids, B)
-            # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
-            starts = [cache.length(seq) for seq in seqs]
-            rows = [self._project(x[b : b + 1], np.arange(s, s + T), self.w_qkv) for b, s in enumerate(starts)]
-            q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
-            y = self._attend_pages(q, k, v, cache, seqs) if fused else self._attend_gathered(q, k, v, cache, seqs)
-            cache.append_batch(seqs, k, v)  # all or nothing: refused before any write if the pool is short
-        return y
-
-    def _attend_pages(self, q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
-        """The fused paged path: the cached pages in place, the new tokens by flash, merged (see _attend_paged)."""
-        B, _, T, d = q.shape
-        scale = 1.0 / math.sqrt(d)
-        out_c, lse_c = decode_pages(q, cache, seqs, scale, None, os.cpu_count() or 1)  # (B, Hkv, G·T, d)
-        dims = QKVShape((B,), self.n_heads, self.n_kv_heads, T, T, d, d)
-        band = check_band(True, None, T, T)
-        out_n, lse_n = flash_forward(q, k, v, dims, flash_plan(dims, band, scale))  # (B, H, T, d), (B, H, T)
-        out_c, lse_c = out_c.reshape(out_n.shape), lse_c.reshape(lse_n.shape)  # (B, H, T, d): the same row order
-        y, _ = merge_chunks([out_c, out_n], [lse_c, lse_n])  # disjoint keys: the attention over both
-        return y.astype(q.dtype, copy=False)
-
-    def _attend_gathered(self, q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
-        """The reference paged path: each sequence's cached keys laid out contiguously, then the new ones, and
-        attention with the causal band (bottom-right: new token i sees start + i + 1 keys)."""
-        y = np.empty_like(q)  # (B, H, T, d_head)
-        for b, seq in enumerate(seqs):
-            k_old, v_old = cache.gather(seq)  # (Hkv, start, d_head) each: copies
-            k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, d_head)
-            v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)
-            band = check_band(True, None, q.shape[2], k_all.shape[2])
-            y[b] = self._attend(q[b : b + 1], k_all, v_all, band, False)[0][0]
-        return y
-
-    def _decode_step(self, q: Array, keys: Array, values: Array) -> Array:
-        """One new token per sequence against the whole cache: split-KV (splitkv.decode), q (B, H, 1, d)."""
-        B, kept = q.shape[0], keys.shape[2]
-        dims = QKVShape((B,), self.n_heads, self.n_kv_heads, 1, kept, self.d_head, self.d_head)
-        workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
-        out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(self.d_head), default_kv_splits(kept, workers), workers)
-        return out.reshape(B, self.n_heads, 1, self.d_head).astype(q.dtype, copy=False)
 
     # --- training: a forward that keeps what its backward needs, and the backward by hand -----------
 
@@ -312,7 +198,7 @@ class MultiHeadAttention:
         score_mod = check_score_mod(score_mod)
         w_qkv, w_out = self.w_qkv.copy(), self.w_out.copy()  # the weights of this forward, whatever comes later
         q, k, v = self._project(x_b, None, w_qkv)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
-        y, lse = self._attend(q, k, v, band, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
+        y, lse = attend_heads(q, k, v, band, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
         out = self._merge_heads(y) @ w_out  # (B, T, d_model)
         saved = Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched, score_mod)
         return (out[0] if unbatched else out), saved
@@ -389,6 +275,45 @@ class MultiHeadAttention:
         q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))
         grads = attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_hidden(band, score_mod))
         return grads._replace(**{name: getattr(grads, name).astype(q.dtype, copy=False) for name in ("dq", "dk", "dv")})
+
+
+def attend_heads(
+    q: Array, k: Array, v: Array, band: TileMask, fused: bool, score_mod: Any = None
+) -> tuple[Array, Array | None]:
+    """The attention of the heads a MultiHeadAttention made (their shapes need no check): flash's kernel, which
+    also gives lse, or the reference's, behind its memory guard. q (B, H, L, d), k, v (B, Hkv, S, d) ->
+    y (B, H, L, d) and lse (B, H, L) (fused) or None. band: a Band or a BlockMask; score_mod: flex attention's,
+    or None. The caches attend through it too."""
+    dims = QKVShape(q.shape[:1], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3])
+    scale = 1.0 / math.sqrt(dims.e)
+    if fused:
+        return flash_forward(q, k, v, dims, flash_plan(dims, band, scale, score_mod=score_mod))
+    hidden = reference_hidden(band, score_mod)
+    check_fits(dims, q.dtype, hidden)
+    ct = np.result_type(k, np.float32)  # float16 is computed in float32
+    y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
+    return y.astype(q.dtype, copy=False), None
+
+
+def check_layer_input(layer: Any, x: Any) -> Array:
+    """The door of a layer's projection (MultiHeadAttention.split_heads, a cache's attend): layer a
+    MultiHeadAttention, x (B, T, d_model), returned as an array in the layer's dtype."""
+    if not isinstance(layer, MultiHeadAttention):
+        raise TypeError(f"layer must be a MultiHeadAttention; got {type(layer).__name__}")
+    x = as_float_array(x, "x")
+    if x.ndim != 3 or x.shape[-1] != layer.d_model:
+        raise ValueError(f"x must be (B, T, {layer.d_model}); got shape {x.shape}")
+    return x.astype(layer.w_qkv.dtype, copy=False)
+
+
+@runtime_checkable
+class DecodingCache(Protocol):
+    """What MultiHeadAttention's cache= takes: a cache that does its own decoding, KVCache (kvcache.py) or
+    PagedKVCache (paged.py). attend(layer, x) takes x (B, T, d_model), projects it with layer.split_heads at
+    the positions that continue what the cache holds, appends its k and v, and returns the heads' attention
+    y (B, H, T, d_head) over everything held."""
+
+    def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array: ...
 
 
 def reference_hidden(band: TileMask, score_mod: Any) -> Hidden:

@@ -20,11 +20,13 @@ A decode step reads each sequence's keys and values through its block table, whe
 blocks that follow one another in the pool is one matmul operand, and no sequence is ever copied into one
 array. Reading order (this file): PagedKVCache, then paged_decode (one decode step for a batch of
 sequences of different lengths) and cascade_decode (a prefix that every sequence shares, read once for all
-of them).
+of them), last a layer's step through the pages (PagedKVCache.attend, which MultiHeadAttention(x, cache=,
+seq_ids=) calls): the new tokens' attention over the cached pages and over themselves, merged.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -35,6 +37,7 @@ from numpy.typing import NDArray
 
 from ._bytes import format_bytes
 from ._checks import (
+    QKVShape,
     as_float_array,
     check_bool,
     check_count,
@@ -45,11 +48,16 @@ from ._checks import (
 )
 from ._guard import memory_available
 from ._parallel import one_blas_thread, run_items
+from .blockmask import check_band
+from .flash import flash_forward, flash_plan
 from .kvcache import CopiedWithoutLock, check_cache_dtype
+from .multihead import MultiHeadAttention, attend_heads, check_layer_input
 from .softmax import merge_states
 from .splitkv import attend_blocks, block_keys, default_kv_splits, merge_chunks
 
 Array = NDArray[np.floating]
+
+__all__ = ["PagedKVCache", "PoolExhaustedError", "cascade_decode", "paged_decode"]
 
 
 class PoolExhaustedError(MemoryError):
@@ -342,6 +350,38 @@ class PagedKVCache(CopiedWithoutLock):
         self._refs[shared] -= 1  # still held by the others
         return block
 
+    # --- a layer's step through the pages: MultiHeadAttention(x, cache=self, seq_ids=) ----------------
+
+    def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array:
+        """x (B, T, d_model), row b the next T tokens of sequence seq_ids[b], through layer's heads
+        -> y (B, H, T, d_head), the heads' attention before layer's output projection; x's k and v appended
+        to those sequences, all or nothing (PoolExhaustedError changes nothing).
+
+        Each row's tokens sit at its own sequence's positions, length(seq) onwards (RoPE turns them by
+        those); the lengths may differ. fused=True reads the cached pages in place (attend_new_and_cached);
+        fused=False lays each sequence out contiguously (gather) for the reference attention. The lock is
+        held from reading the lengths to the appends.
+        """
+        x = check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
+        want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype)
+        if (self.kv_heads, self.head_dim, self.dtype) != want:
+            raise ValueError(
+                f"cache must be PagedKVCache(..., kv_heads={want[0]}, head_dim={want[1]}, dtype={want[2]}) for this "
+                f"module; got kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}"
+            )
+        fused = check_bool(fused, "fused")
+        B, T = x.shape[:2]
+        with self.lock:  # the lengths read here are the ones the appends continue
+            seqs = check_sequences(self, seq_ids, B)
+            # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
+            starts = [self.length(seq) for seq in seqs]
+            rows = [layer.split_heads(x[b : b + 1], np.arange(s, s + T)) for b, s in enumerate(starts)]
+            q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
+            # 2) their attention over the cached keys and their own, then 3) the append
+            y = attend_new_and_cached(q, k, v, self, seqs) if fused else attend_gathered(q, k, v, self, seqs)
+            self.append_batch(seqs, k, v)  # all or nothing: refused before any write if the pool is short
+        return y
+
 
 # ---------------------------------------------------------------------------------------------------
 # one decode step through the block tables
@@ -603,3 +643,42 @@ def run_decode(
     out = out.reshape(q.shape).astype(result_dtype(q, cache.k_pool), copy=False)  # (N, Hq, L, E)
     lse = lse.reshape(q.shape[:-1])  # (N, Hq, L), in the compute dtype
     return (out, lse) if return_lse else out
+
+
+# ---------------------------------------------------------------------------------------------------
+# a layer's step: the new tokens against the cached pages and against themselves
+
+
+def attend_new_and_cached(q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
+    """The fused path of PagedKVCache.attend: q (B, H, T, d) of the new tokens, k, v (B, Hkv, T, d) ->
+    y (B, H, T, d), before the new k and v are appended.
+
+    Every cached key is older than every new token, so the new queries see all of them; among themselves
+    they are causal. The two parts are over disjoint keys and merge exactly:
+        out_c, lse_c = paged attention(q, the cached pages)        read in place (decode_pages)
+        out_n, lse_n = flash_attention(q, k_new, v_new, causal)
+        y = merge(out_c, lse_c, out_n, lse_n)                       (merge_chunks: merge_states for N parts)
+    A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1.
+    """
+    B, H, T, d = q.shape
+    scale = 1.0 / math.sqrt(d)
+    out_c, lse_c = decode_pages(q, cache, seqs, scale, None, os.cpu_count() or 1)  # (B, Hkv, G·T, d)
+    dims = QKVShape((B,), H, k.shape[1], T, T, d, d)
+    band = check_band(True, None, T, T)
+    out_n, lse_n = flash_forward(q, k, v, dims, flash_plan(dims, band, scale))  # (B, H, T, d), (B, H, T)
+    out_c, lse_c = out_c.reshape(out_n.shape), lse_c.reshape(lse_n.shape)  # (B, H, T, d): the same row order
+    y, _ = merge_chunks([out_c, out_n], [lse_c, lse_n])  # disjoint keys: the attention over both
+    return y.astype(q.dtype, copy=False)
+
+
+def attend_gathered(q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
+    """The reference path of PagedKVCache.attend: each sequence's cached keys laid out contiguously, then the
+    new ones, and attention with the causal band (bottom-right: new token i sees start + i + 1 keys)."""
+    y = np.empty_like(q)  # (B, H, T, d_head)
+    for b, seq in enumerate(seqs):
+        k_old, v_old = cache.gather(seq)  # (Hkv, start, d_head) each: copies
+        k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, d_head)
+        v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)
+        band = check_band(True, None, q.shape[2], k_all.shape[2])
+        y[b] = attend_heads(q[b : b + 1], k_all, v_all, band, False)[0][0]
+    return y

@@ -43,6 +43,8 @@ from ._parallel import one_blas_thread, run_items
 
 Array = NDArray[np.floating]
 
+__all__ = ["flash_decode", "merge_chunks"]
+
 # A chunk is walked in blocks of keys, and each block is one step of the online softmax: its scores
 # (rows x keys) are made, exponentiated and multiplied by its values before the next block is read.
 # A block holds about SCORES_PER_BLOCK scores (and, for a float16 cache, as many elements of keys and

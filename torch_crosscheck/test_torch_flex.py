@@ -11,6 +11,7 @@ abs).
 
 from __future__ import annotations
 
+import re
 import warnings
 from contextlib import contextmanager
 
@@ -240,3 +241,44 @@ def test_flex_backward_equals_torch_autograd(mask_index, score_index, sinks):
     for what, mine, gold in pairs:  # sums over up to B·L·S terms of size ~size²: 64 ulps of size² · √(B·L·S)
         atol = tolerance("float64", size**2 * np.sqrt(B * L * S))
         np.testing.assert_allclose(mine, to_numpy(gold), rtol=0, atol=atol, err_msg=f"{what}: {name} x {score_name}")
+
+
+def per_entry(b, h, q_idx, kv_idx):
+    """A mask that differs between batch entries and heads, in operations NumPy and torch share."""
+    return (kv_idx <= q_idx + b) & ((kv_idx + h) % 3 != 0)
+
+
+def test_a_block_mask_indexed_by_batch_entry_and_head_has_torchs_tables():
+    """block_mask[b], [:, h], [b, h] and slices: the same tiles as torch's BlockMask indexed the same way (an
+    int keeps its axis in both); lengths a multiple of the tile, where torch pads nothing."""
+    mine = ta.create_block_mask(per_entry, B, HQ, 32, 48, BLOCK_SIZE=16)
+    theirs = torch_flex.create_block_mask(per_entry, B, HQ, 32, 48, device="cpu", BLOCK_SIZE=16)
+    for index in [1, (slice(None), 2), (1, 2), (slice(0, 2), slice(1, 3))]:
+        picked, gold = mine[index], theirs[index]
+        np.testing.assert_array_equal(picked.to_dense(), gold.to_dense().numpy(), err_msg=str(index))
+        np.testing.assert_array_equal(picked.kv_num_blocks, gold.kv_num_blocks.numpy(), err_msg=str(index))
+        np.testing.assert_array_equal(picked.full_kv_num_blocks, gold.full_kv_num_blocks.numpy(), err_msg=str(index))
+
+
+def test_key_and_value_of_batch_one_equal_torchs():
+    """k, v with batch 1 against q with batch B, as torch's flex_attention allows (with a block mask of B)."""
+    (q, k, v, _), (tq, tk, tv, _) = torch_inputs("kv batch 1")
+    causal = MASKS[0][2]
+    block_mask = torch_flex.create_block_mask(causal, B, None, L, S, device="cpu", BLOCK_SIZE=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager: "called without torch.compile()"
+        gold_out, gold_lse = torch_flex.flex_attention(tq, tk[:1], tv[:1], block_mask=block_mask, enable_gqa=True,
+                                                       return_lse=True)  # fmt: skip
+    out, lse = ours(q, k[:1], v[:1], None, MASKS[0][1], None, None)
+    check(out, to_numpy(gold_out), "float64", float(np.abs(v).max()), "out, k and v of batch 1")
+    check(lse, to_numpy(gold_lse), "float64", float(np.abs(lse).max()), "lse, k and v of batch 1")
+
+
+def test_a_torch_tensor_numpy_cannot_read_is_refused_with_what_to_pass():
+    half = torch.ones(1, 4, 8, dtype=torch.bfloat16)
+    recipe = re.escape("q.detach().float().cpu().numpy()")  # float32 holds every bfloat16 value
+    with pytest.raises(TypeError, match="q is a Tensor of dtype torch.bfloat16 .*" + recipe):
+        ta.flex_attention(half, half, half)
+    learned = torch.ones(1, 4, 8, requires_grad=True)
+    with pytest.raises(TypeError, match=r"requires grad.*q.detach\(\).cpu\(\).numpy\(\)"):
+        ta.flash_attention(learned, learned, learned)
