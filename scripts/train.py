@@ -16,11 +16,11 @@ a batch of random windows, the loss and every gradient (GPT.loss_and_grads), cli
 to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim).
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
-fingerprint and the random generators' states) is written at every validation, at the end, on Ctrl-C and
-before a step whose loss is not finite; the run then stops and says what to change. --resume continues
-it, to the same bits as a run that was never stopped. Under mpiexec, --data-parallel gives each process
-an equal slice of every batch and averages the gradients with one Allreduce: the same losses as one
-process with the whole batch, to float32 rounding.
+fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
+--resume continues it, to the same bits as a run that was never stopped. A loss that is not finite (a
+learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
+Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
+with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
 """
 
 from __future__ import annotations
