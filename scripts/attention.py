@@ -12,13 +12,23 @@ What it shows, in numbered sections:
 Run:  python scripts/attention.py [--seed 0] [--format simple]
 Every claim above is checked in code; the exit code is 1 (and the failed checks are named) if one fails.
 The weights are random and untrained: the numbers show the mechanics, not meaning.
+
+With --checkpoint DIR (a GPT that train.py --out DIR trained), the trained heads instead:
+  7) an induction score per head: on random token sequences repeated once, the mean weight a token of
+     the second copy puts on the token after its first occurrence (the one to copy next); uniform
+     attention gives about 1 / (the keys it sees), a head that learned to copy much more
+  8) one head's weights on the sentence (--head LAYER HEAD; default the highest score's), trained beside
+     the same model's random initial weights
+Run:  python scripts/attention.py --checkpoint run [--sentence TEXT] [--plot heads.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,14 +45,20 @@ from tinyattn_np import (
     tile_plan,
     tokenize,
 )
-from tinyattn_np.report import Checklist, matrix_table, table
+from tinyattn_np.gpt import GPT  # noqa: E402
+from tinyattn_np.layers import layer_norm, rms_norm  # noqa: E402
+from tinyattn_np.report import Checklist, matrix_table, positive, table  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import checkpoint  # noqa: E402
 import common  # noqa: E402
+import copy_task  # noqa: E402  (its heat map of the weights)
+import text_data  # noqa: E402
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
 TOL = 1e-5  # float32 results computed in two different orders agree to about 1e-6
+COPIES = 2.0  # an induction score this many times uniform attention's: the head copies
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 
@@ -201,14 +217,171 @@ def scale_demo(rng: np.random.Generator, fmt: str) -> None:
     check(peak_raw > 0.5 > 0.1 > peak_scaled, "softmax is peaked without the scale and spread with it")
 
 
+# ---------------------------------------------------------------------------------------------------
+# --checkpoint: what training changed
+
+
+def layer_inputs(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
+    """What each layer's attention reads, Norm_1 of the residual stream before it: (B, T, C) per layer.
+    The stream before layer l is what the model's first l blocks make; GPT.hidden of a model cut after
+    them, with layer l's Norm_1 as its final norm, is that norm's output."""
+    c, p = model.config, model.params
+    inputs = []
+    for layer in range(c.layers):
+        norm = {f"ln_f.{k}": p[f"h.{layer}.ln_1.{k}"] for k in ("gain", "bias") if f"h.{layer}.ln_1.{k}" in p}
+        if layer == 0:  # no block before it: the norm of the embeddings
+            x = p["wte"][idx]  # (B, T, C)
+            gain, bias = norm["ln_f.gain"], norm.get("ln_f.bias")
+            normed = rms_norm(x, gain) if c.norm == "rmsnorm" else layer_norm(x, gain, bias)
+            inputs.append(normed[0])
+            continue
+        kept = [name for name in p if name == "wte" or (name.startswith("h.") and int(name.split(".")[1]) < layer)]
+        inputs.append(GPT(replace(c, layers=layer), {name: p[name] for name in kept} | norm).hidden(idx))
+    return inputs
+
+
+def head_weights(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
+    """The attention weights of every layer, (B, H, T, T) each, on tokens idx (B, T): softmax of the
+    scores of q and k after RoPE, causal, as the layer computes them."""
+    c, weights = model.config, []
+    for layer, h in enumerate(layer_inputs(model, idx)):
+        mha = MultiHeadAttention(c.width, c.heads, rope=True, rng=0, dtype=c.dtype)
+        mha.w_qkv, mha.w_out = model.params[f"h.{layer}.attn.w_qkv"], model.params[f"h.{layer}.attn.w_out"]
+        q, k, v = mha.split_heads(h)  # (B, H, T, d) each
+        out, w = attention(q, k, v, causal=True, return_weights=True)  # (B, H, T, d), (B, H, T, T)
+        # the weights are the layer's own: with them the layer's output is what MultiHeadAttention gives
+        merged = out.swapaxes(1, 2).reshape(h.shape) @ mha.w_out  # (B, T, C)
+        check(common.max_diff(merged, mha(h, causal=True)) < 1e-4, f"layer {layer}'s weights give its output")
+        weights.append(np.asarray(w))
+    return weights
+
+
+def induction_scores(model: GPT, n: int, sequences: int, seed: int) -> np.ndarray:
+    """(layers, heads): on `sequences` random sequences of n tokens repeated once, the mean weight from the
+    second copy's token at n + i to the key at i + 1, the token that followed its first occurrence."""
+    rng = np.random.default_rng(seed)
+    first = rng.integers(0, model.config.vocab, (sequences, n))  # (S, n)
+    idx = np.concatenate([first, first], axis=1)  # (S, 2n)
+    queries = np.arange(n, 2 * n)  # (n,): the second copy
+    return np.stack([w[:, :, queries, queries - n + 1].mean(axis=(0, 2)) for w in head_weights(model, idx)])
+
+
+def token_labels(tokenizer: Any, ids: np.ndarray) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Namespace, head: tuple[int, int]) -> None:
+    layer, h = head
+    idx = tokenizer.encode(args.sentence)[None]  # (1, T)
+    labels = token_labels(tokenizer, idx[0])
+    print(f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
+          "at its random initial weights (row = the token doing the looking)")  # fmt: skip
+    for name, m in (("trained", model), ("random", untrained)):
+        weights = head_weights(m, idx)[layer][0, h]  # (T, T)
+        check(bool(np.allclose(weights.sum(-1), 1, atol=1e-5)), f"{name}: every row of the weights sums to 1")
+        if len(labels) <= 12:
+            print(f"{name}:\n" + matrix_table(weights, [repr(t) for t in labels], fmt=args.format, digits=3))
+        else:
+            symbols = "".join(t if len(t) == 1 and t.isprintable() else "?" for t in labels)
+            print(f"{name} ('{copy_task.SHADES}' = weight 0 .. 1):\n" + copy_task.heat_map(
+                weights, np.arange(len(labels)), symbols))  # fmt: skip
+
+
+def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tuple[int, int]:
+    """Section 7; returns the (layer, head) that copies best."""
+    n = args.repeat or model.config.context // 2
+    uniform = float(np.mean(1 / np.arange(n + 1, 2 * n + 1)))  # query n + i spread over its n + i + 1 keys
+    print(f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
+          f"the mean weight from the second copy's tokens to the token after their first occurrence "
+          f"(uniform attention: about {uniform:.3f})")  # fmt: skip
+    trained = induction_scores(model, n, args.sequences, args.seed)
+    random = induction_scores(untrained, n, args.sequences, args.seed)
+    rows = [[layer, h, trained[layer, h], random[layer, h]] for layer, h in np.ndindex(trained.shape)]
+    print(table(rows, ["layer", "head", "trained", "random weights"], fmt=args.format, floatfmt=".3f"))
+    best = np.unravel_index(int(np.argmax(trained)), trained.shape)
+    score = f"layer {best[0]}, head {best[1]} ({trained[best]:.3f}; at its random weights {random[best]:.3f})"
+    if trained[best] > COPIES * uniform:
+        print(f"   the best copier: {score}")
+    else:
+        print(f"   no head has learned to copy: the highest score, {score}, is within {COPIES}x uniform attention's")
+    if args.plot:
+        plot_scores(trained, random, n, args.plot)
+        print(f"   plot written to {args.plot}")
+    return int(best[0]), int(best[1])
+
+
+def plot_scores(trained: np.ndarray, random: np.ndarray, n: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 1.5 + 0.7 * trained.shape[0]), layout="constrained")
+    for ax, scores, name in ((axes[0], trained, "trained"), (axes[1], random, "random initial weights")):
+        image = ax.imshow(scores, cmap="Blues", vmin=0, vmax=max(float(trained.max()), 0.1))
+        for (layer, head), score in np.ndenumerate(scores):
+            ax.text(head, layer, f"{score:.2f}", ha="center", va="center", fontsize=10)
+        ax.set_title(name)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(scores.shape[1]))
+        ax.set_yticks(range(scores.shape[0]))
+    fig.colorbar(image, ax=axes, label="induction score")
+    fig.suptitle(f"induction score: weight on the token after the first occurrence ({n} random tokens, repeated)")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def trained_demo(args: argparse.Namespace) -> int:
+    try:
+        model, tokenizer, meta, _ = checkpoint.load_model(args.checkpoint)
+        tokenizer.encode(args.sentence)
+    except (checkpoint.CheckpointError, text_data.DataError) as err:
+        print(f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    c = model.config
+    if args.head is not None and not (0 <= args.head[0] < c.layers and 0 <= args.head[1] < c.heads):
+        print(f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
+              f"{c.heads} heads (numbered from 0)", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.repeat is not None and 2 * args.repeat > c.context:
+        print(f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
+    untrained = GPT(c, rng=meta["seed"])  # the weights this run started from (train.py draws them from --seed)
+    best = induction_demo(model, untrained, args)
+    sentence_demo(model, untrained, tokenizer, args, best if args.head is None else tuple(args.head))
+    return check.finish()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="One causal attention head on 'Holmes examined the telegram.', its weight table, "
         "multi-head, the two causal alignments, the tiles flash attention skips, and why scores are "
         "divided by √d; every claim is checked (exit 1 if one fails).",
     )
+    parser.add_argument("--checkpoint", metavar="DIR", help="show the trained heads of train.py --out DIR instead")
+    parser.add_argument("--sentence", default=SENTENCE, help=f"with --checkpoint: the text (default {SENTENCE!r})")
+    parser.add_argument("--repeat", type=positive(int), help="with --checkpoint: the random tokens before the "
+                        "repeat (default: half the context)")  # fmt: skip
+    parser.add_argument("--head", type=int, nargs=2, metavar=("LAYER", "HEAD"),
+                        help="with --checkpoint: the head that 8) shows (default: the best copier)")  # fmt: skip
+    parser.add_argument(
+        "--sequences",
+        type=positive(int),
+        default=32,
+        help="with --checkpoint: random sequences for the induction score (default 32)",
+    )
+    common.add_plot_arguments(parser, "the induction scores (with --checkpoint)")
     common.add_seed_and_format(parser, "the random weights and inputs")
     args = parser.parse_args(argv)
+    if args.sequences > 4096:
+        parser.error(f"--sequences must be at most 4,096; got {args.sequences:,}")
+    common.check_plot(parser, args.plot, args.overwrite)
+    if args.checkpoint:
+        return trained_demo(args)
     rng = np.random.default_rng(args.seed)
 
     one_head_demo(rng, args.seed, args.format)

@@ -1,496 +1,219 @@
-"""A tiny model learns to attend: NumPy forward, hand-written backward, Adam, nothing else.
+"""Train a tiny GPT on any text, in NumPy: every gradient by hand, AdamW, checkpoints that resume bit for bit.
 
-    python scripts/train.py                        # about half a minute on 2 cores
-    python scripts/train.py --plot train.png       # and draw the attention before and after
-    python scripts/train.py --no-fused             # the reference attention instead of flash
-    mpiexec -n 2 python scripts/train.py --sequence-parallel ring   # each sequence split over 2 processes
+    python scripts/train.py                                # the tiny preset on this project's own pages
+    python scripts/train.py --data input.txt --steps 2000 --out run --plot run/loss.png
+    python scripts/train.py --out run --resume             # go on from run's checkpoint, to --steps
+    python scripts/sample.py run --prompt "ROMEO:"         # then generate from it
+    mpiexec -n 2 python scripts/train.py --data-parallel   # the batch split over 2 processes
+    python scripts/train.py --task copy                    # a smaller task: attention learns to copy
 
-The task (induction, or "copy the token a fixed distance back"): a sequence of --length random tokens is
-followed by the same tokens again. In the second copy, the next token is always the one that followed
-this token's first occurrence, --length - 1 positions back. Nothing in a single token tells it what comes
-next: only attention to the right earlier position can, and RoPE makes "n positions back" learnable.
+The model is tinyattn_np.gpt.GPT (pre-norm blocks of RoPE attention and a GELU MLP, a tied head); --preset
+tiny is nanoGPT's CPU model for Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12), --preset
+part3 a 6-layer model of width 256 and context 256. The vocabulary is the tokenizer's: the characters of
+the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The
+text is cut into a training part and the last --validation of it, which is never trained on. A step:
+a batch of random windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm
+to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim).
 
-The model, all of it:
-    h = E[tokens]                                  (B, T, C)  token embeddings, no position table
-    h = h + MultiHeadAttention(h)  (--layers times) (B, T, C)  causal, RoPE on q and k, a residual
-    logits = h W_head                              (B, T, V)
-    loss = cross-entropy of logits against the next token, over the second copy's positions
-The gradients go back through the same lines (MultiHeadAttention.backward does the attention), and
-Adam (Kingma & Ba 2015) updates the weights. --check first compares every gradient of a tiny float64
-model with central finite differences. A loss that becomes inf or NaN (a learning rate far too large)
-stops the run there, with the table so far and what to change; Ctrl-C stops it with the table so far.
---plot refuses to replace a picture that git tracks (docs/train.png) unless --overwrite is given.
+With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
+fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
+--resume continues it, to the same bits as a run that was never stopped. A loss that is not finite (a
+learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
+Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
+with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tinyattn_np import MultiHeadAttention, attention
-from tinyattn_np.memory import (
-    attention_flops,
-    flash_attention_backward_bytes,
-    flash_attention_bytes,
-    naive_attention_bytes,
-)
-from tinyattn_np.report import positive, text_table
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import checkpoint  # noqa: E402
 import common  # noqa: E402
+import copy_task  # noqa: E402
+import text_data  # noqa: E402
+import training  # noqa: E402
 
-SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
-SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"  # one character per token
-HELD_OUT = 256  # held-out sequences, never trained on
+from tinyattn_np.report import format_bytes, nonnegative_seed, positive  # noqa: E402
+from tinyattn_np.trainbill import training_memory  # noqa: E402
 
-
-# ---------------------------------------------------------------------------------------------------
-# the data
-
-
-def make_batch(rng: np.random.Generator, batch: int, length: int, vocab: int) -> np.ndarray:
-    """(batch, 2·length) int tokens: length random tokens, then the same tokens again."""
-    first = rng.integers(0, vocab, (batch, length))  # (B, n)
-    return np.concatenate([first, first], axis=1)  # (B, 2n)
+MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
+MAX_BATCH = 4096
 
 
-def scored_positions(length: int) -> np.ndarray:
-    """The positions whose next token can be known: the second copy's, up to the last but one.
-    Position p in length .. 2·length - 2 predicts token p + 1, which is token p + 1 - length."""
-    return np.arange(length, 2 * length - 1)
+def add_task(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=["gpt", "copy"], default="gpt",
+                   help="gpt: a language model on a text (default); copy: the copy task of copy_task.py "
+                   "(train.py --task copy --help lists its flags)")  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------------
-# the model
-
-
-class TinyModel:
-    """Token embeddings, --layers residual MultiHeadAttention layers with RoPE, an output projection."""
-
-    def __init__(
-        self, vocab: int, d_model: int, heads: int, kv_heads: int, layers: int, rng: np.random.Generator, dtype: Any
-    ):
-        self.embed = rng.standard_normal((vocab, d_model)).astype(dtype)  # (V, C)
-        self.layers = [
-            MultiHeadAttention(d_model, heads, kv_heads, rope=True, rng=rng, dtype=dtype) for _ in range(layers)
-        ]
-        bound = 1 / np.sqrt(d_model)  # nn.Linear's default range, as MultiHeadAttention uses
-        self.w_head = rng.uniform(-bound, bound, (d_model, vocab)).astype(dtype)  # (C, V)
-
-    def parameters(self) -> dict[str, np.ndarray]:
-        """Every weight, by name; the optimiser and the gradient check walk this."""
-        params = {"embed": self.embed, "w_head": self.w_head}
-        for i, layer in enumerate(self.layers):
-            params[f"layer{i}.w_qkv"], params[f"layer{i}.w_out"] = layer.w_qkv, layer.w_out
-        return params
-
-    def loss_and_grads(self, tokens: np.ndarray, length: int, fused: bool) -> tuple[float, dict[str, np.ndarray]]:
-        """Cross-entropy over the scored positions, and its gradient for every parameter."""
-        B, T = tokens.shape
-        rows = scored_positions(length)  # (P,)
-        # forward: 1) embed  2) attention layers with residuals  3) logits and 4) cross-entropy (cross_entropy)
-        h = self.embed[tokens]  # (B, T, C)
-        saved = []
-        for layer in self.layers:
-            out, s = layer.forward(h, causal=True, fused=fused)  # (B, T, C)
-            saved.append(s)
-            h = h + out
-        loss, dh_rows, dw_head = cross_entropy(h[:, rows], self.w_head, tokens[:, rows + 1], B * len(rows))
-        # backward, the same lines in reverse (4 and 3 in cross_entropy)
-        grads = {"w_head": dw_head}
-        dh = np.zeros_like(h)  # (B, T, C)
-        dh[:, rows] = dh_rows
-        # 2) h + layer(h): the residual passes dh straight through and adds the layer's dx
-        for i in reversed(range(len(self.layers))):
-            dx, grads[f"layer{i}.w_qkv"], grads[f"layer{i}.w_out"] = self.layers[i].backward(dh, saved[i])
-            dh = dh + dx
-        # 1) embed[tokens]: a row's gradient is the sum over the places its token sits
-        grads["embed"] = np.zeros_like(self.embed)
-        np.add.at(grads["embed"], tokens, dh)
-        return loss, grads
-
-    def evaluate(self, tokens: np.ndarray, length: int) -> tuple[float, float]:
-        """(loss, accuracy of the most likely next token) over the scored positions, no gradients."""
-        rows = scored_positions(length)
-        h = self.embed[tokens]
-        for layer in self.layers:
-            h = h + layer(h, causal=True)
-        logits = h[:, rows] @ self.w_head  # (B, P, V)
-        logits = logits - logits.max(axis=-1, keepdims=True)
-        log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-        targets = tokens[:, rows + 1]
-        loss = float(-np.take_along_axis(log_probs, targets[..., None], axis=-1).mean())
-        return loss, float((log_probs.argmax(axis=-1) == targets).mean())
-
-    def attention_weights(self, tokens: np.ndarray, layer: int) -> np.ndarray:
-        """(H, T, T) attention weights of one sequence (T,) in the given layer."""
-        h = self.embed[tokens[None]]  # (1, T, C)
-        for i in range(layer):
-            h = h + self.layers[i](h, causal=True)
-        q, k, v = self.layers[layer].split_heads(h)  # rotated by RoPE, as the layer sees them
-        _, weights = attention(q, k, v, causal=True, return_weights=True)  # (1, H, T, T)
-        return np.asarray(weights[0])
-
-
-def cross_entropy(
-    h: np.ndarray, w_head: np.ndarray, targets: np.ndarray, n: int
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """Steps 3 and 4 of TinyModel.loss_and_grads and their gradients, for scored rows h (B, P, C) whose next
-    tokens are targets (B, P): (the loss summed over the rows and divided by n, dloss/dh (B, P, C), dloss/dW_head)."""
-    logits = h @ w_head  # (B, P, V)
-    logits = logits - logits.max(axis=-1, keepdims=True)  # log-softmax without overflow
-    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # (B, P, V)
-    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)  # (B, P, 1)
-    # 4) d loss / d logits = (softmax - one_hot) / n
-    dlogits = np.exp(log_probs)  # (B, P, V)
-    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
-    dlogits /= n
-    # 3) logits = h W_head
-    dw_head = h.reshape(-1, h.shape[-1]).T @ dlogits.reshape(-1, dlogits.shape[-1])  # (C, V)
-    return float(-picked.sum() / n), dlogits @ w_head.T, dw_head
-
-
-class Adam:
-    """m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²,  w ← w − lr · m̂ / (√v̂ + ε)  (Kingma & Ba 2015),
-    with m̂ = m / (1 − β1^t) and v̂ = v / (1 − β2^t) correcting the zero start."""
-
-    def __init__(self, params: dict[str, np.ndarray], lr: float, beta1: float = 0.9, beta2: float = 0.999):
-        self.params, self.lr, self.beta1, self.beta2, self.eps = params, lr, beta1, beta2, 1e-8
-        self.m = {name: np.zeros_like(w) for name, w in params.items()}
-        self.v = {name: np.zeros_like(w) for name, w in params.items()}
-        self.t = 0
-
-    def step(self, grads: dict[str, np.ndarray]) -> None:
-        self.t += 1
-        for name, w in self.params.items():
-            g = grads[name]
-            self.m[name] = self.beta1 * self.m[name] + (1 - self.beta1) * g
-            self.v[name] = self.beta2 * self.v[name] + (1 - self.beta2) * g * g
-            m_hat = self.m[name] / (1 - self.beta1**self.t)
-            v_hat = self.v[name] / (1 - self.beta2**self.t)
-            w -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(w.dtype)  # in place: the model's arrays
-
-
-# ---------------------------------------------------------------------------------------------------
-# the gradient check
-
-
-def gradient_check(layers: int, fused: bool, seed: int) -> float:
-    """max |analytic − central difference| over every parameter of a tiny float64 model (vocab 5,
-    3 + 3 tokens, d_model 8, 2 query heads sharing 1 kv head, --layers layers)."""
-    rng = np.random.default_rng(seed)
-    model = TinyModel(vocab=5, d_model=8, heads=2, kv_heads=1, layers=layers, rng=rng, dtype=np.float64)
-    tokens = make_batch(rng, 2, 3, 5)
-    _, grads = model.loss_and_grads(tokens, 3, fused)
-    worst, eps = 0.0, 1e-6
-    for name, w in model.parameters().items():
-        for i in np.ndindex(w.shape):
-            old = w[i]
-            w[i] = old + eps
-            up = model.loss_and_grads(tokens, 3, fused)[0]
-            w[i] = old - eps
-            down = model.loss_and_grads(tokens, 3, fused)[0]
-            w[i] = old
-            worst = max(worst, abs((up - down) / (2 * eps) - grads[name][i]))
-    return worst
-
-
-# ---------------------------------------------------------------------------------------------------
-# printing
-
-
-def heat_map(weights: np.ndarray, tokens: np.ndarray, symbols: str) -> str:
-    """One character per weight (SHADES, light to heavy), a row per query, labelled with its token."""
-    labels = "".join(symbols[t] for t in tokens)
-    lines = ["       keys " + labels]  # 12 characters, as the row labels below
-    for i, row in enumerate(weights):
-        cells = "".join(SHADES[min(int(w * len(SHADES)), len(SHADES) - 1)] for w in row[: i + 1])
-        lines.append(f"{i:3d} {labels[i]}  |    {cells}")
-    return "\n".join(lines)
-
-
-def induction_weight(weights: np.ndarray, length: int) -> float:
-    """The mean weight the second copy's queries put on the key length − 1 back (the token to copy)."""
-    rows = scored_positions(length)
-    return float(weights[..., rows, rows - length + 1].mean())
-
-
-def plot(before: np.ndarray, after: np.ndarray, tokens: np.ndarray, length: int, path: str, title: str) -> None:
-    """The weights before and after training, side by side, with the cells of the token to copy outlined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Rectangle
-
-    labels = [f"{SYMBOLS[t]}\n{i}" for i, t in enumerate(tokens)]  # the token, and under it its position
-    rows = scored_positions(length)  # the queries that can know their next token
-    fig, axes = plt.subplots(1, 2, figsize=(15, 7.6), layout="constrained")
-    for ax, weights, name in ((axes[0], before, "before training"), (axes[1], after, "after training")):
-        image = ax.imshow(weights, cmap="Blues", vmin=0, vmax=1)
-        for query in rows:  # the key length - 1 back: the token that followed this one's first occurrence
-            ax.add_patch(Rectangle((query - length + 0.5, query - 0.5), 1, 1, fill=False, ec="tab:orange", lw=2))
-        ax.axhline(length - 0.5, color="grey", lw=0.8, ls="--")  # the second copy starts below this line
-        ax.set_title(name, fontsize=14)
-        ax.set_xticks(range(len(labels)), labels, fontsize=9)
-        ax.set_yticks(range(len(labels)), [label.replace("\n", " ") for label in labels], fontsize=9)
-        ax.set_xlabel("key: the token attended to, and its position", fontsize=12)
-        ax.set_ylabel("query: token and position", fontsize=12)
-    outline = Rectangle((0, 0), 1, 1, fill=False, ec="tab:orange", lw=2)
-    border = Line2D([], [], color="grey", lw=0.8, ls="--")
-    names = [f"the token {length - 1} back (the one to copy)", "the second copy starts below"]
-    axes[1].legend([outline, border], names, loc="upper right", fontsize=11)
-    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
-    fig.suptitle(title, fontsize=14)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the whole run, estimated before it starts
-
-
-def run_bill(args: argparse.Namespace) -> tuple[int, int]:
-    """(peak bytes, FLOPs) of the whole run, from the flags; float32 throughout (4 bytes).
-
-    bytes = the weights four times over (weights, gradients, Adam's m and v)
-          + the larger of a training step and an evaluation of the 256 held-out sequences: per layer the
-            (B, T, ·) arrays a forward keeps for its backward (x, q, k, v, y and out: 3·C + 2·(H + 2·Hkv)·d
-            channels), attention's own working memory (memory.py's estimates; the reference backward's about
-            3x its forward's), one layer's gradients in the backward, and the logits four times
-    FLOPs = every step's forward and backward (3x the forward) + every evaluation's forward, where one
-            sequence's forward = layers · (2·T·C·(H + 2·Hkv)·d + 2·T·C² + causal attention) + 2·P·C·V
-    """
-    T, P, C, V, L = 2 * args.length, args.length - 1, args.d_model, args.vocab, args.layers
-    H, Hkv, d = args.heads, args.kv_heads or args.heads, args.d_model // args.heads
-    qkv = (H + 2 * Hkv) * d  # the fused projection's output channels
-    sizes = dict(heads=H, kv_heads=Hkv, head_dim=d, dtype="float32", causal=True)
-
-    def pass_bytes(batch: int, backward: bool) -> int:
-        kept = batch * T * (3 * C + 2 * qkv) * 4 * (L if backward else 1)  # a backward needs every layer's
-        if not args.fused:  # the reference backward builds the weights again, and dP and dS beside them
-            working = naive_attention_bytes(T, batch=batch, **sizes) * (3 if backward else 1)
-        elif backward:
-            working = flash_attention_backward_bytes(T, batch=batch, **sizes)
-        else:
-            working = flash_attention_bytes(T, batch=batch, **sizes)
-        gradients = batch * T * (4 * C + qkv) * 4 if backward else 0  # dh, dout, dy, dx and d(qkv) of a layer
-        return kept + working + gradients + 4 * batch * P * V * 4
-
-    weights = 2 * V * C + L * (C * qkv + C * C)
-    peak = 4 * weights * 4 + max(pass_bytes(args.batch, True), pass_bytes(HELD_OUT, False))
-    attention = attention_flops(T, heads=H, head_dim=d, causal=True)
-    forward = L * (2 * T * C * qkv + 2 * T * C * C + attention) + 2 * P * C * V
-    return peak, args.steps * 3 * args.batch * forward + len(table_steps(args)) * HELD_OUT * forward
-
-
-def check_run(args: argparse.Namespace) -> None:
-    """Refuse, before anything runs, a run that needs more memory than this machine can give or that
-    cannot end within MAX_MINUTES even at its matmul rate."""
-    needed, flops = run_bill(args)
-    lower = "lower --batch, --length, --d-model, --layers or --steps"
-    problem = common.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
-    problem = problem or common.time_problem(flops, common.matmul_rate("float32", n=1024, repeats=3), lower)
-    if problem:
-        sys.exit(f"train.py: error: {problem}")
-
-
-# ---------------------------------------------------------------------------------------------------
-# the run
+def fraction(text: str) -> float:
+    """argparse type for --validation: a number strictly between 0 and 1."""
+    value = positive(float)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
+    return float(value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=positive(int), default=200, help="Adam steps (default 200)")
-    p.add_argument("--batch", type=positive(int), default=32, help="sequences per step (default 32)")
-    p.add_argument("--length", type=positive(int), default=12, help="random tokens before the repeat (default 12)")
-    p.add_argument("--vocab", type=positive(int), default=16, help="distinct tokens, at most 62 (default 16)")
-    p.add_argument("--d-model", type=positive(int), default=32, help="model width C (default 32)")
-    p.add_argument("--heads", type=positive(int), default=2, help="query heads per layer (default 2)")
-    p.add_argument("--kv-heads", type=positive(int), default=None, help="key/value heads (default: --heads)")
-    p.add_argument("--layers", type=positive(int), default=1, help="attention layers (default 1)")
-    p.add_argument("--lr", type=positive(float), default=0.005, help="Adam's learning rate (default 0.005)")
-    p.add_argument("--eval-every", type=positive(int), default=25, help="steps between table rows (default 25)")
+    argv = sys.argv[1:] if argv is None else argv
+    pre = argparse.ArgumentParser(add_help=False)  # --task decides which flags there are
+    add_task(pre)
+    task, _ = pre.parse_known_args(argv)
+    if task.task == "copy":
+        return copy_task.parse_args(argv, add_task, prog="train.py --task copy")
+    p = argparse.ArgumentParser(prog="train.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    add_task(p)
+    p.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: this project's README.md and docs/)")
     p.add_argument(
-        "--fused", action=argparse.BooleanOptionalAction, default=True,
-        help="flash_attention and its blockwise backward (default); --no-fused: the reference attention()",
-    )  # fmt: skip
+        "--tokenizer",
+        default="char",
+        metavar="char|byte|PATH.json",
+        help="characters (default), UTF-8 bytes, or a Hugging Face tokenizer.json (the tokenizers extra)",
+    )
     p.add_argument(
-        "--check", action=argparse.BooleanOptionalAction, default=True,
-        help="compare every gradient of a tiny float64 model with finite differences first (default on)",
-    )  # fmt: skip
-    p.add_argument("--sequence-parallel", choices=["ring", "ulysses"],
-                   help="under mpiexec -n P: each sequence split over P processes (train_parallel.py)")  # fmt: skip
-    common.add_plot_arguments(p, "the attention before and after")
+        "--preset",
+        choices=sorted(training.PRESETS),
+        default=None,
+        help="the model and its training settings (default tiny; with --resume, the checkpoint's)",
+    )
+    p.add_argument("--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the "
+                   "checkpoint's)")  # fmt: skip
+    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
+    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
+    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
+    p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
+                   "tenth of --steps)")  # fmt: skip
+    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
+    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
+    p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
+                   "the preset's, 0)")  # fmt: skip
+    p.add_argument("--validation", type=fraction, default=0.1, help="the text's last part kept to validate on "
+                   "(default 0.1)")  # fmt: skip
+    p.add_argument("--eval-every", type=positive(int), default=25, help="steps between validations (default 25)")
+    p.add_argument("--eval-windows", type=positive(int), default=64, help="validation windows (default 64)")
+    p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
+    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out DIR")
+    p.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="under mpiexec -n P: each process takes 1/P of every batch, the gradients averaged",
+    )
+    p.add_argument(
+        "--sample",
+        type=int,
+        default=200,
+        metavar="N",
+        help="print N tokens sampled from the model at the end (default 200; 0: none)",
+    )
+    common.add_plot_arguments(p, "the loss curve")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "data and weights")
+    common.add_seed_and_format(p, "the weights, the batches and dropout")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
 
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """What the flags must satisfy together (each flag alone is checked by its argparse type)."""
-    if args.vocab > len(SYMBOLS):
-        p.error(f"--vocab must be at most {len(SYMBOLS)} (one character per token in the heat map); got {args.vocab}")
-    if args.length < 2:
-        p.error(f"--length must be at least 2 (the second copy needs a token to predict); got {args.length}")
-    if args.length > 256 or args.batch > 4096 or args.d_model > 1024 or args.layers > 8:
-        p.error("sizes this large would not finish on a CPU: keep --length <= 256, --batch <= 4096, "
-                "--d-model <= 1024, --layers <= 8")  # fmt: skip
-    kv_heads = args.kv_heads or args.heads
-    if args.d_model % args.heads or (args.d_model // args.heads) % 2:
-        p.error(f"--d-model ({args.d_model}) must split into --heads ({args.heads}) heads of an even size (RoPE)")
-    if args.heads % kv_heads:
-        p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
+    """What the flags must satisfy together, before anything is read or allocated."""
+    if args.steps is not None and args.steps > MAX_STEPS:
+        p.error(f"--steps must be at most {MAX_STEPS:,} (a run that long would not end on a CPU); got {args.steps:,}")
+    if args.batch is not None and args.batch > MAX_BATCH:
+        p.error(f"--batch must be at most {MAX_BATCH:,}; got {args.batch:,}")
+    if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
+        p.error("--weight-decay and --dropout must be numbers in [0, 1)")
+    if args.eval_windows > 100_000 or not 0 <= args.sample <= 100_000:
+        p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
+    if args.resume and args.out is None:
+        p.error("--resume continues the checkpoint in --out DIR: give --out")
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        p.error(f"--out {args.out} is a file: give a folder (it is made if missing)")
     common.check_output(p, "--json", args.json)
     common.check_plot(p, args.plot, args.overwrite)
 
 
-class NonFiniteLoss(ArithmeticError):
-    """The loss or a gradient became inf or NaN: training cannot recover, and what came after would mean nothing."""
-
-    def __init__(self, step: int, loss: float, lr: float):
-        what = f"the loss became {loss}" if not np.isfinite(loss) else f"the gradients overflowed (loss {loss:.3g})"
-        super().__init__(
-            f"{what} at step {step}: training cannot go on from there. Lower --lr (now {lr:g}; Adam moves each "
-            "weight by about lr a step, and the default is 0.005)"
-        )
+# ---------------------------------------------------------------------------------------------------
+# the run
 
 
-def train(
-    args: argparse.Namespace, progress: bool = True, rows: list[dict[str, Any]] | None = None
-) -> tuple[TinyModel, list[dict[str, Any]], dict[str, Any]]:
-    """Train from args; return the model, the table's rows and the held-out sequence's weights. The rows
-    go into `rows` as they are measured, so that a caller keeps them when Ctrl-C or a NonFiniteLoss stops it."""
-    rng = np.random.default_rng(args.seed)
-    model = TinyModel(args.vocab, args.d_model, args.heads, args.kv_heads or args.heads, args.layers, rng, np.float32)
-    held_out = make_batch(np.random.default_rng(args.seed + 1), HELD_OUT, args.length, args.vocab)  # never trained on
-    shown = held_out[0]
-    before = [model.attention_weights(shown, i) for i in range(args.layers)]
-    optimiser = Adam(model.parameters(), args.lr)
-    rows = [] if rows is None else rows
-    train_loss: float | None = None
-    start = time.perf_counter()
-    evaluated = set(table_steps(args))
-    for step in range(args.steps + 1):
-        if step in evaluated:
-            loss, accuracy = model.evaluate(held_out, args.length)
-            if not np.isfinite(loss):
-                raise NonFiniteLoss(step, loss, args.lr)
-            rows.append(dict(step=step, train_loss=train_loss, held_out_loss=loss, held_out_accuracy=accuracy))
-            # train_loss: the mean of the last step's batch (none yet at step 0)
-        if step == args.steps:
-            break
-        batch = make_batch(rng, args.batch, args.length, args.vocab)
-        with warnings.catch_warnings():  # NumPy's overflow warnings: the check below says it once, with a cure
-            warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
-            loss, grads = model.loss_and_grads(batch, args.length, args.fused)
-            if not (np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())):
-                raise NonFiniteLoss(step + 1, loss, args.lr)
-            optimiser.step(grads)
-        train_loss = loss
-        if progress and (step + 1) % 10 == 0:
-            print(f"\r  step {step + 1}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s",
-                  end="", file=sys.stderr, flush=True)  # fmt: skip
-    if progress:
-        print(file=sys.stderr)
-    after = [model.attention_weights(shown, i) for i in range(args.layers)]
-    return model, rows, dict(tokens=shown, before=before, after=after)
-
-
-def table_steps(args: argparse.Namespace) -> list[int]:
-    """The steps at which the table has a row: 0, every --eval-every, and the last."""
-    return sorted({*range(0, args.steps, args.eval_every), args.steps})
-
-
-def print_rows(rows: list[dict[str, Any]], fmt: str) -> None:
-    body = [
-        [r["step"], "-" if r["train_loss"] is None else f"{r['train_loss']:.3f}", f"{r['held_out_loss']:.3f}",
-         f"{r['held_out_accuracy']:.1%}"]
-        for r in rows
-    ]  # fmt: skip
-    print(text_table(body, ["step", "train loss", "held-out loss", "held-out accuracy"], fmt=fmt))
-
-
-def print_attention(args: argparse.Namespace, shown: dict[str, Any], accuracy: float) -> None:
-    """The last layer's best head (by its weight on the token to copy) before and after, and the plot."""
-    layer = args.layers - 1
-    before, after = shown["before"][layer], shown["after"][layer]
-    head = int(np.argmax([induction_weight(w, args.length) for w in after]))  # the head that learned it best
-    tokens = shown["tokens"]
+def print_start(run: training.Run, size: int) -> None:
+    c, s = run.model.config, run.settings
     print(
-        f"\nattention of layer {layer}, head {head} on one held-out sequence, before and after training "
-        f"(row = query, '{SHADES}' = weight 0 .. 1; the token to copy sits {args.length - 1} back):"
-    )
-    for name, weights in (("before", before[head]), ("after", after[head])):
-        print(f"\n{name}: mean weight on the token {args.length - 1} back = "
-              f"{induction_weight(weights, args.length):.2f}")  # fmt: skip
-        print(heat_map(weights, tokens, SYMBOLS))
-    if args.plot:
-        title = f"layer {layer}, head {head}: {args.length} random tokens, repeated; held-out accuracy {accuracy:.0%}"
-        plot(before[head], after[head], tokens, args.length, args.plot, title)
-        print(f"\nplot written to {args.plot}")
-
-
-def print_intro(args: argparse.Namespace) -> None:
-    print(
-        f"task: {args.length} random tokens of {args.vocab}, then the same {args.length} again; predict the "
-        f"second copy's next token (chance {1 / args.vocab:.0%})"
+        f"data: {run.source}: {len(run.train) + len(run.val):,} tokens ({run.tokenizer.describe()['kind']} "
+        f"tokenizer, vocabulary {c.vocab:,}); {len(run.train):,} to train on, {len(run.val):,} to validate on"
     )
     print(
-        f"model: embeddings {args.vocab} x {args.d_model}, {args.layers} x MultiHeadAttention({args.d_model}, "
-        f"{args.heads} heads, {args.kv_heads or args.heads} kv heads, RoPE, causal) + residual, output "
-        f"{args.d_model} x {args.vocab}; "
-        f"{'flash_attention + flash_attention_backward' if args.fused else 'attention + attention_backward'}"
+        f"model: GPT ({run.preset}), {c.layers} layers, {c.heads} heads, width {c.width}, context {c.context}, "
+        f"{c.mlp} MLP of {c.hidden}, {c.norm}, tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
     )
+    print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
+          f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
+          f"{c.context} tokens" + (f" split over {size} processes" if size > 1 else ""))  # fmt: skip
+    bill = training_memory(c, s["batch"] // size)
+    parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in ("weights", "moments", "activations"))
+    print(f"memory of a step: {format_bytes(bill.peak)} at its peak ({parts}; trainbill.training_memory)")
+    if run.args.data_parallel and size == 1:
+        print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")
+    if run.step:
+        print(f"resumed from {run.args.out} at step {run.step}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    check_run(args)
-    if args.sequence_parallel:
-        import train_parallel  # here, not at the top: it imports mpi4py, and this file as `train`
-
-        return train_parallel.run(args)
-    info, lines = common.header()
-    print(lines)
-    print_intro(args)
-    if args.check:
-        worst = gradient_check(args.layers, args.fused, args.seed)
-        ok = worst < 1e-7
-        print(f"gradient check (float64, every weight of a tiny model, central differences): max |error| = "
-              f"{worst:.1e} {'ok' if ok else 'FAILED (> 1e-7)'}")  # fmt: skip
-        if not ok:
-            return 1
-    rows: list[dict[str, Any]] = []
-    start, stop = time.perf_counter(), None
+    if args.task == "copy":
+        return copy_task.run(args)
+    comm = training.communicator(args)
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     try:
-        _, _, shown = train(args, rows=rows)
-    except (KeyboardInterrupt, NonFiniteLoss) as err:
-        stop = err
-    seconds = time.perf_counter() - start
+        run = training.start(args, size)
+    except (text_data.DataError, checkpoint.CheckpointError, training.RunError) as err:
+        if rank == 0:
+            print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    info = None
+    if rank == 0:
+        info, lines = common.header()
+        print(lines)
+        print_start(run, size)
+        print(training.ROW_HEADER)
+    stop = training.train(run, comm)
+    scaling = training.scaling(run, comm) if comm is not None and size > 1 else None  # every rank takes part
+    if rank != 0:
+        return training.exit_code(stop)
+    return finish(run, stop, info, scaling)
+
+
+def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: str | None) -> int:
+    """Rank 0 after the loop: the last lines, the sample, the plot, --json; the exit code."""
+    args = run.args
+    seconds = sum(run.step_seconds)
+    tokens = len(run.step_seconds) * run.settings["batch"] * run.model.config.context
     busy = common.busy_reasons()
-    print(f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
-          f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
-    print_rows(rows, args.format)
-    if stop is None:
-        print_attention(args, shown, rows[-1]["held_out_accuracy"])
+    print(f"{len(run.step_seconds)} steps in {seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
+          + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
+    if scaling:
+        print(scaling)
+    if stop is None and args.sample:
+        print(f"\nsample ({args.sample} tokens after a newline, temperature 0.8, seed {args.seed}):")
+        print(training.sample(run, args.sample))
+    if args.out:
+        print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
+    if args.plot and run.history:
+        training.plot_losses(run, args.plot)
+        print(f"plot written to {args.plot}")
     if args.json:
-        figures = {"machine": info, "args": vars(args), "seconds": seconds, "busy": busy, "rows": rows}
-        figures["stopped"] = None if stop is None else str(stop) or "Ctrl-C"
+        figures = {"machine": info, "args": vars(args), "settings": run.settings, "seconds": seconds, "busy": busy,
+                   "rows": run.rows, "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
         common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
-    if isinstance(stop, NonFiniteLoss):
+    if isinstance(stop, training.NonFiniteLoss):
         print(f"train.py: stopped: {stop}", file=sys.stderr)
-        return 1
-    return common.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0
+    elif isinstance(stop, KeyboardInterrupt):
+        return common.interrupted(run.step, run.settings["steps"], "steps")
+    return training.exit_code(stop)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
-"""train.py --sequence-parallel {ring,ulysses}: the same tiny model and task, each sequence split over MPI
-processes, and the losses side by side with one process's.
+"""The copy task's tiny model (copy_task.py, as `train.py --task copy` trains it), each sequence split over
+MPI processes, and the losses side by side with one process's.
 
-    mpiexec -n 2 python scripts/train.py --sequence-parallel ring
-    mpiexec -n 2 python scripts/train.py --sequence-parallel ulysses
-    mpiexec -n 2 python scripts/train_parallel.py      # the same as train.py --sequence-parallel ring
+    mpiexec -n 2 python scripts/train_parallel.py                              # the ring
+    mpiexec -n 2 python scripts/train_parallel.py --sequence-parallel ulysses
 
 Each process holds T/P tokens of every sequence of the batch (tinyattn_np.shards.shard, the zigzag split):
 their embeddings, their rows of q, k and v (RoPE turns them by their positions in the sequence), their
@@ -36,10 +35,10 @@ from tinyattn_np.ring import ring_attention, ring_attention_backward
 from tinyattn_np.shards import shard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # train.py and common.py sit beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and common.py sit beside this file
 import common  # noqa: E402
-import train  # noqa: E402
-from train import Adam, NonFiniteLoss, TinyModel, cross_entropy, make_batch, print_intro, table_steps  # noqa: E402
+import copy_task  # noqa: E402
+from copy_task import Adam, NonFiniteLoss, TinyModel, cross_entropy, make_batch, print_intro, table_steps  # noqa: E402
 
 SCHEMES = {
     "ring": (ring_attention, ring_attention_backward),
@@ -190,17 +189,17 @@ def print_side_by_side(args: argparse.Namespace, rows: list[dict[str, Any]], che
 
 
 def run(args: argparse.Namespace) -> int:
-    """train.py's main for --sequence-parallel: the exit code."""
+    """The whole run on this rank: the exit code."""
     try:
         comm = common.load_mpi().COMM_WORLD
     except ImportError as err:
-        print(f"train.py --sequence-parallel {err}", file=sys.stderr)
+        print(f"train_parallel.py {err}", file=sys.stderr)
         return 2
     rank, size = comm.Get_rank(), comm.Get_size()
     problem = check_split(args, size)
     if problem:
         if rank == 0:
-            print(f"train.py: error: {problem}", file=sys.stderr)
+            print(f"train_parallel.py: error: {problem}", file=sys.stderr)
         return 2
     check, rows, stop = Checklist(), [], None
     if rank == 0:
@@ -210,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"the sequence split over {size} process(es) by {args.sequence_parallel}_attention (zigzag: "
               f"{2 * args.length // size} tokens each), weight gradients summed by Allreduce")  # fmt: skip
         if size == 1:
-            print(f"ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py "
+            print(f"ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train_parallel.py "
                   f"--sequence-parallel {args.sequence_parallel}")  # fmt: skip
     if args.check:
         worst = gradient_agreement(args, comm)
@@ -251,14 +250,21 @@ def finish(args: argparse.Namespace, comm: Any, model: TinyModel | None, rows: l
         return common.interrupted(len(rows), args.steps, "steps") if comm.Get_rank() == 0 else common.INTERRUPTED
     if isinstance(stop, NonFiniteLoss):
         if comm.Get_rank() == 0:
-            print(f"train.py: stopped: {stop}", file=sys.stderr)
+            print(f"train_parallel.py: stopped: {stop}", file=sys.stderr)
         return 1
     return int(comm.bcast(check.finish() if comm.Get_rank() == 0 else 0, root=0))
 
 
+def add_scheme(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sequence-parallel", choices=sorted(SCHEMES), default="ring",
+                   help="how each sequence is split over the processes: ring_attention (default) or "
+                   "ulysses_attention")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`train_parallel.py FLAGS` is `train.py --sequence-parallel ring FLAGS` (train.py's flags, all of them)."""
-    return train.main(["--sequence-parallel", "ring", *(sys.argv[1:] if argv is None else argv)])
+    args = copy_task.parse_args(argv, add_scheme, __doc__ or "")
+    copy_task.check_run(args, "train_parallel.py")
+    return run(args)
 
 
 if __name__ == "__main__":

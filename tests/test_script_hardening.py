@@ -86,7 +86,7 @@ def test_ctrl_c_in_scaling_keeps_the_rows_measured(tmp_path: Path) -> None:
 
 def test_ctrl_c_in_train_keeps_the_table_so_far(tmp_path: Path) -> None:
     figures = tmp_path / "train.json"
-    flags = ["--steps", "5000", "--no-check", "--json", str(figures)]
+    flags = ["--task", "copy", "--steps", "5000", "--no-check", "--json", str(figures)]
     code, out, err = interrupt(tmp_path, ["scripts/train.py", *flags], after=r"step 10/5000")
     assert code == 130 and "Traceback" not in err, err
     assert re.search(r"^0 +- +[0-9.]+ +[0-9.]+%$", out, re.MULTILINE), out  # the step-0 row
@@ -173,18 +173,18 @@ def test_decode_refuses_a_run_longer_than_the_limit(common: ModuleType) -> None:
 
 def test_train_refuses_every_size_flag_at_its_maximum(common: ModuleType) -> None:
     train = load("train.py")
-    flags = ["--length", "256", "--batch", "4096", "--d-model", "1024", "--layers", "8"]
+    flags = ["--task", "copy", "--length", "256", "--batch", "4096", "--d-model", "1024", "--layers", "8"]
     with pytest.raises(SystemExit, match=r"train.py: error: this run needs about [0-9,.]+ GiB \(the weights"):
         train.main(flags)
     with pytest.raises(SystemExit, match=r"needs at least [0-9,]+ minutes .* lower --batch"):
-        train.main(["--steps", "1000000", "--batch", "4096", "--length", "8", "--no-check"])
+        train.main(["--task", "copy", "--steps", "1000000", "--batch", "4096", "--length", "8", "--no-check"])
 
 
 @pytest.mark.parametrize(
     "flags", [["--batch", "256", "--length", "24"], ["--batch", "64", "--length", "24", "--no-fused"]]
 )
 def test_train_memory_estimate_is_near_what_tracemalloc_sees(flags: list[str]) -> None:
-    train = load("train.py")
+    train = load("copy_task.py")
     args = train.parse_args(["--steps", "2", "--eval-every", "1", *flags])
     tracemalloc.start()
     try:
@@ -215,7 +215,8 @@ def test_ring_refuses_a_run_longer_than_the_limit() -> None:
 
 def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     figures = tmp_path / "train.json"
-    assert load("train.py").main(["--lr", "1e8", "--steps", "50", "--no-check", "--json", str(figures)]) == 1
+    flags = ["--task", "copy", "--lr", "1e8", "--steps", "50", "--no-check", "--json", str(figures)]
+    assert load("train.py").main(flags) == 1
     captured = capsys.readouterr()
     assert "Lower --lr (now 1e+08" in captured.err and "Traceback" not in captured.err
     assert "RuntimeWarning" not in captured.err  # NumPy's overflow warnings: the one message says it
@@ -321,7 +322,7 @@ def test_train_plot_is_readable_at_a_glance(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     import matplotlib.image
 
-    train = load("train.py")
+    train = load("copy_task.py")
     tokens = np.arange(24) % 16
     weights = np.tril(np.ones((24, 24))) / np.arange(1, 25)[:, None]
     path = tmp_path / "train.png"

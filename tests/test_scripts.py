@@ -200,7 +200,23 @@ def _parser_of(script: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Argumen
     return caught[0]
 
 
-@pytest.mark.parametrize("script", sorted(path.name for path in SCRIPTS.glob("*.py") if path.name != "common.py"))
+# the programs, not the modules they share (common.py, copy_task.py, ...: no __main__ of their own)
+PROGRAMS = sorted(path.name for path in SCRIPTS.glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
+
+
+def test_no_program_imports_another() -> None:
+    """Programs share modules (common.py, copy_task.py, training.py, ...), never each other's code."""
+    programs = {name.removesuffix(".py") for name in PROGRAMS}
+    found = []
+    for path in sorted(SCRIPTS.glob("*.py")):
+        for line in path.read_text().splitlines():
+            words = line.replace(",", " ").split()
+            if words[:1] in (["import"], ["from"]) and len(words) > 1 and words[1] in programs:
+                found.append(f"{path.name}: {line.strip()}")
+    assert PROGRAMS and "common.py" not in PROGRAMS and not found, found
+
+
+@pytest.mark.parametrize("script", PROGRAMS)
 def test_every_flag_has_help(script: str, monkeypatch: pytest.MonkeyPatch) -> None:
     parser = _parser_of(script, monkeypatch)
     missing = [a.option_strings for a in parser._actions if a.option_strings and not a.help]

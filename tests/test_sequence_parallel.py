@@ -3,7 +3,7 @@ and Ulysses' forward and backward must equal one process and bad input on some r
 rank; then one rank failing inside a call (an exception in a step's compute, a MemoryError, Ctrl-C in the
 compute or in the input check) must end the whole job at once, with that rank's error printed, never a
 hang; the bytes each scheme sends, by formula (peaks.sequence_parallel_bytes); and the two scripts,
-scripts/sequence_parallel.py and scripts/train.py --sequence-parallel, under mpiexec.
+scripts/sequence_parallel.py and scripts/train_parallel.py, under mpiexec.
 
 Every run has a timeout (run_mpi): a hang fails the test instead of stalling the suite.
 """
@@ -223,7 +223,7 @@ def test_ctrl_c_in_the_sequence_parallel_script_keeps_what_was_measured() -> Non
 @pytest.mark.parametrize("scheme", ["ring", "ulysses"])
 def test_training_split_over_processes_equals_one_process(scheme: str) -> None:
     flags = ["--sequence-parallel", scheme, "--steps", "6", "--eval-every", "3", "--batch", "8"]
-    result = run_mpi(2, "scripts/train.py", *flags)
+    result = run_mpi(2, "scripts/train_parallel.py", *flags)
     log = f"exit {result.returncode}\n{result.stdout}\n{result.stderr}"
     assert result.returncode == 0 and "all checks passed" in result.stdout, log
     assert re.search(r"max \|difference\| = \d\.\de-1[6-9] ok", result.stdout), log  # float64 gradients
@@ -233,7 +233,7 @@ def test_training_split_over_processes_equals_one_process(scheme: str) -> None:
 
 @needs_mpiexec
 def test_training_split_refuses_what_does_not_split() -> None:
-    result = run_mpi(3, "scripts/train.py", "--sequence-parallel", "ulysses", "--steps", "2")
+    result = run_mpi(3, "scripts/train_parallel.py", "--sequence-parallel", "ulysses", "--steps", "2")
     message = "--sequence-parallel ulysses splits the heads over the 3 processes"
     assert result.returncode == 2 and result.stderr.count(message) == 1, result.stderr
 
@@ -241,6 +241,6 @@ def test_training_split_refuses_what_does_not_split() -> None:
 @needs_mpiexec
 def test_ctrl_c_in_split_training_stops_every_rank_after_one_step() -> None:
     flags = ["--sequence-parallel", "ring", "--steps", "5000", "--no-check"]
-    result, seconds = run_and_interrupt(2, "scripts/train.py", *flags, after="step 10/5000")
+    result, seconds = run_and_interrupt(2, "scripts/train_parallel.py", *flags, after="step 10/5000")
     assert result.returncode == 130 and seconds < 30 and "Traceback" not in result.stderr, result.stderr
     assert re.search(r"interrupted \(Ctrl-C\) after \d+ of 5000 steps", result.stdout), result.stdout

@@ -1,11 +1,17 @@
-"""scripts/train.py: its gradients are right, its Adam is Adam, fused and reference training give the
-same losses, the model learns, and bad flags are clear errors. Tiny configurations only."""
+"""scripts/train.py --task copy (scripts/copy_task.py): its gradients are right, its Adam is Adam, fused and
+reference training give the same losses, the model learns, and bad flags are clear errors. Tiny
+configurations only."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,15 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "30", "--batch", "8", "--length", "4", "--vocab", "6", "--d-model", "8", "--eval-every", "10"]
 
 
-def load_train():
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "scripts" / "train.py")
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-train = load_train()
+train = load_script("copy_task")
+train_script = load_script("train")
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -75,7 +82,7 @@ def test_the_model_learns_to_copy():
 
 def test_main_prints_table_and_heat_maps(tmp_path, capsys):
     figures = tmp_path / "train.json"
-    assert train.main([*TINY, "--kv-heads", "1", "--json", str(figures)]) == 0
+    assert train_script.main(["--task", "copy", *TINY, "--kv-heads", "1", "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code printed it
     assert "gradient check (float64" in out and "ok" in out
@@ -88,7 +95,7 @@ def test_main_prints_table_and_heat_maps(tmp_path, capsys):
 def test_main_draws_the_plot(tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     plot = tmp_path / "train.png"
-    assert train.main([*TINY, "--no-check", "--plot", str(plot)]) == 0
+    assert train_script.main(["--task", "copy", *TINY, "--no-check", "--plot", str(plot)]) == 0
     assert plot.stat().st_size > 1000
 
 
@@ -128,3 +135,256 @@ def test_plot_without_matplotlib(monkeypatch, capsys, tmp_path):
     with pytest.raises(SystemExit):
         train.parse_args(["--plot", str(tmp_path / "x.png")])
     assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+# --- scripts/train.py: the GPT -------------------------------------------------------------------------
+# A smaller model than the presets (2 layers of width 16, context 16) keeps a step to milliseconds: the tests
+# patch it in as the tiny preset, in this process (small_preset) or in a subprocess (WRAPPER).
+
+SMALL_CONFIG = dict(vocab=65, context=16, layers=2, heads=2, width=16)
+WRAPPER = f"""\
+import sys
+sys.path.insert(0, {str(ROOT / "scripts")!r})
+import training
+from tinyattn_np.gpt import GPTConfig
+training.PRESETS["tiny"] = training.Preset(GPTConfig(**{SMALL_CONFIG!r}), batch=4, lr=1e-2, warmup=2, beta2=0.99)
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def small_text(n_words=600, seed=0):
+    """A text with something to learn: short words from a small list, in random order."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "it", "."]
+    return " ".join(np.random.default_rng(seed).choice(words, n_words))
+
+
+@pytest.fixture
+def small_preset(monkeypatch):
+    training = sys.modules["training"]
+    config = training.GPTConfig(**SMALL_CONFIG)
+    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
+    return training
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text(small_text(), encoding="utf-8")
+    return path
+
+
+def gpt_flags(data, out=None, *more):
+    flags = ["--data", str(data), "--steps", "8", "--eval-every", "4", "--eval-windows", "8", "--sample", "0"]
+    return [*flags, *(["--out", str(out)] if out else []), *more]
+
+
+class CtrlCAfter:
+    """Stands in for StopTogether: 'Ctrl-C' is seen after the n-th step."""
+
+    def __init__(self, n):
+        self.n, self.asked = n, 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def pressed(self):
+        self.asked += 1
+        return self.asked >= self.n
+
+
+def saved_arrays(folder):
+    return sys.modules["checkpoint"].load(folder)[0]
+
+
+def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_path, monkeypatch, capsys):
+    assert train_script.main(gpt_flags(data, tmp_path / "whole")) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))  # Ctrl-C after step 3
+        assert train_script.main(gpt_flags(data, tmp_path / "parts")) == 130
+    assert "interrupted (Ctrl-C) after 3 of 8 steps" in capsys.readouterr().out
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    assert "resumed from" in capsys.readouterr().out
+    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
+    assert whole.keys() == parts.keys()
+    for name in whole:  # the weights, AdamW's moments and step count, every loss: the same bits
+        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+
+
+def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
+    flags = ["--sample", "30", "--plot", str(tmp_path / "loss.png"), "--json", str(tmp_path / "run.json")]
+    assert train_script.main([*gpt_flags(data, tmp_path / "run"), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "data: " in out and "15 tokens)" not in out and "tied head: " in out and "sample (30 tokens" in out
+    rows = json.loads((tmp_path / "run.json").read_text())["rows"]
+    assert [r["step"] for r in rows] == [0, 4, 8] and rows[0]["train_loss"] is None
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3, rows  # it learns
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert f"python scripts/sample.py {tmp_path / 'run'}" in out
+
+
+def test_a_loss_gone_nan_stops_and_keeps_the_last_good_checkpoint(small_preset, data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_script.main([*gpt_flags(data, out, "--lr", "1e6", "--warmup", "0", "--steps", "50")]) == 1
+    err = capsys.readouterr().err
+    assert "the loss became nan at step" in err and "Lower --lr (now 1e+06" in err, err
+    assert "RuntimeWarning" not in err  # NumPy's overflow warnings: the one message says it
+    arrays, meta = sys.modules["checkpoint"].load(out)
+    assert f"the last checkpoint, {out} at step 0, is kept" in err  # the one of the last validation
+    assert meta["step"] == 0 and all(np.isfinite(a).all() for a in arrays.values())
+    # with a learning rate that works, the run goes on from there
+    assert train_script.main([*gpt_flags(data, out, "--lr", "1e-2", "--steps", "4", "--resume")]) == 0
+    assert "AdamW (lr 0.01 -> 0.001, warm-up 0 steps, cosine to step 4," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--steps", "1e20"], "--steps: must be a positive int; got '1e20'"),
+        (["--steps", "20000000"], "--steps must be at most 10,000,000"),
+        (["--batch", "5000"], "--batch must be at most 4,096"),
+        (["--resume"], "--resume continues the checkpoint in --out DIR: give --out"),
+        (["--validation", "1"], "--validation: must be a fraction between 0 and 1"),
+        (["--dropout", "1"], "--weight-decay and --dropout must be numbers in [0, 1)"),
+        (["--task", "copy", "--data", "x"], "unrecognized arguments: --data"),
+    ],
+)
+def test_bad_gpt_flags(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.parse_args(flags)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text,flags,message",
+    [
+        ("", [], "is empty: give a text file with something in it"),
+        ("abc " * 3, [], "is too short for the context: 12 tokens give 11 to train on and 1 to validate on"),
+        (b"\xff\xfe caf\xe9", [], "is not UTF-8 text"),
+        ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "a training step needs about"),
+        ("x" * 2000, ["--tokenizer", "words"], "--tokenizer must be char, byte or the path of a tokenizer.json"),
+        ("x" * 2000, ["--tokenizer", "/no/such/tokenizer.json"], "--tokenizer /no/such/tokenizer.json: no such file"),
+    ],
+)
+def test_bad_data_is_a_clear_error(text, flags, message, tmp_path, capsys):
+    path = tmp_path / "text.txt"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert train_script.main(["--data", str(path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.py: error: ") and message in err, err
+
+
+def test_a_checkpoint_is_continued_only_on_purpose_and_with_its_own_data(small_preset, data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_script.main(gpt_flags(data, out, "--steps", "2")) == 0
+    capsys.readouterr()
+    assert train_script.main(gpt_flags(data, out, "--steps", "2")) == 2
+    assert "holds a checkpoint already: add --resume" in capsys.readouterr().err
+    assert train_script.main(gpt_flags(data, out, "--resume", "--preset", "part3")) == 2
+    assert "is a tiny model; --preset part3 is another configuration" in capsys.readouterr().err
+    assert train_script.main(gpt_flags(data, out, "--resume", "--steps", "2")) == 2
+    assert "is at step 2 already: give --steps above it" in capsys.readouterr().err
+    other = tmp_path / "other.txt"
+    other.write_text(small_text(seed=1))
+    assert train_script.main(gpt_flags(other, out, "--resume")) == 2
+    assert "this text is another: give the same --data to resume" in capsys.readouterr().err
+
+
+def test_without_data_it_trains_on_the_projects_own_pages(small_preset, capsys):
+    assert train_script.main(["--steps", "1", "--eval-windows", "2", "--sample", "0"]) == 0
+    out = capsys.readouterr().out
+    pages = len(list((ROOT / "docs").glob("*.md")))
+    assert f"data: this project's README.md and {pages} pages of docs/: " in out
+
+
+def run_wrapper(tmp_path):
+    """WRAPPER as a file, and the environment to run it in."""
+    script = tmp_path / "train_small.py"
+    script.write_text(WRAPPER)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return script, env
+
+
+def test_ctrl_c_keeps_a_checkpoint(data, tmp_path):
+    script, env = run_wrapper(tmp_path)
+    out = tmp_path / "run"
+    flags = [*gpt_flags(data, out), "--steps", "100000", "--eval-every", "100000"]
+    err_path = tmp_path / "stderr.txt"
+    with open(err_path, "w") as err:
+        process = subprocess.Popen([sys.executable, str(script), *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=err, text=True,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not re.search(r"step \d+/100000", err_path.read_text()):
+            assert process.poll() is None and time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        stdout, _ = process.communicate(timeout=60)
+    assert process.returncode == 130 and "Traceback" not in err_path.read_text(), err_path.read_text()
+    done = int(re.search(r"interrupted \(Ctrl-C\) after (\d+) of 100000 steps", stdout).group(1))
+    assert done >= 1 and sys.modules["checkpoint"].load(out)[1]["step"] == done
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is missing: the distributed extra")
+def test_the_data_parallel_step_equals_one_process(data, tmp_path):
+    from test_ring import MPIEXEC, run_mpi
+
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is missing: the distributed extra")
+    script, _ = run_wrapper(tmp_path)
+    figures = {}
+    for ranks in (1, 2):
+        path = tmp_path / f"{ranks}.json"
+        result = run_mpi(ranks, str(script), *gpt_flags(data), "--data-parallel", "--json", str(path), timeout=120)
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+        figures[ranks] = json.loads(path.read_text())["rows"]
+    assert "split over 2 processes" in result.stdout and "scaling efficiency" in result.stdout, result.stdout
+    for one, two in zip(figures[1], figures[2], strict=True):  # float32 sums in another order
+        np.testing.assert_allclose(two["val_loss"], one["val_loss"], rtol=1e-5)
+        if one["train_loss"] is not None:
+            np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is missing: the distributed extra")
+def test_a_failing_rank_ends_the_data_parallel_job(data, tmp_path):
+    from test_ring import MPIEXEC, run_mpi
+
+    if MPIEXEC is None:
+        pytest.skip("mpiexec is missing: the distributed extra")
+    script = tmp_path / "fail.py"
+    failing = "import common\nif common.load_mpi().COMM_WORLD.Get_rank() == 1:\n    training.train_step = None\n"
+    script.write_text(WRAPPER.replace("import train\n", failing + "import train\n"))
+    started = time.monotonic()
+    result = run_mpi(2, str(script), *gpt_flags(data), "--data-parallel", "--steps", "1000", timeout=60)
+    assert result.returncode == 1 and time.monotonic() - started < 50, result.stderr
+    assert "rank 1 of 2: train.py --data-parallel failed: TypeError" in result.stderr, result.stderr
+
+
+# --- scripts/train_speed.py, at a tiny size (the timings themselves are not under test) ----------------
+
+
+def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
+    speed = load_script("train_speed")
+    figures = tmp_path / "speed.json"
+    flags = ["--presets", "tiny", "--batch", "2", "--tokens", "20", "--repeats", "1", "--json", str(figures)]
+    assert speed.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "1) a training step (forward, backward, clipping, AdamW)" in out and "ours / torch" not in out
+    assert re.search(r"^tiny +7,264 +2 x 16 +[0-9,.]+ +[0-9,]+$", out, re.MULTILINE), out  # vocab 65
+    assert "2) generation of 20 tokens" in out and re.search(r"^tiny( +[0-9,.]+){2} +[0-9.]+x$", out, re.MULTILINE)
+    assert "all checks passed" in out
+    saved = json.loads(figures.read_text())
+    assert saved["training"][0]["ours_ms"] > 0 and saved["generation"][0]["cache_s"] > 0
+
+
+def test_train_speed_refuses_what_would_not_fit(capsys):
+    speed = load_script("train_speed")
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--presets", "part3", "--batch", "4096", "--vocab", "1000000"])
+    assert "a training step of part3 needs about" in capsys.readouterr().err

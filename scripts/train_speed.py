@@ -1,0 +1,281 @@
+"""How fast the GPT trains and generates: our training step beside torch's eager step of the same model,
+and generation with the KV cache beside recomputation.
+
+    python scripts/train_speed.py --torch                     # both presets, and generation at 1,024 tokens
+    python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
+
+1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
+   random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
+   the series' tokenizer): the median of --repeats steps after two untimed ones. With --torch, the same
+   model in torch, eager (nn.Embedding, nn.LayerNorm, nn.Linear, RoPE on interleaved pairs,
+   F.scaled_dot_product_attention, the head tied to the embedding, F.cross_entropy, backward,
+   clip_grad_norm_, torch.optim.AdamW with decay on the matrices only), from the same weights, on the same
+   batch, with as many threads as our BLAS: the two untimed steps' losses must agree (float32).
+2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
+   whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
+   and the check that both give the same tokens.
+Every claim is checked; the exit code is 1 (and the failed check is named) if one fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import common  # noqa: E402
+import training  # noqa: E402
+
+from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
+from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
+from tinyattn_np.report import Checklist, positive, text_table  # noqa: E402
+from tinyattn_np.sampling import generate  # noqa: E402
+from tinyattn_np.trainbill import training_memory  # noqa: E402
+
+LOSS_RTOL = 1e-4  # float32 sums in two orders over a forward and a backward
+check = Checklist()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--presets", nargs="+", choices=sorted(training.PRESETS), default=["tiny", "part3"],
+                   help="the models to time (default: both)")  # fmt: skip
+    p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
+    p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
+    p.add_argument("--repeats", type=positive(int), default=5, help="timed training steps (default 5)")
+    p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
+    p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
+    p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    common.add_seed_and_format(p, "the weights and the batch")
+    args = p.parse_args(argv)
+    if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or args.repeats > 10_000 or (args.batch or 0) > 4096:
+        p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats <= 10,000 and --batch <= 4,096")
+    common.check_output(p, "--json", args.json)
+    for name in args.presets:
+        bill = training_memory(config_of(name, args), batch_of(name, args))
+        problem = common.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
+        if problem:
+            p.error(problem)
+    return args
+
+
+def config_of(name: str, args: argparse.Namespace) -> GPTConfig:
+    config = training.PRESETS[name].config
+    return replace(config, vocab=args.vocab or config.vocab)
+
+
+def batch_of(name: str, args: argparse.Namespace) -> int:
+    return int(args.batch or training.PRESETS[name].batch)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the same model in torch
+
+
+def torch_model(torch: Any, model: GPT) -> Any:
+    """A torch module of model's architecture holding its weights (nn.Linear's weight is our W transposed)."""
+    nn, F = torch.nn, torch.nn.functional
+    c = model.config
+    cos, sin = rope_tables(torch, c)
+
+    def norm() -> Any:
+        return nn.LayerNorm(c.width, eps=1e-5, bias=c.bias) if c.norm == "layernorm" else nn.RMSNorm(c.width, eps=1e-5)
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln_1, self.ln_2 = norm(), norm()
+            self.qkv, self.out = nn.Linear(c.width, 3 * c.width, bias=False), nn.Linear(c.width, c.width, bias=False)
+            self.fc, self.proj = nn.Linear(c.width, c.hidden, bias=c.bias), nn.Linear(c.hidden, c.width, bias=c.bias)
+
+        def forward(self, x: Any) -> Any:
+            B, T, C = x.shape
+            q, k, v = (t.view(B, T, c.heads, c.head_dim).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, -1))
+            q, k = rotate(torch, q, cos, sin), rotate(torch, k, cos, sin)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.out(y.transpose(1, 2).reshape(B, T, C))
+            return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+    class TorchGPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte, self.ln_f = nn.Embedding(c.vocab, c.width), norm()
+            self.h = nn.ModuleList(Block() for _ in range(c.layers))
+
+        def forward(self, idx: Any, targets: Any) -> Any:
+            x = self.wte(idx)
+            for block in self.h:
+                x = block(x)
+            return F.cross_entropy((self.ln_f(x) @ self.wte.weight.T).flatten(0, 1), targets.flatten())  # tied
+
+    if c.mlp != "gelu":
+        sys.exit("train_speed.py: error: the torch twin has the presets' GELU MLP only")
+    module = TorchGPT()
+    copy_weights(torch, module, model)
+    return module
+
+
+def rope_tables(torch: Any, c: GPTConfig) -> tuple[Any, Any]:
+    """cos and sin (T, d/2) of RoPE's angles m θ_i, θ_i = 10000^(-2i/d), as tinyattn_np.rope computes them."""
+    theta = 10000.0 ** (-np.arange(0, c.head_dim, 2) / c.head_dim)  # (d/2,)
+    angles = np.arange(c.context)[:, None] * theta  # (T, d/2), float64
+    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
+
+
+def rotate(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
+    """RoPE on x (B, H, T, d), pairs (0, 1), (2, 3), ... (interleaved, as tinyattn_np.rope's default)."""
+    T = x.shape[-2]
+    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, d/2) each
+    cos, sin = cos[:T], sin[:T]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (B, H, T, d)
+
+
+MATRICES = {
+    "attn.w_qkv": "qkv.weight",
+    "attn.w_out": "out.weight",
+    "mlp.w_fc": "fc.weight",
+    "mlp.w_proj": "proj.weight",
+}
+
+
+def torch_name(name: str) -> tuple[str, bool]:
+    """Our parameter's name -> (the torch module's, whether ours is its transpose: x @ W is nn.Linear(W.T))."""
+    if name == "wte":
+        return "wte.weight", False
+    for ours, theirs in MATRICES.items():
+        if name.endswith(ours):
+            return name.replace(ours, theirs), True
+    return name.replace(".gain", ".weight").replace("mlp.b_fc", "fc.bias").replace("mlp.b_proj", "proj.bias"), False
+
+
+def copy_weights(torch: Any, module: Any, model: GPT) -> None:
+    """Our parameters into the torch module, under its names; every one of its parameters is set."""
+    theirs = dict(module.named_parameters())
+    names = {name: torch_name(name) for name in model.params}
+    check(sorted(theirs) == sorted(n for n, _ in names.values()), "the torch model has our parameters, no others")
+    with torch.no_grad():
+        for name, (target, transposed) in names.items():
+            value = model.params[name]
+            theirs[target].copy_(torch.from_numpy(np.ascontiguousarray(value.T if transposed else value)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1) the training step, 2) generation
+
+
+def our_step(model: GPT, optimizer: AdamW, x: np.ndarray, y: np.ndarray, lr: float) -> float:
+    """train.py's step: the loss and every gradient, clipping to 1.0, AdamW."""
+    loss, grads = model.loss_and_grads(x, y)
+    clip_grad_norm(grads, 1.0)
+    optimizer.step(model.params, grads, lr=lr)
+    return loss
+
+
+def torch_step(torch: Any, module: Any, optimizer: Any, x: Any, y: Any) -> float:
+    """The same step in torch, eager."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = module(x, y)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    optimizer.step()
+    return float(loss.item())
+
+
+def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
+    """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
+    same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
+    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    rng = np.random.default_rng(args.seed)
+    x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
+    model = GPT(config, rng=args.seed)
+    module = torch_model(torch, model) if torch is not None else None  # from the weights before any step
+    optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
+    ours = [our_step(model, optimizer, x, y, preset.lr) for _ in range(2)]
+    row = {"preset": name, "parameters": model.num_parameters, "batch": batch, "context": config.context}
+    row["ours_ms"] = common.settled_median_ms(lambda: our_step(model, optimizer, x, y, preset.lr), args.repeats)
+    if module is not None:
+        matrices = [p for p in module.parameters() if p.ndim >= 2]
+        rest = [p for p in module.parameters() if p.ndim < 2]
+        groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+        torch_optimizer = torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, preset.beta2), eps=1e-8)
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        gold = [torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
+        for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
+            check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
+                  f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
+        row["torch_ms"] = common.settled_median_ms(lambda: torch_step(torch, module, torch_optimizer, tx, ty),
+                                                   args.repeats)  # fmt: skip
+    return row
+
+
+def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One preset's generation row: --tokens greedy tokens with the cache and without, timed once each."""
+    model = GPT(config_of(name, args), rng=args.seed)
+    prompt = np.zeros(1, dtype=np.int64)  # (1,): one token
+    row: dict[str, Any] = {"preset": name, "tokens": args.tokens}
+    outputs = {}
+    for use_cache in (True, False):
+        time.sleep(common.SETTLE_SECONDS)
+        started = time.perf_counter()
+        outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
+        row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
+    check(np.array_equal(outputs[True], outputs[False]), f"{name}: the cache and recomputation give the same tokens")
+    return row
+
+
+def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
+    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, {threads}; median of {args.repeats}")
+    headers = ["preset", "parameters", "batch x context", "ours ms", "tokens/s"]
+    if args.torch:
+        headers += ["torch ms", "ours / torch"]
+    body = []
+    for r in rows:
+        cells = [r["preset"], f"{r['parameters']:,}", f"{r['batch']} x {r['context']}", f"{r['ours_ms']:,.1f}",
+                 f"{r['batch'] * r['context'] / r['ours_ms'] * 1e3:,.0f}"]  # fmt: skip
+        if args.torch:
+            cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
+        body.append(cells)
+    print(text_table(body, headers, fmt=args.format))
+
+
+def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\n2) generation of {args.tokens:,} tokens after a one-token prompt, greedy, batch 1")
+    body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
+             f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
+    print(text_table(body, ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"], fmt=args.format))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch = common.load_torch(flag="--torch")[0] if args.torch else None
+    info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
+    print(lines)
+    threads = "our BLAS's threads as the machine line says" + (f", torch's {torch.get_num_threads()}" if torch else "")
+    steps: list[dict[str, Any]] = []
+    generations: list[dict[str, Any]] = []
+    stopped = common.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
+    if steps:
+        print_training(steps, args, threads)
+    if not stopped:
+        stopped = common.measure_each(args.presets, lambda name: time_generation(name, args), generations)
+    if generations:
+        print_generation(generations, args)
+    busy = common.busy_reasons()
+    if busy:
+        print(f"* timed on a busy machine: {'; '.join(busy)}")
+    if args.json:
+        figures = {"machine": info, "args": vars(args), "training": steps, "generation": generations, "busy": busy}
+        common.write_json(args.json, figures, stopped)
+    if stopped:
+        return common.interrupted(len(steps) + len(generations), 2 * len(args.presets))
+    return check.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_main(main))

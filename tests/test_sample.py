@@ -1,0 +1,168 @@
+"""scripts/sample.py and scripts/attention.py --checkpoint, on a checkpoint that train.py wrote: cached
+generation equals recomputation token for token, the speeds are printed, the induction score is what its
+definition says, and every bad input (an empty prompt, characters the vocabulary lacks, --tokens 0, a folder
+that holds no checkpoint, weights of another configuration, an altered file) is a clear error."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+import numpy as np
+import pytest
+from test_train import gpt_flags, load_script, small_text, train_script
+
+from tinyattn_np.multihead import MultiHeadAttention
+
+sample = load_script("sample")
+attention_script = load_script("attention")
+checkpoint = sys.modules["checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A checkpoint of the small model (test_train's) after 40 steps on a text of short words."""
+    training = sys.modules["training"]
+    folder = tmp_path_factory.mktemp("run")
+    data = folder / "text.txt"
+    data.write_text(small_text(), encoding="utf-8")
+    small = training.Preset(training.GPTConfig(vocab=65, context=16, layers=2, heads=2, width=16), 4, 1e-2, 2, 0.99)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(training.PRESETS, "tiny", small)
+        assert train_script.main(gpt_flags(data, folder / "out", "--steps", "40", "--eval-every", "20")) == 0
+    return folder / "out"
+
+
+@pytest.mark.parametrize("flags", [["--temperature", "0"], ["--temperature", "1.0", "--top-k", "5", "--top-p", "0.9"]])
+def test_cached_generation_equals_recomputation(trained, flags, tmp_path, capsys):
+    figures = tmp_path / "sample.json"
+    assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags,
+                        "--json", str(figures)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code timed it
+    assert "the two agree on all 40 tokens" in out and re.search(r"the cache is [0-9.]+x faster", out), out
+    assert re.search(r"40 tokens in [0-9.]+ s with the KV cache: [0-9,.]+ tokens/s", out)
+    assert re.search(r"40 tokens in [0-9.]+ s without a cache \(.*\): [0-9,.]+ tokens/s", out)
+    saved = json.loads(figures.read_text())
+    assert saved["text"].startswith("the cat") and set(saved["runs"]) == {"cache", "no_cache"}
+
+
+def test_past_the_context_both_ways_still_agree(trained, capsys):
+    """40 tokens after a 10-token prompt run past the context of 16: the cache keeps a window of 16 keys."""
+    assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat sa", "--seed", "3"]) == 0
+    assert "the two agree on all 40 tokens" in capsys.readouterr().out
+
+
+def test_one_way_prints_its_speed_and_the_text(trained, capsys):
+    assert sample.main([str(trained), "--no-cache", "--tokens", "5", "--prompt", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint: " in out and ", step 40: GPT (tiny)" in out and "validation loss " in out
+    assert "without a cache" in out and "with the KV cache" not in out
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--tokens", "0"], "--tokens: must be a positive int; got 0"),
+        (["--tokens", "1e9"], "--tokens: must be a positive int; got '1e9'"),
+        (["--tokens", "200000"], "--tokens must be at most 100,000"),
+        (["--temperature", "-1"], "--temperature: must be a finite number >= 0"),
+        (["--top-p", "1.5"], "--top-p: must be a number in (0, 1]"),
+        (["--compare", "--no-cache"], "--compare runs both ways already"),
+    ],
+)
+def test_bad_flags(flags, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        sample.parse_args(["somewhere", *flags])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_prompt_the_vocabulary_cannot_spell(trained, capsys):
+    assert sample.main([str(trained), "--prompt", "the Zero€"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sample.py: error: --prompt: the text has 2 character(s) that the vocabulary lacks: 'Z', '€'")
+    assert sample.main([str(trained), "--prompt", ""]) == 2
+    assert "--prompt must hold at least one token" in capsys.readouterr().err
+
+
+def test_a_folder_without_a_checkpoint(tmp_path, capsys):
+    assert sample.main([str(tmp_path / "nothing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert sample.main([str(tmp_path)]) == 2
+    assert "holds no checkpoint.json: it is not a checkpoint" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_configuration(trained, tmp_path, capsys):
+    arrays, meta = checkpoint.load(trained)
+    meta = {k: v for k, v in meta.items() if k not in ("arrays", "arrays_sha256")}
+    meta["config"] = {**meta["config"], "width": 32}  # the weights are width 16's
+    checkpoint.save(tmp_path / "other", arrays, meta)
+    assert sample.main([str(tmp_path / "other")]) == 2
+    assert "does not make its model: params['wte'] must have shape (15, 32)" in capsys.readouterr().err
+
+
+def test_an_altered_checkpoint_is_found(trained, tmp_path, capsys):
+    arrays, meta = checkpoint.load(trained)
+    copy = tmp_path / "copy"
+    checkpoint.save(copy, arrays, {k: v for k, v in meta.items() if k not in ("arrays", "arrays_sha256")})
+    npz = next(copy.glob("checkpoint-*.npz"))
+    npz.write_bytes(npz.read_bytes()[:-10] + b"0123456789")
+    assert sample.main([str(copy)]) == 2
+    assert "is not the file that checkpoint.json was written with" in capsys.readouterr().err
+
+
+# --- attention.py --checkpoint ------------------------------------------------------------------------
+
+
+def test_attention_script_shows_the_trained_heads(trained, tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
+    plot = tmp_path / "heads.png"
+    flags = ["--checkpoint", str(trained), "--sentence", "the cat sat", "--sequences", "4", "--plot", str(plot)]
+    assert attention_script.main(flags) == 0
+    out = capsys.readouterr().out
+    assert "7) induction score per head: 4 random sequences of 8 tokens" in out
+    assert len(re.findall(r"^ +[01] +[01] +0\.\d{3} +0\.\d{3}$", out, re.MULTILINE)) == 4  # 2 layers x 2 heads
+    assert "8) layer " in out and "\ntrained:\n" in out and "\nrandom:\n" in out and "all checks passed" in out
+    assert plot.stat().st_size > 1000
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "the cat", "--head", "1", "0"]) == 0
+    assert "8) layer 1, head 0 on 'the cat'" in capsys.readouterr().out
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "a", "--head", "2", "0"]) == 2
+    assert "--head 2 0: the model has 2 layers of 2 heads" in capsys.readouterr().err
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "Zero"]) == 2
+    assert "--sentence: the text has 1 character(s) that the vocabulary lacks: 'Z'" in capsys.readouterr().err
+
+
+def test_layer_inputs_are_what_each_layer_reads(trained, monkeypatch):
+    """attention.py's layer_inputs against the inputs GPT.hidden hands each attention layer."""
+    model = checkpoint.load_model(trained)[0]
+    idx = np.random.default_rng(0).integers(0, model.config.vocab, (2, 12))
+    seen = []
+    forward = MultiHeadAttention.forward
+
+    def record(self, x, **kwargs):
+        seen.append(np.array(x))
+        return forward(self, x, **kwargs)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", record)
+    model.hidden(idx)
+    monkeypatch.undo()
+    mine = attention_script.layer_inputs(model, idx)
+    assert len(seen) == len(mine) == model.config.layers
+    for got, want in zip(mine, seen, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_uniform_attention_scores_one_over_the_keys_it_sees(trained, capsys):
+    """With every query weight 0, the scores are all equal: the query at n + i spreads its weight over its
+    n + i + 1 keys, and the induction score is the mean of 1 / (n + i + 1)."""
+    model = checkpoint.load_model(trained)[0]
+    for layer in range(model.config.layers):
+        model.params[f"h.{layer}.attn.w_qkv"][:, : model.config.width] = 0  # q = 0
+    n = 6
+    scores = attention_script.induction_scores(model, n, sequences=3, seed=0)
+    np.testing.assert_allclose(scores, np.mean(1 / np.arange(n + 1, 2 * n + 1)), rtol=1e-5)
+    args = argparse.Namespace(repeat=n, sequences=3, seed=0, format="simple", plot=None)
+    attention_script.induction_demo(model, model, args)
+    assert "no head has learned to copy: the highest score, layer " in capsys.readouterr().out

@@ -1,0 +1,67 @@
+"""scripts/train_speed.py --torch at a tiny size: the torch twin of the GPT, built from our weights, gives
+the same losses for two training steps (clipping and AdamW included), and the table has torch's column."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_torch_twin_takes_the_same_two_steps(bias, monkeypatch, capsys):
+    speed = load("train_speed")
+    training = sys.modules["training"]
+    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16, bias=bias)
+    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
+    assert speed.main(["--presets", "tiny", "--tokens", "8", "--repeats", "1", "--torch"]) == 0
+    out = capsys.readouterr().out
+    assert "ours / torch" in out and re.search(r"^tiny .* [0-9.]+$", out, re.MULTILINE)
+    assert "all checks passed" in out
+
+
+def test_a_wrong_twin_is_caught(monkeypatch, capsys):
+    """The loss check is a real check: a torch twin whose head is not our tied embedding gives other losses."""
+    speed = load("train_speed")
+    training = sys.modules["training"]
+    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
+    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
+    copy_weights = speed.copy_weights
+
+    def scaled_embedding(torch, module, model):
+        copy_weights(torch, module, model)
+        with torch.no_grad():
+            module.wte.weight *= 10
+
+    monkeypatch.setattr(speed, "copy_weights", scaled_embedding)
+    assert speed.main(["--presets", "tiny", "--tokens", "8", "--repeats", "1", "--torch"]) == 1
+    assert "tiny: step 1's loss equals torch's" in capsys.readouterr().err
+
+
+def test_the_twins_rope_is_ours():
+    """At initialisation attention is nearly uniform, so the losses alone would not see RoPE: compare it."""
+    import numpy as np
+    import torch
+
+    from tinyattn_np import rope
+
+    speed = load("train_speed")
+    config = sys.modules["training"].GPTConfig(vocab=23, context=16, layers=1, heads=2, width=16)
+    x = np.random.default_rng(0).standard_normal((1, 2, 16, 8)).astype(np.float32)  # (B, H, T, d)
+    cos, sin = speed.rope_tables(torch, config)
+    theirs = speed.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
+    np.testing.assert_allclose(theirs, rope(x), rtol=1e-5, atol=1e-6)
