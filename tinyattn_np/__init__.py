@@ -25,8 +25,9 @@ The reading order: each file uses only what came before it.
 
 Then the bills: memory.py (formulas true of any implementation), peaks.py (what our own functions
 allocate), models.py (model shapes, presets, config.json). Helpers: _checks.py (input checks),
-_parallel.py (the worker engine), _guard.py (the reference path's memory guard), _bytes.py (bytes per
-dtype, byte units), measure.py, report.py, text.py.
+_parallel.py (the worker engine), _guard.py (the memory guard: refuse before allocating), _atomic.py (a
+cache's change all or nothing under an interrupt), _bytes.py (bytes per dtype, byte units), measure.py,
+report.py, text.py.
 
 The names below are the public API; each lives in the module named after its concept.
 """
