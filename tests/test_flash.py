@@ -4,6 +4,7 @@ import threading
 import numpy as np
 import pytest
 from conftest import assert_close, bottom_right, gold_attention
+from threadpoolctl import threadpool_info
 
 from tinyattn_np import attention, draw_tile_plan, flash_attention, merge_states, tile_plan, window_mask
 from tinyattn_np.flash import default_tiles
@@ -116,8 +117,6 @@ def test_same_bits_for_any_heads_per_step(rng):
 
 
 def test_overlapping_calls_keep_the_blas_limit_and_the_bits(rng):
-    from threadpoolctl import threadpool_info
-
     before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
     q, k, v = (rng.standard_normal((4, 500, 32)).astype(np.float32) for _ in range(3))
     serial = flash_attention(q, k, v, causal=True, block_q=64, block_k=64)
@@ -139,8 +138,6 @@ def test_overlapping_calls_keep_the_blas_limit_and_the_bits(rng):
 
 
 def test_nested_calls_restore_the_limit(rng):
-    from threadpoolctl import threadpool_info
-
     from tinyattn_np._parallel import one_blas_thread
 
     before = [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
@@ -424,3 +421,34 @@ def test_all_combinations_of_small_sizes(rng):
         q, k, v = (rng.standard_normal((1, n, 3)) for n in (n_q, n_k, n_k))
         got = flash_attention(q, k, v, causal=True, block_q=bq, block_k=bk, workers=1)
         assert_close(got, attention(q, k, v, causal=True), np.float64, f"L={n_q} S={n_k} bq={bq} bk={bk}")
+
+
+def test_an_interrupt_at_any_bytecode_of_the_blas_limit_leaves_no_lock_held_and_the_limit_restored():
+    """one_blas_thread's enter and exit under a KeyboardInterrupt at each of their bytecodes in turn: the
+    lock is never left held (the next flash_attention never waits), and the state is one of the two whole
+    ones: no calls inside and no limit, or calls inside and the limit that the last one out restores. (An
+    interrupt between the enter and the body, or in the exit's first bytecodes, can leave one call counted
+    or the limit unrestored: BLAS then stays on one thread for this process, a slower run, never a hang.)"""
+    from pathlib import Path
+
+    from test_kvcache import _interrupted_at
+
+    from tinyattn_np import _parallel
+
+    code = (str(Path(_parallel.__file__)), str(Path(_parallel.__file__).with_name("_atomic.py")))
+
+    def call() -> None:
+        with _parallel.one_blas_thread():
+            pass
+
+    for n in itertools.count(1):
+        came = _interrupted_at(n, call, code)
+        assert _parallel._blas_lock.acquire(timeout=5), f"the lock was left held at bytecode {n}"
+        _parallel._blas_lock.release()
+        users, limiter = _parallel._blas_state
+        assert (users == 0) == (limiter is None), f"bytecode {n}: {_parallel._blas_state}"
+        if users:  # one call left counted: let it out, as the sweep's next call must start from none
+            _parallel._leave_blas()
+        if not came:
+            break
+    assert n > 10  # the sweep reached the whole of both

@@ -5,16 +5,22 @@ refused without touching the cache."""
 from __future__ import annotations
 
 import copy
+import itertools
+import os
 import pickle
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import tinyattn_np
 from tinyattn_np import KVCache, MultiHeadAttention, attention, kv_cache_bytes, window_mask
 
 RNG = np.random.default_rng(12)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tokens(cache: KVCache, t_new: int, first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +120,60 @@ def test_bad_sizes_name_the_argument(kwargs, error, message):
     sizes = dict(batch=1, kv_heads=1, max_tokens=4, head_dim=2)
     with pytest.raises(error, match=message):
         KVCache(**{**sizes, **kwargs})
+
+
+def test_a_cache_larger_than_memory_is_refused_before_it_is_made():
+    message = r"KVCache would allocate 8\.0 TiB .* of memory is available: lower max_tokens or batch, or keep a window="
+    with pytest.raises(MemoryError, match=message):
+        KVCache(2**10, 8, 2**20, 128)  # 8 TiB: np.zeros could even succeed (the OS maps pages only when written)
+    assert KVCache(2**10, 8, 2**20, 128, window=4).nbytes == 2**10 * 8 * 4 * 128 * 4 * 2  # a window keeps 4 slots
+
+
+def _under_address_space_limit(setup: str, call: str, headroom: int = 32 * 2**20) -> str:
+    """What a fresh Python prints that runs `setup`, then caps its address space (RLIMIT_AS, what ulimit -v
+    sets) at what it has mapped plus `headroom` bytes, then runs `call`: "refused: <message>" for the guard's
+    AttentionMemoryError, "<type>: <message>" for any other MemoryError (an allocation was tried), "ran"."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/status")
+    script = "\n".join([
+        "import resource, numpy as np, tinyattn_np",
+        setup,
+        'status = open("/proc/self/status").read().splitlines()',
+        'mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))',
+        f"resource.setrlimit(resource.RLIMIT_AS, (mapped + {headroom}, resource.getrlimit(resource.RLIMIT_AS)[1]))",
+        "try:",
+        f"    {call}",
+        "except tinyattn_np.AttentionMemoryError as error:",
+        '    print("refused:", error)',
+        "except MemoryError as error:",
+        '    print(type(error).__name__ + ":", error)',
+        "else:",
+        '    print("ran")',
+    ])  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_cache_beyond_the_address_space_limit_is_refused_before_anything_is_allocated():
+    """8 GiB fit in this machine's memory but not under the limit: the guard says so; without it NumPy would
+    try, and fail with its own MemoryError (or, without a limit, map pages that the OS cannot back later)."""
+    printed = _under_address_space_limit("", "tinyattn_np.KVCache(1, 8, 2**20, 128)")
+    assert printed.startswith("refused: KVCache would allocate 8.0 GiB"), printed
+    assert "lower max_tokens" in printed
+
+
+def test_the_views_cannot_be_made_writable():
+    cache = KVCache(1, 2, 6, 4, window=4)
+    cache.append(*_tokens(cache, 3))
+    for view in (cache.keys, cache.values, *cache.ordered()):
+        with pytest.raises(ValueError, match="read-only"):
+            view[0, 0, 0, 0] = 1.0
+        with pytest.raises(ValueError, match="cannot set WRITEABLE flag"):
+            view.flags.writeable = True
+        assert not np.asarray(view.base).flags.writeable  # its base gives no writable array either
+    np.testing.assert_array_equal(cache.keys[0, 0, :, 0], [0, 1, 2])
 
 
 # --- MultiHeadAttention(cache=) --------------------------------------------------------------------
@@ -324,3 +384,121 @@ def test_a_cache_with_its_lock_still_copies_and_pickles():
         np.testing.assert_array_equal(twin.positions, cache.positions)
         twin.append(*_tokens(twin, 1, 5))
         assert len(twin) == 6 and len(cache) == 5
+
+
+# --- a Ctrl-C between any two bytecodes: all or nothing ----------------------------------------------
+
+PACKAGE = Path(tinyattn_np.__file__).resolve().parent
+# The caches' own code. A layer's step through a cache (attend) also runs the attention kernels, which only
+# read the cache (splitkv.py, flash.py) and the worker engine (_parallel.py): an interrupt inside them reaches
+# the cache as an exception out of that call, which the sweep raises at the call's own bytecodes in the
+# cache's code; the kernels' own locks and counts are theirs to keep.
+CACHE_CODE = tuple(str(PACKAGE / name) for name in ("kvcache.py", "paged.py", "_atomic.py"))
+
+
+def _interrupted_at(n: int, call, code: tuple[str, ...]) -> bool:
+    """Run call() with a KeyboardInterrupt raised at the n-th bytecode it runs in the files under `code` (the
+    package; a tracer with f_trace_opcodes: a real Ctrl-C can land between any two). True if it came, False
+    if call() finished first."""
+    count = 0
+
+    def each_bytecode(frame, event, arg):
+        nonlocal count
+        if event == "opcode":
+            count += 1
+            if count == n:
+                raise KeyboardInterrupt(f"at bytecode {n}")  # the tracer is then switched off by Python
+        return each_bytecode
+
+    def on_call(frame, event, arg):
+        if not frame.f_code.co_filename.startswith(code):
+            return None  # NumPy's and the standard library's frames: not counted
+        frame.f_trace_lines, frame.f_trace_opcodes = False, True
+        return each_bytecode
+
+    tracer = sys.gettrace()  # a coverage tool's, if one runs: put back afterwards
+    sys.settrace(on_call)
+    try:
+        call()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(tracer)
+    return False
+
+
+def _all_or_nothing(make, change, snapshot, still_works, code: tuple[str, ...]) -> int:
+    """Interrupt change(make()) at its 1st, 2nd, ... bytecode (in `code`) until a call finishes. After each
+    interrupt the snapshot must equal the one before the call or the one after a whole call, never a third
+    state, and still_works(obj) must pass. Returns the number of bytecodes interrupted."""
+    whole = make()
+    change(whole)
+    after = snapshot(whole)
+    for n in itertools.count(1):
+        obj = make()
+        before = snapshot(obj)
+        if not _interrupted_at(n, lambda obj=obj: change(obj), code):
+            assert snapshot(obj) == after
+            return n - 1
+        assert snapshot(obj) in (before, after), f"interrupted at bytecode {n}: half a change"
+        still_works(obj)
+    raise AssertionError("unreachable")
+
+
+def _lock_is_free(lock) -> bool:
+    """Whether the lock is free after an interrupted call: this thread, the only one that ran the call, does not
+    hold it (an interrupt must not leave it held: every other thread would then wait for it forever)."""
+    return not lock._is_owned()
+
+
+def _kv_snapshot(cache: KVCache) -> tuple:
+    keys, values = cache.ordered()
+    return len(cache), keys.tobytes(), values.tobytes(), cache.positions.tobytes(), cache.keys.tobytes()
+
+
+def _kv_still_works(cache: KVCache) -> None:
+    assert _lock_is_free(cache.lock)
+    keys, values = (x.copy() for x in cache.ordered())  # (B, Hkv, kept, E) oldest first
+    seen = len(cache)
+    cache.append(*_tokens(cache, 1, 1000.0))
+    assert len(cache) == seen + 1
+    new_keys, new_values = cache.ordered()
+    np.testing.assert_array_equal(
+        new_keys, np.concatenate([keys, _tokens(cache, 1, 1000.0)[0]], 2)[:, :, -cache.slots :]
+    )
+    np.testing.assert_array_equal(
+        new_values, np.concatenate([values, _tokens(cache, 1, 1000.0)[1]], 2)[:, :, -cache.slots :]
+    )
+    np.testing.assert_array_equal(cache.positions[np.argsort(cache.positions)], np.arange(seen + 1)[-cache.slots :])
+
+
+def _kv_filled(window: int | None) -> KVCache:
+    cache = KVCache(1, 2, 16, 2, dtype=np.float64, window=window)
+    cache.append(*_tokens(cache, 6))  # tokens 0 .. 5: a ring of 4 has wrapped
+    return cache
+
+
+ATTEND_LAYER = MultiHeadAttention(8, 4, 2, rope=True, rng=np.random.default_rng(0), dtype=np.float64)
+
+
+WHOLE_PACKAGE = (str(PACKAGE),)
+
+
+@pytest.mark.parametrize(
+    ("window", "change", "code"),
+    [
+        (None, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),
+        (4, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),  # into a ring slot that a kept token holds
+        (None, lambda c: c.append(*_tokens(c, 3, 6.0)), WHOLE_PACKAGE),
+        (4, lambda c: c.append(*_tokens(c, 5, 6.0)), WHOLE_PACKAGE),  # longer than the ring: its last 4 are written
+        (None, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 8).reshape(1, 1, 8)), CACHE_CODE),  # write first
+        (4, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 24).reshape(1, 3, 8)), CACHE_CODE),  # append last
+    ],
+    ids=["append one", "append one, ring", "append three", "append five, ring", "attend one", "attend three, ring"],
+)
+def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(window, change, code):
+    """A KeyboardInterrupt raised at each bytecode of the call in turn (a few hundred for append, about 1,000
+    for attend in the cache's own code): the cache is then as before the call or as after the whole call, its
+    lock free, and it takes the next token."""
+    interrupted = _all_or_nothing(lambda: _kv_filled(window), change, _kv_snapshot, _kv_still_works, code)
+    assert interrupted > 20  # the tracer did reach the code

@@ -1,6 +1,7 @@
 """PagedKVCache: blocks taken only when the last is full, fork with copy-on-write, free with reference counts,
-refusals that change nothing (the whole pool compared before and after), atomic appends under threads, and
-hypothesis-drawn sequences of appends, forks and frees against a plain dict of arrays."""
+refusals that change nothing (the whole pool compared before and after), every change all or nothing under
+an interrupt at any bytecode, atomic appends under threads, a pool that refuses before allocating, and
+hypothesis-drawn sequences of appends, batches, forks and frees against a plain dict of arrays."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_kvcache import _threads
+from test_kvcache import CACHE_CODE, WHOLE_PACKAGE, _all_or_nothing, _lock_is_free, _threads, _under_address_space_limit
 
-from tinyattn_np import PagedKVCache, PoolExhaustedError, paged_kv_cache_bytes
+from tinyattn_np import (
+    MultiHeadAttention,
+    PagedKVCache,
+    PoolExhaustedError,
+    paged_decode,
+    paged_kv_cache_bytes,
+)
 from tinyattn_np.paged import consecutive_runs
 
 RNG = np.random.default_rng(19)
@@ -68,12 +75,36 @@ def test_sizes_and_an_empty_pool(dtype):
     assert "0 sequences, 0 blocks used" in repr(cache)
 
 
-def test_a_pool_larger_than_memory_is_refused_before_it_is_made_and_the_pool_is_read_only():
-    with pytest.raises(MemoryError, match="lower num_blocks"):
-        PagedKVCache(10**9, 256, 8, 128)  # 2 PiB
+def test_a_pool_larger_than_memory_is_refused_before_it_is_made():
+    message = r"PagedKVCache would allocate 2\.0 TiB .* of memory is available: lower num_blocks"
+    with pytest.raises(MemoryError, match=message):
+        PagedKVCache(2**20, 256, 8, 128)  # 2 TiB
+
+
+def test_a_pool_beyond_the_address_space_limit_is_refused_before_anything_is_allocated():
+    """Under ulimit -v (RLIMIT_AS) a pool of 8 GiB cannot be mapped, whatever memory the machine has free: the
+    guard refuses it (no allocation was tried, or NumPy's own MemoryError would come first)."""
+    printed = _under_address_space_limit("", "tinyattn_np.PagedKVCache(2**16, 16, 8, 128)")
+    assert printed.startswith("refused: PagedKVCache would allocate 8.0 GiB"), printed
+    assert "lower num_blocks" in printed
+
+
+def test_the_pool_views_cannot_be_made_writable():
     cache = PagedKVCache(4, 2, 1, 2)
-    with pytest.raises(ValueError, match="read-only"):
-        cache.k_pool[0, 0, 0, 0] = 1.0  # a write here would change every sequence holding the block
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(cache, 1, 3))
+    before = _state(cache)
+    for view in (cache.k_pool, cache.v_pool, cache.k_pool[:, 1:]):
+        with pytest.raises(ValueError, match="read-only"):
+            view[0, 0, 0, 0] = 1.0  # a write here would change every sequence holding the block
+        with pytest.raises(ValueError, match="cannot set WRITEABLE flag"):
+            view.flags.writeable = True
+        base = view  # no array the view comes from is in reach to write through
+        while isinstance(base, np.ndarray):
+            assert not base.flags.writeable
+            base = base.base
+        assert not np.asarray(base).flags.writeable
+    _assert_same_state(before, _state(cache))
 
 
 def test_a_block_is_taken_only_when_the_last_one_is_full():
@@ -267,6 +298,46 @@ def test_the_copy_on_write_block_counts_in_the_refusal():
     np.testing.assert_array_equal(_ids(cache, child), [1, 2, 9])
 
 
+def test_fork_siblings_appended_together_copy_their_shared_block_once():
+    """Two holders of a partly filled block appended in one batch: the first copies it, the second then holds
+    it alone and writes in place, as one append after the other would. One free block is enough."""
+    cache = PagedKVCache(3, 4, 1, 2)
+    parent = cache.add_sequence()
+    cache.append(parent, *_tokens(cache, 1, 2))  # block 0, half full
+    child = cache.fork(parent)
+    other = cache.add_sequence()
+    cache.append(other, *_tokens(cache, 50, 4))  # block 1: one block is left
+    assert cache.blocks_needed(parent, 1) == cache.blocks_needed(child, 1) == 1  # either one alone copies
+    assert cache.blocks_needed([parent, child], 1) == 1 and cache.blocks_needed([parent, child, other], 1) == 2
+    (k_parent, _), (k_child, _) = _tokens(cache, 3, 1), _tokens(cache, 9, 1)
+    cache.append_batch([parent, child], np.stack([k_parent, k_child]), -np.stack([k_parent, k_child]))
+    assert cache.blocks_free == 0 and cache.block_table(child) == (0,) and cache.block_table(parent) == (2,)
+    np.testing.assert_array_equal(_ids(cache, parent), [1, 2, 3])
+    np.testing.assert_array_equal(_ids(cache, child), [1, 2, 9])
+    _assert_counts_match_the_tables(cache)
+
+
+def test_three_siblings_need_two_copies_and_a_refusal_counts_exactly():
+    cache = PagedKVCache(4, 4, 1, 2)
+    first = cache.add_sequence()
+    cache.append(first, *_tokens(cache, 1, 3))  # block 0, 3 of 4 slots
+    family = [first, cache.fork(first), cache.fork(first)]
+    assert cache.blocks_needed(family, 1) == 2  # two copies; the last holder writes in place
+    assert cache.blocks_needed(family, 2) == 2 + 3  # the 2nd token of each goes past the block: 3 new blocks
+    before = _state(cache)
+    with pytest.raises(
+        PoolExhaustedError, match=r"they need 5 new blocks \(sequence 0: 2, sequence 1: 2, sequence 2: 1\)"
+    ):
+        cache.append_batch(family, *(np.stack([x] * 3) for x in _tokens(cache, 10, 2)))
+    _assert_same_state(before, _state(cache))
+    cache.append_batch(family, *(np.stack([x] * 3) for x in _tokens(cache, 10, 1)))
+    assert cache.blocks_free == 1 and cache.block_table(family[2]) == (0,)
+    for seq in family:
+        np.testing.assert_array_equal(_ids(cache, seq), [1, 2, 3, 10])
+    with pytest.raises(ValueError, match="each sequence once"):
+        cache.blocks_needed([first, first], 1)
+
+
 def test_free_returns_blocks_when_no_sequence_holds_them_and_they_are_reused():
     cache = PagedKVCache(6, 2, 1, 2)
     parent = cache.add_sequence()
@@ -300,8 +371,8 @@ def test_copies_and_pickles_with_their_own_lock():
 
 OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and forks drawn most often
     st.tuples(
-        st.sampled_from(["add", "append", "append", "append", "fork", "fork", "free"]),
-        st.integers(0, 7),
+        st.sampled_from(["add", "append", "append", "append", "batch", "batch", "fork", "fork", "free"]),
+        st.integers(0, 255),
         st.integers(0, 9),
     ),  # fmt: skip
     min_size=10,
@@ -314,7 +385,9 @@ OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and 
 def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, block_size, num_blocks):
     """The model: each sequence is the array of its token ids. The cache must hold exactly those tokens;
     a refused append must change nothing; the blocks in use are the union of the tables, each counted by
-    how many tables hold it; and without sharing, each sequence holds ceil(length / block_size) blocks."""
+    how many tables hold it; and without sharing, each sequence holds ceil(length / block_size) blocks.
+    A batch (the live sequences that `pick`'s bits choose) takes what the same appends one after the other
+    take on a copy of the cache, and is refused exactly when they do not all fit."""
     cache = PagedKVCache(num_blocks, block_size, 1, 2, dtype=np.float64)
     model: dict[int, np.ndarray] = {}
     next_token = 1
@@ -328,6 +401,10 @@ def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, blo
         elif name == "free":
             cache.free(seq)
             del model[seq]
+        elif name == "batch":
+            chosen = [s for i, s in enumerate(live) if pick >> i & 1]
+            _check_batch(cache, model, chosen, next_token, t_new)
+            next_token += t_new * len(chosen)
         else:
             before = _state(cache)
             needed = _blocks_needed(before, seq, t_new, block_size)
@@ -343,6 +420,31 @@ def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, blo
         _check_against(cache, model, block_size)
 
 
+def _check_batch(cache: PagedKVCache, model: dict[int, np.ndarray], seqs: list[int], first: int, t_new: int) -> None:
+    """append_batch against the same appends one after the other on a copy: the same tokens and blocks, or
+    refused (nothing changed) exactly when the appends one by one run out of blocks."""
+    before, one_by_one = _state(cache), copy.deepcopy(cache)
+    tokens = [_tokens(cache, first + i * t_new, t_new) for i in range(len(seqs))]
+    try:
+        for seq, (k, v) in zip(seqs, tokens, strict=True):
+            one_by_one.append(seq, k, v)
+        fits = True
+    except PoolExhaustedError:
+        fits = False
+    k_batch = np.stack([k for k, _ in tokens]) if seqs else np.zeros((0, 1, t_new, 2))
+    needed = cache.blocks_needed(seqs, t_new)
+    try:
+        cache.append_batch(seqs, k_batch, -k_batch)
+    except PoolExhaustedError:
+        assert not fits and needed > before["free"]
+        _assert_same_state(before, _state(cache))
+        return
+    assert fits and cache.blocks_free == before["free"] - needed == one_by_one.blocks_free
+    _assert_same_state(_state(one_by_one), _state(cache))
+    for seq, (k, _) in zip(seqs, tokens, strict=True):
+        model[seq] = np.concatenate([model[seq], k[0, :, 0]])
+
+
 def _blocks_needed(state: dict, seq: int, t_new: int, block_size: int) -> int:
     """The blocks an append should take, from what the cache showed before it: the ones past the last block's
     free slots, and a copy of the last block if other tables hold it too and it is about to be written."""
@@ -354,21 +456,26 @@ def _blocks_needed(state: dict, seq: int, t_new: int, block_size: int) -> int:
 
 def _check_against(cache: PagedKVCache, model: dict[int, np.ndarray], block_size: int) -> None:
     assert set(cache.sequences) == set(model)
-    tables = {seq: cache.block_table(seq) for seq in model}
     for seq, ids in model.items():
         np.testing.assert_array_equal(_ids(cache, seq), ids)
-        assert len(tables[seq]) == -(-len(ids) // block_size)  # a block only when the last is full
-    counts = np.zeros(cache.num_blocks, np.int64)
-    for table in tables.values():
+        assert len(cache.block_table(seq)) == -(-len(ids) // block_size)  # a block only when the last is full
+    _assert_counts_match_the_tables(cache)
+
+
+def _assert_counts_match_the_tables(cache: PagedKVCache) -> None:
+    """The reference counts, the blocks used and free and the slots wasted, counted afresh from the tables and
+    lengths: no block leaked, none counted twice."""
+    size, counts = cache.block_size, np.zeros(cache.num_blocks, np.int64)
+    filled: dict[int, set[int]] = {}  # block -> the tokens each table holding it has in it
+    for seq in cache.sequences:
+        table = cache.block_table(seq)
         counts[list(table)] += 1
+        for i, block in enumerate(table):
+            filled.setdefault(block, set()).add(min(size, cache.length(seq) - i * size))
     np.testing.assert_array_equal(cache.ref_counts, counts)
     assert cache.blocks_used == np.count_nonzero(counts) == cache.num_blocks - cache.blocks_free
-    filled: dict[int, set[int]] = {}  # block -> the tokens each table holding it has in it
-    for seq, table in tables.items():
-        for i, block in enumerate(table):
-            filled.setdefault(block, set()).add(min(block_size, len(model[seq]) - i * block_size))
     assert all(len(tokens) == 1 for tokens in filled.values())  # a shared block is never written
-    assert cache.slots_wasted == len(filled) * block_size - sum(min(tokens) for tokens in filled.values())
+    assert cache.slots_wasted == len(filled) * size - sum(min(tokens) for tokens in filled.values())
 
 
 # --- threads ---------------------------------------------------------------------------------------
@@ -413,3 +520,77 @@ def test_appends_past_the_pool_from_many_threads_are_refused_exactly():
     assert cache.blocks_used == num_blocks == sum(-(-a // 4) for a in accepted)  # the pool, filled
     for seq in seqs:
         assert len(_ids(cache, seq)) == cache.length(seq)
+
+
+# --- a Ctrl-C between any two bytecodes: all or nothing ----------------------------------------------
+
+
+def _family() -> PagedKVCache:
+    """Sequences 0 and its fork 1 share a full block and a half-filled one (tokens 1, 2, 3); 2 holds one full
+    block (10, 11); 3 is empty. 9 of the 12 blocks are free."""
+    cache = PagedKVCache(12, 2, 2, 2, dtype=np.float64)
+    cache.append(cache.add_sequence(), *_tokens(cache, 1, 3))
+    cache.fork(0)
+    cache.append(cache.add_sequence(), *_tokens(cache, 10, 2))
+    cache.add_sequence()
+    return cache
+
+
+def _snapshot(cache: PagedKVCache) -> tuple:
+    """The whole pool, the counts, every table and length, as values that compare with ==."""
+    state = _state(cache)
+    arrays = tuple(state.pop(name).tobytes() for name in ("k_pool", "v_pool", "refs"))
+    return arrays + tuple(sorted(state.items())) + (cache.sequences,)
+
+
+def _still_works(cache: PagedKVCache) -> None:
+    """The lock is free, the counts match the tables afresh (no block leaked), and one more token for every
+    sequence lands after what each held, where gather and paged_decode read it, as in a dict of arrays."""
+    assert _lock_is_free(cache.lock)
+    _assert_counts_match_the_tables(cache)
+    seqs = cache.sequences
+    model = {seq: cache.gather(seq) for seq in seqs}  # (Hkv, T, E) each
+    new = [_tokens(cache, 1000 + seq, 1) for seq in seqs]
+    cache.append_batch(seqs, np.stack([k for k, _ in new]), np.stack([v for _, v in new]))
+    q = RNG.standard_normal((len(seqs), 4, 1, 2))
+    out = paged_decode(q, cache, seqs, workers=1)  # (N, 4, 1, E)
+    for i, seq in enumerate(seqs):
+        keys = np.concatenate([model[seq][0], new[i][0]], axis=1)  # (Hkv, T + 1, E)
+        values = np.concatenate([model[seq][1], new[i][1]], axis=1)
+        gathered = cache.gather(seq)
+        np.testing.assert_array_equal(gathered[0], keys)
+        np.testing.assert_array_equal(gathered[1], values)
+        group = q.shape[1] // cache.kv_heads  # query heads per kv head
+        scores = q[i] @ np.repeat(keys, group, axis=0).swapaxes(-1, -2) / np.sqrt(cache.head_dim)  # (4, 1, T + 1)
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        gold = weights / weights.sum(axis=-1, keepdims=True) @ np.repeat(values, group, axis=0)  # (4, 1, E)
+        np.testing.assert_allclose(out[i], gold)
+
+
+def _batch_of_one_token(cache: PagedKVCache, seqs: list[int]) -> None:
+    k = np.stack([_tokens(cache, 30 + 10 * seq, 1)[0] for seq in seqs])  # (N, Hkv, 1, E)
+    cache.append_batch(seqs, k, -k)
+
+
+ATTEND_LAYER = MultiHeadAttention(8, 4, 2, rope=True, rng=np.random.default_rng(0), dtype=np.float64)
+ONE_TOKEN = np.linspace(-1, 1, 8).reshape(1, 1, 8)  # (B, T, d_model)
+
+CHANGES = {  # each with the code whose bytecodes are interrupted: the package, or the caches' own for attend
+    "append: a copy, then a new block": (lambda c: c.append(1, *_tokens(c, 20, 4)), WHOLE_PACKAGE),
+    # a copy (0), then its sibling writing in place (1), a new block after a full one (2), a first block (3)
+    "append_batch: every kind of write": (lambda c: _batch_of_one_token(c, [0, 1, 2, 3]), WHOLE_PACKAGE),
+    "fork": (lambda c: c.fork(0), WHOLE_PACKAGE),
+    "free a sequence whose blocks another holds": (lambda c: c.free(0), WHOLE_PACKAGE),
+    "free a sequence's own blocks": (lambda c: c.free(2), WHOLE_PACKAGE),
+    "add_sequence": (lambda c: c.add_sequence(), WHOLE_PACKAGE),
+    "attend (copy-on-write)": (lambda c: c.attend(ATTEND_LAYER, ONE_TOKEN, seq_ids=[1]), CACHE_CODE),
+}
+
+
+@pytest.mark.parametrize(("change", "code"), CHANGES.values(), ids=CHANGES.keys())
+def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(change, code):
+    """A KeyboardInterrupt raised at each bytecode of the call in turn (sys.settrace with f_trace_opcodes):
+    the whole pool, the counts and the tables are then as before the call or as after the whole call, never
+    in between, the lock is free, no block leaked, and the cache takes the next tokens and decodes them."""
+    interrupted = _all_or_nothing(_family, change, _snapshot, _still_works, code)
+    assert interrupted > 20  # the tracer did reach the code

@@ -1,14 +1,19 @@
 """paged_decode and cascade_decode equal attention() over each sequence laid out contiguously, for any block
-size, splits and workers (the same bits for any workers); MultiHeadAttention decodes against a paged cache
-as it does against the whole sequence, each row at its own positions."""
+size, splits and workers (the same bits for any workers), and refuse before allocating a step that does not
+fit; MultiHeadAttention decodes against a paged cache as it does against the whole sequence, each row at its
+own positions."""
 
 from __future__ import annotations
+
+import importlib
 
 import numpy as np
 import pytest
 from conftest import assert_close
+from test_kvcache import _under_address_space_limit
 
 from tinyattn_np import (
+    AttentionMemoryError,
     KVCache,
     MultiHeadAttention,
     PagedKVCache,
@@ -18,9 +23,11 @@ from tinyattn_np import (
     flash_attention,
     paged_decode,
 )
-from tinyattn_np.paged import consecutive_runs, sequence_chunks, shared_prefix
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.paged import consecutive_runs, paged_decode_bytes, sequence_chunks, shared_prefix
 
 RNG = np.random.default_rng(190)
+guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
 
 
 def _filled(lengths, block_size, *, kv_heads=2, head_dim=8, dtype=np.float64, interleave=True, spare=2):
@@ -289,3 +296,57 @@ def test_the_paged_cache_attends_for_the_layer():
     np.testing.assert_array_equal(out, mha(x[:, 2:], cache=caches[0], seq_ids=seqs[0]))
     with pytest.raises(TypeError, match="layer must be a MultiHeadAttention; got NoneType"):
         caches[1].attend(None, x, seq_ids=seqs[1])
+
+
+# --- the memory a step takes, refused before it is allocated ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lengths", "n_q", "dtype", "kv_splits", "cascade"),
+    [
+        ([3000, 500, 2000, 1], 1, np.float32, None, False),
+        ([3000, 500, 2000, 1], 1, np.float32, 3, False),
+        ([300] * 200, 1, np.float32, None, False),  # a large batch of short sequences
+        ([300] * 200, 4, np.float16, 2, False),  # a float16 pool, read page by page
+        ([3000, 500, 2000, 1], 2, np.float64, None, True),
+    ],
+)
+def test_the_peak_estimate_bounds_what_tracemalloc_sees(lengths, n_q, dtype, kv_splits, cascade):
+    """paged_decode_bytes is an upper bound of the peak (the arrays; Python's own objects add a few tens of
+    KiB), and within twice the peak of one worker (with two, the peak depends on how their work overlaps)."""
+    cache, seqs = _filled(lengths, 16, head_dim=64, dtype=dtype, interleave=False)
+    q = RNG.standard_normal((len(seqs), 8, n_q, 64)).astype(dtype)
+    decode = cascade_decode if cascade else paged_decode
+    decode(q, cache, seqs, kv_splits=kv_splits, workers=2)  # the first call's one-time allocations
+    for workers in (1, 2):
+        _, peak = traced_peak(decode, q, cache, seqs, kv_splits=kv_splits, workers=workers)
+        estimate = paged_decode_bytes(q, cache, seqs, kv_splits, workers, cascade)
+        assert peak - 64 * 1024 <= estimate, (workers, peak, estimate)
+        assert estimate <= 2 * peak or workers > 1, (workers, peak, estimate)
+
+
+@pytest.mark.parametrize("decode", [paged_decode, cascade_decode])
+def test_a_step_that_does_not_fit_is_refused_before_it_is_made(decode, monkeypatch):
+    cache, seqs = _filled([40, 7], 4)
+    monkeypatch.setattr(guard_module, "memory_available", lambda: 1024)
+    message = rf"{decode.__name__} would allocate .* \(2 sequences of 6 query rows\), but only 1\.0 KiB"
+    with pytest.raises(AttentionMemoryError, match=message):
+        decode(RNG.standard_normal((2, 6, 1, 8)), cache, seqs)
+    mha = MultiHeadAttention(16, 2, 2, rope=True, rng=6, dtype=np.float64)
+    with pytest.raises(AttentionMemoryError, match="PagedKVCache.attend would allocate"):
+        mha(RNG.standard_normal((2, 1, 16)), cache=cache, seq_ids=seqs)
+    assert [cache.length(seq) for seq in seqs] == [40, 7]
+
+
+def test_a_large_batch_beyond_the_address_space_limit_is_refused_before_anything_is_allocated():
+    """q of 32 MiB for 1,024 sequences exists; the step's scaled copy alone would not fit in the 16 MiB left."""
+    setup = "; ".join([
+        "cache = tinyattn_np.PagedKVCache(1024, 16, 8, 128)",
+        "seqs = [cache.add_sequence() for _ in range(1024)]",
+        "k = np.ones((1024, 8, 3, 128), np.float32)",
+        "cache.append_batch(seqs, k, k)",
+        "q = np.ones((1024, 64, 1, 128), np.float32)",
+    ])  # fmt: skip
+    printed = _under_address_space_limit(setup, "tinyattn_np.paged_decode(q, cache, seqs)", headroom=16 * 2**20)
+    assert printed.startswith("refused: paged_decode would allocate"), printed
+    assert "pass fewer sequences per call" in printed

@@ -1,6 +1,7 @@
 """tinyattn_np: transformer attention in pure NumPy, written to be read.
 
 The reading order: each file uses only what came before it.
+
      1  softmax.py       softmax, logsumexp, merge_states: the online-softmax algebra
      2  masks.py         the causal mask in its two alignments, sliding windows
      3  head.py          one head, a line per step: softmax(q kᵀ / √d) v
@@ -33,6 +34,7 @@ The reading order: each file uses only what came before it.
                          (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
+
     25  peaks.py         what our own functions allocate, worked out from their tiles
     26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
     27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
@@ -43,7 +45,8 @@ Then the bills and the tools a script uses to show them:
     32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
-guard), _bytes.py (bytes per dtype, byte units).
+guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
+_bytes.py (bytes per dtype, byte units).
 
 The names below are the public API; each lives in the module named after its concept.
 """

@@ -1,6 +1,8 @@
-"""The reference path's memory guard: attention() and attention_backward() build (..., L, S) arrays, so
-before they allocate anything they estimate their own peak from shapes and dtypes alone and refuse a
-call the machine cannot hold (AttentionMemoryError), instead of swapping or being killed.
+"""The memory guard: attention() and attention_backward() build (..., L, S) arrays, so before they allocate
+anything they estimate their own peak from shapes and dtypes alone and refuse a call the machine cannot
+hold (AttentionMemoryError), instead of swapping or being killed. The caches and the decoding steps refuse
+the same way (refuse_unless_fits), against the memory this process can still take: what the machine has
+available, and no more than its address-space limit leaves (ulimit -v).
 
 The estimates are exact models of what the two functions allocate (tests/test_memory.py and
 tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks.
@@ -13,6 +15,11 @@ import os
 from fractions import Fraction
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # not on Windows: no address-space limit to read there
+    resource = None  # type: ignore[assignment]
+
 from ._bytes import attention_sizes, float_bytes, format_bytes
 from ._checks import check_bool, check_count, check_positive_int
 
@@ -22,13 +29,15 @@ FALLBACK_MEMORY_BYTES = 2 * 1024**3
 
 
 class AttentionMemoryError(MemoryError):
-    """attention() or attention_backward() refused to build arrays larger than the memory available."""
+    """A call refused, before allocating, to build arrays larger than the memory available: attention(),
+    attention_backward(), a cache too large to preallocate, a decoding step."""
 
 
-def meminfo_bytes(field: str) -> int | None:
-    """A field of Linux's /proc/meminfo ("MemAvailable", "MemTotal") in bytes, or None elsewhere."""
+def meminfo_bytes(field: str, path: str = "/proc/meminfo") -> int | None:
+    """A field of Linux's /proc/meminfo ("MemAvailable", "MemTotal") in bytes, or None elsewhere; with
+    path="/proc/self/status", a field of this process ("VmSize": the address space it has mapped)."""
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(path, encoding="ascii") as f:
             for line in f:
                 name, _, rest = line.partition(":")
                 if name == field:
@@ -58,6 +67,36 @@ def memory_total() -> int:
     """The machine's physical memory in bytes (FALLBACK_MEMORY_BYTES where the OS does not say)."""
     found = meminfo_bytes("MemTotal") or sysconf_bytes("SC_PHYS_PAGES")
     return found or FALLBACK_MEMORY_BYTES
+
+
+def address_space_left() -> int | None:
+    """Bytes this process may still map under its address-space limit (RLIMIT_AS, set by ulimit -v), or None
+    where it has no limit (or the system does not say). An allocation past it fails whatever memory is free."""
+    if resource is None:
+        return None
+    limit, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if limit == resource.RLIM_INFINITY:
+        return None
+    mapped = meminfo_bytes("VmSize", "/proc/self/status")
+    return None if mapped is None else max(0, limit - mapped)
+
+
+def memory_usable() -> int:
+    """Bytes a new allocation of this process can take: memory_available(), or less under an address-space limit."""
+    left = address_space_left()
+    available = memory_available()
+    return available if left is None else min(available, left)
+
+
+def refuse_unless_fits(needed: int, who: str, what: str, change: str) -> None:
+    """Raise AttentionMemoryError, before anything is allocated, when `needed` bytes exceed memory_usable():
+    the message says what `who` would allocate (`what`), what is free, and what to `change`."""
+    usable = memory_usable()
+    if needed > usable:
+        raise AttentionMemoryError(
+            f"{who} would allocate {format_bytes(needed)} at its peak ({what}), but only {format_bytes(usable)} "
+            f"of memory is available: {change}"
+        )
 
 
 def refuse_if_too_big(needed: int, who: str, what: str, instead: str) -> None:

@@ -16,42 +16,63 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from ._atomic import holding
+
 __all__ = ["Stopped", "nonfinite_quiet", "one_blas_thread", "run_items"]
 
 Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
 
 # Calls may overlap (threads) or nest, so the first one in sets the limit and the last one out restores
-# what it found: a module lock and a count of the calls inside.
-_blas_lock = threading.Lock()
-_blas_users = 0
-_blas_limiter: Any = None
+# what it found: a module lock and one state, (calls inside, the limiter), replaced by one assignment, so
+# that an interrupt at any bytecode leaves either the state before or the state after (see _atomic.py).
+_blas_lock = threading.RLock()
+_blas_state: tuple[int, Any] = (0, None)
 _blas_controller: Any = None
+
+
+def _enter_blas() -> None:
+    global _blas_state, _blas_controller
+    users, limiter = _blas_state
+    if users == 0:
+        if _blas_controller is None:
+            from threadpoolctl import ThreadpoolController
+
+            _blas_controller = ThreadpoolController()
+        limiter = _blas_controller.limit(limits=1, user_api="blas")
+        try:
+            _blas_state = (1, limiter)
+        except BaseException:  # the limit was set but not recorded: undo it
+            limiter.restore_original_limits()
+            raise
+    else:
+        _blas_state = (users + 1, limiter)
+
+
+def _leave_blas() -> None:
+    global _blas_state
+    users, limiter = _blas_state
+    if users > 1:
+        _blas_state = (users - 1, limiter)
+        return
+    try:
+        limiter.restore_original_limits()
+    finally:
+        _blas_state = (0, None)
 
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """A context in which BLAS runs single-threaded (threadpoolctl), safe for overlapping and nested use.
 
-    The limit is process-wide: a matmul in another thread of yours runs single-threaded meanwhile.
+    The limit is process-wide: a matmul in another thread of yours runs single-threaded meanwhile. The
+    lock is released wherever an interrupt lands (holding), so a Ctrl-C never leaves the next call waiting.
     """
-    global _blas_users, _blas_limiter, _blas_controller
-    with _blas_lock:
-        if _blas_users == 0:
-            if _blas_controller is None:
-                from threadpoolctl import ThreadpoolController
-
-                _blas_controller = ThreadpoolController()
-            _blas_limiter = _blas_controller.limit(limits=1, user_api="blas")
-        _blas_users += 1
+    holding(_blas_lock, _enter_blas)
     try:
         yield
     finally:
-        with _blas_lock:
-            _blas_users -= 1
-            if _blas_users == 0:
-                _blas_limiter.restore_original_limits()
-                _blas_limiter = None
+        holding(_blas_lock, _leave_blas)
 
 
 def nonfinite_quiet() -> Any:

@@ -27,6 +27,10 @@ the new tokens' q, k and v at positions len(c) onwards, k and v appended, and th
 kept key. A one-token step is split-KV decoding (splitkv.py): one query has no query blocks to spread over
 the cores, so the keys are split instead.
 
+All or nothing: `append` writes the new tokens' slots, then counts them with one assignment (the commit);
+an exception before it (a Ctrl-C at any bytecode) puts the slots back as they were (_atomic.py). `attend`
+writes the new tokens, attends, then commits, so an interrupted step leaves the cache as it was.
+
 Threads: `append` is atomic. It holds the cache's lock from the room check to the count update, so appends
 from several threads all land (in some order), each token's k and v in the same slot, and one that does
 not fit is refused whole. `attend` holds the lock from reading len(cache) to its append, so the positions
@@ -38,15 +42,18 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ._atomic import Undo, holding
 from ._checks import ACCEPTED_DTYPES, QKVShape, check_bool, check_count, check_positive_int
+from ._guard import refuse_unless_fits
 from .blockmask import Band, check_band
 from .multihead import MultiHeadAttention, attend_heads, check_layer_input
-from .splitkv import decode, default_kv_splits
+from .splitkv import decode, default_kv_splits, refuse_decode_beyond_memory
 
 Array = NDArray[np.floating]
 
@@ -62,6 +69,35 @@ def check_cache_dtype(dtype: Any) -> np.dtype:
     if dtype not in ACCEPTED_DTYPES:
         raise TypeError(f"dtype must be float16, float32 or float64; got {dtype}")
     return dtype
+
+
+class ReadOnlyBuffer:
+    """What NumPy reads a read-only view from: np.asarray(ReadOnlyBuffer(array)) shares array's memory, and its
+    base is this object, which offers NumPy no writable buffer, so the view's WRITEABLE flag cannot be set
+    back to True (a plain view's can, while its base is writable)."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        interface = dict(self._array.__array_interface__)  # a new dict each time: editing one changes nothing
+        interface["data"] = (interface["data"][0], True)  # (address, read-only)
+        return interface
+
+
+def read_only_view(array: np.ndarray) -> np.ndarray:
+    """A view of array that its holder cannot make writable (see ReadOnlyBuffer)."""
+    return np.asarray(ReadOnlyBuffer(array))
+
+
+def refuse_cache_beyond_memory(who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0) -> None:
+    """AttentionMemoryError before a cache preallocates its keys and values, two arrays of `shape`, and `extra`
+    bytes of bookkeeping, if they do not fit in the memory available."""
+    needed = 2 * math.prod(shape) * dtype.itemsize + extra
+    refuse_unless_fits(needed, who, f"keys and values, each {shape} of {dtype}", change)
 
 
 class CopiedWithoutLock:
@@ -118,9 +154,10 @@ class KVCache(CopiedWithoutLock):
         self.dtype = check_cache_dtype(dtype)
         self.slots = self.max_tokens if self.window is None else min(self.window, self.max_tokens)
         shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
+        refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=")
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E)
-        self._seen = 0  # tokens appended so far
+        self._seen = 0  # tokens appended so far: the one number a change commits
         self.lock = threading.RLock()  # held by append (and ordered): check, write and count as one step
 
     def __len__(self) -> int:
@@ -158,38 +195,60 @@ class KVCache(CopiedWithoutLock):
             )
         return x
 
-    def append(self, k: Array, v: Array) -> None:
-        """Add T_new tokens: k and v (batch, kv_heads, T_new, head_dim), already rotated by RoPE.
-
-        Every check runs before anything is written, so a refused append leaves the cache as it was.
-        Atomic under threads: the room check, both writes and the count run under `self.lock`, so two
-        appends never take the same slots and no slot holds the k of one token and the v of another.
-        """
-        # 1) check both arrays (no lock needed: they are the caller's)
+    def _check_pair(self, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
+        """k and v checked: arrays (batch, kv_heads, T_new, head_dim) of this cache's dtype, of one shape."""
         k, v = self._check(k, "k"), self._check(v, "v")
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
-        t_new = check_count(k.shape[2], "T_new")
-        with self.lock:
-            # 2) the room left, read under the lock: another thread's append may have just taken it
-            if self._seen + t_new > self.max_tokens:
-                raise ValueError(
-                    f"k has {t_new} new tokens but the cache holds {self._seen} of max_tokens={self.max_tokens}: "
-                    f"only {self.max_tokens - self._seen} more fit"
-                )
-            # 3) write them: token p goes to slot p (no window) or p mod W (ring). Of a continuation longer
-            #    than the ring, only its last `slots` tokens survive, so only those are written.
-            start, stop = self._seen, self._seen + t_new
-            first = max(start, stop - self.slots)
-            slots = np.arange(first, stop) % self.slots  # (kept new tokens,)
-            self._k[:, :, slots] = k[:, :, first - start :]  # (B, Hkv, kept, E)
-            self._v[:, :, slots] = v[:, :, first - start :]
-            self._seen = stop
+        check_count(k.shape[2], "T_new")
+        return k, v
 
-    def _view(self, buf: np.ndarray) -> np.ndarray:
-        view = buf[:, :, : self.kept]  # (B, Hkv, kept, E): before the ring wraps, slots are in token order
-        view.flags.writeable = False  # a view into the cache: writing to it would corrupt the cache
-        return view
+    def append(self, k: Array, v: Array) -> None:
+        """Add T_new tokens: k and v (batch, kv_heads, T_new, head_dim), already rotated by RoPE.
+
+        Every check runs before anything is written, so a refused append leaves the cache as it was, and
+        so does an interrupted one (all or nothing: see _append). Atomic under threads: the room check, both
+        writes and the count run under `self.lock`, so two appends never take the same slots and no slot
+        holds the k of one token and the v of another.
+        """
+        k, v = self._check_pair(k, v)  # no lock needed: they are the caller's
+        holding(self.lock, self._append, k, v)
+
+    def _room_for(self, t_new: int) -> int:
+        """len(self) + t_new, if that many tokens fit; else the ValueError that says how many do."""
+        if self._seen + t_new > self.max_tokens:
+            raise ValueError(
+                f"k has {t_new} new tokens but the cache holds {self._seen} of max_tokens={self.max_tokens}: "
+                f"only {self.max_tokens - self._seen} more fit"
+            )
+        return self._seen + t_new
+
+    def _append(self, k: np.ndarray, v: np.ndarray, before_commit: Callable[[int], Any] = lambda stop: None) -> Any:
+        """Under the lock: 1) the room check, 2) k and v written to their slots, saving what was there,
+        3) before_commit(stop) (attend's attention over the written slots), 4) the commit, len(self) = stop,
+        one assignment. An exception before it puts the slots back. Returns before_commit's result."""
+        start, stop = self._seen, self._room_for(k.shape[2])
+        undo = Undo()
+        try:
+            # token p goes to slot p (no window) or p mod W (ring). Of a continuation longer than the ring,
+            # only its last `slots` tokens survive, so only those are written.
+            first = max(start, stop - self.slots)
+            slots = (slice(None), slice(None), np.arange(first, stop) % self.slots)  # (kept new tokens,)
+            undo.write(self._k, slots, k[:, :, first - start :])  # (B, Hkv, kept, E)
+            undo.write(self._v, slots, v[:, :, first - start :])
+            result = before_commit(stop)
+            self._seen = stop  # the commit
+        except BaseException:
+            if self._seen != stop:
+                undo.undo()
+            raise
+        return result
+
+    def _view(self, buf: np.ndarray, seen: int | None = None) -> np.ndarray:
+        """buf's slots of the first `seen` tokens (default len(self)), read-only: writing to a view into the
+        cache would corrupt it. (B, Hkv, kept, E): before the ring wraps, slots are in token order."""
+        kept = min(self._seen if seen is None else seen, self.slots)
+        return read_only_view(buf[:, :, :kept])
 
     @property
     def keys(self) -> Array:
@@ -213,11 +272,13 @@ class KVCache(CopiedWithoutLock):
     def ordered(self) -> tuple[Array, Array]:
         """(keys, values) oldest token first: views before the ring wraps, a rolled copy after. Taken under
         the lock, so the two come from the same appends (the views, as `keys` does, may see later ones)."""
-        with self.lock:
-            if self._seen <= self.slots:
-                return self.keys, self.values
-            order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
-            return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies
+        return holding(self.lock, self._ordered)
+
+    def _ordered(self) -> tuple[Array, Array]:
+        if self._seen <= self.slots:
+            return self.keys, self.values
+        order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
+        return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies
 
     # --- a layer's decoding through this cache: MultiHeadAttention(x, cache=self) --------------------
 
@@ -242,27 +303,43 @@ class KVCache(CopiedWithoutLock):
                 f"input; got batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}"
             )
         fused = check_bool(fused, "fused")
-        with self.lock:  # the length read here is the one the append continues, whatever other threads do
-            # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
-            start, T = len(self), x.shape[1]
-            q, k, v = layer.split_heads(x, np.arange(start, start + T))
-            # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
-            #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
-            #    the new ones under the band (bottom-right), then append.
-            if self.window is not None and T > 1:
-                k_old, v_old = self.ordered()  # (B, Hkv, kept, d_head) each, oldest first
-                k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
-                band = check_band(True, self.window, T, k_all.shape[2])  # flash skips the tiles outside it
-                y, _ = attend_heads(q, k_all, v_all, band, fused)
-                self.append(k, v)
-                return y
-            # 3) otherwise append first (refused, nothing changed, if it does not fit), then attend to all kept
-            self.append(k, v)
-            keys, values = self.keys, self.values  # (B, Hkv, kept, d_head): slot order, which softmax ignores
-            if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
-                return _decode_step(q, keys, values)
-            band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i + 1
-            return attend_heads(q, keys, values, band, fused)[0]
+        return holding(self.lock, self._attend, layer, x, fused)
+
+    def _attend(self, layer: MultiHeadAttention, x: Array, fused: bool) -> Array:
+        """attend under the lock: the length read here is the one the append continues."""
+        # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
+        start, T = len(self), x.shape[1]
+        q, k, v = layer.split_heads(x, np.arange(start, start + T))
+        k, v = self._check_pair(k, v)
+        # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
+        #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
+        #    the new ones under the band (bottom-right), then append.
+        if self.window is not None and T > 1:
+            self._room_for(T)  # refused before any work if they do not fit
+            kept = self.kept
+            refuse_cache_beyond_memory(  # the kept keys in order (a copy), then beside the new ones (another)
+                "KVCache.attend", (self.batch, self.kv_heads, 2 * kept + T, self.head_dim), self.dtype,
+                "pass fewer new tokens per call",
+            )  # fmt: skip
+            k_old, v_old = self.ordered()  # (B, Hkv, kept, d_head) each, oldest first
+            k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
+            band = check_band(True, self.window, T, k_all.shape[2])  # flash skips the tiles outside it
+            y, _ = attend_heads(q, k_all, v_all, band, fused)
+            self._append(k, v)
+            return y
+        # 3) otherwise write the new tokens first, attend to all kept, then commit (refused before any write
+        #    if they do not fit; an interrupt before the commit puts the slots back)
+        return self._append(k, v, before_commit=lambda stop: self._attend_kept(q, stop, fused))
+
+    def _attend_kept(self, q: Array, stop: int, fused: bool) -> Array:
+        """The new tokens' queries q (B, H, T, d) against every key kept once `stop` tokens are in, in slot
+        order (which softmax ignores): query i sees stop - T + i + 1 keys."""
+        keys, values = self._view(self._k, stop), self._view(self._v, stop)  # (B, Hkv, kept, d_head)
+        T = q.shape[2]
+        if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
+            return _decode_step(q, keys, values)
+        band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i + 1
+        return attend_heads(q, keys, values, band, fused)[0]
 
 
 def _decode_step(q: Array, keys: Array, values: Array) -> Array:
@@ -272,5 +349,7 @@ def _decode_step(q: Array, keys: Array, values: Array) -> Array:
     kept = keys.shape[2]
     dims = QKVShape((B,), H, keys.shape[1], 1, kept, d, d)
     workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
-    out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(d), default_kv_splits(kept, workers), workers)
+    kv_splits = default_kv_splits(kept, workers)
+    refuse_decode_beyond_memory("KVCache.attend", q, keys, values, dims, kv_splits, workers)
+    out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(d), kv_splits, workers)
     return out.reshape(B, H, 1, d).astype(q.dtype, copy=False)

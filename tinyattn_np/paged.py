@@ -30,12 +30,13 @@ import math
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._bytes import format_bytes
+from ._atomic import Undo, holding, locked
 from ._checks import (
     QKVShape,
     as_float_array,
@@ -46,14 +47,14 @@ from ._checks import (
     compute_dtype,
     result_dtype,
 )
-from ._guard import memory_available
+from ._guard import refuse_unless_fits
 from ._parallel import one_blas_thread, run_items
 from .blockmask import check_band
 from .flash import flash_forward, flash_plan
-from .kvcache import CopiedWithoutLock, check_cache_dtype
+from .kvcache import CopiedWithoutLock, check_cache_dtype, read_only_view, refuse_cache_beyond_memory
 from .multihead import MultiHeadAttention, attend_heads, check_layer_input
 from .softmax import merge_states
-from .splitkv import attend_blocks, block_keys, default_kv_splits, merge_chunks
+from .splitkv import attend_blocks, attend_blocks_bytes, block_keys, default_kv_splits, merge_chunks, merge_chunks_bytes
 
 Array = NDArray[np.floating]
 
@@ -62,6 +63,26 @@ __all__ = ["PagedKVCache", "PoolExhaustedError", "cascade_decode", "paged_decode
 
 class PoolExhaustedError(MemoryError):
     """An append needs more free blocks than the pool has. Nothing was changed, for any sequence."""
+
+
+@dataclass
+class PoolState:
+    """What a PagedKVCache knows besides the bytes in its pool. A change prepares a new one on a draft and
+    commits it with one assignment; a committed state is never changed in place, so whoever read it holds
+    one consistent state."""
+
+    tables: dict[int, tuple[int, ...]]  # sequence id -> its blocks, in token order
+    lengths: dict[int, int]  # sequence id -> its tokens
+    refs: NDArray[np.int64]  # (num_blocks,) block tables holding each block; 0 = free
+    filled: NDArray[np.int64]  # (num_blocks,) slots of each block that hold a token
+    used: int  # blocks that some table holds (those with a count above 0)
+    next_id: int  # the id the next new sequence gets: ids are never reused
+
+    def draft(self) -> PoolState:
+        """A copy to prepare a change on: its dicts and arrays are new, the tuples of blocks shared."""
+        return PoolState(
+            dict(self.tables), dict(self.lengths), self.refs.copy(), self.filled.copy(), self.used, self.next_id
+        )
 
 
 class PagedKVCache(CopiedWithoutLock):
@@ -84,11 +105,17 @@ class PagedKVCache(CopiedWithoutLock):
     the others, in the longest run of free blocks: sequences that grow together still lie in long runs of
     consecutive blocks, which paged_decode reads in one matmul each.
 
-    Threads: every change (add_sequence, append, append_batch, fork, free) is atomic. Each holds
-    `cache.lock` (a re-entrant lock) from its checks to its last write, so appends from several threads
-    all land, each token's k and v in the same slot, and one that does not fit is refused whole.
-    paged_decode and cascade_decode hold the lock while they read, so no change lands under a read.
-    To read several things as one consistent state while other threads change the cache, hold the lock.
+    All or nothing: the tables and counts are one PoolState. Every change (add_sequence, append,
+    append_batch, fork, free, attend) prepares a new one on a draft, writes the new tokens only into slots
+    that no table shows yet, saving what was there, and commits with one assignment; an exception before
+    it, a Ctrl-C at any bytecode included, puts the slots back (_atomic.py). k_pool and v_pool are views
+    that cannot be made writable.
+
+    Threads: every change is atomic. Each holds `cache.lock` (a re-entrant lock) from its checks to its
+    commit, so appends from several threads all land, each token's k and v in the same slot, and one that
+    does not fit is refused whole. paged_decode and cascade_decode hold the lock while they read, so no
+    change lands under a read. To read several things as one consistent state while other threads change
+    the cache, hold the lock.
     """
 
     def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: Any = np.float32):
@@ -98,27 +125,18 @@ class PagedKVCache(CopiedWithoutLock):
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.dtype = check_cache_dtype(dtype)
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
-        pool_bytes = 2 * int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
-        if pool_bytes > memory_available():  # before allocating: the pool is filled as sequences grow
-            raise MemoryError(
-                f"a pool of {self.num_blocks:,} blocks of {self.block_size} tokens ({self.kv_heads} kv heads of "
-                f"{self.head_dim}, {self.dtype}) takes {format_bytes(pool_bytes)}, more than the "
-                f"{format_bytes(memory_available())} of memory available: lower num_blocks"
-            )
+        counts = 2 * self.num_blocks * np.dtype(np.int64).itemsize  # refs and filled
+        refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts)
         self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
-        self._refs = np.zeros(self.num_blocks, np.int64)  # block tables holding each block; 0 = free
-        self._filled = np.zeros(self.num_blocks, np.int64)  # slots of each block that hold a token
-        self._used = 0  # blocks that some table holds (those with a count above 0)
-        self._tables: dict[int, list[int]] = {}  # sequence id -> its blocks, in token order
-        self._lengths: dict[int, int] = {}  # sequence id -> its tokens
-        self._next_id = 0
+        no_blocks = np.zeros(self.num_blocks, np.int64)  # (num_blocks,)
+        self._state = PoolState({}, {}, no_blocks, no_blocks.copy(), used=0, next_id=0)  # changed only by _commit
         self.lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (
             f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, kv_heads={self.kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}; {len(self._tables)} sequences, "
+            f"head_dim={self.head_dim}, dtype={self.dtype}; {len(self._state.tables)} sequences, "
             f"{self.blocks_used} blocks used)"
         )
 
@@ -126,17 +144,14 @@ class PagedKVCache(CopiedWithoutLock):
 
     @property
     def k_pool(self) -> Array:
-        """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view of the pool."""
-        view = self._k.view()
-        view.flags.writeable = False  # the cache's own: a write here would change every sequence holding it
-        return view
+        """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a view of the pool that
+        cannot be made writable (a write here would change every sequence holding the block)."""
+        return read_only_view(self._k)
 
     @property
     def v_pool(self) -> Array:
         """The values of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view."""
-        view = self._v.view()
-        view.flags.writeable = False
-        return view
+        return read_only_view(self._v)
 
     @property
     def block_bytes(self) -> int:
@@ -151,12 +166,12 @@ class PagedKVCache(CopiedWithoutLock):
     @property
     def blocks_used(self) -> int:
         """Blocks that at least one sequence holds (a shared block counts once)."""
-        return self._used
+        return self._state.used
 
     @property
     def blocks_free(self) -> int:
         """Blocks in the pool that no sequence holds."""
-        return self.num_blocks - self._used
+        return self.num_blocks - self._state.used
 
     @property
     def bytes_used(self) -> int:
@@ -167,79 +182,94 @@ class PagedKVCache(CopiedWithoutLock):
     def slots_wasted(self) -> int:
         """Slots of the blocks in use that hold no token: at most block_size - 1 per sequence, and a slot
         of a shared block counts once."""
-        with self.lock:
-            return self.blocks_used * self.block_size - int(self._filled.sum())
+        state = self._state
+        return state.used * self.block_size - int(state.filled.sum())
 
     @property
     def ref_counts(self) -> NDArray[np.int64]:
         """(num_blocks,) how many block tables hold each block (0: free), a copy."""
-        return self._refs.copy()
+        return self._state.refs.copy()
 
     @property
     def sequences(self) -> tuple[int, ...]:
         """The ids of the sequences in the cache, oldest first."""
-        with self.lock:  # a dict that another thread changes cannot be iterated
-            return tuple(self._tables)
+        return tuple(self._state.tables)
 
     def length(self, seq: int) -> int:
         """Tokens in sequence seq."""
-        return self._lengths[self.check_seq(seq)]
+        state = self._state
+        return state.lengths[self.check_seq(seq, state)]
 
     def block_table(self, seq: int) -> tuple[int, ...]:
         """Sequence seq's blocks, in token order: token p is in block_table[p // block_size]."""
-        with self.lock:
-            return tuple(self._tables[self.check_seq(seq)])
+        state = self._state
+        return state.tables[self.check_seq(seq, state)]
 
+    @locked
     def gather(self, seq: int) -> tuple[Array, Array]:
         """Sequence seq's keys and values laid out contiguously: two new arrays (kv_heads, tokens, head_dim).
 
         A copy, for checking and for the reference path; paged_decode reads the blocks where they are."""
-        with self.lock:
-            table, length = self._tables[self.check_seq(seq)], self._lengths[seq]
-            keys = self._k[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]  # (Hkv, T, E)
-            values = self._v[:, table].reshape(self.kv_heads, -1, self.head_dim)[:, :length]
-            return keys, values
+        state = self._state
+        seq = self.check_seq(seq, state)
+        table, length = list(state.tables[seq]), state.lengths[seq]
+        refuse_unless_fits(
+            len(table) * self.block_bytes, "PagedKVCache.gather", f"sequence {seq}'s {len(table):,} blocks copied",
+            "read the sequence through paged_decode, which reads its blocks where they lie",
+        )  # fmt: skip
+        slots = len(table) * self.block_size
+        keys = self._k[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]  # (Hkv, T, E)
+        values = self._v[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]
+        return keys, values
 
-    def check_seq(self, seq: Any) -> int:
-        """seq as the int id of a sequence in this cache, else a TypeError or ValueError that names it."""
+    def check_seq(self, seq: Any, state: PoolState | None = None) -> int:
+        """seq as the int id of a sequence in this cache (in `state`, default the cache's own), else a
+        TypeError or ValueError that names it."""
+        state = self._state if state is None else state
         if isinstance(seq, (bool, np.bool_)) or not isinstance(seq, (int, np.integer)):
             raise TypeError(f"seq must be a sequence id (an int); got {seq!r} ({type(seq).__name__})")
-        if int(seq) not in self._tables:
-            raise ValueError(f"sequence {seq} is not in this cache (its sequences: {list(self._tables)})")
+        if int(seq) not in state.tables:
+            raise ValueError(f"sequence {seq} is not in this cache (its sequences: {list(state.tables)})")
         return int(seq)
 
-    # --- changes -------------------------------------------------------------------------------------
+    # --- changes: each prepares a new PoolState, then commits it with one assignment -------------------
 
+    @locked
     def add_sequence(self) -> int:
         """A new sequence with no tokens and no blocks; its id (ids are never reused)."""
-        with self.lock:
-            seq, self._next_id = self._next_id, self._next_id + 1
-            self._tables[seq], self._lengths[seq] = [], 0
-            return seq
+        state = self._state
+        seq = state.next_id
+        tables, lengths = {**state.tables, seq: ()}, {**state.lengths, seq: 0}
+        self._commit(replace(state, tables=tables, lengths=lengths, next_id=seq + 1))
+        return seq
 
+    @locked
     def fork(self, seq: int) -> int:
         """A new sequence with seq's tokens, sharing every one of its blocks (no copy); its id.
 
         Parallel sampling and beam search: n continuations of one prompt hold the prompt's blocks once.
         A shared block is copied only when one of its holders writes to it (the partly filled last block).
         """
-        with self.lock:
-            table = self._tables[self.check_seq(seq)]
-            child = self.add_sequence()
-            self._tables[child], self._lengths[child] = list(table), self._lengths[seq]
-            self._refs[table] += 1  # a table holds each of its blocks once
-            return child
+        new = self._state.draft()
+        seq = self.check_seq(seq, new)
+        child, table = new.next_id, new.tables[seq]
+        new.tables[child], new.lengths[child], new.next_id = table, new.lengths[seq], child + 1
+        new.refs[list(table)] += 1  # a table holds each of its blocks once
+        self._commit(new)
+        return child
 
+    @locked
     def free(self, seq: int) -> None:
         """Remove sequence seq; each of its blocks returns to the pool if no other sequence holds it."""
-        with self.lock:
-            table = self._tables.pop(self.check_seq(seq))
-            del self._lengths[seq]
-            self._refs[table] -= 1
-            for block in table:
-                if self._refs[block] == 0:
-                    self._filled[block] = 0
-                    self._used -= 1
+        new = self._state.draft()
+        seq = self.check_seq(seq, new)
+        table = list(new.tables.pop(seq))
+        del new.lengths[seq]
+        new.refs[table] -= 1
+        emptied = [block for block in table if new.refs[block] == 0]
+        new.filled[emptied] = 0
+        new.used -= len(emptied)
+        self._commit(new)  # its blocks return to the pool here, or not at all
 
     def append(self, seq: int, k: Array, v: Array) -> None:
         """Add T_new tokens at the end of sequence seq: k and v (kv_heads, T_new, head_dim), already rotated by
@@ -247,27 +277,26 @@ class PagedKVCache(CopiedWithoutLock):
         k, v = self._check_kv(k, "k", 3), self._check_kv(v, "v", 3)
         self.append_batch([seq], k[None], v[None])
 
+    @locked
     def append_batch(self, seq_ids: Sequence[int], k: Array, v: Array) -> None:
         """Add T_new tokens to each of the N sequences seq_ids: k and v (N, kv_heads, T_new, head_dim).
 
         All or nothing, and atomic under threads: the checks, the count of blocks needed and every write
-        run under `self.lock`. If the pool has fewer free blocks than the appends need in all (a new block
-        when a last block is full, a copy of a shared last block), PoolExhaustedError names the sequences,
-        the blocks each needs and the blocks free, and no sequence changes.
+        run under `self.lock`. If the pool has fewer free blocks than the appends need in all (blocks_needed:
+        a new block when a last block is full, a copy of a shared last block), PoolExhaustedError names the
+        sequences, the blocks each needs and the blocks free, and no sequence changes. An exception while
+        it writes (a Ctrl-C) puts back every slot it wrote, and no sequence changes either.
         """
         k, v = self._check_kv(k, "k", 4), self._check_kv(v, "v", 4)
         if k.shape != v.shape:
             raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
         t_new = check_count(k.shape[2], "T_new")
-        with self.lock:
-            seqs = check_sequences(self, seq_ids, k.shape[0], "k")
-            if len(set(seqs)) != len(seqs):
-                raise ValueError(f"seq_ids must name each sequence once; got {seq_ids}")
-            needed = [self.blocks_needed(seq, t_new) for seq in seqs]
-            if sum(needed) > self.blocks_free:
-                raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
-            for i, seq in enumerate(seqs):
-                self._write(seq, k[i], v[i])
+        state = self._state
+        seqs = check_once(check_sequences(self, seq_ids, k.shape[0], "k"), seq_ids)
+        needed = self._blocks_needed(state, seqs, t_new)
+        if sum(needed) > self.num_blocks - state.used:
+            raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
+        self._commit(*self._plan(state, seqs, k, v))
 
     def _refusal(self, seqs: list[int], needed: list[int], t_new: int) -> str:
         """What a refused append says: the sequences, the blocks each needs, the blocks free."""
@@ -295,59 +324,96 @@ class PagedKVCache(CopiedWithoutLock):
             )
         return x
 
-    def blocks_needed(self, seq: int, t_new: int) -> int:
-        """New blocks that t_new more tokens of seq take: the ones past its last block's free slots, and one
-        for a copy of its last block if that is shared and partly filled (it will be written). A scheduler
-        asks this before a step, to admit or hold requests."""
+    def blocks_needed(self, seq: int | Sequence[int], t_new: int) -> int:
+        """New blocks that t_new more tokens take: for sequence seq, or in all for a list of sequences that
+        each get t_new tokens together (append_batch takes exactly this many). A scheduler asks this before
+        a step, to admit or hold requests.
+
+        A sequence needs the blocks past its last block's free slots, and one for a copy of its last block
+        if that is shared and partly filled (it will be written). Fork siblings appended together that share
+        such a block: each but the last copies it, and the last, then its only holder, writes in place."""
         t_new = check_count(t_new, "t_new")
-        with self.lock:
-            table, length = self._tables[self.check_seq(seq)], self._lengths[seq]
+        state = self._state
+        if isinstance(seq, Iterable) and not isinstance(seq, (str, bytes)):
+            seqs = check_once([self.check_seq(one, state) for one in seq], seq)
+        else:
+            seqs = [self.check_seq(seq, state)]
+        return sum(self._blocks_needed(state, seqs, t_new))
+
+    def _blocks_needed(self, state: PoolState, seqs: list[int], t_new: int) -> list[int]:
+        """The new blocks each of seqs takes when they get t_new tokens each, in this order (as _plan
+        writes them): a shared last block is copied by its holders while another still holds it."""
+        holders: dict[int, int] = {}  # a shared, partly filled last block -> tables holding it, as the batch goes
+        needed = []
+        for seq in seqs:
+            table, length = state.tables[seq], state.lengths[seq]
             room = len(table) * self.block_size - length  # free slots in the last block
-            copy = room > 0 and t_new > 0 and self._refs[table[-1]] > 1
-            return -(-max(0, t_new - room) // self.block_size) + int(copy)
+            copy = False
+            if room > 0 and t_new > 0:
+                last = table[-1]
+                holders[last] = holders.get(last, int(state.refs[last]))
+                copy = holders[last] > 1  # another table still holds it: this one copies it
+                holders[last] -= copy
+            needed.append(-(-max(0, t_new - room) // self.block_size) + int(copy))
+        return needed
 
-    def _write(self, seq: int, k: Array, v: Array) -> None:
-        """Write k, v (kv_heads, T_new, head_dim) at seq's end, block by block (the blocks are known to be free)."""
-        table, written = self._tables[seq], 0
-        while written < k.shape[1]:
-            length = self._lengths[seq]
-            slot = length % self.block_size
-            if slot == 0:  # the last block is full (or there is none): take a new one
-                table.append(self._take_block(after=table[-1] if table else None))
-            elif self._refs[table[-1]] > 1:  # shared: copy it before the first write (copy-on-write)
-                table[-1] = self._copy_block(table[-1], after=table[-2] if len(table) > 1 else None)
-            block, n = table[-1], min(self.block_size - slot, k.shape[1] - written)
-            self._k[:, block, slot : slot + n] = k[:, written : written + n]  # (Hkv, n, E)
-            self._v[:, block, slot : slot + n] = v[:, written : written + n]
-            self._filled[block] = slot + n
-            self._lengths[seq], written = length + n, written + n
+    def _plan(self, state: PoolState, seqs: list[int], k: Array, v: Array) -> tuple[PoolState, list[PoolWrite]]:
+        """The state once k[i], v[i] (kv_heads, T_new, head_dim) are at the end of sequence seqs[i], and the
+        writes into the pool that put them there, in order. Nothing of the cache changes here; the pool has
+        the blocks (checked by _blocks_needed)."""
+        new, writes, size, t_new = state.draft(), [], self.block_size, k.shape[2]
+        for row, seq in enumerate(seqs):
+            table, length, written = list(new.tables[seq]), new.lengths[seq], 0
+            while written < t_new:
+                slot = length % size
+                if slot == 0:  # the last block is full (or there is none): take a new one
+                    table.append(self._take_block(new, after=table[-1] if table else None))
+                elif new.refs[table[-1]] > 1:  # shared: copy it before the first write (copy-on-write)
+                    shared = table[-1]
+                    table[-1] = self._take_block(new, after=table[-2] if len(table) > 1 else None)
+                    index = (slice(None), table[-1], slice(0, slot))  # its filled slots, read when written
+                    writes.append(PoolWrite(index, self._k[:, shared, :slot], self._v[:, shared, :slot]))
+                    new.refs[shared] -= 1  # still held by the others
+                block, n = table[-1], min(size - slot, t_new - written)
+                index = (slice(None), block, slice(slot, slot + n))
+                writes.append(PoolWrite(index, k[row, :, written : written + n], v[row, :, written : written + n]))
+                new.filled[block] = slot + n
+                length, written = length + n, written + n
+            new.tables[seq], new.lengths[seq] = tuple(table), length
+        return new, writes
 
-    def _take_block(self, after: int | None) -> int:
-        """A free block, held once: the one right after `after` if it is free; else, from the longest run of
-        free blocks, its first block if it starts the pool, or its middle if it follows a block in use (that
-        block's sequence may want to grow into it). Runs stay long: a sequence grows into the blocks after
-        its own, and sequences that start or move meanwhile land far from each other."""
-        if after is not None and after + 1 < self.num_blocks and self._refs[after + 1] == 0:
+    def _commit(self, new: PoolState, writes: Sequence[PoolWrite] = ()) -> None:
+        """Write the pool as `writes` say, each into slots that no table shows yet, saving what was there;
+        then make `new` the cache's state with one assignment. An exception before that assignment puts
+        every slot back: the pool and the state stay as they were."""
+        new.refs.flags.writeable = new.filled.flags.writeable = False  # committed: never changed in place
+        undo = Undo()
+        try:
+            for where, keys, values in writes:
+                undo.write(self._k, where, keys)  # (Hkv, n, E)
+                undo.write(self._v, where, values)
+            self._state = new  # the commit
+        except BaseException:
+            if self._state is not new:
+                undo.undo()
+            raise
+
+    def _take_block(self, state: PoolState, after: int | None) -> int:
+        """A free block, held once in the draft `state`: the one right after `after` if it is free; else, from
+        the longest run of free blocks, its first block if it starts the pool, or its middle if it follows a
+        block in use (that block's sequence may want to grow into it). Runs stay long: a sequence grows into
+        the blocks after its own, and sequences that start or move meanwhile land far from each other."""
+        if after is not None and after + 1 < self.num_blocks and state.refs[after + 1] == 0:
             block = after + 1
         else:
-            free = np.concatenate([[0], self._refs == 0, [0]]).astype(np.int8)  # (num_blocks + 2,)
+            free = np.concatenate([[0], state.refs == 0, [0]]).astype(np.int8)  # (num_blocks + 2,)
             edges = np.flatnonzero(np.diff(free))  # each run of free blocks: its start, then its stop
             starts, stops = edges[0::2], edges[1::2]
             longest = int(np.argmax(stops - starts))
             start, stop = int(starts[longest]), int(stops[longest])
             block = start if start == 0 else (start + stop - 1) // 2
-        self._refs[block] = 1
-        self._used += 1
-        return block
-
-    def _copy_block(self, shared: int, after: int | None) -> int:
-        """A private copy of a shared block (its filled slots), for the table about to write to it."""
-        block = self._take_block(after)
-        filled = self._filled[shared]
-        self._k[:, block, :filled] = self._k[:, shared, :filled]  # (Hkv, filled, E)
-        self._v[:, block, :filled] = self._v[:, shared, :filled]
-        self._filled[block] = filled
-        self._refs[shared] -= 1  # still held by the others
+        state.refs[block] = 1
+        state.used += 1
         return block
 
     # --- a layer's step through the pages: MultiHeadAttention(x, cache=self, seq_ids=) ----------------
@@ -355,12 +421,12 @@ class PagedKVCache(CopiedWithoutLock):
     def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array:
         """x (B, T, d_model), row b the next T tokens of sequence seq_ids[b], through layer's heads
         -> y (B, H, T, d_head), the heads' attention before layer's output projection; x's k and v appended
-        to those sequences, all or nothing (PoolExhaustedError changes nothing).
+        to those sequences, all or nothing (PoolExhaustedError, or an interrupt, changes nothing).
 
         Each row's tokens sit at its own sequence's positions, length(seq) onwards (RoPE turns them by
         those); the lengths may differ. fused=True reads the cached pages in place (attend_new_and_cached);
         fused=False lays each sequence out contiguously (gather) for the reference attention. The lock is
-        held from reading the lengths to the appends.
+        held from reading the lengths to the appends, which come last: the one change this call makes.
         """
         x = check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
         want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype)
@@ -370,17 +436,39 @@ class PagedKVCache(CopiedWithoutLock):
                 f"module; got kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}"
             )
         fused = check_bool(fused, "fused")
+        return holding(self.lock, self._attend, layer, x, seq_ids, fused)
+
+    def _attend(self, layer: MultiHeadAttention, x: Array, seq_ids: Any, fused: bool) -> Array:
+        """attend under the lock: the lengths read here are the ones the appends continue."""
         B, T = x.shape[:2]
-        with self.lock:  # the lengths read here are the ones the appends continue
-            seqs = check_sequences(self, seq_ids, B)
-            # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
-            starts = [self.length(seq) for seq in seqs]
-            rows = [layer.split_heads(x[b : b + 1], np.arange(s, s + T)) for b, s in enumerate(starts)]
-            q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
-            # 2) their attention over the cached keys and their own, then 3) the append
-            y = attend_new_and_cached(q, k, v, self, seqs) if fused else attend_gathered(q, k, v, self, seqs)
-            self.append_batch(seqs, k, v)  # all or nothing: refused before any write if the pool is short
+        seqs = check_once(check_sequences(self, seq_ids, B), seq_ids)
+        needed = self._blocks_needed(self._state, seqs, T)
+        if sum(needed) > self.blocks_free:  # refused before any work
+            raise PoolExhaustedError(self._refusal(seqs, needed, T))
+        # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
+        starts = [self._state.lengths[seq] for seq in seqs]
+        rows = [layer.split_heads(x[b : b + 1], np.arange(s, s + T)) for b, s in enumerate(starts)]
+        q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
+        # 2) their attention over the cached keys and their own, then 3) the append: all or nothing
+        y = attend_new_and_cached(q, k, v, self, seqs) if fused else attend_gathered(q, k, v, self, seqs)
+        self.append_batch(seqs, k, v)
         return y
+
+
+class PoolWrite(NamedTuple):
+    """One write of an append into the pool: keys and values (kv_heads, n, head_dim) into pool[where], where
+    (all kv heads, a block, n slots)."""
+
+    where: tuple[slice, int, slice]
+    keys: Array
+    values: Array
+
+
+def check_once(seqs: list[int], seq_ids: Any) -> list[int]:
+    """seqs, if no sequence comes twice (two appends to one sequence in one step would be in no order)."""
+    if len(set(seqs)) != len(seqs):
+        raise ValueError(f"seq_ids must name each sequence once; got {seq_ids}")
+    return seqs
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -488,11 +576,11 @@ def decode_pages(
     if q_s.shape[0] == 0:  # no sequence: nothing to read
         return q_s.copy(), q_s[..., 0].copy()
     # 2) each sequence's pages as chunks, the work items; a sequence with no token has none
-    chunks = []
+    chunks, state = [], cache._state
     for i, seq in enumerate(seqs):
-        length = cache._lengths[seq]
+        length = state.lengths[seq]
         splits = kv_splits or default_kv_splits(length, workers)
-        chunks += sequence_chunks(i, cache._tables[seq], length, cache.block_size, splits)
+        chunks += sequence_chunks(i, state.tables[seq], length, cache.block_size, splits)
     # 3) every chunk against its pages in place, then one merge per sequence
     queries = list(q_s)
     merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.head_dim)
@@ -508,7 +596,7 @@ def scaled_queries(q: np.ndarray, cache: PagedKVCache, scale: float) -> Array:
     return np.multiply(q.reshape(n, cache.kv_heads, rows, e), scale, dtype=compute_dtype(q, cache.k_pool))
 
 
-def shared_prefix(tables: list[list[int]], lengths: list[int], page_size: int) -> tuple[int, int]:
+def shared_prefix(tables: Sequence[Sequence[int]], lengths: list[int], page_size: int) -> tuple[int, int]:
     """(pages, keys) that every sequence shares: the leading blocks that all the tables hold at the same
     place. Keys: those pages' slots, or the sequences' common length if the last shared block is partly
     filled (a shared block is never written, so every sequence then ends in it)."""
@@ -528,7 +616,8 @@ def decode_cascade(
     size = cache.block_size
     if n == 0:  # no sequence: nothing to read
         return q_s.copy(), q_s[..., 0].copy()
-    tables, lengths = [cache._tables[seq] for seq in seqs], [cache._lengths[seq] for seq in seqs]
+    state = cache._state
+    tables, lengths = [state.tables[seq] for seq in seqs], [state.lengths[seq] for seq in seqs]
     pages, keys = shared_prefix(tables, lengths, size)
     # 1) the shared prefix, once: all N·R query rows of a kv head against it, as one matrix (query number N)
     q_all = q_s.transpose(1, 0, 2, 3).reshape(hkv, n * rows, e)  # (Hkv, N·R, E)
@@ -638,11 +727,78 @@ def run_decode(
     """The door of paged_decode and cascade_decode: check once, run the kernel under the cache's lock, shape."""
     return_lse = check_bool(return_lse, "return_lse")
     q, seqs, scale, kv_splits, workers = check_paged(q, cache, seq_ids, scale, kv_splits, workers)
-    with cache.lock:
-        out, lse = kernel(q, cache, seqs, scale, kv_splits, workers)
+    out, lse = holding(cache.lock, decode_within_memory, kernel, q, cache, seqs, scale, kv_splits, workers)
     out = out.reshape(q.shape).astype(result_dtype(q, cache.k_pool), copy=False)  # (N, Hq, L, E)
     lse = lse.reshape(q.shape[:-1])  # (N, Hq, L), in the compute dtype
     return (out, lse) if return_lse else out
+
+
+def decode_within_memory(
+    kernel: Any, q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
+) -> tuple[Array, Array]:
+    """kernel(q, cache, seqs, ...), run under the cache's lock, refused first (AttentionMemoryError, nothing
+    allocated) if its peak does not fit in the memory available."""
+    cascade = kernel is decode_cascade
+    who = "cascade_decode" if cascade else "paged_decode"
+    refuse_unless_fits(
+        paged_decode_bytes(q, cache, seqs, kv_splits, workers, cascade),
+        who, f"{q.shape[0]:,} sequences of {q.shape[1] * q.shape[2]:,} query rows",
+        "pass fewer sequences per call (the batch in parts), or fewer kv_splits",
+    )  # fmt: skip
+    return kernel(q, cache, seqs, scale, kv_splits, workers)
+
+
+def paged_decode_bytes(
+    q: np.ndarray, cache: PagedKVCache, seqs: list[int], kv_splits: int | None, workers: int, cascade: bool = False
+) -> int:
+    """Peak bytes that paged_decode (cascade=True: cascade_decode) allocates for q (N, Hq, L, E), which exists,
+    an upper bound in splitkv.decode_bytes' terms. R = G·L query rows per sequence and kv head, c bytes of
+    the compute dtype, C chunks in all (a shared prefix's chunks have N·R rows):
+
+        q_s       N·Hkv·R·E·c              the scaled queries, held to the end
+        parts     Σ_chunks Hkv·rows·(E+1)·c  each chunk's out and lse, held until its sequence's merge
+        workers   min(workers, C) attend_blocks at once, each on a block of whole pages
+        merged    2·N·Hkv·R·(E+1)·c        each sequence's merged result, then all of them stacked
+        merge     one merge_chunks at a time (the sequence with the most chunks)
+        cascade   the queries stacked into one matrix, the prefix's merged result, merge_states' three
+                  temporaries of out's size: 5·N·Hkv·R·(E+1)·c
+        cast      the result cast back to float16, for a float16 q
+    """
+    state, size, hkv = cache._state, cache.block_size, cache.kv_heads
+    n, hq, n_q, e = q.shape
+    rows, c = hq // hkv * n_q, compute_dtype(q, cache.k_pool).itemsize
+    lengths = [state.lengths[seq] for seq in seqs]
+    shared = 0  # keys every sequence shares, read once by cascade_decode
+    if cascade and seqs:
+        _, shared = shared_prefix([state.tables[seq] for seq in seqs], lengths, size)
+    # (query rows, chunks, pages of the longest chunk) of each query matrix: the sequences', then the prefix's
+    queries = [(rows, *page_chunks(length - shared, size, kv_splits, workers)) for length in lengths]
+    if cascade:
+        queries.append((n * rows, *page_chunks(shared, size, kv_splits, workers)))
+    chunk_rows = sum(r * chunks for r, chunks, _ in queries)  # rows of all chunks' results together
+    converted = 0 if cache.dtype == compute_dtype(q, cache.k_pool) else 2 * e  # a float16 pool: k and v, per key
+    working = 0
+    for r, chunks, pages in queries:  # the widest chunk, on every worker at once
+        block = block_pages(hkv * r, hkv * converted, size, pages) * size
+        working = max(working, attend_blocks_bytes(hkv, r, block, pages * size, e, c, converted) * (chunks > 0))
+    working *= min(workers, sum(chunks for _, chunks, _ in queries))
+    merge = max((merge_chunks_bytes(chunks, hkv * r, e, c) for r, chunks, _ in queries if chunks), default=0)
+    one = n * hkv * rows  # rows of the whole result
+    needed = one * e * c + chunk_rows * hkv * (e + 1) * c + 2 * one * (e + 1) * c + max(working, merge)
+    needed += 5 * one * (e + 1) * c if cascade else 0
+    return needed + (one * e * q.dtype.itemsize if q.dtype.itemsize < c else 0)
+
+
+def page_chunks(keys: int, page_size: int, kv_splits: int | None, workers: int) -> tuple[int, int]:
+    """(chunks, pages of the longest) that sequence_chunks makes of `keys` keys."""
+    pages = -(-keys // page_size)
+    chunks = min(kv_splits or default_kv_splits(keys, workers), pages)
+    return chunks, -(-pages // chunks) if chunks else 0
+
+
+def block_pages(rows: int, converted: int, page_size: int, pages: int) -> int:
+    """Pages in each block of a chunk of `pages` pages that page_blocks yields, for `rows` query rows."""
+    return min(max(1, block_keys(rows, converted) // page_size), pages)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -661,8 +817,13 @@ def attend_new_and_cached(q: Array, k: Array, v: Array, cache: PagedKVCache, seq
     A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1.
     """
     B, H, T, d = q.shape
-    scale = 1.0 / math.sqrt(d)
-    out_c, lse_c = decode_pages(q, cache, seqs, scale, None, os.cpu_count() or 1)  # (B, Hkv, G·T, d)
+    scale, workers = 1.0 / math.sqrt(d), os.cpu_count() or 1
+    refuse_unless_fits(
+        paged_decode_bytes(q, cache, seqs, None, workers), "PagedKVCache.attend",
+        f"{B:,} sequences of {H * T:,} query rows against their cached pages",
+        "pass fewer sequences or tokens per call",
+    )  # fmt: skip
+    out_c, lse_c = decode_pages(q, cache, seqs, scale, None, workers)  # (B, Hkv, G·T, d)
     dims = QKVShape((B,), H, k.shape[1], T, T, d, d)
     band = check_band(True, None, T, T)
     out_n, lse_n = flash_forward(q, k, v, dims, flash_plan(dims, band, scale))  # (B, H, T, d), (B, H, T)

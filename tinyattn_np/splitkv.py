@@ -23,12 +23,14 @@ Decoding is bound by reading the cache, not by arithmetic.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 
 import numpy as np
 from numpy.typing import NDArray
 
+from ._bytes import format_bytes
 from ._checks import (
     QKVShape,
     check_bool,
@@ -39,6 +41,7 @@ from ._checks import (
     result_dtype,
     without_head_axis,
 )
+from ._guard import refuse_unless_fits
 from ._parallel import one_blas_thread, run_items
 
 Array = NDArray[np.floating]
@@ -176,7 +179,9 @@ def flash_decode(
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
     workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
     kv_splits = check_positive_int(kv_splits, "kv_splits", default=default_kv_splits(dims.n_k, workers))
-    out, lse = decode(q, k, v, dims, scale, min(kv_splits, max(dims.n_k, 1)), workers)
+    kv_splits = min(kv_splits, max(dims.n_k, 1))
+    refuse_decode_beyond_memory("flash_decode", q, k, v, dims, kv_splits, workers)
+    out, lse = decode(q, k, v, dims, scale, kv_splits, workers)
     out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
     lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q)  # compute dtype, as flash_attention returns it
     if two_d:
@@ -212,3 +217,73 @@ def decode(
             run_items(run, range(kv_splits), min(workers, kv_splits))
     # 3) one merge over every chunk
     return merge_chunks([out for out, _ in parts], [lse for _, lse in parts])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the memory a decode step takes, known before it allocates anything
+
+
+def attend_blocks_bytes(n: int, rows: int, block_k: int, keys: int, ev: int, compute: int, converted: int) -> int:
+    """Peak bytes of one attend_blocks call over `keys` keys in blocks of block_k, besides its result (out and
+    lse), with c = compute bytes: the scores of a block, n·rows·block_k·c, twice if there is a next block
+    (made before the last one's are let go); one piece's product (part) n·rows·Ev·c; the running max and sum
+    and their temporaries (max, m_new, alpha, the row sums, log) 7·n·rows·c; and for a float16 cache the
+    pieces converted, `converted` elements per key (keys and values), as many blocks' worth as of scores."""
+    blocks = 2 if keys > block_k else 1
+    return (n * rows * (blocks * block_k + ev + 7) + blocks * n * block_k * converted) * compute
+
+
+def merge_chunks_bytes(chunks: int, rows: int, ev: int, compute: int) -> int:
+    """Peak bytes of merge_chunks over `chunks` parts of `rows` rows besides the parts: the lses stacked
+    (chunks·rows·c), the float64 max, weights, sums and log (6·rows·8), the float64 out and one chunk's
+    weighted out (2·rows·Ev·8), and the result cast back (rows·(Ev + 1)·c)."""
+    return chunks * rows * compute + rows * (6 + 2 * ev) * 8 + rows * (ev + 1) * compute
+
+
+def decode_bytes(dims: QKVShape, compute: np.dtype, stored: np.dtype, kv_splits: int, workers: int) -> int:
+    """Peak bytes decode() allocates for q, k, v that exist already, an upper bound. With N = B·Hkv query
+    matrices of R = G·L rows and c bytes of the compute dtype:
+
+        q_s       N·R·E·c              q times the scale, held to the end
+        parts     n·N·R·(Ev + 1)·c     out and lse of each of the n = kv_splits chunks, held until the merge
+        workers   min(workers, n) attend_blocks at once (attend_blocks_bytes)
+        merge     merge_chunks_bytes, once the workers are done
+        peak = q_s + parts + max(workers, merge)
+    """
+    n_kv = math.prod(dims.batch) * dims.hkv
+    rows, c = dims.group * dims.n_q, compute.itemsize
+    if dims.n_k == 0 or rows == 0 or n_kv == 0:  # out 0 and lse -inf, nothing else
+        return n_kv * rows * (dims.ev + 1) * c
+    converted = 0 if stored == compute else dims.e + dims.ev  # a float16 cache: keys and values, per key
+    chunk = -(-dims.n_k // kv_splits)  # keys of the longest chunk
+    block_k = min(block_keys(n_kv * rows, n_kv * converted), chunk)
+    working = min(workers, kv_splits) * attend_blocks_bytes(n_kv, rows, block_k, chunk, dims.ev, c, converted)
+    merge = merge_chunks_bytes(kv_splits, n_kv * rows, dims.ev, c)
+    return n_kv * rows * dims.e * c + kv_splits * n_kv * rows * (dims.ev + 1) * c + max(working, merge)
+
+
+def merges_without_copy(x: np.ndarray) -> bool:
+    """Whether x (..., S, E) reshapes to (prod(...), S, E) as a view: its leading axes of more than one entry
+    are laid out one inside the next (NumPy copies otherwise)."""
+    lead = [(n, stride) for n, stride in zip(x.shape[:-2], x.strides[:-2], strict=True) if n != 1]
+    return all(outer == inner * n for (_, outer), (n, inner) in zip(lead, lead[1:], strict=False))
+
+
+def refuse_decode_beyond_memory(
+    who: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, kv_splits: int, workers: int
+) -> None:
+    """AttentionMemoryError before decode() allocates anything, if its peak (decode_bytes, any copies of k and
+    v that the reshape makes, and the result cast to float16) does not fit in the memory available."""
+    compute, stored = compute_dtype(q, k, v), np.result_type(k, v)
+    needed = decode_bytes(dims, compute, stored, kv_splits, workers)
+    needed += sum(x.nbytes for x in (k, v) if x.size and not merges_without_copy(x))
+    out_size = result_dtype(q, k, v).itemsize
+    needed += q.size // max(dims.e, 1) * dims.ev * out_size * (out_size < compute.itemsize)  # the cast back
+    rows = math.prod(dims.batch) * dims.hq * dims.n_q  # query rows in all
+    parts = kv_splits * rows * (dims.ev + 1) * compute.itemsize
+    refuse_unless_fits(
+        needed,
+        who,
+        f"{rows:,} query rows against {dims.n_k:,} keys in {kv_splits} chunks: {format_bytes(parts)} of parts",
+        "pass fewer queries per call (a smaller batch, fewer heads or tokens), or fewer kv_splits",
+    )

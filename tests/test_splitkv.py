@@ -1,0 +1,154 @@
+"""splitkv.py: flash_decode (split-KV decoding) equals direct attention for any number of splits, the same
+bits for any number of workers; and it refuses, before allocating, a step whose peak does not fit, with a
+peak estimate checked against what tracemalloc sees."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from test_kvcache import _under_address_space_limit
+
+from tinyattn_np import AttentionMemoryError, attention, flash_attention, flash_decode
+from tinyattn_np._checks import check_qkv, compute_dtype
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.splitkv import decode_bytes, default_kv_splits, merges_without_copy
+
+RNG = np.random.default_rng(5)
+guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
+
+
+def _qkv(batch=(2,), hq=8, hkv=2, n_q=1, n_k=37, e=16, ev=12, dtype=np.float64):
+    q = RNG.standard_normal((*batch, hq, n_q, e)).astype(dtype)
+    k = RNG.standard_normal((*batch, hkv, n_k, e)).astype(dtype)
+    v = RNG.standard_normal((*batch, hkv, n_k, ev)).astype(dtype)
+    return q, k, v
+
+
+# --- flash_decode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_splits", [None, 1, 2, 3, 7, 36, 37, 1000])
+def test_equals_attention_for_any_number_of_splits(kv_splits):
+    q, k, v = _qkv()
+    out, lse = flash_decode(q, k, v, kv_splits=kv_splits, return_lse=True)
+    np.testing.assert_allclose(out, attention(q, k, v), atol=1e-13)
+    _, lse_gold = flash_attention(q, k, v, return_lse=True)
+    np.testing.assert_allclose(lse, lse_gold, atol=1e-13)
+
+
+@pytest.mark.parametrize(("hq", "hkv"), [(4, 4), (6, 1), (8, 2)])
+@pytest.mark.parametrize("n_q", [1, 3])
+def test_gqa_mqa_and_a_few_queries(hq, hkv, n_q):
+    q, k, v = _qkv(batch=(2, 1), hq=hq, hkv=hkv, n_q=n_q, n_k=50)
+    for kv_splits in (1, 4):
+        np.testing.assert_allclose(
+            flash_decode(q, k, v, kv_splits=kv_splits, scale=0.3), attention(q, k, v, scale=0.3), atol=1e-13
+        )
+
+
+def test_one_step_of_decoding_is_bottom_right_causal():
+    """The one query is the newest token: it sees every cached key, which is causal=True bottom-right."""
+    q, k, v = _qkv(n_q=1, n_k=20)
+    np.testing.assert_allclose(flash_decode(q, k, v, kv_splits=3), attention(q, k, v, causal=True), atol=1e-13)
+
+
+def test_same_bits_for_any_number_of_workers():
+    q, k, v = _qkv(n_k=3000, dtype=np.float32)  # chunks of 600 keys: blocks of 256, 256 and 88
+    one = flash_decode(q, k, v, kv_splits=5, workers=1)
+    for workers in (2, 3, 8):
+        np.testing.assert_array_equal(flash_decode(q, k, v, kv_splits=5, workers=workers), one)
+
+
+def test_float16_two_d_and_no_keys():
+    q, k, v = _qkv(dtype=np.float16)
+    out = flash_decode(q, k, v, kv_splits=4)
+    assert out.dtype == np.float16
+    gold = attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    np.testing.assert_allclose(out.astype(np.float32), gold, atol=2e-3)
+    q2, k2, v2 = q[0, 0], k[0, 0], v[0, 0]  # (L, E): one head, no head axis
+    np.testing.assert_allclose(flash_decode(q2, k2, v2, kv_splits=2), attention(q2, k2, v2), atol=2e-3)
+    out, lse = flash_decode(*_qkv(n_k=0), return_lse=True)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_default_splits():
+    assert default_kv_splits(0, 2) == 1 and default_kv_splits(500, 8) == 1  # short: one chunk, no threads
+    assert default_kv_splits(2048, 2) == 2 and default_kv_splits(2048, 16) == 2  # at least 1,024 keys each
+    assert default_kv_splits(32768, 2) == 2  # one chunk per worker
+
+
+def test_bad_arguments_are_named():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="kv_splits must be a positive int; got 0"):
+        flash_decode(q, k, v, kv_splits=0)
+    with pytest.raises(TypeError, match="kv_splits must be a positive int"):
+        flash_decode(q, k, v, kv_splits=2.0)
+    with pytest.raises(ValueError, match="workers must be a positive int; got -1"):
+        flash_decode(q, k, v, workers=-1)
+    with pytest.raises(ValueError, match="scale must be a finite number"):
+        flash_decode(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match="must be float16, float32 or float64"):
+        flash_decode(q.astype(np.int32), k, v)
+
+
+def test_flash_decode_lse_of_float16_is_float32_like_flash_attention():
+    q, k, v = (x.astype(np.float16) for x in _qkv())
+    out, lse = flash_decode(q, k, v, kv_splits=2, return_lse=True)
+    _, lse_flash = flash_attention(q, k, v, return_lse=True)
+    assert out.dtype == np.float16 and lse.dtype == lse_flash.dtype == np.float32
+
+
+# --- the memory a step takes, refused before it is allocated ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "kv_dtype", "kv_splits"),
+    [
+        ((2, 8, 2, 1, 5000, 64), np.float32, np.float32, 1),
+        ((2, 8, 2, 4, 5000, 64), np.float32, np.float16, 4),  # a float16 cache, converted block by block
+        ((1, 32, 8, 16, 3000, 128), np.float64, np.float64, 3),
+        ((64, 32, 8, 1, 300, 64), np.float32, np.float32, 1),  # many query rows, few keys
+        ((8, 16, 16, 1, 20000, 64), np.float16, np.float16, 8),
+    ],
+)
+def test_the_peak_estimate_bounds_what_tracemalloc_sees(shape, dtype, kv_dtype, kv_splits):
+    """decode_bytes is an upper bound of the peak (the arrays; Python's own objects, threads among them, add a
+    few tens of KiB), and not a loose one: within twice the peak of one worker (with two, the peak depends on
+    how their work overlaps)."""
+    b, hq, hkv, n_q, n_k, e = shape
+    q = RNG.standard_normal((b, hq, n_q, e)).astype(dtype)
+    k, v = (RNG.standard_normal((b, hkv, n_k, e)).astype(kv_dtype) for _ in range(2))
+    flash_decode(q, k, v, kv_splits=kv_splits, workers=2)  # the first call's one-time allocations
+    dims = check_qkv(q, k, v)[3]
+    for workers in (1, 2):
+        _, peak = traced_peak(flash_decode, q, k, v, kv_splits=kv_splits, workers=workers)
+        estimate = decode_bytes(dims, compute_dtype(q, k, v), np.result_type(k, v), kv_splits, workers)
+        assert peak - 64 * 1024 <= estimate, (workers, peak, estimate)
+        assert estimate <= 2 * peak or workers > 1, (workers, peak, estimate)
+
+
+def test_a_step_that_does_not_fit_is_refused_before_it_is_made(monkeypatch):
+    q, k, v = _qkv(batch=(4,), n_k=3000)
+    monkeypatch.setattr(guard_module, "memory_available", lambda: 1024)
+    message = r"flash_decode would allocate .* \(32 query rows against 3,000 keys in 2 chunks: .*\), but only 1\.0 KiB"
+    with pytest.raises(AttentionMemoryError, match=message):
+        flash_decode(q, k, v, kv_splits=2)
+    with pytest.raises(MemoryError, match="pass fewer queries per call"):  # an AttentionMemoryError is one
+        flash_decode(q, k, v)
+
+
+def test_a_step_beyond_the_address_space_limit_is_refused_before_anything_is_allocated():
+    """q of 64 MiB exists; the step's scaled copy alone would not fit in the 32 MiB left under the limit."""
+    setup = "q = np.ones((64, 32, 64, 128), np.float32); k = np.ones((64, 8, 256, 128), np.float32)"
+    printed = _under_address_space_limit(setup, "tinyattn_np.flash_decode(q, k, k)")
+    assert printed.startswith("refused: flash_decode would allocate"), printed
+    assert "pass fewer queries per call" in printed
+
+
+def test_keys_that_reshape_only_by_a_copy_are_counted():
+    k = np.zeros((3, 4, 10, 8))
+    assert merges_without_copy(k) and merges_without_copy(k[:, :, :5])  # a slice of the keys: still a view
+    assert not merges_without_copy(k.transpose(1, 0, 2, 3)) and merges_without_copy(k[:1].transpose(1, 0, 2, 3))
+    assert not np.shares_memory(k.transpose(1, 0, 2, 3).reshape(12, 10, 8), k)  # NumPy does copy that one
