@@ -309,6 +309,14 @@ def test_a_weight_of_another_latent_rank_is_refused_and_the_cache_is_untouched(r
         layer.forward(rng.standard_normal((2, 1, D_MODEL)))
 
 
+def test_a_weight_ported_from_torch_without_the_transpose_is_named():
+    layer = make_layer()
+    layer.w_o = layer.w_o.T.copy()  # nn.Linear.weight's (out, in), where the layer multiplies x @ W, W (in, out)
+    transposed = r"got \(24, 18\): W is \(in, out\), the transpose of nn.Linear.weight \(pass weight.T\)"
+    with pytest.raises(ValueError, match=r"w_o must have shape \(18, 24\) .* " + transposed):
+        layer(np.zeros((1, 3, D_MODEL)))
+
+
 def test_attend_latent_refuses_a_latent_that_does_not_match_the_weights(rng):
     q_nope, q_rope = rng.standard_normal((1, 3, 2, 4)), rng.standard_normal((1, 3, 2, 4))
     w_ukv = rng.standard_normal((8, 3 * 10))
