@@ -460,7 +460,8 @@ def test_mla_script_keeps_the_rows_measured_on_ctrl_c(mla_script, monkeypatch, c
     ("flags", "message"),
     [
         (["--contexts", "0"], "--contexts: must be a positive int; got 0"),
-        (["--contexts", "100000000000"], "S=100,000,000,000 needs about"),
+        (["--contexts", "100000000000"], "--contexts: must be a positive int at most 4,194,304"),
+        (["--contexts", "4194304", "--heads", "1024"], "S=4,194,304 needs about"),
         (["--heads", "-2"], "--heads: must be a positive int"),
         (["--json", "/no/such/folder/mla.json"], "the folder /no/such/folder does not exist"),
     ],
