@@ -70,7 +70,7 @@ def interrupt(tmp_path: Path, args: list[str], after: str, timeout: float = 90) 
     return code, out_path.read_text(), err_path.read_text()
 
 
-# --- 18: Ctrl-C prints what was measured, says so in one line, exits 130 ---------------------------
+# --- Ctrl-C prints what was measured, says so in one line, exits 130 -------------------------------
 
 
 def test_ctrl_c_in_scaling_keeps_the_rows_measured(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_ctrl_c_in_a_demo_is_one_line_and_130(
     assert "1) " in captured.out  # what was printed before stays printed
 
 
-# --- 13: the whole run estimated up front ----------------------------------------------------------
+# --- the whole run estimated up front --------------------------------------------------------------
 
 
 def test_decode_refuses_a_model_larger_than_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,7 +210,7 @@ def test_ring_refuses_a_run_longer_than_the_limit() -> None:
     assert ring.check_against_size(ring.parse_args([]), 2) is None
 
 
-# --- 14: a loss gone NaN stops training with a cure, and the figures are written ------------------
+# --- a loss gone NaN stops training with a cure, and the figures are written ----------------------
 
 
 def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,7 +224,7 @@ def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest
     assert saved["interrupted"] is False
 
 
-# --- 19: ring.py without mpiexec says it ran one rank --------------------------------------------
+# --- ring.py without mpiexec says it ran one rank ------------------------------------------------
 
 
 @pytest.mark.skipif(not HAS_MPI4PY, reason='mpi4py is missing: pip install -e ".[distributed]"')
@@ -237,7 +237,7 @@ def test_ring_alone_says_it_ran_one_rank_and_how_to_run_more() -> None:
     assert "mpiexec -n 4 python scripts/ring.py\n\nall checks passed" in done.stdout
 
 
-# --- 20: memory.py names a config by its file or its own name ------------------------------------
+# --- memory.py names a config by its file or its own name ----------------------------------------
 
 CONFIG = {
     "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -273,7 +273,7 @@ def test_memory_json_alone_still_prints_json(capsys: pytest.CaptureFixture[str])
     assert len(printed["models"]["rows"]) == 1 and printed["code"].startswith("tinyattn_np ")
 
 
-# --- 22: a busy machine marks the rows it measured -------------------------------------------------
+# --- a busy machine marks the rows it measured -----------------------------------------------------
 
 
 def test_busy_reasons(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -299,7 +299,7 @@ def test_scaling_marks_a_row_measured_on_a_busy_machine(
     assert "  T=128: matmul rate 90.0 GFLOP/s, -55% from the run's first" in out
 
 
-# --- 23: pictures: readable, and a tracked one is only replaced on purpose --------------------------
+# --- pictures: readable, and a tracked one is only replaced on purpose ------------------------------
 
 
 @pytest.mark.parametrize(("script", "picture"), [("scaling.py", "docs/scaling.png"), ("train.py", "docs/train.png")])
