@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -453,18 +455,17 @@ def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
 HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_*"  # what MPICH's mpiexec leaves in /tmp when its job is aborted
 
 
-def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """`mpiexec -n ranks python args...` in cwd, with this checkout on the path and one BLAS thread per rank;
-    a run past `timeout` seconds is killed with every rank and fails the test.
+@contextmanager
+def mpi_job_environment() -> Iterator[dict[str, str]]:
+    """The environment of one mpiexec job: this checkout on the path, one BLAS thread per rank, and a temporary
+    folder of its own (TMPDIR), removed when the job ends, aborted or not.
 
-    Each job gets a temporary folder of its own (TMPDIR), removed when the job ends, aborted or not. MPICH's
-    mpiexec writes the machine's topology for its processes to /tmp/hydra_hwloc_xmlfile_* (TMPDIR or not),
-    unless HWLOC_XMLFILE names a topology file, and a job that ends by MPI_Abort never removes it: the job's
-    HWLOC_XMLFILE names a file in its own folder (one that need not exist: hwloc then reads the machine)."""
-    assert MPIEXEC is not None
-    command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
+    MPICH's mpiexec writes the machine's topology for its processes to /tmp/hydra_hwloc_xmlfile_* (TMPDIR or
+    not), unless HWLOC_XMLFILE names a topology file, and a job that ends by MPI_Abort or Ctrl-C never removes
+    it: the job's HWLOC_XMLFILE names a file in its own folder (one that need not exist: hwloc then reads the
+    machine itself)."""
     with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
-        env = dict(
+        yield dict(
             os.environ,
             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             OMP_NUM_THREADS="1",
@@ -472,6 +473,14 @@ def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> su
             TMPDIR=job_folder,
             HWLOC_XMLFILE=os.path.join(job_folder, "topology.xml"),
         )
+
+
+def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`mpiexec -n ranks python args...` in cwd (mpi_job_environment); a run past `timeout` seconds is killed
+    with every rank and fails the test."""
+    assert MPIEXEC is not None
+    command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
+    with mpi_job_environment() as env:
         # a session of its own, so that a hang is ended with every rank, not just mpiexec
         with subprocess.Popen(
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
