@@ -22,8 +22,9 @@
 # a training run, and generation with a cache. It runs in under ten seconds on two cores.
 #
 # `docs/tour.py` is this notebook as a plain script (jupytext's percent format): edit either, then
-# `jupytext --sync docs/tour.py` brings the other along. To run it: `pip install -e ".[notebook]"`, then
-# open it in Jupyter, or `pytest --nbmake docs/tour.ipynb` as CI does. The pages of `docs/` have the
+# `jupytext --sync docs/tour.py` brings the other along. To run it: `pip install -e ".[notebook]"` (Jupyter
+# itself, and what runs the tour as a test), then `jupyter notebook docs/tour.ipynb`, or
+# `pytest --nbmake docs/tour.ipynb` as CI does. The pages of `docs/` have the
 # measured tables; the README has the reading order of the code.
 
 # %%

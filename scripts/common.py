@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from textwrap import fill
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,12 +28,16 @@ import numpy as np
 
 import tinyattn_np
 from tinyattn_np import attention, flash_attention, flash_attention_bytes
+from tinyattn_np._mpi import idle_wait, load_mpi  # noqa: F401  (the scripts call them as common's)
 from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms, memory_available, memory_total
-from tinyattn_np.report import (
+from tinyattn_np.report import (  # noqa: F401  (table, text_table: the scripts call them as common's too)
+    TABLE_WIDTH,
     add_format_argument,
     best_unit,
+    fit_table,
     format_bytes,
+    format_duration,
     nonnegative_seed,
     positive,
     table,
@@ -44,8 +49,11 @@ TORCH_INSTALL_HINT = "bash torch_crosscheck/install_torch_cpu.sh"  # torch 2.13.
 MiB = 2**20
 SETTLE_SECONDS = 0.3  # idle before each timed figure (settled_median_ms says why)
 MAX_MINUTES = 30  # a run whose lower-bound time is longer is refused before it starts
+SAY_SECONDS = 10  # a run whose lower-bound time is longer says how long before it starts
 RATE_DRIFT = 0.20  # a row whose matmul rate moved more than this from the run's first is marked
 INTERRUPTED = 130  # the exit code of a program stopped by Ctrl-C: 128 + SIGINT
+# each size flag's largest value: past it no run of these scripts fits one machine, refused by the flag itself
+MAX_TOKENS, MAX_HEADS, MAX_WORKERS, MAX_REPEATS = 2**22, 1024, 256, 1000
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -104,15 +112,15 @@ def code_version() -> str:
 
 
 def header(torch_version: str | None = None, threads: int | None = None) -> tuple[dict[str, Any], str]:
-    """(machine_info(), the two header lines every benchmark prints: the machine, and the code)."""
+    """(machine_info(), the header lines every benchmark prints: the machine, its BLAS (and torch), the code)."""
     info = machine_info()
     blas = ", ".join(
         f"{b['internal_api']} {b['version']} {b['architecture']} kernels ({b['num_threads']} threads)"
         for b in info["blas"]
     )
-    torch = f"; torch {torch_version} ({threads} threads)" if torch_version else ""
+    torch = f"\ntorch: {torch_version} ({threads} threads)" if torch_version else ""
     machine = f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy {info['numpy']}"
-    return info, f"{machine}, BLAS {blas}{torch}\ncode: {code_version()}"
+    return info, f"{machine}\nBLAS: {blas}{torch}\ncode: {code_version()}"  # a line each: each fits a terminal
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -145,8 +153,9 @@ def mark_busy(body: list[list[str]], rows: list[dict[str, Any]]) -> list[list[st
 
 
 def busy_note(rows: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> str | None:
-    """The lines under a table that say why its marked rows are marked (None when none is)."""
-    marked = [f"  {label(row)}: {'; '.join(row['busy'])}" for row in rows if row.get("busy")]
+    """The lines under a table that say why its marked rows are marked (None when none is), each within TABLE_WIDTH."""
+    marked = [fill(f"{label(row)}: {'; '.join(row['busy'])}", TABLE_WIDTH, initial_indent="  ",
+                   subsequent_indent="    ") for row in rows if row.get("busy")]  # fmt: skip
     if not marked:
         return None
     return "\n".join(["* measured on a busy machine: compare these rows with care", *marked])
@@ -158,18 +167,13 @@ def beside_the_row(dtype: str, first_rate: float, n: int = 2048) -> dict[str, An
     return {"matmul_gflops": rate, "busy": busy_reasons(rate, first_rate)}
 
 
-def marked_table(
-    body: list[list[Any]],
-    rows: list[dict[str, Any]],
-    headers: list[str],
-    fmt: str,
-    label: Callable[[dict[str, Any]], str] | None = None,
-    floatfmt: str | None = None,
-) -> str:
-    """A table of formatted cells (or, with floatfmt, of numbers) with its busy rows marked '*', and under it
-    the lines that say why (label(row) names a row; default: its T)."""
-    marked = mark_busy(body, rows)
-    text = table(marked, headers, fmt=fmt, floatfmt=floatfmt) if floatfmt else text_table(marked, headers, fmt=fmt)
+def marked_table(body: list[list[Any]], rows: list[dict[str, Any]], headers: list[str], fmt: str,
+                 label: Callable[[dict[str, Any]], str] | None = None, *, floatfmt: str | None = None,
+                 width: int | None = None) -> str:  # fmt: skip
+    """A table of formatted cells (or, with floatfmt, of numbers) with its busy rows marked '*', split into
+    parts of at most `width` columns of text (report.fit_table; None: whole), and under it the lines that say
+    why rows are marked (label(row) names a row; default: its T)."""
+    text = fit_table(mark_busy(body, rows), headers, fmt, width, floatfmt)
     note = busy_note(rows, label or (lambda row: f"T={row['tokens']:,}"))
     return text if note is None else f"{text}\n{note}"
 
@@ -221,17 +225,23 @@ def memory_problem(needed: float, what: str, lower: str, detail: str = "") -> st
     )
 
 
-def time_problem(flops: float, rate: float, lower: str, overhead_seconds: float = 0.0) -> str | None:
-    """Why a run of `flops` (and `overhead_seconds` of Python bookkeeping) cannot end within MAX_MINUTES even
-    at the matmul rate; None when it can. Nothing here runs at the matmul rate, so the time is a lower bound:
-    a run refused is surely too long."""
-    minutes = (flops / (rate * 1e9) + overhead_seconds) / 60
-    if minutes <= MAX_MINUTES:
-        return None
-    how = f"{flops:.2e} FLOP at this machine's {rate:.1f} GFLOP/s matmul rate"
-    if overhead_seconds:
-        how += f", and {overhead_seconds:,.0f} s of bookkeeping, timed on a small case here"
-    return f"this run needs at least {minutes:,.0f} minutes ({how}), over the {MAX_MINUTES}-minute limit: {lower}"
+def time_problem(flops: float, rate: float, lower: str, overhead_seconds: float = 0.0, how: str = "") -> str | None:
+    """Why a run of `flops` (and `overhead_seconds` of Python bookkeeping, timed on a small case) cannot end
+    within MAX_MINUTES even at the matmul rate; None when it can, and then, for a run of SAY_SECONDS or more,
+    lines on stderr that say how long it takes at least. Nothing here runs at the matmul rate, so the time is
+    a lower bound: a run refused is surely too long. how: what the time counts, where not FLOPs."""
+    seconds = flops / (rate * 1e9) + overhead_seconds
+    if not how:
+        how = f"{flops:.2e} FLOP at this machine's {rate:.1f} GFLOP/s matmul rate"
+        if overhead_seconds >= 1:
+            how += f", and {format_duration(overhead_seconds)} of bookkeeping, timed on a small case here"
+    if seconds > 60 * MAX_MINUTES:
+        minutes = f"{seconds / 60:,.0f} minutes"
+        return f"this run needs at least {minutes} ({how}), over the {MAX_MINUTES}-minute limit: {lower}"
+    if seconds >= SAY_SECONDS:
+        progress(f"this run takes at least {format_duration(seconds)}; Ctrl-C stops it and keeps what was measured\n"
+                 f"  ({how})")  # fmt: skip
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -254,11 +264,8 @@ def git_tracks(path: str) -> bool:
     """Whether git tracks the file at path (False outside a checkout or without git)."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        done = subprocess.run(
-            ["git", "-C", folder, "ls-files", "--error-unmatch", os.path.basename(path)],
-            capture_output=True,
-            timeout=10,
-        )
+        command = ["git", "-C", folder, "ls-files", "--error-unmatch", os.path.basename(path)]
+        done = subprocess.run(command, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
@@ -319,25 +326,6 @@ def optional_torch() -> Any:
     return torch
 
 
-def load_mpi() -> Any:
-    """mpi4py's MPI; ImportError, naming what to install, where mpi4py or an MPI library is missing."""
-    from tinyattn_np._mpi import INSTALL_HINT
-
-    try:
-        from mpi4py import MPI
-    except ImportError as err:
-        raise ImportError(f"needs mpi4py and an MPI library: {INSTALL_HINT}") from err
-    return MPI
-
-
-def idle_wait(comm: Any) -> None:
-    """Wait for the other ranks without spinning: MPI's blocking calls poll the CPU, and a polling rank
-    would take a core from the work (a timing, a measurement) that one rank does meanwhile."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.005)
-
-
 # ---------------------------------------------------------------------------------------------------
 # the attention benchmarks (scaling.py, torch_naive.py, tiles.py, scaling_backward.py)
 
@@ -351,35 +339,41 @@ def add_seed_and_format(p: argparse.ArgumentParser, seed_help: str) -> None:
 def add_shape_arguments(p: argparse.ArgumentParser, *, tokens_range: bool = True, repeats: int = 5) -> None:
     """The flags every attention benchmark takes: T, the heads, the dtype, the mask, repeats, seed, format."""
     if tokens_range:
-        p.add_argument("--max-tokens", type=positive(int), default=8192, help="largest T (default 8192)")
-        p.add_argument("--min-tokens", type=positive(int), default=256, help="smallest T; it doubles (default 256)")
-    p.add_argument("--heads", type=positive(int), default=4, help="attention heads (default 4)")
-    p.add_argument("--head-dim", type=positive(int), default=64, help="E, channels per head (default 64)")
+        p.add_argument("--max-tokens", type=positive(int, MAX_TOKENS), default=8192, help="largest T (default 8192)")
+        p.add_argument("--min-tokens", type=positive(int, MAX_TOKENS), default=256,
+                       help="smallest T; it doubles (default 256)")  # fmt: skip
+    p.add_argument("--heads", type=positive(int, MAX_HEADS), default=4, help="attention heads (default 4)")
+    p.add_argument("--head-dim", type=positive(int, MAX_HEADS), default=64, help="E, channels per head (default 64)")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="q, k, v dtype (default float32)")
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
-    p.add_argument("--repeats", type=positive(int), default=repeats, help=f"timed runs per figure (default {repeats})")
+    p.add_argument("--repeats", type=positive(int, MAX_REPEATS), default=repeats,
+                   help=f"timed runs per figure (default {repeats})")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_seed_and_format(p, "the random q, k, v")
 
 
 def add_flash_arguments(p: argparse.ArgumentParser, *, per_step: bool = True) -> None:
     """flash_attention's knobs: workers, tile sides and (forward only) kv heads per tile step."""
-    p.add_argument("--workers", type=positive(int), default=None, help="flash worker threads (default: CPU count)")
+    p.add_argument("--workers", type=positive(int, MAX_WORKERS), default=None,
+                   help="flash worker threads (default: CPU count)")  # fmt: skip
     rule = f"{DEFAULT_BLOCK_Q}, or {2 * DEFAULT_BLOCK_Q} on more than 8 cores: flash.default_tiles"
-    p.add_argument("--block-q", type=positive(int), default=None, help=f"flash query block (default {rule})")
-    p.add_argument("--block-k", type=positive(int), default=None, help=f"flash key block (default {rule})")
+    block = positive(int, MAX_TOKENS)
+    p.add_argument("--block-q", type=block, default=None, help=f"flash query block (default {rule})")
+    p.add_argument("--block-k", type=block, default=None, help=f"flash key block (default {rule})")
     if per_step:
         p.add_argument(
-            "--kv-heads-per-step", type=positive(int), default=None,
+            "--kv-heads-per-step", type=positive(int, MAX_HEADS), default=None,
             help="kv heads (each with its query heads) in one batched matmul per flash tile step (default: as many "
             "as fit in 2^18 scores, 2^19 on more than 8 cores: flash.default_tiles)",
         )  # fmt: skip
 
 
 def add_budget_argument(p: argparse.ArgumentParser) -> None:
+    ram = memory_total() / 2**30
     p.add_argument(
-        "--mem-budget", type=positive(float), default=None,
-        help="GiB the naive path may use; rows over it are skipped (default: a quarter of this machine's RAM)",
+        "--mem-budget", type=positive(float, round(ram, 1)), default=None,
+        help=f"GiB the naive path may use, at most this machine's {ram:.1f}; rows over it are skipped (default: a "
+        "quarter of it)",
     )  # fmt: skip
 
 
@@ -407,21 +401,14 @@ def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace, T: int, fl
 
 def doubling(min_tokens: int, max_tokens: int) -> list[int]:
     """min_tokens, 2·min_tokens, ... up to max_tokens."""
-    sizes, T = [], min_tokens
-    while T <= max_tokens:
-        sizes.append(T)
-        T *= 2
-    return sizes
-
-
-def growth(times: list[float]) -> str:
-    """Time ratio per doubling of T, e.g. '3.24x, 3.95x' ('-' with fewer than two figures)."""
-    return ", ".join(f"{b / a:.2f}x" for a, b in zip(times, times[1:], strict=False)) or "-"
+    return [min_tokens << i for i in range((max_tokens // min_tokens).bit_length())]
 
 
 def growth_line(rows: list[dict[str, Any]], key: str) -> str:
-    """growth() of the rows' figures under key, skipping rows where it was not measured."""
-    return growth([r[key] for r in rows if r.get(key) is not None])
+    """The time ratio per doubling of T of the rows' figures under key (rows where it was not measured
+    skipped), e.g. '3.24x, 3.95x'; '-' with fewer than two figures."""
+    times = [r[key] for r in rows if r.get(key) is not None]
+    return ", ".join(f"{b / a:.2f}x" for a, b in zip(times, times[1:], strict=False)) or "-"
 
 
 def make_qkv(rng: np.random.Generator, T: int, args: argparse.Namespace) -> tuple[np.ndarray, ...]:
@@ -463,7 +450,7 @@ def start_benchmark(
     lower = f"lower {'--tokens' if one_size else '--max-tokens'} or --repeats"
     problem = time_problem(run_flops(args, run.sizes, run.causal), run.rate, lower)
     if problem:
-        sys.exit(f"error: {problem}")
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {problem}")
     return run
 
 
@@ -493,3 +480,15 @@ def cell(x: Any) -> str:
     if x is None:
         return "-"
     return f"{x:.2f}" if isinstance(x, float) else str(x)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python scripts/common.py [--help]: what this module is; it is no program and runs nothing."""
+    p = argparse.ArgumentParser(prog="common.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.parse_args(argv)
+    progress("common.py is not a program: the scripts beside it import it (python scripts/scaling.py --help)")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,7 +46,18 @@ from tinyattn_np.memory import (
     score_matrix_bytes,
 )
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
-from tinyattn_np.report import add_format_argument, column_unit, format_bytes, format_sig, text_table, to_unit
+from tinyattn_np.report import (
+    add_format_argument,
+    add_wide_argument,
+    column_unit,
+    fit_table,
+    format_bytes,
+    format_sig,
+    positive,
+    table_width,
+    text_table,
+    to_unit,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -55,32 +66,10 @@ N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
 TINY_TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # the first article's table rows
 TINY_HEADS, TINY_HEAD_DIM = 4, 64
-WIDTH = 120  # columns a table may take without --wide
+MAX_CONTEXT, MAX_BATCH = 2**40, 2**20  # formulas only, but past these no figure means anything
 # section 6 without --preset, --config or --model: one model of each kind of attention
 SIDE_BY_SIDE = ["llama-2-7b", "llama-3-8b", "falcon-7b", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
                 "gpt-oss-120b", "llama-4-scout", "qwen3-next-80b-a3b"]  # fmt: skip
-
-
-# --- tables that fit -------------------------------------------------------------------------------
-
-
-def fit(body: list[list[str]], headers: list[str], args: argparse.Namespace) -> str:
-    """The table, or, when it is wider than WIDTH columns and --wide is not given, parts of it that each fit,
-    every part keeping the first column so that a row can be followed across them."""
-    whole = text_table(body, headers, args.format)
-    if args.wide or max(len(line) for line in whole.splitlines()) <= WIDTH:
-        return whole
-
-    def part(columns: list[int]) -> str:
-        return text_table([[row[c] for c in columns] for row in body], [headers[c] for c in columns], args.format)
-
-    parts, columns = [], [0]
-    for column in range(1, len(headers)):
-        if len(columns) > 1 and max(len(line) for line in part([*columns, column]).splitlines()) > WIDTH:
-            parts.append(part(columns))
-            columns = [0]
-        columns.append(column)
-    return "\n\n".join([*parts, part(columns)])
 
 
 def in_units(
@@ -176,7 +165,8 @@ def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
         active = "?" if bill["active_parameters"] is None else format_sig(bill["active_parameters"] / 1e6)
         tflop = format_sig(bill["contexts"][0]["attention_flops"] / 1e12) + (" *" if beyond[-1] else "")
         body.append([bill["model"], format_sig(bill["parameters"] / 1e6), active, *row_cells[:2], *flagged, tflop])
-    return fit(body, ["model", "params (millions)", "active (millions)", *headers, f"attn TFLOP at {first:,}"], args)
+    headers = ["model", "params (millions)", "active (millions)", *headers, f"attn TFLOP at {first:,}"]
+    return fit_table(body, headers, args.format, table_width(args))
 
 
 def model_lines(bills: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
@@ -295,20 +285,21 @@ def side_by_side_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> 
         heads = f"{row['query_heads']}" + (f"/{row['kv_heads']}" if row["attention"] in ("GQA", "MQA") else "")
         per_layer = f"{row['kv_numbers_per_token_and_layer']:,}"
         body.append([row["model"], f"{row['attention']} {heads}", row["layers"], per_layer, *row_cells])
-    return fit(body, ["model", "attention", "layers", "K/V per layer", *headers], args)
+    headers = ["model", "attention", "layers", "K/V per layer", *headers]
+    return fit_table(body, headers, args.format, table_width(args))
 
 
 # --- the command line ---------------------------------------------------------------------------------
 
 
 def parse_tokens(text: str) -> list[int]:
-    """'8192,32768' -> [8192, 32768]; each a positive int."""
+    """'8192,32768' -> [8192, 32768]; each a positive int, at most MAX_CONTEXT."""
     try:
         tokens = [int(part.replace("_", "")) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--tokens must be comma-separated integers; got {text!r}") from None
-    if not tokens or any(n < 1 for n in tokens):
-        raise argparse.ArgumentTypeError(f"--tokens must be positive integers; got {text!r}")
+    if not tokens or any(n < 1 or n > MAX_CONTEXT for n in tokens):
+        raise argparse.ArgumentTypeError(f"--tokens must be positive integers at most {MAX_CONTEXT:,}; got {text!r}")
     return tokens
 
 
@@ -341,11 +332,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
     parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache and state (default: --dtype)")
-    parser.add_argument("--batch", type=int, default=1, help="sequences at once (default: 1)")
+    parser.add_argument("--batch", type=positive(int, MAX_BATCH), default=1, help="sequences at once (default: 1)")
     add_format_argument(parser)
     parser.add_argument("--units", default="binary", choices=("binary", "decimal"), help="binary: KiB, MiB, GiB "
                         "(powers of 1024); decimal: KB, MB, GB (default: binary)")  # fmt: skip
-    parser.add_argument("--wide", action="store_true", help=f"print each table whole, even wider than {WIDTH} columns")
+    add_wide_argument(parser)
     parser.add_argument(
         "--ring-model", default="llama-3-8b", metavar="NAME|PATH",
         help="the model of section 5, ring attention at 1M tokens (default: llama-3-8b)",
@@ -356,8 +347,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "instead of the tables)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    if args.batch < 1:
-        parser.error(f"--batch must be a positive int; got {args.batch}")
     args.kv_dtype = args.kv_dtype or args.dtype
     common.check_output(parser, "--json", args.json)
     return args
@@ -452,15 +441,15 @@ def print_last_sections(report: dict[str, Any], args: argparse.Namespace, ring_m
         f"   flight (the one in hand, also being sent, and the next), one fp32 score tile, the weights ({args.dtype},"
     )
     print("   whole on every device) and their total; sent: what a device sends per forward; fits: in one H100 80GB")
-    print(fit(*ring_table(ring, args.units), args))
+    print(fit_table(*ring_table(ring, args.units), args.format, table_width(args)))
     fitting = [row["devices"] for row in ring if row["fits_h100"]]
     needed = f"{fitting[0]} devices" if fitting else f"more than {RING_DEVICES[-1]} devices"
     print(f"   the smallest ring here in which every device fits in one H100 80GB (81,559 MiB): {needed}")
     if ring_model.sliding_window is not None or ring_model.attention_chunk is not None:
         print(f"   {ring_model.name}'s windows and chunks are not counted: every layer is taken as full attention")
     if ring_model.max_positions is not None and RING_TOKENS > ring_model.max_positions:
-        print(f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: "
-              "this is the memory arithmetic of the context, not a claim that the model handles it")  # fmt: skip
+        print(f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: this is the memory "
+              "arithmetic of the context,\n   not a claim that the model handles it")  # fmt: skip
     print()
     print(f"6) The KV cache per token, side by side ({args.kv_dtype}). attention: GQA 32/8 is 32 query heads over 8")
     print("   kv heads; K/V per layer: the numbers each attention layer keeps for a token (2 · kv heads · head_dim, or")

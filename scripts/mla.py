@@ -35,7 +35,7 @@ import numpy as np
 
 from tinyattn_np import attend_latent, decompress, flash_decode, latent_softmax_scale, split_ukv
 from tinyattn_np.measure import read_bandwidth
-from tinyattn_np.report import Checklist, format_bytes, positive
+from tinyattn_np.report import Checklist, format_bytes, positive, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -67,9 +67,9 @@ def print_cache_table(args: argparse.Namespace) -> None:
     ]
     body = [[name, str(kv), f"{n:,}", f"{2 * n:,}", f"{4 * n:,}", f"{n / LATENT:.1f}x"] for name, kv, n in rows]
     print(f"1) the cache one token takes in one layer: {args.heads} heads, keys of {D_NOPE} + {D_ROPE} numbers "
-          f"and values of {D_V} (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}")  # fmt: skip
+          f"and values of {D_V}\n   (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}")  # fmt: skip
     headers = ["layout", "kv heads", "numbers", "bytes (bf16)", "bytes (float32)", "/ MLA"]
-    print(common.text_table(body, headers, fmt=args.format))
+    print(text_table(body, headers, fmt=args.format))
 
 
 def last_level_cache() -> int | None:
@@ -210,9 +210,9 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
                          f"{flops / read:.1f}", bound, f"{ms / max(compute_ms, memory_ms):.2f}x"])  # fmt: skip
             marks.append(row)
     print(f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
-          "bound: the larger of FLOPs / matmul rate and bytes / bandwidth")  # fmt: skip
+          "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth")  # fmt: skip
     headers = ["S", "step", "ms (median)", "GFLOP", "MB read", "FLOP/byte", "bound", "/ bound"]
-    print(common.text_table(common.mark_busy(body, marks), headers, fmt=args.format))
+    print(text_table(common.mark_busy(body, marks), headers, fmt=args.format))
     note = common.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
     if note:
         print(note)
@@ -246,11 +246,13 @@ def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--contexts", type=positive(int), nargs="+", default=[1024, 4096], metavar="S",
+    p.add_argument("--contexts", type=positive(int, common.MAX_TOKENS), nargs="+", default=[1024, 4096], metavar="S",
                    help="cached tokens S of each decode step (default 1024 4096)")  # fmt: skip
-    p.add_argument("--heads", type=positive(int), default=128, help="query heads H (default 128, DeepSeek-V3's)")
+    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), default=128,
+                   help="query heads H (default 128, DeepSeek-V3's)")  # fmt: skip
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype (default float32)")
-    p.add_argument("--repeats", type=positive(int), default=3, help="timed runs per figure (default 3)")
+    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=3,
+                   help="timed runs per figure (default 3)")  # fmt: skip
     p.add_argument("--torch", action="store_true", help="add torch doing the absorbed step with its own matmuls")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     common.add_seed_and_format(p, "the random latents, weights and queries")

@@ -131,7 +131,7 @@ def learned_demo(rng: np.random.Generator) -> None:
     try:
         positions(np.array([n_rows]))
     except ValueError as err:
-        print(f"   position {n_rows} -> ValueError: {err}")
+        print(f"   position {n_rows}: ValueError: {err}")
     else:
         check(False, f"LearnedPositions({n_rows}, ...) refuses position {n_rows}")
     far = rope(rng.standard_normal((1, D_HEAD)), positions=[100_000])  # (1, 64)

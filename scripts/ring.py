@@ -42,7 +42,17 @@ from tinyattn_np._mpi import StopTogether
 from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.memory import attention_flops, ring_attention_bytes
-from tinyattn_np.report import Checklist, add_format_argument, column_unit, format_sig, text_table, to_unit
+from tinyattn_np.report import (
+    Checklist,
+    add_format_argument,
+    add_wide_argument,
+    column_unit,
+    fit_table,
+    format_sig,
+    table_width,
+    text_table,
+    to_unit,
+)
 from tinyattn_np.ring import ring_attention, tile_counts
 from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard
 
@@ -52,11 +62,10 @@ import common  # noqa: E402
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
-MAX_TOKENS = 1 << 22  # 4M tokens: the full q, k, v and two outputs on rank 0 are already GiBs
-BOUNDS = {  # each size flag's smallest and largest value
-    "tokens": (1, MAX_TOKENS), "heads": (1, sys.maxsize), "kv_heads": (1, sys.maxsize), "head_dim": (1, sys.maxsize),
-    "block": (1, sys.maxsize), "workers": (1, 256), "reference_workers": (1, 256), "repeats": (1, sys.maxsize),
-    "max_ranks": (2, 1024),
+BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
+    "tokens": (1, common.MAX_TOKENS), "heads": (1, common.MAX_HEADS), "kv_heads": (1, common.MAX_HEADS),
+    "head_dim": (1, common.MAX_HEADS), "block": (1, common.MAX_TOKENS), "workers": (1, common.MAX_WORKERS),
+    "reference_workers": (1, common.MAX_WORKERS), "repeats": (1, common.MAX_REPEATS), "max_ranks": (2, 1024),
 }  # fmt: skip
 ONE_RANK = (
     "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
@@ -89,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="random seed for q, k, v (default 0)")
     add_format_argument(p)
+    add_wide_argument(p)
     p.add_argument("--json", metavar="PATH", help="also write every figure to PATH (its folder must exist)")
     args = p.parse_args(argv)
     args.kv_heads = args.heads if args.kv_heads is None else args.kv_heads
@@ -123,7 +133,7 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
     itemsize = np.dtype(DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
     problem = common.memory_problem(
-        held, f"--tokens {args.tokens:,}", "lower --tokens", " on rank 0 (q, k, v, two outputs)"
+        held, f"--tokens {args.tokens:,}", "lower --tokens, --heads or --head-dim", " on rank 0 (q, k, v, two outputs)"
     )
     if problem:
         return problem
@@ -268,34 +278,25 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
     return {"ranks": every, "wall_ms": 1e3 * statistics.median(walls), "out": gathered}
 
 
-def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str) -> str:
-    """One row per rank: what it held, computed, sent and waited."""
+def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str, width: int | None) -> str:
+    """One row per rank: what it held, computed, sent and waited (split into parts of `width` columns)."""
     u = column_unit([r["sent"] for r in ranks] + [r["estimate_per_step"] for r in ranks], units)
     u_peak = column_unit([r["peak_bytes"] for r in ranks], units)
     body = []
     for r in ranks:
         per_step = r["sent_per_step"][0] if len(r["sent_per_step"]) > 1 else 0
-        body.append(
-            [
-                str(r["rank"]),
-                " ".join(map(str, r["chunks"])),
-                f"{r['tokens']:,}",
-                f"{r['tiles']:,}",
-                f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
-                f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
-                format_sig(to_unit(r["sent"], u)),
-                format_sig(to_unit(r["received"], u)),
-                format_sig(to_unit(r["estimate_total"], u)),
-                format_sig(to_unit(r["peak_bytes"], u_peak)),
-                f"{r['ms']:,.1f}",
-                f"{r['wait_ms']:,.1f}",
-            ]
-        )
+        body.append([
+            str(r["rank"]), " ".join(map(str, r["chunks"])), f"{r['tokens']:,}", f"{r['tiles']:,}",
+            f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
+            f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
+            *(format_sig(to_unit(r[key], u)) for key in ("sent", "received", "estimate_total")),
+            format_sig(to_unit(r["peak_bytes"], u_peak)), f"{r['ms']:,.1f}", f"{r['wait_ms']:,.1f}",
+        ])  # fmt: skip
     headers = [
         "rank", "chunks", "tokens", "tiles", "pairs full/diag/hidden", f"sent per step ({u}) x steps",
         f"sent ({u})", f"received ({u})", f"memory.py ({u})", f"peak ({u_peak})", "ms", "waiting ms",
     ]  # fmt: skip
-    return text_table(body, headers, fmt)
+    return fit_table(body, headers, fmt, width)
 
 
 def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
@@ -356,7 +357,7 @@ def layout_section(section: int, layout: str, run: dict[str, Any], args: argpars
     ranks, size = run["ranks"], len(run["ranks"])
     print(f"\n{section}) {layout}: per rank (pairs of chunks: full / diagonal / hidden; memory.py = its estimate of")
     print("   the bytes sent, exact; peak = tracemalloc's, in the ring call)")
-    print(rank_table(ranks, "binary", args.format))
+    print(rank_table(ranks, "binary", args.format, table_width(args)))
     if size > 1:
         print(f"   rank 0 step by step (it sends each block on to rank 1 and receives from rank {size - 1}):")
         print(step_table(ranks, args.format))
@@ -405,7 +406,8 @@ def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | Non
     if reference is not None:
         headers += ["/ one process", "max |ring - one process|"]
         print(f"   one process: flash_attention with {args.reference_workers} worker(s): {reference[0]:,.1f} ms")
-    print(common.marked_table(body, list(summary.values()), headers, args.format, lambda row: row["layout"]))
+    label = lambda row: row["layout"]  # noqa: E731
+    print(common.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
     if len(runs) == 2:
         print(f"   contiguous / zigzag wall time: {runs['contiguous']['wall_ms'] / runs['zigzag']['wall_ms']:.2f}")
     if size > (os.cpu_count() or 1):

@@ -30,12 +30,12 @@ from tinyattn_np import attention, flash_attention
 from tinyattn_np.flash import default_tiles
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import format_bytes
+from tinyattn_np.report import add_wide_argument, format_bytes, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
 
-# The tables that scaling.py printed before each became a script of its own: the old flag gets one line.
+# Flags of tables that other scripts print: each names the script in one line.
 MOVED = {
     "--torch-naive": "python scripts/torch_naive.py",
     "--sweep-blocks": "python scripts/tiles.py --tokens {value}",
@@ -44,11 +44,11 @@ MOVED = {
 
 
 class Moved(argparse.Action):
-    """An old flag: one line naming the script that prints its table now, and exit 2 (a usage error)."""
+    """A flag of a table another script prints: one line naming that script, and exit 2 (a usage error)."""
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
         command = MOVED[str(option_string)].format(value=values or "T")
-        print(f"scaling.py: error: {option_string} is a script of its own now: {command}", file=sys.stderr)
+        print(f"scaling.py: error: {option_string} is a script of its own: {command}", file=sys.stderr)
         sys.exit(2)
 
 
@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_shape_arguments(p)
     common.add_flash_arguments(p)
     common.add_budget_argument(p)
+    add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
     p.add_argument(
         "--torch-3d",
@@ -165,7 +166,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
             line += [r["torch_3d_ms"]]
         body.append([common.cell(x) for x in line])
     # formatted here, not by tabulate: a "skipped" string in a column stops tabulate rounding that column
-    print(common.marked_table(body, rows, headers, args.format))
+    print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
 
 
 def tiles_text(args: argparse.Namespace, T: int) -> str:
@@ -222,8 +223,8 @@ def print_results(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
     naive, flash = common.growth_line(rows, "naive_ms"), common.growth_line(rows, "flash_ms")
     print(f"time growth per doubling: naive {naive}; flash {flash}")
     print(
-        "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of "
-        f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this "
+        "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of\n"
+        f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this\n"
         "machine's matmul rate that flash reaches (over 100%: the load changed between the two)."
     )
     if args.plot and len(rows) == len(run.sizes):  # a picture of a run cut short would replace a whole one
@@ -234,7 +235,7 @@ def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
     mask, tiles = "causal" if run.causal else "no mask", tiles_text(args, run.sizes[-1])
     return (
         f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; flash {tiles}, {run.threads} "
-        f"workers; median of {args.repeats} runs; peaks from tracemalloc, (est.) = tinyattn_np.memory; naive budget "
+        f"workers;\nmedian of {args.repeats} runs; peaks from tracemalloc, (est.) = tinyattn_np.memory; naive budget "
         f"{format_bytes(run.budget)}"
     )
 

@@ -23,6 +23,7 @@ from tinyattn_np import flash_attention, flash_attention_backward
 from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops, flash_attention_backward_bytes
+from tinyattn_np.report import add_wide_argument, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     common.add_shape_arguments(p)
     common.add_flash_arguments(p, per_step=False)
+    add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add torch's CPU backward (autograd through SDPA; needs torch)")
     args = p.parse_args(argv)
     common.check_sizes(p, args, args.max_tokens)
@@ -112,18 +114,17 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
         if args.torch:
             line += [f"{r['torch_backward_ms']:.1f}", f"{r['backward_ms'] / r['torch_backward_ms']:.2f}"]
         body.append(line)
-    print(common.marked_table(body, rows, headers, args.format))
-    torch_note = "; torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward " \
-        "excluded" if args.torch else ""  # fmt: skip
-    print("backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev))"
-          + torch_note)  # fmt: skip
+    print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
+    print("backward FLOPs = 2·(3E + 2Ev) per unmasked score (S again, dV, dP, dQ, dK: 2.5x the forward's 2·(E + Ev))")
+    if args.torch:
+        print("torch bwd = autograd's backward through F.scaled_dot_product_attention on 4-D tensors, forward excluded")
 
 
 def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
     mask, blocks = "causal" if run.causal else "no mask", f"{run.blocks['block_q']} x {run.blocks['block_k']}"
     return (
         f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; blocks "
-        f"{blocks}, {run.threads} workers; median of {args.repeats} runs; peak from tracemalloc, (est.) = "
+        f"{blocks}, {run.threads} workers;\nmedian of {args.repeats} runs; peak from tracemalloc, (est.) = "
         "memory.flash_attention_backward_bytes"
     )
 

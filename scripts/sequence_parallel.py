@@ -42,7 +42,16 @@ from tinyattn_np.flash import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import sequence_parallel_bytes
-from tinyattn_np.report import Checklist, column_unit, format_sig, positive, text_table, to_unit
+from tinyattn_np.report import (
+    Checklist,
+    add_wide_argument,
+    column_unit,
+    fit_table,
+    format_sig,
+    positive,
+    table_width,
+    to_unit,
+)
 from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
 from tinyattn_np.shards import shard, unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
@@ -63,35 +72,37 @@ PROCESSES = (2, 4, 8, 16, 32, 64)  # section 1's rows
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=positive(int), default=4096, help="T, the whole sequence (default 4096)")
-    p.add_argument("--heads", type=positive(int), default=4, help="query heads (default 4)")
-    p.add_argument("--kv-heads", type=positive(int), default=None, help="key/value heads (default --heads)")
-    p.add_argument("--head-dim", type=positive(int), default=64, help="E, channels per head (default 64)")
+    tokens, heads, workers = (positive(int, most) for most in (common.MAX_TOKENS, common.MAX_HEADS, common.MAX_WORKERS))
+    p.add_argument("--tokens", type=tokens, default=4096, help="T, the whole sequence (default 4096)")
+    p.add_argument("--heads", type=heads, default=4, help="query heads (default 4)")
+    p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default --heads)")
+    p.add_argument("--head-dim", type=heads, default=64, help="E, channels per head (default 64)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="inputs' dtype (default float32)")
+    p.add_argument("--block", type=tokens, default=DEFAULT_BLOCK_Q, help=f"tile side (default {DEFAULT_BLOCK_Q})")
+    p.add_argument("--workers", type=workers, default=1, help="threads per rank (default 1: a rank per core)")
     p.add_argument(
-        "--block", type=positive(int), default=DEFAULT_BLOCK_Q, help=f"tile side (default {DEFAULT_BLOCK_Q})"
-    )
-    p.add_argument("--workers", type=positive(int), default=1, help="threads per rank (default 1: a rank per core)")
-    p.add_argument(
-        "--reference-workers", type=positive(int), default=os.cpu_count() or 1,
+        "--reference-workers", type=workers, default=os.cpu_count() or 1,
         help="threads of the one process it is timed against (default: the CPU count)",
     )  # fmt: skip
     p.add_argument("--no-reference", action="store_true", help="skip the one-process run and the comparison")
     p.add_argument(
-        "--repeats", type=positive(int), default=3, help="timed runs per figure, the median shown (default 3)"
+        "--repeats",
+        type=positive(int, common.MAX_REPEATS),
+        default=3,
+        help="timed runs per figure, the median shown (default 3)",
     )
     p.add_argument(
         "--model", default="llama-3-8b", help="section 1's model: a preset or a config.json (default llama-3-8b)"
     )
-    p.add_argument("--model-tokens", type=positive(int), default=2**20, help="section 1's tokens (default 1,048,576)")
+    p.add_argument("--model-tokens", type=positive(int, 2**40), default=2**20,
+                   help="section 1's tokens (default 1,048,576)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    add_wide_argument(p)
     common.add_seed_and_format(p, "the random q, k, v and dout")
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    if args.workers > 256 or args.reference_workers > 256 or args.tokens > 2**22:
-        p.error("keep --workers and --reference-workers <= 256 and --tokens <= 4,194,304")
     try:
         args.shape = load_model_shape(args.model)
     except (OSError, ValueError, TypeError) as err:
@@ -138,7 +149,7 @@ def bytes_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
     print(f"\n1) GiB one process sends: {model.name} ({model.layers} layers, {model.heads} query heads, "
           f"{model.kv_heads} kv heads of {model.head_dim}, bf16) at {tokens:,} tokens")  # fmt: skip
     headers = ["processes", "tokens each", "ring forward", "ring backward", "Ulysses forward", "Ulysses backward"]
-    print(text_table(body, headers, args.format))
+    print(fit_table(body, headers, args.format, table_width(args)))
     print(f"   -: Ulysses splits the heads, and {model.kv_heads} kv heads do not split over that many processes")
     report["bytes"] = {"model": model.name, "tokens": tokens, "rows": rows}
 
@@ -230,7 +241,7 @@ def backward_section(runs: dict[str, Any], args: argparse.Namespace, check: Chec
         f"formula ({u})",
         f"peak ({u_peak})",
     ]
-    print(text_table(body, headers, args.format))
+    print(fit_table(body, headers, args.format, table_width(args)))
     for name in names:
         tiles = [r["tiles"] for r in runs[name]["ranks"]]
         print(f"   {name}: busiest rank's tiles / mean = {max(tiles) / statistics.mean(tiles):.3f}")
@@ -257,7 +268,7 @@ def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checkl
     print("   Ulysses' all-to-alls, packing included)")
     headers = ["scheme", "rank", "forward ms", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})",
                f"peak ({u_peak})"]  # fmt: skip
-    print(text_table(body, headers, args.format))
+    print(fit_table(body, headers, args.format, table_width(args)))
     for name, run in runs.items():
         for r in run["ranks"]:
             exact = (r["forward_sent"], r["backward_sent"]) == (r["formula_forward"], r["formula_backward"])
@@ -321,7 +332,7 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
     headers = ["scheme", "forward wall ms", "forward + backward wall ms", "busiest/mean tiles"]
     if reference is not None:
         headers += ["/ one process", "max |diff|"]
-    print(common.marked_table(body, summary, headers, args.format, lambda row: row["scheme"]))
+    print(common.marked_table(body, summary, headers, args.format, lambda row: row["scheme"], width=table_width(args)))
     if "ring zigzag" in runs and "ring contiguous" in runs:
         ratio = runs["ring contiguous"]["wall_ms"] / runs["ring zigzag"]["wall_ms"]
         print(f"   contiguous / zigzag wall time: {ratio:.2f}")
@@ -388,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         report["machine"], lines = common.header()
         print(lines)
         print(f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
-              f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal; tiles {args.block} x {args.block}, "
+              f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
               f"{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
         bytes_section(args, report)
     try:

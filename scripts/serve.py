@@ -22,6 +22,7 @@ lengths at every step; each sample equals that sample run alone; cascade_decode 
 
 Run:  python scripts/serve.py [--requests 24] [--blocks 96] [--block-size 16] [--samples 8] [--seed 0]
 The weights are random and untrained: the tokens mean nothing; the memory and the scheduling are the point.
+A run of 10 s or more first says how long it takes at least (each kind of call timed here); past 30 minutes, refused.
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ from tinyattn_np import (
     paged_decode,
     paged_kv_cache_bytes,
 )
-from tinyattn_np.report import Checklist, format_bytes, positive, text_table
+from tinyattn_np.measure import time_calls
+from tinyattn_np.report import Checklist, add_wide_argument, format_bytes, positive, table_width, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
+MAX_SIZES = {"layers": 16, "d_model": 1024, "heads": 512, "vocab": 100_000, "samples": 1024, "blocks": 2**20,
+             "block_size": 4096}  # each flag's largest value: a simulation, not a server  # fmt: skip
 RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
 
 
@@ -314,15 +318,16 @@ def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
                "KV slots held (peak)", "held, no token (waste)"]  # fmt: skip
     print(
         f"1) {args.requests} requests, prompts {args.min_prompt}-{args.max_prompt} tokens, outputs 1-{args.max_new} "
-        f"(limit {args.max_new}), {args.rate} arrivals per step; a budget of {args.blocks} blocks of {args.block_size} "
-        f"tokens ({args.blocks * args.block_size:,} KV slots per layer); {args.layers} layers, d_model {args.d_model}, "
+        f"(limit {args.max_new}), {args.rate} arrivals per step;\n   a budget of {args.blocks} blocks of "
+        f"{args.block_size} tokens ({args.blocks * args.block_size:,} KV slots per layer); {args.layers} layers, "
+        f"d_model {args.d_model}, "
         f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}"
     )
-    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"]))
+    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"], width=table_width(args)))
     paged = rows[0]
     print(
         "  the paged run's requests, step by step, preallocated at their limits instead: "
-        f"{100 * paged['waste_if_preallocated']:.1f}% of the memory held would hold no token "
+        f"{100 * paged['waste_if_preallocated']:.1f}% of the memory held\n  would hold no token "
         f"(paged: {100 * paged['waste']:.1f}%, at most block_size - 1 slots a request)"
     )
     print("  waste: 1 - (tokens in the cache) / (token slots held), summed over the steps; one layer (all are alike)")
@@ -336,7 +341,7 @@ def print_bill(args: argparse.Namespace) -> None:
     reserved = kv_cache_bytes(sum(len(p) + args.max_new for _, p, _ in workload), **shape)
     print(
         f"  on Llama-3-8B (bf16), every request at its full length at once: paged in blocks of 16 "
-        f"{format_bytes(paged)}, preallocated at prompt + limit {format_bytes(reserved)} "
+        f"{format_bytes(paged)},\n  preallocated at prompt + limit {format_bytes(reserved)} "
         "(memory.paged_kv_cache_bytes, memory.kv_cache_bytes)"
     )
 
@@ -357,33 +362,94 @@ def print_samples(result: dict, args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
+# the whole run, estimated before it starts
+
+
+def run_calls(args: argparse.Namespace) -> list[int]:
+    """[prefills, decode steps through a contiguous KVCache, batched decode steps through the paged caches, the
+    sequences those steps decode beyond one a step] of the whole run, from the flags and the workload they
+    draw. Both schemes serve every request (a prefill, then a token a step, batched) and --check runs each
+    request alone again; part 2 prefills its prompt 1 + n times, decodes n samples twice (batched) and with
+    --check runs each alone. Preemption's recomputing is left out, and a scheme's batched steps are counted as
+    its longest output's (at least that many): a lower bound."""
+    outputs = [new for _, _, new in draw_workload(args, np.random.default_rng(args.seed))]
+    n, new, checks = args.samples, args.sample_tokens, int(args.check)
+    steps = max(outputs) - 1  # batched decode steps of a scheme, at least
+    decoded = sum(outputs) - len(outputs)  # the tokens they decode: every output's but its first (the prefill's)
+    return [
+        (2 + 2 * checks) * len(outputs) + 1 + n + checks * n,
+        checks * (2 * decoded + n * (new - 1)),
+        2 * steps + 2 * (new - 1),
+        2 * (decoded - steps) + 2 * (n - 1) * (new - 1),
+    ]
+
+
+def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float]:
+    """The seconds each kind of run_calls' calls takes, the least of a few timed here with the run's model at
+    the workload's mean context: matmuls, cache reads and the Python between them."""
+    mha, block = model.blocks[0], args.block_size
+    prompt = (args.min_prompt + args.max_prompt) // 2
+    tokens, one, four = np.zeros((1, prompt), np.int64), np.zeros((1, 1), np.int64), np.zeros((4, 1), np.int64)
+    fastest = lambda call: min(time_calls(call, 5, 1))  # noqa: E731  (the least a call takes)
+
+    def contiguous() -> list[KVCache]:
+        return [KVCache(1, mha.n_kv_heads, prompt + 8, mha.d_head, model.dtype) for _ in model.blocks]
+
+    prefill = fastest(lambda: model.logits(tokens, contiguous()))
+    caches = contiguous()
+    model.logits(tokens, caches)
+    decode = fastest(lambda: model.logits(one, caches))
+    paged = model.paged_caches(4 * (-(-(prompt + 16) // block) + 1), block)  # room for the 12 steps timed
+    seqs = [[cache.add_sequence() for cache in paged][0] for _ in range(4)]
+    model.logits(np.zeros((4, prompt), np.int64), paged, seqs)
+    first = fastest(lambda: model.logits(one, paged, seqs[:1]))
+    return [prefill, decode, first, max(fastest(lambda: model.logits(four, paged, seqs)) - first, 0.0) / 3]
+
+
+def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> None:
+    """Refuse a run that cannot end within common.MAX_MINUTES; say how long one of 10 s or more takes at least."""
+    calls = run_calls(args)
+    seconds = sum(n * each for n, each in zip(calls, seconds_per_call(model, args), strict=True))
+    lower = "lower --requests, --max-new, --samples, --layers, --d-model or --vocab, or add --no-check"
+    how = f"{sum(calls[:3]):,} calls of the model, each kind timed here"
+    problem = common.time_problem(0.0, rate, lower, seconds, how=how)
+    if problem:
+        sys.exit(f"serve.py: error: {problem}")
+
+
+# ---------------------------------------------------------------------------------------------------
 # arguments
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    add("--requests", type=positive(int), default=24, help="requests in the workload (default 24)")
-    add("--rate", type=positive(float), default=1.0, help="mean arrivals per step (default 1.0)")
-    add("--min-prompt", type=positive(int), default=8, help="shortest prompt, tokens (default 8)")
-    add("--max-prompt", type=positive(int), default=96, help="longest prompt, tokens (default 96)")
-    add("--max-new", type=positive(int), default=96, help="each request's limit of new tokens (default 96)")
-    add("--blocks", type=positive(int), default=96, help="the memory budget: blocks in the pool (default 96)")
-    add("--block-size", type=positive(int), default=16, help="tokens per block (default 16, as vLLM)")
-    add("--samples", type=positive(int), default=8, help="parallel samples of one prompt (default 8)")
-    add("--sample-prompt", type=positive(int), default=200, help="the samples' prompt, tokens (default 200)")
-    add("--sample-tokens", type=positive(int), default=24, help="tokens each sample draws (default 24)")
-    add("--layers", type=positive(int), default=2, help="attention layers (default 2)")
-    add("--d-model", type=positive(int), default=64, help="model width (default 64)")
-    add("--heads", type=positive(int), default=4, help="query heads (default 4)")
-    add("--kv-heads", type=positive(int), default=2, help="key/value heads (default 2)")
-    add("--vocab", type=positive(int), default=256, help="vocabulary size (default 256)")
+    tokens, cap = positive(int, MAX_WORK_TOKENS), {name: positive(int, most) for name, most in MAX_SIZES.items()}
+    add("--requests", type=tokens, default=24, help="requests in the workload (default 24)")
+    add("--rate", type=positive(float, 1000), default=1.0,
+        help="mean arrivals per step, at least 0.001 (default 1.0)")  # fmt: skip
+    add("--min-prompt", type=tokens, default=8, help="shortest prompt, tokens (default 8)")
+    add("--max-prompt", type=tokens, default=96, help="longest prompt, tokens (default 96)")
+    add("--max-new", type=tokens, default=96, help="each request's limit of new tokens (default 96)")
+    add("--blocks", type=cap["blocks"], default=96, help="the memory budget: blocks in the pool (default 96)")
+    add("--block-size", type=cap["block_size"], default=16, help="tokens per block (default 16, as vLLM)")
+    add("--samples", type=cap["samples"], default=8, help="parallel samples of one prompt (default 8)")
+    add("--sample-prompt", type=tokens, default=200, help="the samples' prompt, tokens (default 200)")
+    add("--sample-tokens", type=tokens, default=24, help="tokens each sample draws (default 24)")
+    add("--layers", type=cap["layers"], default=2, help="attention layers (default 2)")
+    add("--d-model", type=cap["d_model"], default=64, help="model width (default 64)")
+    add("--heads", type=cap["heads"], default=4, help="query heads (default 4)")
+    add("--kv-heads", type=cap["heads"], default=2, help="key/value heads (default 2)")
+    add("--vocab", type=cap["vocab"], default=256, help="vocabulary size (default 256)")
     add("--dtype", choices=["float32", "float64"], default="float64",
         help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)")  # fmt: skip
     add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
     add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
+    add_wide_argument(p)
     common.add_seed_and_format(p, "the model, the workload and the samples")
     args = p.parse_args(argv)
+    if args.rate < 0.001:  # arrivals 1,000 steps apart on average: past that, the steps would be mostly idle
+        p.error(f"--rate must be at least 0.001; got {args.rate}")
     if args.min_prompt > args.max_prompt:
         p.error(f"--min-prompt ({args.min_prompt}) must be at most --max-prompt ({args.max_prompt})")
     if args.d_model % args.heads or (args.d_model // args.heads) % 2 or args.heads % args.kv_heads:
@@ -391,12 +457,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if -(-(args.max_prompt + args.max_new) // args.block_size) + 1 > args.blocks:
         p.error(f"--blocks ({args.blocks}) cannot hold one request of --max-prompt + --max-new tokens: raise it")
     work = args.requests * (args.max_prompt + args.max_new) + args.samples * (args.sample_prompt + args.sample_tokens)
-    if work > MAX_WORK_TOKENS or args.d_model > 1024 or args.layers > 16 or args.vocab > 100_000:
-        p.error(f"at most {MAX_WORK_TOKENS:,} tokens of work (requests x (max-prompt + max-new) plus the samples; got "
-                f"{work:,}), --d-model 1,024, --layers 16, --vocab 100,000: this is a simulation")  # fmt: skip
+    if work > MAX_WORK_TOKENS:
+        p.error(f"--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt + --sample-tokens) must be at "
+                f"most {MAX_WORK_TOKENS:,} tokens of work (this is a simulation); got {work:,}")  # fmt: skip
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
     needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
-    problem = common.memory_problem(needed, "the pools of this run", "lower --blocks, --samples or --layers")
+    needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model  # the model: table, w_qkv, w_out
+    problem = common.memory_problem(needed, "the model and pools of this run", "lower --blocks, --samples, --layers, "
+                                    "--d-model or --vocab")  # fmt: skip
     if problem:
         p.error(problem)
     common.check_output(p, "--json", args.json)
@@ -405,11 +473,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    info, lines = common.header()
-    print(lines)
     rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
     rng = np.random.default_rng(args.seed)
-    model, figures = TinyDecoder(args, rng), {"args": vars(args), "machine": info, "matmul_gflops": rate}
+    model = TinyDecoder(args, rng)
+    check_time(model, args, rate)
+    info, lines = common.header()
+    print(lines)
+    figures = {"args": vars(args), "machine": info, "matmul_gflops": rate}
     parts = {
         "batching": lambda: batching_rows(model, args, np.random.default_rng(args.seed), rate),
         "samples": lambda: parallel_samples(model, args, rng),

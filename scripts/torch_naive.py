@@ -24,7 +24,7 @@ import numpy as np
 
 from tinyattn_np import attention, flash_attention
 from tinyattn_np.memory import attention_flops, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import format_bytes
+from tinyattn_np.report import add_wide_argument, format_bytes, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_shape_arguments(p)
     common.add_flash_arguments(p)
     common.add_budget_argument(p)
+    add_wide_argument(p)
     args = p.parse_args(argv)
     common.check_sizes(p, args, args.max_tokens)
     return args
@@ -114,7 +115,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
     causal, threads = run.causal, run.threads
     print(
         f"\nThe article's CPU table: torch naive (q kᵀ, {'causal masked_fill, ' if causal else ''}softmax, @ v) vs "
-        f"torch fused (SDPA{', is_causal=True' if causal else ''}), {args.dtype}, {args.heads} heads x "
+        f"torch fused (SDPA{', is_causal=True' if causal else ''}),\n{args.dtype}, {args.heads} heads x "
         f"{args.head_dim}, {threads} threads; ours beside it (same inputs, same run); median of {args.repeats} runs"
     )
     headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms", "our flash ms",
@@ -125,13 +126,19 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
                 ratio(r["torch_naive_ms"], r["torch_ms"]), r["naive_ms"], r["flash_ms"],
                 ratio(r["naive_ms"], r["flash_ms"]), ratio(r["torch_naive_ms"], r["naive_ms"])]  # fmt: skip
         body.append([common.cell(x) for x in line])
-    print(common.marked_table(body, rows, headers, args.format))
+    print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
     speedups = [x for r in rows if (x := common.ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]
     if speedups:
-        print(f"torch fused is {min(speedups):.1f}x to {max(speedups):.1f}x faster than torch naive here")
+        low, high = faster(min(speedups)), faster(max(speedups))
+        print(f"torch fused is {low if low == high else f'{low} to {high}'} than torch naive here")
     if any(r["torch_naive_ms"] is None or r["naive_ms"] is None for r in rows):
         budget = format_bytes(common.naive_budget(args))
         print(f"'-': skipped, that naive path would need more than the budget of {budget}")
+
+
+def faster(speedup: float) -> str:
+    """A time ratio (slower time / faster time) in words: 3.52 -> '3.5x faster', 0.25 -> '4.0x slower'."""
+    return f"{speedup:.1f}x faster" if speedup >= 1 else f"{1 / speedup:.1f}x slower"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,8 +88,8 @@ def test_script_step_mode_scatters_blocks_on_request():
         (["--tokens", "5000"], "at most 4,096"),
         (["--heads", "3"], "must be a multiple of --kv-heads"),
         (["--d-model", "36", "--heads", "4"], "heads of an even size"),
-        (["--d-model", "100000"], "this is a demo"),
-        (["--step", "--context", "10000000000"], "lower --context"),
+        (["--d-model", "100000"], "argument --d-model: must be a positive int at most 4,096; got 100,000"),
+        (["--step", "--context", "4194304"], "lower --context"),
         (["--json", "/no/such/folder/x.json"], "folder that exists"),
     ],
 )

@@ -16,6 +16,7 @@ How a page's code is read (the rules for whoever writes a page):
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import importlib.util
 import io
@@ -319,6 +320,17 @@ def test_the_notebook_is_saved_with_its_outputs() -> None:
     assert pictures >= 4, f"the tour shows {pictures} pictures; it should show at least 4"
     errors = [output for cell in code for output in cell["outputs"] if output["output_type"] == "error"]
     assert not errors, errors
+
+
+def test_the_notebook_extra_brings_jupyter_and_the_tour_says_how_to_open_it() -> None:
+    """`pip install -e ".[notebook]"` installs Jupyter itself, pinned, and the tour's first cell names the command
+    that opens it, so that "open it in Jupyter" works on a fresh clone."""
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg", encoding="utf-8")
+    extra = setup["options.extras_require"]["notebook"].split()
+    assert any(re.fullmatch(r"(notebook|jupyterlab)==[0-9.]+", requirement) for requirement in extra), extra
+    first = "".join(notebook()["cells"][0]["source"])
+    assert 'pip install -e ".[notebook]"' in first and "`jupyter notebook docs/tour.ipynb`" in first, first
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jupytext") is None, reason="jupytext is missing: the notebook extra")

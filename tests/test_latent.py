@@ -309,6 +309,14 @@ def test_a_weight_of_another_latent_rank_is_refused_and_the_cache_is_untouched(r
         layer.forward(rng.standard_normal((2, 1, D_MODEL)))
 
 
+def test_a_weight_ported_from_torch_without_the_transpose_is_named():
+    layer = make_layer()
+    layer.w_o = layer.w_o.T.copy()  # nn.Linear.weight's (out, in), where the layer multiplies x @ W, W (in, out)
+    transposed = r"got \(24, 18\): W is \(in, out\), the transpose of nn.Linear.weight \(pass weight.T\)"
+    with pytest.raises(ValueError, match=r"w_o must have shape \(18, 24\) .* " + transposed):
+        layer(np.zeros((1, 3, D_MODEL)))
+
+
 def test_attend_latent_refuses_a_latent_that_does_not_match_the_weights(rng):
     q_nope, q_rope = rng.standard_normal((1, 3, 2, 4)), rng.standard_normal((1, 3, 2, 4))
     w_ukv = rng.standard_normal((8, 3 * 10))
@@ -452,7 +460,8 @@ def test_mla_script_keeps_the_rows_measured_on_ctrl_c(mla_script, monkeypatch, c
     ("flags", "message"),
     [
         (["--contexts", "0"], "--contexts: must be a positive int; got 0"),
-        (["--contexts", "100000000000"], "S=100,000,000,000 needs about"),
+        (["--contexts", "100000000000"], "--contexts: must be a positive int at most 4,194,304"),
+        (["--contexts", "4194304", "--heads", "1024"], "S=4,194,304 needs about"),
         (["--heads", "-2"], "--heads: must be a positive int"),
         (["--json", "/no/such/folder/mla.json"], "the folder /no/such/folder does not exist"),
     ],

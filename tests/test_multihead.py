@@ -100,3 +100,18 @@ def test_multihead_imports_no_cache():
     tree = ast.parse(pathlib.Path(multihead.__file__).read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1}
     assert not imported & {"kvcache", "splitkv", "paged"}, imported
+
+
+def test_a_weight_ported_from_torch_without_the_transpose_is_named(rng):
+    """nn.Linear.weight is (out, in); this layer multiplies from the right, x @ W with W (in, out)."""
+    mha = MultiHeadAttention(16, 4, 2, rng=rng)  # w_qkv (16, 32): 4 query heads and 2 + 2 kv heads of 4
+    torch_weight = mha.w_qkv.T.copy()  # (32, 16): what nn.Linear(16, 32).weight holds
+    with pytest.raises(ValueError, match=r"w_qkv must have shape \(16, 32\); got \(32, 16\): W is \(in, out\), "
+                                         r"the transpose of nn.Linear.weight \(pass weight.T\)"):  # fmt: skip
+        mha.w_qkv = torch_weight
+    with pytest.raises(ValueError, match=r"w_out must have shape \(16, 16\); got \(16, 8\)$"):
+        mha.w_out = np.zeros((16, 8), np.float32)
+    with pytest.raises(TypeError, match="w_out must be a float16, float32 or float64 ndarray; got <class 'list'>"):
+        mha.w_out = np.zeros((16, 16)).tolist()
+    mha.w_qkv = w = torch_weight.T  # the transpose: accepted as it is, not copied (an optimizer may update it)
+    assert mha.w_qkv is w

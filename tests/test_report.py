@@ -3,7 +3,20 @@ import argparse
 import numpy as np
 import pytest
 
-from tinyattn_np.report import best_unit, format_bytes, matrix_table, positive, table, to_unit
+from tinyattn_np.report import (
+    TABLE_WIDTH,
+    add_wide_argument,
+    best_unit,
+    fit_table,
+    format_bytes,
+    format_duration,
+    matrix_table,
+    positive,
+    table,
+    table_width,
+    text_table,
+    to_unit,
+)
 
 
 def test_units_never_mix():
@@ -59,3 +72,42 @@ def test_positive_keeps_the_kind():
     assert positive(int)("12") == 12 and positive(float)("0.005") == 0.005
     with pytest.raises(argparse.ArgumentTypeError, match="must be a positive int; got '1.5'"):
         positive(int)("1.5")
+
+
+def test_positive_with_a_cap_refuses_past_it_and_says_how_to_write_a_whole_number():
+    assert positive(int, most=256)("256") == 256
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive int at most 256; got 257$"):
+        positive(int, most=256)("257")
+    digits = r"at most 256, written in digits \(such as 1000000000\); got '1e9'"
+    with pytest.raises(argparse.ArgumentTypeError, match=digits):
+        positive(int, most=256)("1e9")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be a positive int, written in digits \(such as 4096\)"):
+        positive(int)("4096.0")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive int; got '-1e9'"):
+        positive(int)("-1e9")  # not a size at all: no digits to suggest
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive float at most 1.5; got 2.0"):
+        positive(float, most=1.5)("2")
+
+
+def test_fit_table_splits_a_wide_table_into_parts_led_by_the_first_column():
+    headers = ["model", *(f"a column of figures {i}" for i in range(8))]
+    rows = [["llama", *(f"{i}.0" for i in range(8))], ["gpt2", *(f"{10 * i}.5" for i in range(8))]]
+    whole = fit_table(rows, headers, width=None)
+    assert max(len(line) for line in whole.splitlines()) > 120  # too wide for a terminal
+    parts = fit_table(rows, headers).split("\n\n")
+    assert len(parts) == 2 and all(max(len(line) for line in part.splitlines()) <= TABLE_WIDTH for part in parts)
+    for part in parts:  # each part: the first column, then its share of the others, in order
+        assert [line.split()[0] for line in part.splitlines()[2:]] == ["llama", "gpt2"]
+    cells = [line.split()[1:] for part in parts for line in part.splitlines()[2:3]]
+    assert [c for part in cells for c in part] == [f"{i}.0" for i in range(8)]
+    narrow = [row[:2] for row in rows]
+    assert fit_table(narrow, headers[:2]) == text_table(narrow, headers[:2])  # a narrow one: as it is
+    numbers = ([["a", 1.25]], ["name", "x"])
+    assert fit_table(*numbers, floatfmt=".1f") == table(*numbers, floatfmt=".1f")
+
+
+def test_format_duration_and_the_wide_flag():
+    assert [format_duration(s) for s in (5.0, 65.0, 3725.0)] == ["5 s", "1 min 05 s", "1 h 02 min"]
+    parser = argparse.ArgumentParser()
+    add_wide_argument(parser)
+    assert table_width(parser.parse_args([])) == TABLE_WIDTH and table_width(parser.parse_args(["--wide"])) is None

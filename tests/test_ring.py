@@ -13,8 +13,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +79,7 @@ class OneRankMPI(types.ModuleType):
 
     def __init__(self) -> None:
         super().__init__("mpi4py.MPI")
-        self.COMM_SELF = self.Comm()
+        self.COMM_SELF = self.COMM_WORLD = self.Comm()  # a world of one rank
 
 
 def one_rank_comm(monkeypatch: pytest.MonkeyPatch) -> object:
@@ -449,28 +452,88 @@ def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
 # --- real processes: mpiexec -n 1, 2, 3, 4 --------------------------------------------------------------
 
 
+HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_*"  # what MPICH's mpiexec leaves in /tmp when its job is aborted
+
+
+@contextmanager
+def mpi_job_environment() -> Iterator[dict[str, str]]:
+    """The environment of one mpiexec job: this checkout on the path, one BLAS thread per rank, and a temporary
+    folder of its own (TMPDIR), removed when the job ends, aborted or not.
+
+    MPICH's mpiexec writes the machine's topology for its processes to /tmp/hydra_hwloc_xmlfile_* (TMPDIR or
+    not), unless HWLOC_XMLFILE names a topology file, and a job that ends by MPI_Abort or Ctrl-C never removes
+    it: the job's HWLOC_XMLFILE names a file in its own folder (one that need not exist: hwloc then reads the
+    machine itself)."""
+    with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
+        yield dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            OMP_NUM_THREADS="1",
+            OPENBLAS_NUM_THREADS="1",
+            TMPDIR=job_folder,
+            HWLOC_XMLFILE=os.path.join(job_folder, "topology.xml"),
+        )
+
+
 def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    """`mpiexec -n ranks python args...` in cwd, with this checkout on the path and one BLAS thread per rank;
-    a run past `timeout` seconds is killed with every rank and fails the test."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        OMP_NUM_THREADS="1",
-        OPENBLAS_NUM_THREADS="1",
-    )
+    """`mpiexec -n ranks python args...` in cwd (mpi_job_environment); a run past `timeout` seconds is killed
+    with every rank and fails the test."""
     assert MPIEXEC is not None
     command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
-    # a session of its own, so that a hang is ended with every rank, not just mpiexec
-    with subprocess.Popen(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    ) as process:
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
-            pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} ran past {timeout} s (a hang?)\n{stdout}\n{stderr}")
+    with mpi_job_environment() as env:
+        # a session of its own, so that a hang is ended with every rank, not just mpiexec
+        with subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        ) as process:
+            try:
+                stdout, stderr = process.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                stdout, stderr = process.communicate()
+                pytest.fail(f"mpiexec -n {ranks} {' '.join(args)} ran past {timeout} s (a hang?)\n{stdout}\n{stderr}")
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+@needs_mpiexec
+def test_an_aborted_job_leaves_nothing_in_the_temporary_folder() -> None:
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob(HYDRA_TOPOLOGY))
+    result = run_mpi(2, "-c", "from mpi4py import MPI; MPI.COMM_WORLD.Abort(3)", timeout=60)
+    assert result.returncode != 0, result.stdout + result.stderr
+    left = set(temp.glob(HYDRA_TOPOLOGY)) - before
+    assert not left, f"the aborted job left {sorted(p.name for p in left)} in {temp}"
+
+
+COMM_NONE_ON_RANK_1 = """
+import numpy as np
+from mpi4py import MPI
+from tinyattn_np.ring import ring_attention, ring_attention_backward
+from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
+
+world, x = MPI.COMM_WORLD, np.zeros((1, 2, 8, 4))
+comm = None if world.Get_rank() == 1 else world
+for name, call in [
+    ("ring_attention", lambda: ring_attention(x, x, x, comm=comm)),
+    ("ring_attention_backward", lambda: ring_attention_backward(x, x, x, x, x, x[..., 0], comm=comm)),
+    ("ulysses_attention", lambda: ulysses_attention(x, x, x, comm=comm)),
+    ("ulysses_attention_backward", lambda: ulysses_attention_backward(x, x, x, x, x, x[..., 0], comm=comm)),
+]:
+    try:
+        call()
+        print(f"rank {world.Get_rank()} {name}: returned", flush=True)
+    except TypeError as err:
+        print(f"rank {world.Get_rank()} {name}: TypeError: {err}", flush=True)
+"""
+
+
+@needs_mpiexec
+def test_comm_none_on_one_rank_is_refused_on_every_rank_before_any_message() -> None:
+    result = run_mpi(2, "-c", COMM_NONE_ON_RANK_1, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    expected = "TypeError: rank 1 of 2: comm must be an mpi4py communicator such as MPI.COMM_WORLD; got NoneType"
+    for rank in (0, 1):
+        for name in ("ring_attention", "ring_attention_backward", "ulysses_attention", "ulysses_attention_backward"):
+            assert f"rank {rank} {name}: {expected}" in result.stdout, result.stdout + result.stderr
 
 
 @needs_mpiexec
@@ -491,7 +554,8 @@ def test_ring_script_under_mpiexec() -> None:
         (["--tokens", "4098"], "--tokens 4098 cannot be split into 4 equal chunks"),
         (["--seed", "-1"], "--seed must be 0 or more"),
         (["--tokens", "10"], "--tokens must be at least 2 x --max-ranks = 16"),
-        (["--heads", "100000", "--tokens", "1000000"], "needs about 119,209.3 GiB on rank 0"),
+        (["--heads", "1024", "--tokens", "4000000"], "needs about 4,882.8 GiB on rank 0"),
+        (["--heads", "100000"], "--heads must be at most 1,024; got 100,000"),
         (["--heads", "4", "--kv-heads", "3"], "must be a multiple of --kv-heads"),
         (["--json", "/no/such/folder/ring.json"], "does not exist"),
         (["--tokens", "nan"], "invalid int value"),

@@ -70,7 +70,7 @@ def interrupt(tmp_path: Path, args: list[str], after: str, timeout: float = 90) 
     return code, out_path.read_text(), err_path.read_text()
 
 
-# --- 18: Ctrl-C prints what was measured, says so in one line, exits 130 ---------------------------
+# --- Ctrl-C prints what was measured, says so in one line, exits 130 -------------------------------
 
 
 def test_ctrl_c_in_scaling_keeps_the_rows_measured(tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_ctrl_c_in_a_demo_is_one_line_and_130(
     assert "1) " in captured.out  # what was printed before stays printed
 
 
-# --- 13: the whole run estimated up front ----------------------------------------------------------
+# --- the whole run estimated up front --------------------------------------------------------------
 
 
 def test_decode_refuses_a_model_larger_than_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,11 +206,11 @@ def test_ring_table_of_1024_ranks_counts_a_few_rings_only() -> None:
 def test_ring_refuses_a_run_longer_than_the_limit() -> None:
     ring = load("ring.py")
     problem = ring.check_against_size(ring.parse_args(["--tokens", "262144", "--block", "1"]), 1)
-    assert problem and re.search(r"needs at least [0-9,]+ minutes .* s of bookkeeping", problem), problem
+    assert problem and re.search(r"needs at least [0-9,]+ minutes .* of bookkeeping, timed on a small case", problem)
     assert ring.check_against_size(ring.parse_args([]), 2) is None
 
 
-# --- 14: a loss gone NaN stops training with a cure, and the figures are written ------------------
+# --- a loss gone NaN stops training with a cure, and the figures are written ----------------------
 
 
 def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -225,7 +225,7 @@ def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest
     assert saved["interrupted"] is False
 
 
-# --- 19: ring.py without mpiexec says it ran one rank --------------------------------------------
+# --- ring.py without mpiexec says it ran one rank ------------------------------------------------
 
 
 @pytest.mark.skipif(not HAS_MPI4PY, reason='mpi4py is missing: pip install -e ".[distributed]"')
@@ -238,7 +238,7 @@ def test_ring_alone_says_it_ran_one_rank_and_how_to_run_more() -> None:
     assert "mpiexec -n 4 python scripts/ring.py\n\nall checks passed" in done.stdout
 
 
-# --- 20: memory.py names a config by its file or its own name ------------------------------------
+# --- memory.py names a config by its file or its own name ----------------------------------------
 
 CONFIG = {
     "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -274,7 +274,7 @@ def test_memory_json_alone_still_prints_json(capsys: pytest.CaptureFixture[str])
     assert len(printed["models"]["rows"]) == 1 and printed["code"].startswith("tinyattn_np ")
 
 
-# --- 22: a busy machine marks the rows it measured -------------------------------------------------
+# --- a busy machine marks the rows it measured -----------------------------------------------------
 
 
 def test_busy_reasons(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,7 +300,7 @@ def test_scaling_marks_a_row_measured_on_a_busy_machine(
     assert "  T=128: matmul rate 90.0 GFLOP/s, -55% from the run's first" in out
 
 
-# --- 23: pictures: readable, and a tracked one is only replaced on purpose --------------------------
+# --- pictures: readable, and a tracked one is only replaced on purpose ------------------------------
 
 
 @pytest.mark.parametrize(("script", "picture"), [("scaling.py", "docs/scaling.png"), ("train.py", "docs/train.png")])
@@ -355,3 +355,124 @@ def test_code_version_names_the_commit_and_a_dirty_tree(
     assert common.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}"
     (package / "__init__.py").write_text("# changed\n")
     assert common.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}-dirty"
+
+
+# --- every size flag has a cap, refused by the flag before anything is allocated --------------------
+
+CAPS = [
+    ("serve.py", ["--requests", "1e20"], "argument --requests: must be a positive int at most 200,000; got '1e20'"),
+    ("serve.py", ["--layers", "1000"], "argument --layers: must be a positive int at most 16; got 1,000"),
+    ("serve.py", ["--vocab", "1e7"], "argument --vocab: must be a positive int at most 100,000, written in digits"),
+    ("serve.py", ["--samples", "5000"], "argument --samples: must be a positive int at most 1,024"),
+    ("serve.py", ["--rate", "1e-300"], "--rate must be at least 0.001"),
+    ("serve.py", ["--requests", "2000"], "--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt"),
+    ("decode.py", ["--repeats", "1e20"], "argument --repeats: must be a positive int at most 1,000"),
+    ("decode.py", ["--step", "--context", "100000000"], "argument --context: must be a positive int at most 4,194,304"),
+    ("decode.py", ["--window", "100000"], "argument --window: must be a positive int at most 4,096"),
+    ("decode.py", ["--head-dim", "100000"], "argument --head-dim: must be a positive int at most 1,024"),
+    ("scaling.py", ["--workers", "1000000"], "argument --workers: must be a positive int at most 256"),
+    ("scaling.py", ["--block-q", "100000000"], "argument --block-q: must be a positive int at most 4,194,304"),
+    ("scaling.py", ["--kv-heads-per-step", "100000"], "argument --kv-heads-per-step: must be a positive int at most"),
+    (
+        "scaling.py",
+        ["--repeats", "1e9"],
+        "must be a positive int at most 1,000, written in digits (such as 1000000000)",
+    ),
+    ("scaling.py", ["--mem-budget", "1e300"], "argument --mem-budget: must be a positive float at most"),
+    ("scaling_backward.py", ["--workers", "1000000"], "argument --workers: must be a positive int at most 256"),
+    ("torch_naive.py", ["--workers", "1000000000000000"], "argument --workers: must be a positive int at most 256"),
+    ("ring.py", ["--repeats", "100000"], "--repeats must be at most 1,000; got 100,000"),
+    ("ring.py", ["--block", "100000000"], "--block must be at most 4,194,304; got 100,000,000"),
+    ("ring.py", ["--head-dim", "100000"], "--head-dim must be at most 1,024; got 100,000"),
+    ("sequence_parallel.py", ["--workers", "1000"], "argument --workers: must be a positive int at most 256"),
+    ("sequence_parallel.py", ["--heads", "100000"], "argument --heads: must be a positive int at most 1,024"),
+    ("sequence_parallel.py", ["--model-tokens", "1e20"], "argument --model-tokens: must be a positive int at most"),
+    ("mla.py", ["--heads", "100000"], "argument --heads: must be a positive int at most 1,024"),
+    ("mla.py", ["--contexts", "256", "1e9"], "argument --contexts: must be a positive int at most 4,194,304"),
+    ("memory.py", ["--batch", "1e9"], "argument --batch: must be a positive int at most 1,048,576, written in digits"),
+    ("memory.py", ["--tokens", "8192,1e30"], "--tokens must be comma-separated integers; got '8192,1e30'"),
+    ("memory.py", ["--tokens", "10000000000000"], "--tokens must be positive integers at most 1,099,511,627,776"),
+]
+
+
+@pytest.mark.parametrize(("script", "flags", "message"), CAPS, ids=[f"{s} {' '.join(f)}" for s, f, _ in CAPS])
+def test_a_size_past_its_cap_is_one_line_naming_the_flag(
+    script: str, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = load(script)
+    tracemalloc.start()
+    try:
+        with pytest.raises(SystemExit) as stop:
+            module.parse_args(flags)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stop.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse's usage lines, then the one error line
+    assert message in last, last
+    assert peak < 2**24, f"{peak:,} bytes allocated before the refusal"  # nothing of the run's size
+
+
+# --- serve.py says how long before it starts, and refuses a run past the limit ----------------------
+
+
+def test_serve_counts_every_call_of_its_model(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_calls, counted from the flags before the run, against the calls a small run makes: the prefills and the
+    contiguous steps exactly, the batched steps at least, and every decoded sequence."""
+    serve = load("serve.py")
+    flags = ["--requests", "5", "--min-prompt", "2", "--max-prompt", "12", "--max-new", "6", "--blocks", "64",
+             "--samples", "3", "--sample-prompt", "10", "--sample-tokens", "4"]  # fmt: skip
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.0] * 4)  # no calls to calibrate
+    counted = [0, 0, 0, 0]  # prefills, contiguous steps, batched steps, their sequences beyond one a step
+    logits = serve.TinyDecoder.logits
+
+    def count(self: object, tokens: np.ndarray, caches: list[object], seq_ids: list[int] | None = None) -> object:
+        batch, new = tokens.shape
+        if new > 1:
+            counted[0] += 1
+        elif seq_ids is None:
+            counted[1] += 1
+        else:
+            counted[2], counted[3] = counted[2] + 1, counted[3] + batch - 1
+        return logits(self, tokens, caches, seq_ids)
+
+    monkeypatch.setattr(serve.TinyDecoder, "logits", count)
+    assert serve.main(flags) == 0
+    calls = serve.run_calls(serve.parse_args(flags))
+    assert counted[:2] == calls[:2] and counted[2] >= calls[2], (counted, calls)
+    assert counted[2] + counted[3] == calls[2] + calls[3], (counted, calls)  # every sequence of every step
+
+
+def test_serve_says_how_long_before_it_starts_and_refuses_past_the_limit(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    serve = load("serve.py")
+
+    def stop(*args: object) -> None:
+        raise KeyboardInterrupt  # the header: the run would start here
+
+    monkeypatch.setattr(common, "header", stop)
+    flags = ["--requests", "300", "--max-prompt", "32", "--max-new", "32", "--blocks", "2000"]
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.002] * 4)
+    with pytest.raises(KeyboardInterrupt):
+        serve.main(flags)
+    err = capsys.readouterr().err
+    assert re.match(r"this run takes at least (\d+ min \d\d s|\d+ s); Ctrl-C stops it and keeps what was measured\n"
+                    r"  \([0-9,]+ calls of the model, each kind timed here\)\n$", err), err  # fmt: skip
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.1] * 4)
+    refused = r"serve.py: error: this run needs at least [0-9,]+ minutes \([0-9,]+ calls of the model, each kind timed"
+    with pytest.raises(SystemExit, match=refused + r" here\), over the 30-minute limit: lower --requests"):
+        serve.main(flags)
+
+
+def test_a_run_of_seconds_says_nothing_and_one_of_minutes_says_how_long(
+    common: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert common.time_problem(5e11, 100.0, "lower --x") is None  # 5 s at 100 GFLOP/s: nothing to say
+    assert capsys.readouterr().err == ""
+    assert common.time_problem(6.5e12, 100.0, "lower --x", overhead_seconds=30.0) is None
+    assert capsys.readouterr().err == (
+        "this run takes at least 1 min 35 s; Ctrl-C stops it and keeps what was measured\n"
+        "  (6.50e+12 FLOP at this machine's 100.0 GFLOP/s matmul rate, and 30 s of bookkeeping, timed on a small "
+        "case here)\n"
+    )

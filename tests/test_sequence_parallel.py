@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ring import MPIEXEC, ROOT, needs_mpiexec, run_mpi
+from test_ring import MPIEXEC, ROOT, mpi_job_environment, needs_mpiexec, run_mpi
 
 from tinyattn_np.peaks import ring_attention_bytes, sequence_parallel_bytes
 
@@ -88,9 +88,9 @@ def run_and_interrupt(
     half a second after `after` (a regex) shows in its output; return what it printed and how long it took
     to end after that."""
     assert MPIEXEC is not None
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [MPIEXEC, "-n", str(ranks), sys.executable, *args]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with mpi_job_environment() as env, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        env["PYTHONUNBUFFERED"] = "1"
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
         deadline = time.monotonic() + FAILURE_TIMEOUT
         while not re.search(after, read(out) + read(err)) and process.poll() is None and time.monotonic() < deadline:

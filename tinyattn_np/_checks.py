@@ -10,8 +10,8 @@ import numpy as np
 
 __all__ = [
     "ACCEPTED_DTYPES", "COMPUTE_DTYPES", "QKVShape", "as_float_array", "check_bool", "check_count", "check_ndim",
-    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "compute_dtype", "plain_array",
-    "result_dtype", "without_head_axis",
+    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "check_weight", "compute_dtype",
+    "plain_array", "result_dtype", "transposed_note", "without_head_axis",
 ]  # fmt: skip
 
 # float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
@@ -36,6 +36,23 @@ def as_float_array(x: Any, name: str) -> np.ndarray:
             f"{name} must be float16, float32 or float64; got dtype {x.dtype}: pass {name}.astype(np.float32){exact}"
         )
     return x
+
+
+def check_weight(w: Any, name: str, shape: tuple[int, int]) -> np.ndarray:
+    """w itself (no copy: the caller may keep updating it in place) when it is a float16/32/64 ndarray of
+    `shape`, (in, out); else a TypeError or ValueError naming it, which says so when w is the transpose."""
+    if not isinstance(w, np.ndarray) or w.dtype not in ACCEPTED_DTYPES:
+        raise TypeError(f"{name} must be a float16, float32 or float64 ndarray; got {getattr(w, 'dtype', type(w))}")
+    if w.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}; got {w.shape}{transposed_note(w.shape, shape)}")
+    return w
+
+
+def transposed_note(got: tuple[Any, ...], shape: tuple[Any, ...]) -> str:
+    """What to add to a weight's shape error when it came transposed: a weight ported from torch as is."""
+    if len(got) == len(shape) == 2 and got == shape[::-1]:
+        return ": W is (in, out), the transpose of nn.Linear.weight (pass weight.T)"
+    return ""
 
 
 def plain_array(x: Any, name: str) -> np.ndarray:

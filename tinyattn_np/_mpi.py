@@ -43,7 +43,7 @@ from .shards import check_layout
 __all__ = [
     "INSTALL_HINT", "Failed", "Report", "StopTogether", "abort_on_failure", "agree", "agreed_inputs",
     "check_backward", "check_comm", "check_forward", "check_on_every_rank", "check_settings", "check_shards",
-    "finish", "load_mpi", "pack_block", "pass_on", "unpack_block", "wait_for",
+    "finish", "idle_wait", "load_mpi", "pack_block", "pass_on", "unpack_block", "wait_for",
 ]  # fmt: skip
 
 INSTALL_HINT = 'pip install -e ".[distributed]"  (mpi4py and the mpich wheel, which brings mpiexec)'
@@ -59,7 +59,7 @@ def load_mpi() -> Any:
     try:
         from mpi4py import MPI
     except ImportError as err:
-        raise ImportError(f"ring attention needs mpi4py and an MPI library: {INSTALL_HINT}") from err
+        raise ImportError(f"needs mpi4py and an MPI library: {INSTALL_HINT}") from err
     return MPI
 
 
@@ -76,6 +76,14 @@ def wait_for(requests: list[Any]) -> None:
     MPI = load_mpi()
     while not MPI.Request.Testall(requests):
         time.sleep(0)  # give the core away for a moment: ranks may outnumber the cores
+
+
+def idle_wait(comm: Any) -> None:
+    """Wait for the other ranks without spinning: MPI's blocking calls poll the CPU, and a polling rank
+    would take a core from the work (a timing, a measurement) that one rank does meanwhile."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.005)
 
 
 def pass_on(comm: Any, send_buf: np.ndarray, recv_buf: np.ndarray, tag: int) -> list[Any]:
@@ -203,11 +211,27 @@ def check_on_every_rank(comm: Any, check: Callable[[], tuple[Any, Any]], what: s
 def agreed_inputs(comm: Any, check: Callable[[], tuple[Any, Report]], what: str) -> Any:
     """A scheme's first step: comm checked (check_comm), this rank's inputs checked (check: check_forward or
     check_backward, bound to them) and compared with every other rank's (check_on_every_rank, agree).
-    Returns this rank's checked values; any rank's bad input raises the same error on every rank."""
-    check_comm(comm)
+    Returns this rank's checked values; any rank's bad input raises the same error on every rank.
+
+    A comm that is no communicator (None, say) is bad input like any other: that rank cannot reach the others
+    through it, so it reports its TypeError through MPI.COMM_WORLD, the communicator the others pass when
+    they pass the usual one, and every rank raises it."""
+    try:
+        check_comm(comm)
+    except TypeError as err:
+        comm, check = load_mpi().COMM_WORLD, _raises(err)
     checked, reports = check_on_every_rank(comm, check, what)
     agree(reports)
     return checked
+
+
+def _raises(err: Exception) -> Callable[[], tuple[Any, Report]]:
+    """A check that raises err: this rank's report of an input it could not even check."""
+
+    def check() -> tuple[Any, Report]:
+        raise err
+
+    return check
 
 
 class Report(NamedTuple):

@@ -66,7 +66,15 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import as_float_array, check_bool, check_positive_int, check_rng, check_scale, compute_dtype
+from ._checks import (
+    as_float_array,
+    check_bool,
+    check_positive_int,
+    check_rng,
+    check_scale,
+    compute_dtype,
+    transposed_note,
+)
 from .backward import flash_attention_backward
 from .flash import flash_attention
 from .kvcache import KVCache
@@ -346,7 +354,7 @@ class MultiHeadLatentAttention:
                 raise ValueError(
                     f"{name} must have shape {shapes[name]} for this layer (d_model={C}, n_heads={H}, "
                     f"kv_lora_rank={r}, q_lora_rank={q}, qk_nope_head_dim={self.d_nope}, qk_rope_head_dim="
-                    f"{self.d_rope}, v_head_dim={self.d_v}); got {w.shape}"
+                    f"{self.d_rope}, v_head_dim={self.d_v}); got {w.shape}{transposed_note(w.shape, shapes[name])}"
                 )
         return weights
 

@@ -22,7 +22,15 @@ from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import ACCEPTED_DTYPES, QKVShape, as_float_array, check_bool, check_positive_int, check_rng
+from ._checks import (
+    ACCEPTED_DTYPES,
+    QKVShape,
+    as_float_array,
+    check_bool,
+    check_positive_int,
+    check_rng,
+    check_weight,
+)
 from .attention import Hidden, attend, check_fits
 from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward
 from .blockmask import Band, TileMask, check_band
@@ -88,6 +96,25 @@ class MultiHeadAttention:
             f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
             f"rope={self.rope}, dtype={self.w_qkv.dtype.name}, parameters={self.num_parameters:,})"
         )
+
+    @property
+    def w_qkv(self) -> Array:
+        """(d_model, (n_heads + 2·n_kv_heads)·d_head): every head's q, k and v columns, one matmul. Assigning
+        it checks the shape (a torch weight must come transposed) and keeps the array itself, not a copy."""
+        return self._w_qkv
+
+    @w_qkv.setter
+    def w_qkv(self, w: Any) -> None:
+        self._w_qkv = check_weight(w, "w_qkv", (self.d_model, (self.n_heads + 2 * self.n_kv_heads) * self.d_head))
+
+    @property
+    def w_out(self) -> Array:
+        """(d_model, d_model): the heads' outputs, concatenated, back to the model's width. Checked as w_qkv."""
+        return self._w_out
+
+    @w_out.setter
+    def w_out(self, w: Any) -> None:
+        self._w_out = check_weight(w, "w_out", (self.d_model, self.d_model))
 
     @property
     def num_parameters(self) -> int:

@@ -19,18 +19,23 @@ from ._bytes import UNITS, best_unit, format_bytes, to_unit
 
 __all__ = [
     "TABLE_FORMATS",
+    "TABLE_WIDTH",
     "UNITS",
     "Checklist",
     "add_format_argument",
+    "add_wide_argument",
     "best_unit",
     "check_format",
     "column_unit",
+    "fit_table",
     "format_bytes",
+    "format_duration",
     "format_sig",
     "matrix_table",
     "nonnegative_seed",
     "positive",
     "table",
+    "table_width",
     "text_table",
     "to_unit",
 ]
@@ -113,6 +118,39 @@ def text_table(rows: Iterable[Sequence[str]], headers: Sequence[str], fmt: str =
     return table(rows, headers, fmt=fmt, colalign=colalign, disable_numparse=True)
 
 
+TABLE_WIDTH = 120  # columns of text a table may take: a terminal's width; wider tables are split
+
+
+def fit_table(
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    fmt: str = "simple",
+    width: int | None = TABLE_WIDTH,
+    floatfmt: str | None = None,
+) -> str:
+    """The table (text_table, or with floatfmt table), and where it is wider than `width` columns of text,
+    its columns in parts that each fit, one under the other, every part led by the first column (the row's
+    name). width=None prints it whole (a script's --wide)."""
+
+    def part(columns: list[int]) -> str:
+        cells, names = [[row[c] for c in columns] for row in rows], [headers[c] for c in columns]
+        return table(cells, names, fmt=fmt, floatfmt=floatfmt) if floatfmt else text_table(cells, names, fmt)
+
+    def too_wide(text: str) -> bool:
+        return width is not None and max(len(line) for line in text.splitlines()) > width
+
+    whole = part(list(range(len(headers))))
+    if not too_wide(whole):
+        return whole
+    parts, columns = [], [0]
+    for column in range(1, len(headers)):
+        if len(columns) > 1 and too_wide(part([*columns, column])):
+            parts.append(part(columns))
+            columns = [0]
+        columns.append(column)
+    return "\n\n".join([*parts, part(columns)])
+
+
 def add_format_argument(parser: argparse.ArgumentParser) -> None:
     """The --format flag every script takes: any of tabulate's table formats, "simple" by default."""
     parser.add_argument(
@@ -124,20 +162,58 @@ def add_format_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+def format_duration(seconds: float) -> str:
+    """A duration as a person reads it: 3725.0 -> '1 h 02 min', 65.0 -> '1 min 05 s', 5.0 -> '5 s'."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def add_wide_argument(parser: argparse.ArgumentParser) -> None:
+    """--wide: print every table whole; without it a table wider than TABLE_WIDTH is split (fit_table)."""
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help=f"print each table whole, even wider than {TABLE_WIDTH} columns (default: in parts that fit)",
+    )
+
+
+def table_width(args: argparse.Namespace) -> int | None:
+    """The columns of text a script's tables may take: TABLE_WIDTH, or None (whole) with --wide."""
+    return None if getattr(args, "wide", False) else TABLE_WIDTH
+
+
+def positive(kind: type[int] | type[float], most: float | None = None) -> Callable[[str], Any]:
     """argparse type for a size or a rate: positive(int) or positive(float), finite and > 0 (nan and inf too
-    are refused up front, where they would otherwise fail deep inside a run)."""
+    are refused up front, where they would otherwise fail deep inside a run), and at most `most` where given:
+    a size no run on one machine could use is refused by its flag, before anything is allocated."""
+    bound = "" if most is None else f" at most {most:,}"
 
     def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}; got {text!r}") from None
+            hint = _int_hint(text, bound) if kind is int else ""
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}{hint}; got {text!r}") from None
         if not (math.isfinite(value) and value > 0):
             raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}; got {value}")
+        if most is not None and value > most:
+            raise argparse.ArgumentTypeError(f"must be a positive {kind.__name__}{bound}; got {value:,}")
         return value
 
     return parse
+
+
+def _int_hint(text: str, bound: str) -> str:
+    """What to add to "must be a positive int" for text that is a positive number but no int: the bound, and
+    for a whole number written as a float ('1e9', '4096.0') the digits to write instead."""
+    try:
+        value = float(text)
+    except ValueError:
+        return ""
+    if not (math.isfinite(value) and value > 0):
+        return ""
+    return f"{bound}, written in digits (such as {int(value)})" if value.is_integer() and value < 1e18 else bound
 
 
 def nonnegative_seed(text: str) -> int:
