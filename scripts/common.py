@@ -27,22 +27,20 @@ from typing import Any
 import numpy as np
 
 import tinyattn_np
-from tinyattn_np import attention, flash_attention, flash_attention_bytes
+from tinyattn_np import attention, best_unit, flash_attention, flash_attention_bytes, format_bytes, to_unit
+from tinyattn_np._guard import memory_available, memory_total
 from tinyattn_np._mpi import idle_wait, load_mpi  # noqa: F401  (the scripts call them as common's)
-from tinyattn_np.flash import DEFAULT_BLOCK_Q
-from tinyattn_np.measure import machine_info, median_ms, memory_available, memory_total
+from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
+from tinyattn_np.measure import machine_info, median_ms
 from tinyattn_np.report import (  # noqa: F401  (table, text_table: the scripts call them as common's too)
     TABLE_WIDTH,
     add_format_argument,
-    best_unit,
     fit_table,
-    format_bytes,
     format_duration,
     nonnegative_seed,
     positive,
     table,
     text_table,
-    to_unit,
 )
 
 TORCH_INSTALL_HINT = "bash torch_crosscheck/install_torch_cpu.sh"  # torch 2.13.0+cpu, never the CUDA build

@@ -36,13 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import MultiHeadAttention, attention
-from tinyattn_np.memory import (
-    attention_flops,
-    flash_attention_backward_bytes,
-    flash_attention_bytes,
-    naive_attention_bytes,
-)
+from tinyattn_np import MultiHeadAttention, attention, naive_attention_bytes
+from tinyattn_np.memory import attention_flops
+from tinyattn_np.peaks import flash_attention_backward_bytes, flash_attention_bytes
 from tinyattn_np.report import positive, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this module, however it is started

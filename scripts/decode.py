@@ -39,13 +39,16 @@ from tinyattn_np import (
     attention,
     flash_attention,
     flash_decode,
+    format_bytes,
     kv_cache_bytes,
+    naive_attention_bytes,
     paged_decode,
 )
 from tinyattn_np.masks import window_mask
 from tinyattn_np.measure import read_once, traced_peak
-from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes
-from tinyattn_np.report import Checklist, add_wide_argument, format_bytes, positive, table_width
+from tinyattn_np.memory import attention_flops
+from tinyattn_np.peaks import flash_attention_bytes
+from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -407,10 +410,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
     """(peak bytes, " (what they hold)", which flags to lower) of the whole run, estimated from the flags.
 
-    --step: k and v, and the reference's scores (memory.naive_attention_bytes).
+    --step: k and v, and the reference's scores (tinyattn_np.naive_attention_bytes).
     generation: the token table and every layer's weights, both caches at their full size, and the largest
     step: a full recompute at the last context (x, qkv and flash's working memory, per layer) or the
-    band-mask reference the window cache is checked against (memory.naive_attention_bytes with its mask).
+    band-mask reference the window cache is checked against (tinyattn_np.naive_attention_bytes with its mask).
     """
     c = np.dtype(args.dtype).itemsize
     if args.step:  # k, v; paged by 16, by 256, by 16 in twice the blocks; the batch's keys; the scores

@@ -44,9 +44,10 @@ from typing import Any
 import numpy as np
 
 import tinyattn_np as ta
-from tinyattn_np.flash import DEFAULT_BLOCK_Q
+from tinyattn_np import format_bytes
+from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.report import add_format_argument, format_bytes, nonnegative_seed, text_table
+from tinyattn_np.report import add_format_argument, nonnegative_seed, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
 import common  # noqa: E402

@@ -35,28 +35,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tinyattn_np.memory import (
-    DTYPES,
-    attention_flops,
-    bytes_per_element,
-    causal_entries,
-    flash_attention_bytes,
-    naive_attention_bytes,
-    ring_attention_bytes,
-    score_matrix_bytes,
-)
+from tinyattn_np import DTYPES, bytes_per_element, format_bytes, naive_attention_bytes, to_unit
+from tinyattn_np.memory import attention_flops, causal_entries, score_matrix_bytes
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.peaks import flash_attention_bytes, ring_attention_bytes
 from tinyattn_np.report import (
     add_format_argument,
     add_wide_argument,
     column_unit,
     fit_table,
-    format_bytes,
     format_sig,
     positive,
     table_width,
     text_table,
-    to_unit,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started

@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import attend_latent, decompress, flash_decode, latent_softmax_scale, split_ukv
+from tinyattn_np import attend_latent, decompress, flash_decode, format_bytes, latent_softmax_scale, split_ukv
 from tinyattn_np.measure import read_bandwidth
-from tinyattn_np.report import Checklist, format_bytes, positive, text_table
+from tinyattn_np.report import Checklist, positive, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402

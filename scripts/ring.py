@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tinyattn_np import flash_attention, tile_plan
+from tinyattn_np import flash_attention, tile_plan, to_unit
 from tinyattn_np._mpi import StopTogether
-from tinyattn_np.flash import DEFAULT_BLOCK_Q
+from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
-from tinyattn_np.memory import attention_flops, ring_attention_bytes
+from tinyattn_np.memory import attention_flops
+from tinyattn_np.peaks import ring_attention_bytes
 from tinyattn_np.report import (
     Checklist,
     add_format_argument,
@@ -51,7 +52,6 @@ from tinyattn_np.report import (
     format_sig,
     table_width,
     text_table,
-    to_unit,
 )
 from tinyattn_np.ring import ring_attention, tile_counts
 from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard

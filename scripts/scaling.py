@@ -26,11 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import attention, flash_attention
+from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
 from tinyattn_np.flash import default_tiles
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.memory import attention_flops, flash_attention_bytes, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import add_wide_argument, format_bytes, table_width
+from tinyattn_np.memory import attention_flops, score_matrix_bytes
+from tinyattn_np.peaks import flash_attention_bytes
+from tinyattn_np.report import add_wide_argument, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402

@@ -4,7 +4,7 @@
     python scripts/scaling_backward.py --torch             # and torch's CPU backward (autograd through SDPA)
 
 Per row: flash's forward and backward times, their ratio, the backward's GFLOP/s, its traced peak beside
-memory.flash_attention_backward_bytes, and with --torch torch's backward on the same q, k, v and dout.
+peaks.flash_attention_backward_bytes, and with --torch torch's backward on the same q, k, v and dout.
 Every time is the median of --repeats runs after two warm-ups. A row measured while the machine was busy
 (its matmul rate moved by more than 20%, or the load exceeded the cores) is marked with *.
 """
@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import flash_attention, flash_attention_backward
-from tinyattn_np.flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from tinyattn_np.blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.memory import attention_backward_flops, attention_flops, flash_attention_backward_bytes
+from tinyattn_np.memory import attention_backward_flops, attention_flops
+from tinyattn_np.peaks import flash_attention_backward_bytes
 from tinyattn_np.report import add_wide_argument, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started

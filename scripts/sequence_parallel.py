@@ -36,22 +36,13 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape
+from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape, to_unit
 from tinyattn_np._mpi import StopTogether
-from tinyattn_np.flash import DEFAULT_BLOCK_Q
+from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import sequence_parallel_bytes
-from tinyattn_np.report import (
-    Checklist,
-    add_wide_argument,
-    column_unit,
-    fit_table,
-    format_sig,
-    positive,
-    table_width,
-    to_unit,
-)
+from tinyattn_np.report import Checklist, add_wide_argument, column_unit, fit_table, format_sig, positive, table_width
 from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
 from tinyattn_np.shards import shard, unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward

@@ -40,12 +40,13 @@ from tinyattn_np import (
     MultiHeadAttention,
     PagedKVCache,
     cascade_decode,
+    format_bytes,
     kv_cache_bytes,
     paged_decode,
     paged_kv_cache_bytes,
 )
 from tinyattn_np.measure import time_calls
-from tinyattn_np.report import Checklist, add_wide_argument, format_bytes, positive, table_width, text_table
+from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -417,8 +418,7 @@ def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> Non
         sys.exit(f"serve.py: error: {problem}")
 
 
-# ---------------------------------------------------------------------------------------------------
-# arguments
+# --- arguments -------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

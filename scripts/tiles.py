@@ -37,14 +37,14 @@ import tinyattn_np
 from tinyattn_np import flash_attention
 from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
+    _check_weights_sum_to_one,
+    _flash_backward,
+    _query_rows,
     check_flash_backward,
-    check_weights_sum_to_one,
-    flash_backward,
-    query_rows,
     with_column,
 )
+from tinyattn_np.blockmask import Heads, tile_plan
 from tinyattn_np.flash import (
-    Heads,
     TileMods,
     apply_mods,
     check_flash,
@@ -58,7 +58,6 @@ from tinyattn_np.flash import (
     running_start,
     scaled_queries,
     tile_mods,
-    tile_plan,
     trusted,
 )
 from tinyattn_np.measure import time_calls
@@ -315,14 +314,14 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
 
 def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
                   dims: Any, plan: Any, clock: Any) -> tuple[Any, ...]:  # fmt: skip
-    """flash_backward on one thread, every key block of every head in the kernel's order, with the set-up and
+    """_flash_backward on one thread, every key block of every head in the kernel's order, with the set-up and
     the ending timed (clock) and each key block's tiles run by key_block_copy: dq, dk, dv (the kernel's bits)."""
     ct = compute_dtype(q, k, v, out, dout)
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
     with clock(COPIES):
         k_c = np.ascontiguousarray(k.reshape(n_heads // dims.group, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
         v_c = np.ascontiguousarray(v.reshape(n_heads // dims.group, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-        q_s, d_o, d, lse_c = query_rows(q, out, dout, lse, dims, plan.scale, ct)
+        q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
         dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
     for k_start in range(0, dims.n_k, plan.block_k):
@@ -336,7 +335,7 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
             key_block_copy(q_s[h], k_c[h // dims.group], v_c[h // dims.group], d_o[h], lse_c[h], d[h], mods, tiles,
                            (dq[h], p_sums[h]), dk_heads[h, cols], dv_heads[h, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
-        check_weights_sum_to_one(p_sums, lse_c)
+        _check_weights_sum_to_one(p_sums, lse_c)
         dq *= plan.scale
         dk = dk_heads.reshape(-1, dims.group, dims.n_k, dims.e).sum(axis=1)
         dv = dv_heads.reshape(-1, dims.group, dims.n_k, dims.ev).sum(axis=1)
@@ -434,14 +433,14 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=causal, scale=None,
         window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
     one = plan._replace(workers=1)
-    row = measure_parts(lambda: flash_backward(q, k, v, out, dout, lse, dims, one),
+    row = measure_parts(lambda: _flash_backward(q, k, v, out, dout, lse, dims, one),
                         lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
                         args.repeats, args.dtype)  # fmt: skip
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.band.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
     row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan)
-    row["all_workers_ms"] = best_ms(lambda: flash_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
+    row["all_workers_ms"] = best_ms(lambda: _flash_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row
 
 

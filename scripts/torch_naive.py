@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import attention, flash_attention
-from tinyattn_np.memory import attention_flops, naive_attention_bytes, score_matrix_bytes
-from tinyattn_np.report import add_wide_argument, format_bytes, table_width
+from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
+from tinyattn_np.memory import attention_flops, score_matrix_bytes
+from tinyattn_np.report import add_wide_argument, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402

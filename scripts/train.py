@@ -37,7 +37,8 @@ import copy_task  # noqa: E402
 import text_data  # noqa: E402
 import training  # noqa: E402
 
-from tinyattn_np.report import format_bytes, nonnegative_seed, positive  # noqa: E402
+from tinyattn_np import format_bytes
+from tinyattn_np.report import nonnegative_seed, positive
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo

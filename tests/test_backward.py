@@ -340,9 +340,9 @@ def test_backward_flops_are_five_matmuls():
     [(600, 2, 2, np.float32, True), (500, 4, 2, np.float32, False), (400, 2, 1, np.float16, True)],
 )
 def test_backward_bytes_estimate_matches_tracemalloc(rng, n, heads, kv_heads, dtype, causal):
-    """memory.flash_attention_backward_bytes within 15% of what tracemalloc sees (one worker: no timing)."""
+    """peaks.flash_attention_backward_bytes within 15% of what tracemalloc sees (one worker: no timing)."""
     from tinyattn_np.measure import traced_peak
-    from tinyattn_np.memory import flash_attention_backward_bytes
+    from tinyattn_np.peaks import flash_attention_backward_bytes
 
     q = rng.standard_normal((1, heads, n, 32)).astype(dtype)
     k, v = (rng.standard_normal((1, kv_heads, n, 32)).astype(dtype) for _ in range(2))
@@ -437,7 +437,7 @@ def test_rope_backward_with_scaling(rng, scaling, max_positions):
 
 
 def test_backward_bytes_defaults_and_errors():
-    from tinyattn_np.memory import flash_attention_backward_bytes
+    from tinyattn_np.peaks import flash_attention_backward_bytes
 
     default = flash_attention_backward_bytes(1000, heads=2, head_dim=64)
     assert flash_attention_backward_bytes(1000, heads=2, head_dim=64, block_q=None, block_k=None) == default

@@ -91,7 +91,7 @@ def test_memory_guard_refuses_and_can_be_overridden(monkeypatch, rng):
 
 
 def test_memory_guard_reads_the_machine():
-    from tinyattn_np.measure import FALLBACK_MEMORY_BYTES, memory_available, memory_total
+    from tinyattn_np._guard import FALLBACK_MEMORY_BYTES, memory_available, memory_total
 
     assert 0 < memory_available() <= memory_total()
     assert FALLBACK_MEMORY_BYTES == 2 * 2**30

@@ -31,7 +31,7 @@ from tinyattn_np import (
     sliding_window_mod,
 )
 from tinyattn_np.attention import check_attention
-from tinyattn_np.backward import attention_flex_grads
+from tinyattn_np.backward import _attention_flex_grads
 
 L, S = 7, 9
 
@@ -113,7 +113,7 @@ def test_flex_backward_through_every_score_mod(rng, index, sinks):
 
 @pytest.mark.parametrize("block_size", [(1, 1), (2, 3), (5, 4), (64, 64)])
 def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_size):
-    """The blockwise backward and the reference's on whole matrices (attention_flex_grads), every mask_mod
+    """The blockwise backward and the reference's on whole matrices (_attention_flex_grads), every mask_mod
     with every score_mod, with sinks: the same gradients to rounding."""
     q, k, v, dout = inputs(rng)
     sinks = rng.standard_normal(HQ)
@@ -127,7 +127,7 @@ def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_si
                                            enable_gqa=True, sinks=sinks)  # fmt: skip
             checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
                                       mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)  # fmt: skip
-            gold = attention_flex_grads(*checked[:3], dout, *checked[3:])
+            gold = _attention_flex_grads(*checked[:3], dout, *checked[3:])
             for field, a, b in zip(mine._fields, mine, gold, strict=True):
                 if a is None or b is None:
                     assert a is b, f"{field}: {mask_name} x {score_name}"
@@ -265,9 +265,9 @@ def test_float32_gradients_of_the_mods(rng):
 @pytest.mark.parametrize("heads", [1, 4])
 def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads):
     """attention() and attention_backward() with mods refuse by an upper bound of their peak: the plain
-    path's model plus what the ready-made mods make (attention.mods_bytes); tracemalloc stays under it."""
+    path's model plus what the ready-made mods make (attention._mods_bytes); tracemalloc stays under it."""
     from tinyattn_np._guard import attention_backward_bytes, naive_attention_bytes
-    from tinyattn_np.attention import mods_bytes
+    from tinyattn_np.attention import _mods_bytes
     from tinyattn_np.measure import traced_peak
 
     T = 512
@@ -279,10 +279,10 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
                                   mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
         dims, hidden = checked[3], checked[5]
         _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
-        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 2)
+        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, hidden, 2)
         assert forward <= bound, f"{score_mod}: forward {forward:,} B > {bound:,} B"
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
-        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, hidden, 5)
+        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, hidden, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
 
 

@@ -66,13 +66,13 @@ def test_cpu_model_without_proc(monkeypatch):
 
 
 def test_memory_from_proc_sysconf_or_fallback(monkeypatch, tmp_path):
-    assert 0 < measure.memory_available() <= measure.memory_total()
+    assert 0 < guard.memory_available() <= guard.memory_total()
     # /proc/meminfo unreadable: os.sysconf answers
     monkeypatch.setattr(guard, "meminfo_bytes", lambda field: None)
-    assert measure.memory_total() > 0 and measure.memory_available() > 0
+    assert guard.memory_total() > 0 and guard.memory_available() > 0
     # neither answers: the conservative fallback
     monkeypatch.setattr(guard, "sysconf_bytes", lambda name: None)
-    assert measure.memory_available() == measure.memory_total() == measure.FALLBACK_MEMORY_BYTES == 2 * 2**30
+    assert guard.memory_available() == guard.memory_total() == guard.FALLBACK_MEMORY_BYTES == 2 * 2**30
 
 
 def test_meminfo_parsing(monkeypatch, tmp_path):

@@ -12,21 +12,20 @@ import numpy as np
 import pytest
 from conftest import bottom_right
 
+from tinyattn_np import bytes_per_element, naive_attention_bytes
 from tinyattn_np.attention import attention
 from tinyattn_np.flash import flash_attention
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import (
     attention_flops,
-    bytes_per_element,
     causal_entries,
-    flash_attention_bytes,
     kv_cache_bytes,
     latent_cache_bytes,
     linear_attention_state_bytes,
-    naive_attention_bytes,
     score_matrix_bytes,
 )
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.peaks import flash_attention_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 

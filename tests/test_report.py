@@ -3,19 +3,17 @@ import argparse
 import numpy as np
 import pytest
 
+from tinyattn_np import best_unit, format_bytes, to_unit
 from tinyattn_np.report import (
     TABLE_WIDTH,
     add_wide_argument,
-    best_unit,
     fit_table,
-    format_bytes,
     format_duration,
     matrix_table,
     positive,
     table,
     table_width,
     text_table,
-    to_unit,
 )
 
 

@@ -13,7 +13,7 @@ from test_kvcache import _under_address_space_limit
 from tinyattn_np import AttentionMemoryError, attention, flash_attention, flash_decode
 from tinyattn_np._checks import check_qkv, compute_dtype
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.splitkv import decode_bytes, default_kv_splits, merges_without_copy
+from tinyattn_np.splitkv import _default_kv_splits, decode_bytes, merges_without_copy
 
 RNG = np.random.default_rng(5)
 guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
@@ -74,9 +74,9 @@ def test_float16_two_d_and_no_keys():
 
 
 def test_default_splits():
-    assert default_kv_splits(0, 2) == 1 and default_kv_splits(500, 8) == 1  # short: one chunk, no threads
-    assert default_kv_splits(2048, 2) == 2 and default_kv_splits(2048, 16) == 2  # at least 1,024 keys each
-    assert default_kv_splits(32768, 2) == 2  # one chunk per worker
+    assert _default_kv_splits(0, 2) == 1 and _default_kv_splits(500, 8) == 1  # short: one chunk, no threads
+    assert _default_kv_splits(2048, 2) == 2 and _default_kv_splits(2048, 16) == 2  # at least 1,024 keys each
+    assert _default_kv_splits(32768, 2) == 2  # one chunk per worker
 
 
 def test_bad_arguments_are_named():

@@ -1,5 +1,6 @@
-"""The shape of the code a learner reads: short functions, no private names across modules, the reference
-path on its own, and scripts of one purpose each. These read the source as text (ast); nothing runs."""
+"""The shape of the code a learner reads: short functions, every module's API in its __all__ and its plumbing
+`_`-named, the reference path on its own, and scripts of one purpose each. These read the source as text (ast);
+nothing runs."""
 
 from __future__ import annotations
 
@@ -76,15 +77,92 @@ def test_no_script_is_longer_than_500_lines():
     assert not long, f"scripts over {MAX_SCRIPT_LINES} lines: {long}"
 
 
-def test_no_module_imports_another_modules_private_name():
-    private = [
-        f"{path.name}: from .{module} import {name}"
+def top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's statements, with those inside its top-level if/try/with blocks (they bind at module level)."""
+    found: list[ast.stmt] = []
+    for node in body:
+        found.append(node)
+        for inner in ("body", "orelse", "finalbody"):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                found += top_level(getattr(node, inner, []))
+        for handler in getattr(node, "handlers", []):
+            found += top_level(handler.body)
+    return found
+
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module defines itself: functions, classes and assignments at the top (imports are not)."""
+    names = set()
+    for node in top_level(ast.parse(path.read_text(encoding="utf-8")).body):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {name.id for target in targets for name in ast.walk(target) if isinstance(name, ast.Name)}
+    return names - {"__all__"}
+
+
+def public_names(path: Path) -> list[str] | None:
+    """A module's __all__, or None where it has none."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    return None
+
+
+KEPT_REEXPORTS = {("ring", "shard"), ("ring", "unshard")}  # DESIGN.md: tinyattn_np.ring offers them
+
+
+def test_every_module_says_what_it_offers():
+    """Each module has __all__, and each name in it is one the module defines (no re-export through a module
+    that only imports the name); the package's own __all__ names what __init__ imports."""
+    wrong = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        offered = public_names(path)
+        if offered is None:
+            wrong.append(f"{path.name} has no __all__")
+        elif path.stem == "__init__":
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+            wrong += [f"__init__.py: __all__ names {n}, which it never imports" for n in offered if n not in imported]
+        else:
+            defined = defined_names(path)
+            wrong += [
+                f"{path.name}: __all__ names {name}, which it does not define"
+                for name in offered
+                if name not in defined and (path.stem, name) not in KEPT_REEXPORTS
+            ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_name_that_crosses_modules_is_api_or_private():
+    """What one package module imports from another (lazily too) is in that module's __all__, or
+    `_`-prefixed, or comes from a `_`-named module: the name alone tells the API from the plumbing."""
+    offered = {path.stem: public_names(path) or [] for path in PACKAGE.glob("*.py")}
+    crossing = [
+        f"{path.name}: from .{module} import {name}: neither in {module}.py's __all__ nor `_`-named"
         for path in sorted(PACKAGE.glob("*.py"))
         for module, names in package_imports(path)
         for name in names
-        if name.startswith("_")
+        if module and not module.startswith("_") and not name.startswith("_") and name not in offered[module]
     ]
-    assert not private, "\n".join(private)
+    assert not crossing, "\n".join(crossing)
+
+
+def test_each_name_is_imported_from_the_module_that_defines_it():
+    """Inside the package, `from .x import name` only where x.py defines name (no chains of re-exports);
+    __init__.py, the package's front door, is the one place that gathers names."""
+    defined = {path.stem: defined_names(path) for path in PACKAGE.glob("*.py")}
+    chained = [
+        f"{path.name}: from .{module} import {name}, which {module}.py only imports"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.stem != "__init__"
+        for module, names in package_imports(path)
+        if module
+        for name in names
+        if name not in defined[module]
+    ]
+    assert not chained, "\n".join(chained)
 
 
 def test_the_reference_path_stands_alone():

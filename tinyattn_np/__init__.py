@@ -51,7 +51,9 @@ _bytes.py (bytes per dtype, byte units).
 The names below are the public API; each lives in the module named after its concept.
 """
 
-from .attention import AttentionMemoryError, attention, scaled_dot_product_attention
+from ._bytes import DTYPES, best_unit, bytes_per_element, format_bytes, to_unit
+from ._guard import AttentionMemoryError, attention_backward_bytes, naive_attention_bytes
+from .attention import attention, scaled_dot_product_attention
 from .backward import (
     FlexGrads,
     attention_backward,
@@ -88,25 +90,20 @@ from .layers import (
     layer_norm_backward,
     mlp,
     mlp_backward,
+    rms_norm,
+    rms_norm_backward,
     swiglu,
     swiglu_backward,
 )
 from .masks import causal_mask, window_mask
 from .memory import (
-    DTYPES,
-    attention_backward_bytes,
     attention_backward_flops,
     attention_flops,
-    bytes_per_element,
     causal_entries,
-    flash_attention_backward_bytes,
-    flash_attention_bytes,
     kv_cache_bytes,
     latent_cache_bytes,
     linear_attention_state_bytes,
-    naive_attention_bytes,
     paged_kv_cache_bytes,
-    ring_attention_bytes,
     score_matrix_bytes,
 )
 from .models import (
@@ -139,6 +136,7 @@ from .mods import (
 from .multihead import MultiHeadAttention
 from .optim import AdamW, accumulate_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
+from .peaks import flash_attention_backward_bytes, flash_attention_bytes, ring_attention_bytes
 from .position import (
     LearnedPositions,
     half_split_permutation,
@@ -191,6 +189,7 @@ __all__ = [
     "TrainingMemory",
     "accumulate_grads",
     "alibi_slopes",
+    "best_unit",
     "and_masks",
     "attend_latent",
     "attention",
@@ -215,6 +214,7 @@ __all__ = [
     "dropout",
     "dropout_backward",
     "embed",
+    "format_bytes",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_backward_bytes",
@@ -271,6 +271,7 @@ __all__ = [
     "tile_plan",
     "to_half_split",
     "to_interleaved",
+    "to_unit",
     "token_vector",
     "tokenize",
     "training_memory",

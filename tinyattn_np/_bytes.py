@@ -15,6 +15,18 @@ import numpy as np
 
 from ._checks import check_count, check_positive_int, check_sizes
 
+__all__ = [
+    "DTYPES",
+    "UNITS",
+    "attention_sizes",
+    "best_unit",
+    "bytes_per_element",
+    "float_bytes",
+    "format_bytes",
+    "nbytes",
+    "to_unit",
+]
+
 # Bytes per element. int4 packs two values per byte, so sizes are Fractions and a total is rounded up
 # to whole bytes only once, at the end (an odd count of int4 values still needs its last byte).
 DTYPE_BYTES: dict[str, Fraction] = {

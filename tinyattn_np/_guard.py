@@ -15,6 +15,19 @@ import os
 from fractions import Fraction
 from typing import Any
 
+__all__ = [
+    "AttentionMemoryError",
+    "FALLBACK_MEMORY_BYTES",
+    "attention_backward_bytes",
+    "meminfo_bytes",
+    "memory_available",
+    "memory_total",
+    "naive_attention_bytes",
+    "refuse_if_too_big",
+    "refuse_unless_fits",
+    "sysconf_bytes",
+]
+
 try:
     import resource
 except ImportError:  # not on Windows: no address-space limit to read there

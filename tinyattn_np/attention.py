@@ -21,22 +21,22 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import QKVShape, check_bool, check_qkv, check_scale, compute_dtype, result_dtype, without_head_axis
-from ._guard import AttentionMemoryError, naive_attention_bytes, refuse_if_too_big
-from .masks import band_blocked, causal_offset, check_window
+from ._guard import naive_attention_bytes, refuse_if_too_big
+from .masks import _band_blocked, _causal_offset, _check_window
 from .mods import check_score_mod, check_sinks, modded, score_indices, visible
-from .softmax import softmax_
+from .softmax import _softmax_
 
 Array = NDArray[np.floating]
 
-__all__ = ["AttentionMemoryError", "attend", "attention", "check_attention", "scaled_dot_product_attention"]
+__all__ = ["attend", "attention", "check_attention", "scaled_dot_product_attention"]
 
 
-class Hidden(NamedTuple):
+class _ScoreRules(NamedTuple):
     """What a call does to the scores before the softmax: a bool (True = may attend) or float (added) mask,
     the causal band, and flex attention's mods: a mask_mod, a score_mod and sinks (Hq,) (mods.py).
 
     offset is None without causal; else query i sees key j when j <= i + offset, and with a window
-    only when j > i + offset - window as well (masks.band_blocked).
+    only when j > i + offset - window as well (masks._band_blocked).
     """
 
     mask: np.ndarray | None
@@ -68,7 +68,7 @@ def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
 def check_attention(
     q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any, mask_mod: Any = None,
     score_mod: Any = None, sinks: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, Hidden]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, _ScoreRules]:  # fmt: skip
     """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, what is hidden."""
     causal = check_bool(causal, "causal")
     q, k, v, dims = check_qkv(q, k, v)
@@ -76,17 +76,17 @@ def check_attention(
     if mask_mod is not None and not callable(mask_mod):
         raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) or None; got {mask_mod!r}")
     mods = (mask_mod, check_score_mod(score_mod), check_sinks(sinks, dims.hq, compute_dtype(q, k, v)))
-    offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
+    offset = _causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
     if window is not None:
         if not causal:
             raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
-        window = check_window(window, dims.n_q, dims.n_k)
+        window = _check_window(window, dims.n_q, dims.n_k)
     if mask is not None:
         mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))
-    return q, k, v, dims, scale, Hidden(mask, offset if causal else None, window, *mods)
+    return q, k, v, dims, scale, _ScoreRules(mask, offset if causal else None, window, *mods)
 
 
-def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
+def _check_fits(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules) -> None:
     """Refuse, before allocating, a call whose peak (naive_attention_bytes: the score matrix, its masks and
     the output) does not fit in the memory that is available. It reads shapes and dtypes only, so it runs
     before anything is converted or built."""
@@ -99,12 +99,12 @@ def check_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
         batch=batch, dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None,
         mask_elements=inverted, window=hidden.window,
-    ) + mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
+    ) + _mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
 
 
-def mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: Hidden, score_arrays: int) -> int:
+def _mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules, score_arrays: int) -> int:
     """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
     of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
     backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
@@ -116,7 +116,7 @@ def mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: Hidden, score_arrays: in
     return score_mod + (2 * elements if hidden.mask_mod is not None else 0)
 
 
-def grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
+def _grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
     """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
 
     Query head h = g_kv · G + g reads kv head g_kv, so broadcasting over the size-1 axis shares each
@@ -127,14 +127,14 @@ def grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
 
 
 def attend(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, hidden: Hidden
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S)."""
     # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first, as
     #    flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # (..., Hq, L, E) in the compute dtype; q stays as it was
-    scores = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
+    scores = _grouped(q_s, dims, kv=False) @ _grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
     scores = scores.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., Hq, L, S): free, it is contiguous
     del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
 
@@ -146,22 +146,22 @@ def attend(
     elif hidden.mask is not None:
         np.add(scores, hidden.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
     if hidden.offset is not None:
-        blocked = band_blocked(0, dims.n_q, 0, dims.n_k, hidden.offset, hidden.window)  # (L, S); the window too
+        blocked = _band_blocked(0, dims.n_q, 0, dims.n_k, hidden.offset, hidden.window)  # (L, S); the window too
         np.copyto(scores, -np.inf, where=blocked)
 
     # 4) softmax over the keys (and each head's sink, when there are sinks), in place: the weights take the
     #    scores' memory
     if hidden.sinks is None:
-        weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+        weights = _softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
     else:
         weights = softmax_with_sinks_(scores, hidden.sinks[:, None, None])  # rows sum to 1 - the sink's weight
 
     # 5) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
-    out = grouped(weights, dims, kv=False) @ grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
+    out = _grouped(weights, dims, kv=False) @ _grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
     return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
 
 
-def apply_mods(scores: np.ndarray, dims: QKVShape, hidden: Hidden) -> None:
+def apply_mods(scores: np.ndarray, dims: QKVShape, hidden: _ScoreRules) -> None:
     """In place on the scores (..., Hq, L, S): score_mod(scores, b, h, q_idx, kv_idx) on every score, then
     -inf where mask_mod(b, h, q_idx, kv_idx) is False; b, h, q_idx, kv_idx broadcast against the scores."""
     indices = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., 1, 1, 1), (Hq, 1, 1), (L, 1), (S,)
@@ -231,7 +231,7 @@ def attention(
         score_mod=score_mod, sinks=sinks,
     )  # fmt: skip
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
-        check_fits(dims, result_dtype(q, k, v), hidden)
+        _check_fits(dims, result_dtype(q, k, v), hidden)
     ct = compute_dtype(q, k, v)
     out, weights = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
 

@@ -57,9 +57,9 @@ from ._checks import (
 )
 from ._guard import attention_backward_bytes, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
-from .attention import Hidden, attend, check_attention, grouped, mods_bytes
+from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, apply_mods, check_one_head, tile_rule
+from .flash import TileMods, _check_one_head, apply_mods, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
@@ -74,7 +74,7 @@ __all__ = [
 ]
 
 
-def check_like(x: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+def _check_like(x: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
     """x as a float array of exactly `shape` (what: the shape in symbols, for the message)."""
     x = as_float_array(x, name)
     if x.shape != shape:
@@ -120,7 +120,7 @@ def attention_backward(
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev), dout (..., Hq, L, Ev)
     -> dq, dk, dv shaped and typed like q, k, v. Builds the (..., Hq, L, S) weights, like attention(), and
     check_memory=True refuses (AttentionMemoryError), before anything is converted or built, a call whose
-    peak does not fit in the memory available (peaks.attention_backward_bytes; an upper bound with mods).
+    peak does not fit in the memory available (_guard.attention_backward_bytes; an upper bound with mods).
     A score_mod must give its derivative, as for flex_attention_backward (mods.Differentiable).
     """
     check_memory = check_bool(check_memory, "check_memory")
@@ -130,7 +130,7 @@ def attention_backward(
         score_mod=check_score_mod(score_mod, backward=True), sinks=sinks,
     )  # fmt: skip
     out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)
-    dout = check_like(dout, "dout", out_shape[1:] if two_d else out_shape, "out's (..., Hq, L, Ev)")
+    dout = _check_like(dout, "dout", out_shape[1:] if two_d else out_shape, "out's (..., Hq, L, Ev)")
     ct = compute_dtype(q, k, v, dout)
     if check_memory:  # first, on shapes and dtypes alone: the float16 copies below are part of the bill
         check_backward_fits(dims, np.result_type(q, k, v, dout), hidden)
@@ -141,24 +141,28 @@ def attention_backward(
 
 
 def attention_grads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: Hidden
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The five lines of the module doc on whole matrices, for inputs attention_backward() checked, in the
     compute dtype: -> dq (..., Hq, L, E), dk (..., Hkv, S, E), dv (..., Hkv, S, Ev)."""
-    grads = attention_flex_grads(q, k, v, dout, dims, scale, hidden)
+    grads = _attention_flex_grads(q, k, v, dout, dims, scale, hidden)
     return grads.dq, grads.dk, grads.dv
 
 
-def attention_flex_grads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: Hidden
+def _attention_flex_grads(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
 ) -> FlexGrads:
     """attention_grads, and through flex attention's mods (hidden's score_mod and sinks): dS = dS' ∘ ∂S'/∂S
     with the learned parameters' gradient from dS' (score_mod_grads), and dsink_h = -Σ_i P_sink,i D_i, where
     P_sink,i = 1 - Σ_j P_ij is the weight the row's keys did not take."""
     # 1) the forward again, keeping the weights P (..., Hq, L, S) and the output O (..., Hq, L, Ev)
     o, p = attend(q, k, v, dims, scale, hidden)
-    p, o, d_o = grouped(p, dims, kv=False), grouped(o, dims, kv=False), grouped(dout, dims, kv=False)  # (.., G, L, .)
-    k_g, v_g = grouped(k, dims, kv=True), grouped(v, dims, kv=True)  # (..., Hkv, 1, S, E): shared by the G heads
+    p, o, d_o = (
+        _grouped(p, dims, kv=False),
+        _grouped(o, dims, kv=False),
+        _grouped(dout, dims, kv=False),
+    )  # (.., G, L, .)
+    k_g, v_g = _grouped(k, dims, kv=True), _grouped(v, dims, kv=True)  # (..., Hkv, 1, S, E): shared by the G heads
     # 2) dV = Pᵀ dO, summed over the G query heads that read each kv head
     dv = (p.swapaxes(-1, -2) @ d_o).sum(axis=-3)  # (..., Hkv, G, S, Ev) -> (..., Hkv, S, Ev)
     # 3) dP = dO Vᵀ
@@ -175,7 +179,7 @@ def attention_flex_grads(
     # 5) dQ = scale · dS K and dK = scale · dSᵀ Q (summed over the group, like dV)
     dq = ds @ k_g  # (..., Hkv, G, L, E)
     dq *= scale
-    dk = (ds.swapaxes(-1, -2) @ grouped(q, dims, kv=False)).sum(axis=-3)  # (..., Hkv, S, E)
+    dk = (ds.swapaxes(-1, -2) @ _grouped(q, dims, kv=False)).sum(axis=-3)  # (..., Hkv, S, E)
     dk *= scale
     return FlexGrads(dq.reshape(*dims.batch, dims.hq, dims.n_q, dims.e), dk, dv, dparams, dsinks)
 
@@ -191,14 +195,14 @@ def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape
         for b_i, h_i in np.ndindex(ds_heads.shape[:2]):
             dparams[h_i] += score_mod.param_grad(ds_heads[b_i, h_i], b_i, h_i, q_idx, kv_idx)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # as attend() scales, so the same S
-    s = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
+    s = _grouped(q_s, dims, kv=False) @ _grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
     derivative = derivative_of(score_mod, s.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k), b, h, q_idx, kv_idx)
     if derivative is not None:
         ds_heads *= np.broadcast_to(derivative, (*dims.batch, dims.hq, dims.n_q, dims.n_k)).reshape(ds_heads.shape)
     return dparams
 
 
-def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None:
+def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules) -> None:
     """Refuse, on shapes and dtypes alone, an attention_backward() whose peak does not fit in memory."""
     batch = int(np.prod(dims.batch, dtype=np.int64))
     if batch == 0 or dims.hq == 0:
@@ -209,7 +213,7 @@ def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: Hidden) -> None
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev, batch=batch,
         dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None, mask_elements=inverted,
         window=hidden.window,
-    ) + mods_bytes(dims, dtype, hidden, score_arrays=5)  # fmt: skip
+    ) + _mods_bytes(dims, dtype, hidden, score_arrays=5)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention_backward()", f"two arrays of {scores}", "flash_attention_backward()")
 
@@ -272,7 +276,7 @@ def check_one_head_backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
     """One head's forward inputs checked as flash_attention_one_head checks them, out (L, Ev), dout (L, Ev) and
     lse (L,) against their shapes, all six in the compute dtype, with the scale."""
-    q_c, k_c, v_c, scale = check_one_head(q, k, v, causal, scale, block_q, block_k)
+    q_c, k_c, v_c, scale = _check_one_head(q, k, v, causal, scale, block_q, block_k)
     dims = QKVShape((), 1, 1, len(q_c), len(k_c), q_c.shape[1], v_c.shape[1])
     out, dout, lse = check_saved(out, dout, lse, dims, two_d=True)
     ct = compute_dtype(q_c, k_c, v_c, out, dout)
@@ -280,8 +284,8 @@ def check_one_head_backward(
     return q_c, k_c, v_c, out, dout, lse, scale
 
 
-class BackwardPlan(NamedTuple):
-    """How flash_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
+class _BackwardPlan(NamedTuple):
+    """How _flash_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
     the workers, and flex attention's score_mod (one that gives its derivative) and sinks (Hq,)."""
 
     scale: float
@@ -296,12 +300,12 @@ class BackwardPlan(NamedTuple):
 def check_flash_backward(
     q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, *, causal: Any, scale: Any, window: Any,
     block_q: Any, block_k: Any, workers: Any, align: Any = "bottom_right",
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, BackwardPlan]:  # fmt: skip
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, _BackwardPlan]:  # noqa: E501  # fmt: skip
     """flash_attention_backward's inputs checked, once (shapes against q's), and its plan."""
     two_d = without_head_axis(q)
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
-    plan = BackwardPlan(
+    plan = _BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         check_band(causal, window, dims.n_q, dims.n_k, align),
         check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
@@ -314,9 +318,9 @@ def check_flash_backward(
 def check_saved(out: Any, dout: Any, lse: Any, dims: QKVShape, two_d: bool) -> tuple[np.ndarray, ...]:
     """The forward's out and lse and the incoming dout, checked against the shapes q, k, v give them."""
     out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)[1 if two_d else 0 :]
-    out = check_like(out, "out", out_shape, "(..., Hq, L, Ev)")
-    dout = check_like(dout, "dout", out_shape, "out's (..., Hq, L, Ev)")
-    return out, dout, check_like(lse, "lse", out_shape[:-1], "(..., Hq, L)")
+    out = _check_like(out, "out", out_shape, "(..., Hq, L, Ev)")
+    dout = _check_like(dout, "dout", out_shape, "out's (..., Hq, L, Ev)")
+    return out, dout, _check_like(lse, "lse", out_shape[:-1], "(..., Hq, L)")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -510,7 +514,7 @@ def flash_attention_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
-    dq, dk, dv = flash_backward(q, k, v, out, dout, lse, dims, plan)
+    dq, dk, dv = _flash_backward(q, k, v, out, dout, lse, dims, plan)
     return (dq[0], dk[0], dv[0]) if two_d else (dq, dk, dv)
 
 
@@ -553,9 +557,9 @@ def flex_attention_backward(
         sinks=sinks, workers=workers, backward=True,
     )  # fmt: skip
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
-    plan = BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
+    plan = _BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
-    grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
+    grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
         return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])
     # key and value of batch 1 served every batch entry: their gradients are the sums over the batch
@@ -571,19 +575,19 @@ def summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return total.reshape(shape).astype(grad.dtype, copy=False)
 
 
-def flash_backward(
+def _flash_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-    dims: QKVShape, plan: BackwardPlan,
+    dims: QKVShape, plan: _BackwardPlan,
 ) -> tuple[Array, Array, Array]:  # fmt: skip
     """flash_attention_backward's work on inputs check_flash_backward() accepted: dq, dk, dv like q, k, v
-    (flex_backward without the gradients of learned mods and sinks)."""
-    grads = flex_backward(q, k, v, out, dout, lse, dims, plan)
+    (_flex_backward without the gradients of learned mods and sinks)."""
+    grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     return grads.dq, grads.dk, grads.dv
 
 
-def flex_backward(
+def _flex_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-    dims: QKVShape, plan: BackwardPlan,
+    dims: QKVShape, plan: _BackwardPlan,
 ) -> FlexGrads:  # fmt: skip
     """The blockwise backward on checked inputs: FlexGrads of the forward that plan describes."""
     ct = compute_dtype(q, k, v, out, dout)
@@ -593,7 +597,7 @@ def flex_backward(
     k_c = np.ascontiguousarray(k.reshape(n_kv_heads, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
     v_c = np.ascontiguousarray(v.reshape(n_kv_heads, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
     # 2) the query side: q times the scale, dout, D = rowsum(dO ∘ O) and lse, once for all tiles
-    q_s, d_o, d, lse_c = query_rows(q, out, dout, lse, dims, plan.scale, ct)
+    q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
     dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)  # (B·Hq, L, E), (B·Hq, L)
     # dk, dv per query head (summed over the group below when G > 1, else the result itself)
     dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
@@ -601,9 +605,9 @@ def flex_backward(
     n_k_blocks = -(-dims.n_k // plan.block_k)
     param_grads = None if params is None else np.zeros((n_heads, n_k_blocks, *params.shape[1:]), ct)
     # 3) every key block of every head, a work item
-    run_key_blocks(q_s, k_c, v_c, d_o, lse_c, d, dq, p_sums, dk_heads, dv_heads, plan, dims.hq, param_grads)
+    _run_key_blocks(q_s, k_c, v_c, d_o, lse_c, d, dq, p_sums, dk_heads, dv_heads, plan, dims.hq, param_grads)
     dsinks = sink_grads(p_sums, lse_c, d, dims, plan.sinks)  # adds the sink's weight to p_sums first
-    check_weights_sum_to_one(p_sums, lse_c)
+    _check_weights_sum_to_one(p_sums, lse_c)
     # 4) dQ's scale, once; a kv head's gradient is the sum over its G query heads (in head order)
     dq *= plan.scale
     dk_c = dk_heads.reshape(n_kv_heads, group, dims.n_k, dims.e).sum(axis=1) if group > 1 else dk_heads
@@ -614,7 +618,7 @@ def flex_backward(
                      dv_c.reshape(v.shape).astype(v.dtype, copy=False), dparams, dsinks)  # fmt: skip
 
 
-def query_rows(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
+def _query_rows(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
                ct: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """What the blockwise backward reads on the query side, in the compute dtype ct, one head per leading
     index: q_s = q · scale (B·Hq, L, E), d_o = dout (B·Hq, L, Ev), D = rowsum(dO ∘ O) (B·Hq, L), and lse
@@ -630,9 +634,9 @@ def query_rows(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray
     return q_s, d_o, d, lse_c
 
 
-def run_key_blocks(
+def _run_key_blocks(
     q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, dq: np.ndarray,
-    p_sums: np.ndarray, dk_heads: np.ndarray, dv_heads: np.ndarray, plan: BackwardPlan, hq: int,
+    p_sums: np.ndarray, dk_heads: np.ndarray, dv_heads: np.ndarray, plan: _BackwardPlan, hq: int,
     param_grads: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads.
@@ -673,7 +677,7 @@ def sink_grads(p_sums: np.ndarray, lse: np.ndarray, d: np.ndarray, dims: QKVShap
     return -(p_sink * d).reshape(-1, dims.hq, dims.n_q).sum(axis=(0, 2))  # (Hq,)
 
 
-def check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
+def _check_weights_sum_to_one(p_sums: np.ndarray, lse: np.ndarray) -> None:
     """Each row of P = exp(S − lse) sums to 1 when lse is the forward's, for the same q, k, mask and scale.
     Refuse a backward handed another forward's state (a window or mask it did not get, another scale)
     instead of returning the gradients of some other function. Not checked: rows that saw no key (lse +inf

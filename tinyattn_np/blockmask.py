@@ -28,7 +28,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_bool, check_count, check_positive_int, check_sizes
-from .masks import causal_offset, check_window
+from .masks import _causal_offset, _check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
 __all__ = [
@@ -171,11 +171,11 @@ class Band(NamedTuple):
 def check_band(causal: Any, window: Any, n_q: int, n_k: int, align: Any = "bottom_right") -> Band:
     """causal, window and align checked, as the Band they describe."""
     causal = check_bool(causal, "causal")
-    offset = causal_offset(n_q, n_k, align)  # checks align even when causal=False
+    offset = _causal_offset(n_q, n_k, align)  # checks align even when causal=False
     if window is not None:
         if not causal:
             raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
-        window = check_window(window, n_q, n_k)
+        window = _check_window(window, n_q, n_k)
     return Band(offset if causal else None, window)
 
 
@@ -461,7 +461,7 @@ def tile_plan(
 
 
 @functools.lru_cache(maxsize=64)
-def square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+def _square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
     """len(tile_plan(tokens, tokens, block_q, block_k, causal=causal)), counted row block by row block
     without making the tiles, and remembered: the sequence-parallel schemes ask for the same few sizes at
     every step."""

@@ -55,28 +55,21 @@ from ._parallel import one_blas_thread, run_items
 from .blockmask import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
-    DIAGONAL,
     FULL,
-    PARTIAL,
-    Band,
     BlockMask,
     Heads,
     Tile,
     TileMask,
-    TilePlan,
     check_band,
-    draw_tile_plan,
-    tile_plan,
 )
 from .mods import modded, visible
 
-__all__ = [  # with blockmask's tile names, which other modules import from here (flash.Band, flash.tile_plan, ...)
-    "Band", "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "FULL", "FlashPlan", "GroupedHeads", "Heads", "PARTIAL",
-    "SCORES_PER_STEP", "Tile", "TileMask", "TileMods", "TilePlan", "TileRule", "apply_mods", "attend_block",
-    "attend_block_online", "check_band", "check_flash", "constant_rule", "default_tiles", "draw_tile_plan",
-    "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items",
-    "forward_results", "grouped_heads", "item_parts", "running_start", "scaled_queries", "tile_mods", "tile_plan",
-    "tile_rule", "tile_scores", "trusted", "use_tile_rule",
+__all__ = [
+    "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "TileMods", "TileRule", "apply_mods", "attend_block",
+    "attend_block_online", "check_flash", "constant_rule", "default_tiles", "finish_rows", "flash_attention",
+    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
+    "item_parts", "running_start", "scaled_queries", "tile_mods", "tile_rule", "tile_scores", "trusted",
+    "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -147,7 +140,7 @@ def flash_attention_one_head(
     array([[1.  , 0.  ],
            [0.33, 0.67]])
     """
-    q, k, v, scale = check_one_head(q, k, v, causal, scale, block_q, block_k)
+    q, k, v, scale = _check_one_head(q, k, v, causal, scale, block_q, block_k)
     n_q, n_k, offset = len(q), len(k), len(k) - len(q)  # L queries, S keys; query i sees key j <= i + offset
     out, lse = np.zeros((n_q, v.shape[1]), v.dtype), np.zeros(n_q, v.dtype)  # O (L, Ev) and the paper's L (L,)
     for q_start in range(0, n_q, block_q):  # 3: for each query block i
@@ -175,7 +168,7 @@ def flash_attention_one_head(
     return out, lse
 
 
-def check_one_head(
+def _check_one_head(
     q: Any, k: Any, v: Any, causal: Any, scale: Any, block_q: Any, block_k: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """One head's q (L, E), k (S, E), v (S, Ev) checked and in the compute dtype, with the scale; causal must
@@ -190,7 +183,7 @@ def check_one_head(
     return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), check_scale(scale, dims.e, ct)
 
 
-def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
+def _check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
     """block_mask as a BlockMask made for these inputs' sizes: batch entries, query heads, L and S."""
     if not isinstance(block_mask, BlockMask):
         raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {type(block_mask).__name__}")

@@ -42,8 +42,8 @@ from .blockmask import (
     BlockMask,
     check_block_size,
 )
-from .flash import FlashPlan, check_block_mask, flash_forward, flash_plan
-from .masks import check_window
+from .flash import FlashPlan, _check_block_mask, flash_forward, flash_plan
+from .masks import _check_window
 from .mods import check_cu_seqlens, check_score_mod, check_sinks, varlen_mod
 
 __all__ = ["check_flex", "flash_attention_varlen", "flex_attention", "varlen_block_mask"]
@@ -65,7 +65,7 @@ def check_flex(
     key, value = broadcast_kv(query, key, value)
     q, k, v, dims = check_qkv(query, key, value, gqa_allowed=check_bool(enable_gqa, "enable_gqa"))
     ct = compute_dtype(q, k, v)
-    mask = Band(None) if block_mask is None else check_block_mask(block_mask, dims)
+    mask = Band(None) if block_mask is None else _check_block_mask(block_mask, dims)
     sizes = {"kv_heads_per_step": kv_heads_per_step, "workers": workers}
     sizes = {name: None if value is None else check_positive_int(value, name) for name, value in sizes.items()}
     plan = flash_plan(dims, mask, check_scale(scale, dims.e, ct), score_mod=check_score_mod(score_mod, backward),
@@ -146,7 +146,7 @@ def varlen_block_mask(
     mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window)
     cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    width = None if window is None else check_window(window, total_q, total_k)
+    width = None if window is None else _check_window(window, total_q, total_k)
     block_q, block_k = check_block_size(BLOCK_SIZE)
     kinds = document_kinds(cu_q, cu_k, causal, width, block_q, block_k)  # (n_q blocks, n_k blocks)
     return BlockMask(kinds[None, None], (total_q, total_k), (block_q, block_k), mask_mod)

@@ -61,7 +61,7 @@ from .layers import (
     rms_norm,
     rms_norm_backward,
 )
-from .multihead import MultiHeadAttention, Saved
+from .multihead import MultiHeadAttention, _Saved
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
@@ -193,7 +193,7 @@ class BlockSaved(NamedTuple):
     and the dropout masks of the two residual branches (None without dropout)."""
 
     norm_1: NormSaved
-    attn: Saved
+    attn: _Saved
     keep_1: NDArray[np.bool_] | None
     norm_2: NormSaved
     mlp: MLPSaved
@@ -258,7 +258,10 @@ class GPT:
         rng: the Generator (or int seed) that draws the dropout masks; needed only when dropout > 0.
         Returns (loss, grads), grads a dict with params' names, shapes and dtype.
         """
-        idx, targets = check_tokens(idx, self.config.vocab, "idx"), check_tokens(targets, self.config.vocab, "targets")
+        idx, targets = (
+            _check_tokens(idx, self.config.vocab, "idx"),
+            _check_tokens(targets, self.config.vocab, "targets"),
+        )
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have idx's shape {idx.shape}; got {targets.shape}")
         if idx.shape[1] > self.config.context:
@@ -365,7 +368,7 @@ class GPT:
         caches: None runs the whole sequence (a sliding window of `context` keys past the context); a list of
         one KVCache per layer (new_caches) continues what they hold: idx's tokens come after it.
         """
-        idx = check_tokens(idx, self.config.vocab, "idx")
+        idx = _check_tokens(idx, self.config.vocab, "idx")
         if caches is not None and (not isinstance(caches, list) or len(caches) != self.config.layers):
             raise ValueError(f"caches must be a list of {self.config.layers} KVCache, one per layer (new_caches)")
         p, (B, T), C = self.params, idx.shape, self.config.width
@@ -388,7 +391,7 @@ class GPT:
 
     def loss(self, idx: Any, targets: Any) -> float:
         """The mean cross-entropy of targets (B, T) given idx (B, T), without dropout or gradients."""
-        targets = check_tokens(targets, self.config.vocab, "targets")
+        targets = _check_tokens(targets, self.config.vocab, "targets")
         logits = self.logits(idx)  # (B, T, V)
         if targets.shape != logits.shape[:2]:
             raise ValueError(f"targets must have idx's shape {logits.shape[:2]}; got {targets.shape}")
@@ -402,7 +405,7 @@ class GPT:
         return [KVCache(batch, c.heads, max_tokens, c.head_dim, c.dtype, window=window) for _ in range(c.layers)]
 
 
-def check_tokens(idx: Any, vocab: int, name: str) -> NDArray[np.int64]:
+def _check_tokens(idx: Any, vocab: int, name: str) -> NDArray[np.int64]:
     """idx as an int64 array (B, T) of token ids in [0, vocab), T >= 1; anything else names the argument."""
     idx = np.asarray(idx)
     if idx.dtype.kind not in "iu":

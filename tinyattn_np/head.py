@@ -17,6 +17,8 @@ from ._checks import as_float_array, check_bool, compute_dtype, result_dtype
 from .masks import causal_mask
 from .softmax import softmax
 
+__all__ = ["one_head"]
+
 Array = NDArray[np.floating]
 
 

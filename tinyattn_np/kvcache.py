@@ -52,15 +52,15 @@ from ._atomic import Undo, holding
 from ._checks import ACCEPTED_DTYPES, QKVShape, check_bool, check_count, check_positive_int
 from ._guard import refuse_unless_fits
 from .blockmask import Band, check_band
-from .multihead import MultiHeadAttention, attend_heads, check_layer_input
-from .splitkv import decode, default_kv_splits, refuse_decode_beyond_memory
+from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
+from .splitkv import _decode, _default_kv_splits, _refuse_decode_beyond_memory
 
 Array = NDArray[np.floating]
 
 __all__ = ["KVCache"]
 
 
-def check_cache_dtype(dtype: Any) -> np.dtype:
+def _check_cache_dtype(dtype: Any) -> np.dtype:
     """A cache's dtype: float16, float32 or float64 (what its k and v must have); anything else is a TypeError."""
     try:
         dtype = np.dtype(dtype)
@@ -88,19 +88,19 @@ class ReadOnlyBuffer:
         return interface
 
 
-def read_only_view(array: np.ndarray) -> np.ndarray:
+def _read_only_view(array: np.ndarray) -> np.ndarray:
     """A view of array that its holder cannot make writable (see ReadOnlyBuffer)."""
     return np.asarray(ReadOnlyBuffer(array))
 
 
-def refuse_cache_beyond_memory(who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0) -> None:
+def _refuse_cache_beyond_memory(who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0) -> None:
     """AttentionMemoryError before a cache preallocates its keys and values, two arrays of `shape`, and `extra`
     bytes of bookkeeping, if they do not fit in the memory available."""
     needed = 2 * math.prod(shape) * dtype.itemsize + extra
     refuse_unless_fits(needed, who, f"keys and values, each {shape} of {dtype}", change)
 
 
-class CopiedWithoutLock:
+class _CopiedWithoutLock:
     """copy.deepcopy and pickle for a cache that holds `self.lock` (a threading.RLock, which cannot be copied):
     everything but the lock, and the copy gets a lock of its own. Copy a cache while no other thread changes
     it: the buffers are read after __getstate__ returns."""
@@ -117,7 +117,7 @@ class CopiedWithoutLock:
         self.lock = threading.RLock()
 
 
-class KVCache(CopiedWithoutLock):
+class KVCache(_CopiedWithoutLock):
     """Preallocated keys and values for one attention layer: (batch, kv_heads, slots, head_dim) each.
 
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
@@ -151,10 +151,10 @@ class KVCache(CopiedWithoutLock):
         self.max_tokens = check_positive_int(max_tokens, "max_tokens")
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.window = None if window is None else check_positive_int(window, "window")
-        self.dtype = check_cache_dtype(dtype)
+        self.dtype = _check_cache_dtype(dtype)
         self.slots = self.max_tokens if self.window is None else min(self.window, self.max_tokens)
         shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
-        refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=")
+        _refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=")
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E)
         self._seen = 0  # tokens appended so far: the one number a change commits
@@ -248,7 +248,7 @@ class KVCache(CopiedWithoutLock):
         """buf's slots of the first `seen` tokens (default len(self)), read-only: writing to a view into the
         cache would corrupt it. (B, Hkv, kept, E): before the ring wraps, slots are in token order."""
         kept = min(self._seen if seen is None else seen, self.slots)
-        return read_only_view(buf[:, :, :kept])
+        return _read_only_view(buf[:, :, :kept])
 
     @property
     def keys(self) -> Array:
@@ -295,7 +295,7 @@ class KVCache(CopiedWithoutLock):
         """
         if seq_ids is not None:
             raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
-        x = check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
+        x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
         want = (x.shape[0], layer.n_kv_heads, layer.d_head)
         if (self.batch, self.kv_heads, self.head_dim) != want:
             raise ValueError(
@@ -317,14 +317,14 @@ class KVCache(CopiedWithoutLock):
         if self.window is not None and T > 1:
             self._room_for(T)  # refused before any work if they do not fit
             kept = self.kept
-            refuse_cache_beyond_memory(  # the kept keys in order (a copy), then beside the new ones (another)
+            _refuse_cache_beyond_memory(  # the kept keys in order (a copy), then beside the new ones (another)
                 "KVCache.attend", (self.batch, self.kv_heads, 2 * kept + T, self.head_dim), self.dtype,
                 "pass fewer new tokens per call",
             )  # fmt: skip
             k_old, v_old = self.ordered()  # (B, Hkv, kept, d_head) each, oldest first
             k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
             band = check_band(True, self.window, T, k_all.shape[2])  # flash skips the tiles outside it
-            y, _ = attend_heads(q, k_all, v_all, band, fused)
+            y, _ = _attend_heads(q, k_all, v_all, band, fused)
             self._append(k, v)
             return y
         # 3) otherwise write the new tokens first, attend to all kept, then commit (refused before any write
@@ -339,17 +339,17 @@ class KVCache(CopiedWithoutLock):
         if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
             return _decode_step(q, keys, values)
         band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i + 1
-        return attend_heads(q, keys, values, band, fused)[0]
+        return _attend_heads(q, keys, values, band, fused)[0]
 
 
 def _decode_step(q: Array, keys: Array, values: Array) -> Array:
-    """One new token per sequence against the whole cache: split-KV (splitkv.decode). q (B, H, 1, d),
+    """One new token per sequence against the whole cache: split-KV (splitkv._decode). q (B, H, 1, d),
     keys and values (B, Hkv, S, d) -> y (B, H, 1, d)."""
     B, H, _, d = q.shape
     kept = keys.shape[2]
     dims = QKVShape((B,), H, keys.shape[1], 1, kept, d, d)
     workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
-    kv_splits = default_kv_splits(kept, workers)
-    refuse_decode_beyond_memory("KVCache.attend", q, keys, values, dims, kv_splits, workers)
-    out, _ = decode(q, keys, values, dims, 1.0 / math.sqrt(d), kv_splits, workers)
+    kv_splits = _default_kv_splits(kept, workers)
+    _refuse_decode_beyond_memory("KVCache.attend", q, keys, values, dims, kv_splits, workers)
+    out, _ = _decode(q, keys, values, dims, 1.0 / math.sqrt(d), kv_splits, workers)
     return out.reshape(B, H, 1, d).astype(q.dtype, copy=False)

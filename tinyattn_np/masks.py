@@ -31,10 +31,12 @@ from numpy.typing import NDArray
 
 from ._checks import check_positive_int, check_sizes
 
+__all__ = ["causal_mask", "window_mask"]
+
 ALIGNMENTS = ("bottom_right", "top_left")
 
 
-def causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
+def _causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
     """The diagonal's offset: query i sees key j when j <= i + offset (S - L bottom-right, 0 top-left)."""
     if align not in ALIGNMENTS:
         raise ValueError(f"align must be one of {ALIGNMENTS}; got {align!r}")
@@ -52,7 +54,7 @@ def causal_blocked(q_start: int, q_stop: int, k_start: int, k_stop: int, offset:
     return cols > rows + offset  # (bq, bk)
 
 
-def band_blocked(
+def _band_blocked(
     q_start: int, q_stop: int, k_start: int, k_stop: int, offset: int, window: int | None
 ) -> NDArray[np.bool_]:
     """causal_blocked, and with a window also the keys too far back: j <= i + offset - window.
@@ -67,7 +69,7 @@ def band_blocked(
     return blocked
 
 
-def check_window(window: object, n_q: int, n_k: int) -> int:
+def _check_window(window: object, n_q: int, n_k: int) -> int:
     """window as a positive int, clipped to n_q + n_k: a window that long already reaches back past the
     first key from every query (so it is plain causal), and the clip keeps huge ints such as 2**63 out
     of NumPy's int64 arithmetic."""
@@ -77,7 +79,7 @@ def check_window(window: object, n_q: int, n_k: int) -> int:
 def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> NDArray[np.bool_]:
     """(n_q, n_k) bool, True where query i may attend to key j: j <= i + offset (see module doc)."""
     n_q, n_k = check_sizes(n_q, n_k)
-    offset = causal_offset(n_q, n_k, align)
+    offset = _causal_offset(n_q, n_k, align)
     return ~causal_blocked(0, n_q, 0, n_k, offset)
 
 
@@ -88,8 +90,8 @@ def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "
     before it. A window of n_q + n_k keys or more (any size: 2**63 too) gives the plain causal mask.
     """
     n_q, n_k = check_sizes(n_q, n_k)
-    window = check_window(window, n_q, n_k)
-    offset = causal_offset(n_q, n_k, align)
+    window = _check_window(window, n_q, n_k)
+    offset = _causal_offset(n_q, n_k, align)
     rows = np.arange(n_q)[:, None] + offset  # (n_q, 1): the key position each query lines up with
     cols = np.arange(n_k)[None, :]  # (1, n_k)
     return (cols <= rows) & (cols > rows - window)  # (n_q, n_k)

@@ -17,15 +17,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._guard import FALLBACK_MEMORY_BYTES, memory_available, memory_total
-
 __all__ = [
-    "FALLBACK_MEMORY_BYTES",
     "cpu_model",
     "machine_info",
     "median_ms",
-    "memory_available",
-    "memory_total",
     "read_bandwidth",
     "read_once",
     "time_calls",

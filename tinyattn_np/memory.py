@@ -22,31 +22,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._bytes import DTYPES, bytes_per_element, nbytes
+from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int, check_sizes
-from .peaks import (
-    attention_backward_bytes,
-    flash_attention_backward_bytes,
-    flash_attention_bytes,
-    naive_attention_bytes,
-    ring_attention_bytes,
-)
 
 __all__ = [
-    "DTYPES",
-    "attention_backward_bytes",
     "attention_backward_flops",
     "attention_flops",
-    "bytes_per_element",
     "causal_entries",
-    "flash_attention_backward_bytes",
-    "flash_attention_bytes",
     "kv_cache_bytes",
     "latent_cache_bytes",
     "linear_attention_state_bytes",
-    "naive_attention_bytes",
     "paged_kv_cache_bytes",
-    "ring_attention_bytes",
     "score_matrix_bytes",
 ]
 

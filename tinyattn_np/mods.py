@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_count, check_positive_int, plain_array
-from .masks import causal_offset, check_window
+from .masks import _causal_offset, _check_window
 
 __all__ = [
     "Alibi", "Differentiable", "MaskMod", "RelativeBias", "ScoreModFn", "Softcap", "alibi_slopes", "and_masks",
@@ -174,7 +174,7 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
 
 def causal_band(offset: int, window: int | None = None) -> MaskMod:
     """The causal band as a mask_mod: query i sees key j when j <= i + offset, and with a window also
-    j > i + offset - window (masks.py draws both). flash.Band's partial tiles use exactly this."""
+    j > i + offset - window (masks.py draws both). blockmask.Band's partial tiles use exactly this."""
 
     def band(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
         allowed = kv_idx <= q_idx + offset
@@ -187,14 +187,14 @@ def causal_band(offset: int, window: int | None = None) -> MaskMod:
 def causal_mod(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
     """The causal mask of masks.causal_mask as a mask_mod: bottom-right (j <= i + S - L) or top-left (j <= i)."""
     n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
-    return causal_band(causal_offset(n_q, n_k, align))
+    return causal_band(_causal_offset(n_q, n_k, align))
 
 
 def sliding_window_mod(window: int, n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
     """masks.window_mask as a mask_mod: query i sees itself and the window - 1 keys before it (Mistral;
     FlashAttention's window_size=(w, 0) is window = w + 1)."""
     n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
-    return causal_band(causal_offset(n_q, n_k, align), check_window(window, n_q, n_k))
+    return causal_band(_causal_offset(n_q, n_k, align), _check_window(window, n_q, n_k))
 
 
 def prefix_lm_mod(prefix: Any) -> MaskMod:
@@ -285,7 +285,7 @@ def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, wi
         )
     if window is not None and not causal:
         raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
-    width = None if window is None else check_window(window, int(cu_q[-1]), int(cu_k[-1]))
+    width = None if window is None else _check_window(window, int(cu_q[-1]), int(cu_k[-1]))
     q_doc, kv_doc = document_ids(cu_q, "cu_seqlens_q"), document_ids(cu_k, "cu_seqlens_k")
     ends_q, ends_k = cu_q[1:], cu_k[1:]
     same_document = document_mod(q_doc, kv_doc)
@@ -343,7 +343,7 @@ class Alibi:
             raise ValueError(f"slopes must be finite, shape (Hq,) or (B, Hq); got shape {self.slopes.shape}")
         if learned and self.slopes.ndim != 1:
             raise ValueError(f"learned slopes must have shape (Hq,), one per head; got {self.slopes.shape}")
-        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.offset = _causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
         self.params = self.slopes if learned else None
 
     def __repr__(self) -> str:
@@ -434,7 +434,7 @@ class RelativeBias:
         if bucket is None and self.table.shape[1] % 2 == 0:
             raise ValueError(f"the default bucket clips to ±(R - 1)/2: R must be odd; got R = {self.table.shape[1]}")
         self.bucket = bucket if bucket is not None else self.clipped
-        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.offset = _causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
         self.params = self.table if learned else None
 
     def __repr__(self) -> str:

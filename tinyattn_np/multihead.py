@@ -9,7 +9,7 @@ Splitting into heads adds no parameters: it only decides how the d_model channel
 Training: forward() keeps what backward() needs, and backward() derives every gradient by hand. Decoding
 belongs to the caches that come after this file (kvcache.py, paged.py): self(x, cache=c) hands x to
 c.attend(self, x), which projects it with split_heads at the positions that continue c and attends through
-attend_heads, the one function here that runs the heads' attention (flash or the reference).
+_attend_heads, the one function here that runs the heads' attention (flash or the reference).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from ._checks import (
     check_rng,
     check_weight,
 )
-from .attention import Hidden, attend, check_fits
-from .backward import BackwardPlan, FlexGrads, attention_flex_grads, flex_backward
+from .attention import _check_fits, _ScoreRules, attend
+from .backward import FlexGrads, _attention_flex_grads, _BackwardPlan, _flex_backward
 from .blockmask import Band, TileMask, check_band
-from .flash import check_block_mask, flash_forward, flash_plan
+from .flash import _check_block_mask, flash_forward, flash_plan
 from .mods import check_score_mod
 from .position import rope as apply_rope
 from .position import rope_backward
@@ -124,7 +124,7 @@ class MultiHeadAttention:
     def split_heads(self, x: Array, positions: Any = None) -> tuple[Array, Array, Array]:
         """x (B, T, d_model) -> q (B, H, T, d_head), k and v (B, Hkv, T, d_head), from one matmul.
         positions (T,): the absolute positions RoPE rotates by (default 0 .. T-1)."""
-        return self._project(check_layer_input(self, x), positions, self.w_qkv)
+        return self._project(_check_layer_input(self, x), positions, self.w_qkv)
 
     def _project(self, x: Array, positions: Any, w_qkv: Array) -> tuple[Array, Array, Array]:
         """split_heads on a checked x (B, T, d_model) in the module's dtype, with the weights w_qkv."""
@@ -206,7 +206,7 @@ class MultiHeadAttention:
     def forward(
         self, x: Array, *, causal: bool = True, fused: bool = True, window: int | None = None,
         block_mask: Any = None, score_mod: Any = None,
-    ) -> tuple[Array, Saved]:  # fmt: skip
+    ) -> tuple[Array, _Saved]:  # fmt: skip
         """out = self(x, causal=causal, fused=fused), and `saved`: what backward() needs, held by the caller.
 
         window (needs causal=True): a sliding window of that many keys, as in flash_attention.
@@ -225,9 +225,9 @@ class MultiHeadAttention:
         score_mod = check_score_mod(score_mod)
         w_qkv, w_out = self.w_qkv.copy(), self.w_out.copy()  # the weights of this forward, whatever comes later
         q, k, v = self._project(x_b, None, w_qkv)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
-        y, lse = attend_heads(q, k, v, band, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
+        y, lse = _attend_heads(q, k, v, band, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
         out = self._merge_heads(y) @ w_out  # (B, T, d_model)
-        saved = Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched, score_mod)
+        saved = _Saved(self, x_b.copy(), w_qkv, w_out, q, k, v, y, lse, band, fused, unbatched, score_mod)
         return (out[0] if unbatched else out), saved
 
     def _mask(self, batch: int, T: int, causal: Any, window: Any, block_mask: Any) -> TileMask:
@@ -240,9 +240,9 @@ class MultiHeadAttention:
                 "pass block_mask with causal=False: the block mask says which keys are seen; for causal "
                 "documents, make it from and_masks(causal_mod(T), your mask_mod)"
             )
-        return check_block_mask(block_mask, QKVShape((batch,), self.n_heads, self.n_kv_heads, T, T, 1, 1))
+        return _check_block_mask(block_mask, QKVShape((batch,), self.n_heads, self.n_kv_heads, T, T, 1, 1))
 
-    def backward(self, dout: Array, saved: Saved) -> Any:
+    def backward(self, dout: Array, saved: _Saved) -> Any:
         """dx, dw_qkv, dw_out from dout = ∂loss/∂out and the `saved` of the forward that made out; with a
         score_mod that holds learned parameters (mods.Alibi(learned=True), RelativeBias), also their
         gradient, a fourth value shaped like score_mod.params.
@@ -255,10 +255,11 @@ class MultiHeadAttention:
         Sums over the batch and tokens are folded into the weight gradients' matmuls.
         dx has x's shape; dw_qkv and dw_out have the weights' shapes and dtype.
         """
-        if not isinstance(saved, Saved) or saved.module is not self:
+        if not isinstance(saved, _Saved) or saved.module is not self:
             raise ValueError(
                 "saved must be the second value returned by this module's own forward(); "
-                f"got {type(saved).__name__}" + (" from another MultiHeadAttention" if isinstance(saved, Saved) else "")
+                f"got {type(saved).__name__}"
+                + (" from another MultiHeadAttention" if isinstance(saved, _Saved) else "")
             )
         x, y = saved.x, saved.y
         B, T, _ = x.shape
@@ -286,7 +287,7 @@ class MultiHeadAttention:
         dx = (dqkv @ saved.w_qkv.T).reshape(want)  # x's shape
         return (dx, dw_qkv, dw_out) if dscore_mod is None else (dx, dw_qkv, dw_out, dscore_mod)
 
-    def _attention_grads(self, saved: Saved, dy: Array) -> FlexGrads:
+    def _attention_grads(self, saved: _Saved, dy: Array) -> FlexGrads:
         """dq, dk, dv (and the score_mod's parameters') of the forward's attention (its kernel, mask, score_mod
         and lse) for dY (B, H, T, d_head)."""
         q, k, v, y, band = saved.q, saved.k, saved.v, saved.y, saved.band
@@ -296,15 +297,15 @@ class MultiHeadAttention:
         scale = 1.0 / math.sqrt(self.d_head)
         if saved.fused:
             block_q, block_k = flash_plan(dims, band, scale)[2:4]
-            plan = BackwardPlan(scale, band, block_q, block_k, os.cpu_count() or 1, score_mod)
-            return flex_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
+            plan = _BackwardPlan(scale, band, block_q, block_k, os.cpu_count() or 1, score_mod)
+            return _flex_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
         ct = np.result_type(q, np.float32)  # float16 is computed in float32
         q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))
-        grads = attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_hidden(band, score_mod))
+        grads = _attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_hidden(band, score_mod))
         return grads._replace(**{name: getattr(grads, name).astype(q.dtype, copy=False) for name in ("dq", "dk", "dv")})
 
 
-def attend_heads(
+def _attend_heads(
     q: Array, k: Array, v: Array, band: TileMask, fused: bool, score_mod: Any = None
 ) -> tuple[Array, Array | None]:
     """The attention of the heads a MultiHeadAttention made (their shapes need no check): flash's kernel, which
@@ -316,13 +317,13 @@ def attend_heads(
     if fused:
         return flash_forward(q, k, v, dims, flash_plan(dims, band, scale, score_mod=score_mod))
     hidden = reference_hidden(band, score_mod)
-    check_fits(dims, q.dtype, hidden)
+    _check_fits(dims, q.dtype, hidden)
     ct = np.result_type(k, np.float32)  # float16 is computed in float32
     y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
     return y.astype(q.dtype, copy=False), None
 
 
-def check_layer_input(layer: Any, x: Any) -> Array:
+def _check_layer_input(layer: Any, x: Any) -> Array:
     """The door of a layer's projection (MultiHeadAttention.split_heads, a cache's attend): layer a
     MultiHeadAttention, x (B, T, d_model), returned as an array in the layer's dtype."""
     if not isinstance(layer, MultiHeadAttention):
@@ -343,14 +344,14 @@ class DecodingCache(Protocol):
     def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array: ...
 
 
-def reference_hidden(band: TileMask, score_mod: Any) -> Hidden:
+def reference_hidden(band: TileMask, score_mod: Any) -> _ScoreRules:
     """What the reference path hides and changes for a Band or a BlockMask (its mask_mod), and a score_mod."""
     if isinstance(band, Band):
-        return Hidden(None, band.offset, band.window, score_mod=score_mod)
-    return Hidden(None, None, None, mask_mod=band.mask_mod, score_mod=score_mod)
+        return _ScoreRules(None, band.offset, band.window, score_mod=score_mod)
+    return _ScoreRules(None, None, None, mask_mod=band.mask_mod, score_mod=score_mod)
 
 
-class Saved(NamedTuple):
+class _Saved(NamedTuple):
     """What MultiHeadAttention.backward needs from its forward: copies of the input and of the weights as
     they were, the heads' q, k, v (after RoPE) and attention output y (B, H, T, d_head), flash's lse (fused)
     or None, the mask (a Band of causal and window, or a BlockMask), the flags, and the score_mod or None."""

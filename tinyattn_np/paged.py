@@ -51,10 +51,17 @@ from ._guard import refuse_unless_fits
 from ._parallel import one_blas_thread, run_items
 from .blockmask import check_band
 from .flash import flash_forward, flash_plan
-from .kvcache import CopiedWithoutLock, check_cache_dtype, read_only_view, refuse_cache_beyond_memory
-from .multihead import MultiHeadAttention, attend_heads, check_layer_input
+from .kvcache import _check_cache_dtype, _CopiedWithoutLock, _read_only_view, _refuse_cache_beyond_memory
+from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
 from .softmax import merge_states
-from .splitkv import attend_blocks, attend_blocks_bytes, block_keys, default_kv_splits, merge_chunks, merge_chunks_bytes
+from .splitkv import (
+    _attend_blocks,
+    _attend_blocks_bytes,
+    _block_keys,
+    _default_kv_splits,
+    _merge_chunks_bytes,
+    merge_chunks,
+)
 
 Array = NDArray[np.floating]
 
@@ -85,7 +92,7 @@ class PoolState:
         )
 
 
-class PagedKVCache(CopiedWithoutLock):
+class PagedKVCache(_CopiedWithoutLock):
     """A pool of `num_blocks` blocks of `block_size` token slots, each holding keys and values of
     `kv_heads` heads of `head_dim`, and one block table per sequence.
 
@@ -123,10 +130,10 @@ class PagedKVCache(CopiedWithoutLock):
         self.block_size = check_positive_int(block_size, "block_size")
         self.kv_heads = check_positive_int(kv_heads, "kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.dtype = check_cache_dtype(dtype)
+        self.dtype = _check_cache_dtype(dtype)
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
         counts = 2 * self.num_blocks * np.dtype(np.int64).itemsize  # refs and filled
-        refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts)
+        _refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts)
         self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
         self._v = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
         no_blocks = np.zeros(self.num_blocks, np.int64)  # (num_blocks,)
@@ -146,12 +153,12 @@ class PagedKVCache(CopiedWithoutLock):
     def k_pool(self) -> Array:
         """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a view of the pool that
         cannot be made writable (a write here would change every sequence holding the block)."""
-        return read_only_view(self._k)
+        return _read_only_view(self._k)
 
     @property
     def v_pool(self) -> Array:
         """The values of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view."""
-        return read_only_view(self._v)
+        return _read_only_view(self._v)
 
     @property
     def block_bytes(self) -> int:
@@ -428,7 +435,7 @@ class PagedKVCache(CopiedWithoutLock):
         fused=False lays each sequence out contiguously (gather) for the reference attention. The lock is
         held from reading the lengths to the appends, which come last: the one change this call makes.
         """
-        x = check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
+        x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
         want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype)
         if (self.kv_heads, self.head_dim, self.dtype) != want:
             raise ValueError(
@@ -530,14 +537,14 @@ def attend_page_chunks(
     queries: list[Array], cache: PagedKVCache, chunks: list[PageChunk], workers: int
 ) -> list[tuple[Array, Array]]:
     """(out (Hkv, R, Ev), lse (Hkv, R)) of every chunk, its query matrix queries[chunk.query] (Hkv, R, E) already
-    scaled, computed by attend_blocks on the chunks' pages in place, the chunks spread over the workers."""
+    scaled, computed by _attend_blocks on the chunks' pages in place, the chunks spread over the workers."""
     results: list[tuple[Array, Array]] = [(queries[0], queries[0])] * len(chunks)
 
     def run(i: int) -> None:
         q_s = queries[chunks[i].query]
         converted = 0 if cache.dtype == q_s.dtype else 2 * cache.kv_heads * cache.head_dim  # a float16 pool
-        blocks = page_blocks(cache, chunks[i], block_keys(q_s.shape[0] * q_s.shape[1], converted))
-        results[i] = attend_blocks(q_s, blocks, cache.head_dim)
+        blocks = page_blocks(cache, chunks[i], _block_keys(q_s.shape[0] * q_s.shape[1], converted))
+        results[i] = _attend_blocks(q_s, blocks, cache.head_dim)
 
     longest_first = sorted(range(len(chunks)), key=lambda i: -chunks[i].keys)  # the workers finish together
     if len(chunks) <= 1:  # one chunk: BLAS may use its own threads on it
@@ -570,7 +577,7 @@ def decode_pages(
     q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
 ) -> tuple[Array, Array]:
     """paged_decode's work on checked inputs, under the cache's lock: q (N, Hq, L, E) -> out (N, Hkv, G·L, Ev)
-    and lse (N, Hkv, G·L) in the compute dtype. kv_splits None: default_kv_splits of each sequence."""
+    and lse (N, Hkv, G·L) in the compute dtype. kv_splits None: _default_kv_splits of each sequence."""
     # 1) each sequence's query matrix: its G·L query rows of each kv head stacked, the scale folded in once
     q_s = scaled_queries(q, cache, scale)  # (N, Hkv, G·L, E)
     if q_s.shape[0] == 0:  # no sequence: nothing to read
@@ -579,7 +586,7 @@ def decode_pages(
     chunks, state = [], cache._state
     for i, seq in enumerate(seqs):
         length = state.lengths[seq]
-        splits = kv_splits or default_kv_splits(length, workers)
+        splits = kv_splits or _default_kv_splits(length, workers)
         chunks += sequence_chunks(i, state.tables[seq], length, cache.block_size, splits)
     # 3) every chunk against its pages in place, then one merge per sequence
     queries = list(q_s)
@@ -621,10 +628,10 @@ def decode_cascade(
     pages, keys = shared_prefix(tables, lengths, size)
     # 1) the shared prefix, once: all N·R query rows of a kv head against it, as one matrix (query number N)
     q_all = q_s.transpose(1, 0, 2, 3).reshape(hkv, n * rows, e)  # (Hkv, N·R, E)
-    chunks = sequence_chunks(n, tables[0][:pages], keys, size, kv_splits or default_kv_splits(keys, workers))
+    chunks = sequence_chunks(n, tables[0][:pages], keys, size, kv_splits or _default_kv_splits(keys, workers))
     # 2) each sequence's own pages, after the prefix (none if it ends in the prefix)
     for i, (table, length) in enumerate(zip(tables, lengths, strict=True)):
-        splits = kv_splits or default_kv_splits(length - keys, workers)
+        splits = kv_splits or _default_kv_splits(length - keys, workers)
         chunks += sequence_chunks(i, table[pages:], length - keys, size, splits)
     queries = [*q_s, q_all]
     merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, e)
@@ -683,7 +690,7 @@ def paged_decode(
 
     The keys are read through the block tables where they lie: each run of consecutive blocks is one
     matmul operand, never copied. A sequence is split into kv_splits chunks of whole blocks (default
-    default_kv_splits: one per worker, 1,024 keys or more each), every chunk of every sequence is a work
+    _default_kv_splits: one per worker, 1,024 keys or more each), every chunk of every sequence is a work
     item for `workers` threads (default the CPU count), and each sequence's chunks are merged by
     merge_chunks, as flash_decode does. For a given kv_splits the result is the same bits for any number
     of workers. The cache's lock is held while it reads. float16 is computed in float32.
@@ -757,7 +764,7 @@ def paged_decode_bytes(
 
         q_s       N·Hkv·R·E·c              the scaled queries, held to the end
         parts     Σ_chunks Hkv·rows·(E+1)·c  each chunk's out and lse, held until its sequence's merge
-        workers   min(workers, C) attend_blocks at once, each on a block of whole pages
+        workers   min(workers, C) _attend_blocks at once, each on a block of whole pages
         merged    2·N·Hkv·R·(E+1)·c        each sequence's merged result, then all of them stacked
         merge     one merge_chunks at a time (the sequence with the most chunks)
         cascade   the queries stacked into one matrix, the prefix's merged result, merge_states' three
@@ -780,9 +787,9 @@ def paged_decode_bytes(
     working = 0
     for r, chunks, pages in queries:  # the widest chunk, on every worker at once
         block = block_pages(hkv * r, hkv * converted, size, pages) * size
-        working = max(working, attend_blocks_bytes(hkv, r, block, pages * size, e, c, converted) * (chunks > 0))
+        working = max(working, _attend_blocks_bytes(hkv, r, block, pages * size, e, c, converted) * (chunks > 0))
     working *= min(workers, sum(chunks for _, chunks, _ in queries))
-    merge = max((merge_chunks_bytes(chunks, hkv * r, e, c) for r, chunks, _ in queries if chunks), default=0)
+    merge = max((_merge_chunks_bytes(chunks, hkv * r, e, c) for r, chunks, _ in queries if chunks), default=0)
     one = n * hkv * rows  # rows of the whole result
     needed = one * e * c + chunk_rows * hkv * (e + 1) * c + 2 * one * (e + 1) * c + max(working, merge)
     needed += 5 * one * (e + 1) * c if cascade else 0
@@ -792,13 +799,13 @@ def paged_decode_bytes(
 def page_chunks(keys: int, page_size: int, kv_splits: int | None, workers: int) -> tuple[int, int]:
     """(chunks, pages of the longest) that sequence_chunks makes of `keys` keys."""
     pages = -(-keys // page_size)
-    chunks = min(kv_splits or default_kv_splits(keys, workers), pages)
+    chunks = min(kv_splits or _default_kv_splits(keys, workers), pages)
     return chunks, -(-pages // chunks) if chunks else 0
 
 
 def block_pages(rows: int, converted: int, page_size: int, pages: int) -> int:
     """Pages in each block of a chunk of `pages` pages that page_blocks yields, for `rows` query rows."""
-    return min(max(1, block_keys(rows, converted) // page_size), pages)
+    return min(max(1, _block_keys(rows, converted) // page_size), pages)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -841,5 +848,5 @@ def attend_gathered(q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: lis
         k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, d_head)
         v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)
         band = check_band(True, None, q.shape[2], k_all.shape[2])
-        y[b] = attend_heads(q[b : b + 1], k_all, v_all, band, False)[0][0]
+        y[b] = _attend_heads(q[b : b + 1], k_all, v_all, band, False)[0][0]
     return y

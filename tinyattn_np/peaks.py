@@ -22,14 +22,12 @@ import numpy as np
 
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import check_bool, check_count, check_positive_int
-from ._guard import attention_backward_bytes, naive_attention_bytes
-from .flash import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, default_tiles, tile_rule
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from .flash import default_tiles, tile_rule
 
 __all__ = [
-    "attention_backward_bytes",
     "flash_attention_backward_bytes",
     "flash_attention_bytes",
-    "naive_attention_bytes",
     "ring_attention_bytes",
     "sequence_parallel_bytes",
 ]

@@ -33,7 +33,7 @@ from ._checks import (
     check_rng,
     compute_dtype,
 )
-from .rope_scaling import NO_FACTOR, RopeScaling, check_finite_number, check_rope_scaling, rotary_dim
+from .rope_scaling import _NO_FACTOR, RopeScaling, _check_finite_number, check_rope_scaling, rotary_dim
 
 Array = NDArray[np.floating]
 
@@ -207,7 +207,7 @@ def rope_frequencies(
 
 
 def _check_base(base: Any) -> float:
-    return check_finite_number(base, "base", low=1.0, allowed="> 1")
+    return _check_finite_number(base, "base", low=1.0, allowed="> 1")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -328,7 +328,7 @@ def rope_attention_factor(scaling: dict[str, Any] | None, *, max_position_embedd
         return params.attention_factor
     factor = params.factor
     if factor == 0.0:  # longrope with no factor in the dict and no max_position_embeddings to derive one
-        raise ValueError(NO_FACTOR.format(kind=params.rope_type))
+        raise ValueError(_NO_FACTOR.format(kind=params.rope_type))
     if params.rope_type == "yarn":
         if params.mscale is not None and params.mscale_all_dim is not None:
             return _yarn_mscale(factor, params.mscale) / _yarn_mscale(factor, params.mscale_all_dim)

@@ -15,20 +15,17 @@ from typing import Any
 import numpy as np
 from tabulate import tabulate, tabulate_formats
 
-from ._bytes import UNITS, best_unit, format_bytes, to_unit
+from ._bytes import best_unit
 
 __all__ = [
     "TABLE_FORMATS",
     "TABLE_WIDTH",
-    "UNITS",
     "Checklist",
     "add_format_argument",
     "add_wide_argument",
-    "best_unit",
     "check_format",
     "column_unit",
     "fit_table",
-    "format_bytes",
     "format_duration",
     "format_sig",
     "matrix_table",
@@ -37,7 +34,6 @@ __all__ = [
     "table",
     "table_width",
     "text_table",
-    "to_unit",
 ]
 
 TABLE_FORMATS: list[str] = sorted(tabulate_formats)

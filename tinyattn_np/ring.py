@@ -64,8 +64,8 @@ from ._mpi import (
     wait_for,
 )
 from ._parallel import one_blas_thread
-from .backward import BackwardPlan, check_weights_sum_to_one, query_rows, run_key_blocks
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, FULL, Band, square_tiles
+from .backward import _BackwardPlan, _check_weights_sum_to_one, _query_rows, _run_key_blocks
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, FULL, Band, _square_tiles
 from .flash import FlashPlan, flash_forward, flash_plan
 from .shards import chunks_of, n_chunks, shard, unshard
 from .softmax import merge_states
@@ -121,7 +121,7 @@ def pair_tiles(pair: Pair, part_tokens: int, block_q: int, block_k: int) -> int:
     """flash_attention's tiles for one pair of part_tokens x part_tokens: tile_plan counts them exactly."""
     if pair.kind == HIDDEN:
         return 0
-    return square_tiles(part_tokens, block_q, block_k, pair.kind == DIAGONAL)
+    return _square_tiles(part_tokens, block_q, block_k, pair.kind == DIAGONAL)
 
 
 def tile_counts(tokens: int, size: int, *, layout: str = "zigzag", causal: bool = True, block_q: int | None = None,
@@ -348,8 +348,8 @@ class QuerySide(NamedTuple):
 def query_side(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
                ct: np.dtype) -> QuerySide:  # fmt: skip
     """The backward's per-rank state, made once: q scaled, dout, D = rowsum(dO ∘ O) and lse with +inf for -inf,
-    as flash_attention_backward makes them (backward.query_rows), and zeros to add into."""
-    q_s, d_o, d, lse_c = query_rows(q, out, dout, lse, dims, scale, ct)  # (B·Hq, T/P, E), (.., Ev), (B·Hq, T/P) x 2
+    as flash_attention_backward makes them (backward._query_rows), and zeros to add into."""
+    q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, scale, ct)  # (B·Hq, T/P, E), (.., Ev), (B·Hq, T/P) x 2
     return QuerySide(
         q_s, d_o, d, lse_c, np.zeros_like(q_s), np.zeros_like(lse_c), np.zeros_like(q_s), np.zeros_like(d_o)
     )
@@ -357,7 +357,7 @@ def query_side(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray
 
 def ring_backward_step(
     query: QuerySide, k_block: np.ndarray, v_block: np.ndarray, dk_block: np.ndarray, dv_block: np.ndarray,
-    pairs: list[Pair], part: int, plan: BackwardPlan,
+    pairs: list[Pair], part: int, plan: _BackwardPlan,
 ) -> int:  # fmt: skip
     """One step of the ring's backward: this rank's queries against the block that has arrived, k_block
     (B·Hkv, T/P, E), v_block (B·Hkv, T/P, Ev). Adds into query.dq and writes this rank's share of the
@@ -381,7 +381,7 @@ def ring_backward_step(
         rows = slice(pair.q_part * part, (pair.q_part + 1) * part)  # this pair's queries within the shard
         keys = slice(pair.k_part * part, (pair.k_part + 1) * part)  # and its keys within the block
         # Algorithm 2 over the pair, as flash_attention_backward runs it; every head sees the same band
-        run_key_blocks(query.q_s[:, rows], k_block[:, keys], v_block[:, keys], query.d_o[:, rows], query.lse[:, rows],
+        _run_key_blocks(query.q_s[:, rows], k_block[:, keys], v_block[:, keys], query.d_o[:, rows], query.lse[:, rows],
                        query.d[:, rows], query.dq[:, rows], query.p_sums[:, rows], query.dk_heads[:, keys],
                        query.dv_heads[:, keys], plan._replace(band=band), hq=len(query.q_s))  # fmt: skip
         tiles += pair_tiles(pair, part, plan.block_q, plan.block_k)
@@ -441,8 +441,8 @@ def ring_attention_backward(
 
 
 def check_lse(query: QuerySide) -> tuple[None, None]:
-    """P's rows, summed over the steps, against 1 (backward.check_weights_sum_to_one); nothing to report."""
-    check_weights_sum_to_one(query.p_sums, query.lse)
+    """P's rows, summed over the steps, against 1 (backward._check_weights_sum_to_one); nothing to report."""
+    _check_weights_sum_to_one(query.p_sums, query.lse)
     return None, None
 
 
@@ -455,7 +455,7 @@ def backward_ring(
     ct = compute_dtype(q, k, v, out, dout)
     held = chunks_of(rank, size, settings["layout"])
     part = dims.n_q // len(held) if settings["causal"] else dims.n_q  # tokens per pair side
-    plan = BackwardPlan(settings["scale"], Band(None), settings["block_q"], settings["block_k"], settings["workers"])
+    plan = _BackwardPlan(settings["scale"], Band(None), settings["block_q"], settings["block_k"], settings["workers"])
     stats = RingStats(rank, size, settings["layout"], settings["causal"], dims.n_q, held)
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
     kv_shapes = (n_kv, dims.n_k, dims.e), (n_kv, dims.n_k, dims.ev)  # a block, one row block per (batch, kv head)

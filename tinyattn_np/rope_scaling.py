@@ -51,7 +51,7 @@ _POSITIVE_KEYS = (
     "high_freq_factor",
 )  # fmt: skip
 
-NO_FACTOR = (
+_NO_FACTOR = (
     "scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= (the "
     "config's) so that factor = max_position_embeddings / original_max_position_embeddings"
 )
@@ -182,7 +182,7 @@ def _length_and_factor(
     if factor is None and max_position_embeddings is not None and original is not None:
         factor = max_position_embeddings / original  # transformers' fallback (huggingface/transformers#38224)
     if factor is None and kind == "yarn":
-        raise ValueError(NO_FACTOR.format(kind=kind))
+        raise ValueError(_NO_FACTOR.format(kind=kind))
     return original, factor
 
 
@@ -211,7 +211,7 @@ def _check_relations(
         )
 
 
-def check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str = "> 0") -> float:
+def _check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str = "> 0") -> float:
     """value as a float: a real number (not a bool or a str), finite and > low; `allowed` says so in the message."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"{name} must be a number {allowed}; got {value!r} ({type(value).__name__})")
@@ -222,7 +222,7 @@ def check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str = 
 
 def _positive_number(scaling: dict[str, Any], key: str, allowed: str = "> 0") -> float:
     """scaling[key] as a float: a real number (not a bool or a str), finite and > 0."""
-    return check_finite_number(scaling[key], f"scaling[{key!r}]", 0.0, allowed)
+    return _check_finite_number(scaling[key], f"scaling[{key!r}]", 0.0, allowed)
 
 
 def _per_pair(scaling: dict[str, Any], key: str, pairs: int | None) -> NDArray[np.float64]:

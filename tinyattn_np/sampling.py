@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_bool, check_count, check_positive_int, check_rng
-from .gpt import GPT, check_tokens
+from .gpt import GPT, _check_tokens
 
 __all__ = ["generate", "sample_next"]
 
@@ -111,7 +111,7 @@ def generate(
         raise TypeError(f"model must be a GPT; got {type(model).__name__}")
     tokens = np.asarray(prompt)
     unbatched = tokens.ndim == 1
-    tokens = check_tokens(tokens[None] if unbatched else tokens, model.config.vocab, "prompt")  # (B, T0)
+    tokens = _check_tokens(tokens[None] if unbatched else tokens, model.config.vocab, "prompt")  # (B, T0)
     new = check_count(max_new_tokens, "max_new_tokens")
     use_cache = check_bool(use_cache, "use_cache")
     check_sampling(temperature, top_k, top_p)

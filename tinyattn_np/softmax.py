@@ -12,6 +12,8 @@ from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_bool, compute_dtype
 
+__all__ = ["logsumexp", "merge_states", "softmax"]
+
 Array = NDArray[np.floating]
 
 
@@ -24,7 +26,7 @@ def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
     return np.where(np.isneginf(m), 0.0, m).astype(x.dtype, copy=False)
 
 
-def softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
+def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """softmax written into x itself (no second array of x's size); x must be a writable float array.
 
     attention() uses this on its score matrix so that the weights reuse the scores' memory.
@@ -45,7 +47,7 @@ def softmax(x: Array, axis: int = -1) -> Array:
     if x.ndim == 0:
         raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
     work = x.astype(compute_dtype(x), copy=True)
-    return softmax_(work, axis).astype(x.dtype, copy=False)
+    return _softmax_(work, axis).astype(x.dtype, copy=False)
 
 
 def logsumexp(x: Array, axis: int = -1, keepdims: bool = False) -> Array:

@@ -59,19 +59,19 @@ MIN_BLOCK_K = 256
 MIN_SPLIT_KEYS = 1024
 
 
-def default_kv_splits(n_k: int, workers: int) -> int:
+def _default_kv_splits(n_k: int, workers: int) -> int:
     """One chunk per worker, as long as each gets 1,024 keys or more: a short cache is one chunk."""
     return max(1, min(workers, n_k // MIN_SPLIT_KEYS))
 
 
-def block_keys(rows: int, converted_per_key: int = 0) -> int:
+def _block_keys(rows: int, converted_per_key: int = 0) -> int:
     """Keys per block of the online softmax: SCORES_PER_BLOCK values for `rows` scores per key and, where the
     cache must be converted (float16), converted_per_key elements of keys and values; at least 256 keys."""
     per_key = max(rows + converted_per_key, 1)
     return max(MIN_BLOCK_K, SCORES_PER_BLOCK // per_key // MIN_BLOCK_K * MIN_BLOCK_K)
 
 
-def attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: int) -> tuple[Array, Array]:
+def _attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: int) -> tuple[Array, Array]:
     """Attention of (already scaled) queries over blocks of keys, and its logsumexp, by the online softmax
     (flash.py's steps, with the G heads of a kv head stacked), one block per step.
 
@@ -114,13 +114,13 @@ def attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: i
 
 def attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:
     """attend_blocks over a contiguous chunk: q_s (N, R, E), k_chunk (N, Sc, E), v_chunk (N, Sc, Ev) ->
-    out (N, R, Ev), lse (N, R), in blocks of block_keys(N·R) keys, each a slice read in place."""
+    out (N, R, Ev), lse (N, R), in blocks of _block_keys(N·R) keys, each a slice read in place."""
     n, rows = q_s.shape[:2]
     converted = 0 if k_chunk.dtype == q_s.dtype else n * (k_chunk.shape[-1] + v_chunk.shape[-1])  # float16
-    step = block_keys(n * rows, converted)
+    step = _block_keys(n * rows, converted)
     starts = range(0, k_chunk.shape[1], step)
     blocks = ([(k_chunk[:, s : s + step], v_chunk[:, s : s + step])] for s in starts)
-    return attend_blocks(q_s, blocks, v_chunk.shape[-1])
+    return _attend_blocks(q_s, blocks, v_chunk.shape[-1])
 
 
 def merge_chunks(outs: list[Array], lses: list[Array]) -> tuple[Array, Array]:
@@ -166,7 +166,7 @@ def flash_decode(
     Meant for few queries (decoding, a short continuation): a worker's scores hold about 2^17 values, and
     at least B·Hq·L·256 (block_keys); for long L use flash_attention, whose tiles also bound L.
 
-    kv_splits: number of contiguous key chunks (default: default_kv_splits(S, workers)); more than S
+    kv_splits: number of contiguous key chunks (default: _default_kv_splits(S, workers)); more than S
     acts as S. workers: threads (default the CPU count), BLAS held to one thread meanwhile. For a given
     kv_splits the result is the same bits for any number of workers (the chunks and the order of the
     merge are fixed); for any kv_splits it equals attention() to float rounding.
@@ -178,10 +178,10 @@ def flash_decode(
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
     workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
-    kv_splits = check_positive_int(kv_splits, "kv_splits", default=default_kv_splits(dims.n_k, workers))
+    kv_splits = check_positive_int(kv_splits, "kv_splits", default=_default_kv_splits(dims.n_k, workers))
     kv_splits = min(kv_splits, max(dims.n_k, 1))
-    refuse_decode_beyond_memory("flash_decode", q, k, v, dims, kv_splits, workers)
-    out, lse = decode(q, k, v, dims, scale, kv_splits, workers)
+    _refuse_decode_beyond_memory("flash_decode", q, k, v, dims, kv_splits, workers)
+    out, lse = _decode(q, k, v, dims, scale, kv_splits, workers)
     out_full = out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev).astype(result_dtype(q, k, v), copy=False)
     lse_full = lse.reshape(*dims.batch, dims.hq, dims.n_q)  # compute dtype, as flash_attention returns it
     if two_d:
@@ -189,7 +189,7 @@ def flash_decode(
     return (out_full, lse_full) if return_lse else out_full
 
 
-def decode(
+def _decode(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, kv_splits: int, workers: int
 ) -> tuple[Array, Array]:
     """flash_decode's work on checked inputs: out (B·Hkv, G·L, Ev) and lse (B·Hkv, G·L) in the compute dtype."""
@@ -223,8 +223,8 @@ def decode(
 # the memory a decode step takes, known before it allocates anything
 
 
-def attend_blocks_bytes(n: int, rows: int, block_k: int, keys: int, ev: int, compute: int, converted: int) -> int:
-    """Peak bytes of one attend_blocks call over `keys` keys in blocks of block_k, besides its result (out and
+def _attend_blocks_bytes(n: int, rows: int, block_k: int, keys: int, ev: int, compute: int, converted: int) -> int:
+    """Peak bytes of one _attend_blocks call over `keys` keys in blocks of block_k, besides its result (out and
     lse), with c = compute bytes: the scores of a block, n·rows·block_k·c, twice if there is a next block
     (made before the last one's are let go); one piece's product (part) n·rows·Ev·c; the running max and sum
     and their temporaries (max, m_new, alpha, the row sums, log) 7·n·rows·c; and for a float16 cache the
@@ -233,7 +233,7 @@ def attend_blocks_bytes(n: int, rows: int, block_k: int, keys: int, ev: int, com
     return (n * rows * (blocks * block_k + ev + 7) + blocks * n * block_k * converted) * compute
 
 
-def merge_chunks_bytes(chunks: int, rows: int, ev: int, compute: int) -> int:
+def _merge_chunks_bytes(chunks: int, rows: int, ev: int, compute: int) -> int:
     """Peak bytes of merge_chunks over `chunks` parts of `rows` rows besides the parts: the lses stacked
     (chunks·rows·c), the float64 max, weights, sums and log (6·rows·8), the float64 out and one chunk's
     weighted out (2·rows·Ev·8), and the result cast back (rows·(Ev + 1)·c)."""
@@ -247,7 +247,7 @@ def decode_bytes(dims: QKVShape, compute: np.dtype, stored: np.dtype, kv_splits:
         q_s       N·R·E·c              q times the scale, held to the end
         parts     n·N·R·(Ev + 1)·c     out and lse of each of the n = kv_splits chunks, held until the merge
         workers   min(workers, n) attend_blocks at once (attend_blocks_bytes)
-        merge     merge_chunks_bytes, once the workers are done
+        merge     _merge_chunks_bytes, once the workers are done
         peak = q_s + parts + max(workers, merge)
     """
     n_kv = math.prod(dims.batch) * dims.hkv
@@ -256,9 +256,9 @@ def decode_bytes(dims: QKVShape, compute: np.dtype, stored: np.dtype, kv_splits:
         return n_kv * rows * (dims.ev + 1) * c
     converted = 0 if stored == compute else dims.e + dims.ev  # a float16 cache: keys and values, per key
     chunk = -(-dims.n_k // kv_splits)  # keys of the longest chunk
-    block_k = min(block_keys(n_kv * rows, n_kv * converted), chunk)
-    working = min(workers, kv_splits) * attend_blocks_bytes(n_kv, rows, block_k, chunk, dims.ev, c, converted)
-    merge = merge_chunks_bytes(kv_splits, n_kv * rows, dims.ev, c)
+    block_k = min(_block_keys(n_kv * rows, n_kv * converted), chunk)
+    working = min(workers, kv_splits) * _attend_blocks_bytes(n_kv, rows, block_k, chunk, dims.ev, c, converted)
+    merge = _merge_chunks_bytes(kv_splits, n_kv * rows, dims.ev, c)
     return n_kv * rows * dims.e * c + kv_splits * n_kv * rows * (dims.ev + 1) * c + max(working, merge)
 
 
@@ -269,10 +269,10 @@ def merges_without_copy(x: np.ndarray) -> bool:
     return all(outer == inner * n for (_, outer), (n, inner) in zip(lead, lead[1:], strict=False))
 
 
-def refuse_decode_beyond_memory(
+def _refuse_decode_beyond_memory(
     who: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, kv_splits: int, workers: int
 ) -> None:
-    """AttentionMemoryError before decode() allocates anything, if its peak (decode_bytes, any copies of k and
+    """AttentionMemoryError before _decode() allocates anything, if its peak (decode_bytes, any copies of k and
     v that the reshape makes, and the result cast to float16) does not fit in the memory available."""
     compute, stored = compute_dtype(q, k, v), np.result_type(k, v)
     needed = decode_bytes(dims, compute, stored, kv_splits, workers)

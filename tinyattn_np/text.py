@@ -20,6 +20,8 @@ from numpy.typing import NDArray
 
 from ._checks import ACCEPTED_DTYPES, check_count, check_positive_int
 
+__all__ = ["embed", "token_vector", "tokenize"]
+
 # GPT-2's pattern with \p{L} (letters) and \p{N} (numbers) spelled with the stdlib's re:
 # [^\W\d_] is "a word character that is not a digit or underscore", i.e. a letter.
 _PRETOKENIZE = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")

@@ -49,8 +49,8 @@ from ._mpi import (
     load_mpi,
     wait_for,
 )
-from .backward import BackwardPlan, flash_backward
-from .blockmask import check_band, square_tiles
+from .backward import _BackwardPlan, _flash_backward
+from .blockmask import _square_tiles, check_band
 from .flash import flash_forward, flash_plan
 from .shards import shard, unshard
 
@@ -152,7 +152,7 @@ def head_dims(dims: QKVShape, size: int) -> QKVShape:
 def new_stats(comm: Any, dims: QKVShape, settings: dict[str, Any]) -> UlyssesStats:
     """A record with nothing counted yet; the tiles are those of flash over the whole T x T matrix."""
     size, tokens = comm.Get_size(), dims.n_q * comm.Get_size()
-    tiles = square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
+    tiles = _square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
     return UlyssesStats(comm.Get_rank(), size, settings["layout"], settings["causal"], dims.n_q, dims.hq // size,
                         tiles, 0, 0, 0.0, 0.0)  # fmt: skip
 
@@ -255,7 +255,7 @@ def ulysses_attention_backward(
         started = time.perf_counter()
         dims_h = head_dims(dims, size)
         band = check_band(settings["causal"], None, dims_h.n_q, dims_h.n_k)
-        plan = BackwardPlan(settings["scale"], band, settings["block_q"], settings["block_k"], settings["workers"])
+        plan = _BackwardPlan(settings["scale"], band, settings["block_q"], settings["block_k"], settings["workers"])
         grads, mismatch = local_backward(q_h, k_h, v_h, out_h, dout_h, lse_h[..., 0], dims_h, plan)
         stats.compute_seconds += time.perf_counter() - started
         # 4) heads back to tokens
@@ -267,12 +267,12 @@ def ulysses_attention_backward(
 
 def local_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-    dims: QKVShape, plan: BackwardPlan,
+    dims: QKVShape, plan: _BackwardPlan,
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ValueError | None]:  # fmt: skip
-    """flash_backward on this rank's heads, and the ValueError it raises where lse does not match q, k and
+    """_flash_backward on this rank's heads, and the ValueError it raises where lse does not match q, k and
     the mask (kept, with zeros for gradients, so that the all-to-all still runs and every rank can raise it)."""
     try:
-        return flash_backward(q, k, v, out, dout, lse, dims, plan), None
+        return _flash_backward(q, k, v, out, dout, lse, dims, plan), None
     except ValueError as err:  # on checked inputs only check_weights_sum_to_one raises one
         return (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)), err
 
