@@ -198,7 +198,7 @@ def attention_backward_bytes(
     """Peak bytes that attention_backward() (backward.py) allocates, for q, k, v, dout (and a mask) that exist.
 
     With c = bytes of the compute dtype, R = B·Hq·L query rows and P = R·S·c one array of the weights'
-    size, the steps of attention_grads and what is alive at each:
+    size, the steps of backward._attention_flex_grads and what is alive at each:
 
         1  the forward again     naive_attention_bytes' arrays (without its fp16 parts): P + max(...), and O
         2  dV = Pᵀ dO            P + O + B·Hq·S·Ev·c (each query head's dV, then summed) + dV

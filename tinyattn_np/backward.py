@@ -29,8 +29,8 @@ and three more follow from the chain rule (flex_attention_backward):
     dθ_h = Σ_ij dS'_ij ∂S'_ij/∂θ_h            a learned parameter of the score_mod (ALiBi's slopes, a bias table)
     dsink_h = −Σ_i exp(sink_h − lse_i) D_i    a sink is a key with a logit and no value
 
-Read it in this order: attention_backward and attention_grads (the reference: the five lines above on
-whole matrices), flash_attention_backward_one_head (Algorithm 2 for one head on one thread, as the paper
+Read it in this order: attention_backward and _attention_flex_grads (the reference: the five lines above
+on whole matrices), flash_attention_backward_one_head (Algorithm 2 for one head on one thread, as the paper
 prints it), then flash_attention_backward (the same, with every key block of every head a work item), and
 flex_attention_backward (the same loop over a block mask's tiles, through the mods).
 """
@@ -135,24 +135,17 @@ def attention_backward(
     if check_memory:  # first, on shapes and dtypes alone: the float16 copies below are part of the bill
         check_backward_fits(dims, np.result_type(q, k, v, dout), hidden)
     q_c, k_c, v_c, d_o = (x.astype(ct, copy=False) for x in (q, k, v, dout))
-    dq, dk, dv = attention_grads(q_c, k_c, v_c, d_o.reshape(out_shape), dims, scale, hidden)
+    dq, dk, dv, _, _ = _attention_flex_grads(q_c, k_c, v_c, d_o.reshape(out_shape), dims, scale, hidden)
     grads = (dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False))
     return (grads[0][0], grads[1][0], grads[2][0]) if two_d else grads
-
-
-def attention_grads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The five lines of the module doc on whole matrices, for inputs attention_backward() checked, in the
-    compute dtype: -> dq (..., Hq, L, E), dk (..., Hkv, S, E), dv (..., Hkv, S, Ev)."""
-    grads = _attention_flex_grads(q, k, v, dout, dims, scale, hidden)
-    return grads.dq, grads.dk, grads.dv
 
 
 def _attention_flex_grads(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
 ) -> FlexGrads:
-    """attention_grads, and through flex attention's mods (hidden's score_mod and sinks): dS = dS' ∘ ∂S'/∂S
+    """The five lines of the module doc on whole matrices, for inputs attention_backward() checked, in the
+    compute dtype: -> dq (..., Hq, L, E), dk (..., Hkv, S, E), dv (..., Hkv, S, Ev) in FlexGrads; and
+    through flex attention's mods (hidden's score_mod and sinks): dS = dS' ∘ ∂S'/∂S
     with the learned parameters' gradient from dS' (score_mod_grads), and dsink_h = -Σ_i P_sink,i D_i, where
     P_sink,i = 1 - Σ_j P_ij is the weight the row's keys did not take."""
     # 1) the forward again, keeping the weights P (..., Hq, L, S) and the output O (..., Hq, L, Ev)
@@ -285,7 +278,7 @@ def check_one_head_backward(
 
 
 class _BackwardPlan(NamedTuple):
-    """How _flash_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
+    """How _flex_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
     the workers, and flex attention's score_mod (one that gives its derivative) and sinks (Hq,)."""
 
     scale: float
@@ -514,7 +507,7 @@ def flash_attention_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
-    dq, dk, dv = _flash_backward(q, k, v, out, dout, lse, dims, plan)
+    dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     return (dq[0], dk[0], dv[0]) if two_d else (dq, dk, dv)
 
 
@@ -573,16 +566,6 @@ def summed_to(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return grad
     total = grad.reshape(-1, *shape[-3:]).sum(axis=0, dtype=np.result_type(grad.dtype, np.float32))  # (H, S, E)
     return total.reshape(shape).astype(grad.dtype, copy=False)
-
-
-def _flash_backward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-    dims: QKVShape, plan: _BackwardPlan,
-) -> tuple[Array, Array, Array]:  # fmt: skip
-    """flash_attention_backward's work on inputs check_flash_backward() accepted: dq, dk, dv like q, k, v
-    (_flex_backward without the gradients of learned mods and sinks)."""
-    grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
-    return grads.dq, grads.dk, grads.dv
 
 
 def _flex_backward(

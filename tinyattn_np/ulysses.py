@@ -49,7 +49,7 @@ from ._mpi import (
     load_mpi,
     wait_for,
 )
-from .backward import _BackwardPlan, _flash_backward
+from .backward import _BackwardPlan, _flex_backward
 from .blockmask import _square_tiles, check_band
 from .flash import flash_forward, flash_plan
 from .shards import shard, unshard
@@ -269,11 +269,12 @@ def local_backward(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
     dims: QKVShape, plan: _BackwardPlan,
 ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ValueError | None]:  # fmt: skip
-    """_flash_backward on this rank's heads, and the ValueError it raises where lse does not match q, k and
+    """_flex_backward on this rank's heads, and the ValueError it raises where lse does not match q, k and
     the mask (kept, with zeros for gradients, so that the all-to-all still runs and every rank can raise it)."""
     try:
-        return _flash_backward(q, k, v, out, dout, lse, dims, plan), None
-    except ValueError as err:  # on checked inputs only check_weights_sum_to_one raises one
+        dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
+        return (dq, dk, dv), None
+    except ValueError as err:  # on checked inputs only _check_weights_sum_to_one raises one
         return (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)), err
 
 
