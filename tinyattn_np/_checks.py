@@ -10,8 +10,8 @@ import numpy as np
 
 __all__ = [
     "ACCEPTED_DTYPES", "COMPUTE_DTYPES", "QKVShape", "as_float_array", "check_bool", "check_count", "check_ndim",
-    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "check_weight", "compute_dtype",
-    "plain_array", "result_dtype", "transposed_note", "without_head_axis",
+    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "check_weight",
+    "check_window_is_causal", "compute_dtype", "plain_array", "result_dtype", "transposed_note", "without_head_axis",
 ]  # fmt: skip
 
 # float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
@@ -119,6 +119,13 @@ def check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__})")
     return bool(value)
+
+
+def check_window_is_causal(window: Any, causal: bool) -> None:
+    """A sliding window counts back from the diagonal, so window= needs causal=True: the one place that says so
+    (attention, flash_attention, tile_plan, varlen_mod and the bills all ask it)."""
+    if window is not None and not causal:
+        raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
 
 
 def check_rng(rng: Any, name: str = "rng") -> np.random.Generator:

@@ -15,6 +15,9 @@ import os
 from fractions import Fraction
 from typing import Any
 
+from ._bytes import attention_sizes, float_bytes, format_bytes
+from ._checks import check_bool, check_count, check_positive_int, check_window_is_causal
+
 __all__ = [
     "AttentionMemoryError",
     "FALLBACK_MEMORY_BYTES",
@@ -33,8 +36,6 @@ try:
 except ImportError:  # not on Windows: no address-space limit to read there
     resource = None  # type: ignore[assignment]
 
-from ._bytes import attention_sizes, float_bytes, format_bytes
-from ._checks import check_bool, check_count, check_positive_int
 
 # When the operating system does not say how much memory there is, assume this little, so that a
 # guard built on it refuses too early rather than too late.
@@ -170,8 +171,7 @@ def naive_attention_bytes(
     blocked = n_q * n_k if causal else 0
     if window is not None:
         check_positive_int(window, "window")
-        if not causal:
-            raise ValueError(f"window={window!r} needs causal=True, as in attention()")
+        check_window_is_causal(window, causal)
     edge = blocked if window is not None else 0
     mask_elements = n_q * n_k if mask_elements is None else check_count(mask_elements, "mask_elements")
     inverted_mask = mask_elements if check_bool(bool_mask, "bool_mask") else 0

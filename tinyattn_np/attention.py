@@ -20,7 +20,16 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import QKVShape, check_bool, check_qkv, check_scale, compute_dtype, result_dtype, without_head_axis
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_qkv,
+    check_scale,
+    check_window_is_causal,
+    compute_dtype,
+    result_dtype,
+    without_head_axis,
+)
 from ._guard import naive_attention_bytes, refuse_if_too_big
 from .masks import _band_blocked, _causal_offset, _check_window
 from .mods import check_score_mod, check_sinks, modded, score_indices, visible
@@ -77,9 +86,8 @@ def check_attention(
         raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) or None; got {mask_mod!r}")
     mods = (mask_mod, check_score_mod(score_mod), check_sinks(sinks, dims.hq, compute_dtype(q, k, v)))
     offset = _causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
+    check_window_is_causal(window, causal)
     if window is not None:
-        if not causal:
-            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
         window = _check_window(window, dims.n_q, dims.n_k)
     if mask is not None:
         mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))

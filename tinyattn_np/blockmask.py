@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_bool, check_count, check_positive_int, check_sizes
+from ._checks import check_bool, check_count, check_positive_int, check_sizes, check_window_is_causal
 from .masks import _causal_offset, _check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
@@ -172,9 +172,8 @@ def check_band(causal: Any, window: Any, n_q: int, n_k: int, align: Any = "botto
     """causal, window and align checked, as the Band they describe."""
     causal = check_bool(causal, "causal")
     offset = _causal_offset(n_q, n_k, align)  # checks align even when causal=False
+    check_window_is_causal(window, causal)
     if window is not None:
-        if not causal:
-            raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
         window = _check_window(window, n_q, n_k)
     return Band(offset if causal else None, window)
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._bytes import nbytes
-from ._checks import check_bool, check_count, check_positive_int, check_sizes
+from ._checks import check_bool, check_count, check_positive_int, check_sizes, check_window_is_causal
 
 __all__ = [
     "attention_backward_flops",
@@ -260,8 +260,7 @@ def attention_flops(
     head_dim_v = head_dim if head_dim_v is None else check_positive_int(head_dim_v, "head_dim_v")
     batch = check_positive_int(batch, "batch")
     causal = check_bool(causal, "causal")
-    if window is not None and not causal:
-        raise ValueError(f"window={window} needs causal=True (a sliding window looks back from each query)")
+    check_window_is_causal(window, causal)
     if chunk is not None and not causal:
         raise ValueError(f"chunk={chunk} needs causal=True (a chunked layer looks back to its block's start)")
     entries = causal_entries(n_q, n_k, window=window, chunk=chunk) if causal else n_q * n_k

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int, plain_array
+from ._checks import check_count, check_positive_int, check_window_is_causal, plain_array
 from .masks import _causal_offset, _check_window
 
 __all__ = [
@@ -283,8 +283,7 @@ def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, wi
         raise ValueError(
             f"cu_seqlens_q and cu_seqlens_k must count the same sequences; got {cu_q.size - 1} and {cu_k.size - 1}"
         )
-    if window is not None and not causal:
-        raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
+    check_window_is_causal(window, causal)
     width = None if window is None else _check_window(window, int(cu_q[-1]), int(cu_k[-1]))
     q_doc, kv_doc = document_ids(cu_q, "cu_seqlens_q"), document_ids(cu_k, "cu_seqlens_k")
     ends_q, ends_k = cu_q[1:], cu_k[1:]
