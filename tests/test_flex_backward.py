@@ -277,12 +277,12 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
     for score_mod, mask_mod in mods:
         checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
                                   mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
-        dims, hidden = checked[3], checked[5]
+        dims, rules = checked[3], checked[5]
         _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
-        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, hidden, 2)
+        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, rules, 2)
         assert forward <= bound, f"{score_mod}: forward {forward:,} B > {bound:,} B"
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
-        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, hidden, 5)
+        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, rules, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
 
 

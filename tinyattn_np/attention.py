@@ -78,7 +78,7 @@ def check_attention(
     q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any, mask_mod: Any = None,
     score_mod: Any = None, sinks: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, _ScoreRules]:  # fmt: skip
-    """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, what is hidden."""
+    """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, the rules on the scores."""
     causal = check_bool(causal, "causal")
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
@@ -94,25 +94,25 @@ def check_attention(
     return q, k, v, dims, scale, _ScoreRules(mask, offset if causal else None, window, *mods)
 
 
-def _check_fits(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules) -> None:
+def _check_fits(dims: QKVShape, dtype: np.dtype, rules: _ScoreRules) -> None:
     """Refuse, before allocating, a call whose peak (naive_attention_bytes: the score matrix, its masks and
     the output) does not fit in the memory that is available. It reads shapes and dtypes only, so it runs
     before anything is converted or built."""
     batch = int(np.prod(dims.batch, dtype=np.int64))
     if batch == 0 or dims.hq == 0:
         return  # no query head at all: nothing the size of the scores is made
-    mask = hidden.mask
+    mask = rules.mask
     inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
     needed = naive_attention_bytes(
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
-        batch=batch, dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None,
-        mask_elements=inverted, window=hidden.window,
-    ) + _mods_bytes(dims, dtype, hidden, score_arrays=2)  # fmt: skip
+        batch=batch, dtype=dtype, causal=rules.offset is not None, bool_mask=inverted is not None,
+        mask_elements=inverted, window=rules.window,
+    ) + _mods_bytes(dims, dtype, rules, score_arrays=2)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
 
 
-def _mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules, score_arrays: int) -> int:
+def _mods_bytes(dims: QKVShape, dtype: np.dtype, rules: _ScoreRules, score_arrays: int) -> int:
     """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
     of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
     backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
@@ -120,8 +120,8 @@ def _mods_bytes(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules, score_arra
     more: the guard then refuses too late."""
     elements = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k  # the scores'
     compute = max(np.dtype(dtype).itemsize, 4)  # float16 is computed in float32
-    score_mod = score_arrays * elements * compute if hidden.score_mod is not None else 0
-    return score_mod + (2 * elements if hidden.mask_mod is not None else 0)
+    score_mod = score_arrays * elements * compute if rules.score_mod is not None else 0
+    return score_mod + (2 * elements if rules.mask_mod is not None else 0)
 
 
 def _grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
@@ -135,7 +135,7 @@ def _grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
 
 
 def attend(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S)."""
@@ -147,36 +147,36 @@ def attend(
     del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
 
     # 2) flex attention's mods: score_mod rewrites every score, mask_mod hides keys (mods.py)
-    apply_mods(scores, dims, hidden)
+    apply_mods(scores, dims, rules)
     # 3) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
-    if hidden.mask is not None and hidden.mask.dtype == np.bool_:
-        np.copyto(scores, -np.inf, where=~hidden.mask)  # ~mask: a temporary of the mask's size
-    elif hidden.mask is not None:
-        np.add(scores, hidden.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
-    if hidden.offset is not None:
-        blocked = _band_blocked(0, dims.n_q, 0, dims.n_k, hidden.offset, hidden.window)  # (L, S); the window too
+    if rules.mask is not None and rules.mask.dtype == np.bool_:
+        np.copyto(scores, -np.inf, where=~rules.mask)  # ~mask: a temporary of the mask's size
+    elif rules.mask is not None:
+        np.add(scores, rules.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
+    if rules.offset is not None:
+        blocked = _band_blocked(0, dims.n_q, 0, dims.n_k, rules.offset, rules.window)  # (L, S); the window too
         np.copyto(scores, -np.inf, where=blocked)
 
     # 4) softmax over the keys (and each head's sink, when there are sinks), in place: the weights take the
     #    scores' memory
-    if hidden.sinks is None:
+    if rules.sinks is None:
         weights = _softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
     else:
-        weights = softmax_with_sinks_(scores, hidden.sinks[:, None, None])  # rows sum to 1 - the sink's weight
+        weights = softmax_with_sinks_(scores, rules.sinks[:, None, None])  # rows sum to 1 - the sink's weight
 
     # 5) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
     out = _grouped(weights, dims, kv=False) @ _grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
     return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
 
 
-def apply_mods(scores: np.ndarray, dims: QKVShape, hidden: _ScoreRules) -> None:
+def apply_mods(scores: np.ndarray, dims: QKVShape, rules: _ScoreRules) -> None:
     """In place on the scores (..., Hq, L, S): score_mod(scores, b, h, q_idx, kv_idx) on every score, then
     -inf where mask_mod(b, h, q_idx, kv_idx) is False; b, h, q_idx, kv_idx broadcast against the scores."""
     indices = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., 1, 1, 1), (Hq, 1, 1), (L, 1), (S,)
-    if hidden.score_mod is not None:
-        np.copyto(scores, modded(hidden.score_mod, scores, *indices), casting="same_kind")
-    if hidden.mask_mod is not None:
-        np.copyto(scores, -np.inf, where=~visible(hidden.mask_mod, *indices))
+    if rules.score_mod is not None:
+        np.copyto(scores, modded(rules.score_mod, scores, *indices), casting="same_kind")
+    if rules.mask_mod is not None:
+        np.copyto(scores, -np.inf, where=~visible(rules.mask_mod, *indices))
 
 
 def softmax_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
@@ -234,14 +234,14 @@ def attention(
         check_bool(check_memory, "check_memory"),
     )
     two_d = without_head_axis(q)
-    q, k, v, dims, scale, hidden = check_attention(
+    q, k, v, dims, scale, rules = check_attention(
         q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window, mask_mod=mask_mod,
         score_mod=score_mod, sinks=sinks,
     )  # fmt: skip
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
-        _check_fits(dims, result_dtype(q, k, v), hidden)
+        _check_fits(dims, result_dtype(q, k, v), rules)
     ct = compute_dtype(q, k, v)
-    out, weights = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
+    out, weights = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, rules)
 
     out_dtype = result_dtype(q, k, v)
     out = out.astype(out_dtype, copy=False)

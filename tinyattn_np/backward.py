@@ -125,7 +125,7 @@ def attention_backward(
     """
     check_memory = check_bool(check_memory, "check_memory")
     two_d = without_head_axis(q)
-    q, k, v, dims, scale, hidden = check_attention(
+    q, k, v, dims, scale, rules = check_attention(
         q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window, mask_mod=mask_mod,
         score_mod=check_score_mod(score_mod, backward=True), sinks=sinks,
     )  # fmt: skip
@@ -133,23 +133,23 @@ def attention_backward(
     dout = _check_like(dout, "dout", out_shape[1:] if two_d else out_shape, "out's (..., Hq, L, Ev)")
     ct = compute_dtype(q, k, v, dout)
     if check_memory:  # first, on shapes and dtypes alone: the float16 copies below are part of the bill
-        check_backward_fits(dims, np.result_type(q, k, v, dout), hidden)
+        check_backward_fits(dims, np.result_type(q, k, v, dout), rules)
     q_c, k_c, v_c, d_o = (x.astype(ct, copy=False) for x in (q, k, v, dout))
-    dq, dk, dv, _, _ = _attention_flex_grads(q_c, k_c, v_c, d_o.reshape(out_shape), dims, scale, hidden)
+    dq, dk, dv, _, _ = _attention_flex_grads(q_c, k_c, v_c, d_o.reshape(out_shape), dims, scale, rules)
     grads = (dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False), dv.astype(v.dtype, copy=False))
     return (grads[0][0], grads[1][0], grads[2][0]) if two_d else grads
 
 
 def _attention_flex_grads(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, hidden: _ScoreRules
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
 ) -> FlexGrads:
     """The five lines of the module doc on whole matrices, for inputs attention_backward() checked, in the
     compute dtype: -> dq (..., Hq, L, E), dk (..., Hkv, S, E), dv (..., Hkv, S, Ev) in FlexGrads; and
-    through flex attention's mods (hidden's score_mod and sinks): dS = dS' ∘ ∂S'/∂S
+    through flex attention's mods (the rules' score_mod and sinks): dS = dS' ∘ ∂S'/∂S
     with the learned parameters' gradient from dS' (score_mod_grads), and dsink_h = -Σ_i P_sink,i D_i, where
     P_sink,i = 1 - Σ_j P_ij is the weight the row's keys did not take."""
     # 1) the forward again, keeping the weights P (..., Hq, L, S) and the output O (..., Hq, L, Ev)
-    o, p = attend(q, k, v, dims, scale, hidden)
+    o, p = attend(q, k, v, dims, scale, rules)
     p, o, d_o = (
         _grouped(p, dims, kv=False),
         _grouped(o, dims, kv=False),
@@ -162,12 +162,12 @@ def _attention_flex_grads(
     ds = d_o @ v_g.swapaxes(-1, -2)  # (..., Hkv, G, L, S): dP, made into dS in place below
     # 4) dS = P ∘ (dP − D), D = rowsum(dO ∘ O): softmax's Jacobian applied to dP
     d = np.einsum("...le,...le->...l", d_o, o)  # (..., Hkv, G, L)
-    p_sink = None if hidden.sinks is None else 1 - p.sum(axis=-1)  # (..., Hkv, G, L)
+    p_sink = None if rules.sinks is None else 1 - p.sum(axis=-1)  # (..., Hkv, G, L)
     ds -= d[..., None]
     ds *= p  # (..., Hkv, G, L, S); 0 wherever P is 0 (masked keys, rows that see nothing)
     del p  # dS alone is needed from here on
     # 4b) through the score_mod: dS' above is ∂loss/∂S' for S' = score_mod(S)
-    dparams = None if hidden.score_mod is None else score_mod_grads(ds, q, k, dims, scale, hidden.score_mod)
+    dparams = None if rules.score_mod is None else score_mod_grads(ds, q, k, dims, scale, rules.score_mod)
     dsinks = None if p_sink is None else -(p_sink * d).reshape(-1, dims.hq, dims.n_q).sum(axis=(0, 2))  # (Hq,)
     # 5) dQ = scale · dS K and dK = scale · dSᵀ Q (summed over the group, like dV)
     dq = ds @ k_g  # (..., Hkv, G, L, E)
@@ -195,18 +195,18 @@ def score_mod_grads(ds: np.ndarray, q: np.ndarray, k: np.ndarray, dims: QKVShape
     return dparams
 
 
-def check_backward_fits(dims: QKVShape, dtype: np.dtype, hidden: _ScoreRules) -> None:
+def check_backward_fits(dims: QKVShape, dtype: np.dtype, rules: _ScoreRules) -> None:
     """Refuse, on shapes and dtypes alone, an attention_backward() whose peak does not fit in memory."""
     batch = int(np.prod(dims.batch, dtype=np.int64))
     if batch == 0 or dims.hq == 0:
         return
-    mask = hidden.mask
+    mask = rules.mask
     inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
     needed = attention_backward_bytes(
         dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev, batch=batch,
-        dtype=dtype, causal=hidden.offset is not None, bool_mask=inverted is not None, mask_elements=inverted,
-        window=hidden.window,
-    ) + _mods_bytes(dims, dtype, hidden, score_arrays=5)  # fmt: skip
+        dtype=dtype, causal=rules.offset is not None, bool_mask=inverted is not None, mask_elements=inverted,
+        window=rules.window,
+    ) + _mods_bytes(dims, dtype, rules, score_arrays=5)  # fmt: skip
     scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
     refuse_if_too_big(needed, "attention_backward()", f"two arrays of {scores}", "flash_attention_backward()")
 

@@ -301,7 +301,7 @@ class MultiHeadAttention:
             return _flex_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
         ct = np.result_type(q, np.float32)  # float16 is computed in float32
         q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))
-        grads = _attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_hidden(band, score_mod))
+        grads = _attention_flex_grads(q_c, k_c, v_c, dy_c, dims, scale, reference_rules(band, score_mod))
         return grads._replace(**{name: getattr(grads, name).astype(q.dtype, copy=False) for name in ("dq", "dk", "dv")})
 
 
@@ -316,10 +316,10 @@ def _attend_heads(
     scale = 1.0 / math.sqrt(dims.e)
     if fused:
         return flash_forward(q, k, v, dims, flash_plan(dims, band, scale, score_mod=score_mod))
-    hidden = reference_hidden(band, score_mod)
-    _check_fits(dims, q.dtype, hidden)
+    rules = reference_rules(band, score_mod)
+    _check_fits(dims, q.dtype, rules)
     ct = np.result_type(k, np.float32)  # float16 is computed in float32
-    y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, hidden)
+    y, _ = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, rules)
     return y.astype(q.dtype, copy=False), None
 
 
@@ -344,7 +344,7 @@ class DecodingCache(Protocol):
     def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array: ...
 
 
-def reference_hidden(band: TileMask, score_mod: Any) -> _ScoreRules:
+def reference_rules(band: TileMask, score_mod: Any) -> _ScoreRules:
     """What the reference path hides and changes for a Band or a BlockMask (its mask_mod), and a score_mod."""
     if isinstance(band, Band):
         return _ScoreRules(None, band.offset, band.window, score_mod=score_mod)
