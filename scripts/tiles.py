@@ -291,7 +291,7 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
         tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, q_t.dtype)
         ones = np.ones(min(plan.block_k, k.shape[1]), q_t.dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+        for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
             bk = t.k_stop - t.k_start
             s = tile_buf[: c * bk * n].reshape(c, bk, n)
             with clock(MATMULS):
@@ -328,10 +328,10 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         for h in range(n_heads):
             cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
             heads = Heads(np.array([h // dims.hq]), np.array([h % dims.hq]))
-            tiles = list(plan.band.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads))
+            tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads))
             if not tiles:  # a key block no query sees
                 continue
-            mods = TileMods(plan.band.mask_mod, None, h // dims.hq, h % dims.hq)
+            mods = TileMods(plan.tile_mask.mask_mod, None, h // dims.hq, h % dims.hq)
             key_block_copy(q_s[h], k_c[h // dims.group], v_c[h // dims.group], d_o[h], lse_c[h], d[h], mods, tiles,
                            (dq[h], p_sums[h]), dk_heads[h, cols], dv_heads[h, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
@@ -416,7 +416,7 @@ def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> di
     row = measure_parts(lambda: flash_forward(q, k, v, dims, one), lambda c: forward_copy(q, k, v, dims, one, c),
                         args.repeats, args.dtype)  # fmt: skip
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
-    steps = [(item, t) for item in forward_items(dims, plan, n_kv) for t in plan.band.row_tiles(
+    steps = [(item, t) for item in forward_items(dims, plan, n_kv) for t in plan.tile_mask.row_tiles(
         item[1], min(item[1] + plan.block_q, dims.n_q), dims.n_k, plan.block_k)]  # fmt: skip
     heads = [min(plan.kv_heads_per_step, n_kv - h) * dims.group for (h, _), _ in steps]
     scores = sum(n * (t.q_stop - t.q_start) * (t.k_stop - t.k_start) for n, (_, t) in zip(heads, steps, strict=True))
@@ -436,7 +436,7 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     row = measure_parts(lambda: _flash_backward(q, k, v, out, dout, lse, dims, one),
                         lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
                         args.repeats, args.dtype)  # fmt: skip
-    tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.band.column_tiles(
+    tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
     row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan)

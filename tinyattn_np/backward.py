@@ -278,11 +278,11 @@ def check_one_head_backward(
 
 
 class _BackwardPlan(NamedTuple):
-    """How _flex_backward runs a checked call: the scale, the mask (a Band or a BlockMask), the tile sizes,
-    the workers, and flex attention's score_mod (one that gives its derivative) and sinks (Hq,)."""
+    """How _flex_backward runs a checked call: the scale, the tile mask (a Band or a BlockMask), the tile
+    sizes, the workers, and flex attention's score_mod (one that gives its derivative) and sinks (Hq,)."""
 
     scale: float
-    band: TileMask
+    tile_mask: TileMask
     block_q: int
     block_k: int
     workers: int
@@ -414,8 +414,10 @@ class OrderedDq:
     RuntimeError instead of waiting.
     """
 
-    def __init__(self, dq: np.ndarray, p_sums: np.ndarray, band: TileMask, n_k: int, block_q: int, block_k: int):
-        self.dq, self.p_sums, self.band, self.n_k = dq, p_sums, band, n_k
+    def __init__(
+        self, dq: np.ndarray, p_sums: np.ndarray, tile_mask: TileMask, n_k: int, block_q: int, block_k: int
+    ) -> None:
+        self.dq, self.p_sums, self.tile_mask, self.n_k = dq, p_sums, tile_mask, n_k
         self.block_q, self.block_k = block_q, block_k
         self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
         self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (heads, key blocks + 1)
@@ -426,7 +428,7 @@ class OrderedDq:
     def add(self, h: int, t: Tile, share: np.ndarray, p_sum: np.ndarray, heads: Heads | None = None) -> None:
         """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
         heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
-        place, block = self.band.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
+        place, block = self.tile_mask.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
         key_block = t.k_start // self.block_k
         with self.turn:
             # its turn, or every earlier key block of the head has finished: then the turn has come or never will
@@ -550,7 +552,7 @@ def flex_attention_backward(
         sinks=sinks, workers=workers, backward=True,
     )  # fmt: skip
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
-    plan = _BackwardPlan(fplan.scale, fplan.band, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
+    plan = _BackwardPlan(fplan.scale, fplan.tile_mask, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
     grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
@@ -630,14 +632,14 @@ def _run_key_blocks(
     a mask or mod that differs between heads. The ring's backward runs its pairs of chunks through it too."""
     n_heads, n_q, n_k = q_s.shape[0], q_s.shape[1], k.shape[1]
     group = n_heads // k.shape[0]  # query head h reads kv head h // G
-    ordered_dq = OrderedDq(dq, p_sums, plan.band, n_k, plan.block_q, plan.block_k)
+    ordered_dq = OrderedDq(dq, p_sums, plan.tile_mask, n_k, plan.block_q, plan.block_k)
 
     def run(item: tuple[int, int]) -> None:
         k_start, h = item
         cols = slice(k_start, min(k_start + plan.block_k, n_k))
         heads = Heads(np.array([h // hq]), np.array([h % hq]))  # (batch entry, query head)
-        tiles = plan.band.column_tiles(cols.start, cols.stop, n_q, plan.block_q, heads)
-        mods = TileMods(plan.band.mask_mod, plan.score_mod, h // hq, h % hq)
+        tiles = plan.tile_mask.column_tiles(cols.start, cols.stop, n_q, plan.block_q, heads)
+        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, h // hq, h % hq)
         param_rows = None if param_grads is None else param_grads[h, k_start // plan.block_k, ...]
         key_block_grads(q_s[h], k[h // group], v[h // group], d_o[h], lse[h], d[h], mods, tiles,
                         partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],

@@ -198,7 +198,7 @@ def _check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
 def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice,
                  out_rows: np.ndarray, lse_rows: np.ndarray) -> None:  # fmt: skip
     """The softmax of one query block (rows) of c kv heads, each with its G query heads, over the tiles that
-    plan.band says run for those heads.
+    plan.tile_mask says run for those heads.
 
     q_t (c, E, G·bq): the scaled queries, transposed; column g·bq + i is query i of head g of the group.
     k (c, S, E), v (c, S, Ev): the c kv heads; heads: the c·G query heads, kv head by kv head. Writes
@@ -224,7 +224,7 @@ def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan,
     tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
     ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the sums, and trusted() sees it
-        for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+        for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
             # 1) scores of this tile for every head of the step, 2) the mods (tile_scores)
             s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
             # 3) P̃ = exp(S) in place, against 0: no max to find, none to subtract
@@ -249,7 +249,7 @@ def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
 def tile_mods(plan: FlashPlan, heads: Heads, rows: slice, c: int) -> tuple[TileMods, np.ndarray]:
     """The mods of a block's tiles, with b and h shaped (c, 1, G, 1) to broadcast against a tile's (c, bk, G, bq)
     view, and the block's query positions q_idx (1, 1, 1, bq)."""
-    mods = TileMods(plan.band.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
+    mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
     return mods, np.arange(rows.start, rows.stop).reshape(1, 1, 1, -1)
 
 
@@ -277,7 +277,7 @@ def attend_block_online(
     mods, q_idx = tile_mods(plan, heads, rows, c)
     m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
     acc[...] = 0  # (c, n, Ev) running exp(score - m) @ v
-    for t in plan.band.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
+    for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
         s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n)
         # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
         #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
@@ -367,11 +367,11 @@ def default_tiles(
 
 
 class FlashPlan(NamedTuple):
-    """How flash_forward runs a checked call: the scale, the mask (a Band or a BlockMask: which tiles run),
-    the tile sizes, heads per step, workers, and flex attention's score_mod and sinks (Hq,) (None: none)."""
+    """How flash_forward runs a checked call: the scale, the tile mask (a Band or a BlockMask: which tiles
+    run), the tile sizes, heads per step, workers, and flex attention's score_mod and sinks (Hq,) (None: none)."""
 
     scale: float
-    band: TileMask
+    tile_mask: TileMask
     block_q: int
     block_k: int
     kv_heads_per_step: int
@@ -394,17 +394,17 @@ def check_flash(
 
 
 def flash_plan(
-    dims: QKVShape, band: TileMask, scale: float, *, block_q: int | None = None, block_k: int | None = None,
+    dims: QKVShape, tile_mask: TileMask, scale: float, *, block_q: int | None = None, block_k: int | None = None,
     kv_heads_per_step: int | None = None, workers: int | None = None, score_mod: Any = None,
     sinks: np.ndarray | None = None,
 ) -> FlashPlan:  # fmt: skip
     """The plan for checked sizes, the defaults filled in: default_tiles (a BlockMask's BLOCK_SIZE is its
     tile size), and the CPU count for workers."""
-    if isinstance(band, BlockMask):
-        block_q, block_k = band.BLOCK_SIZE
+    if isinstance(tile_mask, BlockMask):
+        block_q, block_k = tile_mask.BLOCK_SIZE
     block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
-    return FlashPlan(scale, band, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
+    return FlashPlan(scale, tile_mask, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
 
 
 class GroupedHeads(NamedTuple):
@@ -477,7 +477,8 @@ def forward_results(arrays: GroupedHeads, dims: QKVShape, dtype: Any) -> tuple[A
 def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int) -> list[tuple[int, int]]:
     """(first kv head, query block start) for every item; the query blocks with the most tiles come first."""
     q_starts = range(0, dims.n_q, plan.block_q)
-    length = {q: plan.band.row_length(q, min(q + plan.block_q, dims.n_q), dims.n_k, plan.block_k) for q in q_starts}
+    rows = plan.tile_mask.row_length
+    length = {q: rows(q, min(q + plan.block_q, dims.n_q), dims.n_k, plan.block_k) for q in q_starts}
     ordered = sorted(q_starts, key=lambda q_start: -length[q_start])
     return [(h, q_start) for q_start in ordered for h in range(0, n_kv, plan.kv_heads_per_step)]
 

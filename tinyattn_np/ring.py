@@ -238,7 +238,7 @@ def ring_step(
         keys = slice(pair.k_part * part, (pair.k_part + 1) * part)  # and its keys within the block
         q_p, k_p, v_p = q[..., rows, :], k_block[..., keys, :], v_block[..., keys, :]
         dims = QKVShape(q.shape[:-3], q.shape[-3], k_p.shape[-3], part, part, q.shape[-1], v_p.shape[-1])  # a pair
-        pair_plan = plan._replace(band=Band(0 if pair.kind == DIAGONAL else None))  # diagonal: L == S, offset 0
+        pair_plan = plan._replace(tile_mask=Band(0 if pair.kind == DIAGONAL else None))  # diagonal: L == S, offset 0
         part_out, part_lse = flash_forward(q_p, k_p, v_p, dims, pair_plan)  # (..., part, Ev), (..., part)
         out[..., rows, :], lse[..., rows] = merge_states(out[..., rows, :], lse[..., rows], part_out, part_lse)
         tiles += pair_tiles(pair, part, plan.block_q, plan.block_k)
@@ -383,7 +383,7 @@ def ring_backward_step(
         # Algorithm 2 over the pair, as flash_attention_backward runs it; every head sees the same band
         _run_key_blocks(query.q_s[:, rows], k_block[:, keys], v_block[:, keys], query.d_o[:, rows], query.lse[:, rows],
                        query.d[:, rows], query.dq[:, rows], query.p_sums[:, rows], query.dk_heads[:, keys],
-                       query.dv_heads[:, keys], plan._replace(band=band), hq=len(query.q_s))  # fmt: skip
+                       query.dv_heads[:, keys], plan._replace(tile_mask=band), hq=len(query.q_s))  # fmt: skip
         tiles += pair_tiles(pair, part, plan.block_q, plan.block_k)
     # a kv head's share is the sum over the G query heads that read it, in head order
     n_kv, group = k_block.shape[0], query.q_s.shape[0] // k_block.shape[0]
