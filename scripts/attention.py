@@ -174,7 +174,7 @@ def tile_demo(rng: np.random.Generator, fmt: str) -> None:
     tiles = tile_plan(T, T, block, block, causal=True)
     print("\n".join("   " + line for line in draw_tile_plan(tiles, T, T, block, block).splitlines()))
     n_total = (T // block) ** 2
-    n_diagonal = sum(t.kind == "diagonal" for t in tiles)
+    n_diagonal = sum(t.kind == "partial" for t in tiles)
     n_full = len(tiles) - n_diagonal
     n_skipped = n_total - len(tiles)
     computed = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)

@@ -170,7 +170,7 @@ def test_tile_plan_covers_every_visible_entry_once(n_q, n_k, block_q, block_k, c
         covered[t.q_start : t.q_stop, t.k_start : t.k_stop] += 1
         inside = visible[t.q_start : t.q_stop, t.k_start : t.k_stop]
         assert inside.any(), f"{t} lies wholly in the masked region"
-        assert t.kind == ("full" if inside.all() else "diagonal"), t
+        assert t.kind == ("full" if inside.all() else "partial"), t
     assert (covered[visible] == 1).all()
     assert (covered <= 1).all()
 
@@ -179,7 +179,7 @@ def test_causal_plan_skips_about_half():
     # 8 x 8 blocks: 28 below the diagonal run full, 8 on it need a mask, 28 above are skipped
     tiles = tile_plan(1024, 1024, 128, 128, causal=True)
     kinds = [t.kind for t in tiles]
-    assert kinds.count("full") == 28 and kinds.count("diagonal") == 8
+    assert kinds.count("full") == 28 and kinds.count("partial") == 8
     assert len(tile_plan(1024, 1024, 128, 128)) == 64
 
 
@@ -249,7 +249,7 @@ def test_window_plan_covers_the_band_once(n_q, n_k, block_q, block_k, window):
         covered[t.q_start : t.q_stop, t.k_start : t.k_stop] += 1
         inside = band[t.q_start : t.q_stop, t.k_start : t.k_stop]
         assert inside.any(), f"{t} lies wholly outside the band"
-        assert t.kind == ("full" if inside.all() else "diagonal"), t
+        assert t.kind == ("full" if inside.all() else "partial"), t
     assert (covered[band] == 1).all() and (covered <= 1).all()
 
 

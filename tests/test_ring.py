@@ -26,9 +26,17 @@ from conftest import assert_close
 
 from tinyattn_np import flash_attention, flash_attention_backward
 from tinyattn_np._mpi import Failed, Report, StopTogether, abort_on_failure, agree, check_on_every_rank
-from tinyattn_np.blockmask import DIAGONAL, FULL
 from tinyattn_np.peaks import ring_attention_bytes
-from tinyattn_np.ring import HIDDEN, pair_kind, ring_attention, ring_attention_backward, ring_pairs, tile_counts
+from tinyattn_np.ring import (
+    DIAGONAL,
+    FULL,
+    HIDDEN,
+    pair_kind,
+    ring_attention,
+    ring_attention_backward,
+    ring_pairs,
+    tile_counts,
+)
 from tinyattn_np.shards import chunks_of, n_chunks, shard, unshard
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ Two things answer the kernels' questions about them (row_tiles for the forward, 
 backward, and the mask_mod that hides keys in a partial tile):
 
     Band        the causal band (and a sliding window) by arithmetic, O(1) per tile: what
-                flash_attention(causal=True, window=...) runs; its partial tiles are "diagonal"
+                flash_attention(causal=True, window=...) runs; its partial tiles are where the diagonal
+                or the window's back edge crosses
     BlockMask   any mask_mod, from a table of tile kinds that create_block_mask fills tile by tile,
                 calling the mask_mod on one tile at a time, never on all L x S (torch's FlexAttention)
 
@@ -32,9 +33,9 @@ from .masks import _causal_offset, _check_window
 from .mods import causal_band, name_of, noop_mask, visible
 
 __all__ = [
-    "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "DIAGONAL", "EMPTY_TILE", "FULL", "FULL_TILE", "PARTIAL", "PARTIAL_TILE",
-    "Band", "BlockMask", "Heads", "Tile", "TileMask", "TilePlan", "check_band", "check_block_size",
-    "create_block_mask", "draw_tile_plan", "tile_plan",
+    "CODE", "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "EMPTY", "FULL", "KINDS", "PARTIAL", "Band", "BlockMask", "Heads",
+    "Tile", "TileMask", "TilePlan", "check_band", "check_block_size", "create_block_mask", "draw_tile_plan",
+    "tile_plan",
 ]  # fmt: skip
 
 # The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
@@ -42,15 +43,16 @@ __all__ = [
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 256
 
-FULL, DIAGONAL, PARTIAL = "full", "diagonal", "partial"  # DIAGONAL: Band's partial tiles, a causal edge
-EMPTY_TILE, PARTIAL_TILE, FULL_TILE = 0, 1, 2  # a BlockMask's table of kinds
+EMPTY, PARTIAL, FULL = "empty", "partial", "full"  # the three kinds of tile (the module doc); Tile.kind is one
+KINDS = (EMPTY, PARTIAL, FULL)  # a BlockMask's table holds each tile's kind as its index here, an int8
+CODE = {kind: code for code, kind in enumerate(KINDS)}  # kind -> its code in the table: empty 0, partial 1, full 2
 AXES = ("batch", "head")  # the axes a BlockMask is indexed by
 
 
 class Tile(NamedTuple):
     """One block of the score matrix that runs: rows q_start:q_stop, columns k_start:k_stop.
 
-    kind is "full" (no entry masked), or "diagonal" or "partial" (a mask edge crosses it: needs a mask).
+    kind is FULL (no entry masked) or PARTIAL (a mask edge crosses it: needs a mask); an EMPTY tile never runs.
     """
 
     q_start: int
@@ -99,7 +101,7 @@ class Band(NamedTuple):
 
     It answers the kernels' questions by arithmetic: the tiles of a row of query blocks (the forward), the
     tiles of a column of key blocks (the backward), and, through its mask_mod (mods.causal_band), which
-    entries of a "diagonal" tile are hidden. The heads argument is accepted and ignored: every head sees
+    entries of a partial tile are hidden. The heads argument is accepted and ignored: every head sees
     the same band.
     """
 
@@ -128,12 +130,12 @@ class Band(NamedTuple):
         return range(start, stop) if start < stop else range(0)  # keys no query reaches: no query
 
     def kind(self, q_start: int, q_stop: int, k_start: int, k_stop: int) -> str:
-        """ "full" when every query of the tile sees every key of it, else "diagonal"."""
+        """FULL when every query of the tile sees every key of it, else PARTIAL."""
         if self.offset is None:
             return FULL
         below_diagonal = k_stop - 1 <= q_start + self.offset  # the first query sees the last key
         inside_window = self.window is None or k_start > q_stop - 1 + self.offset - self.window  # last sees first
-        return FULL if below_diagonal and inside_window else DIAGONAL
+        return FULL if below_diagonal and inside_window else PARTIAL
 
     def row_tiles(
         self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
@@ -163,7 +165,7 @@ class Band(NamedTuple):
         return tile.k_start // block_k - self.visible_keys(tile.q_start, tile.q_stop, n_k).start // block_k
 
     def hidden(self, tile: Tile) -> NDArray[np.bool_]:
-        """(bq, bk) bool, True where the tile's query may not see its key (only asked of "diagonal" tiles)."""
+        """(bq, bk) bool, True where the tile's query may not see its key (only asked of partial tiles)."""
         rows, cols = np.arange(tile.q_start, tile.q_stop)[:, None], np.arange(tile.k_start, tile.k_stop)[None, :]
         return ~visible(self.mask_mod, 0, 0, rows, cols)  # (bq, bk)
 
@@ -203,7 +205,7 @@ class BlockMask:
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx); got {mask_mod!r}")
         self._mask_mod = mask_mod
-        seen = self._kinds != EMPTY_TILE
+        seen = self._kinds != CODE[EMPTY]
         self._before = read_only((np.cumsum(seen, axis=-1) - seen).astype(np.int32))  # tiles left of each in its row
 
     kinds = property(lambda self: self._kinds.view(), doc="(B, H, n_q blocks, n_k blocks) int8, read-only")
@@ -238,22 +240,23 @@ class BlockMask:
 
     def sparsity(self) -> float:
         """The percent of tiles that never run (torch's BlockMask.sparsity)."""
-        return 100.0 * float(np.mean(self._kinds == EMPTY_TILE)) if self._kinds.size else 0.0
+        return 100.0 * float(np.mean(self._kinds == CODE[EMPTY])) if self._kinds.size else 0.0
 
     def to_dense(self) -> np.ndarray:
         """(B, H, n_q blocks, n_k blocks) int32, 1 where a tile runs (torch's BlockMask.to_dense)."""
-        return (self._kinds != EMPTY_TILE).astype(np.int32)
+        return (self._kinds != CODE[EMPTY]).astype(np.int32)
 
-    def indices(self, kind: int) -> tuple[np.ndarray, np.ndarray]:
-        """How many tiles of `kind` each query block has (B, H, n_q blocks), and their key blocks, first."""
-        chosen = self._kinds == kind
+    def indices(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
+        """How many tiles of `kind` (PARTIAL or FULL) each query block has (B, H, n_q blocks), and their key
+        blocks, first."""
+        chosen = self._kinds == CODE[kind]
         order = np.argsort(~chosen, axis=-1, kind="stable")  # the chosen key blocks first, each in order
         return chosen.sum(axis=-1, dtype=np.int32), order.astype(np.int32)
 
-    kv_num_blocks = property(lambda self: self.indices(PARTIAL_TILE)[0], doc="partial tiles per query block")
-    kv_indices = property(lambda self: self.indices(PARTIAL_TILE)[1], doc="their key blocks, first in each row")
-    full_kv_num_blocks = property(lambda self: self.indices(FULL_TILE)[0], doc="full tiles per query block")
-    full_kv_indices = property(lambda self: self.indices(FULL_TILE)[1], doc="their key blocks, first in each row")
+    kv_num_blocks = property(lambda self: self.indices(PARTIAL)[0], doc="partial tiles per query block")
+    kv_indices = property(lambda self: self.indices(PARTIAL)[1], doc="their key blocks, first in each row")
+    full_kv_num_blocks = property(lambda self: self.indices(FULL)[0], doc="full tiles per query block")
+    full_kv_indices = property(lambda self: self.indices(FULL)[1], doc="their key blocks, first in each row")
 
     def kinds_of(self, heads: Heads | None, q_block: Any = slice(None), k_block: Any = slice(None)) -> np.ndarray:
         """The kinds of the tiles [q_block, k_block] that one step over these heads (None: every head) sees:
@@ -266,8 +269,8 @@ class BlockMask:
             each = self._kinds[:, :, q_block, k_block].reshape(b_size * h_size, -1)  # (B·H, tiles)
         else:  # a mask of B or H = 1 is shared: entry 0 for every batch entry or head
             each = self._kinds[heads.b % b_size, heads.h % h_size, q_block, k_block].reshape(len(heads.b), -1)
-        full, empty = (each == FULL_TILE).all(axis=0), (each == EMPTY_TILE).all(axis=0)
-        kinds = np.where(full, FULL_TILE, np.where(empty, EMPTY_TILE, PARTIAL_TILE)).astype(np.int8)
+        full, empty = (each == CODE[FULL]).all(axis=0), (each == CODE[EMPTY]).all(axis=0)
+        kinds = np.where(full, CODE[FULL], np.where(empty, CODE[EMPTY], CODE[PARTIAL])).astype(np.int8)
         return kinds.reshape(self._kinds[0, 0, q_block, k_block].shape)
 
     def row_tiles(
@@ -277,8 +280,7 @@ class BlockMask:
         row = self.kinds_of(heads, q_block=q_start // self.BLOCK_SIZE[0])  # (n_k blocks,)
         for k_block in np.flatnonzero(row).tolist():
             k_start = k_block * self.BLOCK_SIZE[1]
-            kind = FULL if row[k_block] == FULL_TILE else PARTIAL
-            yield Tile(q_start, q_stop, k_start, min(k_start + self.BLOCK_SIZE[1], n_k), kind)
+            yield Tile(q_start, q_stop, k_start, min(k_start + self.BLOCK_SIZE[1], n_k), KINDS[row[k_block]])
 
     def column_tiles(
         self, k_start: int, k_stop: int, n_q: int, block_q: int, heads: Heads | None = None
@@ -287,8 +289,7 @@ class BlockMask:
         column = self.kinds_of(heads, k_block=k_start // self.BLOCK_SIZE[1])  # (n_q blocks,)
         for q_block in np.flatnonzero(column).tolist():
             q_start = q_block * self.BLOCK_SIZE[0]
-            kind = FULL if column[q_block] == FULL_TILE else PARTIAL
-            yield Tile(q_start, min(q_start + self.BLOCK_SIZE[0], n_q), k_start, k_stop, kind)
+            yield Tile(q_start, min(q_start + self.BLOCK_SIZE[0], n_q), k_start, k_stop, KINDS[column[q_block]])
 
     def row_length(self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None) -> int:
         """How many tiles row_tiles makes."""
@@ -354,7 +355,7 @@ def check_tiles(kinds: Any, seq_lengths: Any, BLOCK_SIZE: Any) -> tuple[np.ndarr
             f"kinds must have shape (B, H, {grid[0]}, {grid[1]}) for lengths {lengths} in tiles of "
             f"{(block_q, block_k)}, B and H at least 1; got shape {table.shape}"
         )
-    if table.dtype.kind not in "iu" or not np.isin(table, (EMPTY_TILE, PARTIAL_TILE, FULL_TILE)).all():
+    if table.dtype.kind not in "iu" or not np.isin(table, list(CODE.values())).all():
         raise ValueError(f"kinds must hold the ints 0 (empty), 1 (partial) and 2 (full) only; got {table.dtype}")
     return read_only(table.astype(np.int8)), lengths, (block_q, block_k)
 
@@ -417,7 +418,7 @@ def create_block_mask(
             kv_idx = np.arange(k_start, min(k_start + block_k, n_k))[None, :]  # (1, bk)
             tile = np.broadcast_to(visible(mask_mod, b, h, q_idx, kv_idx), (b_size, h_size, q_idx.size, kv_idx.size))
             seen = np.count_nonzero(tile, axis=(2, 3))  # (B, H): how many (query, key) pairs of the tile may attend
-            kinds[:, :, i, j] = np.where(seen == tile[0, 0].size, FULL_TILE, np.minimum(seen, PARTIAL_TILE))
+            kinds[:, :, i, j] = np.where(seen == tile[0, 0].size, CODE[FULL], np.minimum(seen, CODE[PARTIAL]))
     return BlockMask(kinds, (n_q, n_k), (block_q, block_k), mask_mod)
 
 
@@ -441,10 +442,10 @@ def tile_plan(
 
     Without causal every tile runs, all "full". With causal (bottom-right: query i sees key j when
     j <= i + n_k - n_q; align="top_left": j <= i) a tile wholly above the diagonal is left out, a tile
-    wholly below it is "full", and a tile the diagonal crosses is "diagonal". Rows that see no key at all
+    wholly below it is "full", and a tile the diagonal crosses is "partial". Rows that see no key at all
     (n_q > n_k) get no tile. window (needs causal=True): each query sees only the last `window` keys,
     itself included; tiles wholly behind that band are left out too, and those its back edge crosses are
-    "diagonal". flash_attention makes the same tiles one query block at a time; this list is for counting
+    "partial". flash_attention makes the same tiles one query block at a time; this list is for counting
     and drawing. BlockMask.tile_plan() lists a block mask's tiles the same way.
 
     >>> print(draw_tile_plan(tile_plan(4, 4, 2, 2, causal=True)))
@@ -491,7 +492,7 @@ def draw_tile_plan(
     for name, value in given.items():
         if value is not None and value != getattr(tiles, name):
             raise ValueError(f"{name}={value!r} does not match the plan, which has {name}={getattr(tiles, name)}")
-    marks = {FULL: "#", DIAGONAL: "\\", PARTIAL: "\\"}
+    marks = {FULL: "#", PARTIAL: "\\"}
     n_rows, n_cols = -(-tiles.n_q // tiles.block_q), -(-tiles.n_k // tiles.block_k)
     grid = [["."] * n_cols for _ in range(n_rows)]
     for t in tiles:

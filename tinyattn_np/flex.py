@@ -34,10 +34,11 @@ from ._checks import (
     without_head_axis,
 )
 from .blockmask import (
+    CODE,
     DEFAULT_BLOCK_Q,
-    EMPTY_TILE,
-    FULL_TILE,
-    PARTIAL_TILE,
+    EMPTY,
+    FULL,
+    PARTIAL,
     Band,
     BlockMask,
     check_block_size,
@@ -195,7 +196,7 @@ def document_kinds(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, window: int
             seen &= c1 - 1 > r0 + offset - window  # the first row's window reaches the last column
             all_seen &= c0 > r1 - 1 + offset - window  # the last row's window reaches the first column
     kinds = np.zeros((-(-total_q // block_q), -(-total_k // block_k)), np.int8)
-    kind = np.where(whole & all_seen, FULL_TILE, np.where(seen, PARTIAL_TILE, EMPTY_TILE)).astype(np.int8)
+    kind = np.where(whole & all_seen, CODE[FULL], np.where(seen, CODE[PARTIAL], CODE[EMPTY])).astype(np.int8)
     np.maximum.at(kinds, (q_block, k_block), kind)  # a tile two documents share: partial if either sees in it
     return kinds
 

@@ -65,7 +65,7 @@ from ._mpi import (
 )
 from ._parallel import one_blas_thread
 from .backward import _BackwardPlan, _check_weights_sum_to_one, _query_rows, _run_key_blocks
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, DIAGONAL, FULL, Band, _square_tiles
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band, _square_tiles
 from .flash import FlashPlan, flash_forward, flash_plan
 from .shards import chunks_of, n_chunks, shard, unshard
 from .softmax import merge_states
@@ -73,11 +73,13 @@ from .softmax import merge_states
 Array = NDArray[np.floating]
 
 __all__ = [
-    "HIDDEN", "Pair", "RingStats", "StepStats", "pair_kind", "ring_attention", "ring_attention_backward",
-    "ring_pairs", "shard", "tile_counts", "unshard",
+    "DIAGONAL", "FULL", "HIDDEN", "Pair", "RingStats", "StepStats", "pair_kind", "ring_attention",
+    "ring_attention_backward", "ring_pairs", "shard", "tile_counts", "unshard",
 ]  # fmt: skip
 
-HIDDEN = "hidden"  # a chunk pair whose keys all lie in its queries' future; FULL and DIAGONAL as flash's tiles
+# A pair's kind: FULL (every query sees every key), DIAGONAL (the chunk against itself, the causal diagonal
+# through it) or HIDDEN (every key lies in its queries' future: nothing to compute)
+FULL, DIAGONAL, HIDDEN = "full", "diagonal", "hidden"
 
 
 # ---------------------------------------------------------------------------------------------------
