@@ -402,7 +402,7 @@ def print_first_sections(report: dict[str, Any], args: argparse.Namespace) -> No
     print(
         f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);"
     )
-    print("   tests/test_memory.py checks them against tracemalloc up to T = 4,096.")
+    print("   tests/test_peaks.py checks them against tracemalloc up to T = 4,096.")
     print(f"   flash_attention()'s peak depends on the core count: each of its workers (default: one per core, "
           f"{workers} here)")  # fmt: skip
     print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")

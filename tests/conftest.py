@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from types import ModuleType
+
 import numpy as np
 import pytest
 from scipy.special import softmax as scipy_softmax
+from test_scripts import load
 
 
 def tolerance(dtype: np.dtype) -> dict[str, float]:
@@ -68,3 +72,15 @@ from hypothesis import settings  # noqa: E402  (kept beside the profiles it serv
 settings.register_profile("ci", max_examples=500, deadline=None)
 settings.register_profile("thorough", max_examples=5000, deadline=None)
 settings.load_profile("ci")
+
+
+@pytest.fixture
+def common(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """scripts/common.py as the scripts import it, with no idle waits and a fixed 100 GFLOP/s matmul rate.
+    Patched before a test loads a script: a script binds common's names as it loads."""
+    load("scaling.py")
+    module = sys.modules["common"]
+    monkeypatch.setattr(module, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(module, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(module, "load_average", lambda: 0.0)
+    return module

@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import bottom_right
+from conftest import assert_close, bottom_right
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_flash import heads
 
 from tinyattn_np import (
+    AttentionMemoryError,
     MultiHeadAttention,
     attention,
     attention_backward,
+    attention_backward_bytes,
     flash_attention,
     flash_attention_backward,
+    flash_attention_backward_bytes,
+    flash_attention_backward_one_head,
+    flash_attention_one_head,
     rope,
     rope_backward,
 )
+from tinyattn_np import _guard as guard_module
+from tinyattn_np.measure import traced_peak
 
 # Central differences: error O(eps²·f''') from the formula plus O(u/eps) from rounding; with eps = 1e-6
 # in float64 both are around 1e-10 for these O(1) functions, so 1e-7 leaves room and still catches a
@@ -446,3 +454,157 @@ def test_backward_bytes_defaults_and_errors():
         flash_attention_backward_bytes(1000, heads=2, head_dim=64, block_k=0)
     with pytest.raises(ValueError, match="dtype"):
         flash_attention_backward_bytes(1000, heads=2, head_dim=64, dtype="int8")
+
+
+# --- the backward of the forward that ran ---------------------------------------------------------
+
+
+def qkv_dout(rng, shape, dtype=np.float64, n=4):
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(n))
+
+
+@pytest.mark.parametrize("n_q,n_k,window", [(12, 12, 3), (7, 15, 4), (15, 7, 2)])
+def test_a_windowed_forward_has_its_backward(rng, n_q, n_k, window):
+    q, k, v, dout = qkv_dout(rng, (2, n_q, 4))
+    k, v = k[:, :1].repeat(n_k, 1), v[:, :1].repeat(n_k, 1)
+    k, v = k + rng.standard_normal(k.shape), v + rng.standard_normal(v.shape)
+    out, lse = flash_attention(q, k, v, causal=True, window=window, return_lse=True, block_q=4, block_k=4)
+    mine = flash_attention_backward(q, k, v, out, dout, lse, causal=True, window=window, block_q=3, block_k=5)
+    gold = attention_backward(q, k, v, dout, causal=True, window=window)
+    for name, a, b in zip("qkv", mine, gold, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize(
+    "forward,backward",
+    [
+        (dict(causal=True, window=3), dict(causal=True)),  # a window the backward is not told of
+        (dict(causal=True), dict(causal=False)),
+        (dict(causal=False), dict(causal=True)),
+        (dict(causal=True, scale=0.5), dict(causal=True)),
+    ],
+)
+def test_a_backward_handed_another_forwards_state_refuses(rng, forward, backward):
+    q, k, v, dout = qkv_dout(rng, (2, 32, 8))
+    out, lse = flash_attention(q, k, v, return_lse=True, **forward)
+    with pytest.raises(ValueError, match="lse does not match"):
+        flash_attention_backward(q, k, v, out, dout, lse, **backward)
+
+
+# --- the reference backward's guard ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,causal,hkv", [(256, False, 4), (1024, True, 4), (512, True, 2), (768, False, 1)])
+def test_attention_backward_estimate_matches_tracemalloc(rng, n, causal, hkv):
+    q, dout = (rng.standard_normal((4, n, 64)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((hkv, n, 64)).astype(np.float32) for _ in range(2))
+    attention_backward(q[:, :8], k[:, :8], v[:, :8], dout[:, :8], causal=causal)  # one-off first-use buffers
+    _, measured = traced_peak(attention_backward, q, k, v, dout, causal=causal)
+    estimate = attention_backward_bytes(n, heads=4, kv_heads=hkv, head_dim=64, dtype="fp32", causal=causal)
+    assert 1 / 1.15 <= measured / estimate <= 1.15, f"measured {measured:,} B, estimated {estimate:,} B"
+
+
+def test_attention_backward_refuses_before_converting_float16(monkeypatch):
+    q = np.zeros((1, 2**16, 2), np.float16)  # float32 copies alone: 1 MiB; the L x S arrays: 32 GiB
+    monkeypatch.setattr(guard_module, "memory_available", lambda: 2**30)
+
+    def refused():
+        with pytest.raises(AttentionMemoryError, match=r"attention_backward\(\) would allocate .*check_memory=False"):
+            attention_backward(q, q, q, q)
+
+    _, peak = traced_peak(refused)
+    assert peak < 64 * 1024, f"{peak:,} B allocated before refusing"
+
+
+def test_attention_backward_check_memory_false_runs(monkeypatch, rng):
+    q, k, v, dout = qkv_dout(rng, (2, 16, 4))
+    monkeypatch.setattr(guard_module, "memory_available", lambda: 1000)
+    with pytest.raises(AttentionMemoryError):
+        attention_backward(q, k, v, dout)
+    grads = attention_backward(q, k, v, dout, check_memory=False)
+    assert all(np.isfinite(g).all() for g in grads)
+
+
+# --- the blockwise backward's bookkeeping ---------------------------------------------------------
+
+
+def test_flash_backward_makes_its_tiles_lazily(rng):
+    q, k, v, dout = qkv_dout(rng, (1, 256, 4), np.float32)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    flash_attention_backward(
+        q[:, :4], k[:, :4], v[:, :4], out[:, :4], dout[:, :4], lse[:, :4], causal=True, block_q=1, block_k=1
+    )  # one-off first-use buffers
+    _, peak = traced_peak(
+        flash_attention_backward, q, k, v, out, dout, lse, causal=True, block_q=1, block_k=1, workers=1
+    )  # 32,896 tiles: a list of them and a dict of the same size: 4 MiB
+    estimate = flash_attention_backward_bytes(256, heads=1, head_dim=4, causal=True, block_q=1, block_k=1, workers=1)
+    assert peak < 1.15 * estimate + 64 * 1024, f"{peak:,} B traced, {estimate:,} B estimated"
+
+
+# --- the plain path beside the fast one -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("n_q,n_k", [(13, 13), (7, 19), (19, 7)])
+def test_algorithm_2_for_one_head_is_the_fast_path_and_the_reference(rng, causal, n_q, n_k):
+    q, k, v, dout = heads(rng, 2, 1, n_q, n_k, np.float64)
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    fast = flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=3, block_k=4, workers=2)
+    reference = attention_backward(q, k, v, dout, causal=causal)
+    dk_sum, dv_sum = np.zeros_like(k), np.zeros_like(v)
+    for h in range(2):
+        one_out, one_lse = flash_attention_one_head(q[h], k[0], v[0], causal=causal, block_q=3, block_k=4)
+        dq, dk, dv = flash_attention_backward_one_head(
+            q[h], k[0], v[0], one_out, dout[h], one_lse, causal=causal, block_q=3, block_k=4
+        )
+        np.testing.assert_allclose(dq, fast[0][h], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(dq, reference[0][h], rtol=1e-10, atol=1e-10)
+        dk_sum[0] += dk
+        dv_sum[0] += dv
+    for name, one, fast_g, ref_g in zip("kv", (dk_sum, dv_sum), fast[1:], reference[1:], strict=True):
+        np.testing.assert_allclose(one, fast_g, rtol=1e-12, atol=1e-12, err_msg=f"d{name}: one head vs fast")
+        np.testing.assert_allclose(one, ref_g, rtol=1e-10, atol=1e-10, err_msg=f"d{name}: one head vs reference")
+
+
+def test_float16_is_computed_in_float32_and_the_scale_is_kept(rng):
+    q, k, v, dout = heads(rng, 1, 1, 9, 11, np.float16)
+    out, lse = flash_attention_one_head(q[0], k[0], v[0], scale=0.5, block_q=4, block_k=4)
+    assert out.dtype == lse.dtype == np.float32
+    gold = attention(q[0].astype(np.float32), k[0].astype(np.float32), v[0].astype(np.float32), scale=0.5)
+    assert_close(out, gold, np.float32, "float16 in float32")
+    grads = flash_attention_backward_one_head(q[0], k[0], v[0], out, dout[0], lse, scale=0.5, block_q=4, block_k=4)
+    gold_grads = attention_backward(*(x[0].astype(np.float32) for x in (q, k, v, dout)), scale=0.5)
+    for name, mine, gold_g in zip(("dq", "dk", "dv"), grads, gold_grads, strict=True):
+        assert mine.dtype == np.float32
+        np.testing.assert_allclose(mine, gold_g, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_one_head_paths_check_their_arguments(rng):
+    q, k, v, dout = heads(rng, 2, 2, 4, 4, np.float64)
+    with pytest.raises(ValueError, match="q must be one head"):
+        flash_attention_one_head(q, k, v)
+    with pytest.raises(ValueError, match="q must be one head"):
+        flash_attention_backward_one_head(q, k, v, q, dout, q[..., 0])
+    out, lse = flash_attention_one_head(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="causal must be True or False"):
+        flash_attention_one_head(q[0], k[0], v[0], causal="yes")
+    with pytest.raises(ValueError, match="block_k must be a positive int"):
+        flash_attention_one_head(q[0], k[0], v[0], block_k=0)
+    with pytest.raises(TypeError, match="block_q must be a positive int"):
+        flash_attention_backward_one_head(q[0], k[0], v[0], out, dout[0], lse, block_q=2.0)
+    with pytest.raises(ValueError, match=r"lse must have shape \(..., Hq, L\)"):
+        flash_attention_backward_one_head(q[0], k[0], v[0], out, dout[0], lse[:3])
+
+
+def test_one_head_rows_that_see_nothing(rng):
+    # L > S under a bottom-right causal mask: the first L - S queries see no key: out 0, lse -inf
+    q, k, v, dout = heads(rng, 1, 1, 6, 2, np.float64)
+    with np.errstate(all="raise"):  # and on the way no -inf - (-inf), no 0 / 0
+        out, lse = flash_attention_one_head(q[0], k[0], v[0], causal=True, block_q=2, block_k=2)
+        dq, dk, dv = flash_attention_backward_one_head(q[0], k[0], v[0], out, dout[0], lse, causal=True, block_q=3)
+    assert np.all(out[:4] == 0) and np.all(np.isneginf(lse[:4])) and np.isfinite(lse[4:]).all()
+    assert np.all(dq[:4] == 0) and np.isfinite(dq).all() and np.isfinite(dk).all() and np.isfinite(dv).all()
+    q_nan = q[0].copy()
+    q_nan[5, 0] = np.nan  # a NaN in the inputs stays NaN in its row, never a quiet 0
+    out, lse = flash_attention_one_head(q_nan, k[0], v[0], causal=True, block_q=2, block_k=2)
+    assert np.isnan(out[5]).all() and np.isnan(lse[5]) and np.isfinite(out[4]).all()

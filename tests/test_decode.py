@@ -7,9 +7,11 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
+from test_scripts import interrupt, load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,3 +100,33 @@ def test_script_refuses_bad_flags_up_front(argv, message, capsys):
         _script().parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
+
+
+# --- Ctrl-C prints what was measured, says so in one line, exits 130 ------------------------------
+
+
+def test_ctrl_c_in_decode_keeps_the_rows_so_far(tmp_path: Path) -> None:
+    figures = tmp_path / "decode.json"
+    flags = ["--tokens", "3000", "--json", str(figures)]
+    code, out, err = interrupt(tmp_path, ["scripts/decode.py", *flags], after=r"context \d+: row measured")
+    assert code == 130 and "Traceback" not in err, err
+    assert "1) 3000 tokens after a 8-token prompt" in out and "interrupted (Ctrl-C) after" in out
+    assert json.loads(figures.read_text())["rows"][0]["context"] == 8 + 3000 // 8
+
+
+# --- the whole run estimated up front -------------------------------------------------------------
+
+
+def test_decode_refuses_a_model_larger_than_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        load("decode.py").parse_args(["--d-model", "4096", "--vocab", "1000000", "--tokens", "2"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "this run needs about" in err and "lower --d-model, --vocab, --layers or --tokens" in err
+
+
+def test_decode_refuses_a_run_longer_than_the_limit(common: ModuleType) -> None:
+    decode = load("decode.py")
+    with pytest.raises(SystemExit, match=r"decode.py: error: this run needs at least [0-9,]+ minutes"):
+        decode.main(["--tokens", "4000", "--d-model", "1024", "--layers", "16"])
+    assert decode.run_flops(decode.parse_args([])) / 100e9 < 60  # the default: seconds at 100 GFLOP/s

@@ -19,6 +19,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import importlib.util
+import inspect
 import io
 import json
 import os
@@ -31,6 +32,8 @@ from typing import NamedTuple
 
 import pytest
 from test_ring import MPIEXEC, run_mpi
+
+from tinyattn_np import flash_attention_backward_one_head, flash_attention_one_head
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -341,3 +344,15 @@ def test_jupytext_reads_the_script_as_the_notebook() -> None:
     script = jupytext.read(ROOT / "docs" / "tour.py")
     cells = [(cell.cell_type, cell.source) for cell in script.cells]
     assert cells == [(cell["cell_type"], "".join(cell["source"])) for cell in notebook()["cells"]]
+
+
+# --- docs/online_softmax.md quotes the plain paths ------------------------------------------------
+
+
+def test_the_online_softmax_page_prints_the_plain_paths_as_they_are():
+    """docs/online_softmax.md shows each plain path as print(inspect.getsource(...)) with its output: the
+    page's text block is the source itself (tests/test_docs.py compares the two), so it cannot drift."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "online_softmax.md").read_text(encoding="utf-8")
+    for function in (flash_attention_one_head, flash_attention_backward_one_head):
+        assert f"print(inspect.getsource({function.__name__}))" in page
+        assert f"```text\n{inspect.getsource(function)}```" in page, f"the page's copy of {function.__name__}"

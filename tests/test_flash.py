@@ -1,12 +1,30 @@
+import inspect
 import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import assert_close, bottom_right, gold_attention
 from threadpoolctl import threadpool_info
 
-from tinyattn_np import attention, draw_tile_plan, flash_attention, merge_states, tile_plan, window_mask
+from tinyattn_np import (
+    attention,
+    draw_tile_plan,
+    flash_attention,
+    flash_attention_backward_one_head,
+    flash_attention_one_head,
+    flash_decode,
+    merge_states,
+    tile_plan,
+    window_mask,
+)
 from tinyattn_np.flash import default_tiles
 from tinyattn_np.measure import traced_peak
 
@@ -452,3 +470,93 @@ def test_an_interrupt_at_any_bytecode_of_the_blas_limit_leaves_no_lock_held_and_
         if not came:
             break
     assert n > 10  # the sweep reached the whole of both
+
+
+@pytest.mark.parametrize("fn", [flash_attention, flash_decode])
+def test_a_ragged_list_names_q(fn):
+    with pytest.raises(ValueError, match="q must be an array of numbers with one shape"):
+        fn([[1.0, 2.0], [3.0]], np.ones((2, 2)), np.ones((2, 2)))
+
+
+# --- Ctrl-C stops a multi-worker call promptly ----------------------------------------------------
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+INTERRUPTED = """
+import sys, time
+import numpy as np
+from tinyattn_np import flash_attention, flash_attention_backward, flash_decode
+rng = np.random.default_rng(0)
+q, k, v = (rng.standard_normal((8, 8192, 64)).astype(np.float32) for _ in range(3))
+which = sys.argv[1]
+if which == "backward":
+    out, lse = flash_attention(q[:, :2048], k[:, :2048], v[:, :2048], causal=True, return_lse=True, workers=2)
+print("started", flush=True)
+try:
+    while True:  # until Ctrl-C
+        if which == "forward":
+            flash_attention(q, k, v, workers=2)
+        elif which == "backward":
+            flash_attention_backward(q[:, :2048], k[:, :2048], v[:, :2048], out, q[:, :2048], lse, causal=True,
+                                     workers=2)
+        else:
+            flash_decode(q[:, :4], k, v, workers=2, kv_splits=8)
+except KeyboardInterrupt:
+    print("stopped", time.perf_counter(), flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("which", ["forward", "backward", "decode"])
+def test_ctrl_c_stops_a_multi_worker_call_promptly(which):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-c", textwrap.dedent(INTERRUPTED), which]
+    with subprocess.Popen(run, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+        time.sleep(1.0)  # well inside a call
+        sent = time.perf_counter()
+        proc.send_signal(signal.SIGINT)
+        line = proc.stdout.readline().split()
+        assert proc.wait(timeout=30) == 130
+    assert line and line[0] == "stopped", line
+    assert float(line[1]) - sent < 1.0, f"{which}: {float(line[1]) - sent:.2f} s from Ctrl-C to the stop"
+
+
+# --- the plain path beside the fast one -----------------------------------------------------------
+
+
+def heads(rng, hq, hkv, n_q, n_k, dtype, e=8, ev=5):
+    q = rng.standard_normal((hq, n_q, e)).astype(dtype)
+    k = rng.standard_normal((hkv, n_k, e)).astype(dtype)
+    v = rng.standard_normal((hkv, n_k, ev)).astype(dtype)
+    dout = rng.standard_normal((hq, n_q, ev)).astype(dtype)
+    return q, k, v, dout
+
+
+ONE_HEAD_SHAPES = [(17, 17), (9, 23), (23, 9), (1, 6), (6, 1)]  # L > S: under causal the first L - S rows see no key
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
+@pytest.mark.parametrize("n_q,n_k", ONE_HEAD_SHAPES)
+def test_algorithm_1_for_one_head_is_the_fast_path_and_the_reference(rng, dtype, causal, n_q, n_k):
+    q, k, v, _ = heads(rng, 4, 2, n_q, n_k, dtype)
+    out, lse = flash_attention(q, k, v, causal=causal, block_q=4, block_k=3, return_lse=True, workers=2)
+    for h in range(4):  # query head h reads kv head h // 2
+        one_out, one_lse = flash_attention_one_head(q[h], k[h // 2], v[h // 2], causal=causal, block_q=4, block_k=3)
+        assert one_out.dtype == one_lse.dtype == dtype
+        assert_close(one_out, out[h], dtype, f"out of head {h}")
+        np.testing.assert_array_equal(np.isneginf(one_lse), np.isneginf(lse[h]))
+        np.testing.assert_allclose(one_lse, lse[h], **dict(rtol=1e-5, atol=1e-5) if dtype == np.float32 else {})
+        assert_close(one_out, attention(q[h], k[h // 2], v[h // 2], causal=causal), dtype, f"head {h} vs reference")
+
+
+def test_the_plain_paths_take_the_papers_parameters_only():
+    """Nothing FlexAttention adds (mods, block masks, sinks, heads, windows): those are the fast paths'."""
+    forward = list(inspect.signature(flash_attention_one_head).parameters)
+    backward = list(inspect.signature(flash_attention_backward_one_head).parameters)
+    assert forward == ["q", "k", "v", "causal", "scale", "block_q", "block_k"]
+    assert backward == ["q", "k", "v", "out", "dout", "lse", "causal", "scale", "block_q", "block_k"]
+    assert "running_start" not in inspect.getsource(flash_attention_one_head)

@@ -386,6 +386,23 @@ def test_a_cache_with_its_lock_still_copies_and_pickles():
         assert len(twin) == 6 and len(cache) == 5
 
 
+def test_multihead_decoding_into_one_kv_cache_from_threads_keeps_every_token(rng):
+    # the length read, the rotation at it and the append are one step under the cache's lock: no token lost,
+    # no two tokens at one position
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tinyattn_np import KVCache
+
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=0)
+    cache = KVCache(1, 2, 400, 4)
+    x = rng.standard_normal((1, 1, 16)).astype(np.float32)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: mha(x, cache=cache), range(200)))
+    assert len(cache) == 200
+    keys = cache.keys[0, 0]  # the same token at 200 positions: RoPE turned each by its own, so all differ
+    assert len({tuple(np.round(key, 5)) for key in keys}) == 200
+
+
 # --- a Ctrl-C between any two bytecodes: all or nothing ----------------------------------------------
 
 PACKAGE = Path(tinyattn_np.__file__).resolve().parent

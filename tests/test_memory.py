@@ -1,5 +1,5 @@
-"""The memory bill: the articles' numbers to the byte, published parameter counts, config.json loading,
-clear errors, and the peak estimates of attention() / flash_attention() against tracemalloc."""
+"""The memory bill: the articles' numbers to the byte, published parameter counts, config.json loading
+and clear errors."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from tinyattn_np.memory import (
     score_matrix_bytes,
 )
 from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
-from tinyattn_np.peaks import flash_attention_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,45 +250,6 @@ def test_naive_estimate_matches_tracemalloc(warm, n, causal):
     _, measured = traced_peak(attention, q, k, v, causal=causal)
     estimate = naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=causal)
     _check(f"attention T={n} causal={causal}", measured, estimate)
-
-
-@pytest.mark.parametrize("n", [256, 512, 1024, 2048, 4096])
-@pytest.mark.parametrize("causal", [False, True])
-def test_flash_estimate_matches_tracemalloc(warm, n, causal):
-    q, k, v = _qkv(n, np.float32)
-    _, measured = traced_peak(flash_attention, q, k, v, causal=causal, workers=1)
-    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=causal, workers=1)
-    _check(f"flash_attention T={n} causal={causal}", measured, estimate)
-
-
-@pytest.mark.parametrize("n", [1024, 4096])
-def test_flash_estimate_with_two_workers(warm, n):
-    """Two threads hold their tiles at once; below ~1k tokens one may finish before the other starts."""
-    q, k, v = _qkv(n, np.float32)
-    _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=2)
-    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=True, workers=2)
-    _check(f"flash_attention T={n} workers=2", measured, estimate)
-
-
-@pytest.mark.parametrize("dtype", [np.float16, np.float64])
-def test_estimates_for_other_dtypes(warm, dtype):
-    """float16 is computed in float32: the copies of q, k, v and the cast back are part of the bill."""
-    n, name = 1024, np.dtype(dtype).name
-    q, k, v = _qkv(n, dtype)
-    _, measured = traced_peak(attention, q, k, v, causal=True)
-    _check(f"attention {name}", measured, naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype,
-                                                                causal=True))  # fmt: skip
-    _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=1)
-    estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype, causal=True, workers=1)
-    _check(f"flash_attention {name}", measured, estimate)
-
-
-def test_flash_memory_grows_linearly():
-    """8x the tokens: flash's estimate grows less than 8x (the worker tiles stay), the scores 64x."""
-    flash = [flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, causal=True, workers=16) for n in (4096, 32768)]
-    assert flash[1] < 8 * flash[0]
-    # 16 workers each hold one tile step of up to 2^18 scores (1 MiB in float32) plus its rows
-    assert flash[0] < score_matrix_bytes(4096, heads=HEADS, dtype="fp32") / 5
 
 
 # --- the script ------------------------------------------------------------------------------------

@@ -115,3 +115,82 @@ def test_a_weight_ported_from_torch_without_the_transpose_is_named(rng):
         mha.w_out = np.zeros((16, 16)).tolist()
     mha.w_qkv = w = torch_weight.T  # the transpose: accepted as it is, not copied (an optimizer may update it)
     assert mha.w_qkv is w
+
+
+# --- arguments, seeds and dtypes ------------------------------------------------------------------
+
+
+def test_multihead_flags_must_be_bools():
+    with pytest.raises(TypeError, match="rope must be True or False"):
+        MultiHeadAttention(8, 2, rope="yes", rng=0)
+    mha = MultiHeadAttention(8, 2, rng=0)
+    x = np.zeros((3, 8), np.float32)
+    for flag in ("causal", "fused"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False; got 0"):
+            mha(x, **{flag: 0})
+
+
+def test_multihead_rng_seed_fresh_default_and_repr():
+    seeded = MultiHeadAttention(8, 2, rng=42)
+    np.testing.assert_array_equal(seeded.w_qkv, MultiHeadAttention(8, 2, rng=np.random.default_rng(42)).w_qkv)
+    assert not np.array_equal(MultiHeadAttention(8, 2).w_qkv, MultiHeadAttention(8, 2).w_qkv)  # fresh draws
+    bound = 1 / np.sqrt(8)
+    assert np.abs(seeded.w_qkv).max() <= bound and np.abs(seeded.w_out).max() <= bound
+    for bad in ("42", 4.2, True):
+        with pytest.raises(TypeError, match="rng must be a np.random.Generator, an int seed or None"):
+            MultiHeadAttention(8, 2, rng=bad)
+    assert repr(seeded) == (
+        "MultiHeadAttention(d_model=8, n_heads=2, n_kv_heads=2, rope=False, dtype=float32, parameters=256)"
+    )
+
+
+def test_multihead_computes_in_its_own_dtype():
+    mha = MultiHeadAttention(8, 2, rng=0)  # float32 weights
+    x = np.random.default_rng(0).standard_normal((3, 8))  # float64
+    out = mha(x)
+    assert out.dtype == np.float32  # as its docstring says: the module's dtype, not x's
+    np.testing.assert_array_equal(out, mha(x.astype(np.float32)))
+
+
+def test_split_heads_checks_its_input():
+    mha = MultiHeadAttention(8, 2, rng=0)
+    with pytest.raises(ValueError, match=r"x must be \(B, T, 8\)"):
+        mha.split_heads(np.ones((3, 8)))
+    with pytest.raises(TypeError, match="x must be float16, float32 or float64"):
+        mha.split_heads(np.ones((1, 3, 8), np.int64))
+
+
+# --- the backward of the forward that ran ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_multihead_forward_and_backward_take_the_window(rng, fused):
+    mha = MultiHeadAttention(8, 2, rng=1, dtype=np.float64, rope=True)
+    x, dout = rng.standard_normal((2, 9, 8)), rng.standard_normal((2, 9, 8))
+    out, saved = mha.forward(x, window=3, fused=fused)
+    dx, _, _ = mha.backward(dout, saved)
+    i, step = (1, 5, 2), 1e-6
+    losses = []
+    for shift in (step, -step):  # central difference of sum(out · dout) in one entry of x
+        x_shifted = x.copy()
+        x_shifted[i] += shift
+        losses.append(float(np.sum(mha.forward(x_shifted, window=3, fused=fused)[0] * dout)))
+    assert abs(dx[i] - (losses[0] - losses[1]) / (2 * step)) < 1e-7
+    with pytest.raises(ValueError, match="window=3 needs causal=True"):
+        mha.forward(x, causal=False, window=3, fused=fused)
+
+
+def test_multihead_backward_uses_the_forwards_input_and_weights(rng):
+    mha = MultiHeadAttention(8, 2, rng=3, dtype=np.float64)
+    x, dout = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 6, 8))
+    for fused in (True, False):
+        _, saved = mha.forward(x, fused=fused)
+        before = mha.backward(dout, saved)
+        x_kept, w_qkv, w_out = x.copy(), mha.w_qkv.copy(), mha.w_out.copy()
+        x += 1.0  # the caller changes its input in place ...
+        mha.w_qkv -= 0.1  # ... and an optimizer steps the weights
+        mha.w_out *= 2.0
+        after = mha.backward(dout, saved)
+        for a, b in zip(before, after, strict=True):
+            np.testing.assert_array_equal(a, b)
+        x[...], mha.w_qkv[...], mha.w_out[...] = x_kept, w_qkv, w_out

@@ -143,3 +143,36 @@ def test_positions_must_be_finite(rng, bad):
     with pytest.raises(ValueError, match="positions must be a 1-D array of numbers; could not make one"):
         rope(x, positions=[[0], [1, 2], 3])
     np.testing.assert_allclose(rope(x, positions=[-2, 0, 2.5]), rope_by_complex(x, [-2, 0, 2.5]), atol=1e-12)
+
+
+# --- arguments checked at the door ----------------------------------------------------------------
+
+
+def test_rope_refuses_bad_base_and_flags():
+    x = np.ones((3, 4))
+    for base in (float("inf"), float("nan"), 0.0, -2.0, 1.0):
+        with pytest.raises(ValueError, match="base must be a finite number > 1"):
+            rope(x, base=base)
+    with pytest.raises(TypeError, match="interleaved must be True or False"):
+        rope(x, interleaved="False")
+
+
+def test_layout_helpers_need_an_axis():
+    for convert in (to_half_split, to_interleaved):
+        with pytest.raises(ValueError, match=r"x must have at least 1 dim \(\.\.\., d\), d even; got shape \(\)"):
+            convert(1.0)
+
+
+def test_learned_positions_refuse_int_tables():
+    with pytest.raises(TypeError, match="dtype must be float16, float32 or float64; got int32"):
+        LearnedPositions(8, 4, dtype=np.int32)
+    assert LearnedPositions(8, 4, dtype=np.float16).table.dtype == np.float16
+
+
+def test_learned_positions_take_a_seed_or_draw_fresh():
+    np.testing.assert_array_equal(LearnedPositions(8, 4, rng=3).table, LearnedPositions(8, 4, rng=3).table)
+    assert not np.array_equal(LearnedPositions(8, 4).table, LearnedPositions(8, 4).table)
+    with pytest.raises(ValueError, match="rng as a seed must be an int >= 0; got -1"):
+        LearnedPositions(8, 4, rng=-1)
+    with pytest.raises(TypeError, match="rng must be a np.random.Generator, an int seed or None"):
+        LearnedPositions(8, 4, rng="3")

@@ -102,3 +102,42 @@ def test_softmax_family_rejects_ints_and_scalars(fn):
         fn(np.arange(4))
     with pytest.raises(ValueError, match="at least 1 dim"):
         fn(np.float64(1.0))
+
+
+def test_logsumexp_keepdims_must_be_a_bool():
+    with pytest.raises(TypeError, match="keepdims must be True or False"):
+        logsumexp(np.ones((2, 3)), keepdims="False")
+    assert logsumexp(np.zeros((2, 3)), keepdims=np.True_).shape == (2, 1)
+
+
+# --- numbers at the edge --------------------------------------------------------------------------
+
+
+def test_logsumexp_with_inf_matches_scipy():
+    for row in ([np.inf, 0.0], [np.inf, np.inf], [-np.inf, -np.inf], [np.nan, 1.0], [-np.inf, 2.0]):
+        x = np.array(row)
+        with np.errstate(invalid="ignore"):
+            np.testing.assert_array_equal(logsumexp(x), scipy_logsumexp(x), err_msg=str(row))
+
+
+def test_merge_states_propagates_nan_and_inf():
+    out = np.ones((3, 2))
+    lse_a = np.array([np.nan, np.inf, -np.inf])
+    lse_b = np.array([0.0, 0.0, -np.inf])
+    merged, lse = merge_states(out, lse_a, out, lse_b)
+    assert np.isnan(lse[0]) and lse[1] == np.inf and lse[2] == -np.inf
+    assert np.isnan(merged[:2]).all()  # not a quiet 0
+    np.testing.assert_array_equal(merged[2], 0.0)  # no key on either side: 0
+
+
+def test_merge_states_float16_computes_in_float32(rng):
+    out_a, out_b = (rng.standard_normal((4, 3)).astype(np.float16) for _ in range(2))
+    lse_a = np.array([1.0, 20.0, 60000.0, -5.0], np.float16)
+    lse_b = np.array([1.5, 20.0, 60000.0, -np.inf], np.float16)
+    merged, lse = merge_states(out_a, lse_a, out_b, lse_b)
+    assert merged.dtype == np.float16 and lse.dtype == np.float32
+    gold_lse = np.logaddexp(lse_a.astype(np.float64), lse_b.astype(np.float64))
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-6)  # float32 keeps 60000 + log 2 to 1e-6 (float16: 2^-11)
+    w_a = np.exp(lse_a.astype(np.float64) - gold_lse)[:, None]
+    gold = w_a * out_a + (1 - w_a) * out_b
+    np.testing.assert_allclose(merged, gold, atol=2e-3)

@@ -296,3 +296,46 @@ def test_the_readme_gives_the_same_reading_order():
     assert all(module in rest for module in numbered[len(listed) :]), (
         f"the README names none of {numbered[len(listed) :]}"
     )
+
+
+# --- tests where a reader looks ------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+# What a test file may be named after besides a module (test_<module>.py, a `_`-named one too) or a script
+# (test_<script>.py): a concern that cuts across the modules, or a part of one module's tests that has a file
+# of its own. A file named after a round of work is none of these.
+TEST_CONCERNS = {
+    "docs": "every code block of README.md and docs/*.md runs and prints what the page shows",
+    "doctests": "the docstrings' examples run",
+    "edges": "extreme and empty inputs, the reference and flash alike",
+    "properties": "identities for the sizes hypothesis draws",
+    "scripts": "what every script does, and the scripts named like a module (attention.py, memory.py, ...)",
+    "script_style": "the scripts' shape",
+    "structure": "the shape of the code (this file)",
+}
+TEST_PARTS = {  # file -> the module whose tests it holds a part of
+    "flex_backward": "flex",  # flex_attention_backward through every mod, apart from the tile loop's tests
+    "flex_properties": "flex",  # the mask_mods hypothesis draws
+    "paged_decode": "paged",  # decoding through block tables, apart from the pool and its tables
+}
+TEST_HELPERS = {"conftest", "ring_worker"}  # not tests: the shared fixtures, the MPI worker the tests start
+
+
+def test_every_public_module_has_its_test_file():
+    modules = sorted(path.stem for path in PACKAGE.glob("*.py") if not path.stem.startswith("_"))
+    missing = [f"tests/test_{module}.py" for module in modules if not (TESTS / f"test_{module}.py").exists()]
+    assert not missing, f"modules without their test file: {missing}"
+
+
+def test_every_test_file_is_named_after_a_module_a_script_or_a_concern():
+    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    scripts = {path.stem for path in SCRIPTS.glob("*.py")}
+    assert set(TEST_PARTS.values()) <= modules, "TEST_PARTS names a module that does not exist"
+    named = modules | scripts | set(TEST_CONCERNS) | set(TEST_PARTS)
+    odd = [
+        path.name
+        for path in sorted(TESTS.glob("*.py"))
+        if not (path.stem.startswith("test_") and path.stem.removeprefix("test_") in named)
+        and path.stem not in TEST_HELPERS
+    ]
+    assert not odd, f"test files named after none of the package's modules, scripts or concerns: {odd}"

@@ -13,9 +13,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
+from test_scripts import interrupt, load
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "30", "--batch", "8", "--length", "4", "--vocab", "6", "--d-model", "8", "--eval-every", "10"]
@@ -388,3 +390,44 @@ def test_train_speed_refuses_what_would_not_fit(capsys):
     with pytest.raises(SystemExit):
         speed.parse_args(["--presets", "part3", "--batch", "4096", "--vocab", "1000000"])
     assert "a training step of part3 needs about" in capsys.readouterr().err
+
+
+# --- Ctrl-C prints what was measured, says so in one line, exits 130 ------------------------------
+
+
+def test_ctrl_c_in_train_keeps_the_table_so_far(tmp_path: Path) -> None:
+    figures = tmp_path / "train.json"
+    flags = ["--task", "copy", "--steps", "5000", "--no-check", "--json", str(figures)]
+    code, out, err = interrupt(tmp_path, ["scripts/train.py", *flags], after=r"step 10/5000")
+    assert code == 130 and "Traceback" not in err, err
+    assert re.search(r"^0 +- +[0-9.]+ +[0-9.]+%$", out, re.MULTILINE), out  # the step-0 row
+    assert "interrupted (Ctrl-C) after" in out and "of 201 table rows" in out
+    saved = json.loads(figures.read_text())
+    assert saved["interrupted"] is True and saved["rows"][0]["step"] == 0 and saved["stopped"] == "Ctrl-C"
+
+
+# --- the whole run estimated up front -------------------------------------------------------------
+
+
+def test_train_refuses_every_size_flag_at_its_maximum(common: ModuleType) -> None:
+    train = load("train.py")
+    flags = ["--task", "copy", "--length", "256", "--batch", "4096", "--d-model", "1024", "--layers", "8"]
+    with pytest.raises(SystemExit, match=r"train.py: error: this run needs about [0-9,.]+ GiB \(the weights"):
+        train.main(flags)
+    with pytest.raises(SystemExit, match=r"needs at least [0-9,]+ minutes .* lower --batch"):
+        train.main(["--task", "copy", "--steps", "1000000", "--batch", "4096", "--length", "8", "--no-check"])
+
+
+# --- a loss gone NaN stops training with a cure, and the figures are written ----------------------
+
+
+def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    figures = tmp_path / "train.json"
+    flags = ["--task", "copy", "--lr", "1e8", "--steps", "50", "--no-check", "--json", str(figures)]
+    assert load("train.py").main(flags) == 1
+    captured = capsys.readouterr()
+    assert "Lower --lr (now 1e+08" in captured.err and "Traceback" not in captured.err
+    assert "RuntimeWarning" not in captured.err  # NumPy's overflow warnings: the one message says it
+    saved = json.loads(figures.read_text())
+    assert saved["rows"][0]["step"] == 0 and "training cannot go on" in saved["stopped"]
+    assert saved["interrupted"] is False

@@ -4,7 +4,7 @@ hold (AttentionMemoryError), instead of swapping or being killed. The caches and
 the same way (refuse_unless_fits), against the memory this process can still take: what the machine has
 available, and no more than its address-space limit leaves (ulimit -v).
 
-The estimates are exact models of what the two functions allocate (tests/test_memory.py and
+The estimates are exact models of what the two functions allocate (tests/test_peaks.py and
 tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks.
 """
 

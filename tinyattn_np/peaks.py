@@ -1,5 +1,5 @@
 """Peak memory of this project's own attention functions, before they run: exact integer bytes, each
-a model of what one function allocates, checked against tracemalloc in the tests (tests/test_memory.py,
+a model of what one function allocates, checked against tracemalloc in the tests (tests/test_peaks.py,
 tests/test_backward.py). memory.py holds the formulas true of any implementation; this file holds ours.
 
     naive_attention_bytes            attention()                 the L x S score matrix and its masks

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
+from test_scripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
@@ -98,3 +101,55 @@ def test_sampling_is_seeded_and_greedy_without_a_generator():
     assert module.sample(logits, None) == 1
     draws = [module.sample(logits, np.random.default_rng(4)) for _ in range(3)]
     assert len(set(draws)) == 1  # the same seed, the same token
+
+
+# --- serve.py says how long before it starts, and refuses a run past the limit --------------------
+
+
+def test_serve_counts_every_call_of_its_model(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_calls, counted from the flags before the run, against the calls a small run makes: the prefills and the
+    contiguous steps exactly, the batched steps at least, and every decoded sequence."""
+    serve = load("serve.py")
+    flags = ["--requests", "5", "--min-prompt", "2", "--max-prompt", "12", "--max-new", "6", "--blocks", "64",
+             "--samples", "3", "--sample-prompt", "10", "--sample-tokens", "4"]  # fmt: skip
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.0] * 4)  # no calls to calibrate
+    counted = [0, 0, 0, 0]  # prefills, contiguous steps, batched steps, their sequences beyond one a step
+    logits = serve.TinyDecoder.logits
+
+    def count(self: object, tokens: np.ndarray, caches: list[object], seq_ids: list[int] | None = None) -> object:
+        batch, new = tokens.shape
+        if new > 1:
+            counted[0] += 1
+        elif seq_ids is None:
+            counted[1] += 1
+        else:
+            counted[2], counted[3] = counted[2] + 1, counted[3] + batch - 1
+        return logits(self, tokens, caches, seq_ids)
+
+    monkeypatch.setattr(serve.TinyDecoder, "logits", count)
+    assert serve.main(flags) == 0
+    calls = serve.run_calls(serve.parse_args(flags))
+    assert counted[:2] == calls[:2] and counted[2] >= calls[2], (counted, calls)
+    assert counted[2] + counted[3] == calls[2] + calls[3], (counted, calls)  # every sequence of every step
+
+
+def test_serve_says_how_long_before_it_starts_and_refuses_past_the_limit(
+    common: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    serve = load("serve.py")
+
+    def stop(*args: object) -> None:
+        raise KeyboardInterrupt  # the header: the run would start here
+
+    monkeypatch.setattr(common, "header", stop)
+    flags = ["--requests", "300", "--max-prompt", "32", "--max-new", "32", "--blocks", "2000"]
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.002] * 4)
+    with pytest.raises(KeyboardInterrupt):
+        serve.main(flags)
+    err = capsys.readouterr().err
+    assert re.match(r"this run takes at least (\d+ min \d\d s|\d+ s); Ctrl-C stops it and keeps what was measured\n"
+                    r"  \([0-9,]+ calls of the model, each kind timed here\)\n$", err), err  # fmt: skip
+    monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.1] * 4)
+    refused = r"serve.py: error: this run needs at least [0-9,]+ minutes \([0-9,]+ calls of the model, each kind timed"
+    with pytest.raises(SystemExit, match=refused + r" here\), over the 30-minute limit: lower --requests"):
+        serve.main(flags)
