@@ -453,8 +453,8 @@ def print_intro(args: argparse.Namespace) -> None:
     )
     print(
         f"model: embeddings {args.vocab} x {args.d_model}, {args.layers} x MultiHeadAttention({args.d_model}, "
-        f"{args.heads} heads, {args.kv_heads or args.heads} kv heads, RoPE, causal) + residual, output "
-        f"{args.d_model} x {args.vocab}; "
+        f"{args.heads} heads, {args.kv_heads or args.heads} kv heads, RoPE, causal) + residual,\n"
+        f"  output {args.d_model} x {args.vocab}; "
         f"{'flash_attention + flash_attention_backward' if args.fused else 'attention + attention_backward'}"
     )
 

@@ -1,30 +1,26 @@
 """Attention patterns as mods, measured: our flex_attention beside flash_attention, our dense-mask reference,
 torch SDPA with a dense mask and torch's compiled flex_attention, on the same cores.
 
-    python scripts/flex.py                                # T = 2048, 4 heads of 64, float32: seconds
-    python scripts/flex.py --tokens 16384                 # docs/flex.md's table (minutes: the dense paths)
+    python scripts/flex.py                                # T = 1024, 4 heads of 64, float32: seconds
+    python scripts/flex.py --tokens 16384 --torch         # docs/flex.md's table (minutes: the dense paths)
     python scripts/flex.py --tokens 16384 --baseline DIR  # "today's" flash from DIR/tinyattn_np (another version)
-    python scripts/flex.py --no-torch --no-reference      # our paths only
+    python scripts/flex.py --no-reference                 # our paths only
     python scripts/flex.py --varlen --tokens 8192         # packed documents against the same as a batch, only
 
 The patterns, all over T tokens (self-attention, L = S = T): causal; 8 packed documents, each causal;
 prefix-LM (the first T/4 tokens bidirectional); a sliding window of 1024; ALiBi and softcap (50) on causal.
-For each: the tile map (drawn coarse, T/16 a cell), the tiles that run, the time of the block mask, of our
-flex_attention and of the others, peaks, and the ratios the targets speak of, each within this run:
+For each: the tile map (T/16 a cell), the tiles that run, the time of the block mask, of our flex_attention
+and of the others, peaks, and the ratios the targets speak of (judged at T = 16,384 only, shown elsewhere):
     causal as a mask_mod          flex / flash_attention(causal=True) (the baseline's, with --baseline)
     ALiBi, softcap                flex / that causal flash
     8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
-    every pattern                 flex / torch's compiled flex_attention
+    every pattern (--torch)       flex / torch's compiled flex_attention
 --varlen times only packed documents: flash_attention_varlen (causal) on 8 and on 32 documents of T / 8 tokens
 each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x.
-Times are medians of --repeats calls after a warm-up. Everything a target compares (our flex paths, flash,
-the batch of documents, torch's compiled flex_attention) is timed round-robin, one call of each in turn,
-with a 2048 x 2048 matmul among them, so that a busy spell of the shared machine falls on all alike; the
-dense paths (our reference, torch SDPA) run once each afterwards, with the matmul rate and the load average
-measured just before; a row whose rate moved more than 20% from the round-robin's, or measured while the
-load average exceeded the cores, is marked '*', and a note says why. Peaks: tracemalloc for
-NumPy (what its arrays held at once), the growth of the resident set (VmHWM) for torch, whose allocations
-tracemalloc does not see.
+Times: medians of --repeats calls after a warm-up, all a target compares timed round-robin with a 2048 x 2048
+matmul among them, so that a busy spell falls on all alike; the dense paths run once each afterwards, each
+row marked '*' (with a note) where the matmul rate just before moved over 20% or the load exceeded the cores.
+Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, which tracemalloc cannot see.
 """
 
 from __future__ import annotations
@@ -47,42 +43,47 @@ import tinyattn_np as ta
 from tinyattn_np import format_bytes
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.report import add_format_argument, nonnegative_seed, text_table
+from tinyattn_np.report import add_format_argument, add_wide_argument, nonnegative_seed, table_width, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
 import common  # noqa: E402
 
+TARGET_TOKENS = 16384  # the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
 TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
            "torch flex": 1.5, "packed vs batch": 1.3}  # fmt: skip
 VARLEN_DOCUMENTS = (8, 32)  # --varlen: packed documents of T / 8 tokens each
+MAX_SIZES = {"tokens": 2**17, "heads": common.MAX_HEADS, "head_dim": 1024, "documents": 2**13,  # each flag's largest:
+             "repeats": common.MAX_REPEATS, "workers": common.MAX_WORKERS}  # past it, no run fits  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=2048, help="T, a multiple of 16 (default 2048; docs/flex.md's: 16384)")
-    p.add_argument("--heads", type=int, default=4, help="query heads = kv heads (default 4)")
-    p.add_argument("--head-dim", type=int, default=64, help="E (default 64)")
-    p.add_argument("--window", type=int, default=1024, help="the sliding window's keys (default 1024)")
-    p.add_argument("--documents", type=int, default=8, help="packed documents of T / n tokens each (default 8)")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls of each of our paths (default 3)")
-    p.add_argument("--workers", type=int, default=None, help="our threads, and torch's (default: the CPU count)")
+    cap = {name: common.positive(int, most) for name, most in MAX_SIZES.items()}
+    p.add_argument("--tokens", type=cap["tokens"], default=1024,
+                   help=f"T, a multiple of 16 (default 1024; the targets': {TARGET_TOKENS})")  # fmt: skip
+    p.add_argument("--heads", type=cap["heads"], default=4, help="query heads = kv heads (default 4)")
+    p.add_argument("--head-dim", type=cap["head_dim"], default=64, help="E (default 64)")
+    p.add_argument("--window", type=cap["tokens"], default=1024, help="the sliding window's keys (default 1024)")
+    p.add_argument("--documents", type=cap["documents"], default=8, help="packed, T / n tokens each (default 8)")
+    p.add_argument("--repeats", type=cap["repeats"], default=3, help="timed calls of each of our paths (default 3)")
+    p.add_argument("--workers", type=cap["workers"], help="our threads, and torch's (default: the CPU count)")
     p.add_argument("--baseline", metavar="DIR", help="time flash_attention(causal=True) from DIR/tinyattn_np too, "
                    "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR")  # fmt: skip
     p.add_argument("--no-reference", action="store_true", help="leave out our dense-mask reference (L x S memory)")
-    p.add_argument("--no-torch", action="store_true", help="leave out torch SDPA and torch's compiled flex")
-    p.add_argument("--varlen", action="store_true", help="time only packed documents (flash_attention_varlen) "
-                   f"against the same documents as a batch, {' and '.join(map(str, VARLEN_DOCUMENTS))} documents of "
-                   "T / 8 tokens each")  # fmt: skip
+    p.add_argument("--torch", action="store_true", help="add torch SDPA and torch's compiled flex (needs torch)")
+    p.add_argument("--varlen", action="store_true", help="time only packed documents (flash_attention_varlen) against "
+                   f"the same as a batch: {' and '.join(map(str, VARLEN_DOCUMENTS))} of T / 8 tokens each")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="also write every figure, the machine and the code to PATH")
     add_format_argument(p)
+    add_wide_argument(p)
     p.add_argument("--seed", type=nonnegative_seed, default=0, help="seed for q, k, v (an int >= 0; default 0)")
     args = p.parse_args(argv)
-    for name in ("tokens", "heads", "head_dim", "window", "documents", "repeats", "workers"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1; got {value}")
     if args.tokens % math.lcm(16, args.documents):
         p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
+    inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4  # q, k, v and their packed or batched copies
+    if problem := common.memory_problem(inputs, f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
+                                        "lower --tokens, --heads or --head-dim", " for q, k, v alone"):  # fmt: skip
+        p.error(problem)
     common.check_output(p, "--json", args.json)
     if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
         p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
@@ -92,9 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_baseline(folder: str) -> Any:
     """The tinyattn_np package in folder, imported as another module (tinyattn_baseline)."""
     package = Path(folder) / "tinyattn_np"
-    spec = importlib.util.spec_from_file_location(
-        "tinyattn_baseline", package / "__init__.py", submodule_search_locations=[str(package)]
-    )
+    spec = importlib.util.spec_from_file_location("tinyattn_baseline", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])  # fmt: skip
     assert spec is not None and spec.loader is not None  # a file that exists, checked in parse_args
     module = importlib.util.module_from_spec(spec)
     sys.modules["tinyattn_baseline"] = module
@@ -323,20 +323,23 @@ def cell(x: Any, unit: str = "s") -> str:
     return format_bytes(x) if unit == "B" else f"{x:.3f}"
 
 
-def ratio_text(value: float, target: float, below: bool = True) -> str:
-    met = value <= target if below else value >= target
-    return f"{value:.2f}x ({'<=' if below else '>='} {target}: {'met' if met else 'MISSED'})"
+def ratio_text(value: float, target: float, judged: bool = True) -> str:
+    """'0.59x (<= 1.5: met)' where the target is judged (at its size), else the ratio alone."""
+    if not judged:
+        return f"{value:.2f}x"
+    return f"{value:.2f}x (<= {target}: {'met' if value <= target else 'MISSED'})"
 
 
-def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], docs: str) -> str:
-    flash, batch = rows["_flash"]["s"], rows["_batch"]["s"]
+def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    flash, batch, judged = rows["_flash"]["s"], rows["_batch"]["s"], args.tokens == TARGET_TOKENS
     if name == "causal":
-        return "flex/flash " + ratio_text(row["flex s"] / flash, TARGETS["causal"])
+        return "flex/flash " + ratio_text(row["flex s"] / flash, TARGETS["causal"], judged)
     if name in ("alibi", "softcap"):
-        return "flex/causal flash " + ratio_text(row["flex s"] / flash, TARGETS[name])
-    if name == docs:
-        return (f"flex/batch {ratio_text(row['flex s'] / batch, TARGETS['documents vs batch'])}; flex/causal flash "
-                f"{ratio_text(row['flex s'] / flash, TARGETS['documents vs causal'])}")  # fmt: skip
+        return "flex/causal flash " + ratio_text(row["flex s"] / flash, TARGETS[name], judged)
+    if name == f"{args.documents} documents":
+        vs_batch, vs_flash = row["flex s"] / batch, row["flex s"] / flash
+        return (f"flex/batch {ratio_text(vs_batch, TARGETS['documents vs batch'], judged)}; "
+                f"flex/causal flash {ratio_text(vs_flash, TARGETS['documents vs causal'], judged)}")  # fmt: skip
     return ""
 
 
@@ -344,7 +347,7 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     """The table (rows Ctrl-C cut short show '-' where they have no figure), its busy marks, the targets."""
     headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak",
                "torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]  # fmt: skip
-    body, measured = [], []
+    body, measured, judged = [], [], args.tokens == TARGET_TOKENS
     for name, row in rows.items():
         if name.startswith("_"):
             continue
@@ -353,16 +356,20 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
                      cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
                      cell(row.get("sdpa s")), cell(row.get("sdpa peak"), "B"), cell(row.get("torch flex s")),
                      cell(row.get("torch flex peak"), "B"),
-                     "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"]),
+                     "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"], judged),
                      f"{row['rate']:.0f}" if "rate" in row else "-"])  # fmt: skip
         measured.append(row)
-    print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"]))
+    keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]  # the torch columns with --torch
+    headers, body = [headers[i] for i in keep], [[line[i] for i in keep] for line in body]
+    print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"],
+                              width=table_width(args)))  # fmt: skip
     ours = rows["_rate"]
-    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs; in the "
-          f"round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n")  # fmt: skip
-    docs = f"{args.documents} documents"
+    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs;\n"
+          f"in the round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n")  # fmt: skip
+    if args.tokens != TARGET_TOKENS:
+        print(f"the targets are set for T = {TARGET_TOKENS:,}: at T = {args.tokens:,} the ratios are shown, not judged")
     for name, row in rows.items():
-        if not name.startswith("_") and (text := target_text(name, row, rows, docs)):
+        if not name.startswith("_") and (text := target_text(name, row, rows, args)):
             print(f"{name}: {text}")
     which = "the baseline's" if args.baseline else "this version's"
     print(f"flash_attention(causal=True), {which}: {rows['_flash']['s']:.3f} s; the {args.documents} documents as "
@@ -377,9 +384,10 @@ def print_maps(args: argparse.Namespace) -> None:
     for name, (mask_mod, _) in patterns(args).items():
         coarse = ta.create_block_mask(mask_mod, None, None, T, T, BLOCK_SIZE=T // 16)
         maps.append([name] + ta.draw_tile_plan(coarse).splitlines())
-    for line in zip(*maps, strict=True):
-        print("   ".join(f"{part:<31}" for part in line))
-    print()
+    for first in range(0, len(maps), 3):  # three maps side by side: 99 columns
+        for line in zip(*maps[first : first + 3], strict=True):
+            print("   ".join(f"{part:<31}" for part in line).rstrip())
+        print()
 
 
 def varlen_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
@@ -418,8 +426,20 @@ def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
               f"(<= {TARGETS['packed vs batch']}x) is judged from --tokens {8 * DEFAULT_BLOCK_Q} on")  # fmt: skip
 
 
+def run_flops(args: argparse.Namespace) -> float:
+    """A lower bound on the run's FLOPs: 2·H·T²·E per causal call (half the scores) of four patterns and flash,
+    --repeats + 2 calls each; the reference 4·H·T²·E twice per pattern; --varlen: the documents' causal calls."""
+    H, T, E = args.heads, args.tokens, args.head_dim
+    if args.varlen:
+        return sum((args.repeats + 2) * 2 * n * 2 * H * (T // 8) ** 2 * E for n in VARLEN_DOCUMENTS)
+    reference = 0 if args.no_reference else len(patterns(args)) * 2 * 4 * H * T * T * E
+    return (args.repeats + 2) * 5 * 2 * H * T * T * E + reference
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if problem := common.time_problem(run_flops(args), common.matmul_rate("float32"), "lower --tokens or --repeats"):
+        sys.exit(f"flex.py: error: {problem}")
     if args.varlen:
         print(f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
               f"{args.workers or os.cpu_count()}\n" + common.header(None, None)[1])  # fmt: skip
@@ -437,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
     qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
-    side = None if args.no_torch else torch_setup(args, qkv)
+    side = torch_setup(args, qkv) if args.torch else None
     _, lines = common.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
     print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
           + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip

@@ -38,7 +38,7 @@ from tinyattn_np import flash_attention
 from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
     _check_weights_sum_to_one,
-    _flash_backward,
+    _flex_backward,
     _query_rows,
     check_flash_backward,
     with_column,
@@ -62,13 +62,12 @@ from tinyattn_np.flash import (
 )
 from tinyattn_np.measure import time_calls
 from tinyattn_np.memory import attention_flops
-from tinyattn_np.report import positive
+from tinyattn_np.report import add_wide_argument, positive, table_width
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
 
-# The 16-core measurements (Intel Xeon, 16 cores; the flash of one head per tile step, T = 8192, 4 heads
-# x 64, causal) that calibrate the many-core model below.
+# 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's calibration
 XEON_CORES = 16
 XEON_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
 XEON_PROCESSES_MS, XEON_PROCESSES_SIDE = 64.4, 512  # 16 processes on (head, 512-query block) items, no lock
@@ -79,11 +78,12 @@ HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=positive(int), default=None, help="T, the sequence length (default 4096; "
+    p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), help="T, the sequence length (default 4096; "
                    "1024 with --profile)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
     p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): this machine's tiles and workers")
     common.add_shape_arguments(p, tokens_range=False, repeats=3)
+    add_wide_argument(p)
     args = p.parse_args(argv)
     args.tokens = args.tokens or (1024 if args.profile else 4096)
     common.check_sizes(p, args, args.tokens, flag="--tokens")
@@ -198,19 +198,19 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
                "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]  # fmt: skip
     label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
-    print(common.marked_table(body, rows, headers, args.format, label, floatfmt=".1f"))
+    print(common.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
     print(
         f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
-        f"({best[f'ms_{cores}']:.1f} ms on {cores} workers); the default at this shape on this machine: "
-        f"{default[0]} x {default[1]}, {per_step(default[2])}; on 16 cores: {xeon[0]} x {xeon[1]}, "
+        f"({best[f'ms_{cores}']:.1f} ms on {cores} workers);\nthe default at this shape on this machine: "
+        f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {xeon[0]} x {xeon[1]}, "
         f"{per_step(xeon[2])} (flash.default_tiles)"
     )
     if kappa:
         print(
             f"model: held_16 = {XEON_HELD_S_PER_STEP * 1e6:.0f} µs per step (16 threads, 256 x 256, one head a step: "
-            f"457.4 ms / 2,112 steps); kappa = {kappa:.2f} ({XEON_PROCESSES_MS} ms for 16 processes on "
-            f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w); Amdahl x16 leaves the "
+            f"457.4 ms / 2,112 steps);\nkappa = {kappa:.2f} ({XEON_PROCESSES_MS} ms for 16 processes on "
+            f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w);\nAmdahl x16 leaves the "
             "lock hand-offs out and is a ceiling only"
         )
 
@@ -314,7 +314,7 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
 
 def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
                   dims: Any, plan: Any, clock: Any) -> tuple[Any, ...]:  # fmt: skip
-    """_flash_backward on one thread, every key block of every head in the kernel's order, with the set-up and
+    """_flex_backward on one thread, every key block of every head in the kernel's order, with the set-up and
     the ending timed (clock) and each key block's tiles run by key_block_copy: dq, dk, dv (the kernel's bits)."""
     ct = compute_dtype(q, k, v, out, dout)
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
@@ -433,14 +433,14 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=causal, scale=None,
         window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
     one = plan._replace(workers=1)
-    row = measure_parts(lambda: _flash_backward(q, k, v, out, dout, lse, dims, one),
+    row = measure_parts(lambda: _flex_backward(q, k, v, out, dout, lse, dims, one)[:3],  # dq, dk, dv
                         lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
                         args.repeats, args.dtype)  # fmt: skip
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
     row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan)
-    row["all_workers_ms"] = best_ms(lambda: _flash_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
+    row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row
 
 

@@ -145,18 +145,18 @@ def print_start(run: training.Run, size: int) -> None:
     c, s = run.model.config, run.settings
     print(
         f"data: {run.source}: {len(run.train) + len(run.val):,} tokens ({run.tokenizer.describe()['kind']} "
-        f"tokenizer, vocabulary {c.vocab:,}); {len(run.train):,} to train on, {len(run.val):,} to validate on"
+        f"tokenizer, vocabulary {c.vocab:,});\n  {len(run.train):,} to train on, {len(run.val):,} to validate on"
     )
     print(
         f"model: GPT ({run.preset}), {c.layers} layers, {c.heads} heads, width {c.width}, context {c.context}, "
-        f"{c.mlp} MLP of {c.hidden}, {c.norm}, tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
+        f"{c.mlp} MLP of {c.hidden}, {c.norm},\n  tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
     )
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
           f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
           f"{c.context} tokens" + (f" split over {size} processes" if size > 1 else ""))  # fmt: skip
     bill = training_memory(c, s["batch"] // size)
     parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in ("weights", "moments", "activations"))
-    print(f"memory of a step: {format_bytes(bill.peak)} at its peak ({parts}; trainbill.training_memory)")
+    print(f"memory of a step: {format_bytes(bill.peak)} at its peak\n  ({parts}; trainbill.training_memory)")
     if run.args.data_parallel and size == 1:
         print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")
     if run.step:

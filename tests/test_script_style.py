@@ -148,7 +148,6 @@ NEEDS = {
     "torch_naive.py": "torch",
     "ring.py": "mpi4py",
     "sequence_parallel.py": "mpi4py",
-    "train_parallel.py": "mpi4py",
 }
 WIDTH = 120  # tinyattn_np.report.TABLE_WIDTH: a terminal's width
 
@@ -171,10 +170,6 @@ def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
 # Programs whose output does not fit yet, each being changed by its own owner now: a strict xfail, so that
 # the mark must go once the output fits.
 NOT_YET = {
-    "flex.py": "flex.py's tile maps reach 201 columns and its prose 136",
-    "tiles.py": "tiles.py's model lines reach 246 columns",
-    "train.py": "train.py's data, model and memory lines reach 145 columns",
-    "train_parallel.py": "train_parallel.py's model line reaches 159 columns",
     "sample.py": "sample.py's checkpoint line reaches 128 columns",
     "train_speed.py": "train_speed.py's first heading reaches 122 columns",
 }

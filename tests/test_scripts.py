@@ -325,7 +325,7 @@ def test_scaling_small_run_in_process_prints_every_section(quick: None, capsys: 
 def test_tiles_small_run(quick: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Every tile shape, heads per step and worker count at a tiny T, the default marked, the model lines."""
     figures = tmp_path / "tiles.json"
-    assert load("tiles.py").main(["--tokens", "64", "--repeats", "1", "--json", str(figures)]) == 0
+    assert load("tiles.py").main(["--tokens", "64", "--repeats", "1", "--json", str(figures), "--wide"]) == 0
     out = capsys.readouterr().out
     for side in (128, 256, 512, 1024):
         assert len(re.findall(rf"^{side} x {side}( \(default\))?\s", out, re.MULTILINE)) == 3, f"{side}: three rows"
@@ -749,7 +749,7 @@ SCRIPT = str(SCRIPTS / "flex.py")
 
 
 def test_a_small_run_prints_every_pattern_and_the_targets():
-    result = run(SCRIPT, "--tokens", "512", "--heads", "2", "--repeats", "1", "--no-torch", "--baseline", str(ROOT))
+    result = run(SCRIPT, "--tokens", "512", "--heads", "2", "--repeats", "1", "--baseline", str(ROOT))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "check: flex_attention equals the reference on every pattern at T = 512" in out
@@ -761,6 +761,8 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     for target in ["causal: flex/flash", "8 documents: flex/batch", "alibi: flex/causal flash", "softcap:"]:
         assert target in out
     assert "flash_attention(causal=True), the baseline's:" in out
+    assert "the targets are set for T = 16,384: at T = 512 the ratios are shown, not judged" in out
+    assert "MISSED" not in out and "met)" not in out and "torch" not in out.split("tile maps")[1]  # torch: --torch
 
 
 def test_varlen_times_packed_documents_against_the_batch():
@@ -777,7 +779,12 @@ def test_varlen_times_packed_documents_against_the_batch():
 def test_help_and_bad_arguments():
     assert "Attention patterns as mods" in run(SCRIPT, "--help").stdout
     for args, message in [(["--tokens", "100"], "--tokens must be a multiple of 16"),
-                          (["--heads", "0"], "--heads must be at least 1"),
+                          (["--heads", "0"], "--heads: must be a positive int"),
+                          (["--heads", "100000"], "--heads: must be a positive int at most 1,024"),
+                          (["--head-dim", "100000"], "--head-dim"), (["--window", "10000000"], "--window"),
+                          (["--workers", "100000"], "--workers"), (["--tokens", "100000000"], "--tokens"),
+                          (["--repeats", "1e20"], "--repeats"),
+                          (["--tokens", "131072", "--heads", "1024"], "lower --tokens, --heads or --head-dim"),
                           (["--baseline", "/nonexistent"], "no tinyattn_np/__init__.py there"),
                           (["--seed", "-1"], "must be an int >= 0")]:  # fmt: skip
         result = run(SCRIPT, *args)
