@@ -402,11 +402,14 @@ def doubling(min_tokens: int, max_tokens: int) -> list[int]:
     return [min_tokens << i for i in range((max_tokens // min_tokens).bit_length())]
 
 
-def growth_line(rows: list[dict[str, Any]], key: str) -> str:
-    """The time ratio per doubling of T of the rows' figures under key (rows where it was not measured
-    skipped), e.g. '3.24x, 3.95x'; '-' with fewer than two figures."""
-    times = [r[key] for r in rows if r.get(key) is not None]
+def growth(times: list[float]) -> str:
+    """Time ratio per doubling of T, e.g. '3.24x, 3.95x' ('-' with fewer than two figures)."""
     return ", ".join(f"{b / a:.2f}x" for a, b in zip(times, times[1:], strict=False)) or "-"
+
+
+def growth_line(rows: list[dict[str, Any]], key: str) -> str:
+    """growth() of the rows' figures under key, skipping rows where it was not measured."""
+    return growth([r[key] for r in rows if r.get(key) is not None])
 
 
 def make_qkv(rng: np.random.Generator, T: int, args: argparse.Namespace) -> tuple[np.ndarray, ...]:

@@ -84,3 +84,14 @@ def common(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setattr(module, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
     monkeypatch.setattr(module, "load_average", lambda: 0.0)
     return module
+
+
+@pytest.fixture(scope="module")
+def warm() -> None:
+    """One call of each first, for the tests that trace peaks: the thread-pool controller and NumPy's
+    first-use buffers are one-off."""
+    from tinyattn_np import attention, flash_attention
+
+    x = np.ones((4, 64, 64), np.float32)
+    attention(x, x, x, causal=True)
+    flash_attention(x, x, x, causal=True, workers=2)

@@ -14,7 +14,6 @@ from conftest import bottom_right
 
 from tinyattn_np import bytes_per_element, naive_attention_bytes
 from tinyattn_np.attention import attention
-from tinyattn_np.flash import flash_attention
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import (
     attention_flops,
@@ -223,14 +222,6 @@ def test_bad_inputs_give_clear_errors(tmp_path):
 # --- estimate vs tracemalloc -----------------------------------------------------------------------
 
 HEADS, HEAD_DIM = 4, 64
-
-
-@pytest.fixture(scope="module")
-def warm() -> None:
-    """One call of each first: the thread-pool controller and NumPy's first-use buffers are one-off."""
-    x = np.ones((HEADS, 64, HEAD_DIM), np.float32)
-    attention(x, x, x, causal=True)
-    flash_attention(x, x, x, causal=True, workers=2)
 
 
 def _qkv(n: int, dtype) -> tuple[np.ndarray, ...]:
