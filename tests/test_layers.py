@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy.special import expit, log_softmax
+from test_backward import numerical_grad  # central differences, h = 1e-6
 
 from tinyattn_np.layers import (
     cross_entropy,
@@ -24,25 +25,9 @@ from tinyattn_np.layers import (
     swiglu_backward,
 )
 
-STEP = 1e-6  # central differences: error O(h²) ≈ 1e-12 plus rounding ≈ 1e-16 / h ≈ 1e-10
-
-
-def numerical_gradient(loss, x: np.ndarray) -> np.ndarray:
-    """∂loss()/∂x by central differences, one entry at a time, x changed in place and restored."""
-    grad = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + STEP
-        up = loss()
-        x[i] = old - STEP
-        down = loss()
-        x[i] = old
-        grad[i] = (up - down) / (2 * STEP)
-    return grad
-
 
 def assert_gradient(mine: np.ndarray, loss, x: np.ndarray, what: str) -> None:
-    gold = numerical_gradient(loss, x)
+    gold = numerical_grad(loss, x)
     np.testing.assert_allclose(mine, gold, rtol=1e-6, atol=1e-8, err_msg=what)
 
 
