@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -19,17 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- scripts/decode.py -----------------------------------------------------------------------------
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("decode_script", ROOT / "scripts" / "decode.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, capsys):
     path = tmp_path / "decode.json"
     args = ["--tokens", "24", "--prompt", "4", "--window", "5", "--d-model", "32", "--vocab", "64", "--json", str(path)]
-    assert _script().main(args) == 0
+    assert load("decode.py").main(args) == 0
     text = capsys.readouterr().out
     assert "all checks passed" in text and "window=5 ms/token" in text
     report = json.loads(path.read_text())
@@ -42,7 +34,7 @@ def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, c
 def test_script_step_mode_without_torch(capsys, tmp_path, monkeypatch):
     path = tmp_path / "step.json"
     args = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
-    script = _script()
+    script = load("decode.py")
     monkeypatch.setattr(sys.modules["common"], "SETTLE_SECONDS", 0.0)  # no idle before each of the 12 rows' rates
     assert script.main([*args, "--json", str(path)]) == 0
     text = capsys.readouterr().out
@@ -64,7 +56,7 @@ def test_script_step_mode_without_torch(capsys, tmp_path, monkeypatch):
 
 
 def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
-    script = _script()
+    script = load("decode.py")
     reads = []
     arrays = [type("Array", (), {"sum": lambda self, i=i: reads.append(i)})() for i in range(2)]
     script.read_once(arrays, threads=1)
@@ -74,10 +66,10 @@ def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
 
 def test_script_step_mode_scatters_blocks_on_request():
     k = v = np.zeros((2, 100, 4), np.float32)
-    cache, (seq,) = _script().paged([100], k, v, 16, True)
+    cache, (seq,) = load("decode.py").paged([100], k, v, 16, True)
     table = cache.block_table(seq)
     assert len(table) == 7 and all(b % 2 == 0 for b in table)  # every other block: no two adjacent
-    cache, (seq,) = _script().paged([100], k, v, 16, False)
+    cache, (seq,) = load("decode.py").paged([100], k, v, 16, False)
     assert cache.block_table(seq) == tuple(range(7))  # alone in an empty pool: one run
 
 
@@ -97,7 +89,7 @@ def test_script_step_mode_scatters_blocks_on_request():
 )
 def test_script_refuses_bad_flags_up_front(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        _script().parse_args(argv)
+        load("decode.py").parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -3,7 +3,6 @@ and clear errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import bottom_right
+from test_scripts import load  # a script as a module
 
 from tinyattn_np import bytes_per_element, naive_attention_bytes
 from tinyattn_np.attention import attention
@@ -246,15 +246,8 @@ def test_naive_estimate_matches_tracemalloc(warm, n, causal):
 # --- the script ------------------------------------------------------------------------------------
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("memory_script", ROOT / "scripts" / "memory.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_script_defaults_print_the_four_sections(capsys):
-    assert _script().main([]) == 0
+    assert load("memory.py").main([]) == 0
     text = capsys.readouterr().out
     for needle in ("134.2 MB", "128.0 MiB", "137.4 GB", "128.0 GiB", "15,625x", "125x", "Gemma-2-9B"):
         assert needle in text, needle
@@ -265,7 +258,7 @@ def test_script_json_and_config_path(tmp_path, capsys):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_3_8B_CONFIG))
     args = ["--json", "--model", str(path), "--model", "gpt2", "--tokens", "8192,131072", "--kv-dtype", "fp8"]
-    assert _script().main(args) == 0
+    assert load("memory.py").main(args) == 0
     report = json.loads(capsys.readouterr().out)
     llama, gpt2 = report["models"]["rows"]
     assert llama["parameters"] == 8_030_261_248 and llama["kv_bytes_per_token"] == 65_536
@@ -273,7 +266,7 @@ def test_script_json_and_config_path(tmp_path, capsys):
 
 
 def test_script_rejects_an_unknown_model(capsys):
-    assert _script().main(["--model", "no-such-model"]) == 2
+    assert load("memory.py").main(["--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err
 
 

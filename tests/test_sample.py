@@ -12,12 +12,13 @@ import sys
 
 import numpy as np
 import pytest
-from test_train import gpt_flags, load_script, small_text, train_script
+from test_scripts import load
+from test_train import gpt_flags, small_text, train_script
 
 from tinyattn_np.multihead import MultiHeadAttention
 
-sample = load_script("sample")
-attention_script = load_script("attention")
+sample = load("sample.py")
+attention_script = load("attention.py")
 checkpoint = sys.modules["checkpoint"]
 
 

@@ -4,7 +4,6 @@ front; Ctrl-C stops with what was measured."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -22,16 +21,9 @@ SMALL = [
 ]  # fmt: skip
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("serve_script", ROOT / "scripts" / "serve.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_small_server_run_checks_everything_it_prints(tmp_path, capsys):
     path = tmp_path / "serve.json"
-    assert _script().main([*SMALL, "--json", str(path)]) == 0
+    assert load("serve.py").main([*SMALL, "--json", str(path)]) == 0
     text = capsys.readouterr().out
     assert "all checks passed" in text and "held, no token (waste)" in text and "3 copies of the prompt" in text
     report = json.loads(path.read_text())
@@ -46,7 +38,7 @@ def test_a_small_server_run_checks_everything_it_prints(tmp_path, capsys):
 
 def test_a_wrong_paged_decode_is_caught(monkeypatch, capsys):
     """The check against each request alone can fail: scale the cached part of every paged step by 1.01."""
-    module = _script()
+    module = load("serve.py")
     import tinyattn_np.paged as paged
 
     decode_pages = paged.decode_pages
@@ -61,7 +53,7 @@ def test_a_wrong_paged_decode_is_caught(monkeypatch, capsys):
 
 
 def test_ctrl_c_stops_with_what_was_measured(monkeypatch, capsys, tmp_path):
-    module = _script()
+    module = load("serve.py")
 
     def interrupted(*args):
         raise KeyboardInterrupt
@@ -90,13 +82,13 @@ def test_ctrl_c_stops_with_what_was_measured(monkeypatch, capsys, tmp_path):
 )
 def test_bad_flags_are_refused_up_front(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
-        _script().parse_args(argv)
+        load("serve.py").parse_args(argv)
     assert stop.value.code == 2
     assert message in capsys.readouterr().err
 
 
 def test_sampling_is_seeded_and_greedy_without_a_generator():
-    module = _script()
+    module = load("serve.py")
     logits = np.array([0.0, 3.0, 1.0])
     assert module.sample(logits, None) == 1
     draws = [module.sample(logits, np.random.default_rng(4)) for _ in range(3)]

@@ -8,10 +8,10 @@ import json
 
 import numpy as np
 import pytest
-from test_train import load_script
+from test_scripts import load
 
-text_data = load_script("text_data")
-checkpoint = load_script("checkpoint")
+text_data = load("text_data.py")
+checkpoint = load("checkpoint.py")
 
 TEXT = "Holmes examined the telegram. Ça va: naïve café, 東京.\n"
 

@@ -23,16 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "30", "--batch", "8", "--length", "4", "--vocab", "6", "--d-model", "8", "--eval-every", "10"]
 
 
-def load_script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train = load_script("copy_task")
-train_script = load_script("train")
+train = load("copy_task.py")
+train_script = load("train.py")
 
 
 @pytest.mark.parametrize("layers", [1, 2])
@@ -372,7 +364,7 @@ def test_a_failing_rank_ends_the_data_parallel_job(data, tmp_path):
 
 
 def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
-    speed = load_script("train_speed")
+    speed = load("train_speed.py")
     figures = tmp_path / "speed.json"
     flags = ["--presets", "tiny", "--batch", "2", "--tokens", "20", "--repeats", "1", "--json", str(figures)]
     assert speed.main(flags) == 0
@@ -386,7 +378,7 @@ def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
 
 
 def test_train_speed_refuses_what_would_not_fit(capsys):
-    speed = load_script("train_speed")
+    speed = load("train_speed.py")
     with pytest.raises(SystemExit):
         speed.parse_args(["--presets", "part3", "--batch", "4096", "--vocab", "1000000"])
     assert "a training step of part3 needs about" in capsys.readouterr().err
