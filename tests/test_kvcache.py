@@ -17,17 +17,26 @@ import numpy as np
 import pytest
 
 import tinyattn_np
-from tinyattn_np import KVCache, MultiHeadAttention, attention, kv_cache_bytes, window_mask
+from tinyattn_np import (
+    KVCache,
+    MultiHeadAttention,
+    attention,
+    flash_decode,
+    kv_cache_bytes,
+    latent_cache_bytes,
+    window_mask,
+)
 
 RNG = np.random.default_rng(12)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tokens(cache: KVCache, t_new: int, first: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """k and v whose every entry is the token's position (first, first + 1, ...): easy to read back."""
+    """k and v whose every entry is the token's position (first, first + 1, ...): easy to read back. v is -k,
+    or, for a cache whose values are its keys' prefix, k's first value_prefix numbers."""
     pos = np.arange(first, first + t_new, dtype=cache.dtype)  # (T_new,)
     k = np.broadcast_to(pos[None, None, :, None], (cache.batch, cache.kv_heads, t_new, cache.head_dim)).copy()
-    return k, -k
+    return k, (-k if cache.value_prefix is None else k[..., : cache.value_prefix])
 
 
 # --- the cache itself ------------------------------------------------------------------------------
@@ -94,7 +103,7 @@ def test_refused_appends_change_nothing():
         cache.append(k.astype(np.float64), v)
     with pytest.raises(ValueError, match=r"v must have shape \(2, 2, T_new, 4\)"):
         cache.append(k[:, :, :1], v[:1, :, :1])
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
+    with pytest.raises(ValueError, match="k and v must have the same number of tokens"):
         cache.append(k[:, :, :1], v)
     with pytest.raises(TypeError, match="k must be a NumPy array; got list"):
         cache.append(k.tolist(), v)
@@ -174,6 +183,91 @@ def test_the_views_cannot_be_made_writable():
             view.flags.writeable = True
         assert not np.asarray(view.base).flags.writeable  # its base gives no writable array either
     np.testing.assert_array_equal(cache.keys[0, 0, :, 0], [0, 1, 2])
+
+
+# --- values that are the keys' prefix: the latent of multi-head latent attention, stored once ---------
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("window", [None, 3])
+def test_values_as_the_keys_prefix_are_stored_once(dtype, window):
+    """A latent of 8 + 4 numbers a token: the cache allocates the keys alone, memory.latent_cache_bytes of one
+    kv head, and its values are a view of the keys' first 8 numbers (the same memory), before and after the
+    ring wraps."""
+    cache = KVCache(2, 1, 10, 12, dtype=dtype, window=window, value_prefix=8)
+    assert cache.nbytes == latent_cache_bytes(10, layers=1, kv_rank=8, rope_dim=4, dtype=dtype, batch=2, window=window)
+    assert cache.nbytes == 2 * cache.slots * 12 * np.dtype(dtype).itemsize and cache.value_dim == 8
+    assert cache.values.shape == (2, 1, 0, 8) and "value_prefix=8" in repr(cache)
+    k = RNG.standard_normal((2, 1, 5, 12)).astype(dtype)
+    for start in range(0, 5, 2):
+        cache.append(k[:, :, start : start + 2], k[:, :, start : start + 2, :8])
+    assert np.shares_memory(cache.values, cache.keys) and not cache.values.flags.writeable
+    np.testing.assert_array_equal(cache.values, cache.keys[..., :8])
+    keys, values = cache.ordered()
+    np.testing.assert_array_equal(keys, k[:, :, -cache.slots :])
+    np.testing.assert_array_equal(values, k[:, :, -cache.slots :, :8])
+    assert np.shares_memory(values, keys)
+
+
+def test_decoding_over_a_prefix_cache_reads_the_values_from_the_keys():
+    cache = KVCache(2, 1, 40, 12, dtype=np.float64, value_prefix=8)
+    k = RNG.standard_normal((2, 1, 40, 12))
+    cache.append(k, k[..., :8])
+    q = RNG.standard_normal((2, 4, 1, 12))
+    gold = attention(q, k, k[..., :8])  # (2, 4, 1, 8)
+    np.testing.assert_allclose(flash_decode(q, cache.keys, cache.values, kv_splits=3), gold, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(value_prefix=13), ValueError, r"value_prefix must be at most head_dim=12 .*; got 13"),
+        (dict(value_prefix=0), ValueError, "value_prefix must be a positive int; got 0"),
+        (dict(value_prefix=8.0), TypeError, "value_prefix must be a positive int"),
+    ],
+)
+def test_a_bad_value_prefix_is_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        KVCache(1, 1, 4, 12, **kwargs)
+
+
+def test_values_that_are_not_the_keys_prefix_are_refused_and_change_nothing():
+    cache = KVCache(1, 2, 6, 4, value_prefix=3)
+    cache.append(*_tokens(cache, 2))
+    before = _kv_snapshot(cache)
+    k, v = _tokens(cache, 2, 2.0)
+    with pytest.raises(ValueError, match=r"v must be k's first value_prefix=3 numbers \(k\[\.\.\., :3\]\)"):
+        cache.append(k, v + 1)
+    with pytest.raises(ValueError, match=r"v must have shape \(1, 2, T_new, 3\) \(batch, kv_heads, T_new, value_"):
+        cache.append(k, k)  # the whole key as the value: this cache keeps values 3 wide
+    with pytest.raises(ValueError, match="k and v must have the same number of tokens"):
+        cache.append(k, v[:, :, :1])
+    assert _kv_snapshot(cache) == before
+    cache.append(k, v)  # the keys' prefix goes in
+    assert len(cache) == 4
+
+
+def test_a_layer_with_values_of_its_own_refuses_a_prefix_cache():
+    cache = KVCache(2, 2, 8, 8, dtype=np.float64, value_prefix=4)
+    with pytest.raises(ValueError, match=r"apart from the keys \(value_prefix=None\); got .*value_prefix=4"):
+        _model()(RNG.standard_normal((2, 1, 32)), cache=cache)
+    assert len(cache) == 0
+
+
+def test_a_prefix_cache_larger_than_memory_is_refused_for_its_keys_alone():
+    message = r"KVCache would allocate 4\.0 TiB .*keys \(1024, 8, 1048576, 128\) of float32, the values a view of"
+    with pytest.raises(MemoryError, match=message):
+        KVCache(2**10, 8, 2**20, 128, value_prefix=64)
+
+
+def test_a_prefix_cache_copies_and_pickles_with_values_that_stay_its_keys():
+    cache = KVCache(1, 1, 8, 4, value_prefix=2)
+    cache.append(*_tokens(cache, 3))
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        twin.append(*_tokens(twin, 1, 3.0))
+        assert np.shares_memory(twin.values, twin.keys) and not np.shares_memory(twin.keys, cache.keys)
+        np.testing.assert_array_equal(twin.values[0, 0, :, 0], [0, 1, 2, 3])
+        assert len(cache) == 3 and twin.nbytes == cache.nbytes == 8 * 4 * 4
 
 
 # --- MultiHeadAttention(cache=) --------------------------------------------------------------------
@@ -489,8 +583,8 @@ def _kv_still_works(cache: KVCache) -> None:
     np.testing.assert_array_equal(cache.positions[np.argsort(cache.positions)], np.arange(seen + 1)[-cache.slots :])
 
 
-def _kv_filled(window: int | None) -> KVCache:
-    cache = KVCache(1, 2, 16, 2, dtype=np.float64, window=window)
+def _kv_filled(window: int | None, value_prefix: int | None = None) -> KVCache:
+    cache = KVCache(1, 2, 16, 2, dtype=np.float64, window=window, value_prefix=value_prefix)
     cache.append(*_tokens(cache, 6))  # tokens 0 .. 5: a ring of 4 has wrapped
     return cache
 
@@ -502,20 +596,27 @@ WHOLE_PACKAGE = (str(PACKAGE),)
 
 
 @pytest.mark.parametrize(
-    ("window", "change", "code"),
+    ("window", "value_prefix", "change", "code"),
     [
-        (None, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),
-        (4, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),  # into a ring slot that a kept token holds
-        (None, lambda c: c.append(*_tokens(c, 3, 6.0)), WHOLE_PACKAGE),
-        (4, lambda c: c.append(*_tokens(c, 5, 6.0)), WHOLE_PACKAGE),  # longer than the ring: its last 4 are written
-        (None, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 8).reshape(1, 1, 8)), CACHE_CODE),  # write first
-        (4, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 24).reshape(1, 3, 8)), CACHE_CODE),  # append last
+        (None, None, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),
+        (4, None, lambda c: c.append(*_tokens(c, 1, 6.0)), WHOLE_PACKAGE),  # into a ring slot a kept token holds
+        (None, None, lambda c: c.append(*_tokens(c, 3, 6.0)), WHOLE_PACKAGE),
+        (4, None, lambda c: c.append(*_tokens(c, 5, 6.0)), WHOLE_PACKAGE),  # longer than the ring: its last 4 written
+        (None, None, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 8).reshape(1, 1, 8)), CACHE_CODE),
+        (4, None, lambda c: c.attend(ATTEND_LAYER, np.linspace(-1, 1, 24).reshape(1, 3, 8)), CACHE_CODE),
+        (None, 1, lambda c: c.append(*_tokens(c, 3, 6.0)), WHOLE_PACKAGE),  # the keys alone, the values their prefix
+        (4, 1, lambda c: c.append(*_tokens(c, 5, 6.0)), WHOLE_PACKAGE),
     ],
-    ids=["append one", "append one, ring", "append three", "append five, ring", "attend one", "attend three, ring"],
-)
-def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(window, change, code):
+    ids=[
+        "append one", "append one, ring", "append three", "append five, ring", "attend one", "attend three, ring",
+        "append three, values the keys' prefix", "append five, ring, values the keys' prefix",
+    ],
+)  # fmt: skip
+def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(window, value_prefix, change, code):
     """A KeyboardInterrupt raised at each bytecode of the call in turn (a few hundred for append, about 1,000
     for attend in the cache's own code): the cache is then as before the call or as after the whole call, its
-    lock free, and it takes the next token."""
-    interrupted = _all_or_nothing(lambda: _kv_filled(window), change, _kv_snapshot, _kv_still_works, code)
+    lock free, and it takes the next token. attend writes the new tokens first (no window), or appends last
+    (a ring and several tokens); a cache whose values are its keys' prefix writes the keys alone."""
+    make = lambda: _kv_filled(window, value_prefix)  # noqa: E731
+    interrupted = _all_or_nothing(make, change, _kv_snapshot, _kv_still_works, code)
     assert interrupted > 20  # the tracer did reach the code

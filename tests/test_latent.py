@@ -135,13 +135,14 @@ def test_attend_latent_reads_the_values_as_a_view_of_the_keys(rng, monkeypatch):
     flash_decode = latent_module.flash_decode
     monkeypatch.setattr(latent_module, "flash_decode", spy)
     layer = make_layer()
-    cache = KVCache(2, 1, 9, layer.latent_dim, dtype=np.float64)
+    cache = KVCache(2, 1, 9, layer.latent_dim, dtype=np.float64, value_prefix=layer.kv_lora_rank)
     layer(rng.standard_normal((2, 8, D_MODEL)), cache=cache)
     layer(rng.standard_normal((2, 1, D_MODEL)), cache=cache)  # a decode step: flash_decode
     r = layer.kv_lora_rank
     assert seen["k"].shape == (2, 1, 9, r + layer.d_rope) and seen["v"].shape == (2, 1, 9, r)
     assert np.shares_memory(seen["v"], seen["k"]) and np.shares_memory(seen["k"], cache.keys)  # views, no copy
     np.testing.assert_array_equal(seen["v"], cache.keys[..., :r])
+    np.testing.assert_array_equal(cache.values, cache.keys[..., :r])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,7 +154,8 @@ def test_attend_latent_reads_the_values_as_a_view_of_the_keys(rng, monkeypatch):
 def test_every_decode_step_naive_equals_absorbed_equals_recomputing(rng, dtype, q_lora_rank):
     layer = make_layer(q_lora_rank, dtype)
     x = rng.standard_normal((2, 12, D_MODEL)).astype(dtype)
-    caches = {form: KVCache(2, 1, 12, layer.latent_dim, dtype=dtype) for form in ("absorbed", "naive")}
+    r = layer.kv_lora_rank
+    caches = {form: KVCache(2, 1, 12, layer.latent_dim, dtype=dtype, value_prefix=r) for form in ("absorbed", "naive")}
     chunks = [(0, 5), (5, 6), (6, 9), *((t, t + 1) for t in range(9, 12))]  # a prefill, steps, a chunk, steps
     for start, stop in chunks:
         absorbed = layer(x[:, start:stop], cache=caches["absorbed"])
@@ -161,11 +163,13 @@ def test_every_decode_step_naive_equals_absorbed_equals_recomputing(rng, dtype, 
         recomputed = layer(x[:, :stop])[:, start:stop]  # the whole prefix again, no cache
         assert relative(absorbed, naive) <= SAME[np.dtype(dtype)], (start, stop)
         assert relative(absorbed, recomputed) <= SAME[np.dtype(dtype)], (start, stop)
-    # the cache holds each token's latent once as its key: B · S · (kv_lora_rank + qk_rope_head_dim) numbers
+    # the cache holds each token's latent once, as its key, the values a view of the key's first r numbers: it
+    # allocates B · S · (kv_lora_rank + qk_rope_head_dim) numbers in all
     cache = caches["absorbed"]
     latent = layer.project(x, np.arange(12), layer.parameters).latent  # (2, 1, 12, r + d_rope)
     np.testing.assert_allclose(cache.keys, latent, rtol=SAME[np.dtype(dtype)])
-    assert cache.keys.nbytes == 2 * 12 * (8 + 4) * np.dtype(dtype).itemsize
+    assert cache.nbytes == cache.keys.nbytes == 2 * 12 * (8 + 4) * np.dtype(dtype).itemsize
+    assert np.shares_memory(cache.values, cache.keys) and cache.values.shape == (2, 1, 12, r)
 
 
 @pytest.mark.parametrize("absorbed", [True, False])
@@ -175,7 +179,9 @@ def test_paged_latent_cache_against_a_dict_of_token_histories(absorbed):
     sequence's whole history, and every sequence's cached latents equal its history's."""
     rng = np.random.default_rng(7)
     layer = make_layer()
-    cache = PagedKVCache(64, 3, 1, layer.latent_dim, dtype=np.float64)
+    cache = PagedKVCache(64, 3, 1, layer.latent_dim, dtype=np.float64, value_prefix=layer.kv_lora_rank)
+    # the pool holds each token's latent once: 64 blocks of 3 slots of kv_lora_rank + qk_rope_head_dim numbers
+    assert cache.nbytes == 64 * 3 * (8 + 4) * 8 and np.shares_memory(cache.v_pool, cache.k_pool)
     history: dict[int, np.ndarray] = {}  # the dict model: sequence id -> its tokens (n, C)
     for step in range(24):
         action = rng.choice(["prefill", "decode", "decode", "fork", "free"]) if history else "prefill"
@@ -286,10 +292,10 @@ def assert_same_state(before, after):
 
 def prefilled(kind, layer, rng):
     if kind == "kv":
-        cache = KVCache(2, 1, 6, layer.latent_dim, dtype=np.float64)
+        cache = KVCache(2, 1, 6, layer.latent_dim, dtype=np.float64, value_prefix=layer.kv_lora_rank)
         layer(rng.standard_normal((2, 4, D_MODEL)), cache=cache)
         return cache, {}
-    cache = PagedKVCache(6, 2, 1, layer.latent_dim, dtype=np.float64)
+    cache = PagedKVCache(6, 2, 1, layer.latent_dim, dtype=np.float64, value_prefix=layer.kv_lora_rank)
     seqs = [cache.add_sequence(), cache.add_sequence()]
     layer(rng.standard_normal((2, 4, D_MODEL)), cache=cache, seq_ids=seqs)
     return cache, {"seq_ids": seqs}
@@ -333,15 +339,21 @@ def test_attend_latent_refuses_a_latent_that_does_not_match_the_weights(rng):
 @pytest.mark.parametrize(
     ("make_cache", "error", "message"),
     [
-        (lambda d: KVCache(2, 1, 8, d + 1, dtype=np.float64), ValueError, r"head_dim=12, dtype=float64\): one latent"),
-        (lambda d: KVCache(2, 2, 8, d, dtype=np.float64), ValueError, "kv_heads=1"),
-        (lambda d: KVCache(2, 1, 8, d, dtype=np.float32), ValueError, "got kv_heads=1, head_dim=12, dtype=float32"),
-        (lambda d: KVCache(3, 1, 8, d, dtype=np.float64), ValueError, "batch=2"),
-        (lambda d: KVCache(2, 1, 8, d, dtype=np.float64, window=4), ValueError, "window=None"),
-        (lambda d: PagedKVCache(8, 2, 1, d - 1, dtype=np.float64), ValueError, "head_dim=12"),
+        (lambda d: KVCache(2, 1, 8, d + 1, dtype=np.float64, value_prefix=8), ValueError,
+         r"head_dim=12, dtype=float64, value_prefix=8\): one latent"),
+        (lambda d: KVCache(2, 2, 8, d, dtype=np.float64, value_prefix=8), ValueError, "kv_heads=1"),
+        (lambda d: KVCache(2, 1, 8, d, dtype=np.float32, value_prefix=8), ValueError,
+         "got kv_heads=1, head_dim=12, dtype=float32"),
+        (lambda d: KVCache(3, 1, 8, d, dtype=np.float64, value_prefix=8), ValueError, "batch=2"),
+        (lambda d: KVCache(2, 1, 8, d, dtype=np.float64, value_prefix=8, window=4), ValueError, "window=None"),
+        # a cache that would store the latent twice, or whose values are not the latent's c_KV
+        (lambda d: KVCache(2, 1, 8, d, dtype=np.float64), ValueError, "value_prefix=8.*got .*value_prefix=None"),
+        (lambda d: KVCache(2, 1, 8, d, dtype=np.float64, value_prefix=4), ValueError, "got .*value_prefix=4"),
+        (lambda d: PagedKVCache(8, 2, 1, d - 1, dtype=np.float64, value_prefix=8), ValueError, "head_dim=12"),
+        (lambda d: PagedKVCache(8, 2, 1, d, dtype=np.float64), ValueError, "value_prefix=8.*got .*value_prefix=None"),
         (lambda d: np.zeros((2, 1, 8, d)), TypeError, "cache must be a KVCache, a PagedKVCache or None"),
     ],
-)
+)  # fmt: skip
 def test_a_cache_of_the_wrong_width_or_kind_is_refused(rng, make_cache, error, message):
     layer = make_layer()
     cache = make_cache(layer.latent_dim)

@@ -18,20 +18,25 @@ from tinyattn_np import (
     MultiHeadAttention,
     PagedKVCache,
     PoolExhaustedError,
+    attention,
+    cascade_decode,
+    latent_cache_bytes,
     paged_decode,
     paged_kv_cache_bytes,
 )
-from tinyattn_np.paged import consecutive_runs
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.paged import consecutive_runs, paged_decode_bytes
 
 RNG = np.random.default_rng(19)
 
 
 def _tokens(cache: PagedKVCache, first: int, t_new: int) -> tuple[np.ndarray, np.ndarray]:
     """k and v of t_new tokens whose entries are their ids first, first + 1, ... (v: minus the id), so a slot
-    read back says which token it holds and whether its k and v belong together."""
+    read back says which token it holds and whether its k and v belong together. For a cache whose values are
+    its keys' prefix, v is k's first value_prefix numbers."""
     ids = np.arange(first, first + t_new, dtype=cache.dtype)  # (T_new,)
     k = np.broadcast_to(ids[None, :, None], (cache.kv_heads, t_new, cache.head_dim)).copy()
-    return k, -k
+    return k, (-k if cache.value_prefix is None else k[..., : cache.value_prefix])
 
 
 def _state(cache: PagedKVCache) -> dict:
@@ -56,8 +61,8 @@ def _assert_same_state(before: dict, after: dict) -> None:
 
 def _ids(cache: PagedKVCache, seq: int) -> np.ndarray:
     """The token ids sequence seq holds, in order (read from its keys), checked against its values."""
-    keys, values = cache.gather(seq)  # (Hkv, T, E)
-    np.testing.assert_array_equal(values, -keys)
+    keys, values = cache.gather(seq)  # (Hkv, T, E), (Hkv, T, Ev)
+    np.testing.assert_array_equal(values, -keys if cache.value_prefix is None else keys[..., : cache.value_prefix])
     assert np.all(keys == keys[:1, :, :1])  # one token per slot, across heads and channels
     return keys[0, :, 0]
 
@@ -208,7 +213,7 @@ def test_a_batch_is_all_or_nothing():
         (
             lambda c, s: c.append(s, np.zeros((2, 1, 4), np.float32), np.zeros((2, 2, 4), np.float32)),
             ValueError,
-            "the same shape",
+            "the same sequences and tokens",
         ),  # fmt: skip
         (lambda c, s: c.append(s, [[[0.0]]], [[[0.0]]]), TypeError, "must be a NumPy array"),
         (lambda c, s: c.append(7, *_tokens(c, 0, 1)), ValueError, r"sequence 7 is not in this cache"),
@@ -367,6 +372,124 @@ def test_copies_and_pickles_with_their_own_lock():
         assert twin.length(seq) == 4 and cache.length(seq) == 3  # they part ways
 
 
+# --- values that are the keys' prefix: the latent of multi-head latent attention, stored once ---------
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_values_as_the_keys_prefix_are_stored_once(dtype):
+    """A latent of 8 + 4 numbers a token: the pool holds the keys alone (a full pool's bytes are
+    memory.latent_cache_bytes of its slots), and v_pool is a view of the keys' first 8 numbers."""
+    cache = PagedKVCache(10, 4, 1, 12, dtype=dtype, value_prefix=8)
+    itemsize = np.dtype(dtype).itemsize
+    assert cache.block_bytes == 4 * 12 * itemsize and cache.nbytes == 10 * cache.block_bytes
+    assert cache.nbytes == latent_cache_bytes(40, layers=1, kv_rank=8, rope_dim=4, dtype=dtype)
+    assert cache.v_pool.shape == (1, 10, 4, 8) and cache.value_dim == 8 and "value_prefix=8" in repr(cache)
+    assert np.shares_memory(cache.v_pool, cache.k_pool) and not cache.v_pool.flags.writeable
+    seq = cache.add_sequence()
+    k = RNG.standard_normal((1, 6, 12)).astype(dtype)
+    cache.append(seq, k, k[..., :8])
+    keys, values = cache.gather(seq)
+    np.testing.assert_array_equal(keys, k)
+    np.testing.assert_array_equal(values, k[..., :8])
+    assert np.shares_memory(values, keys)  # the gathered latent, copied once
+    np.testing.assert_array_equal(cache.v_pool, cache.k_pool[..., :8])
+    assert cache.bytes_used == 2 * cache.block_bytes
+
+
+def _prefix_pool(lengths: list[int], dtype=np.float64) -> tuple[PagedKVCache, list[int]]:
+    """A pool of blocks of 3 whose values are the keys' first 8 of 12 numbers: sequences of these lengths grown
+    two tokens at a time in turn (their blocks interleave), then a fork of the first grown by 4 (a shared
+    prefix, copy-on-write)."""
+    cache = PagedKVCache(sum(-(-n // 3) for n in lengths) + 3, 3, 2, 12, dtype=dtype, value_prefix=8)
+    seqs = [cache.add_sequence() for _ in lengths]
+    for start in range(0, max(lengths), 2):
+        for seq, n in zip(seqs, lengths, strict=True):
+            if start < n:
+                k = RNG.standard_normal((2, min(2, n - start), 12)).astype(dtype)
+                cache.append(seq, k, k[..., :8])
+    seqs.append(cache.fork(seqs[0]))
+    k = RNG.standard_normal((2, 4, 12)).astype(dtype)
+    cache.append(seqs[-1], k, k[..., :8])
+    return cache, seqs
+
+
+@pytest.mark.parametrize("decode", [paged_decode, cascade_decode])
+@pytest.mark.parametrize("kv_splits", [None, 2])
+def test_decoding_a_prefix_pool_reads_the_values_from_the_keys(decode, kv_splits):
+    """paged_decode and cascade_decode over a pool whose values are its keys' prefix give attention(q, K,
+    K[..., :8]) for every sequence: out 8 numbers a query."""
+    cache, seqs = _prefix_pool([17, 5, 1])
+    q = RNG.standard_normal((len(seqs), 4, 2, 12))
+    out = decode(q, cache, seqs, kv_splits=kv_splits)
+    assert out.shape == (4, 4, 2, 8)
+    for i, seq in enumerate(seqs):
+        keys, values = cache.gather(seq)  # (Hkv, T, 12), (Hkv, T, 8)
+        np.testing.assert_array_equal(values, keys[..., :8])
+        gold = attention(q[i], keys, keys[..., :8])  # (4, 2, 8)
+        np.testing.assert_allclose(out[i], gold, rtol=1e-12, atol=1e-14, err_msg=f"sequence {seq}")
+    one_pool = decode(q, cache, seqs, kv_splits=kv_splits, workers=1)
+    np.testing.assert_array_equal(decode(q, cache, seqs, kv_splits=kv_splits, workers=3), one_pool)
+
+
+@pytest.mark.parametrize(("dtype", "cascade"), [(np.float32, False), (np.float16, False), (np.float64, True)])
+def test_the_peak_estimate_of_a_prefix_pool_bounds_what_tracemalloc_sees(dtype, cascade):
+    """paged_decode_bytes, with values value_prefix wide, is an upper bound of the peak (Python's own objects
+    add a few tens of KiB) and within twice the peak of one worker."""
+    cache, seqs = _prefix_pool([900, 300, 40], dtype)
+    q = RNG.standard_normal((len(seqs), 8, 1, 12)).astype(dtype)
+    decode = cascade_decode if cascade else paged_decode
+    decode(q, cache, seqs, workers=2)  # the first call's one-time allocations
+    for workers in (1, 2):
+        _, peak = traced_peak(decode, q, cache, seqs, workers=workers)
+        estimate = paged_decode_bytes(q, cache, seqs, None, workers, cascade)
+        assert peak - 64 * 1024 <= estimate, (workers, peak, estimate)
+        assert estimate <= 2 * peak or workers > 1, (workers, peak, estimate)
+
+
+def test_a_bad_value_prefix_is_named():
+    with pytest.raises(ValueError, match=r"value_prefix must be at most head_dim=4 .*; got 5"):
+        PagedKVCache(4, 2, 1, 4, value_prefix=5)
+    with pytest.raises(TypeError, match="value_prefix must be a positive int"):
+        PagedKVCache(4, 2, 1, 4, value_prefix="3")
+
+
+def test_values_that_are_not_the_keys_prefix_are_refused_and_change_nothing():
+    cache = PagedKVCache(6, 2, 2, 4, value_prefix=3)
+    seqs = [cache.add_sequence(), cache.add_sequence()]
+    cache.append(seqs[0], *_tokens(cache, 1, 3))
+    before = _state(cache)
+    k, v = _tokens(cache, 4, 2)
+    with pytest.raises(ValueError, match=r"v must be k's first value_prefix=3 numbers \(k\[\.\.\., :3\]\)"):
+        cache.append(seqs[0], k, v + 1)
+    with pytest.raises(ValueError, match=r"v must have shape \(2, T_new, 3\) \(kv_heads, T_new, value_dim\)"):
+        cache.append(seqs[0], k, k)  # the whole key as the value: this pool keeps values 3 wide
+    v_batch = np.stack([v, v + 1])  # the second sequence's values are not its keys' prefix
+    with pytest.raises(ValueError, match="v must be k's first value_prefix=3"):
+        cache.append_batch(seqs, np.stack([k, k]), v_batch)  # all or nothing: the first does not go in either
+    _assert_same_state(before, _state(cache))
+    cache.append_batch(seqs, np.stack([k, k]), np.stack([v, v]))
+    np.testing.assert_array_equal(_ids(cache, seqs[1]), [4, 5])
+
+
+def test_a_layer_with_values_of_its_own_refuses_a_prefix_pool():
+    cache = PagedKVCache(6, 2, 2, 2, dtype=np.float64, value_prefix=1)
+    seq = cache.add_sequence()
+    with pytest.raises(ValueError, match=r"apart from the keys \(value_prefix=None\); got .*value_prefix=1"):
+        ATTEND_LAYER(ONE_TOKEN, cache=cache, seq_ids=[seq])
+    assert cache.length(seq) == 0 and cache.blocks_used == 0
+
+
+def test_a_prefix_pool_copies_and_pickles_with_values_that_stay_its_keys():
+    cache = PagedKVCache(4, 2, 1, 2, value_prefix=1)
+    seq = cache.add_sequence()
+    cache.append(seq, *_tokens(cache, 1, 3))
+    for twin in (copy.deepcopy(cache), pickle.loads(pickle.dumps(cache))):
+        twin.append(seq, *_tokens(twin, 4, 1))
+        assert np.shares_memory(twin.v_pool, twin.k_pool) and not np.shares_memory(twin.k_pool, cache.k_pool)
+        np.testing.assert_array_equal(_ids(twin, seq), [1, 2, 3, 4])
+        assert cache.length(seq) == 3 and twin.nbytes == cache.nbytes == 4 * 2 * 2 * 4
+
+
 # --- against a plain model: a dict of arrays --------------------------------------------------------
 
 OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and forks drawn most often
@@ -381,14 +504,15 @@ OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and 
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(OPERATIONS, st.sampled_from([1, 2, 3, 5]), st.integers(4, 16))
-def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, block_size, num_blocks):
+@given(OPERATIONS, st.sampled_from([1, 2, 3, 5]), st.integers(4, 16), st.sampled_from([None, 1]))
+def test_any_sequence_of_operations_agrees_with_a_dict_of_arrays(operations, block_size, num_blocks, value_prefix):
     """The model: each sequence is the array of its token ids. The cache must hold exactly those tokens;
     a refused append must change nothing; the blocks in use are the union of the tables, each counted by
     how many tables hold it; and without sharing, each sequence holds ceil(length / block_size) blocks.
     A batch (the live sequences that `pick`'s bits choose) takes what the same appends one after the other
-    take on a copy of the cache, and is refused exactly when they do not all fit."""
-    cache = PagedKVCache(num_blocks, block_size, 1, 2, dtype=np.float64)
+    take on a copy of the cache, and is refused exactly when they do not all fit. The same for a pool whose
+    values are its keys' prefix (value_prefix=1)."""
+    cache = PagedKVCache(num_blocks, block_size, 1, 2, dtype=np.float64, value_prefix=value_prefix)
     model: dict[int, np.ndarray] = {}
     next_token = 1
     for name, pick, t_new in operations:
@@ -432,9 +556,10 @@ def _check_batch(cache: PagedKVCache, model: dict[int, np.ndarray], seqs: list[i
     except PoolExhaustedError:
         fits = False
     k_batch = np.stack([k for k, _ in tokens]) if seqs else np.zeros((0, 1, t_new, 2))
+    v_batch = np.stack([v for _, v in tokens]) if seqs else np.zeros((0, 1, t_new, cache.value_dim))
     needed = cache.blocks_needed(seqs, t_new)
     try:
-        cache.append_batch(seqs, k_batch, -k_batch)
+        cache.append_batch(seqs, k_batch, v_batch)
     except PoolExhaustedError:
         assert not fits and needed > before["free"]
         _assert_same_state(before, _state(cache))
@@ -525,10 +650,10 @@ def test_appends_past_the_pool_from_many_threads_are_refused_exactly():
 # --- a Ctrl-C between any two bytecodes: all or nothing ----------------------------------------------
 
 
-def _family() -> PagedKVCache:
+def _family(value_prefix: int | None = None) -> PagedKVCache:
     """Sequences 0 and its fork 1 share a full block and a half-filled one (tokens 1, 2, 3); 2 holds one full
     block (10, 11); 3 is empty. 9 of the 12 blocks are free."""
-    cache = PagedKVCache(12, 2, 2, 2, dtype=np.float64)
+    cache = PagedKVCache(12, 2, 2, 2, dtype=np.float64, value_prefix=value_prefix)
     cache.append(cache.add_sequence(), *_tokens(cache, 1, 3))
     cache.fork(0)
     cache.append(cache.add_sequence(), *_tokens(cache, 10, 2))
@@ -568,8 +693,8 @@ def _still_works(cache: PagedKVCache) -> None:
 
 
 def _batch_of_one_token(cache: PagedKVCache, seqs: list[int]) -> None:
-    k = np.stack([_tokens(cache, 30 + 10 * seq, 1)[0] for seq in seqs])  # (N, Hkv, 1, E)
-    cache.append_batch(seqs, k, -k)
+    tokens = [_tokens(cache, 30 + 10 * seq, 1) for seq in seqs]
+    cache.append_batch(seqs, np.stack([k for k, _ in tokens]), np.stack([v for _, v in tokens]))  # (N, Hkv, 1, ·)
 
 
 ATTEND_LAYER = MultiHeadAttention(8, 4, 2, rope=True, rng=np.random.default_rng(0), dtype=np.float64)
@@ -585,12 +710,23 @@ CHANGES = {  # each with the code whose bytecodes are interrupted: the package, 
     "add_sequence": (lambda c: c.add_sequence(), WHOLE_PACKAGE),
     "attend (copy-on-write)": (lambda c: c.attend(ATTEND_LAYER, ONE_TOKEN, seq_ids=[1]), CACHE_CODE),
 }
+PREFIX_CHANGES = [  # the same changes to a pool whose values are its keys' prefix
+    "append: a copy, then a new block",
+    "append_batch: every kind of write",
+    "fork",
+    "free a sequence's own blocks",
+]
 
 
-@pytest.mark.parametrize(("change", "code"), CHANGES.values(), ids=CHANGES.keys())
-def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(change, code):
+@pytest.mark.parametrize(
+    ("change", "code", "value_prefix"),
+    [(*change, None) for change in CHANGES.values()] + [(*CHANGES[name], 1) for name in PREFIX_CHANGES],
+    ids=[*CHANGES, *(f"{name}, values the keys' prefix" for name in PREFIX_CHANGES)],
+)
+def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(change, code, value_prefix):
     """A KeyboardInterrupt raised at each bytecode of the call in turn (sys.settrace with f_trace_opcodes):
     the whole pool, the counts and the tables are then as before the call or as after the whole call, never
-    in between, the lock is free, no block leaked, and the cache takes the next tokens and decodes them."""
-    interrupted = _all_or_nothing(_family, change, _snapshot, _still_works, code)
+    in between, the lock is free, no block leaked, and the cache takes the next tokens and decodes them. A
+    pool whose values are its keys' prefix (value_prefix) writes and copies the keys alone."""
+    interrupted = _all_or_nothing(lambda: _family(value_prefix), change, _snapshot, _still_works, code)
     assert interrupted > 20  # the tracer did reach the code

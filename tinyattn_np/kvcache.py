@@ -9,6 +9,14 @@ holds
 
 which is memory.kv_cache_bytes(tokens, layers=1, ...). Grouped-query attention shrinks it by Hq / Hkv.
 
+Values that are part of the keys: multi-head latent attention (latent.py) caches one latent a token, the key
+[c_KV | k_rope], whose first kv_lora_rank numbers are also the value. KVCache(..., value_prefix=r) stores the
+keys only, and its values are a view of the keys' first r numbers: the latent is held once,
+
+    bytes = batch · kv_heads · head_dim · tokens · bytes_per_element                       (value_prefix=r)
+
+which is memory.latent_cache_bytes(tokens, layers=1, ...) for one kv head of r + d_rope numbers.
+
 A sliding window of W (Mistral, Gemma-2's local layers) means a query never looks further back than
 W tokens, so only the last W need keeping: a ring buffer of W slots, token p going into slot p mod W.
 Once the ring has wrapped, the slots are no longer in token order. That does not matter to attention:
@@ -93,11 +101,41 @@ def _read_only_view(array: np.ndarray) -> np.ndarray:
     return np.asarray(ReadOnlyBuffer(array))
 
 
-def _refuse_cache_beyond_memory(who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0) -> None:
-    """AttentionMemoryError before a cache preallocates its keys and values, two arrays of `shape`, and `extra`
-    bytes of bookkeeping, if they do not fit in the memory available."""
-    needed = 2 * math.prod(shape) * dtype.itemsize + extra
-    refuse_unless_fits(needed, who, f"keys and values, each {shape} of {dtype}", change)
+def _refuse_cache_beyond_memory(
+    who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0, value_prefix: int | None = None
+) -> None:
+    """AttentionMemoryError before a cache preallocates its keys and values, two arrays of `shape` (with
+    value_prefix: the keys alone, the values a view of them), and `extra` bytes of bookkeeping, if they do
+    not fit in the memory available."""
+    if value_prefix is None:
+        arrays, what = 2, f"keys and values, each {shape} of {dtype}"
+    else:
+        arrays, what = 1, f"keys {shape} of {dtype}, the values a view of their first {value_prefix} numbers"
+    refuse_unless_fits(arrays * math.prod(shape) * dtype.itemsize + extra, who, what, change)
+
+
+def _check_value_prefix(value_prefix: Any, head_dim: int) -> int | None:
+    """value_prefix: None (values of their own, as wide as the keys) or an int 1 .. head_dim, the keys' first
+    numbers that are also the values."""
+    if value_prefix is None:
+        return None
+    value_prefix = check_positive_int(value_prefix, "value_prefix")
+    if value_prefix > head_dim:
+        raise ValueError(
+            f"value_prefix must be at most head_dim={head_dim} (the values are the keys' first value_prefix "
+            f"numbers); got {value_prefix}"
+        )
+    return value_prefix
+
+
+def _check_values_are_prefix(k: np.ndarray, v: np.ndarray, value_prefix: int | None) -> None:
+    """With value_prefix, v must equal k's first value_prefix numbers (what a cache that stores keys only gives
+    back as values); a ValueError otherwise. v's shape has been checked."""
+    if value_prefix is not None and not np.array_equal(v, k[..., :value_prefix], equal_nan=True):
+        raise ValueError(
+            f"v must be k's first value_prefix={value_prefix} numbers (k[..., :{value_prefix}]): this cache stores "
+            "the keys only and reads its values from them; got values that differ"
+        )
 
 
 class _CopiedWithoutLock:
@@ -123,6 +161,9 @@ class KVCache(_CopiedWithoutLock):
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
     refused. window=None keeps every token (slots = max_tokens); window=W keeps the last W in a ring
     buffer (slots = min(W, max_tokens)). dtype: float16, float32 or float64, the dtype k and v must have.
+    value_prefix=None: values of their own, as wide as the keys; value_prefix=r: each token's value is the
+    first r numbers of its key (multi-head latent attention's latent), so only the keys are stored, `values`
+    is a view of them (batch, kv_heads, kept, r), and append takes v equal to k[..., :r].
 
     Several threads may append at once: each append is atomic (all its tokens, each k with its v, or none),
     and len(cache) counts every token that went in. Reading does not take the lock: `keys` and `values` are
@@ -145,6 +186,8 @@ class KVCache(_CopiedWithoutLock):
         head_dim: int,
         dtype: Any = np.float32,
         window: int | None = None,
+        *,
+        value_prefix: int | None = None,
     ):
         self.batch = check_positive_int(batch, "batch")
         self.kv_heads = check_positive_int(kv_heads, "kv_heads")
@@ -152,11 +195,14 @@ class KVCache(_CopiedWithoutLock):
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.window = None if window is None else check_positive_int(window, "window")
         self.dtype = _check_cache_dtype(dtype)
+        self.value_prefix = _check_value_prefix(value_prefix, self.head_dim)
         self.slots = self.max_tokens if self.window is None else min(self.window, self.max_tokens)
         shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
-        _refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=")
+        _refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=",
+                                    value_prefix=self.value_prefix)  # fmt: skip
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
-        self._v = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E)
+        # (B, Hkv, slots, Ev), or None: the values are the keys' first value_prefix numbers (see _values)
+        self._v = np.zeros(shape, self.dtype) if self.value_prefix is None else None
         self._seen = 0  # tokens appended so far: the one number a change commits
         self.lock = threading.RLock()  # held by append (and ordered): check, write and count as one step
 
@@ -166,45 +212,61 @@ class KVCache(_CopiedWithoutLock):
 
     def __repr__(self) -> str:
         window = "" if self.window is None else f", window={self.window}"
+        prefix = "" if self.value_prefix is None else f", value_prefix={self.value_prefix}"
         return (
             f"KVCache(batch={self.batch}, kv_heads={self.kv_heads}, max_tokens={self.max_tokens}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}{window}; {self._seen} tokens seen)"
+            f"head_dim={self.head_dim}, dtype={self.dtype}{window}{prefix}; {self._seen} tokens seen)"
         )
 
     @property
+    def value_dim(self) -> int:
+        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
+        return self.head_dim if self.value_prefix is None else self.value_prefix
+
+    @property
+    def _values(self) -> np.ndarray:
+        """The value buffer (B, Hkv, slots, Ev): its own array, or a view of the keys' first value_prefix numbers.
+        Made on each use, never stored: a copy or a pickle of the cache then keeps values that are its keys."""
+        return self._k[..., : self.value_prefix] if self._v is None else self._v
+
+    @property
     def nbytes(self) -> int:
-        """Bytes of the preallocated k and v: memory.kv_cache_bytes(max_tokens, layers=1, ...)."""
-        return int(self._k.nbytes + self._v.nbytes)
+        """Bytes of the preallocated k and v: memory.kv_cache_bytes(max_tokens, layers=1, ...); with value_prefix,
+        of the keys alone (memory.latent_cache_bytes for one kv head)."""
+        return int(self._k.nbytes + (0 if self._v is None else self._v.nbytes))
 
     @property
     def kept(self) -> int:
         """Tokens attention may see now: all seen, or the last `window` of them."""
         return min(self._seen, self.slots)
 
-    def _check(self, x: Any, name: str) -> np.ndarray:
-        """x must be an ndarray (batch, kv_heads, T_new, head_dim) of this cache's dtype."""
+    def _check(self, x: Any, name: str, width: int) -> np.ndarray:
+        """x must be an ndarray (batch, kv_heads, T_new, width) of this cache's dtype."""
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{name} must be a NumPy array; got {type(x).__name__}")
         if x.dtype != self.dtype:
             raise TypeError(f"{name} must have this cache's dtype {self.dtype}; got {x.dtype}")
-        want = (self.batch, self.kv_heads, self.head_dim)
-        if x.ndim != 4 or (x.shape[0], x.shape[1], x.shape[3]) != want:
+        what = "head_dim" if width == self.head_dim else "value_prefix"
+        if x.ndim != 4 or (x.shape[0], x.shape[1], x.shape[3]) != (self.batch, self.kv_heads, width):
             raise ValueError(
-                f"{name} must have shape ({self.batch}, {self.kv_heads}, T_new, {self.head_dim}) "
-                f"(batch, kv_heads, T_new, head_dim); got {x.shape}"
+                f"{name} must have shape ({self.batch}, {self.kv_heads}, T_new, {width}) "
+                f"(batch, kv_heads, T_new, {what}); got {x.shape}"
             )
         return x
 
     def _check_pair(self, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
-        """k and v checked: arrays (batch, kv_heads, T_new, head_dim) of this cache's dtype, of one shape."""
-        k, v = self._check(k, "k"), self._check(v, "v")
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
+        """k and v checked: arrays (batch, kv_heads, T_new, head_dim or value_dim) of this cache's dtype, of one
+        T_new; with value_prefix, v equal to k's first value_prefix numbers."""
+        k, v = self._check(k, "k", self.head_dim), self._check(v, "v", self.value_dim)
+        if k.shape[2] != v.shape[2]:
+            raise ValueError(f"k and v must have the same number of tokens; got shapes {k.shape} and {v.shape}")
         check_count(k.shape[2], "T_new")
+        _check_values_are_prefix(k, v, self.value_prefix)
         return k, v
 
     def append(self, k: Array, v: Array) -> None:
-        """Add T_new tokens: k and v (batch, kv_heads, T_new, head_dim), already rotated by RoPE.
+        """Add T_new tokens: k (batch, kv_heads, T_new, head_dim) and v (batch, kv_heads, T_new, value_dim),
+        already rotated by RoPE. With value_prefix, v must be k[..., :value_prefix]; only k is written.
 
         Every check runs before anything is written, so a refused append leaves the cache as it was, and
         so does an interrupted one (all or nothing: see _append). Atomic under threads: the room check, both
@@ -235,7 +297,8 @@ class KVCache(_CopiedWithoutLock):
             first = max(start, stop - self.slots)
             slots = (slice(None), slice(None), np.arange(first, stop) % self.slots)  # (kept new tokens,)
             undo.write(self._k, slots, k[:, :, first - start :])  # (B, Hkv, kept, E)
-            undo.write(self._v, slots, v[:, :, first - start :])
+            if self._v is not None:  # else the values are the keys' prefix, written with them
+                undo.write(self._v, slots, v[:, :, first - start :])  # (B, Hkv, kept, Ev)
             result = before_commit(stop)
             self._seen = stop  # the commit
         except BaseException:
@@ -257,8 +320,9 @@ class KVCache(_CopiedWithoutLock):
 
     @property
     def values(self) -> Array:
-        """Read-only view (batch, kv_heads, kept, head_dim) of the values, in the same order as keys."""
-        return self._view(self._v)
+        """Read-only view (batch, kv_heads, kept, value_dim) of the values, in the same order as keys (with
+        value_prefix, a view of the keys' first value_prefix numbers: the same memory)."""
+        return self._view(self._values)
 
     @property
     def positions(self) -> NDArray[np.int64]:
@@ -278,7 +342,9 @@ class KVCache(_CopiedWithoutLock):
         if self._seen <= self.slots:
             return self.keys, self.values
         order = np.argsort(self.positions)  # (kept,): slots sorted by the position they hold
-        return self._k[:, :, order], self._v[:, :, order]  # (B, Hkv, kept, E) each, copies
+        keys = self._k[:, :, order]  # (B, Hkv, kept, E), a copy
+        values = keys[..., : self.value_prefix] if self._v is None else self._v[:, :, order]  # (B, Hkv, kept, Ev)
+        return keys, values
 
     # --- a layer's decoding through this cache: MultiHeadAttention(x, cache=self) --------------------
 
@@ -296,11 +362,12 @@ class KVCache(_CopiedWithoutLock):
         if seq_ids is not None:
             raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
         x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
-        want = (x.shape[0], layer.n_kv_heads, layer.d_head)
-        if (self.batch, self.kv_heads, self.head_dim) != want:
+        want = (x.shape[0], layer.n_kv_heads, layer.d_head, None)
+        if (self.batch, self.kv_heads, self.head_dim, self.value_prefix) != want:
             raise ValueError(
-                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this "
-                f"input; got batch={self.batch}, kv_heads={self.kv_heads}, head_dim={self.head_dim}"
+                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this input, "
+                f"its values stored apart from the keys (value_prefix=None); got batch={self.batch}, kv_heads="
+                f"{self.kv_heads}, head_dim={self.head_dim}, value_prefix={self.value_prefix}"
             )
         fused = check_bool(fused, "fused")
         return holding(self.lock, self._attend, layer, x, fused)
@@ -334,7 +401,7 @@ class KVCache(_CopiedWithoutLock):
     def _attend_kept(self, q: Array, stop: int, fused: bool) -> Array:
         """The new tokens' queries q (B, H, T, d) against every key kept once `stop` tokens are in, in slot
         order (which softmax ignores): query i sees stop - T + i + 1 keys."""
-        keys, values = self._view(self._k, stop), self._view(self._v, stop)  # (B, Hkv, kept, d_head)
+        keys, values = self._view(self._k, stop), self._view(self._values, stop)  # (B, Hkv, kept, d_head)
         T = q.shape[2]
         if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
             return _decode_step(q, keys, values)

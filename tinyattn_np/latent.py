@@ -48,11 +48,10 @@ where the queries are many, is where it belongs.
 
 Details
 
-The caches: a KVCache(B, 1, max_tokens, r + d_rope) or a PagedKVCache(num_blocks, block_size, 1, r + d_rope)
-holds the latent as one "head" of r + d_rope numbers. Both caches keep a key and a value buffer of one width:
-the latent is appended as both, so the cache object holds it twice, but a decode step reads it once (KVCache:
-flash_decode with the values a view of the keys' first r numbers). paged_decode reads its value pool, so the
-paged step multiplies the weights by all r + d_rope value numbers and keeps the first r.
+The caches: a KVCache(B, 1, max_tokens, r + d_rope, value_prefix=r) or a PagedKVCache(num_blocks, block_size,
+1, r + d_rope, value_prefix=r) holds the latent as one "head" of r + d_rope numbers whose values are its first
+r: the cache stores the latent once (r + d_rope numbers a token, 576 in DeepSeek-V3), and a decode step reads
+it once, flash_decode or paged_decode taking the values as a view of the keys.
 The softmax scale is 1/√(d_nope + d_rope), times mscale² when the config scales RoPE with mscale_all_dim
 (mscale = 0.1 · mscale_all_dim · ln(factor) + 1, DeepSeek's YaRN, as transformers' DeepseekV3Attention).
 """
@@ -427,12 +426,12 @@ class MultiHeadLatentAttention:
 
         absorbed: the absorbed form (True) or the naive one; the same numbers to rounding.
         positions: (T,) ints, the tokens' positions for RoPE (default 0 .. T-1); not with a cache.
-        cache: a KVCache(B, 1, max_tokens, latent_dim, dtype) that x continues: its tokens sit at positions
-        len(cache) onwards, their latents are appended, and they attend to everything the cache holds. Or a
-        PagedKVCache(num_blocks, block_size, 1, latent_dim, dtype) and seq_ids, the B sequences that the rows of
-        x continue, each at its own length (the B appends are all or nothing). A prefill and then one-token
-        steps give what the whole sequence at once gives. A cache of another width or dtype, or a full one, is
-        refused before anything changes.
+        cache: a KVCache(B, 1, max_tokens, latent_dim, dtype, value_prefix=kv_lora_rank) that x continues: its
+        tokens sit at positions len(cache) onwards, their latents are appended, and they attend to everything
+        the cache holds. Or a PagedKVCache(num_blocks, block_size, 1, latent_dim, dtype, value_prefix=kv_lora_rank)
+        and seq_ids, the B sequences that the rows of x continue, each at its own length (the B appends are all
+        or nothing). A prefill and then one-token steps give what the whole sequence at once gives. A cache of
+        another width, value_prefix or dtype, or a full one, is refused before anything changes.
         """
         absorbed = check_bool(absorbed, "absorbed")
         x_b, unbatched = self._batched(x)  # (B, T, C)
@@ -459,12 +458,15 @@ class MultiHeadLatentAttention:
     # --- the latent cache ---------------------------------------------------------------------------------
 
     def _check_cache(self, cache: KVCache | PagedKVCache, kind: str, batch: str) -> None:
-        """A cache for this layer holds one "head" of latent_dim numbers in the layer's dtype."""
-        if (cache.kv_heads, cache.head_dim, cache.dtype) != (1, self.latent_dim, self.dtype):
+        """A cache for this layer holds one "head" of latent_dim numbers in the layer's dtype, its values the
+        first kv_lora_rank of them (the latent stored once)."""
+        want = (1, self.latent_dim, self.dtype, self.kv_lora_rank)
+        if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != want:
             raise ValueError(
-                f"cache must be {kind}({batch}kv_heads=1, head_dim={self.latent_dim}, dtype={self.dtype}): one latent "
-                f"of kv_lora_rank + qk_rope_head_dim = {self.kv_lora_rank} + {self.d_rope} numbers a token; got "
-                f"kv_heads={cache.kv_heads}, head_dim={cache.head_dim}, dtype={cache.dtype}"
+                f"cache must be {kind}({batch}kv_heads=1, head_dim={self.latent_dim}, dtype={self.dtype}, value_prefix="
+                f"{self.kv_lora_rank}): one latent of kv_lora_rank + qk_rope_head_dim = {self.kv_lora_rank} + "
+                f"{self.d_rope} numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
+                f"head_dim={cache.head_dim}, dtype={cache.dtype}, value_prefix={cache.value_prefix}"
             )
 
     def _attend_kv_cache(self, x: Array, cache: KVCache, absorbed: bool) -> Array:
@@ -478,8 +480,8 @@ class MultiHeadLatentAttention:
         with cache.lock:  # the length read here is the one the append continues
             start, T = len(cache), x.shape[1]
             proj = self.project(x, np.arange(start, start + T), self.parameters)
-            # the cache's value buffer must take something of the key's shape: the same latent (the step reads keys)
-            cache.append(proj.latent, proj.latent)  # refused, nothing changed, if it does not fit
+            r = self.kv_lora_rank  # the value is the latent's first r numbers: the cache stores the latent once
+            cache.append(proj.latent, proj.latent[..., :r])  # refused, nothing changed, if it does not fit
             latent = cache.keys  # (B, 1, S, r + d_rope): a view of every latent so far, the new ones last
             o, _ = attend_latent(proj.q_nope, proj.q_rope, latent, self.w_ukv, scale=self.softmax_scale,
                                  absorbed=absorbed)  # fmt: skip
@@ -505,7 +507,7 @@ class MultiHeadLatentAttention:
             latent = np.concatenate([p.latent for p in rows])  # (B, 1, T, r + d_rope)
             attend = self._attend_pages if absorbed else self._attend_gathered
             o = attend(q_nope, q_rope, latent, cache, seqs)  # (B, H, T, d_v)
-            cache.append_batch(seqs, latent, latent)  # all or nothing (PoolExhaustedError changes nothing)
+            cache.append_batch(seqs, latent, latent[..., : self.kv_lora_rank])  # all or nothing
         return o
 
     def _attend_pages(self, q_nope: Array, q_rope: Array, latent: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
@@ -515,9 +517,9 @@ class MultiHeadLatentAttention:
         w_uk, w_uv = split_ukv(self.w_ukv, self.n_heads, self.d_nope)  # (H, r, d_nope), (H, r, d_v)
         q_lat = absorb_query(q_nope, q_rope, w_uk)  # (N, H, T, r + d_rope)
         scale = self.softmax_scale
-        out_c, lse_c = paged_decode(q_lat, cache, seqs, scale=scale, return_lse=True)  # (N, H, T, r + d_rope)
+        out_c, lse_c = paged_decode(q_lat, cache, seqs, scale=scale, return_lse=True)  # (N, H, T, r): values = keys[:r]
         out_n, lse_n = flash_attention(q_lat, latent, latent[..., :r], causal=True, scale=scale, return_lse=True)
-        o_lat, _ = merge_states(out_c[..., :r], lse_c, out_n, lse_n)  # (N, H, T, r): the pool's values, first r
+        o_lat, _ = merge_states(out_c, lse_c, out_n, lse_n)  # (N, H, T, r)
         return o_lat @ w_uv  # (N, H, T, d_v)
 
     def _attend_gathered(

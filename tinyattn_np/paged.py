@@ -51,7 +51,14 @@ from ._guard import refuse_unless_fits
 from ._parallel import one_blas_thread, run_items
 from .blockmask import check_band
 from .flash import flash_forward, flash_plan
-from .kvcache import _check_cache_dtype, _CopiedWithoutLock, _read_only_view, _refuse_cache_beyond_memory
+from .kvcache import (
+    _check_cache_dtype,
+    _check_value_prefix,
+    _check_values_are_prefix,
+    _CopiedWithoutLock,
+    _read_only_view,
+    _refuse_cache_beyond_memory,
+)
 from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
 from .softmax import merge_states
 from .splitkv import (
@@ -100,9 +107,13 @@ class PagedKVCache(_CopiedWithoutLock):
     head_dim): a kv head's blocks are neighbours in memory, so blocks that follow one another in the pool
     read as one (keys, head_dim) matrix, which a matmul takes in place. (vLLM puts the block first; on a
     CPU, with NumPy, a run of consecutive blocks read in one matmul is what makes a decode step fast.)
+    value_prefix=r: each token's value is the first r numbers of its key (multi-head latent attention's
+    latent, latent.py), so the pool holds the keys only and v_pool is a view of their first r numbers
+    (kv_heads, num_blocks, block_size, r); append takes v equal to k[..., :r], and paged_decode reads the
+    latent once and returns r numbers a query.
 
         seq = cache.add_sequence()        a new, empty sequence; its id
-        cache.append(seq, k, v)           k, v (kv_heads, T_new, head_dim): T_new tokens at its end
+        cache.append(seq, k, v)           k (kv_heads, T_new, head_dim), v (..., value_dim): T_new tokens at its end
         child = cache.fork(seq)           a sequence sharing every block of seq (copy-on-write)
         cache.free(seq)                   its blocks return to the pool when no other sequence holds them
 
@@ -125,25 +136,38 @@ class PagedKVCache(_CopiedWithoutLock):
     the cache, hold the lock.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: Any = np.float32):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: Any = np.float32,
+        *,
+        value_prefix: int | None = None,
+    ):
         self.num_blocks = check_positive_int(num_blocks, "num_blocks")
         self.block_size = check_positive_int(block_size, "block_size")
         self.kv_heads = check_positive_int(kv_heads, "kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.dtype = _check_cache_dtype(dtype)
+        self.value_prefix = _check_value_prefix(value_prefix, self.head_dim)
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
         counts = 2 * self.num_blocks * np.dtype(np.int64).itemsize  # refs and filled
-        _refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts)
+        _refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts,
+                                    value_prefix=self.value_prefix)  # fmt: skip
         self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
-        self._v = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E)
+        # (Hkv, blocks, block_size, Ev), or None: the values are the keys' first value_prefix numbers (_values)
+        self._v = np.zeros(shape, self.dtype) if self.value_prefix is None else None
         no_blocks = np.zeros(self.num_blocks, np.int64)  # (num_blocks,)
         self._state = PoolState({}, {}, no_blocks, no_blocks.copy(), used=0, next_id=0)  # changed only by _commit
         self.lock = threading.RLock()
 
     def __repr__(self) -> str:
+        prefix = "" if self.value_prefix is None else f", value_prefix={self.value_prefix}"
         return (
             f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, kv_heads={self.kv_heads}, "
-            f"head_dim={self.head_dim}, dtype={self.dtype}; {len(self._state.tables)} sequences, "
+            f"head_dim={self.head_dim}, dtype={self.dtype}{prefix}; {len(self._state.tables)} sequences, "
             f"{self.blocks_used} blocks used)"
         )
 
@@ -157,18 +181,33 @@ class PagedKVCache(_CopiedWithoutLock):
 
     @property
     def v_pool(self) -> Array:
-        """The values of every block, (kv_heads, num_blocks, block_size, head_dim): a read-only view."""
-        return _read_only_view(self._v)
+        """The values of every block, (kv_heads, num_blocks, block_size, value_dim): a read-only view (with
+        value_prefix, of the keys' first value_prefix numbers: the same memory as k_pool)."""
+        return _read_only_view(self._values)
+
+    @property
+    def value_dim(self) -> int:
+        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
+        return self.head_dim if self.value_prefix is None else self.value_prefix
+
+    @property
+    def _values(self) -> np.ndarray:
+        """The value pool (Hkv, blocks, block_size, Ev): its own array, or a view of the keys' first value_prefix
+        numbers, made on each use (never stored: a copy or a pickle of the cache then keeps values that are its
+        keys)."""
+        return self._k[..., : self.value_prefix] if self._v is None else self._v
 
     @property
     def block_bytes(self) -> int:
-        """Bytes of one block: keys and values of block_size tokens, every kv head."""
-        return 2 * self.kv_heads * self.block_size * self.head_dim * self.dtype.itemsize
+        """Bytes of one block: keys and values of block_size tokens, every kv head (with value_prefix, the
+        keys alone: the values are part of them)."""
+        stored = self.head_dim + (0 if self._v is None else self.head_dim)  # numbers a token and kv head
+        return self.kv_heads * self.block_size * stored * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the whole preallocated pool (keys and values): num_blocks · block_bytes."""
-        return int(self._k.nbytes + self._v.nbytes)
+        """Bytes of the whole preallocated pool (keys and values, or keys alone): num_blocks · block_bytes."""
+        return int(self._k.nbytes + (0 if self._v is None else self._v.nbytes))
 
     @property
     def blocks_used(self) -> int:
@@ -214,7 +253,8 @@ class PagedKVCache(_CopiedWithoutLock):
 
     @locked
     def gather(self, seq: int) -> tuple[Array, Array]:
-        """Sequence seq's keys and values laid out contiguously: two new arrays (kv_heads, tokens, head_dim).
+        """Sequence seq's keys (kv_heads, tokens, head_dim) and values (kv_heads, tokens, value_dim) laid out
+        contiguously: new arrays (with value_prefix, the values a view of the new keys' first numbers).
 
         A copy, for checking and for the reference path; paged_decode reads the blocks where they are."""
         state = self._state
@@ -226,8 +266,9 @@ class PagedKVCache(_CopiedWithoutLock):
         )  # fmt: skip
         slots = len(table) * self.block_size
         keys = self._k[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]  # (Hkv, T, E)
-        values = self._v[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]
-        return keys, values
+        if self._v is None:
+            return keys, keys[..., : self.value_prefix]  # (Hkv, T, Ev): the latent, copied once
+        return keys, self._v[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]  # (Hkv, T, Ev)
 
     def check_seq(self, seq: Any, state: PoolState | None = None) -> int:
         """seq as the int id of a sequence in this cache (in `state`, default the cache's own), else a
@@ -279,14 +320,16 @@ class PagedKVCache(_CopiedWithoutLock):
         self._commit(new)  # its blocks return to the pool here, or not at all
 
     def append(self, seq: int, k: Array, v: Array) -> None:
-        """Add T_new tokens at the end of sequence seq: k and v (kv_heads, T_new, head_dim), already rotated by
-        RoPE, of the cache's dtype. All or nothing: see append_batch."""
+        """Add T_new tokens at the end of sequence seq: k (kv_heads, T_new, head_dim) and v (kv_heads, T_new,
+        value_dim), already rotated by RoPE, of the cache's dtype (with value_prefix, v = k[..., :value_prefix]).
+        All or nothing: see append_batch."""
         k, v = self._check_kv(k, "k", 3), self._check_kv(v, "v", 3)
         self.append_batch([seq], k[None], v[None])
 
     @locked
     def append_batch(self, seq_ids: Sequence[int], k: Array, v: Array) -> None:
-        """Add T_new tokens to each of the N sequences seq_ids: k and v (N, kv_heads, T_new, head_dim).
+        """Add T_new tokens to each of the N sequences seq_ids: k (N, kv_heads, T_new, head_dim) and v (N, kv_heads,
+        T_new, value_dim); with value_prefix, v must be k[..., :value_prefix], and only k is written.
 
         All or nothing, and atomic under threads: the checks, the count of blocks needed and every write
         run under `self.lock`. If the pool has fewer free blocks than the appends need in all (blocks_needed:
@@ -295,9 +338,10 @@ class PagedKVCache(_CopiedWithoutLock):
         it writes (a Ctrl-C) puts back every slot it wrote, and no sequence changes either.
         """
         k, v = self._check_kv(k, "k", 4), self._check_kv(v, "v", 4)
-        if k.shape != v.shape:
-            raise ValueError(f"k and v must have the same shape; got {k.shape} and {v.shape}")
+        if k.shape[:-1] != v.shape[:-1]:
+            raise ValueError(f"k and v must have the same sequences and tokens; got shapes {k.shape} and {v.shape}")
         t_new = check_count(k.shape[2], "T_new")
+        _check_values_are_prefix(k, v, self.value_prefix)
         state = self._state
         seqs = check_once(check_sequences(self, seq_ids, k.shape[0], "k"), seq_ids)
         needed = self._blocks_needed(state, seqs, t_new)
@@ -318,16 +362,17 @@ class PagedKVCache(_CopiedWithoutLock):
         )
 
     def _check_kv(self, x: Any, name: str, ndim: int) -> np.ndarray:
-        """x must be an ndarray ([N,] kv_heads, T_new, head_dim) of this cache's dtype."""
+        """x must be an ndarray ([N,] kv_heads, T_new, width) of this cache's dtype: k head_dim wide, v value_dim."""
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{name} must be a NumPy array; got {type(x).__name__}")
         if x.dtype != self.dtype:
             raise TypeError(f"{name} must have this cache's dtype {self.dtype}; got {x.dtype}")
         lead = "N, " if ndim == 4 else ""
-        if x.ndim != ndim or (x.shape[-3], x.shape[-1]) != (self.kv_heads, self.head_dim):
+        width, what = (self.head_dim, "head_dim") if name == "k" else (self.value_dim, "value_dim")
+        if x.ndim != ndim or (x.shape[-3], x.shape[-1]) != (self.kv_heads, width):
             raise ValueError(
-                f"{name} must have shape ({lead}{self.kv_heads}, T_new, {self.head_dim}) "
-                f"({lead}kv_heads, T_new, head_dim); got {x.shape}"
+                f"{name} must have shape ({lead}{self.kv_heads}, T_new, {width}) "
+                f"({lead}kv_heads, T_new, {what}); got {x.shape}"
             )
         return x
 
@@ -365,9 +410,9 @@ class PagedKVCache(_CopiedWithoutLock):
         return needed
 
     def _plan(self, state: PoolState, seqs: list[int], k: Array, v: Array) -> tuple[PoolState, list[PoolWrite]]:
-        """The state once k[i], v[i] (kv_heads, T_new, head_dim) are at the end of sequence seqs[i], and the
-        writes into the pool that put them there, in order. Nothing of the cache changes here; the pool has
-        the blocks (checked by _blocks_needed)."""
+        """The state once k[i] (kv_heads, T_new, head_dim) and v[i] (..., value_dim) are at the end of sequence
+        seqs[i], and the writes into the pool that put them there, in order. Nothing of the cache changes here;
+        the pool has the blocks (checked by _blocks_needed)."""
         new, writes, size, t_new = state.draft(), [], self.block_size, k.shape[2]
         for row, seq in enumerate(seqs):
             table, length, written = list(new.tables[seq]), new.lengths[seq], 0
@@ -379,7 +424,7 @@ class PagedKVCache(_CopiedWithoutLock):
                     shared = table[-1]
                     table[-1] = self._take_block(new, after=table[-2] if len(table) > 1 else None)
                     index = (slice(None), table[-1], slice(0, slot))  # its filled slots, read when written
-                    writes.append(PoolWrite(index, self._k[:, shared, :slot], self._v[:, shared, :slot]))
+                    writes.append(PoolWrite(index, self._k[:, shared, :slot], self._values[:, shared, :slot]))
                     new.refs[shared] -= 1  # still held by the others
                 block, n = table[-1], min(size - slot, t_new - written)
                 index = (slice(None), block, slice(slot, slot + n))
@@ -398,7 +443,8 @@ class PagedKVCache(_CopiedWithoutLock):
         try:
             for where, keys, values in writes:
                 undo.write(self._k, where, keys)  # (Hkv, n, E)
-                undo.write(self._v, where, values)
+                if self._v is not None:  # else the values are the keys' prefix, written with them
+                    undo.write(self._v, where, values)  # (Hkv, n, Ev)
             self._state = new  # the commit
         except BaseException:
             if self._state is not new:
@@ -436,11 +482,12 @@ class PagedKVCache(_CopiedWithoutLock):
         held from reading the lengths to the appends, which come last: the one change this call makes.
         """
         x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
-        want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype)
-        if (self.kv_heads, self.head_dim, self.dtype) != want:
+        want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype, None)
+        if (self.kv_heads, self.head_dim, self.dtype, self.value_prefix) != want:
             raise ValueError(
                 f"cache must be PagedKVCache(..., kv_heads={want[0]}, head_dim={want[1]}, dtype={want[2]}) for this "
-                f"module; got kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}"
+                f"module, its values stored apart from the keys (value_prefix=None); got kv_heads={self.kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, value_prefix={self.value_prefix}"
             )
         fused = check_bool(fused, "fused")
         return holding(self.lock, self._attend, layer, x, seq_ids, fused)
@@ -463,8 +510,8 @@ class PagedKVCache(_CopiedWithoutLock):
 
 
 class PoolWrite(NamedTuple):
-    """One write of an append into the pool: keys and values (kv_heads, n, head_dim) into pool[where], where
-    (all kv heads, a block, n slots)."""
+    """One write of an append into the pool: keys (kv_heads, n, head_dim) and values (kv_heads, n, value_dim) into
+    pool[where], where (all kv heads, a block, n slots); a pool without values of its own writes the keys only."""
 
     where: tuple[slice, int, slice]
     keys: Array
@@ -505,8 +552,8 @@ def consecutive_runs(pages: Sequence[int]) -> list[tuple[int, int]]:
 def page_blocks(cache: PagedKVCache, chunk: PageChunk, block_k: int) -> Iterator[list[tuple[Array, Array]]]:
     """The keys and values of a chunk as blocks of about block_k keys (whole pages), each a list of pieces
     (k (Hkv, n, E), v (Hkv, n, Ev)): one per run of consecutive pages, a view of the pool, never a copy."""
-    size, heads, dim = cache.block_size, cache.kv_heads, cache.head_dim
-    k_pool, v_pool = cache.k_pool, cache.v_pool  # (Hkv, blocks, block_size, E) each, read-only views
+    size, heads, dim, dim_v = cache.block_size, cache.kv_heads, cache.head_dim, cache.value_dim
+    k_pool, v_pool = cache.k_pool, cache.v_pool  # (Hkv, blocks, block_size, E or Ev), read-only views
     per_block = max(1, block_k // size)  # pages per block: the block structure does not depend on the layout
     for first in range(0, len(chunk.pages), per_block):
         keys_left = chunk.keys - first * size  # the last page of the chunk may be partly filled
@@ -514,7 +561,7 @@ def page_blocks(cache: PagedKVCache, chunk: PageChunk, block_k: int) -> Iterator
         for start, count in consecutive_runs(chunk.pages[first : first + per_block]):
             n = min(count * size, keys_left)
             k = k_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
-            v = v_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
+            v = v_pool[:, start : start + count].reshape(heads, count * size, dim_v)[:, :n]  # (Hkv, n, Ev), a view
             pieces.append((k, v))
             keys_left -= n
         yield pieces
@@ -542,9 +589,9 @@ def attend_page_chunks(
 
     def run(i: int) -> None:
         q_s = queries[chunks[i].query]
-        converted = 0 if cache.dtype == q_s.dtype else 2 * cache.kv_heads * cache.head_dim  # a float16 pool
+        converted = 0 if cache.dtype == q_s.dtype else cache.kv_heads * (cache.head_dim + cache.value_dim)  # float16
         blocks = page_blocks(cache, chunks[i], _block_keys(q_s.shape[0] * q_s.shape[1], converted))
-        results[i] = _attend_blocks(q_s, blocks, cache.head_dim)
+        results[i] = _attend_blocks(q_s, blocks, cache.value_dim)
 
     longest_first = sorted(range(len(chunks)), key=lambda i: -chunks[i].keys)  # the workers finish together
     if len(chunks) <= 1:  # one chunk: BLAS may use its own threads on it
@@ -590,7 +637,7 @@ def decode_pages(
         chunks += sequence_chunks(i, state.tables[seq], length, cache.block_size, splits)
     # 3) every chunk against its pages in place, then one merge per sequence
     queries = list(q_s)
-    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.head_dim)
+    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.value_dim)
     return np.stack([out for out, _ in merged]), np.stack([lse for _, lse in merged])
 
 
@@ -620,7 +667,7 @@ def decode_cascade(
     every sequence shares are read once, by the queries of all N sequences stacked into one matrix."""
     q_s = scaled_queries(q, cache, scale)  # (N, Hkv, R, E): R = G·L query rows per sequence and kv head
     n, hkv, rows, e = q_s.shape
-    size = cache.block_size
+    size, ev = cache.block_size, cache.value_dim
     if n == 0:  # no sequence: nothing to read
         return q_s.copy(), q_s[..., 0].copy()
     state = cache._state
@@ -634,9 +681,9 @@ def decode_cascade(
         splits = kv_splits or _default_kv_splits(length - keys, workers)
         chunks += sequence_chunks(i, table[pages:], length - keys, size, splits)
     queries = [*q_s, q_all]
-    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, e)
+    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, ev)
     # 3) the two parts of each sequence, over disjoint keys, combined: merge_states
-    out_shared = merged[n][0].reshape(hkv, n, rows, e).transpose(1, 0, 2, 3)  # (N, Hkv, R, Ev)
+    out_shared = merged[n][0].reshape(hkv, n, rows, ev).transpose(1, 0, 2, 3)  # (N, Hkv, R, Ev)
     lse_shared = merged[n][1].reshape(hkv, n, rows).transpose(1, 0, 2)  # (N, Hkv, R)
     out_own, lse_own = np.stack([out for out, _ in merged[:n]]), np.stack([lse for _, lse in merged[:n]])
     return merge_states(out_shared, lse_shared, out_own, lse_own)
@@ -683,7 +730,8 @@ def paged_decode(
 ) -> Array | tuple[Array, Array]:
     """One decode step for N sequences of different lengths: attention of q[i] over sequence seq_ids[i]'s keys.
 
-    q (N, Hq, L, E) -> out (N, Hq, L, E), and with return_lse=True also lse (N, Hq, L). Every query sees
+    q (N, Hq, L, E) -> out (N, Hq, L, Ev), and with return_lse=True also lse (N, Hq, L); Ev is the cache's
+    value_dim (head_dim, or value_prefix: the keys' first numbers, read once with them). Every query sees
     every key of its sequence (for L = 1 that is causal attention: the query is the newest token), so out[i]
     equals attention(q[i], K_i, V_i) with K_i, V_i = cache.gather(seq_ids[i]), the keys laid out
     contiguously. Query head h reads kv head h // (Hq / kv_heads).
@@ -735,7 +783,8 @@ def run_decode(
     return_lse = check_bool(return_lse, "return_lse")
     q, seqs, scale, kv_splits, workers = check_paged(q, cache, seq_ids, scale, kv_splits, workers)
     out, lse = holding(cache.lock, decode_within_memory, kernel, q, cache, seqs, scale, kv_splits, workers)
-    out = out.reshape(q.shape).astype(result_dtype(q, cache.k_pool), copy=False)  # (N, Hq, L, E)
+    out = out.reshape(*q.shape[:-1], cache.value_dim)  # (N, Hq, L, Ev)
+    out = out.astype(result_dtype(q, cache.k_pool), copy=False)
     lse = lse.reshape(q.shape[:-1])  # (N, Hq, L), in the compute dtype
     return (out, lse) if return_lse else out
 
@@ -759,19 +808,19 @@ def paged_decode_bytes(
     q: np.ndarray, cache: PagedKVCache, seqs: list[int], kv_splits: int | None, workers: int, cascade: bool = False
 ) -> int:
     """Peak bytes that paged_decode (cascade=True: cascade_decode) allocates for q (N, Hq, L, E), which exists,
-    an upper bound in splitkv.decode_bytes' terms. R = G·L query rows per sequence and kv head, c bytes of
-    the compute dtype, C chunks in all (a shared prefix's chunks have N·R rows):
+    an upper bound in splitkv.decode_bytes' terms. R = G·L query rows per sequence and kv head, Ev the cache's
+    value_dim, c bytes of the compute dtype, C chunks in all (a shared prefix's chunks have N·R rows):
 
         q_s       N·Hkv·R·E·c              the scaled queries, held to the end
-        parts     Σ_chunks Hkv·rows·(E+1)·c  each chunk's out and lse, held until its sequence's merge
+        parts     Σ_chunks Hkv·rows·(Ev+1)·c  each chunk's out and lse, held until its sequence's merge
         workers   min(workers, C) _attend_blocks at once, each on a block of whole pages
-        merged    2·N·Hkv·R·(E+1)·c        each sequence's merged result, then all of them stacked
+        merged    2·N·Hkv·R·(Ev+1)·c       each sequence's merged result, then all of them stacked
         merge     one merge_chunks at a time (the sequence with the most chunks)
         cascade   the queries stacked into one matrix, the prefix's merged result, merge_states' three
-                  temporaries of out's size: 5·N·Hkv·R·(E+1)·c
+                  temporaries of out's size: 5·N·Hkv·R·(Ev+1)·c
         cast      the result cast back to float16, for a float16 q
     """
-    state, size, hkv = cache._state, cache.block_size, cache.kv_heads
+    state, size, hkv, ev = cache._state, cache.block_size, cache.kv_heads, cache.value_dim
     n, hq, n_q, e = q.shape
     rows, c = hq // hkv * n_q, compute_dtype(q, cache.k_pool).itemsize
     lengths = [state.lengths[seq] for seq in seqs]
@@ -783,17 +832,17 @@ def paged_decode_bytes(
     if cascade:
         queries.append((n * rows, *page_chunks(shared, size, kv_splits, workers)))
     chunk_rows = sum(r * chunks for r, chunks, _ in queries)  # rows of all chunks' results together
-    converted = 0 if cache.dtype == compute_dtype(q, cache.k_pool) else 2 * e  # a float16 pool: k and v, per key
+    converted = 0 if cache.dtype == compute_dtype(q, cache.k_pool) else e + ev  # a float16 pool: k and v, per key
     working = 0
     for r, chunks, pages in queries:  # the widest chunk, on every worker at once
         block = block_pages(hkv * r, hkv * converted, size, pages) * size
-        working = max(working, _attend_blocks_bytes(hkv, r, block, pages * size, e, c, converted) * (chunks > 0))
+        working = max(working, _attend_blocks_bytes(hkv, r, block, pages * size, ev, c, converted) * (chunks > 0))
     working *= min(workers, sum(chunks for _, chunks, _ in queries))
-    merge = max((_merge_chunks_bytes(chunks, hkv * r, e, c) for r, chunks, _ in queries if chunks), default=0)
+    merge = max((_merge_chunks_bytes(chunks, hkv * r, ev, c) for r, chunks, _ in queries if chunks), default=0)
     one = n * hkv * rows  # rows of the whole result
-    needed = one * e * c + chunk_rows * hkv * (e + 1) * c + 2 * one * (e + 1) * c + max(working, merge)
-    needed += 5 * one * (e + 1) * c if cascade else 0
-    return needed + (one * e * q.dtype.itemsize if q.dtype.itemsize < c else 0)
+    needed = one * e * c + chunk_rows * hkv * (ev + 1) * c + 2 * one * (ev + 1) * c + max(working, merge)
+    needed += 5 * one * (ev + 1) * c if cascade else 0
+    return needed + (one * ev * q.dtype.itemsize if q.dtype.itemsize < c else 0)
 
 
 def page_chunks(keys: int, page_size: int, kv_splits: int | None, workers: int) -> tuple[int, int]:

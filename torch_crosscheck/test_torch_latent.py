@@ -23,6 +23,7 @@ from transformers.models.deepseek_v3 import modeling_deepseek_v3 as deepseek  # 
 from tinyattn_np import (  # noqa: E402
     KVCache,
     MultiHeadLatentAttention,
+    PagedKVCache,
     rope_attention_factor,
     rope_frequencies,
     to_half_split,
@@ -154,21 +155,30 @@ def test_cached_decoding_equals_transformers_and_caches_the_same_bytes(device, i
     layer, theirs, rotary, _, config = make_pair(8, interleave, rope_name, device)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 10, D_MODEL))
-    ours, cache = KVCache(2, 1, 10, layer.latent_dim, dtype=np.float64), DynamicCache(config=config)
+    r = SIZES["kv_lora_rank"]
+    ours, cache = KVCache(2, 1, 10, layer.latent_dim, dtype=np.float64, value_prefix=r), DynamicCache(config=config)
+    # the two sequences of x in a pool of exactly their blocks: 2 · 10 tokens in 4 blocks of 5
+    paged = PagedKVCache(4, 5, 1, layer.latent_dim, dtype=np.float64, value_prefix=r)
+    seqs = [paged.add_sequence(), paged.add_sequence()]
     with torch.no_grad():
         for start, stop in [(0, 6), (6, 7), (7, 8), (8, 10)]:  # a prefill, two decode steps, a chunk of two
             x_t = torch.from_numpy(x[:, start:stop]).to(device)
             gold = run_theirs(theirs, rotary, x_t, np.arange(start, stop), cache)
             naive = layer(x[:, start:stop], cache=copy_of(ours), absorbed=False)  # continues a copy of ours
             absorbed = layer(x[:, start:stop], cache=ours)
+            through_pages = layer(x[:, start:stop], cache=paged, seq_ids=seqs)
             assert relative(naive, gold) <= AS_IS and relative(absorbed, gold) <= AS_IS, (start, stop)
-    # what each cache holds: the normalised c_KV and the rotated k_rope of every token, once
+            assert relative(through_pages, gold) <= AS_IS, (start, stop)
+    # what each cache holds: the normalised c_KV and the rotated k_rope of every token, once: the bytes that
+    # each of our caches allocates are the bytes of transformers' cache (its keys c_KV, its values k_rope)
     keys, values = (
         cache.layers[0].keys.cpu().numpy(),
         cache.layers[0].values.cpu().numpy(),
     )  # (2, 1, 10, r), (..., d_rope)
-    assert ours.keys.nbytes == keys.nbytes + values.nbytes == 2 * 10 * (12 + 4) * 8
-    r = SIZES["kv_lora_rank"]
+    assert ours.nbytes == paged.nbytes == keys.nbytes + values.nbytes == 2 * 10 * (12 + 4) * 8
+    assert paged.bytes_used == paged.nbytes  # every block in use, every slot filled
+    for b, seq in enumerate(seqs):
+        np.testing.assert_array_equal(paged.gather(seq)[0], ours.keys[b])
     np.testing.assert_allclose(ours.keys[..., :r], keys, rtol=AS_IS, atol=AS_IS)
     # transformers writes the interleaved rotation's output with the pairs' halves apart (each pair i at i and
     # i + d/2); the scores do not see that order, since q_rope and k_rope are laid out the same way
@@ -178,6 +188,7 @@ def test_cached_decoding_equals_transformers_and_caches_the_same_bytes(device, i
 
 def copy_of(cache):
     """A KVCache holding the latents `cache` holds, for the naive form to continue without changing `cache`."""
-    twin = KVCache(cache.batch, cache.kv_heads, cache.max_tokens, cache.head_dim, dtype=cache.dtype)
+    twin = KVCache(cache.batch, cache.kv_heads, cache.max_tokens, cache.head_dim, dtype=cache.dtype,
+                   value_prefix=cache.value_prefix)  # fmt: skip
     twin.append(cache.keys.copy(), cache.values.copy())
     return twin
