@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import bottom_right, gold_attention
 from test_backward import numerical_grad  # central differences, one entry at a time
+from test_kvcache import CACHE_CODE, PACKAGE, _all_or_nothing, _lock_is_free
 
 from tinyattn_np import (
     KVCache,
@@ -385,6 +386,45 @@ def test_a_full_cache_and_misused_arguments_change_nothing(rng, kind):
         with pytest.raises(ValueError, match="seq_ids is for a PagedKVCache"):
             layer(too_many[:, :1], cache=cache, seq_ids=[0, 1])
     assert_same_state(before, cache_state(cache))
+
+
+# The bytecodes swept: latent.py's and the lock's, and a KVCache's own (its append_and_read runs the step's
+# attention before the commit). A PagedKVCache's append_batch, the step's last call, is swept in test_paged.
+LATENT_STEP_CODE = {
+    "kv": (*CACHE_CODE, str(PACKAGE / "latent.py")),
+    "paged": (str(PACKAGE / "latent.py"), str(PACKAGE / "_atomic.py")),
+}
+
+
+def _latent_snapshot(cache):
+    if isinstance(cache, KVCache):
+        return len(cache), cache.keys.tobytes()
+    return tuple((seq, cache.gather(seq)[0].tobytes()) for seq in cache.sequences), cache.blocks_used
+
+
+@pytest.mark.parametrize("kind", ["kv", "paged"])
+def test_an_interrupt_at_any_bytecode_of_a_step_leaves_the_cache_before_or_after(kind):
+    """A KeyboardInterrupt raised at each bytecode of a decode step in turn (in latent.py and the caches'
+    code): the latents are both attended to and kept, or neither; the lock is free and the next step runs.
+    (The naive form differs only in what the step computes before the append commits.)"""
+    absorbed = True
+    layer = make_layer()
+    x = np.linspace(-1, 1, 2 * D_MODEL).reshape(2, 1, D_MODEL)
+
+    def make():
+        return prefilled(kind, layer, np.random.default_rng(1))
+
+    def step(made):
+        cache, kwargs = made
+        layer(x, cache=cache, absorbed=absorbed, **kwargs)
+
+    def still_works(made):
+        cache, kwargs = made
+        assert _lock_is_free(cache.lock)
+        layer(x, cache=cache, absorbed=absorbed, **kwargs)
+
+    snapshot = lambda made: _latent_snapshot(made[0])  # noqa: E731
+    assert _all_or_nothing(make, step, snapshot, still_works, LATENT_STEP_CODE[kind]) > 50
 
 
 def test_other_bad_input_names_the_argument(rng):

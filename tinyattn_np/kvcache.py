@@ -51,7 +51,7 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -62,6 +62,8 @@ from ._guard import refuse_unless_fits
 from .blockmask import Band, check_band
 from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
 from .splitkv import _decode, _default_kv_splits, _refuse_decode_beyond_memory
+
+R = TypeVar("R")
 
 Array = NDArray[np.floating]
 
@@ -275,6 +277,18 @@ class KVCache(_CopiedWithoutLock):
         """
         k, v = self._check_pair(k, v)  # no lock needed: they are the caller's
         holding(self.lock, self._append, k, v)
+
+    def append_and_read(self, k: Array, v: Array, read: Callable[[Array, Array], R]) -> R:
+        """append(k, v), with read(keys, values) run before the append commits, on read-only views of every
+        kept token with the new ones written (in slot order); returns what read returns. An exception in read
+        (a refusal, a Ctrl-C) leaves the cache as it was: the new tokens are both attended to and kept, or
+        neither. (attend's own steps do the same for MultiHeadAttention.)"""
+        k, v = self._check_pair(k, v)
+
+        def read_written(stop: int) -> R:
+            return read(self._view(self._k, stop), self._view(self._values, stop))
+
+        return holding(self.lock, self._append, k, v, read_written)
 
     def _room_for(self, t_new: int) -> int:
         """len(self) + t_new, if that many tokens fit; else the ValueError that says how many do."""

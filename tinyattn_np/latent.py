@@ -65,6 +65,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from ._atomic import holding
 from ._checks import (
     as_float_array,
     check_bool,
@@ -477,15 +478,20 @@ class MultiHeadLatentAttention:
                 f"cache must be KVCache(batch={x.shape[0]}, ..., window=None) for this input: a latent cache keeps "
                 f"every token, one row of x per row of the cache; got batch={cache.batch}, window={cache.window}"
             )
-        with cache.lock:  # the length read here is the one the append continues
-            start, T = len(cache), x.shape[1]
-            proj = self.project(x, np.arange(start, start + T), self.parameters)
-            r = self.kv_lora_rank  # the value is the latent's first r numbers: the cache stores the latent once
-            cache.append(proj.latent, proj.latent[..., :r])  # refused, nothing changed, if it does not fit
-            latent = cache.keys  # (B, 1, S, r + d_rope): a view of every latent so far, the new ones last
-            o, _ = attend_latent(proj.q_nope, proj.q_rope, latent, self.w_ukv, scale=self.softmax_scale,
-                                 absorbed=absorbed)  # fmt: skip
-        return o
+        return holding(cache.lock, self._attend_kv_cache_locked, x, cache, absorbed)
+
+    def _attend_kv_cache_locked(self, x: Array, cache: KVCache, absorbed: bool) -> Array:
+        """_attend_kv_cache under the lock: the length read here is the one the append continues. The new
+        latents are written, attended to with every one before them, then kept: all or nothing."""
+        start, T = len(cache), x.shape[1]
+        proj = self.project(x, np.arange(start, start + T), self.parameters)
+
+        def attend(latent: Array, _values: Array) -> Array:  # latent (B, 1, S, r + d_rope), the new ones last
+            return attend_latent(proj.q_nope, proj.q_rope, latent, self.w_ukv, scale=self.softmax_scale,
+                                 absorbed=absorbed)[0]  # fmt: skip
+
+        r = self.kv_lora_rank  # the value is the latent's first r numbers: the cache stores the latent once
+        return cache.append_and_read(proj.latent, proj.latent[..., :r], attend)  # refused, nothing changed, if no room
 
     def _attend_paged(self, x: Array, cache: PagedKVCache, seq_ids: Any, absorbed: bool) -> Array:
         """x (B, T, C), row b continuing sequence seq_ids[b] -> o (B, H, T, d_v); appends, all or nothing.
@@ -498,16 +504,19 @@ class MultiHeadLatentAttention:
         Naive: each sequence's latents laid out (PagedKVCache.gather), the new ones after, decompressed.
         """
         self._check_cache(cache, "PagedKVCache", "..., ")
-        with cache.lock:  # the lengths read here are the ones the appends continue
-            seqs = self._sequences(cache, seq_ids, x.shape[0])
-            rows = [self.project(x[b : b + 1], np.arange(cache.length(s), cache.length(s) + x.shape[1]),
-                                 self.parameters) for b, s in enumerate(seqs)]  # fmt: skip
-            q_nope = np.concatenate([p.q_nope for p in rows])  # (B, H, T, d_nope)
-            q_rope = np.concatenate([p.q_rope for p in rows])  # (B, H, T, d_rope), each row at its own positions
-            latent = np.concatenate([p.latent for p in rows])  # (B, 1, T, r + d_rope)
-            attend = self._attend_pages if absorbed else self._attend_gathered
-            o = attend(q_nope, q_rope, latent, cache, seqs)  # (B, H, T, d_v)
-            cache.append_batch(seqs, latent, latent[..., : self.kv_lora_rank])  # all or nothing
+        return holding(cache.lock, self._attend_paged_locked, x, cache, seq_ids, absorbed)
+
+    def _attend_paged_locked(self, x: Array, cache: PagedKVCache, seq_ids: Any, absorbed: bool) -> Array:
+        """_attend_paged under the lock: the lengths read here are the ones the appends continue."""
+        seqs = self._sequences(cache, seq_ids, x.shape[0])
+        rows = [self.project(x[b : b + 1], np.arange(cache.length(s), cache.length(s) + x.shape[1]),
+                             self.parameters) for b, s in enumerate(seqs)]  # fmt: skip
+        q_nope = np.concatenate([p.q_nope for p in rows])  # (B, H, T, d_nope)
+        q_rope = np.concatenate([p.q_rope for p in rows])  # (B, H, T, d_rope), each row at its own positions
+        latent = np.concatenate([p.latent for p in rows])  # (B, 1, T, r + d_rope)
+        attend = self._attend_pages if absorbed else self._attend_gathered
+        o = attend(q_nope, q_rope, latent, cache, seqs)  # (B, H, T, d_v)
+        cache.append_batch(seqs, latent, latent[..., : self.kv_lora_rank])  # all or nothing
         return o
 
     def _attend_pages(self, q_nope: Array, q_rope: Array, latent: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
