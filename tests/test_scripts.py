@@ -24,6 +24,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+import tinyattn_np as ta
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 BENCHMARKS = ["scaling.py", "torch_naive.py", "tiles.py", "scaling_backward.py"]
@@ -755,7 +757,7 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "check: flex_attention equals the reference on every pattern at T = 512" in out
     assert "causal and window as mask_mods give the baseline's bits, forward and backward" in out
     assert "tile maps, one cell = 32 x 32 scores" in out
-    for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 1024", "3/4"),
+    for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 128", "3/4"),
                            ("alibi", "3/4"), ("softcap", "3/4")]:  # fmt: skip
         assert re.search(rf"^{re.escape(pattern)}( \*)?\s+{tiles}\s", out, re.MULTILINE), f"row {pattern}"  # * = busy
     for target in ["causal: flex/flash", "8 documents: flex/batch", "alibi: flex/causal flash", "softcap:"]:
@@ -763,6 +765,36 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "flash_attention(causal=True), the baseline's:" in out
     assert "the targets are set for T = 16,384: at T = 512 the ratios are shown, not judged" in out
     assert "MISSED" not in out and "met)" not in out and "torch" not in out.split("tile maps")[1]  # torch: --torch
+
+
+def test_the_default_window_is_a_fraction_of_t_so_its_row_is_not_causal():
+    flex = load("flex.py")
+    assert flex.parse_args([]).tokens == 1024  # the default run: seconds on 2 cores
+    assert flex.parse_args(["--tokens", "16384"]).window == 1024  # docs/results/flex.md's table
+    for argv, window in [([], 256), (["--tokens", "512"], 128), (["--window", "100"], 100)]:
+        args = flex.parse_args(argv)
+        assert args.window == window
+        mods, T = flex.patterns(args), args.tokens
+        window_mask = ta.create_mask(mods[f"window {window}"][0], None, None, T, T)
+        assert not np.array_equal(window_mask, ta.create_mask(mods["causal"][0], None, None, T, T))
+
+
+def test_round_robin_idles_only_after_a_library_whose_threads_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    flex, order = load("flex.py"), []
+    monkeypatch.setattr(flex.time, "sleep", lambda seconds: order.append("idle"))
+    names = ["causal", "torch causal", "alibi", "flash causal", "matmul"]
+    times = flex.round_robin({name: lambda name=name: order.append(name) for name in names}, repeats=2)
+    assert set(times) == set(names)
+    # after torch's call and after the matmul (BLAS's threads): an idle; after our workers' calls: none
+    one_round = ["causal", "torch causal", "idle", "alibi", "flash causal", "matmul"]
+    assert order == (one_round + ["idle"]) * 2 + one_round
+
+
+def test_a_window_that_covers_t_is_said_to_equal_causal():
+    result = run(SCRIPT, "--tokens", "64", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--window", "64",
+                 "--no-reference")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "window 64 >= T = 64: every earlier key is in it, so its row is causal's" in result.stdout
 
 
 def test_varlen_times_packed_documents_against_the_batch():
