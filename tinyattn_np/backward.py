@@ -140,6 +140,7 @@ def attention_backward(
     return (grads[0][0], grads[1][0], grads[2][0]) if two_d else grads
 
 
+@np.errstate(invalid="ignore")  # an inf input: NaN where it reaches (inf - inf, 0 · inf), as torch; no warning
 def _attention_flex_grads(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
 ) -> FlexGrads:
