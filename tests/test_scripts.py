@@ -144,19 +144,19 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
 
 
-def test_scaling_small_run_writes_json(tmp_path: Path) -> None:
+def test_scaling_small_run_writes_json(quick: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "scaling.json"
     flags = ["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1", "--mem-budget", "0.00001"]
-    result = run("scripts/scaling.py", *flags, "--json", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "check: naive == flash on 64 tokens" in result.stdout
-    assert re.search(r"^code: tinyattn_np \S+, (git [0-9a-f]{4,}(-dirty)?|not a git checkout)$", result.stdout, re.M)
-    assert "skipped (needs" in result.stdout  # the tiny budget turns the naive rows into the OOM row
+    assert load("scaling.py").main([*flags, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "check: naive == flash on 64 tokens" in printed
+    assert re.search(r"^code: tinyattn_np \S+, (git [0-9a-f]{4,}(-dirty)?|not a git checkout)$", printed, re.M)
+    assert "skipped (needs" in printed  # the tiny budget turns the naive rows into the OOM row
     figures = json.loads(out.read_text())
     assert [r["tokens"] for r in figures["results"]] == [64, 128]
     assert figures["results"][0]["naive_ms"] is None and figures["results"][0]["flash_ms"] > 0
     assert figures["machine"]["cores"] >= 1 and figures["interrupted"] is False
-    assert figures["code"] in result.stdout
+    assert figures["code"] in printed
 
 
 def test_scaling_no_causal_and_bad_flags(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -790,11 +790,10 @@ def test_round_robin_idles_only_after_a_library_whose_threads_spin(monkeypatch: 
     assert order == (one_round + ["idle"]) * 2 + one_round
 
 
-def test_a_window_that_covers_t_is_said_to_equal_causal():
-    result = run(SCRIPT, "--tokens", "64", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--window", "64",
-                 "--no-reference")  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "window 64 >= T = 64: every earlier key is in it, so its row is causal's" in result.stdout
+def test_a_window_that_covers_t_is_said_to_equal_causal(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--tokens", "64", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--window", "64", "--no-reference"]
+    assert load("flex.py").main(flags) == 0
+    assert "window 64 >= T = 64: every earlier key is in it, so its row is causal's" in capsys.readouterr().out
 
 
 def test_varlen_times_packed_documents_against_the_batch():
@@ -808,8 +807,12 @@ def test_varlen_times_packed_documents_against_the_batch():
     assert "tile maps" not in result.stdout  # --varlen times the packed documents only
 
 
-def test_help_and_bad_arguments():
+def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Attention patterns as mods" in run(SCRIPT, "--help").stdout
+    result = run(SCRIPT, "--tokens", "100")  # a real process: exit 2 and one line, no traceback
+    assert result.returncode == 2 and "--tokens must be a multiple of 16" in result.stderr
+    assert "Traceback" not in result.stderr
+    flex = load("flex.py")
     for args, message in [(["--tokens", "100"], "--tokens must be a multiple of 16"),
                           (["--heads", "0"], "--heads: must be a positive int"),
                           (["--heads", "100000"], "--heads: must be a positive int at most 1,024"),
@@ -819,5 +822,7 @@ def test_help_and_bad_arguments():
                           (["--tokens", "131072", "--heads", "1024"], "lower --tokens, --heads or --head-dim"),
                           (["--baseline", "/nonexistent"], "no tinyattn_np/__init__.py there"),
                           (["--seed", "-1"], "must be an int >= 0")]:  # fmt: skip
-        result = run(SCRIPT, *args)
-        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+        with pytest.raises(SystemExit) as stop:  # argparse's error: usage, the message, exit 2
+            flex.parse_args(args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err, (args, err)
