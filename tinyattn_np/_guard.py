@@ -1,11 +1,13 @@
 """The memory guard: attention() and attention_backward() build (..., L, S) arrays, so before they allocate
 anything they estimate their own peak from shapes and dtypes alone and refuse a call the machine cannot
-hold (AttentionMemoryError), instead of swapping or being killed. The caches and the decoding steps refuse
-the same way (refuse_unless_fits), against the memory this process can still take: what the machine has
-available, and no more than its address-space limit leaves (ulimit -v).
+hold (AttentionMemoryError), instead of swapping or being killed. The caches, the decoding steps, the
+blockwise doors (flash_attention, flex_attention and their backwards: refuse_blockwise) and create_mask
+refuse the same way (refuse_unless_fits). Every door measures against the memory this process can still
+take: what the machine has available, and no more than its address-space limit leaves (ulimit -v).
 
-The estimates are exact models of what the two functions allocate (tests/test_peaks.py and
-tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks.
+The reference's estimates are exact models of what the two functions allocate (tests/test_peaks.py and
+tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks. The
+blockwise doors' (blockwise_bytes) is an upper bound (tests/test__guard.py holds it above tracemalloc's).
 """
 
 from __future__ import annotations
