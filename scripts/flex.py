@@ -8,7 +8,8 @@ torch SDPA with a dense mask and torch's compiled flex_attention, on the same co
     python scripts/flex.py --varlen --tokens 8192         # packed documents against the same as a batch, only
 
 The patterns, all over T tokens (self-attention, L = S = T): causal; 8 packed documents, each causal;
-prefix-LM (the first T/4 tokens bidirectional); a sliding window of 1024; ALiBi and softcap (50) on causal.
+prefix-LM (the first T/4 tokens bidirectional); a sliding window (1024 keys, or T/4 if less); ALiBi and
+softcap (50) on causal.
 For each: the tile map (T/16 a cell), the tiles that run, the time of the block mask, of our flex_attention
 and of the others, peaks, and the ratios the targets speak of (judged at T = 16,384 only, shown elsewhere):
     causal as a mask_mod          flex / flash_attention(causal=True) (the baseline's, with --baseline)
@@ -17,9 +18,10 @@ and of the others, peaks, and the ratios the targets speak of (judged at T = 16,
     every pattern (--torch)       flex / torch's compiled flex_attention
 --varlen times only packed documents: flash_attention_varlen (causal) on 8 and on 32 documents of T / 8 tokens
 each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x.
-Times: medians of --repeats calls after a warm-up, all a target compares timed round-robin with a 2048 x 2048
-matmul among them, so that a busy spell falls on all alike; the dense paths run once each afterwards, each
-row marked '*' (with a note) where the matmul rate just before moved over 20% or the load exceeded the cores.
+Times: medians of --repeats calls after a warm-up, all a target compares timed round-robin with an n x n matmul
+among them (n³ near one causal call's work), so that a busy spell falls on all alike; the dense paths run once
+each afterwards, each row marked '*' (with a note) where the matmul rate just before moved over 20% or the load
+exceeded the cores. An idle only where the previous call's library (BLAS, torch) leaves its threads spinning.
 Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, which tracemalloc cannot see.
 """
 
@@ -42,7 +44,7 @@ import numpy as np
 import tinyattn_np as ta
 from tinyattn_np import format_bytes
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
-from tinyattn_np.measure import traced_peak
+from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.report import add_format_argument, add_wide_argument, nonnegative_seed, table_width, text_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"T, a multiple of 16 (default 1024; the targets': {TARGET_TOKENS})")  # fmt: skip
     p.add_argument("--heads", type=cap["heads"], default=4, help="query heads = kv heads (default 4)")
     p.add_argument("--head-dim", type=cap["head_dim"], default=64, help="E (default 64)")
-    p.add_argument("--window", type=cap["tokens"], default=1024, help="the sliding window's keys (default 1024)")
+    p.add_argument("--window", type=cap["tokens"], help="the sliding window's keys (default 1024, or T/4 if less)")
     p.add_argument("--documents", type=cap["documents"], default=8, help="packed, T / n tokens each (default 8)")
     p.add_argument("--repeats", type=cap["repeats"], default=3, help="timed calls of each of our paths (default 3)")
     p.add_argument("--workers", type=cap["workers"], help="our threads, and torch's (default: the CPU count)")
@@ -84,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if problem := common.memory_problem(inputs, f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
                                         "lower --tokens, --heads or --head-dim", " for q, k, v alone"):  # fmt: skip
         p.error(problem)
+    args.window = args.window or min(1024, args.tokens // 4)  # a window of T or more would be causal
     common.check_output(p, "--json", args.json)
     if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
         p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
@@ -127,9 +130,7 @@ def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any,
     n = T // args.documents  # tokens per document
     slopes = torch.from_numpy(ta.alibi_slopes(args.heads).astype(np.float32))
 
-    def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
-        return kv <= q
-
+    causal = lambda b, h, q, kv: kv <= q  # noqa: E731
     return {
         "causal": (causal, None),
         f"{args.documents} documents": (lambda b, h, q, kv: (q // n == kv // n) & (kv <= q), None),
@@ -146,21 +147,38 @@ def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any,
 
 def round_robin(calls: dict[str, Any], repeats: int) -> dict[str, float]:
     """Seconds (median) of each call, timed one call of each in turn, after one warm-up call of each; a short
-    idle before each, so that no library's spinning threads (OpenBLAS, OpenMP) slow the next call down."""
+    idle before a call that follows another library's whose threads spin after a call (BLAS's in the probe
+    matmul, torch's OpenMP), so that they do not slow it down; none after our own workers, which do not spin."""
+    spins = {name: "torch" if name.startswith("torch ") else "BLAS" if name == "matmul" else "" for name in calls}
     times: dict[str, list[float]] = {name: [] for name in calls}
+    previous = ""
     for repeat in range(repeats + 1):
         for name, call in calls.items():
-            time.sleep(common.SETTLE_SECONDS)
+            if spins.get(previous) and spins[previous] != spins[name]:
+                time.sleep(common.SETTLE_SECONDS)
             started = time.perf_counter()
             call()
             if repeat:  # the first round warms up
                 times[name].append(time.perf_counter() - started)
+            previous = name
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
+def probe_matrix(args: argparse.Namespace) -> np.ndarray:
+    """The n x n float32 matrix whose square says how fast the machine is now: n³ near one causal flex call's
+    H·T²·E multiply-adds, n a power of 2 from 256 to 2048 (a short run probes with a short matmul)."""
+    work = args.heads * args.tokens**2 * args.head_dim
+    n = int(min(2048, max(256, 2 ** round(math.log2(work) / 3))))
+    return np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)  # (n, n)
+
+
+def probe_rate(square: np.ndarray) -> float:
+    """GFLOP/s of square @ square (median of 3 calls after one warm-up), on all BLAS threads."""
+    return 2 * square.shape[0] ** 3 / median_ms(lambda: square @ square, 3) / 1e6
+
+
 def rss_peak_growth(call: Any) -> int:
-    """Bytes by which the resident set's high-water mark rose during call() (Linux: reset by clear_refs).
-    malloc_trim first hands freed memory back to the system, so that the call's allocations show."""
+    """Bytes by which the resident set's high-water mark rose during call() (Linux), after malloc_trim."""
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # reset VmHWM to the current VmRSS
@@ -172,14 +190,6 @@ def rss_peak_growth(call: Any) -> int:
 def status_kib(field: str) -> int:
     with open("/proc/self/status", encoding="ascii") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def seconds_once(call: Any) -> float:
-    time.sleep(common.SETTLE_SECONDS)  # let the other library's spinning threads go to sleep first
-    call()  # warm-up
-    started = time.perf_counter()
-    call()
-    return time.perf_counter() - started
 
 
 def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
@@ -220,9 +230,8 @@ def check_baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, baseline: Any, w
 # the rows
 
 
-def timed_rows(
-    args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any, side: dict[str, Any] | None
-) -> dict[str, dict[str, Any]]:
+def timed_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any,
+               side: dict[str, Any] | None) -> dict[str, dict[str, Any]]:  # fmt: skip
     """Block masks, tile counts, peaks and round-robin times of our paths, with the flash baselines and (side:
     torch) torch's compiled flex_attention in the same rounds, so that the ratios see the same machine."""
     q, k, v = qkv
@@ -243,14 +252,14 @@ def timed_rows(
     calls["flash causal"] = lambda: flash(q, k, v, causal=True, workers=args.workers)
     batch = [x.reshape(args.heads, args.documents, n, args.head_dim).swapaxes(0, 1) for x in qkv]  # (docs, H, n, E)
     calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
-    square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
+    square = probe_matrix(args)
     calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
     common.progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
              "flex_attention compiles at its first call)")  # fmt: skip
     times = round_robin(calls, args.repeats)
     for name, row in rows.items():
         row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
-    rate = 2 * 2048**3 / times["matmul"] / 1e9
+    rate = 2 * square.shape[0] ** 3 / times["matmul"] / 1e9
     return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
             "_rate": {"GFLOP/s": rate, "load": common.load_average() or 0.0}}  # fmt: skip
 
@@ -261,14 +270,15 @@ def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.n
     dense = ta.create_mask(mask_mod, None, None, args.tokens, args.tokens)[0, 0]  # (T, T) bool
     try:
         _, row["ref peak"] = traced_peak(ta.attention, *qkv, mask=dense, score_mod=score_mod)
-        row["ref s"] = seconds_once(lambda: ta.attention(*qkv, mask=dense, score_mod=score_mod))
+        reference = lambda: ta.attention(*qkv, mask=dense, score_mod=score_mod)  # noqa: E731
+        row["ref s"] = median_ms(reference, 1) / 1e3  # one warm-up, one timed; BLAS's threads, as the probe's
     except ta.AttentionMemoryError as err:
         row["ref s"] = f"refused: {str(err).split(' at its peak')[0].split('allocate ')[-1]}"
 
 
 def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
     """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
-    torch, F = common.load_torch(args.workers, flag="the torch columns (leave them out with --no-torch)")
+    torch, F = common.load_torch(args.workers, flag="the torch columns (--torch)")
     from torch.nn.attention import flex_attention as flex
 
     return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
@@ -308,7 +318,8 @@ def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]
         bias = bias_mod(torch.zeros(1, args.heads, T, T), 0, h, torch.arange(T)[:, None], torch.arange(T))
         attn_mask = bias.masked_fill(~allowed, float("-inf"))
     sdpa = lambda: side["sdpa"](*side["qkv"], attn_mask=attn_mask)  # noqa: E731
-    row["sdpa s"], row["sdpa peak"] = seconds_once(sdpa), rss_peak_growth(sdpa)
+    time.sleep(common.SETTLE_SECONDS)  # after our reference: let BLAS's spinning threads go to sleep first
+    row["sdpa s"], row["sdpa peak"] = median_ms(sdpa, 1) / 1e3, rss_peak_growth(sdpa)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -316,18 +327,12 @@ def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]
 
 
 def cell(x: Any, unit: str = "s") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, str):
-        return x
-    return format_bytes(x) if unit == "B" else f"{x:.3f}"
+    return "-" if x is None else x if isinstance(x, str) else format_bytes(x) if unit == "B" else f"{x:.3f}"
 
 
 def ratio_text(value: float, target: float, judged: bool = True) -> str:
     """'0.59x (<= 1.5: met)' where the target is judged (at its size), else the ratio alone."""
-    if not judged:
-        return f"{value:.2f}x"
-    return f"{value:.2f}x (<= {target}: {'met' if value <= target else 'MISSED'})"
+    return f"{value:.2f}x" + (f" (<= {target}: {'met' if value <= target else 'MISSED'})" if judged else "")
 
 
 def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
@@ -364,7 +369,8 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"],
                               width=table_width(args)))  # fmt: skip
     ours = rows["_rate"]
-    print(f"GFLOP/s: a 2048 x 2048 float32 matmul just before each row's reference and SDPA runs;\n"
+    n = probe_matrix(args).shape[0]
+    print(f"GFLOP/s: a {n} x {n} float32 matmul just before each row's reference and SDPA runs;\n"
           f"in the round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n")  # fmt: skip
     if args.tokens != TARGET_TOKENS:
         print(f"the targets are set for T = {TARGET_TOKENS:,}: at T = {args.tokens:,} the ratios are shown, not judged")
@@ -390,24 +396,21 @@ def print_maps(args: argparse.Namespace) -> None:
         print()
 
 
-def varlen_rows(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
-    """Packed documents against the same documents as a batch, for each count in VARLEN_DOCUMENTS, into rows:
-    one causal flash_attention_varlen call on (H, n · T/8, E) and one flash_attention call on (n, H, T/8, E),
-    round-robin; the two results are checked equal first."""
-    tokens, rng = args.tokens // 8, np.random.default_rng(args.seed)
-    for documents in VARLEN_DOCUMENTS:
-        packed = [rng.standard_normal((args.heads, documents * tokens, args.head_dim), dtype=np.float32) for _ in "qkv"]
-        batch = [x.reshape(args.heads, documents, tokens, args.head_dim).swapaxes(0, 1) for x in packed]
-        cu = np.arange(documents + 1) * tokens  # documents of T / 8 tokens each
-        calls = {"packed": lambda p=packed, cu=cu: ta.flash_attention_varlen(*p, cu, cu, causal=True,
-                                                                             workers=args.workers),
-                 "batch": lambda b=batch: ta.flash_attention(*b, causal=True, workers=args.workers)}  # fmt: skip
-        packed_out = calls["packed"]().reshape(args.heads, documents, tokens, -1).swapaxes(0, 1)  # (n, H, T/8, E)
-        diff = float(np.max(np.abs(packed_out - calls["batch"]())))
-        if not diff <= 1e-5:
-            sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
-        common.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
-        rows.append({"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)})
+def varlen_row(args: argparse.Namespace, documents: int) -> dict[str, Any]:
+    """Packed documents against the same documents as a batch: one causal flash_attention_varlen call on
+    (H, n · T/8, E) and one flash_attention call on (n, H, T/8, E), round-robin; the two checked equal first."""
+    tokens, rng = args.tokens // 8, np.random.default_rng([args.seed, documents])
+    packed = [rng.standard_normal((args.heads, documents * tokens, args.head_dim), dtype=np.float32) for _ in "qkv"]
+    batch = [x.reshape(args.heads, documents, tokens, args.head_dim).swapaxes(0, 1) for x in packed]
+    cu = np.arange(documents + 1) * tokens  # documents of T / 8 tokens each
+    calls = {"packed": lambda: ta.flash_attention_varlen(*packed, cu, cu, causal=True, workers=args.workers),
+             "batch": lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)}  # fmt: skip
+    packed_out = calls["packed"]().reshape(args.heads, documents, tokens, -1).swapaxes(0, 1)  # (n, H, T/8, E)
+    diff = float(np.max(np.abs(packed_out - calls["batch"]())))
+    if not diff <= 1e-5:
+        sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
+    common.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
+    return {"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)}
 
 
 def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -415,8 +418,7 @@ def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     shorter documents share tiles when packed, and the batch runs smaller ones."""
     body = []
     for row in rows:
-        ratio = row["packed"] / row["batch"]
-        judged = row["tokens"] >= DEFAULT_BLOCK_Q
+        ratio, judged = row["packed"] / row["batch"], row["tokens"] >= DEFAULT_BLOCK_Q
         text = ratio_text(ratio, TARGETS["packed vs batch"]) if judged else f"{ratio:.2f}x (not judged)"
         body.append([row["documents"], row["tokens"], cell(row["packed"]), cell(row["batch"]), text])
     headers = ["documents", "tokens each", "packed s", "batch s", "packed/batch"]
@@ -438,21 +440,17 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if problem := common.time_problem(run_flops(args), common.matmul_rate("float32"), "lower --tokens or --repeats"):
+    if problem := common.time_problem(run_flops(args), probe_rate(probe_matrix(args)), "lower --tokens or --repeats"):
         sys.exit(f"flex.py: error: {problem}")
     if args.varlen:
         print(f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
               f"{args.workers or os.cpu_count()}\n" + common.header(None, None)[1])  # fmt: skip
-        rows: list[dict[str, Any]] = []
-        try:
-            varlen_rows(args, rows)
-        except KeyboardInterrupt:  # keep the rows measured so far
-            print_varlen(rows, args)
-            return common.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts")
+        rows: list[dict[str, Any]] = []  # the rows measured, all of them kept on Ctrl-C
+        stopped = common.measure_each(VARLEN_DOCUMENTS, lambda documents: varlen_row(args, documents), rows)
         print_varlen(rows, args)
         if args.json:
-            common.write_json(args.json, {"args": vars(args), "varlen": rows})
-        return 0
+            common.write_json(args.json, {"args": vars(args), "varlen": rows}, stopped)
+        return common.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts") if stopped else 0
     baseline = load_baseline(args.baseline) if args.baseline else None
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
@@ -461,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     _, lines = common.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
     print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
           + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip
+    if args.window >= T:
+        print(f"window {args.window} >= T = {T}: every earlier key is in it, so its row is causal's")
     print(check_agreement(args, baseline))
     print_maps(args)
     rows = timed_rows(args, qkv, baseline, side)
@@ -477,13 +477,13 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
                side: dict[str, Any] | None) -> bool:  # fmt: skip
     """Our dense-mask reference and torch SDPA for each pattern, each row beside the matmul rate measured just
     before it; True when Ctrl-C stopped them (the rows measured so far stay)."""
-    first_rate = rows["_rate"]["GFLOP/s"]
+    first_rate, square = rows["_rate"]["GFLOP/s"], probe_matrix(args)
     try:
         for name, row in rows.items():
             if name.startswith("_"):
                 continue
-            time.sleep(common.SETTLE_SECONDS)
-            rate = common.matmul_rate("float32", repeats=3)  # the machine's speed just before this row's others
+            time.sleep(common.SETTLE_SECONDS if side is not None else 0)  # torch's threads spun in the row before
+            rate = probe_rate(square)  # the machine's speed just before this row's others
             row["rate"], row["busy"] = rate, common.busy_reasons(rate, first_rate)
             if not args.no_reference:
                 common.progress(f"our dense-mask reference: {name}")

@@ -1,5 +1,6 @@
 import importlib
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -7,10 +8,16 @@ from conftest import assert_close, bottom_right, gold_attention
 
 from tinyattn_np import (
     AttentionMemoryError,
+    MultiHeadAttention,
+    Softcap,
     attention,
+    attention_backward,
     causal_mask,
+    causal_mod,
+    create_block_mask,
     flash_attention,
     flash_decode,
+    flex_attention,
     naive_attention_bytes,
     scaled_dot_product_attention,
 )
@@ -52,6 +59,41 @@ def test_rows_without_a_visible_key_are_zero(rng):
     np.testing.assert_array_equal(out[..., :2, :], 0.0)
     np.testing.assert_array_equal(weights[..., :2, :], 0.0)
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_an_inf_or_nan_input_gives_nan_where_it_reaches_and_no_warning(rng, bad, where):
+    """As torch: NaN in, NaN out, and an inf reaches its rows through inf - inf or 0 · inf; never a
+    RuntimeWarning from the reference forward, its backward, flex_attention or a layer's reference path.
+    Entry 3 of head 0 (batch 0) is bad: under the causal mask rows 0-2 never meet key 3; head 1 is apart."""
+    clean = dict(zip("qkv", qkv(rng, hq=2, hkv=2, n_q=6, n_k=6), strict=True))
+    x = {name: array.copy() for name, array in clean.items()}
+    x[where][0, 0, 3, 1] = bad
+    dout = rng.standard_normal((2, 2, 6, 3))
+    layer = MultiHeadAttention(8, 2, rng=np.random.default_rng(0), dtype=np.float64)
+    tokens = rng.standard_normal((2, 6, 8))
+    tokens[0, 3, 1] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning from inside the package fails the test
+        out = attention(*x.values(), causal=True)
+        grads = attention_backward(*x.values(), dout, causal=True)
+        modded = attention(*x.values(), causal=True, score_mod=Softcap(5.0), sinks=np.array([0.5, -1.0]))
+        attention(*x.values())  # no mask: every row meets the bad entry
+        flex_attention(*x.values(), block_mask=create_block_mask(causal_mod(6), None, None, 6, 6))
+        y, saved = layer.forward(tokens, causal=True, fused=False)
+        layer.backward(np.ones_like(y), saved)
+    gold, gold_grads = attention(*clean.values(), causal=True), attention_backward(*clean.values(), dout, causal=True)
+    np.testing.assert_allclose(out[1], gold[1], rtol=1e-13)  # the other batch entry, and in batch 0 ...
+    np.testing.assert_allclose(out[0, 1], gold[0, 1], rtol=1e-13)  # ... the other head
+    for grad, gold_grad in zip(grads, gold_grads, strict=True):
+        np.testing.assert_allclose(grad[1], gold_grad[1], rtol=1e-13)
+    if where != "v":  # a value reaches every row of its column (0 · bad); a query or key only the rows it meets
+        np.testing.assert_allclose(out[0, 0, :3], gold[0, 0, :3], rtol=1e-13)
+    if np.isnan(bad):  # NaN in, NaN out: the rows whose scores meet it, the column of a value
+        reached = {"q": out[0, 0, 3], "k": out[0, 0, 3:], "v": out[0, 0, :, 1]}[where]
+        assert np.isnan(reached).all() and np.isnan(modded[0, 0, 3:]).any()
+        assert np.isnan(y[0, 3]).all()
 
 
 def test_bool_and_float_masks_agree(rng):

@@ -40,10 +40,12 @@ def loop_band(n_q, n_k, causal, window, align):
 
 
 def bands(n_q, n_k):
-    """(causal, window, align) for every alignment and every window from 1 to past the longest."""
+    """(causal, window, align) for every alignment and every window that draws another mask: 1 to max(L, S) (a
+    wider one hides nothing the causal band shows, in either alignment: query i sees keys from i + offset back
+    to 0, fewer than max(L, S) of them), and one past the longest (L + S + 1) for the planners' arithmetic."""
     yield False, None, "bottom_right"
     for align in ALIGNMENTS:
-        for window in (None, *range(1, n_q + n_k + 2)):
+        for window in (None, *range(1, max(n_q, n_k) + 1), n_q + n_k + 1):
             yield True, window, align
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -18,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- scripts/decode.py -----------------------------------------------------------------------------
 
 
-def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, capsys):
+def test_script_generates_the_same_tokens_with_and_without_the_cache(common, tmp_path, capsys):  # common: no idles
     path = tmp_path / "decode.json"
     args = ["--tokens", "24", "--prompt", "4", "--window", "5", "--d-model", "32", "--vocab", "64", "--json", str(path)]
     assert load("decode.py").main(args) == 0
@@ -31,11 +30,10 @@ def test_script_generates_the_same_tokens_with_and_without_the_cache(tmp_path, c
     assert rows[-1]["max_diff"] < 1e-9
 
 
-def test_script_step_mode_without_torch(capsys, tmp_path, monkeypatch):
+def test_script_step_mode_without_torch(common, capsys, tmp_path):  # common: no idle, no matmul before each row
     path = tmp_path / "step.json"
     args = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
     script = load("decode.py")
-    monkeypatch.setattr(sys.modules["common"], "SETTLE_SECONDS", 0.0)  # no idle before each of the 12 rows' rates
     assert script.main([*args, "--json", str(path)]) == 0
     text = capsys.readouterr().out
     assert "flash_decode (split-KV)" in text and "S = 3,000 cached keys" in text and "torch" not in text
@@ -99,11 +97,11 @@ def test_script_refuses_bad_flags_up_front(argv, message, capsys):
 
 def test_ctrl_c_in_decode_keeps_the_rows_so_far(tmp_path: Path) -> None:
     figures = tmp_path / "decode.json"
-    flags = ["--tokens", "3000", "--json", str(figures)]
+    flags = ["--tokens", "1200", "--json", str(figures)]  # the first row at 158 tokens, the next seven longer
     code, out, err = interrupt(tmp_path, ["scripts/decode.py", *flags], after=r"context \d+: row measured")
     assert code == 130 and "Traceback" not in err, err
-    assert "1) 3000 tokens after a 8-token prompt" in out and "interrupted (Ctrl-C) after" in out
-    assert json.loads(figures.read_text())["rows"][0]["context"] == 8 + 3000 // 8
+    assert "1) 1200 tokens after a 8-token prompt" in out and "interrupted (Ctrl-C) after" in out
+    assert json.loads(figures.read_text())["rows"][0]["context"] == 8 + 1200 // 8
 
 
 # --- the whole run estimated up front -------------------------------------------------------------

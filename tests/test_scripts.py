@@ -24,6 +24,8 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+import tinyattn_np as ta
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 BENCHMARKS = ["scaling.py", "torch_naive.py", "tiles.py", "scaling_backward.py"]
@@ -98,12 +100,14 @@ def test_position_script_other_seed_and_format() -> None:
 
 
 @pytest.mark.parametrize("script", ["attention.py", "position.py", *BENCHMARKS, "decode.py", "train.py", "ring.py"])
-def test_help(script: str) -> None:
-    result = run(str(SCRIPTS / script), "--help")
-    assert result.returncode == 0, result.stderr
-    assert "--seed" in result.stdout and "--format" in result.stdout
+def test_help(script: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each script's --help, in this process (a real process runs flex.py's and common.py's)."""
+    with pytest.raises(SystemExit) as stop:
+        load(script).main(["--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0 and "--seed" in out and "--format" in out, out
     if script not in ("attention.py", "position.py"):  # the demos print checks, not figures
-        assert "--json PATH" in result.stdout
+        assert "--json PATH" in out
 
 
 def test_unknown_format_is_refused() -> None:
@@ -142,19 +146,19 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
 
 
-def test_scaling_small_run_writes_json(tmp_path: Path) -> None:
+def test_scaling_small_run_writes_json(quick: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "scaling.json"
     flags = ["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1", "--mem-budget", "0.00001"]
-    result = run("scripts/scaling.py", *flags, "--json", str(out))
-    assert result.returncode == 0, result.stderr
-    assert "check: naive == flash on 64 tokens" in result.stdout
-    assert re.search(r"^code: tinyattn_np \S+, (git [0-9a-f]{4,}(-dirty)?|not a git checkout)$", result.stdout, re.M)
-    assert "skipped (needs" in result.stdout  # the tiny budget turns the naive rows into the OOM row
+    assert load("scaling.py").main([*flags, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "check: naive == flash on 64 tokens" in printed
+    assert re.search(r"^code: tinyattn_np \S+, (git [0-9a-f]{4,}(-dirty)?|not a git checkout)$", printed, re.M)
+    assert "skipped (needs" in printed  # the tiny budget turns the naive rows into the OOM row
     figures = json.loads(out.read_text())
     assert [r["tokens"] for r in figures["results"]] == [64, 128]
     assert figures["results"][0]["naive_ms"] is None and figures["results"][0]["flash_ms"] > 0
     assert figures["machine"]["cores"] >= 1 and figures["interrupted"] is False
-    assert figures["code"] in result.stdout
+    assert figures["code"] in printed
 
 
 def test_scaling_no_causal_and_bad_flags(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -755,7 +759,7 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "check: flex_attention equals the reference on every pattern at T = 512" in out
     assert "causal and window as mask_mods give the baseline's bits, forward and backward" in out
     assert "tile maps, one cell = 32 x 32 scores" in out
-    for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 1024", "3/4"),
+    for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 128", "3/4"),
                            ("alibi", "3/4"), ("softcap", "3/4")]:  # fmt: skip
         assert re.search(rf"^{re.escape(pattern)}( \*)?\s+{tiles}\s", out, re.MULTILINE), f"row {pattern}"  # * = busy
     for target in ["causal: flex/flash", "8 documents: flex/batch", "alibi: flex/causal flash", "softcap:"]:
@@ -763,6 +767,35 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "flash_attention(causal=True), the baseline's:" in out
     assert "the targets are set for T = 16,384: at T = 512 the ratios are shown, not judged" in out
     assert "MISSED" not in out and "met)" not in out and "torch" not in out.split("tile maps")[1]  # torch: --torch
+
+
+def test_the_default_window_is_a_fraction_of_t_so_its_row_is_not_causal():
+    flex = load("flex.py")
+    assert flex.parse_args([]).tokens == 1024  # the default run: seconds on 2 cores
+    assert flex.parse_args(["--tokens", "16384"]).window == 1024  # docs/results/flex.md's table
+    for argv, window in [([], 256), (["--tokens", "512"], 128), (["--window", "100"], 100)]:
+        args = flex.parse_args(argv)
+        assert args.window == window
+        mods, T = flex.patterns(args), args.tokens
+        window_mask = ta.create_mask(mods[f"window {window}"][0], None, None, T, T)
+        assert not np.array_equal(window_mask, ta.create_mask(mods["causal"][0], None, None, T, T))
+
+
+def test_round_robin_idles_only_after_a_library_whose_threads_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    flex, order = load("flex.py"), []
+    monkeypatch.setattr(flex.time, "sleep", lambda seconds: order.append("idle"))
+    names = ["causal", "torch causal", "alibi", "flash causal", "matmul"]
+    times = flex.round_robin({name: lambda name=name: order.append(name) for name in names}, repeats=2)
+    assert set(times) == set(names)
+    # after torch's call and after the matmul (BLAS's threads): an idle; after our workers' calls: none
+    one_round = ["causal", "torch causal", "idle", "alibi", "flash causal", "matmul"]
+    assert order == (one_round + ["idle"]) * 2 + one_round
+
+
+def test_a_window_that_covers_t_is_said_to_equal_causal(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["--tokens", "64", "--heads", "1", "--head-dim", "8", "--repeats", "1", "--window", "64", "--no-reference"]
+    assert load("flex.py").main(flags) == 0
+    assert "window 64 >= T = 64: every earlier key is in it, so its row is causal's" in capsys.readouterr().out
 
 
 def test_varlen_times_packed_documents_against_the_batch():
@@ -776,8 +809,12 @@ def test_varlen_times_packed_documents_against_the_batch():
     assert "tile maps" not in result.stdout  # --varlen times the packed documents only
 
 
-def test_help_and_bad_arguments():
+def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "Attention patterns as mods" in run(SCRIPT, "--help").stdout
+    result = run(SCRIPT, "--tokens", "100")  # a real process: exit 2 and one line, no traceback
+    assert result.returncode == 2 and "--tokens must be a multiple of 16" in result.stderr
+    assert "Traceback" not in result.stderr
+    flex = load("flex.py")
     for args, message in [(["--tokens", "100"], "--tokens must be a multiple of 16"),
                           (["--heads", "0"], "--heads: must be a positive int"),
                           (["--heads", "100000"], "--heads: must be a positive int at most 1,024"),
@@ -787,5 +824,7 @@ def test_help_and_bad_arguments():
                           (["--tokens", "131072", "--heads", "1024"], "lower --tokens, --heads or --head-dim"),
                           (["--baseline", "/nonexistent"], "no tinyattn_np/__init__.py there"),
                           (["--seed", "-1"], "must be an int >= 0")]:  # fmt: skip
-        result = run(SCRIPT, *args)
-        assert result.returncode == 2 and message in result.stderr, (args, result.stderr)
+        with pytest.raises(SystemExit) as stop:  # argparse's error: usage, the message, exit 2
+            flex.parse_args(args)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err, (args, err)

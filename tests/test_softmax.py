@@ -120,6 +120,15 @@ def test_logsumexp_with_inf_matches_scipy():
             np.testing.assert_array_equal(logsumexp(x), scipy_logsumexp(x), err_msg=str(row))
 
 
+def test_a_row_holding_inf_or_nan_gives_nan_as_torch_and_no_warning():
+    x = np.array([[np.inf, 0.0], [np.nan, 1.0], [-np.inf, 2.0], [np.inf, np.inf], [-np.inf, -np.inf]], np.float32)
+    with np.errstate(all="raise"):  # neither a warning nor an error inside softmax
+        w = softmax(x)
+    assert np.isnan(w[:2]).all() and np.isnan(w[3]).all()  # inf - inf: the whole row NaN (torch.softmax too)
+    np.testing.assert_array_equal(w[2], [0.0, 1.0])  # -inf is a hidden key, not a bad one
+    np.testing.assert_array_equal(w[4], [0.0, 0.0])  # no key at all: zeros
+
+
 def test_merge_states_propagates_nan_and_inf():
     out = np.ones((3, 2))
     lse_a = np.array([np.nan, np.inf, -np.inf])

@@ -1,11 +1,13 @@
 """The memory guard: attention() and attention_backward() build (..., L, S) arrays, so before they allocate
 anything they estimate their own peak from shapes and dtypes alone and refuse a call the machine cannot
-hold (AttentionMemoryError), instead of swapping or being killed. The caches and the decoding steps refuse
-the same way (refuse_unless_fits), against the memory this process can still take: what the machine has
-available, and no more than its address-space limit leaves (ulimit -v).
+hold (AttentionMemoryError), instead of swapping or being killed. The caches, the decoding steps, the
+blockwise doors (flash_attention, flex_attention and their backwards: refuse_blockwise) and create_mask
+refuse the same way (refuse_unless_fits). Every door measures against the memory this process can still
+take: what the machine has available, and no more than its address-space limit leaves (ulimit -v).
 
-The estimates are exact models of what the two functions allocate (tests/test_peaks.py and
-tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks.
+The reference's estimates are exact models of what the two functions allocate (tests/test_peaks.py and
+tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks. The
+blockwise doors' (blockwise_bytes) is an upper bound (tests/test__guard.py holds it above tracemalloc's).
 """
 
 from __future__ import annotations
@@ -15,17 +17,21 @@ import os
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
+
 from ._bytes import attention_sizes, float_bytes, format_bytes
-from ._checks import check_bool, check_count, check_positive_int, check_window_is_causal
+from ._checks import QKVShape, check_bool, check_count, check_positive_int, check_window_is_causal
 
 __all__ = [
     "AttentionMemoryError",
     "FALLBACK_MEMORY_BYTES",
     "attention_backward_bytes",
+    "blockwise_bytes",
     "meminfo_bytes",
     "memory_available",
     "memory_total",
     "naive_attention_bytes",
+    "refuse_blockwise",
     "refuse_if_too_big",
     "refuse_unless_fits",
     "sysconf_bytes",
@@ -40,6 +46,8 @@ except ImportError:  # not on Windows: no address-space limit to read there
 # When the operating system does not say how much memory there is, assume this little, so that a
 # guard built on it refuses too early rather than too late.
 FALLBACK_MEMORY_BYTES = 2 * 1024**3
+# What a blockwise call holds in Python objects beside its arrays (its items, tile lists, the pool's state).
+BOOKKEEPING_BYTES = 2**20
 
 
 class AttentionMemoryError(MemoryError):
@@ -114,9 +122,9 @@ def refuse_unless_fits(needed: int, who: str, what: str, change: str) -> None:
 
 
 def refuse_if_too_big(needed: int, who: str, what: str, instead: str) -> None:
-    """Raise AttentionMemoryError when `needed` bytes exceed the memory available now; `instead` names the
-    blockwise function that gives the same result without the L x S arrays."""
-    available = memory_available()
+    """Raise AttentionMemoryError when `needed` bytes exceed the memory this process can take now
+    (memory_usable); `instead` names the blockwise function that gives the same result without the L x S arrays."""
+    available = memory_usable()
     if needed > available:
         raise AttentionMemoryError(
             f"{who} would allocate {format_bytes(needed)} at its peak ({what}), but only "
@@ -222,3 +230,47 @@ def attention_backward_bytes(
     step_3 = 2 * weights + o + dv
     step_5 = weights + o + dv + rows * e * compute + batch * heads * n_k * e * compute + dk
     return math.ceil(copies + max(Fraction(forward), step_2, step_3, step_5))
+
+
+def blockwise_bytes(dims: QKVShape, stored: Any, compute: Any, plan: Any, *, heads_per_step: int = 1,
+                    backward: bool = False) -> int:  # fmt: skip
+    """An upper bound on the bytes that flash_attention and flex_attention (backward=False) or their backwards
+    allocate for inputs that exist, from shapes, dtypes and the plan's tiles and workers alone. With R = B·Hq·L
+    query rows, K = B·Hkv·S key rows, c the compute dtype's bytes and s the stored dtype's:
+
+        forward   k, v in the compute dtype K·(E + Ev)·c; out and lse R·(Ev + 1)·c, out cast back R·Ev·s;
+                  per worker one item: the G·bq queries of heads_per_step kv heads (q, the sums, m, l:
+                  E + Ev + 2 each) and three score tiles of G·bq x bk (the tile and a mod's temporaries)
+        backward  k, v as above; q·scale, dout, out in c and D, lse, the row sums: R·(E + 2·Ev + 3)·c; dq R·E·c;
+                  each query head's dk, dv B·Hq·S·(E + Ev)·c and their sums over the group K·(E + Ev)·c;
+                  the results cast back (R·E + K·(E + Ev))·s; per worker a key block's column of tiles:
+                  L rows of five bk-wide tiles and of E + Ev
+    and BOOKKEEPING_BYTES for the Python objects of the plan (its items, tile lists, the thread pool's state).
+    The casts are counted whether or not they copy: a bound, never short of the peak (a mod of your own that
+    makes more than two arrays of a tile's size excepted)."""
+    c, s = np.dtype(compute).itemsize, np.dtype(stored).itemsize
+    rows = math.prod(dims.batch) * dims.hq * dims.n_q
+    key_rows = math.prod(dims.batch) * dims.hkv * dims.n_k
+    e, ev, bk = dims.e, dims.ev, min(plan.block_k, max(dims.n_k, 1))
+    kv = key_rows * (e + ev) * c
+    if not backward:
+        queries = heads_per_step * dims.group * min(plan.block_q, max(dims.n_q, 1))  # one item's query columns
+        item = queries * (e + ev + 2 + 3 * bk) * c
+        return kv + rows * (ev + 1) * c + rows * ev * s + plan.workers * item + BOOKKEEPING_BYTES
+    per_head_grads = math.prod(dims.batch) * dims.hq * dims.n_k * (e + ev) * c
+    column = dims.n_q * (5 * bk + e + ev) * c
+    query_side = rows * (e + 2 * ev + 3) * c + rows * e * c
+    casts = (rows * e + key_rows * (e + ev)) * s
+    return 2 * kv + query_side + per_head_grads + casts + plan.workers * column + BOOKKEEPING_BYTES
+
+
+def refuse_blockwise(who: str, q: Any, k: Any, v: Any, dims: QKVShape, plan: Any, *, heads_per_step: int = 1,
+                     backward: bool = False) -> None:  # fmt: skip
+    """AttentionMemoryError before a blockwise door (flash_attention, flex_attention, their backwards)
+    allocates anything, when blockwise_bytes does not fit in the memory this process can take."""
+    compute = np.result_type(q, k, v, np.float32)  # float16 is computed in float32
+    needed = blockwise_bytes(dims, np.result_type(q, k, v), compute, plan, heads_per_step=heads_per_step,
+                             backward=backward)  # fmt: skip
+    shapes = f"q {q.shape}, k {k.shape}, v {v.shape} of {np.result_type(q, k, v)}"
+    what = ("the gradients, their per-head sums" if backward else "out, lse") + f" and {plan.workers} workers' tiles"
+    refuse_unless_fits(needed, who, f"{what}, for {shapes}", "lower the batch, the heads or the tokens, or workers=")

@@ -10,8 +10,8 @@ same bits for any number of workers.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -24,55 +24,82 @@ Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
 
 # Calls may overlap (threads) or nest, so the first one in sets the limit and the last one out restores
-# what it found: a module lock and one state, (calls inside, the limiter), replaced by one assignment, so
-# that an interrupt at any bytecode leaves either the state before or the state after (see _atomic.py).
+# what it found: a module lock and one state, (the calls inside, each by its token; the BLAS libraries with
+# the thread counts they had), replaced by one assignment, so that an interrupt at any bytecode leaves
+# either the state before or the state after (see _atomic.py). Leaving twice is harmless: the second finds
+# its token gone, or redoes a restore that an interrupt cut short (setting a count again changes nothing).
 _blas_lock = threading.RLock()
-_blas_state: tuple[int, Any] = (0, None)
+_blas_state: tuple[frozenset[object], tuple[tuple[Any, int], ...]] = (frozenset(), ())
 _blas_controller: Any = None
 
 
-def _enter_blas() -> None:
+def _enter_blas(token: object) -> None:
+    """Count the call `token` in; the first one in records BLAS's thread counts, then sets them to 1."""
     global _blas_state, _blas_controller
-    users, limiter = _blas_state
-    if users == 0:
-        if _blas_controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_controller = ThreadpoolController()
-        limiter = _blas_controller.limit(limits=1, user_api="blas")
-        try:
-            _blas_state = (1, limiter)
-        except BaseException:  # the limit was set but not recorded: undo it
-            limiter.restore_original_limits()
-            raise
-    else:
-        _blas_state = (users + 1, limiter)
-
-
-def _leave_blas() -> None:
-    global _blas_state
-    users, limiter = _blas_state
-    if users > 1:
-        _blas_state = (users - 1, limiter)
+    inside, originals = _blas_state
+    if token in inside:
         return
+    if inside:
+        _blas_state = (inside | {token}, originals)
+        return
+    if _blas_controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas_controller = ThreadpoolController()
+    libraries = _blas_controller.select(user_api="blas").lib_controllers
+    _blas_state = (frozenset({token}), tuple((library, library.num_threads) for library in libraries))  # commit
+    for library in libraries:  # an interrupt in here: the caller leaves, which restores the recorded counts
+        library.set_num_threads(1)
+
+
+def _leave_blas(token: object) -> None:
+    """Count the call `token` out (nothing if it is not in); the last one out restores the recorded counts."""
+    global _blas_state
+    inside, originals = _blas_state
+    if token not in inside:
+        return
+    if len(inside) > 1:
+        _blas_state = (inside - {token}, originals)
+        return
+    for library, threads in originals:  # an interrupt in here: the caller leaves again and finishes it
+        library.set_num_threads(threads)
+    _blas_state = (frozenset(), ())
+
+
+def _leave_blas_fully(token: object) -> None:
+    """_leave_blas under the lock, and if an exception cuts it short, once more: the count and the restore
+    are then done, whatever bytecode the exception was raised at."""
     try:
-        limiter.restore_original_limits()
-    finally:
-        _blas_state = (0, None)
+        holding(_blas_lock, _leave_blas, token)
+    except BaseException:
+        holding(_blas_lock, _leave_blas, token)
+        raise
 
 
-@contextmanager
-def one_blas_thread() -> Iterator[None]:
+class one_blas_thread:  # noqa: N801 (named as the function it is used as: with one_blas_thread(): ...)
     """A context in which BLAS runs single-threaded (threadpoolctl), safe for overlapping and nested use.
 
-    The limit is process-wide: a matmul in another thread of yours runs single-threaded meanwhile. The
-    lock is released wherever an interrupt lands (holding), so a Ctrl-C never leaves the next call waiting.
-    """
-    holding(_blas_lock, _enter_blas)
-    try:
-        yield
-    finally:
-        holding(_blas_lock, _leave_blas)
+    The limit is process-wide: a matmul in another thread of yours runs single-threaded meanwhile. An
+    exception raised at any bytecode of entering or leaving (a Ctrl-C) leaves no lock held, and the limit
+    restored once no call is inside: __enter__ leaves again if it cannot finish, __exit__ finishes a leave cut
+    short, and where the caller's own bytecodes between its body and the call of __exit__ (or __exit__'s
+    first) are interrupted, a `with` statement skips __exit__ and drops the context at once: a finalizer
+    (weakref.finalize, detached by a whole __exit__) leaves then."""
+
+    def __enter__(self) -> None:
+        token = object()
+        try:
+            self._token = token
+            self._left_when_dropped = weakref.finalize(self, _leave_blas_fully, token)
+            holding(_blas_lock, _enter_blas, token)
+            return None
+        except BaseException:
+            _leave_blas_fully(token)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        _leave_blas_fully(self._token)
+        self._left_when_dropped.detach()
 
 
 def nonfinite_quiet() -> Any:

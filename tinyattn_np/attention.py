@@ -134,11 +134,13 @@ def _grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
     return x.reshape(*dims.batch, *heads, x.shape[-2], x.shape[-1])
 
 
+@np.errstate(invalid="ignore")  # inf - inf and 0 · inf from an inf input: NaN is the answer, as in torch
 def attend(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
-    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S)."""
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S).
+    An inf or NaN input gives NaN where it reaches (inf - inf, 0 · inf), as torch does, and no warning."""
     # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first, as
     #    flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
     q_s = np.multiply(q, scale, dtype=k.dtype)  # (..., Hq, L, E) in the compute dtype; q stays as it was
@@ -218,6 +220,7 @@ def attention(
     A query that may see no key gets output 0 (and weights 0), never NaN; S = 0 gives zeros.
     A NaN in q or k reaches only the output rows whose scores touch it. A NaN in v reaches every row:
     weights @ v multiplies it by each row's weight, and 0 · NaN is NaN (the same in torch's math path).
+    An inf acts alike (a score of +inf makes its row NaN, 0 · inf is NaN), with no RuntimeWarning.
     check_memory=True refuses (AttentionMemoryError) a score matrix larger than the available memory,
     before anything is converted or built: the check reads shapes and dtypes only.
     score_mod, mask_mod, sinks: flex_attention's mods, on the whole matrix (mods.py): the score_mod on

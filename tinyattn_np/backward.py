@@ -55,7 +55,7 @@ from ._checks import (
     compute_dtype,
     without_head_axis,
 )
-from ._guard import attention_backward_bytes, refuse_if_too_big
+from ._guard import attention_backward_bytes, refuse_blockwise, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
@@ -140,6 +140,7 @@ def attention_backward(
     return (grads[0][0], grads[1][0], grads[2][0]) if two_d else grads
 
 
+@np.errstate(invalid="ignore")  # an inf input: NaN where it reaches (inf - inf, 0 · inf), as torch; no warning
 def _attention_flex_grads(
     q: np.ndarray, k: np.ndarray, v: np.ndarray, dout: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
 ) -> FlexGrads:
@@ -509,6 +510,7 @@ def flash_attention_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
+    refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, backward=True)
     dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     return (dq[0], dk[0], dv[0]) if two_d else (dq, dk, dv)
 
@@ -554,6 +556,7 @@ def flex_attention_backward(
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     plan = _BackwardPlan(fplan.scale, fplan.tile_mask, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
+    refuse_blockwise("flex_attention_backward()", q, k, v, dims, plan, backward=True)
     grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
         return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])

@@ -51,6 +51,7 @@ from ._checks import (
     result_dtype,
     without_head_axis,
 )
+from ._guard import refuse_blockwise
 from ._parallel import one_blas_thread, run_items
 from .blockmask import (
     DEFAULT_BLOCK_K,
@@ -529,6 +530,7 @@ def flash_attention(
     two_d = without_head_axis(q)
     sizes = {"block_q": block_q, "block_k": block_k, "kv_heads_per_step": kv_heads_per_step, "workers": workers}
     q, k, v, dims, plan = check_flash(q, k, v, causal=causal, scale=scale, window=window, align=align, **sizes)
+    refuse_blockwise("flash_attention()", q, k, v, dims, plan, heads_per_step=plan.kv_heads_per_step)
     out, lse = flash_forward(q, k, v, dims, plan)
     if two_d:
         out, lse = out[0], lse[0]

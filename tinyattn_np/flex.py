@@ -33,6 +33,7 @@ from ._checks import (
     compute_dtype,
     without_head_axis,
 )
+from ._guard import refuse_blockwise
 from .blockmask import (
     CODE,
     DEFAULT_BLOCK_Q,
@@ -129,6 +130,7 @@ def flex_attention(
         query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
         sinks=sinks, workers=workers, kernel_options=kernel_options, kv_heads_per_step=kv_heads_per_step,
     )  # fmt: skip
+    refuse_blockwise("flex_attention()", q, k, v, dims, plan, heads_per_step=plan.kv_heads_per_step)
     out, lse = flash_forward(q, k, v, dims, plan)
     if two_d:
         out, lse = out[0], lse[0]

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_count, check_positive_int, check_window_is_causal, plain_array
+from ._guard import refuse_unless_fits
 from .masks import _causal_offset, _check_window
 
 __all__ = [
@@ -129,12 +130,17 @@ def create_mask(mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN:
     if device not in (None, "cpu"):
         raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
     B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
-    b, h, q_idx, kv_idx = score_indices((B,), H, check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN"))
+    n_q, n_k = check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN")
+    # the mask, and what the mod makes on the way: two bool arrays of its size, or a score_mod's two of float64
+    per_entry = 3 if positional_arguments(mod_fn) != 5 else 2 * 8 + 3
+    refuse_unless_fits(B * H * n_q * n_k * per_entry, "create_mask()", f"a ({B}, {H}, {n_q}, {n_k}) mask",
+                       "lower B, H or the lengths; create_block_mask gives the tiles without it")  # fmt: skip
+    b, h, q_idx, kv_idx = score_indices((B,), H, n_q, n_k)
     if positional_arguments(mod_fn) == 5:  # a score_mod: the scores it does not hide
-        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, Q_LEN, KV_LEN)), b, h, q_idx, kv_idx))
+        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, n_q, n_k)), b, h, q_idx, kv_idx))
     else:
         allowed = visible(mod_fn, b, h, q_idx, kv_idx)
-    return np.broadcast_to(allowed, (B, H, Q_LEN, KV_LEN)).copy()
+    return np.broadcast_to(allowed, (B, H, n_q, n_k)).copy()
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -30,16 +30,20 @@ def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """softmax written into x itself (no second array of x's size); x must be a writable float array.
 
     attention() uses this on its score matrix so that the weights reuse the scores' memory.
+    A row holding +inf or NaN becomes all NaN (torch's answer): +inf - max is inf - inf = NaN, and the row's
+    total is then NaN; NumPy's warning for that is the answer itself, so it is silenced here.
     """
-    x -= _safe_max(x, axis)  # every entry now <= 0: exp cannot overflow
+    with np.errstate(invalid="ignore"):  # inf - inf in a row holding +inf: NaN, the answer
+        x -= _safe_max(x, axis)  # every entry now <= 0 (or NaN): exp cannot overflow
     np.exp(x, out=x)
     total = np.sum(x, axis=axis, keepdims=True)  # 0 only for an all -inf row, which is all 0 already
-    np.divide(x, total, out=x, where=total > 0)
+    np.divide(x, total, out=x, where=total != 0)  # a NaN total makes the whole row NaN
     return x
 
 
 def softmax(x: Array, axis: int = -1) -> Array:
-    """exp(x - max) / sum(exp(x - max)) along axis; a row of all -inf gives all zeros (not NaN).
+    """exp(x - max) / sum(exp(x - max)) along axis; a row of all -inf gives all zeros (not NaN), a row holding
+    +inf or NaN gives all NaN (as torch), without a warning.
 
     float16 is computed in float32 and cast back.
     """
