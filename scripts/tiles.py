@@ -55,6 +55,7 @@ from tinyattn_np.flash import (
     forward_results,
     grouped_heads,
     item_parts,
+    kv_rows,
     running_start,
     scaled_queries,
     tile_mods,
@@ -268,12 +269,12 @@ def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: A
     ct = compute_dtype(q, k, v)
     with clock(COPIES):
         arrays = grouped_heads(q, k, v, dims, ct)
-    for item in forward_items(dims, plan, len(arrays.k)):
+    for item in forward_items(dims, plan, len(arrays.q), len(arrays.k)):
         heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
         with clock(COPIES):
             q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
-        block_copy(q_t, arrays.k[heads], arrays.v[heads], plan, query_heads, rows, arrays.out[heads, :, rows],
-                   arrays.lse[heads, :, rows], clock)  # fmt: skip
+        block_copy(q_t, *(x[kv_rows(heads, arrays)] for x in (arrays.k, arrays.v)), plan, query_heads, rows,
+                   arrays.out[heads, :, rows], arrays.lse[heads, :, rows], clock)  # fmt: skip
     with clock(COPIES):
         return forward_results(arrays, dims, ct)
 
