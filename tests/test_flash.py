@@ -96,7 +96,8 @@ def test_float16_lse_past_float16_range():
 )
 def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_them(rng, monkeypatch, shift, falls_back):
     """The fast path sums exp(s) against 0 (flash.attend_block); scores too large for exp, or all far below 0,
-    send a block to the running max (attend_block_online). Either way the result is the reference's."""
+    send a block to the running max (attend_tiles with running_max=True). Either way the result is the
+    reference's."""
     import tinyattn_np.flash as flash_module
 
     q = rng.standard_normal((2, 40, 8)).astype(np.float32)
@@ -104,8 +105,13 @@ def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_th
     q[1, :, 0], k[1, :, 0] = 0.0, shift  # key channel 0 holds the shift, which only queries 16..31 read:
     q[1, 16:32] = 0.0
     q[1, 16:32, 0] = 1.0  # their every score is `shift`
-    online, used = flash_module.attend_block_online, []
-    monkeypatch.setattr(flash_module, "attend_block_online", lambda *a: used.append(1) or online(*a))
+    tiles, used = flash_module.attend_tiles, []
+
+    def counted(*args, running_max):
+        used.extend([1] * running_max)
+        return tiles(*args, running_max=running_max)
+
+    monkeypatch.setattr(flash_module, "attend_tiles", counted)
     out, lse = flash_attention(q, k, v, causal=True, scale=1.0, block_q=16, block_k=16, return_lse=True)
     gold, gold_lse = gold_attention(q, k, v, bottom_right(40, 50), scale=1.0)
     assert_close(out, gold, np.float32, f"shift {shift}")

@@ -67,7 +67,7 @@ from .mods import modded, visible
 
 __all__ = [
     "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "TileMods", "TileRule", "apply_mods", "attend_block",
-    "attend_block_online", "broadcast_kv", "check_flash", "constant_rule", "default_tiles", "finish_rows",
+    "attend_tiles", "broadcast_kv", "check_flash", "constant_rule", "default_tiles", "finish_rows",
     "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results",
     "grouped_heads", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
     "tile_rule", "tile_scores", "trusted", "use_tile_rule",
@@ -205,38 +205,67 @@ def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan,
     k (c, S, E), v (c, S, Ev): the c kv heads; heads: the c·G query heads, kv head by kv head. Writes
     out_rows (c, G, bq, Ev) and lse_rows (c, G, bq).
 
-    Why this is fast: the sums are measured against 0, not against the running max. The reference point
-    cancels in acc / l, so any m gives the softmax; with m = 0 for every row and every tile (FlashDecoding++,
-    Hong et al. 2023, section 3: a "unified max value"), nothing is found, subtracted or rescaled, and a
-    tile is two matmuls, one exponential and one row sum:
+    Why this is fast: the sums are first measured against 0, not against the running max (attend_tiles with
+    running_max=False). The reference point cancels in acc / l, so any m gives the softmax; with m = 0 for
+    every row and every tile (FlashDecoding++, Hong et al. 2023, section 3: a "unified max value"), nothing is
+    found, subtracted or rescaled, and a tile is two matmuls, one exponential and one row sum:
         l   += Σ_keys exp(s)          acc += exp(s) @ v_tile          out = acc / l,  lse = log l
     m = 0 holds as long as exp(s) neither overflows nor leaves a row with nothing but underflowed terms;
-    the sums say when it did not (trusted), and then the block is done again with the running max
-    (attend_block_online), so the result is the online softmax's either way.
+    the sums say when it did not (trusted), and then the block is done again with the running max, so the
+    result is the online softmax's either way.
+    """
+    c, _, n = q_t.shape
+    acc = np.empty((c, n, v.shape[-1]), q_t.dtype)  # (c, n, Ev) Σ exp(s - m) v, filled by attend_tiles
+    m, l = attend_tiles(q_t, k, v, plan, heads, rows, acc, running_max=False)
+    if not trusted(l, acc):  # exp(s) overflowed, or a row's terms all underflowed: again with the running max
+        m, l = attend_tiles(q_t, k, v, plan, heads, rows, acc, running_max=True)
+    finish_rows(acc, m, l, out_rows, lse_rows)
+
+
+def attend_tiles(
+    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, acc: np.ndarray,
+    *, running_max: bool,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The tile loop of attend_block: fills acc (c, n, Ev) with Σ exp(s - m) v and returns m and l (c, n), the
+    reference point and Σ exp(s - m) of each row. running_max=False: m = 0 throughout (steps 3 and 5 skipped);
+    True: the module doc's running max, m moved and what was summed rescaled at every tile.
     The score tile is kept transposed, keys down and queries across: (c, bk, n); BLAS sums its columns
     (ones @ s) faster than NumPy sums an axis.
     """
     c, _, n = q_t.shape
     dtype = q_t.dtype
     mods, q_idx = tile_mods(plan, heads, rows, c)
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))
-    l *= np.exp(m)  # (c, n): a sink's term exp(sink) measured against 0 (no sink: 0)
-    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) Σ exp(s) v
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
+    if not running_max:  # a sink's term exp(sink) measured against 0 (no sink: 0), and m = 0 from here on
+        l *= np.exp(m)
+        m = np.zeros_like(m)
+    acc[...] = 0
     tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
     ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the sums, and trusted() sees it
+    with np.errstate(over="ignore", invalid="ignore"):  # against 0, an overflow shows in the sums (trusted)
         for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
             # 1) scores of this tile for every head of the step, 2) the mods (tile_scores)
             s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
-            # 3) P̃ = exp(S) in place, against 0: no max to find, none to subtract
+            if running_max:
+                # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the
+                #    lowest finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
+                m_new = np.maximum(m, s.max(axis=1))  # (c, n)
+                m_safe = np.maximum(m_new, np.finfo(dtype).min)  # (c, n)
+                s -= m_safe[:, None, :]  # (c, bk, n) - (c, 1, n): each column is one query
+            # 4) P̃ = exp(s - m) in place. (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2
+            #    is twice as fast on moderate inputs but falls to a slow path, over 20x slower, where results
+            #    underflow.)
             np.exp(s, out=s)
-            # 4) add the tile's row sums and its weighted values: nothing to rescale
+            if running_max:
+                # 5) rescale what was accumulated against the old max; 0 where m was -inf, and l, acc are 0 then
+                alpha = np.exp(m - m_safe)  # (c, n)
+                l *= alpha
+                acc *= alpha[:, :, None]
+                m = m_new
+            # 6) add the tile's row sums and its weighted values
             l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
             acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
-    if not trusted(l, acc):
-        attend_block_online(q_t, k, v, plan, heads, rows, out_rows, lse_rows, tile_buf, acc)
-        return
-    finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
+    return m, l
 
 
 def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
@@ -267,40 +296,8 @@ def tile_scores(k: np.ndarray, q_t: np.ndarray, t: Tile, tile_buf: np.ndarray, m
     return s
 
 
-def attend_block_online(
-    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, out_rows: np.ndarray,
-    lse_rows: np.ndarray, tile_buf: np.ndarray, acc: np.ndarray,
-) -> None:  # fmt: skip
-    """attend_block with the running max (the module doc's m, l, acc), for a block whose sums against 0 did not
-    hold: scores too large for exp, or too far below 0. tile_buf and acc: attend_block's, used again."""
-    c, _, n = q_t.shape
-    dtype = q_t.dtype
-    mods, q_idx = tile_mods(plan, heads, rows, c)
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
-    acc[...] = 0  # (c, n, Ev) running exp(score - m) @ v
-    for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-        s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n)
-        # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
-        #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
-        m_new = np.maximum(m, s.max(axis=1))  # (c, n)
-        m_safe = np.maximum(m_new, np.finfo(dtype).min)  # (c, n)
-        # 4) probabilities of this tile relative to the new max, in place: s <- exp(s - m').
-        #    (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2 is twice as fast on
-        #    moderate inputs but falls to a slow path, over 20x slower here, where results underflow.)
-        s -= m_safe[:, None, :]  # (c, bk, n) - (c, 1, n): each column is one query
-        np.exp(s, out=s)
-        # 5) rescale what was accumulated against the old max, then add this tile
-        alpha = np.exp(m - m_safe)  # (c, n); 0 where m was -inf, and then l and acc are 0 anyway
-        l *= alpha
-        l += s.sum(axis=1)
-        acc *= alpha[:, :, None]
-        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev)
-        m = m_new
-    finish_rows(acc, m, l, out_rows, lse_rows)
-
-
 def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndarray, lse_rows: np.ndarray) -> None:
-    """6) Divide once at the end: out = acc / l, lse = m + log l; a row that saw no key (l = 0) gets out 0
+    """7) Divide once at the end: out = acc / l, lse = m + log l; a row that saw no key (l = 0) gets out 0
     and lse -inf. (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)"""
     acc, m, l = acc.reshape(out_rows.shape), m.reshape(lse_rows.shape), l.reshape(lse_rows.shape)  # (c, G, bq, ...)
     empty = l == 0  # (c, G, bq)
