@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), help="T, the sequence length (default 4096; "
                    "1024 with --profile)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
-    p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): this machine's tiles and workers")
+    p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): tiles, workers, decode layout")
     common.add_shape_arguments(p, tokens_range=False, repeats=3)
     add_wide_argument(p)
     args = p.parse_args(argv)
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
         common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tinyattn_np.tune()}")
+        print(f"tuned: {tinyattn_np.tune()}; decode: {tinyattn_np.splitkv.decode_layout()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)
