@@ -13,7 +13,7 @@ causal, random inputs; a few seconds), the candidates interleaved and each the f
     2) with that tile, the workers: one per core, or half as many;
     3) the backward's square tiles of 128, 256 or 512 on those workers;
     4) flash_decode's layout (splitkv.DECODE_LAYOUTS: blocks of 2^13, 2^15 or 2^17 scores, stored queries first
-       or keys first) on one decode step: 32 query heads over 8 kv heads of 128, 8,192 cached keys, float32.
+       or keys first) on one decode step: 32 query heads over 8 kv heads of 128, 16,384 cached keys, float32.
 A candidate replaces the constants' own choice only when it is faster by more than CLEAR_MARGIN, so that noise
 does not move the defaults. The rule is kept for this process (flash.use_tile_rule, splitkv.use_decode_layout)
 and, with cache=True, in the user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json),
@@ -169,7 +169,7 @@ def measure_decode_layout(repeats: int) -> DecodeLayout:
     the default layout kept unless another is clearly faster. The layout in force is the default after it."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)  # 32 query heads, one new token each
-    k, v = (rng.standard_normal((1, 8, 8192, 128), dtype=np.float32) for _ in range(2))  # 8 kv heads, 32 MiB each
+    k, v = (rng.standard_normal((1, 8, 16384, 128), dtype=np.float32) for _ in range(2))  # 8 kv heads, 64 MiB each
 
     def step(layout: DecodeLayout) -> Callable[[], object]:
         def run() -> object:
