@@ -55,6 +55,7 @@ from tinyattn_np.flash import (
     forward_results,
     grouped_heads,
     item_parts,
+    kv_rows,
     running_start,
     scaled_queries,
     tile_mods,
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), help="T, the sequence length (default 4096; "
                    "1024 with --profile)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
-    p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): this machine's tiles and workers")
+    p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): tiles, workers, decode layout")
     common.add_shape_arguments(p, tokens_range=False, repeats=3)
     add_wide_argument(p)
     args = p.parse_args(argv)
@@ -268,12 +269,12 @@ def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: A
     ct = compute_dtype(q, k, v)
     with clock(COPIES):
         arrays = grouped_heads(q, k, v, dims, ct)
-    for item in forward_items(dims, plan, len(arrays.k)):
+    for item in forward_items(dims, plan, len(arrays.q), len(arrays.k)):
         heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
         with clock(COPIES):
             q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
-        block_copy(q_t, arrays.k[heads], arrays.v[heads], plan, query_heads, rows, arrays.out[heads, :, rows],
-                   arrays.lse[heads, :, rows], clock)  # fmt: skip
+        block_copy(q_t, *(x[kv_rows(heads, arrays)] for x in (arrays.k, arrays.v)), plan, query_heads, rows,
+                   arrays.out[heads, :, rows], arrays.lse[heads, :, rows], clock)  # fmt: skip
     with clock(COPIES):
         return forward_results(arrays, dims, ct)
 
@@ -486,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
         common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tinyattn_np.tune()}")
+        print(f"tuned: {tinyattn_np.tune()}; decode: {tinyattn_np.splitkv.decode_layout()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)

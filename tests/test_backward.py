@@ -608,3 +608,21 @@ def test_one_head_rows_that_see_nothing(rng):
     q_nan[5, 0] = np.nan  # a NaN in the inputs stays NaN in its row, never a quiet 0
     out, lse = flash_attention_one_head(q_nan, k[0], v[0], causal=True, block_q=2, block_k=2)
     assert np.isnan(out[5]).all() and np.isnan(lse[5]) and np.isfinite(out[4]).all()
+
+
+@pytest.mark.parametrize(("q_batch", "kv_batch"), [((3,), (1,)), ((2, 2), (1, 1))])
+def test_kv_of_batch_one_gets_its_gradients_summed_over_the_query_batch(rng, q_batch, kv_batch):
+    """As torch gives them: dk and dv of k and v broadcast over the query's batch are the sums of the gradients
+    of the broadcast spelled out; dq is the same."""
+    q = rng.standard_normal((*q_batch, 4, 40, 8))
+    k, v = (rng.standard_normal((*kv_batch, 2, 50, 8)) for _ in range(2))
+    dout = rng.standard_normal(q.shape)
+    k_all, v_all = (np.broadcast_to(x, (*q_batch, *x.shape[-3:])).copy() for x in (k, v))
+    dq_gold, dk_all, dv_all = attention_backward(q, k_all, v_all, dout, causal=True)
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=16, block_k=16)
+    assert dk.shape == k.shape and dv.shape == v.shape
+    assert_close(dq, dq_gold, np.float64, "dq")
+    batch_axes = tuple(range(len(q_batch)))
+    assert_close(dk, dk_all.sum(axis=batch_axes, keepdims=True), np.float64, "dk")
+    assert_close(dv, dv_all.sum(axis=batch_axes, keepdims=True), np.float64, "dv")

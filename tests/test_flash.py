@@ -96,7 +96,8 @@ def test_float16_lse_past_float16_range():
 )
 def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_them(rng, monkeypatch, shift, falls_back):
     """The fast path sums exp(s) against 0 (flash.attend_block); scores too large for exp, or all far below 0,
-    send a block to the running max (attend_block_online). Either way the result is the reference's."""
+    send a block to the running max (attend_tiles with running_max=True). Either way the result is the
+    reference's."""
     import tinyattn_np.flash as flash_module
 
     q = rng.standard_normal((2, 40, 8)).astype(np.float32)
@@ -104,8 +105,13 @@ def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_th
     q[1, :, 0], k[1, :, 0] = 0.0, shift  # key channel 0 holds the shift, which only queries 16..31 read:
     q[1, 16:32] = 0.0
     q[1, 16:32, 0] = 1.0  # their every score is `shift`
-    online, used = flash_module.attend_block_online, []
-    monkeypatch.setattr(flash_module, "attend_block_online", lambda *a: used.append(1) or online(*a))
+    tiles, used = flash_module.attend_tiles, []
+
+    def counted(*args, running_max):
+        used.extend([1] * running_max)
+        return tiles(*args, running_max=running_max)
+
+    monkeypatch.setattr(flash_module, "attend_tiles", counted)
     out, lse = flash_attention(q, k, v, causal=True, scale=1.0, block_q=16, block_k=16, return_lse=True)
     gold, gold_lse = gold_attention(q, k, v, bottom_right(40, 50), scale=1.0)
     assert_close(out, gold, np.float32, f"shift {shift}")
@@ -560,3 +566,37 @@ def test_the_plain_paths_take_the_papers_parameters_only():
     assert forward == ["q", "k", "v", "causal", "scale", "block_q", "block_k"]
     assert backward == ["q", "k", "v", "out", "dout", "lse", "causal", "scale", "block_q", "block_k"]
     assert "running_start" not in inspect.getsource(flash_attention_one_head)
+
+
+@pytest.mark.parametrize(("q_batch", "kv_batch"), [((3,), (1,)), ((2, 3), (1, 1))])
+@pytest.mark.parametrize("hq, hkv", [(4, 2), (3, 1), (2, 2)])
+def test_kv_of_batch_one_is_broadcast_over_the_query_batch(rng, q_batch, kv_batch, hq, hkv):
+    """As torch's SDPA: k and v of batch 1 serve every query batch entry, the same bits as the broadcast spelled
+    out, with any heads per step (a step never spans two batch entries of k and v held once)."""
+    q = rng.standard_normal((*q_batch, hq, 70, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((*kv_batch, hkv, 90, 16)).astype(np.float32) for _ in range(2))
+    k_all, v_all = (np.broadcast_to(x, (*q_batch, *x.shape[-3:])).copy() for x in (k, v))  # spelled out
+    gold, gold_lse = gold_attention(q, k_all, v_all, bottom_right(70, 90))
+    for per_step in (1, 2, 3):
+        out, lse = flash_attention(q, k, v, causal=True, block_q=32, block_k=32, kv_heads_per_step=per_step,
+                                   return_lse=True)  # fmt: skip
+        assert_close(out, gold, np.float32, f"{per_step} kv heads per step")
+        assert_close(lse, gold_lse, np.float32)
+        again = flash_attention(q, k_all, v_all, causal=True, block_q=32, block_k=32, kv_heads_per_step=per_step)
+        np.testing.assert_array_equal(out, again)
+
+
+def test_kv_of_batch_one_is_held_once_not_per_batch_entry(rng):
+    q = rng.standard_normal((16, 2, 8, 32)).astype(np.float32)  # 16 batch entries of 8 queries
+    k, v = (rng.standard_normal((1, 2, 4096, 32)).astype(np.float32) for _ in range(2))  # 1 MiB each
+    out, peak = traced_peak(flash_attention, q, k, v)
+    assert peak < 4 * k.nbytes, f"{peak:,} B traced: k and v ({k.nbytes:,} B each) copied per batch entry?"
+    np.testing.assert_array_equal(out, flash_attention(q, *(np.repeat(x, 16, axis=0) for x in (k, v))))
+
+
+@pytest.mark.parametrize(("q_shape", "kv_shape"), [((3, 2, 5, 8), (2, 2, 9, 8)), ((3, 2, 5, 8), (2, 9, 8)),
+                                                   ((2, 3, 2, 5, 8), (1, 3, 2, 9, 8))])  # fmt: skip
+def test_other_batch_mismatches_are_still_refused(rng, q_shape, kv_shape):
+    q, kv = rng.standard_normal(q_shape), rng.standard_normal(kv_shape)
+    with pytest.raises(ValueError, match="batch dims|dims"):
+        flash_attention(q, kv, kv)

@@ -1,6 +1,6 @@
-"""splitkv.py: flash_decode (split-KV decoding) equals direct attention for any number of splits, the same
-bits for any number of workers; and it refuses, before allocating, a step whose peak does not fit, with a
-peak estimate checked against what tracemalloc sees."""
+"""splitkv.py: flash_decode (split-KV decoding) equals direct attention for any number of splits and under
+every layout tune() can choose, the same bits for any number of workers; and it refuses, before allocating, a
+step whose peak does not fit, with a peak estimate checked against what tracemalloc sees."""
 
 from __future__ import annotations
 
@@ -8,14 +8,34 @@ import importlib
 
 import numpy as np
 import pytest
+from conftest import assert_close, gold_attention
 from hypothesis import given
 from hypothesis import strategies as st
 from test_kvcache import _under_address_space_limit
+from test_paged_decode import _filled, _gold
 
-from tinyattn_np import AttentionMemoryError, attention, flash_attention, flash_decode, merge_chunks, merge_states
+from tinyattn_np import (
+    AttentionMemoryError,
+    attention,
+    flash_attention,
+    flash_decode,
+    merge_chunks,
+    merge_states,
+    paged_decode,
+)
 from tinyattn_np._checks import check_qkv, compute_dtype
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.splitkv import _default_kv_splits, decode_bytes, merges_without_copy
+from tinyattn_np.splitkv import (
+    DECODE_LAYOUTS,
+    DEFAULT_LAYOUT,
+    DecodeLayout,
+    _block_keys,
+    _default_kv_splits,
+    decode_bytes,
+    decode_layout,
+    merges_without_copy,
+    use_decode_layout,
+)
 
 RNG = np.random.default_rng(5)
 guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
@@ -201,3 +221,67 @@ def test_flash_decode_reads_a_float16_cache_block_by_block(rng):
     assert peak < k.nbytes / 4, f"{peak:,} B traced for a cache of {k.nbytes + v.nbytes:,} B"
     gold = attention(*(x.astype(np.float64) for x in (q, k, v)))
     np.testing.assert_allclose(out, gold, atol=2e-3)
+
+
+# --- the layouts tune() chooses among ---------------------------------------------------------------
+
+
+@pytest.fixture
+def layout_in_force():
+    """Each test sets layouts with use_decode_layout; the default is back in force after it."""
+    yield use_decode_layout
+    use_decode_layout(None)
+
+
+@pytest.mark.parametrize("layout", DECODE_LAYOUTS)
+@pytest.mark.parametrize(("dtype", "kv_dtype"), [(np.float64, np.float64), (np.float32, np.float32),
+                                                 (np.float32, np.float16)])  # fmt: skip
+def test_every_decode_layout_gives_the_reference(layout_in_force, layout, dtype, kv_dtype):
+    # 3,000 keys in 3 chunks: blocks of 256 keys and more, and a ragged last block, under every layout
+    q, _, _ = _qkv(batch=(2,), hq=8, hkv=2, n_q=2, n_k=3000, dtype=dtype)
+    _, k, v = _qkv(batch=(2,), hq=8, hkv=2, n_q=2, n_k=3000, dtype=kv_dtype)
+    gold, gold_lse = gold_attention(q, k, v)
+    layout_in_force(layout)
+    out, lse = flash_decode(q, k, v, kv_splits=3, return_lse=True)
+    assert_close(out, gold, dtype, f"out under {layout}")
+    assert_close(lse, gold_lse, dtype, f"lse under {layout}")
+
+
+@pytest.mark.parametrize("layout", DECODE_LAYOUTS)
+def test_one_layout_gives_the_same_bits_on_every_run(layout_in_force, layout):
+    q, k, v = _qkv(n_k=5000, dtype=np.float32)
+    layout_in_force(layout)
+    first = flash_decode(q, k, v, kv_splits=4, workers=1, return_lse=True)
+    for workers in (1, 2, 3):
+        again = flash_decode(q, k, v, kv_splits=4, workers=workers, return_lse=True)
+        for a, b in zip(first, again, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_the_layout_in_force_sets_the_block_and_the_bill(layout_in_force):
+    assert decode_layout() == DEFAULT_LAYOUT == DecodeLayout(2**17, keys_first=False)
+    dims = check_qkv(*_qkv(batch=(1,), hq=32, hkv=8, n_k=32768, e=128, ev=128, dtype=np.float32))[3]
+    default_bill = decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2)
+    assert _block_keys(32) == 4096  # 2^17 scores over 8 kv heads x 4 query rows
+    layout_in_force(DecodeLayout(2**13, keys_first=True))
+    assert _block_keys(32) == 256 and decode_layout().keys_first
+    assert decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2) < default_bill  # smaller blocks
+    layout_in_force(None)
+    assert decode_layout() == DEFAULT_LAYOUT
+
+
+def test_a_layout_of_the_wrong_types_is_refused(layout_in_force):
+    with pytest.raises(ValueError, match="scores_per_block"):
+        layout_in_force(DecodeLayout(0, keys_first=False))
+    with pytest.raises(TypeError, match="keys_first"):
+        layout_in_force(DecodeLayout(2**13, keys_first=1))  # type: ignore[arg-type]
+    assert decode_layout() == DEFAULT_LAYOUT
+
+
+@pytest.mark.parametrize("layout", DECODE_LAYOUTS)
+def test_every_decode_layout_reads_a_paged_cache_piece_by_piece(layout_in_force, layout):
+    """paged_decode shares the blocks: pages of 3 tokens interleaved in the pool make blocks of many pieces."""
+    cache, seqs = _filled([700, 41, 300], 3)
+    q = RNG.standard_normal((3, 6, 1, 8))
+    layout_in_force(layout)
+    assert_close(paged_decode(q, cache, seqs, kv_splits=2), _gold(q, cache, seqs), np.float64, f"under {layout}")

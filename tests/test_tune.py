@@ -1,6 +1,7 @@
 """tune(): every rule it can choose gives the reference's result, one rule gives the same bits on every run, the
-rule is kept for the process and in the cache, and a failed or interrupted tuning leaves the constants in force
-and no half-written file. The timings are replaced by fixed figures: nothing here depends on the machine's speed."""
+rule and the decode layout are kept for the process and in the cache, and a failed or interrupted tuning leaves
+the constants and the default layout in force and no half-written file (every decode layout against the
+reference: test_splitkv.py). The timings are replaced by fixed figures: nothing here depends on the machine's speed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import assert_close
 from tinyattn_np import attention, attention_backward, flash_attention, flash_attention_backward, tune, untune
 from tinyattn_np.flash import TileRule, constant_rule, default_tiles, tile_rule, use_tile_rule
 from tinyattn_np.peaks import flash_attention_backward_bytes
+from tinyattn_np.splitkv import DECODE_LAYOUTS, DEFAULT_LAYOUT, DecodeLayout, decode_layout, use_decode_layout
 
 tune_module = importlib.import_module("tinyattn_np.tune")  # the module: tinyattn_np.tune is the function
 
@@ -122,16 +124,20 @@ def test_a_rule_of_anything_but_positive_ints_is_refused():
 def test_tune_keeps_the_fastest_for_the_process_and_the_cache(monkeypatch, tmp_path):
     rounds = fixed_timings(monkeypatch, fastest_index=0)  # the first candidate of each round: 128, one head
     rule = tune(tokens=64, head_dim=8, repeats=1)
-    assert rounds == [9, len({constant_rule().workers, max(1, constant_rule().workers // 2)}), 3]
+    workers = len({constant_rule().workers, max(1, constant_rule().workers // 2)})
+    assert rounds == [9, workers, 3, len(DECODE_LAYOUTS)]
     assert rule.side == 128 and rule.scores_per_step == 128 * 128 and rule.backward_side == 128
-    assert tile_rule() == rule  # kept for the process
+    layout = DecodeLayout(2**13, keys_first=False)  # the first decode layout: small blocks, queries first
+    assert tile_rule() == rule and decode_layout() == layout  # kept for the process
     stored = json.loads((tmp_path / "cache" / "tinyattn_np" / "tile_rules.json").read_text())
-    assert stored == {tune_module.machine_key(): rule._asdict()}
+    assert stored == {tune_module.machine_key(): {**rule._asdict(), "decode_layout": layout._asdict()}}
     assert leftovers(tmp_path) == ["tile_rules.json"]  # no temporary file left beside it
     # the next process reads it: no measuring at all
     untune()
+    assert decode_layout() == DEFAULT_LAYOUT
     monkeypatch.setattr(tune_module, "time_candidates", lambda *a: pytest.fail("measured despite the cache"))
     assert tune(tokens=64, head_dim=8, repeats=1) == rule == tile_rule()
+    assert decode_layout() == layout
 
 
 def test_a_rule_measured_on_a_busy_machine_holds_here_and_is_not_stored(monkeypatch, tmp_path):
@@ -157,6 +163,7 @@ def test_busy_reads_the_load_average(monkeypatch):
 def test_a_candidate_must_clearly_beat_the_constants(monkeypatch):
     monkeypatch.setattr(tune_module, "time_candidates", lambda calls, repeats: [1.0] * len(calls))  # all alike
     assert tune(tokens=64, head_dim=8, repeats=1, cache=False) == constant_rule()
+    assert decode_layout() == DEFAULT_LAYOUT
 
 
 def test_cache_false_neither_reads_nor_writes(monkeypatch, tmp_path):
@@ -168,12 +175,18 @@ def test_cache_false_neither_reads_nor_writes(monkeypatch, tmp_path):
 def test_a_damaged_cache_is_measured_again_and_rewritten(monkeypatch, tmp_path):
     folder = tmp_path / "cache" / "tinyattn_np"
     folder.mkdir(parents=True)
-    for damaged in ("{not json", json.dumps({tune_module.machine_key(): {"side": -1}}), "[1, 2]"):
+    key, whole = tune_module.machine_key(), {**constant_rule()._asdict(), "decode_layout": DEFAULT_LAYOUT._asdict()}
+    no_layout = {**whole, "decode_layout": None}
+    odd_layout = {**whole, "decode_layout": {"scores_per_block": 100, "keys_first": False}}  # not a candidate
+    int_flag = {**whole, "decode_layout": {"scores_per_block": 2**13, "keys_first": 1}}
+    entries = ({"side": -1}, constant_rule()._asdict(), no_layout, odd_layout, int_flag)  # the 2nd: no layout at all
+    for damaged in ("{not json", "[1, 2]", *(json.dumps({key: entry}) for entry in entries)):
         (folder / "tile_rules.json").write_text(damaged)
         rounds = fixed_timings(monkeypatch, fastest_index=0)
         rule = tune(tokens=64, head_dim=8, repeats=1)
-        assert len(rounds) == 3 and rule.side == 128
-        assert json.loads((folder / "tile_rules.json").read_text())[tune_module.machine_key()] == rule._asdict()
+        assert len(rounds) == 4 and rule.side == 128
+        stored = json.loads((folder / "tile_rules.json").read_text())[key]
+        assert stored == {**rule._asdict(), "decode_layout": DECODE_LAYOUTS[0]._asdict()}
 
 
 def test_other_machines_entries_stay(monkeypatch, tmp_path):
@@ -183,7 +196,8 @@ def test_other_machines_entries_stay(monkeypatch, tmp_path):
     (folder / "tile_rules.json").write_text(json.dumps(other))
     fixed_timings(monkeypatch, fastest_index=0)
     rule = tune(tokens=64, head_dim=8, repeats=1)
-    assert json.loads((folder / "tile_rules.json").read_text()) == {**other, tune_module.machine_key(): rule._asdict()}
+    entry = {**rule._asdict(), "decode_layout": decode_layout()._asdict()}
+    assert json.loads((folder / "tile_rules.json").read_text()) == {**other, tune_module.machine_key(): entry}
 
 
 @pytest.mark.parametrize("bad", [{"tokens": 0}, {"head_dim": -1}, {"repeats": 1.5}, {"cache": 1}])
@@ -253,3 +267,44 @@ def test_a_real_tuning_on_a_tiny_problem_chooses_a_candidate():
     """The one test that really measures: whatever the machine's speed, the rule is one of the candidates."""
     rule = tune(tokens=64, head_dim=8, repeats=1, cache=False)
     assert rule in tune_module.candidate_rules() and tile_rule() == rule
+    assert decode_layout() in DECODE_LAYOUTS
+
+
+@pytest.mark.parametrize("stop_in_round", [1, 4])
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, MemoryError])
+def test_a_tuning_stopped_in_any_round_leaves_the_defaults(monkeypatch, tmp_path, stop_in_round, stop):
+    use_tile_rule(TileRule(128, 2**14, 128, 1))  # a rule and a layout from before: tune() starts from the defaults
+    use_decode_layout(DECODE_LAYOUTS[-1])
+    rounds = []
+
+    def stopped(candidates: list, repeats: int) -> list[float]:
+        rounds.append(1)
+        if len(rounds) == stop_in_round:  # round 4: the decode layouts, with the tile rule already measured
+            raise stop("stopped")
+        return [1.0] + [2.0] * (len(candidates) - 1)
+
+    monkeypatch.setattr(tune_module, "time_candidates", stopped)
+    if stop is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt):
+            tune(tokens=64, head_dim=8, repeats=1)
+    else:
+        with pytest.warns(UserWarning, match="tune\\(\\) failed .*MemoryError"):
+            assert tune(tokens=64, head_dim=8, repeats=1) == constant_rule()
+    assert tile_rule() == constant_rule() and decode_layout() == DEFAULT_LAYOUT
+    assert leftovers(tmp_path) == []
+
+
+def test_measuring_the_decode_layouts_leaves_the_default_in_force(monkeypatch):
+    """Each candidate puts its layout in force to be timed; the measurement ends with the default again."""
+    seen = []
+
+    def timings(calls: list, repeats: int) -> list[float]:
+        for call in calls:
+            call()
+            seen.append(decode_layout())
+        return [2.0] * (len(calls) - 1) + [1.0]  # the last layout: large blocks, keys first
+
+    monkeypatch.setattr(tune_module, "time_candidates", timings)
+    monkeypatch.setattr(tune_module, "flash_decode", lambda q, k, v: None)  # the layout in force, not the step
+    assert tune_module.measure_decode_layout(repeats=1) == DECODE_LAYOUTS[-1]
+    assert seen == list(DECODE_LAYOUTS) and decode_layout() == DEFAULT_LAYOUT

@@ -59,7 +59,7 @@ from ._guard import attention_backward_bytes, refuse_blockwise, refuse_if_too_bi
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
-from .flash import TileMods, _check_one_head, apply_mods, tile_rule
+from .flash import TileMods, _check_one_head, apply_mods, broadcast_kv, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
@@ -297,6 +297,7 @@ def check_flash_backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, QKVShape, _BackwardPlan]:  # noqa: E501  # fmt: skip
     """flash_attention_backward's inputs checked, once (shapes against q's), and its plan."""
     two_d = without_head_axis(q)
+    k, v = broadcast_kv(q, k, v)  # k and v of batch 1 against a larger query batch: views over it
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     plan = _BackwardPlan(
@@ -483,6 +484,8 @@ def flash_attention_backward(
     q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev); out (..., Hq, L, Ev) and lse (..., Hq, L)
     from flash_attention(..., return_lse=True); dout (..., Hq, L, Ev) = ∂loss/∂out
     -> dq, dk, dv shaped and typed like q, k, v. causal=True is bottom-right aligned, as in the forward.
+    k and v of batch 1 against a larger query batch (as the forward takes them) get dk and dv summed over
+    the query's batch entries, as torch gives them.
     Pass the forward's causal, window, align and scale: P = exp(S − lse) is only the forward's weights
     under the forward's mask. The backward checks that P's rows sum to 1 and raises a ValueError where
     they do not (an lse from another mask, scale or input), rather than return the gradients of another
@@ -506,13 +509,17 @@ def flash_attention_backward(
     on this machine (flash.tile_rule); BLAS is held to one thread meanwhile, as in the forward.
     """
     two_d = without_head_axis(q)
+    kv_shapes = np.shape(k), np.shape(v)  # as given: a batch of 1 broadcast over q's gets its gradients summed
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
     refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, backward=True)
     dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
-    return (dq[0], dk[0], dv[0]) if two_d else (dq, dk, dv)
+    if two_d:
+        return dq[0], dk[0], dv[0]
+    # k and v of batch 1 served every batch entry: their gradients are the sums over the batch
+    return dq, summed_to(dk, kv_shapes[0]), summed_to(dv, kv_shapes[1])
 
 
 def flex_attention_backward(

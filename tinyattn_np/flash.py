@@ -43,6 +43,7 @@ from numpy.typing import NDArray
 
 from ._checks import (
     QKVShape,
+    as_float_array,
     check_bool,
     check_positive_int,
     check_qkv,
@@ -67,10 +68,10 @@ from .mods import modded, visible
 
 __all__ = [
     "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "TileMods", "TileRule", "apply_mods", "attend_block",
-    "attend_block_online", "check_flash", "constant_rule", "default_tiles", "finish_rows", "flash_attention",
-    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
-    "item_parts", "running_start", "scaled_queries", "tile_mods", "tile_rule", "tile_scores", "trusted",
-    "use_tile_rule",
+    "attend_tiles", "broadcast_kv", "check_flash", "constant_rule", "default_tiles", "finish_rows",
+    "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results",
+    "grouped_heads", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
+    "tile_rule", "tile_scores", "trusted", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -205,38 +206,67 @@ def attend_block(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan,
     k (c, S, E), v (c, S, Ev): the c kv heads; heads: the c·G query heads, kv head by kv head. Writes
     out_rows (c, G, bq, Ev) and lse_rows (c, G, bq).
 
-    Why this is fast: the sums are measured against 0, not against the running max. The reference point
-    cancels in acc / l, so any m gives the softmax; with m = 0 for every row and every tile (FlashDecoding++,
-    Hong et al. 2023, section 3: a "unified max value"), nothing is found, subtracted or rescaled, and a
-    tile is two matmuls, one exponential and one row sum:
+    Why this is fast: the sums are first measured against 0, not against the running max (attend_tiles with
+    running_max=False). The reference point cancels in acc / l, so any m gives the softmax; with m = 0 for
+    every row and every tile (FlashDecoding++, Hong et al. 2023, section 3: a "unified max value"), nothing is
+    found, subtracted or rescaled, and a tile is two matmuls, one exponential and one row sum:
         l   += Σ_keys exp(s)          acc += exp(s) @ v_tile          out = acc / l,  lse = log l
     m = 0 holds as long as exp(s) neither overflows nor leaves a row with nothing but underflowed terms;
-    the sums say when it did not (trusted), and then the block is done again with the running max
-    (attend_block_online), so the result is the online softmax's either way.
+    the sums say when it did not (trusted), and then the block is done again with the running max, so the
+    result is the online softmax's either way.
+    """
+    c, _, n = q_t.shape
+    acc = np.empty((c, n, v.shape[-1]), q_t.dtype)  # (c, n, Ev) Σ exp(s - m) v, filled by attend_tiles
+    m, l = attend_tiles(q_t, k, v, plan, heads, rows, acc, running_max=False)
+    if not trusted(l, acc):  # exp(s) overflowed, or a row's terms all underflowed: again with the running max
+        m, l = attend_tiles(q_t, k, v, plan, heads, rows, acc, running_max=True)
+    finish_rows(acc, m, l, out_rows, lse_rows)
+
+
+def attend_tiles(
+    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, acc: np.ndarray,
+    *, running_max: bool,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The tile loop of attend_block: fills acc (c, n, Ev) with Σ exp(s - m) v and returns m and l (c, n), the
+    reference point and Σ exp(s - m) of each row. running_max=False: m = 0 throughout (steps 3 and 5 skipped);
+    True: the module doc's running max, m moved and what was summed rescaled at every tile.
     The score tile is kept transposed, keys down and queries across: (c, bk, n); BLAS sums its columns
     (ones @ s) faster than NumPy sums an axis.
     """
     c, _, n = q_t.shape
     dtype = q_t.dtype
     mods, q_idx = tile_mods(plan, heads, rows, c)
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))
-    l *= np.exp(m)  # (c, n): a sink's term exp(sink) measured against 0 (no sink: 0)
-    acc = np.zeros((c, n, v.shape[-1]), dtype)  # (c, n, Ev) Σ exp(s) v
+    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
+    if not running_max:  # a sink's term exp(sink) measured against 0 (no sink: 0), and m = 0 from here on
+        l *= np.exp(m)
+        m = np.zeros_like(m)
+    acc[...] = 0
     tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
     ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the sums, and trusted() sees it
+    with np.errstate(over="ignore", invalid="ignore"):  # against 0, an overflow shows in the sums (trusted)
         for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
             # 1) scores of this tile for every head of the step, 2) the mods (tile_scores)
             s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n): s[h, j, g·bq + i] = q_{g,i} · k_j
-            # 3) P̃ = exp(S) in place, against 0: no max to find, none to subtract
+            if running_max:
+                # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the
+                #    lowest finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
+                m_new = np.maximum(m, s.max(axis=1))  # (c, n)
+                m_safe = np.maximum(m_new, np.finfo(dtype).min)  # (c, n)
+                s -= m_safe[:, None, :]  # (c, bk, n) - (c, 1, n): each column is one query
+            # 4) P̃ = exp(s - m) in place. (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2
+            #    is twice as fast on moderate inputs but falls to a slow path, over 20x slower, where results
+            #    underflow.)
             np.exp(s, out=s)
-            # 4) add the tile's row sums and its weighted values: nothing to rescale
+            if running_max:
+                # 5) rescale what was accumulated against the old max; 0 where m was -inf, and l, acc are 0 then
+                alpha = np.exp(m - m_safe)  # (c, n)
+                l *= alpha
+                acc *= alpha[:, :, None]
+                m = m_new
+            # 6) add the tile's row sums and its weighted values
             l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
             acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
-    if not trusted(l, acc):
-        attend_block_online(q_t, k, v, plan, heads, rows, out_rows, lse_rows, tile_buf, acc)
-        return
-    finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
+    return m, l
 
 
 def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
@@ -267,40 +297,8 @@ def tile_scores(k: np.ndarray, q_t: np.ndarray, t: Tile, tile_buf: np.ndarray, m
     return s
 
 
-def attend_block_online(
-    q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: FlashPlan, heads: Heads, rows: slice, out_rows: np.ndarray,
-    lse_rows: np.ndarray, tile_buf: np.ndarray, acc: np.ndarray,
-) -> None:  # fmt: skip
-    """attend_block with the running max (the module doc's m, l, acc), for a block whose sums against 0 did not
-    hold: scores too large for exp, or too far below 0. tile_buf and acc: attend_block's, used again."""
-    c, _, n = q_t.shape
-    dtype = q_t.dtype
-    mods, q_idx = tile_mods(plan, heads, rows, c)
-    m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, dtype))  # (c, n)
-    acc[...] = 0  # (c, n, Ev) running exp(score - m) @ v
-    for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-        s = tile_scores(k, q_t, t, tile_buf, mods, q_idx)  # (c, bk, n)
-        # 3) the new running max. A row that has seen no key yet keeps m' = -inf; it subtracts the lowest
-        #    finite number instead, so that exp(-inf - lowest) = 0 and not exp(-inf + inf) = NaN.
-        m_new = np.maximum(m, s.max(axis=1))  # (c, n)
-        m_safe = np.maximum(m_new, np.finfo(dtype).min)  # (c, n)
-        # 4) probabilities of this tile relative to the new max, in place: s <- exp(s - m').
-        #    (Not exp2 with log2(e) folded into q, as GPU kernels do: NumPy's exp2 is twice as fast on
-        #    moderate inputs but falls to a slow path, over 20x slower here, where results underflow.)
-        s -= m_safe[:, None, :]  # (c, bk, n) - (c, 1, n): each column is one query
-        np.exp(s, out=s)
-        # 5) rescale what was accumulated against the old max, then add this tile
-        alpha = np.exp(m - m_safe)  # (c, n); 0 where m was -inf, and then l and acc are 0 anyway
-        l *= alpha
-        l += s.sum(axis=1)
-        acc *= alpha[:, :, None]
-        acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev)
-        m = m_new
-    finish_rows(acc, m, l, out_rows, lse_rows)
-
-
 def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndarray, lse_rows: np.ndarray) -> None:
-    """6) Divide once at the end: out = acc / l, lse = m + log l; a row that saw no key (l = 0) gets out 0
+    """7) Divide once at the end: out = acc / l, lse = m + log l; a row that saw no key (l = 0) gets out 0
     and lse -inf. (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)"""
     acc, m, l = acc.reshape(out_rows.shape), m.reshape(lse_rows.shape), l.reshape(lse_rows.shape)  # (c, G, bq, ...)
     empty = l == 0  # (c, G, bq)
@@ -385,13 +383,26 @@ def check_flash(
     q: Any, k: Any, v: Any, *, causal: Any, scale: Any, window: Any, block_q: Any, block_k: Any,
     kv_heads_per_step: Any, workers: Any, align: Any = "bottom_right",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, FlashPlan]:  # fmt: skip
-    """flash_attention's inputs checked, once, and its plan: the defaults filled in (default_tiles)."""
+    """flash_attention's inputs checked, once, and its plan: the defaults filled in (default_tiles). k and v of
+    batch 1 against a larger query batch come back as broadcast views (broadcast_kv)."""
+    k, v = broadcast_kv(q, k, v)
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
     band = check_band(causal, window, dims.n_q, dims.n_k, align)
     sizes = {"block_q": block_q, "block_k": block_k, "kv_heads_per_step": kv_heads_per_step, "workers": workers}
     sizes = {name: None if value is None else check_positive_int(value, name) for name, value in sizes.items()}
     return q, k, v, dims, flash_plan(dims, band, scale, **sizes)
+
+
+def broadcast_kv(query: Any, key: Any, value: Any) -> tuple[Any, Any]:
+    """key and value whose batch dims are all 1 against a larger query batch (torch's SDPA and flex_attention
+    allow it): as views broadcast to the query's batch dims, every batch entry reading the same keys and values
+    (grouped_heads then holds them once). Anything else is left as it is, for check_qkv to judge."""
+    q, k, v = as_float_array(query, "q"), as_float_array(key, "k"), as_float_array(value, "v")
+    batch, kv_batch = q.shape[:-3], k.shape[:-3]
+    if q.ndim == k.ndim == v.ndim >= 4 and kv_batch == v.shape[:-3] != batch and set(kv_batch) == {1}:
+        return np.broadcast_to(k, (*batch, *k.shape[-3:])), np.broadcast_to(v, (*batch, *v.shape[-3:]))
+    return key, value
 
 
 def flash_plan(
@@ -411,7 +422,8 @@ def flash_plan(
 class GroupedHeads(NamedTuple):
     """flash_forward's arrays, one leading index per (batch entry, kv head), query head h reading kv head h // G:
     q (B·Hkv, G, L, E) a view of the input, k (B·Hkv, S, E) and v (B·Hkv, S, Ev) in the compute dtype (views
-    where they already are), and out (B·Hkv, G, L, Ev) and lse (B·Hkv, G, L) for the items to fill."""
+    where they already are), and out (B·Hkv, G, L, Ev) and lse (B·Hkv, G, L) for the items to fill. k and v
+    broadcast over the batch (broadcast_kv) are held once, (Hkv, S, E): entry b·Hkv + h reads their entry h."""
 
     q: np.ndarray
     k: np.ndarray
@@ -424,18 +436,36 @@ def grouped_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, c
     n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
     return GroupedHeads(
         q.reshape(n_kv, g, dims.n_q, dims.e),  # (B·Hkv, G, L, E)
-        np.ascontiguousarray(k.reshape(n_kv, dims.n_k, dims.e), dtype=ct),  # (B·Hkv, S, E)
-        np.ascontiguousarray(v.reshape(n_kv, dims.n_k, dims.ev), dtype=ct),  # (B·Hkv, S, Ev)
+        kv_entries(k, len(dims.batch), ct),  # (B·Hkv, S, E), or (Hkv, S, E) broadcast over the batch
+        kv_entries(v, len(dims.batch), ct),  # (B·Hkv, S, Ev), or (Hkv, S, Ev)
         np.empty((n_kv, g, dims.n_q, dims.ev), ct),  # (B·Hkv, G, L, Ev)
         np.empty((n_kv, g, dims.n_q), ct),  # (B·Hkv, G, L)
     )
 
 
+def kv_entries(x: np.ndarray, batch_dims: int, ct: np.dtype) -> np.ndarray:
+    """x (..., Hkv, S, E) as (B·Hkv, S, E) in the compute dtype, a view where it already is one; x broadcast
+    over its batch dims (stride 0: every entry the same array) as its one entry (Hkv, S, E), never B copies."""
+    batch = x.shape[:batch_dims]  # (an empty x has no strides to go by: it stays as it is)
+    if x.size and all(stride == 0 or n == 1 for n, stride in zip(batch, x.strides, strict=False)):
+        x = x[(0,) * batch_dims]  # (Hkv, S, E): one batch entry, or the one every entry reads
+    return np.ascontiguousarray(x.reshape(int(np.prod(x.shape[:-2])), *x.shape[-2:]), dtype=ct)
+
+
+def kv_rows(heads: slice, arrays: GroupedHeads) -> slice:
+    """The entries of arrays.k and arrays.v that the kv heads `heads` read: the same, or where k and v are held
+    once for the batch (kv_entries), their place in it (an item never spans two batch entries then)."""
+    start = heads.start % len(arrays.k)
+    return slice(start, start + heads.stop - heads.start)
+
+
 def item_parts(item: tuple[int, int], arrays: GroupedHeads, plan: FlashPlan, hq: int) -> tuple[slice, slice, Heads]:
-    """One work item (first kv head, query block start) as slices: its kv heads and its query rows, and its
-    c·G query heads as (batch entry, query head) pairs, kv head by kv head."""
+    """One work item (first kv head, query block start) as slices: its kv heads (within one batch entry where k
+    and v are held once for the batch) and its query rows, and its c·G query heads as (batch entry, query head)
+    pairs, kv head by kv head."""
     n_kv, g, n_q = arrays.q.shape[:3]
-    heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv))
+    entry_end = (item[0] // len(arrays.k) + 1) * len(arrays.k)  # n_kv, unless k and v are held once
+    heads = slice(item[0], min(item[0] + plan.kv_heads_per_step, n_kv, entry_end))
     rows = slice(item[1], min(item[1] + plan.block_q, n_q))
     query_heads = np.arange(heads.start * g, heads.stop * g)  # (c·G,) their (batch, query head) pairs, flat
     return heads, rows, Heads(query_heads // hq, query_heads % hq)
@@ -460,12 +490,13 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, p
         # 2) one item: the query heads of c kv heads, one query block; the scale folded into q once, transposed
         heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
         q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
-        attend_block(q_t, arrays.k[heads], arrays.v[heads], plan, query_heads, rows,
+        kv = kv_rows(heads, arrays)  # heads, or their place in k and v held once for the batch
+        attend_block(q_t, arrays.k[kv], arrays.v[kv], plan, query_heads, rows,
                      arrays.out[heads, :, rows], arrays.lse[heads, :, rows])  # fmt: skip
 
     # 3) the items, longest first so that the workers finish together; each writes its own rows of out and lse
     with one_blas_thread():
-        run_items(run, forward_items(dims, plan, len(arrays.k)), plan.workers)
+        run_items(run, forward_items(dims, plan, len(arrays.q), len(arrays.k)), plan.workers)
     return forward_results(arrays, dims, result_dtype(q, k, v))
 
 
@@ -475,13 +506,16 @@ def forward_results(arrays: GroupedHeads, dims: QKVShape, dtype: Any) -> tuple[A
     return out, arrays.lse.reshape(*dims.batch, dims.hq, dims.n_q)
 
 
-def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int) -> list[tuple[int, int]]:
-    """(first kv head, query block start) for every item; the query blocks with the most tiles come first."""
+def forward_items(dims: QKVShape, plan: FlashPlan, n_kv: int, kv_held: int | None = None) -> list[tuple[int, int]]:
+    """(first kv head, query block start) for every item of n_kv kv heads; the query blocks with the most tiles
+    come first. kv_held: the entries of k and v (kv_entries; default n_kv): an item's heads stay in one of them."""
     q_starts = range(0, dims.n_q, plan.block_q)
     rows = plan.tile_mask.row_length
     length = {q: rows(q, min(q + plan.block_q, dims.n_q), dims.n_k, plan.block_k) for q in q_starts}
     ordered = sorted(q_starts, key=lambda q_start: -length[q_start])
-    return [(h, q_start) for q_start in ordered for h in range(0, n_kv, plan.kv_heads_per_step)]
+    held = max(1, kv_held or n_kv)
+    firsts = [entry + h for entry in range(0, n_kv, held) for h in range(0, held, plan.kv_heads_per_step)]
+    return [(h, q_start) for q_start in ordered for h in firsts]
 
 
 def flash_attention(
@@ -512,6 +546,8 @@ def flash_attention(
     window (needs causal=True): query i sees only the last `window` keys, itself included:
     i + S - L - window < j <= i + S - L (with L = S, Hugging Face's Mistral mask). FlashAttention's
     window_size=(w, 0) is window = w + 1. Tiles wholly outside the band are skipped: time ∝ L·window.
+    k and v whose batch dims are all 1 against a larger query batch (torch's SDPA broadcasts them so) are
+    read by every batch entry where they lie, never copied per entry.
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     kv_heads_per_step: kv heads (each with its Hq / Hkv query heads) that share one batched matmul
     per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores), and

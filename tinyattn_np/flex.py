@@ -25,7 +25,6 @@ from numpy.typing import NDArray
 
 from ._checks import (
     QKVShape,
-    as_float_array,
     check_bool,
     check_positive_int,
     check_qkv,
@@ -44,7 +43,7 @@ from .blockmask import (
     BlockMask,
     check_block_size,
 )
-from .flash import FlashPlan, _check_block_mask, flash_forward, flash_plan
+from .flash import FlashPlan, _check_block_mask, broadcast_kv, flash_forward, flash_plan
 from .masks import _check_window
 from .mods import check_cu_seqlens, check_score_mod, check_sinks, varlen_mod
 
@@ -73,18 +72,6 @@ def check_flex(
     plan = flash_plan(dims, mask, check_scale(scale, dims.e, ct), score_mod=check_score_mod(score_mod, backward),
                       sinks=check_sinks(sinks, dims.hq, ct), **sizes)  # fmt: skip
     return q, k, v, dims, plan
-
-
-def broadcast_kv(query: Any, key: Any, value: Any) -> tuple[Any, Any]:
-    """key and value whose batch dims are all 1 against a larger query batch (torch's flex_attention allows
-    Bkv = 1): as views broadcast to the query's batch dims, every batch entry reading the same keys and
-    values (the kernels then copy them per batch entry, as a batch of the query's size would hold them).
-    Anything else is left as it is, for check_qkv to judge."""
-    q, k, v = as_float_array(query, "q"), as_float_array(key, "k"), as_float_array(value, "v")
-    batch, kv_batch = q.shape[:-3], k.shape[:-3]
-    if q.ndim == k.ndim == v.ndim >= 4 and kv_batch == v.shape[:-3] != batch and set(kv_batch) == {1}:
-        return np.broadcast_to(k, (*batch, *k.shape[-3:])), np.broadcast_to(v, (*batch, *v.shape[-3:]))
-    return key, value
 
 
 def flex_attention(

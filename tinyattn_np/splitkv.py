@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -46,17 +47,50 @@ from ._parallel import one_blas_thread, run_items
 
 Array = NDArray[np.floating]
 
-__all__ = ["flash_decode", "merge_chunks"]
+__all__ = [
+    "DECODE_LAYOUTS", "DEFAULT_LAYOUT", "DecodeLayout", "decode_layout", "flash_decode", "merge_chunks",
+    "use_decode_layout",
+]  # fmt: skip
 
 # A chunk is walked in blocks of keys, and each block is one step of the online softmax: its scores
 # (rows x keys) are made, exponentiated and multiplied by its values before the next block is read.
-# A block holds about SCORES_PER_BLOCK scores (and, for a float16 cache, as many elements of keys and
+# A block holds about scores_per_block scores (and, for a float16 cache, as many elements of keys and
 # values converted to float32): large enough that the dozen NumPy calls of a step are few next to the
-# bytes it reads, small enough that it stays in the core's cache (512 KiB in float32). A chunk gets at
-# least MIN_SPLIT_KEYS keys: below that, starting a thread costs more than the chunk's work.
+# bytes it reads, small enough that it stays in the core's cache. A chunk gets at least MIN_SPLIT_KEYS keys:
+# below that, starting a thread costs more than the chunk's work.
 SCORES_PER_BLOCK = 2**17
 MIN_BLOCK_K = 256
 MIN_SPLIT_KEYS = 1024
+
+
+class DecodeLayout(NamedTuple):
+    """How a decode step lays out a block of scores: about `scores_per_block` of them a block, stored queries
+    first (keys_first=False: s = q Kᵀ, (N, R, bk)) or keys first (s = K qᵀ, (N, bk, R), read through its
+    transpose). The two products are the same sums; which BLAS multiplies faster depends on its kernels: with
+    G·L = 4 query rows per kv head, OpenBLAS's AVX-512 kernels are fastest on small blocks and its AVX2 ones on
+    large (docs/decoding.md). tune() measures the layouts here (DECODE_LAYOUTS) and keeps the fastest."""
+
+    scores_per_block: int
+    keys_first: bool
+
+
+DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=False)
+DECODE_LAYOUTS = tuple(DecodeLayout(2**power, first) for power in (13, 15, 17) for first in (False, True))
+_layout_in_force: DecodeLayout | None = None  # set by use_decode_layout (tune.py); None: DEFAULT_LAYOUT
+
+
+def use_decode_layout(layout: DecodeLayout | None) -> None:
+    """Make layout the one flash_decode (and the caches' decoding) uses in this process, or with None go back
+    to DEFAULT_LAYOUT. tune.tune() calls it with the layout it measured fastest."""
+    global _layout_in_force
+    if layout is not None:
+        layout = DecodeLayout(check_positive_int(layout[0], "scores_per_block"), check_bool(layout[1], "keys_first"))
+    _layout_in_force = layout
+
+
+def decode_layout() -> DecodeLayout:
+    """The layout in force: what use_decode_layout() set, else DEFAULT_LAYOUT."""
+    return DEFAULT_LAYOUT if _layout_in_force is None else _layout_in_force
 
 
 def _default_kv_splits(n_k: int, workers: int) -> int:
@@ -65,10 +99,10 @@ def _default_kv_splits(n_k: int, workers: int) -> int:
 
 
 def _block_keys(rows: int, converted_per_key: int = 0) -> int:
-    """Keys per block of the online softmax: SCORES_PER_BLOCK values for `rows` scores per key and, where the
-    cache must be converted (float16), converted_per_key elements of keys and values; at least 256 keys."""
+    """Keys per block of the online softmax: the layout's scores_per_block values for `rows` scores per key and,
+    where the cache must be converted (float16), converted_per_key elements of keys and values; at least 256."""
     per_key = max(rows + converted_per_key, 1)
-    return max(MIN_BLOCK_K, SCORES_PER_BLOCK // per_key // MIN_BLOCK_K * MIN_BLOCK_K)
+    return max(MIN_BLOCK_K, decode_layout().scores_per_block // per_key // MIN_BLOCK_K * MIN_BLOCK_K)
 
 
 def _attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: int) -> tuple[Array, Array]:
@@ -81,17 +115,15 @@ def _attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: 
     to q_s's dtype as it is read, never more. A query that sees no block gets out 0 and lse -inf.
     """
     n, rows = q_s.shape[:2]
+    keys_first = decode_layout().keys_first  # read once: a block's layout never changes within a step
     m = np.full((n, rows, 1), -np.inf, q_s.dtype)  # running max of the scores
     l = np.zeros((n, rows, 1), q_s.dtype)  # running sum of exp(score - m)
     acc = np.zeros((n, rows, ev), q_s.dtype)  # running exp(score - m) @ v
     part = np.empty_like(acc)  # one piece's exp(score - m) @ v, before it is added
     for pieces in blocks:
         bounds = np.cumsum([0] + [k.shape[1] for k, _ in pieces])  # piece i: columns bounds[i] .. bounds[i + 1]
-        s = np.empty((n, rows, bounds[-1]), q_s.dtype)  # (N, R, bk): this block's scores
-        # 1) scores of every query row against the block's keys, piece by piece; BLAS reads each k in place
-        for (k, _), start, stop in zip(pieces, bounds, bounds[1:], strict=False):
-            k = k.astype(q_s.dtype, copy=False)  # a copy only for float16, one piece at a time
-            np.matmul(q_s, k.swapaxes(-1, -2), out=s[:, :, start:stop])  # (N, R, E) @ (N, E, n_i)
+        # 1) scores of every query row against the block's keys, piece by piece (_block_scores)
+        s = _block_scores(q_s, [k for k, _ in pieces], bounds, keys_first)  # (N, R, bk)
         # 2) the new running max, and the block's probabilities relative to it, in place
         m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, R, 1)
         s -= m_new
@@ -110,6 +142,22 @@ def _attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: 
     with np.errstate(divide="ignore"):
         lse = (m + np.log(l))[..., 0]  # (N, R): log Σ_j exp(score_j)
     return acc, lse
+
+
+def _block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first: bool) -> Array:
+    """One block's scores s = q_s Kᵀ -> (N, R, bk), K the pieces in turn (piece i: columns bounds[i] ..
+    bounds[i + 1]), each read in place by BLAS and converted to q_s's dtype only if it is float16 (one piece at
+    a time). keys_first: made as K q_sᵀ (N, bk, R) and returned as its transpose, a view (DecodeLayout)."""
+    n, rows = q_s.shape[:2]
+    if keys_first:
+        s_t = np.empty((n, bounds[-1], rows), q_s.dtype)  # (N, bk, R): keys down, query rows across
+        for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
+            np.matmul(k.astype(q_s.dtype, copy=False), q_s.swapaxes(-1, -2), out=s_t[:, start:stop])  # (N, n_i, R)
+        return s_t.swapaxes(-1, -2)  # (N, R, bk), a view
+    s = np.empty((n, rows, bounds[-1]), q_s.dtype)  # (N, R, bk)
+    for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
+        np.matmul(q_s, k.astype(q_s.dtype, copy=False).swapaxes(-1, -2), out=s[:, :, start:stop])  # (N, R, n_i)
+    return s
 
 
 def attend_chunk(q_s: Array, k_chunk: Array, v_chunk: Array) -> tuple[Array, Array]:

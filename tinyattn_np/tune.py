@@ -11,21 +11,25 @@ Details. tune() times flash_attention and its backward on a short problem (T = 2
 causal, random inputs; a few seconds), the candidates interleaved and each the fastest of `repeats` calls:
     1) the forward's square tiles of 128, 256 or 512, with 1, 2 or 4 kv heads per tile step, on a worker per core;
     2) with that tile, the workers: one per core, or half as many;
-    3) the backward's square tiles of 128, 256 or 512 on those workers.
+    3) the backward's square tiles of 128, 256 or 512 on those workers;
+    4) flash_decode's layout (splitkv.DECODE_LAYOUTS: blocks of 2^13, 2^15 or 2^17 scores, stored queries first
+       or keys first) on one decode step: 32 query heads over 8 kv heads of 128, 16,384 cached keys, float32.
 A candidate replaces the constants' own choice only when it is faster by more than CLEAR_MARGIN, so that noise
-does not move the defaults. The rule is kept for this process (flash.use_tile_rule) and, with cache=True, in the
-user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json), keyed by the CPU model, the
-BLAS library and its kernel set, and the core count: the next process on this machine reads it instead of
-measuring. The file is written whole or not at all (a temporary file, then a rename), and not at all when the
-machine was busy (a load average above the cores): that rule holds for the process only, with a warning.
+does not move the defaults. The rule is kept for this process (flash.use_tile_rule, splitkv.use_decode_layout)
+and, with cache=True, in the user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json),
+keyed by the CPU model, the BLAS library and its kernel set, and the core count: the next process on this machine
+reads it instead of measuring. The file is written whole or not at all (a temporary file, then a rename), and not
+at all when the machine was busy (a load average above the cores): that rule holds for the process only, with a
+warning.
 
 Off: do not call tune(), or call untune(); a block_q, block_k, kv_heads_per_step or workers that a call passes
-always wins over the rule. A tuning that fails (any exception) warns and leaves the constants in force; Ctrl-C
-during it leaves the constants in force too, and stops the program as usual.
+always wins over the rule. The decode layout in force is splitkv.decode_layout(). A tuning that fails (any
+exception) warns and leaves the constants and the default layout in force; Ctrl-C during it leaves them in force
+too, and stops the program as usual.
 
 The bits: the tile sizes set the order of the sums, so a tuned process may differ from an untuned one in the last
-bits (within the dtype's tolerance of the reference; tests/test_tune.py holds every candidate to it). Any one rule
-gives the same bits on every run and for any number of workers.
+bits (within the dtype's tolerance of the reference; tests/test_tune.py holds every candidate to it, and every
+decode layout). Any one rule gives the same bits on every run and for any number of workers.
 """
 
 from __future__ import annotations
@@ -44,9 +48,11 @@ from ._checks import check_bool, check_positive_int
 from .backward import flash_attention_backward
 from .flash import TileRule, constant_rule, flash_attention, tile_rule, use_tile_rule
 from .measure import cpu_model, machine_info, time_calls
+from .splitkv import DECODE_LAYOUTS, DEFAULT_LAYOUT, DecodeLayout, flash_decode, use_decode_layout
 
 __all__ = [
-    "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key", "tune", "untune",
+    "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key",
+    "measure_decode_layout", "tune", "untune",
 ]  # fmt: skip
 
 SIDES = (128, 256, 512)  # square tiles, forward and backward
@@ -81,35 +87,41 @@ def candidate_rules(cores: int | None = None) -> list[TileRule]:
 
 
 def untune() -> None:
-    """The constants again, for this process (the cache file stays)."""
+    """The constants and the default decode layout again, for this process (the cache file stays)."""
     use_tile_rule(None)
+    use_decode_layout(None)
 
 
 def tune(*, tokens: int = 2048, head_dim: int = 64, repeats: int = 3, cache: bool = True) -> TileRule:
-    """Choose flash_attention's and its backward's default sizes by measuring them here; the rule now in force.
+    """Choose flash_attention's and its backward's default sizes, and flash_decode's layout, by measuring them
+    here; the rule now in force (the layout: splitkv.decode_layout()).
 
     With cache=True, a rule stored for this machine (machine_key) is read instead of measured, and a rule
-    measured is stored. The problem measured: T = tokens, 4 heads x head_dim, float32, causal.
+    measured is stored. The problem measured: T = tokens, 4 heads x head_dim, float32, causal; the decode step
+    of the module doc.
     """
     sizes = {"tokens": tokens, "head_dim": head_dim, "repeats": repeats}
     tokens, head_dim, repeats = (check_positive_int(value, name) for name, value in sizes.items())
     cache = check_bool(cache, "cache")
     untune()  # the constants, until a rule is ready: an interrupted or failed tuning leaves them in force
     key, path = machine_key(), cache_file() if cache else None
-    rule = read_rule(path, key) if path is not None else None
-    if rule is None:
+    chosen = read_rule(path, key) if path is not None else None
+    if chosen is None:
         busy_before = busy()
         try:
-            rule = measure_rule(tokens, head_dim, repeats)
+            chosen = measure_rule(tokens, head_dim, repeats), measure_decode_layout(repeats)
         except Exception as err:  # noqa: BLE001 (a failed measurement must not stop the caller: the constants stay)
-            warnings.warn(f"tune() failed ({err!r}): flash_attention keeps its constant defaults", stacklevel=2)
+            warnings.warn(f"tune() failed ({err!r}): flash_attention and flash_decode keep their defaults",
+                          stacklevel=2)  # fmt: skip
             return tile_rule()
         load = busy_before or busy()
         if load:  # other work took cores from the measurement: good for now, not for the next process
             warnings.warn(f"tune(): {load}; the rule measured holds for this process and is not stored", stacklevel=2)
         elif path is not None:
-            store_rule(path, key, rule)
+            store_rule(path, key, *chosen)
+    rule, layout = chosen
     use_tile_rule(rule)
+    use_decode_layout(layout)
     return rule
 
 
@@ -152,6 +164,26 @@ def measure_rule(tokens: int, head_dim: int, repeats: int) -> TileRule:
     return TileRule(side, side * side * per_step, backward_side, workers)
 
 
+def measure_decode_layout(repeats: int) -> DecodeLayout:
+    """Round 4 of the module doc: flash_decode under each of DECODE_LAYOUTS on one decode step of random inputs,
+    the default layout kept unless another is clearly faster. The layout in force is the default after it."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 32, 1, 128), dtype=np.float32)  # 32 query heads, one new token each
+    k, v = (rng.standard_normal((1, 8, 16384, 128), dtype=np.float32) for _ in range(2))  # 8 kv heads, 64 MiB each
+
+    def step(layout: DecodeLayout) -> Callable[[], object]:
+        def run() -> object:
+            use_decode_layout(layout)  # the candidate in force while it is timed
+            return flash_decode(q, k, v)
+
+        return run
+
+    try:
+        return fastest({layout: step(layout) for layout in DECODE_LAYOUTS}, DEFAULT_LAYOUT, repeats)
+    finally:
+        use_decode_layout(None)
+
+
 def fastest(calls: dict[Any, Callable[[], object]], base: Any, repeats: int) -> Any:
     """The key of the fastest call, or `base` unless another beats it by more than CLEAR_MARGIN. The calls are
     interleaved, one of each in turn, so that a change in the machine's load falls on all of them alike."""
@@ -172,25 +204,29 @@ def time_candidates(calls: list[Callable[[], object]], repeats: int) -> list[flo
     return best
 
 
-def read_rule(path: Path, key: str) -> TileRule | None:
-    """The rule stored for key, or None: no file, no entry, or an entry that is not a rule of positive ints."""
+def read_rule(path: Path, key: str) -> tuple[TileRule, DecodeLayout] | None:
+    """The rule and decode layout stored for key, or None: no file, no entry, or an entry that is not a rule of
+    positive ints with one of DECODE_LAYOUTS."""
     try:
         entry = json.loads(path.read_text(encoding="utf-8"))[key]
         rule = TileRule(**{name: entry[name] for name in TileRule._fields})
+        layout = DecodeLayout(**{name: entry["decode_layout"][name] for name in DecodeLayout._fields})
     except (OSError, ValueError, KeyError, TypeError):
         return None
     fine = all(isinstance(value, int) and not isinstance(value, bool) and value > 0 for value in rule)
-    return rule if fine else None
+    fine = fine and isinstance(layout.keys_first, bool) and layout in DECODE_LAYOUTS
+    return (rule, layout) if fine else None
 
 
-def store_rule(path: Path, key: str, rule: TileRule) -> None:
+def store_rule(path: Path, key: str, rule: TileRule, layout: DecodeLayout) -> None:
     """Add key's rule to the cache file (write_whole). A cache that cannot be written warns: the rule still holds
     in this process."""
     try:
         entries = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         entries = {}
-    entries = {**(entries if isinstance(entries, dict) else {}), key: rule._asdict()}
+    entry = {**rule._asdict(), "decode_layout": layout._asdict()}
+    entries = {**(entries if isinstance(entries, dict) else {}), key: entry}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_whole(path, json.dumps(entries, indent=2, sort_keys=True))
