@@ -34,7 +34,7 @@ import training  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
-from tinyattn_np.report import Checklist, positive, text_table  # noqa: E402
+from tinyattn_np.report import TABLE_WIDTH, Checklist, add_wide_argument, fit_table, positive  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    add_wide_argument(p)
     common.add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or args.repeats > 10_000 or (args.batch or 0) > 4096:
@@ -230,7 +231,7 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
-    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, {threads}; median of {args.repeats}")
+    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, median of {args.repeats}\n   {threads}")
     headers = ["preset", "parameters", "batch x context", "ours ms", "tokens/s"]
     if args.torch:
         headers += ["torch ms", "ours / torch"]
@@ -241,14 +242,15 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
-    print(text_table(body, headers, fmt=args.format))
+    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
 
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n2) generation of {args.tokens:,} tokens after a one-token prompt, greedy, batch 1")
     body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
              f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
-    print(text_table(body, ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"], fmt=args.format))
+    headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
+    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     torch = common.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
     print(lines)
-    threads = "our BLAS's threads as the machine line says" + (f", torch's {torch.get_num_threads()}" if torch else "")
+    threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
     stopped = common.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
