@@ -377,6 +377,16 @@ def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
     assert saved["training"][0]["ours_ms"] > 0 and saved["generation"][0]["cache_s"] > 0
 
 
+def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
+    speed = load("train_speed.py")
+    for name in ("torch", "torch.nn.functional"):
+        monkeypatch.setitem(sys.modules, name, None)  # import torch now fails, as where it is not installed
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--presets", "tiny", "--equal-time", "1"])
+    message = str(stop.value.code)
+    assert "--equal-time needs torch" in message and "\n" not in message, message
+
+
 def test_train_speed_refuses_what_would_not_fit(capsys):
     speed = load("train_speed.py")
     with pytest.raises(SystemExit):
