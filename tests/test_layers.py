@@ -195,7 +195,7 @@ def test_cross_entropy_survives_large_float32_logits():
 @pytest.mark.parametrize("block", [layers._ROW_BLOCK, 64])  # the default, and blocks of a few rows
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):
-    """gelu, its backward and cross_entropy run their lines block by block on the cores: the same bits as
+    """layer_norm, gelu, their backwards and cross_entropy run their lines block by block on the cores: the same bits as
     the same lines over the whole array at once, for any block size and number of workers."""
     monkeypatch.setattr(layers, "_ROW_BLOCK", block)
     monkeypatch.setattr(layers.os, "cpu_count", lambda: workers)
@@ -206,6 +206,13 @@ def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, worke
     y, saved = gelu(u)
     np.testing.assert_array_equal(y, y_whole)
     np.testing.assert_array_equal(gelu_backward(dy, saved), du_whole)
+    gain, bias = (rng.normal(size=257).astype(np.float32) for _ in range(2))
+    y_whole, x_hat_whole, rstd_whole = np.empty_like(u), np.empty_like(u), np.empty((300, 1), np.float32)
+    layers._layer_norm_lines(u, gain, bias, 1e-5, y_whole, x_hat_whole, rstd_whole)
+    layers._layer_norm_dx_lines(dy, x_hat_whole, rstd_whole, gain, du_whole)
+    y, saved = layer_norm(u, gain, bias)
+    np.testing.assert_array_equal(y, y_whole)
+    np.testing.assert_array_equal(layer_norm_backward(dy, saved).dx, du_whole)
     logits, targets = u * 4, rng.integers(0, 257, 300)
     probs_whole = np.empty_like(logits)
     loss_whole = float(np.mean(layers._softmax_lines(logits, targets, probs_whole)))

@@ -69,9 +69,9 @@ GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & G
 
 # --- why the elementwise layers run in blocks of rows ---------------------------------------------------
 #
-# gelu, its backward and cross_entropy are a few lines of NumPy, each line one pass over its arrays. Over a
-# whole (N, H) array every pass reads and writes main memory; over a block of rows of about _ROW_BLOCK
-# elements, the block's arrays stay in the CPU's cache from one line to the next. The blocks are independent,
+# layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
+# arrays. Over a whole (N, H) array every pass reads and writes main memory; over a block of rows of about
+# _ROW_BLOCK elements, the block's arrays stay in the CPU's cache from one line to the next. The blocks are independent,
 # so the cores take them in turn (NumPy lets go of the interpreter lock inside each line), as BLAS spreads a
 # matmul over them. The lines are the same either way, and so are the results, bit for bit.
 
@@ -114,15 +114,24 @@ def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e
         >>> y.round(3)
         array([[-1.,  1.]])
     """
-    mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
-    x_hat = x - mean  # (..., C): centred, normalised in place below
-    var = np.mean(np.square(x_hat), axis=-1, keepdims=True)  # (..., 1)
-    rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
-    x_hat *= rstd  # (..., C)
-    y = x_hat * gain  # (..., C)
+    x_rows = x.reshape(-1, x.shape[-1])  # (rows, C)
+    y, x_hat, rstd = np.empty_like(x_rows), np.empty_like(x_rows), np.empty((len(x_rows), 1), x_rows.dtype)
+    _by_row_blocks(lambda rows: _layer_norm_lines(x_rows[rows], gain, bias, eps, y[rows], x_hat[rows], rstd[rows]),
+                   *x_rows.shape)  # fmt: skip
+    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain)
+
+
+def _layer_norm_lines(
+    x: Array, gain: Array, bias: Array | None, eps: float, y: Array, x_hat: Array, rstd: Array
+) -> None:
+    """layer_norm's lines on one block of rows x (rows, C), written into y, x_hat (rows, C) and rstd (rows, 1)."""
+    np.subtract(x, x.mean(axis=-1, keepdims=True), out=x_hat)  # (rows, C): centred, normalised below
+    var = np.mean(np.square(x_hat), axis=-1, keepdims=True)  # (rows, 1)
+    np.divide(1.0, np.sqrt(var + eps), out=rstd)  # (rows, 1)
+    x_hat *= rstd
+    np.multiply(x_hat, gain, out=y)
     if bias is not None:
         y += bias
-    return y, NormSaved(x_hat, rstd, gain)
 
 
 def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
@@ -137,11 +146,19 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
     dbias = dy.reshape(-1, C).sum(axis=0)  # (C,)
-    dx_hat = dy * gain  # (..., C)
-    dx = dx_hat - dx_hat.mean(axis=-1, keepdims=True)  # (..., C)
+    dy_rows, x_hat_rows = dy.reshape(-1, C), x_hat.reshape(-1, C)  # (rows, C) each
+    rstd_rows, dx = rstd.reshape(-1, 1), np.empty_like(dy_rows)  # (rows, 1), (rows, C)
+    _by_row_blocks(lambda rows: _layer_norm_dx_lines(dy_rows[rows], x_hat_rows[rows], rstd_rows[rows], gain, dx[rows]),
+                   *dx.shape)  # fmt: skip
+    return NormGrads(dx.reshape(dy.shape), dgain, dbias)
+
+
+def _layer_norm_dx_lines(dy: Array, x_hat: Array, rstd: Array, gain: Array, dx: Array) -> None:
+    """layer_norm_backward's dx on one block of rows (rows, C), written into dx."""
+    dx_hat = dy * gain  # (rows, C)
+    np.subtract(dx_hat, dx_hat.mean(axis=-1, keepdims=True), out=dx)
     dx -= x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)
     dx *= rstd
-    return NormGrads(dx, dgain, dbias)
 
 
 def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved]:
