@@ -100,6 +100,19 @@ def test_heat_map_shades():
     assert lines[1].endswith("|    @") and lines[2].endswith("|    :#")  # 0.25 -> shade 2 of 10, 0.75 -> shade 7
 
 
+def test_heat_map_shows_a_row_spread_over_many_keys():
+    """At the random start a row spreads its weight over all its keys: past ten keys each is under 0.1, the
+    lightest tenth, and still drawn (a dot), while a weight of exactly 0 stays a space."""
+    T = 24
+    weights = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # (T, T): query i spread over keys 0 .. i
+    lines = train.heat_map(weights, np.arange(T) % 8, "abcdefgh").splitlines()[1:]
+    for i, line in enumerate(lines):
+        cells = line.split("|    ")[1]
+        assert len(cells) == i + 1 and " " not in cells, f"row {i}: {line!r}"
+    zero_then_one = train.heat_map(np.array([[0.5, 0.0], [0.0, 1.0]]), np.array([0, 1]), "ab").splitlines()[2]
+    assert zero_then_one.endswith("|     @"), zero_then_one
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
