@@ -3,6 +3,7 @@ and generation with the KV cache beside recomputation.
 
     python scripts/train_speed.py --torch                     # both presets, and generation at 1,024 tokens
     python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
+    python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
 
 1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
    random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
@@ -15,11 +16,18 @@ and generation with the KV cache beside recomputation.
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
 Every claim is checked; the exit code is 1 (and the failed check is named) if one fails.
+
+--equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
+on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, one after
+the other (AdamW at the preset's learning rate, no schedule: the number of steps is not known ahead), and
+then both are validated on the same windows of the text's last tenth: both losses, and ours relative to
+torch's. The faster step takes more steps in the same time, and that is what the difference shows.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from dataclasses import replace
@@ -30,11 +38,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import common  # noqa: E402
+import text_data  # noqa: E402
 import training  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
-from tinyattn_np.report import Checklist, positive, text_table  # noqa: E402
+from tinyattn_np.report import TABLE_WIDTH, Checklist, add_wide_argument, fit_table, positive  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
@@ -51,7 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=positive(int), default=5, help="timed training steps (default 5)")
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
+    p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
+                   help="train ours and torch's SECONDS each; compare validation losses (needs torch)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    add_wide_argument(p)
     common.add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or args.repeats > 10_000 or (args.batch or 0) > 4096:
@@ -187,6 +199,14 @@ def torch_step(torch: Any, module: Any, optimizer: Any, x: Any, y: Any) -> float
     return float(loss.item())
 
 
+def torch_adamw(torch: Any, module: Any, preset: training.Preset) -> Any:
+    """torch's AdamW as ours is set up: the preset's lr and β2, decay 0.1 on the matrices only."""
+    matrices = [p for p in module.parameters() if p.ndim >= 2]
+    rest = [p for p in module.parameters() if p.ndim < 2]
+    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, preset.beta2), eps=1e-8)
+
+
 def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
@@ -200,10 +220,7 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
     row = {"preset": name, "parameters": model.num_parameters, "batch": batch, "context": config.context}
     row["ours_ms"] = common.settled_median_ms(lambda: our_step(model, optimizer, x, y, preset.lr), args.repeats)
     if module is not None:
-        matrices = [p for p in module.parameters() if p.ndim >= 2]
-        rest = [p for p in module.parameters() if p.ndim < 2]
-        groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-        torch_optimizer = torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, preset.beta2), eps=1e-8)
+        torch_optimizer = torch_adamw(torch, module, preset)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         gold = [torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
         for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
@@ -229,8 +246,77 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+# ---------------------------------------------------------------------------------------------------
+# 3) --equal-time: the validation loss after the same wall time
+
+
+def train_for(seconds: float, step: Any) -> int:
+    """step(0), step(1), ... until `seconds` of wall time have passed; the number of steps taken."""
+    time.sleep(common.SETTLE_SECONDS)  # the other library's threads asleep first (settled_median_ms)
+    started, steps = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        step(steps)
+        steps += 1
+    return steps
+
+
+def validation_loss(loss_of: Any, batches: list[tuple[np.ndarray, ...]]) -> float:
+    """The mean loss over the validation windows (loss_of(x, y): the mean over one batch's rows)."""
+    return sum(loss_of(x, y) * len(x) for x, y in batches) / sum(len(x) for x, _ in batches)
+
+
+def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
+    """One preset's row of --equal-time: steps and validation loss of each after args.equal_time seconds."""
+    text, source = text_data.load_text(None)
+    tokenizer = text_data.make_tokenizer("char", text)
+    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    config = replace(config, vocab=tokenizer.vocab_size)
+    tokens = tokenizer.encode(text).astype(np.int64)  # torch's cross_entropy takes int64 targets
+    train, val = text_data.split(tokens, config.context, 0.1, source)
+    windows = text_data.fixed_batches(val, 64, batch, config.context)  # the same validation windows for both
+    model = GPT(config, rng=args.seed)
+    module = torch_model(torch, model)  # from the weights before any step
+    optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
+    torch_optimizer = torch_adamw(torch, module, preset)
+    rng, drawn = np.random.default_rng(args.seed), []
+
+    def batch_number(i: int) -> tuple[np.ndarray, ...]:  # the i-th batch, the same for both
+        while len(drawn) <= i:
+            drawn.append(text_data.random_batch(rng, train, batch, config.context))  # (B, T) each
+        return drawn[i]
+
+    def torch_loss(x: np.ndarray, y: np.ndarray) -> float:
+        with torch.no_grad():
+            return float(module(torch.from_numpy(x), torch.from_numpy(y)).item())
+
+    start = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
+    check(abs(start[0] - start[1]) <= LOSS_RTOL * start[1], f"{name}: both start from the same validation loss "
+          f"({start[0]:.6f} and {start[1]:.6f})")  # fmt: skip
+    # one untimed step of each on a copy, so that neither library's first-call costs land in the budget
+    our_step(GPT(config, model.params), AdamW(model.params, lr=preset.lr), *batch_number(0), preset.lr)
+    twin = copy.deepcopy(module)
+    torch_step(torch, twin, torch_adamw(torch, twin, preset), *map(torch.from_numpy, batch_number(0)))
+    ours = train_for(args.equal_time, lambda i: our_step(model, optimizer, *batch_number(i), preset.lr))
+    theirs = train_for(args.equal_time, lambda i: torch_step(torch, module, torch_optimizer,
+                                                             *map(torch.from_numpy, batch_number(i))))  # fmt: skip
+    row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
+    row["torch_steps"] = theirs
+    row["ours_loss"], row["torch_loss"] = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
+    return row
+
+
+def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print(f"\n3) validation loss after {args.equal_time:g} s of training each, from the same weights on the same "
+          "batches\n   (this project's pages, character tokens; AdamW at the preset's learning rate)")  # fmt: skip
+    headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss", "ours / torch - 1"]
+    body = [[r["preset"], f"{r['start_loss']:.4f}", f"{r['ours_steps']:,}", f"{r['torch_steps']:,}",
+             f"{r['ours_loss']:.4f}", f"{r['torch_loss']:.4f}", f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}"]
+            for r in rows]  # fmt: skip
+    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
+
+
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
-    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, {threads}; median of {args.repeats}")
+    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, median of {args.repeats}\n   {threads}")
     headers = ["preset", "parameters", "batch x context", "ours ms", "tokens/s"]
     if args.torch:
         headers += ["torch ms", "ours / torch"]
@@ -241,22 +327,25 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
-    print(text_table(body, headers, fmt=args.format))
+    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
 
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n2) generation of {args.tokens:,} tokens after a one-token prompt, greedy, batch 1")
     body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
              f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
-    print(text_table(body, ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"], fmt=args.format))
+    headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
+    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.equal_time is not None:
+        return main_equal_time(args)
     torch = common.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
     print(lines)
-    threads = "our BLAS's threads as the machine line says" + (f", torch's {torch.get_num_threads()}" if torch else "")
+    threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
     stopped = common.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
@@ -266,14 +355,32 @@ def main(argv: list[str] | None = None) -> int:
         stopped = common.measure_each(args.presets, lambda name: time_generation(name, args), generations)
     if generations:
         print_generation(generations, args)
-    busy = common.busy_reasons()
-    if busy:
-        print(f"* timed on a busy machine: {'; '.join(busy)}")
+    figures = {"machine": info, "args": vars(args), "training": steps, "generation": generations}
+    return finish(args, figures, stopped, len(steps) + len(generations), 2 * len(args.presets))
+
+
+def main_equal_time(args: argparse.Namespace) -> int:
+    """--equal-time: the third table only."""
+    torch = common.load_torch(flag="--equal-time")[0]
+    info, lines = common.header(torch.__version__, torch.get_num_threads())
+    print(lines)
+    rows: list[dict[str, Any]] = []
+    stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
+    if rows:
+        print_equal_time(rows, args)
+    figures = {"machine": info, "args": vars(args), "equal_time": rows}
+    return finish(args, figures, stopped, len(rows), len(args.presets))
+
+
+def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
+    """The last lines of either mode: a busy machine said, --json written, Ctrl-C's line; the exit code."""
+    figures["busy"] = common.busy_reasons()
+    if figures["busy"]:
+        print(f"* timed on a busy machine: {'; '.join(figures['busy'])}")
     if args.json:
-        figures = {"machine": info, "args": vars(args), "training": steps, "generation": generations, "busy": busy}
         common.write_json(args.json, figures, stopped)
     if stopped:
-        return common.interrupted(len(steps) + len(generations), 2 * len(args.presets))
+        return common.interrupted(done, total)
     return check.finish()
 
 

@@ -8,6 +8,7 @@ import pytest
 from scipy.special import expit, log_softmax
 from test_backward import numerical_grad  # central differences, h = 1e-6
 
+from tinyattn_np import layers
 from tinyattn_np.layers import (
     cross_entropy,
     cross_entropy_backward,
@@ -189,6 +190,35 @@ def test_cross_entropy_survives_large_float32_logits():
     loss, probs = cross_entropy(logits, np.array([1]))
     assert loss == pytest.approx(1000.0) and probs.dtype == np.float32
     np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("block", [layers._ROW_BLOCK, 64])  # the default, and blocks of a few rows
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):
+    """layer_norm, gelu, their backwards and cross_entropy run their lines block by block on the cores: the same bits as
+    the same lines over the whole array at once, for any block size and number of workers."""
+    monkeypatch.setattr(layers, "_ROW_BLOCK", block)
+    monkeypatch.setattr(layers.os, "cpu_count", lambda: workers)
+    u, dy = (rng.normal(size=(300, 257)).astype(np.float32) for _ in range(2))  # 300 · 257 > 2^15: several blocks
+    y_whole, t_whole, du_whole = np.empty_like(u), np.empty_like(u), np.empty_like(u)
+    layers._gelu_lines(u, y_whole, t_whole)
+    layers._gelu_backward_lines(dy, u, t_whole, du_whole, np.empty_like(u))
+    y, saved = gelu(u)
+    np.testing.assert_array_equal(y, y_whole)
+    np.testing.assert_array_equal(gelu_backward(dy, saved), du_whole)
+    gain, bias = (rng.normal(size=257).astype(np.float32) for _ in range(2))
+    y_whole, x_hat_whole, rstd_whole = np.empty_like(u), np.empty_like(u), np.empty((300, 1), np.float32)
+    layers._layer_norm_lines(u, gain, bias, 1e-5, y_whole, x_hat_whole, rstd_whole)
+    layers._layer_norm_dx_lines(dy, x_hat_whole, rstd_whole, gain, du_whole)
+    y, saved = layer_norm(u, gain, bias)
+    np.testing.assert_array_equal(y, y_whole)
+    np.testing.assert_array_equal(layer_norm_backward(dy, saved).dx, du_whole)
+    logits, targets = u * 4, rng.integers(0, 257, 300)
+    probs_whole = np.empty_like(logits)
+    loss_whole = float(np.mean(layers._softmax_lines(logits, targets, probs_whole)))
+    loss, probs = cross_entropy(logits, targets)
+    assert loss == loss_whole
+    np.testing.assert_array_equal(probs, probs_whole)
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,19 @@ def test_heat_map_shades():
     assert lines[1].endswith("|    @") and lines[2].endswith("|    :#")  # 0.25 -> shade 2 of 10, 0.75 -> shade 7
 
 
+def test_heat_map_shows_a_row_spread_over_many_keys():
+    """At the random start a row spreads its weight over all its keys: past ten keys each is under 0.1, the
+    lightest tenth, and still drawn (a dot), while a weight of exactly 0 stays a space."""
+    T = 24
+    weights = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]  # (T, T): query i spread over keys 0 .. i
+    lines = train.heat_map(weights, np.arange(T) % 8, "abcdefgh").splitlines()[1:]
+    for i, line in enumerate(lines):
+        cells = line.split("|    ")[1]
+        assert len(cells) == i + 1 and " " not in cells, f"row {i}: {line!r}"
+    zero_then_one = train.heat_map(np.array([[0.5, 0.0], [0.0, 1.0]]), np.array([0, 1]), "ab").splitlines()[2]
+    assert zero_then_one.endswith("|     @"), zero_then_one
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [
@@ -375,6 +388,16 @@ def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
     assert "all checks passed" in out
     saved = json.loads(figures.read_text())
     assert saved["training"][0]["ours_ms"] > 0 and saved["generation"][0]["cache_s"] > 0
+
+
+def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
+    speed = load("train_speed.py")
+    for name in ("torch", "torch.nn.functional"):
+        monkeypatch.setitem(sys.modules, name, None)  # import torch now fails, as where it is not installed
+    with pytest.raises(SystemExit) as stop:
+        speed.main(["--presets", "tiny", "--equal-time", "1"])
+    message = str(stop.value.code)
+    assert "--equal-time needs torch" in message and "\n" not in message, message
 
 
 def test_train_speed_refuses_what_would_not_fit(capsys):

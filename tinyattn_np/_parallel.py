@@ -5,6 +5,9 @@ Why threads help at all in Python: NumPy releases the interpreter lock inside a 
 while one worker multiplies a tile, another can multiply the next. BLAS is held to one thread meanwhile:
 the workers are the parallelism, and a one-thread matmul sums in one fixed order, so the result is the
 same bits for any number of workers.
+
+The helper threads are started once and kept, in a pool: starting a thread costs about as much as a small
+call's whole work (a layer norm of a few hundred rows), and a training step makes dozens of such calls.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -109,6 +113,28 @@ def nonfinite_quiet() -> Any:
     return np.errstate(invalid="ignore", over="ignore", divide="ignore")
 
 
+_MOST_HELPERS = 64  # the pool's threads are started as calls need them, up to this many
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    """The pool of helper threads, started on first use."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(max_workers=_MOST_HELPERS, thread_name_prefix="tinyattn_np-worker")
+        return _helpers
+
+
+def _join(helpers: list[Future[None]]) -> None:
+    """Wait for the helpers that have started. One still queued (every pooled thread busy, as in a call made
+    from inside an item) is cancelled instead: the caller has taken the last item, so it would find none."""
+    for helper in helpers:
+        if not helper.cancel():
+            helper.result()
+
+
 class Stopped(Exception):
     """Raised by a work item that gives up waiting because another item failed; run_items never reports it."""
 
@@ -120,7 +146,7 @@ def run_items(
     *,
     on_failure: Callable[[], None] | None = None,
 ) -> None:
-    """Call run(item) for every item on `workers` threads, the caller's own thread among them.
+    """Call run(item) for every item on `workers` threads: the caller's own and workers - 1 helpers of the pool.
 
     - In order: items are taken one at a time, in the order given, by whichever worker is free, so item n
       starts only after items 0 .. n-1 have started. An item may therefore wait for an earlier one (the
@@ -161,16 +187,13 @@ def run_items(
                 fail(err)
                 return
 
-    helpers = [threading.Thread(target=work, daemon=True) for _ in range(workers - 1)]
-    for thread in helpers:
-        thread.start()
+    pool = _helper_pool() if workers > 1 else None
+    helpers = [pool.submit(work) for _ in range(workers - 1)] if pool is not None else []
     try:
         work()
-        for thread in helpers:
-            thread.join()
-    except BaseException as err:  # Ctrl-C outside an item (taking one, joining): stop the others first
+        _join(helpers)
+    except BaseException as err:  # Ctrl-C outside an item (taking one, waiting): stop the others first
         fail(err)
-        for thread in helpers:
-            thread.join()
+        _join(helpers)
     if failures:
         raise failures[0]

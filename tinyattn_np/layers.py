@@ -27,10 +27,14 @@ Each backward's docstring derives its lines; tests/test_layers.py holds each aga
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
+
+from ._parallel import run_items
 
 Array = NDArray[np.floating]
 
@@ -63,6 +67,25 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
 
 
+# --- why the elementwise layers run in blocks of rows ---------------------------------------------------
+#
+# layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
+# arrays. Over a whole (N, H) array every pass reads and writes main memory; over a block of rows of about
+# _ROW_BLOCK elements, the block's arrays stay in the CPU's cache from one line to the next. The blocks are independent,
+# so the cores take them in turn (NumPy lets go of the interpreter lock inside each line), as BLAS spreads a
+# matmul over them. The lines are the same either way, and so are the results, bit for bit.
+
+_ROW_BLOCK = 1 << 15  # elements in a block of rows: 128 KiB of float32 per array, all of a block's in a core's L2
+
+
+def _by_row_blocks(lines: Callable[[slice], None], n_rows: int, row_size: int) -> None:
+    """lines(rows) for every block of about _ROW_BLOCK elements (at least one row) of n_rows rows of row_size
+    elements, on the machine's cores; each call writes only its own rows."""
+    step = max(1, _ROW_BLOCK // max(1, row_size))
+    blocks = [slice(start, start + step) for start in range(0, n_rows, step)]
+    run_items(lines, blocks, min(len(blocks), os.cpu_count() or 1))
+
+
 # --- the norms ----------------------------------------------------------------------------------------
 
 
@@ -91,15 +114,24 @@ def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e
         >>> y.round(3)
         array([[-1.,  1.]])
     """
-    mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
-    x_hat = x - mean  # (..., C): centred, normalised in place below
-    var = np.mean(np.square(x_hat), axis=-1, keepdims=True)  # (..., 1)
-    rstd = 1.0 / np.sqrt(var + eps)  # (..., 1)
-    x_hat *= rstd  # (..., C)
-    y = x_hat * gain  # (..., C)
+    x_rows = x.reshape(-1, x.shape[-1])  # (rows, C)
+    y, x_hat, rstd = np.empty_like(x_rows), np.empty_like(x_rows), np.empty((len(x_rows), 1), x_rows.dtype)
+    _by_row_blocks(lambda rows: _layer_norm_lines(x_rows[rows], gain, bias, eps, y[rows], x_hat[rows], rstd[rows]),
+                   *x_rows.shape)  # fmt: skip
+    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain)
+
+
+def _layer_norm_lines(
+    x: Array, gain: Array, bias: Array | None, eps: float, y: Array, x_hat: Array, rstd: Array
+) -> None:
+    """layer_norm's lines on one block of rows x (rows, C), written into y, x_hat (rows, C) and rstd (rows, 1)."""
+    np.subtract(x, x.mean(axis=-1, keepdims=True), out=x_hat)  # (rows, C): centred, normalised below
+    var = np.mean(np.square(x_hat), axis=-1, keepdims=True)  # (rows, 1)
+    np.divide(1.0, np.sqrt(var + eps), out=rstd)  # (rows, 1)
+    x_hat *= rstd
+    np.multiply(x_hat, gain, out=y)
     if bias is not None:
         y += bias
-    return y, NormSaved(x_hat, rstd, gain)
 
 
 def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
@@ -114,11 +146,19 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
     dbias = dy.reshape(-1, C).sum(axis=0)  # (C,)
-    dx_hat = dy * gain  # (..., C)
-    dx = dx_hat - dx_hat.mean(axis=-1, keepdims=True)  # (..., C)
+    dy_rows, x_hat_rows = dy.reshape(-1, C), x_hat.reshape(-1, C)  # (rows, C) each
+    rstd_rows, dx = rstd.reshape(-1, 1), np.empty_like(dy_rows)  # (rows, 1), (rows, C)
+    _by_row_blocks(lambda rows: _layer_norm_dx_lines(dy_rows[rows], x_hat_rows[rows], rstd_rows[rows], gain, dx[rows]),
+                   *dx.shape)  # fmt: skip
+    return NormGrads(dx.reshape(dy.shape), dgain, dbias)
+
+
+def _layer_norm_dx_lines(dy: Array, x_hat: Array, rstd: Array, gain: Array, dx: Array) -> None:
+    """layer_norm_backward's dx on one block of rows (rows, C), written into dx."""
+    dx_hat = dy * gain  # (rows, C)
+    np.subtract(dx_hat, dx_hat.mean(axis=-1, keepdims=True), out=dx)
     dx -= x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)
     dx *= rstd
-    return NormGrads(dx, dgain, dbias)
 
 
 def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved]:
@@ -170,15 +210,22 @@ def gelu(u: Array) -> tuple[Array, GeluSaved]:
         >>> gelu(np.array([-1.0, 0.0, 1.0]))[0].round(4)
         array([-0.1588,  0.    ,  0.8412])
     """
-    t = np.square(u)  # (..., H): u², then the inner polynomial, then its tanh, in one buffer
+    u_rows = u.reshape(-1, u.shape[-1])  # (rows, H)
+    y, t = np.empty_like(u_rows), np.empty_like(u_rows)  # (rows, H) each
+    _by_row_blocks(lambda rows: _gelu_lines(u_rows[rows], y[rows], t[rows]), *u_rows.shape)
+    return y.reshape(u.shape), GeluSaved(u, t.reshape(u.shape))
+
+
+def _gelu_lines(u: Array, y: Array, t: Array) -> None:
+    """gelu's lines on one block of rows, written into y and t (u's shape)."""
+    np.square(u, out=t)  # u², then the inner polynomial, then its tanh, in t's memory
     t *= GELU_CUBIC * SQRT_2_OVER_PI
     t += SQRT_2_OVER_PI
     t *= u
     np.tanh(t, out=t)
-    y = t + 1.0  # (..., H)
+    np.add(t, 1.0, out=y)
     y *= u
     y *= 0.5
-    return y, GeluSaved(u, t)
 
 
 def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
@@ -186,17 +233,27 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
 
     dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
     """
-    u, t = saved
-    slope = np.square(u)  # (..., H): a + 3 b u² below, then the whole derivative
-    slope *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
-    slope += SQRT_2_OVER_PI
-    slope *= u
-    slope *= 1.0 - np.square(t)  # ½ is applied once, with the first term
-    slope += t
-    slope += 1.0
-    slope *= 0.5
-    slope *= dy
-    return slope
+    u, t = (a.reshape(-1, a.shape[-1]) for a in saved)  # (rows, H) each
+    dy_rows = dy.reshape(u.shape)  # (rows, H)
+    du, one_minus_t2 = np.empty_like(dy_rows), np.empty_like(dy_rows)  # (rows, H) each
+    _by_row_blocks(lambda rows: _gelu_backward_lines(dy_rows[rows], u[rows], t[rows], du[rows], one_minus_t2[rows]),
+                   *u.shape)  # fmt: skip
+    return du.reshape(dy.shape)
+
+
+def _gelu_backward_lines(dy: Array, u: Array, t: Array, du: Array, one_minus_t2: Array) -> None:
+    """gelu_backward's lines on one block of rows, written into du (one_minus_t2: room for 1 - t²)."""
+    np.square(u, out=du)  # a + 3 b u² below, then the whole derivative, in du's memory
+    du *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
+    du += SQRT_2_OVER_PI
+    du *= u
+    np.square(t, out=one_minus_t2)
+    np.subtract(1.0, one_minus_t2, out=one_minus_t2)
+    du *= one_minus_t2  # ½ is applied once, with the first term
+    du += t
+    du += 1.0
+    du *= 0.5
+    du *= dy
 
 
 class SwigluSaved(NamedTuple):
@@ -349,14 +406,25 @@ def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | N
     overflows float32, exp of 0 does not. out: where the probabilities go (out=logits overwrites the logits
     when nothing needs them after; default a new array).
     """
-    rows = np.arange(logits.shape[0])
-    shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=out)  # (N, V): each row's largest is 0
-    target_logit = shifted[rows, targets]  # (N,)
-    probs = np.exp(shifted, out=shifted)  # (N, V): the exponentials, normalised below
-    total = probs.sum(axis=-1, keepdims=True)  # (N, 1)
-    loss = float(np.mean(np.log(total[:, 0]) - target_logit))
-    probs /= total
-    return loss, probs
+    probs = np.empty_like(logits) if out is None else out  # (N, V)
+    nll = np.empty(logits.shape[0], dtype=logits.dtype)  # (N,): each row's -log p(target)
+
+    def lines(rows: slice) -> None:
+        nll[rows] = _softmax_lines(logits[rows], targets[rows], probs[rows])
+
+    _by_row_blocks(lines, *logits.shape)
+    return float(np.mean(nll)), probs
+
+
+def _softmax_lines(logits: Array, targets: NDArray[np.integer], probs: Array) -> Array:
+    """cross_entropy's lines on one block of rows: softmax(logits) into probs (which may be logits itself);
+    returns each row's logsumexp(z) - z[t] (rows,)."""
+    shifted = np.subtract(logits, logits.max(axis=-1, keepdims=True), out=probs)  # (rows, V): each row's largest is 0
+    target_logit = shifted[np.arange(shifted.shape[0]), targets]  # (rows,)
+    np.exp(shifted, out=shifted)  # (rows, V): the exponentials, normalised below
+    total = shifted.sum(axis=-1, keepdims=True)  # (rows, 1)
+    shifted /= total
+    return np.log(total[:, 0]) - target_logit
 
 
 def cross_entropy_backward(probs: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> Array:

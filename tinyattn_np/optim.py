@@ -30,12 +30,14 @@ API:
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_count
+from ._parallel import run_items
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
@@ -91,8 +93,9 @@ class AdamW:
         bias_correction1 = 1.0 - self.beta1**self.t
         sqrt_bias_correction2 = math.sqrt(1.0 - self.beta2**self.t)
         step_size = lr / bias_correction1  # lr m̂ = (lr / (1 - β1^t)) m
-        for name, theta in params.items():
-            g, m, v = grads[name], self.m[name], self.v[name]
+
+        def update_one(name: str) -> None:  # one parameter's lines; each writes only its own θ, m and v
+            theta, g, m, v = params[name], grads[name], self.m[name], self.v[name]
             if self.decay[name]:
                 theta *= 1.0 - lr * self.weight_decay  # θ - lr λ θ, before the Adam step, as torch orders it
             m *= self.beta1  # m = β1 m + (1 - β1) g
@@ -107,6 +110,9 @@ class AdamW:
             np.divide(m, update, out=update)
             update *= step_size
             theta -= update
+
+        # the parameters are independent: the cores take them in turn (NumPy lets go of the interpreter lock)
+        run_items(update_one, list(params), min(len(params), os.cpu_count() or 1))
 
     def _check(self, arrays: Any, name: str) -> None:
         """arrays: a dict with exactly the optimiser's names, each of its shape."""

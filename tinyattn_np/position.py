@@ -94,10 +94,14 @@ def rope(
     x = x.astype(dtype, copy=False)
     x1, x2 = x[..., first], x[..., second]  # (..., T, r/2) each
 
-    # 3) rotate each pair; channels r .. d-1 (partial rotary) pass unchanged
-    out = x.copy()  # (..., T, d)
-    out[..., first] = x1 * cos - x2 * sin  # (..., T, r/2)
-    out[..., second] = x1 * sin + x2 * cos  # (..., T, r/2)
+    # 3) rotate each pair, written straight into its two channels; channels r .. d-1 (partial rotary) pass unchanged
+    out = np.empty_like(x)  # (..., T, d)
+    out[..., r:] = x[..., r:]
+    out_1, out_2 = out[..., first], out[..., second]  # (..., T, r/2) each, views
+    np.multiply(x1, cos, out=out_1)
+    out_1 -= x2 * sin  # x1 cos - x2 sin
+    np.multiply(x1, sin, out=out_2)
+    out_2 += x2 * cos  # x1 sin + x2 cos
     return out.astype(out_dtype, copy=False)
 
 

@@ -116,6 +116,14 @@ def torch_weights(module: TorchGPT, model: GPT) -> dict[str, np.ndarray]:
     return out
 
 
+def torch_adamw(module: TorchGPT) -> torch.optim.AdamW:
+    """torch's AdamW as ours is set up here: lr LR, betas (0.9, 0.95), eps 1e-8, decay 0.1 on matrices only."""
+    decay = [p for p in module.parameters() if p.ndim >= 2]  # matrices only, as ours
+    no_decay = [p for p in module.parameters() if p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.95), eps=1e-8)
+
+
 def batches(c: GPTConfig, batch: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """STEPS batches of (idx, targets) (batch, context) cut from one token stream with structure to learn
     (a repeating pattern with noise), so that the loss falls over the steps."""
@@ -138,14 +146,7 @@ def train_both(c: GPTConfig, device: str, batch: int = 4) -> tuple[list[float], 
     model = GPT(c, rng=0)
     module = torch_model(model, device)
     opt = AdamW(model.params, lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
-    decay = [p for p in module.parameters() if p.ndim >= 2]  # matrices only, as ours
-    no_decay = [p for p in module.parameters() if p.ndim < 2]
-    torch_opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=LR,
-        betas=(0.9, 0.95),
-        eps=1e-8,
-    )
+    torch_opt = torch_adamw(module)
     ours, theirs, norms = [], [], []
     for step, (idx, targets) in enumerate(batches(c, batch, seed=1)):
         lr = warmup_cosine_lr(step, lr=LR, warmup=WARMUP, total=STEPS, min_lr=LR / 10)

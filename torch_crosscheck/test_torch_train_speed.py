@@ -4,6 +4,7 @@ the same losses for two training steps (clipping and AdamW included), and the ta
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -65,3 +66,37 @@ def test_the_twins_rope_is_ours():
     cos, sin = speed.rope_tables(torch, config)
     theirs = speed.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
     np.testing.assert_allclose(theirs, rope(x), rtol=1e-5, atol=1e-6)
+
+
+def small_tiny(monkeypatch):
+    """train_speed.py with a small model as the tiny preset (the text's characters set the vocabulary)."""
+    speed = load("train_speed")
+    training = sys.modules["training"]
+    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
+    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
+    return speed
+
+
+def test_equal_time_trains_both_and_compares_their_validation_losses(monkeypatch, capsys, tmp_path):
+    speed = small_tiny(monkeypatch)
+    figures = tmp_path / "equal.json"
+    assert speed.main(["--presets", "tiny", "--equal-time", "0.5", "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    assert "3) validation loss after 0.5 s of training each" in out
+    assert re.search(r"^tiny +[0-9.]+ +[0-9,]+ +[0-9,]+ +[0-9.]+ +[0-9.]+ +[+-][0-9.]+%$", out, re.MULTILINE), out
+    row = json.loads(figures.read_text())["equal_time"][0]
+    assert row["ours_steps"] >= 1 and row["torch_steps"] >= 1
+    assert row["ours_loss"] < row["start_loss"] and row["torch_loss"] < row["start_loss"], row
+
+
+def test_equal_steps_give_equal_validation_losses(monkeypatch, capsys):
+    """With the clock taken out (each trains 4 steps), the two runs are the same run: the same weights,
+    batches and AdamW give the same validation loss, to float32 rounding."""
+    speed = small_tiny(monkeypatch)
+    monkeypatch.setattr(speed, "train_for", lambda seconds, step: [step(i) for i in range(4)] and 4)
+    rows = []
+    monkeypatch.setattr(speed, "print_equal_time", lambda found, args: rows.extend(found))
+    assert speed.main(["--presets", "tiny", "--equal-time", "1"]) == 0
+    assert rows[0]["ours_steps"] == rows[0]["torch_steps"] == 4
+    assert rows[0]["ours_loss"] == pytest.approx(rows[0]["torch_loss"], rel=1e-5)
+    assert rows[0]["ours_loss"] < rows[0]["start_loss"] - 0.05, rows
