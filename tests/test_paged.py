@@ -396,20 +396,22 @@ def test_values_as_the_keys_prefix_are_stored_once(dtype):
     assert cache.bytes_used == 2 * cache.block_bytes
 
 
-def _prefix_pool(lengths: list[int], dtype=np.float64) -> tuple[PagedKVCache, list[int]]:
-    """A pool of blocks of 3 whose values are the keys' first 8 of 12 numbers: sequences of these lengths grown
-    two tokens at a time in turn (their blocks interleave), then a fork of the first grown by 4 (a shared
-    prefix, copy-on-write)."""
-    cache = PagedKVCache(sum(-(-n // 3) for n in lengths) + 3, 3, 2, 12, dtype=dtype, value_prefix=8)
+def _prefix_pool(
+    lengths: list[int], dtype=np.float64, head_dim: int = 12, prefix: int = 8, step: int = 2
+) -> tuple[PagedKVCache, list[int]]:
+    """A pool of blocks of 3 whose values are the keys' first `prefix` of head_dim numbers: sequences of these
+    lengths grown `step` tokens at a time in turn (their blocks interleave), then a fork of the first grown by 4
+    (a shared prefix, copy-on-write)."""
+    cache = PagedKVCache(sum(-(-n // 3) for n in lengths) + 3, 3, 2, head_dim, dtype=dtype, value_prefix=prefix)
     seqs = [cache.add_sequence() for _ in lengths]
-    for start in range(0, max(lengths), 2):
+    for start in range(0, max(lengths), step):
         for seq, n in zip(seqs, lengths, strict=True):
             if start < n:
-                k = RNG.standard_normal((2, min(2, n - start), 12)).astype(dtype)
-                cache.append(seq, k, k[..., :8])
+                k = RNG.standard_normal((2, min(step, n - start), head_dim)).astype(dtype)
+                cache.append(seq, k, k[..., :prefix])
     seqs.append(cache.fork(seqs[0]))
-    k = RNG.standard_normal((2, 4, 12)).astype(dtype)
-    cache.append(seqs[-1], k, k[..., :8])
+    k = RNG.standard_normal((2, 4, head_dim)).astype(dtype)
+    cache.append(seqs[-1], k, k[..., :prefix])
     return cache, seqs
 
 
@@ -434,9 +436,10 @@ def test_decoding_a_prefix_pool_reads_the_values_from_the_keys(decode, kv_splits
 @pytest.mark.parametrize(("dtype", "cascade"), [(np.float32, False), (np.float16, False), (np.float64, True)])
 def test_the_peak_estimate_of_a_prefix_pool_bounds_what_tracemalloc_sees(dtype, cascade):
     """paged_decode_bytes, with values value_prefix wide, is an upper bound of the peak (Python's own objects
-    add a few tens of KiB) and within twice the peak of one worker."""
-    cache, seqs = _prefix_pool([900, 300, 40], dtype)
-    q = RNG.standard_normal((len(seqs), 8, 1, 12)).astype(dtype)
+    add a few tens of KiB: the sizes are those of test_paged_decode's bound, where they are small beside the
+    arrays) and within twice the peak of one worker."""
+    cache, seqs = _prefix_pool([3000, 500, 2000], dtype, head_dim=64, prefix=48, step=100)
+    q = RNG.standard_normal((len(seqs), 8, 1, 64)).astype(dtype)
     decode = cascade_decode if cascade else paged_decode
     decode(q, cache, seqs, workers=2)  # the first call's one-time allocations
     for workers in (1, 2):

@@ -59,7 +59,7 @@ def test_past_the_context_both_ways_still_agree(trained, capsys):
 def test_one_way_prints_its_speed_and_the_text(trained, capsys):
     assert sample.main([str(trained), "--no-cache", "--tokens", "5", "--prompt", "a"]) == 0
     out = capsys.readouterr().out
-    assert "checkpoint: " in out and ", step 40, validation loss " in out and "model: GPT (tiny), " in out
+    assert "checkpoint: " in out and "  step 40, validation loss " in out and "; GPT (tiny), " in out
     assert "without a cache" in out and "with the KV cache" not in out
 
 
