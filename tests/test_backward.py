@@ -626,3 +626,33 @@ def test_kv_of_batch_one_gets_its_gradients_summed_over_the_query_batch(rng, q_b
     batch_axes = tuple(range(len(q_batch)))
     assert_close(dk, dk_all.sum(axis=batch_axes, keepdims=True), np.float64, "dk")
     assert_close(dv, dv_all.sum(axis=batch_axes, keepdims=True), np.float64, "dv")
+
+
+# --- a Ctrl-C at any bytecode never leaves the dq turn's lock held ------------------------------------
+
+
+@pytest.mark.parametrize("step", ["add", "finish", "fail"])
+def test_an_interrupt_at_any_bytecode_of_the_ordered_dq_leaves_its_lock_free(step):
+    """A KeyboardInterrupt (which lands in the main thread, one of the workers) raised at each bytecode of
+    OrderedDq's add, finish and fail in turn, threading's Condition included: the turn's lock is free
+    afterwards. Held, every other worker would wait for it forever, and the call would never end."""
+    import threading
+
+    from test_kvcache import PACKAGE, _interrupted_at
+
+    from tinyattn_np.backward import OrderedDq
+    from tinyattn_np.blockmask import FULL, Band, Tile
+
+    code = (str(PACKAGE / "backward.py"), str(PACKAGE / "_atomic.py"), threading.__file__)
+    tile = Tile(0, 4, 0, 4, FULL)
+    for n in range(1, 10_000):
+        dq = OrderedDq(np.zeros((1, 4, 2)), np.zeros((1, 4)), Band(None), 4, 4, 4)
+        call = {
+            "add": lambda dq=dq: dq.add(0, tile, np.ones((4, 2)), np.ones(4)),
+            "finish": lambda dq=dq: dq.finish(0, 0),
+            "fail": lambda dq=dq: dq.fail(),
+        }[step]
+        if not _interrupted_at(n, call, code):
+            break
+        assert not dq.turn._is_owned(), f"{step}: the lock is held after an interrupt at bytecode {n}"
+    assert n > 5  # the tracer did reach the code

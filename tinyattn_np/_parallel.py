@@ -115,16 +115,19 @@ def nonfinite_quiet() -> Any:
 
 _MOST_HELPERS = 64  # the pool's threads are started as calls need them, up to this many
 _helpers: ThreadPoolExecutor | None = None
-_helpers_lock = threading.Lock()
+_helpers_lock = threading.RLock()
 
 
 def _helper_pool() -> ThreadPoolExecutor:
     """The pool of helper threads, started on first use."""
+    return holding(_helpers_lock, _start_helper_pool)
+
+
+def _start_helper_pool() -> ThreadPoolExecutor:
     global _helpers
-    with _helpers_lock:
-        if _helpers is None:
-            _helpers = ThreadPoolExecutor(max_workers=_MOST_HELPERS, thread_name_prefix="tinyattn_np-worker")
-        return _helpers
+    if _helpers is None:
+        _helpers = ThreadPoolExecutor(max_workers=_MOST_HELPERS, thread_name_prefix="tinyattn_np-worker")
+    return _helpers
 
 
 def _join(helpers: list[Future[None]]) -> None:
@@ -162,27 +165,28 @@ def run_items(
     Each item must write only its own slices of the shared outputs.
     """
     pending = iter(items)
-    take = threading.Lock()
+    take = threading.RLock()  # taken through holding(): a Ctrl-C at any bytecode never leaves it held
     stop = threading.Event()
     failures: list[BaseException] = []
 
+    def record(err: BaseException) -> None:
+        if not isinstance(err, Stopped):
+            failures.append(err)
+
     def fail(err: BaseException) -> None:
-        with take:
-            if not isinstance(err, Stopped):
-                failures.append(err)
+        holding(take, record, err)
         stop.set()
         if on_failure is not None:
             on_failure()
 
     def work() -> None:
         while not stop.is_set():
-            with take:
-                item = next(pending, _DONE)
+            item = holding(take, next, pending, _DONE)
             if item is _DONE:
                 return
             try:
                 with nonfinite_quiet():
-                    run(item)  # type: ignore[arg-type]
+                    run(item)
             except BaseException as err:  # Ctrl-C too: the others must stop
                 fail(err)
                 return

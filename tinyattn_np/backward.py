@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from ._atomic import holding
 from ._checks import (
     QKVShape,
     as_float_array,
@@ -431,35 +432,43 @@ class OrderedDq:
         """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
         heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
         place, block = self.tile_mask.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
+        holding(self.turn, self._add_in_turn, h, t, block, place, share, p_sum)
+
+    def _add_in_turn(self, h: int, t: Tile, block: int, place: int, share: np.ndarray, p_sum: np.ndarray) -> None:
+        """add, under the turn's lock (taken through holding: a Ctrl-C at any bytecode never leaves it held,
+        which would make every other worker wait for it forever)."""
         key_block = t.k_start // self.block_k
-        with self.turn:
-            # its turn, or every earlier key block of the head has finished: then the turn has come or never will
-            self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
-            if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
-                raise Stopped
-            if self.added[h, block] != place:
-                raise RuntimeError(
-                    f"the tiles of query block {block} of head {h} are out of order: key block {key_block} is "
-                    f"tile {place} of its row, but the key blocks before it, all finished, added "
-                    f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
-                )
-            self.dq[h, t.q_start : t.q_stop] += share
-            self.p_sums[h, t.q_start : t.q_stop] += p_sum
-            self.added[h, block] = place + 1
-            self.turn.notify_all()
+        # its turn, or every earlier key block of the head has finished: then the turn has come or never will
+        self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
+        if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
+            raise Stopped
+        if self.added[h, block] != place:
+            raise RuntimeError(
+                f"the tiles of query block {block} of head {h} are out of order: key block {key_block} is "
+                f"tile {place} of its row, but the key blocks before it, all finished, added "
+                f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
+            )
+        self.dq[h, t.q_start : t.q_stop] += share
+        self.p_sums[h, t.q_start : t.q_stop] += p_sum
+        self.added[h, block] = place + 1
+        self.turn.notify_all()
 
     def finish(self, h: int, k_start: int) -> None:
         """Key block k_start of head h has added all its tiles: wake the tiles that wait on it."""
-        with self.turn:
-            self.finished[h, k_start // self.block_k] = True
-            while self.finished[h, self.done[h]]:  # the last column stays False: done stops at the key blocks' count
-                self.done[h] += 1
-            self.turn.notify_all()
+        holding(self.turn, self._finish, h, k_start // self.block_k)
+
+    def _finish(self, h: int, key_block: int) -> None:
+        self.finished[h, key_block] = True
+        while self.finished[h, self.done[h]]:  # the last column stays False: done stops at the key blocks' count
+            self.done[h] += 1
+        self.turn.notify_all()
 
     def fail(self) -> None:
-        with self.turn:
-            self.failed = True
-            self.turn.notify_all()
+        holding(self.turn, self._fail)
+
+    def _fail(self) -> None:
+        self.failed = True
+        self.turn.notify_all()
 
 
 def flash_attention_backward(
