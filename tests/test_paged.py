@@ -397,12 +397,13 @@ def test_values_as_the_keys_prefix_are_stored_once(dtype):
 
 
 def _prefix_pool(
-    lengths: list[int], dtype=np.float64, head_dim: int = 12, prefix: int = 8, step: int = 2
+    lengths: list[int], dtype=np.float64, head_dim: int = 12, prefix: int = 8, step: int = 2, block: int = 3
 ) -> tuple[PagedKVCache, list[int]]:
-    """A pool of blocks of 3 whose values are the keys' first `prefix` of head_dim numbers: sequences of these
-    lengths grown `step` tokens at a time in turn (their blocks interleave), then a fork of the first grown by 4
-    (a shared prefix, copy-on-write)."""
-    cache = PagedKVCache(sum(-(-n // 3) for n in lengths) + 3, 3, 2, head_dim, dtype=dtype, value_prefix=prefix)
+    """A pool of blocks of `block` tokens whose values are the keys' first `prefix` of head_dim numbers:
+    sequences of these lengths grown `step` tokens at a time in turn (their blocks interleave), then a fork of
+    the first grown by 4 (a shared prefix, copy-on-write)."""
+    blocks = sum(-(-n // block) for n in lengths) + 3
+    cache = PagedKVCache(blocks, block, 2, head_dim, dtype=dtype, value_prefix=prefix)
     seqs = [cache.add_sequence() for _ in lengths]
     for start in range(0, max(lengths), step):
         for seq, n in zip(seqs, lengths, strict=True):
@@ -436,10 +437,10 @@ def test_decoding_a_prefix_pool_reads_the_values_from_the_keys(decode, kv_splits
 @pytest.mark.parametrize(("dtype", "cascade"), [(np.float32, False), (np.float16, False), (np.float64, True)])
 def test_the_peak_estimate_of_a_prefix_pool_bounds_what_tracemalloc_sees(dtype, cascade):
     """paged_decode_bytes, with values value_prefix wide, is an upper bound of the peak (Python's own objects
-    add a few tens of KiB: the sizes are those of test_paged_decode's bound, where they are small beside the
-    arrays) and within twice the peak of one worker."""
-    cache, seqs = _prefix_pool([3000, 500, 2000], dtype, head_dim=64, prefix=48, step=100)
-    q = RNG.standard_normal((len(seqs), 8, 1, 64)).astype(dtype)
+    add a few tens of KiB, a list entry per page among them: the sizes and pages of 16 tokens are those of
+    test_paged_decode's bound, where they are small beside the arrays) and within twice the peak of one worker."""
+    cache, seqs = _prefix_pool([3000, 500, 2000], dtype, head_dim=64, prefix=48, step=100, block=16)
+    q = RNG.standard_normal((len(seqs), 32, 1, 64)).astype(dtype)  # 16 query heads a kv head: arrays beside objects
     decode = cascade_decode if cascade else paged_decode
     decode(q, cache, seqs, workers=2)  # the first call's one-time allocations
     for workers in (1, 2):
