@@ -157,7 +157,29 @@ class _CopiedWithoutLock:
         self.lock = threading.RLock()
 
 
-class KVCache(_CopiedWithoutLock):
+class _KeysAndValues:
+    """The buffers both caches keep: keys `_k`, and values `_v` of their own, or None where the values are the
+    keys' first value_prefix numbers (stored once)."""
+
+    head_dim: int
+    value_prefix: int | None
+    _k: np.ndarray
+    _v: np.ndarray | None
+
+    @property
+    def value_dim(self) -> int:
+        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
+        return self.head_dim if self.value_prefix is None else self.value_prefix
+
+    @property
+    def _values(self) -> np.ndarray:
+        """The value buffer (..., Ev), shaped as the keys' buffer: its own array, or a view of the keys' first
+        value_prefix numbers. Made on each use, never stored: a copy or a pickle of the cache then keeps values
+        that are its keys."""
+        return self._k[..., : self.value_prefix] if self._v is None else self._v
+
+
+class KVCache(_CopiedWithoutLock, _KeysAndValues):
     """Preallocated keys and values for one attention layer: (batch, kv_heads, slots, head_dim) each.
 
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
@@ -219,17 +241,6 @@ class KVCache(_CopiedWithoutLock):
             f"KVCache(batch={self.batch}, kv_heads={self.kv_heads}, max_tokens={self.max_tokens}, "
             f"head_dim={self.head_dim}, dtype={self.dtype}{window}{prefix}; {self._seen} tokens seen)"
         )
-
-    @property
-    def value_dim(self) -> int:
-        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
-        return self.head_dim if self.value_prefix is None else self.value_prefix
-
-    @property
-    def _values(self) -> np.ndarray:
-        """The value buffer (B, Hkv, slots, Ev): its own array, or a view of the keys' first value_prefix numbers.
-        Made on each use, never stored: a copy or a pickle of the cache then keeps values that are its keys."""
-        return self._k[..., : self.value_prefix] if self._v is None else self._v
 
     @property
     def nbytes(self) -> int:

@@ -56,6 +56,7 @@ from .kvcache import (
     _check_value_prefix,
     _check_values_are_prefix,
     _CopiedWithoutLock,
+    _KeysAndValues,
     _read_only_view,
     _refuse_cache_beyond_memory,
 )
@@ -99,7 +100,7 @@ class PoolState:
         )
 
 
-class PagedKVCache(_CopiedWithoutLock):
+class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
     """A pool of `num_blocks` blocks of `block_size` token slots, each holding keys and values of
     `kv_heads` heads of `head_dim`, and one block table per sequence.
 
@@ -184,18 +185,6 @@ class PagedKVCache(_CopiedWithoutLock):
         """The values of every block, (kv_heads, num_blocks, block_size, value_dim): a read-only view (with
         value_prefix, of the keys' first value_prefix numbers: the same memory as k_pool)."""
         return _read_only_view(self._values)
-
-    @property
-    def value_dim(self) -> int:
-        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
-        return self.head_dim if self.value_prefix is None else self.value_prefix
-
-    @property
-    def _values(self) -> np.ndarray:
-        """The value pool (Hkv, blocks, block_size, Ev): its own array, or a view of the keys' first value_prefix
-        numbers, made on each use (never stored: a copy or a pickle of the cache then keeps values that are its
-        keys)."""
-        return self._k[..., : self.value_prefix] if self._v is None else self._v
 
     @property
     def block_bytes(self) -> int:
