@@ -52,6 +52,20 @@ def test_both_layouts_match_their_oracles(rng, dtype):
     assert rope(x).dtype == dtype
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pairs_turn_alike_in_any_memory_layout(rng, dtype):
+    """Interleaved pairs side by side in memory turn as complex numbers, one product; pairs with channels
+    apart in memory turn by the two lines. Both match the oracle, and a view of heads (tokens strided, as
+    MultiHeadAttention makes them) gives the bits of its contiguous copy."""
+    heads = rng.standard_normal((2, 10, 3, 16)).astype(dtype).swapaxes(1, 2)  # (2, 3, 10, 16)
+    strided = np.repeat(heads, 2, axis=-1)[..., ::2]  # the same numbers, each channel 2 apart in memory
+    assert strided.strides[-1] == 2 * strided.itemsize and np.array_equal(strided, heads)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    for x in (heads, strided):
+        np.testing.assert_allclose(rope(x), rope_by_complex(x.astype(np.float64), np.arange(10)), atol=tol)
+    np.testing.assert_array_equal(rope(heads), rope(np.ascontiguousarray(heads)))
+
+
 def test_positions_keyword(rng):
     x = rng.standard_normal((4, 8))
     pos = np.array([5, 100, 7, 3000])

@@ -86,17 +86,25 @@ def rope(
 
     # 1) the angle of pair i at position m, in float64: m · θ_i for m in the thousands keeps its digits
     angles = positions[:, None] * theta  # (T, r/2)
-    cos = (a * np.cos(angles)).astype(dtype)  # (T, r/2)
-    sin = (a * np.sin(angles)).astype(dtype)  # (T, r/2)
+    x = x.astype(dtype, copy=False)
+    out = np.empty_like(x)  # (..., T, d)
+    out[..., r:] = x[..., r:]  # channels r .. d-1 (partial rotary) pass unchanged
+
+    if interleaved and x.strides[-1] == x.itemsize:
+        # 2) interleaved pairs lie in memory as complex numbers x1 + i·x2, and the rotation by mθ_i times a is
+        #    the product with a·e^{imθ_i} = a (cos mθ_i + i sin mθ_i): the two lines below in one pass
+        complex_dtype = np.result_type(dtype, np.complex64)
+        turn = (a * np.exp(1j * angles)).astype(complex_dtype)  # (T, r/2)
+        np.multiply(x[..., :r].view(complex_dtype), turn, out=out[..., :r].view(complex_dtype))  # (..., T, r/2)
+        return out.astype(out_dtype, copy=False)
 
     # 2) the two halves of every pair: (0, 1), (2, 3), ... interleaved, or (i, i + r/2) half-split
     first, second = (slice(0, r, 2), slice(1, r, 2)) if interleaved else (slice(0, r // 2), slice(r // 2, r))
-    x = x.astype(dtype, copy=False)
     x1, x2 = x[..., first], x[..., second]  # (..., T, r/2) each
+    cos = (a * np.cos(angles)).astype(dtype)  # (T, r/2)
+    sin = (a * np.sin(angles)).astype(dtype)  # (T, r/2)
 
-    # 3) rotate each pair, written straight into its two channels; channels r .. d-1 (partial rotary) pass unchanged
-    out = np.empty_like(x)  # (..., T, d)
-    out[..., r:] = x[..., r:]
+    # 3) rotate each pair, written straight into its two channels
     out_1, out_2 = out[..., first], out[..., second]  # (..., T, r/2) each, views
     np.multiply(x1, cos, out=out_1)
     out_1 -= x2 * sin  # x1 cos - x2 sin
