@@ -41,6 +41,7 @@ from tinyattn_np.backward import (
     _flex_backward,
     _query_rows,
     check_flash_backward,
+    heads_per_item,
     with_column,
 )
 from tinyattn_np.blockmask import Heads, tile_plan
@@ -325,16 +326,21 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
         dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
+    c = heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
     for k_start in range(0, dims.n_k, plan.block_k):
-        for h in range(n_heads):
-            cols = slice(k_start, min(k_start + plan.block_k, dims.n_k))
-            heads = Heads(np.array([h // dims.hq]), np.array([h % dims.hq]))
+        for g in range(n_heads // c):
+            cols, hs = slice(k_start, min(k_start + plan.block_k, dims.n_k)), slice(g * c, g * c + c)
+            heads = Heads(np.arange(hs.start, hs.stop) // dims.hq, np.arange(hs.start, hs.stop) % dims.hq)
             tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads))
             if not tiles:  # a key block no query sees
                 continue
-            mods = TileMods(plan.tile_mask.mask_mod, None, h // dims.hq, h % dims.hq)
-            key_block_copy(q_s[h], k_c[h // dims.group], v_c[h // dims.group], d_o[h], lse_c[h], d[h], mods, tiles,
-                           (dq[h], p_sums[h]), dk_heads[h, cols], dv_heads[h, cols], clock)  # fmt: skip
+            b, h = (heads.b.reshape(c, 1, 1), heads.h.reshape(c, 1, 1)) if c > 1 else (g // dims.hq, g % dims.hq)
+            mods = TileMods(plan.tile_mask.mask_mod, None, b, h)
+            kv = hs if dims.group == 1 else np.arange(hs.start, hs.stop) // dims.group
+            with clock(COPIES):
+                k_j, v_j = k_c[kv, cols], v_c[kv, cols]
+            key_block_copy(q_s[hs], k_j, v_j, d_o[hs], lse_c[hs], d[hs], mods, tiles, (dq[hs], p_sums[hs]),
+                           dk_heads[hs, cols], dv_heads[hs, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
         _check_weights_sum_to_one(p_sums, lse_c)
         dq *= plan.scale
@@ -344,48 +350,48 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         return tuple(x.reshape(y.shape).astype(y.dtype, copy=False) for x, y in ((dq, q), (dk, k), (dv, v)))
 
 
-def key_block_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
+def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
                    mods: TileMods, tiles: Any, dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray,
                    dv_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
     """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
     of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
     (dq, p_sums), tiles = dq_rows, list(tiles)
     with clock(COPIES):
-        cols, height, dtype = slice(tiles[0].k_start, tiles[0].k_stop), tiles[0].q_stop - tiles[0].q_start, q_s.dtype
-        bk = cols.stop - cols.start
-        k_one, v_one = (np.concatenate([x[cols], np.ones((bk, 1), dtype)], axis=1) for x in (k, v))
-        p_buf, ds_buf = np.empty((2, height * bk), dtype)
-        q_lse, do_d = np.empty((height, k_one.shape[1]), dtype), np.empty((height, v_one.shape[1]), dtype)
+        (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_s.dtype
+        k_one, v_one = (np.concatenate([x, np.ones((c, bk, 1), dtype)], axis=2) for x in (k_j, v_j))
+        k_one_t, v_one_t = k_one.transpose(0, 2, 1), v_one.transpose(0, 2, 1)
+        p_buf, ds_buf = np.empty((2, c * height * bk), dtype)
+        q_lse, do_d = np.empty((c, height, k_one.shape[2]), dtype), np.empty((c, height, v_one.shape[2]), dtype)
         ones = np.ones(bk, dtype)
     for t in tiles:
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
-        p, ds = (buffer[: bq * bk].reshape(bq, bk) for buffer in (p_buf, ds_buf))
+        p, ds = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf))
         with clock(COPIES):
-            with_column(q_lse[:bq], q_s[rows], -lse[rows])
+            with_column(q_lse[:, :bq], q_s[:, rows], -lse[:, rows])
         with clock(MATMULS):
-            np.matmul(q_lse[:bq], k_one.T, out=p)
+            np.matmul(q_lse[:, :bq], k_one_t, out=p)
         with clock(MASKING):
             apply_mods(p, t, mods, np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop))
         with clock(EXPONENTIALS):
             np.exp(p, out=p)
         with clock(MATMULS):
-            dv_share = p.T @ d_o[rows]
+            dv_share = p.transpose(0, 2, 1) @ d_o[:, rows]
         with clock(REDUCTIONS):
             dv_rows += dv_share
         with clock(COPIES):
-            with_column(do_d[:bq], d_o[rows], -d[rows])
+            with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])
         with clock(MATMULS):
-            np.matmul(do_d[:bq], v_one.T, out=ds)
+            np.matmul(do_d[:, :bq], v_one_t, out=ds)
         with clock(REDUCTIONS):
             ds *= p
         with clock(MATMULS):
-            dq_share = ds @ k_one[:, :-1]
+            dq_share = ds @ k_j
         with clock(REDUCTIONS):
             p_sum = p @ ones
-            dq[rows] += dq_share
-            p_sums[rows] += p_sum
+            dq[:, rows] += dq_share
+            p_sums[:, rows] += p_sum
         with clock(MATMULS):
-            dk_share = ds.T @ q_s[rows]
+            dk_share = ds.transpose(0, 2, 1) @ q_s[:, rows]
         with clock(REDUCTIONS):
             dk_rows += dk_share
 
@@ -440,7 +446,8 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
-    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan)
+    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan,
+               heads_per_item=heads_per_item(one, dims.hq, dims.n_q, dims.n_k))  # fmt: skip
     row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row
 
@@ -451,6 +458,8 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
     total = sum(parts.values())
     per_step = getattr(plan, "kv_heads_per_step", None)
     tile = f"{plan.block_q} x {plan.block_k} tiles" + (f", {per_step} kv heads per step" if per_step else "")
+    if "heads_per_item" in row:
+        tile += f", {row['heads_per_item']} head{'s' if row['heads_per_item'] > 1 else ''} per item"
     unit, units = ("tile step", "tile steps") if per_step else ("tile of one head", "tiles of one head")
     print(f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
           f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "

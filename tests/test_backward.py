@@ -25,6 +25,7 @@ from tinyattn_np import (
     rope_backward,
 )
 from tinyattn_np import _guard as guard_module
+from tinyattn_np.blockmask import Band, create_block_mask
 from tinyattn_np.measure import traced_peak
 
 # Central differences: error O(eps²·f''') from the formula plus O(u/eps) from rounding; with eps = 1e-6
@@ -194,6 +195,48 @@ def test_same_bits_for_any_worker_count(rng):
     for grads in runs[1:]:
         for a, b in zip(runs[0], grads, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, causal):
+    """Small tiles put several heads in one backward item (heads_per_item): any number of heads an item, on
+    any number of workers, with GQA, gives the same bits as items of one head, and the reference's values."""
+    import tinyattn_np.backward as backward
+
+    q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (3,), 4, 2, 40, 56, e=8, ev=6))
+    out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
+    tile = 16 * 16
+    plan = backward._BackwardPlan(1.0, Band(16 if causal else None), 16, 16, 2)
+    runs, heads = [], []
+    for budget in (tile, 2 * tile, 4 * tile, 12 * tile):  # 1, 2, 4 and 12 of the 12 heads an item
+        monkeypatch.setattr(backward, "BACKWARD_SCORES_PER_ITEM", budget)
+        heads.append(backward.heads_per_item(plan, 12, 40, 56))
+        runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
+                 for w in (1, 2, 3)]  # fmt: skip
+    assert heads == [1, 2, 4, 12]
+    for grads in runs[1:]:
+        for a, b in zip(runs[0], grads, strict=True):
+            np.testing.assert_array_equal(a, b)
+    gold = attention_backward(*(x.astype(np.float64) for x in (q, k, v, dout)), causal=causal)
+    for mine, want in zip(runs[0], gold, strict=True):
+        np.testing.assert_allclose(mine, want, rtol=0, atol=2e-5)
+
+
+def test_heads_per_item_keeps_large_tiles_one_head_and_every_worker_busy():
+    """One head an item for 256 x 256 tiles, a block mask or a score_mod; for small tiles the most heads that
+    still leave an item for each worker, a divisor of the heads."""
+    from tinyattn_np import mods
+    from tinyattn_np.backward import _BackwardPlan, heads_per_item
+
+    band = Band(0)
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 1
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 16  # 16 x 64 x 64 = 2^16 scores
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 16), 48, 64, 64) == 3  # 16 items for 16 workers
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 1), 7, 64, 64) == 7  # a prime: all or one
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 7, 64, 64) == 1
+    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2, mods.Softcap(5.0)), 48, 64, 64) == 1
+    blocks = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, 64, 64, BLOCK_SIZE=16)
+    assert heads_per_item(_BackwardPlan(1.0, blocks, 16, 16, 2), 48, 64, 64) == 1
 
 
 @settings(max_examples=100, deadline=None)
@@ -641,14 +684,14 @@ def test_an_interrupt_at_any_bytecode_of_the_ordered_dq_leaves_its_lock_free(ste
     from test_kvcache import PACKAGE, _interrupted_at
 
     from tinyattn_np.backward import OrderedDq
-    from tinyattn_np.blockmask import FULL, Band, Tile
+    from tinyattn_np.blockmask import FULL, Tile
 
     code = (str(PACKAGE / "backward.py"), str(PACKAGE / "_atomic.py"), threading.__file__)
     tile = Tile(0, 4, 0, 4, FULL)
     for n in range(1, 10_000):
-        dq = OrderedDq(np.zeros((1, 4, 2)), np.zeros((1, 4)), Band(None), 4, 4, 4)
+        dq = OrderedDq(np.zeros((1, 1, 4, 2)), np.zeros((1, 1, 4)), Band(None), 4, 4, 4)  # one group of one head
         call = {
-            "add": lambda dq=dq: dq.add(0, tile, np.ones((4, 2)), np.ones(4)),
+            "add": lambda dq=dq: dq.add(0, tile, np.ones((1, 4, 2)), np.ones((1, 4))),
             "finish": lambda dq=dq: dq.finish(0, 0),
             "fail": lambda dq=dq: dq.fail(),
         }[step]

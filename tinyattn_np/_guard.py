@@ -243,8 +243,8 @@ def blockwise_bytes(dims: QKVShape, stored: Any, compute: Any, plan: Any, *, hea
                   E + Ev + 2 each) and three score tiles of G·bq x bk (the tile and a mod's temporaries)
         backward  k, v as above; q·scale, dout, out in c and D, lse, the row sums: R·(E + 2·Ev + 3)·c; dq R·E·c;
                   each query head's dk, dv B·Hq·S·(E + Ev)·c and their sums over the group K·(E + Ev)·c;
-                  the results cast back (R·E + K·(E + Ev))·s; per worker a key block's column of tiles:
-                  L rows of five bk-wide tiles and of E + Ev
+                  the results cast back (R·E + K·(E + Ev))·s; per worker a key block's column of tiles for
+                  heads_per_step heads: L rows of five bk-wide tiles and of E + Ev each
     and BOOKKEEPING_BYTES for the Python objects of the plan (its items, tile lists, the thread pool's state).
     The casts are counted whether or not they copy: a bound, never short of the peak (a mod of your own that
     makes more than two arrays of a tile's size excepted)."""
@@ -261,7 +261,7 @@ def blockwise_bytes(dims: QKVShape, stored: Any, compute: Any, plan: Any, *, hea
     column = dims.n_q * (5 * bk + e + ev) * c
     query_side = rows * (e + 2 * ev + 3) * c + rows * e * c
     casts = (rows * e + key_rows * (e + ev)) * s
-    return 2 * kv + query_side + per_head_grads + casts + plan.workers * column + BOOKKEEPING_BYTES
+    return 2 * kv + query_side + per_head_grads + casts + plan.workers * heads_per_step * column + BOOKKEEPING_BYTES
 
 
 def refuse_blockwise(who: str, q: Any, k: Any, v: Any, dims: QKVShape, plan: Any, *, heads_per_step: int = 1,

@@ -59,12 +59,14 @@ from ._checks import (
 from ._guard import attention_backward_bytes, refuse_blockwise, refuse_if_too_big
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Heads, Tile, TileMask, check_band
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band, Heads, Tile, TileMask, check_band
 from .flash import TileMods, _check_one_head, apply_mods, broadcast_kv, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
 Array = NDArray[np.floating]
+
+BACKWARD_SCORES_PER_ITEM = 2**16  # a backward item's tiles hold at most this many scores when it takes many heads
 
 __all__ = [
     "FlexGrads",
@@ -324,66 +326,71 @@ def check_saved(out: Any, dout: Any, lse: Any, dims: QKVShape, two_d: bool) -> t
 
 
 def key_block_grads(
-    q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, mods: TileMods,
-    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray, param_rows: np.ndarray | None = None,
+    q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
+    mods: TileMods, tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray,
+    param_rows: np.ndarray | None = None,
 ) -> None:  # fmt: skip
-    """Algorithm 2's inner loop for one key block j over the query blocks i that see it (tiles), one head:
-    adds into dk_rows (bk, E) and dv_rows (bk, Ev), and hands each tile's share of dq, dS K_j (bq, E), and
-    of P's row sums (bq,) to add_dq (dq unscaled: the caller multiplies dq by the scale once). q_s (L, E)
-    is q times the scale; k (S, E), v (S, Ev); d_o (L, Ev), lse (L,) with +inf for rows that see no key,
-    d (L,) = rowsum(dO ∘ O). mods: the tile's score_mod and mask_mod, as in the forward; param_rows: where
-    the learned score_mod's parameter gradient of this head and key block adds up (None: nothing learned).
+    """Algorithm 2's inner loop for one key block j over the query blocks i that see it (tiles), for c heads
+    at once that share those tiles: adds into dk_rows (c, bk, E) and dv_rows (c, bk, Ev), and hands each
+    tile's share of dq, dS K_j (c, bq, E), and of P's row sums (c, bq) to add_dq (dq unscaled: the caller
+    multiplies dq by the scale once). q_s (c, L, E) is q times the scale; k_j (c, bk, E) and v_j (c, bk, Ev)
+    the key block's keys and values; d_o (c, L, Ev), lse (c, L) with +inf for rows that see no key,
+    d (c, L) = rowsum(dO ∘ O). mods: the tile's score_mod and mask_mod, as in the forward, with b and h
+    broadcasting against a (c, bq, bk) tile; param_rows: where the learned score_mod's parameter gradient of
+    this head and key block adds up (None: nothing learned; c is 1 then).
 
     Why this is fast: a tile's two subtractions ride in its matmuls as one more term of each dot product,
         S − L_i = [Q_i, −L_i] [K_j, 1]ᵀ        dP − D_i = [dO_i, −D_i] [V_j, 1]ᵀ
     (a 65th column costs a 64-column matmul about 2%, a pass over the tile much more), and P's row sums
     are the matrix-vector product P 1. A score_mod needs S itself, so with one, S − L_i comes after it.
     The buffers serve every tile of the block: the two tiles P and dS (and S for a score_mod), and the rows
-    [Q_i, −L_i] and [dO_i, −D_i]."""
+    [Q_i, −L_i] and [dO_i, −D_i]. Small tiles take many heads a step (c > 1), so that a step's matmuls are
+    worth the Python around them.
+    """
     tiles = iter(tiles)
     first = next(tiles, None)
     if first is None:
         return
-    cols, height, dtype = slice(first.k_start, first.k_stop), first.q_stop - first.q_start, q_s.dtype  # the widest
-    bk = cols.stop - cols.start
-    k_one, v_one = (np.concatenate([x[cols], np.ones((bk, 1), dtype)], axis=1) for x in (k, v))  # [K_j, 1], [V_j, 1]
-    p_buf, ds_buf, *raw_buf = np.empty((2 if mods.score_mod is None else 3, height * bk), dtype)
-    q_lse, do_d = np.empty((height, k_one.shape[1]), dtype), np.empty((height, v_one.shape[1]), dtype)
+    (c, bk, _), height, dtype = k_j.shape, first.q_stop - first.q_start, q_s.dtype  # height: the widest tile
+    k_one, v_one = (np.concatenate([x, np.ones((c, bk, 1), dtype)], axis=2) for x in (k_j, v_j))  # [K_j, 1], [V_j, 1]
+    k_one_t, v_one_t = k_one.transpose(0, 2, 1), v_one.transpose(0, 2, 1)  # (c, E + 1, bk), (c, Ev + 1, bk)
+    p_buf, ds_buf, *raw_buf = np.empty((2 if mods.score_mod is None else 3, c * height * bk), dtype)
+    q_lse, do_d = np.empty((c, height, k_one.shape[2]), dtype), np.empty((c, height, v_one.shape[2]), dtype)
     ones = np.ones(bk, dtype)  # (bk,) P 1: P's row sums
     for t in itertools.chain([first], tiles):
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
-        p, ds, *raw = (buffer[: bq * bk].reshape(bq, bk) for buffer in (p_buf, ds_buf, *raw_buf))
+        p, ds, *raw = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf, *raw_buf))
         q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
         # 1) scores of this tile less the forward's logsumexp, S − L_i (the scale is folded into q); with a
         #    score_mod, S first, kept raw for its derivative, and L_i taken off after the mods
-        with_column(q_lse[:bq], q_s[rows], 0.0 if raw else -lse[rows])  # (bq, E + 1)
-        np.matmul(q_lse[:bq], k_one.T, out=p)  # (bq, E + 1) @ (E + 1, bk)
+        with_column(q_lse[:, :bq], q_s[:, rows], 0.0 if raw else -lse[:, rows])  # (c, bq, E + 1)
+        np.matmul(q_lse[:, :bq], k_one_t, out=p)  # (c, bq, E + 1) @ (c, E + 1, bk)
         if raw:
             np.copyto(raw[0], p)
         # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − L_i): the forward's
         #    probabilities, exactly normalised, without a row max or sum (a hidden key: exp(-inf) = 0)
         apply_mods(p, t, mods, q_idx, kv_idx)
         if raw:
-            p -= lse[rows, None]
-        np.exp(p, out=p)  # (bq, bk) P
+            p -= lse[:, rows, None]
+        np.exp(p, out=p)  # (c, bq, bk) P
         # 3) dV_j += Pᵀ dO_i
-        dv_rows += p.T @ d_o[rows]  # (bk, bq) @ (bq, Ev)
+        dv_rows += p.transpose(0, 2, 1) @ d_o[:, rows]  # (c, bk, bq) @ (c, bq, Ev)
         # 4) dP − D_i = dO_i V_jᵀ − D_i in one matmul, then dS' = P ∘ (dP − D_i), in place; through the
         #    score_mod: dS = dS' ∘ ∂S'/∂S
-        with_column(do_d[:bq], d_o[rows], -d[rows])  # (bq, Ev + 1)
-        np.matmul(do_d[:bq], v_one.T, out=ds)  # (bq, Ev + 1) @ (Ev + 1, bk): dP − D_i
-        ds *= p  # (bq, bk) dS'
+        with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])  # (c, bq, Ev + 1)
+        np.matmul(do_d[:, :bq], v_one_t, out=ds)  # (c, bq, Ev + 1) @ (c, Ev + 1, bk): dP − D_i
+        ds *= p  # (c, bq, bk) dS'
         if raw:
             through_score_mod(ds, raw[0], mods, q_idx, kv_idx, param_rows)
         # 5) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
-        add_dq(t, ds @ k_one[:, :-1], p @ ones)  # (bq, bk) @ (bk, E), (bq, bk) @ (bk,)
-        dk_rows += ds.T @ q_s[rows]  # (bk, bq) @ (bq, E)
+        add_dq(t, ds @ k_j, p @ ones)  # (c, bq, bk) @ (c, bk, E), (c, bq, bk) @ (bk,)
+        dk_rows += ds.transpose(0, 2, 1) @ q_s[:, rows]  # (c, bk, bq) @ (c, bq, E)
 
 
 def with_column(out: np.ndarray, x: np.ndarray, column: Any) -> None:
-    """out = [x, column]: x (n, m) and one more column (n,) or a number (n, m + 1)."""
-    out[:, :-1] = x
-    out[:, -1] = column
+    """out = [x, column]: x (..., n, m) and one more column (..., n) or a number (..., n, m + 1)."""
+    out[..., :-1] = x
+    out[..., -1] = column
 
 
 def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any, kv_idx: Any,
@@ -399,8 +406,8 @@ def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any,
 
 
 class OrderedDq:
-    """dq (B·Hq, L, E) and P's row sums (B·Hq, L), into which the key blocks of each head add their shares
-    in key-block order, whatever the threads' timing: a wavefront.
+    """dq (n, c, L, E) and P's row sums (n, c, L), into which the key blocks of each of n groups of c heads (a
+    backward item's heads) add their shares in key-block order, whatever the threads' timing: a wavefront.
 
     Key block j adds its share to the rows of query block i only once every earlier key block that sees
     query block i has added its own. Each row is then the sum over j = 0, 1, ... in that order, on any
@@ -408,9 +415,9 @@ class OrderedDq:
     order, and so last bits, would depend on the timing) nor a copy of dq per key block. A tile's place
     in that order is how many tiles of its row come before it (the mask's place(): for the causal band,
     its distance from the first key block the row sees): no table of tiles. The bookkeeping is one count
-    per (head, query block), and per head how many of its key blocks have finished, from the first on.
+    per (group, query block), and per group how many of its key blocks have finished, from the first on.
 
-    Every wait ends. A tile waits only for tiles of earlier key blocks of its head, and those items were
+    Every wait ends. A tile waits only for tiles of earlier key blocks of its group, and those items were
     taken before it (run_items takes them in order): they add their share, raise (then fail() wakes
     every waiter, which stops), or finish without reaching this tile's turn. In the last case the turn
     can never come (a mask whose column tiles or places disagree with its rows), and the tile raises a
@@ -422,15 +429,16 @@ class OrderedDq:
     ) -> None:
         self.dq, self.p_sums, self.tile_mask, self.n_k = dq, p_sums, tile_mask, n_k
         self.block_q, self.block_k = block_q, block_k
-        self.added = np.zeros((dq.shape[0], -(-dq.shape[1] // block_q)), np.int64)  # key blocks added so far
-        self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (heads, key blocks + 1)
-        self.done = np.zeros(dq.shape[0], np.int64)  # per head: key blocks 0 .. done - 1 have all finished
+        self.added = np.zeros((dq.shape[0], -(-dq.shape[2] // block_q)), np.int64)  # key blocks added so far
+        self.finished = np.zeros((dq.shape[0], -(-n_k // block_k) + 1), bool)  # (groups, key blocks + 1)
+        self.done = np.zeros(dq.shape[0], np.int64)  # per group: key blocks 0 .. done - 1 have all finished
         self.turn = threading.Condition()
         self.failed = False
 
     def add(self, h: int, t: Tile, share: np.ndarray, p_sum: np.ndarray, heads: Heads | None = None) -> None:
-        """dq[h, t's rows] += share (bq, E) and p_sums[h, t's rows] += p_sum (bq,), once it is t's turn.
-        heads: head h as (batch entry, query head), for a mask whose tiles differ between heads."""
+        """dq[h, :, t's rows] += share (c, bq, E) and p_sums[h, :, t's rows] += p_sum (c, bq), once it is t's
+        turn. heads: group h's heads as (batch entry, query head), for a mask whose tiles differ between
+        heads (one head a group then)."""
         place, block = self.tile_mask.place(t, self.n_k, self.block_k, heads), t.q_start // self.block_q
         holding(self.turn, self._add_in_turn, h, t, block, place, share, p_sum)
 
@@ -438,7 +446,7 @@ class OrderedDq:
         """add, under the turn's lock (taken through holding: a Ctrl-C at any bytecode never leaves it held,
         which would make every other worker wait for it forever)."""
         key_block = t.k_start // self.block_k
-        # its turn, or every earlier key block of the head has finished: then the turn has come or never will
+        # its turn, or every earlier key block of the group has finished: then the turn has come or never will
         self.turn.wait_for(lambda: self.failed or self.added[h, block] == place or self.done[h] >= key_block)
         if self.failed:  # another item raised: stop instead of waiting for a turn that never comes
             raise Stopped
@@ -448,13 +456,13 @@ class OrderedDq:
                 f"tile {place} of its row, but the key blocks before it, all finished, added "
                 f"{self.added[h, block]} tiles; the mask's column tiles and places disagree with its rows"
             )
-        self.dq[h, t.q_start : t.q_stop] += share
-        self.p_sums[h, t.q_start : t.q_stop] += p_sum
+        self.dq[h, :, t.q_start : t.q_stop] += share
+        self.p_sums[h, :, t.q_start : t.q_stop] += p_sum
         self.added[h, block] = place + 1
         self.turn.notify_all()
 
     def finish(self, h: int, k_start: int) -> None:
-        """Key block k_start of head h has added all its tiles: wake the tiles that wait on it."""
+        """Key block k_start of group h has added all its tiles: wake the tiles that wait on it."""
         holding(self.turn, self._finish, h, k_start // self.block_k)
 
     def _finish(self, h: int, key_block: int) -> None:
@@ -507,13 +515,15 @@ def flash_attention_backward(
     The tiles are those the forward runs: a tile the forward skips holds only zeros of P.
 
     Work items and races: one item is one key block of one query head, as in Algorithm 2, where the key
-    blocks run in parallel. The item owns its rows of dk and dv outright. dq rows receive a share from
-    every key block that sees them: on a GPU an atomic add, whose order, and so whose last bits, depend on
-    the timing. Here the shares are added in key-block order instead (OrderedDq), so the result is the
-    same bits for any `workers`. With grouped-query heads, the G query heads of a kv head each fill their
-    own (S, E) copy of dk and dv, summed in head order at the end: G - 1 extra copies of k and v, O(S·E).
+    blocks run in parallel; where the tiles are small (T of a few hundred), one key block of several heads,
+    whose matmuls run as one batched call (heads_per_item). The item owns its rows of dk and dv outright.
+    dq rows receive a share from every key block that sees them: on a GPU an atomic add, whose order, and
+    so whose last bits, depend on the timing. Here the shares are added in key-block order instead
+    (OrderedDq), so the result is the same bits for any `workers` and any heads per item. With grouped-query
+    heads, the G query heads of a kv head each fill their own (S, E) copy of dk and dv, summed in head
+    order at the end: G - 1 extra copies of k and v, O(S·E).
     Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles; the tiles
-    are made as each item runs, so the bookkeeping is one count per (head, query block).
+    are made as each item runs, so the bookkeeping is one count per (item's heads, query block).
     block_q, block_k (default 256) and workers (default: the CPU count), or what tinyattn_np.tune() measured
     on this machine (flash.tile_rule); BLAS is held to one thread meanwhile, as in the forward.
     """
@@ -523,7 +533,8 @@ def flash_attention_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
-    refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, backward=True)
+    refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, heads_per_step=_heads_per_item(dims, plan),
+                     backward=True)  # fmt: skip
     dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
         return dq[0], dk[0], dv[0]
@@ -572,7 +583,8 @@ def flex_attention_backward(
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     plan = _BackwardPlan(fplan.scale, fplan.tile_mask, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
-    refuse_blockwise("flex_attention_backward()", q, k, v, dims, plan, backward=True)
+    refuse_blockwise("flex_attention_backward()", q, k, v, dims, plan, heads_per_step=_heads_per_item(dims, plan),
+                     backward=True)  # fmt: skip
     grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
         return grads._replace(dq=grads.dq[0], dk=grads.dk[0], dv=grads.dv[0])
@@ -643,7 +655,8 @@ def _run_key_blocks(
     p_sums: np.ndarray, dk_heads: np.ndarray, dv_heads: np.ndarray, plan: _BackwardPlan, hq: int,
     param_grads: np.ndarray | None = None,
 ) -> None:  # fmt: skip
-    """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads.
+    """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads;
+    where every head has the same tiles and they are small, an item takes c heads at once (heads_per_item).
     q_s (B·Hq, L, E) is q times the scale, k (B·Hkv, S, E), v (B·Hkv, S, Ev), d_o (B·Hq, L, Ev), lse and d
     (B·Hq, L) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
     order (OrderedDq), into dk_heads (B·Hq, S, E) and dv_heads (B·Hq, S, Ev), the shares of each query head,
@@ -651,24 +664,47 @@ def _run_key_blocks(
     a mask or mod that differs between heads. The ring's backward runs its pairs of chunks through it too."""
     n_heads, n_q, n_k = q_s.shape[0], q_s.shape[1], k.shape[1]
     group = n_heads // k.shape[0]  # query head h reads kv head h // G
-    ordered_dq = OrderedDq(dq, p_sums, plan.tile_mask, n_k, plan.block_q, plan.block_k)
+    c = heads_per_item(plan, n_heads, n_q, n_k)
+    ordered_dq = OrderedDq(dq.reshape(n_heads // c, c, n_q, dq.shape[2]), p_sums.reshape(n_heads // c, c, n_q),
+                           plan.tile_mask, n_k, plan.block_q, plan.block_k)  # fmt: skip
 
     def run(item: tuple[int, int]) -> None:
-        k_start, h = item
-        cols = slice(k_start, min(k_start + plan.block_k, n_k))
-        heads = Heads(np.array([h // hq]), np.array([h % hq]))  # (batch entry, query head)
+        k_start, g = item  # key block k_start of query heads g·c .. g·c + c - 1
+        cols, hs = slice(k_start, min(k_start + plan.block_k, n_k)), slice(g * c, g * c + c)
+        heads = Heads(np.arange(hs.start, hs.stop) // hq, np.arange(hs.start, hs.stop) % hq)  # (batch entry, head)
         tiles = plan.tile_mask.column_tiles(cols.start, cols.stop, n_q, plan.block_q, heads)
-        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, h // hq, h % hq)
-        param_rows = None if param_grads is None else param_grads[h, k_start // plan.block_k, ...]
-        key_block_grads(q_s[h], k[h // group], v[h // group], d_o[h], lse[h], d[h], mods, tiles,
-                        partial(ordered_dq.add, h, heads=heads), dk_heads[h, cols], dv_heads[h, cols],
+        b, h = (heads.b.reshape(c, 1, 1), heads.h.reshape(c, 1, 1)) if c > 1 else (g // hq, g % hq)
+        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, b, h)
+        param_rows = None if param_grads is None else param_grads[g, k_start // plan.block_k, ...]
+        # the kv head of each query head: a slice when G = 1 (K_j and V_j views then), else a gather (copies)
+        kv = hs if group == 1 else np.arange(hs.start, hs.stop) // group
+        key_block_grads(q_s[hs], k[kv, cols], v[kv, cols], d_o[hs], lse[hs], d[hs], mods, tiles,
+                        partial(ordered_dq.add, g, heads=heads), dk_heads[hs, cols], dv_heads[hs, cols],
                         param_rows)  # fmt: skip
-        ordered_dq.finish(h, k_start)
+        ordered_dq.finish(g, k_start)
 
     # the items, key block by key block: an item only waits (in ordered_dq) for one taken before it
-    items = ((k_start, h) for k_start in range(0, n_k, plan.block_k) for h in range(n_heads))
+    items = ((k_start, g) for k_start in range(0, n_k, plan.block_k) for g in range(n_heads // c))
     with one_blas_thread():
         run_items(run, items, plan.workers, on_failure=ordered_dq.fail)
+
+
+def _heads_per_item(dims: QKVShape, plan: _BackwardPlan) -> int:
+    """heads_per_item for a checked call's shapes."""
+    return heads_per_item(plan, int(np.prod(dims.batch, dtype=np.int64)) * dims.hq, dims.n_q, dims.n_k)
+
+
+def heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
+    """How many query heads a backward item takes at once, c: 1 where the heads' tiles may differ (a block
+    mask) or a score_mod runs; for a Band, the most heads, a divisor of n_heads, whose tiles together hold
+    at most BACKWARD_SCORES_PER_ITEM scores while every worker still gets an item. Small tiles then make
+    fewer, larger matmuls (at 64 x 64 a tile's Python costs as much as its five matmuls); tiles of 256 x 256
+    stay one head an item, in cache."""
+    if not isinstance(plan.tile_mask, Band) or plan.score_mod is not None:
+        return 1
+    tile, key_blocks = min(plan.block_q, n_q) * min(plan.block_k, n_k), -(-n_k // plan.block_k)
+    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= BACKWARD_SCORES_PER_ITEM]
+    return max((c for c in fits if (n_heads // c) * key_blocks >= plan.workers), default=1)
 
 
 def sink_grads(p_sums: np.ndarray, lse: np.ndarray, d: np.ndarray, dims: QKVShape, sinks: np.ndarray | None) -> Any:

@@ -22,7 +22,8 @@ import numpy as np
 
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import check_bool, check_count, check_positive_int
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from .backward import _BackwardPlan, heads_per_item
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band
 from .flash import default_tiles, tile_rule
 
 __all__ = [
@@ -124,10 +125,12 @@ def flash_attention_backward_bytes(
         D, lse, P's sums   3·rows·c                 rowsum(dO ∘ O), lse with -inf made +inf, and the row sums
                                                     of P that check lse against q, k and the mask
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
-        per busy worker (min(workers, B·Hq·⌈S / block_k⌉): an item is one key block of one head):
-                           2·bq·bk·c                the tile of P and the tile of dP (then dS)
-                           (bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
-                           max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
+        per busy worker (min(workers, B·Hq·⌈S / block_k⌉ / h): an item is one key block of h heads, h from
+        backward.heads_per_item: 1 for tiles of 256 x 256, many heads for small tiles):
+                           2·h·bq·bk·c              the tiles of P and of dP (then dS)
+                           h·(bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
+                           h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
+                           G > 1: h·bk·(E + Ev)·c   K_j and V_j, gathered for the item's heads
                            causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
         G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
         fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of dout, out (2·rows·Ev·4); after the
@@ -149,10 +152,15 @@ def flash_attention_backward_bytes(
     held = (2 * rows * e + batch * heads * n_k * (e + ev) + 3 * rows) * compute + batch * heads * -(-n_q // block_q) * 8
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
-    busy = min(workers, batch * heads * -(-n_k // block_k))  # an item is one key block of one head
-    per_worker = (2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev))) * compute if bq and bk else 0
-    if check_bool(causal, "causal") and bq and bk:
-        per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
+    causal = check_bool(causal, "causal")
+    plan = _BackwardPlan(1.0, Band(n_k - n_q if causal else None), block_q, block_k, workers)
+    h = heads_per_item(plan, batch * heads, n_q, n_k) if rows else 1  # heads an item takes
+    busy = min(workers, batch * heads // h * -(-n_k // block_k))  # an item is one key block of h heads
+    gathered = bk * (e + ev) if heads > kv_heads else 0
+    per_head = 2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev)) + gathered
+    per_worker = h * per_head * compute if bq and bk else 0
+    if causal and bq and bk:
+        per_worker += bq * bk + 2 * 8 * min(h * bq * bk, np.getbufsize())
     group_sums = kv_elements * compute if heads > kv_heads else 0
     cast_back = (rows * e + kv_elements) * size if low else 0
     return math.ceil(held + copies + max(busy * per_worker, group_sums + cast_back))
