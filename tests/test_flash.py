@@ -25,7 +25,7 @@ from tinyattn_np import (
     tile_plan,
     window_mask,
 )
-from tinyattn_np.flash import default_tiles
+from tinyattn_np.flash import default_tiles, tile_rule
 from tinyattn_np.measure import traced_peak
 
 SHAPES = [  # (n_q, n_k, block_q, block_k): dividing blocks, ragged blocks, L != S both ways, L = 1
@@ -312,6 +312,11 @@ def test_default_tiles_rule():
     assert default_tiles(1, 1, 1, cores=2) == (256, 256, 2**18)  # tiny problems: many heads per step
     assert default_tiles(1, 4096, 8, cores=2) == (256, 256, 128)  # decoding: 8 query heads x 256 keys each
     assert default_tiles(100, 100, 1, block_q=10, block_k=10, cores=2) == (10, 10, 2**18 // 100)
+    # the call's kv heads: one query block of 48 heads in two steps, for two workers; many query blocks, as before
+    assert default_tiles(64, 64, 1, kv_heads=48, cores=2) == (256, 256, 24)
+    assert default_tiles(64, 64, 1, kv_heads=48, cores=16) == (512, 512, 3)
+    assert default_tiles(8192, 8192, 1, kv_heads=4, cores=2) == (256, 256, 4)
+    assert default_tiles(300, 300, 1, kv_heads=1, cores=2) == (256, 256, 1)
 
 
 def test_many_tiny_heads_are_batched(rng):
@@ -326,7 +331,7 @@ def test_many_tiny_heads_are_batched(rng):
         out = flash_attention(q, k, v, causal=True)
     finally:
         flash_module.attend_block = real
-    assert len(calls) == 1
+    assert len(calls) == tile_rule().workers  # one step for each worker
     np.testing.assert_allclose(out, v)  # one key: the weight is 1
 
 

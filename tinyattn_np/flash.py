@@ -348,21 +348,28 @@ def tile_rule(cores: int | None = None) -> TileRule:
 
 
 def default_tiles(
-    n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None, cores: int | None = None
+    n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None, cores: int | None = None,
+    kv_heads: int | None = None,
 ) -> tuple[int, int, int]:
     """(block_q, block_k, kv heads per step) for L = n_q, S = n_k and G = group query heads per kv head.
 
     The rule in one sentence: square tiles of 256 (512 on more than 8 cores), and in each tile step the
     G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
-    measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget. It
-    depends on the shape and the rule only, never on the number of workers, so every worker count gives the
-    same bits.
+    measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget.
+    kv_heads, the kv heads of the call (batch entries times Hkv): where there are few query blocks, no more
+    heads a step than leave an item for each of the rule's workers (at T = 64, 48 heads in two steps on two
+    cores take half the time of one step). It depends on the shape and the rule only, never on the workers
+    a call asks for, so every worker count gives the same bits.
     """
     rule = tile_rule(cores)
     block_q = rule.side if block_q is None else block_q
     block_k = rule.side if block_k is None else block_k
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
-    return block_q, block_k, max(1, rule.scores_per_step // scores_per_kv_head)
+    heads = max(1, rule.scores_per_step // scores_per_kv_head)
+    if kv_heads:  # the steps of one query block that keep every worker busy
+        steps = -(-rule.workers // max(1, -(-n_q // block_q)))
+        heads = max(1, min(heads, -(-kv_heads // steps)))
+    return block_q, block_k, heads
 
 
 class FlashPlan(NamedTuple):
@@ -414,7 +421,9 @@ def flash_plan(
     tile size), and the CPU count for workers."""
     if isinstance(tile_mask, BlockMask):
         block_q, block_k = tile_mask.BLOCK_SIZE
-    block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k)
+    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
+    block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k,
+                                                 kv_heads=n_kv)  # fmt: skip
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
     return FlashPlan(scale, tile_mask, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
 

@@ -81,7 +81,8 @@ def flash_attention_bytes(
         block_q = check_positive_int(block_q, "block_q")
     if block_k is not None:
         block_k = check_positive_int(block_k, "block_k")
-    block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k)
+    block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k,
+                                                 kv_heads=batch * kv_heads)  # fmt: skip
     per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
     workers = check_positive_int(workers, "workers", default=tile_rule().workers)
     size, compute = float_bytes(dtype)
