@@ -348,9 +348,9 @@ def tile_rule(cores: int | None = None) -> TileRule:
 
 
 def default_tiles(
-    n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None, cores: int | None = None,
-    kv_heads: int | None = None,
-) -> tuple[int, int, int]:
+    n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None,
+    cores: int | None = None, kv_heads: int | None = None,
+) -> tuple[int, int, int]:  # fmt: skip
     """(block_q, block_k, kv heads per step) for L = n_q, S = n_k and G = group query heads per kv head.
 
     The rule in one sentence: square tiles of 256 (512 on more than 8 cores), and in each tile step the

@@ -92,7 +92,7 @@ def _row_means(x: Array, y: Array | None = None) -> Array:
     """The mean of each row of x (rows, C), or of x ∘ y -> (rows,). einsum's loop sums a short row three times
     faster than x.mean(axis=-1), and each row alone, in one order: the same bits in any block of rows."""
     sums = np.einsum("rc->r", x) if y is None else np.einsum("rc,rc->r", x, y)
-    return sums / x.shape[-1]  # type: ignore[no-any-return]
+    return sums / x.shape[-1]
 
 
 # --- the norms ----------------------------------------------------------------------------------------
