@@ -278,11 +278,11 @@ class MultiHeadAttention:
         # 3) through RoPE: the rotation back by -θ
         if self.rope:
             dq, dk = rope_backward(dq), rope_backward(dk)
-        # 4) qkv = x W_qkv: gather the heads' gradients into qkv's column order [q heads | k heads | v heads]
-        dqkv = np.concatenate(
-            [g.swapaxes(1, 2).reshape(B, T, -1) for g in (dq, dk, dv)], axis=-1
-        )  # (B, T, (H + 2·Hkv)·d_head)
-        dqkv = dqkv.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
+        # 4) qkv = x W_qkv: the heads' gradients side by side in qkv's column order [q heads | k heads | v heads]
+        q_end, k_end = self.n_heads, self.n_heads + self.n_kv_heads
+        heads = np.empty((B, T, k_end + self.n_kv_heads, self.d_head), dq.dtype)  # (B, T, H + 2·Hkv, d_head)
+        heads[:, :, :q_end], heads[:, :, q_end:k_end], heads[:, :, k_end:] = (g.swapaxes(1, 2) for g in (dq, dk, dv))
+        dqkv = heads.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
         dw_qkv = x.reshape(B * T, self.d_model).T @ dqkv  # (d_model, (H + 2·Hkv)·d_head)
         dx = (dqkv @ saved.w_qkv.T).reshape(want)  # x's shape
         return (dx, dw_qkv, dw_out) if dscore_mod is None else (dx, dw_qkv, dw_out, dscore_mod)

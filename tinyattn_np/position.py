@@ -87,7 +87,7 @@ def rope(
     # 1) the angle of pair i at position m, in float64: m · θ_i for m in the thousands keeps its digits
     angles = positions[:, None] * theta  # (T, r/2)
     x = x.astype(dtype, copy=False)
-    out = np.empty_like(x)  # (..., T, d)
+    out = np.empty(x.shape, dtype)  # (..., T, d), C-contiguous whatever the layout of x (a view of heads)
     out[..., r:] = x[..., r:]  # channels r .. d-1 (partial rotary) pass unchanged
 
     if interleaved and x.strides[-1] == x.itemsize:
