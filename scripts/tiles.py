@@ -6,19 +6,18 @@ where one forward and one backward spend their time.
     python scripts/tiles.py --profile             # T = 1024: the parts of one forward and one backward
     python scripts/tiles.py --tune --profile      # the same with this machine's tiles (tinyattn_np.tune)
 
-It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one
-worker and on all, and measures what decides many cores: w, the time of one tile step on one thread, and
-held, the part of it spent in Python and NumPy's per-call overhead with the interpreter lock held (the
-same grid and calls on 2 x 2 tiles with E = 1, where the arithmetic is nil). The last column models a
-16-core machine from measurements made on one (see model_16_cores). The default tiles are marked, and a
-row measured while the machine was busy is marked with *.
+It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one worker and
+on all, and measures what decides many cores: w, the time of one tile step on one thread, and held, the part of it
+spent in Python and NumPy's per-call overhead with the interpreter lock held (the same grid and calls on 2 x 2 tiles
+with E = 1, where the arithmetic is nil). The last column models a 16-core machine from measurements made on one (see
+model_16_cores). The default tiles are marked, and a row measured while the machine was busy is marked with *.
 
---profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the
-kernels choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions
-and rescaling, the masking, the copies and set-up. The copy calls the kernels' own helpers and must give the
-kernels' bits (checked). "Python between them" is the rest of the copy's run (the loop, the slicing, the
-calls), less what the timing itself costs. Each part is the least it took in --repeats runs, beside the best
-one-thread matmul rate measured between them and the kernel's own time.
+--profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the kernels
+choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and rescaling, the
+masking, the copies and set-up. The copy calls the kernels' own helpers and must give the kernels' bits (checked).
+"Python between them" is the rest of the copy's run (the loop, the slicing, the calls), less what the timing itself
+costs. Each part is the least of --repeats runs, beside the best one-thread matmul rate measured between them and the
+kernel's own time.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from tinyattn_np.backward import (
     _query_rows,
     check_flash_backward,
     heads_per_item,
+    item_heads,
     with_column,
 )
 from tinyattn_np.blockmask import Heads, tile_plan
@@ -321,24 +321,20 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
     ct = compute_dtype(q, k, v, out, dout)
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
     with clock(COPIES):
-        k_c = np.ascontiguousarray(k.reshape(n_heads // dims.group, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
-        v_c = np.ascontiguousarray(v.reshape(n_heads // dims.group, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
+        k_c, v_c = (np.ascontiguousarray(x.reshape(n_heads // dims.group, dims.n_k, -1), dtype=ct) for x in (k, v))
         q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
         dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
     c = heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
     for k_start in range(0, dims.n_k, plan.block_k):
         for g in range(n_heads // c):
-            cols, hs = slice(k_start, min(k_start + plan.block_k, dims.n_k)), slice(g * c, g * c + c)
-            heads = Heads(np.arange(hs.start, hs.stop) // dims.hq, np.arange(hs.start, hs.stop) % dims.hq)
-            tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, heads))
+            cols, its = slice(k_start, min(k_start + plan.block_k, dims.n_k)), item_heads(g, c, dims.hq, dims.group)
+            tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, its.heads))
             if not tiles:  # a key block no query sees
                 continue
-            b, h = (heads.b.reshape(c, 1, 1), heads.h.reshape(c, 1, 1)) if c > 1 else (g // dims.hq, g % dims.hq)
-            mods = TileMods(plan.tile_mask.mask_mod, None, b, h)
-            kv = hs if dims.group == 1 else np.arange(hs.start, hs.stop) // dims.group
             with clock(COPIES):
-                k_j, v_j = k_c[kv, cols], v_c[kv, cols]
+                k_j, v_j, hs = k_c[its.kv, cols], v_c[its.kv, cols], its.rows
+            mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h)
             key_block_copy(q_s[hs], k_j, v_j, d_o[hs], lse_c[hs], d[hs], mods, tiles, (dq[hs], p_sums[hs]),
                            dk_heads[hs, cols], dv_heads[hs, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
@@ -359,17 +355,15 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
     with clock(COPIES):
         (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_s.dtype
         k_one, v_one = (np.concatenate([x, np.ones((c, bk, 1), dtype)], axis=2) for x in (k_j, v_j))
-        k_one_t, v_one_t = k_one.transpose(0, 2, 1), v_one.transpose(0, 2, 1)
-        p_buf, ds_buf = np.empty((2, c * height * bk), dtype)
+        (p_buf, ds_buf), ones = np.empty((2, c * height * bk), dtype), np.ones(bk, dtype)
         q_lse, do_d = np.empty((c, height, k_one.shape[2]), dtype), np.empty((c, height, v_one.shape[2]), dtype)
-        ones = np.ones(bk, dtype)
     for t in tiles:
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
         p, ds = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf))
         with clock(COPIES):
             with_column(q_lse[:, :bq], q_s[:, rows], -lse[:, rows])
         with clock(MATMULS):
-            np.matmul(q_lse[:, :bq], k_one_t, out=p)
+            np.matmul(q_lse[:, :bq], k_one.transpose(0, 2, 1), out=p)
         with clock(MASKING):
             apply_mods(p, t, mods, np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop))
         with clock(EXPONENTIALS):
@@ -381,7 +375,7 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
         with clock(COPIES):
             with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])
         with clock(MATMULS):
-            np.matmul(do_d[:, :bq], v_one_t, out=ds)
+            np.matmul(do_d[:, :bq], v_one.transpose(0, 2, 1), out=ds)
         with clock(REDUCTIONS):
             ds *= p
         with clock(MATMULS):
@@ -434,11 +428,10 @@ def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> di
 
 def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
     """The backward's parts on one thread (dout random), its tiles and matmul FLOPs, its time on every worker."""
-    causal = not args.no_causal
-    out, lse = flash_attention(*qkv, causal=causal, return_lse=True)
+    out, lse = flash_attention(*qkv, causal=not args.no_causal, return_lse=True)
     dout = np.random.default_rng(args.seed + 1).standard_normal(out.shape).astype(out.dtype)
-    q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=causal, scale=None,
-        window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
+    q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=not args.no_causal,
+        scale=None, window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
     one = plan._replace(workers=1)
     row = measure_parts(lambda: _flex_backward(q, k, v, out, dout, lse, dims, one)[:3],  # dq, dk, dv
                         lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
@@ -446,20 +439,18 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
-    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan,
-               heads_per_item=heads_per_item(one, dims.hq, dims.n_q, dims.n_k))  # fmt: skip
+    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan, heads=heads_per_item(one,
+               dims.hq, dims.n_q, dims.n_k))  # fmt: skip
     row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row
 
 
 def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> None:
     """One table: each part per tile and in all, and its share of the copy's run on one thread."""
-    plan, tiles, parts = row["plan"], row["tiles"], row["parts_ms"]
-    total = sum(parts.values())
+    plan, tiles, parts, total = row["plan"], row["tiles"], row["parts_ms"], sum(row["parts_ms"].values())
     per_step = getattr(plan, "kv_heads_per_step", None)
     tile = f"{plan.block_q} x {plan.block_k} tiles" + (f", {per_step} kv heads per step" if per_step else "")
-    if "heads_per_item" in row:
-        tile += f", {row['heads_per_item']} head{'s' if row['heads_per_item'] > 1 else ''} per item"
+    tile += f", heads per item: {row['heads']}" if "heads" in row else ""
     unit, units = ("tile step", "tile steps") if per_step else ("tile of one head", "tiles of one head")
     print(f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
           f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "

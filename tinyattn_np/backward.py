@@ -670,16 +670,13 @@ def _run_key_blocks(
 
     def run(item: tuple[int, int]) -> None:
         k_start, g = item  # key block k_start of query heads g·c .. g·c + c - 1
-        cols, hs = slice(k_start, min(k_start + plan.block_k, n_k)), slice(g * c, g * c + c)
-        heads = Heads(np.arange(hs.start, hs.stop) // hq, np.arange(hs.start, hs.stop) % hq)  # (batch entry, head)
-        tiles = plan.tile_mask.column_tiles(cols.start, cols.stop, n_q, plan.block_q, heads)
-        b, h = (heads.b.reshape(c, 1, 1), heads.h.reshape(c, 1, 1)) if c > 1 else (g // hq, g % hq)
-        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, b, h)
+        cols, its = slice(k_start, min(k_start + plan.block_k, n_k)), item_heads(g, c, hq, group)
+        tiles = plan.tile_mask.column_tiles(cols.start, cols.stop, n_q, plan.block_q, its.heads)
+        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, its.b, its.h)
         param_rows = None if param_grads is None else param_grads[g, k_start // plan.block_k, ...]
-        # the kv head of each query head: a slice when G = 1 (K_j and V_j views then), else a gather (copies)
-        kv = hs if group == 1 else np.arange(hs.start, hs.stop) // group
+        hs, kv = its.rows, its.kv
         key_block_grads(q_s[hs], k[kv, cols], v[kv, cols], d_o[hs], lse[hs], d[hs], mods, tiles,
-                        partial(ordered_dq.add, g, heads=heads), dk_heads[hs, cols], dv_heads[hs, cols],
+                        partial(ordered_dq.add, g, heads=its.heads), dk_heads[hs, cols], dv_heads[hs, cols],
                         param_rows)  # fmt: skip
         ordered_dq.finish(g, k_start)
 
@@ -687,6 +684,28 @@ def _run_key_blocks(
     items = ((k_start, g) for k_start in range(0, n_k, plan.block_k) for g in range(n_heads // c))
     with one_blas_thread():
         run_items(run, items, plan.workers, on_failure=ordered_dq.fail)
+
+
+class ItemHeads(NamedTuple):
+    """The c query heads of backward item group g: their rows of the (B·Hq, ...) arrays, as (batch entry, query
+    head) pairs, b and h as a mod takes them (numbers for one head, (c, 1, 1) arrays that broadcast against a
+    tile of c heads), and the kv head each reads: a slice when G = 1 (K_j and V_j are views then), else an
+    index array (a gather: copies)."""
+
+    rows: slice
+    heads: Heads
+    b: Any
+    h: Any
+    kv: Any
+
+
+def item_heads(g: int, c: int, hq: int, group: int) -> ItemHeads:
+    """The ItemHeads of group g of c heads, hq query heads per batch entry, G = group query heads per kv head."""
+    rows = slice(g * c, g * c + c)
+    flat = np.arange(rows.start, rows.stop)  # (c,) their (batch entry, query head) pairs, flat
+    heads = Heads(flat // hq, flat % hq)
+    b, h = (heads.b.reshape(c, 1, 1), heads.h.reshape(c, 1, 1)) if c > 1 else (g // hq, g % hq)
+    return ItemHeads(rows, heads, b, h, rows if group == 1 else flat // group)
 
 
 def _heads_per_item(dims: QKVShape, plan: _BackwardPlan) -> int:
