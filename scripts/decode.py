@@ -14,9 +14,10 @@ What it shows:
      flash_attention() and attention(); --torch adds SDPA and torch's fastest CPU formulation (matmuls, the
      query heads of each kv head stacked); then 16 sequences of S/32 .. S keys in one paged_decode step
      beside their own floor. The decoding kernels' aims (1.3x the floor, 1.0x torch's fastest) print, met or not.
+     --layouts adds flash_decode under each block layout tune() chooses among (the layout in force is named).
 
 Run:  python scripts/decode.py [--tokens 248] [--prompt 8] [--window 16] [--torch] [--seed 0]
-      python scripts/decode.py --step [--context 32768] [--repeats 5] [--torch]
+      python scripts/decode.py --step [--context 32768] [--repeats 5] [--torch] [--layouts]
 The weights are random and untrained: the tokens mean nothing; the mechanics are the point.
 Every claim is checked; the exit code is 1 (and the failed checks are named) if one fails.
 """
@@ -49,6 +50,7 @@ from tinyattn_np.measure import read_once, traced_peak
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_bytes
 from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width
+from tinyattn_np.splitkv import DECODE_LAYOUTS, decode_layout, in_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402
@@ -265,6 +267,10 @@ def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tup
     runs = [("read K and V once, 1 thread", "one", lambda: read_once([k, v], threads=1), None),
             ("read K and V once, 2 threads", "one", lambda: read_once([k, v], threads=2), None),
             ("flash_decode (split-KV)", "one", lambda: flash_decode(q, k, v), gold)]  # fmt: skip
+    for layout in DECODE_LAYOUTS if args.layouts else ():
+        first = "keys" if layout.keys_first else "queries"
+        name = f"flash_decode, blocks of {layout.scores_per_block:,} scores, {first} first"
+        runs.append((name, "one", lambda layout=layout: in_layout(layout, flash_decode, q, k, v), gold))
     for size, scattered in ((16, False), (256, False), (16, True)):
         cache, seqs = paged([args.context], k[0], v[0], size, scattered)
         name = f"paged_decode, blocks of {size}" + (", every other block" if scattered else "")
@@ -348,6 +354,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
     headers += ["max |diff| vs attention()"]
     print(common.marked_table(body, rows, headers, args.format, lambda r: r["kernel"], width=table_width(args)))
     print("  floor: the faster of the two reads of the same bytes (for the batch, its own bytes), in this run")
+    print(f"  flash_decode's layout in force: {decode_layout()}")
     for r in (r for r in rows if r["kernel"].startswith(TARGETED)):  # the decoding kernels' aims, in this run
         goals = {"the floor": (r["ms"] / floor.get(r["group"], np.nan), 1.3)}
         if fastest and r["group"] == "one":
@@ -384,6 +391,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["float32", "float64"], default=None,
                    help="dtype of weights, cache and inputs (default float64; --step: float32)")  # fmt: skip
     p.add_argument("--torch", action="store_true", help="add torch (CPU): SDPA, and with --step also plain matmuls")
+    p.add_argument("--layouts", action="store_true", help="--step: also flash_decode under each block layout")
     p.add_argument("--json", metavar="PATH", help="also write the rows, the machine and the code version to PATH")
     common.add_seed_and_format(p, "the random model and prompt")
     args = p.parse_args(argv)

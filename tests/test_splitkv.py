@@ -33,6 +33,7 @@ from tinyattn_np.splitkv import (
     _default_kv_splits,
     decode_bytes,
     decode_layout,
+    default_layout,
     merges_without_copy,
     use_decode_layout,
 )
@@ -259,15 +260,36 @@ def test_one_layout_gives_the_same_bits_on_every_run(layout_in_force, layout):
 
 
 def test_the_layout_in_force_sets_the_block_and_the_bill(layout_in_force):
-    assert decode_layout() == DEFAULT_LAYOUT == DecodeLayout(2**17, keys_first=False)
+    assert decode_layout() == default_layout()
     dims = check_qkv(*_qkv(batch=(1,), hq=32, hkv=8, n_k=32768, e=128, ev=128, dtype=np.float32))[3]
-    default_bill = decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2)
+    layout_in_force(DecodeLayout(2**17, keys_first=False))
+    large_bill = decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2)
     assert _block_keys(32) == 4096  # 2^17 scores over 8 kv heads x 4 query rows
     layout_in_force(DecodeLayout(2**13, keys_first=True))
     assert _block_keys(32) == 256 and decode_layout().keys_first
-    assert decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2) < default_bill  # smaller blocks
+    assert decode_bytes(dims, np.dtype(np.float32), np.dtype(np.float32), 2, 2) < large_bill  # smaller blocks
     layout_in_force(None)
-    assert decode_layout() == DEFAULT_LAYOUT
+    assert decode_layout() == default_layout()
+
+
+@pytest.mark.parametrize("kernels", ["SkylakeX", "Haswell", "Zen", ""])
+def test_the_untuned_layout_is_the_one_measured_fastest_under_the_blas_kernels(monkeypatch, kernels):
+    """AVX-512 kernels: blocks of 2^13 scores; AVX2 kernels: 2^17; kernels nobody measured, or a BLAS that does
+    not name them: DEFAULT_LAYOUT."""
+    import tinyattn_np.splitkv as splitkv
+
+    monkeypatch.setattr(splitkv, "blas_kernel_set", lambda: kernels)
+    want = {"SkylakeX": DecodeLayout(2**13, False), "Haswell": DecodeLayout(2**17, False)}.get(kernels, DEFAULT_LAYOUT)
+    assert default_layout() == decode_layout() == want
+
+
+def test_the_blas_kernel_set_is_numpys():
+    from threadpoolctl import threadpool_info
+
+    from tinyattn_np._parallel import blas_kernel_set
+
+    named = [pool.get("architecture") for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    assert blas_kernel_set() == (named[0] or "" if named else "")
 
 
 def test_a_layout_of_the_wrong_types_is_refused(layout_in_force):
@@ -275,7 +297,7 @@ def test_a_layout_of_the_wrong_types_is_refused(layout_in_force):
         layout_in_force(DecodeLayout(0, keys_first=False))
     with pytest.raises(TypeError, match="keys_first"):
         layout_in_force(DecodeLayout(2**13, keys_first=1))  # type: ignore[arg-type]
-    assert decode_layout() == DEFAULT_LAYOUT
+    assert decode_layout() == default_layout()
 
 
 @pytest.mark.parametrize("layout", DECODE_LAYOUTS)

@@ -16,7 +16,7 @@ from conftest import assert_close
 from tinyattn_np import attention, attention_backward, flash_attention, flash_attention_backward, tune, untune
 from tinyattn_np.flash import TileRule, constant_rule, default_tiles, tile_rule, use_tile_rule
 from tinyattn_np.peaks import flash_attention_backward_bytes
-from tinyattn_np.splitkv import DECODE_LAYOUTS, DEFAULT_LAYOUT, DecodeLayout, decode_layout, use_decode_layout
+from tinyattn_np.splitkv import DECODE_LAYOUTS, DecodeLayout, decode_layout, default_layout, use_decode_layout
 
 tune_module = importlib.import_module("tinyattn_np.tune")  # the module: tinyattn_np.tune is the function
 
@@ -134,7 +134,7 @@ def test_tune_keeps_the_fastest_for_the_process_and_the_cache(monkeypatch, tmp_p
     assert leftovers(tmp_path) == ["tile_rules.json"]  # no temporary file left beside it
     # the next process reads it: no measuring at all
     untune()
-    assert decode_layout() == DEFAULT_LAYOUT
+    assert decode_layout() == default_layout()
     monkeypatch.setattr(tune_module, "time_candidates", lambda *a: pytest.fail("measured despite the cache"))
     assert tune(tokens=64, head_dim=8, repeats=1) == rule == tile_rule()
     assert decode_layout() == layout
@@ -163,7 +163,7 @@ def test_busy_reads_the_load_average(monkeypatch):
 def test_a_candidate_must_clearly_beat_the_constants(monkeypatch):
     monkeypatch.setattr(tune_module, "time_candidates", lambda calls, repeats: [1.0] * len(calls))  # all alike
     assert tune(tokens=64, head_dim=8, repeats=1, cache=False) == constant_rule()
-    assert decode_layout() == DEFAULT_LAYOUT
+    assert decode_layout() == default_layout()
 
 
 def test_cache_false_neither_reads_nor_writes(monkeypatch, tmp_path):
@@ -175,7 +175,7 @@ def test_cache_false_neither_reads_nor_writes(monkeypatch, tmp_path):
 def test_a_damaged_cache_is_measured_again_and_rewritten(monkeypatch, tmp_path):
     folder = tmp_path / "cache" / "tinyattn_np"
     folder.mkdir(parents=True)
-    key, whole = tune_module.machine_key(), {**constant_rule()._asdict(), "decode_layout": DEFAULT_LAYOUT._asdict()}
+    key, whole = tune_module.machine_key(), {**constant_rule()._asdict(), "decode_layout": default_layout()._asdict()}
     no_layout = {**whole, "decode_layout": None}
     odd_layout = {**whole, "decode_layout": {"scores_per_block": 100, "keys_first": False}}  # not a candidate
     int_flag = {**whole, "decode_layout": {"scores_per_block": 2**13, "keys_first": 1}}
@@ -290,7 +290,7 @@ def test_a_tuning_stopped_in_any_round_leaves_the_defaults(monkeypatch, tmp_path
     else:
         with pytest.warns(UserWarning, match="tune\\(\\) failed .*MemoryError"):
             assert tune(tokens=64, head_dim=8, repeats=1) == constant_rule()
-    assert tile_rule() == constant_rule() and decode_layout() == DEFAULT_LAYOUT
+    assert tile_rule() == constant_rule() and decode_layout() == default_layout()
     assert leftovers(tmp_path) == []
 
 
@@ -301,10 +301,10 @@ def test_measuring_the_decode_layouts_leaves_the_default_in_force(monkeypatch):
     def timings(calls: list, repeats: int) -> list[float]:
         for call in calls:
             call()
-            seen.append(decode_layout())
         return [2.0] * (len(calls) - 1) + [1.0]  # the last layout: large blocks, keys first
 
     monkeypatch.setattr(tune_module, "time_candidates", timings)
-    monkeypatch.setattr(tune_module, "flash_decode", lambda q, k, v: None)  # the layout in force, not the step
+    monkeypatch.setattr(tune_module, "flash_decode", lambda q, k, v: seen.append(decode_layout()))  # the layout in
+    # force while the step runs, not the step
     assert tune_module.measure_decode_layout(repeats=1) == DECODE_LAYOUTS[-1]
-    assert seen == list(DECODE_LAYOUTS) and decode_layout() == DEFAULT_LAYOUT
+    assert seen == list(DECODE_LAYOUTS) and decode_layout() == default_layout()

@@ -12,6 +12,7 @@ call's whole work (a layer norm of a few hundred rows), and a training step make
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Iterable
@@ -22,7 +23,7 @@ import numpy as np
 
 from ._atomic import holding
 
-__all__ = ["Stopped", "nonfinite_quiet", "one_blas_thread", "run_items"]
+__all__ = ["Stopped", "blas_kernel_set", "nonfinite_quiet", "one_blas_thread", "run_items"]
 
 Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
@@ -104,6 +105,17 @@ class one_blas_thread:  # noqa: N801 (named as the function it is used as: with 
     def __exit__(self, *exc: object) -> None:
         _leave_blas_fully(self._token)
         self._left_when_dropped.detach()
+
+
+@functools.cache
+def blas_kernel_set() -> str:
+    """The kernels NumPy's BLAS runs, as OpenBLAS names them ("SkylakeX": AVX-512, "Haswell": AVX2, "Zen", ...;
+    OPENBLAS_CORETYPE chooses them), through threadpoolctl; "" where the BLAS does not say. Asked once."""
+    from threadpoolctl import threadpool_info
+
+    pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    ours = [pool for pool in pools if "numpy" in str(pool.get("filepath", ""))] or pools  # NumPy's, not torch's
+    return str(ours[0].get("architecture") or "") if ours else ""
 
 
 def nonfinite_quiet() -> Any:

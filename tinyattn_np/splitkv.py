@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,13 +43,14 @@ from ._checks import (
     without_head_axis,
 )
 from ._guard import refuse_unless_fits
-from ._parallel import one_blas_thread, run_items
+from ._parallel import blas_kernel_set, one_blas_thread, run_items
 
 Array = NDArray[np.floating]
+R = TypeVar("R")
 
 __all__ = [
-    "DECODE_LAYOUTS", "DEFAULT_LAYOUT", "DecodeLayout", "decode_layout", "flash_decode", "merge_chunks",
-    "use_decode_layout",
+    "DECODE_LAYOUTS", "DEFAULT_LAYOUT", "KERNEL_LAYOUTS", "DecodeLayout", "decode_layout", "default_layout",
+    "flash_decode", "in_layout", "merge_chunks", "use_decode_layout",
 ]  # fmt: skip
 
 # A chunk is walked in blocks of keys, and each block is one step of the online softmax: its scores
@@ -68,29 +69,49 @@ class DecodeLayout(NamedTuple):
     first (keys_first=False: s = q Kᵀ, (N, R, bk)) or keys first (s = K qᵀ, (N, bk, R), read through its
     transpose). The two products are the same sums; which BLAS multiplies faster depends on its kernels: with
     G·L = 4 query rows per kv head, OpenBLAS's AVX-512 kernels are fastest on small blocks and its AVX2 ones on
-    large (docs/decoding.md). tune() measures the layouts here (DECODE_LAYOUTS) and keeps the fastest."""
+    large (docs/decoding.md). Untuned, a step takes the layout measured fastest under the kernel set NumPy's
+    BLAS runs (KERNEL_LAYOUTS); tune() measures the layouts here (DECODE_LAYOUTS) and keeps the fastest."""
 
     scores_per_block: int
     keys_first: bool
 
 
-DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=False)
+DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=False)  # under kernels KERNEL_LAYOUTS does not name
 DECODE_LAYOUTS = tuple(DecodeLayout(2**power, first) for power in (13, 15, 17) for first in (False, True))
-_layout_in_force: DecodeLayout | None = None  # set by use_decode_layout (tune.py); None: DEFAULT_LAYOUT
+# The layout measured fastest under each of OpenBLAS's kernel sets (python scripts/decode.py --step --layouts;
+# docs/results/xeon.md): its AVX-512 kernels multiply 4-row products fastest on blocks of 2^13 scores, its
+# AVX2 kernels on blocks of 2^17.
+KERNEL_LAYOUTS = {"SkylakeX": DecodeLayout(2**13, keys_first=False), "Haswell": DecodeLayout(2**17, keys_first=False)}
+_layout_in_force: DecodeLayout | None = None  # set by use_decode_layout (tune.py); None: default_layout()
+
+
+def default_layout() -> DecodeLayout:
+    """The layout of an untuned step: KERNEL_LAYOUTS' for the kernels NumPy's BLAS runs, else DEFAULT_LAYOUT."""
+    return KERNEL_LAYOUTS.get(blas_kernel_set(), DEFAULT_LAYOUT)
 
 
 def use_decode_layout(layout: DecodeLayout | None) -> None:
     """Make layout the one flash_decode (and the caches' decoding) uses in this process, or with None go back
-    to DEFAULT_LAYOUT. tune.tune() calls it with the layout it measured fastest."""
+    to default_layout(). tune.tune() calls it with the layout it measured fastest."""
     global _layout_in_force
     if layout is not None:
         layout = DecodeLayout(check_positive_int(layout[0], "scores_per_block"), check_bool(layout[1], "keys_first"))
     _layout_in_force = layout
 
 
+def in_layout(layout: DecodeLayout, fn: Callable[..., R], *args: Any) -> R:
+    """fn(*args) with `layout` in force (use_decode_layout), and the layout in force before it again after."""
+    before = _layout_in_force
+    use_decode_layout(layout)
+    try:
+        return fn(*args)
+    finally:
+        use_decode_layout(before)
+
+
 def decode_layout() -> DecodeLayout:
-    """The layout in force: what use_decode_layout() set, else DEFAULT_LAYOUT."""
-    return DEFAULT_LAYOUT if _layout_in_force is None else _layout_in_force
+    """The layout in force: what use_decode_layout() set, else default_layout()."""
+    return default_layout() if _layout_in_force is None else _layout_in_force
 
 
 def _default_kv_splits(n_k: int, workers: int) -> int:

@@ -48,7 +48,7 @@ from ._checks import check_bool, check_positive_int
 from .backward import flash_attention_backward
 from .flash import TileRule, constant_rule, flash_attention, tile_rule, use_tile_rule
 from .measure import cpu_model, machine_info, time_calls
-from .splitkv import DECODE_LAYOUTS, DEFAULT_LAYOUT, DecodeLayout, flash_decode, use_decode_layout
+from .splitkv import DECODE_LAYOUTS, DecodeLayout, default_layout, flash_decode, in_layout, use_decode_layout
 
 __all__ = [
     "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key",
@@ -172,16 +172,9 @@ def measure_decode_layout(repeats: int) -> DecodeLayout:
     k, v = (rng.standard_normal((1, 8, 16384, 128), dtype=np.float32) for _ in range(2))  # 8 kv heads, 64 MiB each
 
     def step(layout: DecodeLayout) -> Callable[[], object]:
-        def run() -> object:
-            use_decode_layout(layout)  # the candidate in force while it is timed
-            return flash_decode(q, k, v)
+        return lambda: in_layout(layout, flash_decode, q, k, v)  # the candidate in force while it is timed
 
-        return run
-
-    try:
-        return fastest({layout: step(layout) for layout in DECODE_LAYOUTS}, DEFAULT_LAYOUT, repeats)
-    finally:
-        use_decode_layout(None)
+    return fastest({layout: step(layout) for layout in DECODE_LAYOUTS}, default_layout(), repeats)
 
 
 def fastest(calls: dict[Any, Callable[[], object]], base: Any, repeats: int) -> Any:
