@@ -38,9 +38,9 @@ from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
     _check_weights_sum_to_one,
     _flex_backward,
+    _heads_per_item,
     _query_rows,
     check_flash_backward,
-    heads_per_item,
     item_heads,
     with_column,
 )
@@ -325,7 +325,7 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
         dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
-    c = heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
+    c = _heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
     for k_start in range(0, dims.n_k, plan.block_k):
         for g in range(n_heads // c):
             cols, its = slice(k_start, min(k_start + plan.block_k, dims.n_k)), item_heads(g, c, dims.hq, dims.group)
@@ -439,7 +439,7 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
         k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
-    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan, heads=heads_per_item(one,
+    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan, heads=_heads_per_item(one,
                dims.hq, dims.n_q, dims.n_k))  # fmt: skip
     row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row

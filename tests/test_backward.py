@@ -199,7 +199,7 @@ def test_same_bits_for_any_worker_count(rng):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, causal):
-    """Small tiles put several heads in one backward item (heads_per_item): any number of heads an item, on
+    """Small tiles put several heads in one backward item (_heads_per_item): any number of heads an item, on
     any number of workers, with GQA, gives the same bits as items of one head, and the reference's values."""
     import tinyattn_np.backward as backward
 
@@ -210,7 +210,7 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
     runs, heads = [], []
     for budget in (tile, 2 * tile, 4 * tile, 12 * tile):  # 1, 2, 4 and 12 of the 12 heads an item
         monkeypatch.setattr(backward, "BACKWARD_SCORES_PER_ITEM", budget)
-        heads.append(backward.heads_per_item(plan, 12, 40, 56))
+        heads.append(backward._heads_per_item(plan, 12, 40, 56))
         runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
                  for w in (1, 2, 3)]  # fmt: skip
     assert heads == [1, 2, 4, 12]
@@ -226,17 +226,17 @@ def test_heads_per_item_keeps_large_tiles_one_head_and_every_worker_busy():
     """One head an item for 256 x 256 tiles, a block mask or a score_mod; for small tiles the most heads that
     still leave an item for each worker, a divisor of the heads."""
     from tinyattn_np import mods
-    from tinyattn_np.backward import _BackwardPlan, heads_per_item
+    from tinyattn_np.backward import _BackwardPlan, _heads_per_item
 
     band = Band(0)
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 1
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 16  # 16 x 64 x 64 = 2^16 scores
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 16), 48, 64, 64) == 3  # 16 items for 16 workers
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 1), 7, 64, 64) == 7  # a prime: all or one
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 7, 64, 64) == 1
-    assert heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2, mods.Softcap(5.0)), 48, 64, 64) == 1
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 1
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 16  # 16 x 64 x 64 = 2^16 scores
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 16), 48, 64, 64) == 3  # 16 items for 16 workers
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 1), 7, 64, 64) == 7  # a prime: all or one
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 7, 64, 64) == 1
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2, mods.Softcap(5.0)), 48, 64, 64) == 1
     blocks = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, 64, 64, BLOCK_SIZE=16)
-    assert heads_per_item(_BackwardPlan(1.0, blocks, 16, 16, 2), 48, 64, 64) == 1
+    assert _heads_per_item(_BackwardPlan(1.0, blocks, 16, 16, 2), 48, 64, 64) == 1
 
 
 @settings(max_examples=100, deadline=None)

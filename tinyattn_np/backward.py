@@ -516,7 +516,7 @@ def flash_attention_backward(
 
     Work items and races: one item is one key block of one query head, as in Algorithm 2, where the key
     blocks run in parallel; where the tiles are small (T of a few hundred), one key block of several heads,
-    whose matmuls run as one batched call (heads_per_item). The item owns its rows of dk and dv outright.
+    whose matmuls run as one batched call (_heads_per_item). The item owns its rows of dk and dv outright.
     dq rows receive a share from every key block that sees them: on a GPU an atomic add, whose order, and
     so whose last bits, depend on the timing. Here the shares are added in key-block order instead
     (OrderedDq), so the result is the same bits for any `workers` and any heads per item. With grouped-query
@@ -533,7 +533,7 @@ def flash_attention_backward(
         q, k, v, out, dout, lse, causal=causal, scale=scale, window=window, block_q=block_q, block_k=block_k,
         workers=workers, align=align,
     )  # fmt: skip
-    refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, heads_per_step=_heads_per_item(dims, plan),
+    refuse_blockwise("flash_attention_backward()", q, k, v, dims, plan, heads_per_step=_call_heads(dims, plan),
                      backward=True)  # fmt: skip
     dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
@@ -583,7 +583,7 @@ def flex_attention_backward(
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     plan = _BackwardPlan(fplan.scale, fplan.tile_mask, fplan.block_q, fplan.block_k, fplan.workers, fplan.score_mod,
                         fplan.sinks)  # fmt: skip
-    refuse_blockwise("flex_attention_backward()", q, k, v, dims, plan, heads_per_step=_heads_per_item(dims, plan),
+    refuse_blockwise("flex_attention_backward()", q, k, v, dims, plan, heads_per_step=_call_heads(dims, plan),
                      backward=True)  # fmt: skip
     grads = _flex_backward(q, k, v, out, dout, lse, dims, plan)
     if two_d:
@@ -656,7 +656,7 @@ def _run_key_blocks(
     param_grads: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads;
-    where every head has the same tiles and they are small, an item takes c heads at once (heads_per_item).
+    where every head has the same tiles and they are small, an item takes c heads at once (_heads_per_item).
     q_s (B·Hq, L, E) is q times the scale, k (B·Hkv, S, E), v (B·Hkv, S, Ev), d_o (B·Hq, L, Ev), lse and d
     (B·Hq, L) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
     order (OrderedDq), into dk_heads (B·Hq, S, E) and dv_heads (B·Hq, S, Ev), the shares of each query head,
@@ -664,7 +664,7 @@ def _run_key_blocks(
     a mask or mod that differs between heads. The ring's backward runs its pairs of chunks through it too."""
     n_heads, n_q, n_k = q_s.shape[0], q_s.shape[1], k.shape[1]
     group = n_heads // k.shape[0]  # query head h reads kv head h // G
-    c = heads_per_item(plan, n_heads, n_q, n_k)
+    c = _heads_per_item(plan, n_heads, n_q, n_k)
     ordered_dq = OrderedDq(dq.reshape(n_heads // c, c, n_q, dq.shape[2]), p_sums.reshape(n_heads // c, c, n_q),
                            plan.tile_mask, n_k, plan.block_q, plan.block_k)  # fmt: skip
 
@@ -708,12 +708,12 @@ def item_heads(g: int, c: int, hq: int, group: int) -> ItemHeads:
     return ItemHeads(rows, heads, b, h, rows if group == 1 else flat // group)
 
 
-def _heads_per_item(dims: QKVShape, plan: _BackwardPlan) -> int:
-    """heads_per_item for a checked call's shapes."""
-    return heads_per_item(plan, int(np.prod(dims.batch, dtype=np.int64)) * dims.hq, dims.n_q, dims.n_k)
+def _call_heads(dims: QKVShape, plan: _BackwardPlan) -> int:
+    """_heads_per_item for a checked call's shapes."""
+    return _heads_per_item(plan, int(np.prod(dims.batch, dtype=np.int64)) * dims.hq, dims.n_q, dims.n_k)
 
 
-def heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
+def _heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
     """How many query heads a backward item takes at once, c: 1 where the heads' tiles may differ (a block
     mask) or a score_mod runs; for a Band, the most heads, a divisor of n_heads, whose tiles together hold
     at most BACKWARD_SCORES_PER_ITEM scores while every worker still gets an item. Small tiles then make
