@@ -26,6 +26,7 @@ from tinyattn_np import (
 )
 from tinyattn_np import _guard as guard_module
 from tinyattn_np.blockmask import Band, create_block_mask
+from tinyattn_np.flash import constant_rule
 from tinyattn_np.measure import traced_peak
 
 # Central differences: error O(eps²·f''') from the formula plus O(u/eps) from rounding; with eps = 1e-6
@@ -209,7 +210,9 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
     plan = backward._BackwardPlan(1.0, Band(16 if causal else None), 16, 16, 2)
     runs, heads = [], []
     for budget in (tile, 2 * tile, 4 * tile, 12 * tile):  # 1, 2, 4 and 12 of the 12 heads an item
-        monkeypatch.setattr(backward, "BACKWARD_SCORES_PER_ITEM", budget)
+        monkeypatch.setattr(
+            backward, "tile_rule", lambda budget=budget: constant_rule()._replace(scores_per_step=budget)
+        )
         heads.append(backward._heads_per_item(plan, 12, 40, 56))
         runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
                  for w in (1, 2, 3)]  # fmt: skip
@@ -222,15 +225,17 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
         np.testing.assert_allclose(mine, want, rtol=0, atol=2e-5)
 
 
-def test_heads_per_item_keeps_large_tiles_one_head_and_every_worker_busy():
-    """One head an item for 256 x 256 tiles, a block mask or a score_mod; for small tiles the most heads that
-    still leave an item for each worker, a divisor of the heads."""
+def test_heads_per_item_fill_a_forward_step_and_keep_every_worker_busy(monkeypatch):
+    """The most heads, a divisor of them, whose tiles hold no more scores than a forward tile step and still
+    leave an item for each worker; one head an item for a block mask or a score_mod."""
+    import tinyattn_np.backward as backward
     from tinyattn_np import mods
     from tinyattn_np.backward import _BackwardPlan, _heads_per_item
 
+    monkeypatch.setattr(backward, "tile_rule", lambda: constant_rule(cores=2))  # 2^18 scores a step
     band = Band(0)
-    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 1
-    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 16  # 16 x 64 x 64 = 2^16 scores
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 4  # 4 x 256 x 256 = 2^18
+    assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 24  # two items for two workers
     assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 16), 48, 64, 64) == 3  # 16 items for 16 workers
     assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 1), 7, 64, 64) == 7  # a prime: all or one
     assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 7, 64, 64) == 1

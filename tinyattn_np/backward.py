@@ -66,7 +66,6 @@ from .mods import check_score_mod, derivative_of, score_indices
 
 Array = NDArray[np.floating]
 
-BACKWARD_SCORES_PER_ITEM = 2**16  # a backward item's tiles hold at most this many scores when it takes many heads
 
 __all__ = [
     "FlexGrads",
@@ -716,13 +715,15 @@ def _call_heads(dims: QKVShape, plan: _BackwardPlan) -> int:
 def _heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
     """How many query heads a backward item takes at once, c: 1 where the heads' tiles may differ (a block
     mask) or a score_mod runs; for a Band, the most heads, a divisor of n_heads, whose tiles together hold
-    at most BACKWARD_SCORES_PER_ITEM scores while every worker still gets an item. Small tiles then make
-    fewer, larger matmuls (at 64 x 64 a tile's Python costs as much as its five matmuls); tiles of 256 x 256
-    stay one head an item, in cache."""
+    no more scores than a forward tile step (tile_rule().scores_per_step: 2^18 on up to 8 cores) while
+    every worker still gets an item. Fewer, larger matmuls: at 64 x 64 a tile's Python costs as much as its
+    five matmuls, and 4 heads of 256 x 256 an item took a quarter less time than one at T = 256. Any c gives
+    the same bits (each head's sums are the same, in the same order)."""
     if not isinstance(plan.tile_mask, Band) or plan.score_mod is not None:
         return 1
     tile, key_blocks = min(plan.block_q, n_q) * min(plan.block_k, n_k), -(-n_k // plan.block_k)
-    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= BACKWARD_SCORES_PER_ITEM]
+    budget = tile_rule().scores_per_step
+    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= budget]
     return max((c for c in fits if (n_heads // c) * key_blocks >= plan.workers), default=1)
 
 

@@ -127,7 +127,7 @@ def flash_attention_backward_bytes(
                                                     of P that check lse against q, k and the mask
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉ / h): an item is one key block of h heads, h from
-        backward._heads_per_item: 1 for tiles of 256 x 256, many heads for small tiles):
+        backward._heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
                            2·h·bq·bk·c              the tiles of P and of dP (then dS)
                            h·(bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
                            h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
