@@ -66,7 +66,6 @@ from .mods import check_score_mod, derivative_of, score_indices
 
 Array = NDArray[np.floating]
 
-
 __all__ = [
     "FlexGrads",
     "attention_backward",
@@ -343,8 +342,8 @@ def key_block_grads(
     (a 65th column costs a 64-column matmul about 2%, a pass over the tile much more), and P's row sums
     are the matrix-vector product P 1. A score_mod needs S itself, so with one, S − L_i comes after it.
     The buffers serve every tile of the block: the two tiles P and dS (and S for a score_mod), and the rows
-    [Q_i, −L_i] and [dO_i, −D_i]. Small tiles take many heads a step (c > 1), so that a step's matmuls are
-    worth the Python around them.
+    [Q_i, −L_i] and [dO_i, −D_i]. Heads that share their tiles go c to an item: fewer, larger matmuls, each
+    worth more of the Python around it.
     """
     tiles = iter(tiles)
     first = next(tiles, None)
@@ -513,9 +512,9 @@ def flash_attention_backward(
         dQ_i += scale · dS K_j;  dK_j += scale · dSᵀ Q_i
     The tiles are those the forward runs: a tile the forward skips holds only zeros of P.
 
-    Work items and races: one item is one key block of one query head, as in Algorithm 2, where the key
-    blocks run in parallel; where the tiles are small (T of a few hundred), one key block of several heads,
-    whose matmuls run as one batched call (_heads_per_item). The item owns its rows of dk and dv outright.
+    Work items and races: one item is one key block, as in Algorithm 2, where the key blocks run in
+    parallel, of as many query heads as share their tiles (a causal band) and fill one of the forward's tile
+    steps, each matmul one batched call (_heads_per_item). The item owns its rows of dk and dv outright.
     dq rows receive a share from every key block that sees them: on a GPU an atomic add, whose order, and
     so whose last bits, depend on the timing. Here the shares are added in key-block order instead
     (OrderedDq), so the result is the same bits for any `workers` and any heads per item. With grouped-query
@@ -655,7 +654,7 @@ def _run_key_blocks(
     param_grads: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads;
-    where every head has the same tiles and they are small, an item takes c heads at once (_heads_per_item).
+    where every head has the same tiles, an item takes c heads at once (_heads_per_item).
     q_s (B·Hq, L, E) is q times the scale, k (B·Hkv, S, E), v (B·Hkv, S, Ev), d_o (B·Hq, L, Ev), lse and d
     (B·Hq, L) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
     order (OrderedDq), into dk_heads (B·Hq, S, E) and dv_heads (B·Hq, S, Ev), the shares of each query head,
@@ -716,9 +715,9 @@ def _heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> in
     """How many query heads a backward item takes at once, c: 1 where the heads' tiles may differ (a block
     mask) or a score_mod runs; for a Band, the most heads, a divisor of n_heads, whose tiles together hold
     no more scores than a forward tile step (tile_rule().scores_per_step: 2^18 on up to 8 cores) while
-    every worker still gets an item. Fewer, larger matmuls: at 64 x 64 a tile's Python costs as much as its
-    five matmuls, and 4 heads of 256 x 256 an item took a quarter less time than one at T = 256. Any c gives
-    the same bits (each head's sums are the same, in the same order)."""
+    every worker still gets an item. Fewer, larger matmuls: a small tile's NumPy calls cost more in Python
+    than in arithmetic (python scripts/tiles.py --profile --tokens 64 --heads 48 shows the parts). Any c
+    gives the same bits (each head's sums are the same, in the same order)."""
     if not isinstance(plan.tile_mask, Band) or plan.score_mod is not None:
         return 1
     tile, key_blocks = min(plan.block_q, n_q) * min(plan.block_k, n_k), -(-n_k // plan.block_k)

@@ -357,9 +357,9 @@ def default_tiles(
     G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
     measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget.
     kv_heads, the kv heads of the call (batch entries times Hkv): where there are few query blocks, no more
-    heads a step than leave an item for each of the rule's workers (at T = 64, 48 heads in two steps on two
-    cores take half the time of one step). It depends on the shape and the rule only, never on the workers
-    a call asks for, so every worker count gives the same bits.
+    heads a step than leave an item for each of the rule's workers (a short context's one query block would
+    otherwise be one step on one core). It depends on the shape and the rule only, never on the workers a
+    call asks for, so every worker count gives the same bits.
     """
     rule = tile_rule(cores)
     block_q = rule.side if block_q is None else block_q
