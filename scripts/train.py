@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.task == "copy":
         return copy_task.run(args)
+    training.keep_freed_memory()  # every step makes the same arrays: their memory is kept, not faulted in again
     comm = training.communicator(args)
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     try:

@@ -15,7 +15,10 @@ and generation with the KV cache beside recomputation.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
-Every claim is checked; the exit code is 1 (and the failed check is named) if one fails.
+Both run under train.py's malloc setting (training.keep_freed_memory: on glibc, freed arrays' memory is kept
+for the next ones instead of faulting it in again every step), which holds for the whole process, torch's
+steps as well as ours; the malloc line says whether it took. Every claim is checked; the exit code is 1 (and
+the failed check is named) if one fails.
 
 --equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
 on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, one after
@@ -344,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_equal_time(args)
     torch = common.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
-    print(lines)
+    print(f"{lines}\n{malloc_line(torch is not None)}")
     threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
@@ -363,13 +366,23 @@ def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
     torch = common.load_torch(flag="--equal-time")[0]
     info, lines = common.header(torch.__version__, torch.get_num_threads())
-    print(lines)
+    print(f"{lines}\n{malloc_line(torch is not None)}")
     rows: list[dict[str, Any]] = []
     stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:
         print_equal_time(rows, args)
     figures = {"machine": info, "args": vars(args), "equal_time": rows}
     return finish(args, figures, stopped, len(rows), len(args.presets))
+
+
+def malloc_line(with_torch: bool) -> str:
+    """train.py's malloc setting, made here too (training.keep_freed_memory), and said; it holds for the whole
+    process, torch's steps as well as ours."""
+    if not training.keep_freed_memory():
+        return "malloc: the C library's own settings"
+    return "malloc: freed memory kept for reuse, as train.py sets it (glibc's mallopt)" + (
+        "; for torch's steps too" if with_torch else ""
+    )
 
 
 def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
