@@ -138,7 +138,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
     if causal:
         headers += ["no-mask ms", "causal/no-mask"]
     if args.torch:
-        headers += ["torch ms", "flash/torch"]
+        headers += ["torch ms", "torch of matmul", "flash/torch"]
     if args.torch_3d:
         headers += ["torch 3-D ms"]
     body = []
@@ -162,7 +162,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
         if causal:
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
         if args.torch:
-            line += [r["torch_ms"], r["flash_ms"] / r["torch_ms"]]
+            torch_share = r["flops"] / r["torch_ms"] / 1e6 / r["matmul_gflops"]  # the same FLOPs, torch's time
+            line += [r["torch_ms"], f"{torch_share:.0%}", r["flash_ms"] / r["torch_ms"]]
         if args.torch_3d:
             line += [r["torch_3d_ms"]]
         body.append([common.cell(x) for x in line])
@@ -226,7 +227,8 @@ def print_results(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
     print(
         "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of\n"
         f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this\n"
-        "machine's matmul rate that flash reaches (over 100%: the load changed between the two)."
+        "machine's matmul rate that flash reaches (over 100%: the load changed between the two); 'torch of matmul'\n"
+        "the same for torch's time."
     )
     if args.plot and len(rows) == len(run.sizes):  # a picture of a run cut short would replace a whole one
         plot(rows, args.plot, args)
