@@ -203,6 +203,7 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
     """Small tiles put several heads in one backward item (_heads_per_item): any number of heads an item, on
     any number of workers, with GQA, gives the same bits as items of one head, and the reference's values."""
     import tinyattn_np.backward as backward
+    import tinyattn_np.flash as flash_module
 
     q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (3,), 4, 2, 40, 56, e=8, ev=6))
     out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -211,7 +212,7 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
     runs, heads = [], []
     for budget in (tile, 2 * tile, 4 * tile, 12 * tile):  # 1, 2, 4 and 12 of the 12 heads an item
         monkeypatch.setattr(
-            backward, "tile_rule", lambda budget=budget: constant_rule()._replace(scores_per_step=budget)
+            flash_module, "tile_rule", lambda budget=budget: constant_rule()._replace(scores_per_step=budget)
         )
         heads.append(backward._heads_per_item(plan, 12, 40, 56))
         runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
@@ -228,11 +229,11 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
 def test_heads_per_item_fill_a_forward_step_and_keep_every_worker_busy(monkeypatch):
     """The most heads, a divisor of them, whose tiles hold no more scores than a forward tile step and still
     leave an item for each worker; one head an item for a block mask or a score_mod."""
-    import tinyattn_np.backward as backward
+    import tinyattn_np.flash as flash_module
     from tinyattn_np import mods
     from tinyattn_np.backward import _BackwardPlan, _heads_per_item
 
-    monkeypatch.setattr(backward, "tile_rule", lambda: constant_rule(cores=2))  # 2^18 scores a step
+    monkeypatch.setattr(flash_module, "tile_rule", lambda: constant_rule(cores=2))  # 2^18 scores a step
     band = Band(0)
     assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 4096, 4096) == 4  # 4 x 256 x 256 = 2^18
     assert _heads_per_item(_BackwardPlan(1.0, band, 256, 256, 2), 48, 64, 64) == 24  # two items for two workers

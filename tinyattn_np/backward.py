@@ -60,7 +60,7 @@ from ._guard import attention_backward_bytes, refuse_blockwise, refuse_if_too_bi
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band, Heads, Tile, TileMask, check_band
-from .flash import TileMods, _check_one_head, apply_mods, broadcast_kv, tile_rule
+from .flash import TileMods, _check_one_head, apply_mods, backward_heads_per_item, broadcast_kv, tile_rule
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
@@ -713,17 +713,11 @@ def _call_heads(dims: QKVShape, plan: _BackwardPlan) -> int:
 
 def _heads_per_item(plan: _BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
     """How many query heads a backward item takes at once, c: 1 where the heads' tiles may differ (a block
-    mask) or a score_mod runs; for a Band, the most heads, a divisor of n_heads, whose tiles together hold
-    no more scores than a forward tile step (tile_rule().scores_per_step: 2^18 on up to 8 cores) while
-    every worker still gets an item. Fewer, larger matmuls: a small tile's NumPy calls cost more in Python
-    than in arithmetic (python scripts/tiles.py --profile --tokens 64 --heads 48 shows the parts). Any c
-    gives the same bits (each head's sums are the same, in the same order)."""
+    mask) or a score_mod runs; for a Band, flash.backward_heads_per_item's rule. Any c gives the same bits
+    (each head's sums are the same, in the same order)."""
     if not isinstance(plan.tile_mask, Band) or plan.score_mod is not None:
         return 1
-    tile, key_blocks = min(plan.block_q, n_q) * min(plan.block_k, n_k), -(-n_k // plan.block_k)
-    budget = tile_rule().scores_per_step
-    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= budget]
-    return max((c for c in fits if (n_heads // c) * key_blocks >= plan.workers), default=1)
+    return backward_heads_per_item(n_heads, n_q, n_k, plan.block_q, plan.block_k, plan.workers)
 
 
 def sink_grads(p_sums: np.ndarray, lse: np.ndarray, d: np.ndarray, dims: QKVShape, sinks: np.ndarray | None) -> Any:

@@ -68,10 +68,10 @@ from .mods import modded, visible
 
 __all__ = [
     "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "TileMods", "TileRule", "apply_mods", "attend_block",
-    "attend_tiles", "broadcast_kv", "check_flash", "constant_rule", "default_tiles", "finish_rows",
-    "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results",
-    "grouped_heads", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
-    "tile_rule", "tile_scores", "trusted", "use_tile_rule",
+    "attend_tiles", "backward_heads_per_item", "broadcast_kv", "check_flash", "constant_rule", "default_tiles",
+    "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items",
+    "forward_results", "grouped_heads", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries",
+    "tile_mods", "tile_rule", "tile_scores", "trusted", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -370,6 +370,19 @@ def default_tiles(
         steps = -(-rule.workers // max(1, -(-n_q // block_q)))
         heads = max(1, min(heads, -(-kv_heads // steps)))
     return block_q, block_k, heads
+
+
+def backward_heads_per_item(n_heads: int, n_q: int, n_k: int, block_q: int, block_k: int, workers: int) -> int:
+    """How many of n_heads query heads that share their tiles (a causal band) flash_attention_backward's work
+    item takes at once: the most, a divisor of n_heads, whose tiles of block_q x block_k (L = n_q, S = n_k)
+    hold no more scores than one of the forward's tile steps (tile_rule().scores_per_step: 2^18 on up to 8
+    cores), while each of `workers` still gets an item. Fewer, larger matmuls: a small tile's NumPy calls
+    cost more in Python than in arithmetic (python scripts/tiles.py --profile --tokens 64 --heads 48 shows
+    the parts)."""
+    tile, key_blocks = min(block_q, n_q) * min(block_k, n_k), -(-n_k // block_k)
+    budget = tile_rule().scores_per_step
+    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= budget]
+    return max((c for c in fits if (n_heads // c) * key_blocks >= workers), default=1)
 
 
 class FlashPlan(NamedTuple):

@@ -22,9 +22,8 @@ import numpy as np
 
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import check_bool, check_count, check_positive_int
-from .backward import _BackwardPlan, _heads_per_item
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band
-from .flash import default_tiles, tile_rule
+from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from .flash import backward_heads_per_item, default_tiles, tile_rule
 
 __all__ = [
     "flash_attention_backward_bytes",
@@ -127,7 +126,7 @@ def flash_attention_backward_bytes(
                                                     of P that check lse against q, k and the mask
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉ / h): an item is one key block of h heads, h from
-        backward._heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
+        flash.backward_heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
                            2·h·bq·bk·c              the tiles of P and of dP (then dS)
                            h·(bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
                            h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
@@ -154,8 +153,7 @@ def flash_attention_backward_bytes(
     copies = (kv_elements + 2 * rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
     causal = check_bool(causal, "causal")
-    plan = _BackwardPlan(1.0, Band(n_k - n_q if causal else None), block_q, block_k, workers)
-    h = _heads_per_item(plan, batch * heads, n_q, n_k) if rows else 1  # heads an item takes
+    h = backward_heads_per_item(batch * heads, n_q, n_k, block_q, block_k, workers) if rows else 1  # an item's heads
     busy = min(workers, batch * heads // h * -(-n_k // block_k))  # an item is one key block of h heads
     gathered = bk * (e + ev) if heads > kv_heads else 0
     per_head = 2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev)) + gathered
