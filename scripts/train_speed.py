@@ -46,7 +46,7 @@ import training  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
-from tinyattn_np.report import TABLE_WIDTH, Checklist, add_wide_argument, fit_table, positive  # noqa: E402
+from tinyattn_np.report import Checklist, add_wide_argument, fit_table, positive, table_width  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
@@ -315,7 +315,7 @@ def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
     body = [[r["preset"], f"{r['start_loss']:.4f}", f"{r['ours_steps']:,}", f"{r['torch_steps']:,}",
              f"{r['ours_loss']:.4f}", f"{r['torch_loss']:.4f}", f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}"]
             for r in rows]  # fmt: skip
-    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
+    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
 
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
@@ -330,7 +330,7 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
-    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
+    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -338,7 +338,7 @@ def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
     body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
              f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
     headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
-    print(fit_table(body, headers, fmt=args.format, width=None if args.wide else TABLE_WIDTH))
+    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,7 +366,7 @@ def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
     torch = common.load_torch(flag="--equal-time")[0]
     info, lines = common.header(torch.__version__, torch.get_num_threads())
-    print(f"{lines}\n{malloc_line(torch is not None)}")
+    print(f"{lines}\n{malloc_line(with_torch=True)}")
     rows: list[dict[str, Any]] = []
     stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:
