@@ -71,9 +71,10 @@ GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & G
 #
 # layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
 # arrays. Over a whole (N, H) array every pass reads and writes main memory; over a block of rows of about
-# _ROW_BLOCK elements, the block's arrays stay in the CPU's cache from one line to the next. The blocks are independent,
-# so the cores take them in turn (NumPy lets go of the interpreter lock inside each line), as BLAS spreads a
-# matmul over them. The lines are the same either way, and so are the results, bit for bit.
+# _ROW_BLOCK elements, the block's arrays stay in the CPU's cache from one line to the next. The blocks are
+# independent, so where there are enough of them (_BLOCKS_PER_WORKER a core) the cores take them in turn (NumPy
+# lets go of the interpreter lock inside each line), as BLAS spreads a matmul over them. The lines are the same
+# either way, and so are the results, bit for bit.
 
 _ROW_BLOCK = 1 << 15  # elements in a block of rows: 128 KiB of float32 per array, all of a block's in a core's L2
 _BLOCKS_PER_WORKER = 16  # fewer blocks than this a core, and handing them out costs more than the core gains
