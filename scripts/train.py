@@ -167,7 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.task == "copy":
         return copy_task.run(args)
-    training.keep_freed_memory()  # every step makes the same arrays: their memory is kept, not faulted in again
     comm = training.communicator(args)
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     try:
@@ -219,4 +218,5 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
 
 
 if __name__ == "__main__":
+    training.keep_freed_memory()  # every step makes the same arrays: their memory is kept, not faulted in again
     sys.exit(common.run_main(main))

@@ -376,9 +376,9 @@ def main_equal_time(args: argparse.Namespace) -> int:
 
 
 def malloc_line(with_torch: bool) -> str:
-    """train.py's malloc setting, made here too (training.keep_freed_memory), and said; it holds for the whole
-    process, torch's steps as well as ours."""
-    if not training.keep_freed_memory():
+    """Whether train.py's malloc setting (training.keep_freed_memory, made in __main__ below) is in force; it
+    holds for the whole process, torch's steps as well as ours."""
+    if not training.freed_memory_kept:
         return "malloc: the C library's own settings"
     return "malloc: freed memory kept for reuse, as train.py sets it (glibc's mallopt)" + (
         "; for torch's steps too" if with_torch else ""
@@ -398,4 +398,5 @@ def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, don
 
 
 if __name__ == "__main__":
+    training.keep_freed_memory()  # as train.py does: both models' steps reuse the memory of the arrays they free
     sys.exit(common.run_main(main))

@@ -63,18 +63,23 @@ ROW_HEADER = f"{'step':>7}  {'train loss':>10}  {'val loss':>8}  {'lr':>9}  {'to
 
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h: mallopt's two settings that keep memory
+freed_memory_kept = False  # whether keep_freed_memory() took in this process
 
 
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc (mallopt) to keep the memory of freed arrays for the next ones, up to 1 GiB, instead
     of handing it back to the system: a training step frees and makes the same large arrays every step, and an
     array made in memory that was handed back faults its pages in again one by one, in the system's time. The
-    process keeps its peak memory in exchange. Returns whether it took: False where the C library is not glibc."""
+    process keeps its peak memory in exchange. Returns whether it took: False where the C library is not glibc.
+    A setting of the whole process: the scripts make it where they start as programs (their __main__), never
+    in main(), which a test or a notebook may call in its own process."""
+    global freed_memory_kept
     try:
         mallopt = ctypes.CDLL(ctypes.util.find_library("c")).mallopt
     except (OSError, AttributeError, TypeError):  # no C library by that name, or one without mallopt
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    freed_memory_kept = bool(mallopt(M_MMAP_THRESHOLD, 1 << 30)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    return freed_memory_kept
 
 
 class RunError(ValueError):

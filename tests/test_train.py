@@ -226,6 +226,7 @@ def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_pat
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     flags = ["--sample", "30", "--plot", str(tmp_path / "loss.png"), "--json", str(tmp_path / "run.json")]
     assert train_script.main([*gpt_flags(data, tmp_path / "run"), *flags]) == 0
+    assert not train_script.training.freed_memory_kept  # main() leaves the calling process's malloc as it was
     out = capsys.readouterr().out
     assert "data: " in out and "15 tokens)" not in out and "tied head: " in out and "sample (30 tokens" in out
     rows = json.loads((tmp_path / "run.json").read_text())["rows"]
