@@ -242,3 +242,19 @@ def test_torch_naive_ctrl_c_keeps_the_rows_so_far(
     assert torch_naive.main(["--min-tokens", "64", "--max-tokens", "256", "--repeats", "1"]) == 130
     out = capsys.readouterr().out
     assert re.search(r"^64 ", out, re.MULTILINE) and "interrupted (Ctrl-C) after 1 of 3 rows" in out
+
+
+def test_report_marks_rows_where_torch_is_off_the_exact_value(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row where torch is off the exact witness and ours is on it passes, marked, with the footnote."""
+    import numpy as np
+    import report
+    from cases import Case, Outcome
+
+    exact = np.array([4.527751820283849])
+    case = Case("torch off", lambda device, dtype: Outcome(exact, exact + 7e-10, 2e-14, exact=exact), ("float64",))
+    monkeypatch.setattr(report, "all_cases", lambda: [case])
+    assert report.main(["--only", "torch off"]) == 0
+    out = capsys.readouterr().out
+    assert "7.00e-10*" in out and "* torch's value is off the exact one" in out
