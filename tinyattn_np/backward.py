@@ -612,9 +612,12 @@ def _flex_backward(
     v_c = np.ascontiguousarray(v.reshape(n_kv_heads, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
     # 2) the query side: q times the scale, dout, D = rowsum(dO ∘ O) and lse, once for all tiles
     q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
-    dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)  # (B·Hq, L, E), (B·Hq, L)
+    # the sums the workers add into, zeroed here by this thread (np.full, not np.zeros): new memory is mapped
+    # page by page where it is first written, and pages first written by several threads at once wait on
+    # one another in the kernel (on a 2-core machine that made the backward slower on 2 workers than on 1)
+    dq, p_sums = np.full((n_heads, dims.n_q, dims.e), 0, ct), np.zeros((n_heads, dims.n_q), ct)  # (B·Hq, L, E), ...
     # dk, dv per query head (summed over the group below when G > 1, else the result itself)
-    dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
+    dk_heads, dv_heads = np.full((n_heads, dims.n_k, dims.e), 0, ct), np.full((n_heads, dims.n_k, dims.ev), 0, ct)
     params = getattr(plan.score_mod, "params", None)  # learned: a gradient per (head, key block), summed in order
     n_k_blocks = -(-dims.n_k // plan.block_k)
     param_grads = None if params is None else np.zeros((n_heads, n_k_blocks, *params.shape[1:]), ct)
