@@ -31,6 +31,10 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import blas_idle  # noqa: E402
+
+if __name__ == "__main__":  # a program's setting, made before NumPy loads OpenBLAS (blas_idle.py says why)
+    blas_idle.shorten_spin()
 import checkpoint  # noqa: E402
 import common  # noqa: E402
 import copy_task  # noqa: E402

@@ -17,8 +17,10 @@ and generation with the KV cache beside recomputation.
    and the check that both give the same tokens.
 Both run under train.py's malloc setting (training.keep_freed_memory: on glibc, freed arrays' memory is kept
 for the next ones instead of faulting it in again every step), which holds for the whole process, torch's
-steps as well as ours; the malloc line says whether it took. Every claim is checked; the exit code is 1 (and
-the failed check is named) if one fails.
+steps as well as ours; the malloc line says whether it took. They run under train.py's OpenBLAS setting too
+(blas_idle.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our attention's
+workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is checked; the exit
+code is 1 (and the failed check is named) if one fails.
 
 --equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
 on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, one after
@@ -37,10 +39,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import blas_idle  # noqa: E402
+
+if __name__ == "__main__":  # as train.py does, before NumPy loads OpenBLAS (blas_idle.py says why)
+    blas_idle.shorten_spin()
 import common  # noqa: E402
+import numpy as np  # noqa: E402
 import text_data  # noqa: E402
 import training  # noqa: E402
 
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_equal_time(args)
     torch = common.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
-    print(f"{lines}\n{malloc_line(torch is not None)}")
+    print(f"{lines}\n{malloc_line(torch is not None)}\n{blas_idle.describe()}")
     threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
@@ -366,7 +371,7 @@ def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
     torch = common.load_torch(flag="--equal-time")[0]
     info, lines = common.header(torch.__version__, torch.get_num_threads())
-    print(f"{lines}\n{malloc_line(with_torch=True)}")
+    print(f"{lines}\n{malloc_line(with_torch=True)}\n{blas_idle.describe()}")
     rows: list[dict[str, Any]] = []
     stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:

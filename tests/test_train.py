@@ -449,6 +449,30 @@ def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest
     assert saved["interrupted"] is False
 
 
+def test_blas_idle_sets_the_timeout_only_before_numpy_and_never_over_the_users():
+    """blas_idle.shorten_spin() sets OPENBLAS_THREAD_TIMEOUT where NumPy is not loaded yet and the user set
+    none; after NumPy's import it changes nothing (OpenBLAS read the variable already); a user's value stays.
+    train.py and train_speed.py as programs start OpenBLAS with it, and train_speed.py names it."""
+    script = (
+        f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import blas_idle\n"
+        "first = blas_idle.shorten_spin(); value = os.environ.get(blas_idle.VARIABLE)\n"
+        "os.environ.pop(blas_idle.VARIABLE); import numpy\n"
+        "print(first, value, blas_idle.shorten_spin(), blas_idle.VARIABLE in os.environ)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True,
+                          env=env)  # fmt: skip
+    assert done.stdout.split() == ["True", "18", "False", "False"]
+    users_script = script.replace("first = ", "os.environ['OPENBLAS_THREAD_TIMEOUT'] = '22'; first = ")
+    users = subprocess.run([sys.executable, "-c", users_script], capture_output=True, text=True, timeout=120,
+                           check=True, env=env)  # fmt: skip
+    assert users.stdout.split() == ["False", "22", "False", "False"]
+    line = subprocess.run([sys.executable, str(ROOT / "scripts" / "train_speed.py"), "--presets", "tiny", "--tokens",
+                           "4", "--repeats", "1"], capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert line.returncode == 0, line.stderr
+    assert "OpenBLAS: idle threads sleep after 2^18 cycles without work (OPENBLAS_THREAD_TIMEOUT=18)" in line.stdout
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and getrusage's page faults")
 def test_kept_memory_spares_the_page_faults_of_arrays_made_again():
     """training.keep_freed_memory() (train.py sets it) takes on glibc, and an array of 64 MiB made and freed ten
