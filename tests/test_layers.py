@@ -233,3 +233,19 @@ def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, worke
 )
 def test_float32_stays_float32(forward):
     assert forward(np.ones((2, 8), np.float32)).dtype == np.float32
+
+
+def test_row_blocks_are_a_quarter_of_the_l2_cache(tmp_path) -> None:
+    """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^15 float32 elements, 2 MiB ->
+    2^17, clamped to 2^13 .. 2^19, and 2^15 where the size is unknown (no such folder, or a size unread)."""
+    from tinyattn_np._parallel import l2_cache_bytes
+
+    for name, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "105M")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert l2_cache_bytes(str(tmp_path)) == 2 << 20
+    assert l2_cache_bytes(str(tmp_path / "absent")) is None
+    assert [layers._row_block(b) for b in (512 << 10, 2 << 20, 1 << 10, 1 << 30, None)] == [
+        1 << 15, 1 << 17, 1 << 13, 1 << 19, 1 << 15,
+    ]  # fmt: skip

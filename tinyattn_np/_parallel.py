@@ -17,13 +17,14 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
 from ._atomic import holding
 
-__all__ = ["Stopped", "blas_kernel_set", "nonfinite_quiet", "one_blas_thread", "run_items"]
+__all__ = ["Stopped", "blas_kernel_set", "l2_cache_bytes", "nonfinite_quiet", "one_blas_thread", "run_items"]
 
 Item = TypeVar("Item")
 _DONE = object()  # what next() gives when the items are used up
@@ -116,6 +117,22 @@ def blas_kernel_set() -> str:
     pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
     ours = [pool for pool in pools if "numpy" in str(pool.get("filepath", ""))] or pools  # NumPy's, not torch's
     return str(ours[0].get("architecture") or "") if ours else ""
+
+
+@functools.cache
+def l2_cache_bytes(caches: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """The size of one core's level-2 cache in bytes, as Linux's sysfs gives it ("2048K" -> 2,097,152); None
+    where it cannot be read (another system, or no such file). caches: the first core's cache folder. Asked
+    once."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    for index in sorted(Path(caches).glob("index*")):
+        try:
+            level, size = (index / "level").read_text().strip(), (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if level == "2" and size[:-1].isdigit() and size[-1] in units:
+            return int(size[:-1]) * units[size[-1]]
+    return None
 
 
 def nonfinite_quiet() -> Any:
