@@ -302,6 +302,10 @@ def finish_rows(acc: np.ndarray, m: np.ndarray, l: np.ndarray, out_rows: np.ndar
     and lse -inf. (Test l == 0, not l > 0: a NaN in the inputs must stay NaN, not turn into a quiet 0.)"""
     acc, m, l = acc.reshape(out_rows.shape), m.reshape(lse_rows.shape), l.reshape(lse_rows.shape)  # (c, G, bq, ...)
     empty = l == 0  # (c, G, bq)
+    if not empty.any():  # every row saw a key (the usual case): no row to leave out
+        np.divide(acc, l[..., None], out=out_rows)
+        np.add(m, np.log(l), out=lse_rows)
+        return
     np.divide(acc, l[..., None], out=out_rows, where=~empty[..., None])
     out_rows[empty] = 0.0
     with np.errstate(divide="ignore"):
