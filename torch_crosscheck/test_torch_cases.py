@@ -27,14 +27,16 @@ def test_case(case, dtype: str, device: str, kernel: str | None) -> None:
 
 
 @pytest.mark.parametrize("name", ["flash_attention lse L<S", "flash_attention lse L>S (rows with no key)"])
-def test_lse_cases_three_witnesses_agree(name: str) -> None:
-    """The lse cases' exact witness (np.longdouble) sits within the float64 tolerance of ours and of torch's."""
+def test_lse_cases_ours_is_the_exact_value(name: str) -> None:
+    """The lse cases carry their exact witness (np.longdouble), ours sits within the float64 tolerance of it, and
+    the case passes: torch's value within it too, or off it while ours is on it (torch_off: it has been seen
+    off by 7e-10 now and then inside a test process, never alone)."""
     case = next(c for c in CASES if c.name == name)
     result = run_case(case, "cpu", "float64", None)
     seen = result._seen()
-    assert result.exact is not None and not result.torch_off
+    assert result.exact is not None
     assert np.abs(result.mine[seen] - result.exact[seen]).max() <= result.tolerance
-    assert np.abs(result.gold[seen] - result.exact[seen]).max() <= result.tolerance
+    assert result.passed, result.explain()
 
 
 def test_an_exact_witness_says_which_side_is_off() -> None:
