@@ -24,8 +24,11 @@ element of its masks: N C (2 L + 1).
 
 The step's peak: the weights and moments live throughout; on top of them either the backward's start
 (all activations, the head's gradients: E's V C and dx's N C; then, with the probabilities freed, the
-last MLP's backward: the N x H arrays of its activation's gradient and dW_proj) or the optimizer's update
-(every gradient, and one scratch array the size of the largest parameter):
+last MLP's backward: the N x H arrays of its activation's gradient and dW_proj; then the last attention's
+backward: beside E's gradient, dx and the last MLP's gradients, its own N x C arrays (dropout's mask
+applied to dx, the heads merged for dW_out, dY, and the contiguous copies of v and dY that the flash
+backward reads) and the flash backward's own peak, peaks.flash_attention_backward_bytes) or the optimizer's
+update (every gradient, and one scratch array the size of the largest parameter):
 
     peak = weights + moments + max(activations + working, gradients + largest parameter)
 
@@ -45,6 +48,7 @@ import numpy as np
 
 from ._checks import check_positive_int
 from .gpt import GPTConfig, param_shapes
+from .peaks import flash_attention_backward_bytes
 
 __all__ = ["TrainingMemory", "training_memory"]
 
@@ -96,7 +100,12 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) ->
     head = V * C + N * C
     mlp_arrays = 4 if config.mlp == "gelu" else 3
     last_mlp = head - N * V + mlp_arrays * N * H + H * C
-    working = c * max(head, last_mlp)
+    mlp_grads = sum(int(np.prod(shape)) for name, shape in shapes.items() if name.startswith(f"h.{L - 1}.mlp."))
+    attention_arrays = (5 if config.dropout else 4) * N * C + C * C  # [dropout's dx], y merged, dY, copies; dW_out
+    flash = flash_attention_backward_bytes(tokens, heads=config.heads, head_dim=config.head_dim, batch=batch,
+                                           dtype=config.dtype, causal=True)  # fmt: skip
+    last_attention = head - N * V + mlp_grads + attention_arrays
+    working = max(c * max(head, last_mlp), c * last_attention + flash)
     largest = c * max(int(np.prod(shape)) for shape in shapes.values())
     weights, gradients, moments = c * P, c * P, 2 * c * P
     peak = weights + moments + max(activations + working, gradients + largest)
