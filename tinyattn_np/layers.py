@@ -72,7 +72,7 @@ GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & G
 # layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
 # arrays. Over a whole (N, H) array every pass reads and writes main memory; over a block of rows of about
 # _ROW_BLOCK elements (_row_block: a quarter of a core's L2 cache), the block's arrays stay in the CPU's cache
-# from one line to the next. The blocks are independent, so where there is enough of them (_ELEMENTS_PER_WORKER
+# from one line to the next. The blocks are independent, so where they hold enough elements (_ELEMENTS_PER_WORKER
 # a core) the cores take them in turn (NumPy lets go of the interpreter lock inside each line), as BLAS spreads
 # a matmul over them. The lines are the same either way, and so are the results, bit for bit.
 
