@@ -470,11 +470,11 @@ def flash_lse_case(L: int, S: int, **flash_kw: int) -> Callable[[str, str], Outc
                                              dtype, device)  # fmt: skip
         _, lse = ta.flash_attention(q, k, v, causal=True, return_lse=True, **flash_kw)
         scores = tq @ tk.transpose(-1, -2) / math.sqrt(E)  # (B, H, L, S)
-        allowed = torch.from_numpy(ta.causal_mask(L, S)).to(device)  # bottom-right, (L, S)
-        gold = torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)  # (B, H, L)
+        allowed = ta.causal_mask(L, S)  # bottom-right, (L, S)
+        gold = torch.logsumexp(scores.masked_fill(~torch.from_numpy(allowed).to(device), float("-inf")), dim=-1)
         finite = np.isfinite(lse)
-        unseen = ~ta.causal_mask(L, S).any(axis=-1)  # (L,): broadcasts over lse (B, H, L)
-        exact = logsumexp_longdouble(q, k, ta.causal_mask(L, S))
+        unseen = ~allowed.any(axis=-1)  # (L,): broadcasts over lse (B, H, L)
+        exact = logsumexp_longdouble(q, k, allowed)  # (B, H, L)
         return outcome(lse, gold, dtype, float(np.abs(lse[finite]).max()), unseen, -np.inf, exact)
 
     return run
