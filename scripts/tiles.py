@@ -15,9 +15,8 @@ model_16_cores). The default tiles are marked, and a row measured while the mach
 --profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the kernels
 choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and rescaling, the
 masking, the copies and set-up. The copy calls the kernels' own helpers and must give the kernels' bits (checked).
-"Python between them" is the rest of the copy's run (the loop, the slicing, the calls), less what the timing itself
-costs. Each part is the least of --repeats runs, beside the best one-thread matmul rate measured between them and the
-kernel's own time.
+"Python between them" is the rest of the copy's run (the loop, the slicing, the calls), less the timing's own cost.
+Each part is the least of --repeats runs, beside the kernel's own time and the best one-thread matmul rate.
 """
 
 from __future__ import annotations
@@ -42,6 +41,7 @@ from tinyattn_np.backward import (
     _query_rows,
     check_flash_backward,
     item_heads,
+    ones_row_below,
     with_column,
 )
 from tinyattn_np.blockmask import Heads, tile_plan
@@ -354,16 +354,16 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
     (dq, p_sums), tiles = dq_rows, list(tiles)
     with clock(COPIES):
         (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_s.dtype
-        k_one, v_one = (np.concatenate([x, np.ones((c, bk, 1), dtype)], axis=2) for x in (k_j, v_j))
+        k_one_t, v_one_t = ones_row_below(k_j), ones_row_below(v_j)
         (p_buf, ds_buf), ones = np.empty((2, c * height * bk), dtype), np.ones(bk, dtype)
-        q_lse, do_d = np.empty((c, height, k_one.shape[2]), dtype), np.empty((c, height, v_one.shape[2]), dtype)
+        q_lse, do_d = np.empty((c, height, k_one_t.shape[1]), dtype), np.empty((c, height, v_one_t.shape[1]), dtype)
     for t in tiles:
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
         p, ds = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf))
         with clock(COPIES):
             with_column(q_lse[:, :bq], q_s[:, rows], -lse[:, rows])
         with clock(MATMULS):
-            np.matmul(q_lse[:, :bq], k_one.transpose(0, 2, 1), out=p)
+            np.matmul(q_lse[:, :bq], k_one_t, out=p)
         with clock(MASKING):
             apply_mods(p, t, mods, np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop))
         with clock(EXPONENTIALS):
@@ -375,7 +375,7 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
         with clock(COPIES):
             with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])
         with clock(MATMULS):
-            np.matmul(do_d[:, :bq], v_one.transpose(0, 2, 1), out=ds)
+            np.matmul(do_d[:, :bq], v_one_t, out=ds)
         with clock(REDUCTIONS):
             ds *= p
         with clock(MATMULS):

@@ -350,10 +350,9 @@ def key_block_grads(
     if first is None:
         return
     (c, bk, _), height, dtype = k_j.shape, first.q_stop - first.q_start, q_s.dtype  # height: the widest tile
-    k_one, v_one = (np.concatenate([x, np.ones((c, bk, 1), dtype)], axis=2) for x in (k_j, v_j))  # [K_j, 1], [V_j, 1]
-    k_one_t, v_one_t = k_one.transpose(0, 2, 1), v_one.transpose(0, 2, 1)  # (c, E + 1, bk), (c, Ev + 1, bk)
+    k_one_t, v_one_t = ones_row_below(k_j), ones_row_below(v_j)  # [K_j, 1]ᵀ (c, E + 1, bk), [V_j, 1]ᵀ (c, Ev + 1, bk)
     p_buf, ds_buf, *raw_buf = np.empty((2 if mods.score_mod is None else 3, c * height * bk), dtype)
-    q_lse, do_d = np.empty((c, height, k_one.shape[2]), dtype), np.empty((c, height, v_one.shape[2]), dtype)
+    q_lse, do_d = np.empty((c, height, k_one_t.shape[1]), dtype), np.empty((c, height, v_one_t.shape[1]), dtype)
     ones = np.ones(bk, dtype)  # (bk,) P 1: P's row sums
     for t in itertools.chain([first], tiles):
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
@@ -383,6 +382,17 @@ def key_block_grads(
         # 5) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
         add_dq(t, ds @ k_j, p @ ones)  # (c, bq, bk) @ (c, bk, E), (c, bq, bk) @ (bk,)
         dk_rows += ds.transpose(0, 2, 1) @ q_s[:, rows]  # (c, bk, bq) @ (c, bq, E)
+
+
+def ones_row_below(x: np.ndarray) -> np.ndarray:
+    """[x, 1]ᵀ: x (c, n, m) transposed, with a row of ones below -> (c, m + 1, n), stored as it is read. A
+    transposed view would do for the matmul, but OpenBLAS multiplies by a right operand stored transposed more
+    slowly than by one stored row by row (python scripts/tiles.py --profile shows the backward's matmuls)."""
+    c, n, m = x.shape
+    out = np.empty((c, m + 1, n), x.dtype)
+    out[:, :m] = x.transpose(0, 2, 1)
+    out[:, m] = 1.0
+    return out
 
 
 def with_column(out: np.ndarray, x: np.ndarray, column: Any) -> None:
