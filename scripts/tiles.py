@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-import tinyattn_np
-from tinyattn_np import flash_attention
+from tinyattn_np import flash_attention, splitkv, tune
 from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
     _check_weights_sum_to_one,
@@ -50,6 +49,7 @@ from tinyattn_np.flash import (
     apply_mods,
     check_flash,
     default_tiles,
+    diagonal_of,
     finish_rows,
     flash_forward,
     forward_items,
@@ -114,10 +114,9 @@ def makespan(items: list[int], workers: int) -> int:
 
 
 def held_us_per_step(T: int, side: int, causal: bool, repeats: int) -> float:
-    """Microseconds per tile step spent in Python and NumPy's per-call overhead, with the interpreter lock held:
-    the same grid of tiles and the same calls per step, on 2 x 2 tiles of E = 1, where the arithmetic is nil
-    (and NumPy keeps the lock: its loops let go of it only for larger arrays). The cost of the call itself
-    (checks, set-up) is measured on one tile and taken off."""
+    """Microseconds per tile step of Python and NumPy's per-call overhead, the interpreter lock held: the same
+    tiles and calls per step on 2 x 2 tiles of E = 1, where the arithmetic is nil (NumPy's loops let go of the
+    lock only for larger arrays). The call's own cost (checks, set-up) is measured on one tile and taken off."""
 
     def ms_for(n_blocks: int) -> float:
         x = np.random.default_rng(0).standard_normal((1, 2 * n_blocks, 1))
@@ -300,7 +299,7 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
                 np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)
             with clock(MASKING):
                 kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-                apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx)
+                apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx, keys_down=True)
             with clock(EXPONENTIALS):
                 np.exp(s, out=s)
             with clock(REDUCTIONS):
@@ -334,7 +333,7 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
                 continue
             with clock(COPIES):
                 k_j, v_j, hs = k_c[its.kv, cols], v_c[its.kv, cols], its.rows
-            mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h)
+            mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h, diagonal_of(plan.tile_mask))
             key_block_copy(q_s[hs], k_j, v_j, d_o[hs], lse_c[hs], d[hs], mods, tiles, (dq[hs], p_sums[hs]),
                            dk_heads[hs, cols], dv_heads[hs, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
@@ -365,7 +364,8 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
         with clock(MATMULS):
             np.matmul(q_lse[:, :bq], k_one_t, out=p)
         with clock(MASKING):
-            apply_mods(p, t, mods, np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop))
+            q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
+            apply_mods(p, t, mods, q_idx, kv_idx, keys_down=False)
         with clock(EXPONENTIALS):
             np.exp(p, out=p)
         with clock(MATMULS):
@@ -487,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
         common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tinyattn_np.tune()}; decode: {tinyattn_np.splitkv.decode_layout()}")
+        print(f"tuned: {tune()}; decode: {splitkv.decode_layout()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)

@@ -25,8 +25,10 @@ from tinyattn_np import (
     tile_plan,
     window_mask,
 )
-from tinyattn_np.flash import default_tiles, tile_rule
+from tinyattn_np.blockmask import PARTIAL, Tile
+from tinyattn_np.flash import default_tiles, hide_past_diagonal, tile_rule
 from tinyattn_np.measure import traced_peak
+from tinyattn_np.mods import causal_band
 
 SHAPES = [  # (n_q, n_k, block_q, block_k): dividing blocks, ragged blocks, L != S both ways, L = 1
     (64, 64, 16, 16),
@@ -197,6 +199,29 @@ def test_tile_plan_covers_every_visible_entry_once(n_q, n_k, block_q, block_k, c
         assert t.kind == ("full" if inside.all() else "partial"), t
     assert (covered[visible] == 1).all()
     assert (covered <= 1).all()
+
+
+@pytest.mark.parametrize("keys_down", [True, False])
+def test_causal_tiles_hidden_by_slices_are_the_mask_mods_entries(keys_down):
+    """hide_past_diagonal writes -inf exactly where causal_band(offset) hides a key, and leaves every other
+    entry's bits, NaN and inf included, for tiles on and off the diagonal, taller and wider than a strip."""
+    rng = np.random.default_rng(0)
+    for n_q, n_k, q_start, k_start, offset in itertools.product(
+        (1, 31, 64, 70), (1, 33, 64), (0, 5, 64), (0, 7), (-40, 0, 3, 90)
+    ):
+        tile = Tile(q_start, q_start + n_q, k_start, k_start + n_k, PARTIAL)
+        s = rng.standard_normal((2, n_k, 1, n_q) if keys_down else (2, n_q, n_k)).astype(np.float32)
+        s.flat[::7], s.flat[3::11] = np.nan, np.inf  # inputs a mask must not let through, nor leave out
+        hidden = tile_hidden(causal_band(offset), q_start, n_q, k_start, n_k)  # (n_q, n_k)
+        want = np.where(hidden.T[None, :, None, :] if keys_down else hidden[None], -np.inf, s)
+        hide_past_diagonal(s, tile, offset, keys_down=keys_down)
+        np.testing.assert_array_equal(s, want)
+
+
+def tile_hidden(mask_mod, q_start, n_q, k_start, n_k):
+    """(n_q, n_k) True where mask_mod hides key k_start + j from query q_start + i."""
+    q_idx, kv_idx = np.arange(q_start, q_start + n_q)[:, None], np.arange(k_start, k_start + n_k)[None, :]
+    return ~mask_mod(0, 0, q_idx, kv_idx)
 
 
 def test_causal_plan_skips_about_half():

@@ -60,7 +60,15 @@ from ._guard import attention_backward_bytes, refuse_blockwise, refuse_if_too_bi
 from ._parallel import Stopped, one_blas_thread, run_items
 from .attention import _grouped, _mods_bytes, _ScoreRules, attend, check_attention
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, Band, Heads, Tile, TileMask, check_band
-from .flash import TileMods, _check_one_head, apply_mods, backward_heads_per_item, broadcast_kv, tile_rule
+from .flash import (
+    TileMods,
+    _check_one_head,
+    apply_mods,
+    backward_heads_per_item,
+    broadcast_kv,
+    diagonal_of,
+    tile_rule,
+)
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
 
@@ -366,7 +374,7 @@ def key_block_grads(
             np.copyto(raw[0], p)
         # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − L_i): the forward's
         #    probabilities, exactly normalised, without a row max or sum (a hidden key: exp(-inf) = 0)
-        apply_mods(p, t, mods, q_idx, kv_idx)
+        apply_mods(p, t, mods, q_idx, kv_idx, keys_down=False)
         if raw:
             p -= lse[:, rows, None]
         np.exp(p, out=p)  # (c, bq, bk) P
@@ -683,7 +691,7 @@ def _run_key_blocks(
         k_start, g = item  # key block k_start of query heads g·c .. g·c + c - 1
         cols, its = slice(k_start, min(k_start + plan.block_k, n_k)), item_heads(g, c, hq, group)
         tiles = plan.tile_mask.column_tiles(cols.start, cols.stop, n_q, plan.block_q, its.heads)
-        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, its.b, its.h)
+        mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, its.b, its.h, diagonal_of(plan.tile_mask))
         param_rows = None if param_grads is None else param_grads[g, k_start // plan.block_k, ...]
         hs, kv = its.rows, its.kv
         key_block_grads(q_s[hs], k[kv, cols], v[kv, cols], d_o[hs], lse[hs], d[hs], mods, tiles,

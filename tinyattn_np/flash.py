@@ -58,6 +58,7 @@ from .blockmask import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
     FULL,
+    Band,
     BlockMask,
     Heads,
     Tile,
@@ -67,11 +68,11 @@ from .blockmask import (
 from .mods import modded, visible
 
 __all__ = [
-    "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "TileMods", "TileRule", "apply_mods", "attend_block",
+    "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "STRIP", "TileMods", "TileRule", "apply_mods", "attend_block",
     "attend_tiles", "backward_heads_per_item", "broadcast_kv", "check_flash", "constant_rule", "default_tiles",
-    "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items",
-    "forward_results", "grouped_heads", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries",
-    "tile_mods", "tile_rule", "tile_scores", "trusted", "use_tile_rule",
+    "diagonal_of", "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan",
+    "forward_items", "forward_results", "grouped_heads", "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows",
+    "running_start", "scaled_queries", "tile_mods", "tile_rule", "tile_scores", "trusted", "use_tile_rule",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -87,21 +88,61 @@ SCORES_PER_STEP = 2**18
 
 class TileMods(NamedTuple):
     """What rewrites a tile's scores: score_mod (or None) on every tile, the mask's mask_mod on a partial one,
-    called with b and h, the batch entry and query head of the tile's rows, shaped to broadcast against it."""
+    called with b and h, the batch entry and query head of the tile's rows, shaped to broadcast against it.
+    diagonal: the offset of a causal band without a window (mask_mod is then causal_band(diagonal)), whose
+    partial tiles are hidden by slices (hide_past_diagonal); None for any other mask."""
 
     mask_mod: Any
     score_mod: Any
     b: Any
     h: Any
+    diagonal: int | None = None
 
 
-def apply_mods(s: np.ndarray, tile: Tile, mods: TileMods, q_idx: np.ndarray, kv_idx: np.ndarray) -> None:
+def diagonal_of(tile_mask: TileMask) -> int | None:
+    """TileMods.diagonal for a tile mask: a Band's offset when it is causal without a window, else None."""
+    if isinstance(tile_mask, Band) and tile_mask.window is None:
+        return tile_mask.offset
+    return None
+
+
+def apply_mods(s: np.ndarray, tile: Tile, mods: TileMods, q_idx: np.ndarray, kv_idx: np.ndarray, *,
+               keys_down: bool) -> None:  # fmt: skip
     """In place: s = score_mod(s, b, h, q_idx, kv_idx) for every score of the tile, then -inf where the
-    mask_mod hides a key, in a tile a mask edge crosses. exp(-inf - m) = 0: a hidden key gets no weight."""
+    mask_mod hides a key, in a tile a mask edge crosses. exp(-inf - m) = 0: a hidden key gets no weight.
+    keys_down: s is laid out (c, bk, G, bq) (the forward's tiles), else (c, bq, bk) (the backward's)."""
     if mods.score_mod is not None:
         np.copyto(s, modded(mods.score_mod, s, mods.b, mods.h, q_idx, kv_idx), casting="same_kind")
-    if tile.kind != FULL:
+    if tile.kind == FULL:
+        return
+    if mods.diagonal is not None:
+        hide_past_diagonal(s, tile, mods.diagonal, keys_down=keys_down)
+    else:
         np.copyto(s, -np.inf, where=~visible(mods.mask_mod, mods.b, mods.h, q_idx, kv_idx))
+
+
+STRIP = 32  # rows of a tile that hide_past_diagonal masks at once
+
+
+def hide_past_diagonal(s: np.ndarray, tile: Tile, offset: int, *, keys_down: bool) -> None:
+    """In place, -inf where key j > query i + offset: what causal_band(offset) hides, by slices. Query row r
+    of the tile sees its key column k when k <= r + e, e = q_start + offset - k_start. STRIP rows at a time,
+    the columns that every row of the strip hides are one slice, filled, and only the staircase beside them
+    goes through a mask (np.copyto with where= costs several fills per element).
+    s: keys down (c, bk, G, bq), key row r hiding query columns q < r - e; or queries down (c, bq, bk)."""
+    e = tile.q_start + offset - tile.k_start
+    n_rows, n_cols = s.shape[1], s.shape[-1]
+    for r0 in range(0, n_rows, STRIP):
+        r1 = min(r0 + STRIP, n_rows)
+        rows = np.arange(r0, r1).reshape(-1, *(1,) * (s.ndim - 2))  # (strip, 1) or (strip, 1, 1): one per row
+        if keys_down:  # every row hides the columns before r0 - e; the staircase is r0 - e .. r1 - 1 - e
+            full, stair = min(max(r0 - e, 0), n_cols), min(max(r1 - 1 - e, 0), n_cols)
+            s[:, r0:r1, ..., :full] = -np.inf
+            np.copyto(s[:, r0:r1, ..., full:stair], -np.inf, where=np.arange(full, stair) < rows - e)
+        else:  # every row hides the columns from r1 + e; the staircase is r0 + e + 1 .. r1 + e
+            stair, full = min(max(r0 + e + 1, 0), n_cols), min(max(r1 + e, 0), n_cols)
+            s[:, r0:r1, full:] = -np.inf
+            np.copyto(s[:, r0:r1, stair:full], -np.inf, where=np.arange(stair, full) > rows + e)
 
 
 def running_start(sinks: np.ndarray | None, h: np.ndarray, rows: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -280,7 +321,8 @@ def trusted(l: np.ndarray, acc: np.ndarray) -> bool:
 def tile_mods(plan: FlashPlan, heads: Heads, rows: slice, c: int) -> tuple[TileMods, np.ndarray]:
     """The mods of a block's tiles, with b and h shaped (c, 1, G, 1) to broadcast against a tile's (c, bk, G, bq)
     view, and the block's query positions q_idx (1, 1, 1, bq)."""
-    mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1))
+    b, h = heads.b.reshape(c, 1, -1, 1), heads.h.reshape(c, 1, -1, 1)
+    mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, b, h, diagonal_of(plan.tile_mask))
     return mods, np.arange(rows.start, rows.stop).reshape(1, 1, 1, -1)
 
 
@@ -293,7 +335,7 @@ def tile_scores(k: np.ndarray, q_t: np.ndarray, t: Tile, tile_buf: np.ndarray, m
     s = tile_buf[: c * bk * n].reshape(c, bk, n)  # (c, bk, n)
     np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)  # (c, bk, E) @ (c, E, n)
     kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-    apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx)  # (c, bk, G, bq)
+    apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx, keys_down=True)  # (c, bk, G, bq)
     return s
 
 

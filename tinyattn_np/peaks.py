@@ -23,9 +23,10 @@ import numpy as np
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .flash import backward_heads_per_item, default_tiles, tile_rule
+from .flash import STRIP, backward_heads_per_item, default_tiles, tile_rule
 
 __all__ = [
+    "diagonal_strip_bytes",
     "flash_attention_backward_bytes",
     "flash_attention_bytes",
     "ring_attention_bytes",
@@ -61,8 +62,9 @@ def flash_attention_bytes(
                   n·bk·c            the score tile, reused for every key block
                   2·n·Ev·c          acc, and the tile's exp(s) @ v before it is added to acc
                   8·n·c             per-row vectors: m, l, the tile's max and sum, m', alpha, ...
-                  causal=True: bq·bk bool, the mask of a tile the diagonal crosses, and the buffers
-                  NumPy's ufunc uses to build it from two broadcast int64 ranges (2·8·8,192 B)
+                  causal=True: s² bool, the mask of one strip of a tile the diagonal crosses (the rest
+                  is filled by slices: flash.hide_past_diagonal), s = min(bq, bk, flash.STRIP), and the
+                  buffers NumPy's copyto passes it through, 2·8·s² B
         fp16 only: fp32 copies of k and v, B·Hkv·S·(E + Ev)·4, and after the tiles (when the
                    workers' buffers are gone) the fp16 copy of out, B·Hq·L·Ev·2 (lse stays fp32)
 
@@ -95,9 +97,16 @@ def flash_attention_bytes(
     busy = min(workers, -(-batch * kv_heads // max(h, 1)) * -(-n_q // block_q))  # a worker takes whole items
     per_worker = n * (e + bk + 2 * ev + 8) * compute if n_k else 0
     if check_bool(causal, "causal") and n_k:
-        # the ufunc buffers: 2 operands x 8 B, at most getbufsize() elements each (NumPy's default 8,192)
-        per_worker += bq * bk + 2 * 8 * min(bq * bk, np.getbufsize())
+        per_worker += diagonal_strip_bytes(bq, bk)
     return math.ceil(copies + held + max(busy * per_worker, cast_back))
+
+
+def diagonal_strip_bytes(bq: int, bk: int) -> int:
+    """What hiding the causal diagonal's keys in one tile allocates (flash.hide_past_diagonal): one strip's mask,
+    s² bool with s = min(bq, bk, STRIP), and the buffers NumPy's copyto passes it through, 2 operands x 8 B x s²
+    (at most getbufsize() elements each)."""
+    s = min(bq, bk, STRIP)
+    return s * s + 2 * 8 * min(s * s, np.getbufsize())
 
 
 def flash_attention_backward_bytes(
@@ -131,7 +140,7 @@ def flash_attention_backward_bytes(
                            h·(bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
                            h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
                            G > 1: h·bk·(E + Ev)·c   K_j and V_j, gathered for the item's heads
-                           causal=True: bq·bk bool and NumPy's ufunc buffers, as in the forward
+                           causal=True: a strip's mask and copyto's buffers, as in the forward
         G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
         fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of dout, out (2·rows·Ev·4); after the
                    tiles, fp16 copies of dq, dk, dv (rows·E + B·Hkv·S·(E + Ev))·2
@@ -159,7 +168,7 @@ def flash_attention_backward_bytes(
     per_head = 2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev)) + gathered
     per_worker = h * per_head * compute if bq and bk else 0
     if causal and bq and bk:
-        per_worker += bq * bk + 2 * 8 * min(h * bq * bk, np.getbufsize())
+        per_worker += diagonal_strip_bytes(bq, bk)
     group_sums = kv_elements * compute if heads > kv_heads else 0
     cast_back = (rows * e + kv_elements) * size if low else 0
     return math.ceil(held + copies + max(busy * per_worker, group_sums + cast_back))
