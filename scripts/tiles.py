@@ -41,7 +41,6 @@ from tinyattn_np.backward import (
     check_flash_backward,
     item_heads,
     ones_row_below,
-    with_column,
 )
 from tinyattn_np.blockmask import Heads, tile_plan
 from tinyattn_np.flash import (
@@ -321,7 +320,7 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
     with clock(COPIES):
         k_c, v_c = (np.ascontiguousarray(x.reshape(n_heads // dims.group, dims.n_k, -1), dtype=ct) for x in (k, v))
-        q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
+        q_lse, do_d, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
         dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
     c = _heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
@@ -334,8 +333,8 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
             with clock(COPIES):
                 k_j, v_j, hs = k_c[its.kv, cols], v_c[its.kv, cols], its.rows
             mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h, diagonal_of(plan.tile_mask))
-            key_block_copy(q_s[hs], k_j, v_j, d_o[hs], lse_c[hs], d[hs], mods, tiles, (dq[hs], p_sums[hs]),
-                           dk_heads[hs, cols], dv_heads[hs, cols], clock)  # fmt: skip
+            key_block_copy(q_lse[hs], k_j, v_j, do_d[hs], mods, tiles, (dq[hs], p_sums[hs]), dk_heads[hs, cols],
+                           dv_heads[hs, cols], clock)  # fmt: skip
     with clock(REDUCTIONS):
         _check_weights_sum_to_one(p_sums, lse_c)
         dq *= plan.scale
@@ -345,37 +344,32 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         return tuple(x.reshape(y.shape).astype(y.dtype, copy=False) for x, y in ((dq, q), (dk, k), (dv, v)))
 
 
-def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
-                   mods: TileMods, tiles: Any, dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray,
-                   dv_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
+def key_block_copy(q_lse: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, do_d: np.ndarray, mods: TileMods, tiles: Any,
+                   dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray, dv_rows: np.ndarray,
+                   clock: Any) -> None:  # fmt: skip
     """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
     of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
     (dq, p_sums), tiles = dq_rows, list(tiles)
     with clock(COPIES):
-        (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_s.dtype
+        (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_lse.dtype
         k_one_t, v_one_t = ones_row_below(k_j), ones_row_below(v_j)
         (p_buf, ds_buf), ones = np.empty((2, c * height * bk), dtype), np.ones(bk, dtype)
-        q_lse, do_d = np.empty((c, height, k_one_t.shape[1]), dtype), np.empty((c, height, v_one_t.shape[1]), dtype)
     for t in tiles:
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
         p, ds = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf))
-        with clock(COPIES):
-            with_column(q_lse[:, :bq], q_s[:, rows], -lse[:, rows])
         with clock(MATMULS):
-            np.matmul(q_lse[:, :bq], k_one_t, out=p)
+            np.matmul(q_lse[:, rows], k_one_t, out=p)
         with clock(MASKING):
             q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
             apply_mods(p, t, mods, q_idx, kv_idx, keys_down=False)
         with clock(EXPONENTIALS):
             np.exp(p, out=p)
         with clock(MATMULS):
-            dv_share = p.transpose(0, 2, 1) @ d_o[:, rows]
+            dv_share = p.transpose(0, 2, 1) @ do_d[:, rows, :-1]
         with clock(REDUCTIONS):
             dv_rows += dv_share
-        with clock(COPIES):
-            with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])
         with clock(MATMULS):
-            np.matmul(do_d[:, :bq], v_one_t, out=ds)
+            np.matmul(do_d[:, rows], v_one_t, out=ds)
         with clock(REDUCTIONS):
             ds *= p
         with clock(MATMULS):
@@ -385,7 +379,7 @@ def key_block_copy(q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.nd
             dq[:, rows] += dq_share
             p_sums[:, rows] += p_sum
         with clock(MATMULS):
-            dk_share = ds.transpose(0, 2, 1) @ q_s[:, rows]
+            dk_share = ds.transpose(0, 2, 1) @ q_lse[:, rows, :-1]
         with clock(REDUCTIONS):
             dk_rows += dk_share
 

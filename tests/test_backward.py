@@ -458,11 +458,11 @@ def test_a_failing_item_stops_the_others_instead_of_hanging(rng, monkeypatch):
 
     real = backward.key_block_grads
 
-    def first_block_fails(q_s, k, v, d_o, lse, d, band, tiles, *rest):
+    def first_block_fails(q_lse, k, v, do_d, lse, mods, tiles, *rest):
         tiles = list(tiles)
         if tiles[0].k_start == 0:  # tiles of key block 0
             raise MemoryError("no memory for this tile")
-        return real(q_s, k, v, d_o, lse, d, band, tiles, *rest)
+        return real(q_lse, k, v, do_d, lse, mods, tiles, *rest)
 
     monkeypatch.setattr(backward, "key_block_grads", first_block_fails)
     q, k, v, dout = qkv(rng, (), 2, 2, 40, 40)

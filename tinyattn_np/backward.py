@@ -332,44 +332,43 @@ def check_saved(out: Any, dout: Any, lse: Any, dims: QKVShape, two_d: bool) -> t
 
 
 def key_block_grads(
-    q_s: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray,
-    mods: TileMods, tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray,
-    param_rows: np.ndarray | None = None,
+    q_lse: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, do_d: np.ndarray, lse: np.ndarray, mods: TileMods,
+    tiles: Any, add_dq: Any, dk_rows: np.ndarray, dv_rows: np.ndarray, param_rows: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2's inner loop for one key block j over the query blocks i that see it (tiles), for c heads
     at once that share those tiles: adds into dk_rows (c, bk, E) and dv_rows (c, bk, Ev), and hands each
     tile's share of dq, dS K_j (c, bq, E), and of P's row sums (c, bq) to add_dq (dq unscaled: the caller
-    multiplies dq by the scale once). q_s (c, L, E) is q times the scale; k_j (c, bk, E) and v_j (c, bk, Ev)
-    the key block's keys and values; d_o (c, L, Ev), lse (c, L) with +inf for rows that see no key,
-    d (c, L) = rowsum(dO ∘ O). mods: the tile's score_mod and mask_mod, as in the forward, with b and h
-    broadcasting against a (c, bq, bk) tile; param_rows: where the learned score_mod's parameter gradient of
-    this head and key block adds up (None: nothing learned; c is 1 then).
+    multiplies dq by the scale once). q_lse (c, L, E + 1) and do_d (c, L, Ev + 1) are _query_rows': q times
+    the scale beside −L (0 with a score_mod), dO beside −D = −rowsum(dO ∘ O); k_j (c, bk, E) and v_j
+    (c, bk, Ev) the key block's keys and values; lse (c, L) with +inf for rows that see no key. mods: the
+    tile's score_mod and mask_mod, as in the forward, with b and h broadcasting against a (c, bq, bk) tile;
+    param_rows: where the learned score_mod's parameter gradient of this head and key block adds up (None:
+    nothing learned; c is 1 then).
 
     Why this is fast: a tile's two subtractions ride in its matmuls as one more term of each dot product,
         S − L_i = [Q_i, −L_i] [K_j, 1]ᵀ        dP − D_i = [dO_i, −D_i] [V_j, 1]ᵀ
     (a 65th column costs a 64-column matmul about 2%, a pass over the tile much more), and P's row sums
     are the matrix-vector product P 1. A score_mod needs S itself, so with one, S − L_i comes after it.
-    The buffers serve every tile of the block: the two tiles P and dS (and S for a score_mod), and the rows
-    [Q_i, −L_i] and [dO_i, −D_i]. Heads that share their tiles go c to an item: fewer, larger matmuls, each
-    worth more of the Python around it.
+    The rows [Q_i, −L_i] and [dO_i, −D_i] are slices of q_lse and do_d, made once for every key block;
+    [K_j, 1]ᵀ and [V_j, 1]ᵀ, and the tiles P and dS (and S for a score_mod), once for this block's tiles.
+    Heads that share their tiles go c to an item: fewer, larger matmuls, each worth more of the Python
+    around it.
     """
     tiles = iter(tiles)
     first = next(tiles, None)
     if first is None:
         return
-    (c, bk, _), height, dtype = k_j.shape, first.q_stop - first.q_start, q_s.dtype  # height: the widest tile
+    (c, bk, _), height, dtype = k_j.shape, first.q_stop - first.q_start, q_lse.dtype  # height: the widest tile
     k_one_t, v_one_t = ones_row_below(k_j), ones_row_below(v_j)  # [K_j, 1]ᵀ (c, E + 1, bk), [V_j, 1]ᵀ (c, Ev + 1, bk)
     p_buf, ds_buf, *raw_buf = np.empty((2 if mods.score_mod is None else 3, c * height * bk), dtype)
-    q_lse, do_d = np.empty((c, height, k_one_t.shape[1]), dtype), np.empty((c, height, v_one_t.shape[1]), dtype)
     ones = np.ones(bk, dtype)  # (bk,) P 1: P's row sums
     for t in itertools.chain([first], tiles):
         rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
         p, ds, *raw = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf, *raw_buf))
         q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
         # 1) scores of this tile less the forward's logsumexp, S − L_i (the scale is folded into q); with a
-        #    score_mod, S first, kept raw for its derivative, and L_i taken off after the mods
-        with_column(q_lse[:, :bq], q_s[:, rows], 0.0 if raw else -lse[:, rows])  # (c, bq, E + 1)
-        np.matmul(q_lse[:, :bq], k_one_t, out=p)  # (c, bq, E + 1) @ (c, E + 1, bk)
+        #    score_mod, S first (q_lse's column is 0 then), kept raw for its derivative, and L_i taken off after
+        np.matmul(q_lse[:, rows], k_one_t, out=p)  # (c, bq, E + 1) @ (c, E + 1, bk)
         if raw:
             np.copyto(raw[0], p)
         # 2) S' = score_mod(S), -inf where the mask_mod hides a key; P = exp(S' − L_i): the forward's
@@ -379,17 +378,16 @@ def key_block_grads(
             p -= lse[:, rows, None]
         np.exp(p, out=p)  # (c, bq, bk) P
         # 3) dV_j += Pᵀ dO_i
-        dv_rows += p.transpose(0, 2, 1) @ d_o[:, rows]  # (c, bk, bq) @ (c, bq, Ev)
+        dv_rows += p.transpose(0, 2, 1) @ do_d[:, rows, :-1]  # (c, bk, bq) @ (c, bq, Ev)
         # 4) dP − D_i = dO_i V_jᵀ − D_i in one matmul, then dS' = P ∘ (dP − D_i), in place; through the
         #    score_mod: dS = dS' ∘ ∂S'/∂S
-        with_column(do_d[:, :bq], d_o[:, rows], -d[:, rows])  # (c, bq, Ev + 1)
-        np.matmul(do_d[:, :bq], v_one_t, out=ds)  # (c, bq, Ev + 1) @ (c, Ev + 1, bk): dP − D_i
+        np.matmul(do_d[:, rows], v_one_t, out=ds)  # (c, bq, Ev + 1) @ (c, Ev + 1, bk): dP − D_i
         ds *= p  # (c, bq, bk) dS'
         if raw:
             through_score_mod(ds, raw[0], mods, q_idx, kv_idx, param_rows)
         # 5) dQ_i += dS K_j (added in key-block order, with P's row sums: OrderedDq) and dK_j += dSᵀ (scale · Q_i)
         add_dq(t, ds @ k_j, p @ ones)  # (c, bq, bk) @ (c, bk, E), (c, bq, bk) @ (bk,)
-        dk_rows += ds.transpose(0, 2, 1) @ q_s[:, rows]  # (c, bk, bq) @ (c, bq, E)
+        dk_rows += ds.transpose(0, 2, 1) @ q_lse[:, rows, :-1]  # (c, bk, bq) @ (c, bq, E)
 
 
 def ones_row_below(x: np.ndarray) -> np.ndarray:
@@ -401,12 +399,6 @@ def ones_row_below(x: np.ndarray) -> np.ndarray:
     out[:, :m] = x.transpose(0, 2, 1)
     out[:, m] = 1.0
     return out
-
-
-def with_column(out: np.ndarray, x: np.ndarray, column: Any) -> None:
-    """out = [x, column]: x (..., n, m) and one more column (..., n) or a number (..., n, m + 1)."""
-    out[..., :-1] = x
-    out[..., -1] = column
 
 
 def through_score_mod(ds: np.ndarray, s: np.ndarray, mods: TileMods, q_idx: Any, kv_idx: Any,
@@ -628,8 +620,8 @@ def _flex_backward(
     # 1) inputs in the compute dtype, one head per leading index (views when they already are)
     k_c = np.ascontiguousarray(k.reshape(n_kv_heads, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
     v_c = np.ascontiguousarray(v.reshape(n_kv_heads, dims.n_k, dims.ev), dtype=ct)  # (B·Hkv, S, Ev)
-    # 2) the query side: q times the scale, dout, D = rowsum(dO ∘ O) and lse, once for all tiles
-    q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
+    # 2) the query side: [q times the scale, −lse] and [dout, −D], D = rowsum(dO ∘ O), once for all tiles
+    q_lse, do_d, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct, lse_column=plan.score_mod is None)
     # the sums the workers add into, zeroed here by this thread (np.full, not np.zeros): new memory is mapped
     # page by page where it is first written, and pages first written by several threads at once wait on
     # one another in the kernel (on a 2-core machine that made the backward slower on 2 workers than on 1)
@@ -640,7 +632,7 @@ def _flex_backward(
     n_k_blocks = -(-dims.n_k // plan.block_k)
     param_grads = None if params is None else np.zeros((n_heads, n_k_blocks, *params.shape[1:]), ct)
     # 3) every key block of every head, a work item
-    _run_key_blocks(q_s, k_c, v_c, d_o, lse_c, d, dq, p_sums, dk_heads, dv_heads, plan, dims.hq, param_grads)
+    _run_key_blocks(q_lse, k_c, v_c, do_d, lse_c, dq, p_sums, dk_heads, dv_heads, plan, dims.hq, param_grads)
     dsinks = sink_grads(p_sums, lse_c, d, dims, plan.sinks)  # adds the sink's weight to p_sums first
     _check_weights_sum_to_one(p_sums, lse_c)
     # 4) dQ's scale, once; a kv head's gradient is the sum over its G query heads (in head order)
@@ -653,35 +645,46 @@ def _flex_backward(
                      dv_c.reshape(v.shape).astype(v.dtype, copy=False), dparams, dsinks)  # fmt: skip
 
 
-def _query_rows(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
-               ct: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """What the blockwise backward reads on the query side, in the compute dtype ct, one head per leading
-    index: q_s = q · scale (B·Hq, L, E), d_o = dout (B·Hq, L, Ev), D = rowsum(dO ∘ O) (B·Hq, L), and lse
-    (B·Hq, L), a copy. The ring's backward makes its rows with it too."""
+def _query_rows(
+    q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float, ct: np.dtype,
+    *, lse_column: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """What the blockwise backward reads on the query side, in the compute dtype ct, one head per leading index,
+    made once for every tile: q_lse = [q · scale, −lse] (B·Hq, L, E + 1), do_d = [dout, −D] (B·Hq, L, Ev + 1)
+    with D = rowsum(dO ∘ O), and D and lse (B·Hq, L) themselves, lse a copy with +inf where it was -inf.
+    The extra columns are what key_block_grads' matmuls take off (q_lse[..., :-1] is q · scale, a view);
+    lse_column=False puts 0 there instead of −lse (a score_mod needs S itself). The ring's backward makes
+    its rows with it too."""
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
-    q_s = np.multiply(q.reshape(n_heads, dims.n_q, dims.e), scale, dtype=ct)  # (B·Hq, L, E): scale folded in
-    d_o = np.ascontiguousarray(dout.reshape(n_heads, dims.n_q, dims.ev), dtype=ct)  # (B·Hq, L, Ev)
+    q_lse, do_d = np.empty((n_heads, dims.n_q, dims.e + 1), ct), np.empty((n_heads, dims.n_q, dims.ev + 1), ct)
+    np.multiply(q.reshape(n_heads, dims.n_q, dims.e), scale, out=q_lse[..., :-1], dtype=ct)  # the scale folded in
+    do_d[..., :-1] = dout.reshape(n_heads, dims.n_q, dims.ev)
     # D once for all tiles (einsum: no (B·Hq, L, Ev) product in memory)
-    d = np.einsum("hle,hle->hl", d_o, out.reshape(n_heads, dims.n_q, dims.ev).astype(ct, copy=False))  # (B·Hq, L)
+    d = np.einsum("hle,hle->hl", do_d[..., :-1], out.reshape(n_heads, dims.n_q, dims.ev).astype(ct, copy=False))
     # a row that saw no key has lse = -inf; +inf instead makes its P = exp(S − lse) exactly 0, not NaN
     lse_c = lse.reshape(n_heads, dims.n_q).astype(ct)  # (B·Hq, L), a copy we may change
     lse_c[np.isneginf(lse_c)] = np.inf
-    return q_s, d_o, d, lse_c
+    if lse_column:
+        np.negative(lse_c, out=q_lse[..., -1])
+    else:
+        q_lse[..., -1] = 0.0
+    np.negative(d, out=do_d[..., -1])
+    return q_lse, do_d, d, lse_c
 
 
 def _run_key_blocks(
-    q_s: np.ndarray, k: np.ndarray, v: np.ndarray, d_o: np.ndarray, lse: np.ndarray, d: np.ndarray, dq: np.ndarray,
+    q_lse: np.ndarray, k: np.ndarray, v: np.ndarray, do_d: np.ndarray, lse: np.ndarray, dq: np.ndarray,
     p_sums: np.ndarray, dk_heads: np.ndarray, dv_heads: np.ndarray, plan: _BackwardPlan, hq: int,
     param_grads: np.ndarray | None = None,
 ) -> None:  # fmt: skip
     """Algorithm 2 with every key block of every head a work item (key_block_grads), on plan.workers threads;
     where every head has the same tiles, an item takes c heads at once (_heads_per_item).
-    q_s (B·Hq, L, E) is q times the scale, k (B·Hkv, S, E), v (B·Hkv, S, Ev), d_o (B·Hq, L, Ev), lse and d
-    (B·Hq, L) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
+    q_lse (B·Hq, L, E + 1), do_d (B·Hq, L, Ev + 1) and lse (B·Hq, L) are _query_rows', k (B·Hkv, S, E) and
+    v (B·Hkv, S, Ev) as key_block_grads takes them. Adds into dq (B·Hq, L, E) and p_sums (B·Hq, L), in key-block
     order (OrderedDq), into dk_heads (B·Hq, S, E) and dv_heads (B·Hq, S, Ev), the shares of each query head,
     and into param_grads (B·Hq, key blocks, ...) for a learned score_mod. hq: query heads per batch entry, for
     a mask or mod that differs between heads. The ring's backward runs its pairs of chunks through it too."""
-    n_heads, n_q, n_k = q_s.shape[0], q_s.shape[1], k.shape[1]
+    n_heads, n_q, n_k = q_lse.shape[0], q_lse.shape[1], k.shape[1]
     group = n_heads // k.shape[0]  # query head h reads kv head h // G
     c = _heads_per_item(plan, n_heads, n_q, n_k)
     ordered_dq = OrderedDq(dq.reshape(n_heads // c, c, n_q, dq.shape[2]), p_sums.reshape(n_heads // c, c, n_q),
@@ -694,7 +697,7 @@ def _run_key_blocks(
         mods = TileMods(plan.tile_mask.mask_mod, plan.score_mod, its.b, its.h, diagonal_of(plan.tile_mask))
         param_rows = None if param_grads is None else param_grads[g, k_start // plan.block_k, ...]
         hs, kv = its.rows, its.kv
-        key_block_grads(q_s[hs], k[kv, cols], v[kv, cols], d_o[hs], lse[hs], d[hs], mods, tiles,
+        key_block_grads(q_lse[hs], k[kv, cols], v[kv, cols], do_d[hs], lse[hs], mods, tiles,
                         partial(ordered_dq.add, g, heads=its.heads), dk_heads[hs, cols], dv_heads[hs, cols],
                         param_rows)  # fmt: skip
         ordered_dq.finish(g, k_start)

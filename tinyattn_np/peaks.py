@@ -129,7 +129,8 @@ def flash_attention_backward_bytes(
 
     With B = batch, c = bytes of the compute dtype, rows = B·Hq·L, bq = min(block_q, L), bk = min(block_k, S):
 
-        q_s, dq            2·rows·E·c               q times the scale, and dq
+        q_lse, dq          rows·(2E + 1)·c          [q times the scale, −lse] (backward._query_rows), and dq
+        do_d               rows·(Ev + 1)·c          [dout, −D]
         dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
         D, lse, P's sums   3·rows·c                 rowsum(dO ∘ O), lse with -inf made +inf, and the row sums
                                                     of P that check lse against q, k and the mask
@@ -137,17 +138,18 @@ def flash_attention_backward_bytes(
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉ / h): an item is one key block of h heads, h from
         flash.backward_heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
                            2·h·bq·bk·c              the tiles of P and of dP (then dS)
-                           h·(bq + bk)·(E + Ev + 2)·c  [Q_i, −L_i], [dO_i, −D_i], [K_j, 1] and [V_j, 1]
+                           h·bk·(E + Ev + 2)·c      [K_j, 1]ᵀ and [V_j, 1]ᵀ
                            h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added
                            G > 1: h·bk·(E + Ev)·c   K_j and V_j, gathered for the item's heads
                            causal=True: a strip's mask and copyto's buffers, as in the forward
         G > 1, after the tiles: the group sums dk, dv  B·Hkv·S·(E + Ev)·c
-        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of dout, out (2·rows·Ev·4); after the
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and of out (rows·Ev·4); after the
                    tiles, fp16 copies of dq, dk, dv (rows·E + B·Hkv·S·(E + Ev))·2
 
         peak = the arrays held + max(busy · per worker, group sums + fp16 copies)
 
-    Nothing is L x S: O((L + S)·E), about 4 (L + S)·E·c for one head of fp32 (q_s, dq, dk, dv).
+    Nothing is L x S: O((L + S)·E), about (3L + 2S)·E·c for one head of fp32 with Ev = E (q_lse, do_d, dq,
+    dk, dv).
     """
     sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
@@ -158,14 +160,15 @@ def flash_attention_backward_bytes(
     low = size < compute
     rows = batch * heads * n_q
     kv_elements = batch * kv_heads * n_k * (e + ev)  # k and v, or dk and dv
-    held = (2 * rows * e + batch * heads * n_k * (e + ev) + 3 * rows) * compute + batch * heads * -(-n_q // block_q) * 8
-    copies = (kv_elements + 2 * rows * ev) * compute if low else 0
+    query_side = rows * (2 * e + 1) + rows * (ev + 1) + 3 * rows  # q_lse, dq, do_d; D, lse, P's sums
+    held = (query_side + batch * heads * n_k * (e + ev)) * compute + batch * heads * -(-n_q // block_q) * 8
+    copies = (kv_elements + rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
     causal = check_bool(causal, "causal")
     h = backward_heads_per_item(batch * heads, n_q, n_k, block_q, block_k, workers) if rows else 1  # an item's heads
     busy = min(workers, batch * heads // h * -(-n_k // block_k))  # an item is one key block of h heads
     gathered = bk * (e + ev) if heads > kv_heads else 0
-    per_head = 2 * bq * bk + (bq + bk) * (e + ev + 2) + max(bq * e, bk * max(e, ev)) + gathered
+    per_head = 2 * bq * bk + bk * (e + ev + 2) + max(bq * e, bk * max(e, ev)) + gathered
     per_worker = h * per_head * compute if bq and bk else 0
     if causal and bq and bk:
         per_worker += diagonal_strip_bytes(bq, bk)

@@ -337,9 +337,9 @@ class QuerySide(NamedTuple):
     """What a rank keeps through the backward's ring, one row block per (batch, query head), in the compute
     dtype: its queries' inputs, their gradient, and one step's share of the travelling block's gradient."""
 
-    q_s: np.ndarray  # (B·Hq, T/P, E)   q times the scale
-    d_o: np.ndarray  # (B·Hq, T/P, Ev)  dout
-    d: np.ndarray  # (B·Hq, T/P)        D = rowsum(dO ∘ O), with the forward's out over the whole sequence
+    q_lse: np.ndarray  # (B·Hq, T/P, E + 1)  [q times the scale, −lse]
+    do_d: np.ndarray  # (B·Hq, T/P, Ev + 1)  [dout, −D], D = rowsum(dO ∘ O) with the whole sequence's out
+    d: np.ndarray  # (B·Hq, T/P)        D itself
     lse: np.ndarray  # (B·Hq, T/P)      the forward's lse over the whole sequence; -inf made +inf: P = 0
     dq: np.ndarray  # (B·Hq, T/P, E)    dQ / scale, summed over the steps
     p_sums: np.ndarray  # (B·Hq, T/P)   the row sums of P over the steps: 1 where lse is the forward's
@@ -349,12 +349,11 @@ class QuerySide(NamedTuple):
 
 def query_side(q: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray, dims: QKVShape, scale: float,
                ct: np.dtype) -> QuerySide:  # fmt: skip
-    """The backward's per-rank state, made once: q scaled, dout, D = rowsum(dO ∘ O) and lse with +inf for -inf,
-    as flash_attention_backward makes them (backward._query_rows), and zeros to add into."""
-    q_s, d_o, d, lse_c = _query_rows(q, out, dout, lse, dims, scale, ct)  # (B·Hq, T/P, E), (.., Ev), (B·Hq, T/P) x 2
-    return QuerySide(
-        q_s, d_o, d, lse_c, np.zeros_like(q_s), np.zeros_like(lse_c), np.zeros_like(q_s), np.zeros_like(d_o)
-    )
+    """The backward's per-rank state, made once: [q scaled, −lse], [dout, −D], D = rowsum(dO ∘ O) and lse with
+    +inf for -inf, as flash_attention_backward makes them (backward._query_rows), and zeros to add into."""
+    q_lse, do_d, d, lse_c = _query_rows(q, out, dout, lse, dims, scale, ct)  # (B·Hq, T/P, E + 1), (.., Ev + 1), ...
+    dq, dk_heads, dv_heads = (np.zeros_like(x[..., :-1]) for x in (q_lse, q_lse, do_d))  # (B·Hq, T/P, E or Ev)
+    return QuerySide(q_lse, do_d, d, lse_c, dq, np.zeros_like(lse_c), dk_heads, dv_heads)
 
 
 def ring_backward_step(
@@ -383,12 +382,12 @@ def ring_backward_step(
         rows = slice(pair.q_part * part, (pair.q_part + 1) * part)  # this pair's queries within the shard
         keys = slice(pair.k_part * part, (pair.k_part + 1) * part)  # and its keys within the block
         # Algorithm 2 over the pair, as flash_attention_backward runs it; every head sees the same band
-        _run_key_blocks(query.q_s[:, rows], k_block[:, keys], v_block[:, keys], query.d_o[:, rows], query.lse[:, rows],
-                       query.d[:, rows], query.dq[:, rows], query.p_sums[:, rows], query.dk_heads[:, keys],
-                       query.dv_heads[:, keys], plan._replace(tile_mask=band), hq=len(query.q_s))  # fmt: skip
+        _run_key_blocks(query.q_lse[:, rows], k_block[:, keys], v_block[:, keys], query.do_d[:, rows],
+                        query.lse[:, rows], query.dq[:, rows], query.p_sums[:, rows], query.dk_heads[:, keys],
+                        query.dv_heads[:, keys], plan._replace(tile_mask=band), hq=len(query.q_lse))  # fmt: skip
         tiles += pair_tiles(pair, part, plan.block_q, plan.block_k)
     # a kv head's share is the sum over the G query heads that read it, in head order
-    n_kv, group = k_block.shape[0], query.q_s.shape[0] // k_block.shape[0]
+    n_kv, group = k_block.shape[0], query.q_lse.shape[0] // k_block.shape[0]
     dk_block[...] = query.dk_heads.reshape(n_kv, group, *k_block.shape[1:]).sum(axis=1)  # (B·Hkv, T/P, E)
     dv_block[...] = query.dv_heads.reshape(n_kv, group, *v_block.shape[1:]).sum(axis=1)  # (B·Hkv, T/P, Ev)
     return tiles
