@@ -355,7 +355,8 @@ def test_the_cache_attends_for_the_layer():
     direct.attend(mha, x[:, :4])
     y = direct.attend(mha, x[:, 4:])  # (B, H, 1, d_head): a decode step at position 4
     assert y.shape == (2, 4, 1, 8) and len(direct) == 5
-    np.testing.assert_array_equal(y.swapaxes(1, 2).reshape(2, 1, 32) @ mha.w_out, mha(x[:, 4:], cache=through_layer))
+    merged = y.swapaxes(1, 2).reshape(2, 32)  # (B·T, d_model): the heads side by side, one row a token
+    np.testing.assert_array_equal((merged @ mha.w_out).reshape(2, 1, 32), mha(x[:, 4:], cache=through_layer))
 
 
 def test_the_cache_door_checks_the_layer_and_x():

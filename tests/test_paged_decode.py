@@ -292,7 +292,7 @@ def test_the_paged_cache_attends_for_the_layer():
     caches[1].attend(mha, x[:, :2], seq_ids=seqs[1])
     y = caches[1].attend(mha, x[:, 2:], seq_ids=seqs[1])  # (B, H, 1, d_head)
     assert y.shape == (2, 2, 1, 8) and [caches[1].length(s) for s in seqs[1]] == [3, 3]
-    out = y.swapaxes(1, 2).reshape(2, 1, 16) @ mha.w_out
+    out = (y.swapaxes(1, 2).reshape(2, 16) @ mha.w_out).reshape(2, 1, 16)  # one row a token: the heads side by side
     np.testing.assert_array_equal(out, mha(x[:, 2:], cache=caches[0], seq_ids=seqs[0]))
     with pytest.raises(TypeError, match="layer must be a MultiHeadAttention; got NoneType"):
         caches[1].attend(None, x, seq_ids=seqs[1])
