@@ -287,7 +287,7 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
         mods, q_idx = tile_mods(plan, heads, rows, c)
         m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, q_t.dtype))
         l *= np.exp(m)
-        acc = np.zeros((c, n, v.shape[-1]), q_t.dtype)
+        acc, written = np.empty((c, n, v.shape[-1]), q_t.dtype), False
         tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, q_t.dtype)
         ones = np.ones(min(plan.block_k, k.shape[1]), q_t.dtype)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -304,9 +304,11 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
             with clock(REDUCTIONS):
                 l += ones[:bk] @ s
             with clock(MATMULS):
-                pv = s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]
+                pv = np.matmul(s.transpose(0, 2, 1), v[:, t.k_start : t.k_stop], out=None if written else acc)
             with clock(REDUCTIONS):
-                acc += pv
+                if written:
+                    acc += pv
+                written = True
     with clock(REDUCTIONS):
         trusted(l, acc)
         finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)

@@ -281,7 +281,7 @@ def attend_tiles(
     if not running_max:  # a sink's term exp(sink) measured against 0 (no sink: 0), and m = 0 from here on
         l *= np.exp(m)
         m = np.zeros_like(m)
-    acc[...] = 0
+    written = False  # acc holds a tile's sum: the first tile's matmul writes it, nothing is zeroed to add to
     tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, dtype)  # the one score tile, reused
     ones = np.ones(min(plan.block_k, k.shape[1]), dtype)  # (bk,) sums the keys of a tile in one matmul
     with np.errstate(over="ignore", invalid="ignore"):  # against 0, an overflow shows in the sums (trusted)
@@ -302,11 +302,17 @@ def attend_tiles(
                 # 5) rescale what was accumulated against the old max; 0 where m was -inf, and l, acc are 0 then
                 alpha = np.exp(m - m_safe)  # (c, n)
                 l *= alpha
-                acc *= alpha[:, :, None]
+                if written:
+                    acc *= alpha[:, :, None]
                 m = m_new
             # 6) add the tile's row sums and its weighted values
             l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
-            acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+            weighted = np.matmul(s.transpose(0, 2, 1), v[:, t.k_start : t.k_stop], out=None if written else acc)
+            if written:  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
+                acc += weighted
+            written = True
+    if not written:  # no tile ran: every row saw no key
+        acc[...] = 0
     return m, l
 
 
