@@ -25,8 +25,9 @@ from tinyattn_np import (
     tile_plan,
     window_mask,
 )
+from tinyattn_np._checks import QKVShape
 from tinyattn_np.blockmask import PARTIAL, Tile
-from tinyattn_np.flash import default_tiles, hide_past_diagonal, tile_rule
+from tinyattn_np.flash import SCORES_PER_WORKER, call_workers, default_tiles, hide_past_diagonal, tile_rule, workers_for
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.mods import causal_band
 
@@ -337,9 +338,12 @@ def test_default_tiles_rule():
     assert default_tiles(1, 1, 1, cores=2) == (256, 256, 2**18)  # tiny problems: many heads per step
     assert default_tiles(1, 4096, 8, cores=2) == (256, 256, 128)  # decoding: 8 query heads x 256 keys each
     assert default_tiles(100, 100, 1, block_q=10, block_k=10, cores=2) == (10, 10, 2**18 // 100)
-    # the call's kv heads: one query block of 48 heads in two steps, for two workers; many query blocks, as before
-    assert default_tiles(64, 64, 1, kv_heads=48, cores=2) == (256, 256, 24)
-    assert default_tiles(64, 64, 1, kv_heads=48, cores=16) == (512, 512, 3)
+    # the call's kv heads: one query block of 48 heads (2^17.6 scores, one worker: workers_for) in one step;
+    # at T = 128 (2^19.6 scores) steps of 16, for two workers (three on 16 cores); many query blocks, as before
+    assert default_tiles(64, 64, 1, kv_heads=48, cores=2) == (256, 256, 48)
+    assert default_tiles(64, 64, 1, kv_heads=48, cores=16) == (512, 512, 48)
+    assert default_tiles(128, 128, 1, kv_heads=48, cores=2) == (256, 256, 16)
+    assert default_tiles(128, 128, 1, kv_heads=48, cores=16) == (512, 512, 16)
     assert default_tiles(8192, 8192, 1, kv_heads=4, cores=2) == (256, 256, 4)
     assert default_tiles(300, 300, 1, kv_heads=1, cores=2) == (256, 256, 1)
 
@@ -356,8 +360,20 @@ def test_many_tiny_heads_are_batched(rng):
         out = flash_attention(q, k, v, causal=True)
     finally:
         flash_module.attend_block = real
-    assert len(calls) == tile_rule().workers  # one step for each worker
+    assert len(calls) == 1  # one step: 20,000 scores get one worker (workers_for)
     np.testing.assert_allclose(out, v)  # one key: the weight is 1
+
+
+def test_a_call_gets_a_worker_for_each_2_18_scores_at_most():
+    """call_workers: the workers asked for, else the rule's, at most one per SCORES_PER_WORKER scores."""
+    rule = tile_rule().workers
+    dims = lambda batch, heads, t: QKVShape((batch,), heads, heads, t, t, 64, 64)  # noqa: E731
+    assert call_workers(dims(12, 4, 64), 7) == 7  # given: kept
+    assert call_workers(dims(12, 4, 64)) == 1  # 2^17.6 scores
+    assert call_workers(dims(12, 4, 128)) == min(rule, 3)  # 2^19.6
+    assert call_workers(dims(1, 4, 8192)) == rule  # 2^28
+    assert workers_for(SCORES_PER_WORKER - 1) == 1 and workers_for(0) == 1
+    assert workers_for(2 * SCORES_PER_WORKER, cores=16) == 2 and workers_for(2**30, cores=16) == 16
 
 
 # --- flags and empty shapes ----------------------------------------------------------------------

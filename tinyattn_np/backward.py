@@ -66,6 +66,7 @@ from .flash import (
     apply_mods,
     backward_heads_per_item,
     broadcast_kv,
+    call_workers,
     diagonal_of,
     tile_rule,
 )
@@ -314,7 +315,7 @@ def check_flash_backward(
         check_band(causal, window, dims.n_q, dims.n_k, align),
         check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
         check_positive_int(block_k, "block_k", default=tile_rule().backward_side),
-        check_positive_int(workers, "workers", default=tile_rule().workers),
+        call_workers(dims, None if workers is None else check_positive_int(workers, "workers")),
     )
     return q, k, v, out, dout, lse, dims, plan
 
@@ -532,8 +533,9 @@ def flash_attention_backward(
     order at the end: G - 1 extra copies of k and v, O(S·E).
     Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles; the tiles
     are made as each item runs, so the bookkeeping is one count per (item's heads, query block).
-    block_q, block_k (default 256) and workers (default: the CPU count), or what tinyattn_np.tune() measured
-    on this machine (flash.tile_rule); BLAS is held to one thread meanwhile, as in the forward.
+    block_q, block_k (default 256) and workers (default: one per core, at most one per 2^18 scores:
+    flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is held
+    to one thread meanwhile, as in the forward.
     """
     two_d = without_head_axis(q)
     kv_shapes = np.shape(k), np.shape(v)  # as given: a batch of 1 broadcast over q's gets its gradients summed

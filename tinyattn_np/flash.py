@@ -68,11 +68,12 @@ from .blockmask import (
 from .mods import modded, visible
 
 __all__ = [
-    "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "STRIP", "TileMods", "TileRule", "apply_mods", "attend_block",
-    "attend_tiles", "backward_heads_per_item", "broadcast_kv", "check_flash", "constant_rule", "default_tiles",
-    "diagonal_of", "finish_rows", "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan",
-    "forward_items", "forward_results", "grouped_heads", "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows",
-    "running_start", "scaled_queries", "tile_mods", "tile_rule", "tile_scores", "trusted", "use_tile_rule",
+    "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "SCORES_PER_WORKER", "STRIP", "TileMods", "TileRule",
+    "apply_mods", "attend_block", "attend_tiles", "backward_heads_per_item", "broadcast_kv", "call_workers",
+    "check_flash", "constant_rule", "default_tiles", "diagonal_of", "finish_rows", "flash_attention",
+    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
+    "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
+    "tile_rule", "tile_scores", "trusted", "use_tile_rule", "workers_for",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -399,6 +400,25 @@ def tile_rule(cores: int | None = None) -> TileRule:
     return rule if rule is not None and cores is None else constant_rule(cores)
 
 
+SCORES_PER_WORKER = 2**18  # a worker for each this many scores of a call, at most (call_workers)
+
+
+def call_workers(dims: QKVShape, workers: int | None = None) -> int:
+    """The workers of a call: `workers` if given, else workers_for the call's L x S scores over all its heads."""
+    if workers is not None:
+        return workers
+    return workers_for(int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k)
+
+
+def workers_for(scores: int, cores: int | None = None) -> int:
+    """The rule's workers (a worker per core, or what tune() measured: tile_rule), but no more than one per
+    SCORES_PER_WORKER of a call's `scores`. A small call's items take less time than it takes to wake another
+    thread and share the interpreter lock with it: on the 2-core Xeon, a causal T = 64 of 48 heads (2^18
+    scores) ran slower on 2 workers than on 1, forward and backward, and T = 128 of 48 heads faster. The
+    workers never change the result's bits."""
+    return max(1, min(tile_rule(cores).workers, scores // SCORES_PER_WORKER))
+
+
 def default_tiles(
     n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None,
     cores: int | None = None, kv_heads: int | None = None,
@@ -409,9 +429,9 @@ def default_tiles(
     G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
     measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget.
     kv_heads, the kv heads of the call (batch entries times Hkv): where there are few query blocks, no more
-    heads a step than leave an item for each of the rule's workers (a short context's one query block would
-    otherwise be one step on one core). It depends on the shape and the rule only, never on the workers a
-    call asks for, so every worker count gives the same bits.
+    heads a step than leave an item for each of the workers the call's size gets by default (workers_for: a
+    short context's one query block would otherwise be one step on one core). It depends on the shape and
+    the rule only, never on the workers a call asks for, so every worker count gives the same bits.
     """
     rule = tile_rule(cores)
     block_q = rule.side if block_q is None else block_q
@@ -419,7 +439,8 @@ def default_tiles(
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
     heads = max(1, rule.scores_per_step // scores_per_kv_head)
     if kv_heads:  # the steps of one query block that keep every worker busy
-        steps = -(-rule.workers // max(1, -(-n_q // block_q)))
+        workers = workers_for(kv_heads * max(1, group) * n_q * n_k, cores)
+        steps = -(-workers // max(1, -(-n_q // block_q)))
         heads = max(1, min(heads, -(-kv_heads // steps)))
     return block_q, block_k, heads
 
@@ -483,14 +504,14 @@ def flash_plan(
     sinks: np.ndarray | None = None,
 ) -> FlashPlan:  # fmt: skip
     """The plan for checked sizes, the defaults filled in: default_tiles (a BlockMask's BLOCK_SIZE is its
-    tile size), and the CPU count for workers."""
+    tile size), and call_workers for workers."""
     if isinstance(tile_mask, BlockMask):
         block_q, block_k = tile_mask.BLOCK_SIZE
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
     block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k,
                                                  kv_heads=n_kv)  # fmt: skip
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
-    return FlashPlan(scale, tile_mask, block_q, block_k, heads, workers or tile_rule().workers, score_mod, sinks)
+    return FlashPlan(scale, tile_mask, block_q, block_k, heads, call_workers(dims, workers), score_mod, sinks)
 
 
 class GroupedHeads(NamedTuple):
@@ -627,10 +648,11 @@ def flash_attention(
     per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores), and
     in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores),
     or what tinyattn_np.tune() measured on this machine (docs/flash.md, "Tiles chosen by measuring").
-    workers: threads, each taking whole (heads, query block) items (default: the CPU count, or tune()'s); the result
-    is the same bits for any number of workers. While it runs, BLAS is held to one thread for the whole
-    process (threadpoolctl; overlapping calls share the limit, the last one out restores it), so a
-    matmul in another thread of yours runs single-threaded meanwhile. Ctrl-C stops it between two tiles.
+    workers: threads, each taking whole (heads, query block) items (default: one per core, or tune()'s, at
+    most one per 2^18 scores: call_workers); the result is the same bits for any number of workers. While
+    it runs, BLAS is held to one thread for the whole process (threadpoolctl; overlapping calls share the
+    limit, the last one out restores it), so a matmul in another thread of yours runs single-threaded
+    meanwhile. Ctrl-C stops it between two tiles.
 
     >>> q = k = v = np.eye(2)
     >>> flash_attention(q, k, v, causal=True)[0]

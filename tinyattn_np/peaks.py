@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
-from ._checks import check_bool, check_count, check_positive_int
+from ._checks import QKVShape, check_bool, check_count, check_positive_int
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .flash import STRIP, backward_heads_per_item, default_tiles, tile_rule
+from .flash import STRIP, backward_heads_per_item, call_workers, default_tiles, tile_rule
 
 __all__ = [
+    "default_workers",
     "diagonal_strip_bytes",
     "flash_attention_backward_bytes",
     "flash_attention_bytes",
@@ -70,10 +71,11 @@ def flash_attention_bytes(
 
         peak = out + lse + copies of k, v + max(busy · per worker, fp16 copy of out)
 
-    Nothing is L x S: it grows like (L + S)·E. workers defaults to the CPU count, as in
-    flash_attention. The busy workers are counted as if they all held their buffers at once, which
-    they do once a call lasts a few milliseconds; a tiny call may finish before a second thread
-    starts, and then it measures less. Python's bookkeeping (one small tuple per work item) is left out.
+    Nothing is L x S: it grows like (L + S)·E. workers defaults as in flash_attention: a worker per core,
+    at most one per 2^18 scores (flash.call_workers). The busy workers are counted as if they all held their
+    buffers at once, which they do once a call lasts a few milliseconds; a short call may finish before a
+    second thread starts, and then it measures less. Python's bookkeeping (one small tuple per work item) is
+    left out.
     """
     sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
@@ -85,7 +87,7 @@ def flash_attention_bytes(
     block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k,
                                                  kv_heads=batch * kv_heads)  # fmt: skip
     per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
-    workers = check_positive_int(workers, "workers", default=tile_rule().workers)
+    workers = default_workers(sizes, workers)
     size, compute = float_bytes(dtype)
     rows = batch * heads * n_q  # query rows over all heads
     copies = batch * kv_heads * n_k * (e + ev) * compute if size < compute else 0
@@ -107,6 +109,14 @@ def diagonal_strip_bytes(bq: int, bk: int) -> int:
     (at most getbufsize() elements each)."""
     s = min(bq, bk, STRIP)
     return s * s + 2 * 8 * min(s * s, np.getbufsize())
+
+
+def default_workers(sizes: tuple[int, ...], workers: int | None) -> int:
+    """The workers a flash call of these attention_sizes (n_q, n_k, heads, kv_heads, e, ev, batch) runs on:
+    `workers` checked, or flash.call_workers' default for the call."""
+    n_q, n_k, heads, kv_heads, e, ev, batch = sizes
+    given = None if workers is None else check_positive_int(workers, "workers")
+    return call_workers(QKVShape((batch,), heads, kv_heads, n_q, n_k, e, ev), given)
 
 
 def flash_attention_backward_bytes(
@@ -155,7 +165,7 @@ def flash_attention_backward_bytes(
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
     block_q = check_positive_int(block_q, "block_q", default=tile_rule().backward_side)  # None: the backward's default
     block_k = check_positive_int(block_k, "block_k", default=tile_rule().backward_side)
-    workers = check_positive_int(workers, "workers", default=tile_rule().workers)
+    workers = default_workers(sizes, workers)
     size, compute = float_bytes(dtype)
     low = size < compute
     rows = batch * heads * n_q
