@@ -29,7 +29,7 @@ import checkpoint  # noqa: E402
 import common  # noqa: E402
 import text_data  # noqa: E402
 
-from tinyattn_np.report import positive  # noqa: E402
+from tinyattn_np.report import fold_lines, positive  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
 
 MAX_TOKENS = 100_000
@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     for use_cache in [True, False] if args.compare else [not args.no_cache]:
         runs[use_cache] = timed_generation(model, prompt, args, use_cache)
     text = tokenizer.decode(np.concatenate([prompt, next(iter(runs.values()))["tokens"]]))
-    print(f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed}:")
-    print("-" * 80 + f"\n{text}\n" + "-" * 80)
+    print(f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed} "
+          "(lines over 120 characters folded):")  # fmt: skip
+    print("-" * 80 + f"\n{fold_lines(text)}\n" + "-" * 80)
     for use_cache, run in runs.items():
         print(speed_line(run, use_cache, args.tokens))
     busy = common.busy_reasons()

@@ -42,7 +42,7 @@ import text_data  # noqa: E402
 import training  # noqa: E402
 
 from tinyattn_np import format_bytes
-from tinyattn_np.report import nonnegative_seed, positive
+from tinyattn_np.report import fold_lines, nonnegative_seed, positive
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
@@ -203,8 +203,9 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     if scaling:
         print(scaling)
     if stop is None and args.sample:
-        print(f"\nsample ({args.sample} tokens after a newline, temperature 0.8, seed {args.seed}):")
-        print(training.sample(run, args.sample))
+        print(f"\nsample ({args.sample} tokens after a newline, temperature 0.8, seed {args.seed}; lines over 120 "
+              "characters folded):")  # fmt: skip
+        print(fold_lines(training.sample(run, args.sample)))
     if args.out:
         print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
     if args.plot and run.history:

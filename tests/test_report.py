@@ -8,6 +8,7 @@ from tinyattn_np.report import (
     TABLE_WIDTH,
     add_wide_argument,
     fit_table,
+    fold_lines,
     format_duration,
     matrix_table,
     positive,
@@ -109,3 +110,11 @@ def test_format_duration_and_the_wide_flag():
     parser = argparse.ArgumentParser()
     add_wide_argument(parser)
     assert table_width(parser.parse_args([])) == TABLE_WIDTH and table_width(parser.parse_args(["--wide"])) is None
+
+
+def test_fold_lines_cuts_long_lines_and_keeps_every_character():
+    text = "a" * 250 + "\n\nshort\n" + "b" * 120 + "\n"
+    folded = fold_lines(text, width=120)
+    assert [len(line) for line in folded.split("\n")] == [120, 120, 10, 0, 5, 120, 0]
+    assert folded.replace("\n", "") == text.replace("\n", "")
+    assert fold_lines("") == "" and fold_lines("ab\ncd") == "ab\ncd"

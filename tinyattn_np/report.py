@@ -26,6 +26,7 @@ __all__ = [
     "check_format",
     "column_unit",
     "fit_table",
+    "fold_lines",
     "format_duration",
     "format_sig",
     "matrix_table",
@@ -172,6 +173,14 @@ def add_wide_argument(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"print each table whole, even wider than {TABLE_WIDTH} columns (default: in parts that fit)",
     )
+
+
+def fold_lines(text: str, width: int = TABLE_WIDTH) -> str:
+    """text with each line longer than width cut into lines of width characters, as a terminal of that width
+    would show it (generated text, which may run on for hundreds of characters without a newline); every
+    character is kept, in order, and nothing else changes."""
+    lines = text.split("\n")
+    return "\n".join(line[i : i + width] for line in lines for i in range(0, max(len(line), 1), width))
 
 
 def table_width(args: argparse.Namespace) -> int | None:
