@@ -308,10 +308,11 @@ def attend_tiles(
                 m = m_new
             # 6) add the tile's row sums and its weighted values
             l += ones[: t.k_stop - t.k_start] @ s  # (bk,) @ (c, bk, n) -> (c, n)
-            weighted = np.matmul(s.transpose(0, 2, 1), v[:, t.k_start : t.k_stop], out=None if written else acc)
             if written:  # (c, n, bk) @ (c, bk, Ev); BLAS reads sᵀ
-                acc += weighted
-            written = True
+                acc += s.transpose(0, 2, 1) @ v[:, t.k_start : t.k_stop]
+            else:
+                np.matmul(s.transpose(0, 2, 1), v[:, t.k_start : t.k_stop], out=acc)
+                written = True
     if not written:  # no tile ran: every row saw no key
         acc[...] = 0
     return m, l
