@@ -531,8 +531,9 @@ def flash_attention_backward(
     (OrderedDq), so the result is the same bits for any `workers` and any heads per item. With grouped-query
     heads, the G query heads of a kv head each fill their own (S, E) copy of dk and dv, summed in head
     order at the end: G - 1 extra copies of k and v, O(S·E).
-    Memory: dq, dk, dv, one scaled copy of q, D, and per worker two block_q x block_k tiles; the tiles
-    are made as each item runs, so the bookkeeping is one count per (item's heads, query block).
+    Memory: dq, dk, dv, [q·scale, −lse] and [dout, −D] (made once for every tile), and per worker two
+    block_q x block_k tiles; the tiles are made as each item runs, so the bookkeeping is one count per
+    (item's heads, query block).
     block_q, block_k (default 256) and workers (default: one per core, at most one per 2^18 scores:
     flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is held
     to one thread meanwhile, as in the forward.
