@@ -271,9 +271,8 @@ class MultiHeadAttention:
         # 1) out = Y W_out, with the forward's own W_out
         y_cat = self._merge_heads(y).reshape(B * T, self.d_model)  # (B·T, d_model)
         dw_out = y_cat.T @ dout.reshape(B * T, self.d_model)  # (d_model, d_model)
-        dy = (
-            matmul_rows(dout, saved.w_out.T).reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)
-        )  # (B, H, T, d_head)
+        dy = matmul_rows(dout, saved.w_out.T)  # (B, T, d_model)
+        dy = dy.reshape(B, T, self.n_heads, self.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
         # 2) through the attention, the way the forward went (its band: causal and window, or its block mask)
         dq, dk, dv, dscore_mod, _ = self._attention_grads(saved, dy)
         # 3) through RoPE: the rotation back by -θ
