@@ -205,13 +205,14 @@ def test_tile_plan_covers_every_visible_entry_once(n_q, n_k, block_q, block_k, c
 @pytest.mark.parametrize("keys_down", [True, False])
 def test_causal_tiles_hidden_by_slices_are_the_mask_mods_entries(keys_down):
     """hide_past_diagonal writes -inf exactly where causal_band(offset) hides a key, and leaves every other
-    entry's bits, NaN and inf included, for tiles on and off the diagonal, taller and wider than a strip."""
+    entry's bits, NaN and inf included, for tiles on and off the diagonal, taller and wider than a strip,
+    and (keys down) with one or three query heads of a kv head side by side."""
     rng = np.random.default_rng(0)
-    for n_q, n_k, q_start, k_start, offset in itertools.product(
-        (1, 31, 64, 70), (1, 33, 64), (0, 5, 64), (0, 7), (-40, 0, 3, 90)
+    for n_q, n_k, q_start, k_start, offset, group in itertools.product(
+        (1, 31, 64, 70), (1, 33, 64), (0, 5, 64), (0, 7), (-40, 0, 3, 90), (1, 3)
     ):
         tile = Tile(q_start, q_start + n_q, k_start, k_start + n_k, PARTIAL)
-        s = rng.standard_normal((2, n_k, 1, n_q) if keys_down else (2, n_q, n_k)).astype(np.float32)
+        s = rng.standard_normal((2, n_k, group, n_q) if keys_down else (2 * group, n_q, n_k)).astype(np.float32)
         s.flat[::7], s.flat[3::11] = np.nan, np.inf  # inputs a mask must not let through, nor leave out
         hidden = tile_hidden(causal_band(offset), q_start, n_q, k_start, n_k)  # (n_q, n_k)
         want = np.where(hidden.T[None, :, None, :] if keys_down else hidden[None], -np.inf, s)
