@@ -315,7 +315,7 @@ def check_flash_backward(
         check_band(causal, window, dims.n_q, dims.n_k, align),
         check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
         check_positive_int(block_k, "block_k", default=tile_rule().backward_side),
-        call_workers(dims, None if workers is None else check_positive_int(workers, "workers")),
+        call_workers(dims, workers),
     )
     return q, k, v, out, dout, lse, dims, plan
 

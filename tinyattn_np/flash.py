@@ -404,18 +404,18 @@ def tile_rule(cores: int | None = None) -> TileRule:
 SCORES_PER_WORKER = 2**18  # a worker for each this many scores of a call, at most (call_workers)
 
 
-def call_workers(dims: QKVShape, workers: int | None = None) -> int:
-    """The workers of a call: `workers` if given, else workers_for the call's L x S scores over all its heads."""
-    if workers is not None:
-        return workers
-    return workers_for(int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k)
+def call_workers(dims: QKVShape, workers: Any = None) -> int:
+    """The workers of a call: `workers` checked (a positive int) if given, else workers_for the call's L x S
+    scores over all its heads."""
+    scores = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k
+    return check_positive_int(workers, "workers", default=workers_for(scores))
 
 
 def workers_for(scores: int, cores: int | None = None) -> int:
     """The rule's workers (a worker per core, or what tune() measured: tile_rule), but no more than one per
     SCORES_PER_WORKER of a call's `scores`. A small call's items take less time than it takes to wake another
-    thread and share the interpreter lock with it: on the 2-core Xeon, a causal T = 64 of 48 heads (2^18
-    scores) ran slower on 2 workers than on 1, forward and backward, and T = 128 of 48 heads faster. The
+    thread and share the interpreter lock with it: on the 2-core Xeon, a causal T = 64 of 48 heads (under
+    2^18 scores) ran slower on 2 workers than on 1, forward and backward, and T = 128 of 48 heads faster. The
     workers never change the result's bits."""
     return max(1, min(tile_rule(cores).workers, scores // SCORES_PER_WORKER))
 

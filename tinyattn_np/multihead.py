@@ -33,7 +33,7 @@ from ._checks import (
 from .attention import _check_fits, _ScoreRules, attend
 from .backward import FlexGrads, _attention_flex_grads, _BackwardPlan, _flex_backward
 from .blockmask import Band, TileMask, check_band
-from .flash import _check_block_mask, call_workers, flash_forward, flash_plan
+from .flash import _check_block_mask, flash_forward, flash_plan
 from .mods import check_score_mod
 from .position import rope as apply_rope
 from .position import rope_backward
@@ -296,8 +296,8 @@ class MultiHeadAttention:
         dims = QKVShape(q.shape[:1], self.n_heads, self.n_kv_heads, T, T, self.d_head, self.d_head)
         scale = 1.0 / math.sqrt(self.d_head)
         if saved.fused:
-            block_q, block_k = flash_plan(dims, band, scale)[2:4]
-            plan = _BackwardPlan(scale, band, block_q, block_k, call_workers(dims), score_mod)
+            forward = flash_plan(dims, band, scale)  # its tile sizes and workers, the forward's defaults
+            plan = _BackwardPlan(scale, band, forward.block_q, forward.block_k, forward.workers, score_mod)
             return _flex_backward(q, k, v, y, dy, cast(Array, saved.lse), dims, plan)
         ct = np.result_type(q, np.float32)  # float16 is computed in float32
         q_c, k_c, v_c, dy_c = (a.astype(ct, copy=False) for a in (q, k, v, dy))

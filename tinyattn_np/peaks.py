@@ -115,8 +115,7 @@ def default_workers(sizes: tuple[int, ...], workers: int | None) -> int:
     """The workers a flash call of these attention_sizes (n_q, n_k, heads, kv_heads, e, ev, batch) runs on:
     `workers` checked, or flash.call_workers' default for the call."""
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
-    given = None if workers is None else check_positive_int(workers, "workers")
-    return call_workers(QKVShape((batch,), heads, kv_heads, n_q, n_k, e, ev), given)
+    return call_workers(QKVShape((batch,), heads, kv_heads, n_q, n_k, e, ev), workers)
 
 
 def flash_attention_backward_bytes(
