@@ -351,10 +351,11 @@ def add_shape_arguments(p: argparse.ArgumentParser, *, tokens_range: bool = True
 
 
 def add_flash_arguments(p: argparse.ArgumentParser, *, per_step: bool = True) -> None:
-    """flash_attention's knobs: workers, tile sides and (forward only) kv heads per tile step."""
+    """flash_attention's knobs: workers, tile sides and (forward only: per_step) kv heads per tile step."""
     p.add_argument("--workers", type=positive(int, MAX_WORKERS), default=None,
                    help="flash worker threads (default: CPU count)")  # fmt: skip
-    rule = f"{DEFAULT_BLOCK_Q}, or {2 * DEFAULT_BLOCK_Q} on more than 8 cores: flash.default_tiles"
+    more_cores = f", {2 * DEFAULT_BLOCK_Q} on over 8 cores" if per_step else ""  # the backward's stays on any cores
+    rule = f"{DEFAULT_BLOCK_Q}{more_cores}, less for a short causal T: flash.default_tiles, flash.diagonal_side"
     block = positive(int, MAX_TOKENS)
     p.add_argument("--block-q", type=block, default=None, help=f"flash query block (default {rule})")
     p.add_argument("--block-k", type=block, default=None, help=f"flash key block (default {rule})")

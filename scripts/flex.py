@@ -111,8 +111,7 @@ def load_baseline(folder: str) -> Any:
 
 def patterns(args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
     """name -> (mask_mod, score_mod) with tinyattn_np's ready-made mods."""
-    T = args.tokens
-    causal = ta.causal_mod(T)
+    T, causal = args.tokens, ta.causal_mod(args.tokens)
     documents = ta.and_masks(ta.document_mod(np.repeat(np.arange(args.documents), T // args.documents)), causal)
     return {
         "causal": (causal, None),
@@ -214,13 +213,14 @@ def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
 
 def check_baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, baseline: Any, workers: int | None) -> str:
     """The causal band and the window as mask_mods give the baseline's bits: flex_attention with their block
-    masks against the baseline's flash_attention, and flash_attention_backward against the baseline's."""
+    masks against the baseline's flash_attention and flash_attention_backward, all on the block masks' tiles."""
     T, dout = q.shape[-2], np.random.default_rng(1).standard_normal(q.shape, dtype=np.float32)
+    tiles = {"block_q": DEFAULT_BLOCK_Q, "block_k": DEFAULT_BLOCK_Q}
     for band, mod in [({}, ta.causal_mod(T)), ({"window": 100}, ta.sliding_window_mod(100, T))]:
-        old = baseline.flash_attention(q, k, v, causal=True, return_lse=True, workers=workers, **band)
+        old = baseline.flash_attention(q, k, v, causal=True, return_lse=True, workers=workers, **band, **tiles)
         new = ta.flex_attention(q, k, v, block_mask=ta.create_block_mask(mod, None, None, T, T), return_lse=True)
-        old_grads = baseline.flash_attention_backward(q, k, v, *old[:1], dout, old[1], causal=True, **band)
-        new_grads = ta.flash_attention_backward(q, k, v, *new[:1], dout, new[1], causal=True, **band)
+        old_grads = baseline.flash_attention_backward(q, k, v, *old[:1], dout, old[1], causal=True, **band, **tiles)
+        new_grads = ta.flash_attention_backward(q, k, v, *new[:1], dout, new[1], causal=True, **band, **tiles)
         if not all(np.array_equal(a, b) for a, b in zip((*old, *old_grads), (*new, *new_grads), strict=True)):
             sys.exit(f"error: causal {band or ''} is not the baseline's bit for bit (forward or backward)")
     return "causal and window as mask_mods give the baseline's bits, forward and backward"

@@ -173,7 +173,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
 
 def tiles_text(args: argparse.Namespace, T: int) -> str:
     """The flash tile settings of a run, as the header of its table says them."""
-    block_q, block_k, per_step = default_tiles(T, T, 1, block_q=args.block_q, block_k=args.block_k)
+    diagonal = None if args.no_causal else 0
+    block_q, block_k, per_step = default_tiles(T, T, 1, block_q=args.block_q, block_k=args.block_k, diagonal=diagonal)
     per_step = args.kv_heads_per_step or per_step
     chosen = "given" if args.block_q or args.block_k or args.kv_heads_per_step else "default"
     return f"tiles {block_q} x {block_k} with {min(per_step, args.heads)} heads per step ({chosen} at T={T:,})"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import flash_attention, flash_attention_backward
-from tinyattn_np.blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+from tinyattn_np.flash import diagonal_side, tile_rule
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes
@@ -78,6 +78,7 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     out, lse = flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)
     row: dict[str, Any] = {
         "tokens": T,
+        "tiles": backward_tiles(T, causal, args),
         "forward_flops": attention_flops(T, **sizes),
         "backward_flops": attention_backward_flops(T, **sizes),
         "backward_estimate_bytes": flash_attention_backward_bytes(T, **sizes, dtype=args.dtype, **blocks),
@@ -96,14 +97,31 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     return row
 
 
+def backward_tiles(T: int, causal: bool, args: argparse.Namespace) -> str:
+    """The backward's tiles at T: the given --block-q and --block-k, else the default (flash.diagonal_side)."""
+    side = diagonal_side(tile_rule().backward_side, T, 0 if causal else None)
+    return f"{args.block_q or side} x {args.block_k or side}"
+
+
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
-    headers = ["tokens", "forward ms", "backward ms", "bwd/fwd", "bwd GFLOP/s", "bwd peak MiB", "(est.)", "peak/est."]
+    headers = [
+        "tokens",
+        "tiles",
+        "forward ms",
+        "backward ms",
+        "bwd/fwd",
+        "bwd GFLOP/s",
+        "bwd peak MiB",
+        "(est.)",
+        "peak/est.",
+    ]
     if args.torch:
         headers += ["torch bwd ms", "flash/torch bwd"]
     body = []
     for r in rows:
         line = [
             str(r["tokens"]),
+            r["tiles"],
             f"{r['forward_ms']:.1f}",
             f"{r['backward_ms']:.1f}",
             f"{r['backward_ms'] / r['forward_ms']:.2f}",
@@ -122,7 +140,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
 
 
 def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
-    mask, blocks = "causal" if run.causal else "no mask", f"{run.blocks['block_q']} x {run.blocks['block_k']}"
+    mask, blocks = "causal" if run.causal else "no mask", "as the tiles column says"
     return (
         f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; blocks "
         f"{blocks}, {run.threads} workers;\nmedian of {args.repeats} runs; peak from tracemalloc, (est.) = "
@@ -133,8 +151,7 @@ def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run = common.start_benchmark(args, run_flops, torch_backward_runner if args.torch else None)
-    block_q, block_k = args.block_q or DEFAULT_BLOCK_Q, args.block_k or DEFAULT_BLOCK_K  # the backward's defaults
-    run.blocks = dict(block_q=block_q, block_k=block_k, workers=args.workers)
+    run.blocks = dict(block_q=args.block_q, block_k=args.block_k, workers=args.workers)  # None: the defaults
     return common.measure_rows(args, run, run.sizes, measure_row, print_table, title(args, run))
 
 

@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float:
     """FLOPs of the whole sweep, for the refusal of a run too long: every tile shape on two worker counts."""
     flops = attention_flops(sizes[0], heads=args.heads, head_dim=args.head_dim, causal=causal)
-    return (args.repeats + 2) * 2 * len(SIDES) * len(HEADS_PER_STEP) * flops
+    return (args.repeats + 2) * 2 * (len(SIDES) + 1) * len(HEADS_PER_STEP) * flops  # + 1: the default's side
 
 
 def sweep_items(T: int, side: int, heads: int, per_step: int, causal: bool) -> list[int]:
@@ -182,7 +182,9 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     flops = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal)
     default, xeon = (
         (side, side, min(per_step, args.heads))  # no more heads per step than there are heads
-        for side, _, per_step in (default_tiles(T, T, 1, cores=n) for n in (cores, XEON_CORES))
+        for side, _, per_step in (
+            default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, XEON_CORES)
+        )
     )
     body = []
     for r in rows:
@@ -487,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)
-    shapes = [(side, per_step) for side in SIDES for per_step in HEADS_PER_STEP if per_step <= args.heads]
+    side = default_tiles(args.tokens, args.tokens, 1, diagonal=None if args.no_causal else 0)[0]  # swept too
+    shapes = [(s, per_step) for s in sorted({*SIDES, side}) for per_step in HEADS_PER_STEP if per_step <= args.heads]
     run.qkv, run.held = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), {}
     return common.measure_rows(args, run, shapes, measure_row, print_sweep)
 

@@ -18,6 +18,7 @@ from tinyattn_np import (
     attention,
     draw_tile_plan,
     flash_attention,
+    flash_attention_backward,
     flash_attention_backward_one_head,
     flash_attention_one_head,
     flash_decode,
@@ -27,7 +28,15 @@ from tinyattn_np import (
 )
 from tinyattn_np._checks import QKVShape
 from tinyattn_np.blockmask import PARTIAL, Tile
-from tinyattn_np.flash import SCORES_PER_WORKER, call_workers, default_tiles, hide_past_diagonal, tile_rule, workers_for
+from tinyattn_np.flash import (
+    SCORES_PER_WORKER,
+    call_workers,
+    default_tiles,
+    diagonal_side,
+    hide_past_diagonal,
+    tile_rule,
+    workers_for,
+)
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.mods import causal_band
 
@@ -347,6 +356,35 @@ def test_default_tiles_rule():
     assert default_tiles(128, 128, 1, kv_heads=48, cores=16) == (512, 512, 16)
     assert default_tiles(8192, 8192, 1, kv_heads=4, cores=2) == (256, 256, 4)
     assert default_tiles(300, 300, 1, kv_heads=1, cores=2) == (256, 256, 1)
+
+
+def test_a_short_causal_context_gets_tiles_whose_diagonal_wastes_at_most_a_quarter():
+    # side b while 4b <= 2·diagonal + L, halving down to 64: the diagonal's tiles waste b / (2·diagonal + L)
+    assert default_tiles(256, 256, 1, cores=2, diagonal=0)[:2] == (64, 64)
+    assert default_tiles(512, 512, 1, cores=2, diagonal=0)[:2] == (128, 128)
+    assert default_tiles(1024, 1024, 1, cores=2, diagonal=0)[:2] == (256, 256)
+    assert default_tiles(1024, 1024, 1, cores=16, diagonal=0)[:2] == (256, 256)  # 512 on 16 cores, halved once
+    assert default_tiles(64, 64, 1, cores=2, diagonal=0)[:2] == (64, 64)  # never below 64
+    assert default_tiles(256, 256, 1, cores=2)[:2] == (256, 256)  # no diagonal: no waste to cut
+    assert default_tiles(1, 32768, 8, cores=2, diagonal=32767)[:2] == (256, 256)  # a decode step sees every key
+    assert default_tiles(256, 256, 1, cores=2, diagonal=0, block_q=32, block_k=32)[:2] == (32, 32)  # given: kept
+    assert diagonal_side(32, 256, 0) == 32 and diagonal_side(256, 256, None) == 256
+    for T, tiles in [(300, 64), (700, 128), (1200, 256)]:
+        share = tiles / T  # the diagonal's waste
+        assert diagonal_side(256, T, 0) == tiles and share <= 0.25 and (tiles == 256 or 2 * share > 0.25)
+
+
+def test_the_short_causal_tiles_are_what_the_calls_run():
+    q, k, v, dout = (np.random.default_rng(seed).standard_normal((2, 3, 256, 16)) for seed in range(4))
+    out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
+    out_64, lse_64 = flash_attention(q, k, v, causal=True, return_lse=True, block_q=64, block_k=64)
+    np.testing.assert_array_equal(out, out_64)
+    np.testing.assert_array_equal(lse, lse_64)
+    grads = flash_attention_backward(q, k, v, out, dout, lse, causal=True)
+    grads_64 = flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=64, block_k=64)
+    for grad, grad_64 in zip(grads, grads_64, strict=True):
+        np.testing.assert_array_equal(grad, grad_64)
+    assert not np.array_equal(out, flash_attention(q, k, v, causal=True, block_q=256, block_k=256))  # they differ
 
 
 def test_many_tiny_heads_are_batched(rng):

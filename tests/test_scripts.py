@@ -331,13 +331,13 @@ def test_tiles_small_run(quick: None, tmp_path: Path, capsys: pytest.CaptureFixt
     figures = tmp_path / "tiles.json"
     assert load("tiles.py").main(["--tokens", "64", "--repeats", "1", "--json", str(figures), "--wide"]) == 0
     out = capsys.readouterr().out
-    for side in (128, 256, 512, 1024):
+    for side in (64, 128, 256, 512, 1024):  # the sides, and the default's for a causal T = 64: 64
         assert len(re.findall(rf"^{side} x {side}( \(default\))?\s", out, re.MULTILINE)) == 3, f"{side}: three rows"
-    assert out.count("(default)") == 1
-    assert "fastest here:" in out and "on 16 cores: 512 x 512" in out
+    assert out.count("(default)") == 1 and re.search(r"^64 x 64 \(default\)\s+4\s", out, re.MULTILINE)
+    assert "fastest here:" in out and "on 16 cores: 64 x 64" in out
     assert "model: held_16 = 217 µs per step" in out
     rows = json.loads(figures.read_text())["results"]
-    assert len(rows) == 12 and all(r["predicted_16_ms"] > 0 for r in rows)
+    assert len(rows) == 15 and all(r["predicted_16_ms"] > 0 for r in rows)
 
 
 def test_tiles_profile_splits_both_kernels(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -485,7 +485,7 @@ def test_ctrl_c_in_a_benchmark_keeps_rows_and_json(
     figures = tmp_path / "figures.json"
     assert module.main([*sizes, "--repeats", "1", "--json", str(figures)]) == 130
     out = capsys.readouterr().out
-    assert re.search(r"^interrupted \(Ctrl-C\) after 1 of (12|3) rows", out, re.MULTILINE), out
+    assert re.search(r"^interrupted \(Ctrl-C\) after 1 of (15|3) rows", out, re.MULTILINE), out
     saved = json.loads(figures.read_text())
     assert saved["interrupted"] is True and len(saved["results"]) == 1
 

@@ -68,6 +68,7 @@ from .flash import (
     broadcast_kv,
     call_workers,
     diagonal_of,
+    diagonal_side,
     tile_rule,
 )
 from .flex import check_flex
@@ -310,11 +311,13 @@ def check_flash_backward(
     k, v = broadcast_kv(q, k, v)  # k and v of batch 1 against a larger query batch: views over it
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
+    band = check_band(causal, window, dims.n_q, dims.n_k, align)
+    side = diagonal_side(tile_rule().backward_side, dims.n_q, diagonal_of(band))  # smaller for a short causal band
     plan = _BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
-        check_band(causal, window, dims.n_q, dims.n_k, align),
-        check_positive_int(block_q, "block_q", default=tile_rule().backward_side),
-        check_positive_int(block_k, "block_k", default=tile_rule().backward_side),
+        band,
+        check_positive_int(block_q, "block_q", default=side),
+        check_positive_int(block_k, "block_k", default=side),
         call_workers(dims, workers),
     )
     return q, k, v, out, dout, lse, dims, plan
@@ -534,9 +537,10 @@ def flash_attention_backward(
     Memory: dq, dk, dv, [q·scale, −lse] and [dout, −D] (made once for every tile), and per worker two
     block_q x block_k tiles; the tiles are made as each item runs, so the bookkeeping is one count per
     (item's heads, query block).
-    block_q, block_k (default 256) and workers (default: one per core, at most one per 2^18 scores:
-    flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is held
-    to one thread meanwhile, as in the forward.
+    block_q, block_k (default 256; halved, down to 64 at most, for a causal band without a window over a short
+    context, L = S under 1,024: flash.diagonal_side) and workers (default: one per core, at most one per 2^18
+    scores: flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is
+    held to one thread meanwhile, as in the forward.
     """
     two_d = without_head_axis(q)
     kv_shapes = np.shape(k), np.shape(v)  # as given: a batch of 1 broadcast over q's gets its gradients summed

@@ -70,7 +70,7 @@ from .mods import modded, visible
 __all__ = [
     "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "SCORES_PER_WORKER", "STRIP", "TileMods", "TileRule",
     "apply_mods", "attend_block", "attend_tiles", "backward_heads_per_item", "broadcast_kv", "call_workers",
-    "check_flash", "constant_rule", "default_tiles", "diagonal_of", "finish_rows", "flash_attention",
+    "check_flash", "constant_rule", "default_tiles", "diagonal_of", "diagonal_side", "finish_rows", "flash_attention",
     "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
     "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
     "tile_rule", "tile_scores", "trusted", "use_tile_rule", "workers_for",
@@ -422,21 +422,24 @@ def workers_for(scores: int, cores: int | None = None) -> int:
 
 def default_tiles(
     n_q: int, n_k: int, group: int, *, block_q: int | None = None, block_k: int | None = None,
-    cores: int | None = None, kv_heads: int | None = None,
+    cores: int | None = None, kv_heads: int | None = None, diagonal: int | None = None,
 ) -> tuple[int, int, int]:  # fmt: skip
     """(block_q, block_k, kv heads per step) for L = n_q, S = n_k and G = group query heads per kv head.
 
     The rule in one sentence: square tiles of 256 (512 on more than 8 cores), and in each tile step the
     G query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores), or what tune()
     measured on this machine (tile_rule). Given block sizes are kept and the heads fill the same budget.
+    diagonal: the offset of a causal band without a window (query i sees key j <= i + diagonal), whose short
+    contexts get smaller tiles (diagonal_side); None: no diagonal.
     kv_heads, the kv heads of the call (batch entries times Hkv): where there are few query blocks, no more
     heads a step than leave an item for each of the workers the call's size gets by default (workers_for: a
     short context's one query block would otherwise be one step on one core). It depends on the shape and
     the rule only, never on the workers a call asks for, so every worker count gives the same bits.
     """
     rule = tile_rule(cores)
-    block_q = rule.side if block_q is None else block_q
-    block_k = rule.side if block_k is None else block_k
+    side = diagonal_side(rule.side, n_q, diagonal)
+    block_q = side if block_q is None else block_q
+    block_k = side if block_k is None else block_k
     scores_per_kv_head = max(1, group) * max(1, min(block_q, n_q)) * max(1, min(block_k, n_k))  # one kv head's tile
     heads = max(1, rule.scores_per_step // scores_per_kv_head)
     if kv_heads:  # the steps of one query block that keep every worker busy
@@ -444,6 +447,25 @@ def default_tiles(
         steps = -(-workers // max(1, -(-n_q // block_q)))
         heads = max(1, min(heads, -(-kv_heads // steps)))
     return block_q, block_k, heads
+
+
+SMALLEST_SIDE = 64  # diagonal_side halves a tile's side down to this, no further
+
+
+def diagonal_side(side: int, n_q: int, diagonal: int | None) -> int:
+    """The default tile side for a causal band without a window: `side`, halved while it is over a quarter of
+    2·diagonal + L (L / 4 when L = S), but not below SMALLEST_SIDE; diagonal None (no diagonal): side itself.
+
+    Why: the tiles the diagonal crosses run whole, and about half of their scores are hidden. With L queries
+    that see L·diagonal + L²/2 keys in all, the L / b diagonal tiles of side b waste b·L/2 scores: a share of
+    b / (2·diagonal + L) of the work, a half when one tile covers L = S. The rule keeps that share at most a
+    quarter. On the 2-core Xeon, causal T = 256, 16 x 4 heads of 64: tiles of 256 took 13.7 ms forward and
+    27.3 ms backward, of 64 7.3 and 20.4 (torch's SDPA 5.3 and 17.1); at T = 1,024 and more, 256 stays."""
+    if diagonal is None:
+        return side
+    while side > SMALLEST_SIDE and 4 * side > 2 * max(diagonal, 0) + n_q:
+        side //= 2
+    return side
 
 
 def backward_heads_per_item(n_heads: int, n_q: int, n_k: int, block_q: int, block_k: int, workers: int) -> int:
@@ -510,7 +532,7 @@ def flash_plan(
         block_q, block_k = tile_mask.BLOCK_SIZE
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
     block_q, block_k, auto_heads = default_tiles(dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k,
-                                                 kv_heads=n_kv)  # fmt: skip
+                                                 kv_heads=n_kv, diagonal=diagonal_of(tile_mask))  # fmt: skip
     heads = auto_heads if kv_heads_per_step is None else kv_heads_per_step
     return FlashPlan(scale, tile_mask, block_q, block_k, heads, call_workers(dims, workers), score_mod, sinks)
 
@@ -638,7 +660,7 @@ def flash_attention(
     causal=True is bottom-right aligned (query i sees key j <= i + S - L), like attention();
     align="top_left" moves the diagonal to j <= i, torch's is_causal (the same when L == S).
     The band is a mask_mod on flex attention's one path (mods.causal_band): flex_attention with
-    create_block_mask(causal_mod(L, S)) runs the same tiles and gives the same bits.
+    create_block_mask(causal_mod(L, S)) of the same tile size runs the same tiles and gives the same bits.
     window (needs causal=True): query i sees only the last `window` keys, itself included:
     i + S - L - window < j <= i + S - L (with L = S, Hugging Face's Mistral mask). FlashAttention's
     window_size=(w, 0) is window = w + 1. Tiles wholly outside the band are skipped: time ∝ L·window.
@@ -646,7 +668,9 @@ def flash_attention(
     read by every batch entry where they lie, never copied per entry.
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     kv_heads_per_step: kv heads (each with its Hq / Hkv query heads) that share one batched matmul
-    per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores), and
+    per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores; halved, down
+    to 64 at most, for a causal band without a window over a short context, L = S under 1,024, so that the
+    diagonal's half-hidden tiles are at most a quarter of the work: diagonal_side), and
     in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores),
     or what tinyattn_np.tune() measured on this machine (docs/flash.md, "Tiles chosen by measuring").
     workers: threads, each taking whole (heads, query block) items (default: one per core, or tune()'s, at

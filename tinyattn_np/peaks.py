@@ -23,7 +23,7 @@ import numpy as np
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import QKVShape, check_bool, check_count, check_positive_int
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .flash import STRIP, backward_heads_per_item, call_workers, default_tiles, tile_rule
+from .flash import STRIP, backward_heads_per_item, call_workers, default_tiles, diagonal_side, tile_rule
 
 __all__ = [
     "default_workers",
@@ -84,8 +84,9 @@ def flash_attention_bytes(
         block_q = check_positive_int(block_q, "block_q")
     if block_k is not None:
         block_k = check_positive_int(block_k, "block_k")
+    diagonal = n_k - n_q if check_bool(causal, "causal") else None  # bottom-right, as flash_attention's default
     block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k,
-                                                 kv_heads=batch * kv_heads)  # fmt: skip
+                                                 kv_heads=batch * kv_heads, diagonal=diagonal)  # fmt: skip
     per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
     workers = default_workers(sizes, workers)
     size, compute = float_bytes(dtype)
@@ -162,8 +163,10 @@ def flash_attention_backward_bytes(
     """
     sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
-    block_q = check_positive_int(block_q, "block_q", default=tile_rule().backward_side)  # None: the backward's default
-    block_k = check_positive_int(block_k, "block_k", default=tile_rule().backward_side)
+    causal = check_bool(causal, "causal")
+    side = diagonal_side(tile_rule().backward_side, n_q, n_k - n_q if causal else None)  # the backward's default
+    block_q = check_positive_int(block_q, "block_q", default=side)
+    block_k = check_positive_int(block_k, "block_k", default=side)
     workers = default_workers(sizes, workers)
     size, compute = float_bytes(dtype)
     low = size < compute
@@ -173,7 +176,6 @@ def flash_attention_backward_bytes(
     held = (query_side + batch * heads * n_k * (e + ev)) * compute + batch * heads * -(-n_q // block_q) * 8
     copies = (kv_elements + rows * ev) * compute if low else 0
     bq, bk = min(block_q, n_q), min(block_k, n_k)
-    causal = check_bool(causal, "causal")
     h = backward_heads_per_item(batch * heads, n_q, n_k, block_q, block_k, workers) if rows else 1  # an item's heads
     busy = min(workers, batch * heads // h * -(-n_k // block_k))  # an item is one key block of h heads
     gathered = bk * (e + ev) if heads > kv_heads else 0
