@@ -107,6 +107,7 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     )
     row: dict[str, Any] = {
         "tokens": T,
+        "tiles": "{} x {}".format(*flash_tiles(args, T)),
         "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
         "naive_estimate_bytes": naive_attention_bytes(T, **dims),
         "flash_estimate_bytes": flash_attention_bytes(T, **dims, **blocks),
@@ -133,7 +134,7 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool) -> None:
-    headers = ["tokens", "scores MiB", "naive ms", "flash ms", "speedup", "naive peak MiB", "(est.)",
+    headers = ["tokens", "scores MiB", "naive ms", "tiles", "flash ms", "speedup", "naive peak MiB", "(est.)",
                "flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]  # fmt: skip
     if causal:
         headers += ["no-mask ms", "causal/no-mask"]
@@ -150,6 +151,7 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
             r["tokens"],
             r["score_matrix_bytes"] / common.MiB,
             r["naive_ms"] if r["naive_ms"] is not None else skipped,
+            r["tiles"],
             r["flash_ms"],
             common.ratio(r["naive_ms"], r["flash_ms"]),
             None if naive_bytes is None else naive_bytes / common.MiB,
@@ -171,11 +173,16 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
     print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
 
 
-def tiles_text(args: argparse.Namespace, T: int) -> str:
-    """The flash tile settings of a run, as the header of its table says them."""
+def flash_tiles(args: argparse.Namespace, T: int) -> tuple[int, int, int]:
+    """(block_q, block_k, kv heads per step) that flash runs at T: the flags', else the defaults."""
     diagonal = None if args.no_causal else 0
     block_q, block_k, per_step = default_tiles(T, T, 1, block_q=args.block_q, block_k=args.block_k, diagonal=diagonal)
-    per_step = args.kv_heads_per_step or per_step
+    return min(block_q, T), min(block_k, T), args.kv_heads_per_step or per_step
+
+
+def tiles_text(args: argparse.Namespace, T: int) -> str:
+    """The flash tile settings of a run, as the header of its table says them."""
+    block_q, block_k, per_step = flash_tiles(args, T)
     chosen = "given" if args.block_q or args.block_k or args.kv_heads_per_step else "default"
     return f"tiles {block_q} x {block_k} with {min(per_step, args.heads)} heads per step ({chosen} at T={T:,})"
 
