@@ -305,7 +305,8 @@ def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFi
     scaling = load("scaling.py")
     args = scaling.parse_args([])
     row = dict(
-        tokens=1024, tiles="256 x 256", score_matrix_bytes=2**24, naive_estimate_bytes=19 * 2**20, naive_ms=None, naive_peak_bytes=None,
+        tokens=1024, tiles="256 x 256", score_matrix_bytes=2**24, naive_estimate_bytes=19 * 2**20, naive_ms=None,
+        naive_peak_bytes=None,
         flash_ms=12.3456789, flash_peak_bytes=3.3e6, flash_estimate_bytes=3.2e6, flops=4.5e9,
         matmul_gflops=91.234567, flash_no_mask_ms=20.987654, busy=[],
     )  # fmt: skip

@@ -219,10 +219,10 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
 
 class GeluSaved(NamedTuple):
-    """gelu's input u and t = tanh(√(2/π) (u + 0.044715 u³)), both (..., H)."""
+    """gelu's input u (..., H), all its backward needs: t = tanh(√(2/π) (u + 0.044715 u³)) is made again there,
+    a block of rows at a time, rather than kept as a second array of u's size (torch's GELU keeps only u too)."""
 
     u: Array
-    t: Array
 
 
 def gelu(u: Array) -> tuple[Array, GeluSaved]:
@@ -234,19 +234,23 @@ def gelu(u: Array) -> tuple[Array, GeluSaved]:
         array([-0.1588,  0.    ,  0.8412])
     """
     u_rows = u.reshape(-1, u.shape[-1])  # (rows, H)
-    y, t = np.empty_like(u_rows), np.empty_like(u_rows)  # (rows, H) each
-    _by_row_blocks(lambda rows: _gelu_lines(u_rows[rows], y[rows], t[rows]), *u_rows.shape)
-    return y.reshape(u.shape), GeluSaved(u, t.reshape(u.shape))
+    y = np.empty_like(u_rows)  # (rows, H)
+    _by_row_blocks(lambda rows: _gelu_lines(u_rows[rows], y[rows]), *u_rows.shape)
+    return y.reshape(u.shape), GeluSaved(u)
 
 
-def _gelu_lines(u: Array, y: Array, t: Array) -> None:
-    """gelu's lines on one block of rows, written into y and t (u's shape)."""
-    np.square(u, out=t)  # u², then the inner polynomial, then its tanh, in t's memory
+def _gelu_tanh(u: Array) -> Array:
+    """t = tanh(u (a + b u²)) for one block of rows u, a new array of the block's size."""
+    t = np.square(u)  # u², then the inner polynomial, then its tanh, in t's memory
     t *= GELU_CUBIC * SQRT_2_OVER_PI
     t += SQRT_2_OVER_PI
     t *= u
-    np.tanh(t, out=t)
-    np.add(t, 1.0, out=y)
+    return np.tanh(t, out=t)
+
+
+def _gelu_lines(u: Array, y: Array) -> None:
+    """gelu's lines on one block of rows, written into y (u's shape)."""
+    np.add(_gelu_tanh(u), 1.0, out=y)
     y *= u
     y *= 0.5
 
@@ -255,26 +259,27 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
     """du from dy (..., H): the product rule on y = ½ u (1 + t) with t = tanh(u (a + b u²)):
 
     dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
+          = ½ (1 + t) (1 + u (a + 3 b u²) (1 - t))        1 - t² = (1 - t) (1 + t)
     """
-    u, t = (a.reshape(-1, a.shape[-1]) for a in saved)  # (rows, H) each
+    u = saved.u.reshape(-1, saved.u.shape[-1])  # (rows, H)
     dy_rows = dy.reshape(u.shape)  # (rows, H)
-    du, one_minus_t2 = np.empty_like(dy_rows), np.empty_like(dy_rows)  # (rows, H) each
-    _by_row_blocks(lambda rows: _gelu_backward_lines(dy_rows[rows], u[rows], t[rows], du[rows], one_minus_t2[rows]),
-                   *u.shape)  # fmt: skip
+    du = np.empty_like(dy_rows)  # (rows, H)
+    _by_row_blocks(lambda rows: _gelu_backward_lines(dy_rows[rows], u[rows], du[rows]), *u.shape)
     return du.reshape(dy.shape)
 
 
-def _gelu_backward_lines(dy: Array, u: Array, t: Array, du: Array, one_minus_t2: Array) -> None:
-    """gelu_backward's lines on one block of rows, written into du (one_minus_t2: room for 1 - t²)."""
-    np.square(u, out=du)  # a + 3 b u² below, then the whole derivative, in du's memory
+def _gelu_backward_lines(dy: Array, u: Array, du: Array) -> None:
+    """gelu_backward's lines on one block of rows, written into du."""
+    t = _gelu_tanh(u)  # the forward's t, made again in the cache
+    np.square(u, out=du)  # a + 3 b u², then the whole derivative, in du's memory
     du *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
     du += SQRT_2_OVER_PI
     du *= u
-    np.square(t, out=one_minus_t2)
-    np.subtract(1.0, one_minus_t2, out=one_minus_t2)
-    du *= one_minus_t2  # ½ is applied once, with the first term
-    du += t
+    np.subtract(1.0, t, out=t)  # 1 - t
+    du *= t
     du += 1.0
+    np.subtract(2.0, t, out=t)  # 1 + t = 2 - (1 - t)
+    du *= t
     du *= 0.5
     du *= dy
 

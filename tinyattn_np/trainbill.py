@@ -13,7 +13,8 @@ a, the numbers kept per token, counts each array the forward keeps (layers.py an
 
     per block    10 C      the two norms' x̂; the attention's input copy, q and k (after RoPE), its
                            output y, and qkv (3 C: v is a view of it, so all of qkv stays); the MLP's input
-                 3 H       GELU: the MLP's pre-activation u, tanh(...) and the activation's output
+                 2 H       GELU: the MLP's pre-activation u and the activation's output (its backward makes
+                           tanh(...) again, a block of rows at a time)
                  (4 H      SwiGLU: the two halves [gate | up], σ(gate), the output)
                  2 + h     the two norms' 1/σ, and flash attention's logsumexp per head
     the head     2 C + 1   the final norm's x̂ and 1/σ, its output (the head's input)
@@ -68,7 +69,7 @@ class TrainingMemory(NamedTuple):
 def activation_numbers_per_token(config: GPTConfig) -> int:
     """a: the numbers the forward keeps per token (the module docstring's table)."""
     C, H = config.width, config.hidden
-    per_block = 10 * C + (3 * H if config.mlp == "gelu" else 4 * H) + 2 + config.heads
+    per_block = 10 * C + (2 * H if config.mlp == "gelu" else 4 * H) + 2 + config.heads
     return config.layers * per_block + 2 * C + 1 + config.vocab
 
 
@@ -96,9 +97,9 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) ->
     masks = N * C * (2 * L + 1) if config.dropout else 0  # one byte per element
     activations = c * (N * activation_numbers_per_token(config) + 4 * L * C * C) + masks
     # the backward at its fullest: the head's gradients (E's from the head, dx), then, with the probabilities
-    # freed, the last MLP's backward: GELU's dh, slope and two temporaries (SwiGLU: dh and [dgate | dup])
+    # freed, the last MLP's backward: GELU's dh and du (SwiGLU: dh, [dgate | dup] and a temporary)
     head = V * C + N * C
-    mlp_arrays = 4 if config.mlp == "gelu" else 3
+    mlp_arrays = 2 if config.mlp == "gelu" else 3
     last_mlp = head - N * V + mlp_arrays * N * H + H * C
     mlp_grads = sum(int(np.prod(shape)) for name, shape in shapes.items() if name.startswith(f"h.{L - 1}.mlp."))
     attention_arrays = (5 if config.dropout else 4) * N * C + C * C  # [dropout's dx], y merged, dY, copies; dW_out
