@@ -59,6 +59,8 @@ def test_layer_norm_backward_matches_central_differences(x, rng, with_bias):
     assert_gradient(grads.dgain, loss, gain, "dgain")
     if with_bias:
         assert_gradient(grads.dbias, loss, bias, "dbias")
+    else:
+        assert grads.dbias is None  # no bias, no gradient for one (and no pass over dy for it)
 
 
 def test_rms_norm_is_the_row_over_its_root_mean_square(x, rng):

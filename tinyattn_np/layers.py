@@ -113,11 +113,13 @@ def _row_means(x: Array, y: Array | None = None) -> Array:
 
 
 class NormSaved(NamedTuple):
-    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1) and the gain."""
+    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1), the gain, and
+    whether the norm had a bias (its backward gives dbias then)."""
 
     x_hat: Array
     rstd: Array
     gain: Array
+    biased: bool = False
 
 
 class NormGrads(NamedTuple):
@@ -141,7 +143,7 @@ def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e
     y, x_hat, rstd = np.empty_like(x_rows), np.empty_like(x_rows), np.empty((len(x_rows), 1), x_rows.dtype)
     _by_row_blocks(lambda rows: _layer_norm_lines(x_rows[rows], gain, bias, eps, y[rows], x_hat[rows], rstd[rows]),
                    *x_rows.shape)  # fmt: skip
-    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain)
+    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain, bias is not None)
 
 
 def _layer_norm_lines(
@@ -165,10 +167,10 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - mean(dx̂) - x̂ mean(dx̂ ∘ x̂))   (means over the row)
     The last line: ∂x̂_j/∂x_i = r (δ_ij - 1/C - x̂_i x̂_j / C), since ∂μ/∂x_i = 1/C and ∂r/∂x_i = -r³ (x_i - μ) / C.
     """
-    x_hat, rstd, gain = saved
+    x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
-    dbias = np.einsum("nc->c", dy.reshape(-1, C))  # (C,)
+    dbias = np.einsum("nc->c", dy.reshape(-1, C)) if saved.biased else None  # (C,): no pass over dy without a bias
     dy_rows, x_hat_rows = dy.reshape(-1, C), x_hat.reshape(-1, C)  # (rows, C) each
     rstd_rows, dx = rstd.reshape(-1, 1), np.empty_like(dy_rows)  # (rows, 1), (rows, C)
     _by_row_blocks(lambda rows: _layer_norm_dx_lines(dy_rows[rows], x_hat_rows[rows], rstd_rows[rows], gain, dx[rows]),
@@ -206,7 +208,7 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - x̂ mean(dx̂ ∘ x̂))
     since ∂x̂_j/∂x_i = r (δ_ij - x̂_i x̂_j / C).
     """
-    x_hat, rstd, gain = saved
+    x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
     dx_hat = dy * gain  # (..., C)
