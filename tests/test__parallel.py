@@ -1,12 +1,15 @@
-"""The worker engine's BLAS limit: one_blas_thread restores BLAS's thread counts and holds no lock after an
-exception raised at any bytecode of entering or leaving it, its caller's included."""
+"""The worker engine: run_items runs every item quietly and reports the first failure, on one worker and on
+several; the BLAS limit, one_blas_thread, restores BLAS's thread counts and holds no lock after an exception
+raised at any bytecode of entering or leaving it, its caller's included."""
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_kvcache import _interrupted_at
 from threadpoolctl import threadpool_info
 
@@ -15,6 +18,30 @@ from tinyattn_np import _parallel
 # the bytecodes swept: the limit's own, holding's, and this file's (the callers' `with` statements below)
 CODE = tuple(str(path) for path in (Path(_parallel.__file__), Path(_parallel.__file__).with_name("_atomic.py"),
                                     Path(__file__)))  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_run_items_runs_them_in_order_quietly_and_raises_the_first_failure(workers):
+    seen: list[int] = []
+    failed: list[bool] = []
+
+    def run(item: int, fail_at: int | None = None) -> None:
+        seen.append(item)
+        np.log(np.array([-1.0, 0.0]))  # NaN and -inf, without a RuntimeWarning inside the engine
+        if item == fail_at:
+            raise ValueError(f"item {item} failed")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _parallel.run_items(run, range(4), workers)
+        assert sorted(seen) == [0, 1, 2, 3] and (workers > 1 or seen == [0, 1, 2, 3])
+        seen.clear()
+        with pytest.raises(ValueError, match="item 2 failed"):
+            _parallel.run_items(
+                lambda item: run(item, fail_at=2), range(6), workers, on_failure=lambda: failed.append(True)
+            )
+    assert failed and 2 in seen
+    assert workers > 1 or seen == [0, 1, 2]  # one worker stops at the failure
 
 
 def blas_threads() -> list[int]:

@@ -193,6 +193,16 @@ def run_items(
       lands between two NumPy calls of an item, or in a wait, never in a join that lasts the whole call.
     Each item must write only its own slices of the shared outputs.
     """
+    if workers == 1:  # the caller's thread alone: the items in turn, and no locks, events or pool to set up
+        try:
+            with nonfinite_quiet():
+                for item in items:
+                    run(item)
+        except BaseException:
+            if on_failure is not None:
+                on_failure()
+            raise
+        return
     pending = iter(items)
     take = threading.RLock()  # taken through holding(): a Ctrl-C at any bytecode never leaves it held
     stop = threading.Event()
