@@ -359,7 +359,7 @@ def test_default_tiles_rule():
 
 
 def test_a_short_causal_context_gets_tiles_whose_diagonal_wastes_at_most_a_quarter():
-    # side b while 4b <= 2·diagonal + L, halving down to 64: the diagonal's tiles waste b / (2·diagonal + L)
+    # halving b down to 64 while 4·min(b, L) > 2·diagonal + L: the diagonal's tiles waste min(b, L) / (2·diagonal + L)
     assert default_tiles(256, 256, 1, cores=2, diagonal=0)[:2] == (64, 64)
     assert default_tiles(512, 512, 1, cores=2, diagonal=0)[:2] == (128, 128)
     assert default_tiles(1024, 1024, 1, cores=2, diagonal=0)[:2] == (256, 256)
@@ -367,6 +367,9 @@ def test_a_short_causal_context_gets_tiles_whose_diagonal_wastes_at_most_a_quart
     assert default_tiles(64, 64, 1, cores=2, diagonal=0)[:2] == (64, 64)  # never below 64
     assert default_tiles(256, 256, 1, cores=2)[:2] == (256, 256)  # no diagonal: no waste to cut
     assert default_tiles(1, 32768, 8, cores=2, diagonal=32767)[:2] == (256, 256)  # a decode step sees every key
+    assert default_tiles(1, 300, 8, cores=2, diagonal=299)[:2] == (256, 256)  # however short its context
+    assert default_tiles(16, 1000, 1, cores=2, diagonal=984)[:2] == (256, 256)  # a triangle of 16²/2 wasted
+    assert default_tiles(128, 128, 1, cores=2, diagonal=0)[:2] == (64, 64)  # one tile of 128 wastes half
     assert default_tiles(256, 256, 1, cores=2, diagonal=0, block_q=32, block_k=32)[:2] == (32, 32)  # given: kept
     assert diagonal_side(32, 256, 0) == 32 and diagonal_side(256, 256, None) == 256
     for T, tiles in [(300, 64), (700, 128), (1200, 256)]:

@@ -453,17 +453,19 @@ SMALLEST_SIDE = 64  # diagonal_side halves a tile's side down to this, no furthe
 
 
 def diagonal_side(side: int, n_q: int, diagonal: int | None) -> int:
-    """The default tile side for a causal band without a window: `side`, halved while it is over a quarter of
-    2·diagonal + L (L / 4 when L = S), but not below SMALLEST_SIDE; diagonal None (no diagonal): side itself.
+    """The default tile side for a causal band without a window: `side`, halved while the diagonal's waste
+    below is over a quarter of the work, but not below SMALLEST_SIDE; diagonal None (no diagonal): side.
 
-    Why: the tiles the diagonal crosses run whole, and about half of their scores are hidden. With L queries
-    that see L·diagonal + L²/2 keys in all, the L / b diagonal tiles of side b waste b·L/2 scores: a share of
-    b / (2·diagonal + L) of the work, a half when one tile covers L = S. The rule keeps that share at most a
-    quarter. On the 2-core Xeon, causal T = 256, 16 x 4 heads of 64: tiles of 256 took 13.7 ms forward and
-    27.3 ms backward, of 64 7.3 and 20.4 (torch's SDPA 5.3 and 17.1); at T = 1,024 and more, 256 stays."""
+    Why: the tiles the diagonal crosses run whole. Each of the L queries finds about min(b, L) / 2 hidden keys
+    in them (b / 2 on average where the tiles of side b are shorter than L; where they are not, the hidden
+    keys are one triangle of L²/2), against the diagonal + (i + 1) keys query i sees, L·diagonal + L²/2 in all:
+    a share of min(b, L) / (2·diagonal + L), a half where one tile covers L = S. A decode step (L = 1) wastes
+    next to nothing and keeps its long key tiles. On the 2-core Xeon at T = 256, 64 heads of 64, tiles of 64
+    in place of 256 took flash from 2.03 times torch's SDPA to 1.02 forward and from 1.47 to 1.30 backward
+    (docs/results/xeon.md); from T = 1,024 on, 256 stays."""
     if diagonal is None:
         return side
-    while side > SMALLEST_SIDE and 4 * side > 2 * max(diagonal, 0) + n_q:
+    while side > SMALLEST_SIDE and 4 * min(side, n_q) > 2 * max(diagonal, 0) + n_q:
         side //= 2
     return side
 
