@@ -537,7 +537,7 @@ def flash_attention_backward(
     Memory: dq, dk, dv, [q·scale, −lse] and [dout, −D] (made once for every tile), and per worker two
     block_q x block_k tiles; the tiles are made as each item runs, so the bookkeeping is one count per
     (item's heads, query block).
-    block_q, block_k (default 256; halved, down to 64 at most, for a causal band without a window over a short
+    block_q, block_k (default 256; halved, but not below 64, for a causal band without a window over a short
     context, L = S under 1,024: flash.diagonal_side) and workers (default: one per core, at most one per 2^18
     scores: flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is
     held to one thread meanwhile, as in the forward.

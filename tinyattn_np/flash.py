@@ -670,8 +670,8 @@ def flash_attention(
     read by every batch entry where they lie, never copied per entry.
     block_q, block_k: tile sizes (any positive ints; they need not divide L or S).
     kv_heads_per_step: kv heads (each with its Hq / Hkv query heads) that share one batched matmul
-    per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores; halved, down
-    to 64 at most, for a causal band without a window over a short context, L = S under 1,024, so that the
+    per tile step. The defaults (default_tiles): square tiles of 256 (512 on more than 8 cores; halved, but
+    not below 64, for a causal band without a window over a short context, L = S under 1,024, so that the
     diagonal's half-hidden tiles are at most a quarter of the work: diagonal_side), and
     in each step the query heads of as many kv heads as fit in 2^18 scores (2^19 on more than 8 cores),
     or what tinyattn_np.tune() measured on this machine (docs/flash.md, "Tiles chosen by measuring").
