@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import flash_attention, flash_attention_backward
-from tinyattn_np.flash import diagonal_side, tile_rule
+from tinyattn_np.flash import backward_side
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes
@@ -98,8 +98,8 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
 
 
 def backward_tiles(T: int, causal: bool, args: argparse.Namespace) -> str:
-    """The backward's tiles at T: the given --block-q and --block-k, else the default (flash.diagonal_side)."""
-    side = diagonal_side(tile_rule().backward_side, T, 0 if causal else None)
+    """The backward's tiles at T: the given --block-q and --block-k, else the default (flash.backward_side)."""
+    side = backward_side(T, 0 if causal else None)
     return f"{args.block_q or side} x {args.block_k or side}"
 
 

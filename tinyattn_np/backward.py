@@ -65,11 +65,10 @@ from .flash import (
     _check_one_head,
     apply_mods,
     backward_heads_per_item,
+    backward_side,
     broadcast_kv,
     call_workers,
     diagonal_of,
-    diagonal_side,
-    tile_rule,
 )
 from .flex import check_flex
 from .mods import check_score_mod, derivative_of, score_indices
@@ -312,7 +311,7 @@ def check_flash_backward(
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     band = check_band(causal, window, dims.n_q, dims.n_k, align)
-    side = diagonal_side(tile_rule().backward_side, dims.n_q, diagonal_of(band))  # smaller for a short causal band
+    side = backward_side(dims.n_q, diagonal_of(band))  # smaller for a short causal band
     plan = _BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         band,
@@ -538,7 +537,7 @@ def flash_attention_backward(
     block_q x block_k tiles; the tiles are made as each item runs, so the bookkeeping is one count per
     (item's heads, query block).
     block_q, block_k (default 256; halved, but not below 64, for a causal band without a window over a short
-    context, L = S under 1,024: flash.diagonal_side) and workers (default: one per core, at most one per 2^18
+    context, L = S under 1,024: flash.backward_side) and workers (default: one per core, at most one per 2^18
     scores: flash.call_workers), or what tinyattn_np.tune() measured on this machine (flash.tile_rule); BLAS is
     held to one thread meanwhile, as in the forward.
     """

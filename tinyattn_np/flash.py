@@ -69,11 +69,11 @@ from .mods import modded, visible
 
 __all__ = [
     "FlashPlan", "GroupedHeads", "SCORES_PER_STEP", "SCORES_PER_WORKER", "STRIP", "TileMods", "TileRule",
-    "apply_mods", "attend_block", "attend_tiles", "backward_heads_per_item", "broadcast_kv", "call_workers",
-    "check_flash", "constant_rule", "default_tiles", "diagonal_of", "diagonal_side", "finish_rows", "flash_attention",
-    "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results", "grouped_heads",
-    "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries", "tile_mods",
-    "tile_rule", "tile_scores", "trusted", "use_tile_rule", "workers_for",
+    "apply_mods", "attend_block", "attend_tiles", "backward_heads_per_item", "backward_side", "broadcast_kv",
+    "call_workers", "check_flash", "constant_rule", "default_tiles", "diagonal_of", "diagonal_side", "finish_rows",
+    "flash_attention", "flash_attention_one_head", "flash_forward", "flash_plan", "forward_items", "forward_results",
+    "grouped_heads", "hide_past_diagonal", "item_parts", "kv_entries", "kv_rows", "running_start", "scaled_queries",
+    "tile_mods", "tile_rule", "tile_scores", "trusted", "use_tile_rule", "workers_for",
 ]  # fmt: skip
 
 Array = NDArray[np.floating]
@@ -447,6 +447,12 @@ def default_tiles(
         steps = -(-workers // max(1, -(-n_q // block_q)))
         heads = max(1, min(heads, -(-kv_heads // steps)))
     return block_q, block_k, heads
+
+
+def backward_side(n_q: int, diagonal: int | None) -> int:
+    """The default tile side of flash_attention_backward for L = n_q: the rule's backward side (tile_rule), made
+    smaller for a short causal band as the forward's (diagonal_side; diagonal None: no diagonal)."""
+    return diagonal_side(tile_rule().backward_side, n_q, diagonal)
 
 
 SMALLEST_SIDE = 64  # diagonal_side halves a tile's side down to this, no further

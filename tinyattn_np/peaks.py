@@ -23,7 +23,7 @@ import numpy as np
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import QKVShape, check_bool, check_count, check_positive_int
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .flash import STRIP, backward_heads_per_item, call_workers, default_tiles, diagonal_side, tile_rule
+from .flash import STRIP, backward_heads_per_item, backward_side, call_workers, default_tiles
 
 __all__ = [
     "default_workers",
@@ -164,7 +164,7 @@ def flash_attention_backward_bytes(
     sizes = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
     causal = check_bool(causal, "causal")
-    side = diagonal_side(tile_rule().backward_side, n_q, n_k - n_q if causal else None)  # the backward's default
+    side = backward_side(n_q, n_k - n_q if causal else None)  # the backward's default
     block_q = check_positive_int(block_q, "block_q", default=side)
     block_k = check_positive_int(block_k, "block_k", default=side)
     workers = default_workers(sizes, workers)
