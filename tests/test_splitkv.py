@@ -209,6 +209,35 @@ def test_flash_decode_keeps_float32_accuracy_for_any_number_of_splits(rng):
         assert error <= 2 * max(one_split, 3e-8), f"{splits} splits: {error:.2e} against {one_split:.2e} with one"
 
 
+@pytest.mark.parametrize(
+    "shift,falls_back",
+    [(0.0, False), (95.0, True), (-70.0, True), (30.0, False)],  # float32: exp overflows past 88.7; e^-70 · S < √tiny
+)
+def test_decode_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_them(
+    rng, monkeypatch, shift, falls_back
+):
+    """flash_decode sums exp(s) against 0, as flash_attention does; scores too large for exp, or all far below
+    0, send the chunk to the running max (_sum_blocks with running_max=True). Either way: the reference."""
+    import tinyattn_np.splitkv as splitkv_module
+
+    q = rng.standard_normal((4, 1, 8)).astype(np.float32)  # 4 query heads over 2 kv heads, one decode step
+    k, v = (rng.standard_normal((2, 700, 8)).astype(np.float32) for _ in range(2))
+    k[1, :, 0], q[2:] = shift, 0.0  # kv head 1's channel 0 holds the shift, which only query heads 2 and 3 read:
+    q[2:, :, 0] = 1.0  # their every score is `shift`
+    blocks, used = splitkv_module._sum_blocks, []
+
+    def counted(*args, running_max):
+        used.extend([1] * running_max)
+        return blocks(*args, running_max=running_max)
+
+    monkeypatch.setattr(splitkv_module, "_sum_blocks", counted)
+    out, lse = flash_decode(q, k, v, scale=1.0, kv_splits=1, return_lse=True)
+    gold, gold_lse = gold_attention(q, k, v, scale=1.0)
+    assert_close(out, gold, np.float32, f"shift {shift}")
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-6, atol=1e-6)
+    assert len(used) == falls_back  # one chunk, read again only when exp cannot hold its sums
+
+
 def test_flash_decode_checks_return_lse():
     x = np.ones((1, 2, 4))
     with pytest.raises(TypeError, match="return_lse must be True or False"):

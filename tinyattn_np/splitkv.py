@@ -44,6 +44,7 @@ from ._checks import (
 )
 from ._guard import refuse_unless_fits
 from ._parallel import blas_kernel_set, one_blas_thread, run_items
+from .flash import trusted
 
 Array = NDArray[np.floating]
 R = TypeVar("R")
@@ -134,35 +135,56 @@ def _attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: 
     read where they lie: one slice of a contiguous cache (attend_chunk), or one per run of consecutive
     pages of a paged cache (paged.page_blocks); n_i >= 1. k and v may be float16: each piece is converted
     to q_s's dtype as it is read, never more. A query that sees no block gets out 0 and lse -inf.
+
+    As in flash.attend_block, the sums are first measured against m = 0 (a "unified max value"): a block is
+    two matmuls, one exponential and one row sum. Where the sums say that did not hold (flash.trusted), the
+    blocks are read again with the running max.
     """
-    n, rows = q_s.shape[:2]
-    keys_first = decode_layout().keys_first  # read once: a block's layout never changes within a step
-    m = np.full((n, rows, 1), -np.inf, q_s.dtype)  # running max of the scores
-    l = np.zeros((n, rows, 1), q_s.dtype)  # running sum of exp(score - m)
-    acc = np.zeros((n, rows, ev), q_s.dtype)  # running exp(score - m) @ v
-    part = np.empty_like(acc)  # one piece's exp(score - m) @ v, before it is added
-    for pieces in blocks:
-        bounds = np.cumsum([0] + [k.shape[1] for k, _ in pieces])  # piece i: columns bounds[i] .. bounds[i + 1]
-        # 1) scores of every query row against the block's keys, piece by piece (_block_scores)
-        s = _block_scores(q_s, [k for k, _ in pieces], bounds, keys_first)  # (N, R, bk)
-        # 2) the new running max, and the block's probabilities relative to it, in place
-        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, R, 1)
-        s -= m_new
-        np.exp(s, out=s)
-        # 3) rescale what was accumulated against the old max, then add this block, piece by piece
-        alpha = np.exp(m - m_new)  # (N, R, 1); 0 on the first block, where m = -inf
-        l *= alpha
-        l += s.sum(axis=-1, keepdims=True)
-        acc *= alpha
-        for (_, v), start, stop in zip(pieces, bounds, bounds[1:], strict=False):
-            v = v.astype(q_s.dtype, copy=False)
-            acc += np.matmul(s[:, :, start:stop], v, out=part)  # (N, R, n_i) @ (N, n_i, Ev)
-        m = m_new
+    blocks = list(blocks)  # views: walked a second time if the sums against 0 cannot be trusted
+    acc = np.empty((*q_s.shape[:2], ev), q_s.dtype)  # (N, R, Ev) Σ exp(s - m) v, filled by _sum_blocks
+    m, l = _sum_blocks(q_s, blocks, acc, running_max=False)
+    if not trusted(l, acc):  # exp(s) overflowed, or a row's terms all underflowed: again with the running max
+        m, l = _sum_blocks(q_s, blocks, acc, running_max=True)
     # 4) divide once at the end; a row that saw no key keeps out 0 and lse -inf
     np.divide(acc, l, out=acc, where=l != 0)
     with np.errstate(divide="ignore"):
         lse = (m + np.log(l))[..., 0]  # (N, R): log Σ_j exp(score_j)
     return acc, lse
+
+
+def _sum_blocks(
+    q_s: Array, blocks: list[list[tuple[Array, Array]]], acc: Array, *, running_max: bool
+) -> tuple[Array, Array]:
+    """The block loop of _attend_blocks: fills acc (N, R, Ev) with Σ exp(s - m) v and returns m and l (N, R, 1),
+    the reference point and Σ exp(s - m) of each row. running_max=False: m = 0 throughout (steps 2 and 3's
+    rescaling skipped); True: m moved to the running max and what was summed rescaled at every block."""
+    n, rows = q_s.shape[:2]
+    keys_first = decode_layout().keys_first  # read once: a block's layout never changes within a step
+    m = np.full((n, rows, 1), -np.inf if running_max else 0.0, q_s.dtype)  # the reference point of the sums
+    l = np.zeros((n, rows, 1), q_s.dtype)  # running sum of exp(score - m)
+    acc[...] = 0  # running exp(score - m) @ v
+    part = np.empty_like(acc)  # one piece's exp(score - m) @ v, before it is added
+    with np.errstate(over="ignore", invalid="ignore"):  # against 0, an overflow shows in the sums (trusted)
+        for pieces in blocks:
+            bounds = np.cumsum([0] + [k.shape[1] for k, _ in pieces])  # piece i: columns bounds[i] .. bounds[i + 1]
+            # 1) scores of every query row against the block's keys, piece by piece (_block_scores)
+            s = _block_scores(q_s, [k for k, _ in pieces], bounds, keys_first)  # (N, R, bk)
+            # 2) the block's probabilities relative to m, in place (the running max: moved first)
+            if running_max:
+                m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, R, 1)
+                s -= m_new
+            np.exp(s, out=s)
+            # 3) rescale what was accumulated against the old max, then add this block, piece by piece
+            if running_max:
+                alpha = np.exp(m - m_new)  # (N, R, 1); 0 on the first block, where m = -inf
+                l *= alpha
+                acc *= alpha
+                m = m_new
+            l += s.sum(axis=-1, keepdims=True)
+            for (_, v), start, stop in zip(pieces, bounds, bounds[1:], strict=False):
+                v = v.astype(q_s.dtype, copy=False)
+                acc += np.matmul(s[:, :, start:stop], v, out=part)  # (N, R, n_i) @ (N, n_i, Ev)
+    return m, l
 
 
 def _block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first: bool) -> Array:
