@@ -91,3 +91,18 @@ def test_the_limit_holds_inside_and_is_restored_after():
     with _parallel.one_blas_thread():
         assert set(blas_threads()) == {1}
     assert blas_threads() == before
+
+
+
+def test_cpu_cores_is_the_cpu_count_asked_once(monkeypatch):
+    import os
+
+    cores = _parallel.cpu_cores()
+    assert cores == (os.cpu_count() or 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)  # what os.cpu_count() says where it cannot tell
+    assert _parallel.cpu_cores() == cores  # not asked again
+    _parallel.cpu_cores.cache_clear()
+    try:
+        assert _parallel.cpu_cores() == 1  # asked afresh: None counts as one core
+    finally:
+        _parallel.cpu_cores.cache_clear()  # the next call asks the real os.cpu_count() again

@@ -200,7 +200,7 @@ def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, worke
     """layer_norm, gelu, their backwards and cross_entropy run their lines block by block on the cores: the same bits as
     the same lines over the whole array at once, for any block size and number of workers."""
     monkeypatch.setattr(layers, "_ROW_BLOCK", block)
-    monkeypatch.setattr(layers.os, "cpu_count", lambda: workers)
+    monkeypatch.setattr(layers, "cpu_cores", lambda: workers)
     u, dy = (rng.normal(size=(300, 257)).astype(np.float32) for _ in range(2))  # 300 · 257 > 2^15: several blocks
     y_whole, du_whole = np.empty_like(u), np.empty_like(u)
     layers._gelu_lines(u, y_whole)

@@ -35,7 +35,6 @@ as it runs, so the plan itself costs no memory either.
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -53,7 +52,7 @@ from ._checks import (
     without_head_axis,
 )
 from ._guard import refuse_blockwise
-from ._parallel import one_blas_thread, run_items
+from ._parallel import cpu_cores, one_blas_thread, run_items
 from .blockmask import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
@@ -376,7 +375,7 @@ class TileRule(NamedTuple):
 def constant_rule(cores: int | None = None) -> TileRule:
     """The constants, measured on a 2-core machine and a 16-core one (docs/flash.md): tiles of 256 and 2^18
     scores a step (512 and 2^19 on more than 8 cores), the backward's tiles of 256, a worker per core."""
-    cores = cores if cores is not None else os.cpu_count() or 1
+    cores = cores if cores is not None else cpu_cores()
     if cores <= 8:
         return TileRule(DEFAULT_BLOCK_Q, SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)
     return TileRule(2 * DEFAULT_BLOCK_Q, 2 * SCORES_PER_STEP, DEFAULT_BLOCK_Q, cores)

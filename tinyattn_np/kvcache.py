@@ -48,7 +48,6 @@ RoPE turns by are the ones the tokens get. Reading does not take the lock: see `
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -59,6 +58,7 @@ from numpy.typing import NDArray
 from ._atomic import Undo, holding
 from ._checks import ACCEPTED_DTYPES, QKVShape, check_bool, check_count, check_positive_int
 from ._guard import refuse_unless_fits
+from ._parallel import cpu_cores
 from .blockmask import Band, check_band
 from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
 from .splitkv import _decode, _default_kv_splits, _refuse_decode_beyond_memory
@@ -440,7 +440,7 @@ def _decode_step(q: Array, keys: Array, values: Array) -> Array:
     B, H, _, d = q.shape
     kept = keys.shape[2]
     dims = QKVShape((B,), H, keys.shape[1], 1, kept, d, d)
-    workers = os.cpu_count() or 1  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
+    workers = cpu_cores()  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
     kv_splits = _default_kv_splits(kept, workers)
     _refuse_decode_beyond_memory("KVCache.attend", q, keys, values, dims, kv_splits, workers)
     out, _ = _decode(q, keys, values, dims, 1.0 / math.sqrt(d), kv_splits, workers)

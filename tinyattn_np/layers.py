@@ -27,14 +27,13 @@ Each backward's docstring derives its lines; tests/test_layers.py holds each aga
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._parallel import l2_cache_bytes, run_items
+from ._parallel import cpu_cores, l2_cache_bytes, run_items
 
 Array = NDArray[np.floating]
 
@@ -99,7 +98,7 @@ def _by_row_blocks(lines: Callable[[slice], None], n_rows: int, row_size: int) -
     caller's thread); each call writes only its own rows."""
     step = max(1, _ROW_BLOCK // max(1, row_size))
     blocks = [slice(start, start + step) for start in range(0, n_rows, step)]
-    run_items(lines, blocks, max(1, min(n_rows * row_size // _ELEMENTS_PER_WORKER, os.cpu_count() or 1)))
+    run_items(lines, blocks, max(1, min(n_rows * row_size // _ELEMENTS_PER_WORKER, cpu_cores())))
 
 
 def _row_means(x: Array, y: Array | None = None) -> Array:

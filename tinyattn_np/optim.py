@@ -30,14 +30,13 @@ API:
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_count
-from ._parallel import run_items
+from ._parallel import cpu_cores, run_items
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
@@ -112,7 +111,7 @@ class AdamW:
             theta -= update
 
         # the parameters are independent: the cores take them in turn (NumPy lets go of the interpreter lock)
-        run_items(update_one, list(params), min(len(params), os.cpu_count() or 1))
+        run_items(update_one, list(params), min(len(params), cpu_cores()))
 
     def _check(self, arrays: Any, name: str) -> None:
         """arrays: a dict with exactly the optimiser's names, each of its shape."""

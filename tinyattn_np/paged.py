@@ -27,7 +27,6 @@ seq_ids=) calls): the new tokens' attention over the cached pages and over thems
 from __future__ import annotations
 
 import math
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -48,7 +47,7 @@ from ._checks import (
     result_dtype,
 )
 from ._guard import refuse_unless_fits
-from ._parallel import one_blas_thread, run_items
+from ._parallel import cpu_cores, one_blas_thread, run_items
 from .blockmask import check_band
 from .flash import flash_forward, flash_plan
 from .kvcache import (
@@ -703,7 +702,7 @@ def check_paged(
     seqs = check_sequences(cache, seq_ids, q.shape[0], "q")
     scale = check_scale(scale, cache.head_dim, compute_dtype(q, cache.k_pool))
     kv_splits = None if kv_splits is None else check_positive_int(kv_splits, "kv_splits")
-    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    workers = check_positive_int(workers, "workers", default=cpu_cores())
     return q, seqs, scale, kv_splits, workers
 
 
@@ -862,7 +861,7 @@ def attend_new_and_cached(q: Array, k: Array, v: Array, cache: PagedKVCache, seq
     A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1.
     """
     B, H, T, d = q.shape
-    scale, workers = 1.0 / math.sqrt(d), os.cpu_count() or 1
+    scale, workers = 1.0 / math.sqrt(d), cpu_cores()
     refuse_unless_fits(
         paged_decode_bytes(q, cache, seqs, None, workers), "PagedKVCache.attend",
         f"{B:,} sequences of {H * T:,} query rows against their cached pages",

@@ -24,7 +24,6 @@ Decoding is bound by reading the cache, not by arithmetic.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, TypeVar
 
@@ -43,7 +42,7 @@ from ._checks import (
     without_head_axis,
 )
 from ._guard import refuse_unless_fits
-from ._parallel import blas_kernel_set, one_blas_thread, run_items
+from ._parallel import blas_kernel_set, cpu_cores, one_blas_thread, run_items
 from .flash import trusted
 
 Array = NDArray[np.floating]
@@ -268,7 +267,7 @@ def flash_decode(
     two_d = without_head_axis(q)
     q, k, v, dims = check_qkv(q, k, v)
     scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
-    workers = check_positive_int(workers, "workers", default=os.cpu_count() or 1)
+    workers = check_positive_int(workers, "workers", default=cpu_cores())
     kv_splits = check_positive_int(kv_splits, "kv_splits", default=_default_kv_splits(dims.n_k, workers))
     kv_splits = min(kv_splits, max(dims.n_k, 1))
     _refuse_decode_beyond_memory("flash_decode", q, k, v, dims, kv_splits, workers)
