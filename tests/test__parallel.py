@@ -93,7 +93,6 @@ def test_the_limit_holds_inside_and_is_restored_after():
     assert blas_threads() == before
 
 
-
 def test_cpu_cores_is_the_cpu_count_asked_once(monkeypatch):
     import os
 
