@@ -130,8 +130,8 @@ def blas_kernel_set() -> str:
 
 @functools.cache
 def cpu_cores() -> int:
-    """os.cpu_count(), at least 1, asked once: each os.cpu_count() reads a file of /sys, which took 23 µs a call
-    inside a training step of the tiny GPT on the 2-core EPYC, where the step's defaults ask it 56 times."""
+    """os.cpu_count(), at least 1, asked once: each os.cpu_count() reads a file of /sys, tens of microseconds
+    inside a training step, whose defaults (tiles, row blocks, workers) ask for the cores dozens of times."""
     return os.cpu_count() or 1
 
 
