@@ -7,11 +7,14 @@ and generation with the KV cache beside recomputation.
 
 1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
    random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
-   the series' tokenizer): the median of --repeats steps after two untimed ones. With --torch, the same
+   the series' tokenizer): the median over --rounds turns of --repeats steps, each turn after two untimed
+   steps. With --torch, the same
    model in torch, eager (nn.Embedding, nn.LayerNorm, nn.Linear, RoPE on interleaved pairs,
    F.scaled_dot_product_attention, the head tied to the embedding, F.cross_entropy, backward,
    clip_grad_norm_, torch.optim.AdamW with decay on the matrices only), from the same weights, on the same
-   batch, with as many threads as our BLAS: the two untimed steps' losses must agree (float32).
+   batch, with as many threads as our BLAS: the first two steps' losses must agree (float32), and then the
+   two take turns, so that a machine whose speed drifts during the run (another tenant's load) slows both
+   alike.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
@@ -23,16 +26,18 @@ workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Ev
 code is 1 (and the failed check is named) if one fails.
 
 --equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
-on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, one after
-the other (AdamW at the preset's learning rate, no schedule: the number of steps is not known ahead), and
-then both are validated on the same windows of the text's last tenth: both losses, and ours relative to
-torch's. The faster step takes more steps in the same time, and that is what the difference shows.
+on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, in
+--rounds turns of SECONDS / rounds, taking turns (AdamW at the preset's learning rate, no schedule: the
+number of steps is not known ahead), and then both are validated on the same windows of the text's last
+tenth: both losses, and ours relative to torch's. The faster step takes more steps in the same time, and
+that is what the difference shows.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -50,6 +55,7 @@ import text_data  # noqa: E402
 import training  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
+from tinyattn_np.measure import time_calls  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
 from tinyattn_np.report import Checklist, add_wide_argument, fit_table, positive, table_width  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
@@ -65,7 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the models to time (default: both)")  # fmt: skip
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
-    p.add_argument("--repeats", type=positive(int), default=5, help="timed training steps (default 5)")
+    p.add_argument("--repeats", type=positive(int), default=5, help="timed training steps a turn (default 5)")
+    p.add_argument("--rounds", type=positive(int), default=3,
+                   help="turns of each model, ours and torch's alternating (default 3)")  # fmt: skip
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
@@ -74,8 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_wide_argument(p)
     common.add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
-    if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or args.repeats > 10_000 or (args.batch or 0) > 4096:
-        p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats <= 10,000 and --batch <= 4,096")
+    steps = args.repeats * args.rounds
+    if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
+        p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
     common.check_output(p, "--json", args.json)
     for name in args.presets:
         bill = training_memory(config_of(name, args), batch_of(name, args))
@@ -226,7 +235,7 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
     optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
     ours = [our_step(model, optimizer, x, y, preset.lr) for _ in range(2)]
     row = {"preset": name, "parameters": model.num_parameters, "batch": batch, "context": config.context}
-    row["ours_ms"] = common.settled_median_ms(lambda: our_step(model, optimizer, x, y, preset.lr), args.repeats)
+    steps = [lambda: our_step(model, optimizer, x, y, preset.lr)]
     if module is not None:
         torch_optimizer = torch_adamw(torch, module, preset)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
@@ -234,9 +243,24 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
         for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
             check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
                   f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
-        row["torch_ms"] = common.settled_median_ms(lambda: torch_step(torch, module, torch_optimizer, tx, ty),
-                                                   args.repeats)  # fmt: skip
+        steps.append(lambda: torch_step(torch, module, torch_optimizer, tx, ty))
+    times = alternating_medians_ms(steps, args.repeats, args.rounds)
+    row["ours_ms"] = times[0]
+    if module is not None:
+        row["torch_ms"] = times[1]
     return row
+
+
+def alternating_medians_ms(fns: list[Any], repeats: int, rounds: int) -> list[float]:
+    """The median wall time in ms of each fn over `rounds` turns of `repeats` calls, the fns taking turns, each
+    turn timed as common.settled_median_ms times (after the idle, two untimed calls): a machine whose speed
+    drifts during the run (another tenant's load) slows every fn alike, and their ratio holds."""
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, seconds in zip(fns, samples, strict=True):
+            time.sleep(common.SETTLE_SECONDS)
+            seconds += time_calls(fn, repeats, warmup=2)
+    return [1e3 * statistics.median(seconds) for seconds in samples]
 
 
 def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -258,14 +282,19 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
 # 3) --equal-time: the validation loss after the same wall time
 
 
-def train_for(seconds: float, step: Any) -> int:
-    """step(0), step(1), ... until `seconds` of wall time have passed; the number of steps taken."""
-    time.sleep(common.SETTLE_SECONDS)  # the other library's threads asleep first (settled_median_ms)
-    started, steps = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        step(steps)
-        steps += 1
-    return steps
+def train_in_turns(seconds: float, steps: list[Any], rounds: int) -> list[int]:
+    """Each of `steps` (step(0), step(1), ...) for `seconds` of wall time in all, in `rounds` turns of
+    seconds / rounds, the models taking turns, each turn after the idle of common.settled_median_ms (the
+    other library's threads asleep first); the number of steps each took."""
+    taken = [0] * len(steps)
+    for _ in range(rounds):
+        for n, step in enumerate(steps):
+            time.sleep(common.SETTLE_SECONDS)
+            started = time.perf_counter()
+            while time.perf_counter() - started < seconds / rounds:
+                step(taken[n])
+                taken[n] += 1
+    return taken
 
 
 def validation_loss(loss_of: Any, batches: list[tuple[np.ndarray, ...]]) -> float:
@@ -304,9 +333,10 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
     our_step(GPT(config, model.params), AdamW(model.params, lr=preset.lr), *batch_number(0), preset.lr)
     twin = copy.deepcopy(module)
     torch_step(torch, twin, torch_adamw(torch, twin, preset), *map(torch.from_numpy, batch_number(0)))
-    ours = train_for(args.equal_time, lambda i: our_step(model, optimizer, *batch_number(i), preset.lr))
-    theirs = train_for(args.equal_time, lambda i: torch_step(torch, module, torch_optimizer,
-                                                             *map(torch.from_numpy, batch_number(i))))  # fmt: skip
+    ours, theirs = train_in_turns(args.equal_time, [
+        lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
+        lambda i: torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
+    ], args.rounds)  # fmt: skip
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
     row["torch_steps"] = theirs
     row["ours_loss"], row["torch_loss"] = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
@@ -314,8 +344,9 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
 
 
 def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\n3) validation loss after {args.equal_time:g} s of training each, from the same weights on the same "
-          "batches\n   (this project's pages, character tokens; AdamW at the preset's learning rate)")  # fmt: skip
+    print(f"\n3) validation loss after {args.equal_time:g} s of training each, in {args.rounds} turns each, ours and "
+          "torch's\n   alternating, from the same weights on the same batches (this project's pages, character "
+          "tokens;\n   AdamW at the preset's learning rate)")  # fmt: skip
     headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss", "ours / torch - 1"]
     body = [[r["preset"], f"{r['start_loss']:.4f}", f"{r['ours_steps']:,}", f"{r['torch_steps']:,}",
              f"{r['ours_loss']:.4f}", f"{r['torch_loss']:.4f}", f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}"]
@@ -324,7 +355,8 @@ def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
-    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, median of {args.repeats}\n   {threads}")
+    turns = f"{args.rounds} turns of {args.repeats} steps" + (", ours and torch's alternating" if args.torch else "")
+    print(f"\n1) a training step (forward, backward, clipping, AdamW), float32, the median of {turns}\n   {threads}")
     headers = ["preset", "parameters", "batch x context", "ours ms", "tokens/s"]
     if args.torch:
         headers += ["torch ms", "ours / torch"]

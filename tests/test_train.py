@@ -391,6 +391,22 @@ def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
     assert saved["training"][0]["ours_ms"] > 0 and saved["generation"][0]["cache_s"] > 0
 
 
+def test_train_speed_times_the_two_models_in_alternating_turns(monkeypatch):
+    """Each model's steps come in --rounds turns, the models taking turns, so that a machine whose speed drifts
+    slows both alike; each turn starts with two untimed steps, and the figure is the median of every turn's."""
+    speed = load("train_speed.py")
+    monkeypatch.setattr(speed.common, "SETTLE_SECONDS", 0.0)
+    calls = []
+    medians = speed.alternating_medians_ms([lambda: calls.append("ours"), lambda: calls.append("torch")], 2, 3)
+    assert calls == (["ours"] * 4 + ["torch"] * 4) * 3 and len(medians) == 2 and min(medians) >= 0
+    steps: list[list[int]] = [[], []]
+    taken = speed.train_in_turns(0.03, [steps[0].append, lambda i: (steps[1].append(i), time.sleep(0.002))], 3)
+    assert taken == [len(steps[0]), len(steps[1])] and steps == [list(range(n)) for n in taken]  # each in its order
+    assert 3 <= taken[1] <= 18 and taken[0] > taken[1]  # 3 turns of 10 ms each; the slower model takes fewer
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--presets", "tiny", "--repeats", "5000", "--rounds", "3"])
+
+
 def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
     speed = load("train_speed.py")
     for name in ("torch", "torch.nn.functional"):
