@@ -93,7 +93,9 @@ def test_equal_steps_give_equal_validation_losses(monkeypatch, capsys):
     """With the clock taken out (each trains 4 steps), the two runs are the same run: the same weights,
     batches and AdamW give the same validation loss, to float32 rounding."""
     speed = small_tiny(monkeypatch)
-    monkeypatch.setattr(speed, "train_for", lambda seconds, step: [step(i) for i in range(4)] and 4)
+    monkeypatch.setattr(
+        speed, "train_in_turns", lambda seconds, steps, rounds: [[step(i) for i in range(4)] and 4 for step in steps]
+    )
     rows = []
     monkeypatch.setattr(speed, "print_equal_time", lambda found, args: rows.extend(found))
     assert speed.main(["--presets", "tiny", "--equal-time", "1"]) == 0
