@@ -303,13 +303,29 @@ def test_the_layout_in_force_sets_the_block_and_the_bill(layout_in_force):
 
 @pytest.mark.parametrize("kernels", ["SkylakeX", "Haswell", "Zen", ""])
 def test_the_untuned_layout_is_the_one_measured_fastest_under_the_blas_kernels(monkeypatch, kernels):
-    """AVX-512 kernels: blocks of 2^13 scores; AVX2 kernels: 2^17; kernels nobody measured, or a BLAS that does
+    """AVX-512 and AVX2 kernels: keys first, blocks of 2^15 scores; kernels nobody measured, or a BLAS that does
     not name them: DEFAULT_LAYOUT."""
     import tinyattn_np.splitkv as splitkv
 
     monkeypatch.setattr(splitkv, "blas_kernel_set", lambda: kernels)
-    want = {"SkylakeX": DecodeLayout(2**13, False), "Haswell": DecodeLayout(2**17, False)}.get(kernels, DEFAULT_LAYOUT)
+    want = {"SkylakeX": DecodeLayout(2**15, True), "Haswell": DecodeLayout(2**15, True)}.get(kernels, DEFAULT_LAYOUT)
     assert default_layout() == decode_layout() == want
+
+
+def test_keys_first_takes_one_row_at_a_time_only_for_a_few_rows(layout_in_force):
+    """Up to VECTOR_ROWS query rows a kv head, keys first makes each row's scores by a matrix-vector product;
+    past it, one matrix product: the bits of queries first. Either way, the reference."""
+    import tinyattn_np.splitkv as splitkv
+
+    for rows in (splitkv.VECTOR_ROWS, 2 * splitkv.VECTOR_ROWS):
+        q, k, v = _qkv(batch=(1,), hq=2 * rows, hkv=2, n_q=1, n_k=2000, e=64, ev=64, dtype=np.float32)
+        runs = []
+        for keys_first in (True, False):
+            layout_in_force(DecodeLayout(2**15, keys_first=keys_first))
+            runs.append(flash_decode(q, k, v, kv_splits=1))
+        assert_close(runs[0], gold_attention(q, k, v)[0], np.float32, f"{rows} rows, keys first")
+        if rows > splitkv.VECTOR_ROWS:
+            np.testing.assert_array_equal(runs[0], runs[1])
 
 
 def test_the_blas_kernel_set_is_numpys():

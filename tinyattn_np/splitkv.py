@@ -59,29 +59,33 @@ __all__ = [
 # values converted to float32): large enough that the dozen NumPy calls of a step are few next to the
 # bytes it reads, small enough that it stays in the core's cache. A chunk gets at least MIN_SPLIT_KEYS keys:
 # below that, starting a thread costs more than the chunk's work.
-SCORES_PER_BLOCK = 2**17
+SCORES_PER_BLOCK = 2**15
 MIN_BLOCK_K = 256
 MIN_SPLIT_KEYS = 1024
+VECTOR_ROWS = 8  # keys_first: a matrix-vector product a query row up to this many rows a kv head (measured: 16 are
+# faster as one matrix product, 8 and 4 one row at a time, on the build machine under both kernel sets)
 
 
 class DecodeLayout(NamedTuple):
-    """How a decode step lays out a block of scores: about `scores_per_block` of them a block, stored queries
-    first (keys_first=False: s = q Kᵀ, (N, R, bk)) or keys first (s = K qᵀ, (N, bk, R), read through its
-    transpose). The two products are the same sums; which BLAS multiplies faster depends on its kernels: with
-    G·L = 4 query rows per kv head, OpenBLAS's AVX-512 kernels are fastest on small blocks and its AVX2 ones on
-    large (docs/decoding.md). Untuned, a step takes the layout measured fastest under the kernel set NumPy's
-    BLAS runs (KERNEL_LAYOUTS); tune() measures the layouts here (DECODE_LAYOUTS) and keeps the fastest."""
+    """How a decode step makes a block of scores s (N, R, bk): about `scores_per_block` of them a block, as one
+    matrix product a kv head, queries first (keys_first=False: s = q Kᵀ), or keys first (keys_first=True: each
+    query row's scores K q_r, a matrix-vector product, where a kv head has at most VECTOR_ROWS query rows; more
+    rows make q Kᵀ). The two are the same sums; which BLAS makes faster depends on its kernels and the machine:
+    a product of a few rows is one whose keys OpenBLAS first copies (packs), and a matrix-vector product reads
+    them in place (docs/decoding.md). Untuned, a step takes the layout measured fastest under the kernel set
+    NumPy's BLAS runs (KERNEL_LAYOUTS); tune() measures the layouts here (DECODE_LAYOUTS) and keeps the
+    fastest."""
 
     scores_per_block: int
     keys_first: bool
 
 
-DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=False)  # under kernels KERNEL_LAYOUTS does not name
+DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=True)  # under kernels KERNEL_LAYOUTS does not name
 DECODE_LAYOUTS = tuple(DecodeLayout(2**power, first) for power in (13, 15, 17) for first in (False, True))
-# The layout measured fastest under each of OpenBLAS's kernel sets (python scripts/decode.py --step --layouts;
-# docs/results/xeon.md): its AVX-512 kernels multiply 4-row products fastest on blocks of 2^13 scores, its
-# AVX2 kernels on blocks of 2^17.
-KERNEL_LAYOUTS = {"SkylakeX": DecodeLayout(2**13, keys_first=False), "Haswell": DecodeLayout(2**17, keys_first=False)}
+# The layout measured fastest under each of OpenBLAS's kernel sets on the 2-core AMD EPYC that builds the project
+# (python scripts/decode.py --step --layouts; docs/results/decoding.md): keys first in blocks of 2^15 scores
+# under both its AVX-512 and its AVX2 kernels.
+KERNEL_LAYOUTS = {"SkylakeX": DecodeLayout(2**15, keys_first=True), "Haswell": DecodeLayout(2**15, keys_first=True)}
 _layout_in_force: DecodeLayout | None = None  # set by use_decode_layout (tune.py); None: default_layout()
 
 
@@ -189,14 +193,16 @@ def _sum_blocks(
 def _block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first: bool) -> Array:
     """One block's scores s = q_s Kᵀ -> (N, R, bk), K the pieces in turn (piece i: columns bounds[i] ..
     bounds[i + 1]), each read in place by BLAS and converted to q_s's dtype only if it is float16 (one piece at
-    a time). keys_first: made as K q_sᵀ (N, bk, R) and returned as its transpose, a view (DecodeLayout)."""
+    a time). keys_first, with R <= VECTOR_ROWS: row r made as K q_r, a matrix-vector product (DecodeLayout)."""
     n, rows = q_s.shape[:2]
-    if keys_first:
-        s_t = np.empty((n, bounds[-1], rows), q_s.dtype)  # (N, bk, R): keys down, query rows across
-        for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
-            np.matmul(k.astype(q_s.dtype, copy=False), q_s.swapaxes(-1, -2), out=s_t[:, start:stop])  # (N, n_i, R)
-        return s_t.swapaxes(-1, -2)  # (N, R, bk), a view
     s = np.empty((n, rows, bounds[-1]), q_s.dtype)  # (N, R, bk)
+    if keys_first and rows <= VECTOR_ROWS:
+        q_cols = q_s[..., None]  # (N, R, E, 1)
+        for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
+            k = k.astype(q_s.dtype, copy=False)
+            for r in range(rows):  # (N, n_i, E) @ (N, E, 1): one matrix-vector product per query row
+                np.matmul(k, q_cols[:, r], out=s[:, r, start:stop, None])
+        return s
     for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
         np.matmul(q_s, k.astype(q_s.dtype, copy=False).swapaxes(-1, -2), out=s[:, :, start:stop])  # (N, R, n_i)
     return s
