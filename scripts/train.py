@@ -13,7 +13,8 @@ part3 a 6-layer model of width 256 and context 256. The vocabulary is the tokeni
 the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The
 text is cut into a training part and the last --validation of it, which is never trained on. A step:
 a batch of random windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm
-to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim).
+to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K runs the
+batch K equal slices at a time, their gradients summed: the same step, with one slice's activations in memory.
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
 fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
@@ -63,6 +64,25 @@ def fraction(text: str) -> float:
     return float(value)
 
 
+def add_settings(p: argparse.ArgumentParser) -> None:
+    """The flags of training.SETTINGS: what a step does, kept in the checkpoint."""
+    p.add_argument("--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the "
+                   "checkpoint's)")  # fmt: skip
+    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
+    p.add_argument("--accumulate", type=positive(int), metavar="K", help="run each step's batch K equal slices at a "
+                   "time, their gradients summed (gradient accumulation): the same step to rounding, with one "
+                   "slice's activations in memory (default 1; nanoGPT's gradient_accumulation_steps multiplies its "
+                   "batch instead: its batch_size 12 with 4 steps is --batch 48 --accumulate 4)")  # fmt: skip
+    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
+    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
+    p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
+                   "tenth of --steps)")  # fmt: skip
+    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
+    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
+    p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
+                   "the preset's, 0)")  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else argv
     pre = argparse.ArgumentParser(add_help=False)  # --task decides which flags there are
@@ -86,17 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the model and its training settings (default tiny; with --resume, the checkpoint's)",
     )
-    p.add_argument("--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the "
-                   "checkpoint's)")  # fmt: skip
-    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
-    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
-    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
-    p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
-                   "tenth of --steps)")  # fmt: skip
-    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
-    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
-    p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
-                   "the preset's, 0)")  # fmt: skip
+    add_settings(p)
     p.add_argument("--validation", type=fraction, default=0.1, help="the text's last part kept to validate on "
                    "(default 0.1)")  # fmt: skip
     p.add_argument("--eval-every", type=positive(int), default=25, help="steps between validations (default 25)")
@@ -127,8 +137,9 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What the flags must satisfy together, before anything is read or allocated."""
     if args.steps is not None and args.steps > MAX_STEPS:
         p.error(f"--steps must be at most {MAX_STEPS:,} (a run that long would not end on a CPU); got {args.steps:,}")
-    if args.batch is not None and args.batch > MAX_BATCH:
-        p.error(f"--batch must be at most {MAX_BATCH:,}; got {args.batch:,}")
+    for flag, value in (("--batch", args.batch), ("--accumulate", args.accumulate)):
+        if value is not None and value > MAX_BATCH:
+            p.error(f"{flag} must be at most {MAX_BATCH:,}; got {value:,}")
     if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
         p.error("--weight-decay and --dropout must be numbers in [0, 1)")
     if args.eval_windows > 100_000 or not 0 <= args.sample <= 100_000:
@@ -155,11 +166,16 @@ def print_start(run: training.Run, size: int) -> None:
         f"model: GPT ({run.preset}), {c.layers} layers, {c.heads} heads, width {c.width}, context {c.context}, "
         f"{c.mlp} MLP of {c.hidden}, {c.norm},\n  tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
     )
+    split = f" split over {size} processes" if size > 1 else ""
+    rows = s["batch"] // size // s["accumulate"]  # sequences in a slice
+    slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}" + (
+        " a process" if size > 1 else "") + " (gradient accumulation)" if s["accumulate"] > 1 else ""  # fmt: skip
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
           f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
-          f"{c.context} tokens" + (f" split over {size} processes" if size > 1 else ""))  # fmt: skip
-    bill = training_memory(c, s["batch"] // size)
-    parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in ("weights", "moments", "activations"))
+          f"{c.context} tokens{split}{slices}")  # fmt: skip
+    bill = training_memory(c, s["batch"] // size, accumulate=s["accumulate"])
+    names = ("weights", "moments", "activations") + (("accumulated",) if bill.accumulated else ())
+    parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in names)
     print(f"memory of a step: {format_bytes(bill.peak)} at its peak\n  ({parts}; trainbill.training_memory)")
     if run.args.data_parallel and size == 1:
         print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")

@@ -4,7 +4,9 @@ processes of --data-parallel. A module that train.py and train_speed.py share.
 One step, the whole of it (train_step):
 
     x, y = B random windows of the training tokens, y one token ahead     (B, T) each
-    loss, grads = model.loss_and_grads(x, y)                              every gradient by hand (gpt.py)
+    loss, grads = model.loss_and_grads(x, y)                              every gradient by hand (gpt.py);
+                                                                          --accumulate K: K slices of B / K
+                                                                          rows, the mean (accumulated_grads)
     grads = the mean over the processes (one Allreduce; --data-parallel only)
     ‖g‖ = clip_grad_norm(grads, clip)                                     scaled down to ‖g‖ = clip if above it
     optimizer.step(params, grads, lr=warmup_cosine_lr(step, ...))         AdamW (optim.py)
@@ -28,6 +30,7 @@ import time
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import checkpoint
@@ -37,7 +40,7 @@ import text_data
 
 from tinyattn_np._mpi import StopTogether, abort_on_failure
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
-from tinyattn_np.optim import AdamW, clip_grad_norm, warmup_cosine_lr
+from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm, warmup_cosine_lr
 from tinyattn_np.sampling import generate
 from tinyattn_np.trainbill import training_memory
 
@@ -58,7 +61,7 @@ PRESETS = {
     "tiny": Preset(GPT_PRESETS["tiny"], batch=12, lr=1e-3, warmup=100, beta2=0.99),
     "part3": Preset(GPT_PRESETS["part3"], batch=16, lr=6e-4, warmup=100, beta2=0.95),
 }
-SETTINGS = ("steps", "batch", "lr", "min_lr", "warmup", "weight_decay", "clip", "dropout")  # a checkpoint keeps them
+SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "weight_decay", "clip", "dropout")  # kept
 ROW_HEADER = f"{'step':>7}  {'train loss':>10}  {'val loss':>8}  {'lr':>9}  {'tokens/s':>9}  {'time':>8}"
 
 
@@ -131,8 +134,8 @@ class Run:
 def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str, Any]) -> dict[str, Any]:
     """SETTINGS: a flag given now, else as given to the run that wrote the checkpoint, else the default
     (the preset's; --min-lr follows --lr, --warmup follows --steps). Under "given", the flags given."""
-    defaults = {"steps": 100, "batch": preset.batch, "lr": preset.lr, "weight_decay": 0.1, "clip": 1.0,
-                "dropout": preset.config.dropout}  # fmt: skip
+    defaults = {"steps": 100, "batch": preset.batch, "accumulate": 1, "lr": preset.lr, "weight_decay": 0.1,
+                "clip": 1.0, "dropout": preset.config.dropout}  # fmt: skip
     given = {**given_before, **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}}
     settings = {**defaults, **given}
     settings.setdefault("min_lr", settings["lr"] / 10)
@@ -192,14 +195,17 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 
 
 def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> None:
-    """Refuse, before allocating, a batch that does not split over the processes or a step that needs more
-    memory than this machine has (trainbill.training_memory: weights, gradients, AdamW's moments, what the
-    forward keeps for the backward, at the step's peak; a validation batch keeps less)."""
-    if settings["batch"] % processes:
-        raise RunError(f"--batch {settings['batch']} does not split over {processes} processes: give a multiple")
-    bill = training_memory(config, settings["batch"] // processes)
-    problem = common.memory_problem(bill.peak, "a training step", "lower --batch or use --preset tiny",
-                                    " (the weights, their gradients, AdamW's moments and the activations)")  # fmt: skip
+    """Refuse, before allocating, a batch that does not split over the processes and their --accumulate slices,
+    or a step that needs more memory than this machine has (trainbill.training_memory: weights, gradients,
+    AdamW's moments, what the forward keeps for the backward, at the step's peak; a validation batch keeps less)."""
+    batch, slices = settings["batch"], processes * settings["accumulate"]
+    if batch % slices:
+        raise RunError(f"--batch {batch} does not split into {processes} process(es) x --accumulate "
+                       f"{settings['accumulate']} equal slices: give a multiple of {slices}")  # fmt: skip
+    bill = training_memory(config, batch // processes, accumulate=settings["accumulate"])
+    problem = common.memory_problem(bill.peak, "a training step", "raise --accumulate, lower --batch or use "
+                                    "--preset tiny", " (the weights, their gradients, AdamW's moments and the "
+                                    "activations)")  # fmt: skip
     if problem:
         raise RunError(problem)
 
@@ -214,7 +220,8 @@ def train_step(run: Run, x: np.ndarray, y: np.ndarray, comm: Any = None) -> floa
     dropout_rng = run.dropout_rng if run.model.config.dropout else None
     with warnings.catch_warnings():  # NumPy's overflow warnings: NonFiniteLoss says it once, with a cure
         warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
-        loss, grads = run.model.loss_and_grads(x, y, rng=dropout_rng)
+        loss_and_grads = partial(run.model.loss_and_grads, rng=dropout_rng)
+        loss, grads = accumulated_grads(loss_and_grads, x, y, run.settings["accumulate"])
         if comm is not None:
             loss = allreduce_mean(run, comm, loss, grads)
         norm = clip_grad_norm(grads, run.settings["clip"])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tinyattn_np.gpt import GPT, GPTConfig
-from tinyattn_np.optim import AdamW, accumulate_grads, clip_grad_norm, global_norm, warmup_cosine_lr
+from tinyattn_np.optim import AdamW, accumulate_grads, accumulated_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 
 
 def quadratic_grads(params: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
@@ -157,3 +157,38 @@ def test_accumulated_micro_batches_give_the_whole_batchs_gradient():
         np.testing.assert_allclose(total[name], whole[name], rtol=1e-12, atol=1e-15, err_msg=name)
     with pytest.raises(ValueError, match="grads must have total's names"):
         accumulate_grads(total, {"wte": whole["wte"]})
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 6])
+def test_accumulated_grads_equal_the_whole_batch_in_any_number_of_slices(parts):
+    config = GPTConfig(vocab=9, context=5, layers=2, heads=2, width=8, dtype="float64")
+    model = GPT(config, rng=0)
+    rng = np.random.default_rng(1)
+    idx, targets = rng.integers(0, 9, (6, 5)), rng.integers(0, 9, (6, 5))
+    whole_loss, whole = model.loss_and_grads(idx, targets)
+    seen = []
+
+    def loss_and_grads(x, y):
+        seen.append(len(x))
+        return model.loss_and_grads(x, y)
+
+    loss, grads = accumulated_grads(loss_and_grads, idx, targets, parts)
+    assert seen == [6 // parts] * parts  # equal slices, one call each
+    assert loss == pytest.approx(whole_loss, rel=1e-13)
+    assert grads.keys() == whole.keys()
+    for name in whole:
+        np.testing.assert_allclose(grads[name], whole[name], rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("rows", "parts", "error", "match"),
+    [(6, 4, ValueError, "a multiple of parts = 4; got 6 and 6"), (6, 0, ValueError, "parts must be a positive int"),
+     (6, 1.5, TypeError, "parts must be a positive int")],
+)  # fmt: skip
+def test_accumulated_grads_refuse_slices_that_do_not_split_the_batch(rows, parts, error, match):
+    def never(x, y):
+        raise AssertionError("loss_and_grads must not run")
+
+    x = np.zeros((rows, 5), np.int64)
+    with pytest.raises(error, match=match):
+        accumulated_grads(never, x, x, parts)

@@ -222,6 +222,29 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_
         np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
 
 
+def test_accumulated_slices_train_as_the_whole_batch_and_resume_as_they_ran(
+    small_preset, data, tmp_path, monkeypatch, capsys
+):
+    """--accumulate 2 (the small preset's batch of 4 in 2 slices of 2): every step's loss and the weights at the
+    end those of the whole batch to float32 rounding; stopped and resumed without the flag, it goes on in
+    slices (the checkpoint keeps the setting), to the same bits as a run that never stopped."""
+    assert train_script.main(gpt_flags(data, tmp_path / "whole")) == 0
+    assert train_script.main(gpt_flags(data, tmp_path / "sliced", "--accumulate", "2")) == 0
+    assert "in 2 slices of 2 sequences (gradient accumulation)" in capsys.readouterr().out
+    whole, sliced = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "sliced")
+    np.testing.assert_allclose(sliced["history"], whole["history"], rtol=1e-5)  # (step, loss) of every step
+    for name in (n for n in whole if n.startswith("param.")):
+        np.testing.assert_allclose(sliced[name], whole[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    with monkeypatch.context() as patch:
+        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", "--accumulate", "2")) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    assert "in 2 slices of 2 sequences" in capsys.readouterr().out
+    parts = saved_arrays(tmp_path / "parts")
+    for name in sliced:
+        np.testing.assert_array_equal(parts[name], sliced[name], err_msg=name)
+
+
 def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     flags = ["--sample", "30", "--plot", str(tmp_path / "loss.png"), "--json", str(tmp_path / "run.json")]
@@ -256,6 +279,8 @@ def test_a_loss_gone_nan_stops_and_keeps_the_last_good_checkpoint(small_preset, 
         (["--steps", "1e20"], "--steps: must be a positive int; got '1e20'"),
         (["--steps", "20000000"], "--steps must be at most 10,000,000"),
         (["--batch", "5000"], "--batch must be at most 4,096"),
+        (["--accumulate", "0"], "--accumulate: must be a positive int; got 0"),
+        (["--accumulate", "5000"], "--accumulate must be at most 4,096"),
         (["--resume"], "--resume continues the checkpoint in --out DIR: give --out"),
         (["--validation", "1"], "--validation: must be a fraction between 0 and 1"),
         (["--dropout", "1"], "--weight-decay and --dropout must be numbers in [0, 1)"),
@@ -276,6 +301,7 @@ def test_bad_gpt_flags(flags, message, capsys):
         ("abc " * 3, [], "is too short for the context: 12 tokens give 11 to train on and 1 to validate on"),
         (b"\xff\xfe caf\xe9", [], "is not UTF-8 text"),
         ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "a training step needs about"),
+        ("x" * 2000, ["--accumulate", "5"], "--batch 12 does not split into 1 process(es) x --accumulate 5 equal"),
         ("x" * 2000, ["--tokenizer", "words"], "--tokenizer must be char, byte or the path of a tokenizer.json"),
         ("x" * 2000, ["--tokenizer", "/no/such/tokenizer.json"], "--tokenizer /no/such/tokenizer.json: no such file"),
     ],
@@ -347,16 +373,20 @@ def test_the_data_parallel_step_equals_one_process(data, tmp_path):
         pytest.skip("mpiexec is missing: the distributed extra")
     script, _ = run_wrapper(tmp_path)
     figures = {}
-    for ranks in (1, 2):
-        path = tmp_path / f"{ranks}.json"
-        result = run_mpi(ranks, str(script), *gpt_flags(data), "--data-parallel", "--json", str(path), timeout=120)
+    for ranks, more in ((1, ()), (2, ()), (2, ("--accumulate", "2"))):  # the last: 2 slices of 1 row a process
+        path = tmp_path / f"{ranks}{''.join(more)}.json"
+        result = run_mpi(ranks, str(script), *gpt_flags(data), "--data-parallel", *more, "--json", str(path),
+                         timeout=120)  # fmt: skip
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-        figures[ranks] = json.loads(path.read_text())["rows"]
-    assert "split over 2 processes" in result.stdout and "scaling efficiency" in result.stdout, result.stdout
-    for one, two in zip(figures[1], figures[2], strict=True):  # float32 sums in another order
-        np.testing.assert_allclose(two["val_loss"], one["val_loss"], rtol=1e-5)
-        if one["train_loss"] is not None:
-            np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
+        assert "split over 2 processes" in result.stdout or ranks == 1, result.stdout
+        assert "scaling efficiency" in result.stdout or ranks == 1, result.stdout
+        figures[ranks, more] = json.loads(path.read_text())["rows"]
+    assert "in 2 slices of 1 sequence a process (gradient accumulation)" in result.stdout, result.stdout
+    for split in ((2, ()), (2, ("--accumulate", "2"))):
+        for one, two in zip(figures[1, ()], figures[split], strict=True):  # float32 sums in another order
+            np.testing.assert_allclose(two["val_loss"], one["val_loss"], rtol=1e-5)
+            if one["train_loss"] is not None:
+                np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-5)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None, reason="mpi4py is missing: the distributed extra")

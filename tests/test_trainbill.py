@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
-from tinyattn_np.optim import AdamW, clip_grad_norm
+from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm
 from tinyattn_np.trainbill import training_memory
 
 
-def traced_step_peak(config: GPTConfig, batch: int, tokens: int) -> int:
+def traced_step_peak(config: GPTConfig, batch: int, tokens: int, accumulate: int = 1) -> int:
     """tracemalloc's peak from building the model and the optimiser to the end of one step, after one untraced
     step: the first in a process also makes one-time allocations (about a tenth more here), and which test of
     a process runs first depends on the order the tests run in."""
@@ -22,7 +22,7 @@ def traced_step_peak(config: GPTConfig, batch: int, tokens: int) -> int:
     def step() -> None:
         model = GPT(config, rng=0)
         opt = AdamW(model.params)
-        loss, grads = model.loss_and_grads(idx, targets, rng=1)
+        loss, grads = accumulated_grads(lambda x, y: model.loss_and_grads(x, y, rng=1), idx, targets, accumulate)
         clip_grad_norm(grads, 1.0)
         opt.step(model.params, grads)
 
@@ -45,14 +45,17 @@ CASES = {
         6, 32,
     ),
     "tiny, 4 tokens: the optimizer's update is the peak": (GPT_PRESETS["tiny"], 1, 4),
+    "tiny, batch 12 in 3 slices (gradient accumulation)": (GPT_PRESETS["tiny"], 12, 64, 3),
+    "part3, batch 4 in 2 slices": (GPT_PRESETS["part3"], 4, 256, 2),
+    "tiny, 4 tokens, batch 2 in 2 slices: adding a slice's gradients is the peak": (GPT_PRESETS["tiny"], 2, 4, 2),
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_bill_is_within_ten_percent_of_tracemalloc(name):
-    config, batch, tokens = CASES[name]
-    bill = training_memory(config, batch, tokens)
-    measured = traced_step_peak(config, batch, tokens)
+    config, batch, tokens, *accumulate = CASES[name]
+    bill = training_memory(config, batch, tokens, *accumulate)
+    measured = traced_step_peak(config, batch, tokens, *accumulate)
     assert abs(bill.peak - measured) <= 0.1 * measured, f"{name}: bill {bill} against {measured:,} bytes measured"
 
 
@@ -62,6 +65,11 @@ def test_the_parts_add_up():
     assert bill.peak == bill.weights + bill.moments + bill.activations + bill.working
     short = training_memory(GPT_PRESETS["part3"], 12, tokens=128)
     assert short.activations < bill.activations and short.weights == bill.weights
+    assert bill.accumulated == 0
+    sliced = training_memory(GPT_PRESETS["part3"], 12, accumulate=4)  # 4 slices of 3 sequences
+    assert sliced.activations == training_memory(GPT_PRESETS["part3"], 3).activations
+    assert sliced.accumulated == bill.gradients and sliced.peak < bill.peak
+    assert sliced.peak == sliced.weights + sliced.moments + sliced.accumulated + sliced.activations + sliced.working
 
 
 @pytest.mark.parametrize(
@@ -70,6 +78,8 @@ def test_the_parts_add_up():
         ((GPT_PRESETS["tiny"], 0), ValueError, "batch must be a positive int"),
         ((GPT_PRESETS["tiny"], 2, 65), ValueError, "tokens \\(65\\) must be at most the context \\(64\\)"),
         (("tiny", 2), TypeError, "config must be a GPTConfig"),
+        ((GPT_PRESETS["tiny"], 12, None, 5), ValueError, "accumulate \\(5\\) must divide the batch \\(12\\)"),
+        ((GPT_PRESETS["tiny"], 12, None, 0), ValueError, "accumulate must be a positive int"),
     ],
 )
 def test_bad_arguments_are_refused_by_name(args, error, match):

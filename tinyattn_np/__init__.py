@@ -134,7 +134,7 @@ from .mods import (
     varlen_mod,
 )
 from .multihead import MultiHeadAttention
-from .optim import AdamW, accumulate_grads, clip_grad_norm, global_norm, warmup_cosine_lr
+from .optim import AdamW, accumulate_grads, accumulated_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
 from .peaks import flash_attention_backward_bytes, flash_attention_bytes, ring_attention_bytes
 from .position import (
@@ -188,6 +188,7 @@ __all__ = [
     "absorb_query",
     "TrainingMemory",
     "accumulate_grads",
+    "accumulated_grads",
     "alibi_slopes",
     "best_unit",
     "and_masks",

@@ -15,7 +15,9 @@ and the weights of every matmul) only, never to biases or norm gains (nanoGPT's 
 The schedule (warmup_cosine_lr): linear warm-up to lr over `warmup` steps, then a half cosine down to min_lr
 at step `total`, then min_lr. Clipping (clip_grad_norm): if the global norm ‖g‖ = √(Σ over every array of
 Σ g²) exceeds max_norm, every gradient is scaled by max_norm / ‖g‖. Accumulation (accumulate_grads): the sum
-of k micro-batches' gradients, each weighted 1/k, is the gradient of the mean loss over the k micro-batches.
+of k micro-batches' gradients, each weighted 1/k, is the gradient of the mean loss over the k micro-batches;
+accumulated_grads runs a batch through a loss_and_grads that way, k equal slices of its rows at a time, so that
+only one slice's activations are held at once (and one more set of gradients, the running sum).
 
 API:
     AdamW(params, *, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
@@ -25,23 +27,25 @@ API:
     warmup_cosine_lr(step, *, lr, warmup, total, min_lr=0.0) -> float      step counts from 0
     global_norm(grads) -> float          clip_grad_norm(grads, max_norm) -> the norm before clipping
     accumulate_grads(total, grads, weight=1.0) -> total (None: a new dict)
+    accumulated_grads(loss_and_grads, x, y, parts) -> (loss, grads)    the mean over `parts` slices of rows
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_count
+from ._checks import check_count, check_positive_int
 from ._parallel import cpu_cores, run_items
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
 
-__all__ = ["AdamW", "accumulate_grads", "clip_grad_norm", "global_norm", "warmup_cosine_lr"]
+__all__ = ["AdamW", "accumulate_grads", "accumulated_grads", "clip_grad_norm", "global_norm", "warmup_cosine_lr"]
 
 HYPERPARAMETERS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
@@ -205,3 +209,33 @@ def accumulate_grads(total: Params | None, grads: Params, weight: float = 1.0) -
     for name, g in grads.items():
         total[name] += weight * g
     return total
+
+
+def accumulated_grads(
+    loss_and_grads: Callable[[Any, Any], tuple[float, Params]], x: Any, y: Any, parts: int
+) -> tuple[float, Params]:
+    """The mean loss over the rows of x and y (a batch, one sequence a row) and its gradients, run through
+    loss_and_grads(x, y) -> (mean loss, grads) `parts` equal slices of rows at a time: gradient accumulation.
+    Each slice's loss and gradients weigh 1/parts, so the result is the whole batch's to rounding, while the
+    activations held at once are one slice's; the running sum is one more set of gradients beside them.
+
+        loss, grads = accumulated_grads(model.loss_and_grads, x, y, parts=4)   # 4 slices of len(x) / 4 rows
+
+    parts = 1 is loss_and_grads(x, y) itself. A batch whose rows do not split into equal slices is refused.
+    """
+    parts = check_positive_int(parts, "parts")
+    if len(x) != len(y) or len(x) % parts:
+        raise ValueError(f"x and y must have the same rows, a multiple of parts = {parts}; got {len(x)} and {len(y)}")
+    if parts == 1:
+        return loss_and_grads(x, y)
+    rows = len(x) // parts
+    loss, total = loss_and_grads(x[:rows], y[:rows])
+    loss /= parts
+    for g in total.values():  # the first slice's gradients become the running sum: scaled in place, not copied
+        g *= 1 / parts
+    for start in range(rows, len(x), rows):
+        part_loss, grads = loss_and_grads(x[start : start + rows], y[start : start + rows])
+        loss += part_loss / parts
+        accumulate_grads(total, grads, 1 / parts)
+        del grads  # this slice's gradients go now, not when the next slice's backward has made its own
+    return loss, total

@@ -23,6 +23,10 @@ and 4 L C² for the copies of w_qkv and w_out that each attention layer keeps wi
 weight changed between forward and backward cannot change the gradient). Dropout adds one byte per
 element of its masks: N C (2 L + 1).
 
+With gradient accumulation (accumulate = k > 1: optim.accumulated_grads runs the batch k equal slices at a
+time), the activations and the backward's working arrays are those of one slice of B/k sequences, and a
+running sum of the gradients, P c more (accumulated), is held from the first slice's backward to the update.
+
 The step's peak: the weights and moments live throughout; on top of them either the backward's start
 (all activations, the head's gradients: E's V C and dx's N C; then, with the probabilities freed, the
 last MLP's backward: the N x H arrays of its activation's gradient and dW_proj; then the last attention's
@@ -31,14 +35,17 @@ applied to dx, the heads merged for dW_out, dY, and the contiguous copies of v a
 backward reads) and the flash backward's own peak, peaks.flash_attention_backward_bytes) or the optimizer's
 update (every gradient, and one scratch array the size of the largest parameter):
 
-    peak = weights + moments + max(activations + working, gradients + largest parameter)
+    peak = weights + moments + accumulated + max(activations + working, gradients + largest parameter)
+
+(with accumulation the second term is a slice's gradients being added to the sum, with the product of the
+largest one's weighting; without it, accumulated is 0 and the second term is the optimizer's update).
 
 The formulas count NumPy's arrays (what tracemalloc sees), not Python's objects or the interpreter;
 tests/test_trainbill.py holds them within 10% of tracemalloc's peak for the presets and their variants.
 
 API:
-    training_memory(config, batch, tokens=None) -> TrainingMemory(weights, gradients, moments, activations,
-                                                                  working, peak), each in bytes
+    training_memory(config, batch, tokens=None, accumulate=1) -> TrainingMemory(weights, gradients, moments,
+                                                        activations, working, accumulated, peak), each in bytes
 """
 
 from __future__ import annotations
@@ -56,13 +63,15 @@ __all__ = ["TrainingMemory", "training_memory"]
 
 class TrainingMemory(NamedTuple):
     """Bytes of one training step: the parameters, their gradients, Adam's two moments, the activations kept
-    for the backward, the backward's working arrays at its fullest, and the step's peak (the module docstring)."""
+    for the backward, the backward's working arrays at its fullest, the running sum of gradient accumulation
+    (0 without it), and the step's peak (the module docstring)."""
 
     weights: int
     gradients: int
     moments: int
     activations: int
     working: int
+    accumulated: int
     peak: int
 
 
@@ -73,9 +82,10 @@ def activation_numbers_per_token(config: GPTConfig) -> int:
     return config.layers * per_block + 2 * C + 1 + config.vocab
 
 
-def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) -> TrainingMemory:
+def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, accumulate: int = 1) -> TrainingMemory:
     """The bill of one step (loss_and_grads, clip_grad_norm, AdamW.step) for `batch` sequences of `tokens`
-    tokens each (default: the context), in bytes.
+    tokens each (default: the context), in bytes; accumulate > 1: the batch in that many equal slices
+    (optim.accumulated_grads), which must divide it.
 
         >>> bill = training_memory(GPTConfig(), batch=12)   # the tiny preset: 795,904 parameters
         >>> bill.weights, bill.moments
@@ -89,6 +99,10 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) ->
         raise ValueError(
             f"tokens ({tokens}) must be at most the context ({config.context}): the model trains on no more"
         )
+    accumulate = check_positive_int(accumulate, "accumulate")
+    if batch % accumulate:
+        raise ValueError(f"accumulate ({accumulate}) must divide the batch ({batch}) into equal slices")
+    batch //= accumulate  # the sequences whose activations are held at once
     c = np.dtype(config.dtype).itemsize
     shapes = param_shapes(config)
     P = sum(int(np.prod(shape)) for shape in shapes.values())
@@ -109,5 +123,6 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None) ->
     working = max(c * max(head, last_mlp), c * last_attention + flash)
     largest = c * max(int(np.prod(shape)) for shape in shapes.values())
     weights, gradients, moments = c * P, c * P, 2 * c * P
-    peak = weights + moments + max(activations + working, gradients + largest)
-    return TrainingMemory(weights, gradients, moments, activations, working, peak)
+    accumulated = c * P if accumulate > 1 else 0  # the running sum, beside a slice's own gradients
+    peak = weights + moments + accumulated + max(activations + working, gradients + largest)
+    return TrainingMemory(weights, gradients, moments, activations, working, accumulated, peak)

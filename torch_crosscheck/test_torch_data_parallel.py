@@ -2,7 +2,8 @@
 
 `mpiexec -n 2` runs data_parallel_worker.py: each process takes half of the batch's rows, and
 scripts/training.py's train_step (the step of `train.py --data-parallel`) averages the two halves' gradients
-with one Allreduce, clips their global norm and takes AdamW's step. torch takes one step of the model of
+with one Allreduce, clips their global norm and takes AdamW's step; with accumulate 2 (`--accumulate 2`)
+each half runs as two slices of one row, their gradients summed first. torch takes one step of the model of
 test_torch_gpt.py, from the same weights, on the whole batch. In float64 the loss agrees to 1e-10 relative
 and every weight to 1e-10 of its array's largest. Skips without torch, mpi4py or mpiexec.
 """
@@ -29,15 +30,16 @@ from tinyattn_np.optim import global_norm, warmup_cosine_lr  # noqa: E402
 
 CLIP, TOLERANCE, SEED = 1.0, 1e-10, 0
 CONFIG = GPTConfig(vocab=23, context=16, layers=2, heads=2, width=32, bias=True, dtype="float64")
-SETTINGS = {"steps": 10, "batch": 4, "lr": LR, "min_lr": LR / 10, "warmup": 2, "weight_decay": 0.1, "clip": CLIP,
-            "dropout": 0.0, "betas": [0.9, 0.95], "eps": 1e-8}  # fmt: skip
+SETTINGS = {"steps": 10, "batch": 4, "accumulate": 1, "lr": LR, "min_lr": LR / 10, "warmup": 2, "weight_decay": 0.1,
+            "clip": CLIP, "dropout": 0.0, "betas": [0.9, 0.95], "eps": 1e-8}  # fmt: skip
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is missing: the distributed extra")
-def test_one_data_parallel_step_matches_torch_on_the_whole_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_one_data_parallel_step_matches_torch_on_the_whole_batch(tmp_path: Path, accumulate: int) -> None:
     idx, targets = batches(CONFIG, SETTINGS["batch"], seed=1)[0]  # (B, T) each
     np.savez(tmp_path / "batch.npz", idx=idx, targets=targets)
-    case = {"config": CONFIG.to_dict(), "seed": SEED, "settings": SETTINGS}
+    case = {"config": CONFIG.to_dict(), "seed": SEED, "settings": {**SETTINGS, "accumulate": accumulate}}
     (tmp_path / "case.json").write_text(json.dumps(case))
     result = run_mpi(2, str(HERE / "data_parallel_worker.py"), str(tmp_path), timeout=120)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
