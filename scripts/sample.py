@@ -4,13 +4,16 @@
     python scripts/sample.py run --prompt "ROMEO:" --tokens 500 --temperature 0.7 --top-k 20
     python scripts/sample.py run --no-cache                        # every step runs the whole sequence again
     python scripts/sample.py run --compare --tokens 1024           # both ways: the same tokens, and their speeds
+    python scripts/sample.py run --samples 3 --prompt-file p.txt   # 3 samples after the text of a file
 
 A step: the logits of the last position, divided by --temperature (0: the most likely token), cut to the
 --top-k most likely tokens and to the smallest set whose probability reaches --top-p, and one token drawn
 from what is left (tinyattn_np.sampling). With the cache, the prompt runs once and each step runs one new
 token through the layers, attending to the keys and values kept from before; without it, each step runs
 the whole sequence again. Past the model's context both attend to the last `context` tokens, so they give
-the same tokens for the same --seed, and --compare checks that they do.
+the same tokens for the same --seed, and --compare checks that they do. --samples N draws N samples after
+the same prompt at once, as one batch of N rows, each row's token drawn at every step (nanoGPT's
+--num_samples; its --start=FILE:prompt.txt is --prompt-file prompt.txt here).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tinyattn_np.report import fold_lines, positive  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
 
 MAX_TOKENS = 100_000
+MAX_SAMPLES = 1_000
 
 
 def top_p(text: str) -> float:
@@ -57,8 +61,12 @@ def temperature(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="DIR", help="a folder that train.py --out DIR wrote")
-    p.add_argument("--prompt", default="\n", help="the text to go on from (default: a newline)")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="\n", help="the text to go on from (default: a newline)")
+    prompt.add_argument("--prompt-file", metavar="PATH", help="the text to go on from, read from a UTF-8 file")
     p.add_argument("--tokens", type=positive(int), default=200, help="new tokens to generate (default 200)")
+    p.add_argument("--samples", type=positive(int), default=1, help="samples after the same prompt, drawn at once "
+                   "as a batch of that many rows (default 1)")  # fmt: skip
     p.add_argument(
         "--temperature",
         type=temperature,
@@ -83,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tokens > MAX_TOKENS:
         p.error(f"--tokens must be at most {MAX_TOKENS:,}; got {args.tokens:,}")
+    if args.samples > MAX_SAMPLES:
+        p.error(f"--samples must be at most {MAX_SAMPLES:,}; got {args.samples:,}")
     if args.no_cache and args.compare:
         p.error("--compare runs both ways already: leave out --no-cache")
     common.check_output(p, "--json", args.json)
@@ -90,35 +100,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def timed_generation(model: Any, prompt: np.ndarray, args: argparse.Namespace, use_cache: bool) -> dict[str, Any]:
-    """The tokens after the prompt, and the time they took ('tokens' and 'seconds')."""
+    """The tokens after the prompt, (samples, tokens), and the time they took ('tokens' and 'seconds')."""
     started = time.perf_counter()
-    out = generate(model, prompt, args.tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    rows = np.tile(prompt, (args.samples, 1))  # (samples, T0): the same prompt in every row
+    out = generate(model, rows, args.tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                    rng=args.seed, use_cache=use_cache)  # fmt: skip
     seconds = time.perf_counter() - started
-    return {"tokens": out[len(prompt) :], "seconds": seconds, "tokens_per_s": args.tokens / seconds}
+    return {"tokens": out[:, len(prompt) :], "seconds": seconds, "tokens_per_s": args.samples * args.tokens / seconds}
 
 
-def speed_line(run: dict[str, Any], use_cache: bool, tokens: int) -> str:
+def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace) -> str:
     how = "with the KV cache" if use_cache else "without a cache (the whole sequence at every step)"
-    return f"{tokens:,} tokens in {run['seconds']:.2f} s {how}: {run['tokens_per_s']:,.1f} tokens/s"
+    count = f"{args.samples} x {args.tokens:,}" if args.samples > 1 else f"{args.tokens:,}"
+    return f"{count} tokens in {run['seconds']:.2f} s {how}: {run['tokens_per_s']:,.1f} tokens/s"
 
 
-def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
-    """The index of the first token where a and b differ, None where they are equal."""
-    differ = np.flatnonzero(a != b)
-    return int(differ[0]) if differ.size else None
+def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
+    """(sample, token) of the first token where a and b (samples, tokens) differ, None where they are equal."""
+    differ = np.argwhere(a != b)
+    return (int(differ[0][0]), int(differ[0][1])) if differ.size else None
+
+
+def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
+    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file. A DataError names the flag: a file
+    that cannot be read as UTF-8, characters the vocabulary lacks, a text of no token."""
+    flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
+    text = args.prompt if args.prompt_file is None else text_data.read_utf8(Path(args.prompt_file), "--prompt-file")
+    try:
+        prompt = tokenizer.encode(text)
+    except text_data.DataError as err:
+        raise text_data.DataError(f"{flag}: {err}") from None
+    if len(prompt) == 0:
+        raise text_data.DataError(f"{flag} must hold at least one token; got an empty text")
+    return prompt
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         model, tokenizer, meta, _ = checkpoint.load_model(args.checkpoint)
-        prompt = tokenizer.encode(args.prompt)  # (T0,)
+        prompt = encoded_prompt(tokenizer, args)  # (T0,)
     except (checkpoint.CheckpointError, text_data.DataError) as err:
-        print(f"sample.py: error: {'--prompt: ' if isinstance(err, text_data.DataError) else ''}{err}", file=sys.stderr)
-        return 2
-    if len(prompt) == 0:
-        print("sample.py: error: --prompt must hold at least one token; got an empty text", file=sys.stderr)
+        print(f"sample.py: error: {err}", file=sys.stderr)
         return 2
     c = model.config
     if args.compare:  # a timing to compare: which machine and which code printed it
@@ -129,30 +152,39 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for use_cache in [True, False] if args.compare else [not args.no_cache]:
         runs[use_cache] = timed_generation(model, prompt, args, use_cache)
-    text = tokenizer.decode(np.concatenate([prompt, next(iter(runs.values()))["tokens"]]))
+    texts = [tokenizer.decode(np.concatenate([prompt, row])) for row in next(iter(runs.values()))["tokens"]]
     print(f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed} "
           "(lines over 120 characters folded):")  # fmt: skip
-    print("-" * 80 + f"\n{fold_lines(text)}\n" + "-" * 80)
+    print("-" * 80 + "".join(f"\n{fold_lines(text)}\n" + "-" * 80 for text in texts))
     for use_cache, run in runs.items():
-        print(speed_line(run, use_cache, args.tokens))
+        print(speed_line(run, use_cache, args))
     busy = common.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")
-    code = 0
-    if args.compare:
-        cached, recomputed = runs[True], runs[False]
-        differ = first_difference(cached["tokens"], recomputed["tokens"])
-        agree = f"the two agree on all {args.tokens:,} tokens"
-        if differ is not None:
-            agree = f"the two agree on the first {differ:,} tokens, then differ (a draw within rounding of a boundary)"
-        print(f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster; {agree}")
-        code = 0 if differ is None or args.temperature > 0 else 1  # greedy has no boundary to fall on
+    code = compared(runs, args) if args.compare else 0
     if args.json:
-        figures = {"args": vars(args), "text": text, "step": meta["step"], "machine": common.header()[0]}
+        figures = {"args": vars(args), "text": texts[0], "texts": texts, "step": meta["step"],
+                   "machine": common.header()[0]}  # fmt: skip
         figures["runs"] = {("cache" if k else "no_cache"): {"seconds": v["seconds"], "tokens_per_s": v["tokens_per_s"]}
                            for k, v in runs.items()}  # fmt: skip
         common.write_json(args.json, figures)
     return code
+
+
+def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace) -> int:
+    """--compare's last line: how much faster the cache was, and whether both ways drew the same tokens; the
+    exit code, 1 where greedy decoding (which has no boundary to fall on) drew different ones."""
+    cached, recomputed = runs[True], runs[False]
+    differ = first_difference(cached["tokens"], recomputed["tokens"])
+    agree = f"the two agree on all {args.samples * args.tokens:,} tokens"
+    if differ is not None:
+        sample, token = differ
+        where = f" of sample {sample + 1}" if args.samples > 1 else ""
+        agree = (
+            f"the two agree on the first {token:,} tokens{where}, then differ (a draw within rounding of a boundary)"
+        )
+    print(f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster; {agree}")
+    return 0 if differ is None or args.temperature > 0 else 1
 
 
 def last_val_loss(meta: dict[str, Any]) -> str:

@@ -50,6 +50,36 @@ def test_cached_generation_equals_recomputation(trained, flags, tmp_path, capsys
     assert saved["text"].startswith("the cat") and set(saved["runs"]) == {"cache", "no_cache"}
 
 
+def test_several_samples_are_drawn_at_once_and_both_ways_agree_on_each(trained, tmp_path, capsys):
+    figures = tmp_path / "samples.json"
+    flags = ["--compare", "--samples", "3", "--tokens", "30", "--prompt", "the", "--temperature", "1.5"]
+    assert sample.main([str(trained), *flags, "--json", str(figures)]) == 0
+    out = capsys.readouterr().out
+    assert "the two agree on all 90 tokens" in out and "3 x 30 tokens in " in out, out
+    texts = json.loads(figures.read_text())["texts"]
+    assert len(texts) == 3 and all(text.startswith("the") and text in out for text in texts)
+    assert len(set(texts)) == 3  # three draws, not one printed three times
+
+
+def test_a_prompt_read_from_a_file_is_the_same_prompt(trained, tmp_path, capsys):
+    path = tmp_path / "prompt.txt"
+    path.write_text("the cat", encoding="utf-8")
+    saved = tmp_path / "s.json"
+    for flags in (["--prompt", "the cat"], ["--prompt-file", str(path)]):
+        assert sample.main([str(trained), "--tokens", "12", "--seed", "5", *flags, "--json", str(saved)]) == 0
+        assert json.loads(saved.read_text())["text"].startswith("the cat")
+    outs = capsys.readouterr().out.split("checkpoint: ")[1:]
+    assert outs[0].split("tokens in")[0] == outs[1].split("tokens in")[0]  # the same text, drawn the same way
+    empty, latin1 = tmp_path / "empty.txt", tmp_path / "latin1.txt"
+    empty.write_text("")
+    latin1.write_bytes(b"caf\xe9")
+    for name, message in [("nothing.txt", "no such file"), ("empty.txt", "must hold at least one token"),
+                          ("latin1.txt", "is not UTF-8 text")]:  # fmt: skip
+        assert sample.main([str(trained), "--prompt-file", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"sample.py: error: --prompt-file {tmp_path / name}") and message in err, err
+
+
 def test_past_the_context_both_ways_still_agree(trained, capsys):
     """40 tokens after a 10-token prompt run past the context of 16: the cache keeps a window of 16 keys."""
     assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat sa", "--seed", "3"]) == 0
@@ -72,6 +102,9 @@ def test_one_way_prints_its_speed_and_the_text(trained, capsys):
         (["--temperature", "-1"], "--temperature: must be a finite number >= 0"),
         (["--top-p", "1.5"], "--top-p: must be a number in (0, 1]"),
         (["--compare", "--no-cache"], "--compare runs both ways already"),
+        (["--samples", "0"], "--samples: must be a positive int; got 0"),
+        (["--samples", "2000"], "--samples must be at most 1,000"),
+        (["--prompt", "a", "--prompt-file", "p.txt"], "argument --prompt-file: not allowed with argument --prompt"),
     ],
 )
 def test_bad_flags(flags, message, capsys):
