@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -55,7 +54,7 @@ import text_data  # noqa: E402
 import training  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
-from tinyattn_np.measure import time_calls  # noqa: E402
+from tinyattn_np.measure import alternating_medians_ms  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
 from tinyattn_np.report import Checklist, add_wide_argument, fit_table, positive, table_width  # noqa: E402
 from tinyattn_np.sampling import generate  # noqa: E402
@@ -244,23 +243,11 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
             check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
                   f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
         steps.append(lambda: torch_step(torch, module, torch_optimizer, tx, ty))
-    times = alternating_medians_ms(steps, args.repeats, args.rounds)
+    times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=common.SETTLE_SECONDS)
     row["ours_ms"] = times[0]
     if module is not None:
         row["torch_ms"] = times[1]
     return row
-
-
-def alternating_medians_ms(fns: list[Any], repeats: int, rounds: int) -> list[float]:
-    """The median wall time in ms of each fn over `rounds` turns of `repeats` calls, the fns taking turns, each
-    turn timed as common.settled_median_ms times (after the idle, two untimed calls): a machine whose speed
-    drifts during the run (another tenant's load) slows every fn alike, and their ratio holds."""
-    samples: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, seconds in zip(fns, samples, strict=True):
-            time.sleep(common.SETTLE_SECONDS)
-            seconds += time_calls(fn, repeats, warmup=2)
-    return [1e3 * statistics.median(seconds) for seconds in samples]
 
 
 def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:

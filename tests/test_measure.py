@@ -1,5 +1,6 @@
 """measure.py: tracemalloc peaks, timing and the machine facts the scripts and the memory guard use."""
 
+import time
 import tracemalloc
 
 import numpy as np
@@ -39,6 +40,18 @@ def test_timing():
         measure.time_calls(lambda: None, repeats=0)
     with pytest.raises(ValueError, match="warmup"):
         measure.time_calls(lambda: None, warmup=-1)
+
+
+def test_alternating_medians_take_turns_and_each_turn_warms_up():
+    """Each fn's calls come in `rounds` turns, the fns taking turns, so that a machine whose speed drifts slows
+    each alike; a turn starts with its untimed calls, and each figure is the median of every turn's calls."""
+    calls = []
+    medians = measure.alternating_medians_ms([lambda: calls.append("a"), lambda: calls.append("b")], 2, 3)
+    assert calls == (["a"] * 4 + ["b"] * 4) * 3 and len(medians) == 2 and min(medians) >= 0
+    slow = measure.alternating_medians_ms([lambda: time.sleep(0.004), lambda: None], 3, 2, warmup=0)
+    assert slow[0] >= 3.5 and slow[1] < slow[0]
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        measure.alternating_medians_ms([lambda: None], 1, 0)
 
 
 def test_read_bandwidth_reads_both_halves_once_each(monkeypatch):

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 __all__ = [
+    "alternating_medians_ms",
     "cpu_model",
     "machine_info",
     "median_ms",
@@ -68,6 +69,23 @@ def time_calls(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> l
 def median_ms(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     """Median wall time of fn() in milliseconds."""
     return 1e3 * statistics.median(time_calls(fn, repeats, warmup))
+
+
+def alternating_medians_ms(
+    fns: list[Callable[[], object]], repeats: int, rounds: int, idle: float = 0.0, warmup: int = 2
+) -> list[float]:
+    """The median wall time in ms of each fn over `rounds` turns of `repeats` calls, the fns taking turns (fn 0,
+    fn 1, ..., fn 0, fn 1, ...), each turn after `idle` seconds of sleep and `warmup` untimed calls. A machine
+    whose speed drifts during the run (another tenant's load) slows every fn alike, so their ratio holds where
+    one fn timed after the other would not."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1; got {rounds}")
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, seconds in zip(fns, samples, strict=True):
+            time.sleep(idle)
+            seconds += time_calls(fn, repeats, warmup)
+    return [1e3 * statistics.median(seconds) for seconds in samples]
 
 
 def read_once(arrays: list[np.ndarray], threads: int) -> None:
