@@ -167,9 +167,10 @@ def print_start(run: training.Run, size: int) -> None:
         f"{c.mlp} MLP of {c.hidden}, {c.norm},\n  tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
     )
     split = f" split over {size} processes" if size > 1 else ""
-    rows = s["batch"] // size // s["accumulate"]  # sequences in a slice
-    slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}" + (
-        " a process" if size > 1 else "") + " (gradient accumulation)" if s["accumulate"] > 1 else ""  # fmt: skip
+    slices = ""
+    if s["accumulate"] > 1:
+        rows, each = s["batch"] // size // s["accumulate"], " a process" if size > 1 else ""  # sequences in a slice
+        slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}{each} (gradient accumulation)"
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
           f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
           f"{c.context} tokens{split}{slices}")  # fmt: skip
