@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare:  # a timing to compare: which machine and which code printed it
         print(common.header()[1])
     print(f"checkpoint: {args.checkpoint}")  # a line of its own: a path may be long
-    print(f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} layers, "
-          f"width {c.width}, context {c.context}, vocabulary {c.vocab:,}")  # fmt: skip
+    print(f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
+          f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}")  # fmt: skip
     runs = {}
     for use_cache in [True, False] if args.compare else [not args.no_cache]:
         runs[use_cache] = timed_generation(model, prompt, args, use_cache)

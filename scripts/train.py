@@ -9,12 +9,13 @@
 
 The model is tinyattn_np.gpt.GPT (pre-norm blocks of RoPE attention and a GELU MLP, a tied head); --preset
 tiny is nanoGPT's CPU model for Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12), --preset
-part3 a 6-layer model of width 256 and context 256. The vocabulary is the tokenizer's: the characters of
-the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The
-text is cut into a training part and the last --validation of it, which is never trained on. A step:
-a batch of random windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm
-to --clip, and AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K runs the
-batch K equal slices at a time, their gradients summed: the same step, with one slice's activations in memory.
+part3 a 6-layer model of width 256 and context 256; --layers, --heads, --width, --context, --mlp, --norm
+and --bias change the preset's model. The vocabulary is the tokenizer's: the characters of the text
+(--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The text is cut
+into a training part and the last --validation of it, which is never trained on. A step: a batch of random
+windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm to --clip, and AdamW
+with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K runs the batch K equal slices at
+a time, their gradients summed: the same step, with one slice's activations in memory.
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
 fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
@@ -43,11 +44,14 @@ import text_data  # noqa: E402
 import training  # noqa: E402
 
 from tinyattn_np import format_bytes
+from tinyattn_np.gpt import NORM_KINDS
+from tinyattn_np.layers import MLP_KINDS
 from tinyattn_np.report import fold_lines, nonnegative_seed, positive
 from tinyattn_np.trainbill import training_memory  # noqa: E402
 
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
 MAX_BATCH = 4096
+MAX_LAYERS, MAX_WIDTH = 1024, 2**16  # past them no model trains on a CPU: a bigger number is a typo
 
 
 def add_task(p: argparse.ArgumentParser) -> None:
@@ -62,6 +66,22 @@ def fraction(text: str) -> float:
     if value >= 1:
         raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
     return float(value)
+
+
+def add_model(p: argparse.ArgumentParser) -> None:
+    """The flags of training.MODEL_FLAGS: the model's shape, each in place of the preset's (nanoGPT's n_layer,
+    n_head, n_embd, block_size and bias), kept in the checkpoint."""
+    p.add_argument("--layers", type=positive(int, MAX_LAYERS), help="blocks (default: the preset's)")
+    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), help="attention heads, each of width / heads "
+                   "channels, an even number (default: the preset's)")  # fmt: skip
+    p.add_argument("--width", type=positive(int, MAX_WIDTH), help="C, the channels of every token (default: the "
+                   "preset's)")  # fmt: skip
+    p.add_argument("--context", type=positive(int, common.MAX_TOKENS), help="the longest sequence trained on "
+                   "(default: the preset's)")  # fmt: skip
+    p.add_argument("--mlp", choices=MLP_KINDS, help="gelu (hidden 4C) or swiglu (hidden 8C/3) (default gelu)")
+    p.add_argument("--norm", choices=NORM_KINDS, help="layernorm or rmsnorm (default layernorm)")
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, help="biases in the MLP and the norms "
+                   "(default: none)")  # fmt: skip
 
 
 def add_settings(p: argparse.ArgumentParser) -> None:
@@ -106,6 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="the model and its training settings (default tiny; with --resume, the checkpoint's)",
     )
+    add_model(p)
     add_settings(p)
     p.add_argument("--validation", type=fraction, default=0.1, help="the text's last part kept to validate on "
                    "(default 0.1)")  # fmt: skip
@@ -162,9 +183,14 @@ def print_start(run: training.Run, size: int) -> None:
         f"data: {run.source}: {len(run.train) + len(run.val):,} tokens ({run.tokenizer.describe()['kind']} "
         f"tokenizer, vocabulary {c.vocab:,});\n  {len(run.train):,} to train on, {len(run.val):,} to validate on"
     )
+    preset = training.PRESETS[run.preset].config
+    changed = ", ".join(name for name in training.MODEL_FLAGS if getattr(c, name) != getattr(preset, name))
+    changed = f"; not the preset's: {changed}" if changed else ""  # the model flags' doing, new or resumed
     print(
-        f"model: GPT ({run.preset}), {c.layers} layers, {c.heads} heads, width {c.width}, context {c.context}, "
-        f"{c.mlp} MLP of {c.hidden}, {c.norm},\n  tied head: {run.model.num_parameters:,} parameters ({c.dtype})"
+        f"model: GPT ({run.preset}), {c.layers} layer{'s' * (c.layers != 1)}, {c.heads} head{'s' * (c.heads != 1)}, "
+        f"width {c.width}, context {c.context}, "
+        f"{c.mlp} MLP of {c.hidden}, {c.norm}{' with biases' if c.bias else ''},\n  tied head: "
+        f"{run.model.num_parameters:,} parameters ({c.dtype}){changed}"
     )
     split = f" split over {size} processes" if size > 1 else ""
     slices = ""

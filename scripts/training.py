@@ -62,6 +62,7 @@ PRESETS = {
     "part3": Preset(GPT_PRESETS["part3"], batch=16, lr=6e-4, warmup=100, beta2=0.95),
 }
 SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "weight_decay", "clip", "dropout")  # kept
+MODEL_FLAGS = ("layers", "heads", "width", "context", "mlp", "norm", "bias")  # the model's shape (GPTConfig's names)
 ROW_HEADER = f"{'step':>7}  {'train loss':>10}  {'val loss':>8}  {'lr':>9}  {'tokens/s':>9}  {'time':>8}"
 
 
@@ -177,7 +178,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         tokenizer = text_data.tokenizer_from(meta["tokenizer"])
     else:
         tokenizer = text_data.make_tokenizer(args.tokenizer, text)
-    config = replace(preset.config, vocab=tokenizer.vocab_size, dropout=settings["dropout"])
+    config = model_config(args, preset, meta, tokenizer.vocab_size, settings["dropout"])
     check_size(config, settings, processes)
     train, val = text_data.split(tokenizer.encode(text), config.context, args.validation, source)
     params = {name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")}
@@ -192,6 +193,28 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         run.step, run.saved_step, run.rows = meta["step"], meta["step"], meta["rows"]
         run.history = [(int(s), float(loss)) for s, loss in arrays["history"]]
     return run
+
+
+def model_config(args: argparse.Namespace, preset: Preset, meta: dict, vocab: int, dropout: float) -> GPTConfig:
+    """The preset's model in the shape the model flags give; with --resume the checkpoint's, which they must repeat."""
+    given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
+    if meta:
+        config = GPTConfig.from_dict(meta["config"])
+        other = [f"has {flag_text(n, getattr(config, n))}, not {flag_text(n, v)}" for n, v in given.items()
+                 if getattr(config, n) != v]  # fmt: skip
+        if other:
+            raise RunError(f"the checkpoint in {args.out} {'; '.join(other)}: that is another configuration; leave "
+                           "the model flags out to continue it, or give another --out")  # fmt: skip
+        return replace(config, dropout=dropout)
+    try:
+        return replace(preset.config, **given, vocab=vocab, dropout=dropout)
+    except ValueError as err:  # GPTConfig's check: the heads split the width into parts of an even size
+        raise RunError(f"{' '.join(flag_text(n, v) for n, v in given.items())}: {err}") from None
+
+
+def flag_text(name: str, value: Any) -> str:
+    """A model flag as it is typed: '--width 128', '--bias', '--no-bias'."""
+    return f"--{'' if value else 'no-'}{name}" if isinstance(value, bool) else f"--{name} {value}"
 
 
 def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> None:

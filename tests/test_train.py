@@ -285,6 +285,9 @@ def test_a_loss_gone_nan_stops_and_keeps_the_last_good_checkpoint(small_preset, 
         (["--validation", "1"], "--validation: must be a fraction between 0 and 1"),
         (["--dropout", "1"], "--weight-decay and --dropout must be numbers in [0, 1)"),
         (["--task", "copy", "--data", "x"], "unrecognized arguments: --data"),
+        (["--layers", "0"], "--layers: must be a positive int; got 0"),
+        (["--width", "100000"], "--width: must be a positive int at most 65,536; got 100,000"),
+        (["--mlp", "relu"], "--mlp: invalid choice: 'relu'"),
     ],
 )
 def test_bad_gpt_flags(flags, message, capsys):
@@ -302,6 +305,8 @@ def test_bad_gpt_flags(flags, message, capsys):
         (b"\xff\xfe caf\xe9", [], "is not UTF-8 text"),
         ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "a training step needs about"),
         ("x" * 2000, ["--accumulate", "5"], "--batch 12 does not split into 1 process(es) x --accumulate 5 equal"),
+        ("x" * 2000, ["--heads", "3"], "--heads 3: width (128) must split into 3 heads of an even size"),
+        ("x" * 2000, ["--context", "5000"], "is too short for the context"),
         ("x" * 2000, ["--tokenizer", "words"], "--tokenizer must be char, byte or the path of a tokenizer.json"),
         ("x" * 2000, ["--tokenizer", "/no/such/tokenizer.json"], "--tokenizer /no/such/tokenizer.json: no such file"),
     ],
@@ -328,6 +333,29 @@ def test_a_checkpoint_is_continued_only_on_purpose_and_with_its_own_data(small_p
     other.write_text(small_text(seed=1))
     assert train_script.main(gpt_flags(other, out, "--resume")) == 2
     assert "this text is another: give the same --data to resume" in capsys.readouterr().err
+
+
+def test_the_model_flags_shape_the_model_and_its_checkpoint_keeps_the_shape(small_preset, data, tmp_path, capsys):
+    """--layers, --heads, --width, --context, --mlp, --norm and --bias in place of the preset's: the model trains in
+    that shape, the checkpoint holds it, --resume goes on in it (the same flags may be given again), a flag that
+    differs from the checkpoint is refused by name, and sample.py draws from it."""
+    out = tmp_path / "run"
+    shape = {"layers": 1, "heads": 4, "width": 32, "context": 8, "mlp": "swiglu", "norm": "rmsnorm", "bias": True}
+    flags = [f"--{name}" if value is True else f"--{name} {value}" for name, value in shape.items()]
+    assert train_script.main(gpt_flags(data, out, *" ".join(flags).split())) == 0
+    printed = capsys.readouterr().out
+    assert "GPT (tiny), 1 layer, 4 heads, width 32, context 8, swiglu MLP of 88, rmsnorm with biases," in printed
+    assert "not the preset's: layers, heads, width, context, mlp, norm, bias" in printed
+    meta = sys.modules["checkpoint"].load(out)[1]
+    assert {name: meta["config"][name] for name in shape} == shape
+    assert train_script.main(gpt_flags(data, out, "--resume", "--steps", "12", "--width", "32", "--bias")) == 0
+    assert "resumed from" in capsys.readouterr().out
+    assert sys.modules["checkpoint"].load(out)[1]["config"] == meta["config"]
+    assert train_script.main(gpt_flags(data, out, "--resume", "--steps", "16", "--width", "64", "--no-bias")) == 2
+    err = capsys.readouterr().err
+    assert "has --width 32, not --width 64; has --bias, not --no-bias: that is another configuration" in err
+    assert load("sample.py").main([str(out), "--prompt", "the cat", "--tokens", "12", "--compare"]) == 0
+    assert "context 8" in capsys.readouterr().out
 
 
 def test_without_data_it_trains_on_the_projects_own_pages(small_preset, capsys):
