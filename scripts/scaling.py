@@ -6,8 +6,10 @@
     python scripts/scaling.py --plot time.png      # and draw time and memory against T
 
 Every time is the median of --repeats runs after two warm-ups; every peak is what tracemalloc saw in a
-separate run, next to tinyattn_np.memory's estimate. Figures are ratios within this one run: the
-machine is shared and noisy, so compare columns, not runs. A row measured while the machine was busy
+separate run, next to tinyattn_np.memory's estimate. With --torch, flash and torch take turns: --rounds
+turns of --repeats runs each, each turn after an idle and two warm-ups, so that a machine whose speed
+drifts during a row slows both alike. Figures are ratios within this one run: the machine is shared and
+noisy, so compare columns, not runs. A row measured while the machine was busy
 (its matmul rate moved by more than 20%, or the load exceeded the cores) is marked with *.
 
 The other attention benchmarks are scripts of their own:
@@ -28,7 +30,7 @@ import numpy as np
 
 from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
 from tinyattn_np.flash import default_tiles
-from tinyattn_np.measure import traced_peak
+from tinyattn_np.measure import alternating_medians_ms, traced_peak
 from tinyattn_np.memory import attention_flops, score_matrix_bytes
 from tinyattn_np.peaks import flash_attention_bytes
 from tinyattn_np.report import add_wide_argument, table_width
@@ -60,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_budget_argument(p)
     add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
+    p.add_argument("--rounds", type=common.positive(int, common.MAX_REPEATS), default=3,
+                   help="with --torch: turns of --repeats runs each, flash's and torch's alternating "
+                   "(default 3)")  # fmt: skip
     p.add_argument(
         "--torch-3d",
         action="store_true",
@@ -78,11 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float:
     """FLOPs of the whole run, for the refusal of a run too long (--repeats 1000000000 stops there): naive,
-    flash, and flash without the mask, each --repeats times, after two warm-ups and before a traced run."""
+    flash, and flash without the mask, each --repeats times, after two warm-ups and before a traced run; with
+    --torch, flash and torch each --rounds turns of --repeats runs after two warm-ups."""
     runs = args.repeats + 3
+    turns = args.rounds * (args.repeats + 2) * 2 if args.torch else runs  # flash's runs, and torch's as many
     full = sum(attention_flops(T, heads=args.heads, head_dim=args.head_dim) for T in sizes)
     masked = sum(attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes)
-    return runs * (2 * masked + (full if causal else 0))
+    return (runs + turns) * masked + runs * (full if causal else 0)
 
 
 def torch_runner(threads: int) -> tuple[Any, str]:
@@ -119,17 +126,21 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
         common.progress(f"  T={T}: naive")
         row["naive_ms"] = common.settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
         row["naive_peak_bytes"] = traced_peak(attention, q, k, v, causal=causal)[1]
-    common.progress(f"  T={T}: flash")
+    common.progress(f"  T={T}: flash" + (" and torch, in turns" if run.torch else ""))
     row.update(common.beside_the_row(args.dtype, run.rate))  # "of matmul" compares like with like
-    row["flash_ms"] = common.settled_median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+    flash = lambda: flash_attention(q, k, v, causal=causal, **blocks)  # noqa: E731
+    if run.torch is None:
+        row["flash_ms"] = common.settled_median_ms(flash, args.repeats)
+    else:  # turns: a machine whose speed drifts during the row slows both alike
+        row["flash_ms"], row["torch_ms"] = alternating_medians_ms(
+            [flash, run.torch(q, k, v, causal)], args.repeats, args.rounds, idle=common.SETTLE_SECONDS
+        )
     row["flash_peak_bytes"] = traced_peak(flash_attention, q, k, v, causal=causal, **blocks)[1]
     if causal:  # the same flash run without the mask: how much the skipped tiles save
         row["flash_no_mask_ms"] = common.settled_median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
-    if run.torch is not None:
-        common.progress(f"  T={T}: torch")
-        row["torch_ms"] = common.settled_median_ms(run.torch(q, k, v, causal), args.repeats)
-        if args.torch_3d:  # the same numbers without the batch axis: (H, T, E)
-            row["torch_3d_ms"] = common.settled_median_ms(run.torch(q[0], k[0], v[0], causal), args.repeats)
+    if args.torch_3d:  # torch on the same numbers without the batch axis: (H, T, E)
+        common.progress(f"  T={T}: torch 3-D")
+        row["torch_3d_ms"] = common.settled_median_ms(run.torch(q[0], k[0], v[0], causal), args.repeats)
     return row
 
 
@@ -244,10 +255,11 @@ def print_results(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
 
 def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
     mask, tiles = "causal" if run.causal else "no mask", tiles_text(args, run.sizes[-1])
+    turns = f"; flash's and torch's of {args.rounds} turns of {args.repeats} runs each, the two alternating;\n"
     return (
         f"\n1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; flash {tiles}, {run.threads} "
-        f"workers;\nmedian of {args.repeats} runs; peaks from tracemalloc, (est.) = tinyattn_np.memory; naive budget "
-        f"{format_bytes(run.budget)}"
+        f"workers;\nmedian of {args.repeats} runs{turns if args.torch else '; '}peaks from tracemalloc, (est.) = "
+        f"tinyattn_np.memory; naive budget {format_bytes(run.budget)}"
     )
 
 

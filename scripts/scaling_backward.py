@@ -5,8 +5,10 @@
 
 Per row: flash's forward and backward times, their ratio, the backward's GFLOP/s, its traced peak beside
 peaks.flash_attention_backward_bytes, and with --torch torch's backward on the same q, k, v and dout.
-Every time is the median of --repeats runs after two warm-ups. A row measured while the machine was busy
-(its matmul rate moved by more than 20%, or the load exceeded the cores) is marked with *.
+Every time is the median of --repeats runs after two warm-ups; with --torch, flash's backward and torch's take
+turns, --rounds turns of --repeats runs each, so that a machine whose speed drifts during a row slows both
+alike. A row measured while the machine was busy (its matmul rate moved by more than 20%, or the load
+exceeded the cores) is marked with *.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from tinyattn_np import flash_attention, flash_attention_backward
 from tinyattn_np.flash import backward_side
-from tinyattn_np.measure import traced_peak
+from tinyattn_np.measure import alternating_medians_ms, traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes
 from tinyattn_np.report import add_wide_argument, table_width
@@ -36,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     common.add_flash_arguments(p, per_step=False)
     add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add torch's CPU backward (autograd through SDPA; needs torch)")
+    p.add_argument("--rounds", type=common.positive(int, common.MAX_REPEATS), default=3,
+                   help="with --torch: turns of --repeats runs each, flash's backward and torch's alternating "
+                   "(default 3)")  # fmt: skip
     args = p.parse_args(argv)
     common.check_sizes(p, args, args.max_tokens)
     return args
@@ -43,9 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float:
     """FLOPs of the whole run, for the refusal of a run too long: per row the forward, the backward's 2.5x
-    the forward's FLOPs, and torch's backward as many again."""
+    the forward's FLOPs, and with --torch both backwards --rounds turns of --repeats runs after two warm-ups."""
     masked = sum(attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes)
-    return (args.repeats + 3) * masked * (3.5 + 2.5 * args.torch)
+    backward_runs = 2 * args.rounds * (args.repeats + 2) if args.torch else args.repeats + 3
+    return (args.repeats + 3 + 2.5 * backward_runs) * masked
 
 
 def torch_backward_runner(threads: int) -> tuple[Any, str]:
@@ -87,13 +93,15 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     common.progress(f"  T={T}: flash forward")
     forward = lambda: flash_attention(q, k, v, causal=causal, return_lse=True, **blocks)  # noqa: E731
     row["forward_ms"] = common.settled_median_ms(forward, args.repeats)
-    common.progress(f"  T={T}: flash backward")
+    common.progress(f"  T={T}: flash backward" + (" and torch's, in turns" if run.torch else ""))
     backward = lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=causal, **blocks)  # noqa: E731
-    row["backward_ms"] = common.settled_median_ms(backward, args.repeats)
+    if run.torch is None:
+        row["backward_ms"] = common.settled_median_ms(backward, args.repeats)
+    else:  # turns: a machine whose speed drifts during the row slows both alike
+        row["backward_ms"], row["torch_backward_ms"] = alternating_medians_ms(
+            [backward, run.torch(q, k, v, dout, causal)], args.repeats, args.rounds, idle=common.SETTLE_SECONDS
+        )
     row["backward_peak_bytes"] = traced_peak(backward)[1]
-    if run.torch is not None:
-        common.progress(f"  T={T}: torch backward")
-        row["torch_backward_ms"] = common.settled_median_ms(run.torch(q, k, v, dout, causal), args.repeats)
     return row
 
 
@@ -141,10 +149,11 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
 
 def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
     mask, blocks = "causal" if run.causal else "no mask", "as the tiles column says"
+    turns = f"; the backwards' of {args.rounds} turns of {args.repeats} runs each, flash's and torch's alternating;\n"
     return (
         f"\nflash_attention_backward: 1 sequence, {args.heads} heads x {args.head_dim}, {args.dtype}, {mask}; blocks "
-        f"{blocks}, {run.threads} workers;\nmedian of {args.repeats} runs; peak from tracemalloc, (est.) = "
-        "memory.flash_attention_backward_bytes"
+        f"{blocks}, {run.threads} workers;\nmedian of {args.repeats} runs{turns if args.torch else '; '}peak from "
+        "tracemalloc, (est.) = memory.flash_attention_backward_bytes"
     )
 
 

@@ -20,6 +20,7 @@ import tracemalloc
 import types
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -384,6 +385,32 @@ def test_scaling_backward_small_run(quick: None, capsys: pytest.CaptureFixture[s
     assert "flash_attention_backward: 1 sequence, 4 heads x 64" in out and "bwd/fwd" in out and "peak/est." in out
     assert [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")] == ["64", "128"]
     assert "backward FLOPs = 2·(3E + 2Ev) per unmasked score" in out
+
+
+def fake_torch(log: list[str]) -> Any:
+    """A torch_runner for the benchmarks without torch: each call of the runner's function logs 't'."""
+    return lambda threads: (lambda *arrays: lambda: log.append("t"), "fake 0.0")
+
+
+def logged(fn: Any, log: list[str]) -> Any:
+    """fn, logging 'f' at each call."""
+    return lambda *args, **kwargs: (log.append("f"), fn(*args, **kwargs))[1]
+
+
+@pytest.mark.parametrize("script,kernel,runner", [("scaling.py", "flash_attention", "torch_runner"),
+                                                  ("scaling_backward.py", "flash_attention_backward",
+                                                   "torch_backward_runner")])  # fmt: skip
+def test_flash_and_torch_take_turns(quick: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                    script: str, kernel: str, runner: str) -> None:  # fmt: skip
+    """With --torch, flash's figure and torch's are timed in turns: --rounds turns of two warm-ups and --repeats
+    runs each, flash's and torch's alternating, so that a machine whose speed drifts slows both alike."""
+    bench, log = load(script), []
+    monkeypatch.setattr(bench, runner, fake_torch(log))
+    monkeypatch.setattr(bench, kernel, logged(getattr(bench, kernel), log))
+    assert bench.main(["--min-tokens", "64", "--max-tokens", "64", "--repeats", "2", "--rounds", "3", "--torch"]) == 0
+    assert "".join(log[:24]) == "fffftttt" * 3, log  # nothing logs before the turns: the forward is not logged
+    out = capsys.readouterr().out
+    assert "of 3 turns of 2 runs each" in out and "flash/torch" in out, out
 
 
 def test_torch_naive_without_torch_names_the_install_line() -> None:
