@@ -61,7 +61,7 @@ def add_task(p: argparse.ArgumentParser) -> None:
 
 
 def fraction(text: str) -> float:
-    """argparse type for --validation: a number strictly between 0 and 1."""
+    """argparse type for --validation and --beta2: a number strictly between 0 and 1."""
     value = positive(float)(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
@@ -97,6 +97,8 @@ def add_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
     p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
                    "tenth of --steps)")  # fmt: skip
+    p.add_argument("--beta2", type=fraction, help="AdamW's β2, how slowly its second moment forgets (default: the "
+                   "preset's, 0.99 or 0.95)")  # fmt: skip
     p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
     p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
     p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
@@ -198,8 +200,8 @@ def print_start(run: training.Run, size: int) -> None:
         rows, each = s["batch"] // size // s["accumulate"], " a process" if size > 1 else ""  # sequences in a slice
         slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}{each} (gradient accumulation)"
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
-          f"{s['steps']}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch {s['batch']} x "
-          f"{c.context} tokens{split}{slices}")  # fmt: skip
+          f"{s['steps']}, β2 {s['beta2']:g}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch "
+          f"{s['batch']} x {c.context} tokens{split}{slices}")  # fmt: skip
     bill = training_memory(c, s["batch"] // size, accumulate=s["accumulate"])
     names = ("weights", "moments", "activations") + (("accumulated",) if bill.accumulated else ())
     parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in names)

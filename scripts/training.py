@@ -61,7 +61,7 @@ PRESETS = {
     "tiny": Preset(GPT_PRESETS["tiny"], batch=12, lr=1e-3, warmup=100, beta2=0.99),
     "part3": Preset(GPT_PRESETS["part3"], batch=16, lr=6e-4, warmup=100, beta2=0.95),
 }
-SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "weight_decay", "clip", "dropout")  # kept
+SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "beta2", "weight_decay", "clip", "dropout")
 MODEL_FLAGS = ("layers", "heads", "width", "context", "mlp", "norm", "bias")  # the model's shape (GPTConfig's names)
 ROW_HEADER = f"{'step':>7}  {'train loss':>10}  {'val loss':>8}  {'lr':>9}  {'tokens/s':>9}  {'time':>8}"
 
@@ -136,7 +136,7 @@ def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str
     """SETTINGS: a flag given now, else as given to the run that wrote the checkpoint, else the default
     (the preset's; --min-lr follows --lr, --warmup follows --steps). Under "given", the flags given."""
     defaults = {"steps": 100, "batch": preset.batch, "accumulate": 1, "lr": preset.lr, "weight_decay": 0.1,
-                "clip": 1.0, "dropout": preset.config.dropout}  # fmt: skip
+                "beta2": preset.beta2, "clip": 1.0, "dropout": preset.config.dropout}  # fmt: skip
     given = {**given_before, **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}}
     settings = {**defaults, **given}
     settings.setdefault("min_lr", settings["lr"] / 10)
@@ -183,7 +183,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
     train, val = text_data.split(tokenizer.encode(text), config.context, args.validation, source)
     params = {name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")}
     model = GPT(config, params or None, rng=args.seed)
-    optimizer = AdamW(model.params, lr=settings["lr"], betas=(0.9, preset.beta2),
+    optimizer = AdamW(model.params, lr=settings["lr"], betas=(0.9, settings["beta2"]),
                       weight_decay=settings["weight_decay"])  # fmt: skip
     run = Run(args, preset_name, settings, model, optimizer, tokenizer, source, text_data.fingerprint(text), train,
               val, np.random.default_rng([args.seed, 1]), np.random.default_rng([args.seed, 2]))  # fmt: skip

@@ -245,6 +245,19 @@ def test_accumulated_slices_train_as_the_whole_batch_and_resume_as_they_ran(
         np.testing.assert_array_equal(parts[name], sliced[name], err_msg=name)
 
 
+def test_beta2_reaches_adamw_and_the_checkpoint_keeps_it(small_preset, data, tmp_path, capsys):
+    """--beta2: the small preset's own 0.99 as a flag trains to the same bits as no flag, another value trains
+    otherwise (the first step's update is the same for any β2: v̂ = g² then), and the checkpoint keeps it."""
+    for name, flags in (("plain", []), ("same", ["--beta2", "0.99"]), ("other", ["--beta2", "0.5"])):
+        assert train_script.main(gpt_flags(data, tmp_path / name, *flags)) == 0
+    assert "β2 0.5, weight decay 0.1)" in capsys.readouterr().out
+    plain, same, other = (saved_arrays(tmp_path / name)["history"] for name in ("plain", "same", "other"))
+    np.testing.assert_array_equal(same, plain)
+    np.testing.assert_array_equal(other[:2], plain[:2])
+    assert not np.array_equal(other[2:], plain[2:])
+    assert sys.modules["checkpoint"].load(tmp_path / "other")[1]["settings"]["beta2"] == 0.5
+
+
 def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     flags = ["--sample", "30", "--plot", str(tmp_path / "loss.png"), "--json", str(tmp_path / "run.json")]
@@ -286,6 +299,7 @@ def test_a_loss_gone_nan_stops_and_keeps_the_last_good_checkpoint(small_preset, 
         (["--dropout", "1"], "--weight-decay and --dropout must be numbers in [0, 1)"),
         (["--task", "copy", "--data", "x"], "unrecognized arguments: --data"),
         (["--layers", "0"], "--layers: must be a positive int; got 0"),
+        (["--beta2", "1"], "--beta2: must be a fraction between 0 and 1; got 1.0"),
         (["--width", "100000"], "--width: must be a positive int at most 65,536; got 100,000"),
         (["--mlp", "relu"], "--mlp: invalid choice: 'relu'"),
     ],
