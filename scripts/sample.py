@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="DIR", help="a folder that train.py --out DIR wrote")
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", default="\n", help="the text to go on from (default: a newline)")
+    prompt.add_argument("--prompt", help="the text to go on from (default: a newline, or the vocabulary's first "
+                        "token where it has none)")  # fmt: skip
     prompt.add_argument("--prompt-file", metavar="PATH", help="the text to go on from, read from a UTF-8 file")
     p.add_argument("--tokens", type=positive(int), default=200, help="new tokens to generate (default 200)")
     p.add_argument("--samples", type=positive(int), default=1, help="samples after the same prompt, drawn at once "
@@ -122,8 +123,14 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
 
 
 def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
-    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file. A DataError names the flag: a file
-    that cannot be read as UTF-8, characters the vocabulary lacks, a text of no token."""
+    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file, or by default a newline (the vocabulary's
+    first token where it has none: a text of one line). A DataError names the flag: a file that cannot be read as
+    UTF-8, characters the vocabulary lacks, a text of no token."""
+    if args.prompt is None and args.prompt_file is None:
+        try:
+            return tokenizer.encode("\n")
+        except text_data.DataError:
+            return np.zeros(1, dtype=np.int64)
     flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
     text = args.prompt if args.prompt_file is None else text_data.read_utf8(Path(args.prompt_file), "--prompt-file")
     try:

@@ -113,6 +113,19 @@ def test_bad_flags(flags, message, capsys):
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_the_default_prompt_is_a_newline_or_the_first_token_where_the_vocabulary_has_none(trained, capsys):
+    """Without --prompt: a newline, as train.py's own sample starts; the trained text is one line, so its
+    vocabulary has no newline, and the default is its first token (' ') rather than an error."""
+    tokenizer = checkpoint.load_model(trained)[1]
+    default = argparse.Namespace(prompt=None, prompt_file=None)
+    assert sample.encoded_prompt(tokenizer, default).tolist() == [0] and tokenizer.decode([0]) == " "
+    with_newline = sys.modules["text_data"].make_tokenizer("char", "a\nb")
+    assert with_newline.decode(sample.encoded_prompt(with_newline, default)) == "\n"
+    assert sample.main([str(trained), "--tokens", "5"]) == 0
+    printed = capsys.readouterr().out.split("-" * 80)[1]  # the sample, between its two rules
+    assert len(printed) == 1 + 6 + 1 and printed.startswith("\n ")  # a line break, the prompt and 5 tokens, one more
+
+
 def test_a_prompt_the_vocabulary_cannot_spell(trained, capsys):
     assert sample.main([str(trained), "--prompt", "the Zero€"]) == 2
     err = capsys.readouterr().err
