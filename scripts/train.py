@@ -248,9 +248,10 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     if scaling:
         print(scaling)
     if stop is None and args.sample:
-        print(f"\nsample ({args.sample} tokens after a newline, temperature 0.8, seed {args.seed}; lines over 120 "
+        text, prompt = training.sample(run, args.sample)
+        print(f"\nsample ({args.sample} tokens after {prompt}, temperature 0.8, seed {args.seed}; lines over 120 "
               "characters folded):")  # fmt: skip
-        print(fold_lines(training.sample(run, args.sample)))
+        print(fold_lines(text))
     if args.out:
         print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
     if args.plot and run.history:

@@ -226,9 +226,9 @@ def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> N
         raise RunError(f"--batch {batch} does not split into {processes} process(es) x --accumulate "
                        f"{settings['accumulate']} equal slices: give a multiple of {slices}")  # fmt: skip
     bill = training_memory(config, batch // processes, accumulate=settings["accumulate"])
-    problem = common.memory_problem(bill.peak, "a training step", "raise --accumulate, lower --batch or use "
-                                    "--preset tiny", " (the weights, their gradients, AdamW's moments and the "
-                                    "activations)")  # fmt: skip
+    problem = common.memory_problem(bill.peak, "a training step", "raise --accumulate, lower --batch or take a "
+                                    "smaller model (--preset tiny, --width, --layers, --context)", " (the weights, "
+                                    "their gradients, AdamW's moments and the activations)")  # fmt: skip
     if problem:
         raise RunError(problem)
 
@@ -423,13 +423,13 @@ def exit_code(stop: BaseException | None) -> int:
     return 1 if stop is not None else 0
 
 
-def sample(run: Run, tokens: int) -> str:
-    """tokens new tokens after a newline (sample.py's default prompt), temperature 0.8, seeded by --seed."""
+def sample(run: Run, tokens: int) -> tuple[str, str]:
+    """tokens new tokens after sample.py's default prompt, temperature 0.8, seed --seed: (the text, the prompt)."""
     try:
-        prompt = run.tokenizer.encode("\n")
-    except text_data.DataError:  # a text without a newline: its first validation token instead
-        prompt = run.val[:1]
-    return run.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.args.seed))
+        prompt, what = run.tokenizer.encode("\n"), "a newline"
+    except text_data.DataError:  # a text of one line: the vocabulary's first token, as sample.py takes it
+        prompt, what = np.zeros(1, np.int64), f"{run.tokenizer.decode([0])!r}, the vocabulary's first token"
+    return run.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.args.seed)), what
 
 
 def plot_losses(run: Run, path: str) -> None:

@@ -264,7 +264,8 @@ def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_pat
     assert train_script.main([*gpt_flags(data, tmp_path / "run"), *flags]) == 0
     assert not train_script.training.freed_memory_kept  # main() leaves the calling process's malloc as it was
     out = capsys.readouterr().out
-    assert "data: " in out and "15 tokens)" not in out and "tied head: " in out and "sample (30 tokens" in out
+    assert "data: " in out and "15 tokens)" not in out and "tied head: " in out
+    assert "sample (30 tokens after ' ', the vocabulary's first token," in out  # a text of one line: no newline
     rows = json.loads((tmp_path / "run.json").read_text())["rows"]
     assert [r["step"] for r in rows] == [0, 4, 8] and rows[0]["train_loss"] is None
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3, rows  # it learns
@@ -318,6 +319,7 @@ def test_bad_gpt_flags(flags, message, capsys):
         ("abc " * 3, [], "is too short for the context: 12 tokens give 11 to train on and 1 to validate on"),
         (b"\xff\xfe caf\xe9", [], "is not UTF-8 text"),
         ("x" * 2000, ["--preset", "part3", "--batch", "4096"], "a training step needs about"),
+        ("x" * 2000, ["--width", "65536", "--heads", "1"], "or take a smaller model (--preset tiny, --width,"),
         ("x" * 2000, ["--accumulate", "5"], "--batch 12 does not split into 1 process(es) x --accumulate 5 equal"),
         ("x" * 2000, ["--heads", "3"], "--heads 3: width (128) must split into 3 heads of an even size"),
         ("x" * 2000, ["--context", "5000"], "is too short for the context"),
