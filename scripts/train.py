@@ -255,7 +255,7 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     if args.out:
         print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
     if args.plot and run.history:
-        training.plot_losses(run, args.plot)
+        plot_losses(run, args.plot)
         print(f"plot written to {args.plot}")
     if args.json:
         figures = {"machine": info, "args": vars(args), "settings": run.settings, "seconds": seconds, "busy": busy,
@@ -266,6 +266,29 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     elif isinstance(stop, KeyboardInterrupt):
         return common.interrupted(run.step, run.settings["steps"], "steps")
     return training.exit_code(stop)
+
+
+def plot_losses(run: training.Run, path: str) -> None:
+    """The training loss of every step and the validation loss of every row, against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, losses = zip(*run.history, strict=True) if run.history else ((), ())
+    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
+    ax.plot(steps, losses, lw=0.8, alpha=0.6, label="training loss (each step's batch)")
+    rows = [r for r in run.rows if r["val_loss"] is not None]
+    ax.plot([r["step"] for r in rows], [r["val_loss"] for r in rows], "o-", label="validation loss")
+    c = run.model.config
+    ax.set_title(f"{run.preset}: {c.layers} layers, width {c.width}, {run.model.num_parameters:,} parameters; "
+                 f"{run.source}", fontsize=10)  # fmt: skip
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

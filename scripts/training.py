@@ -432,29 +432,6 @@ def sample(run: Run, tokens: int) -> tuple[str, str]:
     return run.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.args.seed)), what
 
 
-def plot_losses(run: Run, path: str) -> None:
-    """The training loss of every step and the validation loss of every row, against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps, losses = zip(*run.history, strict=True) if run.history else ((), ())
-    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
-    ax.plot(steps, losses, lw=0.8, alpha=0.6, label="training loss (each step's batch)")
-    rows = [r for r in run.rows if r["val_loss"] is not None]
-    ax.plot([r["step"] for r in rows], [r["val_loss"] for r in rows], "o-", label="validation loss")
-    c = run.model.config
-    ax.set_title(f"{run.preset}: {c.layers} layers, width {c.width}, {run.model.num_parameters:,} parameters; "
-                 f"{run.source}", fontsize=10)  # fmt: skip
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------------------------------------
 # --data-parallel
 
