@@ -4,6 +4,7 @@
     python scripts/train.py --data input.txt --steps 2000 --out run --plot run/loss.png
     python scripts/train.py --out run --resume             # go on from run's checkpoint, to --steps
     python scripts/sample.py run --prompt "ROMEO:"         # then generate from it
+    python scripts/train.py --data other.txt --init-from run --out tuned  # run's model, fine-tuned on another text
     mpiexec -n 2 python scripts/train.py --data-parallel   # the batch split over 2 processes
     python scripts/train.py --task copy                    # a smaller task: attention learns to copy
 
@@ -136,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-windows", type=positive(int), default=64, help="validation windows (default 64)")
     p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out DIR")
+    p.add_argument("--init-from", metavar="DIR", help="start a new run from the weights of DIR's checkpoint, its "
+                   "model and its tokenizer, with a new AdamW from step 0, on --data (fine-tuning)")  # fmt: skip
     p.add_argument(
         "--data-parallel",
         action="store_true",
@@ -169,6 +172,11 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
     if args.resume and args.out is None:
         p.error("--resume continues the checkpoint in --out DIR: give --out")
+    if args.init_from is not None and args.resume:
+        p.error("--init-from starts a new run and --resume continues one: give one of them")
+    both = args.init_from is not None and args.out is not None
+    if both and Path(args.init_from).resolve() == Path(args.out).resolve():
+        p.error(f"--out {args.out} is --init-from's own folder: give the new run another --out")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         p.error(f"--out {args.out} is a file: give a folder (it is made if missing)")
     common.check_output(p, "--json", args.json)
@@ -200,7 +208,7 @@ def print_start(run: training.Run, size: int) -> None:
         rows, each = s["batch"] // size // s["accumulate"], " a process" if size > 1 else ""  # sequences in a slice
         slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}{each} (gradient accumulation)"
     print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
-          f"{s['steps']}, β2 {s['beta2']:g}, weight decay {s['weight_decay']:g}), clip {s['clip']:g}, batch "
+          f"{s['steps']}, β2 {s['beta2']:g}, weight decay {s['weight_decay']:g}),\n  clip {s['clip']:g}, batch "
           f"{s['batch']} x {c.context} tokens{split}{slices}")  # fmt: skip
     bill = training_memory(c, s["batch"] // size, accumulate=s["accumulate"])
     names = ("weights", "moments", "activations") + (("accumulated",) if bill.accumulated else ())
@@ -210,6 +218,8 @@ def print_start(run: training.Run, size: int) -> None:
         print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")
     if run.step:
         print(f"resumed from {run.args.out} at step {run.step}")
+    elif run.args.init_from:
+        print(f"started from the weights of the checkpoint in {run.args.init_from} (--init-from)")
 
 
 def main(argv: list[str] | None = None) -> int:

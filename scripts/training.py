@@ -156,17 +156,33 @@ def resumed(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     arrays, meta = checkpoint.load(args.out)
     if args.steps is not None and args.steps <= meta["step"]:
         raise RunError(f"the checkpoint in {args.out} is at step {meta['step']} already: give --steps above it")
-    if args.preset is not None and args.preset != meta["preset"]:
-        raise RunError(f"the checkpoint in {args.out} is a {meta['preset']} model; --preset {args.preset} is "
-                       "another configuration: leave --preset out to continue it, or give another --out")  # fmt: skip
+    check_preset(args, meta, args.out)
     return arrays, meta
 
 
+def initial(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(arrays, meta) of --init-from's checkpoint, whose model, tokenizer and weights a new run starts from (its
+    AdamW, step and data are not taken: fine-tuning, nanoGPT's init_from); ({}, {}) without the flag."""
+    if not args.init_from:
+        return {}, {}
+    arrays, meta = checkpoint.load(args.init_from)  # a CheckpointError names the folder
+    check_preset(args, meta, args.init_from)
+    return arrays, meta
+
+
+def check_preset(args: argparse.Namespace, meta: dict[str, Any], folder: str) -> None:
+    if args.preset is not None and args.preset != meta["preset"]:  # the checkpoint's preset is the run's
+        raise RunError(f"the checkpoint in {folder} is a {meta['preset']} model; --preset {args.preset} is another "
+                       "configuration: leave --preset out to go on from it")  # fmt: skip
+
+
 def start(args: argparse.Namespace, processes: int) -> Run:
-    """The run the flags ask for: the text read and tokenized, the model and AdamW, new or as --out's
-    checkpoint left them. A DataError, CheckpointError or RunError says what does not fit."""
+    """The run the flags ask for: the text read and tokenized, the model and AdamW, new (from --init-from's weights,
+    or random ones) or as --out's checkpoint left them. A DataError, CheckpointError or RunError says what does not
+    fit."""
     arrays, meta = resumed(args)
-    preset_name = meta.get("preset") or args.preset or "tiny"
+    weights, base = (arrays, meta) if meta else initial(args)  # the checkpoint the model and the tokenizer come from
+    preset_name = base.get("preset") or args.preset or "tiny"
     preset = PRESETS[preset_name]
     settings = settings_of(args, preset, meta.get("settings", {}).get("given", {}))
     text, source = text_data.load_text(args.data)
@@ -174,14 +190,19 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         trained_on = f"{meta['data']['source']} (fingerprint {meta['data']['fingerprint']})"
         raise RunError(f"the checkpoint in {args.out} trained on {trained_on}; this text is another: give the "
                        "same --data to resume")  # fmt: skip
-    if meta:
-        tokenizer = text_data.tokenizer_from(meta["tokenizer"])
+    if base:
+        tokenizer = text_data.tokenizer_from(base["tokenizer"])
     else:
         tokenizer = text_data.make_tokenizer(args.tokenizer, text)
-    config = model_config(args, preset, meta, tokenizer.vocab_size, settings["dropout"])
+    config = model_config(args, preset, base, args.out if meta else args.init_from, tokenizer.vocab_size,
+                          settings["dropout"])  # fmt: skip
     check_size(config, settings, processes)
-    train, val = text_data.split(tokenizer.encode(text), config.context, args.validation, source)
-    params = {name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")}
+    try:
+        tokens = tokenizer.encode(text)
+    except text_data.DataError as err:  # only --init-from's tokenizer can lack what the text holds
+        raise RunError(f"--init-from {args.init_from}: its tokenizer cannot spell {source}: {err}") from None
+    train, val = text_data.split(tokens, config.context, args.validation, source)
+    params = {name.removeprefix("param."): a for name, a in weights.items() if name.startswith("param.")}
     model = GPT(config, params or None, rng=args.seed)
     optimizer = AdamW(model.params, lr=settings["lr"], betas=(0.9, settings["beta2"]),
                       weight_decay=settings["weight_decay"])  # fmt: skip
@@ -195,16 +216,18 @@ def start(args: argparse.Namespace, processes: int) -> Run:
     return run
 
 
-def model_config(args: argparse.Namespace, preset: Preset, meta: dict, vocab: int, dropout: float) -> GPTConfig:
-    """The preset's model in the shape the model flags give; with --resume the checkpoint's, which they must repeat."""
+def model_config(args: argparse.Namespace, preset: Preset, meta: dict, folder: str | None, vocab: int,
+                 dropout: float) -> GPTConfig:  # fmt: skip
+    """The preset's model in the shape the model flags give; the checkpoint's (meta, in folder) with --resume or
+    --init-from, which the flags must then repeat."""
     given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
     if meta:
         config = GPTConfig.from_dict(meta["config"])
         other = [f"has {flag_text(n, getattr(config, n))}, not {flag_text(n, v)}" for n, v in given.items()
                  if getattr(config, n) != v]  # fmt: skip
         if other:
-            raise RunError(f"the checkpoint in {args.out} {'; '.join(other)}: that is another configuration; leave "
-                           "the model flags out to continue it, or give another --out")  # fmt: skip
+            raise RunError(f"the checkpoint in {folder} {'; '.join(other)}: that is another configuration; leave "
+                           "the model flags out to go on from it (its weights fit its shape only)")  # fmt: skip
         return replace(config, dropout=dropout)
     try:
         return replace(preset.config, **given, vocab=vocab, dropout=dropout)

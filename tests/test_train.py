@@ -374,6 +374,38 @@ def test_the_model_flags_shape_the_model_and_its_checkpoint_keeps_the_shape(smal
     assert "context 8" in capsys.readouterr().out
 
 
+def test_init_from_fine_tunes_a_checkpoint_on_another_text(small_preset, data, tmp_path, capsys):
+    """--init-from DIR: a new run (step 0, a new AdamW) from DIR's weights, model and tokenizer, on another text;
+    its first validation loss is the trained model's on that text, far below a fresh model's. A text the
+    tokenizer cannot spell, another shape, --resume beside it and --out DIR itself are refused by name."""
+    assert train_script.main(gpt_flags(data, tmp_path / "pre", "--steps", "40", "--eval-every", "20")) == 0
+    other = tmp_path / "other.txt"
+    other.write_text(small_text(seed=3), encoding="utf-8")  # the same words in another order
+    start_loss, printed = {}, {}
+    for name, flags in (("tuned", ["--init-from", str(tmp_path / "pre")]), ("fresh", [])):
+        capsys.readouterr()
+        assert train_script.main(gpt_flags(other, tmp_path / name, *flags)) == 0
+        printed[name] = capsys.readouterr().out
+        meta = sys.modules["checkpoint"].load(tmp_path / name)[1]
+        start_loss[name] = meta["rows"][0]["val_loss"]
+        assert meta["step"] == 8  # --steps 8 from step 0: a new run, not the checkpoint's step 40 continued
+    assert f"started from the weights of the checkpoint in {tmp_path / 'pre'} (--init-from)" in printed["tuned"]
+    assert start_loss["tuned"] < start_loss["fresh"] - 0.5, start_loss
+    zebra = tmp_path / "zebra.txt"
+    zebra.write_text("zebra " * 200, encoding="utf-8")
+    assert train_script.main(gpt_flags(zebra, tmp_path / "z", "--init-from", str(tmp_path / "pre"))) == 2
+    err = capsys.readouterr().err
+    assert f"--init-from {tmp_path / 'pre'}: its tokenizer cannot spell {zebra}: the text has 2 character(s)" in err
+    flags = ["--init-from", str(tmp_path / "pre"), "--width", "32"]
+    assert train_script.main(gpt_flags(other, tmp_path / "w", *flags)) == 2
+    assert f"the checkpoint in {tmp_path / 'pre'} has --width 16, not --width 32" in capsys.readouterr().err
+    for flags, message in ((["--resume"], "--init-from starts a new run and --resume continues one"),
+                           ([], "is --init-from's own folder: give the new run another --out")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            train_script.parse_args(gpt_flags(other, tmp_path / "pre", "--init-from", str(tmp_path / "pre"), *flags))
+        assert message in capsys.readouterr().err
+
+
 def test_without_data_it_trains_on_the_projects_own_pages(small_preset, capsys):
     assert train_script.main(["--steps", "1", "--eval-windows", "2", "--sample", "0"]) == 0
     out = capsys.readouterr().out
