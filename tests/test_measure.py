@@ -1,5 +1,6 @@
 """measure.py: tracemalloc peaks, timing and the machine facts the scripts and the memory guard use."""
 
+import io
 import time
 import tracemalloc
 
@@ -68,6 +69,22 @@ def test_machine_info():
     assert info["cores"] >= 1 and info["numpy"] == np.__version__
     assert isinstance(info["cpu"], str) and info["cpu"]
     assert all("num_threads" in pool for pool in info["blas"])
+
+
+@pytest.mark.parametrize(
+    "cpuinfo,expected",
+    [
+        ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+         "\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n",
+         "AMD EPYC (family 25, model 17)"),  # the first processor's block
+        ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n", "Intel(R) Xeon(R) Processor"),
+    ],
+)  # fmt: skip
+def test_cpu_model_names_the_family_and_model(monkeypatch, cpuinfo, expected):
+    """Two generations under one name ("AMD EPYC": Zen 4 or Zen 5) are told apart by the family and model numbers,
+    which tune's cache key and every benchmark's machine line carry; without them, the name alone."""
+    monkeypatch.setattr("builtins.open", lambda *args, **kwargs: io.StringIO(cpuinfo))
+    assert measure.cpu_model() == expected
 
 
 def test_cpu_model_without_proc(monkeypatch):
