@@ -198,9 +198,8 @@ def print_start(run: training.Run, size: int) -> None:
     changed = f"; not the preset's: {changed}" if changed else ""  # the model flags' doing, new or resumed
     print(
         f"model: GPT ({run.preset}), {c.layers} layer{'s' * (c.layers != 1)}, {c.heads} head{'s' * (c.heads != 1)}, "
-        f"width {c.width}, context {c.context}, "
-        f"{c.mlp} MLP of {c.hidden}, {c.norm}{' with biases' if c.bias else ''},\n  tied head: "
-        f"{run.model.num_parameters:,} parameters ({c.dtype}){changed}"
+        f"width {c.width}, context {c.context}, {c.mlp} MLP of {c.hidden}, {c.norm}{' with biases' * c.bias},\n"
+        f"  tied head: {run.model.num_parameters:,} parameters ({c.dtype}){changed}"
     )
     split = f" split over {size} processes" if size > 1 else ""
     slices = ""
