@@ -122,6 +122,20 @@ def make_tokenizer(choice: str, text: str) -> Tokenizer:
     return HFTokenizer(read_utf8(path, "--tokenizer"))
 
 
+def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, folder: str | None) -> Tokenizer:
+    """A run's tokenizer: --tokenizer's (choice; None: char) fitted to a new run's text, or the one the checkpoint
+    in folder describes (saved) for a run that goes on from it, which a --tokenizer given must name."""
+    if not saved:
+        return make_tokenizer(choice or "char", text)
+    kind = saved.get("kind")
+    if choice is not None:
+        json = choice not in ("char", "byte") and kind == "tokenizer.json"  # the same file's text, then
+        if choice != kind and not (json and read_utf8(Path(choice), "--tokenizer") == saved.get("json")):
+            raise DataError(f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
+                            "leave --tokenizer out to go on with the checkpoint's")  # fmt: skip
+    return tokenizer_from(saved)
+
+
 def tokenizer_from(described: dict[str, Any]) -> Tokenizer:
     """The tokenizer that describe() described (as a checkpoint keeps it)."""
     kind = described.get("kind")

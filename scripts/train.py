@@ -119,9 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: this project's README.md and docs/)")
     p.add_argument(
         "--tokenizer",
-        default="char",
         metavar="char|byte|PATH.json",
-        help="characters (default), UTF-8 bytes, or a Hugging Face tokenizer.json (the tokenizers extra)",
+        help="characters (default), UTF-8 bytes, or a Hugging Face tokenizer.json (the tokenizers extra); with "
+        "--resume or --init-from, the checkpoint's",
     )
     p.add_argument(
         "--preset",

@@ -190,12 +190,9 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         trained_on = f"{meta['data']['source']} (fingerprint {meta['data']['fingerprint']})"
         raise RunError(f"the checkpoint in {args.out} trained on {trained_on}; this text is another: give the "
                        "same --data to resume")  # fmt: skip
-    if base:
-        tokenizer = text_data.tokenizer_from(base["tokenizer"])
-    else:
-        tokenizer = text_data.make_tokenizer(args.tokenizer, text)
-    config = model_config(args, preset, base, args.out if meta else args.init_from, tokenizer.vocab_size,
-                          settings["dropout"])  # fmt: skip
+    folder = args.out if meta else args.init_from  # where base came from
+    tokenizer = text_data.tokenizer_of(args.tokenizer, text, base.get("tokenizer"), folder)
+    config = model_config(args, preset, base, folder, tokenizer.vocab_size, settings["dropout"])
     check_size(config, settings, processes)
     try:
         tokens = tokenizer.encode(text)

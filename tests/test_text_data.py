@@ -5,13 +5,14 @@ never change, a generator continues from its saved state, and a checkpoint is wr
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
 from test_scripts import load
 
-text_data = load("text_data.py")
-checkpoint = load("checkpoint.py")
+load("train.py")  # puts scripts/ on sys.path, where checkpoint.py finds text_data.py, as the programs do
+text_data, checkpoint = sys.modules["text_data"], sys.modules["checkpoint"]  # the modules the scripts share
 
 TEXT = "Holmes examined the telegram. Ça va: naïve café, 東京.\n"
 
@@ -57,6 +58,24 @@ def test_a_tokenizer_json(tmp_path):
     bad.write_text("{}")
     with pytest.raises(text_data.DataError, match="not a tokenizer.json that the tokenizers package reads"):
         text_data.make_tokenizer(str(bad), "")
+    saved = tokenizer.describe()  # a run that goes on from a checkpoint: --tokenizer may name the same file
+    assert text_data.tokenizer_of(str(path), TEXT, saved, "run").describe() == saved
+    with pytest.raises(text_data.DataError, match=r"the checkpoint in run has the 'tokenizer.json' tokenizer; "
+                       r"--tokenizer .*bad.json is another"):  # fmt: skip
+        text_data.tokenizer_of(str(bad), TEXT, saved, "run")
+
+
+def test_a_run_from_a_checkpoint_keeps_its_tokenizer():
+    """A new run fits --tokenizer (char when not given) to its text; one that goes on from a checkpoint takes the
+    checkpoint's, and refuses a --tokenizer that names another rather than leave the flag unheard."""
+    assert text_data.tokenizer_of(None, "ba", None, None).describe() == {"kind": "char", "chars": "ab"}
+    assert text_data.tokenizer_of("byte", "ba", None, None).describe() == {"kind": "byte"}
+    saved = text_data.CharTokenizer.fit("abc").describe()
+    for choice in (None, "char"):  # the checkpoint's characters, not this text's
+        assert text_data.tokenizer_of(choice, "ba", saved, "run").describe() == saved
+    with pytest.raises(text_data.DataError, match="the checkpoint in run has the 'char' tokenizer; --tokenizer byte "
+                       "is another: leave --tokenizer out to go on with the checkpoint's"):  # fmt: skip
+        text_data.tokenizer_of("byte", "ba", saved, "run")
 
 
 def test_batches_are_windows_one_token_apart():
