@@ -131,8 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_model(p)
     add_settings(p)
-    p.add_argument("--validation", type=fraction, default=0.1, help="the text's last part kept to validate on "
-                   "(default 0.1)")  # fmt: skip
+    p.add_argument("--validation", type=fraction, help="the text's last part kept to validate on (default 0.1; "
+                   "with --resume, the checkpoint's)")  # fmt: skip
     p.add_argument("--eval-every", type=positive(int), default=25, help="steps between validations (default 25)")
     p.add_argument("--eval-windows", type=positive(int), default=64, help="validation windows (default 64)")
     p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")

@@ -157,6 +157,9 @@ def resumed(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     if args.steps is not None and args.steps <= meta["step"]:
         raise RunError(f"the checkpoint in {args.out} is at step {meta['step']} already: give --steps above it")
     check_preset(args, meta, args.out)
+    if args.validation not in (None, meta["data"]["validation"]):  # another split would train on other windows
+        raise RunError(f"the checkpoint in {args.out} validates on the last {meta['data']['validation']:g} of its "
+                       f"text; --validation {args.validation:g} is another split: leave it out to resume")  # fmt: skip
     return arrays, meta
 
 
@@ -198,6 +201,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         tokens = tokenizer.encode(text)
     except text_data.DataError as err:  # only --init-from's tokenizer can lack what the text holds
         raise RunError(f"--init-from {args.init_from}: its tokenizer cannot spell {source}: {err}") from None
+    args.validation = meta["data"]["validation"] if meta else args.validation or 0.1  # as the checkpoint keeps it
     train, val = text_data.split(tokens, config.context, args.validation, source)
     params = {name.removeprefix("param."): a for name, a in weights.items() if name.startswith("param.")}
     model = GPT(config, params or None, rng=args.seed)
@@ -215,8 +219,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 
 def model_config(args: argparse.Namespace, preset: Preset, meta: dict, folder: str | None, vocab: int,
                  dropout: float) -> GPTConfig:  # fmt: skip
-    """The preset's model in the shape the model flags give; the checkpoint's (meta, in folder) with --resume or
-    --init-from, which the flags must then repeat."""
+    """The preset's model in the model flags' shape, or the checkpoint's (meta, in folder), which they must repeat."""
     given = {name: getattr(args, name) for name in MODEL_FLAGS if getattr(args, name, None) is not None}
     if meta:
         config = GPTConfig.from_dict(meta["config"])

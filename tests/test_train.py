@@ -374,6 +374,25 @@ def test_the_model_flags_shape_the_model_and_its_checkpoint_keeps_the_shape(smal
     assert "context 8" in capsys.readouterr().out
 
 
+def test_resume_keeps_the_checkpoints_validation_split(small_preset, data, tmp_path, monkeypatch, capsys):
+    """A run with --validation 0.2, stopped and resumed without the flag, goes on with its own split (the same bits
+    as a run that never stopped), where the default 0.1 would train on other windows; another split is refused."""
+    flags = ["--validation", "0.2"]
+    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+    capsys.readouterr()
+    assert (
+        train_script.main(gpt_flags(data, tmp_path / "parts", "--resume", "--steps", "9", "--validation", "0.1")) == 2
+    )
+    assert "validates on the last 0.2 of its text; --validation 0.1 is another split" in capsys.readouterr().err
+
+
 def test_init_from_fine_tunes_a_checkpoint_on_another_text(small_preset, data, tmp_path, capsys):
     """--init-from DIR: a new run (step 0, a new AdamW) from DIR's weights, model and tokenizer, on another text;
     its first validation loss is the trained model's on that text, far below a fresh model's. A text the
