@@ -71,7 +71,8 @@ def fraction(text: str) -> float:
 
 def add_model(p: argparse.ArgumentParser) -> None:
     """The flags of training.MODEL_FLAGS: the model's shape, each in place of the preset's (nanoGPT's n_layer,
-    n_head, n_embd, block_size and bias), kept in the checkpoint."""
+    n_head, n_embd, block_size and bias), kept in the checkpoint; with --resume or --init-from they must repeat
+    the checkpoint's."""
     p.add_argument("--layers", type=positive(int, MAX_LAYERS), help="blocks (default: the preset's)")
     p.add_argument("--heads", type=positive(int, common.MAX_HEADS), help="attention heads, each of width / heads "
                    "channels, an even number (default: the preset's)")  # fmt: skip
@@ -127,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--preset",
         choices=sorted(training.PRESETS),
         default=None,
-        help="the model and its training settings (default tiny; with --resume, the checkpoint's)",
+        help="the model and its training settings (default tiny; with --resume or --init-from, the checkpoint's)",
     )
     add_model(p)
     add_settings(p)
