@@ -127,10 +127,7 @@ def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
     first token where it has none: a text of one line). A DataError names the flag: a file that cannot be read as
     UTF-8, characters the vocabulary lacks, a text of no token."""
     if args.prompt is None and args.prompt_file is None:
-        try:
-            return tokenizer.encode("\n")
-        except text_data.DataError:
-            return np.zeros(1, dtype=np.int64)
+        return text_data.default_prompt(tokenizer)[0]
     flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
     text = args.prompt if args.prompt_file is None else text_data.read_utf8(Path(args.prompt_file), "--prompt-file")
     try:

@@ -129,11 +129,20 @@ def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, fo
         return make_tokenizer(choice or "char", text)
     kind = saved.get("kind")
     if choice is not None:
-        json = choice not in ("char", "byte") and kind == "tokenizer.json"  # the same file's text, then
-        if choice != kind and not (json and read_utf8(Path(choice), "--tokenizer") == saved.get("json")):
+        a_file = choice not in ("char", "byte") and kind == "tokenizer.json"  # the same file's text, then
+        if choice != kind and not (a_file and read_utf8(Path(choice), "--tokenizer") == saved.get("json")):
             raise DataError(f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
                             "leave --tokenizer out to go on with the checkpoint's")  # fmt: skip
     return tokenizer_from(saved)
+
+
+def default_prompt(tokenizer: Tokenizer) -> tuple[np.ndarray, str]:
+    """The prompt of sample.py and of train.py's sample when none is given, and what it is: a newline, or, where
+    the vocabulary has none (a text of one line), its first token."""
+    try:
+        return tokenizer.encode("\n"), "a newline"
+    except DataError:
+        return np.zeros(1, dtype=np.int64), f"{tokenizer.decode([0])!r}, the vocabulary's first token"
 
 
 def tokenizer_from(described: dict[str, Any]) -> Tokenizer:

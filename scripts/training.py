@@ -448,10 +448,7 @@ def exit_code(stop: BaseException | None) -> int:
 
 def sample(run: Run, tokens: int) -> tuple[str, str]:
     """tokens new tokens after sample.py's default prompt, temperature 0.8, seed --seed: (the text, the prompt)."""
-    try:
-        prompt, what = run.tokenizer.encode("\n"), "a newline"
-    except text_data.DataError:  # a text of one line: the vocabulary's first token, as sample.py takes it
-        prompt, what = np.zeros(1, np.int64), f"{run.tokenizer.decode([0])!r}, the vocabulary's first token"
+    prompt, what = text_data.default_prompt(run.tokenizer)
     return run.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.args.seed)), what
 
 
