@@ -4,17 +4,17 @@ and generation with the KV cache beside recomputation.
     python scripts/train_speed.py --torch                     # both presets, and generation at 1,024 tokens
     python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
     python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
+    python scripts/train_speed.py --row-blocks                # the elementwise layers by block size
 
 1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
    random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
    the series' tokenizer): the median over --rounds turns of --repeats steps, each turn after two untimed
-   steps. With --torch, the same
-   model in torch, eager (nn.Embedding, nn.LayerNorm, nn.Linear, RoPE on interleaved pairs,
-   F.scaled_dot_product_attention, the head tied to the embedding, F.cross_entropy, backward,
-   clip_grad_norm_, torch.optim.AdamW with decay on the matrices only), from the same weights, on the same
-   batch, with as many threads as our BLAS: the first two steps' losses must agree (float32), and then the
-   two take turns, so that a machine whose speed drifts during the run (another tenant's load) slows both
-   alike.
+   steps. With --torch, the same model in torch, eager (nn.Embedding, nn.LayerNorm, nn.Linear, RoPE on
+   interleaved pairs, F.scaled_dot_product_attention, the head tied to the embedding, F.cross_entropy,
+   backward, clip_grad_norm_, torch.optim.AdamW with decay on the matrices only), from the same weights, on
+   the same batch, with as many threads as our BLAS: the first two steps' losses must agree (float32), and
+   then the two take turns, so that a machine whose speed drifts during the run (another tenant's load)
+   slows both alike.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
@@ -31,6 +31,10 @@ on the same batches of this project's own pages (character tokens), each for SEC
 number of steps is not known ahead), and then both are validated on the same windows of the text's last
 tenth: both losses, and ours relative to torch's. The faster step takes more steps in the same time, and
 that is what the difference shows.
+
+--row-blocks does instead: layer_norm, gelu and their backwards (random float32 rows, as many as a preset's
+batch x context) in blocks of rows of 2^13 .. 2^20 elements (layers.py says why), taking turns: ms per call,
+and a step's worth (2L + 1 norms, L GELUs); the size layers.py takes here (ROW_BLOCK) is marked.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import copy
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +58,7 @@ import numpy as np  # noqa: E402
 import text_data  # noqa: E402
 import training  # noqa: E402
 
+from tinyattn_np import layers  # noqa: E402
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.measure import alternating_medians_ms  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
@@ -77,6 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
                    help="train ours and torch's SECONDS each; compare validation losses (needs torch)")  # fmt: skip
+    p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
     common.add_seed_and_format(p, "the weights and the batch")
@@ -85,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
         p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
     common.check_output(p, "--json", args.json)
+    if args.row_blocks and (args.torch or args.equal_time is not None):
+        p.error("--row-blocks times our layers alone: leave out --torch and --equal-time")
     for name in args.presets:
         bill = training_memory(config_of(name, args), batch_of(name, args))
         problem = common.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
@@ -369,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.equal_time is not None:
         return main_equal_time(args)
+    if args.row_blocks:
+        return main_row_blocks(args)
     torch = common.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
     print(f"{lines}\n{malloc_line(torch is not None)}\n{blas_idle.describe()}")
@@ -396,6 +407,69 @@ def main_equal_time(args: argparse.Namespace) -> int:
     if rows:
         print_equal_time(rows, args)
     figures = {"machine": info, "args": vars(args), "equal_time": rows}
+    return finish(args, figures, stopped, len(rows), len(args.presets))
+
+
+# ---------------------------------------------------------------------------------------------------
+# --row-blocks: the elementwise layers by block size
+
+BLOCKS = [2**power for power in range(13, 21)]
+
+
+def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One preset's rows: each layer's median ms per call at each block size, the sizes taking turns."""
+    config, batch = config_of(name, args), batch_of(name, args)
+    n, L = batch * config.context, config.layers
+    rng = np.random.default_rng(args.seed)
+    x, dy = rng.standard_normal((2, n, config.width), dtype=np.float32)  # (N, C) each
+    u, du = rng.standard_normal((2, n, config.hidden), dtype=np.float32)  # (N, H) each
+    gain, bias = np.ones(config.width, np.float32), np.zeros(config.width, np.float32)  # (C,) each
+    norm_saved, gelu_saved = layers.layer_norm(x, gain, bias)[1], layers.gelu(u)[1]
+    calls = {  # each layer: the call, its width, how many a step makes
+        "layer_norm": (lambda: layers.layer_norm(x, gain, bias), config.width, 2 * L + 1),
+        "layer_norm backward": (lambda: layers.layer_norm_backward(dy, norm_saved), config.width, 2 * L + 1),
+        "gelu": (lambda: layers.gelu(u), config.hidden, L),
+        "gelu backward": (lambda: layers.gelu_backward(du, gelu_saved), config.hidden, L),
+    }
+    chosen, rows = layers.ROW_BLOCK, []
+    try:
+        for layer, (fn, width, per_step) in calls.items():
+            ms = alternating_medians_ms([partial(in_blocks, b, fn) for b in BLOCKS], args.repeats, args.rounds)
+            rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
+    finally:
+        layers.ROW_BLOCK = chosen
+    return {"preset": name, "layers": rows}
+
+
+def in_blocks(block: int, fn: Any) -> None:
+    layers.ROW_BLOCK = block  # a module global, read at every call of the layers
+    fn()
+
+
+def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    chosen = layers.ROW_BLOCK
+    print(f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
+          f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (ROW_BLOCK)")  # fmt: skip
+    headers = ["layer", *(f"2^{b.bit_length() - 1}" + ("*" if b == chosen else "") for b in BLOCKS)]
+    body: list[list[str]] = []
+    for preset in rows:
+        for r in preset["layers"]:
+            name = f"{r['preset']}: {r['layer']} ({r['rows']:,} x {r['width']:,})"
+            body.append([name, *(f"{t:.3f}" for t in r["ms"])])
+        step = [sum(r["per_step"] * r["ms"][i] for r in preset["layers"]) for i in range(len(BLOCKS))]
+        body.append([f"{preset['preset']}: a step's norms and GELUs", *(f"{t:.2f}" for t in step)])
+    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+
+
+def main_row_blocks(args: argparse.Namespace) -> int:
+    """--row-blocks: the fourth table only."""
+    info, lines = common.header()
+    print(f"{lines}\n{malloc_line(with_torch=False)}")
+    rows: list[dict[str, Any]] = []
+    stopped = common.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
+    if rows:
+        print_row_blocks(rows, args)
+    figures = {"machine": info, "args": vars(args), "row_blocks": rows}
     return finish(args, figures, stopped, len(rows), len(args.presets))
 
 

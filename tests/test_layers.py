@@ -194,14 +194,16 @@ def test_cross_entropy_survives_large_float32_logits():
     np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
 
 
-@pytest.mark.parametrize("block", [layers._ROW_BLOCK, 64])  # the default, and blocks of a few rows
+@pytest.mark.parametrize("block", [layers.ROW_BLOCK, 64])  # the default, and blocks of a few rows
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):
     """layer_norm, gelu, their backwards and cross_entropy run their lines block by block on the cores: the same bits as
     the same lines over the whole array at once, for any block size and number of workers."""
-    monkeypatch.setattr(layers, "_ROW_BLOCK", block)
+    n = 2 * layers.ROW_BLOCK // 257 + 3  # rows: several blocks at either size
+    monkeypatch.setattr(layers, "ROW_BLOCK", block)
     monkeypatch.setattr(layers, "cpu_cores", lambda: workers)
-    u, dy = (rng.normal(size=(300, 257)).astype(np.float32) for _ in range(2))  # 300 · 257 > 2^15: several blocks
+    monkeypatch.setattr(layers, "_ELEMENTS_PER_WORKER", 1)  # as many workers as cores, however small the array
+    u, dy = (rng.normal(size=(n, 257)).astype(np.float32) for _ in range(2))
     y_whole, du_whole = np.empty_like(u), np.empty_like(u)
     layers._gelu_lines(u, y_whole)
     layers._gelu_backward_lines(dy, u, du_whole)
@@ -209,13 +211,13 @@ def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, worke
     np.testing.assert_array_equal(y, y_whole)
     np.testing.assert_array_equal(gelu_backward(dy, saved), du_whole)
     gain, bias = (rng.normal(size=257).astype(np.float32) for _ in range(2))
-    y_whole, x_hat_whole, rstd_whole = np.empty_like(u), np.empty_like(u), np.empty((300, 1), np.float32)
+    y_whole, x_hat_whole, rstd_whole = np.empty_like(u), np.empty_like(u), np.empty((n, 1), np.float32)
     layers._layer_norm_lines(u, gain, bias, 1e-5, y_whole, x_hat_whole, rstd_whole)
     layers._layer_norm_dx_lines(dy, x_hat_whole, rstd_whole, gain, du_whole)
     y, saved = layer_norm(u, gain, bias)
     np.testing.assert_array_equal(y, y_whole)
     np.testing.assert_array_equal(layer_norm_backward(dy, saved).dx, du_whole)
-    logits, targets = u * 4, rng.integers(0, 257, 300)
+    logits, targets = u * 4, rng.integers(0, 257, n)
     probs_whole = np.empty_like(logits)
     loss_whole = float(np.mean(layers._softmax_lines(logits, targets, probs_whole)))
     loss, probs = cross_entropy(logits, targets)
@@ -237,9 +239,9 @@ def test_float32_stays_float32(forward):
     assert forward(np.ones((2, 8), np.float32)).dtype == np.float32
 
 
-def test_row_blocks_are_a_quarter_of_the_l2_cache(tmp_path) -> None:
-    """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^15 float32 elements, 2 MiB ->
-    2^17, clamped to 2^13 .. 2^19, and 2^15 where the size is unknown (no such folder, or a size unread)."""
+def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
+    """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^17 float32 elements, 2 MiB ->
+    2^19, clamped to 2^13 .. 2^19, and 2^17 where the size is unknown (no such folder, or a size unread)."""
     from tinyattn_np._parallel import l2_cache_bytes
 
     for name, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "105M")):
@@ -248,6 +250,6 @@ def test_row_blocks_are_a_quarter_of_the_l2_cache(tmp_path) -> None:
         (tmp_path / name / "size").write_text(size + "\n")
     assert l2_cache_bytes(str(tmp_path)) == 2 << 20
     assert l2_cache_bytes(str(tmp_path / "absent")) is None
-    assert [layers._row_block(b) for b in (512 << 10, 2 << 20, 1 << 10, 1 << 30, None)] == [
-        1 << 15, 1 << 17, 1 << 13, 1 << 19, 1 << 15,
+    assert [layers._row_block(b) for b in (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)] == [
+        1 << 17, 1 << 18, 1 << 19, 1 << 13, 1 << 19, 1 << 17,
     ]  # fmt: skip

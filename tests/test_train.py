@@ -539,6 +539,25 @@ def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
     assert "--equal-time needs torch" in message and "\n" not in message, message
 
 
+def test_train_speed_times_the_layers_at_every_row_block(tmp_path, capsys):
+    """--row-blocks: each layer's row at every block size, the size layers.py takes marked, a step's worth summed
+    from the rows (2L + 1 norms, L GELUs), and ROW_BLOCK as it was afterwards."""
+    from tinyattn_np import layers
+
+    speed, figures, before = load("train_speed.py"), tmp_path / "blocks.json", layers.ROW_BLOCK
+    flags = ["--row-blocks", "--presets", "tiny", "--batch", "1", "--repeats", "1", "--rounds", "1"]
+    assert speed.main([*flags, "--json", str(figures)]) == 0 and layers.ROW_BLOCK == before
+    out = capsys.readouterr().out
+    assert f"2^{before.bit_length() - 1}*" in out and "2^13" in out and "2^20" in out, out
+    for layer in ("layer_norm (64 x 128)", "layer_norm backward (64 x 128)", "gelu (64 x 512)", "gelu backward"):
+        assert re.search(rf"^tiny: {re.escape(layer)}.*?( +[0-9.]+){{8}}$", out, re.MULTILINE), out
+    rows = json.loads(figures.read_text())["row_blocks"][0]["layers"]
+    step = sum(r["per_step"] * r["ms"][0] for r in rows)
+    assert [r["per_step"] for r in rows] == [9, 9, 4, 4] and f"{step:.2f}" in out.split("a step's norms and GELUs")[1]
+    with pytest.raises(SystemExit):
+        speed.parse_args(["--row-blocks", "--torch"])
+
+
 def test_train_speed_refuses_what_would_not_fit(capsys):
     speed = load("train_speed.py")
     with pytest.raises(SystemExit):

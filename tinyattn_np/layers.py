@@ -69,34 +69,37 @@ GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & G
 # --- why the elementwise layers run in blocks of rows ---------------------------------------------------
 #
 # layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
-# arrays. Over a whole (N, H) array every pass reads and writes main memory; over a block of rows of about
-# _ROW_BLOCK elements (_row_block: a quarter of a core's L2 cache), the block's arrays stay in the CPU's cache
-# from one line to the next. The blocks are independent, so where they hold enough elements (_ELEMENTS_PER_WORKER
-# a core) the cores take them in turn (NumPy lets go of the interpreter lock inside each line), as BLAS spreads
-# a matmul over them. The lines are the same either way, and so are the results, bit for bit.
+# arrays. Over a whole (N, H) array of many MiB every pass reads and writes main memory; over a block of rows
+# of ROW_BLOCK elements (_row_block: as many float32 as a core's L2 cache holds), the block's arrays stay in the
+# CPU's caches, its L2 and the L3 beside it, from one line to the next. Each block costs each line a NumPy
+# call, so the blocks are as large as the caches allow rather than small (python scripts/train_speed.py
+# --row-blocks times each block size, and docs/results/zen4.md shows it on one machine). The blocks are
+# independent, so where they hold enough elements (_ELEMENTS_PER_WORKER a core) the cores take them in turn
+# (NumPy lets go of the interpreter lock inside each line), as BLAS spreads a matmul over them. The lines are
+# the same either way, and so are the results, bit for bit.
 
 
 def _row_block(l2_bytes: int | None) -> int:
-    """Elements in a block of rows: a power of two up to l2_bytes / 16, so that a block is a quarter of the
-    core's L2 cache in float32 and a line's three or four arrays fit in it, 2^13 to 2^19; 2^15 (for an L2
-    of 512 KiB) where its size is unknown. Measured on a 2-core AMD EPYC (512 KiB: 2^15) and a 2-core Xeon
-    (2 MiB: 2^17 ran GELU and its backward 1.6x faster than 2^15 on both cores)."""
+    """Elements in a block of rows: the power of two up to l2_bytes / 4, a block of float32 the size of the
+    core's L2 cache, 2^13 to 2^19; 2^17 (for an L2 of 512 KiB) where its size is unknown. On a 2-core Xeon
+    (2 MiB), 2^17 ran GELU and its backward 1.6x faster than 2^15 on both cores; on a 2-core AMD EPYC Zen 4
+    (1 MiB), train_speed.py --row-blocks shows every size (docs/results/zen4.md)."""
     if not l2_bytes:
-        return 1 << 15
-    return 1 << min(19, max(13, (l2_bytes // 16).bit_length() - 1))
+        return 1 << 17
+    return 1 << min(19, max(13, (l2_bytes // 4).bit_length() - 1))
 
 
-_ROW_BLOCK = _row_block(l2_cache_bytes())
+ROW_BLOCK = _row_block(l2_cache_bytes())  # read at every call: set it to try another (train_speed.py --row-blocks)
 _ELEMENTS_PER_WORKER = 1 << 19  # less work than this a core (2 MiB of float32), and handing it out costs more than
 # the core gains: measured as 16 blocks of 2^15 on the EPYC; on the Xeon, 4 of 2^17 ran a layer norm of (4096, 256)
 # on 2 cores in 1.4 ms where one core took 1.8
 
 
 def _by_row_blocks(lines: Callable[[slice], None], n_rows: int, row_size: int) -> None:
-    """lines(rows) for every block of about _ROW_BLOCK elements (at least one row) of n_rows rows of row_size
+    """lines(rows) for every block of about ROW_BLOCK elements (at least one row) of n_rows rows of row_size
     elements, on as many of the machine's cores as have _ELEMENTS_PER_WORKER elements each (at least one: the
     caller's thread); each call writes only its own rows."""
-    step = max(1, _ROW_BLOCK // max(1, row_size))
+    step = max(1, ROW_BLOCK // max(1, row_size))
     blocks = [slice(start, start + step) for start in range(0, n_rows, step)]
     run_items(lines, blocks, max(1, min(n_rows * row_size // _ELEMENTS_PER_WORKER, cpu_cores())))
 
