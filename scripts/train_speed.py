@@ -423,7 +423,7 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     x, dy = rng.standard_normal((2, n, config.width), dtype=np.float32)  # (N, C) each
     u, du = rng.standard_normal((2, n, config.hidden), dtype=np.float32)  # (N, H) each
-    gain, bias = np.ones(config.width, np.float32), np.zeros(config.width, np.float32)  # (C,) each
+    gain, bias = np.ones(config.width, np.float32), np.zeros(config.width, np.float32) if config.bias else None
     norm_saved, gelu_saved = layers.layer_norm(x, gain, bias)[1], layers.gelu(u)[1]
     calls = {  # each layer: the call, its width, how many a step makes
         "layer_norm": (lambda: layers.layer_norm(x, gain, bias), config.width, 2 * L + 1),
