@@ -76,9 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the models to time (default: both)")  # fmt: skip
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
-    p.add_argument("--repeats", type=positive(int), default=5, help="timed training steps a turn (default 5)")
+    p.add_argument("--repeats", type=positive(int), default=5, help="timed steps (or layer calls) a turn (default 5)")
     p.add_argument("--rounds", type=positive(int), default=3,
-                   help="turns of each model, ours and torch's alternating (default 3)")  # fmt: skip
+                   help="turns of each model (--row-blocks: each size), taking turns (default 3)")  # fmt: skip
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
