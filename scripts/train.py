@@ -20,7 +20,8 @@ a time, their gradients summed: the same step, with one slice's activations in m
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
 fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
---resume continues it, to the same bits as a run that was never stopped. A loss that is not finite (a
+--resume continues it, to the same bits as a run that was never stopped (the flags given to the run that wrote
+it hold unless given again: a step's settings, --eval-every, --eval-windows). A loss that is not finite (a
 learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
 Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
 with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
@@ -134,8 +135,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_settings(p)
     p.add_argument("--validation", type=fraction, help="the text's last part kept to validate on (default 0.1; "
                    "with --resume, the checkpoint's)")  # fmt: skip
-    p.add_argument("--eval-every", type=positive(int), default=25, help="steps between validations (default 25)")
-    p.add_argument("--eval-windows", type=positive(int), default=64, help="validation windows (default 64)")
+    p.add_argument("--eval-every", type=positive(int), help="steps between validations (default 25; with --resume, "
+                   "the checkpoint's)")  # fmt: skip
+    p.add_argument("--eval-windows", type=positive(int), help="validation windows (default 64; with --resume, the "
+                   "checkpoint's)")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out DIR")
     p.add_argument("--init-from", metavar="DIR", help="start a new run from the weights of DIR's checkpoint, its "
@@ -169,7 +172,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"{flag} must be at most {MAX_BATCH:,}; got {value:,}")
     if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
         p.error("--weight-decay and --dropout must be numbers in [0, 1)")
-    if args.eval_windows > 100_000 or not 0 <= args.sample <= 100_000:
+    if (args.eval_windows or 0) > 100_000 or not 0 <= args.sample <= 100_000:
         p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
     if args.resume and args.out is None:
         p.error("--resume continues the checkpoint in --out DIR: give --out")

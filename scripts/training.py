@@ -61,7 +61,8 @@ PRESETS = {
     "tiny": Preset(GPT_PRESETS["tiny"], batch=12, lr=1e-3, warmup=100, beta2=0.99),
     "part3": Preset(GPT_PRESETS["part3"], batch=16, lr=6e-4, warmup=100, beta2=0.95),
 }
-SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "beta2", "weight_decay", "clip", "dropout")
+SETTINGS = ("steps", "batch", "accumulate", "lr", "min_lr", "warmup", "beta2", "weight_decay", "clip", "dropout",
+            "eval_every", "eval_windows")  # a step's, and the validations'; the checkpoint keeps them  # fmt: skip
 MODEL_FLAGS = ("layers", "heads", "width", "context", "mlp", "norm", "bias")  # the model's shape (GPTConfig's names)
 ROW_HEADER = f"{'step':>7}  {'train loss':>10}  {'val loss':>8}  {'lr':>9}  {'tokens/s':>9}  {'time':>8}"
 
@@ -136,7 +137,8 @@ def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str
     """SETTINGS: a flag given now, else as given to the run that wrote the checkpoint, else the default
     (the preset's; --min-lr follows --lr, --warmup follows --steps). Under "given", the flags given."""
     defaults = {"steps": 100, "batch": preset.batch, "accumulate": 1, "lr": preset.lr, "weight_decay": 0.1,
-                "beta2": preset.beta2, "clip": 1.0, "dropout": preset.config.dropout}  # fmt: skip
+                "beta2": preset.beta2, "clip": 1.0, "dropout": preset.config.dropout, "eval_every": 25,
+                "eval_windows": 64}  # fmt: skip
     given = {**given_before, **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}}
     settings = {**defaults, **given}
     settings.setdefault("min_lr", settings["lr"] / 10)
@@ -298,8 +300,8 @@ def allreduce_mean(run: Run, comm: Any, loss: float, grads: dict[str, np.ndarray
 
 def validate(run: Run, comm: Any = None) -> float:
     """The mean loss over the fixed validation windows, no dropout; the processes share them out."""
-    a, T = run.args, run.model.config.context
-    batches = text_data.fixed_batches(run.val, a.eval_windows, run.settings["batch"], T)
+    T = run.model.config.context
+    batches = text_data.fixed_batches(run.val, run.settings["eval_windows"], run.settings["batch"], T)
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     total = sum(run.model.loss(x, y) * len(x) for x, y in batches[rank::size])
     if comm is not None:
@@ -332,7 +334,7 @@ def loop(run: Run, comm: Any, ctrl_c: StopTogether) -> None:
     mine = slice(rank * run.settings["batch"] // size, (rank + 1) * run.settings["batch"] // size)
     first, shown = run.step, 0.0
     while True:
-        if (run.step % run.args.eval_every == 0 or run.step == total) and not validated(run):
+        if (run.step % run.settings["eval_every"] == 0 or run.step == total) and not validated(run):
             record(run, validate(run, comm), rank == 0)
             save(run, comm)
         if run.step >= total:

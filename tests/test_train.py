@@ -393,6 +393,21 @@ def test_resume_keeps_the_checkpoints_validation_split(small_preset, data, tmp_p
     assert "validates on the last 0.2 of its text; --validation 0.1 is another split" in capsys.readouterr().err
 
 
+def test_resume_keeps_the_checkpoints_validation_rows(small_preset, data, tmp_path, monkeypatch):
+    """--eval-every and --eval-windows, given to the run that wrote the checkpoint, hold for --resume without
+    them: the validations fall on the same steps and measure the same windows as a run that never stopped
+    (the defaults, 25 and 64, would validate at other steps on other windows)."""
+    flags = ["--data", str(data), "--steps", "9", "--eval-every", "3", "--eval-windows", "5", "--sample", "0"]
+    assert train_script.main([*flags, "--out", str(tmp_path / "whole")]) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(4))
+        assert train_script.main([*flags, "--out", str(tmp_path / "parts")]) == 130
+    assert train_script.main(["--data", str(data), "--sample", "0", "--out", str(tmp_path / "parts"), "--resume"]) == 0
+    whole, parts = (sys.modules["checkpoint"].load(tmp_path / name)[1]["rows"] for name in ("whole", "parts"))
+    assert [row["step"] for row in parts] == [row["step"] for row in whole] == [0, 3, 6, 9]
+    assert [row["val_loss"] for row in parts] == [row["val_loss"] for row in whole]
+
+
 def test_init_from_fine_tunes_a_checkpoint_on_another_text(small_preset, data, tmp_path, capsys):
     """--init-from DIR: a new run (step 0, a new AdamW) from DIR's weights, model and tokenizer, on another text;
     its first validation loss is the trained model's on that text, far below a fresh model's. A text the
