@@ -313,9 +313,8 @@ def test_the_untuned_layout_is_the_one_measured_fastest_under_the_blas_kernels(m
 
 
 def test_keys_first_takes_one_row_at_a_time_only_for_a_few_rows(layout_in_force):
-    """Up to VECTOR_ROWS query rows a kv head, keys first makes each row's scores by a matrix-vector product (one
-    call for every kv head where each has one row, else head by head); past it, one matrix product: the bits of
-    queries first. Either way, the reference."""
+    """Up to VECTOR_ROWS query rows a kv head (1, 2 and 8 here), keys first makes each row's scores by a
+    matrix-vector product; past it, one matrix product: the bits of queries first. Either way, the reference."""
     import tinyattn_np.splitkv as splitkv
 
     for rows in (1, 2, splitkv.VECTOR_ROWS, 2 * splitkv.VECTOR_ROWS):

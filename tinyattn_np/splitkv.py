@@ -194,19 +194,15 @@ def _block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first:
     """One block's scores s = q_s Kᵀ -> (N, R, bk), K the pieces in turn (piece i: columns bounds[i] ..
     bounds[i + 1]), each read in place by BLAS and converted to q_s's dtype only if it is float16 (one piece at
     a time). keys_first, with R <= VECTOR_ROWS: row r of a piece of MIN_BLOCK_K keys or more made as K q_r, a
-    matrix-vector product (DecodeLayout), kv head by kv head where a head has several rows; a shorter piece (a
-    few pages of a paged cache) as one product."""
+    matrix-vector product (DecodeLayout); a shorter piece (a few pages of a paged cache) as one product."""
     n, rows = q_s.shape[:2]
     s = np.empty((n, rows, bounds[-1]), q_s.dtype)  # (N, R, bk)
+    q_cols = q_s[..., None]  # (N, R, E, 1)
     for k, start, stop in zip(keys, bounds, bounds[1:], strict=False):
         k = k.astype(q_s.dtype, copy=False)
         if keys_first and rows <= VECTOR_ROWS and stop - start >= MIN_BLOCK_K:
-            if rows == 1:  # one call: (N, n_i, E) @ (N, E, 1), a matrix-vector product per kv head
-                np.matmul(k, q_s[:, 0, :, None], out=s[:, 0, start:stop, None])
-            else:  # head by head, so that a head's keys stay in the core's cache while its R rows read them
-                for h in range(n):
-                    for r in range(rows):  # (n_i, E) @ (E,)
-                        np.matmul(k[h], q_s[h, r], out=s[h, r, start:stop])
+            for r in range(rows):  # (N, n_i, E) @ (N, E, 1): one matrix-vector product per query row
+                np.matmul(k, q_cols[:, r], out=s[:, r, start:stop, None])
         else:  # queries first, or a piece of a few pages: one product costs less than R calls
             np.matmul(q_s, k.swapaxes(-1, -2), out=s[:, :, start:stop])  # (N, R, n_i)
     return s
