@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 from test_scripts import interrupt, load
+
+from tinyattn_np import flash_decode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,6 +54,31 @@ def test_script_step_mode_without_torch(common, capsys, tmp_path):  # common: no
         r"^  paged_decode, blocks of 256: [0-9.]+x the floor \(target 1.3x: (met|[0-9]+% over)\)$", text, re.M
     )
     assert "16 sequences: paged_decode, blocks of 16: " in text
+
+
+def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(common, monkeypatch, capsys):
+    """With --torch, flash_decode and torch's fastest formulation are also timed in turns (TURNS turns of two
+    warm-ups and --repeats runs each, alternating), and flash_decode's aim against torch's fastest is their
+    ratio there. torch is stood in for: each call of its formulations logs 't', each flash_decode call 'f'."""
+    script, log = load("decode.py"), []
+    monkeypatch.setattr(common, "load_torch", lambda: None)
+    torch_call = lambda gold: (time.sleep(0.002), log.append("t"), gold)[2]  # noqa: E731  2 ms, then the reference
+    fake = lambda q, k, v, gold, args: [  # noqa: E731  the two torch rows
+        (name, "one", lambda: torch_call(gold), gold) for name in ("torch SDPA (enable_gqa)", script.TORCH_FASTEST)
+    ]
+    monkeypatch.setattr(script, "torch_runs", fake)
+    monkeypatch.setattr(script, "flash_decode", lambda *a, **kw: (log.append("f"), flash_decode(*a, **kw))[1])
+    flags = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "2"]
+    assert script.main([*flags, "--torch"]) == 0
+    # torch's fastest's row (its check, its timing), then the turns; the batch's row after them calls neither
+    assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * script.TURNS), "".join(log)
+    out = capsys.readouterr().out
+    line = re.search(r"^  flash_decode \(split-KV\) and torch's fastest in turns \(3 turns of 2 runs each\): "
+                     r"([0-9.]+) and ([0-9.]+) ms, ([0-9.]+)x$", out, re.M)  # fmt: skip
+    assert line, out
+    ratio = float(line[1]) / float(line[2])
+    aim = re.search(r"^  flash_decode \(split-KV\): [0-9.]+x the floor .*; ([0-9.]+)x torch's fastest", out, re.M)
+    assert aim and float(aim[1]) == pytest.approx(ratio, abs=0.02), out
 
 
 def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
