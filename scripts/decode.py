@@ -448,8 +448,8 @@ def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
 def run_flops(args: argparse.Namespace) -> float:
     """FLOPs of the whole run: --step's kernels, or every generated token's three forwards (cached,
     recomputed, windowed) and the band-mask reference at each checkpoint."""
-    if args.step:  # six kernels over S keys (with torch two more and the turns, six more with the layouts), the
-        kernels = 6 + (2 + 2 * TURNS) * args.torch + len(DECODE_LAYOUTS) * args.layouts + BATCH // 2  # batch ~S·B/2
+    if args.step:  # six kernels over S keys, with torch two more and the turns, with --layouts six more; the batch
+        kernels = 6 + (2 + 2 * TURNS) * args.torch + len(DECODE_LAYOUTS) * args.layouts + BATCH // 2  # ~B/2 times S
         return kernels * (args.repeats + 2) * attention_flops(1, args.context, heads=args.heads, head_dim=args.head_dim)
     C, d, layers = args.d_model, args.d_model // args.heads, args.layers
     qkv = (args.heads + 2 * args.kv_heads) * d
