@@ -271,8 +271,9 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
         plot_losses(run, args.plot)
         print(f"plot written to {args.plot}")
     if args.json:
-        figures = {"machine": info, "args": vars(args), "settings": run.settings, "seconds": seconds, "busy": busy,
-                   "rows": run.rows, "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
+        figures = {"machine": info, "args": vars(args), "settings": run.settings, "validation": run.validation,
+                   "seconds": seconds, "busy": busy, "rows": run.rows,
+                   "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
         common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, training.NonFiniteLoss):
         print(f"train.py: stopped: {stop}", file=sys.stderr)

@@ -116,6 +116,7 @@ class Run:
     tokenizer: Any
     source: str  # where the text came from
     fingerprint: str
+    validation: float  # the text's last part validated on, never trained on
     train: np.ndarray  # (n_train,) token ids
     val: np.ndarray  # (n_val,)
     rng: np.random.Generator  # the batches'
@@ -203,14 +204,14 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         tokens = tokenizer.encode(text)
     except text_data.DataError as err:  # only --init-from's tokenizer can lack what the text holds
         raise RunError(f"--init-from {args.init_from}: its tokenizer cannot spell {source}: {err}") from None
-    args.validation = meta["data"]["validation"] if meta else args.validation or 0.1  # as the checkpoint keeps it
-    train, val = text_data.split(tokens, config.context, args.validation, source)
+    validation = meta["data"]["validation"] if meta else args.validation or 0.1  # as the checkpoint keeps it
+    train, val = text_data.split(tokens, config.context, validation, source)
     params = {name.removeprefix("param."): a for name, a in weights.items() if name.startswith("param.")}
     model = GPT(config, params or None, rng=args.seed)
     optimizer = AdamW(model.params, lr=settings["lr"], betas=(0.9, settings["beta2"]),
                       weight_decay=settings["weight_decay"])  # fmt: skip
-    run = Run(args, preset_name, settings, model, optimizer, tokenizer, source, text_data.fingerprint(text), train,
-              val, np.random.default_rng([args.seed, 1]), np.random.default_rng([args.seed, 2]))  # fmt: skip
+    run = Run(args, preset_name, settings, model, optimizer, tokenizer, source, text_data.fingerprint(text), validation,
+              train, val, np.random.default_rng([args.seed, 1]), np.random.default_rng([args.seed, 2]))  # fmt: skip
     if meta:
         optimizer.load_state_dict({k.removeprefix("adamw."): a for k, a in arrays.items() if k.startswith("adamw.")})
         run.rng, run.dropout_rng = text_data.rng_from(meta["rng"]), text_data.rng_from(meta["dropout_rng"])
@@ -435,7 +436,7 @@ def save(run: Run, comm: Any = None) -> None:
     meta = {
         "step": run.step, "preset": run.preset, "config": run.model.config.to_dict(), "settings": run.settings,
         "tokenizer": run.tokenizer.describe(), "seed": run.args.seed, "rows": run.rows,
-        "data": {"source": run.source, "fingerprint": run.fingerprint, "validation": run.args.validation},
+        "data": {"source": run.source, "fingerprint": run.fingerprint, "validation": run.validation},
         "rng": text_data.rng_state(run.rng), "dropout_rng": text_data.rng_state(run.dropout_rng),
     }  # fmt: skip
     checkpoint.save(run.args.out, arrays, meta)

@@ -266,7 +266,9 @@ def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_pat
     out = capsys.readouterr().out
     assert "data: " in out and "15 tokens)" not in out and "tied head: " in out
     assert "sample (30 tokens after ' ', the vocabulary's first token," in out  # a text of one line: no newline
-    rows = json.loads((tmp_path / "run.json").read_text())["rows"]
+    saved = json.loads((tmp_path / "run.json").read_text())
+    rows = saved["rows"]
+    assert saved["validation"] == 0.1  # the split the run used: the default, no --validation given
     assert [r["step"] for r in rows] == [0, 4, 8] and rows[0]["train_loss"] is None
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.3, rows  # it learns
     assert (tmp_path / "loss.png").stat().st_size > 1000
