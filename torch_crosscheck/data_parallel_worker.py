@@ -37,7 +37,7 @@ def main(folder: Path) -> None:
     s = case["settings"]
     optimizer = AdamW(model.params, lr=s["lr"], betas=tuple(s["betas"]), eps=s["eps"], weight_decay=s["weight_decay"])
     no_data = np.zeros(0, dtype=np.int64)  # the step reads its batch from the arguments, not from the run's text
-    run = training.Run(argparse.Namespace(out=None), "tiny", s, model, optimizer, None, "", "", no_data, no_data,
+    run = training.Run(argparse.Namespace(out=None), "tiny", s, model, optimizer, None, "", "", 0.1, no_data, no_data,
                        np.random.default_rng(0), np.random.default_rng(1))  # fmt: skip
     loss = training.train_step(run, idx[mine], targets[mine], comm)
     if rank == 0:
