@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
-from tinyattn_np.flash import default_tiles
+from tinyattn_np._tuning import default_tiles
 from tinyattn_np.measure import alternating_medians_ms, traced_peak
 from tinyattn_np.memory import attention_flops, score_matrix_bytes
 from tinyattn_np.peaks import flash_attention_bytes

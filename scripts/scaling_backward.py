@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import flash_attention, flash_attention_backward
-from tinyattn_np.flash import backward_side
+from tinyattn_np._tuning import backward_side
 from tinyattn_np.measure import alternating_medians_ms, traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes

@@ -32,22 +32,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, splitkv, tune
+from tinyattn_np._backward_kernel import check_weights_sum_to_one as _check_weights_sum_to_one
+from tinyattn_np._backward_kernel import flex_backward as _flex_backward
+from tinyattn_np._backward_kernel import heads_per_item as _heads_per_item
+from tinyattn_np._backward_kernel import item_heads, ones_row_below
+from tinyattn_np._backward_kernel import query_rows as _query_rows
 from tinyattn_np._checks import compute_dtype
-from tinyattn_np.backward import (
-    _check_weights_sum_to_one,
-    _flex_backward,
-    _heads_per_item,
-    _query_rows,
-    check_flash_backward,
-    item_heads,
-    ones_row_below,
-)
-from tinyattn_np.blockmask import Heads, tile_plan
-from tinyattn_np.flash import (
+from tinyattn_np._flash_kernel import (
     TileMods,
     apply_mods,
-    check_flash,
-    default_tiles,
     diagonal_of,
     finish_rows,
     flash_forward,
@@ -61,6 +54,11 @@ from tinyattn_np.flash import (
     tile_mods,
     trusted,
 )
+from tinyattn_np._tiles import Heads
+from tinyattn_np._tuning import default_tiles
+from tinyattn_np.backward import check_flash_backward
+from tinyattn_np.blockmask import tile_plan
+from tinyattn_np.flash import check_flash
 from tinyattn_np.measure import time_calls
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.report import add_wide_argument, positive, table_width

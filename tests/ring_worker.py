@@ -268,7 +268,7 @@ def fail(function: str, how: str, failing_rank: int) -> None:
     a ring step (error-1: the second) or Ulysses' one local flash call; a backward's check is the second
     check (the forward's comes first)."""
     computes = {"ring": (ring, "ring_step"), "ring-backward": (ring, "ring_backward_step"),
-                "ulysses": (ulysses, "flash_forward"), "ulysses-backward": (ulysses, "_flex_backward")}  # fmt: skip
+                "ulysses": (ulysses, "flash_forward"), "ulysses-backward": (ulysses, "flex_backward")}  # fmt: skip
     module, name = (_mpi, "check_shards") if how == "interrupt-in-check" else computes[function]
     at_call = int(how == "error-1" or (how == "interrupt-in-check" and function.endswith("backward")))
     if rank == failing_rank:

@@ -25,8 +25,8 @@ from tinyattn_np import (
     rope_backward,
 )
 from tinyattn_np import _guard as guard_module
+from tinyattn_np._tuning import constant_rule
 from tinyattn_np.blockmask import Band, create_block_mask
-from tinyattn_np.flash import constant_rule
 from tinyattn_np.measure import traced_peak
 
 # Central differences: error O(eps²·f''') from the formula plus O(u/eps) from rounding; with eps = 1e-6
@@ -200,21 +200,22 @@ def test_same_bits_for_any_worker_count(rng):
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, causal):
-    """Small tiles put several heads in one backward item (_heads_per_item): any number of heads an item, on
-    any number of workers, with GQA, gives the same bits as items of one head, and the reference's values."""
-    import tinyattn_np.backward as backward
-    import tinyattn_np.flash as flash_module
+    """Small tiles put several heads in one backward item (_backward_kernel.heads_per_item): any number of heads
+    an item, on any number of workers, with GQA, gives the same bits as items of one head, and the reference's
+    values."""
+    import tinyattn_np._backward_kernel as backward
+    import tinyattn_np._tuning as flash_module
 
     q, k, v, dout = (x.astype(np.float32) for x in qkv(rng, (3,), 4, 2, 40, 56, e=8, ev=6))
     out, lse = flash_attention(q, k, v, causal=causal, return_lse=True)
     tile = 16 * 16
-    plan = backward._BackwardPlan(1.0, Band(16 if causal else None), 16, 16, 2)
+    plan = backward.BackwardPlan(1.0, Band(16 if causal else None), 16, 16, 2)
     runs, heads = [], []
     for budget in (tile, 2 * tile, 4 * tile, 12 * tile):  # 1, 2, 4 and 12 of the 12 heads an item
         monkeypatch.setattr(
             flash_module, "tile_rule", lambda budget=budget: constant_rule()._replace(scores_per_step=budget)
         )
-        heads.append(backward._heads_per_item(plan, 12, 40, 56))
+        heads.append(backward.heads_per_item(plan, 12, 40, 56))
         runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
                  for w in (1, 2, 3)]  # fmt: skip
     assert heads == [1, 2, 4, 12]
@@ -229,9 +230,10 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
 def test_heads_per_item_fill_a_forward_step_and_keep_every_worker_busy(monkeypatch):
     """The most heads, a divisor of them, whose tiles hold no more scores than a forward tile step and still
     leave an item for each worker; one head an item for a block mask or a score_mod."""
-    import tinyattn_np.flash as flash_module
+    import tinyattn_np._tuning as flash_module
     from tinyattn_np import mods
-    from tinyattn_np.backward import _BackwardPlan, _heads_per_item
+    from tinyattn_np._backward_kernel import BackwardPlan as _BackwardPlan
+    from tinyattn_np._backward_kernel import heads_per_item as _heads_per_item
 
     monkeypatch.setattr(flash_module, "tile_rule", lambda: constant_rule(cores=2))  # 2^18 scores a step
     band = Band(0)
@@ -454,7 +456,7 @@ def test_one_head_splits_over_key_blocks_with_the_same_bits(rng):
 
 def test_a_failing_item_stops_the_others_instead_of_hanging(rng, monkeypatch):
     """If the first key block's item fails, the items waiting for its turn to add into dq stop too."""
-    import tinyattn_np.backward as backward
+    import tinyattn_np._backward_kernel as backward
 
     real = backward.key_block_grads
 
@@ -689,10 +691,11 @@ def test_an_interrupt_at_any_bytecode_of_the_ordered_dq_leaves_its_lock_free(ste
 
     from test_kvcache import PACKAGE, _interrupted_at
 
-    from tinyattn_np.backward import OrderedDq
-    from tinyattn_np.blockmask import FULL, Tile
+    from tinyattn_np._backward_kernel import OrderedDq
+    from tinyattn_np._tiles import FULL
+    from tinyattn_np.blockmask import Tile
 
-    code = (str(PACKAGE / "backward.py"), str(PACKAGE / "_atomic.py"), threading.__file__)
+    code = (str(PACKAGE / "_backward_kernel.py"), str(PACKAGE / "_atomic.py"), threading.__file__)
     tile = Tile(0, 4, 0, 4, FULL)
     for n in range(1, 10_000):
         dq = OrderedDq(np.zeros((1, 1, 4, 2)), np.zeros((1, 1, 4)), Band(None), 4, 4, 4)  # one group of one head

@@ -23,7 +23,8 @@ from tinyattn_np import (
     flex_attention,
     tile_plan,
 )
-from tinyattn_np.blockmask import FULL, check_band
+from tinyattn_np._tiles import FULL
+from tinyattn_np.blockmask import check_band
 
 ALIGNMENTS = ("bottom_right", "top_left")
 

@@ -27,16 +27,10 @@ from tinyattn_np import (
     window_mask,
 )
 from tinyattn_np._checks import QKVShape
-from tinyattn_np.blockmask import PARTIAL, Tile
-from tinyattn_np.flash import (
-    SCORES_PER_WORKER,
-    call_workers,
-    default_tiles,
-    diagonal_side,
-    hide_past_diagonal,
-    tile_rule,
-    workers_for,
-)
+from tinyattn_np._flash_kernel import hide_past_diagonal
+from tinyattn_np._tiles import PARTIAL
+from tinyattn_np._tuning import SCORES_PER_WORKER, call_workers, default_tiles, diagonal_side, tile_rule, workers_for
+from tinyattn_np.blockmask import Tile
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.mods import causal_band
 
@@ -107,10 +101,10 @@ def test_float16_lse_past_float16_range():
     [(0.0, False), (95.0, True), (-70.0, True), (30.0, False)],  # float32: exp overflows past 88.7; e^-70 · S < √tiny
 )
 def test_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_hold_them(rng, monkeypatch, shift, falls_back):
-    """The fast path sums exp(s) against 0 (flash.attend_block); scores too large for exp, or all far below 0,
+    """The fast path sums exp(s) against 0 (_flash_kernel.attend_block); scores too large for exp, or all far below 0,
     send a block to the running max (attend_tiles with running_max=True). Either way the result is the
     reference's."""
-    import tinyattn_np.flash as flash_module
+    import tinyattn_np._flash_kernel as flash_module
 
     q = rng.standard_normal((2, 40, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 50, 8)).astype(np.float32) for _ in range(2))
@@ -394,7 +388,7 @@ def test_many_tiny_heads_are_batched(rng):
     # 20,000 heads of one query and one key: a handful of tile steps, not 20,000 of them
     q, k, v = (rng.standard_normal((20000, 1, 1, 4)) for _ in range(3))
     calls = []
-    import tinyattn_np.flash as flash_module
+    import tinyattn_np._flash_kernel as flash_module
 
     real = flash_module.attend_block
     flash_module.attend_block = lambda *a: calls.append(1) or real(*a)

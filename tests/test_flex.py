@@ -40,7 +40,7 @@ from tinyattn_np import (
     varlen_block_mask,
     varlen_mod,
 )
-from tinyattn_np.mods import score_indices
+from tinyattn_np._mod_calls import score_indices
 
 B, HQ, HKV, E, EV = 2, 4, 2, 8, 5
 
@@ -182,14 +182,14 @@ def test_the_old_keywords_are_mask_mods_on_the_one_path(rng, dtype, n_q, n_k, bl
 
 
 def test_band_hides_what_the_masks_module_hides():
-    """Band's partial tiles hide with the mask_mod exactly what masks._band_blocked hid before."""
+    """Band's partial tiles hide with the mask_mod exactly what masks.band_blocked hid before."""
     from tinyattn_np.blockmask import Band
-    from tinyattn_np.masks import _band_blocked
+    from tinyattn_np.masks import band_blocked
 
     for offset, window in [(0, None), (3, None), (-2, None), (4, 3), (0, 1)]:
         band = Band(offset, window)
         for tile in band.row_tiles(0, 9, 11, 4):
-            expected = _band_blocked(tile.q_start, tile.q_stop, tile.k_start, tile.k_stop, offset, window)
+            expected = band_blocked(tile.q_start, tile.q_stop, tile.k_start, tile.k_stop, offset, window)
             np.testing.assert_array_equal(band.hidden(tile), expected)
 
 

@@ -1,6 +1,6 @@
 """flex_attention_backward by hand, proved by central finite differences in float64 through every mask_mod
-and every ready-made score_mod (softcap's derivative, ALiBi's and the bias table's learned parameters, the
-sinks), held equal to the reference's gradients on whole matrices, and through MultiHeadAttention."""
+(every score_mod: tests/test_mod_grads.py), held equal to the reference's gradients on whole matrices, and
+through MultiHeadAttention."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from tinyattn_np import (
     sliding_window_mod,
 )
 from tinyattn_np.attention import check_attention
-from tinyattn_np.backward import _attention_flex_grads
+from tinyattn_np.backward import attention_grads
 
 L, S = 7, 9
 
@@ -99,21 +99,9 @@ def test_flex_backward_through_every_mask_mod(rng, index):
     check_flex_grads(q, k, v, dout, Softcap(1.5), block_mask, rng.standard_normal(HQ), name)
 
 
-@pytest.mark.parametrize("index", range(6), ids=[case[0] for case in score_mods(np.random.default_rng(0))])
-@pytest.mark.parametrize("sinks", [False, True])
-def test_flex_backward_through_every_score_mod(rng, index, sinks):
-    """Every ready-made score_mod and a user's Differentiable one, under causal documents, with and without
-    sinks: dq, dk, dv, the learned parameters and the sinks against finite differences."""
-    q, k, v, dout = inputs(rng)
-    name, score_mod = score_mods(rng)[index]
-    mask_mod = mask_mods()[5][1]
-    block_mask = create_block_mask(mask_mod, None, None, L, S, BLOCK_SIZE=(3, 2))
-    check_flex_grads(q, k, v, dout, score_mod, block_mask, rng.standard_normal(HQ) if sinks else None, name)
-
-
 @pytest.mark.parametrize("block_size", [(1, 1), (2, 3), (5, 4), (64, 64)])
 def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_size):
-    """The blockwise backward and the reference's on whole matrices (_attention_flex_grads), every mask_mod
+    """The blockwise backward and the reference's on whole matrices (attention_grads), every mask_mod
     with every score_mod, with sinks: the same gradients to rounding."""
     q, k, v, dout = inputs(rng)
     sinks = rng.standard_normal(HQ)
@@ -127,7 +115,7 @@ def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_si
                                            enable_gqa=True, sinks=sinks)  # fmt: skip
             checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
                                       mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)  # fmt: skip
-            gold = _attention_flex_grads(*checked[:3], dout, *checked[3:])
+            gold = attention_grads(*checked[:3], dout, *checked[3:])
             for field, a, b in zip(mine._fields, mine, gold, strict=True):
                 if a is None or b is None:
                     assert a is b, f"{field}: {mask_name} x {score_name}"
@@ -144,26 +132,6 @@ def test_the_reference_backward_takes_the_mods(rng):
 
     dq, dk, dv = attention_backward(q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod, sinks=sinks)
     assert_grads(loss, [("q", q, dq), ("k", k, dk), ("v", v, dv)], "reference with mods")
-
-
-def test_a_score_mod_without_its_derivative_is_refused_with_what_to_pass(rng):
-    q, k, v, dout = inputs(rng)
-
-    def shifted(score, b, h, q_idx, kv_idx):
-        return score + 1.0
-
-    out, lse = flex_attention(q, k, v, shifted, enable_gqa=True, return_lse=True)  # the forward takes any mod
-    with pytest.raises(TypeError, match=r"does not give its derivative.*Differentiable\(score_mod, derivative\)"):
-        flex_attention_backward(q, k, v, out, dout, lse, score_mod=shifted, enable_gqa=True)
-    with pytest.raises(TypeError, match="Differentiable"):
-        attention_backward(q, k, v, dout, score_mod=shifted)
-    grads = flex_attention_backward(q, k, v, out, dout, lse, score_mod=Differentiable(shifted, lambda *_: 1.0),
-                                    enable_gqa=True)  # fmt: skip
-    plain_out, plain_lse = flex_attention(q, k, v, enable_gqa=True, return_lse=True)  # softmax ignores the shift
-    np.testing.assert_allclose(plain_lse + 1.0, lse, atol=1e-12)
-    plain = flex_attention_backward(q, k, v, plain_out, dout, plain_lse, enable_gqa=True)
-    for a, b in zip(grads[:3], plain[:3], strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-12)
 
 
 def test_the_backward_refuses_another_forwards_state(rng):
@@ -247,28 +215,13 @@ def test_alibi_slopes_are_the_papers():
     np.testing.assert_allclose(alibi_slopes(1), [2.0**-8])
 
 
-def test_float32_gradients_of_the_mods(rng):
-    """In float32 the mods' gradients come back in float32, close to the float64 ones."""
-    q, k, v, dout = inputs(rng)
-    alibi, sinks = Alibi(alibi_slopes(HQ), L, S, learned=True), np.zeros(HQ)
-    grads = {}
-    for dtype in (np.float32, np.float64):
-        args = [x.astype(dtype) for x in (q, k, v)]
-        out, lse = flex_attention(*args, alibi, enable_gqa=True, return_lse=True, sinks=sinks)
-        grads[dtype] = flex_attention_backward(*args, out, dout.astype(dtype), lse, score_mod=alibi, enable_gqa=True,
-                                               sinks=sinks)  # fmt: skip
-    for a, b in zip(grads[np.float32], grads[np.float64], strict=True):
-        assert a.dtype == np.float32
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-
-
 @pytest.mark.parametrize("heads", [1, 4])
 def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads):
     """attention() and attention_backward() with mods refuse by an upper bound of their peak: the plain
-    path's model plus what the ready-made mods make (attention._mods_bytes); tracemalloc stays under it."""
-    from tinyattn_np._guard import attention_backward_bytes, naive_attention_bytes
-    from tinyattn_np.attention import _mods_bytes
+    path's model plus what the ready-made mods make (attention.mods_bytes); tracemalloc stays under it."""
+    from tinyattn_np._guard import mods_bytes
     from tinyattn_np.measure import traced_peak
+    from tinyattn_np.peaks import attention_backward_bytes, naive_attention_bytes
 
     T = 512
     q, k, v, dout = (rng.standard_normal((1, heads, T, 32)).astype(np.float32) for _ in range(4))
@@ -279,10 +232,10 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
                                   mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
         dims, rules = checked[3], checked[5]
         _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
-        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, rules, 2)
+        bound = naive_attention_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, rules, 2)
         assert forward <= bound, f"{score_mod}: forward {forward:,} B > {bound:,} B"
         _, backward = traced_peak(attention_backward, q, k, v, dout, score_mod=score_mod, mask_mod=mask_mod)
-        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + _mods_bytes(dims, q.dtype, rules, 5)
+        bound = attention_backward_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, rules, 5)
         assert backward <= bound, f"{score_mod}: backward {backward:,} B > {bound:,} B"
 
 

@@ -23,7 +23,7 @@ from tinyattn_np import (
     sliding_window_mod,
 )
 from tinyattn_np.attention import check_attention
-from tinyattn_np.backward import _attention_flex_grads
+from tinyattn_np.backward import attention_grads
 
 
 def random_mask_mod(draw, rng, n_q, n_k, heads):
@@ -97,7 +97,7 @@ def test_random_mask_mods_equal_the_reference(case, softcap, sinks):
     np.testing.assert_allclose(out, reference, rtol=1e-12, atol=1e-12)
     checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
                               mask_mod=mask_mod, score_mod=score_mod, sinks=run["sinks"])  # fmt: skip
-    gold = _attention_flex_grads(*checked[:3], dout, *checked[3:])
+    gold = attention_grads(*checked[:3], dout, *checked[3:])
     for name in ("dq", "dk", "dv", "dsinks"):
         if getattr(gold, name) is not None:
             np.testing.assert_allclose(getattr(grads, name), getattr(gold, name), rtol=1e-9, atol=1e-11, err_msg=name)

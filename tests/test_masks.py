@@ -3,7 +3,7 @@ import pytest
 from conftest import bottom_right
 
 from tinyattn_np import causal_mask, window_mask
-from tinyattn_np.masks import _band_blocked, _causal_offset
+from tinyattn_np.masks import band_blocked, causal_offset
 
 
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (4, 4), (2, 5), (5, 2), (1, 9), (3, 0), (0, 3)])
@@ -51,12 +51,12 @@ def test_huge_window_is_plain_causal(window):
 
 @pytest.mark.parametrize("n_q,n_k,window", [(5, 5, 2), (2, 5, 3), (5, 2, 1), (4, 9, 4)])
 def test_band_blocked_is_the_window_mask_inverted(n_q, n_k, window):
-    offset = _causal_offset(n_q, n_k)
-    np.testing.assert_array_equal(_band_blocked(0, n_q, 0, n_k, offset, window), ~window_mask(n_q, n_k, window=window))
-    np.testing.assert_array_equal(_band_blocked(0, n_q, 0, n_k, offset, None), ~causal_mask(n_q, n_k))
+    offset = causal_offset(n_q, n_k)
+    np.testing.assert_array_equal(band_blocked(0, n_q, 0, n_k, offset, window), ~window_mask(n_q, n_k, window=window))
+    np.testing.assert_array_equal(band_blocked(0, n_q, 0, n_k, offset, None), ~causal_mask(n_q, n_k))
     # a tile of the matrix is the same piece of the band
     np.testing.assert_array_equal(
-        _band_blocked(1, n_q, 1, n_k, offset, window), ~window_mask(n_q, n_k, window=window)[1:, 1:]
+        band_blocked(1, n_q, 1, n_k, offset, window), ~window_mask(n_q, n_k, window=window)[1:, 1:]
     )
 
 

@@ -9,17 +9,14 @@ import pytest
 
 from tinyattn_np import (
     Alibi,
-    Differentiable,
     RelativeBias,
     Softcap,
     attention,
-    attention_backward,
     causal_mod,
     create_block_mask,
     document_mod,
     flash_attention_varlen,
     flex_attention,
-    flex_attention_backward,
     prefix_lm_mod,
     varlen_mod,
 )
@@ -52,25 +49,6 @@ def test_a_mask_function_passed_as_the_score_mod_is_refused_with_what_to_do(rng)
         attention(q, k, v, score_mod=causal_mod(L))
     with pytest.raises(TypeError, match="gave bools, as a mask_mod does"):
         flex_attention(q, k, v, lambda score, b, h, q_idx, kv_idx: kv_idx <= q_idx)
-
-
-@pytest.mark.parametrize(
-    "derivative,message",
-    [
-        (lambda score, b, h, q_idx, kv_idx: np.ones(3), r"derivative must return numbers of the scores' shape"),
-        (lambda score, b, h, q_idx, kv_idx: "one", r"derivative must return numbers .* gave <U3"),
-        (lambda score, b, h, q_idx, kv_idx: score > 0, "derivative must return numbers; .* gave bools"),
-    ],
-)
-def test_a_derivative_of_the_wrong_shape_or_type_is_refused(rng, derivative, message):
-    q, k, v = qkv(rng)
-    dout = rng.standard_normal(q.shape)
-    mod = Differentiable(lambda score, b, h, q_idx, kv_idx: 2 * score, derivative)
-    out, lse = flex_attention(q, k, v, mod, return_lse=True)
-    with pytest.raises(TypeError, match=message):
-        flex_attention_backward(q, k, v, out, dout, lse, score_mod=mod)
-    with pytest.raises(TypeError, match=message):
-        attention_backward(q, k, v, dout, score_mod=mod)
 
 
 # --- parameters that overflow the compute dtype --------------------------------------------------------

@@ -51,11 +51,11 @@ _bytes.py (bytes per dtype, byte units).
 The names below are the public API; each lives in the module named after its concept.
 """
 
+from ._backward_kernel import FlexGrads
 from ._bytes import DTYPES, best_unit, bytes_per_element, format_bytes, to_unit
-from ._guard import AttentionMemoryError, attention_backward_bytes, naive_attention_bytes
+from ._guard import AttentionMemoryError
 from .attention import attention, scaled_dot_product_attention
 from .backward import (
-    FlexGrads,
     attention_backward,
     flash_attention_backward,
     flash_attention_backward_one_head,
@@ -106,6 +106,7 @@ from .memory import (
     paged_kv_cache_bytes,
     score_matrix_bytes,
 )
+from .mod_grads import Differentiable
 from .models import (
     PRESETS,
     Experts,
@@ -118,7 +119,6 @@ from .models import (
 )
 from .mods import (
     Alibi,
-    Differentiable,
     RelativeBias,
     Softcap,
     alibi_slopes,
@@ -136,7 +136,13 @@ from .mods import (
 from .multihead import MultiHeadAttention
 from .optim import AdamW, accumulate_grads, accumulated_grads, clip_grad_norm, global_norm, warmup_cosine_lr
 from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
-from .peaks import flash_attention_backward_bytes, flash_attention_bytes, ring_attention_bytes
+from .peaks import (
+    attention_backward_bytes,
+    flash_attention_backward_bytes,
+    flash_attention_bytes,
+    naive_attention_bytes,
+    ring_attention_bytes,
+)
 from .position import (
     LearnedPositions,
     half_split_permutation,

@@ -102,8 +102,9 @@ def attention_sizes(
     heads = check_positive_int(heads, "heads")
     kv_heads = heads if kv_heads is None else check_positive_int(kv_heads, "kv_heads")
     if heads % kv_heads:
-        raise ValueError(f"heads must be a multiple of kv_heads (query head h reads kv head h // G); got {heads} "
-                         f"and {kv_heads}")  # fmt: skip
+        raise ValueError(
+            f"heads must be a multiple of kv_heads (query head h reads kv head h // G); got {heads} and {kv_heads}"
+        )
     e = check_positive_int(head_dim, "head_dim")
     ev = e if head_dim_v is None else check_count(head_dim_v, "head_dim_v")  # Ev = 0 is empty, not wrong
     return n_q, n_k, heads, kv_heads, e, ev, check_positive_int(batch, "batch")

@@ -9,10 +9,31 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = [
-    "ACCEPTED_DTYPES", "COMPUTE_DTYPES", "QKVShape", "as_float_array", "check_bool", "check_count", "check_ndim",
-    "check_positive_int", "check_qkv", "check_rng", "check_scale", "check_sizes", "check_weight",
-    "check_window_is_causal", "compute_dtype", "plain_array", "result_dtype", "transposed_note", "without_head_axis",
-]  # fmt: skip
+    "ACCEPTED_DTYPES",
+    "COMPUTE_DTYPES",
+    "QKVShape",
+    "as_float_array",
+    "check_bool",
+    "check_count",
+    "check_cu_seqlens",
+    "check_like",
+    "check_ndim",
+    "check_one_head",
+    "check_positive_int",
+    "check_qkv",
+    "check_rng",
+    "check_scale",
+    "check_sinks",
+    "check_sizes",
+    "check_weight",
+    "check_window",
+    "check_window_is_causal",
+    "compute_dtype",
+    "plain_array",
+    "result_dtype",
+    "transposed_note",
+    "without_head_axis",
+]
 
 # float16 is computed in float32 and cast back; these are the dtypes that compute in their own precision.
 COMPUTE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -128,6 +149,13 @@ def check_window_is_causal(window: Any, causal: bool) -> None:
         raise ValueError(f"window={window!r} needs causal=True: a sliding window looks back from the diagonal")
 
 
+def check_window(window: object, n_q: int, n_k: int) -> int:
+    """window as a positive int, clipped to n_q + n_k: a window that long already reaches back past the
+    first key from every query (so it is plain causal), and the clip keeps huge ints such as 2**63 out
+    of NumPy's int64 arithmetic."""
+    return min(check_positive_int(window, "window"), n_q + n_k + 1)
+
+
 def check_rng(rng: Any, name: str = "rng") -> np.random.Generator:
     """A random generator from what a constructor was given: a np.random.Generator as it is, an int >= 0 as
     the seed of np.random.default_rng, None as a fresh generator (new weights every time)."""
@@ -233,3 +261,57 @@ def check_qkv(q: Any, k: Any, v: Any, gqa_allowed: bool = True) -> tuple[np.ndar
 def without_head_axis(q: Any) -> bool:
     """Whether q is one head without a head axis, (L, E); a ragged list gets the error that names q."""
     return bool(as_float_array(q, "q").ndim == 2)
+
+
+def check_like(x: Any, name: str, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """x as a float array of exactly `shape` (what: the shape in symbols, for the message)."""
+    x = as_float_array(x, name)
+    if x.shape != shape:
+        raise ValueError(f"{name} must have shape {what} = {shape}; got shape {x.shape}")
+    return x
+
+
+def check_one_head(
+    q: Any, k: Any, v: Any, causal: Any, scale: Any, block_q: Any, block_k: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """One head's q (L, E), k (S, E), v (S, Ev) checked and in the compute dtype, with the scale; causal must
+    be a bool and the block sizes positive ints (flash_attention_one_head and its backward)."""
+    if not without_head_axis(q):
+        raise ValueError(f"q must be one head (L, E); got shape {np.shape(q)}: use flash_attention for more heads")
+    check_bool(causal, "causal")
+    check_positive_int(block_q, "block_q")
+    check_positive_int(block_k, "block_k")
+    q, k, v, dims = check_qkv(q, k, v)
+    ct = compute_dtype(q, k, v)
+    return q[0].astype(ct), k[0].astype(ct), v[0].astype(ct), check_scale(scale, dims.e, ct)
+
+
+def check_sinks(sinks: Any, hq: int, dtype: Any) -> np.ndarray | None:
+    """The sink logits, one per query head (Hq,), finite in the compute dtype too (1e39 is inf in float32,
+    and so would be every row's softmax); None stays None."""
+    if sinks is None:
+        return None
+    sinks_array = plain_array(sinks, "sinks")
+    if sinks_array.dtype.kind not in "fiu" or sinks_array.shape != (hq,) or not np.isfinite(sinks_array).all():
+        raise ValueError(f"sinks must be {hq} finite numbers, one per query head (Hq,); got {sinks!r}")
+    largest = float(np.finfo(dtype).max)
+    if sinks_array.size and float(np.abs(sinks_array).max()) > largest:
+        raise ValueError(
+            f"sinks overflow {np.dtype(dtype)}, the dtype the scores are computed in (largest {largest:.3g}); "
+            f"got {float(np.abs(sinks_array).max()):g}: pass smaller sinks or float64 inputs"
+        )
+    return sinks_array.astype(dtype)
+
+
+def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
+    """cu_seqlens as int64 (n + 1,), 0 first and never falling. Checked in a signed type: the differences
+    of unsigned ints wrap around (uint16 [0, 3, 2] would rise by 3, then by 65535)."""
+    cu = plain_array(cu_seqlens, name)
+    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.size < 1:
+        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    if cu.dtype.kind == "u" and int(cu.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} must be ints that fit in int64; got {int(cu.max())}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0 or (np.diff(cu) < 0).any():
+        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
+    return cu

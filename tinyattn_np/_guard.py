@@ -5,8 +5,9 @@ blockwise doors (flash_attention, flex_attention and their backwards: refuse_blo
 refuse the same way (refuse_unless_fits). Every door measures against the memory this process can still
 take: what the machine has available, and no more than its address-space limit leaves (ulimit -v).
 
-The reference's estimates are exact models of what the two functions allocate (tests/test_peaks.py and
-tests/test_backward.py check them against tracemalloc); peaks.py lists them with the other peaks. The
+The reference's estimates (reference_bytes, reference_backward_bytes) are exact models of what the two
+functions allocate (tests/test_peaks.py and tests/test_backward.py check them against tracemalloc); peaks.py
+writes them out term by term, as naive_attention_bytes and attention_backward_bytes, with the other peaks. The
 blockwise doors' (blockwise_bytes) is an upper bound (tests/test__guard.py holds it above tracemalloc's).
 """
 
@@ -25,12 +26,15 @@ from ._checks import QKVShape, check_bool, check_count, check_positive_int, chec
 __all__ = [
     "AttentionMemoryError",
     "FALLBACK_MEMORY_BYTES",
-    "attention_backward_bytes",
     "blockwise_bytes",
     "meminfo_bytes",
     "memory_available",
     "memory_total",
-    "naive_attention_bytes",
+    "mods_bytes",
+    "reference_backward_bytes",
+    "reference_bytes",
+    "refuse_attention",
+    "refuse_attention_backward",
     "refuse_blockwise",
     "refuse_if_too_big",
     "refuse_unless_fits",
@@ -133,7 +137,7 @@ def refuse_if_too_big(needed: int, who: str, what: str, instead: str) -> None:
         )
 
 
-def naive_attention_bytes(
+def reference_bytes(
     n_q: int,
     n_k: int | None = None,
     *,
@@ -148,27 +152,7 @@ def naive_attention_bytes(
     mask_elements: int | None = None,
     window: int | None = None,
 ) -> int:
-    """Peak bytes that attention() (attention.py) allocates, for q, k, v (and a mask) that already exist.
-
-    With B = batch, c = bytes of the compute dtype (fp32 for fp16 inputs), the arrays alive at once:
-
-        q_s       B·Hq·L·E·c    q times the scale, in the compute dtype; freed once the scores exist
-        scores    B·Hq·L·S·c    the score matrix, made into the weights in place (softmax_)
-        blocked   L·S           bool, causal=True: which keys each query may not see (held to the end)
-        edge      L·S           bool, window=W: the keys behind the window, a temporary or-ed into blocked
-        ~mask     M             bool, bool_mask=True: a temporary of the mask's M = mask_elements entries
-                                (default L·S, an (L, S) mask), freed before the softmax: it overlaps
-                                scores but not out. A float mask is added chunk by chunk: no copy.
-        out       B·Hq·L·Ev·c   weights @ v
-        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and the fp16 copy of out
-
-        peak = copies + scores + max(q_s, ~mask, blocked + edge, blocked + out + out_fp16)
-
-    A window changes no other array: the reference still builds all L x S scores (flash_attention is
-    the path whose work shrinks to L·W).
-
-    softmax_'s per-row max and sum (B·Hq·L each) are left out: they are gone before out exists.
-    """
+    """peaks.naive_attention_bytes, which writes the model out term by term: attention()'s peak."""
     n_q, n_k, heads, kv_heads, e, ev, batch = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     size, compute = float_bytes(dtype)
     rows = batch * heads * n_q  # query rows over all heads
@@ -188,7 +172,7 @@ def naive_attention_bytes(
     return math.ceil(copies + scores + beside_scores)
 
 
-def attention_backward_bytes(
+def reference_backward_bytes(
     n_q: int,
     n_k: int | None = None,
     *,
@@ -203,27 +187,25 @@ def attention_backward_bytes(
     mask_elements: int | None = None,
     window: int | None = None,
 ) -> int:
-    """Peak bytes that attention_backward() (backward.py) allocates, for q, k, v, dout (and a mask) that exist.
-
-    With c = bytes of the compute dtype, R = B·Hq·L query rows and P = R·S·c one array of the weights'
-    size, the steps of backward._attention_flex_grads and what is alive at each:
-
-        1  the forward again     naive_attention_bytes' arrays (without its fp16 parts): P + max(...), and O
-        2  dV = Pᵀ dO            P + O + B·Hq·S·Ev·c (each query head's dV, then summed) + dV
-        3  dP = dO Vᵀ            P + O + dV + dS (dP, made into dS in place)
-        5  dQ, dK                dS + O + dV + dQ (R·E·c) + B·Hq·S·E·c (each query head's dK, then summed) + dK
-        fp16 only: fp32 copies of q, k, v and dout, held throughout
-
-        peak = copies + max(step 1, step 2, step 3, step 5)
-    """
+    """peaks.attention_backward_bytes, which writes the model out step by step: attention_backward()'s peak."""
     n_q, n_k, heads, kv_heads, e, ev, batch = attention_sizes(n_q, n_k, heads, kv_heads, head_dim, head_dim_v, batch)
     size, compute = float_bytes(dtype)
     rows = batch * heads * n_q
     copies = (rows * (e + ev) + batch * kv_heads * n_k * (e + ev)) * compute if size < compute else Fraction(0)
-    forward = naive_attention_bytes(
-        n_q, n_k, heads=heads, head_dim=e, head_dim_v=ev, kv_heads=kv_heads, batch=batch, dtype=f"fp{8 * compute}",
-        causal=causal, bool_mask=bool_mask, mask_elements=mask_elements, window=window,
-    )  # fmt: skip
+    forward = reference_bytes(
+        n_q,
+        n_k,
+        heads=heads,
+        head_dim=e,
+        head_dim_v=ev,
+        kv_heads=kv_heads,
+        batch=batch,
+        dtype=f"fp{8 * compute}",
+        causal=causal,
+        bool_mask=bool_mask,
+        mask_elements=mask_elements,
+        window=window,
+    )
     weights, o = rows * n_k * compute, rows * ev * compute
     dv, dk = batch * kv_heads * n_k * ev * compute, batch * kv_heads * n_k * e * compute
     step_2 = weights + o + batch * heads * n_k * ev * compute + dv
@@ -232,8 +214,64 @@ def attention_backward_bytes(
     return math.ceil(copies + max(Fraction(forward), step_2, step_3, step_5))
 
 
-def blockwise_bytes(dims: QKVShape, stored: Any, compute: Any, plan: Any, *, heads_per_step: int = 1,
-                    backward: bool = False) -> int:  # fmt: skip
+def refuse_attention(dims: QKVShape, dtype: np.dtype, rules: Any) -> None:
+    """Refuse, before allocating, an attention() whose peak (reference_peak: the score matrix, its masks and
+    the output, and the mods') does not fit in the memory that is available. It reads shapes and dtypes only,
+    so it runs before anything is converted or built. rules: attention.ScoreRules (masks, band and mods)."""
+    if int(np.prod(dims.batch, dtype=np.int64)) == 0 or dims.hq == 0:
+        return  # no query head at all: nothing the size of the scores is made
+    needed = reference_peak(dims, dtype, rules, backward=False)
+    scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
+    refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
+
+
+def refuse_attention_backward(dims: QKVShape, dtype: np.dtype, rules: Any) -> None:
+    """Refuse, on shapes and dtypes alone, an attention_backward() whose peak does not fit in memory."""
+    if int(np.prod(dims.batch, dtype=np.int64)) == 0 or dims.hq == 0:
+        return
+    needed = reference_peak(dims, dtype, rules, backward=True)
+    scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
+    refuse_if_too_big(needed, "attention_backward()", f"two arrays of {scores}", "flash_attention_backward()")
+
+
+def reference_peak(dims: QKVShape, dtype: np.dtype, rules: Any, *, backward: bool) -> int:
+    """reference_bytes (backward: reference_backward_bytes) for checked shapes, their dtype and the rules, and
+    what the mods add (mods_bytes: two arrays of the scores' size for a score_mod forward, five backward)."""
+    mask = rules.mask
+    inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
+    peak = reference_backward_bytes if backward else reference_bytes
+    mods = mods_bytes(dims, dtype, rules, score_arrays=5 if backward else 2)
+    return mods + peak(
+        dims.n_q,
+        dims.n_k,
+        heads=dims.hq,
+        kv_heads=dims.hkv,
+        head_dim=dims.e,
+        head_dim_v=dims.ev,
+        batch=int(np.prod(dims.batch, dtype=np.int64)),
+        dtype=dtype,
+        causal=rules.offset is not None,
+        bool_mask=inverted is not None,
+        mask_elements=inverted,
+        window=rules.window,
+    )
+
+
+def mods_bytes(dims: QKVShape, dtype: np.dtype, rules: Any, score_arrays: int) -> int:
+    """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
+    of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
+    backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
+    at the scores' shape (smaller when the mask_mod does not depend on b or h). A mod of your own may make
+    more: the guard then refuses too late."""
+    elements = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k  # the scores'
+    compute = max(np.dtype(dtype).itemsize, 4)  # float16 is computed in float32
+    score_mod = score_arrays * elements * compute if rules.score_mod is not None else 0
+    return score_mod + (2 * elements if rules.mask_mod is not None else 0)
+
+
+def blockwise_bytes(
+    dims: QKVShape, stored: Any, compute: Any, plan: Any, *, heads_per_step: int = 1, backward: bool = False
+) -> int:
     """An upper bound on the bytes that flash_attention and flex_attention (backward=False) or their backwards
     allocate for inputs that exist, from shapes, dtypes and the plan's tiles and workers alone. With R = B·Hq·L
     query rows, K = B·Hkv·S key rows, c the compute dtype's bytes and s the stored dtype's:
@@ -264,13 +302,15 @@ def blockwise_bytes(dims: QKVShape, stored: Any, compute: Any, plan: Any, *, hea
     return 2 * kv + query_side + per_head_grads + casts + plan.workers * heads_per_step * column + BOOKKEEPING_BYTES
 
 
-def refuse_blockwise(who: str, q: Any, k: Any, v: Any, dims: QKVShape, plan: Any, *, heads_per_step: int = 1,
-                     backward: bool = False) -> None:  # fmt: skip
+def refuse_blockwise(
+    who: str, q: Any, k: Any, v: Any, dims: QKVShape, plan: Any, *, heads_per_step: int = 1, backward: bool = False
+) -> None:
     """AttentionMemoryError before a blockwise door (flash_attention, flex_attention, their backwards)
     allocates anything, when blockwise_bytes does not fit in the memory this process can take."""
     compute = np.result_type(q, k, v, np.float32)  # float16 is computed in float32
-    needed = blockwise_bytes(dims, np.result_type(q, k, v), compute, plan, heads_per_step=heads_per_step,
-                             backward=backward)  # fmt: skip
+    needed = blockwise_bytes(
+        dims, np.result_type(q, k, v), compute, plan, heads_per_step=heads_per_step, backward=backward
+    )
     shapes = f"q {q.shape}, k {k.shape}, v {v.shape} of {np.result_type(q, k, v)}"
     what = ("the gradients, their per-head sums" if backward else "out, lse") + f" and {plan.workers} workers' tiles"
     refuse_unless_fits(needed, who, f"{what}, for {shapes}", "lower the batch, the heads or the tokens, or workers=")

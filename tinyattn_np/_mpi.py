@@ -35,8 +35,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import QKVShape, check_bool, check_positive_int, check_qkv, check_scale, compute_dtype
-from .backward import _check_like
+from ._checks import QKVShape, check_bool, check_like, check_positive_int, check_qkv, check_scale, compute_dtype
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from .shards import check_layout
 
@@ -324,7 +323,7 @@ def check_backward(
     settings = check_settings(settings)
     q, k, v, dims = check_shards(q, k, v, settings)
     out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)
-    out = _check_like(out, "out", out_shape, "(..., Hq, T/size, Ev)")
-    dout = _check_like(dout, "dout", out_shape, "out's (..., Hq, T/size, Ev)")
-    lse = _check_like(lse, "lse", out_shape[:-1], "(..., Hq, T/size)")
+    out = check_like(out, "out", out_shape, "(..., Hq, T/size, Ev)")
+    dout = check_like(dout, "dout", out_shape, "out's (..., Hq, T/size, Ev)")
+    lse = check_like(lse, "lse", out_shape[:-1], "(..., Hq, T/size)")
     return (q, k, v, out, dout, lse, dims, settings), Report.of((q, k, v, out, dout, lse), settings)

@@ -25,171 +25,21 @@ from ._checks import (
     check_bool,
     check_qkv,
     check_scale,
+    check_sinks,
+    check_window,
     check_window_is_causal,
     compute_dtype,
     result_dtype,
     without_head_axis,
 )
-from ._guard import naive_attention_bytes, refuse_if_too_big
-from .masks import _band_blocked, _causal_offset, _check_window
-from .mods import check_score_mod, check_sinks, modded, score_indices, visible
-from .softmax import _softmax_
+from ._guard import refuse_attention
+from ._mod_calls import check_score_mod, modded, score_indices, visible
+from .masks import band_blocked, causal_offset
+from .softmax import softmax_
 
 Array = NDArray[np.floating]
 
-__all__ = ["attend", "attention", "check_attention", "scaled_dot_product_attention"]
-
-
-class _ScoreRules(NamedTuple):
-    """What a call does to the scores before the softmax: a bool (True = may attend) or float (added) mask,
-    the causal band, and flex attention's mods: a mask_mod, a score_mod and sinks (Hq,) (mods.py).
-
-    offset is None without causal; else query i sees key j when j <= i + offset, and with a window
-    only when j > i + offset - window as well (masks._band_blocked).
-    """
-
-    mask: np.ndarray | None
-    offset: int | None
-    window: int | None
-    mask_mod: Any = None
-    score_mod: Any = None
-    sinks: np.ndarray | None = None
-
-
-def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
-    """mask as a bool or float array that broadcasts to the scores' shape without enlarging it."""
-    if isinstance(mask, (np.ma.MaskedArray, np.matrix)):
-        raise TypeError(f"mask must be a plain ndarray; got {type(mask).__name__}: pass np.asarray(mask)")
-    mask = np.asarray(mask)
-    if mask.dtype != np.bool_ and mask.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"mask must be bool (True = may attend) or float (added to the scores); got dtype {mask.dtype}")
-    try:
-        fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
-    except ValueError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"mask must broadcast to the scores' shape (..., Hq, L, S) = {scores_shape}; got shape {mask.shape}"
-        )
-    return mask
-
-
-def check_attention(
-    q: Any, k: Any, v: Any, *, causal: Any, mask: Any, scale: Any, align: Any, window: Any, mask_mod: Any = None,
-    score_mod: Any = None, sinks: Any = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, _ScoreRules]:  # fmt: skip
-    """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, the rules on the scores."""
-    causal = check_bool(causal, "causal")
-    q, k, v, dims = check_qkv(q, k, v)
-    scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
-    if mask_mod is not None and not callable(mask_mod):
-        raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) or None; got {mask_mod!r}")
-    mods = (mask_mod, check_score_mod(score_mod), check_sinks(sinks, dims.hq, compute_dtype(q, k, v)))
-    offset = _causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
-    check_window_is_causal(window, causal)
-    if window is not None:
-        window = _check_window(window, dims.n_q, dims.n_k)
-    if mask is not None:
-        mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))
-    return q, k, v, dims, scale, _ScoreRules(mask, offset if causal else None, window, *mods)
-
-
-def _check_fits(dims: QKVShape, dtype: np.dtype, rules: _ScoreRules) -> None:
-    """Refuse, before allocating, a call whose peak (naive_attention_bytes: the score matrix, its masks and
-    the output) does not fit in the memory that is available. It reads shapes and dtypes only, so it runs
-    before anything is converted or built."""
-    batch = int(np.prod(dims.batch, dtype=np.int64))
-    if batch == 0 or dims.hq == 0:
-        return  # no query head at all: nothing the size of the scores is made
-    mask = rules.mask
-    inverted = mask.size if mask is not None and mask.dtype == np.bool_ else None  # ~mask: a bool mask's size
-    needed = naive_attention_bytes(
-        dims.n_q, dims.n_k, heads=dims.hq, kv_heads=dims.hkv, head_dim=dims.e, head_dim_v=dims.ev,
-        batch=batch, dtype=dtype, causal=rules.offset is not None, bool_mask=inverted is not None,
-        mask_elements=inverted, window=rules.window,
-    ) + _mods_bytes(dims, dtype, rules, score_arrays=2)  # fmt: skip
-    scores = (*dims.batch, dims.hq, dims.n_q, dims.n_k)
-    refuse_if_too_big(needed, "attention()", f"score matrix {scores}", instead="flash_attention()")
-
-
-def _mods_bytes(dims: QKVShape, dtype: np.dtype, rules: _ScoreRules, score_arrays: int) -> int:
-    """What the mods add beside the scores, at most, for the ready-made mods (mods.py): `score_arrays` arrays
-    of the scores' size for a score_mod (what it makes: a distance and a bias, or the new scores; in the
-    backward the raw scores again and the derivative), and for a mask_mod its bools and their inverse, counted
-    at the scores' shape (smaller when the mask_mod does not depend on b or h). A mod of your own may make
-    more: the guard then refuses too late."""
-    elements = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq * dims.n_q * dims.n_k  # the scores'
-    compute = max(np.dtype(dtype).itemsize, 4)  # float16 is computed in float32
-    score_mod = score_arrays * elements * compute if rules.score_mod is not None else 0
-    return score_mod + (2 * elements if rules.mask_mod is not None else 0)
-
-
-def _grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
-    """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
-
-    Query head h = g_kv · G + g reads kv head g_kv, so broadcasting over the size-1 axis shares each
-    kv head with its G query heads without copying K or V (torch: repeat_interleave).
-    """
-    heads = (dims.hkv, 1) if kv else (dims.hkv, dims.group)
-    return x.reshape(*dims.batch, *heads, x.shape[-2], x.shape[-1])
-
-
-@np.errstate(invalid="ignore")  # inf - inf and 0 · inf from an inf input: NaN is the answer, as in torch
-def attend(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, rules: _ScoreRules
-) -> tuple[np.ndarray, np.ndarray]:
-    """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
-    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S).
-    An inf or NaN input gives NaN where it reaches (inf - inf, 0 · inf), as torch does, and no warning."""
-    # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first, as
-    #    flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
-    q_s = np.multiply(q, scale, dtype=k.dtype)  # (..., Hq, L, E) in the compute dtype; q stays as it was
-    scores = _grouped(q_s, dims, kv=False) @ _grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
-    scores = scores.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., Hq, L, S): free, it is contiguous
-    del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
-
-    # 2) flex attention's mods: score_mod rewrites every score, mask_mod hides keys (mods.py)
-    apply_mods(scores, dims, rules)
-    # 3) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
-    if rules.mask is not None and rules.mask.dtype == np.bool_:
-        np.copyto(scores, -np.inf, where=~rules.mask)  # ~mask: a temporary of the mask's size
-    elif rules.mask is not None:
-        np.add(scores, rules.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
-    if rules.offset is not None:
-        blocked = _band_blocked(0, dims.n_q, 0, dims.n_k, rules.offset, rules.window)  # (L, S); the window too
-        np.copyto(scores, -np.inf, where=blocked)
-
-    # 4) softmax over the keys (and each head's sink, when there are sinks), in place: the weights take the
-    #    scores' memory
-    if rules.sinks is None:
-        weights = _softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
-    else:
-        weights = softmax_with_sinks_(scores, rules.sinks[:, None, None])  # rows sum to 1 - the sink's weight
-
-    # 5) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
-    out = _grouped(weights, dims, kv=False) @ _grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
-    return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
-
-
-def apply_mods(scores: np.ndarray, dims: QKVShape, rules: _ScoreRules) -> None:
-    """In place on the scores (..., Hq, L, S): score_mod(scores, b, h, q_idx, kv_idx) on every score, then
-    -inf where mask_mod(b, h, q_idx, kv_idx) is False; b, h, q_idx, kv_idx broadcast against the scores."""
-    indices = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., 1, 1, 1), (Hq, 1, 1), (L, 1), (S,)
-    if rules.score_mod is not None:
-        np.copyto(scores, modded(rules.score_mod, scores, *indices), casting="same_kind")
-    if rules.mask_mod is not None:
-        np.copyto(scores, -np.inf, where=~visible(rules.mask_mod, *indices))
-
-
-def softmax_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
-    """softmax over each row's keys and its head's sink logit (sinks (Hq, 1, 1)), written into the scores;
-    the sink's own weight is dropped (gpt-oss: concatenate the sink as a last column, softmax, drop it):
-        P_ij = exp(s_ij - m_i) / (Σ_k exp(s_ik - m_i) + exp(sink - m_i)),  m_i = max(max_k s_ik, sink)."""
-    m = np.maximum(np.max(scores, axis=-1, keepdims=True, initial=-np.inf), sinks)  # (..., Hq, L, 1), finite
-    scores -= m
-    np.exp(scores, out=scores)
-    scores /= np.sum(scores, axis=-1, keepdims=True) + np.exp(sinks - m)  # never 0: the sink's term is > 0
-    return scores
+__all__ = ["ScoreRules", "attend", "attention", "check_attention", "grouped", "scaled_dot_product_attention"]
 
 
 def attention(
@@ -238,11 +88,20 @@ def attention(
     )
     two_d = without_head_axis(q)
     q, k, v, dims, scale, rules = check_attention(
-        q, k, v, causal=causal, mask=mask, scale=scale, align=align, window=window, mask_mod=mask_mod,
-        score_mod=score_mod, sinks=sinks,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        causal=causal,
+        mask=mask,
+        scale=scale,
+        align=align,
+        window=window,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        sinks=sinks,
+    )
     if check_memory:  # first, on shapes alone: the float16 copies below are part of the bill
-        _check_fits(dims, result_dtype(q, k, v), rules)
+        refuse_attention(dims, result_dtype(q, k, v), rules)
     ct = compute_dtype(q, k, v)
     out, weights = attend(q, k.astype(ct, copy=False), v.astype(ct, copy=False), dims, scale, rules)
 
@@ -253,6 +112,74 @@ def attention(
     if return_weights:
         return out, weights.astype(out_dtype, copy=False)
     return out
+
+
+@np.errstate(invalid="ignore")  # inf - inf and 0 · inf from an inf input: NaN is the answer, as in torch
+def attend(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, rules: ScoreRules
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference attention's math on inputs check_attention() accepted, k and v in the compute dtype:
+    q (..., Hq, L, E), k (..., Hkv, S, E), v (..., Hkv, S, Ev) -> out (..., Hq, L, Ev), weights (..., Hq, L, S).
+    An inf or NaN input gives NaN where it reaches (inf - inf, 0 · inf), as torch does, and no warning."""
+    # 1) every query against every key: (..., Hkv, G, L, E) @ (..., Hkv, 1, E, S). q is scaled first, as
+    #    flash_attention does: q·k itself may overflow where (scale·q)·k does not (q = 1e154, scale = 1e-10)
+    q_s = np.multiply(q, scale, dtype=k.dtype)  # (..., Hq, L, E) in the compute dtype; q stays as it was
+    scores = grouped(q_s, dims, kv=False) @ grouped(k, dims, kv=True).swapaxes(-1, -2)  # (..., Hkv, G, L, S)
+    scores = scores.reshape(*dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., Hq, L, S): free, it is contiguous
+    del q_s  # the scores are made: free q_s before the masks and the softmax need their memory
+
+    # 2) flex attention's mods: score_mod rewrites every score, mask_mod hides keys (mods.py)
+    apply_mods(scores, dims, rules)
+    # 3) masks: -inf where a key is hidden, so that exp gives exactly 0 for it
+    if rules.mask is not None and rules.mask.dtype == np.bool_:
+        np.copyto(scores, -np.inf, where=~rules.mask)  # ~mask: a temporary of the mask's size
+    elif rules.mask is not None:
+        np.add(scores, rules.mask, out=scores, casting="same_kind")  # cast chunk by chunk: no full-size copy
+    if rules.offset is not None:
+        blocked = band_blocked(0, dims.n_q, 0, dims.n_k, rules.offset, rules.window)  # (L, S); the window too
+        np.copyto(scores, -np.inf, where=blocked)
+
+    # 4) softmax over the keys (and each head's sink, when there are sinks), in place: the weights take the
+    #    scores' memory
+    if rules.sinks is None:
+        weights = softmax_(scores, axis=-1)  # (..., Hq, L, S), rows sum to 1 (or are all 0)
+    else:
+        weights = softmax_with_sinks_(scores, rules.sinks[:, None, None])  # rows sum to 1 - the sink's weight
+
+    # 5) weighted sum of the values: (..., Hkv, G, L, S) @ (..., Hkv, 1, S, Ev)
+    out = grouped(weights, dims, kv=False) @ grouped(v, dims, kv=True)  # (..., Hkv, G, L, Ev)
+    return out.reshape(*dims.batch, dims.hq, dims.n_q, dims.ev), weights
+
+
+def apply_mods(scores: np.ndarray, dims: QKVShape, rules: ScoreRules) -> None:
+    """In place on the scores (..., Hq, L, S): score_mod(scores, b, h, q_idx, kv_idx) on every score, then
+    -inf where mask_mod(b, h, q_idx, kv_idx) is False; b, h, q_idx, kv_idx broadcast against the scores."""
+    indices = score_indices(dims.batch, dims.hq, dims.n_q, dims.n_k)  # (..., 1, 1, 1), (Hq, 1, 1), (L, 1), (S,)
+    if rules.score_mod is not None:
+        np.copyto(scores, modded(rules.score_mod, scores, *indices), casting="same_kind")
+    if rules.mask_mod is not None:
+        np.copyto(scores, -np.inf, where=~visible(rules.mask_mod, *indices))
+
+
+def softmax_with_sinks_(scores: np.ndarray, sinks: np.ndarray) -> np.ndarray:
+    """softmax over each row's keys and its head's sink logit (sinks (Hq, 1, 1)), written into the scores;
+    the sink's own weight is dropped (gpt-oss: concatenate the sink as a last column, softmax, drop it):
+        P_ij = exp(s_ij - m_i) / (Σ_k exp(s_ik - m_i) + exp(sink - m_i)),  m_i = max(max_k s_ik, sink)."""
+    m = np.maximum(np.max(scores, axis=-1, keepdims=True, initial=-np.inf), sinks)  # (..., Hq, L, 1), finite
+    scores -= m
+    np.exp(scores, out=scores)
+    scores /= np.sum(scores, axis=-1, keepdims=True) + np.exp(sinks - m)  # never 0: the sink's term is > 0
+    return scores
+
+
+def grouped(x: np.ndarray, dims: QKVShape, kv: bool) -> np.ndarray:
+    """View (..., H, n, d) as (..., Hkv, G, n, d) for queries or (..., Hkv, 1, n, d) for keys/values.
+
+    Query head h = g_kv · G + g reads kv head g_kv, so broadcasting over the size-1 axis shares each
+    kv head with its G query heads without copying K or V (torch: repeat_interleave).
+    """
+    heads = (dims.hkv, 1) if kv else (dims.hkv, dims.group)
+    return x.reshape(*dims.batch, *heads, x.shape[-2], x.shape[-1])
 
 
 def scaled_dot_product_attention(
@@ -293,3 +220,67 @@ def scaled_dot_product_attention(
         )
     # the causal mask is never built here: attention() checks the memory first, then hides j > i itself
     return cast(Array, attention(query, key, value, causal=is_causal, align="top_left", mask=attn_mask, scale=scale))
+
+
+class ScoreRules(NamedTuple):
+    """What a call does to the scores before the softmax: a bool (True = may attend) or float (added) mask,
+    the causal band, and flex attention's mods: a mask_mod, a score_mod and sinks (Hq,) (mods.py).
+
+    offset is None without causal; else query i sees key j when j <= i + offset, and with a window
+    only when j > i + offset - window as well (masks.band_blocked).
+    """
+
+    mask: np.ndarray | None
+    offset: int | None
+    window: int | None
+    mask_mod: Any = None
+    score_mod: Any = None
+    sinks: np.ndarray | None = None
+
+
+def check_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: Any,
+    mask: Any,
+    scale: Any,
+    align: Any,
+    window: Any,
+    mask_mod: Any = None,
+    score_mod: Any = None,
+    sinks: Any = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, float, ScoreRules]:
+    """attention()'s inputs checked, once: q, k, v with a head axis, their sizes, the scale, the rules on the scores."""
+    causal = check_bool(causal, "causal")
+    q, k, v, dims = check_qkv(q, k, v)
+    scale = check_scale(scale, dims.e, compute_dtype(q, k, v))
+    if mask_mod is not None and not callable(mask_mod):
+        raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx) or None; got {mask_mod!r}")
+    mods = (mask_mod, check_score_mod(score_mod), check_sinks(sinks, dims.hq, compute_dtype(q, k, v)))
+    offset = causal_offset(dims.n_q, dims.n_k, align)  # checks align even when causal=False
+    check_window_is_causal(window, causal)
+    if window is not None:
+        window = check_window(window, dims.n_q, dims.n_k)
+    if mask is not None:
+        mask = check_mask(mask, (*dims.batch, dims.hq, dims.n_q, dims.n_k))
+    return q, k, v, dims, scale, ScoreRules(mask, offset if causal else None, window, *mods)
+
+
+def check_mask(mask: Any, scores_shape: tuple[int, ...]) -> np.ndarray:
+    """mask as a bool or float array that broadcasts to the scores' shape without enlarging it."""
+    if isinstance(mask, (np.ma.MaskedArray, np.matrix)):
+        raise TypeError(f"mask must be a plain ndarray; got {type(mask).__name__}: pass np.asarray(mask)")
+    mask = np.asarray(mask)
+    if mask.dtype != np.bool_ and mask.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"mask must be bool (True = may attend) or float (added to the scores); got dtype {mask.dtype}")
+    try:
+        fits = np.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask must broadcast to the scores' shape (..., Hq, L, S) = {scores_shape}; got shape {mask.shape}"
+        )
+    return mask

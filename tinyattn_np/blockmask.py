@@ -23,72 +23,51 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_bool, check_count, check_positive_int, check_sizes, check_window_is_causal
-from .masks import _causal_offset, _check_window
-from .mods import causal_band, name_of, noop_mask, visible
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_count,
+    check_positive_int,
+    check_sizes,
+    check_window,
+    check_window_is_causal,
+)
+from ._mod_calls import name_of, visible
+from ._tiles import EMPTY, FULL, PARTIAL, Heads, TileLike
+from ._tuning import TILE_SIDE
+from .masks import causal_offset
+from .mods import causal_band, noop_mask
 
 __all__ = [
-    "CODE", "DEFAULT_BLOCK_K", "DEFAULT_BLOCK_Q", "EMPTY", "FULL", "KINDS", "PARTIAL", "Band", "BlockMask", "Heads",
-    "Tile", "TileMask", "TilePlan", "check_band", "check_block_size", "create_block_mask", "draw_tile_plan",
+    "CODE",
+    "DEFAULT_BLOCK_K",
+    "DEFAULT_BLOCK_Q",
+    "KINDS",
+    "Band",
+    "BlockMask",
+    "Tile",
+    "TilePlan",
+    "check_band",
+    "check_block_mask",
+    "check_block_size",
+    "create_block_mask",
+    "draw_tile_plan",
+    "square_tiles",
     "tile_plan",
-]  # fmt: skip
+]
 
-# The tile size that flash_attention uses on up to 8 cores (flash.default_tiles), and create_block_mask's
-# default: measured in docs/results/tiles.md. torch's default is 128, sized for a GPU's shared memory.
-DEFAULT_BLOCK_Q = 256
-DEFAULT_BLOCK_K = 256
+# create_block_mask's tile, and the one-head algorithms': the tile rule's constant side
+# (_tuning.constant_rule; measured: docs/results/tiles.md). torch's is 128, sized for a GPU's shared memory.
+DEFAULT_BLOCK_Q = DEFAULT_BLOCK_K = TILE_SIDE
 
-EMPTY, PARTIAL, FULL = "empty", "partial", "full"  # the three kinds of tile (the module doc); Tile.kind is one
-KINDS = (EMPTY, PARTIAL, FULL)  # a BlockMask's table holds each tile's kind as its index here, an int8
+KINDS = (EMPTY, PARTIAL, FULL)  # a BlockMask's table holds each tile's kind (module doc) as its index here
 CODE = {kind: code for code, kind in enumerate(KINDS)}  # kind -> its code in the table: empty 0, partial 1, full 2
 AXES = ("batch", "head")  # the axes a BlockMask is indexed by
-
-
-class Tile(NamedTuple):
-    """One block of the score matrix that runs: rows q_start:q_stop, columns k_start:k_stop.
-
-    kind is FULL (no entry masked) or PARTIAL (a mask edge crosses it: needs a mask); an EMPTY tile never runs.
-    """
-
-    q_start: int
-    q_stop: int
-    k_start: int
-    k_stop: int
-    kind: str
-
-
-class Heads(NamedTuple):
-    """The query heads a kernel step runs: batch entry b[n] and query head h[n] of each, (n,) ints."""
-
-    b: np.ndarray
-    h: np.ndarray
-
-
-class TileMask(Protocol):
-    """What the kernels ask of a mask; Band and BlockMask both answer. heads: the query heads of the step
-    (Band's answers are the same for every head). place: how many tiles of its row come before a tile."""
-
-    @property
-    def mask_mod(self) -> Callable[..., Any]: ...  # fmt: skip
-
-    def row_tiles(
-        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
-    ) -> Iterator[Tile]: ...  # fmt: skip
-
-    def column_tiles(
-        self, k_start: int, k_stop: int, n_q: int, block_q: int, heads: Heads | None = None
-    ) -> Iterator[Tile]: ...  # fmt: skip
-
-    def row_length(
-        self, q_start: int, q_stop: int, n_k: int, block_k: int, heads: Heads | None = None
-    ) -> int: ...  # fmt: skip
-
-    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int: ...  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -107,6 +86,22 @@ class Band(NamedTuple):
 
     offset: int | None
     window: int | None = None
+
+    @property
+    def diagonal(self) -> int | None:
+        """The offset of a causal band without a window, whose partial tiles the kernels hide by slices; None
+        without causal or with a window (the kernels then ask the mask_mod)."""
+        return self.offset if self.window is None else None
+
+    @property
+    def per_head(self) -> bool:
+        """False: every head sees the same band, so the kernels may run several heads' tiles as one."""
+        return False
+
+    @property
+    def BLOCK_SIZE(self) -> None:
+        """None: the band's arithmetic holds for any tile size."""
+        return None
 
     @property
     def mask_mod(self) -> Callable[..., Any]:
@@ -160,7 +155,7 @@ class Band(NamedTuple):
         keys = self.visible_keys(q_start, q_stop, n_k)
         return len(range(keys.start // block_k * block_k, keys.stop, block_k))
 
-    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+    def place(self, tile: TileLike, n_k: int, block_k: int, heads: Heads | None = None) -> int:
         """How many tiles of its row come before tile: the keys a row sees are contiguous."""
         return tile.k_start // block_k - self.visible_keys(tile.q_start, tile.q_stop, n_k).start // block_k
 
@@ -173,11 +168,33 @@ class Band(NamedTuple):
 def check_band(causal: Any, window: Any, n_q: int, n_k: int, align: Any = "bottom_right") -> Band:
     """causal, window and align checked, as the Band they describe."""
     causal = check_bool(causal, "causal")
-    offset = _causal_offset(n_q, n_k, align)  # checks align even when causal=False
+    offset = causal_offset(n_q, n_k, align)  # checks align even when causal=False
     check_window_is_causal(window, causal)
     if window is not None:
-        window = _check_window(window, n_q, n_k)
+        window = check_window(window, n_q, n_k)
     return Band(offset if causal else None, window)
+
+
+def check_block_mask(block_mask: Any, dims: QKVShape) -> BlockMask:
+    """block_mask as a BlockMask made for these inputs' sizes: batch entries, query heads, L and S."""
+    if not isinstance(block_mask, BlockMask):
+        got = type(block_mask).__name__
+        raise TypeError(f"block_mask must be a BlockMask (create_block_mask) or None; got {got}")
+    block_mask.check_for(int(np.prod(dims.batch, dtype=np.int64)), dims.hq, dims.n_q, dims.n_k)
+    return block_mask
+
+
+class Tile(NamedTuple):
+    """One block of the score matrix that runs: rows q_start:q_stop, columns k_start:k_stop.
+
+    kind is FULL (no entry masked) or PARTIAL (a mask edge crosses it: needs a mask); an EMPTY tile never runs.
+    """
+
+    q_start: int
+    q_stop: int
+    k_start: int
+    k_stop: int
+    kind: str
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -199,8 +216,9 @@ class BlockMask:
     its attributes; to change the tiles, make another.
     """
 
-    def __init__(self, kinds: Any, seq_lengths: tuple[int, int], BLOCK_SIZE: int | tuple[int, int],
-                 mask_mod: Callable[..., Any]):  # fmt: skip
+    def __init__(
+        self, kinds: Any, seq_lengths: tuple[int, int], BLOCK_SIZE: int | tuple[int, int], mask_mod: Callable[..., Any]
+    ):
         self._kinds, self._seq_lengths, self._block_size = check_tiles(kinds, seq_lengths, BLOCK_SIZE)
         if not callable(mask_mod):
             raise TypeError(f"mask_mod must be a function mask_mod(b, h, q_idx, kv_idx); got {mask_mod!r}")
@@ -209,6 +227,8 @@ class BlockMask:
         self._before = read_only((np.cumsum(seen, axis=-1) - seen).astype(np.int32))  # tiles left of each in its row
 
     kinds = property(lambda self: self._kinds.view(), doc="(B, H, n_q blocks, n_k blocks) int8, read-only")
+    diagonal = property(lambda self: None, doc="None: a kernel hides a partial tile's keys with the mask_mod")
+    per_head = property(lambda self: True, doc="True: the tiles may differ between heads (a step takes one)")
     seq_lengths = property(lambda self: self._seq_lengths, doc="(Q_LEN, KV_LEN)")
     BLOCK_SIZE = property(lambda self: self._block_size, doc="(block_q, block_k): the tiles' size")
     mask_mod = property(lambda self: self._mask_mod, doc="the mask_mod that hides the keys of partial tiles")
@@ -232,8 +252,10 @@ class BlockMask:
         return b_size, h_size, *self.seq_lengths
 
     def __repr__(self) -> str:
-        return (f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, sparsity={self.sparsity():.2f}%, "
-                f"mask_mod={name_of(self.mask_mod)})")  # fmt: skip
+        return (
+            f"BlockMask(shape={self.shape}, BLOCK_SIZE={self.BLOCK_SIZE}, sparsity={self.sparsity():.2f}%, "
+            f"mask_mod={name_of(self.mask_mod)})"
+        )
 
     def __str__(self) -> str:
         return draw_tile_plan(self)
@@ -295,7 +317,7 @@ class BlockMask:
         """How many tiles row_tiles makes."""
         return int(np.count_nonzero(self.kinds_of(heads, q_block=q_start // self.BLOCK_SIZE[0])))
 
-    def place(self, tile: Tile, n_k: int, block_k: int, heads: Heads | None = None) -> int:
+    def place(self, tile: TileLike, n_k: int, block_k: int, heads: Heads | None = None) -> int:
         """How many tiles of its row come before tile, for the one head of heads (the backward's items)."""
         b, h = (0, 0) if heads is None else (int(heads.b[0]), int(heads.h[0]))
         table = self._before[b % self._before.shape[0], h % self._before.shape[1]]  # (n_q blocks, n_k blocks)
@@ -320,8 +342,10 @@ class BlockMask:
         b one of the mask's B entries (0 .. B - 1), h one of its H heads."""
         for value, name, size in ((b, "b", self._kinds.shape[0]), (h, "h", self._kinds.shape[1])):
             if check_count(value, name) >= size:
-                raise ValueError(f"{name}={value} is not one of the block mask's {size} (0 .. {size - 1}); "
-                                 f"its shape (B, H, Q_LEN, KV_LEN) is {self.shape}")  # fmt: skip
+                raise ValueError(
+                    f"{name}={value} is not one of the block mask's {size} (0 .. {size - 1}); "
+                    f"its shape (B, H, Q_LEN, KV_LEN) is {self.shape}"
+                )
         (n_q, n_k), (block_q, block_k) = self.seq_lengths, self.BLOCK_SIZE
         heads = Heads(np.array([b]), np.array([h]))
         rows = range(0, n_q, block_q)
@@ -389,9 +413,14 @@ def picked_mod(mask_mod: Callable[..., Any], b_pick: np.ndarray, h_pick: np.ndar
 
 
 def create_block_mask(
-    mask_mod: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device: Any = None,
+    mask_mod: Callable[..., Any],
+    B: int | None,
+    H: int | None,
+    Q_LEN: int,
+    KV_LEN: int,
+    device: Any = None,
     BLOCK_SIZE: int | tuple[int, int] = DEFAULT_BLOCK_Q,
-) -> BlockMask:  # fmt: skip
+) -> BlockMask:
     """The BlockMask of mask_mod(b, h, q_idx, kv_idx) (torch's create_block_mask): one call per tile, for
     every batch entry and head at once, so nothing of L x S is ever held. B or H = None: one entry shared
     by all (the mask_mod must not depend on b or h then). BLOCK_SIZE: an int or (block_q, block_k); the
@@ -435,9 +464,15 @@ class TilePlan(list[Tile]):
 
 
 def tile_plan(
-    n_q: int, n_k: int, block_q: int, block_k: int, *, causal: bool = False, window: int | None = None,
+    n_q: int,
+    n_k: int,
+    block_q: int,
+    block_k: int,
+    *,
+    causal: bool = False,
+    window: int | None = None,
     align: str = "bottom_right",
-) -> TilePlan:  # fmt: skip
+) -> TilePlan:
     """The tiles of an n_q x n_k score matrix that flash_attention computes, row block by row block.
 
     Without causal every tile runs, all "full". With causal (bottom-right: query i sees key j when
@@ -461,7 +496,7 @@ def tile_plan(
 
 
 @functools.lru_cache(maxsize=64)
-def _square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
+def square_tiles(tokens: int, block_q: int, block_k: int, causal: bool) -> int:
     """len(tile_plan(tokens, tokens, block_q, block_k, causal=causal)), counted row block by row block
     without making the tiles, and remembered: the sequence-parallel schemes ask for the same few sizes at
     every step."""

@@ -4,9 +4,9 @@
 
 A mask_mod says which keys a query may see, a score_mod rewrites a score (mods.py has both, and the
 ready-made ones). create_block_mask (blockmask.py) turns a mask_mod into a BlockMask, the kind of every
-tile: the kernel (flash.attend_block) then walks only the tiles that are not empty, applies score_mod to
-every tile and the mask_mod only to the partial ones. That is the whole of it: flash_attention's causal
-band and window are the same loop with a Band in place of the BlockMask.
+tile: the kernel (_flash_kernel.attend_block) then walks only the tiles that are not empty, applies
+score_mod to every tile and the mask_mod only to the partial ones. That is the whole of it: flash_attention's
+causal band and window are the same loop with a Band in place of the BlockMask.
 
     flex_attention            torch's flex_attention, argument for argument, plus sinks= (gpt-oss)
     flash_attention_varlen    packed sequences of different lengths, no padding (FlashAttention's varlen API)
@@ -26,52 +26,24 @@ from numpy.typing import NDArray
 from ._checks import (
     QKVShape,
     check_bool,
-    check_positive_int,
+    check_cu_seqlens,
     check_qkv,
     check_scale,
+    check_sinks,
+    check_window,
     compute_dtype,
     without_head_axis,
 )
+from ._flash_kernel import FlashPlan, TileSizes, broadcast_kv, flash_forward, flash_plan
 from ._guard import refuse_blockwise
-from .blockmask import (
-    CODE,
-    DEFAULT_BLOCK_Q,
-    EMPTY,
-    FULL,
-    PARTIAL,
-    Band,
-    BlockMask,
-    check_block_size,
-)
-from .flash import FlashPlan, _check_block_mask, broadcast_kv, flash_forward, flash_plan
-from .masks import _check_window
-from .mods import check_cu_seqlens, check_score_mod, check_sinks, varlen_mod
+from ._mod_calls import check_score_mod
+from ._tiles import EMPTY, FULL, PARTIAL
+from .blockmask import CODE, DEFAULT_BLOCK_Q, Band, BlockMask, check_block_mask, check_block_size
+from .mods import varlen_mod
 
 __all__ = ["check_flex", "flash_attention_varlen", "flex_attention", "varlen_block_mask"]
 
 Array = NDArray[np.floating]
-
-
-def check_flex(
-    query: Any, key: Any, value: Any, *, score_mod: Any, block_mask: Any, scale: Any, enable_gqa: Any, sinks: Any,
-    workers: Any, kernel_options: Any = None, kv_heads_per_step: Any = None, backward: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, FlashPlan]:  # fmt: skip
-    """flex_attention's inputs checked, once, and its plan: the block mask's tiles (every tile full without
-    one), the score_mod (for the backward one that gives its derivative), the sinks in the compute dtype."""
-    if kernel_options is not None:
-        raise ValueError(
-            "kernel_options are torch's GPU kernel settings; here the tiles are the block mask's BLOCK_SIZE and "
-            f"the threads workers=: pass kernel_options=None; got {kernel_options!r}"
-        )
-    key, value = broadcast_kv(query, key, value)
-    q, k, v, dims = check_qkv(query, key, value, gqa_allowed=check_bool(enable_gqa, "enable_gqa"))
-    ct = compute_dtype(q, k, v)
-    mask = Band(None) if block_mask is None else _check_block_mask(block_mask, dims)
-    sizes = {"kv_heads_per_step": kv_heads_per_step, "workers": workers}
-    sizes = {name: None if value is None else check_positive_int(value, name) for name, value in sizes.items()}
-    plan = flash_plan(dims, mask, check_scale(scale, dims.e, ct), score_mod=check_score_mod(score_mod, backward),
-                      sinks=check_sinks(sinks, dims.hq, ct), **sizes)  # fmt: skip
-    return q, k, v, dims, plan
 
 
 def flex_attention(
@@ -114,9 +86,18 @@ def flex_attention(
     return_lse = check_bool(return_lse, "return_lse")
     two_d = without_head_axis(query)
     q, k, v, dims, plan = check_flex(
-        query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa,
-        sinks=sinks, workers=workers, kernel_options=kernel_options, kv_heads_per_step=kv_heads_per_step,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        score_mod=score_mod,
+        block_mask=block_mask,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        sinks=sinks,
+        workers=workers,
+        kernel_options=kernel_options,
+        kv_heads_per_step=kv_heads_per_step,
+    )
     refuse_blockwise("flex_attention()", q, k, v, dims, plan, heads_per_step=plan.kv_heads_per_step)
     out, lse = flash_forward(q, k, v, dims, plan)
     if two_d:
@@ -124,10 +105,46 @@ def flex_attention(
     return (out, lse) if return_lse else out
 
 
+def check_flex(
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    score_mod: Any,
+    block_mask: Any,
+    scale: Any,
+    enable_gqa: Any,
+    sinks: Any,
+    workers: Any,
+    kernel_options: Any = None,
+    kv_heads_per_step: Any = None,
+    backward: bool = False,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, FlashPlan]:
+    """flex_attention's inputs checked, once, and its plan: the block mask's tiles (every tile full without
+    one), the score_mod (for the backward one that gives its derivative), the sinks in the compute dtype."""
+    if kernel_options is not None:
+        raise ValueError(
+            "kernel_options are torch's GPU kernel settings; here the tiles are the block mask's BLOCK_SIZE and "
+            f"the threads workers=: pass kernel_options=None; got {kernel_options!r}"
+        )
+    key, value = broadcast_kv(query, key, value)
+    q, k, v, dims = check_qkv(query, key, value, gqa_allowed=check_bool(enable_gqa, "enable_gqa"))
+    ct = compute_dtype(q, k, v)
+    mask = Band(None) if block_mask is None else check_block_mask(block_mask, dims)
+    sizes = TileSizes(kv_heads_per_step=kv_heads_per_step, workers=workers).checked()
+    scale, score_mod = check_scale(scale, dims.e, ct), check_score_mod(score_mod, backward)
+    plan = flash_plan(dims, mask, scale, sizes, score_mod=score_mod, sinks=check_sinks(sinks, dims.hq, ct))
+    return q, k, v, dims, plan
+
+
 def varlen_block_mask(
-    cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, window: int | None = None,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    causal: bool = False,
+    window: int | None = None,
     BLOCK_SIZE: int | tuple[int, int] = DEFAULT_BLOCK_Q,
-) -> BlockMask:  # fmt: skip
+) -> BlockMask:
     """The block mask of packed sequences: mods.varlen_mod (each sequence sees only its own keys; causal
     bottom-right within each), over all cu_seqlens_q[-1] queries and cu_seqlens_k[-1] keys. Its tiles
     follow from the boundaries alone (document_kinds, by arithmetic): the mask_mod is called only inside
@@ -136,7 +153,7 @@ def varlen_block_mask(
     mask_mod = varlen_mod(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window)
     cu_q, cu_k = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q"), check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k")
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    width = None if window is None else _check_window(window, total_q, total_k)
+    width = None if window is None else check_window(window, total_q, total_k)
     block_q, block_k = check_block_size(BLOCK_SIZE)
     kinds = document_kinds(cu_q, cu_k, causal, width, block_q, block_k)  # (n_q blocks, n_k blocks)
     return BlockMask(kinds[None, None], (total_q, total_k), (block_q, block_k), mask_mod)
@@ -156,8 +173,9 @@ def document_tiles(cu_q: np.ndarray, cu_k: np.ndarray, block_q: int, block_k: in
     return document, q_block, k_block
 
 
-def document_kinds(cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, window: int | None, block_q: int,
-                   block_k: int) -> np.ndarray:  # fmt: skip
+def document_kinds(
+    cu_q: np.ndarray, cu_k: np.ndarray, causal: bool, window: int | None, block_q: int, block_k: int
+) -> np.ndarray:
     """The kind of every tile of packed documents (n_q blocks, n_k blocks) int8, from the boundaries alone.
 
     A tile is full when it lies inside one document and each of its queries sees each of its keys, empty
@@ -225,7 +243,9 @@ def flash_attention_varlen(
     for name, x, cu_seqlens in (("q", q, cu_seqlens_q), ("k", k, cu_seqlens_k)):  # first: the mask costs time
         total = int(check_cu_seqlens(cu_seqlens, f"cu_seqlens_{name}")[-1])
         if np.ndim(x) != 3 or np.shape(x)[1] != total:
-            raise ValueError(f"{name} must be packed heads (H, {total}, E): cu_seqlens_{name} ends at {total}; "
-                             f"got shape {np.shape(x)}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be packed heads (H, {total}, E): cu_seqlens_{name} ends at {total}; "
+                f"got shape {np.shape(x)}"
+            )
     mask = varlen_block_mask(cu_seqlens_q, cu_seqlens_k, causal=causal, window=window, BLOCK_SIZE=block_size)
     return flex_attention(q, k, v, score_mod, mask, scale, enable_gqa=True, return_lse=return_lse, workers=workers)

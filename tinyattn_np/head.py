@@ -65,8 +65,9 @@ def check_head(
     if wq.shape != wk.shape:
         raise ValueError(f"wq and wk must have the same shape; got {wq.shape} and {wk.shape}")
     if wq.shape[1] == 0:
-        raise ValueError(f"wq and wk must have a head size d_head of at least 1 (the scores divide by √d_head); "
-                         f"got shape {wq.shape}")  # fmt: skip
+        raise ValueError(
+            f"wq and wk must have a head size d_head of at least 1 (the scores divide by √d_head); got shape {wq.shape}"
+        )
     dtype, out_dtype = compute_dtype(x, wq, wk, wv), result_dtype(x, wq, wk, wv)  # float16: computed in float32
     x, wq, wk, wv = (a.astype(dtype, copy=False) for a in (x, wq, wk, wv))
     return x, wq, wk, wv, out_dtype

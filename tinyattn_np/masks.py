@@ -29,14 +29,35 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_positive_int, check_sizes
+from ._checks import check_sizes, check_window
 
-__all__ = ["causal_mask", "window_mask"]
+__all__ = ["band_blocked", "causal_mask", "causal_offset", "window_mask"]
 
 ALIGNMENTS = ("bottom_right", "top_left")
 
 
-def _causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
+def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> NDArray[np.bool_]:
+    """(n_q, n_k) bool, True where query i may attend to key j: j <= i + offset (see module doc)."""
+    n_q, n_k = check_sizes(n_q, n_k)
+    offset = causal_offset(n_q, n_k, align)
+    return ~causal_blocked(0, n_q, 0, n_k, offset)
+
+
+def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "bottom_right") -> NDArray[np.bool_]:
+    """(n_q, n_k) bool for causal sliding-window attention (Mistral, Gemma-2 local layers).
+
+    Query i sees key j when i + offset - window < j <= i + offset: itself and the window - 1 keys
+    before it. A window of n_q + n_k keys or more (any size: 2**63 too) gives the plain causal mask.
+    """
+    n_q, n_k = check_sizes(n_q, n_k)
+    window = check_window(window, n_q, n_k)
+    offset = causal_offset(n_q, n_k, align)
+    rows = np.arange(n_q)[:, None] + offset  # (n_q, 1): the key position each query lines up with
+    cols = np.arange(n_k)[None, :]  # (1, n_k)
+    return (cols <= rows) & (cols > rows - window)  # (n_q, n_k)
+
+
+def causal_offset(n_q: int, n_k: int, align: str = "bottom_right") -> int:
     """The diagonal's offset: query i sees key j when j <= i + offset (S - L bottom-right, 0 top-left)."""
     if align not in ALIGNMENTS:
         raise ValueError(f"align must be one of {ALIGNMENTS}; got {align!r}")
@@ -54,7 +75,7 @@ def causal_blocked(q_start: int, q_stop: int, k_start: int, k_stop: int, offset:
     return cols > rows + offset  # (bq, bk)
 
 
-def _band_blocked(
+def band_blocked(
     q_start: int, q_stop: int, k_start: int, k_stop: int, offset: int, window: int | None
 ) -> NDArray[np.bool_]:
     """causal_blocked, and with a window also the keys too far back: j <= i + offset - window.
@@ -67,31 +88,3 @@ def _band_blocked(
         cols = np.arange(k_start, k_stop)[None, :]  # (1, bk)
         blocked |= cols <= rows + offset - window  # (bq, bk)
     return blocked
-
-
-def _check_window(window: object, n_q: int, n_k: int) -> int:
-    """window as a positive int, clipped to n_q + n_k: a window that long already reaches back past the
-    first key from every query (so it is plain causal), and the clip keeps huge ints such as 2**63 out
-    of NumPy's int64 arithmetic."""
-    return min(check_positive_int(window, "window"), n_q + n_k + 1)
-
-
-def causal_mask(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> NDArray[np.bool_]:
-    """(n_q, n_k) bool, True where query i may attend to key j: j <= i + offset (see module doc)."""
-    n_q, n_k = check_sizes(n_q, n_k)
-    offset = _causal_offset(n_q, n_k, align)
-    return ~causal_blocked(0, n_q, 0, n_k, offset)
-
-
-def window_mask(n_q: int, n_k: int | None = None, *, window: int, align: str = "bottom_right") -> NDArray[np.bool_]:
-    """(n_q, n_k) bool for causal sliding-window attention (Mistral, Gemma-2 local layers).
-
-    Query i sees key j when i + offset - window < j <= i + offset: itself and the window - 1 keys
-    before it. A window of n_q + n_k keys or more (any size: 2**63 too) gives the plain causal mask.
-    """
-    n_q, n_k = check_sizes(n_q, n_k)
-    window = _check_window(window, n_q, n_k)
-    offset = _causal_offset(n_q, n_k, align)
-    rows = np.arange(n_q)[:, None] + offset  # (n_q, 1): the key position each query lines up with
-    cols = np.arange(n_k)[None, :]  # (1, n_k)
-    return (cols <= rows) & (cols > rows - window)  # (n_q, n_k)

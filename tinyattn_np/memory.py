@@ -13,7 +13,7 @@ quote come out of these functions:
 The three bills, told apart:
     memory.py   formulas: what attention costs in any implementation (this file)
     peaks.py    what this project's own functions allocate at their peak, checked against tracemalloc
-                (their names are importable from here too: naive_attention_bytes, flash_attention_bytes, ...)
+                (naive_attention_bytes, flash_attention_bytes, ...: import them from peaks or tinyattn_np)
     models.py   model shapes (presets, a config.json) and a whole model's bill
 """
 

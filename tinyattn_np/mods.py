@@ -22,129 +22,78 @@ The ready-made mods, each from its source:
     Alibi                               -slope_h · |i + S - L - j| (Press et al. 2022; FlashAttention's alibi_slopes)
     Softcap                             cap · tanh(score / cap) (Gemma 2, Gemma Team 2024)
     RelativeBias                        a learned bias per head and relative distance (Shaw et al. 2018; T5)
-    Differentiable                      your score_mod, with the derivative you give it, for the backward
 
-A score mod that the backward can go through says its derivative ∂new/∂score (derivative(), None for a bias,
-whose derivative is 1) and, when it holds learned parameters (params, leading axis the query heads), the
-gradient of one head's parameters from one tile of ∂loss/∂new (param_grad()).
+Read it in this order: the mask mods (causal_band first: masks.py's band as a function), the score mods, then
+create_mask, a mod as the dense mask it stands for. Each ready-made score mod also carries its derivative
+(derivative, param_grad) for the backward: mod_grads.py, after the backward, derives what it does with them.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int, check_window_is_causal, plain_array
+from ._checks import (
+    check_count,
+    check_cu_seqlens,
+    check_positive_int,
+    check_window,
+    check_window_is_causal,
+    plain_array,
+)
 from ._guard import refuse_unless_fits
-from .masks import _causal_offset, _check_window
+from ._mod_calls import MaskMod, modded, name_of, positional_arguments, score_indices, visible
+from .masks import causal_offset
 
 __all__ = [
-    "Alibi", "Differentiable", "MaskMod", "RelativeBias", "ScoreModFn", "Softcap", "alibi_slopes", "and_masks",
-    "causal_band", "causal_mod", "check_cu_seqlens", "check_score_mod", "check_sinks", "create_mask",
-    "derivative_of", "document_ids", "document_mod", "modded", "name_of", "noop_mask", "or_masks", "prefix_lm_mod",
-    "score_indices", "sliding_window_mod", "varlen_mod", "visible",
-]  # fmt: skip
-
-MaskMod = Callable[..., Any]
-ScoreModFn = Callable[..., Any]
-
-
-# ---------------------------------------------------------------------------------------------------
-# calling a mod on a block of scores
-
-
-def score_indices(batch: tuple[int, ...], hq: int, n_q: int, n_k: int) -> tuple[np.ndarray, ...]:
-    """b, h, q_idx, kv_idx for the scores (*batch, Hq, L, S), each shaped to broadcast against them;
-    b counts the batch entries in C order over the leading dims (0 when there are none)."""
-    b = np.arange(math.prod(batch)).reshape(*batch, 1, 1, 1)  # (*batch, 1, 1, 1)
-    return b, np.arange(hq)[:, None, None], np.arange(n_q)[:, None], np.arange(n_k)  # (Hq, 1, 1), (L, 1), (S,)
-
-
-def visible(mask_mod: MaskMod, b: Any, h: Any, q_idx: np.ndarray, kv_idx: np.ndarray) -> np.ndarray:
-    """mask_mod(b, h, q_idx, kv_idx) as a bool array (True = may attend) that broadcasts to the shape of the
-    indices; anything but bools is a TypeError, another shape a ValueError."""
-    allowed = np.asarray(mask_mod(b, h, q_idx, kv_idx))
-    if allowed.dtype != np.bool_:
-        raise TypeError(f"mask_mod must return bools (True = may attend); {name_of(mask_mod)} gave {allowed.dtype}")
-    indices = np.broadcast_shapes(*(np.shape(x) for x in (b, h, q_idx, kv_idx)))
-    if not broadcasts_to(allowed.shape, indices):
-        raise ValueError(
-            f"mask_mod must return one bool per (b, h, q_idx, kv_idx), an array that broadcasts to the indices' "
-            f"shape {indices}; {name_of(mask_mod)} gave shape {allowed.shape}"
-        )
-    return allowed
-
-
-def broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
-    """Whether an array of `shape` broadcasts to `target` without growing it."""
-    try:
-        return np.broadcast_shapes(shape, target) == target
-    except ValueError:  # shapes that do not broadcast at all
-        return False
-
-
-def modded(score_mod: ScoreModFn, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
-    """score_mod(scores, b, h, q_idx, kv_idx), checked: numbers that broadcast to the scores' shape."""
-    return checked_numbers(np.asarray(score_mod(scores, b, h, q_idx, kv_idx)), scores.shape, "score_mod", score_mod)
-
-
-def derivative_of(score_mod: Any, scores: np.ndarray, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray | None:
-    """score_mod.derivative(scores, b, h, q_idx, kv_idx) = ∂new/∂score, checked as modded checks the mod's own
-    result; None stands for 1 (a bias)."""
-    derivative = score_mod.derivative(scores, b, h, q_idx, kv_idx)
-    if derivative is None:
-        return None
-    return checked_numbers(np.asarray(derivative), scores.shape, "score_mod.derivative", score_mod)
-
-
-def checked_numbers(result: np.ndarray, shape: tuple[int, ...], what: str, mod: Any) -> np.ndarray:
-    """result, when it holds numbers (not bools) that broadcast to the scores' shape; else a TypeError."""
-    if result.dtype == np.bool_:
-        raise TypeError(
-            f"{what} must return numbers; {name_of(mod)} gave bools, as a mask_mod does: pass a mask_mod as "
-            "block_mask=create_block_mask(mask_mod, B, H, L, S) (or mask_mod= to attention), not as the score_mod"
-        )
-    if result.dtype.kind not in "fiu" or not broadcasts_to(result.shape, shape):
-        raise TypeError(
-            f"{what} must return numbers of the scores' shape {shape}; {name_of(mod)} gave {result.dtype} "
-            f"of shape {result.shape}"
-        )
-    return result
-
-
-def name_of(mod: Any) -> str:
-    """A mod's name for a message: its function name, or its repr."""
-    return getattr(mod, "__name__", None) or repr(mod)
-
-
-def create_mask(mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int,
-                device: Any = None) -> np.ndarray:  # fmt: skip
-    """The dense (B, H, Q_LEN, KV_LEN) bool mask of a mod, as torch's create_mask: a mask_mod (4 arguments)
-    gives where it lets a key through, a score_mod (5) where it leaves a score of 0 finite (not -inf).
-    B, H = None count as 1. It holds L x S entries per (b, h): for checking and small cases;
-    create_block_mask never builds it."""
-    if device not in (None, "cpu"):
-        raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
-    B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
-    n_q, n_k = check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN")
-    # the mask, and what the mod makes on the way: two bool arrays of its size, or a score_mod's two of float64
-    per_entry = 3 if positional_arguments(mod_fn) != 5 else 2 * 8 + 3
-    refuse_unless_fits(B * H * n_q * n_k * per_entry, "create_mask()", f"a ({B}, {H}, {n_q}, {n_k}) mask",
-                       "lower B, H or the lengths; create_block_mask gives the tiles without it")  # fmt: skip
-    b, h, q_idx, kv_idx = score_indices((B,), H, n_q, n_k)
-    if positional_arguments(mod_fn) == 5:  # a score_mod: the scores it does not hide
-        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, n_q, n_k)), b, h, q_idx, kv_idx))
-    else:
-        allowed = visible(mod_fn, b, h, q_idx, kv_idx)
-    return np.broadcast_to(allowed, (B, H, n_q, n_k)).copy()
+    "Alibi",
+    "RelativeBias",
+    "Softcap",
+    "alibi_slopes",
+    "and_masks",
+    "causal_band",
+    "causal_mod",
+    "create_mask",
+    "document_ids",
+    "document_mod",
+    "noop_mask",
+    "or_masks",
+    "prefix_lm_mod",
+    "sliding_window_mod",
+    "varlen_mod",
+]
 
 
 # ---------------------------------------------------------------------------------------------------
 # mask mods: which keys each query sees
+
+
+def causal_band(offset: int, window: int | None = None) -> MaskMod:
+    """The causal band as a mask_mod: query i sees key j when j <= i + offset, and with a window also
+    j > i + offset - window (masks.py draws both). blockmask.Band's partial tiles use exactly this."""
+
+    def band(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        allowed = kv_idx <= q_idx + offset
+        return allowed if window is None else allowed & (kv_idx > q_idx + offset - window)
+
+    band.__name__ = f"causal_band(offset={offset}" + ("" if window is None else f", window={window}") + ")"
+    return band
+
+
+def causal_mod(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
+    """The causal mask of masks.causal_mask as a mask_mod: bottom-right (j <= i + S - L) or top-left (j <= i)."""
+    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
+    return causal_band(causal_offset(n_q, n_k, align))
+
+
+def sliding_window_mod(window: int, n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
+    """masks.window_mask as a mask_mod: query i sees itself and the window - 1 keys before it (Mistral;
+    FlashAttention's window_size=(w, 0) is window = w + 1)."""
+    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
+    return causal_band(causal_offset(n_q, n_k, align), check_window(window, n_q, n_k))
 
 
 def noop_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> np.ndarray:
@@ -178,31 +127,6 @@ def or_masks(*mask_mods: MaskMod) -> MaskMod:
     return either
 
 
-def causal_band(offset: int, window: int | None = None) -> MaskMod:
-    """The causal band as a mask_mod: query i sees key j when j <= i + offset, and with a window also
-    j > i + offset - window (masks.py draws both). blockmask.Band's partial tiles use exactly this."""
-
-    def band(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        allowed = kv_idx <= q_idx + offset
-        return allowed if window is None else allowed & (kv_idx > q_idx + offset - window)
-
-    band.__name__ = f"causal_band(offset={offset}" + ("" if window is None else f", window={window}") + ")"
-    return band
-
-
-def causal_mod(n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
-    """The causal mask of masks.causal_mask as a mask_mod: bottom-right (j <= i + S - L) or top-left (j <= i)."""
-    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
-    return causal_band(_causal_offset(n_q, n_k, align))
-
-
-def sliding_window_mod(window: int, n_q: int, n_k: int | None = None, *, align: str = "bottom_right") -> MaskMod:
-    """masks.window_mask as a mask_mod: query i sees itself and the window - 1 keys before it (Mistral;
-    FlashAttention's window_size=(w, 0) is window = w + 1)."""
-    n_q, n_k = check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k")
-    return causal_band(_causal_offset(n_q, n_k, align), _check_window(window, n_q, n_k))
-
-
 def prefix_lm_mod(prefix: Any) -> MaskMod:
     """Prefix-LM (Raffel et al. 2020, T5): every query sees the first `prefix` keys, and the rest causally
     (top-left, j <= i: self-attention). prefix: an int, or one per batch entry, shape (B,); the mod keeps
@@ -223,20 +147,6 @@ def document_ids(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
     cu_seqlens = [0, 3, 5] -> [0, 0, 0, 1, 1]."""
     cu = check_cu_seqlens(cu_seqlens, name)
     return np.repeat(np.arange(cu.size - 1), np.diff(cu))  # (total,)
-
-
-def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
-    """cu_seqlens as int64 (n + 1,), 0 first and never falling. Checked in a signed type: the differences
-    of unsigned ints wrap around (uint16 [0, 3, 2] would rise by 3, then by 65535)."""
-    cu = plain_array(cu_seqlens, name)
-    if cu.dtype.kind not in "iu" or cu.ndim != 1 or cu.size < 1:
-        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
-    if cu.dtype.kind == "u" and int(cu.max()) > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} must be ints that fit in int64; got {int(cu.max())}")
-    cu = cu.astype(np.int64)
-    if cu[0] != 0 or (np.diff(cu) < 0).any():
-        raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
-    return cu
 
 
 def document_mod(q_documents: Any, kv_documents: Any = None) -> MaskMod:
@@ -290,7 +200,7 @@ def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, wi
             f"cu_seqlens_q and cu_seqlens_k must count the same sequences; got {cu_q.size - 1} and {cu_k.size - 1}"
         )
     check_window_is_causal(window, causal)
-    width = None if window is None else _check_window(window, int(cu_q[-1]), int(cu_k[-1]))
+    width = None if window is None else check_window(window, int(cu_q[-1]), int(cu_k[-1]))
     q_doc, kv_doc = document_ids(cu_q, "cu_seqlens_q"), document_ids(cu_k, "cu_seqlens_k")
     ends_q, ends_k = cu_q[1:], cu_k[1:]
     same_document = document_mod(q_doc, kv_doc)
@@ -308,7 +218,7 @@ def varlen_mod(cu_seqlens_q: Any, cu_seqlens_k: Any, *, causal: bool = False, wi
 
 
 # ---------------------------------------------------------------------------------------------------
-# score mods, each with its derivative for the backward
+# score mods, each with its derivative for the backward (mod_grads.py)
 
 
 def combine(op: Any, score: np.ndarray, bias: np.ndarray) -> np.ndarray:
@@ -348,7 +258,7 @@ class Alibi:
             raise ValueError(f"slopes must be finite, shape (Hq,) or (B, Hq); got shape {self.slopes.shape}")
         if learned and self.slopes.ndim != 1:
             raise ValueError(f"learned slopes must have shape (Hq,), one per head; got {self.slopes.shape}")
-        self.offset = _causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
         self.params = self.slopes if learned else None
 
     def __repr__(self) -> str:
@@ -439,7 +349,7 @@ class RelativeBias:
         if bucket is None and self.table.shape[1] % 2 == 0:
             raise ValueError(f"the default bucket clips to ±(R - 1)/2: R must be odd; got R = {self.table.shape[1]}")
         self.bucket = bucket if bucket is not None else self.clipped
-        self.offset = _causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
+        self.offset = causal_offset(check_count(n_q, "n_q"), check_count(n_q if n_k is None else n_k, "n_k"))
         self.params = self.table if learned else None
 
     def __repr__(self) -> str:
@@ -473,78 +383,32 @@ class RelativeBias:
         return np.bincount(columns.ravel(), weights=dnew.ravel(), minlength=self.table.shape[1])
 
 
-class Differentiable:
-    """Your score_mod with its derivative, so that the backward can go through it:
-
-        Differentiable(score_mod, derivative), derivative(score, b, h, q_idx, kv_idx) = ∂score_mod/∂score
-
-    called on the raw scores of a tile (a number or an array that broadcasts to them; 1 for a bias).
-    Nothing in it is learned: for learned parameters, write a class like Alibi with params and param_grad.
-    """
-
-    params = None
-
-    def __init__(self, score_mod: ScoreModFn, derivative: ScoreModFn):
-        if not callable(score_mod) or not callable(derivative):
-            raise TypeError(f"score_mod and derivative must be functions; got {score_mod!r} and {derivative!r}")
-        self.score_mod, self.derivative_fn = score_mod, derivative
-        self.__name__ = name_of(score_mod)
-
-    def __repr__(self) -> str:
-        return f"Differentiable({self.__name__})"
-
-    def __call__(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return self.score_mod(score, b, h, q_idx, kv_idx)
-
-    def derivative(self, score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
-        return self.derivative_fn(score, b, h, q_idx, kv_idx)
+# ---------------------------------------------------------------------------------------------------
+# a mod as the dense mask it stands for
 
 
-def check_score_mod(score_mod: Any, backward: bool = False) -> Any:
-    """score_mod as given (None or a function); for the backward it must say its derivative."""
-    if score_mod is None:
-        return None
-    if not callable(score_mod):
-        raise TypeError(
-            f"score_mod must be a function score_mod(score, b, h, q_idx, kv_idx) or None; got {score_mod!r}"
-        )
-    if positional_arguments(score_mod) == 4:
-        raise TypeError(
-            f"score_mod {name_of(score_mod)} takes 4 arguments, as a mask_mod(b, h, q_idx, kv_idx) does; a score_mod "
-            "takes (score, b, h, q_idx, kv_idx). To hide keys, pass block_mask=create_block_mask(mask_mod, B, H, L, S)"
-        )
-    if backward and not callable(getattr(score_mod, "derivative", None)):
-        raise TypeError(
-            f"score_mod {name_of(score_mod)} does not give its derivative, which the backward needs: pass "
-            "score_mod=Differentiable(score_mod, derivative), derivative(score, b, h, q_idx, kv_idx) = "
-            "∂score_mod/∂score (1 for a bias), or a ready-made mod (Alibi, Softcap, RelativeBias)"
-        )
-    return score_mod
-
-
-def check_sinks(sinks: Any, hq: int, dtype: Any) -> np.ndarray | None:
-    """The sink logits, one per query head (Hq,), finite in the compute dtype too (1e39 is inf in float32,
-    and so would be every row's softmax); None stays None."""
-    if sinks is None:
-        return None
-    sinks_array = plain_array(sinks, "sinks")
-    if sinks_array.dtype.kind not in "fiu" or sinks_array.shape != (hq,) or not np.isfinite(sinks_array).all():
-        raise ValueError(f"sinks must be {hq} finite numbers, one per query head (Hq,); got {sinks!r}")
-    largest = float(np.finfo(dtype).max)
-    if sinks_array.size and float(np.abs(sinks_array).max()) > largest:
-        raise ValueError(
-            f"sinks overflow {np.dtype(dtype)}, the dtype the scores are computed in (largest {largest:.3g}); "
-            f"got {float(np.abs(sinks_array).max()):g}: pass smaller sinks or float64 inputs"
-        )
-    return sinks_array.astype(dtype)
-
-
-def positional_arguments(fn: Any) -> int | None:
-    """How many positional arguments fn takes (None: any number, or its signature cannot be read)."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # some builtins have no signature
-        return None
-    if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-        return None
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+def create_mask(
+    mod_fn: Callable[..., Any], B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device: Any = None
+) -> np.ndarray:
+    """The dense (B, H, Q_LEN, KV_LEN) bool mask of a mod, as torch's create_mask: a mask_mod (4 arguments)
+    gives where it lets a key through, a score_mod (5) where it leaves a score of 0 finite (not -inf).
+    B, H = None count as 1. It holds L x S entries per (b, h): for checking and small cases;
+    create_block_mask never builds it."""
+    if device not in (None, "cpu"):
+        raise ValueError(f"device must be None or 'cpu': NumPy runs on the CPU; got {device!r}")
+    B, H = (1 if n is None else check_positive_int(n, name) for n, name in ((B, "B"), (H, "H")))
+    n_q, n_k = check_count(Q_LEN, "Q_LEN"), check_count(KV_LEN, "KV_LEN")
+    # the mask, and what the mod makes on the way: two bool arrays of its size, or a score_mod's two of float64
+    per_entry = 3 if positional_arguments(mod_fn) != 5 else 2 * 8 + 3
+    refuse_unless_fits(
+        B * H * n_q * n_k * per_entry,
+        "create_mask()",
+        f"a ({B}, {H}, {n_q}, {n_k}) mask",
+        "lower B, H or the lengths; create_block_mask gives the tiles without it",
+    )
+    b, h, q_idx, kv_idx = score_indices((B,), H, n_q, n_k)
+    if positional_arguments(mod_fn) == 5:  # a score_mod: the scores it does not hide
+        allowed = ~np.isneginf(modded(mod_fn, np.zeros((B, H, n_q, n_k)), b, h, q_idx, kv_idx))
+    else:
+        allowed = visible(mod_fn, b, h, q_idx, kv_idx)
+    return np.broadcast_to(allowed, (B, H, n_q, n_k)).copy()

@@ -21,6 +21,9 @@ from typing import Any, NamedTuple, Protocol, cast, runtime_checkable
 import numpy as np
 from numpy.typing import NDArray
 
+from ._backward_kernel import BackwardPlan as _BackwardPlan
+from ._backward_kernel import FlexGrads
+from ._backward_kernel import flex_backward as _flex_backward
 from ._checks import (
     ACCEPTED_DTYPES,
     QKVShape,
@@ -30,11 +33,15 @@ from ._checks import (
     check_rng,
     check_weight,
 )
-from .attention import _check_fits, _ScoreRules, attend
-from .backward import FlexGrads, _attention_flex_grads, _BackwardPlan, _flex_backward
-from .blockmask import Band, TileMask, check_band
-from .flash import _check_block_mask, flash_forward, flash_plan
-from .mods import check_score_mod
+from ._flash_kernel import flash_forward, flash_plan
+from ._guard import refuse_attention as _check_fits
+from ._mod_calls import check_score_mod
+from ._tiles import TileMask
+from .attention import ScoreRules as _ScoreRules
+from .attention import attend
+from .backward import attention_grads as _attention_flex_grads
+from .blockmask import Band, check_band
+from .blockmask import check_block_mask as _check_block_mask
 from .position import rope as apply_rope
 from .position import rope_backward
 

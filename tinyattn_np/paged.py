@@ -46,10 +46,10 @@ from ._checks import (
     compute_dtype,
     result_dtype,
 )
+from ._flash_kernel import flash_forward, flash_plan
 from ._guard import refuse_unless_fits
 from ._parallel import cpu_cores, one_blas_thread, run_items
 from .blockmask import check_band
-from .flash import flash_forward, flash_plan
 from .kvcache import (
     _check_cache_dtype,
     _check_value_prefix,

@@ -9,7 +9,7 @@ tests/test_backward.py). memory.py holds the formulas true of any implementation
     ring_attention_bytes             ring_attention()            per device: its shard and two K/V blocks
     sequence_parallel_bytes          ring.py, ulysses.py         per device: the bytes sent, forward and backward
 
-The first two live in _guard.py, where attention() and attention_backward() read them before they allocate.
+The memory guard (_guard.py) runs the first two's arithmetic before attention() and attention_backward() allocate.
 """
 
 from __future__ import annotations
@@ -22,17 +22,117 @@ import numpy as np
 
 from ._bytes import attention_sizes, bytes_per_element, float_bytes, nbytes
 from ._checks import QKVShape, check_bool, check_count, check_positive_int
+from ._flash_kernel import STRIP
+from ._guard import reference_backward_bytes, reference_bytes
+from ._tuning import backward_heads_per_item, backward_side, call_workers, default_tiles
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .flash import STRIP, backward_heads_per_item, backward_side, call_workers, default_tiles
 
 __all__ = [
+    "attention_backward_bytes",
     "default_workers",
     "diagonal_strip_bytes",
     "flash_attention_backward_bytes",
     "flash_attention_bytes",
+    "naive_attention_bytes",
     "ring_attention_bytes",
     "sequence_parallel_bytes",
 ]
+
+
+def naive_attention_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    bool_mask: bool = False,
+    mask_elements: int | None = None,
+    window: int | None = None,
+) -> int:
+    """Peak bytes that attention() (attention.py) allocates, for q, k, v (and a mask) that already exist.
+
+    With B = batch, c = bytes of the compute dtype (fp32 for fp16 inputs), the arrays alive at once:
+
+        q_s       B·Hq·L·E·c    q times the scale, in the compute dtype; freed once the scores exist
+        scores    B·Hq·L·S·c    the score matrix, made into the weights in place (softmax_)
+        blocked   L·S           bool, causal=True: which keys each query may not see (held to the end)
+        edge      L·S           bool, window=W: the keys behind the window, a temporary or-ed into blocked
+        ~mask     M             bool, bool_mask=True: a temporary of the mask's M = mask_elements entries
+                                (default L·S, an (L, S) mask), freed before the softmax: it overlaps
+                                scores but not out. A float mask is added chunk by chunk: no copy.
+        out       B·Hq·L·Ev·c   weights @ v
+        fp16 only: fp32 copies of k, v (B·Hkv·S·(E + Ev)·4) and the fp16 copy of out
+
+        peak = copies + scores + max(q_s, ~mask, blocked + edge, blocked + out + out_fp16)
+
+    A window changes no other array: the reference still builds all L x S scores (flash_attention is
+    the path whose work shrinks to L·W).
+
+    softmax_'s per-row max and sum (B·Hq·L each) are left out: they are gone before out exists.
+    """
+    return reference_bytes(
+        n_q,
+        n_k,
+        heads=heads,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        kv_heads=kv_heads,
+        batch=batch,
+        dtype=dtype,
+        causal=causal,
+        bool_mask=bool_mask,
+        mask_elements=mask_elements,
+        window=window,
+    )  # the memory guard's arithmetic: _guard.reference_bytes
+
+
+def attention_backward_bytes(
+    n_q: int,
+    n_k: int | None = None,
+    *,
+    heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    kv_heads: int | None = None,
+    batch: int = 1,
+    dtype: Any = "fp32",
+    causal: bool = False,
+    bool_mask: bool = False,
+    mask_elements: int | None = None,
+    window: int | None = None,
+) -> int:
+    """Peak bytes that attention_backward() (backward.py) allocates, for q, k, v, dout (and a mask) that exist.
+
+    With c = bytes of the compute dtype, R = B·Hq·L query rows and P = R·S·c one array of the weights'
+    size, the steps of backward.attention_grads and what is alive at each:
+
+        1  the forward again     naive_attention_bytes' arrays (without its fp16 parts): P + max(...), and O
+        2  dV = Pᵀ dO            P + O + B·Hq·S·Ev·c (each query head's dV, then summed) + dV
+        3  dP = dO Vᵀ            P + O + dV + dS (dP, made into dS in place)
+        5  dQ, dK                dS + O + dV + dQ (R·E·c) + B·Hq·S·E·c (each query head's dK, then summed) + dK
+        fp16 only: fp32 copies of q, k, v and dout, held throughout
+
+        peak = copies + max(step 1, step 2, step 3, step 5)
+    """
+    return reference_backward_bytes(
+        n_q,
+        n_k,
+        heads=heads,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        kv_heads=kv_heads,
+        batch=batch,
+        dtype=dtype,
+        causal=causal,
+        bool_mask=bool_mask,
+        mask_elements=mask_elements,
+        window=window,
+    )  # the memory guard's arithmetic: _guard.reference_backward_bytes
 
 
 def flash_attention_bytes(
@@ -55,7 +155,7 @@ def flash_attention_bytes(
 
     With B = batch, c = bytes of the compute dtype, G = Hq / Hkv, bq = min(block_q, L),
     bk = min(block_k, S), and n = h·G·bq the query rows of one tile step (h kv heads per step;
-    block sizes and h default as in flash_attention, flash.default_tiles):
+    block sizes and h default as in flash_attention, _tuning.default_tiles):
 
         out, lse  B·Hq·L·(Ev + 1)·c
         per busy worker, while the tiles run (min(workers, ⌈B·Hkv / h⌉·⌈L / block_q⌉) workers):
@@ -64,15 +164,15 @@ def flash_attention_bytes(
                   2·n·Ev·c          acc, and the tile's exp(s) @ v before it is added to acc
                   8·n·c             per-row vectors: m, l, the tile's max and sum, m', alpha, ...
                   causal=True: s² bool, the mask of one strip of a tile the diagonal crosses (the rest
-                  is filled by slices: flash.hide_past_diagonal), s = min(bq, bk, flash.STRIP), and the
-                  buffers NumPy's copyto passes it through, 2·8·s² B
+                  is filled by slices: _flash_kernel.hide_past_diagonal), s = min(bq, bk, STRIP), and
+                  the buffers NumPy's copyto passes it through, 2·8·s² B
         fp16 only: fp32 copies of k and v, B·Hkv·S·(E + Ev)·4, and after the tiles (when the
                    workers' buffers are gone) the fp16 copy of out, B·Hq·L·Ev·2 (lse stays fp32)
 
         peak = out + lse + copies of k, v + max(busy · per worker, fp16 copy of out)
 
     Nothing is L x S: it grows like (L + S)·E. workers defaults as in flash_attention: a worker per core,
-    at most one per 2^18 scores (flash.call_workers). The busy workers are counted as if they all held their
+    at most one per 2^18 scores (_tuning.call_workers). The busy workers are counted as if they all held their
     buffers at once, which they do once a call lasts a few milliseconds; a short call may finish before a
     second thread starts, and then it measures less. Python's bookkeeping (one small tuple per work item) is
     left out.
@@ -85,8 +185,9 @@ def flash_attention_bytes(
     if block_k is not None:
         block_k = check_positive_int(block_k, "block_k")
     diagonal = n_k - n_q if check_bool(causal, "causal") else None  # bottom-right, as flash_attention's default
-    block_q, block_k, auto_heads = default_tiles(n_q, n_k, group, block_q=block_q, block_k=block_k,
-                                                 kv_heads=batch * kv_heads, diagonal=diagonal)  # fmt: skip
+    block_q, block_k, auto_heads = default_tiles(
+        n_q, n_k, group, block_q=block_q, block_k=block_k, kv_heads=batch * kv_heads, diagonal=diagonal
+    )
     per_step = check_positive_int(kv_heads_per_step, "kv_heads_per_step", default=auto_heads)
     workers = default_workers(sizes, workers)
     size, compute = float_bytes(dtype)
@@ -105,16 +206,16 @@ def flash_attention_bytes(
 
 
 def diagonal_strip_bytes(bq: int, bk: int) -> int:
-    """What hiding the causal diagonal's keys in one tile allocates (flash.hide_past_diagonal): one strip's mask,
-    s² bool with s = min(bq, bk, STRIP), and the buffers NumPy's copyto passes it through, 2 operands x 8 B x s²
-    (at most getbufsize() elements each)."""
+    """What hiding the causal diagonal's keys in one tile allocates (_flash_kernel.hide_past_diagonal): one
+    strip's mask, s² bool with s = min(bq, bk, STRIP), and the buffers NumPy's copyto passes it through,
+    2 operands x 8 B x s² (at most getbufsize() elements each)."""
     s = min(bq, bk, STRIP)
     return s * s + 2 * 8 * min(s * s, np.getbufsize())
 
 
 def default_workers(sizes: tuple[int, ...], workers: int | None) -> int:
     """The workers a flash call of these attention_sizes (n_q, n_k, heads, kv_heads, e, ev, batch) runs on:
-    `workers` checked, or flash.call_workers' default for the call."""
+    `workers` checked, or _tuning.call_workers' default for the call."""
     n_q, n_k, heads, kv_heads, e, ev, batch = sizes
     return call_workers(QKVShape((batch,), heads, kv_heads, n_q, n_k, e, ev), workers)
 
@@ -139,14 +240,14 @@ def flash_attention_backward_bytes(
 
     With B = batch, c = bytes of the compute dtype, rows = B·Hq·L, bq = min(block_q, L), bk = min(block_k, S):
 
-        q_lse, dq          rows·(2E + 1)·c          [q times the scale, −lse] (backward._query_rows), and dq
+        q_lse, dq          rows·(2E + 1)·c          [q times the scale, −lse] (_backward_kernel.query_rows); dq
         do_d               rows·(Ev + 1)·c          [dout, −D]
         dk, dv per head    B·Hq·S·(E + Ev)·c        each query head fills its own (the result when G = 1)
         D, lse, P's sums   3·rows·c                 rowsum(dO ∘ O), lse with -inf made +inf, and the row sums
                                                     of P that check lse against q, k and the mask
         turns              B·Hq·⌈L / block_q⌉·8     how many key blocks have added to each query block's dq
         per busy worker (min(workers, B·Hq·⌈S / block_k⌉ / h): an item is one key block of h heads, h from
-        flash.backward_heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
+        _tuning.backward_heads_per_item: as many as fill a forward tile step, 2^18 scores on up to 8 cores):
                            2·h·bq·bk·c              the tiles of P and of dP (then dS)
                            h·bk·(E + Ev + 2)·c      [K_j, 1]ᵀ and [V_j, 1]ᵀ
                            h·max(bq·E, bk·max(E, Ev))·c  one matmul's product before it is added

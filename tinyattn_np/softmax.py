@@ -12,21 +12,25 @@ from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_bool, compute_dtype
 
-__all__ = ["logsumexp", "merge_states", "softmax"]
+__all__ = ["logsumexp", "merge_states", "softmax", "softmax_"]
 
 Array = NDArray[np.floating]
 
 
-def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
-    """Max along axis with keepdims, where a row of all -inf gives 0 instead of -inf.
+def softmax(x: Array, axis: int = -1) -> Array:
+    """exp(x - max) / sum(exp(x - max)) along axis; a row of all -inf gives all zeros (not NaN), a row holding
+    +inf or NaN gives all NaN (as torch), without a warning.
 
-    Subtracting 0 from such a row leaves it -inf, exp gives 0 everywhere: no -inf - (-inf) = NaN.
+    float16 is computed in float32 and cast back.
     """
-    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty row (no keys) is -inf too
-    return np.where(np.isneginf(m), 0.0, m).astype(x.dtype, copy=False)
+    x = as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
+    work = x.astype(compute_dtype(x), copy=True)
+    return softmax_(work, axis).astype(x.dtype, copy=False)
 
 
-def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
+def softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
     """softmax written into x itself (no second array of x's size); x must be a writable float array.
 
     attention() uses this on its score matrix so that the weights reuse the scores' memory.
@@ -41,17 +45,13 @@ def _softmax_(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return x
 
 
-def softmax(x: Array, axis: int = -1) -> Array:
-    """exp(x - max) / sum(exp(x - max)) along axis; a row of all -inf gives all zeros (not NaN), a row holding
-    +inf or NaN gives all NaN (as torch), without a warning.
+def _safe_max(x: np.ndarray, axis: int) -> np.ndarray:
+    """Max along axis with keepdims, where a row of all -inf gives 0 instead of -inf.
 
-    float16 is computed in float32 and cast back.
+    Subtracting 0 from such a row leaves it -inf, exp gives 0 everywhere: no -inf - (-inf) = NaN.
     """
-    x = as_float_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError(f"x must have at least 1 dim; got shape {x.shape}")
-    work = x.astype(compute_dtype(x), copy=True)
-    return _softmax_(work, axis).astype(x.dtype, copy=False)
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)  # initial: an empty row (no keys) is -inf too
+    return np.where(np.isneginf(m), 0.0, m).astype(x.dtype, copy=False)
 
 
 def logsumexp(x: Array, axis: int = -1, keepdims: bool = False) -> Array:

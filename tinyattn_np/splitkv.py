@@ -41,9 +41,9 @@ from ._checks import (
     result_dtype,
     without_head_axis,
 )
+from ._flash_kernel import trusted
 from ._guard import refuse_unless_fits
 from ._parallel import blas_kernel_set, cpu_cores, one_blas_thread, run_items
-from .flash import trusted
 
 Array = NDArray[np.floating]
 R = TypeVar("R")

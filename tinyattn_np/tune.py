@@ -1,7 +1,7 @@
 """Tile sizes, heads per step and workers chosen by measuring this machine, not by one machine's constants.
 
-Basics: flash_attention and flash_attention_backward take the sizes nobody gave them from flash.tile_rule():
-the constants (flash.constant_rule), or the rule tune() measured here.
+Basics: flash_attention and flash_attention_backward take the sizes nobody gave them from _tuning.tile_rule():
+the constants (_tuning.constant_rule), or the rule tune() measured here.
 
     >>> import tinyattn_np
     >>> rule = tinyattn_np.tune()    # doctest: +SKIP
@@ -15,7 +15,7 @@ causal, random inputs; a few seconds), the candidates interleaved and each the f
     4) flash_decode's layout (splitkv.DECODE_LAYOUTS: blocks of 2^13, 2^15 or 2^17 scores, stored queries first
        or keys first) on one decode step: 32 query heads over 8 kv heads of 128, 16,384 cached keys, float32.
 A candidate replaces the constants' own choice only when it is faster by more than CLEAR_MARGIN, so that noise
-does not move the defaults. The rule is kept for this process (flash.use_tile_rule, splitkv.use_decode_layout)
+does not move the defaults. The rule is kept for this process (_tuning.use_tile_rule, splitkv.use_decode_layout)
 and, with cache=True, in the user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json),
 keyed by the CPU model, the BLAS library and its kernel set, and the core count: the next process on this machine
 reads it instead of measuring. The file is written whole or not at all (a temporary file, then a rename), and not
@@ -45,15 +45,24 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_bool, check_positive_int
+from ._tuning import TileRule, constant_rule, tile_rule, use_tile_rule
 from .backward import flash_attention_backward
-from .flash import TileRule, constant_rule, flash_attention, tile_rule, use_tile_rule
+from .flash import flash_attention
 from .measure import cpu_model, machine_info, time_calls
 from .splitkv import DECODE_LAYOUTS, DecodeLayout, default_layout, flash_decode, in_layout, use_decode_layout
 
 __all__ = [
-    "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key",
-    "measure_decode_layout", "tune", "untune",
-]  # fmt: skip
+    "CLEAR_MARGIN",
+    "SIDES",
+    "STEP_HEADS",
+    "busy",
+    "cache_file",
+    "candidate_rules",
+    "machine_key",
+    "measure_decode_layout",
+    "tune",
+    "untune",
+]
 
 SIDES = (128, 256, 512)  # square tiles, forward and backward
 STEP_HEADS = (1, 2, 4)  # kv heads per tile step at the tuning problem's shape: scores_per_step = side² · heads
@@ -111,8 +120,9 @@ def tune(*, tokens: int = 2048, head_dim: int = 64, repeats: int = 3, cache: boo
         try:
             chosen = measure_rule(tokens, head_dim, repeats), measure_decode_layout(repeats)
         except Exception as err:  # noqa: BLE001 (a failed measurement must not stop the caller: the constants stay)
-            warnings.warn(f"tune() failed ({err!r}): flash_attention and flash_decode keep their defaults",
-                          stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"tune() failed ({err!r}): flash_attention and flash_decode keep their defaults", stacklevel=2
+            )
             return tile_rule()
         load = busy_before or busy()
         if load:  # other work took cores from the measurement: good for now, not for the next process
@@ -145,20 +155,26 @@ def measure_rule(tokens: int, head_dim: int, repeats: int) -> TileRule:
     base = constant_rule()
 
     def forward(side: int, per_step: int, workers: int) -> Callable[[], object]:
-        return lambda: flash_attention(q, k, v, causal=True, block_q=side, block_k=side, kv_heads_per_step=per_step,
-                                       workers=workers)  # fmt: skip
+        return lambda: flash_attention(
+            q, k, v, causal=True, block_q=side, block_k=side, kv_heads_per_step=per_step, workers=workers
+        )
 
     base_heads = max(1, base.scores_per_step // base.side**2)
-    side, per_step = fastest({(s, h): forward(s, h, base.workers) for s in SIDES for h in STEP_HEADS},
-                             (base.side, base_heads), repeats)  # fmt: skip
-    workers = fastest({n: forward(side, per_step, n) for n in sorted({base.workers, max(1, base.workers // 2)})},
-                      base.workers, repeats)  # fmt: skip
+    side, per_step = fastest(
+        {(s, h): forward(s, h, base.workers) for s in SIDES for h in STEP_HEADS}, (base.side, base_heads), repeats
+    )
+    workers = fastest(
+        {n: forward(side, per_step, n) for n in sorted({base.workers, max(1, base.workers // 2)})},
+        base.workers,
+        repeats,
+    )
     out, lse = flash_attention(q, k, v, causal=True, return_lse=True)
     dout = rng.standard_normal(out.shape, dtype=np.float32)
 
     def backward(side: int) -> Callable[[], object]:
-        return lambda: flash_attention_backward(q, k, v, out, dout, lse, causal=True, block_q=side, block_k=side,
-                                                workers=workers)  # fmt: skip
+        return lambda: flash_attention_backward(
+            q, k, v, out, dout, lse, causal=True, block_q=side, block_k=side, workers=workers
+        )
 
     backward_side = fastest({s: backward(s) for s in SIDES}, base.backward_side, repeats)
     return TileRule(side, side * side * per_step, backward_side, workers)
@@ -224,8 +240,9 @@ def store_rule(path: Path, key: str, rule: TileRule, layout: DecodeLayout) -> No
         path.parent.mkdir(parents=True, exist_ok=True)
         write_whole(path, json.dumps(entries, indent=2, sort_keys=True))
     except OSError as err:
-        warnings.warn(f"tune(): the cache {path} cannot be written ({err}); the rule holds for this process only",
-                      stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"tune(): the cache {path} cannot be written ({err}); the rule holds for this process only", stacklevel=3
+        )
 
 
 def write_whole(path: Path, text: str) -> None:

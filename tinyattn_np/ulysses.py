@@ -37,7 +37,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ._backward_kernel import BackwardPlan, flex_backward
 from ._checks import QKVShape
+from ._flash_kernel import TileSizes, flash_forward, flash_plan
 from ._mpi import (
     Report,
     abort_on_failure,
@@ -49,112 +51,12 @@ from ._mpi import (
     load_mpi,
     wait_for,
 )
-from .backward import _BackwardPlan, _flex_backward
-from .blockmask import _square_tiles, check_band
-from .flash import flash_forward, flash_plan
+from .blockmask import check_band, square_tiles
 from .shards import shard, unshard
 
 Array = NDArray[np.floating]
 
 __all__ = ["UlyssesStats", "ulysses_attention", "ulysses_attention_backward"]
-
-
-@dataclass
-class UlyssesStats:
-    """What ulysses_attention (or its backward) did on this rank (return_stats=True)."""
-
-    rank: int
-    size: int
-    layout: str
-    causal: bool
-    tokens: int  # this rank's tokens of the sequence, T/P
-    heads: int  # the query heads it computed, Hq/P (of every batch entry)
-    tiles: int  # flash tiles of the whole T x T score matrix (tile_plan's count), for every head
-    bytes_sent: int  # to the other ranks, over every all-to-all (as many were received)
-    bytes_received: int
-    compute_seconds: float  # flash attention (or its backward) on this rank's heads
-    wait_seconds: float  # in the all-to-alls: packing, moving, and waiting for the slowest rank
-
-
-def check_heads(dims: QKVShape, size: int) -> None:
-    """Ulysses' limit: the query heads and the kv heads must both split evenly over the ranks."""
-    if dims.hq % size or dims.hkv % size:
-        raise ValueError(
-            f"Ulysses gives each of the {size} ranks Hq/{size} query heads and Hkv/{size} kv heads, so both must "
-            f"be multiples of {size}; got Hq={dims.hq} and Hkv={dims.hkv}. Use ring_attention, which takes any "
-            "number of heads, or a number of ranks that divides both"
-        )
-
-
-def check_ulysses(check: Any, comm: Any) -> tuple[Any, Report]:
-    """A scheme's check (_mpi.check_forward or check_backward) and Ulysses' own: the heads split over the
-    ranks of comm."""
-    checked, report = check()
-    check_heads(checked[-2], comm.Get_size())  # checked ends with (dims, settings)
-    return checked, report
-
-
-# ---------------------------------------------------------------------------------------------------
-# the all-to-all
-
-
-def all_to_all(comm: Any, outgoing: list[list[np.ndarray]], stats: UlyssesStats) -> list[list[np.ndarray]]:
-    """Send outgoing[j], a list of arrays, to rank j, and receive from every rank i the arrays it sends
-    here, in rank order: one MPI all-to-all of bytes, each array in its own dtype. Every rank sends the same
-    shapes and dtypes (the inputs were compared first), so what arrives is shaped like outgoing[0]."""
-    size = comm.Get_size()
-    parts = [(a.shape, a.dtype, a.nbytes) for a in outgoing[0]]
-    row = sum(nbytes for _, _, nbytes in parts)  # bytes for each rank
-    send_buf, recv_buf = np.empty((size, row), np.uint8), np.empty((size, row), np.uint8)  # (P, row)
-    started = time.perf_counter()
-    for j, arrays in enumerate(outgoing):
-        offset = 0
-        for a in arrays:
-            send_buf[j, offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
-            offset += a.nbytes
-    MPI = load_mpi()
-    wait_for([comm.Ialltoall([send_buf, MPI.BYTE], [recv_buf, MPI.BYTE])])  # polled: Ctrl-C lands meanwhile
-    starts = np.cumsum([0] + [nbytes for _, _, nbytes in parts])  # where each array begins in a row
-    incoming = [
-        [recv_buf[i, start : start + nbytes].view(dtype).reshape(shape) for (shape, dtype, nbytes), start in
-         zip(parts, starts, strict=False)]
-        for i in range(size)
-    ]  # fmt: skip
-    stats.bytes_sent += (size - 1) * row  # the row for this rank stays here
-    stats.bytes_received += (size - 1) * row
-    stats.wait_seconds += time.perf_counter() - started
-    return incoming
-
-
-def to_heads(comm: Any, arrays: list[np.ndarray], layout: str, stats: UlyssesStats) -> list[np.ndarray]:
-    """Sequence shards (..., H, T/P, E) -> this rank's head group over the whole sequence (..., H/P, T, E)."""
-    size = comm.Get_size()
-    groups = [np.split(x, size, axis=-3) for x in arrays]  # the head groups of each array, (..., H/P, T/P, E)
-    outgoing = [[heads[j] for heads in groups] for j in range(size)]  # head group j to rank j
-    incoming = all_to_all(comm, outgoing, stats)  # incoming[i]: rank i's tokens of our heads, (..., H/P, T/P, E)
-    return [unshard([parts[n] for parts in incoming], layout=layout) for n in range(len(arrays))]  # (.., H/P, T, E)
-
-
-def to_sequence(comm: Any, arrays: list[np.ndarray], layout: str, stats: UlyssesStats) -> list[np.ndarray]:
-    """This rank's head group over the whole sequence (..., H/P, T, E) -> its sequence shard (..., H, T/P, E)."""
-    size = comm.Get_size()
-    outgoing = [[shard(x, j, size, layout=layout) for x in arrays] for j in range(size)]  # rank j's tokens
-    incoming = all_to_all(comm, outgoing, stats)  # incoming[i]: head group i at our tokens, (..., H/P, T/P, E)
-    return [np.concatenate([parts[n] for parts in incoming], axis=-3) for n in range(len(arrays))]  # (.., H, T/P, E)
-
-
-def head_dims(dims: QKVShape, size: int) -> QKVShape:
-    """The sizes one rank computes: H/P heads of the whole sequence of T = P·T/P tokens."""
-    tokens = dims.n_q * size
-    return dims._replace(hq=dims.hq // size, hkv=dims.hkv // size, n_q=tokens, n_k=tokens)
-
-
-def new_stats(comm: Any, dims: QKVShape, settings: dict[str, Any]) -> UlyssesStats:
-    """A record with nothing counted yet; the tiles are those of flash over the whole T x T matrix."""
-    size, tokens = comm.Get_size(), dims.n_q * comm.Get_size()
-    tiles = _square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
-    return UlyssesStats(comm.Get_rank(), size, settings["layout"], settings["causal"], dims.n_q, dims.hq // size,
-                        tiles, 0, 0, 0.0, 0.0)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -186,8 +88,16 @@ def ulysses_attention(
     workers: flash_attention's threads per rank. return_stats=True appends a UlyssesStats.
     Failures as in ring_attention: bad input raised on every rank, anything later ends the job (MPI_Abort).
     """
-    settings = {"causal": causal, "layout": layout, "scale": scale, "block_q": block_q, "block_k": block_k,
-                "return_lse": return_lse, "return_stats": return_stats, "workers": workers}  # fmt: skip
+    settings = {
+        "causal": causal,
+        "layout": layout,
+        "scale": scale,
+        "block_q": block_q,
+        "block_k": block_k,
+        "return_lse": return_lse,
+        "return_stats": return_stats,
+        "workers": workers,
+    }
     # 1) every rank's inputs checked and compared
     check = partial(check_ulysses, partial(check_forward, q, k, v, settings), comm)
     q, k, v, dims, settings = agreed_inputs(comm, check, "ulysses_attention's check")
@@ -200,8 +110,8 @@ def ulysses_attention(
         started = time.perf_counter()
         dims_h = head_dims(dims, size)
         band = check_band(settings["causal"], None, dims_h.n_q, dims_h.n_k)
-        sizes = {name: settings[name] for name in ("block_q", "block_k", "workers")}
-        out_h, lse_h = flash_forward(q_h, k_h, v_h, dims_h, flash_plan(dims_h, band, settings["scale"], **sizes))
+        sizes = TileSizes(settings["block_q"], settings["block_k"], workers=settings["workers"])
+        out_h, lse_h = flash_forward(q_h, k_h, v_h, dims_h, flash_plan(dims_h, band, settings["scale"], sizes))
         stats.compute_seconds += time.perf_counter() - started
         # 4) heads back to tokens: this rank's rows of every head (lse only when asked: it is bytes to send)
         sent_back = [out_h, lse_h[..., None]] if settings["return_lse"] else [out_h]
@@ -240,8 +150,15 @@ def ulysses_attention_backward(
     The forward's lse is checked as flash_attention_backward checks it; where it does not match, every
     rank raises the ValueError. Heads that do not split over the ranks are refused as in the forward.
     """
-    settings = {"causal": causal, "layout": layout, "scale": scale, "block_q": block_q, "block_k": block_k,
-                "return_stats": return_stats, "workers": workers}  # fmt: skip
+    settings = {
+        "causal": causal,
+        "layout": layout,
+        "scale": scale,
+        "block_q": block_q,
+        "block_k": block_k,
+        "return_stats": return_stats,
+        "workers": workers,
+    }
     # 1) every rank's inputs checked and compared
     check = partial(check_ulysses, partial(check_backward, q, k, v, out, dout, lse, settings), comm)
     q, k, v, out, dout, lse, dims, settings = agreed_inputs(comm, check, "ulysses_attention_backward's check")
@@ -255,7 +172,7 @@ def ulysses_attention_backward(
         started = time.perf_counter()
         dims_h = head_dims(dims, size)
         band = check_band(settings["causal"], None, dims_h.n_q, dims_h.n_k)
-        plan = _BackwardPlan(settings["scale"], band, settings["block_q"], settings["block_k"], settings["workers"])
+        plan = BackwardPlan(settings["scale"], band, settings["block_q"], settings["block_k"], settings["workers"])
         grads, mismatch = local_backward(q_h, k_h, v_h, out_h, dout_h, lse_h[..., 0], dims_h, plan)
         stats.compute_seconds += time.perf_counter() - started
         # 4) heads back to tokens
@@ -266,13 +183,20 @@ def ulysses_attention_backward(
 
 
 def local_backward(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-    dims: QKVShape, plan: _BackwardPlan,
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ValueError | None]:  # fmt: skip
-    """_flex_backward on this rank's heads, and the ValueError it raises where lse does not match q, k and
-    the mask (kept, with zeros for gradients, so that the all-to-all still runs and every rank can raise it)."""
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    dout: np.ndarray,
+    lse: np.ndarray,
+    dims: QKVShape,
+    plan: BackwardPlan,
+) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ValueError | None]:
+    """flex_backward (_backward_kernel.py) on this rank's heads, and the ValueError it raises where lse does not
+    match q, k and the mask (kept, with zeros for gradients, so that the all-to-all still runs and every rank
+    can raise it)."""
     try:
-        dq, dk, dv, _, _ = _flex_backward(q, k, v, out, dout, lse, dims, plan)
+        dq, dk, dv, _, _ = flex_backward(q, k, v, out, dout, lse, dims, plan)
         return (dq, dk, dv), None
     except ValueError as err:  # on checked inputs only _check_weights_sum_to_one raises one
         return (np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)), err
@@ -283,3 +207,108 @@ def raise_mismatch(mismatch: ValueError | None) -> tuple[None, None]:
     if mismatch is not None:
         raise mismatch
     return None, None
+
+
+# ---------------------------------------------------------------------------------------------------
+# the all-to-all
+
+
+def all_to_all(comm: Any, outgoing: list[list[np.ndarray]], stats: UlyssesStats) -> list[list[np.ndarray]]:
+    """Send outgoing[j], a list of arrays, to rank j, and receive from every rank i the arrays it sends
+    here, in rank order: one MPI all-to-all of bytes, each array in its own dtype. Every rank sends the same
+    shapes and dtypes (the inputs were compared first), so what arrives is shaped like outgoing[0]."""
+    size = comm.Get_size()
+    parts = [(a.shape, a.dtype, a.nbytes) for a in outgoing[0]]
+    row = sum(nbytes for _, _, nbytes in parts)  # bytes for each rank
+    send_buf, recv_buf = np.empty((size, row), np.uint8), np.empty((size, row), np.uint8)  # (P, row)
+    started = time.perf_counter()
+    for j, arrays in enumerate(outgoing):
+        offset = 0
+        for a in arrays:
+            send_buf[j, offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)[...] = a
+            offset += a.nbytes
+    MPI = load_mpi()
+    wait_for([comm.Ialltoall([send_buf, MPI.BYTE], [recv_buf, MPI.BYTE])])  # polled: Ctrl-C lands meanwhile
+    starts = np.cumsum([0] + [nbytes for _, _, nbytes in parts])  # where each array begins in a row
+    incoming = [
+        [
+            recv_buf[i, start : start + nbytes].view(dtype).reshape(shape)
+            for (shape, dtype, nbytes), start in zip(parts, starts, strict=False)
+        ]
+        for i in range(size)
+    ]
+    stats.bytes_sent += (size - 1) * row  # the row for this rank stays here
+    stats.bytes_received += (size - 1) * row
+    stats.wait_seconds += time.perf_counter() - started
+    return incoming
+
+
+def to_heads(comm: Any, arrays: list[np.ndarray], layout: str, stats: UlyssesStats) -> list[np.ndarray]:
+    """Sequence shards (..., H, T/P, E) -> this rank's head group over the whole sequence (..., H/P, T, E)."""
+    size = comm.Get_size()
+    groups = [np.split(x, size, axis=-3) for x in arrays]  # the head groups of each array, (..., H/P, T/P, E)
+    outgoing = [[heads[j] for heads in groups] for j in range(size)]  # head group j to rank j
+    incoming = all_to_all(comm, outgoing, stats)  # incoming[i]: rank i's tokens of our heads, (..., H/P, T/P, E)
+    return [unshard([parts[n] for parts in incoming], layout=layout) for n in range(len(arrays))]  # (.., H/P, T, E)
+
+
+def to_sequence(comm: Any, arrays: list[np.ndarray], layout: str, stats: UlyssesStats) -> list[np.ndarray]:
+    """This rank's head group over the whole sequence (..., H/P, T, E) -> its sequence shard (..., H, T/P, E)."""
+    size = comm.Get_size()
+    outgoing = [[shard(x, j, size, layout=layout) for x in arrays] for j in range(size)]  # rank j's tokens
+    incoming = all_to_all(comm, outgoing, stats)  # incoming[i]: head group i at our tokens, (..., H/P, T/P, E)
+    return [np.concatenate([parts[n] for parts in incoming], axis=-3) for n in range(len(arrays))]  # (.., H, T/P, E)
+
+
+def head_dims(dims: QKVShape, size: int) -> QKVShape:
+    """The sizes one rank computes: H/P heads of the whole sequence of T = P·T/P tokens."""
+    tokens = dims.n_q * size
+    return dims._replace(hq=dims.hq // size, hkv=dims.hkv // size, n_q=tokens, n_k=tokens)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the checks, and what a rank did
+
+
+def check_heads(dims: QKVShape, size: int) -> None:
+    """Ulysses' limit: the query heads and the kv heads must both split evenly over the ranks."""
+    if dims.hq % size or dims.hkv % size:
+        raise ValueError(
+            f"Ulysses gives each of the {size} ranks Hq/{size} query heads and Hkv/{size} kv heads, so both must "
+            f"be multiples of {size}; got Hq={dims.hq} and Hkv={dims.hkv}. Use ring_attention, which takes any "
+            "number of heads, or a number of ranks that divides both"
+        )
+
+
+def check_ulysses(check: Any, comm: Any) -> tuple[Any, Report]:
+    """A scheme's check (_mpi.check_forward or check_backward) and Ulysses' own: the heads split over the
+    ranks of comm."""
+    checked, report = check()
+    check_heads(checked[-2], comm.Get_size())  # checked ends with (dims, settings)
+    return checked, report
+
+
+@dataclass
+class UlyssesStats:
+    """What ulysses_attention (or its backward) did on this rank (return_stats=True)."""
+
+    rank: int
+    size: int
+    layout: str
+    causal: bool
+    tokens: int  # this rank's tokens of the sequence, T/P
+    heads: int  # the query heads it computed, Hq/P (of every batch entry)
+    tiles: int  # flash tiles of the whole T x T score matrix (tile_plan's count), for every head
+    bytes_sent: int  # to the other ranks, over every all-to-all (as many were received)
+    bytes_received: int
+    compute_seconds: float  # flash attention (or its backward) on this rank's heads
+    wait_seconds: float  # in the all-to-alls: packing, moving, and waiting for the slowest rank
+
+
+def new_stats(comm: Any, dims: QKVShape, settings: dict[str, Any]) -> UlyssesStats:
+    """A record with nothing counted yet; the tiles are those of flash over the whole T x T matrix."""
+    size, tokens = comm.Get_size(), dims.n_q * comm.Get_size()
+    tiles = square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
+    return UlyssesStats(
+        comm.Get_rank(), size, settings["layout"], settings["causal"], dims.n_q, dims.hq // size, tiles, 0, 0, 0.0, 0.0
+    )
