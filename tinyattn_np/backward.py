@@ -50,7 +50,7 @@ from ._checks import (
     compute_dtype,
     without_head_axis,
 )
-from ._flash_kernel import broadcast_kv, diagonal_of
+from ._flash_kernel import broadcast_kv
 from ._guard import refuse_attention_backward, refuse_blockwise
 from ._mod_calls import check_score_mod, derivative_of, score_indices
 from ._tuning import backward_side, call_workers
@@ -410,7 +410,7 @@ def check_flash_backward(
     q, k, v, dims = check_qkv(q, k, v)
     out, dout, lse = check_saved(out, dout, lse, dims, two_d)
     band = check_band(causal, window, dims.n_q, dims.n_k, align)
-    side = backward_side(dims.n_q, diagonal_of(band))  # smaller for a short causal band
+    side = backward_side(dims.n_q, band.diagonal)  # smaller for a short causal band
     plan = BackwardPlan(
         check_scale(scale, dims.e, compute_dtype(q, k, v)),
         band,
