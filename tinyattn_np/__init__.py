@@ -18,31 +18,34 @@ The reading order: each file uses only what came before it.
     12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
     13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
     14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
-    15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
-    16  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+    15  paged.py         serving many sequences: a pool of blocks, block tables, fork and copy-on-write, and a
+                         layer's step through them
+    16  paged_decode.py  one decode step for sequences of different lengths, through their block tables; a
+                         prompt they share read once (cascade)
+    17  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
                          the MLP, dropout, cross-entropy
-    17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+    18  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    19  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    20  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    21  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    22  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    23  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    24  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    25  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (22 to 25 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    25  peaks.py         what our own functions allocate, worked out from their tiles
-    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    30  report.py        the tables the scripts print
-    31  text.py          tokens and embeddings for the demos
-    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    26  peaks.py         what our own functions allocate, worked out from their tiles
+    27  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    28  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    29  measure.py       peaks, timings and machine facts, as the scripts measure them
+    30  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    31  report.py        the tables the scripts print
+    32  text.py          tokens and embeddings for the demos
+    33  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
@@ -135,7 +138,8 @@ from .mods import (
 )
 from .multihead import MultiHeadAttention
 from .optim import AdamW, accumulate_grads, accumulated_grads, clip_grad_norm, global_norm, warmup_cosine_lr
-from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
+from .paged import PagedKVCache, PoolExhaustedError
+from .paged_decode import cascade_decode, paged_decode
 from .peaks import flash_attention_backward_bytes, flash_attention_bytes, ring_attention_bytes
 from .position import (
     LearnedPositions,

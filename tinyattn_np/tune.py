@@ -45,10 +45,11 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_bool, check_positive_int
+from ._tuning import DECODE_LAYOUTS, DecodeLayout, default_layout, in_layout, use_decode_layout
 from .backward import flash_attention_backward
 from .flash import TileRule, constant_rule, flash_attention, tile_rule, use_tile_rule
 from .measure import cpu_model, machine_info, time_calls
-from .splitkv import DECODE_LAYOUTS, DecodeLayout, default_layout, flash_decode, in_layout, use_decode_layout
+from .splitkv import flash_decode
 
 __all__ = [
     "CLEAR_MARGIN", "SIDES", "STEP_HEADS", "busy", "cache_file", "candidate_rules", "machine_key",
