@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tinyattn_np import flash_attention, splitkv, tune
+from tinyattn_np import _tuning, flash_attention, tune
 from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
     _check_weights_sum_to_one,
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
         common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tune()}; decode: {splitkv.decode_layout()}")
+        print(f"tuned: {tune()}; decode: {_tuning.decode_layout()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)
