@@ -46,12 +46,12 @@ from tinyattn_np import (
     naive_attention_bytes,
     paged_decode,
 )
+from tinyattn_np._tuning import DECODE_LAYOUTS, decode_layout, in_layout
 from tinyattn_np.masks import window_mask
 from tinyattn_np.measure import alternating_medians_ms, read_once, traced_peak
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_bytes
 from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width
-from tinyattn_np.splitkv import DECODE_LAYOUTS, decode_layout, in_layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
 import common  # noqa: E402

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tinyattn_np import flash_attention, splitkv, tune
+from tinyattn_np import _tuning, flash_attention, tune
 from tinyattn_np._backward_kernel import check_weights_sum_to_one as _check_weights_sum_to_one
 from tinyattn_np._backward_kernel import flex_backward as _flex_backward
 from tinyattn_np._backward_kernel import heads_per_item as _heads_per_item
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
         common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tune()}; decode: {splitkv.decode_layout()}")
+        print(f"tuned: {tune()}; decode: {_tuning.decode_layout()}")
     if args.profile:
         return profile_main(args)
     run = common.start_benchmark(args, run_flops)

@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 import text_data  # noqa: E402
 import training  # noqa: E402
 
-from tinyattn_np import layers  # noqa: E402
+from tinyattn_np import _tuning, layers  # noqa: E402
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.measure import alternating_medians_ms  # noqa: E402
 from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
@@ -431,23 +431,23 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "gelu": (lambda: layers.gelu(u), config.hidden, L),
         "gelu backward": (lambda: layers.gelu_backward(du, gelu_saved), config.hidden, L),
     }
-    chosen, rows = layers.ROW_BLOCK, []
+    chosen, rows = _tuning.ROW_BLOCK, []
     try:
         for layer, (fn, width, per_step) in calls.items():
             ms = alternating_medians_ms([partial(in_blocks, b, fn) for b in BLOCKS], args.repeats, args.rounds)
             rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
     finally:
-        layers.ROW_BLOCK = chosen
+        _tuning.ROW_BLOCK = chosen
     return {"preset": name, "layers": rows}
 
 
 def in_blocks(block: int, fn: Any) -> None:
-    layers.ROW_BLOCK = block  # a module global, read at every call of the layers
+    _tuning.ROW_BLOCK = block  # a module global, read at every call of the layers
     fn()
 
 
 def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    chosen = layers.ROW_BLOCK
+    chosen = _tuning.ROW_BLOCK
     print(f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
           f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (ROW_BLOCK)")  # fmt: skip
     headers = ["layer", *(f"2^{b.bit_length() - 1}" + ("*" if b == chosen else "") for b in BLOCKS)]

@@ -26,6 +26,7 @@ from tinyattn_np import (
     latent_softmax_scale,
     rope,
 )
+from tinyattn_np import kvcache as kvcache_module
 from tinyattn_np import latent as latent_module
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,8 +134,8 @@ def test_attend_latent_reads_the_values_as_a_view_of_the_keys(rng, monkeypatch):
         seen.update(k=k, v=v)
         return flash_decode(q, k, v, **kwargs)
 
-    flash_decode = latent_module.flash_decode
-    monkeypatch.setattr(latent_module, "flash_decode", spy)
+    flash_decode = kvcache_module.flash_decode  # the cache's decode step reads its keys and values
+    monkeypatch.setattr(kvcache_module, "flash_decode", spy)
     layer = make_layer()
     cache = KVCache(2, 1, 9, layer.latent_dim, dtype=np.float64, value_prefix=layer.kv_lora_rank)
     layer(rng.standard_normal((2, 8, D_MODEL)), cache=cache)

@@ -8,7 +8,7 @@ import pytest
 from scipy.special import expit, log_softmax
 from test_backward import numerical_grad  # central differences, h = 1e-6
 
-from tinyattn_np import layers
+from tinyattn_np import _parallel, _tuning
 from tinyattn_np.layers import (
     cross_entropy,
     cross_entropy_backward,
@@ -194,33 +194,33 @@ def test_cross_entropy_survives_large_float32_logits():
     np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
 
 
-@pytest.mark.parametrize("block", [layers.ROW_BLOCK, 64])  # the default, and blocks of a few rows
+@pytest.mark.parametrize("block", [_tuning.ROW_BLOCK, 64])  # the default, and blocks of a few rows
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):
     """layer_norm, gelu, their backwards and cross_entropy run their lines block by block on the cores: the same bits as
     the same lines over the whole array at once, for any block size and number of workers."""
-    n = 2 * layers.ROW_BLOCK // 257 + 3  # rows: several blocks at either size
-    monkeypatch.setattr(layers, "ROW_BLOCK", block)
-    monkeypatch.setattr(layers, "cpu_cores", lambda: workers)
-    monkeypatch.setattr(layers, "_ELEMENTS_PER_WORKER", 1)  # as many workers as cores, however small the array
+    n = 2 * _tuning.ROW_BLOCK // 257 + 3  # rows: several blocks at either size
     u, dy = (rng.normal(size=(n, 257)).astype(np.float32) for _ in range(2))
-    y_whole, du_whole = np.empty_like(u), np.empty_like(u)
-    layers._gelu_lines(u, y_whole)
-    layers._gelu_backward_lines(dy, u, du_whole)
-    y, saved = gelu(u)
-    np.testing.assert_array_equal(y, y_whole)
-    np.testing.assert_array_equal(gelu_backward(dy, saved), du_whole)
     gain, bias = (rng.normal(size=257).astype(np.float32) for _ in range(2))
-    y_whole, x_hat_whole, rstd_whole = np.empty_like(u), np.empty_like(u), np.empty((n, 1), np.float32)
-    layers._layer_norm_lines(u, gain, bias, 1e-5, y_whole, x_hat_whole, rstd_whole)
-    layers._layer_norm_dx_lines(dy, x_hat_whole, rstd_whole, gain, du_whole)
-    y, saved = layer_norm(u, gain, bias)
-    np.testing.assert_array_equal(y, y_whole)
-    np.testing.assert_array_equal(layer_norm_backward(dy, saved).dx, du_whole)
     logits, targets = u * 4, rng.integers(0, 257, n)
-    probs_whole = np.empty_like(logits)
-    loss_whole = float(np.mean(layers._softmax_lines(logits, targets, probs_whole)))
-    loss, probs = cross_entropy(logits, targets)
+
+    def every_layer():
+        y_gelu, gelu_saved = gelu(u)
+        y_norm, norm_saved = layer_norm(u, gain, bias)
+        loss, probs = cross_entropy(logits, targets)
+        return y_gelu, gelu_backward(dy, gelu_saved), y_norm, layer_norm_backward(dy, norm_saved).dx, loss, probs
+
+    monkeypatch.setattr(_tuning, "ROW_BLOCK", 1 << 40)  # the whole array, one block, on one core
+    monkeypatch.setattr(_parallel, "cpu_cores", lambda: 1)
+    y_whole, du_whole, y_norm_whole, dx_whole, loss_whole, probs_whole = every_layer()
+    monkeypatch.setattr(_tuning, "ROW_BLOCK", block)
+    monkeypatch.setattr(_parallel, "cpu_cores", lambda: workers)
+    monkeypatch.setattr(_parallel, "_ELEMENTS_PER_WORKER", 1)  # as many workers as cores, however small the array
+    y, du, y_norm, dx, loss, probs = every_layer()
+    np.testing.assert_array_equal(y, y_whole)
+    np.testing.assert_array_equal(du, du_whole)
+    np.testing.assert_array_equal(y_norm, y_norm_whole)
+    np.testing.assert_array_equal(dx, dx_whole)
     assert loss == loss_whole
     np.testing.assert_array_equal(probs, probs_whole)
 
@@ -250,6 +250,6 @@ def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
         (tmp_path / name / "size").write_text(size + "\n")
     assert l2_cache_bytes(str(tmp_path)) == 2 << 20
     assert l2_cache_bytes(str(tmp_path / "absent")) is None
-    assert [layers._row_block(b) for b in (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)] == [
+    assert [_tuning.default_row_block(b) for b in (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)] == [
         1 << 17, 1 << 18, 1 << 19, 1 << 13, 1 << 19, 1 << 17,
     ]  # fmt: skip

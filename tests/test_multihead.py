@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from tinyattn_np import MultiHeadAttention, attention, rope
+from tinyattn_np import KVCache, MultiHeadAttention, attention, rope
+from tinyattn_np.multihead import HeadWeights, multihead_backward, multihead_forward, project_out
 
 
 def hand_rolled(mha, x, causal=True):
@@ -73,6 +74,23 @@ def test_bad_configuration():
         MultiHeadAttention(16, 0)
     with pytest.raises(ValueError, match=r"x must be \(B, T, 16\)"):
         MultiHeadAttention(16, 4)(np.zeros((2, 3, 8), np.float32))
+
+
+def test_the_functional_layer_is_the_module(rng):
+    """multihead_forward and multihead_backward over a HeadWeights (the arrays and the sizes) are the module's
+    forward and backward, to the bit; and a HeadWeights decodes through a cache as the module does."""
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=rng, dtype=np.float64)
+    x, dout = rng.standard_normal((2, 5, 16)), rng.standard_normal((2, 5, 16))
+    weights = HeadWeights(mha.w_qkv, mha.w_out, n_heads=4, n_kv_heads=2, rope=True)
+    out, saved = multihead_forward(x, weights)
+    module_out, module_saved = mha.forward(x)
+    np.testing.assert_array_equal(out, module_out)
+    for mine, theirs in zip(multihead_backward(dout, saved), mha.backward(dout, module_saved), strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    caches = KVCache(2, 2, 5, 4, dtype=np.float64), KVCache(2, 2, 5, 4, dtype=np.float64)
+    for t in range(5):
+        step = project_out(caches[0].attend(weights, x[:, t : t + 1]), weights.w_out)  # (2, 1, 16)
+        np.testing.assert_array_equal(step, mha(x[:, t : t + 1], cache=caches[1]))
 
 
 def test_a_cache_passed_in_does_the_decoding(rng):

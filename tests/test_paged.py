@@ -18,14 +18,11 @@ from tinyattn_np import (
     MultiHeadAttention,
     PagedKVCache,
     PoolExhaustedError,
-    attention,
-    cascade_decode,
     latent_cache_bytes,
     paged_decode,
     paged_kv_cache_bytes,
 )
-from tinyattn_np.measure import traced_peak
-from tinyattn_np.paged import consecutive_runs, paged_decode_bytes
+from tinyattn_np._paged_kernel import consecutive_runs
 
 RNG = np.random.default_rng(19)
 
@@ -394,60 +391,6 @@ def test_values_as_the_keys_prefix_are_stored_once(dtype):
     assert np.shares_memory(values, keys)  # the gathered latent, copied once
     np.testing.assert_array_equal(cache.v_pool, cache.k_pool[..., :8])
     assert cache.bytes_used == 2 * cache.block_bytes
-
-
-def _prefix_pool(
-    lengths: list[int], dtype=np.float64, head_dim: int = 12, prefix: int = 8, step: int = 2, block: int = 3
-) -> tuple[PagedKVCache, list[int]]:
-    """A pool of blocks of `block` tokens whose values are the keys' first `prefix` of head_dim numbers:
-    sequences of these lengths grown `step` tokens at a time in turn (their blocks interleave), then a fork of
-    the first grown by 4 (a shared prefix, copy-on-write)."""
-    blocks = sum(-(-n // block) for n in lengths) + 3
-    cache = PagedKVCache(blocks, block, 2, head_dim, dtype=dtype, value_prefix=prefix)
-    seqs = [cache.add_sequence() for _ in lengths]
-    for start in range(0, max(lengths), step):
-        for seq, n in zip(seqs, lengths, strict=True):
-            if start < n:
-                k = RNG.standard_normal((2, min(step, n - start), head_dim)).astype(dtype)
-                cache.append(seq, k, k[..., :prefix])
-    seqs.append(cache.fork(seqs[0]))
-    k = RNG.standard_normal((2, 4, head_dim)).astype(dtype)
-    cache.append(seqs[-1], k, k[..., :prefix])
-    return cache, seqs
-
-
-@pytest.mark.parametrize("decode", [paged_decode, cascade_decode])
-@pytest.mark.parametrize("kv_splits", [None, 2])
-def test_decoding_a_prefix_pool_reads_the_values_from_the_keys(decode, kv_splits):
-    """paged_decode and cascade_decode over a pool whose values are its keys' prefix give attention(q, K,
-    K[..., :8]) for every sequence: out 8 numbers a query."""
-    cache, seqs = _prefix_pool([17, 5, 1])
-    q = RNG.standard_normal((len(seqs), 4, 2, 12))
-    out = decode(q, cache, seqs, kv_splits=kv_splits)
-    assert out.shape == (4, 4, 2, 8)
-    for i, seq in enumerate(seqs):
-        keys, values = cache.gather(seq)  # (Hkv, T, 12), (Hkv, T, 8)
-        np.testing.assert_array_equal(values, keys[..., :8])
-        gold = attention(q[i], keys, keys[..., :8])  # (4, 2, 8)
-        np.testing.assert_allclose(out[i], gold, rtol=1e-12, atol=1e-14, err_msg=f"sequence {seq}")
-    one_pool = decode(q, cache, seqs, kv_splits=kv_splits, workers=1)
-    np.testing.assert_array_equal(decode(q, cache, seqs, kv_splits=kv_splits, workers=3), one_pool)
-
-
-@pytest.mark.parametrize(("dtype", "cascade"), [(np.float32, False), (np.float16, False), (np.float64, True)])
-def test_the_peak_estimate_of_a_prefix_pool_bounds_what_tracemalloc_sees(dtype, cascade):
-    """paged_decode_bytes, with values value_prefix wide, is an upper bound of the peak (Python's own objects
-    add a few tens of KiB, a list entry per page among them: the sizes and pages of 16 tokens are those of
-    test_paged_decode's bound, where they are small beside the arrays) and within twice the peak of one worker."""
-    cache, seqs = _prefix_pool([3000, 500, 2000], dtype, head_dim=64, prefix=48, step=100, block=16)
-    q = RNG.standard_normal((len(seqs), 32, 1, 64)).astype(dtype)  # 16 query heads a kv head: arrays beside objects
-    decode = cascade_decode if cascade else paged_decode
-    decode(q, cache, seqs, workers=2)  # the first call's one-time allocations
-    for workers in (1, 2):
-        _, peak = traced_peak(decode, q, cache, seqs, workers=workers)
-        estimate = paged_decode_bytes(q, cache, seqs, None, workers, cascade)
-        assert peak - 64 * 1024 <= estimate, (workers, peak, estimate)
-        assert estimate <= 2 * peak or workers > 1, (workers, peak, estimate)
 
 
 def test_a_bad_value_prefix_is_named():

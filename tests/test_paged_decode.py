@@ -23,8 +23,9 @@ from tinyattn_np import (
     flash_attention,
     paged_decode,
 )
+from tinyattn_np._paged_kernel import consecutive_runs, sequence_chunks, shared_prefix
 from tinyattn_np.measure import traced_peak
-from tinyattn_np.paged import consecutive_runs, paged_decode_bytes, sequence_chunks, shared_prefix
+from tinyattn_np.paged_decode import paged_attention, paged_decode_bytes
 
 RNG = np.random.default_rng(190)
 guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
@@ -64,6 +65,18 @@ def test_equals_attention_over_each_sequence_for_any_block_size(block_size, inte
     for i, seq in enumerate(seqs):  # the logsumexp too, as flash_attention gives it
         _, lse_gold = flash_attention(q[i], *cache.gather(seq), return_lse=True)
         assert_close(lse[i], lse_gold, np.float64)
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_the_plain_paged_attention_is_what_paged_decode_computes(interleave):
+    """paged_attention, each sequence gathered through its block table and attended, from the pools, the tables
+    and the lengths alone; paged_decode reads the same pages in place."""
+    cache, seqs = _filled([37, 1, 20, 0], 4, interleave=interleave)
+    q = RNG.standard_normal((4, 6, 2, 8))
+    pages = cache.pages(seqs)
+    plain = paged_attention(q, pages.k_pool, pages.v_pool, pages.tables, pages.lengths)
+    np.testing.assert_allclose(plain, _gold(q, cache, seqs), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(paged_decode(q, cache, seqs, kv_splits=2), plain, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("kv_splits", [None, 1, 2, 5, 1000])
@@ -154,6 +167,63 @@ def test_the_chunks_and_runs_that_paged_decode_reads():
     assert [(c.pages, c.keys) for c in chunks] == [((5,), 4), ((6,), 4), ((2, 9), 6)]
     assert sequence_chunks(0, [5, 6], 0, 4, 3) == []  # no key, no chunk
     assert [c.keys for c in sequence_chunks(1, [1, 2], 5, 4, 9)] == [4, 1]  # more splits than pages: the pages
+
+
+# --- a pool whose values are the keys' prefix: the latent of multi-head latent attention, read once --
+
+
+def _prefix_pool(
+    lengths: list[int], dtype=np.float64, head_dim: int = 12, prefix: int = 8, step: int = 2, block: int = 3
+) -> tuple[PagedKVCache, list[int]]:
+    """A pool of blocks of `block` tokens whose values are the keys' first `prefix` of head_dim numbers:
+    sequences of these lengths grown `step` tokens at a time in turn (their blocks interleave), then a fork of
+    the first grown by 4 (a shared prefix, copy-on-write)."""
+    blocks = sum(-(-n // block) for n in lengths) + 3
+    cache = PagedKVCache(blocks, block, 2, head_dim, dtype=dtype, value_prefix=prefix)
+    seqs = [cache.add_sequence() for _ in lengths]
+    for start in range(0, max(lengths), step):
+        for seq, n in zip(seqs, lengths, strict=True):
+            if start < n:
+                k = RNG.standard_normal((2, min(step, n - start), head_dim)).astype(dtype)
+                cache.append(seq, k, k[..., :prefix])
+    seqs.append(cache.fork(seqs[0]))
+    k = RNG.standard_normal((2, 4, head_dim)).astype(dtype)
+    cache.append(seqs[-1], k, k[..., :prefix])
+    return cache, seqs
+
+
+@pytest.mark.parametrize("decode", [paged_decode, cascade_decode])
+@pytest.mark.parametrize("kv_splits", [None, 2])
+def test_decoding_a_prefix_pool_reads_the_values_from_the_keys(decode, kv_splits):
+    """paged_decode and cascade_decode over a pool whose values are its keys' prefix give attention(q, K,
+    K[..., :8]) for every sequence: out 8 numbers a query."""
+    cache, seqs = _prefix_pool([17, 5, 1])
+    q = RNG.standard_normal((len(seqs), 4, 2, 12))
+    out = decode(q, cache, seqs, kv_splits=kv_splits)
+    assert out.shape == (4, 4, 2, 8)
+    for i, seq in enumerate(seqs):
+        keys, values = cache.gather(seq)  # (Hkv, T, 12), (Hkv, T, 8)
+        np.testing.assert_array_equal(values, keys[..., :8])
+        gold = attention(q[i], keys, keys[..., :8])  # (4, 2, 8)
+        np.testing.assert_allclose(out[i], gold, rtol=1e-12, atol=1e-14, err_msg=f"sequence {seq}")
+    one_pool = decode(q, cache, seqs, kv_splits=kv_splits, workers=1)
+    np.testing.assert_array_equal(decode(q, cache, seqs, kv_splits=kv_splits, workers=3), one_pool)
+
+
+@pytest.mark.parametrize(("dtype", "cascade"), [(np.float32, False), (np.float16, False), (np.float64, True)])
+def test_the_peak_estimate_of_a_prefix_pool_bounds_what_tracemalloc_sees(dtype, cascade):
+    """paged_decode_bytes, with values value_prefix wide, is an upper bound of the peak (Python's own objects
+    add a few tens of KiB, a list entry per page among them: the sizes and pages of 16 tokens are those of
+    test_paged_decode's bound, where they are small beside the arrays) and within twice the peak of one worker."""
+    cache, seqs = _prefix_pool([3000, 500, 2000], dtype, head_dim=64, prefix=48, step=100, block=16)
+    q = RNG.standard_normal((len(seqs), 32, 1, 64)).astype(dtype)  # 16 query heads a kv head: arrays beside objects
+    decode = cascade_decode if cascade else paged_decode
+    decode(q, cache, seqs, workers=2)  # the first call's one-time allocations
+    for workers in (1, 2):
+        _, peak = traced_peak(decode, q, cache, seqs, workers=workers)
+        estimate = paged_decode_bytes(q, cache, seqs, None, workers, cascade)
+        assert peak - 64 * 1024 <= estimate, (workers, peak, estimate)
+        assert estimate <= 2 * peak or workers > 1, (workers, peak, estimate)
 
 
 # --- cascade_decode --------------------------------------------------------------------------------

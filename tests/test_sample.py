@@ -15,7 +15,7 @@ import pytest
 from test_scripts import load
 from test_train import gpt_flags, small_text, train_script
 
-from tinyattn_np.multihead import MultiHeadAttention
+from tinyattn_np import gpt as gpt_module
 
 sample = load("sample.py")
 attention_script = load("attention.py")
@@ -186,13 +186,13 @@ def test_layer_inputs_are_what_each_layer_reads(trained, monkeypatch):
     model = checkpoint.load_model(trained)[0]
     idx = np.random.default_rng(0).integers(0, model.config.vocab, (2, 12))
     seen = []
-    forward = MultiHeadAttention.forward
+    forward = gpt_module.multihead_forward
 
-    def record(self, x, **kwargs):
+    def record(x, weights, **kwargs):
         seen.append(np.array(x))
-        return forward(self, x, **kwargs)
+        return forward(x, weights, **kwargs)
 
-    monkeypatch.setattr(MultiHeadAttention, "forward", record)
+    monkeypatch.setattr(gpt_module, "multihead_forward", record)
     model.hidden(idx)
     monkeypatch.undo()
     mine = attention_script.layer_inputs(model, idx)

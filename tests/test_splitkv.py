@@ -24,19 +24,19 @@ from tinyattn_np import (
     paged_decode,
 )
 from tinyattn_np._checks import check_qkv, compute_dtype
-from tinyattn_np.measure import traced_peak
-from tinyattn_np.splitkv import (
+from tinyattn_np._decode_kernel import block_keys as _block_keys
+from tinyattn_np._decode_kernel import decode_bytes, merges_without_copy
+from tinyattn_np._decode_kernel import default_kv_splits as _default_kv_splits
+from tinyattn_np._tuning import (
     DECODE_LAYOUTS,
     DEFAULT_LAYOUT,
     DecodeLayout,
-    _block_keys,
-    _default_kv_splits,
-    decode_bytes,
     decode_layout,
     default_layout,
-    merges_without_copy,
     use_decode_layout,
 )
+from tinyattn_np.measure import traced_peak
+from tinyattn_np.splitkv import split_kv_attention
 
 RNG = np.random.default_rng(5)
 guard_module = importlib.import_module("tinyattn_np._guard")  # the memory guard reads the memory here
@@ -50,6 +50,20 @@ def _qkv(batch=(2,), hq=8, hkv=2, n_q=1, n_k=37, e=16, ev=12, dtype=np.float64):
 
 
 # --- flash_decode ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_chunks", [1, 2, 7, 37])
+def test_the_plain_split_kv_is_attention_and_flash_decode(n_chunks):
+    """split_kv_attention, the chunks' own attention and lse merged by their share of the denominator: attention()
+    for any number of chunks, and what flash_decode computes with its chunks on the cores."""
+    q, k, v = _qkv(batch=(2,), hq=3, hkv=3, n_q=2, n_k=37)
+    out, lse = split_kv_attention(q, k, v, n_chunks)
+    gold, gold_lse = gold_attention(q, k, v)
+    assert_close(out, gold, np.float64, f"{n_chunks} chunks")
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-13)
+    fast, fast_lse = flash_decode(q, k, v, kv_splits=n_chunks, return_lse=True)
+    np.testing.assert_allclose(out, fast, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(lse, fast_lse, rtol=1e-13)
 
 
 @pytest.mark.parametrize("kv_splits", [None, 1, 2, 3, 7, 36, 37, 1000])
@@ -218,7 +232,7 @@ def test_decode_sums_against_zero_fall_back_to_the_running_max_where_exp_cannot_
 ):
     """flash_decode sums exp(s) against 0, as flash_attention does; scores too large for exp, or all far below
     0, send the chunk to the running max (_sum_blocks with running_max=True). Either way: the reference."""
-    import tinyattn_np.splitkv as splitkv_module
+    import tinyattn_np._decode_kernel as splitkv_module
 
     q = rng.standard_normal((4, 1, 8)).astype(np.float32)  # 4 query heads over 2 kv heads, one decode step
     k, v = (rng.standard_normal((2, 700, 8)).astype(np.float32) for _ in range(2))
@@ -305,7 +319,7 @@ def test_the_layout_in_force_sets_the_block_and_the_bill(layout_in_force):
 def test_the_untuned_layout_is_the_one_measured_fastest_under_the_blas_kernels(monkeypatch, kernels):
     """AVX-512 and AVX2 kernels: keys first, blocks of 2^15 scores; kernels nobody measured, or a BLAS that does
     not name them: DEFAULT_LAYOUT."""
-    import tinyattn_np.splitkv as splitkv
+    import tinyattn_np._tuning as splitkv
 
     monkeypatch.setattr(splitkv, "blas_kernel_set", lambda: kernels)
     want = {"SkylakeX": DecodeLayout(2**15, True), "Haswell": DecodeLayout(2**15, True)}.get(kernels, DEFAULT_LAYOUT)
@@ -315,7 +329,7 @@ def test_the_untuned_layout_is_the_one_measured_fastest_under_the_blas_kernels(m
 def test_keys_first_takes_one_row_at_a_time_only_for_a_few_rows(layout_in_force):
     """Up to VECTOR_ROWS query rows a kv head (1, 2 and 8 here), keys first makes each row's scores by a
     matrix-vector product; past it, one matrix product: the bits of queries first. Either way, the reference."""
-    import tinyattn_np.splitkv as splitkv
+    import tinyattn_np._tuning as splitkv
 
     for rows in (1, 2, splitkv.VECTOR_ROWS, 2 * splitkv.VECTOR_ROWS):
         q, k, v = _qkv(batch=(1,), hq=2 * rows, hkv=2, n_q=1, n_k=2000, e=64, ev=64, dtype=np.float32)

@@ -559,11 +559,11 @@ def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
 def test_train_speed_times_the_layers_at_every_row_block(tmp_path, capsys):
     """--row-blocks: each layer's row at every block size, the size layers.py takes marked, a step's worth summed
     from the rows (2L + 1 norms, L GELUs), and ROW_BLOCK as it was afterwards."""
-    from tinyattn_np import layers
+    from tinyattn_np import _tuning
 
-    speed, figures, before = load("train_speed.py"), tmp_path / "blocks.json", layers.ROW_BLOCK
+    speed, figures, before = load("train_speed.py"), tmp_path / "blocks.json", _tuning.ROW_BLOCK
     flags = ["--row-blocks", "--presets", "tiny", "--batch", "1", "--repeats", "1", "--rounds", "1"]
-    assert speed.main([*flags, "--json", str(figures)]) == 0 and layers.ROW_BLOCK == before
+    assert speed.main([*flags, "--json", str(figures)]) == 0 and _tuning.ROW_BLOCK == before
     out = capsys.readouterr().out
     assert f"2^{before.bit_length() - 1}*" in out and "2^13" in out and "2^20" in out, out
     for layer in ("layer_norm (64 x 128)", "layer_norm backward (64 x 128)", "gelu (64 x 512)", "gelu backward"):

@@ -14,9 +14,19 @@ import pytest
 from conftest import assert_close
 
 from tinyattn_np import attention, attention_backward, flash_attention, flash_attention_backward, tune, untune
-from tinyattn_np._tuning import TileRule, constant_rule, default_tiles, tile_rule, use_tile_rule
+from tinyattn_np._tuning import (
+    DECODE_LAYOUTS,
+    DecodeLayout,
+    TileRule,
+    constant_rule,
+    decode_layout,
+    default_layout,
+    default_tiles,
+    tile_rule,
+    use_decode_layout,
+    use_tile_rule,
+)
 from tinyattn_np.peaks import flash_attention_backward_bytes
-from tinyattn_np.splitkv import DECODE_LAYOUTS, DecodeLayout, decode_layout, default_layout, use_decode_layout
 
 tune_module = importlib.import_module("tinyattn_np.tune")  # the module: tinyattn_np.tune is the function
 

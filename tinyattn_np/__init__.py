@@ -10,39 +10,43 @@ The reading order: each file uses only what came before it.
      5  attention.py     the reference that builds the scores; torch's scaled_dot_product_attention
      6  blockmask.py     which tiles run: full, partial or empty, by arithmetic (Band) or from a mask_mod (BlockMask)
      7  flash.py         the online softmax over those tiles: FlashAttention-2's Algorithm 1 for one head, then
-                         the fast path that batches heads over worker threads
+                         flash_attention, which runs many heads a tile step on worker threads (_flash_kernel.py)
      8  flex.py          flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
      9  backward.py      the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
-    10  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
-    11  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
-    12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
-    13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
-    14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
-    15  paged.py         serving many sequences: a pool of blocks, block tables, decoding through them
-    16  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+    10  mod_grads.py     the derivative of a score_mod: what the backward passes through ALiBi, softcap, a bias
+    11  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
+    12  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
+    13  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
+    14  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    15  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
+    16  paged.py         serving many sequences: a pool of blocks, block tables, fork and copy-on-write, and a
+                         layer's step through them
+    17  paged_decode.py  one decode step for sequences of different lengths, through their block tables; a
+                         prompt they share read once (cascade)
+    18  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
                          the MLP, dropout, cross-entropy
-    17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+    19  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    20  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    21  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    22  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    23  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    24  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (23 to 26 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    25  peaks.py         what our own functions allocate, worked out from their tiles
-    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    30  report.py        the tables the scripts print
-    31  text.py          tokens and embeddings for the demos
-    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    27  peaks.py         what our own functions allocate, worked out from their tiles
+    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    29  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    30  measure.py       peaks, timings and machine facts, as the scripts measure them
+    31  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    32  report.py        the tables the scripts print
+    33  text.py          tokens and embeddings for the demos
+    34  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
@@ -135,7 +139,8 @@ from .mods import (
 )
 from .multihead import MultiHeadAttention
 from .optim import AdamW, accumulate_grads, accumulated_grads, clip_grad_norm, global_norm, warmup_cosine_lr
-from .paged import PagedKVCache, PoolExhaustedError, cascade_decode, paged_decode
+from .paged import PagedKVCache, PoolExhaustedError
+from .paged_decode import cascade_decode, paged_decode
 from .peaks import (
     attention_backward_bytes,
     flash_attention_backward_bytes,

@@ -1,5 +1,6 @@
 """The one worker engine: flash_attention, its backward and the split-KV decode run their work items
-through run_items(), with BLAS held to one thread while they do (one_blas_thread()).
+through run_items(), with BLAS held to one thread while they do (one_blas_thread()); the elementwise layers
+(layers.py) run their lines on blocks of rows through by_row_blocks().
 
 Why threads help at all in Python: NumPy releases the interpreter lock inside a matmul or a ufunc, so
 while one worker multiplies a tile, another can multiply the next. BLAS is held to one thread meanwhile:
@@ -28,6 +29,7 @@ from ._atomic import holding
 __all__ = [
     "Stopped",
     "blas_kernel_set",
+    "by_row_blocks",
     "cpu_cores",
     "l2_cache_bytes",
     "nonfinite_quiet",
@@ -256,3 +258,22 @@ def run_items(
         _join(helpers)
     if failures:
         raise failures[0]
+
+
+# --- the elementwise layers' blocks of rows ---------------------------------------------------------
+
+_ELEMENTS_PER_WORKER = 1 << 19  # less work than this a core (2 MiB of float32), and handing it out costs more
+# than the core gains (measured: docs/results/zen4.md)
+
+
+def by_row_blocks(lines: Callable[..., None], block: int, *arrays: np.ndarray) -> None:
+    """lines(*views) for every block of about `block` elements (at least one row) of the arrays' rows: each
+    array (N, ...) is sliced by the same rows, and a block's size counts the first array's row (N, C). The
+    blocks run on as many of the machine's cores as have _ELEMENTS_PER_WORKER elements each (at least one:
+    the caller's thread); each call writes only its own rows, so the result is the same bits for any block
+    and any number of workers as long as each line treats each row alone."""
+    n_rows, row_size = arrays[0].shape[0], arrays[0].shape[-1]
+    step = max(1, block // max(1, row_size))
+    blocks = [slice(start, start + step) for start in range(0, n_rows, step)]
+    workers = max(1, min(n_rows * row_size // _ELEMENTS_PER_WORKER, cpu_cores()))
+    run_items(lambda rows: lines(*(array[rows] for array in arrays)), blocks, workers)

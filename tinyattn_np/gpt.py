@@ -4,14 +4,16 @@ The model in its lines, B sequences of T tokens, width C, vocabulary V, N = B·T
 
     x = E[idx]                                   (N, C)    E (V, C): the token embeddings
     for each of the L blocks:
-        x = x + drop(Attn(Norm_1(x)))            (N, C)    MultiHeadAttention: RoPE, causal, flash
+        x = x + drop(Attn(Norm_1(x)))            (N, C)    multihead_forward: RoPE, causal, flash
         x = x + drop(MLP(Norm_2(x)))             (N, C)    GELU (4C) or SwiGLU, layers.mlp
     logits = Norm_f(x) Eᵀ                        (N, V)    the head is E itself: tied
     loss = cross_entropy(logits, targets)                  the mean of -log p(target)
 
 The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's). A
 residual line x = x + f(x) passes its gradient on unchanged and adds f's. E is used twice, once to embed and
-once as the head, so its gradient is the sum of the two uses' (GPT._backward says where).
+once as the head, so its gradient is the sum of the two uses' (GPT._backward says where). The parameters are
+one dict of arrays; a block is one function (GPT._block) for training and for inference, with or without the
+caches: the attention is multihead.py's functional layer on the block's two matrices.
 
 Positions come from RoPE inside the attention, so there is no position table. A sequence longer than the
 context is attended with a sliding window of `context` keys (each layer sees the last `context` tokens): that
@@ -29,7 +31,7 @@ API (names kept once published):
         .loss_and_grads(idx, targets, *, rng=None) -> (loss, grads)   idx, targets (B, T) ints; grads like params
         .loss(idx, targets) -> float               .logits(idx) -> (B, T, V)     no dropout, no gradients
         .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one KVCache per layer
-        .num_parameters
+        .num_parameters                            .check_tokens(idx, name) -> idx as int64 (B, T) ids
 Generation lives in sampling.py; the memory of a training step in trainbill.py.
 """
 
@@ -44,6 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_bool, check_positive_int, check_rng
+from .blockmask import check_band
 from .kvcache import KVCache
 from .layers import (
     MLP_KINDS,
@@ -61,7 +64,7 @@ from .layers import (
     rms_norm,
     rms_norm_backward,
 )
-from .multihead import MultiHeadAttention, _Saved
+from .multihead import HeadWeights, MultiheadSaved, multihead_backward, multihead_forward, project_out
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
@@ -189,11 +192,11 @@ def init_params(config: GPTConfig, rng: np.random.Generator | int | None = None)
 
 
 class BlockSaved(NamedTuple):
-    """One block's forward, kept for its backward: each norm's, the attention's and the MLP's saved values,
-    and the dropout masks of the two residual branches (None without dropout)."""
+    """One block's forward, kept for its backward: each norm's, the attention's (None through a cache) and the
+    MLP's saved values, and the dropout masks of the two residual branches (None without dropout)."""
 
     norm_1: NormSaved
-    attn: _Saved
+    attn: MultiheadSaved | None
     keep_1: NDArray[np.bool_] | None
     norm_2: NormSaved
     mlp: MLPSaved
@@ -228,14 +231,6 @@ class GPT:
             raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         self.config = config
         self.params = init_params(config, rng) if params is None else checked_params(config, params)
-        # one MultiHeadAttention per layer for its arithmetic; its weights are the arrays in params, pointed at
-        # them again before each use (so a params entry replaced by a new array is the one used)
-        self._attention_modules = [
-            MultiHeadAttention(config.width, config.heads, rope=True, rng=0, dtype=config.dtype)
-            for _ in range(config.layers)
-        ]
-        for layer in range(config.layers):
-            self._attention(layer)  # its own random weights are dropped now, not kept beside params
 
     def __repr__(self) -> str:
         c = self.config
@@ -258,10 +253,7 @@ class GPT:
         rng: the Generator (or int seed) that draws the dropout masks; needed only when dropout > 0.
         Returns (loss, grads), grads a dict with params' names, shapes and dtype.
         """
-        idx, targets = (
-            _check_tokens(idx, self.config.vocab, "idx"),
-            _check_tokens(targets, self.config.vocab, "targets"),
-        )
+        idx, targets = self.check_tokens(idx, "idx"), self.check_tokens(targets, "targets")
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have idx's shape {idx.shape}; got {targets.shape}")
         if idx.shape[1] > self.config.context:
@@ -277,20 +269,35 @@ class GPT:
         idx_flat, targets_flat = idx.reshape(-1), targets.reshape(-1)  # (N,)
         x, keep_embed = dropout(p["wte"][idx_flat], self.config.dropout, rng)  # (N, C): our own copy
         blocks: list[BlockSaved | None] = []
-        for layer in range(self.config.layers):
-            saved = self._block_forward(layer, x, B, T, rng)  # adds both residual branches to x in place
-            blocks.append(saved)
+        for layer in range(self.config.layers):  # each adds both residual branches to x in place
+            blocks.append(self._block(layer, x, (B, T), drop=self.config.dropout, rng=rng))
         x_f, norm_f = self._norm(x, "ln_f")  # (N, C)
         logits = x_f @ p["wte"].T  # (N, V): the tied head
         loss, probs = cross_entropy(logits, targets_flat, out=logits)  # probs (N, V), in the logits' memory
         return loss, Trace(idx_flat, targets_flat, keep_embed, blocks, norm_f, x_f, probs)
 
-    def _block_forward(self, layer: int, x: Array, B: int, T: int, rng: Any) -> BlockSaved:
-        """x += drop(Attn(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C)."""
-        p, prefix, drop = self.params, f"h.{layer}.", self.config.dropout
-        # 1) attention: heads, RoPE and flash inside MultiHeadAttention
+    def _block(
+        self,
+        layer: int,
+        x: Array,
+        shape: tuple[int, int],
+        *,
+        drop: float,
+        rng: Any = None,
+        window: int | None = None,
+        cache: KVCache | None = None,
+    ) -> BlockSaved:
+        """x += drop(Attn(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C) of
+        shape = (B, T) tokens; what the backward needs. drop: dropout's p (0 at inference), rng its masks;
+        window: the attention's sliding window (None: causal); cache: the layer's KVCache, which x continues."""
+        p, prefix, (B, T) = self.params, f"h.{layer}.", shape
+        # 1) attention: heads, RoPE and flash (multihead.py), on this block's two matrices; or through the cache
         h, norm_1 = self._norm(x, prefix + "ln_1")  # (N, C)
-        a, attn = self._attention(layer).forward(h.reshape(B, T, -1), causal=True)  # (B, T, C)
+        heads = self._heads(layer)
+        if cache is None:
+            a, attn = multihead_forward(h.reshape(B, T, -1), heads, mask=check_band(True, window, T, T))  # (B, T, C)
+        else:
+            a, attn = project_out(cache.attend(heads, h.reshape(B, T, -1)), heads.w_out), None  # (B, T, C)
         a, keep_1 = dropout(a.reshape(x.shape), drop, rng)  # (N, C)
         x += a
         # 2) the MLP
@@ -333,17 +340,18 @@ class GPT:
         dx += self._norm_backward(m.dx, saved.norm_2, prefix + "ln_2", grads)
         # 1) x = x + drop(Attn(Norm_1(x)))
         da = dropout_backward(dx, saved.keep_1, drop).reshape(*shape, -1)  # (B, T, C)
-        dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = self._attention(layer).backward(da, saved.attn)
+        dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = multihead_backward(
+            da, cast(MultiheadSaved, saved.attn)
+        )
         dx += self._norm_backward(dh.reshape(dx.shape), saved.norm_1, prefix + "ln_1", grads)
         return dx
 
     # --- the pieces the passes share ----------------------------------------------------------------------
 
-    def _attention(self, layer: int) -> MultiHeadAttention:
-        """Layer `layer`'s MultiHeadAttention, its weights the arrays in params now (no copy)."""
-        attn = self._attention_modules[layer]
-        attn.w_qkv, attn.w_out = self.params[f"h.{layer}.attn.w_qkv"], self.params[f"h.{layer}.attn.w_out"]
-        return attn
+    def _heads(self, layer: int) -> HeadWeights:
+        """Layer `layer`'s attention: its two matrices, the arrays in params now (no copy), and its heads."""
+        c, p = self.config, self.params
+        return HeadWeights(p[f"h.{layer}.attn.w_qkv"], p[f"h.{layer}.attn.w_out"], c.heads, c.heads, rope=True)
 
     def _norm(self, x: Array, name: str) -> tuple[Array, NormSaved]:
         """The norm called `name` (its gain, and bias if it has one) on x (..., C)."""
@@ -363,27 +371,21 @@ class GPT:
     # --- inference: no dropout, nothing kept for a backward -----------------------------------------------
 
     def hidden(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
-        """The final norm's output (B, T, C) for tokens idx (B, T).
+        """The final norm's output (B, T, C) for tokens idx (B, T): the training forward's blocks, without dropout.
 
         caches: None runs the whole sequence (a sliding window of `context` keys past the context); a list of
         one KVCache per layer (new_caches) continues what they hold: idx's tokens come after it.
         """
-        idx = _check_tokens(idx, self.config.vocab, "idx")
+        idx = self.check_tokens(idx, "idx")
         if caches is not None and (not isinstance(caches, list) or len(caches) != self.config.layers):
             raise ValueError(f"caches must be a list of {self.config.layers} KVCache, one per layer (new_caches)")
-        p, (B, T), C = self.params, idx.shape, self.config.width
+        (B, T), C = idx.shape, self.config.width
         window = None if T <= self.config.context else self.config.context
-        x = p["wte"][idx]  # (B, T, C)
+        x = self.params["wte"][idx].reshape(B * T, C)  # (N, C)
         for layer in range(self.config.layers):
-            prefix, attn = f"h.{layer}.", self._attention(layer)
-            h = self._norm(x, prefix + "ln_1")[0]  # (B, T, C)
-            x += attn(h, cache=caches[layer]) if caches is not None else attn.forward(h, window=window)[0]
-            h = self._norm(x, prefix + "ln_2")[0].reshape(B * T, C)  # (N, C)
-            biases = (p.get(prefix + "mlp.b_fc"), p.get(prefix + "mlp.b_proj"))
-            x += mlp(h, p[prefix + "mlp.w_fc"], p[prefix + "mlp.w_proj"], *biases, kind=self.config.mlp)[0].reshape(
-                B, T, C
-            )
-        return self._norm(x, "ln_f")[0]
+            cache = None if caches is None else caches[layer]
+            self._block(layer, x, (B, T), drop=0.0, window=window, cache=cache)  # adds to x in place
+        return self._norm(x, "ln_f")[0].reshape(B, T, C)
 
     def logits(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
         """logits (B, T, V) = hidden(idx, caches) Eᵀ."""
@@ -391,11 +393,24 @@ class GPT:
 
     def loss(self, idx: Any, targets: Any) -> float:
         """The mean cross-entropy of targets (B, T) given idx (B, T), without dropout or gradients."""
-        targets = _check_tokens(targets, self.config.vocab, "targets")
+        targets = self.check_tokens(targets, "targets")
         logits = self.logits(idx)  # (B, T, V)
         if targets.shape != logits.shape[:2]:
             raise ValueError(f"targets must have idx's shape {logits.shape[:2]}; got {targets.shape}")
         return cross_entropy(logits.reshape(-1, self.config.vocab), targets.reshape(-1))[0]
+
+    def check_tokens(self, idx: Any, name: str = "idx") -> NDArray[np.int64]:
+        """idx as an int64 array (B, T) of token ids in [0, vocab), T >= 1; anything else names the argument."""
+        idx = np.asarray(idx)
+        if idx.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integer token ids; got dtype {idx.dtype}")
+        if idx.ndim != 2 or idx.shape[1] == 0:
+            raise ValueError(f"{name} must be (B, T) token ids with T >= 1; got shape {idx.shape}")
+        vocab = self.config.vocab
+        outside = (idx < 0) | (idx >= vocab)
+        if outside.any():
+            raise ValueError(f"{name} holds token {idx[outside].flat[0]}, outside the vocabulary [0, {vocab})")
+        return idx.astype(np.int64, copy=False)
 
     def new_caches(self, batch: int, max_tokens: int) -> list[KVCache]:
         """One empty KVCache per layer for `batch` sequences of up to max_tokens tokens in all; past the
@@ -403,19 +418,6 @@ class GPT:
         window = None if max_tokens <= self.config.context else self.config.context
         c = self.config
         return [KVCache(batch, c.heads, max_tokens, c.head_dim, c.dtype, window=window) for _ in range(c.layers)]
-
-
-def _check_tokens(idx: Any, vocab: int, name: str) -> NDArray[np.int64]:
-    """idx as an int64 array (B, T) of token ids in [0, vocab), T >= 1; anything else names the argument."""
-    idx = np.asarray(idx)
-    if idx.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer token ids; got dtype {idx.dtype}")
-    if idx.ndim != 2 or idx.shape[1] == 0:
-        raise ValueError(f"{name} must be (B, T) token ids with T >= 1; got shape {idx.shape}")
-    outside = (idx < 0) | (idx >= vocab)
-    if outside.any():
-        raise ValueError(f"{name} holds token {idx[outside].flat[0]}, outside the vocabulary [0, {vocab})")
-    return idx.astype(np.int64, copy=False)
 
 
 def checked_params(config: GPTConfig, params: dict[str, Any]) -> Params:

@@ -2,8 +2,15 @@
 
 Without a cache, step t of generation recomputes k and v of all t tokens and attends t x t: the work
 of generating T tokens grows like T³ (T² per step for the scores). With one, step t computes k and v of
-the one new token, appends them, and attends 1 x t: the scores grow like T² in total, and the cache
-holds
+the one new token, appends them, and attends 1 x t: the scores grow like T² in total. The cache itself is
+two preallocated arrays and a slice assignment into each (llama's model.py does the same), for T new tokens
+at positions start .. start + T - 1:
+
+    cache_k[:, :, start : start + T] = k           k (B, Hkv, T, E) into cache_k (B, Hkv, max_tokens, E)
+    cache_v[:, :, start : start + T] = v
+    keys, values = cache_k[:, :, : start + T], cache_v[:, :, : start + T]     what the new queries attend to
+
+It holds
 
     bytes = 2 (k and v) · batch · kv_heads · head_dim · tokens · bytes_per_element        (per layer)
 
@@ -47,21 +54,27 @@ RoPE turns by are the ones the tokens get. Reading does not take the lock: see `
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._atomic import Undo, holding
-from ._checks import ACCEPTED_DTYPES, QKVShape, check_bool, check_count, check_positive_int
-from ._guard import refuse_unless_fits
-from ._parallel import cpu_cores
+from ._cache_buffers import (
+    CopiedWithoutLock,
+    KeysAndValues,
+    check_cache_dtype,
+    check_value_prefix,
+    check_values_are_prefix,
+    read_only_view,
+    refuse_cache_beyond_memory,
+)
+from ._checks import check_bool, check_count, check_positive_int
 from .blockmask import Band, check_band
-from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
-from .splitkv import _decode, _default_kv_splits, _refuse_decode_beyond_memory
+from .multihead import DecodingLayer, check_decoding_layer
+from .splitkv import flash_decode
 
 R = TypeVar("R")
 
@@ -70,116 +83,7 @@ Array = NDArray[np.floating]
 __all__ = ["KVCache"]
 
 
-def _check_cache_dtype(dtype: Any) -> np.dtype:
-    """A cache's dtype: float16, float32 or float64 (what its k and v must have); anything else is a TypeError."""
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be float16, float32 or float64; got {dtype!r}") from None
-    if dtype not in ACCEPTED_DTYPES:
-        raise TypeError(f"dtype must be float16, float32 or float64; got {dtype}")
-    return dtype
-
-
-class ReadOnlyBuffer:
-    """What NumPy reads a read-only view from: np.asarray(ReadOnlyBuffer(array)) shares array's memory, and its
-    base is this object, which offers NumPy no writable buffer, so the view's WRITEABLE flag cannot be set
-    back to True (a plain view's can, while its base is writable)."""
-
-    __slots__ = ("_array",)
-
-    def __init__(self, array: np.ndarray) -> None:
-        self._array = array
-
-    @property
-    def __array_interface__(self) -> dict[str, Any]:
-        interface = dict(self._array.__array_interface__)  # a new dict each time: editing one changes nothing
-        interface["data"] = (interface["data"][0], True)  # (address, read-only)
-        return interface
-
-
-def _read_only_view(array: np.ndarray) -> np.ndarray:
-    """A view of array that its holder cannot make writable (see ReadOnlyBuffer)."""
-    return np.asarray(ReadOnlyBuffer(array))
-
-
-def _refuse_cache_beyond_memory(
-    who: str, shape: tuple[int, ...], dtype: np.dtype, change: str, extra: int = 0, value_prefix: int | None = None
-) -> None:
-    """AttentionMemoryError before a cache preallocates its keys and values, two arrays of `shape` (with
-    value_prefix: the keys alone, the values a view of them), and `extra` bytes of bookkeeping, if they do
-    not fit in the memory available."""
-    if value_prefix is None:
-        arrays, what = 2, f"keys and values, each {shape} of {dtype}"
-    else:
-        arrays, what = 1, f"keys {shape} of {dtype}, the values a view of their first {value_prefix} numbers"
-    refuse_unless_fits(arrays * math.prod(shape) * dtype.itemsize + extra, who, what, change)
-
-
-def _check_value_prefix(value_prefix: Any, head_dim: int) -> int | None:
-    """value_prefix: None (values of their own, as wide as the keys) or an int 1 .. head_dim, the keys' first
-    numbers that are also the values."""
-    if value_prefix is None:
-        return None
-    value_prefix = check_positive_int(value_prefix, "value_prefix")
-    if value_prefix > head_dim:
-        raise ValueError(
-            f"value_prefix must be at most head_dim={head_dim} (the values are the keys' first value_prefix "
-            f"numbers); got {value_prefix}"
-        )
-    return value_prefix
-
-
-def _check_values_are_prefix(k: np.ndarray, v: np.ndarray, value_prefix: int | None) -> None:
-    """With value_prefix, v must equal k's first value_prefix numbers (what a cache that stores keys only gives
-    back as values); a ValueError otherwise. v's shape has been checked."""
-    if value_prefix is not None and not np.array_equal(v, k[..., :value_prefix], equal_nan=True):
-        raise ValueError(
-            f"v must be k's first value_prefix={value_prefix} numbers (k[..., :{value_prefix}]): this cache stores "
-            "the keys only and reads its values from them; got values that differ"
-        )
-
-
-class _CopiedWithoutLock:
-    """copy.deepcopy and pickle for a cache that holds `self.lock` (a threading.RLock, which cannot be copied):
-    everything but the lock, and the copy gets a lock of its own. Copy a cache while no other thread changes
-    it: the buffers are read after __getstate__ returns."""
-
-    lock: threading.RLock
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        del state["lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.lock = threading.RLock()
-
-
-class _KeysAndValues:
-    """The buffers both caches keep: keys `_k`, and values `_v` of their own, or None where the values are the
-    keys' first value_prefix numbers (stored once)."""
-
-    head_dim: int
-    value_prefix: int | None
-    _k: np.ndarray
-    _v: np.ndarray | None
-
-    @property
-    def value_dim(self) -> int:
-        """Numbers in each value: value_prefix, or head_dim where the values are stored apart."""
-        return self.head_dim if self.value_prefix is None else self.value_prefix
-
-    @property
-    def _values(self) -> np.ndarray:
-        """The value buffer (..., Ev), shaped as the keys' buffer: its own array, or a view of the keys' first
-        value_prefix numbers. Made on each use, never stored: a copy or a pickle of the cache then keeps values
-        that are its keys."""
-        return self._k[..., : self.value_prefix] if self._v is None else self._v
-
-
-class KVCache(_CopiedWithoutLock, _KeysAndValues):
+class KVCache(CopiedWithoutLock, KeysAndValues):
     """Preallocated keys and values for one attention layer: (batch, kv_heads, slots, head_dim) each.
 
     max_tokens: how many tokens this cache accepts in all (the model's context); an append past it is
@@ -218,12 +122,12 @@ class KVCache(_CopiedWithoutLock, _KeysAndValues):
         self.max_tokens = check_positive_int(max_tokens, "max_tokens")
         self.head_dim = check_positive_int(head_dim, "head_dim")
         self.window = None if window is None else check_positive_int(window, "window")
-        self.dtype = _check_cache_dtype(dtype)
-        self.value_prefix = _check_value_prefix(value_prefix, self.head_dim)
+        self.dtype = check_cache_dtype(dtype)
+        self.value_prefix = check_value_prefix(value_prefix, self.head_dim)
         self.slots = self.max_tokens if self.window is None else min(self.window, self.max_tokens)
         shape = (self.batch, self.kv_heads, self.slots, self.head_dim)
-        _refuse_cache_beyond_memory("KVCache", shape, self.dtype, "lower max_tokens or batch, or keep a window=",
-                                    value_prefix=self.value_prefix)  # fmt: skip
+        change = "lower max_tokens or batch, or keep a window="
+        refuse_cache_beyond_memory("KVCache", shape, self.dtype, change, value_prefix=self.value_prefix)
         self._k = np.zeros(shape, self.dtype)  # (B, Hkv, slots, E): preallocated once, never grown
         # (B, Hkv, slots, Ev), or None: the values are the keys' first value_prefix numbers (see _values)
         self._v = np.zeros(shape, self.dtype) if self.value_prefix is None else None
@@ -274,7 +178,7 @@ class KVCache(_CopiedWithoutLock, _KeysAndValues):
         if k.shape[2] != v.shape[2]:
             raise ValueError(f"k and v must have the same number of tokens; got shapes {k.shape} and {v.shape}")
         check_count(k.shape[2], "T_new")
-        _check_values_are_prefix(k, v, self.value_prefix)
+        check_values_are_prefix(k, v, self.value_prefix)
         return k, v
 
     def append(self, k: Array, v: Array) -> None:
@@ -336,7 +240,7 @@ class KVCache(_CopiedWithoutLock, _KeysAndValues):
         """buf's slots of the first `seen` tokens (default len(self)), read-only: writing to a view into the
         cache would corrupt it. (B, Hkv, kept, E): before the ring wraps, slots are in token order."""
         kept = min(self._seen if seen is None else seen, self.slots)
-        return _read_only_view(buf[:, :, :kept])
+        return read_only_view(buf[:, :, :kept])
 
     @property
     def keys(self) -> Array:
@@ -373,31 +277,27 @@ class KVCache(_CopiedWithoutLock, _KeysAndValues):
 
     # --- a layer's decoding through this cache: MultiHeadAttention(x, cache=self) --------------------
 
-    def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: None = None) -> Array:
+    def attend(self, layer: DecodingLayer, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array:
         """x (B, T, d_model), the next T tokens of the B sequences this cache holds, through layer's heads
-        -> y (B, H, T, d_head), the heads' attention before layer's output projection; x's k and v appended.
+        -> y (B, H, T, Ev), the heads' attention before layer's output projection; x's k and v appended.
 
+        layer: a MultiHeadAttention, or any DecodingLayer (multihead.py): the layer makes the heads
+        (split_heads) and their attention (attend_heads), the cache the positions, the keys and the decoding.
         The tokens sit at absolute positions len(self) .. len(self) + T - 1 (RoPE turns them by those) and
         attend causally to every kept key: bottom-right, so a one-token step (T = 1) sees all of them.
-        fused=True: flash attention, and split-KV for a one-token step; fused=False: the reference.
-        seq_ids: None (a KVCache holds one sequence per row of x; a PagedKVCache takes seq_ids).
+        fused=True: flash attention, and split-KV (flash_decode) for a one-token step; fused=False: the
+        layer's reference. seq_ids: None (a KVCache holds one sequence per row of x; a PagedKVCache takes seq_ids).
         The lock is held from reading len(self) to the append: threads decoding into one cache each get
         positions of their own. An append that does not fit is refused, and the cache stays as it was.
         """
         if seq_ids is not None:
             raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
-        x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
-        want = (x.shape[0], layer.n_kv_heads, layer.d_head, None)
-        if (self.batch, self.kv_heads, self.head_dim, self.value_prefix) != want:
-            raise ValueError(
-                f"cache must be KVCache(batch={want[0]}, kv_heads={want[1]}, head_dim={want[2]}, ...) for this input, "
-                f"its values stored apart from the keys (value_prefix=None); got batch={self.batch}, kv_heads="
-                f"{self.kv_heads}, head_dim={self.head_dim}, value_prefix={self.value_prefix}"
-            )
+        check_decoding_layer(layer)
+        x = layer.check_cache(self, x)  # (B, T, d_model) in layer's dtype, once this cache fits it
         fused = check_bool(fused, "fused")
         return holding(self.lock, self._attend, layer, x, fused)
 
-    def _attend(self, layer: MultiHeadAttention, x: Array, fused: bool) -> Array:
+    def _attend(self, layer: DecodingLayer, x: Array, fused: bool) -> Array:
         """attend under the lock: the length read here is the one the append continues."""
         # 1) q, k, v of the new tokens, turned by RoPE at their absolute positions start .. start + T - 1
         start, T = len(self), x.shape[1]
@@ -409,39 +309,28 @@ class KVCache(_CopiedWithoutLock, _KeysAndValues):
         if self.window is not None and T > 1:
             self._room_for(T)  # refused before any work if they do not fit
             kept = self.kept
-            _refuse_cache_beyond_memory(  # the kept keys in order (a copy), then beside the new ones (another)
-                "KVCache.attend", (self.batch, self.kv_heads, 2 * kept + T, self.head_dim), self.dtype,
+            refuse_cache_beyond_memory(  # the kept keys in order (a copy), then beside the new ones (another)
+                "KVCache.attend",
+                (self.batch, self.kv_heads, 2 * kept + T, self.head_dim),
+                self.dtype,
                 "pass fewer new tokens per call",
-            )  # fmt: skip
+            )
             k_old, v_old = self.ordered()  # (B, Hkv, kept, d_head) each, oldest first
             k_all, v_all = np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
             band = check_band(True, self.window, T, k_all.shape[2])  # flash skips the tiles outside it
-            y, _ = _attend_heads(q, k_all, v_all, band, fused)
+            y, _ = layer.attend_heads(q, k_all, v_all, band, fused)
             self._append(k, v)
             return y
         # 3) otherwise write the new tokens first, attend to all kept, then commit (refused before any write
         #    if they do not fit; an interrupt before the commit puts the slots back)
-        return self._append(k, v, before_commit=lambda stop: self._attend_kept(q, stop, fused))
+        return self._append(k, v, before_commit=lambda stop: self._attend_kept(layer, q, stop, fused))
 
-    def _attend_kept(self, q: Array, stop: int, fused: bool) -> Array:
-        """The new tokens' queries q (B, H, T, d) against every key kept once `stop` tokens are in, in slot
+    def _attend_kept(self, layer: DecodingLayer, q: Array, stop: int, fused: bool) -> Array:
+        """The new tokens' queries q (B, H, T, E) against every key kept once `stop` tokens are in, in slot
         order (which softmax ignores): query i sees stop - T + i + 1 keys."""
-        keys, values = self._view(self._k, stop), self._view(self._values, stop)  # (B, Hkv, kept, d_head)
+        keys, values = self._view(self._k, stop), self._view(self._values, stop)  # (B, Hkv, kept, E or Ev)
         T = q.shape[2]
         if T == 1 and fused:  # a decode step: one query sees every kept key, split over the cores
-            return _decode_step(q, keys, values)
+            return cast(Array, flash_decode(q, keys, values, scale=layer.softmax_scale))
         band = Band(None) if T == 1 else check_band(True, None, T, keys.shape[2])  # query i sees start + i + 1
-        return _attend_heads(q, keys, values, band, fused)[0]
-
-
-def _decode_step(q: Array, keys: Array, values: Array) -> Array:
-    """One new token per sequence against the whole cache: split-KV (splitkv._decode). q (B, H, 1, d),
-    keys and values (B, Hkv, S, d) -> y (B, H, 1, d)."""
-    B, H, _, d = q.shape
-    kept = keys.shape[2]
-    dims = QKVShape((B,), H, keys.shape[1], 1, kept, d, d)
-    workers = cpu_cores()  # flash_decode's defaults: a chunk per worker, 1,024 keys or more each
-    kv_splits = _default_kv_splits(kept, workers)
-    _refuse_decode_beyond_memory("KVCache.attend", q, keys, values, dims, kv_splits, workers)
-    out, _ = _decode(q, keys, values, dims, 1.0 / math.sqrt(d), kv_splits, workers)
-    return out.reshape(B, H, 1, d).astype(q.dtype, copy=False)
+        return layer.attend_heads(q, keys, values, band, fused)[0]

@@ -33,25 +33,19 @@ form is multi-query attention: the queries q_lat = [q_nope W_UKᵀ | q_rope] (B,
 whose key is the cached [c_KV | k_rope] and whose value is c_KV, the key's first r numbers (a view of it: stored
 once); then o = o_lat W_UV, head by head.
 
-What a decode step costs per cached token, DeepSeek-V3's sizes (H = 128, d_nope = 128, d_rope = 64, d_v = 128,
-r = 512):
-    naive, each head's k and v cached:   reads H (d_nope + d_rope + d_v) = 40,960 numbers;
-                                         2 H (d_nope + d_rope + d_v) = 81,920 FLOPs
-    absorbed, the latent cached:         reads r + d_rope = 576 numbers, once for all H heads;
-                                         2 H (r + d_rope) + 2 H r = 278,528 FLOPs
-and once a step, not per token, the absorption (2 H d_nope r) and the up-projection (2 H r d_v). The absorbed
-step does 3.4x the FLOPs per cached token and reads 71x fewer bytes: at 0.5 FLOPs per float32 byte the naive step
-is bound by reading its cache, at 121 the absorbed one by arithmetic wherever the matmul rate is under 121 times
-the read bandwidth (scripts/mla.py measures both; docs/latent.md). The naive form over the latent cache,
-decompressing all S tokens every step, would add 2 r H (d_nope + d_v) FLOPs a token (33.6 million): prefill,
-where the queries are many, is where it belongs.
+What a decode step costs per cached token, in reads and FLOPs, form by form (DeepSeek-V3's sizes): the absorbed
+step reads 71x fewer bytes and does 3.4x the FLOPs, so it is bound by arithmetic where the naive one is bound by
+reading its cache (docs/latent.md works it out; scripts/mla.py measures both). Prefill, where the queries are
+many, is where the naive form belongs.
 
 Details
 
 The caches: a KVCache(B, 1, max_tokens, r + d_rope, value_prefix=r) or a PagedKVCache(num_blocks, block_size,
 1, r + d_rope, value_prefix=r) holds the latent as one "head" of r + d_rope numbers whose values are its first
 r: the cache stores the latent once (r + d_rope numbers a token, 576 in DeepSeek-V3), and a decode step reads
-it once, flash_decode or paged_decode taking the values as a view of the keys.
+it once, the values a view of the keys. The layer decodes through the cache as MultiHeadAttention does
+(cache.attend): LatentHeads is the layer as the cache sees it, multi-query attention over the latent (absorbed)
+or the heads decompressed from it (naive).
 The softmax scale is 1/√(d_nope + d_rope), times mscale² when the config scales RoPE with mscale_all_dim
 (mscale = 0.1 · mscale_all_dim · ln(factor) + 1, DeepSeek's YaRN, as transformers' DeepseekV3Attention).
 """
@@ -60,28 +54,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._atomic import holding
-from ._checks import (
-    as_float_array,
-    check_bool,
-    check_positive_int,
-    check_rng,
-    check_scale,
-    compute_dtype,
-    transposed_note,
-)
+from ._checks import as_float_array, check_bool, check_positive_int, check_rng
+from ._latent_checks import check_latent, check_latent_cache, check_latent_weights
+from ._tiles import TileMask
 from .backward import flash_attention_backward
 from .flash import flash_attention
 from .kvcache import KVCache
 from .layers import rms_norm, rms_norm_backward
-from .paged import PagedKVCache, paged_decode
+from .paged import PagedKVCache
 from .position import rope, rope_backward, rope_frequencies
-from .softmax import merge_states
 from .splitkv import flash_decode
 
 __all__ = [
@@ -91,7 +77,6 @@ __all__ = [
     "MultiHeadLatentAttention",
     "absorb_query",
     "attend_latent",
-    "check_latent",
     "decompress",
     "join_ukv",
     "latent_softmax_scale",
@@ -104,7 +89,51 @@ RMS_EPS = 1e-6  # DeepseekV3RMSNorm's default, which its attention's two norms u
 
 
 # ---------------------------------------------------------------------------------------------------
-# the pieces: the two norms, the up-projection's two halves, the two forms
+# the two forms, then their pieces: the up-projection's two halves, the two norms
+
+
+def attend_latent(
+    q_nope: Array, q_rope: Array, latent: Array, w_ukv: Array, *, scale: float | None = None, absorbed: bool = True
+) -> tuple[Array, Attended]:
+    """Causal attention (bottom-right: the L queries are the last L of the S tokens) of the heads' queries over
+    the latent cache, in either form; o (B, H, L, d_v) and what the attention saw.
+
+    q_nope (B, H, L, d_nope), q_rope (B, H, L, d_rope) rotated; latent (B, 1, S, r + d_rope) = [c_KV | k_rope]
+    rotated; W_UKV (r, H·(d_nope + d_v)). scale: default 1/√(d_nope + d_rope). absorbed=True: multi-query
+    attention of q_lat over the latent, the values a view of its first r numbers, then W_UV; absorbed=False:
+    the heads' k and v decompressed. One query (L = 1) is a decode step: flash_decode, the keys split over the
+    cores; more: flash_attention.
+    """
+    q_nope, q_rope, latent, w_ukv, scale = check_latent(q_nope, q_rope, latent, w_ukv, scale)
+    n_heads, d_nope, r = q_nope.shape[1], q_nope.shape[-1], w_ukv.shape[0]
+    w_uk, w_uv = split_ukv(w_ukv, n_heads, d_nope)  # (H, r, d_nope), (H, r, d_v)
+    if check_bool(absorbed, "absorbed"):
+        q = absorb_query(q_nope, q_rope, w_uk)  # (B, H, L, r + d_rope)
+        k, v = latent, latent[..., :r]  # (B, 1, S, r + d_rope), (B, 1, S, r): the value is the key's first r
+    else:
+        q = np.concatenate([q_nope, q_rope], axis=-1)  # (B, H, L, d_nope + d_rope)
+        k, v = decompress(latent, w_ukv, n_heads, d_nope)  # (B, H, S, d_nope + d_rope), (B, H, S, d_v)
+    out, lse = causal_attention(q, k, v, scale)  # (B, H, L, r or d_v), (B, H, L)
+    o = out @ w_uv if absorbed else out  # (B, H, L, r) @ (H, r, d_v) -> (B, H, L, d_v)
+    return o, Attended(q, k, v, out, lse)
+
+
+def causal_attention(q: Array, k: Array, v: Array, scale: float) -> tuple[Array, Array]:
+    """The attention of either form and its lse, causal (bottom-right: the L queries are the last L of the S
+    keys): one query (L = 1) is a decode step, flash_decode, the keys split over the cores; more: flash_attention."""
+    if q.shape[2] == 1:  # the newest token sees every key: split-KV decoding
+        return cast(tuple[Array, Array], flash_decode(q, k, v, scale=scale, return_lse=True))
+    return cast(tuple[Array, Array], flash_attention(q, k, v, causal=True, scale=scale, return_lse=True))
+
+
+class Attended(NamedTuple):
+    """What the attention of attend_latent saw and gave: its q, k, v, out and lse (its backward needs them)."""
+
+    q: Array
+    k: Array
+    v: Array
+    out: Array
+    lse: Array
 
 
 def _norm(x: Array, gain: Array) -> Array:
@@ -142,70 +171,6 @@ def absorb_query(q_nope: Array, q_rope: Array, w_uk: Array) -> Array:
     q_nope (B, H, L, d_nope), q_rope (B, H, L, d_rope), W_UK (H, r, d_nope) -> (B, H, L, r + d_rope)."""
     q_latent = q_nope @ w_uk.swapaxes(-1, -2)  # (B, H, L, d_nope) @ (H, d_nope, r) -> (B, H, L, r)
     return np.concatenate([q_latent, q_rope.astype(q_latent.dtype, copy=False)], axis=-1)
-
-
-class Attended(NamedTuple):
-    """What the attention of attend_latent saw and gave: its q, k, v, out and lse (its backward needs them)."""
-
-    q: Array
-    k: Array
-    v: Array
-    out: Array
-    lse: Array
-
-
-def attend_latent(
-    q_nope: Array, q_rope: Array, latent: Array, w_ukv: Array, *, scale: float | None = None, absorbed: bool = True
-) -> tuple[Array, Attended]:
-    """Causal attention (bottom-right: the L queries are the last L of the S tokens) of the heads' queries over
-    the latent cache, in either form; o (B, H, L, d_v) and what the attention saw.
-
-    q_nope (B, H, L, d_nope), q_rope (B, H, L, d_rope) rotated; latent (B, 1, S, r + d_rope) = [c_KV | k_rope]
-    rotated; W_UKV (r, H·(d_nope + d_v)). scale: default 1/√(d_nope + d_rope). absorbed=True: multi-query
-    attention of q_lat over the latent, the values a view of its first r numbers, then W_UV; absorbed=False:
-    the heads' k and v decompressed. One query (L = 1) is a decode step: flash_decode, the keys split over the
-    cores; more: flash_attention.
-    """
-    q_nope, q_rope, latent, w_ukv, scale = check_latent(q_nope, q_rope, latent, w_ukv, scale)
-    n_heads, d_nope, r = q_nope.shape[1], q_nope.shape[-1], w_ukv.shape[0]
-    w_uk, w_uv = split_ukv(w_ukv, n_heads, d_nope)  # (H, r, d_nope), (H, r, d_v)
-    if check_bool(absorbed, "absorbed"):
-        q = absorb_query(q_nope, q_rope, w_uk)  # (B, H, L, r + d_rope)
-        k, v = latent, latent[..., :r]  # (B, 1, S, r + d_rope), (B, 1, S, r): the value is the key's first r
-    else:
-        q = np.concatenate([q_nope, q_rope], axis=-1)  # (B, H, L, d_nope + d_rope)
-        k, v = decompress(latent, w_ukv, n_heads, d_nope)  # (B, H, S, d_nope + d_rope), (B, H, S, d_v)
-    if q.shape[2] == 1:  # the newest token sees every key: split-KV decoding
-        out, lse = flash_decode(q, k, v, scale=scale, return_lse=True)
-    else:
-        out, lse = flash_attention(q, k, v, causal=True, scale=scale, return_lse=True)
-    o = out @ w_uv if absorbed else out  # (B, H, L, r) @ (H, r, d_v) -> (B, H, L, d_v)
-    return o, Attended(q, k, v, out, lse)
-
-
-def check_latent(
-    q_nope: Any, q_rope: Any, latent: Any, w_ukv: Any, scale: Any
-) -> tuple[Array, Array, Array, Array, float]:
-    """attend_latent's inputs, checked against each other before any math; each error names what disagrees."""
-    q_nope, q_rope = as_float_array(q_nope, "q_nope"), as_float_array(q_rope, "q_rope")
-    latent, w_ukv = as_float_array(latent, "latent"), as_float_array(w_ukv, "w_ukv")
-    if q_nope.ndim != 4 or q_rope.ndim != 4 or q_nope.shape[:3] != q_rope.shape[:3]:
-        raise ValueError(
-            f"q_nope and q_rope must be (B, H, L, ·) with the same B, H, L; got {q_nope.shape}, {q_rope.shape}"
-        )
-    B, H, _, d_nope = q_nope.shape
-    if w_ukv.ndim != 2 or w_ukv.shape[1] % H or w_ukv.shape[1] // H <= d_nope:
-        raise ValueError(
-            f"w_ukv must be (kv_lora_rank, H·(d_nope + d_v)) for H={H} heads with d_nope={d_nope} (q_nope's) and "
-            f"d_v >= 1; got shape {w_ukv.shape}"
-        )
-    r, d_rope = w_ukv.shape[0], q_rope.shape[-1]
-    if latent.ndim != 4 or latent.shape[:2] != (B, 1) or latent.shape[-1] != r + d_rope:
-        raise ValueError(
-            f"latent must be (B={B}, 1, S, kv_lora_rank + d_rope = {r} + {d_rope}): w_ukv has kv_lora_rank={r} rows "
-            f"and q_rope d_rope={d_rope} channels; got shape {latent.shape}"
-        )
-    return q_nope, q_rope, latent, w_ukv, check_scale(scale, d_nope + d_rope, compute_dtype(q_nope, latent))
 
 
 def latent_softmax_scale(
@@ -340,23 +305,7 @@ class MultiHeadLatentAttention:
     def checked_weights(self) -> dict[str, Array]:
         """`parameters`, each checked against the layer's sizes first: a weight replaced by an array of another
         shape (a latent rank that does not match the others) or dtype is refused before any math."""
-        C, H, r, q, qk = self.d_model, self.n_heads, self.kv_lora_rank, self.q_lora_rank, self.d_nope + self.d_rope
-        shapes = {"w_q": (C, H * qk), "w_dq": (C, q), "q_norm": (q,), "w_uq": (q, H * qk),
-                  "w_dkv": (C, r + self.d_rope), "kv_norm": (r,), "w_ukv": (r, H * (self.d_nope + self.d_v)),
-                  "w_o": (H * self.d_v, C)}  # fmt: skip
-        weights = self.parameters
-        for name, w in weights.items():
-            if not isinstance(w, np.ndarray) or w.dtype != self.dtype:
-                raise TypeError(
-                    f"{name} must be a {self.dtype} ndarray, the layer's dtype; got {getattr(w, 'dtype', w)!r}"
-                )
-            if w.shape != shapes[name]:
-                raise ValueError(
-                    f"{name} must have shape {shapes[name]} for this layer (d_model={C}, n_heads={H}, "
-                    f"kv_lora_rank={r}, q_lora_rank={q}, qk_nope_head_dim={self.d_nope}, qk_rope_head_dim="
-                    f"{self.d_rope}, v_head_dim={self.d_v}); got {w.shape}{transposed_note(w.shape, shapes[name])}"
-                )
-        return weights
+        return check_latent_weights(self, self.parameters)
 
     def __repr__(self) -> str:
         return (
@@ -370,8 +319,14 @@ class MultiHeadLatentAttention:
     def _rope(self, x: Array, positions: NDArray[np.int64], backward: bool = False) -> Array:
         """RoPE (or its backward) of x (..., T, d_rope) at positions (T,), with the config's base, layout, scaling."""
         turn = rope_backward if backward else rope
-        return turn(x, positions=positions, base=self.rope_theta, interleaved=self.rope_interleave,
-                    scaling=self.rope_scaling, max_position_embeddings=self.max_position_embeddings)  # fmt: skip
+        return turn(
+            x,
+            positions=positions,
+            base=self.rope_theta,
+            interleaved=self.rope_interleave,
+            scaling=self.rope_scaling,
+            max_position_embeddings=self.max_position_embeddings,
+        )
 
     def project(self, x: Array, positions: NDArray[np.int64], weights: dict[str, Array]) -> Projected:
         """The projections of a checked x (B, T, C), its tokens at positions (T,): the first five lines of the
@@ -441,120 +396,17 @@ class MultiHeadLatentAttention:
             if seq_ids is not None:
                 raise ValueError("seq_ids names sequences of a PagedKVCache: pass cache= as well, or no seq_ids")
             proj = self.project(x_b, self._positions(positions, x_b.shape[1]), self.parameters)
-            o, _ = attend_latent(proj.q_nope, proj.q_rope, proj.latent, self.w_ukv, scale=self.softmax_scale,
-                                 absorbed=absorbed)  # fmt: skip
+            scale = self.softmax_scale
+            o, _ = attend_latent(proj.q_nope, proj.q_rope, proj.latent, self.w_ukv, scale=scale, absorbed=absorbed)
         elif positions is not None:
             raise ValueError("positions come from the cache (its length onwards): pass positions=None with cache=")
-        elif isinstance(cache, PagedKVCache):
-            o = self._attend_paged(x_b, cache, seq_ids, absorbed)
-        elif isinstance(cache, KVCache):
-            if seq_ids is not None:
-                raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
-            o = self._attend_kv_cache(x_b, cache, absorbed)
+        elif isinstance(cache, (KVCache, PagedKVCache)):  # the cache decodes, as for MultiHeadAttention
+            y = cache.attend(LatentHeads(self, absorbed), x_b, fused=absorbed, seq_ids=seq_ids)  # latents appended
+            o = y @ split_ukv(self.w_ukv, self.n_heads, self.d_nope)[1] if absorbed else y  # (B, H, T, d_v)
         else:
             raise TypeError(f"cache must be a KVCache, a PagedKVCache or None; got {type(cache).__name__}")
         out = self._output(o, self.w_o)  # (B, T, C)
         return out[0] if unbatched else out
-
-    # --- the latent cache ---------------------------------------------------------------------------------
-
-    def _check_cache(self, cache: KVCache | PagedKVCache, kind: str, batch: str) -> None:
-        """A cache for this layer holds one "head" of latent_dim numbers in the layer's dtype, its values the
-        first kv_lora_rank of them (the latent stored once)."""
-        want = (1, self.latent_dim, self.dtype, self.kv_lora_rank)
-        if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != want:
-            raise ValueError(
-                f"cache must be {kind}({batch}kv_heads=1, head_dim={self.latent_dim}, dtype={self.dtype}, value_prefix="
-                f"{self.kv_lora_rank}): one latent of kv_lora_rank + qk_rope_head_dim = {self.kv_lora_rank} + "
-                f"{self.d_rope} numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
-                f"head_dim={cache.head_dim}, dtype={cache.dtype}, value_prefix={cache.value_prefix}"
-            )
-
-    def _attend_kv_cache(self, x: Array, cache: KVCache, absorbed: bool) -> Array:
-        """x (B, T, C) continuing a KVCache -> o (B, H, T, d_v); appends the T latents."""
-        self._check_cache(cache, "KVCache", f"batch={x.shape[0]}, ..., ")
-        if cache.batch != x.shape[0] or cache.window is not None:
-            raise ValueError(
-                f"cache must be KVCache(batch={x.shape[0]}, ..., window=None) for this input: a latent cache keeps "
-                f"every token, one row of x per row of the cache; got batch={cache.batch}, window={cache.window}"
-            )
-        return holding(cache.lock, self._attend_kv_cache_locked, x, cache, absorbed)
-
-    def _attend_kv_cache_locked(self, x: Array, cache: KVCache, absorbed: bool) -> Array:
-        """_attend_kv_cache under the lock: the length read here is the one the append continues. The new
-        latents are written, attended to with every one before them, then kept: all or nothing."""
-        start, T = len(cache), x.shape[1]
-        proj = self.project(x, np.arange(start, start + T), self.parameters)
-
-        def attend(latent: Array, _values: Array) -> Array:  # latent (B, 1, S, r + d_rope), the new ones last
-            return attend_latent(proj.q_nope, proj.q_rope, latent, self.w_ukv, scale=self.softmax_scale,
-                                 absorbed=absorbed)[0]  # fmt: skip
-
-        r = self.kv_lora_rank  # the value is the latent's first r numbers: the cache stores the latent once
-        return cache.append_and_read(proj.latent, proj.latent[..., :r], attend)  # refused, nothing changed, if no room
-
-    def _attend_paged(self, x: Array, cache: PagedKVCache, seq_ids: Any, absorbed: bool) -> Array:
-        """x (B, T, C), row b continuing sequence seq_ids[b] -> o (B, H, T, d_v); appends, all or nothing.
-
-        Absorbed: every cached latent is older than the T new tokens, so they see all of it, and each other
-        causally; the two parts are over disjoint keys and merge exactly:
-            out_c, lse_c = paged_decode(q_lat, the cached pages)        read in place, each sequence its own
-            out_n, lse_n = flash_attention(q_lat, new latents, causal)
-            o_lat = merge_states(out_c, lse_c, out_n, lse_n);  o = o_lat W_UV
-        Naive: each sequence's latents laid out (PagedKVCache.gather), the new ones after, decompressed.
-        """
-        self._check_cache(cache, "PagedKVCache", "..., ")
-        return holding(cache.lock, self._attend_paged_locked, x, cache, seq_ids, absorbed)
-
-    def _attend_paged_locked(self, x: Array, cache: PagedKVCache, seq_ids: Any, absorbed: bool) -> Array:
-        """_attend_paged under the lock: the lengths read here are the ones the appends continue."""
-        seqs = self._sequences(cache, seq_ids, x.shape[0])
-        rows = [self.project(x[b : b + 1], np.arange(cache.length(s), cache.length(s) + x.shape[1]),
-                             self.parameters) for b, s in enumerate(seqs)]  # fmt: skip
-        q_nope = np.concatenate([p.q_nope for p in rows])  # (B, H, T, d_nope)
-        q_rope = np.concatenate([p.q_rope for p in rows])  # (B, H, T, d_rope), each row at its own positions
-        latent = np.concatenate([p.latent for p in rows])  # (B, 1, T, r + d_rope)
-        attend = self._attend_pages if absorbed else self._attend_gathered
-        o = attend(q_nope, q_rope, latent, cache, seqs)  # (B, H, T, d_v)
-        cache.append_batch(seqs, latent, latent[..., : self.kv_lora_rank])  # all or nothing
-        return o
-
-    def _attend_pages(self, q_nope: Array, q_rope: Array, latent: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
-        """The absorbed paged step (see _attend_paged): q_nope, q_rope (N, H, T, ·), the new latents
-        (N, 1, T, r + d_rope) -> o (N, H, T, d_v)."""
-        r = self.kv_lora_rank
-        w_uk, w_uv = split_ukv(self.w_ukv, self.n_heads, self.d_nope)  # (H, r, d_nope), (H, r, d_v)
-        q_lat = absorb_query(q_nope, q_rope, w_uk)  # (N, H, T, r + d_rope)
-        scale = self.softmax_scale
-        out_c, lse_c = paged_decode(q_lat, cache, seqs, scale=scale, return_lse=True)  # (N, H, T, r): values = keys[:r]
-        out_n, lse_n = flash_attention(q_lat, latent, latent[..., :r], causal=True, scale=scale, return_lse=True)
-        o_lat, _ = merge_states(out_c, lse_c, out_n, lse_n)  # (N, H, T, r)
-        return o_lat @ w_uv  # (N, H, T, d_v)
-
-    def _attend_gathered(
-        self, q_nope: Array, q_rope: Array, latent: Array, cache: PagedKVCache, seqs: list[int]
-    ) -> Array:
-        """The naive paged step: each sequence's cached latents laid out (a copy), the new ones after, then
-        attend_latent's naive form with the causal band (bottom-right). -> o (N, H, T, d_v)."""
-        o = []
-        for b, seq in enumerate(seqs):
-            cached = cache.gather(seq)[0][None]  # (1, 1, S_b, r + d_rope)
-            every = np.concatenate([cached, latent[b : b + 1]], axis=2)  # (1, 1, S_b + T, r + d_rope)
-            o.append(attend_latent(q_nope[b : b + 1], q_rope[b : b + 1], every, self.w_ukv,
-                                   scale=self.softmax_scale, absorbed=False)[0])  # fmt: skip
-        return np.concatenate(o)  # (N, H, T, d_v)
-
-    @staticmethod
-    def _sequences(cache: PagedKVCache, seq_ids: Any, n: int) -> list[int]:
-        """seq_ids as n distinct ids of sequences in cache, one per row of x."""
-        if seq_ids is None or isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__iter__"):
-            raise TypeError(
-                f"seq_ids must be a sequence of ids, one per row of x, with a PagedKVCache; got {seq_ids!r}"
-            )
-        seqs = [cache.check_seq(seq) for seq in seq_ids]
-        if len(seqs) != n or len(set(seqs)) != n:
-            raise ValueError(f"seq_ids must name {n} different sequences, one per row of x; got {list(seq_ids)}")
-        return seqs
 
     # --- training: a forward that keeps what its backward needs, and the backward by hand -------------------
 
@@ -566,8 +418,9 @@ class MultiHeadLatentAttention:
         positions = self._positions(positions, x_b.shape[1])
         weights = {name: w.copy() for name, w in self.checked_weights().items()}  # this forward's, whatever comes later
         proj = self.project(x_b, positions, weights)
-        o, attended = attend_latent(proj.q_nope, proj.q_rope, proj.latent, weights["w_ukv"], scale=self.softmax_scale,
-                                    absorbed=absorbed)  # fmt: skip
+        o, attended = attend_latent(
+            proj.q_nope, proj.q_rope, proj.latent, weights["w_ukv"], scale=self.softmax_scale, absorbed=absorbed
+        )
         out = self._output(o, weights["w_o"])  # (B, T, C)
         saved = LatentSaved(self, x_b.copy(), positions, weights, proj, o, attended, absorbed, unbatched)
         return (out[0] if unbatched else out), saved
@@ -621,8 +474,8 @@ class MultiHeadLatentAttention:
         dw_uv = (a.out.swapaxes(-1, -2) @ do).sum(axis=0)  # (H, r, d_v): summed over the batch
         do_lat = do @ w_uv.swapaxes(-1, -2)  # (B, H, T, r)
         # o_lat = attention(q_lat, K = latent, V = its first r numbers): one kv head, E = r + d_rope, Ev = r
-        dq_lat, dk, dv = flash_attention_backward(a.q, a.k, a.v, a.out, do_lat, a.lse, causal=True,
-                                                  scale=self.softmax_scale)  # fmt: skip
+        scale = self.softmax_scale
+        dq_lat, dk, dv = flash_attention_backward(a.q, a.k, a.v, a.out, do_lat, a.lse, causal=True, scale=scale)
         dlatent = dk.copy()  # (B, 1, T, r + d_rope): the latent is the key ...
         dlatent[..., :r] += dv  # ... and its first r numbers the value too
         # q_lat = [q_nope W_UK,hᵀ | q_rope]
@@ -669,6 +522,46 @@ class MultiHeadLatentAttention:
         dc_q_raw, grads["q_norm"] = _norm_backward(dc_q, proj.c_q_raw.reshape(B * T, -1), w["q_norm"])
         grads["w_dq"] = x_flat.T @ dc_q_raw  # (C, q_lora_rank)
         return dx + dc_q_raw @ w["w_dq"].T
+
+
+class LatentHeads(NamedTuple):
+    """A MultiHeadLatentAttention as a cache's attend sees the layer (multihead.DecodingLayer): the new tokens'
+    latents are the keys it keeps (their first kv_lora_rank numbers the values), and the queries are the
+    absorbed form's q_lat (multi-query attention over the latent, which the cache's own kernels read in place)
+    or the naive form's [q_nope | q_rope] (attend_heads decompresses the heads' keys and values first)."""
+
+    layer: MultiHeadLatentAttention
+    absorbed: bool
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.layer.softmax_scale
+
+    def check_cache(self, cache: Any, x: Any) -> Array:
+        """x (B, T, C) in the layer's dtype, once the cache is checked to hold this layer's latents (one kv head
+        of latent_dim numbers, the values its first kv_lora_rank; a KVCache of B rows and no window)."""
+        x, _ = self.layer._batched(x)
+        check_latent_cache(self.layer, cache, x.shape[0])
+        return x
+
+    def split_heads(self, x: Array, positions: Any = None) -> tuple[Array, Array, Array]:
+        """x (B, T, C) at positions (T,) -> q (B, H, T, ·) of the form, the latents (B, 1, T, r + d_rope) and
+        their first r numbers (the values: a view)."""
+        layer = self.layer
+        proj = layer.project(x, layer._positions(positions, x.shape[1]), layer.parameters)
+        if self.absorbed:
+            q = absorb_query(proj.q_nope, proj.q_rope, split_ukv(layer.w_ukv, layer.n_heads, layer.d_nope)[0])
+        else:
+            q = np.concatenate([proj.q_nope, proj.q_rope], axis=-1)  # (B, H, T, d_nope + d_rope)
+        return q, proj.latent, proj.latent[..., : layer.kv_lora_rank]
+
+    def attend_heads(self, q: Array, k: Array, v: Array, band: TileMask, fused: bool = True) -> tuple[Array, Any]:
+        """The heads' attention over latents k (B, 1, S, r + d_rope) with values v, causal (band: the cache's
+        causal band; a latent cache has no window): o_lat (B, H, T, r) absorbed, o (B, H, T, d_v) naive."""
+        layer = self.layer
+        if not self.absorbed:  # the heads' own keys and values, from every latent
+            k, v = decompress(k, layer.w_ukv, layer.n_heads, layer.d_nope)  # (B, H, S, d_nope + d_rope), (.., d_v)
+        return causal_attention(q, k, v, layer.softmax_scale)
 
 
 def join_ukv(w_uk: Array, w_uv: Array) -> Array:

@@ -11,7 +11,10 @@
 API: every forward returns (y, saved); its backward takes (dy, saved) and returns the gradients, the input's
 first. Rows are the leading axes (N tokens, or B, T), features the last. Every layer computes in its input's
 dtype: float32 stays float32, and float64 (the gradient checks) stays float64. A forward's `saved` holds its
-weights by reference: update them only after the backward (the optimizer steps after it).
+weights by reference: update them only after the backward (the optimizer steps after it). layer_norm, gelu,
+their backwards and cross_entropy run their lines on blocks of rows that stay in a core's L2 cache, over the
+cores (_parallel.by_row_blocks; the block's size is _tuning.py's row block): each line treats each row alone,
+so the result is the same bits for any block.
 
     layer_norm(x, gain, bias=None, eps=1e-5) -> (y, NormSaved)    layer_norm_backward(dy, saved) -> NormGrads
     rms_norm(x, gain, eps=1e-5) -> (y, NormSaved)                 rms_norm_backward(dy, saved) -> NormGrads
@@ -27,13 +30,13 @@ Each backward's docstring derives its lines; tests/test_layers.py holds each aga
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
-from ._parallel import cpu_cores, l2_cache_bytes, run_items
+from ._parallel import by_row_blocks
+from ._tuning import row_block
 
 Array = NDArray[np.floating]
 
@@ -62,56 +65,34 @@ __all__ = [
 ]
 
 MLP_KINDS = ("gelu", "swiglu")
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
-
-
-# --- why the elementwise layers run in blocks of rows ---------------------------------------------------
-#
-# layer_norm, gelu, their backwards and cross_entropy are a few lines of NumPy, each line one pass over its
-# arrays. Over a whole (N, H) array of many MiB every pass reads and writes main memory; over a block of rows
-# of ROW_BLOCK elements (_row_block: as many float32 as a core's L2 cache holds), the block's arrays stay in the
-# CPU's caches, its L2 and the L3 beside it, from one line to the next. Each block costs each line a NumPy
-# call, so the blocks are as large as the caches allow rather than small (python scripts/train_speed.py
-# --row-blocks times each block size, and docs/results/zen4.md shows it on one machine). The blocks are
-# independent, so where they hold enough elements (_ELEMENTS_PER_WORKER a core) the cores take them in turn
-# (NumPy lets go of the interpreter lock inside each line), as BLAS spreads a matmul over them. The lines are
-# the same either way, and so are the results, bit for bit.
-
-
-def _row_block(l2_bytes: int | None) -> int:
-    """Elements in a block of rows: the power of two up to l2_bytes / 4, a block of float32 the size of the
-    core's L2 cache, 2^13 to 2^19; 2^17 (for an L2 of 512 KiB) where its size is unknown. On a 2-core Xeon
-    (2 MiB), 2^17 ran GELU and its backward 1.6x faster than 2^15 on both cores; on a 2-core AMD EPYC Zen 4
-    (1 MiB), train_speed.py --row-blocks shows every size (docs/results/zen4.md)."""
-    if not l2_bytes:
-        return 1 << 17
-    return 1 << min(19, max(13, (l2_bytes // 4).bit_length() - 1))
-
-
-ROW_BLOCK = _row_block(l2_cache_bytes())  # read at every call: set it to try another (train_speed.py --row-blocks)
-_ELEMENTS_PER_WORKER = 1 << 19  # less work than this a core (2 MiB of float32), and handing it out costs more than
-# the core gains: measured as 16 blocks of 2^15 on the EPYC; on the Xeon, 4 of 2^17 ran a layer norm of (4096, 256)
-# on 2 cores in 1.4 ms where one core took 1.8
-
-
-def _by_row_blocks(lines: Callable[[slice], None], n_rows: int, row_size: int) -> None:
-    """lines(rows) for every block of about ROW_BLOCK elements (at least one row) of n_rows rows of row_size
-    elements, on as many of the machine's cores as have _ELEMENTS_PER_WORKER elements each (at least one: the
-    caller's thread); each call writes only its own rows."""
-    step = max(1, ROW_BLOCK // max(1, row_size))
-    blocks = [slice(start, start + step) for start in range(0, n_rows, step)]
-    run_items(lines, blocks, max(1, min(n_rows * row_size // _ELEMENTS_PER_WORKER, cpu_cores())))
-
-
-def _row_means(x: Array, y: Array | None = None) -> Array:
-    """The mean of each row of x (rows, C), or of x ∘ y -> (rows,). einsum's loop sums a short row three times
-    faster than x.mean(axis=-1), and each row alone, in one order: the same bits in any block of rows."""
-    sums = np.einsum("rc->r", x) if y is None else np.einsum("rc,rc->r", x, y)
-    return sums / x.shape[-1]
 
 
 # --- the norms ----------------------------------------------------------------------------------------
+
+
+def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e-5) -> tuple[Array, NormSaved]:
+    """y = x̂ · g + b with x̂ = (x - μ) / √(σ² + ε), μ and σ² the mean and (biased) variance of each row.
+
+    x (..., C), gain and bias (C,) -> y (..., C). torch.nn.LayerNorm(C, eps, bias=bias is not None).
+
+        >>> y, _ = layer_norm(np.array([[1.0, 3.0]]), np.ones(2))
+        >>> y.round(3)
+        array([[-1.,  1.]])
+    """
+    x_rows = x.reshape(-1, x.shape[-1])  # (N, C)
+    y, x_hat, rstd = np.empty_like(x_rows), np.empty_like(x_rows), np.empty((len(x_rows), 1), x_rows.dtype)
+
+    def normalise(x: Array, y: Array, x_hat: Array, rstd: Array) -> None:  # a block of rows x (n, C)
+        np.subtract(x, _row_means(x)[:, None], out=x_hat)  # x - μ, normalised below
+        var = _row_means(x_hat, x_hat)[:, None]  # (n, 1): σ², the mean of (x - μ)²
+        np.divide(1.0, np.sqrt(var + eps), out=rstd)  # (n, 1): 1 / √(σ² + ε)
+        x_hat *= rstd  # x̂ = (x - μ) / √(σ² + ε)
+        np.multiply(x_hat, gain, out=y)  # y = x̂ · g + b
+        if bias is not None:
+            y += bias
+
+    by_row_blocks(normalise, row_block(), x_rows, y, x_hat, rstd)  # the lines, block by block
+    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain, bias is not None)
 
 
 class NormSaved(NamedTuple):
@@ -132,35 +113,6 @@ class NormGrads(NamedTuple):
     dbias: Array | None
 
 
-def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e-5) -> tuple[Array, NormSaved]:
-    """y = x̂ · g + b with x̂ = (x - μ) / √(σ² + ε), μ and σ² the mean and (biased) variance of each row.
-
-    x (..., C), gain and bias (C,) -> y (..., C). torch.nn.LayerNorm(C, eps, bias=bias is not None).
-
-        >>> y, _ = layer_norm(np.array([[1.0, 3.0]]), np.ones(2))
-        >>> y.round(3)
-        array([[-1.,  1.]])
-    """
-    x_rows = x.reshape(-1, x.shape[-1])  # (rows, C)
-    y, x_hat, rstd = np.empty_like(x_rows), np.empty_like(x_rows), np.empty((len(x_rows), 1), x_rows.dtype)
-    _by_row_blocks(lambda rows: _layer_norm_lines(x_rows[rows], gain, bias, eps, y[rows], x_hat[rows], rstd[rows]),
-                   *x_rows.shape)  # fmt: skip
-    return y.reshape(x.shape), NormSaved(x_hat.reshape(x.shape), rstd.reshape(*x.shape[:-1], 1), gain, bias is not None)
-
-
-def _layer_norm_lines(
-    x: Array, gain: Array, bias: Array | None, eps: float, y: Array, x_hat: Array, rstd: Array
-) -> None:
-    """layer_norm's lines on one block of rows x (rows, C), written into y, x_hat (rows, C) and rstd (rows, 1)."""
-    np.subtract(x, _row_means(x)[:, None], out=x_hat)  # (rows, C): centred, normalised below
-    var = _row_means(x_hat, x_hat)[:, None]  # (rows, 1)
-    np.divide(1.0, np.sqrt(var + eps), out=rstd)  # (rows, 1)
-    x_hat *= rstd
-    np.multiply(x_hat, gain, out=y)
-    if bias is not None:
-        y += bias
-
-
 def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
     """The gradients of layer_norm, from dy = ∂loss/∂y (..., C).
 
@@ -173,19 +125,24 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
     dbias = np.einsum("nc->c", dy.reshape(-1, C)) if saved.biased else None  # (C,): no pass over dy without a bias
-    dy_rows, x_hat_rows = dy.reshape(-1, C), x_hat.reshape(-1, C)  # (rows, C) each
-    rstd_rows, dx = rstd.reshape(-1, 1), np.empty_like(dy_rows)  # (rows, 1), (rows, C)
-    _by_row_blocks(lambda rows: _layer_norm_dx_lines(dy_rows[rows], x_hat_rows[rows], rstd_rows[rows], gain, dx[rows]),
-                   *dx.shape)  # fmt: skip
+    dy_rows, x_hat_rows = dy.reshape(-1, C), x_hat.reshape(-1, C)  # (N, C) each
+    rstd_rows, dx = rstd.reshape(-1, 1), np.empty_like(dy_rows)  # (N, 1), (N, C)
+
+    def lines(dy: Array, x_hat: Array, rstd: Array, dx: Array) -> None:  # a block of rows (n, C)
+        dx_hat = dy * gain  # (n, C)
+        np.subtract(dx_hat, _row_means(dx_hat)[:, None], out=dx)  # dx̂ - mean(dx̂)
+        dx -= x_hat * _row_means(dx_hat, x_hat)[:, None]  # - x̂ mean(dx̂ ∘ x̂)
+        dx *= rstd  # times r
+
+    by_row_blocks(lines, row_block(), dy_rows, x_hat_rows, rstd_rows, dx)
     return NormGrads(dx.reshape(dy.shape), dgain, dbias)
 
 
-def _layer_norm_dx_lines(dy: Array, x_hat: Array, rstd: Array, gain: Array, dx: Array) -> None:
-    """layer_norm_backward's dx on one block of rows (rows, C), written into dx."""
-    dx_hat = dy * gain  # (rows, C)
-    np.subtract(dx_hat, _row_means(dx_hat)[:, None], out=dx)
-    dx -= x_hat * _row_means(dx_hat, x_hat)[:, None]
-    dx *= rstd
+def _row_means(x: Array, y: Array | None = None) -> Array:
+    """The mean of each row of x (rows, C), or of x ∘ y -> (rows,). einsum's loop sums a short row three times
+    faster than x.mean(axis=-1), and each row alone, in one order: the same bits in any block of rows."""
+    sums = np.einsum("rc->r", x) if y is None else np.einsum("rc,rc->r", x, y)
+    return sums / x.shape[-1]
 
 
 def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved]:
@@ -221,6 +178,9 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
 # --- the activations ----------------------------------------------------------------------------------
 
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+
 
 class GeluSaved(NamedTuple):
     """gelu's input u (..., H), all its backward needs: t = tanh(√(2/π) (u + 0.044715 u³)) is made again there,
@@ -237,9 +197,15 @@ def gelu(u: Array) -> tuple[Array, GeluSaved]:
         >>> gelu(np.array([-1.0, 0.0, 1.0]))[0].round(4)
         array([-0.1588,  0.    ,  0.8412])
     """
-    u_rows = u.reshape(-1, u.shape[-1])  # (rows, H)
-    y = np.empty_like(u_rows)  # (rows, H)
-    _by_row_blocks(lambda rows: _gelu_lines(u_rows[rows], y[rows]), *u_rows.shape)
+    u_rows = u.reshape(-1, u.shape[-1])  # (N, H)
+    y = np.empty_like(u_rows)  # (N, H)
+
+    def lines(u: Array, y: Array) -> None:  # a block of rows (n, H)
+        np.add(_gelu_tanh(u), 1.0, out=y)  # 1 + t
+        y *= u
+        y *= 0.5  # ½ u (1 + t)
+
+    by_row_blocks(lines, row_block(), u_rows, y)
     return y.reshape(u.shape), GeluSaved(u)
 
 
@@ -252,28 +218,21 @@ def _gelu_tanh(u: Array) -> Array:
     return np.tanh(t, out=t)
 
 
-def _gelu_lines(u: Array, y: Array) -> None:
-    """gelu's lines on one block of rows, written into y (u's shape)."""
-    np.add(_gelu_tanh(u), 1.0, out=y)
-    y *= u
-    y *= 0.5
-
-
 def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
     """du from dy (..., H): the product rule on y = ½ u (1 + t) with t = tanh(u (a + b u²)):
 
     dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
           = ½ (1 + t) (1 + u (a + 3 b u²) (1 - t))        1 - t² = (1 - t) (1 + t)
     """
-    u = saved.u.reshape(-1, saved.u.shape[-1])  # (rows, H)
-    dy_rows = dy.reshape(u.shape)  # (rows, H)
-    du = np.empty_like(dy_rows)  # (rows, H)
-    _by_row_blocks(lambda rows: _gelu_backward_lines(dy_rows[rows], u[rows], du[rows]), *u.shape)
+    u_rows = saved.u.reshape(-1, saved.u.shape[-1])  # (N, H)
+    dy_rows = dy.reshape(u_rows.shape)  # (N, H)
+    du = np.empty_like(dy_rows)  # (N, H)
+    by_row_blocks(_gelu_backward_lines, row_block(), dy_rows, u_rows, du)
     return du.reshape(dy.shape)
 
 
 def _gelu_backward_lines(dy: Array, u: Array, du: Array) -> None:
-    """gelu_backward's lines on one block of rows, written into du."""
+    """gelu_backward's lines on one block of rows (n, H), written into du."""
     t = _gelu_tanh(u)  # the forward's t, made again in the cache
     np.square(u, out=du)  # a + 3 b u², then the whole derivative, in du's memory
     du *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
@@ -441,10 +400,10 @@ def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | N
     probs = np.empty_like(logits) if out is None else out  # (N, V)
     nll = np.empty(logits.shape[0], dtype=logits.dtype)  # (N,): each row's -log p(target)
 
-    def lines(rows: slice) -> None:
-        nll[rows] = _softmax_lines(logits[rows], targets[rows], probs[rows])
+    def lines(logits: Array, targets: NDArray[np.integer], probs: Array, nll: Array) -> None:  # a block of rows
+        nll[...] = _softmax_lines(logits, targets, probs)
 
-    _by_row_blocks(lines, *logits.shape)
+    by_row_blocks(lines, row_block(), logits, targets, probs, nll)
     return float(np.mean(nll)), probs
 
 

@@ -16,19 +16,17 @@ a block table, not the blocks, and each block counts the tables that hold it. A 
 written: the first append to a shared, partly filled last block copies it first (copy-on-write), and a
 block returns to the pool when its count falls to 0.
 
-A decode step reads each sequence's keys and values through its block table, where they lie: a run of
-blocks that follow one another in the pool is one matmul operand, and no sequence is ever copied into one
-array. Reading order (this file): PagedKVCache, then paged_decode (one decode step for a batch of
-sequences of different lengths) and cascade_decode (a prefix that every sequence shares, read once for all
-of them), last a layer's step through the pages (PagedKVCache.attend, which MultiHeadAttention(x, cache=,
-seq_ids=) calls): the new tokens' attention over the cached pages and over themselves, merged.
+A decode step reads each sequence's keys and values through its block table, where they lie: the kernels
+take what pages(seq_ids) gives, the pools, the tables and the lengths (paged_decode.py, next, teaches them).
+Reading order (this file): PagedKVCache and its pool, then a layer's step through the pages
+(PagedKVCache.attend, which MultiHeadAttention(x, cache=, seq_ids=) calls): the new tokens' attention over
+the cached pages and over themselves, merged.
 """
 
 from __future__ import annotations
 
-import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
@@ -36,70 +34,29 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._atomic import Undo, holding, locked
-from ._checks import (
-    QKVShape,
-    as_float_array,
-    check_bool,
-    check_count,
-    check_positive_int,
-    check_scale,
-    compute_dtype,
-    result_dtype,
+from ._cache_buffers import (
+    CopiedWithoutLock,
+    KeysAndValues,
+    check_cache_dtype,
+    check_value_prefix,
+    check_values_are_prefix,
+    read_only_view,
+    refuse_cache_beyond_memory,
 )
-from ._flash_kernel import flash_forward, flash_plan
+from ._checks import check_bool, check_count, check_positive_int
 from ._guard import refuse_unless_fits
-from ._parallel import cpu_cores, one_blas_thread, run_items
+from ._paged_kernel import Pages, decode_pages, pages_bytes
+from ._parallel import cpu_cores
 from .blockmask import check_band
-from .kvcache import (
-    _check_cache_dtype,
-    _check_value_prefix,
-    _check_values_are_prefix,
-    _CopiedWithoutLock,
-    _KeysAndValues,
-    _read_only_view,
-    _refuse_cache_beyond_memory,
-)
-from .multihead import MultiHeadAttention, _attend_heads, _check_layer_input
-from .softmax import merge_states
-from .splitkv import (
-    _attend_blocks,
-    _attend_blocks_bytes,
-    _block_keys,
-    _default_kv_splits,
-    _merge_chunks_bytes,
-    merge_chunks,
-)
+from .multihead import DecodingLayer, check_decoding_layer
+from .splitkv import merge_chunks
 
 Array = NDArray[np.floating]
 
-__all__ = ["PagedKVCache", "PoolExhaustedError", "cascade_decode", "paged_decode"]
+__all__ = ["PagedKVCache", "PoolExhaustedError"]
 
 
-class PoolExhaustedError(MemoryError):
-    """An append needs more free blocks than the pool has. Nothing was changed, for any sequence."""
-
-
-@dataclass
-class PoolState:
-    """What a PagedKVCache knows besides the bytes in its pool. A change prepares a new one on a draft and
-    commits it with one assignment; a committed state is never changed in place, so whoever read it holds
-    one consistent state."""
-
-    tables: dict[int, tuple[int, ...]]  # sequence id -> its blocks, in token order
-    lengths: dict[int, int]  # sequence id -> its tokens
-    refs: NDArray[np.int64]  # (num_blocks,) block tables holding each block; 0 = free
-    filled: NDArray[np.int64]  # (num_blocks,) slots of each block that hold a token
-    used: int  # blocks that some table holds (those with a count above 0)
-    next_id: int  # the id the next new sequence gets: ids are never reused
-
-    def draft(self) -> PoolState:
-        """A copy to prepare a change on: its dicts and arrays are new, the tuples of blocks shared."""
-        return PoolState(
-            dict(self.tables), dict(self.lengths), self.refs.copy(), self.filled.copy(), self.used, self.next_id
-        )
-
-
-class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
+class PagedKVCache(CopiedWithoutLock, KeysAndValues):
     """A pool of `num_blocks` blocks of `block_size` token slots, each holding keys and values of
     `kv_heads` heads of `head_dim`, and one block table per sequence.
 
@@ -150,12 +107,13 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
         self.block_size = check_positive_int(block_size, "block_size")
         self.kv_heads = check_positive_int(kv_heads, "kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.dtype = _check_cache_dtype(dtype)
-        self.value_prefix = _check_value_prefix(value_prefix, self.head_dim)
+        self.dtype = check_cache_dtype(dtype)
+        self.value_prefix = check_value_prefix(value_prefix, self.head_dim)
         shape = (self.kv_heads, self.num_blocks, self.block_size, self.head_dim)
         counts = 2 * self.num_blocks * np.dtype(np.int64).itemsize  # refs and filled
-        _refuse_cache_beyond_memory("PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts,
-                                    value_prefix=self.value_prefix)  # fmt: skip
+        refuse_cache_beyond_memory(
+            "PagedKVCache", shape, self.dtype, "lower num_blocks", extra=counts, value_prefix=self.value_prefix
+        )
         self._k = np.zeros(shape, self.dtype)  # (Hkv, blocks, block_size, E): allocated once, never grown
         # (Hkv, blocks, block_size, Ev), or None: the values are the keys' first value_prefix numbers (_values)
         self._v = np.zeros(shape, self.dtype) if self.value_prefix is None else None
@@ -177,13 +135,13 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
     def k_pool(self) -> Array:
         """The keys of every block, (kv_heads, num_blocks, block_size, head_dim): a view of the pool that
         cannot be made writable (a write here would change every sequence holding the block)."""
-        return _read_only_view(self._k)
+        return read_only_view(self._k)
 
     @property
     def v_pool(self) -> Array:
         """The values of every block, (kv_heads, num_blocks, block_size, value_dim): a read-only view (with
         value_prefix, of the keys' first value_prefix numbers: the same memory as k_pool)."""
-        return _read_only_view(self._values)
+        return read_only_view(self._values)
 
     @property
     def block_bytes(self) -> int:
@@ -249,9 +207,11 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
         seq = self.check_seq(seq, state)
         table, length = list(state.tables[seq]), state.lengths[seq]
         refuse_unless_fits(
-            len(table) * self.block_bytes, "PagedKVCache.gather", f"sequence {seq}'s {len(table):,} blocks copied",
+            len(table) * self.block_bytes,
+            "PagedKVCache.gather",
+            f"sequence {seq}'s {len(table):,} blocks copied",
             "read the sequence through paged_decode, which reads its blocks where they lie",
-        )  # fmt: skip
+        )
         slots = len(table) * self.block_size
         keys = self._k[:, table].reshape(self.kv_heads, slots, self.head_dim)[:, :length]  # (Hkv, T, E)
         if self._v is None:
@@ -267,6 +227,23 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
         if int(seq) not in state.tables:
             raise ValueError(f"sequence {seq} is not in this cache (its sequences: {list(state.tables)})")
         return int(seq)
+
+    def check_sequences(self, seq_ids: Any, n: int, name: str = "x") -> list[int]:
+        """seq_ids as a list of n ids of sequences in this cache, one for each row of `name` (its first axis)."""
+        if not isinstance(seq_ids, Iterable) or isinstance(seq_ids, (str, bytes)):
+            raise TypeError(f"seq_ids must be a sequence of ids, one per row of {name}; got {type(seq_ids).__name__}")
+        state = self._state
+        seqs = [self.check_seq(seq, state) for seq in seq_ids]
+        if len(seqs) != n:
+            raise ValueError(f"{name} has {n} sequences (its first axis) but seq_ids names {len(seqs)}")
+        return seqs
+
+    def pages(self, seq_ids: Sequence[int]) -> Pages:
+        """What a paged kernel reads for sequences seq_ids (checked ids): the pools (k_pool, v_pool, read-only
+        views) and each sequence's block table and length, all of one state."""
+        state = self._state
+        tables, lengths = [state.tables[seq] for seq in seq_ids], [state.lengths[seq] for seq in seq_ids]
+        return Pages(self.k_pool, self.v_pool, tables, lengths)
 
     # --- changes: each prepares a new PoolState, then commits it with one assignment -------------------
 
@@ -329,9 +306,9 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
         if k.shape[:-1] != v.shape[:-1]:
             raise ValueError(f"k and v must have the same sequences and tokens; got shapes {k.shape} and {v.shape}")
         t_new = check_count(k.shape[2], "T_new")
-        _check_values_are_prefix(k, v, self.value_prefix)
+        check_values_are_prefix(k, v, self.value_prefix)
         state = self._state
-        seqs = check_once(check_sequences(self, seq_ids, k.shape[0], "k"), seq_ids)
+        seqs = check_once(self.check_sequences(seq_ids, k.shape[0], "k"), seq_ids)
         needed = self._blocks_needed(state, seqs, t_new)
         if sum(needed) > self.num_blocks - state.used:
             raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
@@ -459,31 +436,26 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
 
     # --- a layer's step through the pages: MultiHeadAttention(x, cache=self, seq_ids=) ----------------
 
-    def attend(self, layer: MultiHeadAttention, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array:
+    def attend(self, layer: DecodingLayer, x: Array, *, fused: bool = True, seq_ids: Any = None) -> Array:
         """x (B, T, d_model), row b the next T tokens of sequence seq_ids[b], through layer's heads
-        -> y (B, H, T, d_head), the heads' attention before layer's output projection; x's k and v appended
+        -> y (B, H, T, Ev), the heads' attention before layer's output projection; x's k and v appended
         to those sequences, all or nothing (PoolExhaustedError, or an interrupt, changes nothing).
 
-        Each row's tokens sit at its own sequence's positions, length(seq) onwards (RoPE turns them by
-        those); the lengths may differ. fused=True reads the cached pages in place (attend_new_and_cached);
-        fused=False lays each sequence out contiguously (gather) for the reference attention. The lock is
-        held from reading the lengths to the appends, which come last: the one change this call makes.
+        layer: a MultiHeadAttention, or any DecodingLayer (multihead.py). Each row's tokens sit at its own
+        sequence's positions, length(seq) onwards (RoPE turns them by those); the lengths may differ.
+        fused=True reads the cached pages in place (attend_new_and_cached); fused=False lays each sequence out
+        contiguously (gather) for the layer's reference attention. The lock is held from reading the lengths
+        to the appends, which come last: the one change this call makes.
         """
-        x = _check_layer_input(layer, x)  # (B, T, d_model) in layer's dtype
-        want = (layer.n_kv_heads, layer.d_head, layer.w_qkv.dtype, None)
-        if (self.kv_heads, self.head_dim, self.dtype, self.value_prefix) != want:
-            raise ValueError(
-                f"cache must be PagedKVCache(..., kv_heads={want[0]}, head_dim={want[1]}, dtype={want[2]}) for this "
-                f"module, its values stored apart from the keys (value_prefix=None); got kv_heads={self.kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.dtype}, value_prefix={self.value_prefix}"
-            )
+        check_decoding_layer(layer)
+        x = layer.check_cache(self, x)  # (B, T, d_model) in layer's dtype, once this pool fits it
         fused = check_bool(fused, "fused")
         return holding(self.lock, self._attend, layer, x, seq_ids, fused)
 
-    def _attend(self, layer: MultiHeadAttention, x: Array, seq_ids: Any, fused: bool) -> Array:
+    def _attend(self, layer: DecodingLayer, x: Array, seq_ids: Any, fused: bool) -> Array:
         """attend under the lock: the lengths read here are the ones the appends continue."""
         B, T = x.shape[:2]
-        seqs = check_once(check_sequences(self, seq_ids, B), seq_ids)
+        seqs = check_once(self.check_sequences(seq_ids, B), seq_ids)
         needed = self._blocks_needed(self._state, seqs, T)
         if sum(needed) > self.blocks_free:  # refused before any work
             raise PoolExhaustedError(self._refusal(seqs, needed, T))
@@ -492,9 +464,36 @@ class PagedKVCache(_CopiedWithoutLock, _KeysAndValues):
         rows = [layer.split_heads(x[b : b + 1], np.arange(s, s + T)) for b, s in enumerate(starts)]
         q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
         # 2) their attention over the cached keys and their own, then 3) the append: all or nothing
-        y = attend_new_and_cached(q, k, v, self, seqs) if fused else attend_gathered(q, k, v, self, seqs)
+        if fused:
+            y = attend_new_and_cached(layer, q, k, v, self.pages(seqs))
+        else:
+            y = attend_gathered(layer, q, k, v, self, seqs)
         self.append_batch(seqs, k, v)
         return y
+
+
+class PoolExhaustedError(MemoryError):
+    """An append needs more free blocks than the pool has. Nothing was changed, for any sequence."""
+
+
+@dataclass
+class PoolState:
+    """What a PagedKVCache knows besides the bytes in its pool. A change prepares a new one on a draft and
+    commits it with one assignment; a committed state is never changed in place, so whoever read it holds
+    one consistent state."""
+
+    tables: dict[int, tuple[int, ...]]  # sequence id -> its blocks, in token order
+    lengths: dict[int, int]  # sequence id -> its tokens
+    refs: NDArray[np.int64]  # (num_blocks,) block tables holding each block; 0 = free
+    filled: NDArray[np.int64]  # (num_blocks,) slots of each block that hold a token
+    used: int  # blocks that some table holds (those with a count above 0)
+    next_id: int  # the id the next new sequence gets: ids are never reused
+
+    def draft(self) -> PoolState:
+        """A copy to prepare a change on: its dicts and arrays are new, the tuples of blocks shared."""
+        return PoolState(
+            dict(self.tables), dict(self.lengths), self.refs.copy(), self.filled.copy(), self.used, self.next_id
+        )
 
 
 class PoolWrite(NamedTuple):
@@ -509,381 +508,49 @@ class PoolWrite(NamedTuple):
 def check_once(seqs: list[int], seq_ids: Any) -> list[int]:
     """seqs, if no sequence comes twice (two appends to one sequence in one step would be in no order)."""
     if len(set(seqs)) != len(seqs):
-        raise ValueError(f"seq_ids must name each sequence once; got {seq_ids}")
+        raise ValueError(f"seq_ids must name each sequence once ({len(seqs)} different sequences); got {seq_ids}")
     return seqs
-
-
-# ---------------------------------------------------------------------------------------------------
-# one decode step through the block tables
-
-
-class PageChunk(NamedTuple):
-    """One work item of a paged decode step: the query matrix number `query` against the first `keys`
-    token slots of `pages` (blocks of the pool, in token order)."""
-
-    query: int
-    pages: tuple[int, ...]
-    keys: int
-
-
-def consecutive_runs(pages: Sequence[int]) -> list[tuple[int, int]]:
-    """(first page, count) of each run of consecutive pages, in order: [7, 8, 9, 3, 4] -> [(7, 3), (3, 2)]."""
-    runs: list[tuple[int, int]] = []
-    for page in pages:
-        if runs and page == runs[-1][0] + runs[-1][1]:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((page, 1))
-    return runs
-
-
-def page_blocks(cache: PagedKVCache, chunk: PageChunk, block_k: int) -> Iterator[list[tuple[Array, Array]]]:
-    """The keys and values of a chunk as blocks of about block_k keys (whole pages), each a list of pieces
-    (k (Hkv, n, E), v (Hkv, n, Ev)): one per run of consecutive pages, a view of the pool, never a copy."""
-    size, heads, dim, dim_v = cache.block_size, cache.kv_heads, cache.head_dim, cache.value_dim
-    k_pool, v_pool = cache.k_pool, cache.v_pool  # (Hkv, blocks, block_size, E or Ev), read-only views
-    per_block = max(1, block_k // size)  # pages per block: the block structure does not depend on the layout
-    for first in range(0, len(chunk.pages), per_block):
-        keys_left = chunk.keys - first * size  # the last page of the chunk may be partly filled
-        pieces = []
-        for start, count in consecutive_runs(chunk.pages[first : first + per_block]):
-            n = min(count * size, keys_left)
-            k = k_pool[:, start : start + count].reshape(heads, count * size, dim)[:, :n]  # (Hkv, n, E), a view
-            v = v_pool[:, start : start + count].reshape(heads, count * size, dim_v)[:, :n]  # (Hkv, n, Ev), a view
-            pieces.append((k, v))
-            keys_left -= n
-        yield pieces
-
-
-def sequence_chunks(query: int, pages: Sequence[int], keys: int, page_size: int, splits: int) -> list[PageChunk]:
-    """A sequence's `keys` keys in `pages` as min(splits, pages) chunks of whole pages, in token order."""
-    n_pages = -(-keys // page_size)  # pages that hold a key
-    if n_pages == 0:
-        return []
-    splits = min(splits, n_pages)
-    bounds = [n_pages * i // splits for i in range(splits + 1)]  # chunk i: pages bounds[i] .. bounds[i + 1] - 1
-    return [
-        PageChunk(query, tuple(pages[start:stop]), min(keys, stop * page_size) - start * page_size)
-        for start, stop in zip(bounds, bounds[1:], strict=False)
-    ]
-
-
-def attend_page_chunks(
-    queries: list[Array], cache: PagedKVCache, chunks: list[PageChunk], workers: int
-) -> list[tuple[Array, Array]]:
-    """(out (Hkv, R, Ev), lse (Hkv, R)) of every chunk, its query matrix queries[chunk.query] (Hkv, R, E) already
-    scaled, computed by _attend_blocks on the chunks' pages in place, the chunks spread over the workers."""
-    results: list[tuple[Array, Array]] = [(queries[0], queries[0])] * len(chunks)
-
-    def run(i: int) -> None:
-        q_s = queries[chunks[i].query]
-        converted = 0 if cache.dtype == q_s.dtype else cache.kv_heads * (cache.head_dim + cache.value_dim)  # float16
-        blocks = page_blocks(cache, chunks[i], _block_keys(q_s.shape[0] * q_s.shape[1], converted))
-        results[i] = _attend_blocks(q_s, blocks, cache.value_dim)
-
-    longest_first = sorted(range(len(chunks)), key=lambda i: -chunks[i].keys)  # the workers finish together
-    if len(chunks) <= 1:  # one chunk: BLAS may use its own threads on it
-        for i in longest_first:
-            run(i)
-    else:  # the chunks are the parallelism; chosen without the workers, so any number gives the same bits
-        with one_blas_thread():
-            run_items(run, longest_first, min(workers, len(chunks)))
-    return results
-
-
-def merge_per_query(
-    parts: list[tuple[Array, Array]], chunks: list[PageChunk], queries: list[Array], ev: int
-) -> list[tuple[Array, Array]]:
-    """Each query matrix's chunks merged by merge_chunks, in chunk order: a list of (out (Hkv, R, Ev), lse (Hkv, R)).
-    A query matrix without chunks (a sequence with no token) gets out 0 and lse -inf."""
-    mine: dict[int, list[tuple[Array, Array]]] = {}
-    for part, chunk in zip(parts, chunks, strict=True):
-        mine.setdefault(chunk.query, []).append(part)
-    merged = []
-    for index, q_s in enumerate(queries):
-        if index in mine:
-            merged.append(merge_chunks([out for out, _ in mine[index]], [lse for _, lse in mine[index]]))
-        else:
-            merged.append((np.zeros((*q_s.shape[:-1], ev), q_s.dtype), np.full(q_s.shape[:-1], -np.inf, q_s.dtype)))
-    return merged
-
-
-def decode_pages(
-    q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
-) -> tuple[Array, Array]:
-    """paged_decode's work on checked inputs, under the cache's lock: q (N, Hq, L, E) -> out (N, Hkv, G·L, Ev)
-    and lse (N, Hkv, G·L) in the compute dtype. kv_splits None: _default_kv_splits of each sequence."""
-    # 1) each sequence's query matrix: its G·L query rows of each kv head stacked, the scale folded in once
-    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, G·L, E)
-    if q_s.shape[0] == 0:  # no sequence: nothing to read
-        return q_s.copy(), q_s[..., 0].copy()
-    # 2) each sequence's pages as chunks, the work items; a sequence with no token has none
-    chunks, state = [], cache._state
-    for i, seq in enumerate(seqs):
-        length = state.lengths[seq]
-        splits = kv_splits or _default_kv_splits(length, workers)
-        chunks += sequence_chunks(i, state.tables[seq], length, cache.block_size, splits)
-    # 3) every chunk against its pages in place, then one merge per sequence
-    queries = list(q_s)
-    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, cache.value_dim)
-    return np.stack([out for out, _ in merged]), np.stack([lse for _, lse in merged])
-
-
-def scaled_queries(q: np.ndarray, cache: PagedKVCache, scale: float) -> Array:
-    """q (N, Hq, L, E) as each sequence's query matrix, the G = Hq / Hkv query heads that read a kv head stacked
-    (query head h reads kv head h // G: neighbours, so a reshape suffices) and the scale folded in once:
-    (N, Hkv, G·L, E) in the compute dtype."""
-    n, hq, n_q, e = q.shape
-    rows = hq // cache.kv_heads * n_q
-    return np.multiply(q.reshape(n, cache.kv_heads, rows, e), scale, dtype=compute_dtype(q, cache.k_pool))
-
-
-def shared_prefix(tables: Sequence[Sequence[int]], lengths: list[int], page_size: int) -> tuple[int, int]:
-    """(pages, keys) that every sequence shares: the leading blocks that all the tables hold at the same
-    place. Keys: those pages' slots, or the sequences' common length if the last shared block is partly
-    filled (a shared block is never written, so every sequence then ends in it)."""
-    pages = 0
-    while all(len(table) > pages for table in tables) and len({table[pages] for table in tables}) == 1:
-        pages += 1
-    return pages, min(min(lengths), pages * page_size)
-
-
-def decode_cascade(
-    q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
-) -> tuple[Array, Array]:
-    """cascade_decode's work on checked inputs, under the cache's lock: as decode_pages, but the pages that
-    every sequence shares are read once, by the queries of all N sequences stacked into one matrix."""
-    q_s = scaled_queries(q, cache, scale)  # (N, Hkv, R, E): R = G·L query rows per sequence and kv head
-    n, hkv, rows, e = q_s.shape
-    size, ev = cache.block_size, cache.value_dim
-    if n == 0:  # no sequence: nothing to read
-        return q_s.copy(), q_s[..., 0].copy()
-    state = cache._state
-    tables, lengths = [state.tables[seq] for seq in seqs], [state.lengths[seq] for seq in seqs]
-    pages, keys = shared_prefix(tables, lengths, size)
-    # 1) the shared prefix, once: all N·R query rows of a kv head against it, as one matrix (query number N)
-    q_all = q_s.transpose(1, 0, 2, 3).reshape(hkv, n * rows, e)  # (Hkv, N·R, E)
-    chunks = sequence_chunks(n, tables[0][:pages], keys, size, kv_splits or _default_kv_splits(keys, workers))
-    # 2) each sequence's own pages, after the prefix (none if it ends in the prefix)
-    for i, (table, length) in enumerate(zip(tables, lengths, strict=True)):
-        splits = kv_splits or _default_kv_splits(length - keys, workers)
-        chunks += sequence_chunks(i, table[pages:], length - keys, size, splits)
-    queries = [*q_s, q_all]
-    merged = merge_per_query(attend_page_chunks(queries, cache, chunks, workers), chunks, queries, ev)
-    # 3) the two parts of each sequence, over disjoint keys, combined: merge_states
-    out_shared = merged[n][0].reshape(hkv, n, rows, ev).transpose(1, 0, 2, 3)  # (N, Hkv, R, Ev)
-    lse_shared = merged[n][1].reshape(hkv, n, rows).transpose(1, 0, 2)  # (N, Hkv, R)
-    out_own, lse_own = np.stack([out for out, _ in merged[:n]]), np.stack([lse for _, lse in merged[:n]])
-    return merge_states(out_shared, lse_shared, out_own, lse_own)
-
-
-def check_sequences(cache: PagedKVCache, seq_ids: Any, n: int, name: str = "x") -> list[int]:
-    """seq_ids as a list of n ids of sequences in cache, one for each row of `name` (its first axis)."""
-    if not isinstance(seq_ids, Iterable) or isinstance(seq_ids, (str, bytes)):
-        raise TypeError(f"seq_ids must be a sequence of ids, one per row of {name}; got {type(seq_ids).__name__}")
-    seqs = [cache.check_seq(seq) for seq in seq_ids]
-    if len(seqs) != n:
-        raise ValueError(f"{name} has {n} sequences (its first axis) but seq_ids names {len(seqs)}")
-    return seqs
-
-
-def check_paged(
-    q: Any, cache: Any, seq_ids: Any, scale: Any, kv_splits: Any, workers: Any
-) -> tuple[np.ndarray, list[int], float, int | None, int]:
-    """paged_decode's inputs checked, once: q (N, Hq, L, E) for the N sequences seq_ids of cache."""
-    if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a PagedKVCache; got {type(cache).__name__}")
-    q = as_float_array(q, "q")
-    if q.ndim != 4 or q.shape[-1] != cache.head_dim or q.shape[1] % cache.kv_heads:
-        raise ValueError(
-            f"q must be (N, Hq, L, {cache.head_dim}) (sequences, query heads, queries, head_dim) with Hq a multiple "
-            f"of the cache's kv_heads={cache.kv_heads}; got shape {q.shape}"
-        )
-    seqs = check_sequences(cache, seq_ids, q.shape[0], "q")
-    scale = check_scale(scale, cache.head_dim, compute_dtype(q, cache.k_pool))
-    kv_splits = None if kv_splits is None else check_positive_int(kv_splits, "kv_splits")
-    workers = check_positive_int(workers, "workers", default=cpu_cores())
-    return q, seqs, scale, kv_splits, workers
-
-
-def paged_decode(
-    q: Array,
-    cache: PagedKVCache,
-    seq_ids: Sequence[int],
-    *,
-    scale: float | None = None,
-    kv_splits: int | None = None,
-    workers: int | None = None,
-    return_lse: bool = False,
-) -> Array | tuple[Array, Array]:
-    """One decode step for N sequences of different lengths: attention of q[i] over sequence seq_ids[i]'s keys.
-
-    q (N, Hq, L, E) -> out (N, Hq, L, Ev), and with return_lse=True also lse (N, Hq, L); Ev is the cache's
-    value_dim (head_dim, or value_prefix: the keys' first numbers, read once with them). Every query sees
-    every key of its sequence (for L = 1 that is causal attention: the query is the newest token), so out[i]
-    equals attention(q[i], K_i, V_i) with K_i, V_i = cache.gather(seq_ids[i]), the keys laid out
-    contiguously. Query head h reads kv head h // (Hq / kv_heads).
-
-    The keys are read through the block tables where they lie: each run of consecutive blocks is one
-    matmul operand, never copied. A sequence is split into kv_splits chunks of whole blocks (default
-    _default_kv_splits: one per worker, 1,024 keys or more each), every chunk of every sequence is a work
-    item for `workers` threads (default the CPU count), and each sequence's chunks are merged by
-    merge_chunks, as flash_decode does. For a given kv_splits the result is the same bits for any number
-    of workers. The cache's lock is held while it reads. float16 is computed in float32.
-
-    >>> cache = PagedKVCache(num_blocks=4, block_size=2, kv_heads=1, head_dim=2)
-    >>> seq = cache.add_sequence()
-    >>> cache.append(seq, np.eye(2, dtype=np.float32)[None], np.eye(2, dtype=np.float32)[None])
-    >>> paged_decode(np.array([[[[9.0, 0.0]]]], np.float32), cache, [seq]).round(3)   # sees key 0 far more
-    array([[[[0.998, 0.002]]]], dtype=float32)
-    """
-    return run_decode(decode_pages, q, cache, seq_ids, scale, kv_splits, workers, return_lse)
-
-
-def cascade_decode(
-    q: Array,
-    cache: PagedKVCache,
-    seq_ids: Sequence[int],
-    *,
-    scale: float | None = None,
-    kv_splits: int | None = None,
-    workers: int | None = None,
-    return_lse: bool = False,
-) -> Array | tuple[Array, Array]:
-    """paged_decode's result, computed as cascade attention (FlashInfer): the blocks that every sequence
-    shares (a common prompt, after fork) are read once for all of them, the rest of each sequence on its own.
-
-    With a prefix P shared by all N sequences and each one's own keys O_i after it:
-        out_P, lse_P = attention(all N sequences' queries stacked, P)     one pass over P, N·Hq·L rows
-        out_i, lse_i = attention(q_i, O_i)                                  each sequence alone
-        out = merge_states(out_P, lse_P, out_i, lse_i)                      disjoint keys: exact
-    Decoding N samples of one long prompt then reads the prompt once per step, not N times, in matmuls of
-    N times the rows. The shared prefix is the leading blocks that every table holds at the same place
-    (none: this is paged_decode). Arguments and result as in paged_decode.
-    """
-    return run_decode(decode_cascade, q, cache, seq_ids, scale, kv_splits, workers, return_lse)
-
-
-def run_decode(
-    kernel: Any, q: Any, cache: Any, seq_ids: Any, scale: Any, kv_splits: Any, workers: Any, return_lse: Any
-) -> Array | tuple[Array, Array]:
-    """The door of paged_decode and cascade_decode: check once, run the kernel under the cache's lock, shape."""
-    return_lse = check_bool(return_lse, "return_lse")
-    q, seqs, scale, kv_splits, workers = check_paged(q, cache, seq_ids, scale, kv_splits, workers)
-    out, lse = holding(cache.lock, decode_within_memory, kernel, q, cache, seqs, scale, kv_splits, workers)
-    out = out.reshape(*q.shape[:-1], cache.value_dim)  # (N, Hq, L, Ev)
-    out = out.astype(result_dtype(q, cache.k_pool), copy=False)
-    lse = lse.reshape(q.shape[:-1])  # (N, Hq, L), in the compute dtype
-    return (out, lse) if return_lse else out
-
-
-def decode_within_memory(
-    kernel: Any, q: np.ndarray, cache: PagedKVCache, seqs: list[int], scale: float, kv_splits: int | None, workers: int
-) -> tuple[Array, Array]:
-    """kernel(q, cache, seqs, ...), run under the cache's lock, refused first (AttentionMemoryError, nothing
-    allocated) if its peak does not fit in the memory available."""
-    cascade = kernel is decode_cascade
-    who = "cascade_decode" if cascade else "paged_decode"
-    refuse_unless_fits(
-        paged_decode_bytes(q, cache, seqs, kv_splits, workers, cascade),
-        who, f"{q.shape[0]:,} sequences of {q.shape[1] * q.shape[2]:,} query rows",
-        "pass fewer sequences per call (the batch in parts), or fewer kv_splits",
-    )  # fmt: skip
-    return kernel(q, cache, seqs, scale, kv_splits, workers)
-
-
-def paged_decode_bytes(
-    q: np.ndarray, cache: PagedKVCache, seqs: list[int], kv_splits: int | None, workers: int, cascade: bool = False
-) -> int:
-    """Peak bytes that paged_decode (cascade=True: cascade_decode) allocates for q (N, Hq, L, E), which exists,
-    an upper bound in splitkv.decode_bytes' terms. R = G·L query rows per sequence and kv head, Ev the cache's
-    value_dim, c bytes of the compute dtype, C chunks in all (a shared prefix's chunks have N·R rows):
-
-        q_s       N·Hkv·R·E·c              the scaled queries, held to the end
-        parts     Σ_chunks Hkv·rows·(Ev+1)·c  each chunk's out and lse, held until its sequence's merge
-        workers   min(workers, C) _attend_blocks at once, each on a block of whole pages
-        merged    2·N·Hkv·R·(Ev+1)·c       each sequence's merged result, then all of them stacked
-        merge     one merge_chunks at a time (the sequence with the most chunks)
-        cascade   the queries stacked into one matrix, the prefix's merged result, merge_states' three
-                  temporaries of out's size: 5·N·Hkv·R·(Ev+1)·c
-        cast      the result cast back to float16, for a float16 q
-    """
-    state, size, hkv, ev = cache._state, cache.block_size, cache.kv_heads, cache.value_dim
-    n, hq, n_q, e = q.shape
-    rows, c = hq // hkv * n_q, compute_dtype(q, cache.k_pool).itemsize
-    lengths = [state.lengths[seq] for seq in seqs]
-    shared = 0  # keys every sequence shares, read once by cascade_decode
-    if cascade and seqs:
-        _, shared = shared_prefix([state.tables[seq] for seq in seqs], lengths, size)
-    # (query rows, chunks, pages of the longest chunk) of each query matrix: the sequences', then the prefix's
-    queries = [(rows, *page_chunks(length - shared, size, kv_splits, workers)) for length in lengths]
-    if cascade:
-        queries.append((n * rows, *page_chunks(shared, size, kv_splits, workers)))
-    chunk_rows = sum(r * chunks for r, chunks, _ in queries)  # rows of all chunks' results together
-    converted = 0 if cache.dtype == compute_dtype(q, cache.k_pool) else e + ev  # a float16 pool: k and v, per key
-    working = 0
-    for r, chunks, pages in queries:  # the widest chunk, on every worker at once
-        block = block_pages(hkv * r, hkv * converted, size, pages) * size
-        working = max(working, _attend_blocks_bytes(hkv, r, block, pages * size, ev, c, converted) * (chunks > 0))
-    working *= min(workers, sum(chunks for _, chunks, _ in queries))
-    merge = max((_merge_chunks_bytes(chunks, hkv * r, ev, c) for r, chunks, _ in queries if chunks), default=0)
-    one = n * hkv * rows  # rows of the whole result
-    needed = one * e * c + chunk_rows * hkv * (ev + 1) * c + 2 * one * (ev + 1) * c + max(working, merge)
-    needed += 5 * one * (ev + 1) * c if cascade else 0
-    return needed + (one * ev * q.dtype.itemsize if q.dtype.itemsize < c else 0)
-
-
-def page_chunks(keys: int, page_size: int, kv_splits: int | None, workers: int) -> tuple[int, int]:
-    """(chunks, pages of the longest) that sequence_chunks makes of `keys` keys."""
-    pages = -(-keys // page_size)
-    chunks = min(kv_splits or _default_kv_splits(keys, workers), pages)
-    return chunks, -(-pages // chunks) if chunks else 0
-
-
-def block_pages(rows: int, converted: int, page_size: int, pages: int) -> int:
-    """Pages in each block of a chunk of `pages` pages that page_blocks yields, for `rows` query rows."""
-    return min(max(1, _block_keys(rows, converted) // page_size), pages)
 
 
 # ---------------------------------------------------------------------------------------------------
 # a layer's step: the new tokens against the cached pages and against themselves
 
 
-def attend_new_and_cached(q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
-    """The fused path of PagedKVCache.attend: q (B, H, T, d) of the new tokens, k, v (B, Hkv, T, d) ->
-    y (B, H, T, d), before the new k and v are appended.
+def attend_new_and_cached(layer: DecodingLayer, q: Array, k: Array, v: Array, pages: Pages) -> Array:
+    """The fused path of PagedKVCache.attend: q (B, H, T, E) of the new tokens, k, v (B, Hkv, T, E or Ev) ->
+    y (B, H, T, Ev), before the new k and v are appended; pages: the B sequences' pages as they are.
 
     Every cached key is older than every new token, so the new queries see all of them; among themselves
     they are causal. The two parts are over disjoint keys and merge exactly:
-        out_c, lse_c = paged attention(q, the cached pages)        read in place (decode_pages)
-        out_n, lse_n = flash_attention(q, k_new, v_new, causal)
+        out_c, lse_c = paged attention(q, the cached pages)        read in place (_paged_kernel.decode_pages)
+        out_n, lse_n = layer.attend_heads(q, k_new, v_new, causal)  flash attention
         y = merge(out_c, lse_c, out_n, lse_n)                       (merge_chunks: merge_states for N parts)
     A prefill is T tokens into empty sequences (no cached part); a decode step is T = 1.
     """
-    B, H, T, d = q.shape
-    scale, workers = 1.0 / math.sqrt(d), cpu_cores()
+    B, H, T, _ = q.shape
+    workers = cpu_cores()
     refuse_unless_fits(
-        paged_decode_bytes(q, cache, seqs, None, workers), "PagedKVCache.attend",
+        pages_bytes(q, pages, None, workers),
+        "PagedKVCache.attend",
         f"{B:,} sequences of {H * T:,} query rows against their cached pages",
         "pass fewer sequences or tokens per call",
-    )  # fmt: skip
-    out_c, lse_c = decode_pages(q, cache, seqs, scale, None, workers)  # (B, Hkv, G·T, d)
-    dims = QKVShape((B,), H, k.shape[1], T, T, d, d)
-    band = check_band(True, None, T, T)
-    out_n, lse_n = flash_forward(q, k, v, dims, flash_plan(dims, band, scale))  # (B, H, T, d), (B, H, T)
-    out_c, lse_c = out_c.reshape(out_n.shape), lse_c.reshape(lse_n.shape)  # (B, H, T, d): the same row order
+    )
+    out_c, lse_c = decode_pages(q, pages, layer.softmax_scale, None, workers)  # (B, Hkv, G·T, Ev)
+    out_n, lse_n = layer.attend_heads(q, k, v, check_band(True, None, T, T), True)  # (B, H, T, Ev), (B, H, T)
+    out_c, lse_c = out_c.reshape(out_n.shape), lse_c.reshape(lse_n.shape)  # (B, H, T, Ev): the same row order
     y, _ = merge_chunks([out_c, out_n], [lse_c, lse_n])  # disjoint keys: the attention over both
     return y.astype(q.dtype, copy=False)
 
 
-def attend_gathered(q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
+def attend_gathered(layer: DecodingLayer, q: Array, k: Array, v: Array, cache: PagedKVCache, seqs: list[int]) -> Array:
     """The reference path of PagedKVCache.attend: each sequence's cached keys laid out contiguously, then the
-    new ones, and attention with the causal band (bottom-right: new token i sees start + i + 1 keys)."""
-    y = np.empty_like(q)  # (B, H, T, d_head)
+    new ones, and the layer's reference attention with the causal band (bottom-right: new token i sees
+    start + i + 1 keys)."""
+    y = []
     for b, seq in enumerate(seqs):
-        k_old, v_old = cache.gather(seq)  # (Hkv, start, d_head) each: copies
-        k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, d_head)
-        v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)
+        k_old, v_old = cache.gather(seq)  # (Hkv, start, E), (Hkv, start, Ev): copies
+        k_all = np.concatenate([k_old[None], k[b : b + 1]], axis=2)  # (1, Hkv, start + T, E)
+        v_all = np.concatenate([v_old[None], v[b : b + 1]], axis=2)  # (1, Hkv, start + T, Ev)
         band = check_band(True, None, q.shape[2], k_all.shape[2])
-        y[b] = _attend_heads(q[b : b + 1], k_all, v_all, band, False)[0][0]
-    return y
+        y.append(layer.attend_heads(q[b : b + 1], k_all, v_all, band, False)[0])  # (1, H, T, Ev)
+    return np.concatenate(y)  # (B, H, T, Ev)

@@ -11,8 +11,8 @@ The draw is the inverse of the cumulative distribution, one uniform number a ste
 recomputing paths, given the same rng, pick the same token unless u falls within rounding of a boundary.
 
 With the cache (use_cache=True) the prompt runs once (prefill) and each step runs one token through every
-layer, attending to the keys and values the caches hold (MultiHeadAttention's cache= path). Without it,
-each step runs the whole sequence again. Past the model's context both attend to the last `context` keys
+layer, attending to the keys and values the caches hold (each cache's attend). Without it, each step runs
+the whole sequence again. Past the model's context both attend to the last `context` keys
 (gpt.py), so the two agree token for token at any length.
 
 API:
@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_bool, check_count, check_positive_int, check_rng
-from .gpt import GPT, _check_tokens
+from .gpt import GPT
 
 __all__ = ["generate", "sample_next"]
 
@@ -111,7 +111,7 @@ def generate(
         raise TypeError(f"model must be a GPT; got {type(model).__name__}")
     tokens = np.asarray(prompt)
     unbatched = tokens.ndim == 1
-    tokens = _check_tokens(tokens[None] if unbatched else tokens, model.config.vocab, "prompt")  # (B, T0)
+    tokens = model.check_tokens(tokens[None] if unbatched else tokens, "prompt")  # (B, T0)
     new = check_count(max_new_tokens, "max_new_tokens")
     use_cache = check_bool(use_cache, "use_cache")
     check_sampling(temperature, top_k, top_p)

@@ -45,11 +45,21 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_bool, check_positive_int
-from ._tuning import TileRule, constant_rule, tile_rule, use_tile_rule
+from ._tuning import (
+    DECODE_LAYOUTS,
+    DecodeLayout,
+    TileRule,
+    constant_rule,
+    default_layout,
+    in_layout,
+    tile_rule,
+    use_decode_layout,
+    use_tile_rule,
+)
 from .backward import flash_attention_backward
 from .flash import flash_attention
 from .measure import cpu_model, machine_info, time_calls
-from .splitkv import DECODE_LAYOUTS, DecodeLayout, default_layout, flash_decode, in_layout, use_decode_layout
+from .splitkv import flash_decode
 
 __all__ = [
     "CLEAR_MARGIN",
