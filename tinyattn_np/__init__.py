@@ -23,30 +23,34 @@ The reading order: each file uses only what came before it.
                          the MLP, dropout, cross-entropy
     17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    18  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
+                         d_k x d_v per head, a token at a time or in chunks, the gradients by hand, Qwen3-Next's
+                         layer and its decoding cache, whose bytes never grow
+    19  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    20  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    21  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    22  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    23  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    24  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    25  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (22 to 25 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    25  peaks.py         what our own functions allocate, worked out from their tiles
-    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    30  report.py        the tables the scripts print
-    31  text.py          tokens and embeddings for the demos
-    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    26  peaks.py         what our own functions allocate, worked out from their tiles
+    27  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    28  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    29  measure.py       peaks, timings and machine facts, as the scripts measure them
+    30  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    31  report.py        the tables the scripts print
+    32  text.py          tokens and embeddings for the demos
+    33  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
-_bytes.py (bytes per dtype, byte units).
+_bytes.py (bytes per dtype, byte units), _linear_kernel.py (the gated delta rule's chunks over every head, its
+backward and the decode step) and _linear_checks.py (its input checks).
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -94,6 +98,20 @@ from .layers import (
     rms_norm_backward,
     swiglu,
     swiglu_backward,
+)
+from .linear import (
+    DeltaRuleGrads,
+    GatedDeltaCache,
+    GatedDeltaNetSaved,
+    GatedDeltaNetShape,
+    GatedDeltaNetWeights,
+    gated_delta_rule,
+    gated_delta_rule_backward,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    gated_delta_rule_recurrent_backward,
+    gated_deltanet,
+    gated_deltanet_backward,
 )
 from .masks import causal_mask, window_mask
 from .memory import (
@@ -158,6 +176,18 @@ from .tune import tune, untune
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeltaRuleGrads",
+    "GatedDeltaCache",
+    "GatedDeltaNetSaved",
+    "GatedDeltaNetShape",
+    "GatedDeltaNetWeights",
+    "gated_delta_rule",
+    "gated_delta_rule_backward",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gated_delta_rule_recurrent_backward",
+    "gated_deltanet",
+    "gated_deltanet_backward",
     "AdamW",
     "Alibi",
     "Attended",
