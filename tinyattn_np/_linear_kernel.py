@@ -52,22 +52,28 @@ GROUP_BYTES = 32 * 2**20  # a group of chunks' first-phase arrays take about thi
 HEAD_TOKENS_PER_WORKER = 2**12  # fewer head-tokens than this a worker, and a call runs on fewer workers
 
 
+def _t(x: Array) -> Array:
+    """xᵀ over the last two axes, laid out anew: NumPy hands a stack of transposed views to its own loops,
+    many times slower than the BLAS it calls for a stack of contiguous matrices."""
+    return np.ascontiguousarray(x.swapaxes(-1, -2))
+
+
 # ---------------------------------------------------------------------------------------------------
 # a chunk's own algebra: decayed products and the triangular inverse
 
 
 def decayed_products(a: Array, b: Array, gamma: Array, *, strict: bool) -> Array:
-    """M_ij = Σ_c a_ic b_jc e^(γ_ic − γ_jc) for j < i (strict) or j <= i, else 0. a, b (..., C, d),
-    gamma (..., C, 1) or (..., C, d) non-increasing down the chunk -> M (..., C, C)."""
+    """M_ij = Σ_c a_ic b_jc e^(γ_ic − γ_jc) for j < i (strict) or j <= i, else 0. a, b (..., C, d), gamma
+    (..., C, 1) or (..., C, d) non-increasing down the chunk -> M (..., C, C)."""
     if gamma.shape[-1] == 1:  # one decay per head: (a bᵀ) ∘ e^(γ_i − γ_j), masked before the exp (no overflow)
-        return (a @ b.swapaxes(-1, -2)) * _pairwise_decay(gamma[..., 0], strict)  # (..., C, C)
+        return (a @ _t(b)) * _pairwise_decay(gamma[..., 0], strict)  # (..., C, C)
     C = a.shape[-2]
     out = np.zeros((*a.shape[:-1], C), a.dtype)  # (..., C, C)
     for r0 in range(0, C, SUB_BLOCK):
         rows = slice(r0, min(r0 + SUB_BLOCK, C))
         if r0:  # the columns before the block: both factors measured from row r0 - 1, so e^(...) <= 1
             a_left, b_left = _split_at(a[..., rows, :], b[..., :r0, :], gamma, r0, rows)
-            out[..., rows, :r0] = a_left @ b_left.swapaxes(-1, -2)  # (..., s, r0)
+            out[..., rows, :r0] = a_left @ _t(b_left)  # (..., s, r0)
         out[..., rows, rows] = _diagonal_block(a[..., rows, :], b[..., rows, :], gamma[..., rows, :], strict)
     return out
 
@@ -101,7 +107,7 @@ def decayed_products_backward(dm: Array, a: Array, b: Array, gamma: Array, *, st
     db: Array
     if gamma.shape[-1] == 1:
         dm_decayed = dm * _pairwise_decay(gamma[..., 0], strict)  # (..., C, C)
-        da, db = dm_decayed @ b, dm_decayed.swapaxes(-1, -2) @ a  # (..., C, d) each
+        da, db = dm_decayed @ b, _t(dm_decayed) @ a  # (..., C, d) each
     else:
         da, db = _channel_backward(dm, a, b, gamma, strict)
     dgamma = a * da - b * db  # (..., C, d)
@@ -118,7 +124,7 @@ def _channel_backward(dm: Array, a: Array, b: Array, gamma: Array, strict: bool)
             a_left, b_left = _split_at(a[..., rows, :], b[..., :r0, :], gamma, r0, rows)
             ref = gamma[..., r0 - 1 : r0, :]  # (..., 1, d)
             da[..., rows, :] += (dm[..., rows, :r0] @ b_left) * np.exp(gamma[..., rows, :] - ref)  # (..., s, d)
-            db[..., :r0, :] += (dm[..., rows, :r0].swapaxes(-1, -2) @ a_left) * np.exp(ref - gamma[..., :r0, :])
+            db[..., :r0, :] += (_t(dm[..., rows, :r0]) @ a_left) * np.exp(ref - gamma[..., :r0, :])
         s = rows.stop - r0
         lower = np.tri(s, k=-1 if strict else 0, dtype=bool)[..., None]  # (s, s, 1)
         g = gamma[..., rows, :]  # (..., s, d)
@@ -198,15 +204,19 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
 
 
 def recurrent_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> tuple[Array, Array]:
-    """o (..., T, d_v) and the final state, token by token as linear.gated_delta_rule_recurrent: a decode_step each."""
+    """o (..., T, d_v) and the final state, token by token as linear.gated_delta_rule_recurrent: a decode_step each,
+    the new state written into one of two buffers in turn (a new array each step costs more than the step)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
-    heads = inputs.q.shape[0]
-    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), state.reshape(heads, *state.shape[-2:]).copy()
+    heads, states = inputs.q.shape[0], state.reshape(-1, *state.shape[-2:])  # N, (N, d_k, d_v)
+    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states)
 
     def run(part: slice) -> None:
-        x = inputs.part(part)
+        x, now = inputs.part(part), states[part]
+        buffers = np.empty((3, *now.shape), now.dtype) if T > 1 else [None] * 3  # two states in turn, and k uᵀ
         for t in range(T):
-            o[part, t], final[part] = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], final[part])
+            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now,
+                                          out=buffers[t % 2], scratch=buffers[2])  # fmt: skip
+        final[part] = now
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
@@ -272,7 +282,7 @@ def _refuse(heads: int, n: int, C: int, d_k: int, d_v: int, dtype: np.dtype, *, 
 
 class ChunkTerms(NamedTuple):
     """The state-free terms of n chunks of C tokens, every array (N, n, ·, ·): gamma (C, 1|d_k), inverse (C, C)
-    = (I + A)⁻¹, u (C, d_v) = T β v, wq (2C, d_k) = [W; e^γ q], p (C, C), k_to_end (C, d_k) = e^(γ_C − γ) k,
+    = (I + A)⁻¹, u (C, d_v) = T β v, wq (2C, d_k) = [W; e^γ q], p (C, C), k_to_end_t (d_k, C) = (e^(γ_C − γ) k)ᵀ,
     chunk_decay (1|d_k, 1) = e^(γ_C)."""
 
     gamma: Array
@@ -280,7 +290,7 @@ class ChunkTerms(NamedTuple):
     u: Array
     wq: Array
     p: Array
-    k_to_end: Array
+    k_to_end_t: Array
     chunk_decay: Array
 
 
@@ -296,8 +306,8 @@ def chunk_terms(x: Tokens) -> ChunkTerms:
     np.matmul(inverse, k_beta * decay, out=wq[..., :C, :])  # W = T β e^γ k
     np.multiply(x.q, decay, out=wq[..., C:, :])  # e^γ q
     p = decayed_products(x.q, x.k, gamma, strict=False)  # (N, n, C, C)
-    k_to_end = x.k * np.exp(gamma[..., -1:, :] - gamma)  # (N, n, C, d_k)
-    return ChunkTerms(gamma, inverse, u, wq, p, k_to_end, decay[..., -1, :, None])
+    k_to_end_t = _t(x.k * np.exp(gamma[..., -1:, :] - gamma))  # (N, n, d_k, C): (e^(γ_C − γ) k)ᵀ
+    return ChunkTerms(gamma, inverse, u, wq, p, k_to_end_t, decay[..., -1, :, None])
 
 
 def chunks_per_group(heads: int, C: int, d_k: int, d_v: int, itemsize: int) -> int:
@@ -333,7 +343,7 @@ def _forward(x: Tokens, state: Array, C: int, kept: Kept | None) -> tuple[Array,
             read = terms.wq[:, c] @ state  # (N, 2C, d_v): [W S; e^γ q S]
             write = terms.u[:, c] - read[:, :C]  # (N, C, d_v): u = U − W S
             np.add(read[:, C:], terms.p[:, c] @ write, out=o[:, tokens])  # o = e^γ q S + P u
-            state = terms.chunk_decay[:, c] * state + terms.k_to_end[:, c].swapaxes(-1, -2) @ write  # (N, d_k, d_v)
+            state = terms.chunk_decay[:, c] * state + terms.k_to_end_t[:, c] @ write  # (N, d_k, d_v)
             if kept is not None:
                 kept.writes[:, tokens] = write
     return o, state
@@ -379,17 +389,19 @@ def _scan_backward(terms: ChunkTerms, states: Array, writes: Array, dout: Array,
     (u = U − W S is read by o and by S'):
         du = Pᵀ do + e^(γ_C − γ) k dS       d[W; e^γ q] = [−du; do] Sᵀ      dS ← e^(γ_C) dS + [W; e^γ q]ᵀ [−du; do]
         dP = do uᵀ                          dk_to_end = u dSᵀ               de^(γ_C) = Σ_v dS ∘ S"""
-    grads = ScanGrads(*(np.empty_like(a) for a in (terms.u, terms.wq, terms.p, terms.k_to_end, terms.chunk_decay)))
+    grads = ScanGrads(
+        *(np.empty_like(a) for a in (terms.u, terms.wq, terms.p, _t(terms.k_to_end_t), terms.chunk_decay))
+    )
     for c in reversed(range(terms.u.shape[1])):
         state, write, do = states[c], writes[:, c], dout[:, c]  # (N, d_k, d_v), (N, C, d_v), (N, C, d_v)
-        du = terms.p[:, c].swapaxes(-1, -2) @ do + terms.k_to_end[:, c] @ dstate  # (N, C, d_v)
+        du = _t(terms.p[:, c]) @ do + _t(terms.k_to_end_t[:, c]) @ dstate  # (N, C, d_v)
         stacked = np.concatenate([-du, do], axis=-2)  # (N, 2C, d_v)
-        np.matmul(stacked, state.swapaxes(-1, -2), out=grads.dwq[:, c])
-        np.matmul(do, write.swapaxes(-1, -2), out=grads.dp[:, c])
-        np.matmul(write, dstate.swapaxes(-1, -2), out=grads.dk_to_end[:, c])
+        np.matmul(stacked, _t(state), out=grads.dwq[:, c])
+        np.matmul(do, _t(write), out=grads.dp[:, c])
+        np.matmul(write, _t(dstate), out=grads.dk_to_end[:, c])
         grads.dchunk_decay[:, c] = _sum_to(np.sum(dstate * state, axis=-1, keepdims=True), grads.dchunk_decay[:, c])
         grads.du[:, c] = du
-        dstate = terms.chunk_decay[:, c] * dstate + terms.wq[:, c].swapaxes(-1, -2) @ stacked  # (N, d_k, d_v)
+        dstate = terms.chunk_decay[:, c] * dstate + _t(terms.wq[:, c]) @ stacked  # (N, d_k, d_v)
     return grads, dstate
 
 
@@ -407,9 +419,9 @@ def chunk_terms_backward(terms: ChunkTerms, x: Tokens, d: ScanGrads) -> tuple[Ar
     cumsum."""
     C, gamma = x.q.shape[-2], terms.gamma  # gamma (N, n, C, 1|d_k)
     decay, k_beta = np.exp(gamma), x.k * x.beta[..., None]  # (N, n, C, 1|d_k), (N, n, C, d_k)
-    inverse_t = terms.inverse.swapaxes(-1, -2)  # (N, n, C, C)
+    inverse_t = _t(terms.inverse)  # (N, n, C, C)
     dx, dy = inverse_t @ d.du, inverse_t @ d.dwq[..., :C, :]  # (N, n, C, d_v), (N, n, C, d_k)
-    da = -(dx @ terms.u.swapaxes(-1, -2) + dy @ terms.wq[..., :C, :].swapaxes(-1, -2))  # (N, n, C, C)
+    da = -(dx @ _t(terms.u) + dy @ _t(terms.wq[..., :C, :]))  # (N, n, C, C)
     dk_beta, dk, dgamma = decayed_products_backward(da, k_beta, x.k, gamma, strict=True)  # A
     dq, dk_p, dgamma_p = decayed_products_backward(d.dp, x.q, x.k, gamma, strict=False)  # P
     dk += dk_p
@@ -433,15 +445,16 @@ def chunk_terms_backward(terms: ChunkTerms, x: Tokens, d: ScanGrads) -> tuple[Ar
 # the decode step
 
 
-def decode_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> tuple[Array, Array]:
+def decode_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, *, out: Array | None = None,
+                scratch: Array | None = None) -> tuple[Array, Array]:  # fmt: skip
     """One token: q, k (..., d_k), v (..., d_v), g (..., 1|d_k), beta (...), state (..., d_k, d_v) -> o (..., d_v)
-    and the new state (a new array: the old one is left as it was). One read of S for both products, then the
-    write:
+    and the new state, written into `out` (new where None; never `state`, which is left as it was); scratch:
+    a buffer of the state's shape for k uᵀ. One read of S for both products, then the write:
         r_k, r_q = (e^g S)ᵀ k, (e^g S)ᵀ q      u = β (v − r_k)      o = r_q + u (kᵀq)      S' = e^g S + k uᵀ"""
     decay = np.exp(g)  # (..., 1|d_k)
     reads = np.stack([decay * k, decay * q], axis=-2) @ state  # (..., 2, d_v): (e^g S)ᵀ k and (e^g S)ᵀ q
     write = beta[..., None] * (v - reads[..., 0, :])  # (..., d_v): u
     o = reads[..., 1, :] + write * np.sum(k * q, axis=-1, keepdims=True)  # (..., d_v): S'ᵀq without S'
-    new = decay[..., :, None] * state  # (..., d_k, d_v)
-    new += k[..., :, None] * write[..., None, :]
+    new = np.multiply(state, decay[..., :, None], out=out)  # (..., d_k, d_v): e^g S
+    new += np.einsum("...k,...v->...kv", k, write, out=scratch)  # + k uᵀ
     return o, new

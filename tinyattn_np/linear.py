@@ -189,20 +189,20 @@ def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, *, chu
 def _prepare(q: Array, k: Array, value_heads: int, l2norm_qk: bool) -> tuple[Array, Array]:
     """q and k as the rule reads them: unit length (l2norm_qk), q scaled by d_k^-½, each head repeated for the
     Hv / H value heads it serves: (B, H, T, d_k) -> (B, Hv, T, d_k)."""
-    if l2norm_qk:
-        q, k = _l2_normalize(q), _l2_normalize(k)
+    scale = q.shape[-1] ** -0.5
+    q, k = (q * (scale * _inverse_norm(q)), k * _inverse_norm(k)) if l2norm_qk else (q * scale, k)
     groups = value_heads // q.shape[1]
-    return np.repeat(q * q.shape[-1] ** -0.5, groups, axis=1), np.repeat(k, groups, axis=1)
+    return (q, k) if groups == 1 else (np.repeat(q, groups, axis=1), np.repeat(k, groups, axis=1))
 
 
-def _l2_normalize(x: Array) -> Array:
-    """x / √(‖x‖² + ε) along the last axis."""
-    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+def _inverse_norm(x: Array) -> Array:
+    """1 / √(‖x‖² + ε) along the last axis: x (..., d) -> (..., 1)."""
+    return 1.0 / np.sqrt(np.einsum("...d,...d->...", x, x)[..., None] + L2_EPS)
 
 
 def _l2_normalize_backward(dy: Array, x: Array) -> Array:
     """y = x r with r = (‖x‖² + ε)^-½: dx = r (dy − y (yᵀdy)), since ∂r/∂x = −r³ x."""
-    r = 1.0 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + L2_EPS)  # (..., 1)
+    r = _inverse_norm(x)  # (..., 1)
     y = x * r
     return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
 
