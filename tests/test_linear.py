@@ -402,3 +402,31 @@ def test_the_lesson_opens_with_the_plain_loop():
     tree = ast.parse(open(linear_module.__file__, encoding="utf-8").read())
     first = next(node for node in tree.body if isinstance(node, ast.FunctionDef | ast.ClassDef))
     assert first.name == "gated_delta_rule_recurrent"
+
+
+# --- scripts/linear.py --------------------------------------------------------------------------------
+
+
+def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, capsys):
+    """scripts/linear.py's smallest run: its three sections and checks, every line within a terminal's 120
+    columns, the figures written as JSON (timings aside: the machine is quiet by fiat here)."""
+    import json
+    import sys
+
+    from test_scripts import ROOT, load
+
+    script = load("linear.py")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import common
+
+    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    flags = ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "32", "--contexts", "32",
+             "256", "--repeats", "1", "--json", str(tmp_path / "linear.json")]  # fmt: skip
+    assert script.main(flags) == 0
+    out = capsys.readouterr().out
+    for section in ("1) the prefill", "2) the chunk size", "3) one decode step", "all checks passed"):
+        assert section in out, out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    figures = json.loads((tmp_path / "linear.json").read_text())
+    assert [row["context"] for row in figures["decode"]] == [32, 256] and len(figures["chunk_sizes"]) == 2

@@ -205,18 +205,19 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
 
 def recurrent_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> tuple[Array, Array]:
     """o (..., T, d_v) and the final state, token by token as linear.gated_delta_rule_recurrent: a decode_step each,
-    the new state written into one of two buffers in turn (a new array each step costs more than the step)."""
+    the new state written into one of two buffers in turn, the last into the final state (a new array each step
+    costs more than the step: the memory is new to the process)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
     heads, states = inputs.q.shape[0], state.reshape(-1, *state.shape[-2:])  # N, (N, d_k, d_v)
-    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states)
+    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states) if T else states.copy()
 
     def run(part: slice) -> None:
         x, now = inputs.part(part), states[part]
-        buffers = np.empty((3, *now.shape), now.dtype) if T > 1 else [None] * 3  # two states in turn, and k uᵀ
+        buffers = np.empty((3 if T > 1 else 1, *now.shape), now.dtype)  # k uᵀ, and two states in turn
         for t in range(T):
-            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now,
-                                          out=buffers[t % 2], scratch=buffers[2])  # fmt: skip
-        final[part] = now
+            out = final[part] if t == T - 1 else buffers[1 + t % 2]  # the last step writes the final state
+            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now, out=out,
+                                          scratch=buffers[0])  # fmt: skip
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
