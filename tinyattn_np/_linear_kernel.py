@@ -33,7 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._guard import refuse_unless_fits
-from ._parallel import cpu_cores, one_blas_thread, run_items
+from ._parallel import cpu_cores, l2_cache_bytes, one_blas_thread, run_items
 
 __all__ = [
     "chunked_backward",
@@ -48,7 +48,10 @@ __all__ = [
 Array = NDArray[np.floating]
 
 SUB_BLOCK = 16  # rows inverted by plain forward substitution, and a per-channel decay's sub-block
-GROUP_BYTES = 32 * 2**20  # a group of chunks' first-phase arrays take about this many bytes
+# a group of chunks' first-phase arrays take about one core's L2 cache (2 MiB where unknown), so that they stay in
+# it from one line to the next, and are made again in memory the process already has (measured:
+# docs/results/linear.md)
+GROUP_BYTES = l2_cache_bytes() or 2**21
 HEAD_TOKENS_PER_WORKER = 2**12  # fewer head-tokens than this a worker, and a call runs on fewer workers
 
 
@@ -62,27 +65,33 @@ def _t(x: Array) -> Array:
 # a chunk's own algebra: decayed products and the triangular inverse
 
 
-def decayed_products(a: Array, b: Array, gamma: Array, *, strict: bool) -> Array:
-    """M_ij = Σ_c a_ic b_jc e^(γ_ic − γ_jc) for j < i (strict) or j <= i, else 0. a, b (..., C, d), gamma
-    (..., C, 1) or (..., C, d) non-increasing down the chunk -> M (..., C, C)."""
+def decayed_products(lefts: tuple[Array, ...], b: Array, gamma: Array, *, strict: bool) -> list[Array]:
+    """For each a of lefts, M_ij = Σ_c a_ic b_jc e^(γ_ic − γ_jc) for j < i (strict) or j <= i, else 0: a, b
+    (..., C, d), gamma (..., C, 1) or (..., C, d) non-increasing down the chunk -> M (..., C, C) each (bᵀ and the
+    decays made once for all)."""
     if gamma.shape[-1] == 1:  # one decay per head: (a bᵀ) ∘ e^(γ_i − γ_j), masked before the exp (no overflow)
-        return (a @ _t(b)) * _pairwise_decay(gamma[..., 0], strict)  # (..., C, C)
-    C = a.shape[-2]
-    out = np.zeros((*a.shape[:-1], C), a.dtype)  # (..., C, C)
-    for r0 in range(0, C, SUB_BLOCK):
-        rows = slice(r0, min(r0 + SUB_BLOCK, C))
-        if r0:  # the columns before the block: both factors measured from row r0 - 1, so e^(...) <= 1
-            a_left, b_left = _split_at(a[..., rows, :], b[..., :r0, :], gamma, r0, rows)
-            out[..., rows, :r0] = a_left @ _t(b_left)  # (..., s, r0)
-        out[..., rows, rows] = _diagonal_block(a[..., rows, :], b[..., rows, :], gamma[..., rows, :], strict)
-    return out
+        b_t, decay = _t(b), _pairwise_decay(gamma[..., 0], strict)  # (..., d, C), (..., C, C)
+        return [np.multiply(a @ b_t, decay, out=np.empty_like(decay)) for a in lefts]
+    C = b.shape[-2]
+    products = []
+    for a in lefts:
+        out = np.zeros((*a.shape[:-1], C), a.dtype)  # (..., C, C)
+        for r0 in range(0, C, SUB_BLOCK):
+            rows = slice(r0, min(r0 + SUB_BLOCK, C))
+            if r0:  # the columns before the block: both factors measured from row r0 - 1, so e^(...) <= 1
+                a_left, b_left = _split_at(a[..., rows, :], b[..., :r0, :], gamma, r0, rows)
+                out[..., rows, :r0] = a_left @ _t(b_left)  # (..., s, r0)
+            out[..., rows, rows] = _diagonal_block(a[..., rows, :], b[..., rows, :], gamma[..., rows, :], strict)
+        products.append(out)
+    return products
 
 
 def _pairwise_decay(gamma: Array, strict: bool) -> Array:
-    """e^(γ_i − γ_j) where j < i (strict) or j <= i, else 0: gamma (..., C) -> (..., C, C)."""
+    """e^(γ_i − γ_j) where j < i (strict) or j <= i, else 0: gamma (..., C) -> (..., C, C). The exponent is taken
+    only below the diagonal, where it is <= 0: above it, γ_i − γ_j > 0 could overflow."""
     C = gamma.shape[-1]
-    lower = np.tri(C, k=-1 if strict else 0, dtype=bool)  # (C, C)
-    return np.exp(np.where(lower, gamma[..., :, None] - gamma[..., None, :], -np.inf))
+    difference = gamma[..., :, None] - gamma[..., None, :]  # (..., C, C)
+    return np.exp(difference, out=np.zeros_like(difference), where=np.tri(C, k=-1 if strict else 0, dtype=bool))
 
 
 def _split_at(a_rows: Array, b_left: Array, gamma: Array, r0: int, rows: slice) -> tuple[Array, Array]:
@@ -300,13 +309,13 @@ def chunk_terms(x: Tokens) -> ChunkTerms:
     C = x.q.shape[-2]
     gamma = np.cumsum(x.g, axis=-2)  # (N, n, C, 1|d_k)
     decay = np.exp(gamma)  # (N, n, C, 1|d_k): e^γ <= 1
-    k_beta = x.k * x.beta[..., None]  # (N, n, C, d_k)
-    inverse = invert_unit_lower(decayed_products(k_beta, x.k, gamma, strict=True))  # (N, n, C, C): (I + A)⁻¹
+    a, p = decayed_products((x.k, x.q), x.k, gamma, strict=False)  # (N, n, C, C) each: k kᵀ and q kᵀ, decayed
+    a *= x.beta[..., :, None]  # A = diag(β) (k kᵀ ∘ e^(γ_i − γ_j)), its diagonal too, which the inverse never reads
+    inverse = invert_unit_lower(a)  # (N, n, C, C): (I + A)⁻¹
     u = inverse @ (x.v * x.beta[..., None])  # (N, n, C, d_v)
     wq = np.empty((*x.q.shape[:-2], 2 * C, x.q.shape[-1]), x.q.dtype)  # (N, n, 2C, d_k)
-    np.matmul(inverse, k_beta * decay, out=wq[..., :C, :])  # W = T β e^γ k
+    np.matmul(inverse, x.k * (x.beta[..., None] * decay), out=wq[..., :C, :])  # W = T β e^γ k
     np.multiply(x.q, decay, out=wq[..., C:, :])  # e^γ q
-    p = decayed_products(x.q, x.k, gamma, strict=False)  # (N, n, C, C)
     k_to_end_t = _t(x.k * np.exp(gamma[..., -1:, :] - gamma))  # (N, n, d_k, C): (e^(γ_C − γ) k)ᵀ
     return ChunkTerms(gamma, inverse, u, wq, p, k_to_end_t, decay[..., -1, :, None])
 
@@ -331,20 +340,26 @@ class Kept(NamedTuple):
 
 def _forward(x: Tokens, state: Array, C: int, kept: Kept | None) -> tuple[Array, Array]:
     """The groups in order, each's first phase then its scan: o (N, n·C, d_v), the padding's rows too, and the
-    final state (N, d_k, d_v)."""
-    heads, n = x.q.shape[0], -(-x.q.shape[1] // C)
-    o = np.empty((heads, n * C, x.v.shape[-1]), x.v.dtype)  # (N, n·C, d_v)
-    step = chunks_per_group(heads, C, x.q.shape[-1], x.v.shape[-1], x.q.dtype.itemsize) * C
+    final state (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the
+    state, and new memory costs the process more than the arithmetic on it."""
+    (heads, T, d_k), d_v = x.q.shape, x.v.shape[-1]
+    n = -(-T // C)
+    o = np.empty((heads, n * C, d_v), x.v.dtype)  # (N, n·C, d_v)
+    state = state.copy()  # (N, d_k, d_v): from here on written in place
+    read, write = np.empty((heads, 2 * C, d_v), o.dtype), np.empty((heads, C, d_v), o.dtype)
+    products, update = np.empty_like(write), np.empty_like(state)  # (N, C, d_v), (N, d_k, d_v)
+    step = chunks_per_group(heads, C, d_k, d_v, x.q.dtype.itemsize) * C
     for start in range(0, n * C, step):
         terms = chunk_terms(x.chunks(C, start, min(start + step, n * C)))
         for c in range(terms.u.shape[1]):
             tokens = slice(start + c * C, start + (c + 1) * C)
             if kept is not None:
                 kept.states[tokens.start // C] = state
-            read = terms.wq[:, c] @ state  # (N, 2C, d_v): [W S; e^γ q S]
-            write = terms.u[:, c] - read[:, :C]  # (N, C, d_v): u = U − W S
-            np.add(read[:, C:], terms.p[:, c] @ write, out=o[:, tokens])  # o = e^γ q S + P u
-            state = terms.chunk_decay[:, c] * state + terms.k_to_end_t[:, c] @ write  # (N, d_k, d_v)
+            np.matmul(terms.wq[:, c], state, out=read)  # (N, 2C, d_v): [W S; e^γ q S]
+            np.subtract(terms.u[:, c], read[:, :C], out=write)  # (N, C, d_v): u = U − W S
+            np.add(read[:, C:], np.matmul(terms.p[:, c], write, out=products), out=o[:, tokens])  # e^γ q S + P u
+            state *= terms.chunk_decay[:, c]  # S' = e^(γ_C) S + (e^(γ_C − γ) k)ᵀ u
+            state += np.matmul(terms.k_to_end_t[:, c], write, out=update)
             if kept is not None:
                 kept.writes[:, tokens] = write
     return o, state
