@@ -97,16 +97,22 @@ def measure_prefill(T: int, args: argparse.Namespace, run: SimpleNamespace) -> d
     if run.torch is not None:
         steps["torch"] = lambda: run.torch(q, k, v, g, beta, C)
     gold = steps["recurrent"]()
-    for name in ("chunks", "torch"):
-        if name in steps:
+    for name in ("chunks", "torch", "flash"):
+        if name == "flash":
+            steps[name]()  # its first run (flash attention computes another thing: nothing to compare)
+        elif name in steps:
             diff = relative(steps[name](), gold)
             check(diff <= SAME, f"T = {T:,}: {name} equals the recurrence (relative {diff:.1e})")
     row: dict[str, Any] = {"tokens": T, **common.beside_the_row("float32", run.rate)}
-    turns = ["chunks", "torch"] if "torch" in steps else ["chunks"]  # taken in turns: a drift slows both alike
-    times = alternating_medians_ms([steps[name] for name in turns], args.repeats, rounds=2, idle=common.SETTLE_SECONDS)
+    # each step has run once (its check): the rest are timed without more warm-up, the long ones being long;
+    # ours and torch's in turns, so that a drift of the machine slows both alike
+    turns = ["chunks", "torch"] if "torch" in steps else ["chunks"]
+    times = alternating_medians_ms([steps[name] for name in turns], args.repeats, rounds=2, idle=common.SETTLE_SECONDS,
+                                   warmup=0)  # fmt: skip
     row.update({f"{name}_ms": ms for name, ms in zip(turns, times, strict=True)})
     for name in ("recurrent", "flash"):
-        row[f"{name}_ms"] = common.settled_median_ms(steps[name], args.repeats)
+        row[f"{name}_ms"] = alternating_medians_ms([steps[name]], args.repeats, rounds=1, idle=common.SETTLE_SECONDS,
+                                                   warmup=0)[0]  # fmt: skip
     row["chunk_flops"] = chunk_flops(T, args.heads, args.head_dim, C)
     row["flash_flops"] = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=True)
     return row
