@@ -278,6 +278,12 @@ def test_the_caches_bytes_never_grow_and_equal_the_memory_bill(dtype):
     assert shape.state_bytes(1, np.dtype(dtype).name, batch=3) == bill + 3 * SHAPE.conv_channels * itemsize
 
 
+def test_the_weights_are_the_parameters_the_bill_counts():
+    shape = LinearAttention("gated_deltanet", SHAPE.key_heads, SHAPE.value_heads, SHAPE.key_dim, SHAPE.value_dim,
+                            SHAPE.conv_kernel)  # fmt: skip
+    assert sum(w.size for w in SHAPE.init_weights(rng=0)) == shape.parameters(SHAPE.d_model)
+
+
 def test_a_state_read_back_after_a_save_and_a_pickle_decodes_on_the_same(tmp_path):
     rng = np.random.default_rng(14)
     weights, x = make_weights(), rng.standard_normal((2, 9, SHAPE.d_model))

@@ -149,9 +149,11 @@ def invert_unit_lower(a: Array) -> Array:
     then pairs of blocks joined, [[T₁, 0], [A₂₁, T₂]]⁻¹ = [[T₁, 0], [−T₂ A₂₁ T₁, T₂]], doubling to C."""
     C = a.shape[-1]
     inverse = np.zeros_like(a)  # (..., C, C)
-    for r0 in range(0, C, SUB_BLOCK):
-        rows = slice(r0, min(r0 + SUB_BLOCK, C))
-        inverse[..., rows, rows] = _substitute(a[..., rows, rows])
+    blocks = [slice(r0, min(r0 + SUB_BLOCK, C)) for r0 in range(0, C, SUB_BLOCK)]
+    whole = [rows for rows in blocks if rows.stop - rows.start == SUB_BLOCK]  # substituted all at once
+    inverted = _substitute(np.stack([a[..., rows, rows] for rows in whole], axis=-3)) if whole else a[..., :0, :0]
+    for i, rows in enumerate(blocks):  # (..., m, s, s): the m whole blocks; a shorter last one on its own
+        inverse[..., rows, rows] = inverted[..., i, :, :] if i < len(whole) else _substitute(a[..., rows, rows])
     size = SUB_BLOCK
     while size < C:
         for r0 in range(0, C - size, 2 * size):
