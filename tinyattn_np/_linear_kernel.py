@@ -102,10 +102,13 @@ def _split_at(a_rows: Array, b_left: Array, gamma: Array, r0: int, rows: slice) 
 
 def _diagonal_block(a: Array, b: Array, gamma: Array, strict: bool) -> Array:
     """decayed_products of one sub-block, per channel: (..., s, d) each -> (..., s, s), through (..., s, s, d)."""
-    s = a.shape[-2]
-    lower = np.tri(s, k=-1 if strict else 0, dtype=bool)[..., None]  # (s, s, 1)
-    decay = np.exp(np.where(lower, gamma[..., :, None, :] - gamma[..., None, :, :], -np.inf))  # (..., s, s, d)
-    return np.einsum("...ic,...jc,...ijc->...ij", a, b, decay)
+    return np.einsum("...ic,...jc,...ijc->...ij", a, b, _block_decay(gamma, strict))
+
+
+def _block_decay(gamma: Array, strict: bool) -> Array:
+    """e^(γ_ic − γ_jc) for j < i (strict) or j <= i, else 0, in one sub-block: gamma (..., s, d) -> (..., s, s, d)."""
+    lower = np.tri(gamma.shape[-2], k=-1 if strict else 0, dtype=bool)[..., None]  # (s, s, 1)
+    return np.exp(np.where(lower, gamma[..., :, None, :] - gamma[..., None, :, :], -np.inf))
 
 
 def decayed_products_backward(dm: Array, a: Array, b: Array, gamma: Array, *, strict: bool) -> tuple[Array, ...]:
@@ -134,19 +137,16 @@ def _channel_backward(dm: Array, a: Array, b: Array, gamma: Array, strict: bool)
             ref = gamma[..., r0 - 1 : r0, :]  # (..., 1, d)
             da[..., rows, :] += (dm[..., rows, :r0] @ b_left) * np.exp(gamma[..., rows, :] - ref)  # (..., s, d)
             db[..., :r0, :] += (_t(dm[..., rows, :r0]) @ a_left) * np.exp(ref - gamma[..., :r0, :])
-        s = rows.stop - r0
-        lower = np.tri(s, k=-1 if strict else 0, dtype=bool)[..., None]  # (s, s, 1)
-        g = gamma[..., rows, :]  # (..., s, d)
-        decay = np.exp(np.where(lower, g[..., :, None, :] - g[..., None, :, :], -np.inf))  # (..., s, s, d)
-        dm_block = dm[..., rows, rows]  # (..., s, s)
+        decay, dm_block = _block_decay(gamma[..., rows, :], strict), dm[..., rows, rows]  # (..., s, s, d), (..., s, s)
         da[..., rows, :] += np.einsum("...ij,...jc,...ijc->...ic", dm_block, b[..., rows, :], decay)
         db[..., rows, :] += np.einsum("...ij,...ic,...ijc->...jc", dm_block, a[..., rows, :], decay)
     return da, db
 
 
 def invert_unit_lower(a: Array) -> Array:
-    """(I + A)⁻¹ for A (..., C, C) strictly lower triangular: blocks of SUB_BLOCK rows by forward substitution,
-    then pairs of blocks joined, [[T₁, 0], [A₂₁, T₂]]⁻¹ = [[T₁, 0], [−T₂ A₂₁ T₁, T₂]], doubling to C."""
+    """(I + A)⁻¹ for A (..., C, C) strictly lower triangular (its diagonal and what lies above are never read):
+    blocks of SUB_BLOCK rows by forward substitution, then pairs of blocks joined, [[T₁, 0], [A₂₁, T₂]]⁻¹ =
+    [[T₁, 0], [−T₂ A₂₁ T₁, T₂]], doubling to C."""
     C = a.shape[-1]
     inverse = np.zeros_like(a)  # (..., C, C)
     blocks = [slice(r0, min(r0 + SUB_BLOCK, C)) for r0 in range(0, C, SUB_BLOCK)]

@@ -164,9 +164,9 @@ def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, *, chu
                      l2norm_qk: bool = False) -> Array | tuple[Array, Array]:  # fmt: skip
     """The gated delta rule as transformers' torch_chunk_gated_delta_rule computes it, in our layout:
     q, k (B, H, T, d_k), v (B, Hv, T, d_v), g and beta (B, Hv, T) -> o (B, Hv, T, d_v), and with return_state
-    the final state (B, Hv, d_k, d_v). Each q/k head serves Hv / H consecutive value heads; l2norm_qk=True
-    normalises q and k to unit length first; q is scaled by d_k^-½. g (B, Hv, T, d_k): a decay per key
-    channel (Kimi Delta Attention). chunk_size=None: the recurrent form, a token at a time; else chunks.
+    the final state (B, Hv, d_k, d_v) in the compute dtype. Each q/k head serves Hv / H consecutive value heads;
+    l2norm_qk=True normalises q and k to unit length first; q is scaled by d_k^-½. g (B, Hv, T, d_k): a decay
+    per key channel (Kimi Delta Attention). chunk_size=None: the recurrent form, a token at a time; else chunks.
     g <= 0 (a decay), beta in [0, 2]; initial_state (B, Hv, d_k, d_v) or None (zeros).
 
     >>> o = gated_delta_rule(*np.ones((3, 1, 1, 2, 4)), np.zeros((1, 1, 2)), np.ones((1, 1, 2)), l2norm_qk=True)
@@ -418,6 +418,7 @@ def _layer(x: Array, w: GatedDeltaNetWeights, shape: GatedDeltaNetShape, past: A
     q, k, v = _heads(_silu(conv_out), shape)  # (B, Hk, T, Dk) x2, (B, Hv, T, Dv)
     a = x @ w.w_a + w.dt_bias  # (B, T, Hv)
     g = (-np.exp(w.a_log) * np.logaddexp(0, a)).transpose(0, 2, 1)  # (B, Hv, T): softplus(a) = log(1 + e^a)
+    # (torch's F.softplus gives a itself past a = 20, 2e-9 below this)
     beta = _sigmoid(x @ w.w_b).transpose(0, 2, 1)  # (B, Hv, T)
     rule = chunk_size if T > 1 else None  # one token: the recurrent step
     o, new_state = gated_delta_rule(q, k, v, g, beta, chunk_size=rule, initial_state=state, return_state=True,
