@@ -135,6 +135,7 @@ SMALLEST_RUNS = {
     "torch_naive.py": ["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"],
     "tiles.py": ["--tokens", "256", "--repeats", "1"],
     "flex.py": ["--tokens", "256", "--repeats", "1"],
+    "linear.py": ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "--contexts", "32", "--repeats", "1"],
     "mla.py": ["--contexts", "256", "--heads", "8", "--repeats", "1"],
     "train.py": ["--steps", "20"],
     "train_speed.py": ["--presets", "tiny", "--tokens", "64", "--repeats", "1"],

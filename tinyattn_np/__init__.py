@@ -27,30 +27,34 @@ The reading order: each file uses only what came before it.
                          the MLP, dropout, cross-entropy
     19  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    20  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    20  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
+                         d_k x d_v per head, a token at a time or in chunks, the gradients by hand, Qwen3-Next's
+                         layer and its decoding cache, whose bytes never grow
+    21  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    21  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    22  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    23  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    24  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (23 to 26 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    22  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    23  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    24  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    25  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    26  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    27  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (24 to 27 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    27  peaks.py         what our own functions allocate, worked out from their tiles
-    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    29  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    30  measure.py       peaks, timings and machine facts, as the scripts measure them
-    31  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    32  report.py        the tables the scripts print
-    33  text.py          tokens and embeddings for the demos
-    34  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    28  peaks.py         what our own functions allocate, worked out from their tiles
+    29  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    30  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    31  measure.py       peaks, timings and machine facts, as the scripts measure them
+    32  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    33  report.py        the tables the scripts print
+    34  text.py          tokens and embeddings for the demos
+    35  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
-_bytes.py (bytes per dtype, byte units).
+_bytes.py (bytes per dtype, byte units), _linear_kernel.py (the gated delta rule's chunks over every head, its
+backward and the decode step) and _linear_checks.py (its input checks).
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -98,6 +102,20 @@ from .layers import (
     rms_norm_backward,
     swiglu,
     swiglu_backward,
+)
+from .linear import (
+    DeltaRuleGrads,
+    GatedDeltaCache,
+    GatedDeltaNetSaved,
+    GatedDeltaNetShape,
+    GatedDeltaNetWeights,
+    gated_delta_rule,
+    gated_delta_rule_backward,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    gated_delta_rule_recurrent_backward,
+    gated_deltanet,
+    gated_deltanet_backward,
 )
 from .masks import causal_mask, window_mask
 from .memory import (
@@ -169,6 +187,18 @@ from .tune import tune, untune
 __version__ = "0.1.0"
 
 __all__ = [
+    "DeltaRuleGrads",
+    "GatedDeltaCache",
+    "GatedDeltaNetSaved",
+    "GatedDeltaNetShape",
+    "GatedDeltaNetWeights",
+    "gated_delta_rule",
+    "gated_delta_rule_backward",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gated_delta_rule_recurrent_backward",
+    "gated_deltanet",
+    "gated_deltanet_backward",
     "AdamW",
     "Alibi",
     "Attended",
