@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from types import ModuleType
 
@@ -9,6 +10,13 @@ import numpy as np
 import pytest
 from scipy.special import softmax as scipy_softmax
 from test_scripts import load
+
+# Ctrl-C reaches the programs the tests start and then interrupt (SIGINT), also when the suite itself runs as a
+# background job: a shell starts a background job with SIGINT ignored, a child inherits an ignored signal through
+# exec, and a Python started with SIGINT ignored never turns it into KeyboardInterrupt. A handler of this process's
+# own is reset to the default in every child it starts, so the children hear Ctrl-C as a user's program would.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def tolerance(dtype: np.dtype) -> dict[str, float]:

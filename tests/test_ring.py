@@ -417,6 +417,27 @@ def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch)
 
 
 HYDRA_TOPOLOGY = "hydra_hwloc_xmlfile_*"  # what MPICH's mpiexec leaves in /tmp when its job is aborted
+SHARED_MEMORY = Path("/dev/shm")  # where MPICH's ranks share memory on one machine (POSIX shm_open)
+MPICH_SEGMENTS = "mpich_shm_*"  # a job's shared memory: one that ends by MPI_Abort or a kill never unlinks it
+
+
+def segments_in_use(paths: set[Path]) -> set[Path]:
+    """Those of paths that a live process maps or holds open (/proc): another job's, still running."""
+    names, used = {str(path) for path in paths}, set()
+    for process in Path("/proc").glob("[0-9]*"):
+        try:
+            maps = (process / "maps").read_text(errors="replace")
+            links = {os.readlink(fd) for fd in (process / "fd").iterdir()}
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        used |= {name for name in names if name in maps or name in links}
+    return {Path(name) for name in used}
+
+
+def left_segments(before: set[Path]) -> set[Path]:
+    """The MPICH segments made since `before` that no live process uses: what an ended job left behind."""
+    new = set(SHARED_MEMORY.glob(MPICH_SEGMENTS)) - before
+    return new - segments_in_use(new) if new else set()
 
 
 @contextmanager
@@ -427,16 +448,23 @@ def mpi_job_environment() -> Iterator[dict[str, str]]:
     MPICH's mpiexec writes the machine's topology for its processes to /tmp/hydra_hwloc_xmlfile_* (TMPDIR or
     not), unless HWLOC_XMLFILE names a topology file, and a job that ends by MPI_Abort or Ctrl-C never removes
     it: the job's HWLOC_XMLFILE names a file in its own folder (one that need not exist: hwloc then reads the
-    machine itself)."""
-    with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
-        yield dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            OMP_NUM_THREADS="1",
-            OPENBLAS_NUM_THREADS="1",
-            TMPDIR=job_folder,
-            HWLOC_XMLFILE=os.path.join(job_folder, "topology.xml"),
-        )
+    machine itself). Its ranks share memory through /dev/shm/mpich_shm_* files, which such a job leaves too:
+    those made during the job that no live process uses when it ends are removed (another job's, running
+    beside it in another test process, are in use and stay)."""
+    before = set(SHARED_MEMORY.glob(MPICH_SEGMENTS))
+    try:
+        with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
+            yield dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1",
+                TMPDIR=job_folder,
+                HWLOC_XMLFILE=os.path.join(job_folder, "topology.xml"),
+            )
+    finally:
+        for segment in left_segments(before):
+            segment.unlink(missing_ok=True)
 
 
 def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -459,13 +487,15 @@ def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> su
 
 
 @needs_mpiexec
-def test_an_aborted_job_leaves_nothing_in_the_temporary_folder() -> None:
+def test_an_aborted_job_leaves_nothing_in_the_temporary_folder_or_the_shared_memory() -> None:
     temp = Path(tempfile.gettempdir())
-    before = set(temp.glob(HYDRA_TOPOLOGY))
+    before, segments_before = set(temp.glob(HYDRA_TOPOLOGY)), set(SHARED_MEMORY.glob(MPICH_SEGMENTS))
     result = run_mpi(2, "-c", "from mpi4py import MPI; MPI.COMM_WORLD.Abort(3)", timeout=60)
     assert result.returncode != 0, result.stdout + result.stderr
     left = set(temp.glob(HYDRA_TOPOLOGY)) - before
     assert not left, f"the aborted job left {sorted(p.name for p in left)} in {temp}"
+    segments = left_segments(segments_before)
+    assert not segments, f"the aborted job left {sorted(p.name for p in segments)} in {SHARED_MEMORY}"
 
 
 COMM_NONE_ON_RANK_1 = """
