@@ -28,8 +28,8 @@ import numpy as np
 
 import tinyattn_np
 from tinyattn_np import attention, best_unit, flash_attention, flash_attention_bytes, format_bytes, to_unit
-from tinyattn_np._guard import memory_available, memory_total
-from tinyattn_np._mpi import idle_wait, load_mpi  # noqa: F401  (the scripts call them as common's)
+from tinyattn_np.measure import memory_available, memory_total
+from tinyattn_np.mpi_job import idle_wait, load_mpi  # noqa: F401  (the scripts call them as common's)
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import machine_info, median_ms
 from tinyattn_np.report import (  # noqa: F401  (table, text_table: the scripts call them as common's too)

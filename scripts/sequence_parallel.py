@@ -37,7 +37,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape, to_unit
-from tinyattn_np._mpi import StopTogether
+from tinyattn_np.mpi_job import StopTogether
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops

@@ -32,7 +32,6 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, splitkv, tune
-from tinyattn_np._checks import compute_dtype
 from tinyattn_np.backward import (
     _check_weights_sum_to_one,
     _flex_backward,
@@ -267,7 +266,7 @@ def best_ms(fn: Any, repeats: int) -> float:
 def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: Any, clock: Any) -> tuple[Any, Any]:
     """flash_forward on one thread, its items in its order, with the set-up timed (clock) and each item's tiles
     run by block_copy: its out and lse (the kernel's bits)."""
-    ct = compute_dtype(q, k, v)
+    ct = np.result_type(q, k, v, np.float32)  # the kernel's compute dtype: float32, or float64 where an input is
     with clock(COPIES):
         arrays = grouped_heads(q, k, v, dims, ct)
     for item in forward_items(dims, plan, len(arrays.q), len(arrays.k)):
@@ -320,7 +319,7 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
                   dims: Any, plan: Any, clock: Any) -> tuple[Any, ...]:  # fmt: skip
     """_flex_backward on one thread, every key block of every head in the kernel's order, with the set-up and
     the ending timed (clock) and each key block's tiles run by key_block_copy: dq, dk, dv (the kernel's bits)."""
-    ct = compute_dtype(q, k, v, out, dout)
+    ct = np.result_type(q, k, v, out, dout, np.float32)  # float32, or float64 where an input is
     n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
     with clock(COPIES):
         k_c, v_c = (np.ascontiguousarray(x.reshape(n_heads // dims.group, dims.n_k, -1), dtype=ct) for x in (k, v))

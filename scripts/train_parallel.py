@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, rope_backward
-from tinyattn_np._mpi import StopTogether
+from tinyattn_np.mpi_job import StopTogether
 from tinyattn_np.report import Checklist, text_table
 from tinyattn_np.ring import ring_attention, ring_attention_backward
 from tinyattn_np.shards import shard

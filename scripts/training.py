@@ -38,7 +38,7 @@ import common
 import numpy as np
 import text_data
 
-from tinyattn_np._mpi import StopTogether, abort_on_failure
+from tinyattn_np.mpi_job import StopTogether, abort_on_failure
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
 from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm, warmup_cosine_lr
 from tinyattn_np.sampling import generate
