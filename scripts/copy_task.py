@@ -39,10 +39,13 @@ import numpy as np
 from tinyattn_np import MultiHeadAttention, attention, naive_attention_bytes
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes, flash_attention_bytes
-from tinyattn_np.report import positive, text_table
+from tinyattn_np.report import add_seed_and_format, positive, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this module, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this one shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
 
 SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
 SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"  # one character per token
@@ -298,8 +301,8 @@ def check_run(args: argparse.Namespace, script: str) -> None:
     cannot end within MAX_MINUTES even at its matmul rate (the error names the script that was run)."""
     needed, flops = run_bill(args)
     lower = "lower --batch, --length, --d-model, --layers or --steps"
-    problem = common.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
-    problem = problem or common.time_problem(flops, common.matmul_rate("float32", n=1024, repeats=3), lower)
+    problem = limits.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
+    problem = problem or limits.time_problem(flops, machine.matmul_rate("float32", n=1024, repeats=3), lower)
     if problem:
         sys.exit(f"{script}: error: {problem}")
 
@@ -337,9 +340,9 @@ def parse_args(
     )  # fmt: skip
     if add_more is not None:
         add_more(p)
-    common.add_plot_arguments(p, "the attention before and after")
+    outputs.add_plot_arguments(p, "the attention before and after")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "data and weights")
+    add_seed_and_format(p, "data and weights")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
@@ -359,8 +362,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--d-model ({args.d_model}) must split into --heads ({args.heads}) heads of an even size (RoPE)")
     if args.heads % kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
-    common.check_output(p, "--json", args.json)
-    common.check_plot(p, args.plot, args.overwrite)
+    outputs.check_output(p, "--json", args.json)
+    outputs.check_plot(p, args.plot, args.overwrite)
 
 
 class NonFiniteLoss(ArithmeticError):
@@ -465,7 +468,7 @@ def print_intro(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """train.py --task copy: the gradient check, the training, the table and the heat maps; the exit code."""
     check_run(args, "train.py")
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     print_intro(args)
     if args.check:
@@ -482,7 +485,7 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, NonFiniteLoss) as err:
         stop = err
     seconds = time.perf_counter() - start
-    busy = common.busy_reasons()
+    busy = machine.busy_reasons()
     print(f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
           f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
     print_rows(rows, args.format)
@@ -491,8 +494,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         figures = {"machine": info, "args": vars(args), "seconds": seconds, "busy": busy, "rows": rows}
         figures["stopped"] = None if stop is None else str(stop) or "Ctrl-C"
-        common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
+        outputs.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, NonFiniteLoss):
         print(f"train.py: stopped: {stop}", file=sys.stderr)
         return 1
-    return common.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0
+    return interrupts.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0

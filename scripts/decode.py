@@ -50,11 +50,15 @@ from tinyattn_np.masks import window_mask
 from tinyattn_np.measure import alternating_medians_ms, read_once, traced_peak
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_bytes
-from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width
+from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, max_diff, positive, table_width
 from tinyattn_np.splitkv import DECODE_LAYOUTS, decode_layout, in_layout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_TOKENS = 4096  # recomputing T tokens at every step costs T³ / 3 scores in all: past this, minutes
@@ -152,13 +156,13 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
                 results[name] = step()
                 times[name].append(time.perf_counter() - t0)
         logits = results["cached"]
-        run.worst = max(run.worst, common.max_diff(logits, results["recompute"]))
+        run.worst = max(run.worst, max_diff(logits, results["recompute"]))
         run.same_tokens &= int(np.argmax(results["recompute"])) == int(np.argmax(logits))
         if measure:  # 2) a row, and the window cache checked against a full recompute under the band mask
             windowed = model.windowed_logits(tokens, args.window)
-            run.window_worst = max(run.window_worst, common.max_diff(results["window"], windowed))
+            run.window_worst = max(run.window_worst, max_diff(results["window"], windowed))
             run.rows.append(generation_row(model, args, run, token, times, peaks, caches))
-            common.progress(f"  context {len(tokens)}: row measured")
+            outputs.progress(f"  context {len(tokens)}: row measured")
             times = {name: [] for name in times}
 
 
@@ -177,7 +181,7 @@ def generation_row(model: TinyDecoder, args: argparse.Namespace, run: Any, token
         "window_bytes": cache_bytes_in_use(caches["window"]),
         "window_kv_cache_bytes": kv_cache_bytes(context, window=args.window, **sizes),
         "max_diff": run.worst,
-        **common.beside_the_row(args.dtype, run.rate, n=RATE_SIZE),
+        **machine.beside_the_row(args.dtype, run.rate, n=RATE_SIZE),
     }
     if run.torch_step is not None:
         row.update(run.torch_step(model, caches["cached"][0], token, context))
@@ -197,7 +201,7 @@ def check_generation(run: Any, args: argparse.Namespace) -> None:
 
 def make_torch_step(args: argparse.Namespace) -> Any:
     """A function timing torch SDPA and flash_decode on one layer's decode step (L = 1, S = context)."""
-    torch, F = common.load_torch()
+    torch, F = torch_import.load_torch()
 
     def step(model: TinyDecoder, cache: KVCache, token: int, context: int) -> dict[str, float]:
         block = model.blocks[0]
@@ -206,9 +210,9 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))  # copies: the views are read-only
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
-        check(common.max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
+        check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
         # settled: no library's threads still spin from the other's last call (one held torch's for 8 ms)
-        settled = common.settled_median_ms
+        settled = machine.settled_median_ms
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
         return {"ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5), "torch_step_ms": settled(sdpa, 5)}
 
@@ -237,7 +241,7 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
           f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}")  # fmt: skip
     label = lambda r: f"context {r['context']:,}"  # noqa: E731
-    print(common.marked_table(table, rows, headers, args.format, label, width=table_width(args)))
+    print(machine.marked_table(table, rows, headers, args.format, label, width=table_width(args)))
     print("  ms/token: mean over the steps since the previous row; peak: one step under tracemalloc, output included")
     print("  cache KiB: the keys and values attention sees now, all layers (the views' bytes)")
     first, last = rows[0], rows[-1]
@@ -308,7 +312,7 @@ def paged(lengths: list[int], k: np.ndarray, v: np.ndarray, size: int, scattered
 def torch_runs(q: np.ndarray, k: np.ndarray, v: np.ndarray, gold: np.ndarray, args: argparse.Namespace) -> list:
     """torch SDPA (enable_gqa: a slow path on CPU) and torch's fastest formulation of the same step that we
     know on CPU: plain matmuls with the G query heads of each kv head stacked into one (G, E) matrix."""
-    torch, F = common.load_torch()
+    torch, F = torch_import.load_torch()
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
     stacked = tq.reshape(args.kv_heads, -1, args.head_dim) / args.head_dim**0.5  # (Hkv, G, E), the scale folded in
     weights = lambda: torch.softmax(stacked @ tk[0].transpose(-1, -2), dim=-1)  # noqa: E731  (Hkv, G, S)
@@ -320,18 +324,18 @@ def torch_runs(q: np.ndarray, k: np.ndarray, v: np.ndarray, gold: np.ndarray, ar
 def measure_kernel(item: tuple[str, str, Any, Any], args: argparse.Namespace, rate: float, runs: list) -> dict:
     """One row: the kernel checked and timed; torch's fastest also in turns with flash_decode (a drift slows both)."""
     name, group, kernel, gold = item
-    common.progress(f"  {name}")
+    outputs.progress(f"  {name}")
     out = kernel()
-    diff = None if gold is None else common.max_diff(out.numpy() if hasattr(out, "numpy") else out, gold)
+    diff = None if gold is None else max_diff(out.numpy() if hasattr(out, "numpy") else out, gold)
     tol = 1e-5 if args.dtype == "float32" else 1e-12
     if diff is not None:  # a kernel (a read of the bytes, the floor, gives no answer to check)
         check(diff <= tol, f"{name} equals attention() (max |diff| {diff:.1e})")
-    machine = common.beside_the_row(args.dtype, rate, n=RATE_SIZE)
-    ms = common.settled_median_ms(kernel, args.repeats)  # after an idle: BLAS's threads spin after the rate's matmul
-    row = {"kernel": name, "group": group, "ms": ms, "max_diff": diff, **machine}
+    beside = machine.beside_the_row(args.dtype, rate, n=RATE_SIZE)
+    ms = machine.settled_median_ms(kernel, args.repeats)  # after an idle: BLAS's threads spin after the rate's matmul
+    row = {"kernel": name, "group": group, "ms": ms, "max_diff": diff, **beside}
     if name == TORCH_FASTEST:
         flash = next(run for row_name, _, run, _ in runs if row_name == FLASH)
-        row["in_turns"] = alternating_medians_ms([flash, kernel], args.repeats, TURNS, idle=common.SETTLE_SECONDS)
+        row["in_turns"] = alternating_medians_ms([flash, kernel], args.repeats, TURNS, idle=machine.SETTLE_SECONDS)
     return row
 
 
@@ -352,7 +356,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
     print(f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
           f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype};\n   the cache read is {kv}")  # fmt: skip
     headers += ["max |diff| vs attention()"]
-    print(common.marked_table(body, rows, headers, args.format, lambda r: r["kernel"], width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, lambda r: r["kernel"], width=table_width(args)))
     print("  floor: the faster of the two reads of the same bytes (for the batch, its own bytes), in this run")
     print(f"  flash_decode's layout in force: {decode_layout()}")
     if turns:
@@ -376,7 +380,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    tokens, heads = positive(int, MAX_TOKENS), positive(int, common.MAX_HEADS)
+    tokens, heads = positive(int, MAX_TOKENS), positive(int, limits.MAX_HEADS)
     p.add_argument("--tokens", type=tokens, default=248, help="tokens to generate (default 248)")
     p.add_argument("--prompt", type=tokens, default=8, help="prompt tokens, one prefill (default 8)")
     p.add_argument("--window", type=tokens, default=16, help="sliding window of the window cache (default 16)")
@@ -384,12 +388,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=positive(int, 64), default=2, help="attention blocks (default 2)")
     p.add_argument("--vocab", type=positive(int, 1_000_000), default=512, help="vocabulary size (default 512)")
     p.add_argument("--step", action="store_true", help="time one long decode step instead of generating")
-    p.add_argument("--context", type=positive(int, common.MAX_TOKENS), default=32768,
+    p.add_argument("--context", type=positive(int, limits.MAX_TOKENS), default=32768,
                    help="--step: cached keys S (default 32768)")  # fmt: skip
     p.add_argument("--heads", type=heads, default=None, help="query heads (default 4; --step: 32)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default 2; --step: 8)")
     p.add_argument("--head-dim", type=heads, default=128, help="--step: channels per head E (default 128)")
-    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=5,
+    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=5,
                    help="--step: timed runs per kernel (default 5)")  # fmt: skip
     add_wide_argument(p)
     p.add_argument("--dtype", choices=["float32", "float64"], default=None,
@@ -397,7 +401,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torch", action="store_true", help="add torch (CPU): SDPA, and with --step also plain matmuls")
     p.add_argument("--layouts", action="store_true", help="--step: also flash_decode under each block layout")
     p.add_argument("--json", metavar="PATH", help="also write the rows, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the random model and prompt")
+    add_seed_and_format(p, "the random model and prompt")
     args = p.parse_args(argv)
     args.heads = args.heads or (32 if args.step else 4)
     args.kv_heads = args.kv_heads or (8 if args.step else 2)
@@ -410,12 +414,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.prompt + args.tokens > MAX_TOKENS:
             p.error(f"--prompt + --tokens must be at most {MAX_TOKENS:,}: recomputing every step grows as T³")
     needed, detail, lower = run_bytes(args)
-    problem = common.memory_problem(needed, "this run", lower, detail)
+    problem = limits.memory_problem(needed, "this run", lower, detail)
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.torch:
-        common.load_torch()  # now, not after the run
+        torch_import.load_torch()  # now, not after the run
     return args
 
 
@@ -467,34 +471,34 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)
-    problem = common.time_problem(run_flops(args), rate, "lower --tokens, --d-model, --layers, --context or --repeats")
+    rate = machine.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)
+    problem = limits.time_problem(run_flops(args), rate, "lower --tokens, --d-model, --layers, --context or --repeats")
     if problem:
         sys.exit(f"decode.py: error: {problem}")
     rng = np.random.default_rng(args.seed)
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     if args.step:
         runs = step_kernels(args, rng)
         rows: list[dict[str, Any]] = []
-        stopped = common.measure_each(runs, lambda item: measure_kernel(item, args, rate, runs), rows)
+        stopped = interrupts.measure_each(runs, lambda item: measure_kernel(item, args, rate, runs), rows)
         if rows:
             print_step(rows, args)
         total = len(runs)
     else:
         run = SimpleNamespace(rows=[], worst=0.0, same_tokens=True, window_worst=0.0, rate=rate)
         run.torch_step = make_torch_step(args) if args.torch else None
-        stopped = common.measure_each([None], lambda _: generate(TinyDecoder(args, rng), args, rng, run), [])
+        stopped = interrupts.measure_each([None], lambda _: generate(TinyDecoder(args, rng), args, rng, run), [])
         rows, total = run.rows, len(checkpoints(args.prompt, args.prompt + args.tokens))
         if rows:
             print_generation(rows, args)
             check_generation(run, args)
     if args.json is not None:
-        common.write_json(
+        outputs.write_json(
             args.json, {"args": vars(args), "machine": info, "matmul_gflops": rate, "rows": rows}, stopped
         )
-    return common.interrupted(len(rows), total) if stopped else check.finish()
+    return interrupts.interrupted(len(rows), total) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

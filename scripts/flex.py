@@ -45,22 +45,33 @@ import tinyattn_np as ta
 from tinyattn_np import format_bytes
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
-from tinyattn_np.report import add_format_argument, add_wide_argument, nonnegative_seed, table_width, text_table
+from tinyattn_np.report import (
+    add_format_argument,
+    add_wide_argument,
+    nonnegative_seed,
+    positive,
+    table_width,
+    text_table,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
 
 TARGET_TOKENS = 16384  # the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
 TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
            "torch flex": 1.5, "packed vs batch": 1.3}  # fmt: skip
 VARLEN_DOCUMENTS = (8, 32)  # --varlen: packed documents of T / 8 tokens each
-MAX_SIZES = {"tokens": 2**17, "heads": common.MAX_HEADS, "head_dim": 1024, "documents": 2**13,  # each flag's largest:
-             "repeats": common.MAX_REPEATS, "workers": common.MAX_WORKERS}  # past it, no run fits  # fmt: skip
+MAX_SIZES = {"tokens": 2**17, "heads": limits.MAX_HEADS, "head_dim": 1024, "documents": 2**13,  # each flag's largest:
+             "repeats": limits.MAX_REPEATS, "workers": limits.MAX_WORKERS}  # past it, no run fits  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cap = {name: common.positive(int, most) for name, most in MAX_SIZES.items()}
+    cap = {name: positive(int, most) for name, most in MAX_SIZES.items()}
     p.add_argument("--tokens", type=cap["tokens"], default=1024,
                    help=f"T, a multiple of 16 (default 1024; the targets': {TARGET_TOKENS})")  # fmt: skip
     p.add_argument("--heads", type=cap["heads"], default=4, help="query heads = kv heads (default 4)")
@@ -83,11 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tokens % math.lcm(16, args.documents):
         p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
     inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4  # q, k, v and their packed or batched copies
-    if problem := common.memory_problem(inputs, f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
+    if problem := limits.memory_problem(inputs, f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
                                         "lower --tokens, --heads or --head-dim", " for q, k, v alone"):  # fmt: skip
         p.error(problem)
     args.window = args.window or min(1024, args.tokens // 4)  # a window of T or more would be causal
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
         p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
     return args
@@ -154,7 +165,7 @@ def round_robin(calls: dict[str, Any], repeats: int) -> dict[str, float]:
     for repeat in range(repeats + 1):
         for name, call in calls.items():
             if spins.get(previous) and spins[previous] != spins[name]:
-                time.sleep(common.SETTLE_SECONDS)
+                time.sleep(machine.SETTLE_SECONDS)
             started = time.perf_counter()
             call()
             if repeat:  # the first round warms up
@@ -254,14 +265,14 @@ def timed_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: 
     calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
     square = probe_matrix(args)
     calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
-    common.progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
+    outputs.progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
              "flex_attention compiles at its first call)")  # fmt: skip
     times = round_robin(calls, args.repeats)
     for name, row in rows.items():
         row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
     rate = 2 * square.shape[0] ** 3 / times["matmul"] / 1e9
     return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
-            "_rate": {"GFLOP/s": rate, "load": common.load_average() or 0.0}}  # fmt: skip
+            "_rate": {"GFLOP/s": rate, "load": machine.load_average() or 0.0}}  # fmt: skip
 
 
 def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> None:
@@ -278,7 +289,7 @@ def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.n
 
 def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
     """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
-    torch, F = common.load_torch(args.workers, flag="the torch columns (--torch)")
+    torch, F = torch_import.load_torch(args.workers, flag="the torch columns (--torch)")
     from torch.nn.attention import flex_attention as flex
 
     return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
@@ -318,7 +329,7 @@ def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]
         bias = bias_mod(torch.zeros(1, args.heads, T, T), 0, h, torch.arange(T)[:, None], torch.arange(T))
         attn_mask = bias.masked_fill(~allowed, float("-inf"))
     sdpa = lambda: side["sdpa"](*side["qkv"], attn_mask=attn_mask)  # noqa: E731
-    time.sleep(common.SETTLE_SECONDS)  # after our reference: let BLAS's spinning threads go to sleep first
+    time.sleep(machine.SETTLE_SECONDS)  # after our reference: let BLAS's spinning threads go to sleep first
     row["sdpa s"], row["sdpa peak"] = median_ms(sdpa, 1) / 1e3, rss_peak_growth(sdpa)
 
 
@@ -366,7 +377,7 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
         measured.append(row)
     keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]  # the torch columns with --torch
     headers, body = [headers[i] for i in keep], [[line[i] for i in keep] for line in body]
-    print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"],
+    print(machine.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"],
                               width=table_width(args)))  # fmt: skip
     ours = rows["_rate"]
     n = probe_matrix(args).shape[0]
@@ -409,7 +420,7 @@ def varlen_row(args: argparse.Namespace, documents: int) -> dict[str, Any]:
     diff = float(np.max(np.abs(packed_out - calls["batch"]())))
     if not diff <= 1e-5:
         sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
-    common.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
+    outputs.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
     return {"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)}
 
 
@@ -440,23 +451,23 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if problem := common.time_problem(run_flops(args), probe_rate(probe_matrix(args)), "lower --tokens or --repeats"):
+    if problem := limits.time_problem(run_flops(args), probe_rate(probe_matrix(args)), "lower --tokens or --repeats"):
         sys.exit(f"flex.py: error: {problem}")
     if args.varlen:
         print(f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
-              f"{args.workers or os.cpu_count()}\n" + common.header(None, None)[1])  # fmt: skip
+              f"{args.workers or os.cpu_count()}\n" + machine.header(None, None)[1])  # fmt: skip
         rows: list[dict[str, Any]] = []  # the rows measured, all of them kept on Ctrl-C
-        stopped = common.measure_each(VARLEN_DOCUMENTS, lambda documents: varlen_row(args, documents), rows)
+        stopped = interrupts.measure_each(VARLEN_DOCUMENTS, lambda documents: varlen_row(args, documents), rows)
         print_varlen(rows, args)
         if args.json:
-            common.write_json(args.json, {"args": vars(args), "varlen": rows}, stopped)
-        return common.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts") if stopped else 0
+            outputs.write_json(args.json, {"args": vars(args), "varlen": rows}, stopped)
+        return interrupts.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts") if stopped else 0
     baseline = load_baseline(args.baseline) if args.baseline else None
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
     qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
     side = torch_setup(args, qkv) if args.torch else None
-    _, lines = common.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
+    _, lines = machine.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
     print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
           + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip
     if args.window >= T:
@@ -468,9 +479,9 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, args)
     if args.json:
         figures = {name: {key: value for key, value in row.items() if key != "mask"} for name, row in rows.items()}
-        common.write_json(args.json, {"args": vars(args), "rows": figures}, stopped)
+        outputs.write_json(args.json, {"args": vars(args), "rows": figures}, stopped)
     patterns_done = sum("dense done" in row for row in rows.values())
-    return common.interrupted(patterns_done, len(patterns(args)), "patterns' dense rows") if stopped else 0
+    return interrupts.interrupted(patterns_done, len(patterns(args)), "patterns' dense rows") if stopped else 0
 
 
 def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: tuple[np.ndarray, ...],
@@ -482,11 +493,11 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
         for name, row in rows.items():
             if name.startswith("_"):
                 continue
-            time.sleep(common.SETTLE_SECONDS if side is not None else 0)  # torch's threads spun in the row before
+            time.sleep(machine.SETTLE_SECONDS if side is not None else 0)  # torch's threads spun in the row before
             rate = probe_rate(square)  # the machine's speed just before this row's others
-            row["rate"], row["busy"] = rate, common.busy_reasons(rate, first_rate)
+            row["rate"], row["busy"] = rate, machine.busy_reasons(rate, first_rate)
             if not args.no_reference:
-                common.progress(f"our dense-mask reference: {name}")
+                outputs.progress(f"our dense-mask reference: {name}")
                 reference_row(row, args, qkv)
             if side is not None:
                 torch_row(row, args, side)
@@ -497,4 +508,4 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

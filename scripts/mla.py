@@ -35,10 +35,14 @@ import numpy as np
 
 from tinyattn_np import attend_latent, decompress, flash_decode, format_bytes, latent_softmax_scale, split_ukv
 from tinyattn_np.measure import read_bandwidth
-from tinyattn_np.report import Checklist, positive, text_table
+from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positive, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 D_NOPE, D_ROPE, D_V, RANK = (
@@ -84,7 +88,7 @@ def last_level_cache() -> int | None:
 
 def ceilings(args: argparse.Namespace) -> SimpleNamespace:
     """The matmul rate and the read bandwidth now, their ratio, and the last-level cache (printed: section 2)."""
-    rate, bandwidth = common.matmul_rate(args.dtype), read_bandwidth(2**30)
+    rate, bandwidth = machine.matmul_rate(args.dtype), read_bandwidth(2**30)
     llc = last_level_cache()
     itemsize = np.dtype(args.dtype).itemsize
     print(f"\n2) this machine: {args.dtype} matmul (2048 x 2048) {rate:.1f} GFLOP/s; reading memory (1 GiB, two "
@@ -148,7 +152,7 @@ def products_alone(inputs: SimpleNamespace) -> Any:
 
 def torch_step(inputs: SimpleNamespace) -> Any:
     """The absorbed step in torch, with its own matmuls: absorb, scores, softmax, P V, W_UV."""
-    torch, _ = common.load_torch()
+    torch, _ = torch_import.load_torch()
     w_uk, w_uv = (torch.from_numpy(w) for w in split_ukv(inputs.w_ukv, inputs.q_nope.shape[1], D_NOPE))
     keys = torch.from_numpy(inputs.latent[0, 0])  # (S, r + dr)
     q_nope, q_rope = torch.from_numpy(inputs.q_nope[0]), torch.from_numpy(inputs.q_rope[0])  # (H, 1, ·)
@@ -176,7 +180,7 @@ def step_costs(S: int, H: int, itemsize: int) -> dict[str, tuple[float, float]]:
 
 def measure_context(S: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """Each step at context S: checked against the absorbed form's output, then timed."""
-    common.progress(f"S = {S:,}")
+    outputs.progress(f"S = {S:,}")
     skipped = naive_fits(S, args)
     inputs = step_inputs(S, args, np.random.default_rng(args.seed), naive=skipped is None)
     steps = {"naive": lambda: naive_step(inputs)} if skipped is None else {}
@@ -187,13 +191,13 @@ def measure_context(S: int, args: argparse.Namespace, run: SimpleNamespace) -> d
     for name in ("naive", "torch"):
         if name in steps:
             out = np.asarray(steps[name]())  # torch's tensor as an array (shared memory)
-            diff = common.max_diff(out, gold) / np.max(np.abs(gold))
+            diff = max_diff(out, gold) / np.max(np.abs(gold))
             check(diff <= SAME[args.dtype], f"S = {S:,}: the {name} step equals the absorbed one (relative {diff:.1e})")
-    row: dict[str, Any] = {"context": S, "naive_skipped": skipped, **common.beside_the_row(args.dtype, run.rate)}
+    row: dict[str, Any] = {"context": S, "naive_skipped": skipped, **machine.beside_the_row(args.dtype, run.rate)}
     costs = step_costs(S, args.heads, np.dtype(args.dtype).itemsize)
     for name, step in steps.items():
         flops, read = costs[name]
-        row[name] = {"ms": common.settled_median_ms(step, args.repeats), "flops": flops, "bytes": read}
+        row[name] = {"ms": machine.settled_median_ms(step, args.repeats), "flops": flops, "bytes": read}
     return row
 
 
@@ -212,8 +216,8 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
     print(f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
           "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth")  # fmt: skip
     headers = ["S", "step", "ms (median)", "GFLOP", "MB read", "FLOP/byte", "bound", "/ bound"]
-    print(text_table(common.mark_busy(body, marks), headers, fmt=args.format))
-    note = common.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
+    print(text_table(machine.mark_busy(body, marks), headers, fmt=args.format))
+    note = machine.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
     if note:
         print(note)
     for row in rows:
@@ -235,7 +239,7 @@ def naive_fits(S: int, args: argparse.Namespace) -> str | None:
     """Why the naive form does not run at S (its cache and this step's arrays too large), None when it does."""
     itemsize = np.dtype(args.dtype).itemsize
     naive = args.heads * S * HEAD * itemsize + CHUNK * args.heads * (D_NOPE + D_V + HEAD) * itemsize
-    return common.memory_problem(naive + absorbed_bytes(S, args), f"the naive cache at S={S:,}", "absorbed form only")
+    return limits.memory_problem(naive + absorbed_bytes(S, args), f"the naive cache at S={S:,}", "absorbed form only")
 
 
 def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
@@ -246,24 +250,24 @@ def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--contexts", type=positive(int, common.MAX_TOKENS), nargs="+", default=[1024, 4096], metavar="S",
+    p.add_argument("--contexts", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[1024, 4096], metavar="S",
                    help="cached tokens S of each decode step (default 1024 4096)")  # fmt: skip
-    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), default=128,
+    p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=128,
                    help="query heads H (default 128, DeepSeek-V3's)")  # fmt: skip
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype (default float32)")
-    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=3,
+    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=3,
                    help="timed runs per figure (default 3)")  # fmt: skip
     p.add_argument("--torch", action="store_true", help="add torch doing the absorbed step with its own matmuls")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the random latents, weights and queries")
+    add_seed_and_format(p, "the random latents, weights and queries")
     args = p.parse_args(argv)
-    problem = common.memory_problem(absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}",
+    problem = limits.memory_problem(absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}",
                                     "lower --contexts or --heads")  # fmt: skip
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.torch:
-        common.load_torch()  # now, not after the first rows
+        torch_import.load_torch()  # now, not after the first rows
     return args
 
 
@@ -281,23 +285,23 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch = common.load_torch()[0] if args.torch else None
-    info, lines = common.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
+    torch = torch_import.load_torch()[0] if args.torch else None
+    info, lines = machine.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
     print(lines)
     print_cache_table(args)
     run = ceilings(args)
-    problem = common.time_problem(run_flops(args), run.rate, "lower --contexts, --heads or --repeats")
+    problem = limits.time_problem(run_flops(args), run.rate, "lower --contexts, --heads or --repeats")
     if problem:
         sys.exit(f"mla.py: error: {problem}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.contexts, lambda S: measure_context(S, args, run), rows)
+    stopped = interrupts.measure_each(args.contexts, lambda S: measure_context(S, args, run), rows)
     if rows:
         print_rows(rows, args, run)
     if args.json:
         figures = {"machine": info, "matmul_gflops": run.rate, "read_gb_per_s": run.bandwidth, "args": vars(args)}
-        common.write_json(args.json, {**figures, "last_level_cache_bytes": run.llc, "rows": rows}, stopped)
-    return common.interrupted(len(rows), len(args.contexts)) if stopped else check.finish()
+        outputs.write_json(args.json, {**figures, "last_level_cache_bytes": run.llc, "rows": rows}, stopped)
+    return interrupts.interrupted(len(rows), len(args.contexts)) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -38,10 +38,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, tile_plan, to_unit
-from tinyattn_np.mpi_job import StopTogether
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.memory import attention_flops
+from tinyattn_np.mpi_job import StopTogether, idle_wait, load_mpi
 from tinyattn_np.peaks import ring_attention_bytes
 from tinyattn_np.report import (
     Checklist,
@@ -50,22 +50,26 @@ from tinyattn_np.report import (
     column_unit,
     fit_table,
     format_sig,
+    max_diff,
     table_width,
     text_table,
 )
 from tinyattn_np.ring import ring_attention, tile_counts
 from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
 BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
-    "tokens": (1, common.MAX_TOKENS), "heads": (1, common.MAX_HEADS), "kv_heads": (1, common.MAX_HEADS),
-    "head_dim": (1, common.MAX_HEADS), "block": (1, common.MAX_TOKENS), "workers": (1, common.MAX_WORKERS),
-    "reference_workers": (1, common.MAX_WORKERS), "repeats": (1, common.MAX_REPEATS), "max_ranks": (2, 1024),
+    "tokens": (1, limits.MAX_TOKENS), "heads": (1, limits.MAX_HEADS), "kv_heads": (1, limits.MAX_HEADS),
+    "head_dim": (1, limits.MAX_HEADS), "block": (1, limits.MAX_TOKENS), "workers": (1, limits.MAX_WORKERS),
+    "reference_workers": (1, limits.MAX_WORKERS), "repeats": (1, limits.MAX_REPEATS), "max_ranks": (2, 1024),
 }  # fmt: skip
 ONE_RANK = (
     "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
@@ -116,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seed must be 0 or more; got {args.seed}")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -132,20 +136,20 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
             )
     itemsize = np.dtype(DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
-    problem = common.memory_problem(
+    problem = limits.memory_problem(
         held, f"--tokens {args.tokens:,}", "lower --tokens, --heads or --head-dim", " on rank 0 (q, k, v, two outputs)"
     )
     if problem:
         return problem
     flops, rate, seconds = run_cost(args, size)
-    return common.time_problem(flops, rate, "lower --max-ranks, --tokens or --repeats, or raise --block", seconds)
+    return limits.time_problem(flops, rate, "lower --max-ranks, --tokens or --repeats, or raise --block", seconds)
 
 
 def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
     """(FLOPs, the matmul rate in GFLOP/s, seconds of bookkeeping) of the whole run, for time_problem: the
     rings' and the reference's FLOPs, and the tile-count table of section 1, priced by timing a small one
     here (its pairs of chunks, and the tiles tile_plan lists)."""
-    rate = common.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
+    rate = machine.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
     flops = attention_flops(args.tokens, heads=args.heads, head_dim=args.head_dim, causal=not args.no_causal)
     rings = len(layouts(args)) * (args.repeats + 1) * flops / size  # every rank computes its share at once
     reference = 0 if args.no_reference else args.repeats * flops
@@ -241,7 +245,7 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         started = time.perf_counter()
         out, stats = ring()
         seconds.append(time.perf_counter() - started)
-        walls.append(comm.allreduce(seconds[-1], op=common.load_mpi().MAX))  # the ring is done when its last rank is
+        walls.append(comm.allreduce(seconds[-1], op=load_mpi().MAX))  # the ring is done when its last rank is
         if ctrl_c.stop(comm):
             raise KeyboardInterrupt
     comm.Barrier()
@@ -316,7 +320,7 @@ def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
 def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
     """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
     try:
-        MPI = common.load_mpi()
+        MPI = load_mpi()
     except ImportError as err:
         parse_args(argv)  # --help and bad flags answer even without MPI
         print(f"ring.py {err}", file=sys.stderr)
@@ -331,7 +335,7 @@ def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
     ):
         args = parse_args(argv)
         problem = check_against_size(args, size) if rank == 0 else None
-        common.idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
+        idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
         problem = comm.bcast(problem, root=0)
         if problem:
             print(f"ring.py: error: {problem}", file=sys.stderr)
@@ -395,7 +399,7 @@ def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | Non
         diff = None
         if reference is not None:
             mine = unshard(run["out"], layout=layout)
-            diff = common.max_diff(mine, reference[1])
+            diff = max_diff(mine, reference[1])
             rtol, atol = TOLERANCE[args.dtype]
             check(bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
                   f"{layout}: gathered ring output == single-process flash_attention")  # fmt: skip
@@ -407,7 +411,7 @@ def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | Non
         headers += ["/ one process", "max |ring - one process|"]
         print(f"   one process: flash_attention with {args.reference_workers} worker(s): {reference[0]:,.1f} ms")
     label = lambda row: row["layout"]  # noqa: E731
-    print(common.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
+    print(machine.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
     if len(runs) == 2:
         print(f"   contiguous / zigzag wall time: {runs['contiguous']['wall_ms'] / runs['zigzag']['wall_ms']:.2f}")
     if size > (os.cpu_count() or 1):
@@ -429,7 +433,7 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
     with StopTogether() as ctrl_c:  # Ctrl-C is noted, not raised, inside a ring
         for section, layout in enumerate(layouts(args), start=2):
             runs[layout] = run_ring(comm, args, layout, full, ctrl_c)
-            runs[layout]["busy"] = common.busy_reasons()  # the machine's load: every rank computes on one core
+            runs[layout]["busy"] = machine.busy_reasons()  # the machine's load: every rank computes on one core
             if rank == 0:
                 layout_section(section, layout, runs[layout], args, check)
                 report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}
@@ -437,7 +441,7 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
     if not args.no_reference:
         if rank == 0 and full is not None:
             reference = reference_run(args, full)
-        common.idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
+        idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
     if rank == 0:
         wall_section(runs, reference, args, check, report)
 
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     check = Checklist()
     report: dict[str, Any] = {"ranks": size, "args": dict(vars(args))}
     if rank == 0:
-        info, lines = common.header()
+        info, lines = machine.header()
         report["machine"] = info
         mask = "no mask" if args.no_causal else "causal"
         print(lines)
@@ -466,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return stop_all(comm, args, report)
     if rank == 0 and args.json:
-        common.write_json(args.json, report)
+        outputs.write_json(args.json, report)
     if rank == 0 and size == 1:
         print(f"\n{ONE_RANK}")
     code = check.finish() if rank == 0 else 0
@@ -478,15 +482,15 @@ def stop_all(comm: Any, args: argparse.Namespace, report: dict[str, Any]) -> int
     a rank left waiting for a message from a stopped one would wait forever."""
     if comm.Get_rank() == 0:
         if args.json:
-            common.write_json(args.json, report, stopped=True)
-        common.interrupted(sum(layout in report for layout in layouts(args)), len(layouts(args)), "layouts")
+            outputs.write_json(args.json, report, stopped=True)
+        interrupts.interrupted(sum(layout in report for layout in layouts(args)), len(layouts(args)), "layouts")
         sys.stdout.flush()
     else:
         time.sleep(1.0)  # let rank 0, interrupted too, print first
     if comm.Get_size() > 1:
-        comm.Abort(common.INTERRUPTED)
-    return common.INTERRUPTED
+        comm.Abort(interrupts.INTERRUPTED)
+    return interrupts.INTERRUPTED
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -27,9 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from tinyattn_np.report import add_seed_and_format
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import checkpoint  # noqa: E402
-import common  # noqa: E402
+import interrupts
+import machine
+import outputs
 import text_data  # noqa: E402
 
 from tinyattn_np.report import fold_lines, positive  # noqa: E402
@@ -88,7 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="generate with the cache and without it: the same tokens, and both speeds",
     )
     p.add_argument("--json", metavar="PATH", help="write the text, the speeds, the machine and the code version")
-    common.add_seed_and_format(p, "the draws")
+    add_seed_and_format(p, "the draws")
     args = p.parse_args(argv)
     if args.tokens > MAX_TOKENS:
         p.error(f"--tokens must be at most {MAX_TOKENS:,}; got {args.tokens:,}")
@@ -96,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--samples must be at most {MAX_SAMPLES:,}; got {args.samples:,}")
     if args.no_cache and args.compare:
         p.error("--compare runs both ways already: leave out --no-cache")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -149,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     c = model.config
     if args.compare:  # a timing to compare: which machine and which code printed it
-        print(common.header()[1])
+        print(machine.header()[1])
     print(f"checkpoint: {args.checkpoint}")  # a line of its own: a path may be long
     print(f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
           f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}")  # fmt: skip
@@ -162,16 +166,16 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * 80 + "".join(f"\n{fold_lines(text)}\n" + "-" * 80 for text in texts))
     for use_cache, run in runs.items():
         print(speed_line(run, use_cache, args))
-    busy = common.busy_reasons()
+    busy = machine.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")
     code = compared(runs, args) if args.compare else 0
     if args.json:
         figures = {"args": vars(args), "text": texts[0], "texts": texts, "step": meta["step"],
-                   "machine": common.header()[0]}  # fmt: skip
+                   "machine": machine.header()[0]}  # fmt: skip
         figures["runs"] = {("cache" if k else "no_cache"): {"seconds": v["seconds"], "tokens_per_s": v["tokens_per_s"]}
                            for k, v in runs.items()}  # fmt: skip
-        common.write_json(args.json, figures)
+        outputs.write_json(args.json, figures)
     return code
 
 
@@ -197,4 +201,4 @@ def last_val_loss(meta: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -37,18 +37,31 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape, to_unit
-from tinyattn_np.mpi_job import StopTogether
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
+from tinyattn_np.mpi_job import StopTogether, idle_wait, load_mpi
 from tinyattn_np.peaks import sequence_parallel_bytes
-from tinyattn_np.report import Checklist, add_wide_argument, column_unit, fit_table, format_sig, positive, table_width
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    column_unit,
+    fit_table,
+    format_sig,
+    max_diff,
+    positive,
+    table_width,
+)
 from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
 from tinyattn_np.shards import shard, unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
 
 DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # gathered output and gradients against one process: the tests' tolerances (tests/ring_worker.py)
@@ -63,7 +76,7 @@ PROCESSES = (2, 4, 8, 16, 32, 64)  # section 1's rows
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tokens, heads, workers = (positive(int, most) for most in (common.MAX_TOKENS, common.MAX_HEADS, common.MAX_WORKERS))
+    tokens, heads, workers = (positive(int, most) for most in (limits.MAX_TOKENS, limits.MAX_HEADS, limits.MAX_WORKERS))
     p.add_argument("--tokens", type=tokens, default=4096, help="T, the whole sequence (default 4096)")
     p.add_argument("--heads", type=heads, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default --heads)")
@@ -78,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-reference", action="store_true", help="skip the one-process run and the comparison")
     p.add_argument(
         "--repeats",
-        type=positive(int, common.MAX_REPEATS),
+        type=positive(int, limits.MAX_REPEATS),
         default=3,
         help="timed runs per figure, the median shown (default 3)",
     )
@@ -89,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="section 1's tokens (default 1,048,576)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the random q, k, v and dout")
+    add_seed_and_format(p, "the random q, k, v and dout")
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
     if args.heads % args.kv_heads:
@@ -98,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.shape = load_model_shape(args.model)
     except (OSError, ValueError, TypeError) as err:
         p.error(f"--model {args.model}: {err}")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -109,14 +122,14 @@ def check_size(args: argparse.Namespace, size: int) -> str | None:
         return f"--tokens {args.tokens:,} cannot be cut into {2 * size} equal chunks (zigzag, {size} ranks)"
     per_token = (args.heads * 9 + args.kv_heads * 6) * args.head_dim  # q, dout, out, dq, ... and k, v, dk, dv
     held = args.tokens * per_token * np.dtype(DTYPES[args.dtype]).itemsize  # rank 0: inputs, outputs, gathered
-    problem = common.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
+    problem = limits.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
     if problem:
         return problem
     sizes = dict(heads=args.heads, head_dim=args.head_dim, causal=True)
     flops = attention_flops(args.tokens, **sizes) + attention_backward_flops(args.tokens, **sizes)
     runs = len(SCHEMES) * (args.repeats + 1) / size + (0 if args.no_reference else args.repeats)
-    rate = common.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
-    return common.time_problem(runs * flops, rate, "lower --tokens or --repeats")
+    rate = machine.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
+    return limits.time_problem(runs * flops, rate, "lower --tokens or --repeats")
 
 
 # --- 1) the bytes, by formula ------------------------------------------------------------------------------
@@ -154,7 +167,7 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
     it warms the caches too) and --repeats times timed: every rank's figures, and its output and gradients,
     gathered on rank 0."""
     forward, backward, layout = SCHEMES[name]
-    rank, size, MAX = comm.Get_rank(), comm.Get_size(), common.load_mpi().MAX
+    rank, size, MAX = comm.Get_rank(), comm.Get_size(), load_mpi().MAX
     parts = (
         None if full is None else [{n: shard(x, r, size, layout=layout) for n, x in full.items()} for r in range(size)]
     )
@@ -200,7 +213,7 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         "parts": [comm.gather(x, root=0) for x in (out, *grads)],
         "wall_forward_ms": 1e3 * statistics.median(w[0] for w in walls),
         "wall_ms": 1e3 * statistics.median(w[0] + w[1] for w in walls),
-        "busy": common.busy_reasons(),
+        "busy": machine.busy_reasons(),
     }
 
 
@@ -310,7 +323,7 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
             rtol, atol = TOLERANCE[args.dtype]
             layout = SCHEMES[name][2]
             mine = [unshard(parts, layout=layout) for parts in run["parts"]]
-            diff = max(common.max_diff(a, b) for a, b in zip(mine, reference["results"], strict=True))
+            diff = max(max_diff(a, b) for a, b in zip(mine, reference["results"], strict=True))
             close = all(
                 np.allclose(a, b, rtol=rtol, atol=atol) for a, b in zip(mine, reference["results"], strict=True)
             )
@@ -323,7 +336,7 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
     headers = ["scheme", "forward wall ms", "forward + backward wall ms", "busiest/mean tiles"]
     if reference is not None:
         headers += ["/ one process", "max |diff|"]
-    print(common.marked_table(body, summary, headers, args.format, lambda row: row["scheme"], width=table_width(args)))
+    print(machine.marked_table(body, summary, headers, args.format, lambda row: row["scheme"], width=table_width(args)))
     if "ring zigzag" in runs and "ring contiguous" in runs:
         ratio = runs["ring contiguous"]["wall_ms"] / runs["ring zigzag"]["wall_ms"]
         print(f"   contiguous / zigzag wall time: {ratio:.2f}")
@@ -338,7 +351,7 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
 def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
     """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
     try:
-        comm = common.load_mpi().COMM_WORLD
+        comm = load_mpi().COMM_WORLD
     except ImportError as err:
         parse_args(argv)  # --help and bad flags answer even without MPI
         print(f"sequence_parallel.py {err}", file=sys.stderr)
@@ -351,7 +364,7 @@ def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
     ):
         args = parse_args(argv)
     problem = check_size(args, comm.Get_size()) if rank == 0 else None
-    common.idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
+    idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
     problem = comm.bcast(problem, root=0)
     if problem:
         if rank == 0:
@@ -375,7 +388,7 @@ def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> No
             if name == "ulysses" and (args.heads % size or args.kv_heads % size):
                 continue  # Ulysses' limit: said under the tables
             runs[name] = run_scheme(comm, args, name, full, ctrl_c)
-            common.progress(f"  {name}: done") if comm.Get_rank() == 0 else None
+            outputs.progress(f"  {name}: done") if comm.Get_rank() == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -387,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     threadpool_limits(limits=1, user_api="blas")  # one BLAS thread per rank, as the schemes hold it
     check, runs, report = Checklist(), {}, {"ranks": size, "args": {k: str(v) for k, v in vars(args).items()}}
     if rank == 0:
-        report["machine"], lines = common.header()
+        report["machine"], lines = machine.header()
         print(lines)
         print(f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
               f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
@@ -399,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return stop_all(comm, args, runs, report)
     full = runs.pop("inputs", None)
     reference = reference_run(args, full) if rank == 0 and full is not None and not args.no_reference else None
-    common.idle_wait(comm)  # the other ranks sleep meanwhile, so that the one process has every core
+    idle_wait(comm)  # the other ranks sleep meanwhile, so that the one process has every core
     if rank == 0:
         print_sections(runs, reference, args, check, report)
     return int(comm.bcast(check.finish() if rank == 0 else 0, root=0))
@@ -417,7 +430,7 @@ def print_sections(runs: dict[str, Any], reference: dict[str, Any] | None, args:
     wall_section(runs, reference, args, check, report)
     report["ranks_figures"] = {name: run["ranks"] for name, run in runs.items()}
     if args.json:
-        common.write_json(args.json, report, stopped=stopped)
+        outputs.write_json(args.json, report, stopped=stopped)
     if size == 1:
         print("\nran 1 rank: one rank sends nothing and waits for nobody; for 2: mpiexec -n 2 python "
               "scripts/sequence_parallel.py")  # fmt: skip
@@ -426,15 +439,15 @@ def print_sections(runs: dict[str, Any], reference: dict[str, Any] | None, args:
 def stop_all(comm: Any, args: argparse.Namespace, runs: dict[str, Any], report: dict[str, Any]) -> int:
     """Ctrl-C, seen by every rank after the same call: rank 0 says what was measured; every rank exits 130."""
     if comm.Get_rank() != 0:
-        return common.INTERRUPTED
+        return interrupts.INTERRUPTED
     runs.pop("inputs", None)
     report["done"] = list(runs)
     if runs:  # the schemes that ran to the end, without the one-process run
         print_sections(runs, None, args, Checklist(), report, stopped=True)
     elif args.json:
-        common.write_json(args.json, report, stopped=True)
-    return common.interrupted(len(runs), len(SCHEMES), "schemes")
+        outputs.write_json(args.json, report, stopped=True)
+    return interrupts.interrupted(len(runs), len(SCHEMES), "schemes")
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -46,10 +46,13 @@ from tinyattn_np import (
     paged_kv_cache_bytes,
 )
 from tinyattn_np.measure import time_calls
-from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width, text_table
+from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, positive, table_width, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
@@ -248,7 +251,7 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
             "waste": 1 - stored.sum() / own.sum(),
             "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
             "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
-            **common.beside_the_row(args.dtype, rate, n=RATE_SIZE),
+            **machine.beside_the_row(args.dtype, rate, n=RATE_SIZE),
         })  # fmt: skip
     print_batching(rows, args)
     print_bill(args)
@@ -324,7 +327,7 @@ def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
         f"d_model {args.d_model}, "
         f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}"
     )
-    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"], width=table_width(args)))
+    print(machine.marked_table(table, rows, headers, args.format, lambda r: r["scheme"], width=table_width(args)))
     paged = rows[0]
     print(
         "  the paged run's requests, step by step, preallocated at their limits instead: "
@@ -408,12 +411,12 @@ def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float
 
 
 def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> None:
-    """Refuse a run that cannot end within common.MAX_MINUTES; say how long one of 10 s or more takes at least."""
+    """Refuse a run that cannot end within limits.MAX_MINUTES; say how long one of 10 s or more takes at least."""
     calls = run_calls(args)
     seconds = sum(n * each for n, each in zip(calls, seconds_per_call(model, args), strict=True))
     lower = "lower --requests, --max-new, --samples, --layers, --d-model or --vocab, or add --no-check"
     how = f"{sum(calls[:3]):,} calls of the model, each kind timed here"
-    problem = common.time_problem(0.0, rate, lower, seconds, how=how)
+    problem = limits.time_problem(0.0, rate, lower, seconds, how=how)
     if problem:
         sys.exit(f"serve.py: error: {problem}")
 
@@ -446,7 +449,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
     add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the model, the workload and the samples")
+    add_seed_and_format(p, "the model, the workload and the samples")
     args = p.parse_args(argv)
     if args.rate < 0.001:  # arrivals 1,000 steps apart on average: past that, the steps would be mostly idle
         p.error(f"--rate must be at least 0.001; got {args.rate}")
@@ -463,21 +466,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
     needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
     needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model  # the model: table, w_qkv, w_out
-    problem = common.memory_problem(needed, "the model and pools of this run", "lower --blocks, --samples, --layers, "
+    problem = limits.memory_problem(needed, "the model and pools of this run", "lower --blocks, --samples, --layers, "
                                     "--d-model or --vocab")  # fmt: skip
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
+    rate = machine.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
     rng = np.random.default_rng(args.seed)
     model = TinyDecoder(args, rng)
     check_time(model, args, rate)
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     figures = {"args": vars(args), "machine": info, "matmul_gflops": rate}
     parts = {
@@ -490,11 +493,11 @@ def main(argv: list[str] | None = None) -> int:
         return name
 
     done: list[str] = []
-    stopped = common.measure_each(parts, run_part, done)
+    stopped = interrupts.measure_each(parts, run_part, done)
     if args.json is not None:
-        common.write_json(args.json, figures, stopped)
-    return common.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
+        outputs.write_json(args.json, figures, stopped)
+    return interrupts.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

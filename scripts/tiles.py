@@ -62,10 +62,14 @@ from tinyattn_np.flash import (
 )
 from tinyattn_np.measure import time_calls
 from tinyattn_np.memory import attention_flops
-from tinyattn_np.report import add_wide_argument, positive, table_width
+from tinyattn_np.report import add_wide_argument, positive, table, table_width
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import benchmark
+import interrupts
+import limits
+import machine
+import outputs
 
 # 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's calibration
 XEON_CORES = 16
@@ -78,15 +82,15 @@ HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), help="T, the sequence length (default 4096; "
+    p.add_argument("--tokens", type=positive(int, limits.MAX_TOKENS), help="T, the sequence length (default 4096; "
                    "1024 with --profile)")  # fmt: skip
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
     p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): tiles, workers, decode layout")
-    common.add_shape_arguments(p, tokens_range=False, repeats=3)
+    benchmark.add_shape_arguments(p, tokens_range=False, repeats=3)
     add_wide_argument(p)
     args = p.parse_args(argv)
     args.tokens = args.tokens or (1024 if args.profile else 4096)
-    common.check_sizes(p, args, args.tokens, flag="--tokens")
+    benchmark.check_sizes(p, args, args.tokens, flag="--tokens")
     return args
 
 
@@ -119,7 +123,7 @@ def held_us_per_step(T: int, side: int, causal: bool, repeats: int) -> float:
     def ms_for(n_blocks: int) -> float:
         x = np.random.default_rng(0).standard_normal((1, 2 * n_blocks, 1))
         call = lambda: flash_attention(x, x, x, causal=causal, block_q=2, block_k=2, workers=1)  # noqa: E731
-        return common.settled_median_ms(call, max(repeats, 5))
+        return machine.settled_median_ms(call, max(repeats, 5))
 
     n_blocks = -(-T // side)
     steps = len(tile_plan(2 * n_blocks, 2 * n_blocks, 2, 2, causal=causal))
@@ -136,16 +140,16 @@ def measure_row(shape: tuple[int, int], args: argparse.Namespace, run: Any) -> d
     items = sweep_items(T, side, args.heads, per_step, causal)
     row: dict[str, Any] = dict(side=side, per_step=per_step, steps=sum(items), items=len(items))
     row["held_us"] = run.held[side]
-    row.update(common.beside_the_row(args.dtype, run.rate))
+    row.update(machine.beside_the_row(args.dtype, run.rate))
     q, k, v = run.qkv
     for workers in sorted({1, cores}):
-        common.progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
+        outputs.progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
 
         def call(workers: int = workers) -> None:
             flash_attention(q, k, v, causal=causal, block_q=side, block_k=side, kv_heads_per_step=per_step,
                             workers=workers)  # fmt: skip
 
-        row[f"ms_{workers}"] = common.settled_median_ms(call, args.repeats)
+        row[f"ms_{workers}"] = machine.settled_median_ms(call, args.repeats)
     row["w_us"] = row["ms_1"] * 1e3 / row["steps"]
     row["span_16"] = makespan(items, XEON_CORES)
     return row
@@ -199,7 +203,7 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
                "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]  # fmt: skip
     label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
-    print(common.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
     print(
         f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
@@ -396,7 +400,7 @@ def measure_parts(kernel: Any, copy: Any, repeats: int, dtype: str) -> dict[str,
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
         for _ in range(repeats):
-            rates.append(common.matmul_rate(dtype, repeats=1))
+            rates.append(machine.matmul_rate(dtype, repeats=1))
             clock, start = Stopwatch(), time.perf_counter()
             result = copy(clock)
             wall = time.perf_counter() - start - clock.laps * lap_cost
@@ -454,7 +458,7 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
           f"least of {args.repeats} runs")  # fmt: skip
     body = [[part, 1e3 * parts[part] / tiles, parts[part], f"{parts[part] / total:.0%}"] for part in (*PARTS, PYTHON)]
     body.append(["in all", 1e3 * total / tiles, total, "100%"])
-    print(common.table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
+    print(table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
     gflops, rate = row["flops"] / parts[MATMULS] / 1e6, row["matmul_gflops"]
     print(f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
           f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
@@ -464,35 +468,35 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
 
 def profile_main(args: argparse.Namespace) -> int:
     """--profile: the header, the forward's table, then the backward's; Ctrl-C keeps the tables printed."""
-    common.check_agreement(args, not args.no_causal)
-    info, lines = common.header()
+    benchmark.check_agreement(args, not args.no_causal)
+    info, lines = machine.header()
     print(lines)
-    qkv, rows = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), []
+    qkv, rows = benchmark.make_qkv(np.random.default_rng(args.seed), args.tokens, args), []
     profiles = {"forward": profile_forward, "backward": profile_backward}
-    stopped = common.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
+    stopped = interrupts.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
     for name, row in rows:
         print_profile(name, row, args)
     done = dict(rows)
     if args.json:
-        common.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)
+        outputs.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)
     if stopped:
-        return common.interrupted(len(done), 2, "tables")
+        return interrupts.interrupted(len(done), 2, "tables")
     return 0 if all(row["same_bits"] for row in done.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
-        common.progress("tuning (tinyattn_np.tune)")
+        outputs.progress("tuning (tinyattn_np.tune)")
         print(f"tuned: {tune()}; decode: {splitkv.decode_layout()}")
     if args.profile:
         return profile_main(args)
-    run = common.start_benchmark(args, run_flops)
+    run = benchmark.start_benchmark(args, run_flops)
     side = default_tiles(args.tokens, args.tokens, 1, diagonal=None if args.no_causal else 0)[0]  # swept too
     shapes = [(s, per_step) for s in sorted({*SIDES, side}) for per_step in HEADS_PER_STEP if per_step <= args.heads]
-    run.qkv, run.held = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), {}
-    return common.measure_rows(args, run, shapes, measure_row, print_sweep)
+    run.qkv, run.held = benchmark.make_qkv(np.random.default_rng(args.seed), args.tokens, args), {}
+    return benchmark.measure_rows(args, run, shapes, measure_row, print_sweep)
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

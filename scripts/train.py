@@ -34,14 +34,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tinyattn_np.report import add_seed_and_format
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import blas_idle  # noqa: E402
 
 if __name__ == "__main__":  # a program's setting, made before NumPy loads OpenBLAS (blas_idle.py says why)
     blas_idle.shorten_spin()
 import checkpoint  # noqa: E402
-import common  # noqa: E402
 import copy_task  # noqa: E402
+import interrupts
+import limits
+import machine
+import outputs
 import text_data  # noqa: E402
 import training  # noqa: E402
 
@@ -75,11 +80,11 @@ def add_model(p: argparse.ArgumentParser) -> None:
     n_head, n_embd, block_size and bias), kept in the checkpoint; with --resume or --init-from they must repeat
     the checkpoint's."""
     p.add_argument("--layers", type=positive(int, MAX_LAYERS), help="blocks (default: the preset's)")
-    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), help="attention heads, each of width / heads "
+    p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), help="attention heads, each of width / heads "
                    "channels, an even number (default: the preset's)")  # fmt: skip
     p.add_argument("--width", type=positive(int, MAX_WIDTH), help="C, the channels of every token (default: the "
                    "preset's)")  # fmt: skip
-    p.add_argument("--context", type=positive(int, common.MAX_TOKENS), help="the longest sequence trained on "
+    p.add_argument("--context", type=positive(int, limits.MAX_TOKENS), help="the longest sequence trained on "
                    "(default: the preset's)")  # fmt: skip
     p.add_argument("--mlp", choices=MLP_KINDS, help="gelu (hidden 4C) or swiglu (hidden 8C/3) (default gelu)")
     p.add_argument("--norm", choices=NORM_KINDS, help="layernorm or rmsnorm (default layernorm)")
@@ -155,9 +160,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="N",
         help="print N tokens sampled from the model at the end (default 200; 0: none)",
     )
-    common.add_plot_arguments(p, "the loss curve")
+    outputs.add_plot_arguments(p, "the loss curve")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the weights, the batches and dropout")
+    add_seed_and_format(p, "the weights, the batches and dropout")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
@@ -183,8 +188,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--out {args.out} is --init-from's own folder: give the new run another --out")
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         p.error(f"--out {args.out} is a file: give a folder (it is made if missing)")
-    common.check_output(p, "--json", args.json)
-    common.check_plot(p, args.plot, args.overwrite)
+    outputs.check_output(p, "--json", args.json)
+    outputs.check_plot(p, args.plot, args.overwrite)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     info = None
     if rank == 0:
-        info, lines = common.header()
+        info, lines = machine.header()
         print(lines)
         print_start(run, size)
         print(training.ROW_HEADER)
@@ -255,7 +260,7 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
     args = run.args
     seconds = sum(run.step_seconds)
     tokens = len(run.step_seconds) * run.settings["batch"] * run.model.config.context
-    busy = common.busy_reasons()
+    busy = machine.busy_reasons()
     print(f"{len(run.step_seconds)} steps in {seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
           + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
     if scaling:
@@ -274,11 +279,11 @@ def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: st
         figures = {"machine": info, "args": vars(args), "settings": run.settings, "validation": run.validation,
                    "seconds": seconds, "busy": busy, "rows": run.rows,
                    "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
-        common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
+        outputs.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, training.NonFiniteLoss):
         print(f"train.py: stopped: {stop}", file=sys.stderr)
     elif isinstance(stop, KeyboardInterrupt):
-        return common.interrupted(run.step, run.settings["steps"], "steps")
+        return interrupts.interrupted(run.step, run.settings["steps"], "steps")
     return training.exit_code(stop)
 
 
@@ -307,4 +312,4 @@ def plot_losses(run: training.Run, path: str) -> None:
 
 if __name__ == "__main__":
     training.keep_freed_memory()  # every step makes the same arrays: their memory is kept, not faulted in again
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -29,15 +29,17 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, rope_backward
-from tinyattn_np.mpi_job import StopTogether
+from tinyattn_np.mpi_job import StopTogether, load_mpi
 from tinyattn_np.report import Checklist, text_table
 from tinyattn_np.ring import ring_attention, ring_attention_backward
 from tinyattn_np.shards import shard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and common.py sit beside this file
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and the other shared modules sit beside it
 import copy_task  # noqa: E402
+import interrupts
+import machine
+import outputs
 from copy_task import Adam, NonFiniteLoss, TinyModel, cross_entropy, make_batch, print_intro, table_steps  # noqa: E402
 
 SCHEMES = {
@@ -88,7 +90,7 @@ def split_loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """TinyModel.loss_and_grads with the sequence split: the lines run on this process's tokens, and the
     loss and every gradient are summed over the processes (Allreduce)."""
-    MPI = common.load_mpi()
+    MPI = load_mpi()
     mine = tokens[:, split.positions]  # (B, T/P): this process's tokens
     scored = np.flatnonzero((split.positions >= length) & (split.positions <= 2 * length - 2))  # (s,) its rows to score
     h = model.embed[mine]  # (B, T/P, C)
@@ -167,7 +169,7 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
                 optimisers[1].step(one_grads)
                 rows.append({"step": step, "one_process": one_loss, "split": loss})
                 if step % 10 == 0:
-                    common.progress(f"  step {step}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s")
+                    outputs.progress(f"  step {step}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s")
             if ctrl_c.stop(split.comm):
                 raise KeyboardInterrupt
     return models[0]
@@ -191,7 +193,7 @@ def print_side_by_side(args: argparse.Namespace, rows: list[dict[str, Any]], che
 def run(args: argparse.Namespace) -> int:
     """The whole run on this rank: the exit code."""
     try:
-        comm = common.load_mpi().COMM_WORLD
+        comm = load_mpi().COMM_WORLD
     except ImportError as err:
         print(f"train_parallel.py {err}", file=sys.stderr)
         return 2
@@ -203,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     check, rows, stop = Checklist(), [], None
     if rank == 0:
-        info, lines = common.header()
+        info, lines = machine.header()
         print(lines)
         print_intro(args)
         print(f"the sequence split over {size} process(es) by {args.sequence_parallel}_attention (zigzag: "
@@ -245,9 +247,9 @@ def finish(args: argparse.Namespace, comm: Any, model: TinyModel | None, rows: l
             check(same, "the weights are the same bits on every rank")
         if args.json:
             figures = {"args": vars(args), "ranks": comm.Get_size(), "rows": rows, "largest_difference": worst}
-            common.write_json(args.json, figures, interrupted)
+            outputs.write_json(args.json, figures, interrupted)
     if interrupted:  # on every rank, after the same step
-        return common.interrupted(len(rows), args.steps, "steps") if comm.Get_rank() == 0 else common.INTERRUPTED
+        return interrupts.interrupted(len(rows), args.steps, "steps") if comm.Get_rank() == 0 else interrupts.INTERRUPTED
     if isinstance(stop, NonFiniteLoss):
         if comm.Get_rank() == 0:
             print(f"train_parallel.py: stopped: {stop}", file=sys.stderr)
@@ -268,4 +270,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

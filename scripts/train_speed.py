@@ -48,14 +48,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from tinyattn_np.report import add_seed_and_format
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import blas_idle  # noqa: E402
 
 if __name__ == "__main__":  # as train.py does, before NumPy loads OpenBLAS (blas_idle.py says why)
     blas_idle.shorten_spin()
-import common  # noqa: E402
+import interrupts
+import limits
+import machine
 import numpy as np  # noqa: E402
+import outputs
 import text_data  # noqa: E402
+import torch_import
 import training  # noqa: E402
 
 from tinyattn_np import layers  # noqa: E402
@@ -86,17 +92,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the weights and the batch")
+    add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
     steps = args.repeats * args.rounds
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
         p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.row_blocks and (args.torch or args.equal_time is not None):
         p.error("--row-blocks times our layers alone: leave out --torch and --equal-time")
     for name in args.presets:
         bill = training_memory(config_of(name, args), batch_of(name, args))
-        problem = common.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
+        problem = limits.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
         if problem:
             p.error(problem)
     return args
@@ -252,7 +258,7 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
             check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
                   f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
         steps.append(lambda: torch_step(torch, module, torch_optimizer, tx, ty))
-    times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=common.SETTLE_SECONDS)
+    times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
     row["ours_ms"] = times[0]
     if module is not None:
         row["torch_ms"] = times[1]
@@ -266,7 +272,7 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {"preset": name, "tokens": args.tokens}
     outputs = {}
     for use_cache in (True, False):
-        time.sleep(common.SETTLE_SECONDS)
+        time.sleep(machine.SETTLE_SECONDS)
         started = time.perf_counter()
         outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
@@ -280,12 +286,12 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def train_in_turns(seconds: float, steps: list[Any], rounds: int) -> list[int]:
     """Each of `steps` (step(0), step(1), ...) for `seconds` of wall time in all, in `rounds` turns of
-    seconds / rounds, the models taking turns, each turn after the idle of common.settled_median_ms (the
+    seconds / rounds, the models taking turns, each turn after the idle of machine.settled_median_ms (the
     other library's threads asleep first); the number of steps each took."""
     taken = [0] * len(steps)
     for _ in range(rounds):
         for n, step in enumerate(steps):
-            time.sleep(common.SETTLE_SECONDS)
+            time.sleep(machine.SETTLE_SECONDS)
             started = time.perf_counter()
             while time.perf_counter() - started < seconds / rounds:
                 step(taken[n])
@@ -380,17 +386,17 @@ def main(argv: list[str] | None = None) -> int:
         return main_equal_time(args)
     if args.row_blocks:
         return main_row_blocks(args)
-    torch = common.load_torch(flag="--torch")[0] if args.torch else None
-    info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
+    torch = torch_import.load_torch(flag="--torch")[0] if args.torch else None
+    info, lines = machine.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
     print(f"{lines}\n{malloc_line(torch is not None)}\n{blas_idle.describe()}")
     threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
+    stopped = interrupts.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
     if steps:
         print_training(steps, args, threads)
     if not stopped:
-        stopped = common.measure_each(args.presets, lambda name: time_generation(name, args), generations)
+        stopped = interrupts.measure_each(args.presets, lambda name: time_generation(name, args), generations)
     if generations:
         print_generation(generations, args)
     figures = {"machine": info, "args": vars(args), "training": steps, "generation": generations}
@@ -399,11 +405,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
-    torch = common.load_torch(flag="--equal-time")[0]
-    info, lines = common.header(torch.__version__, torch.get_num_threads())
+    torch = torch_import.load_torch(flag="--equal-time")[0]
+    info, lines = machine.header(torch.__version__, torch.get_num_threads())
     print(f"{lines}\n{malloc_line(with_torch=True)}\n{blas_idle.describe()}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
+    stopped = interrupts.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:
         print_equal_time(rows, args)
     figures = {"machine": info, "args": vars(args), "equal_time": rows}
@@ -463,10 +469,10 @@ def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 def main_row_blocks(args: argparse.Namespace) -> int:
     """--row-blocks: the fourth table only."""
-    info, lines = common.header()
+    info, lines = machine.header()
     print(f"{lines}\n{malloc_line(with_torch=False)}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
+    stopped = interrupts.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
     if rows:
         print_row_blocks(rows, args)
     figures = {"machine": info, "args": vars(args), "row_blocks": rows}
@@ -485,16 +491,16 @@ def malloc_line(with_torch: bool) -> str:
 
 def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
     """The last lines of either mode: a busy machine said, --json written, Ctrl-C's line; the exit code."""
-    figures["busy"] = common.busy_reasons()
+    figures["busy"] = machine.busy_reasons()
     if figures["busy"]:
         print(f"* timed on a busy machine: {'; '.join(figures['busy'])}")
     if args.json:
-        common.write_json(args.json, figures, stopped)
+        outputs.write_json(args.json, figures, stopped)
     if stopped:
-        return common.interrupted(done, total)
+        return interrupts.interrupted(done, total)
     return check.finish()
 
 
 if __name__ == "__main__":
     training.keep_freed_memory()  # as train.py does: both models' steps reuse the memory of the arrays they free
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -34,12 +34,14 @@ from functools import partial
 from typing import Any
 
 import checkpoint
-import common
+import interrupts
+import limits
 import numpy as np
+import outputs
 import text_data
 
-from tinyattn_np.mpi_job import StopTogether, abort_on_failure
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig
+from tinyattn_np.mpi_job import StopTogether, abort_on_failure, idle_wait, load_mpi
 from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm, warmup_cosine_lr
 from tinyattn_np.sampling import generate
 from tinyattn_np.trainbill import training_memory
@@ -252,7 +254,7 @@ def check_size(config: GPTConfig, settings: dict[str, Any], processes: int) -> N
         raise RunError(f"--batch {batch} does not split into {processes} process(es) x --accumulate "
                        f"{settings['accumulate']} equal slices: give a multiple of {slices}")  # fmt: skip
     bill = training_memory(config, batch // processes, accumulate=settings["accumulate"])
-    problem = common.memory_problem(bill.peak, "a training step", "raise --accumulate, lower --batch or take a "
+    problem = limits.memory_problem(bill.peak, "a training step", "raise --accumulate, lower --batch or take a "
                                     "smaller model (--preset tiny, --width, --layers, --context)", " (the weights, "
                                     "their gradients, AdamW's moments and the activations)")  # fmt: skip
     if problem:
@@ -286,7 +288,7 @@ def train_step(run: Run, x: np.ndarray, y: np.ndarray, comm: Any = None) -> floa
 def allreduce_mean(run: Run, comm: Any, loss: float, grads: dict[str, np.ndarray]) -> float:
     """Every gradient, in place, and the loss: the mean over the processes. Each process's are the means
     over its equal share of the batch, so their mean is the whole batch's. One Allreduce of one buffer."""
-    MPI = common.load_mpi()
+    MPI = load_mpi()
     start = time.perf_counter()
     flat = np.concatenate([g.ravel() for g in grads.values()])  # (number of parameters,)
     comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
@@ -306,7 +308,7 @@ def validate(run: Run, comm: Any = None) -> float:
     rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
     total = sum(run.model.loss(x, y) * len(x) for x, y in batches[rank::size])
     if comm is not None:
-        total = comm.allreduce(total, op=common.load_mpi().SUM)
+        total = comm.allreduce(total, op=load_mpi().SUM)
     return float(total) / sum(len(x) for x, _ in batches)
 
 
@@ -405,7 +407,7 @@ def progress_bar(run: Run, loss: float) -> None:
 def end_bar(run: Run) -> None:
     """End the progress bar's line, so that what is printed next starts on a line of its own."""
     if run.bar:
-        common.progress("")
+        outputs.progress("")
         run.bar = False
 
 
@@ -422,7 +424,7 @@ def say_how_long(run: Run) -> None:
     if left > 60:
         steps = run.settings["steps"] - run.step
         end_bar(run)
-        common.progress(f"about {run.step_seconds[-1]:.2f} s a step: the {steps:,} steps left take about "
+        outputs.progress(f"about {run.step_seconds[-1]:.2f} s a step: the {steps:,} steps left take about "
                         f"{clock(left)} (Ctrl-C stops and keeps a checkpoint)")  # fmt: skip
 
 
@@ -445,7 +447,7 @@ def save(run: Run, comm: Any = None) -> None:
 
 def exit_code(stop: BaseException | None) -> int:
     if isinstance(stop, KeyboardInterrupt):
-        return common.INTERRUPTED
+        return interrupts.INTERRUPTED
     return 1 if stop is not None else 0
 
 
@@ -464,7 +466,7 @@ def communicator(args: argparse.Namespace) -> Any:
     if not args.data_parallel:
         return None
     try:
-        return common.load_mpi().COMM_WORLD
+        return load_mpi().COMM_WORLD
     except ImportError as err:
         sys.exit(f"train.py --data-parallel {err}")
 
@@ -489,10 +491,10 @@ def scaling(run: Run, comm: Any) -> str | None:
     if not run.step_seconds:
         return None
     if comm.Get_rank() != 0:
-        common.idle_wait(comm)
+        idle_wait(comm)
         return None
     alone = one_process_seconds(run)
-    common.idle_wait(comm)
+    idle_wait(comm)
     size, step = comm.Get_size(), float(np.median(run.step_seconds))
     allreduce = float(np.median(run.allreduce_seconds))
     return (f"a step: {step * 1e3:,.1f} ms on {size} processes ({allreduce * 1e3:,.1f} ms of it in the Allreduce), "

@@ -1,5 +1,6 @@
-"""The scripts read like the library: no function over 60 lines of code, no file over 500 lines, one shared
-helper module (scripts/common.py) instead of copies, and the same flags on every benchmark.
+"""The scripts read like the library: no function over 60 lines of code, no file over 500 lines, shared helpers
+in modules named for their concern (machine.py, outputs.py, benchmark.py, ...) instead of copies, and the same
+flags on every benchmark.
 
 Lines of code: the lines of a function that hold code, not its docstring, comments or blank lines; a nested
 function counts inside its parent (the parent is as long to read either way).
@@ -74,21 +75,31 @@ def test_no_function_over_60_lines_and_no_file_over_500(path: Path) -> None:
 
 def test_the_torch_install_hint_lives_in_one_constant() -> None:
     hint = "bash torch_crosscheck/install_torch_cpu.sh"
-    common = (ROOT / "scripts" / "common.py").read_text(encoding="utf-8")
-    assert f'TORCH_INSTALL_HINT = "{hint}"' in common
+    home = (ROOT / "scripts" / "torch_import.py").read_text(encoding="utf-8")
+    assert f'TORCH_INSTALL_HINT = "{hint}"' in home
     for path in [*SCRIPTS, *TORCH_SCRIPTS]:
         text = path.read_text(encoding="utf-8")
         assert "pip install torch" not in text, f"{path.name} has its own torch install line"
-        if path.name != "common.py":
-            assert hint not in text, f"{path.name} repeats the hint instead of using common.TORCH_INSTALL_HINT"
+        if path.name != "torch_import.py":
+            assert hint not in text, f"{path.name} repeats the hint instead of using torch_import.TORCH_INSTALL_HINT"
 
 
-@pytest.mark.parametrize(
-    "name", ["max_diff", "load_torch", "matmul_rate", "settled_median_ms", "progress", "code_version", "doubling"]
-)
+SHARED = {  # a helper the scripts share -> the one file that defines it
+    "max_diff": "report.py",  # tinyattn_np.report, beside the Checklist it serves
+    "load_torch": "torch_import.py",
+    "matmul_rate": "machine.py",
+    "settled_median_ms": "machine.py",
+    "progress": "outputs.py",
+    "code_version": "machine.py",
+    "doubling": "benchmark.py",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
 def test_shared_helpers_are_defined_once(name: str) -> None:
-    defined = [p.name for p in [*SCRIPTS, *TORCH_SCRIPTS] if re.search(rf"^def {name}\(", p.read_text(), re.M)]
-    assert defined == ["common.py"], f"{name} is defined in {defined}"
+    files = [*SCRIPTS, *TORCH_SCRIPTS, *sorted((ROOT / "tinyattn_np").glob("*.py"))]
+    defined = [p.name for p in files if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+    assert defined == [SHARED[name]], f"{name} is defined in {defined}"
 
 
 # --- the project speaks of itself, and its output fits a terminal ----------------------------------
@@ -107,19 +118,6 @@ def test_no_script_page_or_module_speaks_of_issues() -> None:
         if re.search(r"\bissues?\b", line, re.IGNORECASE)
     ]
     assert not found, "\n".join(found)
-
-
-def test_common_py_says_what_it_is_and_that_it_runs_nothing() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    common = [sys.executable, str(ROOT / "scripts" / "common.py")]
-    helped = subprocess.run([*common, "--help"], env=env, capture_output=True, text=True, timeout=60)
-    assert helped.returncode == 0 and "What the scripts share" in helped.stdout, helped.stdout + helped.stderr
-    alone = subprocess.run(common, env=env, capture_output=True, text=True, timeout=60)
-    assert alone.returncode == 2 and alone.stdout == "", alone.stdout + alone.stderr
-    assert (
-        alone.stderr
-        == "common.py is not a program: the scripts beside it import it (python scripts/scaling.py --help)\n"
-    )
 
 
 # Each program's smallest run (its default where that takes seconds): what a user meets first. The MPI
@@ -160,11 +158,11 @@ def test_every_program_has_a_smallest_run() -> None:
 def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """No idle waits, a fixed matmul rate, no load: the width of the output is under test, not its timings."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    import common
+    import machine
 
-    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(common, "load_average", lambda: 0.0)
-    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(machine, "load_average", lambda: 0.0)
+    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
 
 
 # Programs whose output does not fit yet, each being changed by its own owner now: a strict xfail, so that

@@ -537,7 +537,7 @@ def test_train_speed_trains_the_two_models_in_alternating_turns(monkeypatch):
     """--equal-time trains each model in --rounds turns of the time, the models taking turns, so that a machine
     whose speed drifts slows both alike (the step's times come in turns too: measure.alternating_medians_ms)."""
     speed = load("train_speed.py")
-    monkeypatch.setattr(speed.common, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(speed.machine, "SETTLE_SECONDS", 0.0)
     steps: list[list[int]] = [[], []]
     taken = speed.train_in_turns(0.03, [steps[0].append, lambda i: (steps[1].append(i), time.sleep(0.002))], 3)
     assert taken == [len(steps[0]), len(steps[1])] and steps == [list(range(n)) for n in taken]  # each in its order
@@ -599,7 +599,7 @@ def test_ctrl_c_in_train_keeps_the_table_so_far(tmp_path: Path) -> None:
 # --- the whole run estimated up front -------------------------------------------------------------
 
 
-def test_train_refuses_every_size_flag_at_its_maximum(common: ModuleType) -> None:
+def test_train_refuses_every_size_flag_at_its_maximum(machine: ModuleType) -> None:
     train = load("train.py")
     flags = ["--task", "copy", "--length", "256", "--batch", "4096", "--d-model", "1024", "--layers", "8"]
     with pytest.raises(SystemExit, match=r"train.py: error: this run needs about [0-9,.]+ GiB \(the weights"):
