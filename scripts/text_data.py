@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,19 @@ def fingerprint(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # tokens for training
+
+
+@dataclass
+class Data:
+    """A run's text as tokens: the tokenizer, where the text came from and its fingerprint, and its tokens split
+    into the first 1 - validation to train on and the rest to validate on (never trained on)."""
+
+    tokenizer: Tokenizer
+    source: str
+    fingerprint: str
+    validation: float
+    train: np.ndarray  # (n_train,) token ids
+    val: np.ndarray  # (n_val,)
 
 
 def split(tokens: np.ndarray, context: int, validation: float, where: str) -> tuple[np.ndarray, np.ndarray]:

@@ -18,10 +18,10 @@ and generation with the KV cache beside recomputation.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
-Both run under train.py's malloc setting (training.keep_freed_memory: on glibc, freed arrays' memory is kept
+Both run under train.py's malloc setting (os_tweaks.keep_freed_memory: on glibc, freed arrays' memory is kept
 for the next ones instead of faulting it in again every step), which holds for the whole process, torch's
 steps as well as ours; the malloc line says whether it took. They run under train.py's OpenBLAS setting too
-(blas_idle.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our attention's
+(os_tweaks.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our attention's
 workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is checked; the exit
 code is 1 (and the failed check is named) if one fails.
 
@@ -48,29 +48,28 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from tinyattn_np.report import add_seed_and_format
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
-import blas_idle  # noqa: E402
+import os_tweaks
 
-if __name__ == "__main__":  # as train.py does, before NumPy loads OpenBLAS (blas_idle.py says why)
-    blas_idle.shorten_spin()
+if __name__ == "__main__":  # train.py's settings, made as it makes them, before NumPy loads (os_tweaks.py says why)
+    os_tweaks.speed_up()
+# ruff: noqa: E402  (the imports below come after that setting on purpose)
 import interrupts
 import limits
 import machine
-import numpy as np  # noqa: E402
+import numpy as np
 import outputs
-import text_data  # noqa: E402
+import text_data
 import torch_import
-import training  # noqa: E402
+import train_flags
 
-from tinyattn_np import layers  # noqa: E402
-from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
-from tinyattn_np.measure import alternating_medians_ms  # noqa: E402
-from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
-from tinyattn_np.report import Checklist, add_wide_argument, fit_table, positive, table_width  # noqa: E402
-from tinyattn_np.sampling import generate  # noqa: E402
-from tinyattn_np.trainbill import training_memory  # noqa: E402
+from tinyattn_np import layers
+from tinyattn_np.gpt import GPT, GPTConfig
+from tinyattn_np.measure import alternating_medians_ms
+from tinyattn_np.optim import AdamW, clip_grad_norm
+from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, fit_table, positive, table_width
+from tinyattn_np.sampling import generate
+from tinyattn_np.trainbill import training_memory
 
 LOSS_RTOL = 1e-4  # float32 sums in two orders over a forward and a backward
 check = Checklist()
@@ -78,7 +77,7 @@ check = Checklist()
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", choices=sorted(training.PRESETS), default=["tiny", "part3"],
+    p.add_argument("--presets", nargs="+", choices=sorted(train_flags.PRESETS), default=["tiny", "part3"],
                    help="the models to time (default: both)")  # fmt: skip
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
@@ -109,12 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def config_of(name: str, args: argparse.Namespace) -> GPTConfig:
-    config = training.PRESETS[name].config
+    config = train_flags.PRESETS[name].config
     return replace(config, vocab=args.vocab or config.vocab)
 
 
 def batch_of(name: str, args: argparse.Namespace) -> int:
-    return int(args.batch or training.PRESETS[name].batch)
+    return int(args.batch or train_flags.PRESETS[name].batch)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -230,7 +229,7 @@ def torch_step(torch: Any, module: Any, optimizer: Any, x: Any, y: Any) -> float
     return float(loss.item())
 
 
-def torch_adamw(torch: Any, module: Any, preset: training.Preset) -> Any:
+def torch_adamw(torch: Any, module: Any, preset: train_flags.Preset) -> Any:
     """torch's AdamW as ours is set up: the preset's lr and β2, decay 0.1 on the matrices only."""
     matrices = [p for p in module.parameters() if p.ndim >= 2]
     rest = [p for p in module.parameters() if p.ndim < 2]
@@ -241,7 +240,7 @@ def torch_adamw(torch: Any, module: Any, preset: training.Preset) -> Any:
 def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
-    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
     rng = np.random.default_rng(args.seed)
     x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
     model = GPT(config, rng=args.seed)
@@ -308,7 +307,7 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
     """One preset's row of --equal-time: steps and validation loss of each after args.equal_time seconds."""
     text, source = text_data.load_text(None)
     tokenizer = text_data.make_tokenizer("char", text)
-    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
     config = replace(config, vocab=tokenizer.vocab_size)
     tokens = tokenizer.encode(text).astype(np.int64)  # torch's cross_entropy takes int64 targets
     train, val = text_data.split(tokens, config.context, 0.1, source)
@@ -388,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_row_blocks(args)
     torch = torch_import.load_torch(flag="--torch")[0] if args.torch else None
     info, lines = machine.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
-    print(f"{lines}\n{malloc_line(torch is not None)}\n{blas_idle.describe()}")
+    print(f"{lines}\n{malloc_line(torch is not None)}\n{os_tweaks.describe()}")
     threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
@@ -407,7 +406,7 @@ def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
     torch = torch_import.load_torch(flag="--equal-time")[0]
     info, lines = machine.header(torch.__version__, torch.get_num_threads())
-    print(f"{lines}\n{malloc_line(with_torch=True)}\n{blas_idle.describe()}")
+    print(f"{lines}\n{malloc_line(with_torch=True)}\n{os_tweaks.describe()}")
     rows: list[dict[str, Any]] = []
     stopped = interrupts.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:
@@ -480,9 +479,9 @@ def main_row_blocks(args: argparse.Namespace) -> int:
 
 
 def malloc_line(with_torch: bool) -> str:
-    """Whether train.py's malloc setting (training.keep_freed_memory, made in __main__ below) is in force; it
-    holds for the whole process, torch's steps as well as ours."""
-    if not training.freed_memory_kept:
+    """Whether train.py's malloc setting (os_tweaks.keep_freed_memory, made at the top as a program) is in force;
+    it holds for the whole process, torch's steps as well as ours."""
+    if not os_tweaks.freed_memory_kept:
         return "malloc: the C library's own settings"
     return "malloc: freed memory kept for reuse, as train.py sets it (glibc's mallopt)" + (
         "; for torch's steps too" if with_torch else ""
@@ -502,5 +501,4 @@ def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, don
 
 
 if __name__ == "__main__":
-    training.keep_freed_memory()  # as train.py does: both models' steps reuse the memory of the arrays they free
     sys.exit(interrupts.run_main(main))

@@ -73,6 +73,19 @@ def test_no_function_over_60_lines_and_no_file_over_500(path: Path) -> None:
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines of code: {long}"
 
 
+def test_the_training_loop_reads_in_one_sitting() -> None:
+    """scripts/train.py is the loop a learner reads top to bottom: under 300 lines, with the step's library calls
+    in it (the batch, the loss and its gradients, the clipping, the learning-rate schedule, AdamW's step, the
+    validation and the checkpoint), its flags, printing and processes in the modules beside it."""
+    source = (ROOT / "scripts" / "train.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) < 300, f"train.py: {len(source.splitlines())} lines"
+    calls = ["random_batch(", "loss_and_grads", "accumulated_grads(", "clip_grad_norm(", "warmup_cosine_lr("]
+    calls += ["optimizer.step(", "model.loss(", "save_run(", "GPT(", "AdamW("]
+    missing = [call for call in calls if call not in source]
+    assert not missing, f"train.py does not show {missing}"
+    assert "argparse.ArgumentParser(" not in source and 'print(f"{run.step:>7}' not in source
+
+
 def test_the_torch_install_hint_lives_in_one_constant() -> None:
     hint = "bash torch_crosscheck/install_torch_cpu.sh"
     home = (ROOT / "scripts" / "torch_import.py").read_text(encoding="utf-8")
