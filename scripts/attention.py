@@ -51,11 +51,11 @@ from tinyattn_np.report import Checklist, add_seed_and_format, matrix_table, max
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import checkpoint  # noqa: E402
-import copy_task  # noqa: E402  (its heat map of the weights)
 import interrupts
 import outputs
 import text_data  # noqa: E402
 import torch_import
+import weight_maps
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
@@ -285,7 +285,7 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
             print(f"{name}:\n" + matrix_table(weights, [repr(t) for t in labels], fmt=args.format, digits=3))
         else:
             symbols = "".join(t if len(t) == 1 and t.isprintable() else "?" for t in labels)
-            print(f"{name} ('{copy_task.SHADES}' = weight 0 .. 1):\n" + copy_task.heat_map(
+            print(f"{name} ('{weight_maps.SHADES}' = weight 0 .. 1):\n" + weight_maps.heat_map(
                 weights, np.arange(len(labels)), symbols))  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""The copy task's tiny model (copy_task.py, as `train.py --task copy` trains it), each sequence split over
+"""The copy task's tiny model (copy_model.py, as `train.py --task copy` trains it), each sequence split over
 MPI processes, and the losses side by side with one process's.
 
     mpiexec -n 2 python scripts/train_parallel.py                              # the ring
@@ -35,12 +35,13 @@ from tinyattn_np.ring import ring_attention, ring_attention_backward
 from tinyattn_np.shards import shard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and the other shared modules sit beside it
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import copy_task  # noqa: E402
 import interrupts
 import machine
 import outputs
-from copy_task import Adam, NonFiniteLoss, TinyModel, cross_entropy, make_batch, print_intro, table_steps  # noqa: E402
+from copy_model import Adam, TinyModel, cross_entropy, make_batch
+from copy_task import NonFiniteLoss, print_intro, table_steps
 
 SCHEMES = {
     "ring": (ring_attention, ring_attention_backward),

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from test_scripts import interrupt, load
 
+from tinyattn_np import MultiHeadAttention
 from tinyattn_np.gpt import GPT, GPTConfig
 from tinyattn_np.optim import AdamW, clip_grad_norm, warmup_cosine_lr
 
@@ -38,13 +39,13 @@ def test_gradient_check_passes(layers, fused):
 
 def test_gradient_check_catches_a_wrong_gradient(monkeypatch):
     """The check is a real check: break the residual's gradient and it reports a large error."""
-    real = train.MultiHeadAttention.backward
+    real = MultiHeadAttention.backward
 
     def half(self, dout, saved):
         dx, dw_qkv, dw_out = real(self, dout, saved)
         return 0.5 * dx, dw_qkv, dw_out
 
-    monkeypatch.setattr(train.MultiHeadAttention, "backward", half)
+    monkeypatch.setattr(MultiHeadAttention, "backward", half)
     assert train.gradient_check(1, True, seed=3) > 1e-3
 
 
