@@ -28,14 +28,12 @@ Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import math
 import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,11 +53,11 @@ from tinyattn_np.report import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import flex_torch
 import interrupts
 import limits
 import machine
 import outputs
-import torch_import
 
 TARGET_TOKENS = 16384  # the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
 TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
@@ -134,23 +132,6 @@ def patterns(args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
     }
 
 
-def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any, Any]]:
-    """The same patterns written in torch ops, for torch's flex_attention (and its create_mask for SDPA)."""
-    T, window = args.tokens, args.window
-    n = T // args.documents  # tokens per document
-    slopes = torch.from_numpy(ta.alibi_slopes(args.heads).astype(np.float32))
-
-    causal = lambda b, h, q, kv: kv <= q  # noqa: E731
-    return {
-        "causal": (causal, None),
-        f"{args.documents} documents": (lambda b, h, q, kv: (q // n == kv // n) & (kv <= q), None),
-        "prefix-LM": (lambda b, h, q, kv: (kv < T // 4) | (kv <= q), None),
-        f"window {window}": (lambda b, h, q, kv: (kv <= q) & (q - kv < window), None),
-        "alibi": (causal, lambda s, b, h, q, kv: s - slopes[h] * (q - kv)),
-        "softcap": (causal, lambda s, b, h, q, kv: 50.0 * torch.tanh(s / 50.0)),
-    }
-
-
 # ---------------------------------------------------------------------------------------------------
 # measuring
 
@@ -185,21 +166,6 @@ def probe_matrix(args: argparse.Namespace) -> np.ndarray:
 def probe_rate(square: np.ndarray) -> float:
     """GFLOP/s of square @ square (median of 3 calls after one warm-up), on all BLAS threads."""
     return 2 * square.shape[0] ** 3 / median_ms(lambda: square @ square, 3) / 1e6
-
-
-def rss_peak_growth(call: Any) -> int:
-    """Bytes by which the resident set's high-water mark rose during call() (Linux), after malloc_trim."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # reset VmHWM to the current VmRSS
-    before = status_kib("VmRSS")
-    call()
-    return max(0, status_kib("VmHWM") - before) * 1024
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
@@ -258,7 +224,7 @@ def timed_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: 
         rows[name] = {"pattern": name, "mask": block_mask, "mask s": mask_s, "flex peak": peak,
                       "tiles": int(block_mask.to_dense().sum()), "of": block_mask.kinds[0, 0].size}  # fmt: skip
         if side is not None:  # compiled at its warm-up call
-            calls["torch " + name] = torch_flex_call(name, args, side)
+            calls["torch " + name] = flex_torch.torch_flex_call(name, args, side)
     flash = baseline.flash_attention if baseline is not None else ta.flash_attention
     calls["flash causal"] = lambda: flash(q, k, v, causal=True, workers=args.workers)
     batch = [x.reshape(args.heads, args.documents, n, args.head_dim).swapaxes(0, 1) for x in qkv]  # (docs, H, n, E)
@@ -285,52 +251,6 @@ def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.n
         row["ref s"] = median_ms(reference, 1) / 1e3  # one warm-up, one timed; BLAS's threads, as the probe's
     except ta.AttentionMemoryError as err:
         row["ref s"] = f"refused: {str(err).split(' at its peak')[0].split('allocate ')[-1]}"
-
-
-def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
-    torch, F = torch_import.load_torch(args.workers, flag="the torch columns (--torch)")
-    from torch.nn.attention import flex_attention as flex
-
-    return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
-            "patterns": torch_patterns(args, torch), "qkv": tuple(torch.from_numpy(x) for x in qkv),
-            "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
-
-
-def torch_flex_call(name: str, args: argparse.Namespace, side: dict[str, Any]) -> Any:
-    """A call of torch's compiled flex_attention on pattern `name`, with its block mask (tiles of 128)."""
-    mask_mod, score_mod = side["patterns"][name]
-    block_mask = side["flex"].create_block_mask(mask_mod, None, None, args.tokens, args.tokens, device="cpu",
-                                                BLOCK_SIZE=128)  # fmt: skip
-
-    def call() -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return side["compiled"](*side["qkv"], score_mod, block_mask)
-
-    return call
-
-
-def torch_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]) -> None:
-    """torch SDPA with the dense mask (ALiBi: the dense bias; softcap has no dense form), and the peak of
-    torch's compiled flex_attention, for one pattern."""
-    mask_mod, score_mod = side["patterns"][row["pattern"]]
-    if score_mod is None or row["pattern"] == "alibi":
-        allowed = side["flex"].create_mask(mask_mod, 1, 1, args.tokens, args.tokens, device="cpu")  # (1, 1, T, T)
-        sdpa_row(row, args, side, allowed, score_mod)
-    row["torch flex peak"] = rss_peak_growth(torch_flex_call(row["pattern"], args, side))
-
-
-def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any], allowed: Any, bias_mod: Any) -> None:
-    """torch SDPA with allowed (1, 1, T, T) bool as its attn_mask, or the bias of bias_mod, -inf where hidden."""
-    torch, T, attn_mask = side["torch"], args.tokens, allowed
-    if bias_mod is not None:  # a float mask (1, H, T, T): the score_mod applied to zero scores
-        h = torch.arange(args.heads)[None, :, None, None]
-        bias = bias_mod(torch.zeros(1, args.heads, T, T), 0, h, torch.arange(T)[:, None], torch.arange(T))
-        attn_mask = bias.masked_fill(~allowed, float("-inf"))
-    sdpa = lambda: side["sdpa"](*side["qkv"], attn_mask=attn_mask)  # noqa: E731
-    time.sleep(machine.SETTLE_SECONDS)  # after our reference: let BLAS's spinning threads go to sleep first
-    row["sdpa s"], row["sdpa peak"] = median_ms(sdpa, 1) / 1e3, rss_peak_growth(sdpa)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -466,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
     qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
-    side = torch_setup(args, qkv) if args.torch else None
+    side = flex_torch.torch_setup(args, qkv) if args.torch else None
     _, lines = machine.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
     print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
           + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip
@@ -500,7 +420,7 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
                 outputs.progress(f"our dense-mask reference: {name}")
                 reference_row(row, args, qkv)
             if side is not None:
-                torch_row(row, args, side)
+                flex_torch.torch_row(row, args, side)
             row["dense done"] = True
     except KeyboardInterrupt:
         return True

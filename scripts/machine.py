@@ -28,6 +28,7 @@ from tinyattn_np.report import TABLE_WIDTH, fit_table
 
 SETTLE_SECONDS = 0.3  # idle before each timed figure (settled_median_ms says why)
 RATE_DRIFT = 0.20  # a row whose matmul rate moved more than this from the run's first is marked
+RATE_SIZE = 1024  # the n x n matmul of the rate measured beside each row of a quick benchmark (decode.py, serve.py)
 
 
 # ---------------------------------------------------------------------------------------------------

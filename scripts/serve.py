@@ -37,7 +37,6 @@ import numpy as np
 
 from tinyattn_np import (
     KVCache,
-    MultiHeadAttention,
     PagedKVCache,
     cascade_decode,
     format_bytes,
@@ -53,44 +52,16 @@ import interrupts
 import limits
 import machine
 import outputs
+from tiny_decoder import TinyDecoder
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
 MAX_SIZES = {"layers": 16, "d_model": 1024, "heads": 512, "vocab": 100_000, "samples": 1024, "blocks": 2**20,
              "block_size": 4096}  # each flag's largest value: a simulation, not a server  # fmt: skip
-RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
 
 
 # ---------------------------------------------------------------------------------------------------
-# the little model, over either kind of cache
-
-
-class TinyDecoder:
-    """Token table E (V, C), `layers` residual attention blocks with RoPE, logits = x Eᵀ (a tied head).
-
-    x_0 = E[tokens]        x_{l+1} = x_l + MHA_l(x_l)        logits = x_L Eᵀ
-    """
-
-    def __init__(self, args: argparse.Namespace, rng: np.random.Generator):
-        self.dtype = np.dtype(args.dtype)
-        self.table = rng.standard_normal((args.vocab, args.d_model)).astype(self.dtype)  # (V, C)
-        self.blocks = [
-            MultiHeadAttention(args.d_model, args.heads, args.kv_heads, rope=True, rng=rng, dtype=self.dtype)
-            for _ in range(args.layers)
-        ]
-
-    def paged_caches(self, num_blocks: int, block_size: int) -> list[PagedKVCache]:
-        """One PagedKVCache per layer; every layer gets the same appends, so their block tables match."""
-        mha = self.blocks[0]
-        return [PagedKVCache(num_blocks, block_size, mha.n_kv_heads, mha.d_head, self.dtype) for _ in self.blocks]
-
-    def logits(self, tokens: np.ndarray, caches: list[Any], seq_ids: list[int] | None = None) -> np.ndarray:
-        """Logits (B, V) of the next token of each row. tokens (B, T) continue what the caches hold: one
-        KVCache per layer, or one PagedKVCache per layer and the B sequences seq_ids."""
-        x = self.table[tokens]  # (B, T, C)
-        for mha, cache in zip(self.blocks, caches, strict=True):
-            x = x + mha(x, cache=cache, seq_ids=seq_ids)  # (B, T, C)
-        return x[:, -1] @ self.table.T  # (B, V)
+# the little model (tiny_decoder.py), a request at a time
 
 
 def sample(logits: np.ndarray, rng: np.random.Generator | None) -> int:
@@ -103,8 +74,7 @@ def sample(logits: np.ndarray, rng: np.random.Generator | None) -> int:
 
 def run_alone(model: TinyDecoder, prompt: np.ndarray, n_new: int, rng: np.random.Generator | None = None):
     """One request on its own through a contiguous KVCache per layer: its tokens and the logits behind each."""
-    mha = model.blocks[0]
-    caches = [KVCache(1, mha.n_kv_heads, len(prompt) + n_new, mha.d_head, model.dtype) for _ in model.blocks]
+    caches = model.caches(len(prompt) + n_new)
     logits = model.logits(prompt[None], caches)[0]  # (V,)
     tokens, all_logits = [], []
     while len(tokens) < n_new:
@@ -251,7 +221,7 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
             "waste": 1 - stored.sum() / own.sum(),
             "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
             "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
-            **machine.beside_the_row(args.dtype, rate, n=RATE_SIZE),
+            **machine.beside_the_row(args.dtype, rate, n=machine.RATE_SIZE),
         })  # fmt: skip
     print_batching(rows, args)
     print_bill(args)
@@ -391,13 +361,13 @@ def run_calls(args: argparse.Namespace) -> list[int]:
 def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float]:
     """The seconds each kind of run_calls' calls takes, the least of a few timed here with the run's model at
     the workload's mean context: matmuls, cache reads and the Python between them."""
-    mha, block = model.blocks[0], args.block_size
+    block = args.block_size
     prompt = (args.min_prompt + args.max_prompt) // 2
     tokens, one, four = np.zeros((1, prompt), np.int64), np.zeros((1, 1), np.int64), np.zeros((4, 1), np.int64)
     fastest = lambda call: min(time_calls(call, 5, 1))  # noqa: E731  (the least a call takes)
 
     def contiguous() -> list[KVCache]:
-        return [KVCache(1, mha.n_kv_heads, prompt + 8, mha.d_head, model.dtype) for _ in model.blocks]
+        return model.caches(prompt + 8)
 
     prefill = fastest(lambda: model.logits(tokens, contiguous()))
     caches = contiguous()
@@ -476,7 +446,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = machine.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
+    rate = machine.matmul_rate(args.dtype, n=machine.RATE_SIZE, repeats=3)  # the busy-machine check's first figure
     rng = np.random.default_rng(args.seed)
     model = TinyDecoder(args, rng)
     check_time(model, args, rate)

@@ -62,17 +62,18 @@ def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(machine
     warm-ups and --repeats runs each, alternating), and flash_decode's aim against torch's fastest is their
     ratio there. torch is stood in for: each call of its formulations logs 't', each flash_decode call 'f'."""
     script, log = load("decode.py"), []
+    step = sys.modules["decode_step"]  # decode.py --step's kernels and rows
     monkeypatch.setattr(sys.modules["torch_import"], "load_torch", lambda: None)
     torch_call = lambda gold: (time.sleep(0.002), log.append("t"), gold)[2]  # noqa: E731  2 ms, then the reference
     fake = lambda q, k, v, gold, args: [  # noqa: E731  the two torch rows
-        (name, "one", lambda: torch_call(gold), gold) for name in ("torch SDPA (enable_gqa)", script.TORCH_FASTEST)
+        (name, "one", lambda: torch_call(gold), gold) for name in ("torch SDPA (enable_gqa)", step.TORCH_FASTEST)
     ]
-    monkeypatch.setattr(script, "torch_runs", fake)
-    monkeypatch.setattr(script, "flash_decode", lambda *a, **kw: (log.append("f"), flash_decode(*a, **kw))[1])
+    monkeypatch.setattr(step, "torch_runs", fake)
+    monkeypatch.setattr(step, "flash_decode", lambda *a, **kw: (log.append("f"), flash_decode(*a, **kw))[1])
     flags = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "2"]
     assert script.main([*flags, "--torch"]) == 0
     # torch's fastest's row (its check, its timing), then the turns; the batch's row after them calls neither
-    assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * script.TURNS), "".join(log)
+    assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * step.TURNS), "".join(log)
     out = capsys.readouterr().out
     line = re.search(r"^  flash_decode \(split-KV\) and torch's fastest in turns \(3 turns of 2 runs each\): "
                      r"([0-9.]+) and ([0-9.]+) ms, ([0-9.]+)x$", out, re.M)  # fmt: skip
@@ -83,7 +84,8 @@ def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(machine
 
 
 def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
-    script = load("decode.py")
+    load("decode.py")
+    script = sys.modules["decode_step"]
     reads = []
     arrays = [type("Array", (), {"sum": lambda self, i=i: reads.append(i)})() for i in range(2)]
     script.read_once(arrays, threads=1)
@@ -93,10 +95,12 @@ def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
 
 def test_script_step_mode_scatters_blocks_on_request():
     k = v = np.zeros((2, 100, 4), np.float32)
-    cache, (seq,) = load("decode.py").paged([100], k, v, 16, True)
+    load("decode.py")
+    paged = sys.modules["decode_step"].paged
+    cache, (seq,) = paged([100], k, v, 16, True)
     table = cache.block_table(seq)
     assert len(table) == 7 and all(b % 2 == 0 for b in table)  # every other block: no two adjacent
-    cache, (seq,) = load("decode.py").paged([100], k, v, 16, False)
+    cache, (seq,) = paged([100], k, v, 16, False)
     assert cache.block_table(seq) == tuple(range(7))  # alone in an empty pool: one run
 
 
