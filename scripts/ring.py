@@ -24,8 +24,6 @@ then ends every rank (MPI_Abort, exit code 130) once rank 0 has printed what it 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import os
 import statistics
@@ -55,15 +53,16 @@ from tinyattn_np.report import (
     text_table,
 )
 from tinyattn_np.ring import ring_attention, tile_counts
-from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard
+from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, unshard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts
 import limits
 import machine
+import mpi_runs
 import outputs
+import ring_balance
 
-DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
 BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
@@ -83,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, GQA when fewer (default --heads)")
     p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="inputs' dtype (default float32)")
+    p.add_argument("--dtype", choices=list(mpi_runs.DTYPES), default="float32", help="inputs' dtype (default float32)")
     p.add_argument(
         "--layout", choices=["both", *LAYOUTS], default="both", help="zigzag, contiguous, or both (default both)"
     )
@@ -134,7 +133,7 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
                 f"--tokens {args.tokens} cannot be split into {pieces} equal chunks ({layout} layout, {size} ranks): "
                 f"use a multiple of {pieces}"
             )
-    itemsize = np.dtype(DTYPES[args.dtype]).itemsize
+    itemsize = np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
     problem = limits.memory_problem(
         held, f"--tokens {args.tokens:,}", "lower --tokens, --heads or --head-dim", " on rank 0 (q, k, v, two outputs)"
@@ -154,10 +153,10 @@ def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
     rings = len(layouts(args)) * (args.repeats + 1) * flops / size  # every rank computes its share at once
     reference = 0 if args.no_reference else args.repeats * flops
     probe = argparse.Namespace(**{**vars(args), "tokens": 1024, "max_ranks": 32, "block": 1024})  # 1 tile a pair
-    pair_s = median_ms(lambda: balance_rows(probe, True), 3) / 1e3 / sum(5 * n * n for n in table_sizes(32))
+    pair_s = median_ms(lambda: ring_balance.balance_rows(probe, True), 3) / 1e3 / sum(5 * n * n for n in ring_balance.table_sizes(32))
     tile_s = median_ms(lambda: tile_plan(512, 512, 8, 8), 3) / 1e3 / 64**2
     seconds = 0.0
-    for ranks in table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
+    for ranks in ring_balance.table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
         parts = (args.tokens / (2 * ranks), args.tokens / ranks)  # a zigzag chunk, a contiguous one
         seconds += 5 * ranks**2 * pair_s + sum(2 * math.ceil(part / args.block) ** 2 for part in parts) * tile_s
     return rings + reference, rate, seconds
@@ -165,52 +164,6 @@ def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
 
 def layouts(args: argparse.Namespace) -> list[str]:
     return list(LAYOUTS) if args.layout == "both" else [args.layout]
-
-
-# --- 1) tiles per rank, counted --------------------------------------------------------------------
-
-
-def table_sizes(max_ranks: int) -> list[int]:
-    """The rings of the tile-count table: 2 .. 8 ranks, then the powers of two and max_ranks itself (every
-    size up to 1,024 would be a thousand rows and half an hour of counting)."""
-    powers = [2**n for n in range(4, max_ranks.bit_length())]
-    return sorted({*range(2, min(max_ranks, 8) + 1), *powers, max_ranks})
-
-
-def balance_rows(args: argparse.Namespace, causal: bool) -> list[dict[str, Any]]:
-    """For the rings of table_sizes: the busiest rank's tiles over the mean, zigzag and contiguous.
-
-    T is --tokens rounded down to a multiple of 2·ranks, so that both layouts can split it."""
-    rows = []
-    for size in table_sizes(args.max_ranks):
-        tokens = args.tokens - args.tokens % (2 * size)
-        row: dict[str, Any] = {"ranks": size, "tokens": tokens}
-        for layout in LAYOUTS:
-            tiles = [r["tiles"] for r in tile_counts(tokens, size, layout=layout, causal=causal, **blocks(args))]
-            row[layout] = {"tiles": tiles, "max_over_mean": max(tiles) / statistics.mean(tiles)}
-        rows.append(row)
-    return rows
-
-
-def balance_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    body = [
-        [
-            str(row["ranks"]),
-            f"{row['tokens']:,}",
-            *(
-                cell
-                for layout in LAYOUTS
-                for cell in (
-                    f"{statistics.mean(row[layout]['tiles']):,.1f}",
-                    f"{max(row[layout]['tiles']):,}",
-                    f"{row[layout]['max_over_mean']:.3f}x",
-                )
-            ),
-        ]
-        for row in rows
-    ]
-    headers = ["ranks", "tokens", "zigzag mean", "max", "max/mean", "contiguous mean", "max", "max/mean"]
-    return text_table(body, headers, fmt)
 
 
 def blocks(args: argparse.Namespace) -> dict[str, int]:
@@ -227,11 +180,7 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
     after the same run."""
     rank, size = comm.Get_rank(), comm.Get_size()
     causal = not args.no_causal
-    parts = None
-    if rank == 0 and full is not None:
-        parts = [{name: shard(x, r, size, layout=layout) for name, x in full.items()} for r in range(size)]
-    mine = comm.scatter(parts, root=0)  # {"q": (1, Hq, T/P, E), "k": ..., "v": ...}
-    del parts
+    mine = mpi_runs.scatter_shards(comm, full, layout)  # {"q": (1, Hq, T/P, E), "k": ..., "v": ...}
 
     def ring() -> Any:
         return ring_attention(
@@ -317,45 +266,6 @@ def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
 # --- the program ---------------------------------------------------------------------------------------
 
 
-def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
-    """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
-    try:
-        MPI = load_mpi()
-    except ImportError as err:
-        parse_args(argv)  # --help and bad flags answer even without MPI
-        print(f"ring.py {err}", file=sys.stderr)
-        return 2
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    # only rank 0 speaks: the other ranks parse the same flags quietly (and fail the same way)
-    quiet = io.StringIO()
-    with (
-        contextlib.redirect_stdout(quiet if rank else sys.stdout),
-        contextlib.redirect_stderr(quiet if rank else sys.stderr),
-    ):
-        args = parse_args(argv)
-        problem = check_against_size(args, size) if rank == 0 else None
-        idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
-        problem = comm.bcast(problem, root=0)
-        if problem:
-            print(f"ring.py: error: {problem}", file=sys.stderr)
-            return 2
-    return comm, args
-
-
-def balance_section(args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
-    """1) tiles per rank, counted (plain arithmetic: rank 0 alone)."""
-    causal, mask = not args.no_causal, "no mask" if args.no_causal else "causal"
-    balance = balance_rows(args, causal)
-    report["balance"] = balance
-    print(f"\n1) tiles per rank ({mask}), counted: the busiest rank against the mean")
-    print(balance_table(balance, args.format))
-    print("   a tile is block x block, smaller where a chunk ends mid-block: compare ranks within one layout")
-    if causal:
-        worst = max(row["zigzag"]["max_over_mean"] for row in balance)
-        check(worst <= 1.05, f"zigzag's busiest rank within 1.05x of the mean (worst {worst:.3f}x)")
-
-
 def layout_section(section: int, layout: str, run: dict[str, Any], args: argparse.Namespace, check: Checklist) -> None:
     """2) and 3) on rank 0: one layout's ring, rank by rank and (rank 0's) step by step, checked."""
     ranks, size = run["ranks"], len(run["ranks"])
@@ -414,21 +324,17 @@ def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | Non
     print(machine.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
     if len(runs) == 2:
         print(f"   contiguous / zigzag wall time: {runs['contiguous']['wall_ms'] / runs['zigzag']['wall_ms']:.2f}")
-    if size > (os.cpu_count() or 1):
-        print(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
+    mpi_runs.say_if_time_shared(size)
     report["reference_ms"] = None if reference is None else reference[0]
     report["summary"] = summary
 
 
 def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
     """Every section in order; rank 0 prints, every rank runs the rings."""
-    rank, dtype, full = comm.Get_rank(), DTYPES[args.dtype], None
+    rank, full = comm.Get_rank(), None
     if rank == 0:
-        balance_section(args, check, report)
-        rng = np.random.default_rng(args.seed)
-        shapes = {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads}  # (1, heads, T, E) each
-        full = {name: rng.standard_normal((1, heads, args.tokens, args.head_dim)).astype(dtype)
-                for name, heads in shapes.items()}  # fmt: skip
+        ring_balance.balance_section(args, check, report)
+        full = mpi_runs.draw_inputs(args, {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads})
     runs = {}
     with StopTogether() as ctrl_c:  # Ctrl-C is noted, not raised, inside a ring
         for section, layout in enumerate(layouts(args), start=2):
@@ -447,7 +353,7 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready = setup(argv)
+    ready = mpi_runs.setup(argv, parse_args, check_against_size, "ring.py")
     if isinstance(ready, int):
         return ready
     comm, args = ready

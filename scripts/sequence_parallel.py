@@ -24,8 +24,6 @@ the call it is in, prints what was measured, and exits with status 130.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -54,16 +52,16 @@ from tinyattn_np.report import (
     table_width,
 )
 from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
-from tinyattn_np.shards import shard, unshard
+from tinyattn_np.shards import unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts
 import limits
 import machine
+import mpi_runs
 import outputs
 
-DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # gathered output and gradients against one process: the tests' tolerances (tests/ring_worker.py)
 TOLERANCE = {"float64": (1e-10, 1e-10), "float32": (1e-4, 1e-5), "float16": (2e-3, 2e-3)}
 SCHEMES = {  # name: (forward, backward, layout)
@@ -81,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=heads, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default --heads)")
     p.add_argument("--head-dim", type=heads, default=64, help="E, channels per head (default 64)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="inputs' dtype (default float32)")
+    p.add_argument("--dtype", choices=list(mpi_runs.DTYPES), default="float32", help="inputs' dtype (default float32)")
     p.add_argument("--block", type=tokens, default=DEFAULT_BLOCK_Q, help=f"tile side (default {DEFAULT_BLOCK_Q})")
     p.add_argument("--workers", type=workers, default=1, help="threads per rank (default 1: a rank per core)")
     p.add_argument(
@@ -121,7 +119,7 @@ def check_size(args: argparse.Namespace, size: int) -> str | None:
     if args.tokens % (2 * size):
         return f"--tokens {args.tokens:,} cannot be cut into {2 * size} equal chunks (zigzag, {size} ranks)"
     per_token = (args.heads * 9 + args.kv_heads * 6) * args.head_dim  # q, dout, out, dq, ... and k, v, dk, dv
-    held = args.tokens * per_token * np.dtype(DTYPES[args.dtype]).itemsize  # rank 0: inputs, outputs, gathered
+    held = args.tokens * per_token * np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize  # rank 0: inputs, outputs, gathered
     problem = limits.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
     if problem:
         return problem
@@ -168,10 +166,7 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
     gathered on rank 0."""
     forward, backward, layout = SCHEMES[name]
     rank, size, MAX = comm.Get_rank(), comm.Get_size(), load_mpi().MAX
-    parts = (
-        None if full is None else [{n: shard(x, r, size, layout=layout) for n, x in full.items()} for r in range(size)]
-    )
-    mine = comm.scatter(parts, root=0)  # q, k, v, dout: (1, H, T/P, E) each
+    mine = mpi_runs.scatter_shards(comm, full, layout)  # q, k, v, dout: (1, H, T/P, E) each
     settings = dict(comm=comm, causal=True, layout=layout, block_q=args.block, block_k=args.block, workers=args.workers)
 
     def both() -> tuple[Any, ...]:
@@ -340,37 +335,11 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
     if "ring zigzag" in runs and "ring contiguous" in runs:
         ratio = runs["ring contiguous"]["wall_ms"] / runs["ring zigzag"]["wall_ms"]
         print(f"   contiguous / zigzag wall time: {ratio:.2f}")
-    if size > (os.cpu_count() or 1):
-        print(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
+    mpi_runs.say_if_time_shared(size)
     report["summary"] = summary
 
 
 # --- the program -------------------------------------------------------------------------------------------
-
-
-def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
-    """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
-    try:
-        comm = load_mpi().COMM_WORLD
-    except ImportError as err:
-        parse_args(argv)  # --help and bad flags answer even without MPI
-        print(f"sequence_parallel.py {err}", file=sys.stderr)
-        return 2
-    rank = comm.Get_rank()
-    quiet = io.StringIO()  # only rank 0 speaks: the others parse the same flags quietly, and fail the same way
-    with (
-        contextlib.redirect_stdout(quiet if rank else sys.stdout),
-        contextlib.redirect_stderr(quiet if rank else sys.stderr),
-    ):
-        args = parse_args(argv)
-    problem = check_size(args, comm.Get_size()) if rank == 0 else None
-    idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
-    problem = comm.bcast(problem, root=0)
-    if problem:
-        if rank == 0:
-            print(f"sequence_parallel.py: error: {problem}", file=sys.stderr)
-        return 2
-    return comm, args
 
 
 def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> None:
@@ -378,10 +347,7 @@ def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> No
     every rank after the same call."""
     size, full = comm.Get_size(), None
     if comm.Get_rank() == 0:
-        rng = np.random.default_rng(args.seed)
-        heads = {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads, "dout": args.heads}
-        full = {n: rng.standard_normal((1, h, args.tokens, args.head_dim)).astype(DTYPES[args.dtype])
-                for n, h in heads.items()}  # fmt: skip
+        full = mpi_runs.draw_inputs(args, {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads, "dout": args.heads})
         runs["inputs"] = full
     with StopTogether() as ctrl_c:
         for name in SCHEMES:
@@ -392,7 +358,7 @@ def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> No
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready = setup(argv)
+    ready = mpi_runs.setup(argv, parse_args, check_size, "sequence_parallel.py")
     if isinstance(ready, int):
         return ready
     comm, args = ready
