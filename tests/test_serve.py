@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -88,7 +89,8 @@ def test_bad_flags_are_refused_up_front(argv, message, capsys):
 
 
 def test_sampling_is_seeded_and_greedy_without_a_generator():
-    module = load("serve.py")
+    load("serve.py")
+    module = sys.modules["batching"]  # serve.py's requests and their sampling
     logits = np.array([0.0, 3.0, 1.0])
     assert module.sample(logits, None) == 1
     draws = [module.sample(logits, np.random.default_rng(4)) for _ in range(3)]
