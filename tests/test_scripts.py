@@ -358,7 +358,7 @@ def test_tiles_profile_keeps_the_forward_after_ctrl_c(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tiles, "profile_backward", interrupted)
+    monkeypatch.setattr(sys.modules["kernel_profile"], "profile_backward", interrupted)
     assert tiles.main(["--profile", "--tokens", "96", "--repeats", "1", "--json", str(figures)]) == 130
     out = capsys.readouterr().out
     assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 2 tables" in out
