@@ -60,6 +60,7 @@ import machine
 import numpy as np
 import outputs
 import text_data
+import torch_gpt
 import torch_import
 import train_flags
 
@@ -117,89 +118,20 @@ def batch_of(name: str, args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-# the same model in torch
+# the same model in torch (torch_gpt.py), from our weights
 
 
-def torch_model(torch: Any, model: GPT) -> Any:
-    """A torch module of model's architecture holding its weights (nn.Linear's weight is our W transposed)."""
-    nn, F = torch.nn, torch.nn.functional
-    c = model.config
-    cos, sin = rope_tables(torch, c)
-
-    def norm() -> Any:
-        return nn.LayerNorm(c.width, eps=1e-5, bias=c.bias) if c.norm == "layernorm" else nn.RMSNorm(c.width, eps=1e-5)
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln_1, self.ln_2 = norm(), norm()
-            self.qkv, self.out = nn.Linear(c.width, 3 * c.width, bias=False), nn.Linear(c.width, c.width, bias=False)
-            self.fc, self.proj = nn.Linear(c.width, c.hidden, bias=c.bias), nn.Linear(c.hidden, c.width, bias=c.bias)
-
-        def forward(self, x: Any) -> Any:
-            B, T, C = x.shape
-            q, k, v = (t.view(B, T, c.heads, c.head_dim).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, -1))
-            q, k = rotate(torch, q, cos, sin), rotate(torch, k, cos, sin)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.out(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
-
-    class TorchGPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.wte, self.ln_f = nn.Embedding(c.vocab, c.width), norm()
-            self.h = nn.ModuleList(Block() for _ in range(c.layers))
-
-        def forward(self, idx: Any, targets: Any) -> Any:
-            x = self.wte(idx)
-            for block in self.h:
-                x = block(x)
-            return F.cross_entropy((self.ln_f(x) @ self.wte.weight.T).flatten(0, 1), targets.flatten())  # tied
-
-    if c.mlp != "gelu":
-        sys.exit("train_speed.py: error: the torch twin has the presets' GELU MLP only")
-    module = TorchGPT()
+def twin(torch: Any, model: GPT) -> Any:
+    """The torch module of model's architecture (torch_gpt.torch_model), holding model's weights."""
+    module = torch_gpt.torch_model(torch, model.config)
     copy_weights(torch, module, model)
     return module
-
-
-def rope_tables(torch: Any, c: GPTConfig) -> tuple[Any, Any]:
-    """cos and sin (T, d/2) of RoPE's angles m θ_i, θ_i = 10000^(-2i/d), as tinyattn_np.rope computes them."""
-    theta = 10000.0 ** (-np.arange(0, c.head_dim, 2) / c.head_dim)  # (d/2,)
-    angles = np.arange(c.context)[:, None] * theta  # (T, d/2), float64
-    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
-
-
-def rotate(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
-    """RoPE on x (B, H, T, d), pairs (0, 1), (2, 3), ... (interleaved, as tinyattn_np.rope's default)."""
-    T = x.shape[-2]
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, d/2) each
-    cos, sin = cos[:T], sin[:T]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (B, H, T, d)
-
-
-MATRICES = {
-    "attn.w_qkv": "qkv.weight",
-    "attn.w_out": "out.weight",
-    "mlp.w_fc": "fc.weight",
-    "mlp.w_proj": "proj.weight",
-}
-
-
-def torch_name(name: str) -> tuple[str, bool]:
-    """Our parameter's name -> (the torch module's, whether ours is its transpose: x @ W is nn.Linear(W.T))."""
-    if name == "wte":
-        return "wte.weight", False
-    for ours, theirs in MATRICES.items():
-        if name.endswith(ours):
-            return name.replace(ours, theirs), True
-    return name.replace(".gain", ".weight").replace("mlp.b_fc", "fc.bias").replace("mlp.b_proj", "proj.bias"), False
 
 
 def copy_weights(torch: Any, module: Any, model: GPT) -> None:
     """Our parameters into the torch module, under its names; every one of its parameters is set."""
     theirs = dict(module.named_parameters())
-    names = {name: torch_name(name) for name in model.params}
+    names = {name: torch_gpt.torch_name(name) for name in model.params}
     check(sorted(theirs) == sorted(n for n, _ in names.values()), "the torch model has our parameters, no others")
     with torch.no_grad():
         for name, (target, transposed) in names.items():
@@ -219,24 +151,6 @@ def our_step(model: GPT, optimizer: AdamW, x: np.ndarray, y: np.ndarray, lr: flo
     return loss
 
 
-def torch_step(torch: Any, module: Any, optimizer: Any, x: Any, y: Any) -> float:
-    """The same step in torch, eager."""
-    optimizer.zero_grad(set_to_none=True)
-    loss = module(x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-    optimizer.step()
-    return float(loss.item())
-
-
-def torch_adamw(torch: Any, module: Any, preset: train_flags.Preset) -> Any:
-    """torch's AdamW as ours is set up: the preset's lr and β2, decay 0.1 on the matrices only."""
-    matrices = [p for p in module.parameters() if p.ndim >= 2]
-    rest = [p for p in module.parameters() if p.ndim < 2]
-    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, preset.beta2), eps=1e-8)
-
-
 def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
@@ -244,19 +158,19 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
     rng = np.random.default_rng(args.seed)
     x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
     model = GPT(config, rng=args.seed)
-    module = torch_model(torch, model) if torch is not None else None  # from the weights before any step
+    module = twin(torch, model) if torch is not None else None  # from the weights before any step
     optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
     ours = [our_step(model, optimizer, x, y, preset.lr) for _ in range(2)]
     row = {"preset": name, "parameters": model.num_parameters, "batch": batch, "context": config.context}
     steps = [lambda: our_step(model, optimizer, x, y, preset.lr)]
     if module is not None:
-        torch_optimizer = torch_adamw(torch, module, preset)
+        torch_optimizer = torch_gpt.torch_adamw(torch, module, preset)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        gold = [torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
+        gold = [torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
         for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
             check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
                   f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
-        steps.append(lambda: torch_step(torch, module, torch_optimizer, tx, ty))
+        steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
     times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
     row["ours_ms"] = times[0]
     if module is not None:
@@ -313,9 +227,9 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
     train, val = text_data.split(tokens, config.context, 0.1, source)
     windows = text_data.fixed_batches(val, 64, batch, config.context)  # the same validation windows for both
     model = GPT(config, rng=args.seed)
-    module = torch_model(torch, model)  # from the weights before any step
+    module = twin(torch, model)  # from the weights before any step
     optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
-    torch_optimizer = torch_adamw(torch, module, preset)
+    torch_optimizer = torch_gpt.torch_adamw(torch, module, preset)
     rng, drawn = np.random.default_rng(args.seed), []
 
     def batch_number(i: int) -> tuple[np.ndarray, ...]:  # the i-th batch, the same for both
@@ -332,11 +246,11 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
           f"({start[0]:.6f} and {start[1]:.6f})")  # fmt: skip
     # one untimed step of each on a copy, so that neither library's first-call costs land in the budget
     our_step(GPT(config, model.params), AdamW(model.params, lr=preset.lr), *batch_number(0), preset.lr)
-    twin = copy.deepcopy(module)
-    torch_step(torch, twin, torch_adamw(torch, twin, preset), *map(torch.from_numpy, batch_number(0)))
+    spare = copy.deepcopy(module)
+    torch_gpt.torch_step(torch, spare, torch_gpt.torch_adamw(torch, spare, preset), *map(torch.from_numpy, batch_number(0)))
     ours, theirs = train_in_turns(args.equal_time, [
         lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
-        lambda i: torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
+        lambda i: torch_gpt.torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
     ], args.rounds)  # fmt: skip
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
     row["torch_steps"] = theirs

@@ -62,11 +62,12 @@ def test_the_twins_rope_is_ours():
 
     from tinyattn_np import rope
 
-    speed = load("train_speed")
+    load("train_speed")
     config = GPTConfig(vocab=23, context=16, layers=1, heads=2, width=16)
     x = np.random.default_rng(0).standard_normal((1, 2, 16, 8)).astype(np.float32)  # (B, H, T, d)
-    cos, sin = speed.rope_tables(torch, config)
-    theirs = speed.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
+    twin = sys.modules["torch_gpt"]  # train_speed.py's torch twin of the GPT
+    cos, sin = twin.rope_tables(torch, config)
+    theirs = twin.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
     np.testing.assert_allclose(theirs, rope(x), rtol=1e-5, atol=1e-6)
 
 
