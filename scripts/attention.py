@@ -83,8 +83,10 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
 
     torch = torch_import.optional_torch()  # tinyattn_np never needs it; here it is one more witness
     if torch is None:
-        print(f"   torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n"
-              f"   {torch_import.TORCH_INSTALL_HINT}")  # fmt: skip
+        print(
+            f"   torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n"
+            f"   {torch_import.TORCH_INSTALL_HINT}"
+        )
     else:
         import torch.nn.functional as F
 
@@ -276,8 +278,10 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
     layer, h = head
     idx = tokenizer.encode(args.sentence)[None]  # (1, T)
     labels = token_labels(tokenizer, idx[0])
-    print(f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
-          "at its random initial weights (row = the token doing the looking)")  # fmt: skip
+    print(
+        f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
+        "at its random initial weights (row = the token doing the looking)"
+    )
     for name, m in (("trained", model), ("random", untrained)):
         weights = head_weights(m, idx)[layer][0, h]  # (T, T)
         check(bool(np.allclose(weights.sum(-1), 1, atol=1e-5)), f"{name}: every row of the weights sums to 1")
@@ -285,17 +289,21 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
             print(f"{name}:\n" + matrix_table(weights, [repr(t) for t in labels], fmt=args.format, digits=3))
         else:
             symbols = "".join(t if len(t) == 1 and t.isprintable() else "?" for t in labels)
-            print(f"{name} ('{weight_maps.SHADES}' = weight 0 .. 1):\n" + weight_maps.heat_map(
-                weights, np.arange(len(labels)), symbols))  # fmt: skip
+            print(
+                f"{name} ('{weight_maps.SHADES}' = weight 0 .. 1):\n"
+                + weight_maps.heat_map(weights, np.arange(len(labels)), symbols)
+            )
 
 
 def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tuple[int, int]:
     """Section 7; returns the (layer, head) that copies best."""
     n = args.repeat or model.config.context // 2
     uniform = float(np.mean(1 / np.arange(n + 1, 2 * n + 1)))  # query n + i spread over its n + i + 1 keys
-    print(f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
-          f"the mean weight from the second copy's tokens to the token after their first occurrence "
-          f"(uniform attention: about {uniform:.3f})")  # fmt: skip
+    print(
+        f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
+        f"the mean weight from the second copy's tokens to the token after their first occurrence "
+        f"(uniform attention: about {uniform:.3f})"
+    )
     trained = induction_scores(model, n, args.sequences, args.seed)
     random = induction_scores(untrained, n, args.sequences, args.seed)
     rows = [[layer, h, trained[layer, h], random[layer, h]] for layer, h in np.ndindex(trained.shape)]
@@ -339,17 +347,24 @@ def trained_demo(args: argparse.Namespace) -> int:
         model, tokenizer, meta, _ = checkpoint.load_model(args.checkpoint)
         tokenizer.encode(args.sentence)
     except (checkpoint.CheckpointError, text_data.DataError) as err:
-        print(f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
+            file=sys.stderr,
+        )
         return 2
     c = model.config
     if args.head is not None and not (0 <= args.head[0] < c.layers and 0 <= args.head[1] < c.heads):
-        print(f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
-              f"{c.heads} heads (numbered from 0)", file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
+            f"{c.heads} heads (numbered from 0)",
+            file=sys.stderr,
+        )
         return 2
     if args.repeat is not None and 2 * args.repeat > c.context:
-        print(f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
+            file=sys.stderr,
+        )
         return 2
     print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
     untrained = GPT(c, rng=meta["seed"])  # the weights this run started from (train.py draws them from --seed)
@@ -366,10 +381,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="show the trained heads of train.py --out DIR instead")
     parser.add_argument("--sentence", default=SENTENCE, help=f"with --checkpoint: the text (default {SENTENCE!r})")
-    parser.add_argument("--repeat", type=positive(int), help="with --checkpoint: the random tokens before the "
-                        "repeat (default: half the context)")  # fmt: skip
-    parser.add_argument("--head", type=int, nargs=2, metavar=("LAYER", "HEAD"),
-                        help="with --checkpoint: the head that 8) shows (default: the best copier)")  # fmt: skip
+    parser.add_argument(
+        "--repeat",
+        type=positive(int),
+        help="with --checkpoint: the random tokens before the repeat (default: half the context)",
+    )
+    parser.add_argument(
+        "--head",
+        type=int,
+        nargs=2,
+        metavar=("LAYER", "HEAD"),
+        help="with --checkpoint: the head that 8) shows (default: the best copier)",
+    )
     parser.add_argument(
         "--sequences",
         type=positive(int),

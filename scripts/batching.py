@@ -140,7 +140,13 @@ def memory_now(running: list[Request], cache: PagedKVCache, args: argparse.Names
     """Token slots of one layer at this step: held by paging (its blocks), reserved by preallocation (each
     request's maximum), holding a token; and whether the pool holds memory.paged_kv_cache_bytes of the lengths."""
     lengths = [r.length for r in running]
-    formula = paged_kv_cache_bytes(lengths, block_size=args.block_size, layers=1, kv_heads=args.kv_heads,
-                                   head_dim=args.d_model // args.heads, dtype=args.dtype)  # fmt: skip
+    formula = paged_kv_cache_bytes(
+        lengths,
+        block_size=args.block_size,
+        layers=1,
+        kv_heads=args.kv_heads,
+        head_dim=args.d_model // args.heads,
+        dtype=args.dtype,
+    )
     reserved = sum(len(r.prompt) + args.max_new for r in running)
     return cache.blocks_used * args.block_size, reserved, sum(lengths), cache.bytes_used == formula

@@ -39,7 +39,10 @@ def add_shape_arguments(p: argparse.ArgumentParser, *, tokens_range: bool = True
         p.add_argument("--min-tokens", type=tokens, default=256, help="smallest T; it doubles (default 256)")
     p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=4, help="attention heads (default 4)")
     p.add_argument(
-        "--head-dim", type=positive(int, limits.MAX_HEADS), default=64, help="E, channels per head (default 64)"
+        "--head-dim",
+        type=positive(int, limits.MAX_HEADS),
+        default=64,
+        help="E, channels per head (default 64)",
     )
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="q, k, v dtype (default float32)")
     p.add_argument("--no-causal", action="store_true", help="no mask: every tile runs")
@@ -151,7 +154,9 @@ def check_agreement(args: argparse.Namespace, causal: bool, workers: int | None 
 
 
 def start_benchmark(
-    args: argparse.Namespace, run_flops: Callable[..., float], torch_runner: Callable[[int], Any] | None = None
+    args: argparse.Namespace,
+    run_flops: Callable[..., float],
+    torch_runner: Callable[[int], Any] | None = None,
 ) -> SimpleNamespace:
     """Everything an attention benchmark does before its first row: torch's runner if asked for, naive ==
     flash on 64 tokens, the machine and the code that print the table, the matmul rate, and the refusal of a
@@ -194,7 +199,12 @@ def measure_rows(
     if rows:
         print_rows(rows, args, run)
     if args.json:
-        figures = {"machine": run.info, "matmul_gflops": run.rate, "torch": run.torch_version, "args": vars(args)}
+        figures = {
+            "machine": run.info,
+            "matmul_gflops": run.rate,
+            "torch": run.torch_version,
+            "args": vars(args),
+        }
         outputs.write_json(args.json, {**figures, **getattr(run, "extra", {}), "results": rows}, stopped)
     return interrupts.interrupted(len(rows), len(items)) if stopped else 0
 

@@ -103,8 +103,9 @@ def load_model(folder: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any], dict
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"the checkpoint in {folder} does not make its model: {err}") from None
     if tokenizer.vocab_size != config.vocab:
-        raise CheckpointError(f"the checkpoint in {folder} has a tokenizer of {tokenizer.vocab_size} tokens for a "
-                              f"model of {config.vocab}")  # fmt: skip
+        raise CheckpointError(
+            f"the checkpoint in {folder} has a tokenizer of {tokenizer.vocab_size} tokens for a model of {config.vocab}"
+        )
     return model, tokenizer, meta, arrays
 
 

@@ -44,7 +44,14 @@ class TinyModel:
     """Token embeddings, --layers residual MultiHeadAttention layers with RoPE, an output projection."""
 
     def __init__(
-        self, vocab: int, d_model: int, heads: int, kv_heads: int, layers: int, rng: np.random.Generator, dtype: Any
+        self,
+        vocab: int,
+        d_model: int,
+        heads: int,
+        kv_heads: int,
+        layers: int,
+        rng: np.random.Generator,
+        dtype: Any,
     ):
         self.embed = rng.standard_normal((vocab, d_model)).astype(dtype)  # (V, C)
         self.layers = [

@@ -154,8 +154,9 @@ def parse_args(
     prog: str | None = None,
 ) -> argparse.Namespace:
     """The copy task's flags, and those add_more(p) adds (the calling script's own), checked together."""
-    p = argparse.ArgumentParser(prog=prog, description=description or __doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=prog, description=description or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=positive(int), default=200, help="Adam steps (default 200)")
     p.add_argument("--batch", type=positive(int), default=32, help="sequences per step (default 32)")
     p.add_argument("--length", type=positive(int), default=12, help="random tokens before the repeat (default 12)")
@@ -167,13 +168,17 @@ def parse_args(
     p.add_argument("--lr", type=positive(float), default=0.005, help="Adam's learning rate (default 0.005)")
     p.add_argument("--eval-every", type=positive(int), default=25, help="steps between table rows (default 25)")
     p.add_argument(
-        "--fused", action=argparse.BooleanOptionalAction, default=True,
+        "--fused",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="flash_attention and its blockwise backward (default); --no-fused: the reference attention()",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--check", action=argparse.BooleanOptionalAction, default=True,
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="compare every gradient of a tiny float64 model with finite differences first (default on)",
-    )  # fmt: skip
+    )
     if add_more is not None:
         add_more(p)
     outputs.add_plot_arguments(p, "the attention before and after")
@@ -191,8 +196,10 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.length < 2:
         p.error(f"--length must be at least 2 (the second copy needs a token to predict); got {args.length}")
     if args.length > 256 or args.batch > 4096 or args.d_model > 1024 or args.layers > 8:
-        p.error("sizes this large would not finish on a CPU: keep --length <= 256, --batch <= 4096, "
-                "--d-model <= 1024, --layers <= 8")  # fmt: skip
+        p.error(
+            "sizes this large would not finish on a CPU: keep --length <= 256, --batch <= 4096, "
+            "--d-model <= 1024, --layers <= 8"
+        )
     kv_heads = args.kv_heads or args.heads
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:
         p.error(f"--d-model ({args.d_model}) must split into --heads ({args.heads}) heads of an even size (RoPE)")
@@ -246,8 +253,12 @@ def train(
             optimiser.step(grads)
         train_loss = loss
         if progress and (step + 1) % 10 == 0:
-            print(f"\r  step {step + 1}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s",
-                  end="", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"\r  step {step + 1}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
     if progress:
         print(file=sys.stderr)
     after = [model.attention_weights(shown, i) for i in range(args.layers)]
@@ -261,10 +272,14 @@ def table_steps(args: argparse.Namespace) -> list[int]:
 
 def print_rows(rows: list[dict[str, Any]], fmt: str) -> None:
     body = [
-        [r["step"], "-" if r["train_loss"] is None else f"{r['train_loss']:.3f}", f"{r['held_out_loss']:.3f}",
-         f"{r['held_out_accuracy']:.1%}"]
+        [
+            r["step"],
+            "-" if r["train_loss"] is None else f"{r['train_loss']:.3f}",
+            f"{r['held_out_loss']:.3f}",
+            f"{r['held_out_accuracy']:.1%}",
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     print(text_table(body, ["step", "train loss", "held-out loss", "held-out accuracy"], fmt=fmt))
 
 
@@ -279,8 +294,9 @@ def print_attention(args: argparse.Namespace, shown: dict[str, Any], accuracy: f
         f"(row = query, '{SHADES}' = weight 0 .. 1; the token to copy sits {args.length - 1} back):"
     )
     for name, weights in (("before", before[head]), ("after", after[head])):
-        print(f"\n{name}: mean weight on the token {args.length - 1} back = "
-              f"{induction_weight(weights, args.length):.2f}")  # fmt: skip
+        print(
+            f"\n{name}: mean weight on the token {args.length - 1} back = {induction_weight(weights, args.length):.2f}"
+        )
         print(heat_map(weights, tokens, SYMBOLS))
     if args.plot:
         title = f"layer {layer}, head {head}: {args.length} random tokens, repeated; held-out accuracy {accuracy:.0%}"
@@ -310,8 +326,10 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         worst = gradient_check(args.layers, args.fused, args.seed)
         ok = worst < 1e-7
-        print(f"gradient check (float64, every weight of a tiny model, central differences): max |error| = "
-              f"{worst:.1e} {'ok' if ok else 'FAILED (> 1e-7)'}")  # fmt: skip
+        print(
+            f"gradient check (float64, every weight of a tiny model, central differences): max |error| = "
+            f"{worst:.1e} {'ok' if ok else 'FAILED (> 1e-7)'}"
+        )
         if not ok:
             return 1
     rows: list[dict[str, Any]] = []
@@ -322,8 +340,10 @@ def run(args: argparse.Namespace) -> int:
         stop = err
     seconds = time.perf_counter() - start
     busy = machine.busy_reasons()
-    print(f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
-          f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
+    print(
+        f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
+        f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else "")
+    )
     print_rows(rows, args.format)
     if stop is None:
         print_attention(args, shown, rows[-1]["held_out_accuracy"])

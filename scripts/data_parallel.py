@@ -77,8 +77,8 @@ class Processes:
 
 
 def one_process_seconds(run: Run, train_step: Callable[..., float], repeats: int = 3) -> float:
-    """The median time of train_step(run, x, y, processes) on the whole batch in this process alone (a copy of the run, so
-    that the run itself does not change): what the processes' step is compared with."""
+    """The median time of train_step(run, x, y, processes) on the whole batch in this process alone (a copy of
+    the run, so that the run itself does not change): what the processes' step is compared with."""
     alone = copy.deepcopy(run)
     context, batch = run.model.config.context, run.settings.batch
     x, y = text_data.random_batch(np.random.default_rng(0), run.data.train, batch, context)

@@ -45,7 +45,14 @@ from tinyattn_np.masks import window_mask
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_bytes
-from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, max_diff, positive, table_width
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    max_diff,
+    positive,
+    table_width,
+)
 from tinyattn_np.splitkv import DECODE_LAYOUTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
@@ -131,8 +138,15 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
             times = {name: [] for name in times}
 
 
-def generation_row(model: TinyDecoder, args: argparse.Namespace, run: Any, token: int, times: dict[str, list[float]],
-                   peaks: dict[str, int], caches: dict[str, list[KVCache]]) -> dict[str, Any]:  # fmt: skip
+def generation_row(
+    model: TinyDecoder,
+    args: argparse.Namespace,
+    run: Any,
+    token: int,
+    times: dict[str, list[float]],
+    peaks: dict[str, int],
+    caches: dict[str, list[KVCache]],
+) -> dict[str, Any]:
     """The figures of one checkpoint: mean ms per token since the last row, traced peaks, cache bytes."""
     context = len(caches["cached"][0])
     block = model.blocks[0]
@@ -157,7 +171,10 @@ def check_generation(run: Any, args: argparse.Namespace) -> None:
     tol = 1e-9 if args.dtype == "float64" else 1e-3
     check(run.same_tokens, "cached and recomputed decoding pick the same token at every step")
     check(run.worst <= tol, f"cached logits equal the recomputed ones (max |diff| {run.worst:.1e} <= {tol:g})")
-    check(run.window_worst <= tol, f"the ring-buffer window equals the band mask (max |diff| {run.window_worst:.1e})")
+    check(
+        run.window_worst <= tol,
+        f"the ring-buffer window equals the band mask (max |diff| {run.window_worst:.1e})",
+    )
     exact = all(r["cache_bytes"] == r["kv_cache_bytes"] for r in run.rows)
     check(exact, "the cache holds exactly memory.kv_cache_bytes(context)")
     exact = all(r["window_bytes"] == r["window_kv_cache_bytes"] for r in run.rows)
@@ -179,7 +196,10 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         # settled: no library's threads still spin from the other's last call (one held torch's for 8 ms)
         settled = machine.settled_median_ms
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
-        return {"ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5), "torch_step_ms": settled(sdpa, 5)}
+        return {
+            "ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5),
+            "torch_step_ms": settled(sdpa, 5),
+        }
 
     return step
 
@@ -191,20 +211,32 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     def kib(x: int) -> str:
         return f"{x / 1024:,.1f}"
 
-    headers = ["context", "cached ms/token", "recompute ms/token", f"window={args.window} ms/token", "cached peak KiB",
-               "recompute peak KiB", "cache KiB", "kv_cache_bytes KiB", "window cache KiB", "max |diff|"]  # fmt: skip
+    headers = ["context", "cached ms/token", "recompute ms/token", f"window={args.window} ms/token"]
+    headers += ["cached peak KiB", "recompute peak KiB", "cache KiB", "kv_cache_bytes KiB"]
+    headers += ["window cache KiB", "max |diff|"]
     if args.torch:
         headers += ["flash_decode step ms", "torch SDPA step ms"]
     table = []
     for r in rows:
-        cells = [f"{r['context']:,}", ms(r["cached_ms"]), ms(r["recompute_ms"]), ms(r["window_ms"]),
-                 kib(r["cached_peak"]), kib(r["recompute_peak"]), kib(r["cache_bytes"]), kib(r["kv_cache_bytes"]),
-                 kib(r["window_bytes"]), f"{r['max_diff']:.1e}"]  # fmt: skip
+        cells = [
+            f"{r['context']:,}",
+            ms(r["cached_ms"]),
+            ms(r["recompute_ms"]),
+            ms(r["window_ms"]),
+            kib(r["cached_peak"]),
+            kib(r["recompute_peak"]),
+            kib(r["cache_bytes"]),
+            kib(r["kv_cache_bytes"]),
+            kib(r["window_bytes"]),
+            f"{r['max_diff']:.1e}",
+        ]
         if args.torch:
             cells += [ms(r["ours_step_ms"]), ms(r["torch_step_ms"])]
         table.append(cells)
-    print(f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
-          f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}")  # fmt: skip
+    print(
+        f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
+        f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}"
+    )
     label = lambda r: f"context {r['context']:,}"  # noqa: E731
     print(machine.marked_table(table, rows, headers, args.format, label, width=table_width(args)))
     print("  ms/token: mean over the steps since the previous row; peak: one step under tracemalloc, output included")
@@ -212,10 +244,12 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     first, last = rows[0], rows[-1]
     growth = last["context"] / first["context"]
     if first["cached_ms"] and last["cached_ms"] and first["recompute_ms"] and last["recompute_ms"]:
-        print(f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
-              f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
-              f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
-              f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}")  # fmt: skip
+        print(
+            f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
+            f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
+            f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
+            f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -232,16 +266,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=positive(int, 64), default=2, help="attention blocks (default 2)")
     p.add_argument("--vocab", type=positive(int, 1_000_000), default=512, help="vocabulary size (default 512)")
     p.add_argument("--step", action="store_true", help="time one long decode step instead of generating")
-    p.add_argument("--context", type=positive(int, limits.MAX_TOKENS), default=32768,
-                   help="--step: cached keys S (default 32768)")  # fmt: skip
+    p.add_argument(
+        "--context",
+        type=positive(int, limits.MAX_TOKENS),
+        default=32768,
+        help="--step: cached keys S (default 32768)",
+    )
     p.add_argument("--heads", type=heads, default=None, help="query heads (default 4; --step: 32)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default 2; --step: 8)")
     p.add_argument("--head-dim", type=heads, default=128, help="--step: channels per head E (default 128)")
-    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=5,
-                   help="--step: timed runs per kernel (default 5)")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=5,
+        help="--step: timed runs per kernel (default 5)",
+    )
     add_wide_argument(p)
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None,
-                   help="dtype of weights, cache and inputs (default float64; --step: float32)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default=None,
+        help="dtype of weights, cache and inputs (default float64; --step: float32)",
+    )
     p.add_argument("--torch", action="store_true", help="add torch (CPU): SDPA, and with --step also plain matmuls")
     p.add_argument("--layouts", action="store_true", help="--step: also flash_decode under each block layout")
     p.add_argument("--json", metavar="PATH", help="also write the rows, the machine and the code version to PATH")
@@ -292,7 +338,11 @@ def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
     recompute = T * (2 * C + qkv) * c + flash_attention_bytes(T, **sizes)
     band = naive_attention_bytes(T, **sizes, bool_mask=True)
     needed = weights + caches + max(recompute, band) + 2 * args.vocab * c
-    return needed, " (the model, its caches and one step's arrays)", "lower --d-model, --vocab, --layers or --tokens"
+    return (
+        needed,
+        " (the model, its caches and one step's arrays)",
+        "lower --d-model, --vocab, --layers or --tokens",
+    )
 
 
 def run_flops(args: argparse.Namespace) -> float:

@@ -44,9 +44,11 @@ def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tup
     q = rng.standard_normal((1, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)  # (1, Hq, 1, E)
     k, v = (rng.standard_normal(shape, dtype=np.float64).astype(dtype)[None] for _ in range(2))  # (1, Hkv, S, E)
     gold = attention(q, k, v)  # (1, Hq, 1, E): the reference
-    runs = [("read K and V once, 1 thread", "one", lambda: read_once([k, v], threads=1), None),
-            ("read K and V once, 2 threads", "one", lambda: read_once([k, v], threads=2), None),
-            (FLASH, "one", lambda: flash_decode(q, k, v), gold)]  # fmt: skip
+    runs = [
+        ("read K and V once, 1 thread", "one", lambda: read_once([k, v], threads=1), None),
+        ("read K and V once, 2 threads", "one", lambda: read_once([k, v], threads=2), None),
+        (FLASH, "one", lambda: flash_decode(q, k, v), gold),
+    ]
     for layout in DECODE_LAYOUTS if args.layouts else ():
         first = "keys" if layout.keys_first else "queries"
         name = f"flash_decode, blocks of {layout.scores_per_block:,} scores, {first} first"
@@ -55,8 +57,10 @@ def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tup
         cache, seqs = paged([args.context], k[0], v[0], size, scattered)
         name = f"paged_decode, blocks of {size}" + (", every other block" if scattered else "")
         runs.append((name, "one", lambda c=cache, s=seqs: paged_decode(q, c, s), gold))
-    runs += [("flash_attention", "one", lambda: flash_attention(q, k, v, causal=True), gold),
-             ("attention (reference)", "one", lambda: attention(q, k, v, causal=True), gold)]  # fmt: skip
+    runs += [
+        ("flash_attention", "one", lambda: flash_attention(q, k, v, causal=True), gold),
+        ("attention (reference)", "one", lambda: attention(q, k, v, causal=True), gold),
+    ]
     if args.torch:
         runs += torch_runs(q, k, v, gold, args)
     lengths = np.linspace(args.context // 32 or 1, args.context, BATCH).astype(int).tolist()
@@ -64,10 +68,19 @@ def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tup
     q_b = rng.standard_normal((BATCH, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)
     gold_b = np.stack([attention(q_b[i], k[0, :, :n], v[0, :, :n]) for i, n in enumerate(lengths)])
     return runs + [
-        (f"{BATCH} sequences of {lengths[0]:,}..{lengths[-1]:,} keys: read once", "batch",
-         lambda: read_once([batch.k_pool, batch.v_pool], threads=2), None),
-        (f"{BATCH} sequences: paged_decode, blocks of 16", "batch", lambda: paged_decode(q_b, batch, seqs), gold_b),
-    ]  # fmt: skip
+        (
+            f"{BATCH} sequences of {lengths[0]:,}..{lengths[-1]:,} keys: read once",
+            "batch",
+            lambda: read_once([batch.k_pool, batch.v_pool], threads=2),
+            None,
+        ),
+        (
+            f"{BATCH} sequences: paged_decode, blocks of 16",
+            "batch",
+            lambda: paged_decode(q_b, batch, seqs),
+            gold_b,
+        ),
+    ]
 
 
 def paged(lengths: list[int], k: np.ndarray, v: np.ndarray, size: int, scattered: bool) -> tuple[Any, list[int]]:
@@ -128,22 +141,31 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
     ours, fastest = ms.get(FLASH, np.nan), ms.get(TORCH_FASTEST)
     turns = next((r["in_turns"] for r in rows if "in_turns" in r), None)  # (flash_decode's ms, torch's fastest's)
     body = [
-        [r["kernel"], f"{r['ms']:.2f}", f"{r['ms'] / floor.get(r['group'], np.nan):.2f}x", f"{r['ms'] / ours:.2f}x"]
+        [
+            r["kernel"],
+            f"{r['ms']:.2f}",
+            f"{r['ms'] / floor.get(r['group'], np.nan):.2f}x",
+            f"{r['ms'] / ours:.2f}x",
+        ]
         + ([f"{r['ms'] / fastest:.2f}x"] if fastest else [])
         + ["-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"]
         for r in rows
     ]
     headers = ["one decode step", "ms (median)", "/ floor", "/ flash_decode"] + (["/ torch fastest"] if fastest else [])
     kv = format_bytes(2 * args.kv_heads * args.context * args.head_dim * np.dtype(args.dtype).itemsize)
-    print(f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
-          f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype};\n   the cache read is {kv}")  # fmt: skip
+    print(
+        f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
+        f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype};\n   the cache read is {kv}"
+    )
     headers += ["max |diff| vs attention()"]
     print(machine.marked_table(body, rows, headers, args.format, lambda r: r["kernel"], width=table_width(args)))
     print("  floor: the faster of the two reads of the same bytes (for the batch, its own bytes), in this run")
     print(f"  flash_decode's layout in force: {decode_layout()}")
     if turns:
-        print(f"  {FLASH} and torch's fastest in turns ({TURNS} turns of {args.repeats} runs each): {turns[0]:.2f} "
-              f"and {turns[1]:.2f} ms, {turns[0] / turns[1]:.2f}x")  # fmt: skip
+        print(
+            f"  {FLASH} and torch's fastest in turns ({TURNS} turns of {args.repeats} runs each): {turns[0]:.2f} "
+            f"and {turns[1]:.2f} ms, {turns[0] / turns[1]:.2f}x"
+        )
     for r in (r for r in rows if r["kernel"].startswith(TARGETED)):  # the decoding kernels' aims, in this run
         goals = {"the floor": (r["ms"] / floor.get(r["group"], np.nan), 1.3)}
         if fastest and r["group"] == "one":  # flash_decode's from its time in turns with torch's

@@ -41,16 +41,22 @@ def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[s
     torch, F = torch_import.load_torch(args.workers, flag="the torch columns (--torch)")
     from torch.nn.attention import flex_attention as flex
 
-    return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
-            "patterns": torch_patterns(args, torch), "qkv": tuple(torch.from_numpy(x) for x in qkv),
-            "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
+    return {
+        "torch": torch,
+        "sdpa": F.scaled_dot_product_attention,
+        "flex": flex,
+        "patterns": torch_patterns(args, torch),
+        "qkv": tuple(torch.from_numpy(x) for x in qkv),
+        "compiled": torch.compile(flex.flex_attention),
+    }
 
 
 def torch_flex_call(name: str, args: argparse.Namespace, side: dict[str, Any]) -> Any:
     """A call of torch's compiled flex_attention on pattern `name`, with its block mask (tiles of 128)."""
     mask_mod, score_mod = side["patterns"][name]
-    block_mask = side["flex"].create_block_mask(mask_mod, None, None, args.tokens, args.tokens, device="cpu",
-                                                BLOCK_SIZE=128)  # fmt: skip
+    block_mask = side["flex"].create_block_mask(
+        mask_mod, None, None, args.tokens, args.tokens, device="cpu", BLOCK_SIZE=128
+    )
 
     def call() -> Any:
         with warnings.catch_warnings():

@@ -98,14 +98,31 @@ def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: A
         heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
         with clock(COPIES):
             q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
-        block_copy(q_t, *(x[kv_rows(heads, arrays)] for x in (arrays.k, arrays.v)), plan, query_heads, rows,
-                   arrays.out[heads, :, rows], arrays.lse[heads, :, rows], clock)  # fmt: skip
+        block_copy(
+            q_t,
+            *(x[kv_rows(heads, arrays)] for x in (arrays.k, arrays.v)),
+            plan,
+            query_heads,
+            rows,
+            arrays.out[heads, :, rows],
+            arrays.lse[heads, :, rows],
+            clock,
+        )
     with clock(COPIES):
         return forward_results(arrays, dims, ct)
 
 
-def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: Heads, rows: slice,
-               out_rows: np.ndarray, lse_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
+def block_copy(
+    q_t: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    plan: Any,
+    heads: Heads,
+    rows: slice,
+    out_rows: np.ndarray,
+    lse_rows: np.ndarray,
+    clock: Any,
+) -> None:
     """flash.attend_block's statements in its order, each timed into its part (tile_scores split in two: its
     matmul and its mods). The fallback it never needs on these inputs is left out: the bits would tell."""
     c, _, n = q_t.shape
@@ -140,8 +157,17 @@ def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: 
         finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
 
 
-def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-                  dims: Any, plan: Any, clock: Any) -> tuple[Any, ...]:  # fmt: skip
+def backward_copy(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    dout: np.ndarray,
+    lse: np.ndarray,
+    dims: Any,
+    plan: Any,
+    clock: Any,
+) -> tuple[Any, ...]:
     """_flex_backward on one thread, every key block of every head in the kernel's order, with the set-up and
     the ending timed (clock) and each key block's tiles run by key_block_copy: dq, dk, dv (the kernel's bits)."""
     ct = np.result_type(q, k, v, out, dout, np.float32)  # float32, or float64 where an input is
@@ -150,19 +176,35 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         k_c, v_c = (np.ascontiguousarray(x.reshape(n_heads // dims.group, dims.n_k, -1), dtype=ct) for x in (k, v))
         q_lse, do_d, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
         dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
-        dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
+        dk_heads, dv_heads = (
+            np.zeros((n_heads, dims.n_k, dims.e), ct),
+            np.zeros((n_heads, dims.n_k, dims.ev), ct),
+        )
     c = _heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
     for k_start in range(0, dims.n_k, plan.block_k):
         for g in range(n_heads // c):
-            cols, its = slice(k_start, min(k_start + plan.block_k, dims.n_k)), item_heads(g, c, dims.hq, dims.group)
+            cols, its = (
+                slice(k_start, min(k_start + plan.block_k, dims.n_k)),
+                item_heads(g, c, dims.hq, dims.group),
+            )
             tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, its.heads))
             if not tiles:  # a key block no query sees
                 continue
             with clock(COPIES):
                 k_j, v_j, hs = k_c[its.kv, cols], v_c[its.kv, cols], its.rows
             mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h, diagonal_of(plan.tile_mask))
-            key_block_copy(q_lse[hs], k_j, v_j, do_d[hs], mods, tiles, (dq[hs], p_sums[hs]), dk_heads[hs, cols],
-                           dv_heads[hs, cols], clock)  # fmt: skip
+            key_block_copy(
+                q_lse[hs],
+                k_j,
+                v_j,
+                do_d[hs],
+                mods,
+                tiles,
+                (dq[hs], p_sums[hs]),
+                dk_heads[hs, cols],
+                dv_heads[hs, cols],
+                clock,
+            )
     with clock(REDUCTIONS):
         _check_weights_sum_to_one(p_sums, lse_c)
         dq *= plan.scale
@@ -172,9 +214,18 @@ def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, 
         return tuple(x.reshape(y.shape).astype(y.dtype, copy=False) for x, y in ((dq, q), (dk, k), (dv, v)))
 
 
-def key_block_copy(q_lse: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, do_d: np.ndarray, mods: TileMods, tiles: Any,
-                   dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray, dv_rows: np.ndarray,
-                   clock: Any) -> None:  # fmt: skip
+def key_block_copy(
+    q_lse: np.ndarray,
+    k_j: np.ndarray,
+    v_j: np.ndarray,
+    do_d: np.ndarray,
+    mods: TileMods,
+    tiles: Any,
+    dq_rows: tuple[np.ndarray, np.ndarray],
+    dk_rows: np.ndarray,
+    dv_rows: np.ndarray,
+    clock: Any,
+) -> None:
     """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
     of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
     (dq, p_sums), tiles = dq_rows, list(tiles)
@@ -233,14 +284,29 @@ def measure_parts(kernel: Any, copy: Any, repeats: int, dtype: str) -> dict[str,
 
 def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
     """The forward's parts on one thread, its tile steps and matmul FLOPs, and its time on every worker."""
-    q, k, v, dims, plan = check_flash(*qkv, causal=not args.no_causal, scale=None, window=None, block_q=None,
-                                      block_k=None, kv_heads_per_step=None, workers=None)  # fmt: skip
+    q, k, v, dims, plan = check_flash(
+        *qkv,
+        causal=not args.no_causal,
+        scale=None,
+        window=None,
+        block_q=None,
+        block_k=None,
+        kv_heads_per_step=None,
+        workers=None,
+    )
     one = plan._replace(workers=1)
-    row = measure_parts(lambda: flash_forward(q, k, v, dims, one), lambda c: forward_copy(q, k, v, dims, one, c),
-                        args.repeats, args.dtype)  # fmt: skip
+    row = measure_parts(
+        lambda: flash_forward(q, k, v, dims, one),
+        lambda c: forward_copy(q, k, v, dims, one, c),
+        args.repeats,
+        args.dtype,
+    )
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
-    steps = [(item, t) for item in forward_items(dims, plan, n_kv) for t in plan.tile_mask.row_tiles(
-        item[1], min(item[1] + plan.block_q, dims.n_q), dims.n_k, plan.block_k)]  # fmt: skip
+    steps = [
+        (item, t)
+        for item in forward_items(dims, plan, n_kv)
+        for t in plan.tile_mask.row_tiles(item[1], min(item[1] + plan.block_q, dims.n_q), dims.n_k, plan.block_k)
+    ]
     heads = [min(plan.kv_heads_per_step, n_kv - h) * dims.group for (h, _), _ in steps]
     scores = sum(n * (t.q_stop - t.q_start) * (t.k_stop - t.k_start) for n, (_, t) in zip(heads, steps, strict=True))
     row.update(tiles=len(steps), flops=2 * (dims.e + dims.ev) * scores, plan=plan)
@@ -252,17 +318,37 @@ def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> d
     """The backward's parts on one thread (dout random), its tiles and matmul FLOPs, its time on every worker."""
     out, lse = flash_attention(*qkv, causal=not args.no_causal, return_lse=True)
     dout = np.random.default_rng(args.seed + 1).standard_normal(out.shape).astype(out.dtype)
-    q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=not args.no_causal,
-        scale=None, window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
+    q, k, v, out, dout, lse, dims, plan = check_flash_backward(
+        *qkv,
+        out,
+        dout,
+        lse,
+        causal=not args.no_causal,
+        scale=None,
+        window=None,
+        block_q=None,
+        block_k=None,
+        workers=None,
+    )
     one = plan._replace(workers=1)
-    row = measure_parts(lambda: _flex_backward(q, k, v, out, dout, lse, dims, one)[:3],  # dq, dk, dv
-                        lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
-                        args.repeats, args.dtype)  # fmt: skip
-    tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
-        k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
+    row = measure_parts(
+        lambda: _flex_backward(q, k, v, out, dout, lse, dims, one)[:3],  # dq, dk, dv
+        lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
+        args.repeats,
+        args.dtype,
+    )
+    tiles = [
+        t
+        for k_start in range(0, dims.n_k, plan.block_k)
+        for t in plan.tile_mask.column_tiles(k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)
+    ] * dims.hq
     scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
-    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan, heads=_heads_per_item(one,
-               dims.hq, dims.n_q, dims.n_k))  # fmt: skip
+    row.update(
+        tiles=len(tiles),
+        flops=2 * (3 * dims.e + 2 * dims.ev) * scores,
+        plan=plan,
+        heads=_heads_per_item(one, dims.hq, dims.n_q, dims.n_k),
+    )
     row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
     return row
 
@@ -274,17 +360,21 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
     tile = f"{plan.block_q} x {plan.block_k} tiles" + (f", {per_step} kv heads per step" if per_step else "")
     tile += f", heads per item: {row['heads']}" if "heads" in row else ""
     unit, units = ("tile step", "tile steps") if per_step else ("tile of one head", "tiles of one head")
-    print(f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-          f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "
-          f"least of {args.repeats} runs")  # fmt: skip
+    print(
+        f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
+        f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "
+        f"least of {args.repeats} runs"
+    )
     body = [[part, 1e3 * parts[part] / tiles, parts[part], f"{parts[part] / total:.0%}"] for part in (*PARTS, PYTHON)]
     body.append(["in all", 1e3 * total / tiles, total, "100%"])
     print(table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
     gflops, rate = row["flops"] / parts[MATMULS] / 1e6, row["matmul_gflops"]
-    print(f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
-          f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
-          f"{row['kernel_ms']:.1f} ms on one worker, {row['all_workers_ms']:.1f} ms on {plan.workers}; the profile's "
-          f"copy gives the kernel's bits: {'yes' if row['same_bits'] else 'NO'}")  # fmt: skip
+    print(
+        f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
+        f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
+        f"{row['kernel_ms']:.1f} ms on one worker, {row['all_workers_ms']:.1f} ms on {plan.workers}; the profile's "
+        f"copy gives the kernel's bits: {'yes' if row['same_bits'] else 'NO'}"
+    )
 
 
 def profile_main(args: argparse.Namespace) -> int:

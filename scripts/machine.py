@@ -85,7 +85,10 @@ def header(torch_version: str | None = None, threads: int | None = None) -> tupl
     )
     torch = f"\ntorch: {torch_version} ({threads} threads)" if torch_version else ""
     machine = f"machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy {info['numpy']}"
-    return info, f"{machine}\nBLAS: {blas}{torch}\ncode: {code_version()}"  # a line each: each fits a terminal
+    return (
+        info,
+        f"{machine}\nBLAS: {blas}{torch}\ncode: {code_version()}",
+    )  # a line each: each fits a terminal
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -121,7 +124,12 @@ def busy_note(rows: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]
     """The lines under a table that say why its marked rows are marked (None when none is), each within
     TABLE_WIDTH."""
     marked = [
-        fill(f"{label(row)}: {'; '.join(row['busy'])}", TABLE_WIDTH, initial_indent="  ", subsequent_indent="    ")
+        fill(
+            f"{label(row)}: {'; '.join(row['busy'])}",
+            TABLE_WIDTH,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
         for row in rows
         if row.get("busy")
     ]

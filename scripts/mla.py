@@ -54,7 +54,10 @@ D_NOPE, D_ROPE, D_V, RANK = (
 HEAD = D_NOPE + D_ROPE + D_V  # one head's key and value: 320 numbers
 LATENT = RANK + D_ROPE  # the latent: 576 numbers
 CHUNK = 2048  # the naive cache is decompressed this many tokens at a time
-SAME = {"float32": 1e-5, "float64": 1e-12}  # the forms agree to this, relative (the same sums in another order)
+SAME = {
+    "float32": 1e-5,
+    "float64": 1e-12,
+}  # the forms agree to this, relative (the same sums in another order)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -70,8 +73,10 @@ def print_cache_table(args: argparse.Namespace) -> None:
         ("Llama-3-70B's own layer: 8 kv heads of 128", 8, 2 * 8 * 128),
     ]
     body = [[name, str(kv), f"{n:,}", f"{2 * n:,}", f"{4 * n:,}", f"{n / LATENT:.1f}x"] for name, kv, n in rows]
-    print(f"1) the cache one token takes in one layer: {args.heads} heads, keys of {D_NOPE} + {D_ROPE} numbers "
-          f"and values of {D_V}\n   (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}")  # fmt: skip
+    print(
+        f"1) the cache one token takes in one layer: {args.heads} heads, keys of {D_NOPE} + {D_ROPE} numbers "
+        f"and values of {D_V}\n   (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}"
+    )
     headers = ["layout", "kv heads", "numbers", "bytes (bf16)", "bytes (float32)", "/ MLA"]
     print(text_table(body, headers, fmt=args.format))
 
@@ -91,13 +96,17 @@ def ceilings(args: argparse.Namespace) -> SimpleNamespace:
     rate, bandwidth = machine.matmul_rate(args.dtype), read_bandwidth(2**30)
     llc = last_level_cache()
     itemsize = np.dtype(args.dtype).itemsize
-    print(f"\n2) this machine: {args.dtype} matmul (2048 x 2048) {rate:.1f} GFLOP/s; reading memory (1 GiB, two "
-          f"threads) {bandwidth:.1f} GB/s:\n   a step is compute-bound above {rate / bandwidth:.1f} FLOPs per byte "
-          "read, memory-bound below")  # fmt: skip
+    print(
+        f"\n2) this machine: {args.dtype} matmul (2048 x 2048) {rate:.1f} GFLOP/s; reading memory (1 GiB, two "
+        f"threads) {bandwidth:.1f} GB/s:\n   a step is compute-bound above {rate / bandwidth:.1f} FLOPs per byte "
+        "read, memory-bound below"
+    )
     if llc:
         naive, latent = llc // (args.heads * HEAD * itemsize), llc // (LATENT * itemsize)
-        print(f"   last-level cache {format_bytes(llc)}: the naive cache outgrows it past S = {naive:,} tokens, "
-              f"the latent cache past S = {latent:,}")  # fmt: skip
+        print(
+            f"   last-level cache {format_bytes(llc)}: the naive cache outgrows it past S = {naive:,} tokens, "
+            f"the latent cache past S = {latent:,}"
+        )
     return SimpleNamespace(rate=rate, bandwidth=bandwidth, llc=llc)
 
 
@@ -113,8 +122,15 @@ def step_inputs(S: int, args: argparse.Namespace, rng: np.random.Generator, naiv
     latent = rng.standard_normal((1, 1, S, LATENT), dtype=np.float64).astype(dtype)  # (1, 1, S, r + dr)
     q_nope = rng.standard_normal((1, H, 1, D_NOPE), dtype=np.float64).astype(dtype)  # (1, H, 1, dn)
     q_rope = rng.standard_normal((1, H, 1, D_ROPE), dtype=np.float64).astype(dtype)  # (1, H, 1, dr)
-    inputs = SimpleNamespace(w_ukv=w_ukv, latent=latent, q_nope=q_nope, q_rope=q_rope, scale=latent_softmax_scale(
-        D_NOPE + D_ROPE), k=None, v=None)  # fmt: skip
+    inputs = SimpleNamespace(
+        w_ukv=w_ukv,
+        latent=latent,
+        q_nope=q_nope,
+        q_rope=q_rope,
+        scale=latent_softmax_scale(D_NOPE + D_ROPE),
+        k=None,
+        v=None,
+    )
     if naive:  # the multi-head cache, a chunk of tokens at a time: no chunk's k and v as large as the whole
         inputs.k = np.empty((1, H, S, D_NOPE + D_ROPE), dtype)  # (1, H, S, dn + dr)
         inputs.v = np.empty((1, H, S, D_V), dtype)  # (1, H, S, dv)
@@ -192,8 +208,15 @@ def measure_context(S: int, args: argparse.Namespace, run: SimpleNamespace) -> d
         if name in steps:
             out = np.asarray(steps[name]())  # torch's tensor as an array (shared memory)
             diff = max_diff(out, gold) / np.max(np.abs(gold))
-            check(diff <= SAME[args.dtype], f"S = {S:,}: the {name} step equals the absorbed one (relative {diff:.1e})")
-    row: dict[str, Any] = {"context": S, "naive_skipped": skipped, **machine.beside_the_row(args.dtype, run.rate)}
+            check(
+                diff <= SAME[args.dtype],
+                f"S = {S:,}: the {name} step equals the absorbed one (relative {diff:.1e})",
+            )
+    row: dict[str, Any] = {
+        "context": S,
+        "naive_skipped": skipped,
+        **machine.beside_the_row(args.dtype, run.rate),
+    }
     costs = step_costs(S, args.heads, np.dtype(args.dtype).itemsize)
     for name, step in steps.items():
         flops, read = costs[name]
@@ -210,11 +233,23 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
             ms, flops, read = row[name]["ms"], row[name]["flops"], row[name]["bytes"]
             compute_ms, memory_ms = flops / run.rate / 1e6, read / run.bandwidth / 1e6
             bound = "compute" if compute_ms >= memory_ms else "memory"
-            body.append([f"{row['context']:,}", name, f"{ms:.2f}", f"{flops / 1e9:.2f}", f"{read / 1e6:,.1f}",
-                         f"{flops / read:.1f}", bound, f"{ms / max(compute_ms, memory_ms):.2f}x"])  # fmt: skip
+            body.append(
+                [
+                    f"{row['context']:,}",
+                    name,
+                    f"{ms:.2f}",
+                    f"{flops / 1e9:.2f}",
+                    f"{read / 1e6:,.1f}",
+                    f"{flops / read:.1f}",
+                    bound,
+                    f"{ms / max(compute_ms, memory_ms):.2f}x",
+                ]
+            )
             marks.append(row)
-    print(f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
-          "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth")  # fmt: skip
+    print(
+        f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
+        "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth"
+    )
     headers = ["S", "step", "ms (median)", "GFLOP", "MB read", "FLOP/byte", "bound", "/ bound"]
     print(text_table(machine.mark_busy(body, marks), headers, fmt=args.format))
     note = machine.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
@@ -250,19 +285,34 @@ def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--contexts", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[1024, 4096], metavar="S",
-                   help="cached tokens S of each decode step (default 1024 4096)")  # fmt: skip
-    p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=128,
-                   help="query heads H (default 128, DeepSeek-V3's)")  # fmt: skip
+    p.add_argument(
+        "--contexts",
+        type=positive(int, limits.MAX_TOKENS),
+        nargs="+",
+        default=[1024, 4096],
+        metavar="S",
+        help="cached tokens S of each decode step (default 1024 4096)",
+    )
+    p.add_argument(
+        "--heads",
+        type=positive(int, limits.MAX_HEADS),
+        default=128,
+        help="query heads H (default 128, DeepSeek-V3's)",
+    )
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype (default float32)")
-    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=3,
-                   help="timed runs per figure (default 3)")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="timed runs per figure (default 3)",
+    )
     p.add_argument("--torch", action="store_true", help="add torch doing the absorbed step with its own matmuls")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_seed_and_format(p, "the random latents, weights and queries")
     args = p.parse_args(argv)
-    problem = limits.memory_problem(absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}",
-                                    "lower --contexts or --heads")  # fmt: skip
+    problem = limits.memory_problem(
+        absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}", "lower --contexts or --heads"
+    )
     if problem:
         p.error(problem)
     outputs.check_output(p, "--json", args.json)
@@ -298,7 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         print_rows(rows, args, run)
     if args.json:
-        figures = {"machine": info, "matmul_gflops": run.rate, "read_gb_per_s": run.bandwidth, "args": vars(args)}
+        figures = {
+            "machine": info,
+            "matmul_gflops": run.rate,
+            "read_gb_per_s": run.bandwidth,
+            "args": vars(args),
+        }
         outputs.write_json(args.json, {**figures, "last_level_cache_bytes": run.llc, "rows": rows}, stopped)
     return interrupts.interrupted(len(rows), len(args.contexts)) if stopped else check.finish()
 

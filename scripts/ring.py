@@ -66,10 +66,16 @@ import ring_balance
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
 BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
-    "tokens": (1, limits.MAX_TOKENS), "heads": (1, limits.MAX_HEADS), "kv_heads": (1, limits.MAX_HEADS),
-    "head_dim": (1, limits.MAX_HEADS), "block": (1, limits.MAX_TOKENS), "workers": (1, limits.MAX_WORKERS),
-    "reference_workers": (1, limits.MAX_WORKERS), "repeats": (1, limits.MAX_REPEATS), "max_ranks": (2, 1024),
-}  # fmt: skip
+    "tokens": (1, limits.MAX_TOKENS),
+    "heads": (1, limits.MAX_HEADS),
+    "kv_heads": (1, limits.MAX_HEADS),
+    "head_dim": (1, limits.MAX_HEADS),
+    "block": (1, limits.MAX_TOKENS),
+    "workers": (1, limits.MAX_WORKERS),
+    "reference_workers": (1, limits.MAX_WORKERS),
+    "repeats": (1, limits.MAX_REPEATS),
+    "max_ranks": (2, 1024),
+}
 ONE_RANK = (
     "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
     "ranks;\nfor a ring of 4 ranks: mpiexec -n 4 python scripts/ring.py"
@@ -84,21 +90,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
     p.add_argument("--dtype", choices=list(mpi_runs.DTYPES), default="float32", help="inputs' dtype (default float32)")
     p.add_argument(
-        "--layout", choices=["both", *LAYOUTS], default="both", help="zigzag, contiguous, or both (default both)"
+        "--layout",
+        choices=["both", *LAYOUTS],
+        default="both",
+        help="zigzag, contiguous, or both (default both)",
     )
     p.add_argument("--no-causal", action="store_true", help="no mask: every pair of chunks is full")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK_Q, help=f"flash tile side (default {DEFAULT_BLOCK_Q})")
     p.add_argument("--workers", type=int, default=1, help="flash threads per rank (default 1: a rank per core)")
     p.add_argument(
-        "--reference-workers", type=int, default=os.cpu_count() or 1,
+        "--reference-workers",
+        type=int,
+        default=os.cpu_count() or 1,
         help="threads of the single-process flash_attention it is timed against (default: the CPU count)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the single-process run and the comparison")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, the median is shown (default 3)")
     p.add_argument(
-        "--max-ranks", type=int, default=8,
+        "--max-ranks",
+        type=int,
+        default=8,
         help="largest ring in the tile-count table: 2 .. 8 ranks, then powers of two up to this (default 8)",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed for q, k, v (default 0)")
     add_format_argument(p)
     add_wide_argument(p)
@@ -108,8 +121,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (low, high) in BOUNDS.items():
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value < low or value > high:
-            p.error(f"{flag} must be {'at least' if value < low else 'at most'} {low if value < low else high:,}; "
-                    f"got {value:,}")  # fmt: skip
+            p.error(
+                f"{flag} must be {'at least' if value < low else 'at most'} {low if value < low else high:,}; "
+                f"got {value:,}"
+            )
     if args.tokens < 2 * args.max_ranks:
         p.error(
             f"--tokens must be at least 2 x --max-ranks = {2 * args.max_ranks} (the tile table cuts it into "
@@ -136,7 +151,10 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
     itemsize = np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
     problem = limits.memory_problem(
-        held, f"--tokens {args.tokens:,}", "lower --tokens, --heads or --head-dim", " on rank 0 (q, k, v, two outputs)"
+        held,
+        f"--tokens {args.tokens:,}",
+        "lower --tokens, --heads or --head-dim",
+        " on rank 0 (q, k, v, two outputs)",
     )
     if problem:
         return problem
@@ -153,7 +171,11 @@ def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
     rings = len(layouts(args)) * (args.repeats + 1) * flops / size  # every rank computes its share at once
     reference = 0 if args.no_reference else args.repeats * flops
     probe = argparse.Namespace(**{**vars(args), "tokens": 1024, "max_ranks": 32, "block": 1024})  # 1 tile a pair
-    pair_s = median_ms(lambda: ring_balance.balance_rows(probe, True), 3) / 1e3 / sum(5 * n * n for n in ring_balance.table_sizes(32))
+    pair_s = (
+        median_ms(lambda: ring_balance.balance_rows(probe, True), 3)
+        / 1e3
+        / sum(5 * n * n for n in ring_balance.table_sizes(32))
+    )
     tile_s = median_ms(lambda: tile_plan(512, 512, 8, 8), 3) / 1e3 / 64**2
     seconds = 0.0
     for ranks in ring_balance.table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
@@ -173,20 +195,19 @@ def blocks(args: argparse.Namespace) -> dict[str, int]:
 # --- 2) the ring, on every rank ----------------------------------------------------------------------
 
 
-def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None,
-             ctrl_c: StopTogether) -> dict[str, Any]:  # fmt: skip
+def run_ring(
+    comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None, ctrl_c: StopTogether
+) -> dict[str, Any]:
     """Scatter the shards from rank 0, run the ring --repeats times and once under tracemalloc; return
     this rank's figures (and, on rank 0, the gathered output). Ctrl-C: KeyboardInterrupt on every rank
     after the same run."""
-    rank, size = comm.Get_rank(), comm.Get_size()
     causal = not args.no_causal
     mine = mpi_runs.scatter_shards(comm, full, layout)  # {"q": (1, Hq, T/P, E), "k": ..., "v": ...}
 
+    settings = dict(comm=comm, causal=causal, layout=layout, return_stats=True, workers=args.workers)
+
     def ring() -> Any:
-        return ring_attention(
-            mine["q"], mine["k"], mine["v"], comm=comm, causal=causal, layout=layout,
-            return_stats=True, workers=args.workers, **blocks(args),
-        )  # fmt: skip
+        return ring_attention(mine["q"], mine["k"], mine["v"], **settings, **blocks(args))
 
     walls, seconds = [], []
     for _ in range(args.repeats):
@@ -200,10 +221,26 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
     comm.Barrier()
     (_, _), peak = traced_peak(ring)
     gathered = comm.gather(out, root=0)
+    figures = rank_figures(comm, args, layout, stats, peak, seconds)
+    every = comm.gather(figures, root=0)
+    return {"ranks": every, "wall_ms": 1e3 * statistics.median(walls), "out": gathered}
+
+
+def rank_figures(
+    comm: Any, args: argparse.Namespace, layout: str, stats: Any, peak: int, seconds: list[float]
+) -> dict[str, Any]:
+    """This rank's figures of its ring (stats: ring_attention's RingStats): what it held, computed, sent and
+    received beside memory.py's estimate and the tiles counted, its peak, its time and its waits, step by step."""
+    rank, size, causal = comm.Get_rank(), comm.Get_size(), not args.no_causal
     estimate = ring_attention_bytes(
-        args.tokens, size, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, workers=args.workers,
+        args.tokens,
+        size,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        workers=args.workers,
         **blocks(args),
-    )  # fmt: skip
+    )
     counted = tile_counts(args.tokens, size, layout=layout, causal=causal, **blocks(args))[rank]
     figures = {
         "rank": rank,
@@ -222,13 +259,18 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         "ms": 1e3 * statistics.median(seconds),
         "wait_ms": 1e3 * stats.wait_seconds,
         "steps": [
-            {"step": s.step, "source_rank": s.source_rank, "tiles": s.tiles, "bytes_sent": s.bytes_sent,
-             "compute_ms": 1e3 * s.compute_seconds, "wait_ms": 1e3 * s.wait_seconds}
+            {
+                "step": s.step,
+                "source_rank": s.source_rank,
+                "tiles": s.tiles,
+                "bytes_sent": s.bytes_sent,
+                "compute_ms": 1e3 * s.compute_seconds,
+                "wait_ms": 1e3 * s.wait_seconds,
+            }
             for s in stats.steps
         ],
-    }  # fmt: skip
-    every = comm.gather(figures, root=0)
-    return {"ranks": every, "wall_ms": 1e3 * statistics.median(walls), "out": gathered}
+    }
+    return figures
 
 
 def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str, width: int | None) -> str:
@@ -238,27 +280,38 @@ def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str, width: int | N
     body = []
     for r in ranks:
         per_step = r["sent_per_step"][0] if len(r["sent_per_step"]) > 1 else 0
-        body.append([
-            str(r["rank"]), " ".join(map(str, r["chunks"])), f"{r['tokens']:,}", f"{r['tiles']:,}",
-            f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
-            f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
-            *(format_sig(to_unit(r[key], u)) for key in ("sent", "received", "estimate_total")),
-            format_sig(to_unit(r["peak_bytes"], u_peak)), f"{r['ms']:,.1f}", f"{r['wait_ms']:,.1f}",
-        ])  # fmt: skip
-    headers = [
-        "rank", "chunks", "tokens", "tiles", "pairs full/diag/hidden", f"sent per step ({u}) x steps",
-        f"sent ({u})", f"received ({u})", f"memory.py ({u})", f"peak ({u_peak})", "ms", "waiting ms",
-    ]  # fmt: skip
+        body.append(
+            [
+                str(r["rank"]),
+                " ".join(map(str, r["chunks"])),
+                f"{r['tokens']:,}",
+                f"{r['tiles']:,}",
+                f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
+                f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
+                *(format_sig(to_unit(r[key], u)) for key in ("sent", "received", "estimate_total")),
+                format_sig(to_unit(r["peak_bytes"], u_peak)),
+                f"{r['ms']:,.1f}",
+                f"{r['wait_ms']:,.1f}",
+            ]
+        )
+    headers = ["rank", "chunks", "tokens", "tiles", "pairs full/diag/hidden", f"sent per step ({u}) x steps"]
+    headers += [f"sent ({u})", f"received ({u})", f"memory.py ({u})", f"peak ({u_peak})", "ms", "waiting ms"]
     return fit_table(body, headers, fmt, width)
 
 
 def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
     """Rank 0's ring, step by step: whose block it held, the tiles, the bytes, computing and waiting."""
     body = [
-        [str(s["step"]), str(s["source_rank"]), f"{s['tiles']:,}", f"{s['bytes_sent']:,}",
-         f"{s['compute_ms']:,.1f}", f"{s['wait_ms']:,.1f}"]
+        [
+            str(s["step"]),
+            str(s["source_rank"]),
+            f"{s['tiles']:,}",
+            f"{s['bytes_sent']:,}",
+            f"{s['compute_ms']:,.1f}",
+            f"{s['wait_ms']:,.1f}",
+        ]
         for s in ranks[0]["steps"]
-    ]  # fmt: skip
+    ]
     headers = ["step", "block of rank", "tiles", "bytes sent = received", "compute ms", "waiting ms"]
     return text_table(body, headers, fmt)
 
@@ -291,31 +344,54 @@ def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> tupl
     seconds = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        reference = flash_attention(full["q"], full["k"], full["v"], causal=not args.no_causal,
-                                    workers=args.reference_workers, **blocks(args))  # fmt: skip
+        reference = flash_attention(
+            full["q"],
+            full["k"],
+            full["v"],
+            causal=not args.no_causal,
+            workers=args.reference_workers,
+            **blocks(args),
+        )
         seconds.append(time.perf_counter() - started)
     return 1e3 * statistics.median(seconds), np.asarray(reference)  # --repeats is at least 1
 
 
-def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | None, args: argparse.Namespace,
-                 check: Checklist, report: dict[str, Any]) -> None:  # fmt: skip
+def wall_section(
+    runs: dict[str, Any],
+    reference: tuple[float, np.ndarray] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+) -> None:
     """The last section on rank 0: each layout's wall time against one process, and the largest difference."""
     size = len(next(iter(runs.values()))["ranks"])
     print(f"\n{len(runs) + 2}) wall time (the slowest rank) against one process")
     body, summary = [], {}
     for layout, run in runs.items():
         tiles = [r["tiles"] for r in run["ranks"]]
-        row = [layout, f"{run['wall_ms']:,.1f}", f"{max(tiles):,}", f"{max(tiles) / statistics.mean(tiles):.3f}x"]
+        row = [
+            layout,
+            f"{run['wall_ms']:,.1f}",
+            f"{max(tiles):,}",
+            f"{max(tiles) / statistics.mean(tiles):.3f}x",
+        ]
         diff = None
         if reference is not None:
             mine = unshard(run["out"], layout=layout)
             diff = max_diff(mine, reference[1])
             rtol, atol = TOLERANCE[args.dtype]
-            check(bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
-                  f"{layout}: gathered ring output == single-process flash_attention")  # fmt: skip
+            check(
+                bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
+                f"{layout}: gathered ring output == single-process flash_attention",
+            )
             row += [f"{run['wall_ms'] / reference[0]:.2f}", f"{diff:.2e}"]
         body.append(row)
-        summary[layout] = {"layout": layout, "wall_ms": run["wall_ms"], "max_abs_diff": diff, "busy": run["busy"]}
+        summary[layout] = {
+            "layout": layout,
+            "wall_ms": run["wall_ms"],
+            "max_abs_diff": diff,
+            "busy": run["busy"],
+        }
     headers = ["layout", "wall ms", "busiest rank's tiles", "max/mean"]
     if reference is not None:
         headers += ["/ one process", "max |ring - one process|"]
@@ -367,8 +443,10 @@ def main(argv: list[str] | None = None) -> int:
         mask = "no mask" if args.no_causal else "causal"
         print(lines)
         print(f"ring of {size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and")
-        print(f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x "
-              f"{args.block},\n{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
+        print(
+            f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x "
+            f"{args.block},\n{args.workers} thread(s) per rank; times are the median of {args.repeats}"
+        )
         if size == 1:
             print(ONE_RANK)
     try:

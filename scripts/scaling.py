@@ -67,9 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     benchmark.add_budget_argument(p)
     add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
-    p.add_argument("--rounds", type=positive(int, limits.MAX_REPEATS), default=3,
-                   help="with --torch: turns of --repeats runs each, flash's and torch's alternating "
-                   "(default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="with --torch: turns of --repeats runs each, flash's and torch's alternating (default 3)",
+    )
     p.add_argument(
         "--torch-3d",
         action="store_true",
@@ -115,7 +118,10 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     causal = run.causal
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
     blocks = dict(
-        block_q=args.block_q, block_k=args.block_k, workers=args.workers, kv_heads_per_step=args.kv_heads_per_step
+        block_q=args.block_q,
+        block_k=args.block_k,
+        workers=args.workers,
+        kv_heads_per_step=args.kv_heads_per_step,
     )
     row: dict[str, Any] = {
         "tokens": T,
@@ -150,8 +156,8 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool) -> None:
-    headers = ["tokens", "scores MiB", "naive ms", "tiles", "flash ms", "speedup", "naive peak MiB", "(est.)",
-               "flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]  # fmt: skip
+    headers = ["tokens", "scores MiB", "naive ms", "tiles", "flash ms", "speedup", "naive peak MiB", "(est.)"]
+    headers += ["flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]
     if causal:
         headers += ["no-mask ms", "causal/no-mask"]
     if args.torch:
@@ -213,9 +219,12 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
     tokens = np.array([r["tokens"] for r in rows], float)
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
     lines = (
-        (ax_t, "naive_ms", "naive (reference)", 1), (ax_t, "flash_ms", "flash", 1), (ax_t, "torch_ms", "torch SDPA", 1),
-        (ax_m, "naive_peak_bytes", "naive peak", benchmark.MiB), (ax_m, "flash_peak_bytes", "flash peak", benchmark.MiB),
-    )  # fmt: skip
+        (ax_t, "naive_ms", "naive (reference)", 1),
+        (ax_t, "flash_ms", "flash", 1),
+        (ax_t, "torch_ms", "torch SDPA", 1),
+        (ax_m, "naive_peak_bytes", "naive peak", benchmark.MiB),
+        (ax_m, "flash_peak_bytes", "flash peak", benchmark.MiB),
+    )
     for ax, key, label, unit in lines:
         points = [(r["tokens"], r[key] / unit) for r in rows if r.get(key) is not None]
         if points:

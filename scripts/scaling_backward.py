@@ -43,9 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     benchmark.add_flash_arguments(p, per_step=False)
     add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add torch's CPU backward (autograd through SDPA; needs torch)")
-    p.add_argument("--rounds", type=positive(int, limits.MAX_REPEATS), default=3,
-                   help="with --torch: turns of --repeats runs each, flash's backward and torch's alternating "
-                   "(default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="with --torch: turns of --repeats runs each, flash's backward and torch's alternating (default 3)",
+    )
     args = p.parse_args(argv)
     benchmark.check_sizes(p, args, args.max_tokens)
     return args
@@ -104,7 +107,10 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
         row["backward_ms"] = machine.settled_median_ms(backward, args.repeats)
     else:  # turns: a machine whose speed drifts during the row slows both alike
         row["backward_ms"], row["torch_backward_ms"] = alternating_medians_ms(
-            [backward, run.torch(q, k, v, dout, causal)], args.repeats, args.rounds, idle=machine.SETTLE_SECONDS
+            [backward, run.torch(q, k, v, dout, causal)],
+            args.repeats,
+            args.rounds,
+            idle=machine.SETTLE_SECONDS,
         )
     row["backward_peak_bytes"] = traced_peak(backward)[1]
     return row
@@ -117,17 +123,8 @@ def backward_tiles(T: int, causal: bool, args: argparse.Namespace) -> str:
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
-    headers = [
-        "tokens",
-        "tiles",
-        "forward ms",
-        "backward ms",
-        "bwd/fwd",
-        "bwd GFLOP/s",
-        "bwd peak MiB",
-        "(est.)",
-        "peak/est.",
-    ]
+    headers = ["tokens", "tiles", "forward ms", "backward ms", "bwd/fwd", "bwd GFLOP/s", "bwd peak MiB"]
+    headers += ["(est.)", "peak/est."]
     if args.torch:
         headers += ["torch bwd ms", "flash/torch bwd"]
     body = []

@@ -83,9 +83,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block", type=tokens, default=DEFAULT_BLOCK_Q, help=f"tile side (default {DEFAULT_BLOCK_Q})")
     p.add_argument("--workers", type=workers, default=1, help="threads per rank (default 1: a rank per core)")
     p.add_argument(
-        "--reference-workers", type=workers, default=os.cpu_count() or 1,
+        "--reference-workers",
+        type=workers,
+        default=os.cpu_count() or 1,
         help="threads of the one process it is timed against (default: the CPU count)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the one-process run and the comparison")
     p.add_argument(
         "--repeats",
@@ -94,10 +96,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="timed runs per figure, the median shown (default 3)",
     )
     p.add_argument(
-        "--model", default="llama-3-8b", help="section 1's model: a preset or a config.json (default llama-3-8b)"
+        "--model",
+        default="llama-3-8b",
+        help="section 1's model: a preset or a config.json (default llama-3-8b)",
     )
-    p.add_argument("--model-tokens", type=positive(int, 2**40), default=2**20,
-                   help="section 1's tokens (default 1,048,576)")  # fmt: skip
+    p.add_argument(
+        "--model-tokens",
+        type=positive(int, 2**40),
+        default=2**20,
+        help="section 1's tokens (default 1,048,576)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
     add_seed_and_format(p, "the random q, k, v and dout")
@@ -148,9 +156,12 @@ def bytes_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
         rows.append(row)
         cells = [row[s][d] / 2**30 if s in row else None for s in ("ring", "ulysses") for d in ("forward", "backward")]
         body.append([str(processes), f"{tokens // processes:,}", *("-" if c is None else f"{c:,.1f}" for c in cells)])
-    print(f"\n1) GiB one process sends: {model.name} ({model.layers} layers, {model.heads} query heads, "
-          f"{model.kv_heads} kv heads of {model.head_dim}, bf16) at {tokens:,} tokens")  # fmt: skip
-    headers = ["processes", "tokens each", "ring forward", "ring backward", "Ulysses forward", "Ulysses backward"]
+    print(
+        f"\n1) GiB one process sends: {model.name} ({model.layers} layers, {model.heads} query heads, "
+        f"{model.kv_heads} kv heads of {model.head_dim}, bf16) at {tokens:,} tokens"
+    )
+    headers = ["processes", "tokens each", "ring forward", "ring backward", "Ulysses forward"]
+    headers += ["Ulysses backward"]
     print(fit_table(body, headers, args.format, table_width(args)))
     print(f"   -: Ulysses splits the heads, and {model.kv_heads} kv heads do not split over that many processes")
     report["bytes"] = {"model": model.name, "tokens": tokens, "rows": rows}
@@ -159,13 +170,14 @@ def bytes_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
 # --- 2), 3) the schemes on every rank --------------------------------------------------------------------
 
 
-def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, np.ndarray] | None,
-               ctrl_c: StopTogether) -> dict[str, Any]:  # fmt: skip
+def run_scheme(
+    comm: Any, args: argparse.Namespace, name: str, full: dict[str, np.ndarray] | None, ctrl_c: StopTogether
+) -> dict[str, Any]:
     """Scatter the shards from rank 0, run the scheme's forward and backward once under tracemalloc (first:
     it warms the caches too) and --repeats times timed: every rank's figures, and its output and gradients,
     gathered on rank 0."""
     forward, backward, layout = SCHEMES[name]
-    rank, size, MAX = comm.Get_rank(), comm.Get_size(), load_mpi().MAX
+    MAX = load_mpi().MAX
     mine = mpi_runs.scatter_shards(comm, full, layout)  # q, k, v, dout: (1, H, T/P, E) each
     settings = dict(comm=comm, causal=True, layout=layout, block_q=args.block, block_k=args.block, workers=args.workers)
 
@@ -174,13 +186,15 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         waiting for the slower ones, but not for their forward): the results and the two times."""
         comm.Barrier()
         started = time.perf_counter()
-        out, lse, forward_stats = forward(mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True,
-                                          **settings)  # fmt: skip
+        out, lse, forward_stats = forward(
+            mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True, **settings
+        )
         forward_seconds = time.perf_counter() - started
         comm.Barrier()
         started = time.perf_counter()
-        *grads, backward_stats = backward(mine["q"], mine["k"], mine["v"], out, mine["dout"], lse, return_stats=True,
-                                          **settings)  # fmt: skip
+        *grads, backward_stats = backward(
+            mine["q"], mine["k"], mine["v"], out, mine["dout"], lse, return_stats=True, **settings
+        )
         return out, grads, forward_stats, backward_stats, (forward_seconds, time.perf_counter() - started)
 
     _, peak = traced_peak(both)  # first: it warms the caches for the timed runs too
@@ -191,18 +205,7 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         walls.append(tuple(comm.allreduce(t, op=MAX) for t in times))  # a pass is done when its last rank is
         if ctrl_c.stop(comm):
             raise KeyboardInterrupt
-    formula = sequence_parallel_bytes(args.tokens, size, scheme=name.split()[0], heads=args.heads,
-                                      kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)  # fmt: skip
-    figures = {
-        "rank": rank, "tiles": backward_stats.tiles, "peak_bytes": peak,
-        "forward_ms": 1e3 * statistics.median(s[0] for s in seconds),
-        "backward_ms": 1e3 * statistics.median(s[1] for s in seconds),
-        "forward_wait_ms": 1e3 * forward_stats.wait_seconds, "backward_wait_ms": 1e3 * backward_stats.wait_seconds,
-        "forward_sent": forward_stats.bytes_sent, "backward_sent": backward_stats.bytes_sent,
-        "formula_forward": formula["forward"], "formula_backward": formula["backward"],
-        "counted_tiles": tile_counts(args.tokens, size, layout=layout, causal=True, block_q=args.block,
-                                     block_k=args.block)[rank]["tiles"],
-    }  # fmt: skip
+    figures = rank_figures(comm, args, name, (forward_stats, backward_stats), peak, seconds)
     return {
         "ranks": comm.gather(figures, root=0),
         "parts": [comm.gather(x, root=0) for x in (out, *grads)],
@@ -210,6 +213,41 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         "wall_ms": 1e3 * statistics.median(w[0] + w[1] for w in walls),
         "busy": machine.busy_reasons(),
     }
+
+
+def rank_figures(
+    comm: Any, args: argparse.Namespace, name: str, stats: tuple[Any, Any], peak: int, seconds: list[tuple[float, ...]]
+) -> dict[str, Any]:
+    """This rank's figures of a scheme (stats: its forward's and backward's): the tiles it computed and counted,
+    its peak, its times and waits, the bytes it sent beside the formula's."""
+    rank, size, layout = comm.Get_rank(), comm.Get_size(), SCHEMES[name][2]
+    forward_stats, backward_stats = stats
+    formula = sequence_parallel_bytes(
+        args.tokens,
+        size,
+        scheme=name.split()[0],
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+    )
+    figures = {
+        "rank": rank,
+        "tiles": backward_stats.tiles,
+        "peak_bytes": peak,
+        "forward_ms": 1e3 * statistics.median(s[0] for s in seconds),
+        "backward_ms": 1e3 * statistics.median(s[1] for s in seconds),
+        "forward_wait_ms": 1e3 * forward_stats.wait_seconds,
+        "backward_wait_ms": 1e3 * backward_stats.wait_seconds,
+        "forward_sent": forward_stats.bytes_sent,
+        "backward_sent": backward_stats.bytes_sent,
+        "formula_forward": formula["forward"],
+        "formula_backward": formula["backward"],
+        "counted_tiles": tile_counts(
+            args.tokens, size, layout=layout, causal=True, block_q=args.block, block_k=args.block
+        )[rank]["tiles"],
+    }
+    return figures
 
 
 def rank_rows(runs: dict[str, Any], names: list[str], cells: Any) -> list[list[str]]:
@@ -223,23 +261,22 @@ def backward_section(runs: dict[str, Any], args: argparse.Namespace, check: Chec
     every = [r for name in names for r in runs[name]["ranks"]]
     u = column_unit([r["backward_sent"] for r in every], "binary")
     u_peak = column_unit([r["peak_bytes"] for r in every], "binary")
-    body = rank_rows(runs, names, lambda r: [
-        f"{r['tiles']:,}", f"{r['backward_ms']:,.1f}", f"{r['backward_wait_ms']:,.1f}",
-        format_sig(to_unit(r["backward_sent"], u)), format_sig(to_unit(r["formula_backward"], u)),
-        format_sig(to_unit(r["peak_bytes"], u_peak)),
-    ])  # fmt: skip
+    body = rank_rows(
+        runs,
+        names,
+        lambda r: [
+            f"{r['tiles']:,}",
+            f"{r['backward_ms']:,.1f}",
+            f"{r['backward_wait_ms']:,.1f}",
+            format_sig(to_unit(r["backward_sent"], u)),
+            format_sig(to_unit(r["formula_backward"], u)),
+            format_sig(to_unit(r["peak_bytes"], u_peak)),
+        ],
+    )
     print("\n2) the ring's backward, per rank (the K/V blocks and their dK/dV accumulators go round; peak =")
     print("   tracemalloc's, over a forward and its backward)")
-    headers = [
-        "layout",
-        "rank",
-        "tiles",
-        "backward ms",
-        "waiting ms",
-        f"sent ({u})",
-        f"formula ({u})",
-        f"peak ({u_peak})",
-    ]
+    headers = ["layout", "rank", "tiles", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})"]
+    headers += [f"peak ({u_peak})"]
     print(fit_table(body, headers, args.format, table_width(args)))
     for name in names:
         tiles = [r["tiles"] for r in runs[name]["ranks"]]
@@ -248,7 +285,10 @@ def backward_section(runs: dict[str, Any], args: argparse.Namespace, check: Chec
             check(r["tiles"] == r["counted_tiles"], f"{name} rank {r['rank']}: backward tiles == tile_counts'")
     if "ring zigzag" in runs:
         tiles = [r["tiles"] for r in runs["ring zigzag"]["ranks"]]
-        check(max(tiles) <= 1.05 * statistics.mean(tiles), "zigzag backward: busiest rank within 1.05x of the mean")
+        check(
+            max(tiles) <= 1.05 * statistics.mean(tiles),
+            "zigzag backward: busiest rank within 1.05x of the mean",
+        )
 
 
 def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checklist) -> None:
@@ -257,16 +297,22 @@ def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checkl
     every = [r for name in names for r in runs[name]["ranks"]]
     u = column_unit([r["forward_sent"] + r["backward_sent"] for r in every], "binary")
     u_peak = column_unit([r["peak_bytes"] for r in every], "binary")
-    body = rank_rows(runs, names, lambda r: [
-        f"{r['forward_ms']:,.1f}", f"{r['backward_ms']:,.1f}", f"{r['forward_wait_ms'] + r['backward_wait_ms']:,.1f}",
-        format_sig(to_unit(r["forward_sent"] + r["backward_sent"], u)),
-        format_sig(to_unit(r["formula_forward"] + r["formula_backward"], u)),
-        format_sig(to_unit(r["peak_bytes"], u_peak)),
-    ])  # fmt: skip
+    body = rank_rows(
+        runs,
+        names,
+        lambda r: [
+            f"{r['forward_ms']:,.1f}",
+            f"{r['backward_ms']:,.1f}",
+            f"{r['forward_wait_ms'] + r['backward_wait_ms']:,.1f}",
+            format_sig(to_unit(r["forward_sent"] + r["backward_sent"], u)),
+            format_sig(to_unit(r["formula_forward"] + r["formula_backward"], u)),
+            format_sig(to_unit(r["peak_bytes"], u_peak)),
+        ],
+    )
     print("\n3) ring (zigzag) against Ulysses, per rank, forward + backward (waiting: in the ring's waits, or in")
     print("   Ulysses' all-to-alls, packing included)")
-    headers = ["scheme", "rank", "forward ms", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})",
-               f"peak ({u_peak})"]  # fmt: skip
+    headers = ["scheme", "rank", "forward ms", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})"]
+    headers += [f"peak ({u_peak})"]
     print(fit_table(body, headers, args.format, table_width(args)))
     for name, run in runs.items():
         for r in run["ranks"]:
@@ -291,14 +337,21 @@ def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> dict
     return {"forward_ms": forward_ms, "backward_ms": backward_ms, "results": [out, *grads]}
 
 
-def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: argparse.Namespace,
-                 check: Checklist, report: dict[str, Any]) -> None:  # fmt: skip
+def wall_section(
+    runs: dict[str, Any],
+    reference: dict[str, Any] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+) -> None:
     """4) each scheme's wall time against one process, and the largest difference from its results."""
     size = len(next(iter(runs.values()))["ranks"])
     print("\n4) wall time (the slowest rank), forward + backward, against one process")
     if reference is not None:
-        print(f"   one process: flash_attention + flash_attention_backward with {args.reference_workers} worker(s): "
-              f"{reference['forward_ms']:,.1f} + {reference['backward_ms']:,.1f} ms")  # fmt: skip
+        print(
+            f"   one process: flash_attention + flash_attention_backward with {args.reference_workers} worker(s): "
+            f"{reference['forward_ms']:,.1f} + {reference['backward_ms']:,.1f} ms"
+        )
     body, summary = [], []
     for name, run in runs.items():
         tiles = [r["tiles"] for r in run["ranks"]]
@@ -368,9 +421,11 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         report["machine"], lines = machine.header()
         print(lines)
-        print(f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
-              f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
-              f"{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
+        print(
+            f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
+            f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
+            f"{args.workers} thread(s) per rank; times are the median of {args.repeats}"
+        )
         bytes_section(args, report)
     try:
         run_schemes(comm, args, runs)
@@ -384,22 +439,32 @@ def main(argv: list[str] | None = None) -> int:
     return int(comm.bcast(check.finish() if rank == 0 else 0, root=0))
 
 
-def print_sections(runs: dict[str, Any], reference: dict[str, Any] | None, args: argparse.Namespace,
-                   check: Checklist, report: dict[str, Any], stopped: bool = False) -> None:  # fmt: skip
+def print_sections(
+    runs: dict[str, Any],
+    reference: dict[str, Any] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+    stopped: bool = False,
+) -> None:
     """Sections 2 to 4 on rank 0, the JSON (stopped: Ctrl-C cut the run short), and a word on what did not run."""
     size = len(next(iter(runs.values()))["ranks"])
     backward_section(runs, args, check)
     versus_section(runs, args, check)
     if "ulysses" not in runs and (args.heads % size or args.kv_heads % size):
-        print(f"   Ulysses did not run: {args.heads} query heads and {args.kv_heads} kv heads do not both split over "
-              f"{size} ranks (its limit; the ring has none)")  # fmt: skip
+        print(
+            f"   Ulysses did not run: {args.heads} query heads and {args.kv_heads} kv heads do not both split over "
+            f"{size} ranks (its limit; the ring has none)"
+        )
     wall_section(runs, reference, args, check, report)
     report["ranks_figures"] = {name: run["ranks"] for name, run in runs.items()}
     if args.json:
         outputs.write_json(args.json, report, stopped=stopped)
     if size == 1:
-        print("\nran 1 rank: one rank sends nothing and waits for nobody; for 2: mpiexec -n 2 python "
-              "scripts/sequence_parallel.py")  # fmt: skip
+        print(
+            "\nran 1 rank: one rank sends nothing and waits for nobody; for 2: mpiexec -n 2 python "
+            "scripts/sequence_parallel.py"
+        )
 
 
 def stop_all(comm: Any, args: argparse.Namespace, runs: dict[str, Any], report: dict[str, Any]) -> int:

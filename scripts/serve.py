@@ -44,7 +44,14 @@ from tinyattn_np import (
     paged_kv_cache_bytes,
 )
 from tinyattn_np.measure import time_calls
-from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, positive, table_width, text_table
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    positive,
+    table_width,
+    text_table,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import batching
@@ -56,8 +63,15 @@ from tiny_decoder import TinyDecoder
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
-MAX_SIZES = {"layers": 16, "d_model": 1024, "heads": 512, "vocab": 100_000, "samples": 1024, "blocks": 2**20,
-             "block_size": 4096}  # each flag's largest value: a simulation, not a server  # fmt: skip
+MAX_SIZES = {
+    "layers": 16,
+    "d_model": 1024,
+    "heads": 512,
+    "vocab": 100_000,
+    "samples": 1024,
+    "blocks": 2**20,
+    "block_size": 4096,
+}  # each flag's largest value: a simulation, not a server
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -83,19 +97,30 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
         requests = [batching.Request(*drawn) for drawn in workload]  # the same requests, fresh for each scheme
         stats = batching.serve(model, requests, scheme, args)
         held, reserved, stored, match = (np.array(column) for column in zip(*stats["memory"], strict=True))
-        check(bool(match.all()), f"{scheme}: the pool holds memory.paged_kv_cache_bytes of the lengths at every step")
+        check(
+            bool(match.all()),
+            f"{scheme}: the pool holds memory.paged_kv_cache_bytes of the lengths at every step",
+        )
         if args.check:
             stats["max_diff"] = check_alone(model, requests, 1e-9 if args.dtype == "float64" else 1e-3)
         own = held if scheme == "paged" else reserved  # the memory this scheme holds
-        rows.append({
-            "scheme": scheme, "steps": stats["steps"], "tokens": stats["tokens"],
-            "tokens_per_s": stats["tokens"] / stats["seconds"], "mean_at_once": float(np.mean(stats["at_once"])),
-            "most_at_once": int(max(stats["at_once"])), "preempted": stats["preempted"],
-            "waste": 1 - stored.sum() / own.sum(),
-            "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
-            "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
-            **machine.beside_the_row(args.dtype, rate, n=machine.RATE_SIZE),
-        })  # fmt: skip
+        rows.append(
+            {
+                "scheme": scheme,
+                "steps": stats["steps"],
+                "tokens": stats["tokens"],
+                "tokens_per_s": stats["tokens"] / stats["seconds"],
+                "mean_at_once": float(np.mean(stats["at_once"])),
+                "most_at_once": int(max(stats["at_once"])),
+                "preempted": stats["preempted"],
+                "waste": 1 - stored.sum() / own.sum(),
+                "waste_if_preallocated": 1 - stored.sum() / reserved.sum(),
+                "peak_stored": int(stored.max()),
+                "peak_held": int(own.max()),
+                "max_diff": stats.get("max_diff"),
+                **machine.beside_the_row(args.dtype, rate, n=machine.RATE_SIZE),
+            }
+        )
     print_batching(rows, args)
     print_bill(args)
     return rows
@@ -135,18 +160,38 @@ def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.rando
         model.logits(prompt[None], copies, [seq])
     check(sample_all(model, copies, own, first, args, seeds) == tokens, "the copies sample the same tokens")
     lengths = [shared[0].length(seq) for seq in seqs]
-    formula = paged_kv_cache_bytes(lengths, block_size=size, layers=args.layers, kv_heads=mha.n_kv_heads,
-                                   head_dim=mha.d_head, dtype=args.dtype, shared_prefix=args.sample_prompt)  # fmt: skip
+    formula = paged_kv_cache_bytes(
+        lengths,
+        block_size=size,
+        layers=args.layers,
+        kv_heads=mha.n_kv_heads,
+        head_dim=mha.d_head,
+        dtype=args.dtype,
+        shared_prefix=args.sample_prompt,
+    )
     shared_bytes, copies_bytes = (sum(cache.bytes_used for cache in caches) for caches in (shared, copies))
-    check(shared_bytes == formula, "the shared pool holds memory.paged_kv_cache_bytes(..., shared_prefix=prompt)")
+    check(
+        shared_bytes == formula,
+        "the shared pool holds memory.paged_kv_cache_bytes(..., shared_prefix=prompt)",
+    )
     if args.check:
-        alone = [batching.run_alone(model, prompt, args.sample_tokens, np.random.default_rng(seed))[0] for seed in seeds]
+        alone = [
+            batching.run_alone(model, prompt, args.sample_tokens, np.random.default_rng(seed))[0] for seed in seeds
+        ]
         check(alone == tokens, f"each of the {n} samples equals that sample run alone")
     # 3) a decode step over the samples: every sequence's keys, or the shared prompt once for all (cascade)
     q = rng.standard_normal((n, mha.n_heads, 1, mha.d_head)).astype(model.dtype)
     diff = float(np.max(np.abs(paged_decode(q, shared[0], seqs) - cascade_decode(q, shared[0], seqs))))
-    check(diff <= (1e-12 if args.dtype == "float64" else 1e-5), f"cascade_decode equals paged_decode ({diff:.1e})")
-    result = {"shared_bytes": shared_bytes, "copies_bytes": copies_bytes, "formula_bytes": formula, "lengths": lengths}
+    check(
+        diff <= (1e-12 if args.dtype == "float64" else 1e-5),
+        f"cascade_decode equals paged_decode ({diff:.1e})",
+    )
+    result = {
+        "shared_bytes": shared_bytes,
+        "copies_bytes": copies_bytes,
+        "formula_bytes": formula,
+        "lengths": lengths,
+    }
     print_samples(result, args)
     return result
 
@@ -157,12 +202,20 @@ def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.rando
 
 def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
     table = [
-        [r["scheme"], f"{r['tokens_per_s']:,.0f}", f"{r['steps']:,}", f"{r['mean_at_once']:.1f}",
-         str(r["most_at_once"]), str(r["preempted"]), f"{r['peak_held']:,}", f"{100 * r['waste']:.1f}%"]
+        [
+            r["scheme"],
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['steps']:,}",
+            f"{r['mean_at_once']:.1f}",
+            str(r["most_at_once"]),
+            str(r["preempted"]),
+            f"{r['peak_held']:,}",
+            f"{100 * r['waste']:.1f}%",
+        ]
         for r in rows
-    ]  # fmt: skip
-    headers = ["admission", "tokens/s", "steps", "requests at once (mean)", "(most)", "preempted",
-               "KV slots held (peak)", "held, no token (waste)"]  # fmt: skip
+    ]
+    headers = ["admission", "tokens/s", "steps", "requests at once (mean)", "(most)", "preempted"]
+    headers += ["KV slots held (peak)", "held, no token (waste)"]
     print(
         f"1) {args.requests} requests, prompts {args.min_prompt}-{args.max_prompt} tokens, outputs 1-{args.max_new} "
         f"(limit {args.max_new}), {args.rate} arrivals per step;\n   a budget of {args.blocks} blocks of "
@@ -236,7 +289,11 @@ def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float
     the workload's mean context: matmuls, cache reads and the Python between them."""
     block = args.block_size
     prompt = (args.min_prompt + args.max_prompt) // 2
-    tokens, one, four = np.zeros((1, prompt), np.int64), np.zeros((1, 1), np.int64), np.zeros((4, 1), np.int64)
+    tokens, one, four = (
+        np.zeros((1, prompt), np.int64),
+        np.zeros((1, 1), np.int64),
+        np.zeros((4, 1), np.int64),
+    )
     fastest = lambda call: min(time_calls(call, 5, 1))  # noqa: E731  (the least a call takes)
 
     def contiguous() -> list[KVCache]:
@@ -270,10 +327,15 @@ def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> Non
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    tokens, cap = positive(int, MAX_WORK_TOKENS), {name: positive(int, most) for name, most in MAX_SIZES.items()}
+    tokens = positive(int, MAX_WORK_TOKENS)
+    cap = {name: positive(int, most) for name, most in MAX_SIZES.items()}
     add("--requests", type=tokens, default=24, help="requests in the workload (default 24)")
-    add("--rate", type=positive(float, 1000), default=1.0,
-        help="mean arrivals per step, at least 0.001 (default 1.0)")  # fmt: skip
+    add(
+        "--rate",
+        type=positive(float, 1000),
+        default=1.0,
+        help="mean arrivals per step, at least 0.001 (default 1.0)",
+    )
     add("--min-prompt", type=tokens, default=8, help="shortest prompt, tokens (default 8)")
     add("--max-prompt", type=tokens, default=96, help="longest prompt, tokens (default 96)")
     add("--max-new", type=tokens, default=96, help="each request's limit of new tokens (default 96)")
@@ -287,13 +349,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--heads", type=cap["heads"], default=4, help="query heads (default 4)")
     add("--kv-heads", type=cap["heads"], default=2, help="key/value heads (default 2)")
     add("--vocab", type=cap["vocab"], default=256, help="vocabulary size (default 256)")
-    add("--dtype", choices=["float32", "float64"], default="float64",
-        help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)")  # fmt: skip
+    add(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float64",
+        help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)",
+    )
     add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
     add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
     add_wide_argument(p)
     add_seed_and_format(p, "the model, the workload and the samples")
     args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the flags must satisfy together, and the memory of the run's model and pools, refused up front."""
     if args.rate < 0.001:  # arrivals 1,000 steps apart on average: past that, the steps would be mostly idle
         p.error(f"--rate must be at least 0.001; got {args.rate}")
     if args.min_prompt > args.max_prompt:
@@ -304,17 +376,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--blocks ({args.blocks}) cannot hold one request of --max-prompt + --max-new tokens: raise it")
     work = args.requests * (args.max_prompt + args.max_new) + args.samples * (args.sample_prompt + args.sample_tokens)
     if work > MAX_WORK_TOKENS:
-        p.error(f"--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt + --sample-tokens) must be at "
-                f"most {MAX_WORK_TOKENS:,} tokens of work (this is a simulation); got {work:,}")  # fmt: skip
+        p.error(
+            f"--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt + --sample-tokens) must be at "
+            f"most {MAX_WORK_TOKENS:,} tokens of work (this is a simulation); got {work:,}"
+        )
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
     needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
     needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model  # the model: table, w_qkv, w_out
-    problem = limits.memory_problem(needed, "the model and pools of this run", "lower --blocks, --samples, --layers, "
-                                    "--d-model or --vocab")  # fmt: skip
+    problem = limits.memory_problem(
+        needed, "the model and pools of this run", "lower --blocks, --samples, --layers, --d-model or --vocab"
+    )
     if problem:
         p.error(problem)
     outputs.check_output(p, "--json", args.json)
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -331,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
         "samples": lambda: parallel_samples(model, args, rng),
     }
 
-    def run_part(name: str) -> str:  # each part prints its table when it ends; Ctrl-C keeps those already printed
+    def run_part(name: str) -> str:
+        """Each part prints its table when it ends; Ctrl-C keeps those already printed."""
         figures[name] = parts[name]()
         return name
 

@@ -132,8 +132,10 @@ def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, fo
     if choice is not None:
         a_file = choice not in ("char", "byte") and kind == "tokenizer.json"  # the same file's text, then
         if choice != kind and not (a_file and read_utf8(Path(choice), "--tokenizer") == saved.get("json")):
-            raise DataError(f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
-                            "leave --tokenizer out to go on with the checkpoint's")  # fmt: skip
+            raise DataError(
+                f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
+                "leave --tokenizer out to go on with the checkpoint's"
+            )
     return tokenizer_from(saved)
 
 

@@ -56,8 +56,11 @@ HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=positive(int, limits.MAX_TOKENS), help="T, the sequence length (default 4096; "
-                   "1024 with --profile)")  # fmt: skip
+    p.add_argument(
+        "--tokens",
+        type=positive(int, limits.MAX_TOKENS),
+        help="T, the sequence length (default 4096; 1024 with --profile)",
+    )
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
     p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): tiles, workers, decode layout")
     benchmark.add_shape_arguments(p, tokens_range=False, repeats=3)
@@ -120,8 +123,16 @@ def measure_row(shape: tuple[int, int], args: argparse.Namespace, run: Any) -> d
         outputs.progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
 
         def call(workers: int = workers) -> None:
-            flash_attention(q, k, v, causal=causal, block_q=side, block_k=side, kv_heads_per_step=per_step,
-                            workers=workers)  # fmt: skip
+            flash_attention(
+                q,
+                k,
+                v,
+                causal=causal,
+                block_q=side,
+                block_k=side,
+                kv_heads_per_step=per_step,
+                workers=workers,
+            )
 
         row[f"ms_{workers}"] = machine.settled_median_ms(call, args.repeats)
     row["w_us"] = row["ms_1"] * 1e3 / row["steps"]
@@ -146,7 +157,10 @@ def model_16_cores(rows: list[dict[str, Any]], args: argparse.Namespace) -> floa
     for r in rows:
         f = r["held_us"] / r["w_us"]
         r["amdahl_16"] = 1 / (f + (1 - f) / XEON_CORES)
-        held_ms, compute_ms = r["steps"] * XEON_HELD_S_PER_STEP * 1e3, (kappa or 0) * r["w_us"] * r["span_16"] / 1e3
+        held_ms, compute_ms = (
+            r["steps"] * XEON_HELD_S_PER_STEP * 1e3,
+            (kappa or 0) * r["w_us"] * r["span_16"] / 1e3,
+        )
         r["predicted_16_ms"] = max(held_ms, compute_ms) if kappa else None
     return kappa
 
@@ -163,19 +177,13 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
             default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, XEON_CORES)
         )
     )
-    body = []
-    for r in rows:
-        gflops = flops / r[f"ms_{cores}"] / 1e6
-        mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
-        body.append([f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"],
-                     r[f"ms_{cores}"], gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"],
-                     r["predicted_16_ms"]])  # fmt: skip
+    body = [sweep_cells(r, cores, flops / r[f"ms_{cores}"] / 1e6, rate, default) for r in rows]
     print(
         f"\nflash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
         f"{'causal' if causal else 'no mask'}; median of {args.repeats}; 'ms, {cores} w' = {cores} workers"
     )
-    headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
-               "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]  # fmt: skip
+    headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul"]
+    headers += ["w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]
     label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
     print(machine.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
@@ -192,6 +200,13 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
             f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w);\nAmdahl x16 leaves the "
             "lock hand-offs out and is a ceiling only"
         )
+
+
+def sweep_cells(r: dict[str, Any], cores: int, gflops: float, rate: float, default: tuple[int, ...]) -> list[Any]:
+    """One row of the sweep's table: the tiles (the default marked), the steps and items, the times, the rate."""
+    mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
+    cells = [f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"], r[f"ms_{cores}"]]
+    return cells + [gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"], r["predicted_16_ms"]]
 
 
 def per_step(n: int) -> str:

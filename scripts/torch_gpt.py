@@ -28,8 +28,14 @@ def torch_model(torch: Any, c: GPTConfig) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.ln_1, self.ln_2 = norm(), norm()
-            self.qkv, self.out = nn.Linear(c.width, 3 * c.width, bias=False), nn.Linear(c.width, c.width, bias=False)
-            self.fc, self.proj = nn.Linear(c.width, c.hidden, bias=c.bias), nn.Linear(c.hidden, c.width, bias=c.bias)
+            self.qkv, self.out = (
+                nn.Linear(c.width, 3 * c.width, bias=False),
+                nn.Linear(c.width, c.width, bias=False),
+            )
+            self.fc, self.proj = (
+                nn.Linear(c.width, c.hidden, bias=c.bias),
+                nn.Linear(c.hidden, c.width, bias=c.bias),
+            )
 
         def forward(self, x: Any) -> Any:
             B, T, C = x.shape

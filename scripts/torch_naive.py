@@ -94,9 +94,15 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
     causal = run.causal
     blocks = dict(
-        block_q=args.block_q, block_k=args.block_k, workers=args.workers, kv_heads_per_step=args.kv_heads_per_step
+        block_q=args.block_q,
+        block_k=args.block_k,
+        workers=args.workers,
+        kv_heads_per_step=args.kv_heads_per_step,
     )
-    row: dict[str, Any] = {"tokens": T, "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype)}
+    row: dict[str, Any] = {
+        "tokens": T,
+        "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
+    }
     row.update(machine.beside_the_row(args.dtype, run.rate))  # did the machine stay as quiet as it was?
     fused = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
     outputs.progress(f"  T={T}: torch fused, our flash")
@@ -122,13 +128,21 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
         f"torch fused (SDPA{', is_causal=True' if causal else ''}),\n{args.dtype}, {args.heads} heads x "
         f"{args.head_dim}, {threads} threads; ours beside it (same inputs, same run); median of {args.repeats} runs"
     )
-    headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms", "our flash ms",
-               "speed-up", "torch naive / our naive"]  # fmt: skip
+    headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms"]
+    headers += ["our flash ms", "speed-up", "torch naive / our naive"]
     body, ratio = [], benchmark.ratio
     for r in rows:
-        line = [r["tokens"], r["score_matrix_bytes"] / benchmark.MiB, r["torch_naive_ms"], r["torch_ms"],
-                ratio(r["torch_naive_ms"], r["torch_ms"]), r["naive_ms"], r["flash_ms"],
-                ratio(r["naive_ms"], r["flash_ms"]), ratio(r["torch_naive_ms"], r["naive_ms"])]  # fmt: skip
+        line = [
+            r["tokens"],
+            r["score_matrix_bytes"] / benchmark.MiB,
+            r["torch_naive_ms"],
+            r["torch_ms"],
+            ratio(r["torch_naive_ms"], r["torch_ms"]),
+            r["naive_ms"],
+            r["flash_ms"],
+            ratio(r["naive_ms"], r["flash_ms"]),
+            ratio(r["torch_naive_ms"], r["naive_ms"]),
+        ]
         body.append([benchmark.cell(x) for x in line])
     print(machine.marked_table(body, rows, headers, args.format, width=table_width(args)))
     speedups = [x for r in rows if (x := benchmark.ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]

@@ -118,7 +118,12 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         )
     tokenizer = text_data.tokenizer_of(args.tokenizer, text, base and base.tokenizer, base and base.folder)
     config = train_flags.model_config(
-        args, PRESETS[preset], base and base.config, base and base.folder, tokenizer.vocab_size, settings.dropout
+        args,
+        PRESETS[preset],
+        base and base.config,
+        base and base.folder,
+        tokenizer.vocab_size,
+        settings.dropout,
     )
     train_flags.check_size(config, settings, processes)  # before anything of the step's size is allocated
     try:

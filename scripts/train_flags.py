@@ -26,7 +26,15 @@ from tinyattn_np.trainbill import training_memory
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
 MAX_BATCH = 4096
 MAX_LAYERS, MAX_WIDTH = 1024, 2**16  # past them no model trains on a CPU: a bigger number is a typo
-MODEL_FLAGS = ("layers", "heads", "width", "context", "mlp", "norm", "bias")  # the model's shape (GPTConfig's)
+MODEL_FLAGS = (
+    "layers",
+    "heads",
+    "width",
+    "context",
+    "mlp",
+    "norm",
+    "bias",
+)  # the model's shape (GPTConfig's)
 
 
 class RunError(ValueError):
@@ -77,7 +85,10 @@ SETTINGS = tuple(f.name for f in fields(Settings) if f.name != "given")  # each 
 def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str, Any]) -> Settings:
     """A flag given now, else as given to the run that wrote the checkpoint (given_before), else the default:
     the preset's; --min-lr follows --lr, --warmup follows --steps."""
-    given = {**given_before, **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}}
+    given = {
+        **given_before,
+        **{name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None},
+    }
     values = {
         "steps": 100,
         "batch": preset.batch,
@@ -97,7 +108,12 @@ def settings_of(args: argparse.Namespace, preset: Preset, given_before: dict[str
 
 
 def model_config(
-    args: argparse.Namespace, preset: Preset, saved: GPTConfig | None, folder: str | None, vocab: int, dropout: float
+    args: argparse.Namespace,
+    preset: Preset,
+    saved: GPTConfig | None,
+    folder: str | None,
+    vocab: int,
+    dropout: float,
 ) -> GPTConfig:
     """The preset's model in the model flags' shape, or the checkpoint's (saved, in folder), which they must
     repeat (its weights fit its shape only)."""
@@ -176,7 +192,9 @@ def add_model(p: argparse.ArgumentParser) -> None:
         help="attention heads, each of width / heads channels, an even number (default: the preset's)",
     )
     p.add_argument(
-        "--width", type=positive(int, MAX_WIDTH), help="C, the channels of every token (default: the preset's)"
+        "--width",
+        type=positive(int, MAX_WIDTH),
+        help="C, the channels of every token (default: the preset's)",
     )
     p.add_argument(
         "--context",
@@ -186,14 +204,18 @@ def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mlp", choices=MLP_KINDS, help="gelu (hidden 4C) or swiglu (hidden 8C/3) (default gelu)")
     p.add_argument("--norm", choices=NORM_KINDS, help="layernorm or rmsnorm (default layernorm)")
     p.add_argument(
-        "--bias", action=argparse.BooleanOptionalAction, help="biases in the MLP and the norms (default: none)"
+        "--bias",
+        action=argparse.BooleanOptionalAction,
+        help="biases in the MLP and the norms (default: none)",
     )
 
 
 def add_settings(p: argparse.ArgumentParser) -> None:
     """The flags of SETTINGS' first part: what a step does, kept in the checkpoint."""
     p.add_argument(
-        "--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the checkpoint's)"
+        "--steps",
+        type=positive(int),
+        help="AdamW steps in all (default 100; with --resume, the checkpoint's)",
     )
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
     p.add_argument(

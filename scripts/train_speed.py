@@ -68,7 +68,14 @@ from tinyattn_np import layers
 from tinyattn_np.gpt import GPT, GPTConfig
 from tinyattn_np.measure import alternating_medians_ms
 from tinyattn_np.optim import AdamW, clip_grad_norm
-from tinyattn_np.report import Checklist, add_seed_and_format, add_wide_argument, fit_table, positive, table_width
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    fit_table,
+    positive,
+    table_width,
+)
 from tinyattn_np.sampling import generate
 from tinyattn_np.trainbill import training_memory
 
@@ -78,17 +85,30 @@ check = Checklist()
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", choices=sorted(train_flags.PRESETS), default=["tiny", "part3"],
-                   help="the models to time (default: both)")  # fmt: skip
+    p.add_argument(
+        "--presets",
+        nargs="+",
+        choices=sorted(train_flags.PRESETS),
+        default=["tiny", "part3"],
+        help="the models to time (default: both)",
+    )
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
     p.add_argument("--repeats", type=positive(int), default=5, help="timed steps (or layer calls) a turn (default 5)")
-    p.add_argument("--rounds", type=positive(int), default=3,
-                   help="turns of each model (--row-blocks: each size), taking turns (default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive(int),
+        default=3,
+        help="turns of each model (--row-blocks: each size), taking turns (default 3)",
+    )
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
-    p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
-                   help="train ours and torch's SECONDS each; compare validation losses (needs torch)")  # fmt: skip
+    p.add_argument(
+        "--equal-time",
+        type=positive(float, 3600.0),
+        metavar="SECONDS",
+        help="train ours and torch's SECONDS each; compare validation losses (needs torch)",
+    )
     p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
@@ -132,7 +152,10 @@ def copy_weights(torch: Any, module: Any, model: GPT) -> None:
     """Our parameters into the torch module, under its names; every one of its parameters is set."""
     theirs = dict(module.named_parameters())
     names = {name: torch_gpt.torch_name(name) for name in model.params}
-    check(sorted(theirs) == sorted(n for n, _ in names.values()), "the torch model has our parameters, no others")
+    check(
+        sorted(theirs) == sorted(n for n, _ in names.values()),
+        "the torch model has our parameters, no others",
+    )
     with torch.no_grad():
         for name, (target, transposed) in names.items():
             value = model.params[name]
@@ -168,8 +191,10 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
         gold = [torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
         for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
-            check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
-                  f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
+            check(
+                abs(mine - theirs) <= LOSS_RTOL * abs(theirs),
+                f"{name}: step {step}'s loss equals torch's ({mine:.6f} and {theirs:.6f})",
+            )
         steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
     times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
     row["ours_ms"] = times[0]
@@ -189,7 +214,10 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
-    check(np.array_equal(outputs[True], outputs[False]), f"{name}: the cache and recomputation give the same tokens")
+    check(
+        np.array_equal(outputs[True], outputs[False]),
+        f"{name}: the cache and recomputation give the same tokens",
+    )
     return row
 
 
@@ -242,30 +270,53 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
             return float(module(torch.from_numpy(x), torch.from_numpy(y)).item())
 
     start = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
-    check(abs(start[0] - start[1]) <= LOSS_RTOL * start[1], f"{name}: both start from the same validation loss "
-          f"({start[0]:.6f} and {start[1]:.6f})")  # fmt: skip
+    check(
+        abs(start[0] - start[1]) <= LOSS_RTOL * start[1],
+        f"{name}: both start from the same validation loss ({start[0]:.6f} and {start[1]:.6f})",
+    )
     # one untimed step of each on a copy, so that neither library's first-call costs land in the budget
     our_step(GPT(config, model.params), AdamW(model.params, lr=preset.lr), *batch_number(0), preset.lr)
     spare = copy.deepcopy(module)
-    torch_gpt.torch_step(torch, spare, torch_gpt.torch_adamw(torch, spare, preset), *map(torch.from_numpy, batch_number(0)))
-    ours, theirs = train_in_turns(args.equal_time, [
-        lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
-        lambda i: torch_gpt.torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
-    ], args.rounds)  # fmt: skip
+    torch_gpt.torch_step(
+        torch, spare, torch_gpt.torch_adamw(torch, spare, preset), *map(torch.from_numpy, batch_number(0))
+    )
+    ours, theirs = train_in_turns(
+        args.equal_time,
+        [
+            lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
+            lambda i: torch_gpt.torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
+        ],
+        args.rounds,
+    )
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
     row["torch_steps"] = theirs
-    row["ours_loss"], row["torch_loss"] = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
+    row["ours_loss"], row["torch_loss"] = (
+        validation_loss(model.loss, windows),
+        validation_loss(torch_loss, windows),
+    )
     return row
 
 
 def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\n3) validation loss after {args.equal_time:g} s of training each, in {args.rounds} turns each, ours and "
-          "torch's\n   alternating, from the same weights on the same batches (this project's pages, character "
-          "tokens;\n   AdamW at the preset's learning rate)")  # fmt: skip
-    headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss", "ours / torch - 1"]
-    body = [[r["preset"], f"{r['start_loss']:.4f}", f"{r['ours_steps']:,}", f"{r['torch_steps']:,}",
-             f"{r['ours_loss']:.4f}", f"{r['torch_loss']:.4f}", f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}"]
-            for r in rows]  # fmt: skip
+    print(
+        f"\n3) validation loss after {args.equal_time:g} s of training each, in {args.rounds} turns each, ours and "
+        "torch's\n   alternating, from the same weights on the same batches (this project's pages, character "
+        "tokens;\n   AdamW at the preset's learning rate)"
+    )
+    headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss"]
+    headers += ["ours / torch - 1"]
+    body = [
+        [
+            r["preset"],
+            f"{r['start_loss']:.4f}",
+            f"{r['ours_steps']:,}",
+            f"{r['torch_steps']:,}",
+            f"{r['ours_loss']:.4f}",
+            f"{r['torch_loss']:.4f}",
+            f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}",
+        ]
+        for r in rows
+    ]
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
 
@@ -277,8 +328,13 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         headers += ["torch ms", "ours / torch"]
     body = []
     for r in rows:
-        cells = [r["preset"], f"{r['parameters']:,}", f"{r['batch']} x {r['context']}", f"{r['ours_ms']:,.1f}",
-                 f"{r['batch'] * r['context'] / r['ours_ms'] * 1e3:,.0f}"]  # fmt: skip
+        cells = [
+            r["preset"],
+            f"{r['parameters']:,}",
+            f"{r['batch']} x {r['context']}",
+            f"{r['ours_ms']:,.1f}",
+            f"{r['batch'] * r['context'] / r['ours_ms'] * 1e3:,.0f}",
+        ]
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
@@ -287,8 +343,15 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n2) generation of {args.tokens:,} tokens after a one-token prompt, greedy, batch 1")
-    body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
-             f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["preset"],
+            f"{r['tokens'] / r['no_cache_s']:,.1f}",
+            f"{r['tokens'] / r['cache_s']:,.1f}",
+            f"{r['no_cache_s'] / r['cache_s']:.1f}x",
+        ]
+        for r in rows
+    ]
     headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
@@ -342,7 +405,10 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     x, dy = rng.standard_normal((2, n, config.width), dtype=np.float32)  # (N, C) each
     u, du = rng.standard_normal((2, n, config.hidden), dtype=np.float32)  # (N, H) each
-    gain, bias = np.ones(config.width, np.float32), np.zeros(config.width, np.float32) if config.bias else None
+    gain, bias = (
+        np.ones(config.width, np.float32),
+        np.zeros(config.width, np.float32) if config.bias else None,
+    )
     norm_saved, gelu_saved = layers.layer_norm(x, gain, bias)[1], layers.gelu(u)[1]
     calls = {  # each layer: the call, its width, how many a step makes
         "layer_norm": (lambda: layers.layer_norm(x, gain, bias), config.width, 2 * L + 1),
@@ -367,8 +433,10 @@ def in_blocks(block: int, fn: Any) -> None:
 
 def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     chosen = layers.ROW_BLOCK
-    print(f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
-          f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (ROW_BLOCK)")  # fmt: skip
+    print(
+        f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
+        f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (ROW_BLOCK)"
+    )
     headers = ["layer", *(f"2^{b.bit_length() - 1}" + ("*" if b == chosen else "") for b in BLOCKS)]
     body: list[list[str]] = []
     for preset in rows:
