@@ -367,7 +367,8 @@ def trained_demo(args: argparse.Namespace) -> int:
         )
         return 2
     print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
-    untrained = GPT(c, rng=meta["seed"])  # the weights this run started from (train.py draws them from --seed)
+    # the weights this run started from (train.py draws them from --seed)
+    untrained = GPT(c, rng=meta["seed"])
     best = induction_demo(model, untrained, args)
     sentence_demo(model, untrained, tokenizer, args, best if args.head is None else tuple(args.head))
     return check.finish()

@@ -1,7 +1,7 @@
-"""Continuous batching over a paged KV cache, as serve.py simulates it: requests that arrive over time, the two
-admission rules under one memory budget (paging: blocks as tokens come; contiguous preallocation: each request's
-whole maximum at admission), and the server's loop (preempt, admit and prefill, decode one batch, retire); and a
-request run alone through a contiguous KVCache, the reference every batched request must equal.
+"""Continuous batching over a paged KV cache, as serve.py simulates it: requests that arrive over time, the
+two admission rules under one memory budget (paging: blocks as tokens come; contiguous preallocation: each
+request's whole maximum at admission), and the server's loop (preempt, admit and prefill, decode one batch,
+retire); and a request run alone through a contiguous KVCache, the reference every batched request must equal.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def sample(logits: np.ndarray, rng: np.random.Generator | None) -> int:
 
 
 def run_alone(model: TinyDecoder, prompt: np.ndarray, n_new: int, rng: np.random.Generator | None = None):
-    """One request on its own through a contiguous KVCache per layer: its tokens and the logits behind each."""
+    """One request on its own through a contiguous KVCache per layer:
+    its tokens and the logits behind each."""
     caches = model.caches(len(prompt) + n_new)
     logits = model.logits(prompt[None], caches)[0]  # (V,)
     tokens, all_logits = [], []
@@ -65,9 +66,9 @@ class Request:
 
 
 def draw_workload(args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[int, np.ndarray, int]]:
-    """(arrival step, prompt, output length) of each request: Poisson arrivals at --rate per step, prompt lengths
-    uniform in [--min-prompt, --max-prompt], outputs uniform in [1, --max-new]. A request rarely uses its whole
-    limit of --max-new tokens, and its limit is what preallocation must reserve."""
+    """(arrival step, prompt, output length) of each request: Poisson arrivals at --rate per step, prompt
+    lengths uniform in [--min-prompt, --max-prompt], outputs uniform in [1, --max-new]. A request rarely uses
+    its whole limit of --max-new tokens, and its limit is what preallocation must reserve."""
     gaps = rng.exponential(1 / args.rate, args.requests)
     arrivals = np.floor(np.cumsum(gaps) - gaps[0]).astype(int)
     prompts = rng.integers(args.min_prompt, args.max_prompt + 1, args.requests)
@@ -107,7 +108,8 @@ def serve(model: TinyDecoder, requests: list[Request], scheme: str, args: argpar
             stats["preempted"] += 1
         new = []
         while waiting and admits(scheme, waiting[0], running + new, caches[0], args):
-            new.append(request := waiting.pop(0))  # 2) admit and prefill: the prompt into pages, its first token
+            # 2) admit and prefill: the prompt into pages, its first token
+            new.append(request := waiting.pop(0))
             request.seq = caches[0].add_sequence()
             assert all(cache.add_sequence() == request.seq for cache in caches[1:])  # the layers agree
             request.record(model.logits(request.prompt[None], caches, [request.seq])[0])

@@ -64,7 +64,8 @@ def add_flash_arguments(p: argparse.ArgumentParser, *, per_step: bool = True) ->
         default=None,
         help="flash worker threads (default: CPU count)",
     )
-    more_cores = f", {2 * DEFAULT_BLOCK_Q} on over 8 cores" if per_step else ""  # the backward's stays on any cores
+    # the backward's stays on any cores
+    more_cores = f", {2 * DEFAULT_BLOCK_Q} on over 8 cores" if per_step else ""
     rule = f"{DEFAULT_BLOCK_Q}{more_cores}, less for a short causal T: flash.default_tiles, flash.diagonal_side"
     block = positive(int, limits.MAX_TOKENS)
     p.add_argument("--block-q", type=block, default=None, help=f"flash query block (default {rule})")
@@ -91,7 +92,8 @@ def add_budget_argument(p: argparse.ArgumentParser) -> None:
 
 
 def naive_budget(args: argparse.Namespace) -> float:
-    """Bytes the naive path may take (--mem-budget, default a quarter of the RAM): rows over it are skipped."""
+    """Bytes the naive path may take (--mem-budget, default a quarter of the RAM):
+    rows over it are skipped."""
     return args.mem_budget * 2**30 if args.mem_budget is not None else memory_total() / 4
 
 

@@ -1,7 +1,7 @@
 """A training run's state (Run) and its checkpoint on disk: a module that train.py, sample.py and attention.py
-share. A run's state is the model's weights, AdamW's moments and step count, and the two random generators (the
-batches', which is where the data stands, and dropout's); a checkpoint holds all of it, so that a run resumed
-from one draws the same batches and takes the same steps as a run that never stopped: the same bits.
+share. A run's state is the model's weights, AdamW's moments and step count, and the two random generators
+(the batches', which is where the data stands, and dropout's); a checkpoint holds all of it, so that a run
+resumed from one draws the same batches and takes the same steps as a run that never stopped: the same bits.
 
 A checkpoint is a folder with two files:
 
@@ -215,8 +215,8 @@ class Saved:
 
 
 def resumed(args: argparse.Namespace) -> Saved | None:
-    """--out's checkpoint with --resume; None for a new run, whose --out must hold none. A RunError where a flag
-    given does not fit it."""
+    """--out's checkpoint with --resume; None for a new run, whose --out must hold none. A RunError where a
+    flag given does not fit it."""
     if not args.out:
         return None
     if not args.resume:

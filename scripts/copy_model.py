@@ -71,7 +71,7 @@ class TinyModel:
         """Cross-entropy over the scored positions, and its gradient for every parameter."""
         B, T = tokens.shape
         rows = scored_positions(length)  # (P,)
-        # forward: 1) embed  2) attention layers with residuals  3) logits and 4) cross-entropy (cross_entropy)
+        # forward: 1) embed  2) attention layers with residuals  3) logits  4) cross-entropy (cross_entropy)
         h = self.embed[tokens]  # (B, T, C)
         saved = []
         for layer in self.layers:
@@ -151,7 +151,8 @@ class Adam:
             self.v[name] = self.beta2 * self.v[name] + (1 - self.beta2) * g * g
             m_hat = self.m[name] / (1 - self.beta1**self.t)
             v_hat = self.v[name] / (1 - self.beta2**self.t)
-            w -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(w.dtype)  # in place: the model's arrays
+            # in place: the model's arrays
+            w -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(w.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -210,7 +210,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 class NonFiniteLoss(ArithmeticError):
-    """The loss or a gradient became inf or NaN: training cannot recover, and what came after would mean nothing."""
+    """The loss or a gradient became inf or NaN: training cannot recover,
+    and what came after would mean nothing."""
 
     def __init__(self, step: int, loss: float, lr: float):
         what = f"the loss became {loss}" if not np.isfinite(loss) else f"the gradients overflowed (loss {loss:.3g})"
@@ -223,8 +224,8 @@ class NonFiniteLoss(ArithmeticError):
 def train(
     args: argparse.Namespace, progress: bool = True, rows: list[dict[str, Any]] | None = None
 ) -> tuple[TinyModel, list[dict[str, Any]], dict[str, Any]]:
-    """Train from args; return the model, the table's rows and the held-out sequence's weights. The rows
-    go into `rows` as they are measured, so that a caller keeps them when Ctrl-C or a NonFiniteLoss stops it."""
+    """Train from args; return the model, the table's rows and the held-out sequence's weights. The rows go
+    into `rows` as they are measured, so that a caller keeps them when Ctrl-C or a NonFiniteLoss stops it."""
     rng = np.random.default_rng(args.seed)
     model = TinyModel(args.vocab, args.d_model, args.heads, args.kv_heads or args.heads, args.layers, rng, np.float32)
     held_out = make_batch(np.random.default_rng(args.seed + 1), HELD_OUT, args.length, args.vocab)  # never trained on
@@ -245,7 +246,8 @@ def train(
         if step == args.steps:
             break
         batch = make_batch(rng, args.batch, args.length, args.vocab)
-        with warnings.catch_warnings():  # NumPy's overflow warnings: the check below says it once, with a cure
+        # NumPy's overflow warnings: the check below says it once, with a cure
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
             loss, grads = model.loss_and_grads(batch, args.length, args.fused)
             if not (np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())):

@@ -1,8 +1,8 @@
 """train.py's processes: under mpiexec with --data-parallel each process takes an equal slice of every batch's
-rows, and one Allreduce makes every process's gradients the mean over all of them; without the flag one process
-takes the whole batch and nothing is exchanged. Each process's loss and gradients are the means over its equal
-share of the batch, so their mean is the whole batch's: the same losses as one process, to float32 rounding.
-And the split's speed: a step on the processes against one process with the whole batch.
+rows, and one Allreduce makes every process's gradients the mean over all of them; without the flag one
+process takes the whole batch and nothing is exchanged. Each process's loss and gradients are the means over
+its equal share of the batch, so their mean is the whole batch's: the same losses as one process, to float32
+rounding. And the split's speed: a step on the processes against one process with the whole batch.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class Processes:
         return slice(self.rank * batch // self.size, (self.rank + 1) * batch // self.size)
 
     def mean(self, loss: float, grads: dict[str, np.ndarray]) -> float:
-        """Every gradient, in place, and the loss: the mean over the processes, with one Allreduce of one buffer
-        (alone: as they are)."""
+        """Every gradient, in place, and the loss: the mean over the processes, with one Allreduce of one
+        buffer (alone: as they are)."""
         if self.comm is None:
             return loss
         MPI = load_mpi()

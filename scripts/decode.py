@@ -189,7 +189,8 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         block = model.blocks[0]
         q, _, _ = block.split_heads(model.table[[token]][None], positions=[context - 1])  # (1, H, 1, d_head)
         keys, values = cache.keys, cache.values  # (1, Hkv, context, d_head)
-        tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))  # copies: the views are read-only
+        # copies: the views are read-only
+        tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
         check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
@@ -348,7 +349,8 @@ def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
 def run_flops(args: argparse.Namespace) -> float:
     """FLOPs of the whole run: --step's kernels, or every generated token's three forwards (cached,
     recomputed, windowed) and the band-mask reference at each checkpoint."""
-    if args.step:  # six kernels over S keys, with torch two more and the turns, with --layouts six more; the batch
+    # six kernels over S keys, with torch two more and the turns, with --layouts six more; the batch
+    if args.step:
         kernels = (
             6 + (2 + 2 * decode_step.TURNS) * args.torch + len(DECODE_LAYOUTS) * args.layouts + decode_step.BATCH // 2
         )  # ~B/2 times S

@@ -1,8 +1,8 @@
-"""decode.py --step: one decode step at a long context beside its floor, the time to read the cache's bytes once
-(NumPy sums, one thread and two): flash_decode, paged_decode over blocks of 16 and 256 (and of 16 in every
-other block), flash_attention() and attention(); with --torch, SDPA and torch's fastest CPU formulation (the
-query heads of each kv head stacked into one matrix); then BATCH sequences of S/32 .. S keys in one paged_decode
-step beside their own floor. Every kernel is checked against attention() before it is timed.
+"""decode.py --step: one decode step at a long context beside its floor, the time to read the cache's bytes
+once (NumPy sums, one thread and two): flash_decode, paged_decode over blocks of 16 and 256 (and of 16 in
+every other block), flash_attention() and attention(); with --torch, SDPA and torch's fastest CPU formulation
+(the query heads of each kv head stacked into one matrix); then BATCH sequences of S/32 .. S keys in one
+paged_decode step beside their own floor. Every kernel is checked against attention() before it is timed.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from tinyattn_np.splitkv import DECODE_LAYOUTS, decode_layout, in_layout
 
 BATCH = 16  # --step: sequences in the batch row, of S/32 .. S keys
 FLASH, TORCH_FASTEST = "flash_decode (split-KV)", "torch matmuls, the heads of a kv head stacked"
-TURNS = 3  # --step --torch: flash_decode and torch's fastest also timed in this many turns of --repeats runs each
+# --step --torch: flash_decode and torch's fastest also timed in this many turns of --repeats runs each
+TURNS = 3
 TARGETED = ("flash_decode", "paged_decode, blocks of", f"{BATCH} sequences: paged")  # --step rows with aims
 
 
 def run(args: argparse.Namespace, rng: np.random.Generator, rate: float, check: Checklist) -> tuple[list, bool, int]:
-    """The rows of every kernel, measured until Ctrl-C, and their table: (rows, stopped by Ctrl-C, kernels)."""
+    """The rows of every kernel, measured until Ctrl-C, and their table:
+    (rows, stopped by Ctrl-C, kernels)."""
     runs = step_kernels(args, rng)
     rows: list[dict[str, Any]] = []
     stopped = interrupts.measure_each(runs, lambda item: measure_kernel(item, args, rate, runs, check), rows)
@@ -117,7 +119,8 @@ def torch_runs(q: np.ndarray, k: np.ndarray, v: np.ndarray, gold: np.ndarray, ar
 def measure_kernel(
     item: tuple[str, str, Any, Any], args: argparse.Namespace, rate: float, runs: list, check: Checklist
 ) -> dict:
-    """One row: the kernel checked and timed; torch's fastest also in turns with flash_decode (a drift slows both)."""
+    """One row: the kernel checked and timed; torch's fastest also in turns with flash_decode
+    (a drift slows both)."""
     name, group, kernel, gold = item
     outputs.progress(f"  {name}")
     out = kernel()
@@ -126,7 +129,8 @@ def measure_kernel(
     if diff is not None:  # a kernel (a read of the bytes, the floor, gives no answer to check)
         check(diff <= tol, f"{name} equals attention() (max |diff| {diff:.1e})")
     beside = machine.beside_the_row(args.dtype, rate, n=machine.RATE_SIZE)
-    ms = machine.settled_median_ms(kernel, args.repeats)  # after an idle: BLAS's threads spin after the rate's matmul
+    # after an idle: BLAS's threads spin after the rate's matmul
+    ms = machine.settled_median_ms(kernel, args.repeats)
     row = {"kernel": name, "group": group, "ms": ms, "max_diff": diff, **beside}
     if name == TORCH_FASTEST:
         flash = next(run for row_name, _, run, _ in runs if row_name == FLASH)
@@ -135,7 +139,8 @@ def measure_kernel(
 
 
 def print_step(rows: list[dict], args: argparse.Namespace) -> None:
-    reads = [r for r in rows if r["max_diff"] is None]  # a group's floor: the fastest of its reads of its bytes
+    # a group's floor: the fastest of its reads of its bytes
+    reads = [r for r in rows if r["max_diff"] is None]
     floor = {r["group"]: min(x["ms"] for x in reads if x["group"] == r["group"]) for r in reads}
     ms = {r["kernel"]: r["ms"] for r in rows}
     ours, fastest = ms.get(FLASH, np.nan), ms.get(TORCH_FASTEST)

@@ -17,10 +17,10 @@ and of the others, peaks, and the ratios the targets speak of (judged at T = 16,
     8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
     every pattern (--torch)       flex / torch's compiled flex_attention
 --varlen times only packed documents: flash_attention_varlen (causal) on 8 and on 32 documents of T / 8 tokens
-each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x.
-Times: medians of --repeats calls after a warm-up, all a target compares timed round-robin with an n x n matmul
-among them (n³ near one causal call's work), so that a busy spell falls on all alike; the dense paths run once
-each afterwards, each row marked '*' (with a note) where the matmul rate just before moved over 20% or the load
+each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x. Times:
+medians of --repeats calls after a warm-up, all a target compares timed round-robin with an n x n matmul among
+them (n³ near one causal call's work), so that a busy spell falls on all alike; the dense paths run once each
+afterwards, each row marked '*' (with a note) where the matmul rate just before moved over 20% or the load
 exceeded the cores. An idle only where the previous call's library (BLAS, torch) leaves its threads spinning.
 Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, which tracemalloc cannot see.
 """
@@ -59,7 +59,8 @@ import limits
 import machine
 import outputs
 
-TARGET_TOKENS = 16384  # the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
+# the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
+TARGET_TOKENS = 16384
 TARGETS = {
     "causal": 1.1,
     "alibi": 1.5,
@@ -116,7 +117,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tokens % math.lcm(16, args.documents):
         p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
-    inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4  # q, k, v and their packed or batched copies
+    # q, k, v and their packed or batched copies
+    inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4
     if problem := limits.memory_problem(
         inputs,
         f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
@@ -264,7 +266,8 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     headers += ["torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]
     measured = [row for name, row in rows.items() if not name.startswith("_")]
     body = [table_cells(row, args.tokens == TARGET_TOKENS) for row in measured]
-    keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]  # the torch columns with --torch
+    # the torch columns with --torch
+    keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]
     headers, body = [headers[i] for i in keep], [[line[i] for i in keep] for line in body]
     print(
         machine.marked_table(
@@ -290,7 +293,8 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
 
 
 def table_cells(row: dict[str, Any], judged: bool) -> list[str]:
-    """One pattern's row: its tiles, the times and peaks of each path ('-' where not measured), torch's ratio."""
+    """One pattern's row: its tiles, the times and peaks of each path
+    ('-' where not measured), torch's ratio."""
     torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
     figures = [(row["mask s"], "s"), (row["flex s"], "s"), (row["flex peak"], "B"), (row.get("ref s"), "s")]
     figures += [(row.get("ref peak"), "B"), (row.get("sdpa s"), "s"), (row.get("sdpa peak"), "B")]
@@ -305,7 +309,8 @@ def table_cells(row: dict[str, Any], judged: bool) -> list[str]:
 
 
 def print_maps(args: argparse.Namespace) -> None:
-    """Each pattern's tile map, drawn with cells of T/16 (the kernels run tiles of 256: counts in the table)."""
+    """Each pattern's tile map, drawn with cells of T/16
+    (the kernels run tiles of 256: counts in the table)."""
     T = args.tokens
     print(f"tile maps, one cell = {T // 16} x {T // 16} scores ('#' full, '\\' partial, '.' empty):")
     maps = []
@@ -422,7 +427,8 @@ def dense_rows(
         for name, row in rows.items():
             if name.startswith("_"):
                 continue
-            time.sleep(machine.SETTLE_SECONDS if side is not None else 0)  # torch's threads spun in the row before
+            # torch's threads spun in the row before
+            time.sleep(machine.SETTLE_SECONDS if side is not None else 0)
             rate = probe_rate(square)  # the machine's speed just before this row's others
             row["rate"], row["busy"] = rate, machine.busy_reasons(rate, first_rate)
             if not args.no_reference:

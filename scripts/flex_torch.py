@@ -77,7 +77,8 @@ def torch_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any
 
 
 def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any], allowed: Any, bias_mod: Any) -> None:
-    """torch SDPA with allowed (1, 1, T, T) bool as its attn_mask, or the bias of bias_mod, -inf where hidden."""
+    """torch SDPA with allowed (1, 1, T, T) bool as its attn_mask,
+    or the bias of bias_mod, -inf where hidden."""
     torch, T, attn_mask = side["torch"], args.tokens, allowed
     if bias_mod is not None:  # a float mask (1, H, T, T): the score_mod applied to zero scores
         h = torch.arange(args.heads)[None, :, None, None]

@@ -55,8 +55,9 @@ PARTS = (MATMULS, EXPONENTIALS, REDUCTIONS, MASKING, COPIES)
 
 
 class Stopwatch:
-    """Wall time by part: `with clock("matmuls"): ...` adds the time the block took to clock.seconds["matmuls"]
-    and counts one lap. Each lap costs a little time outside the block it times: lap_cost() measures it."""
+    """Wall time by part: `with clock("matmuls"): ...` adds the time the block took to
+    clock.seconds["matmuls"] and counts one lap. Each lap costs a little time outside the block it times:
+    lap_cost() measures it."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -75,7 +76,8 @@ class Stopwatch:
 
     @staticmethod
     def lap_cost(laps: int = 2000) -> float:
-        """Seconds one lap adds to a run beyond what it records: a run of `laps` empty blocks, less their parts."""
+        """Seconds one lap adds to a run beyond what it records:
+        a run of `laps` empty blocks, less their parts."""
         clock, start = Stopwatch(), time.perf_counter()
         for _ in range(laps):
             with clock("nothing"):
@@ -84,13 +86,14 @@ class Stopwatch:
 
 
 def best_ms(fn: Any, repeats: int) -> float:
-    """The fastest of `repeats` calls of fn() in ms, after one untimed call: the least slowed by other work."""
+    """The fastest of `repeats` calls of fn() in ms, after one untimed call:
+    the least slowed by other work."""
     return 1e3 * min(time_calls(fn, repeats, warmup=1))
 
 
 def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: Any, clock: Any) -> tuple[Any, Any]:
-    """flash_forward on one thread, its items in its order, with the set-up timed (clock) and each item's tiles
-    run by block_copy: its out and lse (the kernel's bits)."""
+    """flash_forward on one thread, its items in its order, with the set-up timed (clock) and each item's
+    tiles run by block_copy: its out and lse (the kernel's bits)."""
     ct = np.result_type(q, k, v, np.float32)  # the kernel's compute dtype: float32, or float64 where an input is
     with clock(COPIES):
         arrays = grouped_heads(q, k, v, dims, ct)
@@ -264,10 +267,10 @@ def key_block_copy(
 
 
 def measure_parts(kernel: Any, copy: Any, repeats: int, dtype: str) -> dict[str, Any]:
-    """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of a
-    run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own cost;
-    the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
-    the one-thread matmul rate, the best of one 2048 x 2048 product beside each run."""
+    """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of
+    a run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own
+    cost; the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's
+    bits, and the one-thread matmul rate, the best of one 2048 x 2048 product beside each run."""
     lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
@@ -315,7 +318,8 @@ def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> di
 
 
 def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """The backward's parts on one thread (dout random), its tiles and matmul FLOPs, its time on every worker."""
+    """The backward's parts on one thread (dout random), its tiles and matmul FLOPs,
+    its time on every worker."""
     out, lse = flash_attention(*qkv, causal=not args.no_causal, return_lse=True)
     dout = np.random.default_rng(args.seed + 1).standard_normal(out.shape).astype(out.dtype)
     q, k, v, out, dout, lse, dims, plan = check_flash_backward(

@@ -28,7 +28,8 @@ from tinyattn_np.report import TABLE_WIDTH, fit_table
 
 SETTLE_SECONDS = 0.3  # idle before each timed figure (settled_median_ms says why)
 RATE_DRIFT = 0.20  # a row whose matmul rate moved more than this from the run's first is marked
-RATE_SIZE = 1024  # the n x n matmul of the rate measured beside each row of a quick benchmark (decode.py, serve.py)
+# the n x n matmul of the rate measured beside each row of a quick benchmark (decode.py, serve.py)
+RATE_SIZE = 1024
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -77,7 +78,8 @@ def code_version() -> str:
 
 
 def header(torch_version: str | None = None, threads: int | None = None) -> tuple[dict[str, Any], str]:
-    """(machine_info(), the header lines every benchmark prints: the machine, its BLAS (and torch), the code)."""
+    """(machine_info(), the header lines every benchmark prints:
+    the machine, its BLAS (and torch), the code)."""
     info = machine_info()
     blas = ", ".join(
         f"{b['internal_api']} {b['version']} {b['architecture']} kernels ({b['num_threads']} threads)"

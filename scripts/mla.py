@@ -1,5 +1,5 @@
-"""Multi-head latent attention in numbers: what one DeepSeek-V3 layer caches a token, and one decode step in the
-naive and the absorbed forms, beside this machine's two ceilings.
+"""Multi-head latent attention in numbers: what one DeepSeek-V3 layer caches a token, and one decode step in
+the naive and the absorbed forms, beside this machine's two ceilings.
 
 What it shows:
   1) the cache one token takes in one layer: DeepSeek-V3's heads (keys of 128 + 64 numbers, values of 128) as
@@ -92,7 +92,8 @@ def last_level_cache() -> int | None:
 
 
 def ceilings(args: argparse.Namespace) -> SimpleNamespace:
-    """The matmul rate and the read bandwidth now, their ratio, and the last-level cache (printed: section 2)."""
+    """The matmul rate and the read bandwidth now, their ratio, and the last-level cache
+    (printed: section 2)."""
     rate, bandwidth = machine.matmul_rate(args.dtype), read_bandwidth(2**30)
     llc = last_level_cache()
     itemsize = np.dtype(args.dtype).itemsize
@@ -141,7 +142,8 @@ def step_inputs(S: int, args: argparse.Namespace, rng: np.random.Generator, naiv
 
 
 def naive_step(inputs: SimpleNamespace) -> np.ndarray:
-    """The new token's k_nope and v from its latent into the multi-head cache, then attention over every head's."""
+    """The new token's k_nope and v from its latent into the multi-head cache,
+    then attention over every head's."""
     kv = (inputs.latent[0, 0, -1, :RANK] @ inputs.w_ukv).reshape(-1, D_NOPE + D_V)  # (H, dn + dv)
     inputs.k[0, :, -1, :D_NOPE], inputs.v[0, :, -1] = kv[:, :D_NOPE], kv[:, D_NOPE:]
     q = np.concatenate([inputs.q_nope, inputs.q_rope], axis=-1)  # (1, H, 1, dn + dr)
@@ -182,7 +184,8 @@ def torch_step(inputs: SimpleNamespace) -> Any:
 
 
 def step_costs(S: int, H: int, itemsize: int) -> dict[str, tuple[float, float]]:
-    """(FLOPs, bytes read) of each step at context S: the matmuls' FLOPs; the bytes of the cache and of W_UKV."""
+    """(FLOPs, bytes read) of each step at context S: the matmuls' FLOPs;
+    the bytes of the cache and of W_UKV."""
     w_ukv = RANK * H * (D_NOPE + D_V) * itemsize  # read once a step by either form
     two_products = 2 * H * S * LATENT + 2 * H * S * RANK
     absorbed = (2 * H * D_NOPE * RANK + two_products + 2 * H * RANK * D_V, w_ukv + S * LATENT * itemsize)
@@ -271,14 +274,16 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
 
 
 def naive_fits(S: int, args: argparse.Namespace) -> str | None:
-    """Why the naive form does not run at S (its cache and this step's arrays too large), None when it does."""
+    """Why the naive form does not run at S
+    (its cache and this step's arrays too large), None when it does."""
     itemsize = np.dtype(args.dtype).itemsize
     naive = args.heads * S * HEAD * itemsize + CHUNK * args.heads * (D_NOPE + D_V + HEAD) * itemsize
     return limits.memory_problem(naive + absorbed_bytes(S, args), f"the naive cache at S={S:,}", "absorbed form only")
 
 
 def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
-    """The absorbed steps' arrays: the latents, W_UKV, the products' scores and torch's (scores and weights)."""
+    """The absorbed steps' arrays: the latents, W_UKV, the products' scores and torch's
+    (scores and weights)."""
     itemsize = np.dtype(args.dtype).itemsize
     return (S * LATENT + RANK * args.heads * (D_NOPE + D_V) + (1 + 2 * args.torch) * args.heads * S) * itemsize
 

@@ -37,7 +37,8 @@ def setup(
         print(f"{script} {err}", file=sys.stderr)
         return 2
     rank = comm.Get_rank()
-    quiet = io.StringIO()  # only rank 0 speaks: the others parse the same flags quietly, and fail the same way
+    # only rank 0 speaks: the others parse the same flags quietly, and fail the same way
+    quiet = io.StringIO()
     with (
         contextlib.redirect_stdout(quiet if rank else sys.stdout),
         contextlib.redirect_stderr(quiet if rank else sys.stderr),
@@ -61,7 +62,8 @@ def draw_inputs(args: argparse.Namespace, heads: dict[str, int]) -> dict[str, np
 
 
 def scatter_shards(comm: Any, full: dict[str, np.ndarray] | None, layout: str) -> dict[str, np.ndarray]:
-    """This rank's shard of each of rank 0's inputs (full, None on the other ranks): name -> (1, H, T/P, E)."""
+    """This rank's shard of each of rank 0's inputs (full, None on the other ranks):
+    name -> (1, H, T/P, E)."""
     size = comm.Get_size()
     parts = (
         None if full is None else [{n: shard(x, r, size, layout=layout) for n, x in full.items()} for r in range(size)]

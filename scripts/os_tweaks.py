@@ -8,8 +8,8 @@ training step runs its large matmuls through BLAS on every core and its attentio
 threads on every core (BLAS held to one thread meanwhile: tinyattn_np/_parallel.py); a helper still spinning
 from the matmul before takes a core from a worker. OPENBLAS_THREAD_TIMEOUT=18 has the helpers sleep after 2^18
 cycles (about 0.1 ms): long enough to catch the next matmul of a run of them, short enough to give the workers
-their cores (4, the least, costs a wake-up at every call). OpenBLAS reads it once, when NumPy loads it. A value
-the user set is kept.
+their cores (4, the least, costs a wake-up at every call). OpenBLAS reads it once, when NumPy loads it. A
+value the user set is kept.
 
 glibc's freed memory. A step frees and makes the same large arrays every step, and an array made in memory
 that malloc handed back to the system faults its pages in again one by one, in the system's time. mallopt

@@ -65,7 +65,8 @@ import ring_balance
 
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
-BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
+# each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
+BOUNDS = {
     "tokens": (1, limits.MAX_TOKENS),
     "heads": (1, limits.MAX_HEADS),
     "kv_heads": (1, limits.MAX_HEADS),
@@ -415,7 +416,8 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
     with StopTogether() as ctrl_c:  # Ctrl-C is noted, not raised, inside a ring
         for section, layout in enumerate(layouts(args), start=2):
             runs[layout] = run_ring(comm, args, layout, full, ctrl_c)
-            runs[layout]["busy"] = machine.busy_reasons()  # the machine's load: every rank computes on one core
+            # the machine's load: every rank computes on one core
+            runs[layout]["busy"] = machine.busy_reasons()
             if rank == 0:
                 layout_section(section, layout, runs[layout], args, check)
                 report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}

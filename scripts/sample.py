@@ -139,15 +139,16 @@ def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace) -
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
-    """(sample, token) of the first token where a and b (samples, tokens) differ, None where they are equal."""
+    """(sample, token) of the first token where a and b (samples, tokens) differ,
+    None where they are equal."""
     differ = np.argwhere(a != b)
     return (int(differ[0][0]), int(differ[0][1])) if differ.size else None
 
 
 def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
-    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file, or by default a newline (the vocabulary's
-    first token where it has none: a text of one line). A DataError names the flag: a file that cannot be read as
-    UTF-8, characters the vocabulary lacks, a text of no token."""
+    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file, or by default a newline (the
+    vocabulary's first token where it has none: a text of one line). A DataError names the flag: a file that
+    cannot be read as UTF-8, characters the vocabulary lacks, a text of no token."""
     if args.prompt is None and args.prompt_file is None:
         return text_data.default_prompt(tokenizer)[0]
     flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"

@@ -186,7 +186,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
         if causal:
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
         if args.torch:
-            torch_share = r["flops"] / r["torch_ms"] / 1e6 / r["matmul_gflops"]  # the same FLOPs, torch's time
+            # the same FLOPs, torch's time
+            torch_share = r["flops"] / r["torch_ms"] / 1e6 / r["matmul_gflops"]
             line += [r["torch_ms"], f"{torch_share:.0%}", r["flash_ms"] / r["torch_ms"]]
         if args.torch_3d:
             line += [r["torch_3d_ms"]]

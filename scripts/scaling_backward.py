@@ -55,8 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float:
-    """FLOPs of the whole run, for the refusal of a run too long: per row the forward, the backward's 2.5x
-    the forward's FLOPs, and with --torch both backwards --rounds turns of --repeats runs after two warm-ups."""
+    """FLOPs of the whole run, for the refusal of a run too long: per row the forward, the backward's 2.5x the
+    forward's FLOPs, and with --torch both backwards --rounds turns of --repeats runs after two warm-ups."""
     masked = sum(attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal) for T in sizes)
     backward_runs = 2 * args.rounds * (args.repeats + 2) if args.torch else args.repeats + 3
     return (args.repeats + 3 + 2.5 * backward_runs) * masked
@@ -82,7 +82,8 @@ def torch_backward_runner(threads: int) -> tuple[Any, str]:
 
 
 def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
-    """Flash's forward and backward at T (time, GFLOP/s, traced peak beside the estimate), and torch's backward."""
+    """Flash's forward and backward at T (time, GFLOP/s, traced peak beside the estimate),
+    and torch's backward."""
     outputs.progress(f"T = {T}")
     rng = np.random.default_rng(args.seed + T)
     q, k, v = benchmark.make_qkv(rng, T, args)
@@ -117,7 +118,8 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
 
 
 def backward_tiles(T: int, causal: bool, args: argparse.Namespace) -> str:
-    """The backward's tiles at T: the given --block-q and --block-k, else the default (flash.backward_side)."""
+    """The backward's tiles at T: the given --block-q and --block-k, else the default
+    (flash.backward_side)."""
     side = backward_side(T, 0 if causal else None)
     return f"{args.block_q or side} x {args.block_k or side}"
 

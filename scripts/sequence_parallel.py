@@ -127,7 +127,8 @@ def check_size(args: argparse.Namespace, size: int) -> str | None:
     if args.tokens % (2 * size):
         return f"--tokens {args.tokens:,} cannot be cut into {2 * size} equal chunks (zigzag, {size} ranks)"
     per_token = (args.heads * 9 + args.kv_heads * 6) * args.head_dim  # q, dout, out, dq, ... and k, v, dk, dv
-    held = args.tokens * per_token * np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize  # rank 0: inputs, outputs, gathered
+    # rank 0: inputs, outputs, gathered
+    held = args.tokens * per_token * np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize
     problem = limits.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
     if problem:
         return problem
@@ -218,8 +219,8 @@ def run_scheme(
 def rank_figures(
     comm: Any, args: argparse.Namespace, name: str, stats: tuple[Any, Any], peak: int, seconds: list[tuple[float, ...]]
 ) -> dict[str, Any]:
-    """This rank's figures of a scheme (stats: its forward's and backward's): the tiles it computed and counted,
-    its peak, its times and waits, the bytes it sent beside the formula's."""
+    """This rank's figures of a scheme (stats: its forward's and backward's): the tiles it computed and
+    counted, its peak, its times and waits, the bytes it sent beside the formula's."""
     rank, size, layout = comm.Get_rank(), comm.Get_size(), SCHEMES[name][2]
     forward_stats, backward_stats = stats
     formula = sequence_parallel_bytes(
@@ -324,7 +325,8 @@ def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checkl
 
 
 def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One process on rank 0: median ms of flash_attention and of flash_attention_backward, and the results."""
+    """One process on rank 0:
+    median ms of flash_attention and of flash_attention_backward, and the results."""
     settings = dict(causal=True, block_q=args.block, block_k=args.block, workers=args.reference_workers)
     seconds = []
     for _ in range(args.repeats):
@@ -447,7 +449,8 @@ def print_sections(
     report: dict[str, Any],
     stopped: bool = False,
 ) -> None:
-    """Sections 2 to 4 on rank 0, the JSON (stopped: Ctrl-C cut the run short), and a word on what did not run."""
+    """Sections 2 to 4 on rank 0, the JSON (stopped: Ctrl-C cut the run short),
+    and a word on what did not run."""
     size = len(next(iter(runs.values()))["ranks"])
     backward_section(runs, args, check)
     versus_section(runs, args, check)

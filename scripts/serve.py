@@ -16,9 +16,9 @@ What it shows:
      blocks shared, against n separate copies (both measured in the pool) and memory.paged_kv_cache_bytes;
      one decode step over the samples by paged_decode and by cascade_decode (the prompt read once for all).
 
-Checks (exit code 1, naming the failed ones): every request's tokens, and its logits to rounding, equal running
-that request alone through a contiguous KVCache; the blocks in use equal memory.paged_kv_cache_bytes of the
-lengths at every step; each sample equals that sample run alone; cascade_decode equals paged_decode.
+Checks (exit code 1, naming the failed ones): every request's tokens, and its logits to rounding, equal
+running that request alone through a contiguous KVCache; the blocks in use equal memory.paged_kv_cache_bytes
+of the lengths at every step; each sample equals that sample run alone; cascade_decode equals paged_decode.
 
 Run:  python scripts/serve.py [--requests 24] [--blocks 96] [--block-size 16] [--samples 8] [--seed 0]
 The weights are random and untrained: the tokens mean nothing; the memory and the scheduling are the point.
@@ -79,7 +79,8 @@ MAX_SIZES = {
 
 
 def check_alone(model: TinyDecoder, requests: list[batching.Request], tol: float) -> float:
-    """Every request's tokens must equal running it alone through a contiguous KVCache; the largest |logit diff|."""
+    """Every request's tokens must equal running it alone through a contiguous KVCache;
+    the largest |logit diff|."""
     worst, same = 0.0, True
     for request in requests:
         tokens, logits = batching.run_alone(model, request.prompt, request.output_len)
@@ -94,7 +95,8 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
     """Part 1: the workload under each scheme, the checks, a row of what was measured for each, printed."""
     workload, rows = batching.draw_workload(args, rng), []
     for scheme in ("paged", "contiguous"):
-        requests = [batching.Request(*drawn) for drawn in workload]  # the same requests, fresh for each scheme
+        # the same requests, fresh for each scheme
+        requests = [batching.Request(*drawn) for drawn in workload]
         stats = batching.serve(model, requests, scheme, args)
         held, reserved, stored, match = (np.array(column) for column in zip(*stats["memory"], strict=True))
         check(
@@ -131,7 +133,8 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
 
 
 def sample_all(model: TinyDecoder, caches: list[PagedKVCache], seqs: list[int], first: np.ndarray, args, seeds):
-    """Each sequence samples --sample-tokens tokens with its own generator, all decoded in one batch per step."""
+    """Each sequence samples --sample-tokens tokens with its own generator,
+    all decoded in one batch per step."""
     rngs = [np.random.default_rng(seed) for seed in seeds]
     tokens = [[batching.sample(first, rng)] for rng in rngs]
     while len(tokens[0]) < args.sample_tokens:
@@ -266,8 +269,8 @@ def print_samples(result: dict, args: argparse.Namespace) -> None:
 
 
 def run_calls(args: argparse.Namespace) -> list[int]:
-    """[prefills, decode steps through a contiguous KVCache, batched decode steps through the paged caches, the
-    sequences those steps decode beyond one a step] of the whole run, from the flags and the workload they
+    """[prefills, decode steps through a contiguous KVCache, batched decode steps through the paged caches,
+    the sequences those steps decode beyond one a step] of the whole run, from the flags and the workload they
     draw. Both schemes serve every request (a prefill, then a token a step, batched) and --check runs each
     request alone again; part 2 prefills its prompt 1 + n times, decodes n samples twice (batched) and with
     --check runs each alone. Preemption's recomputing is left out, and a scheme's batched steps are counted as
@@ -275,7 +278,8 @@ def run_calls(args: argparse.Namespace) -> list[int]:
     outputs = [new for _, _, new in batching.draw_workload(args, np.random.default_rng(args.seed))]
     n, new, checks = args.samples, args.sample_tokens, int(args.check)
     steps = max(outputs) - 1  # batched decode steps of a scheme, at least
-    decoded = sum(outputs) - len(outputs)  # the tokens they decode: every output's but its first (the prefill's)
+    # the tokens they decode: every output's but its first (the prefill's)
+    decoded = sum(outputs) - len(outputs)
     return [
         (2 + 2 * checks) * len(outputs) + 1 + n + checks * n,
         checks * (2 * decoded + n * (new - 1)),
@@ -311,7 +315,8 @@ def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float
 
 
 def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> None:
-    """Refuse a run that cannot end within limits.MAX_MINUTES; say how long one of 10 s or more takes at least."""
+    """Refuse a run that cannot end within limits.MAX_MINUTES;
+    say how long one of 10 s or more takes at least."""
     calls = run_calls(args)
     seconds = sum(n * each for n, each in zip(calls, seconds_per_call(model, args), strict=True))
     lower = "lower --requests, --max-new, --samples, --layers, --d-model or --vocab, or add --no-check"
@@ -382,7 +387,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         )
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
     needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
-    needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model  # the model: table, w_qkv, w_out
+    # the model: table, w_qkv, w_out
+    needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model
     problem = limits.memory_problem(
         needed, "the model and pools of this run", "lower --blocks, --samples, --layers, --d-model or --vocab"
     )
@@ -393,7 +399,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = machine.matmul_rate(args.dtype, n=machine.RATE_SIZE, repeats=3)  # the busy-machine check's first figure
+    # the busy-machine check's first figure
+    rate = machine.matmul_rate(args.dtype, n=machine.RATE_SIZE, repeats=3)
     rng = np.random.default_rng(args.seed)
     model = TinyDecoder(args, rng)
     check_time(model, args, rate)

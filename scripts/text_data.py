@@ -140,8 +140,8 @@ def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, fo
 
 
 def default_prompt(tokenizer: Tokenizer) -> tuple[np.ndarray, str]:
-    """The prompt of sample.py and of train.py's sample when none is given, and what it is: a newline, or, where
-    the vocabulary has none (a text of one line), its first token."""
+    """The prompt of sample.py and of train.py's sample when none is given, and what it is: a newline, or,
+    where the vocabulary has none (a text of one line), its first token."""
     try:
         return tokenizer.encode("\n"), "a newline"
     except DataError:
@@ -206,8 +206,8 @@ def fingerprint(text: str) -> str:
 
 @dataclass
 class Data:
-    """A run's text as tokens: the tokenizer, where the text came from and its fingerprint, and its tokens split
-    into the first 1 - validation to train on and the rest to validate on (never trained on)."""
+    """A run's text as tokens: the tokenizer, where the text came from and its fingerprint, and its tokens
+    split into the first 1 - validation to train on and the rest to validate on (never trained on)."""
 
     tokenizer: Tokenizer
     source: str

@@ -6,17 +6,19 @@ where one forward and one backward spend their time.
     python scripts/tiles.py --profile             # T = 1024: the parts of one forward and one backward
     python scripts/tiles.py --tune --profile      # the same with this machine's tiles (tinyattn_np.tune)
 
-It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one worker and
-on all, and measures what decides many cores: w, the time of one tile step on one thread, and held, the part of it
-spent in Python and NumPy's per-call overhead with the interpreter lock held (the same grid and calls on 2 x 2 tiles
-with E = 1, where the arithmetic is nil). The last column models a 16-core machine from measurements made on one (see
-model_16_cores). The default tiles are marked, and a row measured while the machine was busy is marked with *.
+It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one
+worker and on all, and measures what decides many cores: w, the time of one tile step on one thread, and held,
+the part of it spent in Python and NumPy's per-call overhead with the interpreter lock held (the same grid and
+calls on 2 x 2 tiles with E = 1, where the arithmetic is nil). The last column models a 16-core machine from
+measurements made on one (see model_16_cores). The default tiles are marked, and a row measured while the
+machine was busy is marked with *.
 
 --profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the kernels
-choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and rescaling, the
-masking, the copies and set-up. The copy calls the kernels' own helpers and must give the kernels' bits (checked).
-"Python between them" is the rest of the copy's run (the loop, the slicing, the calls), less the timing's own cost.
-Each part is the least of --repeats runs, beside the kernel's own time and the best one-thread matmul rate.
+choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and
+rescaling, the masking, the copies and set-up. The copy calls the kernels' own helpers and must give the
+kernels' bits (checked). "Python between them" is the rest of the copy's run (the loop, the slicing, the
+calls), less the timing's own cost. Each part is the least of --repeats runs, beside the kernel's own time and
+the best one-thread matmul rate.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ import limits
 import machine
 import outputs
 
-# 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's calibration
+# 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's
+# calibration
 XEON_CORES = 16
 XEON_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
 XEON_PROCESSES_MS, XEON_PROCESSES_SIDE = 64.4, 512  # 16 processes on (head, 512-query block) items, no lock
@@ -78,14 +81,16 @@ def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float
 
 
 def sweep_items(T: int, side: int, heads: int, per_step: int, causal: bool) -> list[int]:
-    """The tile steps of each work item (kv heads of one step x one query block), as flash_attention makes them."""
+    """The tile steps of each work item (kv heads of one step x one query block),
+    as flash_attention makes them."""
     plan = tile_plan(T, T, side, side, causal=causal)
     per_block = [sum(1 for t in plan if t.q_start == q_start) for q_start in range(0, T, side)]
     return [n for n in per_block for _ in range(-(-heads // per_step))]
 
 
 def makespan(items: list[int], workers: int) -> int:
-    """Steps of the busiest worker when each free worker takes the next item, longest first (as flash does)."""
+    """Steps of the busiest worker when each free worker takes the next item,
+    longest first (as flash does)."""
     loads = [0] * workers
     for n in sorted(items, reverse=True):
         loads[loads.index(min(loads))] += n
@@ -203,7 +208,8 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
 
 
 def sweep_cells(r: dict[str, Any], cores: int, gflops: float, rate: float, default: tuple[int, ...]) -> list[Any]:
-    """One row of the sweep's table: the tiles (the default marked), the steps and items, the times, the rate."""
+    """One row of the sweep's table: the tiles (the default marked), the steps and items,
+    the times, the rate."""
     mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
     cells = [f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"], r[f"ms_{cores}"]]
     return cells + [gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"], r["predicted_16_ms"]]

@@ -40,9 +40,9 @@ class TinyDecoder:
         return [PagedKVCache(num_blocks, block_size, mha.n_kv_heads, mha.d_head, self.dtype) for _ in self.blocks]
 
     def logits(self, tokens: Any, caches: list[Any] | None = None, seq_ids: list[int] | None = None) -> np.ndarray:
-        """Logits (B, V) of the next token of each row of tokens (B, T). With caches (one per layer; with paged
-        caches, the B sequences seq_ids), the rows continue what the caches hold; without, each row is the whole
-        sequence, recomputed."""
+        """Logits (B, V) of the next token of each row of tokens (B, T). With caches (one per layer; with
+        paged caches, the B sequences seq_ids), the rows continue what the caches hold; without, each row is
+        the whole sequence, recomputed."""
         x = self.table[tokens]  # (B, T, C)
         for mha, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
             x = x + mha(x, cache=cache, seq_ids=seq_ids)  # (B, T, C)

@@ -1,7 +1,7 @@
-"""Our GPT in torch, eager, for train_speed.py: the same architecture (nn.Embedding, the norms, nn.Linear, RoPE on
-interleaved pairs, F.scaled_dot_product_attention, a GELU MLP, the head tied to the embedding, F.cross_entropy),
-the names of its parameters beside ours, its training step (backward, clip_grad_norm_ to 1.0, AdamW) and torch's
-AdamW set up as ours is (decay on the matrices only).
+"""Our GPT in torch, eager, for train_speed.py: the same architecture (nn.Embedding, the norms, nn.Linear,
+RoPE on interleaved pairs, F.scaled_dot_product_attention, a GELU MLP, the head tied to the embedding,
+F.cross_entropy), the names of its parameters beside ours, its training step (backward, clip_grad_norm_ to
+1.0, AdamW) and torch's AdamW set up as ours is (decay on the matrices only).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from tinyattn_np.gpt import GPTConfig
 
 
 def torch_model(torch: Any, c: GPTConfig) -> Any:
-    """A torch module of our GPT's architecture (config c), its weights torch's own until copy_weights sets ours
-    (nn.Linear's weight is our W transposed)."""
+    """A torch module of our GPT's architecture (config c), its weights torch's own until copy_weights sets
+    ours (nn.Linear's weight is our W transposed)."""
     nn, F = torch.nn, torch.nn.functional
     cos, sin = rope_tables(torch, c)
 
@@ -86,7 +86,8 @@ MATRICES = {
 
 
 def torch_name(name: str) -> tuple[str, bool]:
-    """Our parameter's name -> (the torch module's, whether ours is its transpose: x @ W is nn.Linear(W.T))."""
+    """Our parameter's name -> (the torch module's,
+    whether ours is its transpose: x @ W is nn.Linear(W.T))."""
     if name == "wte":
         return "wte.weight", False
     for ours, theirs in MATRICES.items():

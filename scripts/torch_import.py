@@ -1,5 +1,5 @@
-"""torch, where a script compares with it: tinyattn_np never needs it, and a script without it says the one line
-that installs its CPU build (TORCH_INSTALL_HINT, the only place that line is written)."""
+"""torch, where a script compares with it: tinyattn_np never needs it, and a script without it says the one
+line that installs its CPU build (TORCH_INSTALL_HINT, the only place that line is written)."""
 
 from __future__ import annotations
 

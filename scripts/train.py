@@ -101,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def start(args: argparse.Namespace, processes: int) -> Run:
-    """The run the flags ask for: new (from --init-from's weights, or random ones) or as --out's checkpoint left
-    it (--resume). A DataError, CheckpointError or RunError says what does not fit."""
+    """The run the flags ask for: new (from --init-from's weights, or random ones) or as --out's checkpoint
+    left it (--resume). A DataError, CheckpointError or RunError says what does not fit."""
     # the settings: each flag given, else as given to the run that wrote the checkpoint, else the preset's
     resumed = checkpoint.resumed(args)  # --out's checkpoint with --resume, else None
     base = resumed or checkpoint.initial(args)  # where the model and the tokenizer come from, if not new
@@ -149,13 +149,14 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 
 
 def train(run: Run, processes: Processes, log: train_log.Log) -> BaseException | None:
-    """Steps until --steps, with a validation and a checkpoint (in --out) every --eval-every steps and at the end.
-    What stopped it early is returned: KeyboardInterrupt (after a checkpoint of where it stopped) or
+    """Steps until --steps, with a validation and a checkpoint (in --out) every --eval-every steps and at the
+    end. What stopped it early is returned: KeyboardInterrupt (after a checkpoint of where it stopped) or
     NonFiniteLoss (the last checkpoint kept as it is). Under --data-parallel a failure on one process ends
     every process, and Ctrl-C stops them all after the same step."""
     s, T = run.settings, run.model.config.context
     mine = processes.rows(s.batch)  # this process's rows of every batch (all of them, alone)
-    val_batches = text_data.fixed_batches(run.data.val, s.eval_windows, s.batch, T)  # the same windows each time
+    # the same windows each time
+    val_batches = text_data.fixed_batches(run.data.val, s.eval_windows, s.batch, T)
     with StopTogether() as ctrl_c, processes.guard():
         try:
             while True:
@@ -188,7 +189,8 @@ def train_step(run: Run, x: np.ndarray, y: np.ndarray, processes: Processes) -> 
     loss_and_grads = partial(run.model.loss_and_grads, rng=run.dropout_rng if s.dropout else None)
     with warnings.catch_warnings():  # NumPy's overflow warnings: NonFiniteLoss says it once, with a cure
         warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
-        loss, grads = accumulated_grads(loss_and_grads, x, y, s.accumulate)  # the mean over K slices of the rows
+        # the mean over K slices of the rows
+        loss, grads = accumulated_grads(loss_and_grads, x, y, s.accumulate)
         loss = processes.mean(loss, grads)  # the mean over the processes: one Allreduce (alone: as it is)
         norm = clip_grad_norm(grads, s.clip)  # ‖g‖ before; scaled down to ‖g‖ = clip where above it
     if not (math.isfinite(loss) and math.isfinite(norm)):
@@ -210,7 +212,8 @@ def validated(run: Run) -> bool:
 
 
 def save(run: Run, processes: Processes) -> None:
-    """The run's state as a checkpoint in --out (rank 0 writes it; nothing without --out, or if saved already)."""
+    """The run's state as a checkpoint in --out
+    (rank 0 writes it; nothing without --out, or if saved already)."""
     if run.out and processes.rank == 0 and run.saved_step != run.step:
         checkpoint.save_run(run.out, run)
         run.saved_step = run.step

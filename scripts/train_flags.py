@@ -53,7 +53,8 @@ class Preset:
 
 
 PRESETS = {
-    # nanoGPT's config/train_shakespeare_char.py with its CPU settings (batch 12, context 64, lr 1e-3, β2 0.99)
+    # nanoGPT's config/train_shakespeare_char.py with its CPU settings (batch 12, context 64, lr 1e-3,
+    # β2 0.99)
     "tiny": Preset(GPT_PRESETS["tiny"], batch=12, lr=1e-3, warmup=100, beta2=0.99),
     "part3": Preset(GPT_PRESETS["part3"], batch=16, lr=6e-4, warmup=100, beta2=0.95),
 }
@@ -61,8 +62,8 @@ PRESETS = {
 
 @dataclass(frozen=True)
 class Settings:
-    """What a step does and when the run validates; the checkpoint keeps them (and `given`, the flags given, so
-    that --resume goes on with them)."""
+    """What a step does and when the run validates; the checkpoint keeps them (and `given`, the flags given,
+    so that --resume goes on with them)."""
 
     steps: int  # AdamW steps in all
     batch: int  # sequences per step, over every process
@@ -142,9 +143,10 @@ def flag_text(name: str, value: Any) -> str:
 
 
 def check_size(config: GPTConfig, settings: Settings, processes: int) -> None:
-    """Refuse, before allocating, a batch that does not split over the processes and their --accumulate slices,
-    or a step that needs more memory than this machine has (trainbill.training_memory: weights, gradients,
-    AdamW's moments, what the forward keeps for the backward, at the step's peak; a validation batch keeps less)."""
+    """Refuse, before allocating, a batch that does not split over the processes and their --accumulate
+    slices, or a step that needs more memory than this machine has (trainbill.training_memory: weights,
+    gradients, AdamW's moments, what the forward keeps for the backward, at the step's peak; a validation
+    batch keeps less)."""
     slices = processes * settings.accumulate
     if settings.batch % slices:
         raise RunError(

@@ -74,8 +74,8 @@ class Log:
         self.first, self.shown, self.bar = run.step, 0.0, False
 
     def row(self, run: Run, val_loss: float) -> Row:
-        """A row of the table: the training loss (the mean of the steps since the last row), the validation loss,
-        the last step's learning rate and the speed of those steps; printed where show."""
+        """A row of the table: the training loss (the mean of the steps since the last row), the validation
+        loss, the last step's learning rate and the speed of those steps; printed where show."""
         since = run.rows[-1].step if run.rows else 0
         losses = [loss for step, loss in run.history if step > since]
         s, T = run.settings, run.model.config.context
@@ -136,7 +136,8 @@ class Log:
             self.bar = False
 
     def say_how_long(self, run: Run) -> None:
-        """After two steps, where the run will take more than a minute: how long, from the second step's time."""
+        """After two steps, where the run will take more than a minute: how long,
+        from the second step's time."""
         steps = run.settings.steps - run.step
         left = steps * self.step_seconds[-1]
         if left > 60:
@@ -197,7 +198,8 @@ def finish(
 
 
 def sample(run: Run, tokens: int) -> tuple[str, str]:
-    """tokens new tokens after sample.py's default prompt, temperature 0.8, seed --seed: (the text, the prompt)."""
+    """tokens new tokens after sample.py's default prompt, temperature 0.8, seed --seed:
+    (the text, the prompt)."""
     prompt, what = text_data.default_prompt(run.data.tokenizer)
     text = run.data.tokenizer.decode(generate(run.model, prompt, tokens, temperature=0.8, rng=run.seed))
     return text, what

@@ -160,7 +160,8 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
     and on the same batches; each step's two losses go into rows as they are measured. Ctrl-C stops every
     rank after the same step (a KeyboardInterrupt on each)."""
     kv_heads, rank = args.kv_heads or args.heads, split.comm.Get_rank()
-    rngs = [np.random.default_rng(args.seed) for _ in range(1 if rank else 2)]  # the same draws: weights, batches
+    # the same draws: weights, batches
+    rngs = [np.random.default_rng(args.seed) for _ in range(1 if rank else 2)]
     models = [TinyModel(args.vocab, args.d_model, args.heads, kv_heads, args.layers, rng, np.float32) for rng in rngs]
     optimisers = [Adam(model.parameters(), args.lr) for model in models]
     start = time.perf_counter()
@@ -169,7 +170,8 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
             batches = [make_batch(rng, args.batch, args.length, args.vocab) for rng in rngs]
             loss, grads = split_loss_and_grads(models[0], batches[0], args.length, split)
             if not (np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())):
-                raise NonFiniteLoss(step, loss, args.lr)  # on every rank: the loss and gradients are their sums
+                # on every rank: the loss and gradients are their sums
+                raise NonFiniteLoss(step, loss, args.lr)
             optimisers[0].step(grads)
             if rank == 0:  # the one-process model, on the same batch
                 one_loss, one_grads = models[1].loss_and_grads(batches[1], args.length, args.fused)

@@ -21,9 +21,9 @@ and generation with the KV cache beside recomputation.
 Both run under train.py's malloc setting (os_tweaks.keep_freed_memory: on glibc, freed arrays' memory is kept
 for the next ones instead of faulting it in again every step), which holds for the whole process, torch's
 steps as well as ours; the malloc line says whether it took. They run under train.py's OpenBLAS setting too
-(os_tweaks.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our attention's
-workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is checked; the exit
-code is 1 (and the failed check is named) if one fails.
+(os_tweaks.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our
+attention's workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is
+checked; the exit code is 1 (and the failed check is named) if one fails.
 
 --equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
 on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, in
@@ -51,7 +51,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import os_tweaks
 
-if __name__ == "__main__":  # train.py's settings, made as it makes them, before NumPy loads (os_tweaks.py says why)
+# train.py's settings, made as it makes them, before NumPy loads (os_tweaks.py says why)
+if __name__ == "__main__":
     os_tweaks.speed_up()
 # ruff: noqa: E402  (the imports below come after that setting on purpose)
 import interrupts
@@ -461,8 +462,8 @@ def main_row_blocks(args: argparse.Namespace) -> int:
 
 
 def malloc_line(with_torch: bool) -> str:
-    """Whether train.py's malloc setting (os_tweaks.keep_freed_memory, made at the top as a program) is in force;
-    it holds for the whole process, torch's steps as well as ours."""
+    """Whether train.py's malloc setting (os_tweaks.keep_freed_memory, made at the top as a program) is in
+    force; it holds for the whole process, torch's steps as well as ours."""
     if not os_tweaks.freed_memory_kept:
         return "malloc: the C library's own settings"
     return "malloc: freed memory kept for reuse, as train.py sets it (glibc's mallopt)" + (
