@@ -3,7 +3,7 @@
 A module that two scripts share: `python scripts/train.py --task copy` trains it on one process, and
 `mpiexec -n 2 python scripts/train_parallel.py` with each sequence split over the processes.
 
-    python scripts/train.py --task copy                        # about half a minute on 2 cores
+    python scripts/train.py --task copy                        # its run timed: docs/results/backward.md
     python scripts/train.py --task copy --plot train.png       # and draw the attention before and after
     python scripts/train.py --task copy --no-fused             # the reference attention instead of flash
 

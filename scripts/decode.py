@@ -194,7 +194,7 @@ def make_torch_step(args: argparse.Namespace) -> Any:
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
         check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
-        # settled: no library's threads still spin from the other's last call (one held torch's for 8 ms)
+        # settled: no library's threads still spin from the other's last call
         settled = machine.settled_median_ms
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
         return {

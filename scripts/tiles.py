@@ -47,11 +47,13 @@ import limits
 import machine
 import outputs
 
-# 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's
-# calibration
-XEON_CORES = 16
-XEON_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
-XEON_PROCESSES_MS, XEON_PROCESSES_SIDE = 64.4, 512  # 16 processes on (head, 512-query block) items, no lock
+# the 16-core machine that calibrates the model (T = 8192, 4 heads x 64, causal; measured: docs/results/tiles.md)
+CALIBRATION_CORES = 16
+CALIBRATION_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
+CALIBRATION_PROCESSES_MS, CALIBRATION_PROCESSES_SIDE = (
+    64.4,
+    512,
+)  # 16 processes on (head, 512-query block) items, no lock
 
 SIDES = (128, 256, 512, 1024)  # square tiles
 HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
@@ -141,7 +143,7 @@ def measure_row(shape: tuple[int, int], args: argparse.Namespace, run: Any) -> d
 
         row[f"ms_{workers}"] = machine.settled_median_ms(call, args.repeats)
     row["w_us"] = row["ms_1"] * 1e3 / row["steps"]
-    row["span_16"] = makespan(items, XEON_CORES)
+    row["span_16"] = makespan(items, CALIBRATION_CORES)
     return row
 
 
@@ -151,19 +153,20 @@ def model_16_cores(rows: list[dict[str, Any]], args: argparse.Namespace) -> floa
     Per tile step: w, the time of one step on one thread, and held, the part of it with the interpreter lock
     held (held_us_per_step). Amdahl: with f = held / w, N threads run at most 1 / (f + (1 - f) / N) times
     faster. The 16-core measurements add what Amdahl leaves out: 16 threads handing the lock around take
-    XEON_HELD_S_PER_STEP per step (wake-ups, not the calls themselves), and cores that all compute at once
-    run slower than one alone (kappa, from the 16-process run against this machine's w for the same tiles,
+    CALIBRATION_HELD_S_PER_STEP per step (wake-ups, not the calls themselves), and cores that all compute at
+    once run slower than one alone (kappa, from the 16-process run against this machine's w for the same tiles,
     one head a step: a step's time depends on its tile, not on T). Predicted time on 16 cores:
         max(steps · held_16, kappa · w · makespan of the items on 16 workers)
     """
-    base = next((r for r in rows if r["side"] == XEON_PROCESSES_SIDE and r["per_step"] == 1), None)
-    xeon_span = makespan(sweep_items(8192, XEON_PROCESSES_SIDE, 4, 1, True), XEON_CORES)
-    kappa = XEON_PROCESSES_MS / (base["w_us"] * xeon_span / 1e3) if base and args.head_dim == 64 else None
+    base = next((r for r in rows if r["side"] == CALIBRATION_PROCESSES_SIDE and r["per_step"] == 1), None)
+    calibration_span = makespan(sweep_items(8192, CALIBRATION_PROCESSES_SIDE, 4, 1, True), CALIBRATION_CORES)
+    usable = base is not None and args.head_dim == 64  # the 16-process run's tiles had E = 64
+    kappa = CALIBRATION_PROCESSES_MS / (base["w_us"] * calibration_span / 1e3) if usable else None
     for r in rows:
         f = r["held_us"] / r["w_us"]
-        r["amdahl_16"] = 1 / (f + (1 - f) / XEON_CORES)
+        r["amdahl_16"] = 1 / (f + (1 - f) / CALIBRATION_CORES)
         held_ms, compute_ms = (
-            r["steps"] * XEON_HELD_S_PER_STEP * 1e3,
+            r["steps"] * CALIBRATION_HELD_S_PER_STEP * 1e3,
             (kappa or 0) * r["w_us"] * r["span_16"] / 1e3,
         )
         r["predicted_16_ms"] = max(held_ms, compute_ms) if kappa else None
@@ -176,10 +179,10 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     run.extra = {"kappa": kappa}  # for --json
     T, causal, cores, rate = args.tokens, not args.no_causal, os.cpu_count() or 1, run.rate
     flops = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal)
-    default, xeon = (
+    default, sixteen = (
         (side, side, min(per_step, args.heads))  # no more heads per step than there are heads
         for side, _, per_step in (
-            default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, XEON_CORES)
+            default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, CALIBRATION_CORES)
         )
     )
     body = [sweep_cells(r, cores, flops / r[f"ms_{cores}"] / 1e6, rate, default) for r in rows]
@@ -195,14 +198,15 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     print(
         f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
         f"({best[f'ms_{cores}']:.1f} ms on {cores} workers);\nthe default at this shape on this machine: "
-        f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {xeon[0]} x {xeon[1]}, "
-        f"{per_step(xeon[2])} (flash.default_tiles)"
+        f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {sixteen[0]} x {sixteen[1]}, "
+        f"{per_step(sixteen[2])} (flash.default_tiles)"
     )
     if kappa:
+        held, side = CALIBRATION_HELD_S_PER_STEP * 1e6, CALIBRATION_PROCESSES_SIDE
         print(
-            f"model: held_16 = {XEON_HELD_S_PER_STEP * 1e6:.0f} µs per step (16 threads, 256 x 256, one head a step: "
-            f"457.4 ms / 2,112 steps);\nkappa = {kappa:.2f} ({XEON_PROCESSES_MS} ms for 16 processes on "
-            f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w);\nAmdahl x16 leaves the "
+            f"model: held_16 = {held:.0f} µs per step (16 threads, 256 x 256, one head a step: "
+            f"457.4 ms / 2,112 steps);\nkappa = {kappa:.2f} ({CALIBRATION_PROCESSES_MS} ms for 16 processes on "
+            f"{side} x {side} tiles against this machine's w);\nAmdahl x16 leaves the "
             "lock hand-offs out and is a ceiling only"
         )
 
