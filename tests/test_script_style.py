@@ -1,6 +1,6 @@
-"""The scripts read like the library: no function over 60 lines of code, no file over 500 lines, shared helpers
-in modules named for their concern (machine.py, outputs.py, benchmark.py, ...) instead of copies, and the same
-flags on every benchmark.
+"""The scripts read like the library: a program per topic and shared code in modules named for their concern
+(machine.py, outputs.py, benchmark.py, ...) instead of copies, the training loop in one file read top to
+bottom, no function over 60 lines of code, no file over 500 lines, and the same flags on every benchmark.
 
 Lines of code: the lines of a function that hold code, not its docstring, comments or blank lines; a nested
 function counts inside its parent (the parent is as long to read either way).
@@ -71,6 +71,43 @@ def test_no_function_over_60_lines_and_no_file_over_500(path: Path) -> None:
     assert len(source.splitlines()) <= MAX_FILE_LINES, f"{path.name}: {len(source.splitlines())} lines"
     long = {name: n for name, n in function_lengths(source).items() if n > MAX_FUNCTION_LINES}
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines of code: {long}"
+
+
+GENERIC_NAMES = {"common", "utils", "util", "helpers", "misc", "shared", "lib", "tools", "base"}
+
+
+def script_imports(path: Path) -> set[str]:
+    """The scripts/ modules a file imports (import x, from x import y), at the top or inside a function."""
+    stems = {p.stem for p in SCRIPTS}
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names & stems
+
+
+def test_each_script_is_a_program_or_a_module_of_one_concern() -> None:
+    """The purpose rule: a file of scripts/ is a program of one topic (a main() run by `if __name__ ==
+    "__main__":`) or a module that runs nothing, named for its concern (no common.py or utils.py), whose
+    docstring says what it holds, and which some program uses (directly or through another module)."""
+    programs = {p.stem for p in SCRIPTS if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")}
+    modules = {p.stem for p in SCRIPTS} - programs
+    wrong = [f"{name}.py: a name for no concern" for name in sorted(modules | programs) if name in GENERIC_NAMES]
+    for path in SCRIPTS:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not ast.get_docstring(tree):
+            wrong.append(f"{path.name}: no docstring says what it holds")
+        if path.stem in programs and not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            wrong.append(f"{path.name}: a program without main()")
+    used, todo = set(), [name for name in programs]
+    while todo:
+        for name in script_imports(ROOT / "scripts" / f"{todo.pop()}.py") - used:
+            used.add(name)
+            todo.append(name)
+    wrong += [f"{name}.py: no program uses it" for name in sorted(modules - used)]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_training_loop_reads_in_one_sitting() -> None:
