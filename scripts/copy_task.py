@@ -292,7 +292,7 @@ def print_attention(args: argparse.Namespace, shown: dict[str, Any], accuracy: f
     head = int(np.argmax([induction_weight(w, args.length) for w in after]))  # the head that learned it best
     tokens = shown["tokens"]
     print(
-        f"\nattention of layer {layer}, head {head} on one held-out sequence, before and after training "
+        f"\nattention of layer {layer}, head {head} on one held-out sequence, before and after training\n"
         f"(row = query, '{SHADES}' = weight 0 .. 1; the token to copy sits {args.length - 1} back):"
     )
     for name, weights in (("before", before[head]), ("after", after[head])):
@@ -344,7 +344,7 @@ def run(args: argparse.Namespace) -> int:
     busy = machine.busy_reasons()
     print(
         f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
-        f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else "")
+        f"sequences" + (f"\n(* timed on a busy machine: {'; '.join(busy)})" if busy else "")
     )
     print_rows(rows, args.format)
     if stop is None:

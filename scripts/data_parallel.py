@@ -103,7 +103,7 @@ def scaling(run: Run, processes: Processes, step_seconds: list[float], train_ste
     size, step = processes.size, float(np.median(step_seconds))
     allreduce = float(np.median(processes.allreduce_seconds))
     return (
-        f"a step: {step * 1e3:,.1f} ms on {size} processes ({allreduce * 1e3:,.1f} ms of it in the Allreduce), "
-        f"{alone * 1e3:,.1f} ms on one process with the whole batch: speed-up {alone / step:.2f}x, scaling "
+        f"a step: {step * 1e3:,.1f} ms on {size} processes ({allreduce * 1e3:,.1f} ms of it in the Allreduce),\n"
+        f"  {alone * 1e3:,.1f} ms on one process with the whole batch: speed-up {alone / step:.2f}x, scaling "
         f"efficiency {alone / (size * step):.0%} (medians)"
     )
