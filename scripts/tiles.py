@@ -33,9 +33,7 @@ import numpy as np
 
 from tinyattn_np import flash_attention, splitkv, tune
 from tinyattn_np.blockmask import tile_plan
-from tinyattn_np.flash import (
-    default_tiles,
-)
+from tinyattn_np.flash import default_tiles
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.report import add_wide_argument, positive, table_width
 
