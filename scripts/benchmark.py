@@ -80,6 +80,11 @@ def add_flash_arguments(p: argparse.ArgumentParser, *, per_step: bool = True) ->
         )
 
 
+def flash_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """flash_attention's knobs as the flags give them (add_flash_arguments; None: flash's own default)."""
+    return {name: getattr(args, name, None) for name in ("block_q", "block_k", "workers", "kv_heads_per_step")}
+
+
 def add_budget_argument(p: argparse.ArgumentParser) -> None:
     ram = memory_total() / 2**30
     p.add_argument(
@@ -105,7 +110,7 @@ def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace, T: int, fl
         p.error(f"--min-tokens ({args.min_tokens}) must not exceed --max-tokens ({T})")
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=not args.no_causal)
     inputs = 3 * args.heads * T * args.head_dim * np.dtype(args.dtype).itemsize  # q, k, v: (H, T, E) each
-    blocks = {name: getattr(args, name, None) for name in ("block_q", "block_k", "workers", "kv_heads_per_step")}
+    blocks = flash_knobs(args)
     what = f"T={T:,} with {args.heads} heads x {args.head_dim} ({args.dtype})"
     needed = inputs + flash_attention_bytes(T, **dims, **blocks)
     lower = f"lower {flag}, --heads or --head-dim"

@@ -117,12 +117,7 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     q, k, v = benchmark.make_qkv(np.random.default_rng(args.seed + T), T, args)
     causal = run.causal
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
-    blocks = dict(
-        block_q=args.block_q,
-        block_k=args.block_k,
-        workers=args.workers,
-        kv_heads_per_step=args.kv_heads_per_step,
-    )
+    blocks = benchmark.flash_knobs(args)  # block_q, block_k, workers, kv_heads_per_step
     row: dict[str, Any] = {
         "tokens": T,
         "tiles": "{} x {}".format(*flash_tiles(args, T)),

@@ -93,12 +93,7 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
     q, k, v = benchmark.make_qkv(np.random.default_rng(args.seed + T), T, args)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
     causal = run.causal
-    blocks = dict(
-        block_q=args.block_q,
-        block_k=args.block_k,
-        workers=args.workers,
-        kv_heads_per_step=args.kv_heads_per_step,
-    )
+    blocks = benchmark.flash_knobs(args)  # block_q, block_k, workers, kv_heads_per_step
     row: dict[str, Any] = {
         "tokens": T,
         "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
