@@ -12,11 +12,11 @@ an unhandled one (abort_on_failure). A communicator of one rank has nobody waiti
 
 Details. The waits poll (MPI.Request.Testall), so that Ctrl-C lands in them too: MPI_Waitall would block
 inside C, where Python cannot deliver it. A program that would rather finish its step on every rank and
-keep what it has (a training loop) runs inside tinyattn_np.mpi_job.StopTogether, which notes Ctrl-C instead
-of raising it, and asks at the end of each step. One mistake cannot be seen: a rank that passes another communicator
-(MPI.COMM_SELF where the others pass MPI.COMM_WORLD) runs a scheme of its own, and the others wait in the
-input check for a rank that never comes; that job ends only by Ctrl-C (which ends it promptly) or its time
-limit.
+keep what it has (a training loop) runs inside tinyattn_np.mpi_job.StopTogether, which notes Ctrl-C
+instead of raising it, and asks at the end of each step. One mistake cannot be seen: a rank that passes
+another communicator (MPI.COMM_SELF where the others pass MPI.COMM_WORLD) runs a scheme of its own, and the
+others wait in the input check for a rank that never comes; that job ends only by Ctrl-C (which ends it
+promptly) or its time limit.
 
 mpi4py is imported only when a scheme runs (load_mpi): importing this module needs NumPy alone. A program
 reaches load_mpi and abort_on_failure through tinyattn_np.mpi_job.
