@@ -128,7 +128,7 @@ class Row:
 
 @dataclass
 class Run:
-    """What train.py's loop moves on, and everything a checkpoint of it keeps."""
+    """What train.py's loop moves on: everything a checkpoint of it keeps, and where its checkpoints go."""
 
     preset: str  # the name of the model's preset (train_flags.PRESETS)
     settings: Settings
