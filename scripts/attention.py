@@ -47,13 +47,15 @@ from tinyattn_np import (
 )
 from tinyattn_np.gpt import GPT  # noqa: E402
 from tinyattn_np.layers import layer_norm, rms_norm  # noqa: E402
-from tinyattn_np.report import Checklist, matrix_table, positive, table  # noqa: E402
+from tinyattn_np.report import Checklist, add_seed_and_format, matrix_table, max_diff, positive, table  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import checkpoint  # noqa: E402
-import common  # noqa: E402
-import copy_task  # noqa: E402  (its heat map of the weights)
+import interrupts
+import outputs
 import text_data  # noqa: E402
+import torch_import
+import weight_maps
 
 SENTENCE = "Holmes examined the telegram."
 D_MODEL, N_HEADS, D_HEAD = 256, 4, 64
@@ -75,21 +77,23 @@ def one_head_demo(rng: np.random.Generator, seed: int, fmt: str) -> None:
 
     q, k, v = x @ wq, x @ wk, x @ wv  # (5, 64) each
     ref = attention(q, k, v, causal=True)  # (5, 64)
-    diff = common.max_diff(out, ref)
+    diff = max_diff(out, ref)
     print(f"   max |one_head - attention(causal=True)| = {diff:.1e}")
     check(diff < TOL, f"one_head equals attention() within {TOL:g}")
 
-    torch = common.optional_torch()  # tinyattn_np never needs it; here it is one more witness
+    torch = torch_import.optional_torch()  # tinyattn_np never needs it; here it is one more witness
     if torch is None:
-        print(f"   torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n"
-              f"   {common.TORCH_INSTALL_HINT}")  # fmt: skip
+        print(
+            f"   torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n"
+            f"   {torch_import.TORCH_INSTALL_HINT}"
+        )
     else:
         import torch.nn.functional as F
 
         gold = F.scaled_dot_product_attention(*(torch.from_numpy(t)[None] for t in (q, k, v)), is_causal=True)[
             0
         ].numpy()  # (5, 64)
-        diff = common.max_diff(out, gold)
+        diff = max_diff(out, gold)
         print(
             f"   max |one_head - torch F.scaled_dot_product_attention(is_causal=True)| = {diff:.1e}"
             f"  (torch {torch.__version__})"
@@ -113,7 +117,7 @@ def multihead_demo(rng: np.random.Generator, seed: int) -> None:
     x = embed(tokenize(SENTENCE), D_MODEL, seed=seed)[None]  # (1, 5, 256): a batch of one
     fused = mha(x, fused=True)  # flash_attention inside
     unfused = mha(x, fused=False)  # the reference attention(), score matrix and all
-    diff = common.max_diff(fused, unfused)
+    diff = max_diff(fused, unfused)
     n_params = mha.num_parameters
     print(
         f"   w_qkv {mha.w_qkv.shape} + w_out {mha.w_out.shape} = {n_params:,} params"
@@ -147,20 +151,20 @@ def alignment_demo(rng: np.random.Generator) -> None:
     ours = attention(q, k, v, causal=True)  # (2, 64)
     sdpa = scaled_dot_product_attention(q, k, v, is_causal=True)  # (2, 64)
     check(
-        common.max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
+        max_diff(ours, attention(q, k, v, mask=bottom_right)) == 0.0,
         "attention(causal=True) uses the bottom-right mask",
     )
     check(
-        common.max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
+        max_diff(sdpa, attention(q, k, v, mask=top_left)) == 0.0,
         "scaled_dot_product_attention(is_causal=True) uses the top-left mask",
     )
-    check(common.max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
-    torch = common.optional_torch()
+    check(max_diff(ours, sdpa) > 0.1, "the two alignments give different outputs when L != S")
+    torch = torch_import.optional_torch()
     if torch is not None:
         import torch.nn.functional as F
 
         gold = F.scaled_dot_product_attention(*(torch.from_numpy(t) for t in (q, k, v)), is_causal=True)
-        diff = common.max_diff(sdpa, gold.numpy())
+        diff = max_diff(sdpa, gold.numpy())
         print(f"   torch's is_causal=True at L={n_q}, S={n_k} matches the top-left grid: max diff {diff:.1e}")
         check(diff < TOL, "torch SDPA(is_causal=True) is top-left aligned, like scaled_dot_product_attention")
 
@@ -194,7 +198,7 @@ def tile_demo(rng: np.random.Generator, fmt: str) -> None:
 
     q, k, v = rng.standard_normal((3, T, D_HEAD)).astype(np.float32)  # (1024, 64) each: one head
     flash = flash_attention(q, k, v, causal=True, block_q=block, block_k=block)  # (1024, 64)
-    diff = common.max_diff(flash, attention(q, k, v, causal=True))
+    diff = max_diff(flash, attention(q, k, v, causal=True))
     print(f"   one head, E={D_HEAD}, float32: max |flash_attention - attention| = {diff:.1e}")
     check(diff < TOL, f"flash_attention equals attention at T={T} within {TOL:g}")
 
@@ -251,7 +255,7 @@ def head_weights(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
         out, w = attention(q, k, v, causal=True, return_weights=True)  # (B, H, T, d), (B, H, T, T)
         # the weights are the layer's own: with them the layer's output is what MultiHeadAttention gives
         merged = out.swapaxes(1, 2).reshape(h.shape) @ mha.w_out  # (B, T, C)
-        check(common.max_diff(merged, mha(h, causal=True)) < 1e-4, f"layer {layer}'s weights give its output")
+        check(max_diff(merged, mha(h, causal=True)) < 1e-4, f"layer {layer}'s weights give its output")
         weights.append(np.asarray(w))
     return weights
 
@@ -274,8 +278,10 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
     layer, h = head
     idx = tokenizer.encode(args.sentence)[None]  # (1, T)
     labels = token_labels(tokenizer, idx[0])
-    print(f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
-          "at its random initial weights (row = the token doing the looking)")  # fmt: skip
+    print(
+        f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
+        "at its random initial weights (row = the token doing the looking)"
+    )
     for name, m in (("trained", model), ("random", untrained)):
         weights = head_weights(m, idx)[layer][0, h]  # (T, T)
         check(bool(np.allclose(weights.sum(-1), 1, atol=1e-5)), f"{name}: every row of the weights sums to 1")
@@ -283,17 +289,21 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
             print(f"{name}:\n" + matrix_table(weights, [repr(t) for t in labels], fmt=args.format, digits=3))
         else:
             symbols = "".join(t if len(t) == 1 and t.isprintable() else "?" for t in labels)
-            print(f"{name} ('{copy_task.SHADES}' = weight 0 .. 1):\n" + copy_task.heat_map(
-                weights, np.arange(len(labels)), symbols))  # fmt: skip
+            print(
+                f"{name} ('{weight_maps.SHADES}' = weight 0 .. 1):\n"
+                + weight_maps.heat_map(weights, np.arange(len(labels)), symbols)
+            )
 
 
 def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tuple[int, int]:
     """Section 7; returns the (layer, head) that copies best."""
     n = args.repeat or model.config.context // 2
     uniform = float(np.mean(1 / np.arange(n + 1, 2 * n + 1)))  # query n + i spread over its n + i + 1 keys
-    print(f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
-          f"the mean weight from the second copy's tokens to the token after their first occurrence "
-          f"(uniform attention: about {uniform:.3f})")  # fmt: skip
+    print(
+        f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
+        f"the mean weight from the second copy's tokens to the token after their first occurrence "
+        f"(uniform attention: about {uniform:.3f})"
+    )
     trained = induction_scores(model, n, args.sequences, args.seed)
     random = induction_scores(untrained, n, args.sequences, args.seed)
     rows = [[layer, h, trained[layer, h], random[layer, h]] for layer, h in np.ndindex(trained.shape)]
@@ -337,20 +347,28 @@ def trained_demo(args: argparse.Namespace) -> int:
         model, tokenizer, meta, _ = checkpoint.load_model(args.checkpoint)
         tokenizer.encode(args.sentence)
     except (checkpoint.CheckpointError, text_data.DataError) as err:
-        print(f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: {'--sentence: ' if isinstance(err, text_data.DataError) else ''}{err}",
+            file=sys.stderr,
+        )
         return 2
     c = model.config
     if args.head is not None and not (0 <= args.head[0] < c.layers and 0 <= args.head[1] < c.heads):
-        print(f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
-              f"{c.heads} heads (numbered from 0)", file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "
+            f"{c.heads} heads (numbered from 0)",
+            file=sys.stderr,
+        )
         return 2
     if args.repeat is not None and 2 * args.repeat > c.context:
-        print(f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"attention.py: error: --repeat {args.repeat} twice is more than the model's context ({c.context})",
+            file=sys.stderr,
+        )
         return 2
     print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
-    untrained = GPT(c, rng=meta["seed"])  # the weights this run started from (train.py draws them from --seed)
+    # the weights this run started from (train.py draws them from --seed)
+    untrained = GPT(c, rng=meta["seed"])
     best = induction_demo(model, untrained, args)
     sentence_demo(model, untrained, tokenizer, args, best if args.head is None else tuple(args.head))
     return check.finish()
@@ -364,22 +382,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--checkpoint", metavar="DIR", help="show the trained heads of train.py --out DIR instead")
     parser.add_argument("--sentence", default=SENTENCE, help=f"with --checkpoint: the text (default {SENTENCE!r})")
-    parser.add_argument("--repeat", type=positive(int), help="with --checkpoint: the random tokens before the "
-                        "repeat (default: half the context)")  # fmt: skip
-    parser.add_argument("--head", type=int, nargs=2, metavar=("LAYER", "HEAD"),
-                        help="with --checkpoint: the head that 8) shows (default: the best copier)")  # fmt: skip
+    parser.add_argument(
+        "--repeat",
+        type=positive(int),
+        help="with --checkpoint: the random tokens before the repeat (default: half the context)",
+    )
+    parser.add_argument(
+        "--head",
+        type=int,
+        nargs=2,
+        metavar=("LAYER", "HEAD"),
+        help="with --checkpoint: the head that 8) shows (default: the best copier)",
+    )
     parser.add_argument(
         "--sequences",
         type=positive(int),
         default=32,
         help="with --checkpoint: random sequences for the induction score (default 32)",
     )
-    common.add_plot_arguments(parser, "the induction scores (with --checkpoint)")
-    common.add_seed_and_format(parser, "the random weights and inputs")
+    outputs.add_plot_arguments(parser, "the induction scores (with --checkpoint)")
+    add_seed_and_format(parser, "the random weights and inputs")
     args = parser.parse_args(argv)
     if args.sequences > 4096:
         parser.error(f"--sequences must be at most 4,096; got {args.sequences:,}")
-    common.check_plot(parser, args.plot, args.overwrite)
+    outputs.check_plot(parser, args.plot, args.overwrite)
     if args.checkpoint:
         return trained_demo(args)
     rng = np.random.default_rng(args.seed)
@@ -394,4 +420,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -1,4 +1,7 @@
-"""A training checkpoint on disk: a module that train.py, sample.py and attention.py share.
+"""A training run's state (Run) and its checkpoint on disk: a module that train.py, sample.py and attention.py
+share. A run's state is the model's weights, AdamW's moments and step count, and the two random generators
+(the batches', which is where the data stands, and dropout's); a checkpoint holds all of it, so that a run
+resumed from one draws the same batches and takes the same steps as a run that never stopped: the same bits.
 
 A checkpoint is a folder with two files:
 
@@ -15,17 +18,21 @@ it records their SHA-256, so that a file changed by hand is found when it is loa
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
 import tempfile
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from text_data import Tokenizer, tokenizer_from
+from text_data import Data, Tokenizer, rng_from, rng_state, tokenizer_from
+from train_flags import RunError, Settings
 
 from tinyattn_np.gpt import GPT, GPTConfig
+from tinyattn_np.optim import AdamW
 
 META = "checkpoint.json"
 
@@ -96,6 +103,162 @@ def load_model(folder: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any], dict
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"the checkpoint in {folder} does not make its model: {err}") from None
     if tokenizer.vocab_size != config.vocab:
-        raise CheckpointError(f"the checkpoint in {folder} has a tokenizer of {tokenizer.vocab_size} tokens for a "
-                              f"model of {config.vocab}")  # fmt: skip
+        raise CheckpointError(
+            f"the checkpoint in {folder} has a tokenizer of {tokenizer.vocab_size} tokens for a model of {config.vocab}"
+        )
     return model, tokenizer, meta, arrays
+
+
+# ---------------------------------------------------------------------------------------------------
+# a training run, and its checkpoint
+
+
+@dataclass
+class Row:
+    """A row of train.py's table, one per validation: the training loss (the mean of the steps since the last
+    row), the validation loss, the last step's learning rate and the speed of those steps."""
+
+    step: int
+    train_loss: float | None  # None at step 0
+    val_loss: float
+    lr: float | None
+    tokens_per_s: float | None
+    seconds: float  # this session's steps, in all
+
+
+@dataclass
+class Run:
+    """What train.py's loop moves on: everything a checkpoint of it keeps, and where its checkpoints go."""
+
+    preset: str  # the name of the model's preset (train_flags.PRESETS)
+    settings: Settings
+    model: GPT
+    optimizer: AdamW
+    data: Data
+    seed: int
+    rng: np.random.Generator  # the batches': where the data stands
+    dropout_rng: np.random.Generator
+    step: int = 0  # steps taken
+    history: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss) of every step
+    rows: list[Row] = field(default_factory=list)  # one per validation
+    out: str | None = None  # the folder its checkpoints go to (--out)
+    saved_step: int | None = None  # the step of the checkpoint there, if any
+
+
+def save_run(folder: str, run: Run) -> None:
+    """The run's state as a checkpoint in folder: the weights, AdamW's state, every step's loss; the model's
+    configuration, the settings, the tokenizer, the text's fingerprint and split, and both generators' states."""
+    arrays = {f"param.{name}": p for name, p in run.model.params.items()}
+    arrays |= {f"adamw.{name}": a for name, a in run.optimizer.state_dict().items()}
+    arrays["history"] = np.array(run.history, dtype=np.float64).reshape(-1, 2)  # (steps, 2): step, loss
+    data = {"source": run.data.source, "fingerprint": run.data.fingerprint, "validation": run.data.validation}
+    meta = {
+        "step": run.step,
+        "preset": run.preset,
+        "config": run.model.config.to_dict(),
+        "settings": asdict(run.settings),
+        "tokenizer": run.data.tokenizer.describe(),
+        "seed": run.seed,
+        "rows": [asdict(row) for row in run.rows],
+        "data": data,
+        "rng": rng_state(run.rng),
+        "dropout_rng": rng_state(run.dropout_rng),
+    }
+    save(folder, arrays, meta)
+
+
+@dataclass
+class Saved:
+    """A run's checkpoint read back: what --resume continues, or what --init-from starts a new run from."""
+
+    folder: str
+    step: int
+    preset: str
+    config: GPTConfig
+    tokenizer: dict[str, Any]  # as Tokenizer.describe() wrote it
+    given: dict[str, Any]  # Settings.given: the flags given to the run that wrote it
+    source: str
+    fingerprint: str
+    validation: float
+    rows: list[Row]
+    rng: str  # the generators' states (text_data.rng_state)
+    dropout_rng: str
+    params: dict[str, np.ndarray]
+    adamw: dict[str, np.ndarray]
+    history: list[tuple[int, float]]
+
+    @staticmethod
+    def read(folder: str) -> Saved:
+        """The checkpoint that train.py wrote in folder; a CheckpointError says why where it is none."""
+        arrays, meta = load(folder)
+        try:
+            data = meta["data"]
+            return Saved(
+                folder=folder,
+                step=meta["step"],
+                preset=meta["preset"],
+                config=GPTConfig.from_dict(meta["config"]),
+                tokenizer=meta["tokenizer"],
+                given=meta["settings"]["given"],
+                source=data["source"],
+                fingerprint=data["fingerprint"],
+                validation=data["validation"],
+                rows=[Row(**row) for row in meta["rows"]],
+                rng=meta["rng"],
+                dropout_rng=meta["dropout_rng"],
+                params={name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")},
+                adamw={name.removeprefix("adamw."): a for name, a in arrays.items() if name.startswith("adamw.")},
+                history=[(int(step), float(loss)) for step, loss in arrays["history"]],
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"the checkpoint in {folder} is not a training run's: {err}") from None
+
+
+def resumed(args: argparse.Namespace) -> Saved | None:
+    """--out's checkpoint with --resume; None for a new run, whose --out must hold none. A RunError where a
+    flag given does not fit it."""
+    if not args.out:
+        return None
+    if not args.resume:
+        if exists(args.out):
+            raise RunError(
+                f"--out {args.out} holds a checkpoint already: add --resume to continue it, or give another --out"
+            )
+        return None
+    saved = Saved.read(args.out)
+    if args.steps is not None and args.steps <= saved.step:
+        raise RunError(f"the checkpoint in {args.out} is at step {saved.step} already: give --steps above it")
+    check_preset(args, saved)
+    if args.validation not in (None, saved.validation):  # another split would train on other windows
+        raise RunError(
+            f"the checkpoint in {args.out} validates on the last {saved.validation:g} of its text; --validation "
+            f"{args.validation:g} is another split: leave it out to resume"
+        )
+    return saved
+
+
+def initial(args: argparse.Namespace) -> Saved | None:
+    """--init-from's checkpoint, whose model, tokenizer and weights a new run starts from (its AdamW, step and
+    data are not taken: fine-tuning, nanoGPT's init_from); None without the flag."""
+    if not args.init_from:
+        return None
+    saved = Saved.read(args.init_from)  # a CheckpointError names the folder
+    check_preset(args, saved)
+    return saved
+
+
+def check_preset(args: argparse.Namespace, saved: Saved) -> None:
+    if args.preset is not None and args.preset != saved.preset:  # the checkpoint's preset is the run's
+        raise RunError(
+            f"the checkpoint in {saved.folder} is a {saved.preset} model; --preset {args.preset} is another "
+            "configuration: leave --preset out to go on from it"
+        )
+
+
+def restore(run: Run, saved: Saved) -> None:
+    """The run as the checkpoint left it: AdamW's moments and step count, both generators, the step, the rows
+    and every step's loss (the weights came with the model)."""
+    run.optimizer.load_state_dict(saved.adamw)
+    run.rng, run.dropout_rng = rng_from(saved.rng), rng_from(saved.dropout_rng)
+    run.step = run.saved_step = saved.step
+    run.rows, run.history = list(saved.rows), list(saved.history)

@@ -3,7 +3,7 @@
 A module that two scripts share: `python scripts/train.py --task copy` trains it on one process, and
 `mpiexec -n 2 python scripts/train_parallel.py` with each sequence split over the processes.
 
-    python scripts/train.py --task copy                        # about half a minute on 2 cores
+    python scripts/train.py --task copy                        # its run timed: docs/results/backward.md
     python scripts/train.py --task copy --plot train.png       # and draw the attention before and after
     python scripts/train.py --task copy --no-fused             # the reference attention instead of flash
 
@@ -36,185 +36,24 @@ from typing import Any
 
 import numpy as np
 
-from tinyattn_np import MultiHeadAttention, attention, naive_attention_bytes
+from tinyattn_np import naive_attention_bytes
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_backward_bytes, flash_attention_bytes
-from tinyattn_np.report import positive, text_table
+from tinyattn_np.report import add_seed_and_format, positive, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this module, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this one shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
+from copy_model import SYMBOLS, Adam, TinyModel, gradient_check, make_batch, scored_positions
+from weight_maps import SHADES, heat_map
 
-SHADES = " .:-=+*#%@"  # the heat map's characters, light to heavy
-SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"  # one character per token
 HELD_OUT = 256  # held-out sequences, never trained on
 
 
 # ---------------------------------------------------------------------------------------------------
-# the data
-
-
-def make_batch(rng: np.random.Generator, batch: int, length: int, vocab: int) -> np.ndarray:
-    """(batch, 2·length) int tokens: length random tokens, then the same tokens again."""
-    first = rng.integers(0, vocab, (batch, length))  # (B, n)
-    return np.concatenate([first, first], axis=1)  # (B, 2n)
-
-
-def scored_positions(length: int) -> np.ndarray:
-    """The positions whose next token can be known: the second copy's, up to the last but one.
-    Position p in length .. 2·length - 2 predicts token p + 1, which is token p + 1 - length."""
-    return np.arange(length, 2 * length - 1)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the model
-
-
-class TinyModel:
-    """Token embeddings, --layers residual MultiHeadAttention layers with RoPE, an output projection."""
-
-    def __init__(
-        self, vocab: int, d_model: int, heads: int, kv_heads: int, layers: int, rng: np.random.Generator, dtype: Any
-    ):
-        self.embed = rng.standard_normal((vocab, d_model)).astype(dtype)  # (V, C)
-        self.layers = [
-            MultiHeadAttention(d_model, heads, kv_heads, rope=True, rng=rng, dtype=dtype) for _ in range(layers)
-        ]
-        bound = 1 / np.sqrt(d_model)  # nn.Linear's default range, as MultiHeadAttention uses
-        self.w_head = rng.uniform(-bound, bound, (d_model, vocab)).astype(dtype)  # (C, V)
-
-    def parameters(self) -> dict[str, np.ndarray]:
-        """Every weight, by name; the optimiser and the gradient check walk this."""
-        params = {"embed": self.embed, "w_head": self.w_head}
-        for i, layer in enumerate(self.layers):
-            params[f"layer{i}.w_qkv"], params[f"layer{i}.w_out"] = layer.w_qkv, layer.w_out
-        return params
-
-    def loss_and_grads(self, tokens: np.ndarray, length: int, fused: bool) -> tuple[float, dict[str, np.ndarray]]:
-        """Cross-entropy over the scored positions, and its gradient for every parameter."""
-        B, T = tokens.shape
-        rows = scored_positions(length)  # (P,)
-        # forward: 1) embed  2) attention layers with residuals  3) logits and 4) cross-entropy (cross_entropy)
-        h = self.embed[tokens]  # (B, T, C)
-        saved = []
-        for layer in self.layers:
-            out, s = layer.forward(h, causal=True, fused=fused)  # (B, T, C)
-            saved.append(s)
-            h = h + out
-        loss, dh_rows, dw_head = cross_entropy(h[:, rows], self.w_head, tokens[:, rows + 1], B * len(rows))
-        # backward, the same lines in reverse (4 and 3 in cross_entropy)
-        grads = {"w_head": dw_head}
-        dh = np.zeros_like(h)  # (B, T, C)
-        dh[:, rows] = dh_rows
-        # 2) h + layer(h): the residual passes dh straight through and adds the layer's dx
-        for i in reversed(range(len(self.layers))):
-            dx, grads[f"layer{i}.w_qkv"], grads[f"layer{i}.w_out"] = self.layers[i].backward(dh, saved[i])
-            dh = dh + dx
-        # 1) embed[tokens]: a row's gradient is the sum over the places its token sits
-        grads["embed"] = np.zeros_like(self.embed)
-        np.add.at(grads["embed"], tokens, dh)
-        return loss, grads
-
-    def evaluate(self, tokens: np.ndarray, length: int) -> tuple[float, float]:
-        """(loss, accuracy of the most likely next token) over the scored positions, no gradients."""
-        rows = scored_positions(length)
-        h = self.embed[tokens]
-        for layer in self.layers:
-            h = h + layer(h, causal=True)
-        logits = h[:, rows] @ self.w_head  # (B, P, V)
-        logits = logits - logits.max(axis=-1, keepdims=True)
-        log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
-        targets = tokens[:, rows + 1]
-        loss = float(-np.take_along_axis(log_probs, targets[..., None], axis=-1).mean())
-        return loss, float((log_probs.argmax(axis=-1) == targets).mean())
-
-    def attention_weights(self, tokens: np.ndarray, layer: int) -> np.ndarray:
-        """(H, T, T) attention weights of one sequence (T,) in the given layer."""
-        h = self.embed[tokens[None]]  # (1, T, C)
-        for i in range(layer):
-            h = h + self.layers[i](h, causal=True)
-        q, k, v = self.layers[layer].split_heads(h)  # rotated by RoPE, as the layer sees them
-        _, weights = attention(q, k, v, causal=True, return_weights=True)  # (1, H, T, T)
-        return np.asarray(weights[0])
-
-
-def cross_entropy(
-    h: np.ndarray, w_head: np.ndarray, targets: np.ndarray, n: int
-) -> tuple[float, np.ndarray, np.ndarray]:
-    """Steps 3 and 4 of TinyModel.loss_and_grads and their gradients, for scored rows h (B, P, C) whose next
-    tokens are targets (B, P): (the loss summed over the rows and divided by n, dloss/dh (B, P, C), dloss/dW_head)."""
-    logits = h @ w_head  # (B, P, V)
-    logits = logits - logits.max(axis=-1, keepdims=True)  # log-softmax without overflow
-    log_probs = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))  # (B, P, V)
-    picked = np.take_along_axis(log_probs, targets[..., None], axis=-1)  # (B, P, 1)
-    # 4) d loss / d logits = (softmax - one_hot) / n
-    dlogits = np.exp(log_probs)  # (B, P, V)
-    np.put_along_axis(dlogits, targets[..., None], np.take_along_axis(dlogits, targets[..., None], -1) - 1, -1)
-    dlogits /= n
-    # 3) logits = h W_head
-    dw_head = h.reshape(-1, h.shape[-1]).T @ dlogits.reshape(-1, dlogits.shape[-1])  # (C, V)
-    return float(-picked.sum() / n), dlogits @ w_head.T, dw_head
-
-
-class Adam:
-    """m ← β1·m + (1 − β1)·g,  v ← β2·v + (1 − β2)·g²,  w ← w − lr · m̂ / (√v̂ + ε)  (Kingma & Ba 2015),
-    with m̂ = m / (1 − β1^t) and v̂ = v / (1 − β2^t) correcting the zero start."""
-
-    def __init__(self, params: dict[str, np.ndarray], lr: float, beta1: float = 0.9, beta2: float = 0.999):
-        self.params, self.lr, self.beta1, self.beta2, self.eps = params, lr, beta1, beta2, 1e-8
-        self.m = {name: np.zeros_like(w) for name, w in params.items()}
-        self.v = {name: np.zeros_like(w) for name, w in params.items()}
-        self.t = 0
-
-    def step(self, grads: dict[str, np.ndarray]) -> None:
-        self.t += 1
-        for name, w in self.params.items():
-            g = grads[name]
-            self.m[name] = self.beta1 * self.m[name] + (1 - self.beta1) * g
-            self.v[name] = self.beta2 * self.v[name] + (1 - self.beta2) * g * g
-            m_hat = self.m[name] / (1 - self.beta1**self.t)
-            v_hat = self.v[name] / (1 - self.beta2**self.t)
-            w -= (self.lr * m_hat / (np.sqrt(v_hat) + self.eps)).astype(w.dtype)  # in place: the model's arrays
-
-
-# ---------------------------------------------------------------------------------------------------
-# the gradient check
-
-
-def gradient_check(layers: int, fused: bool, seed: int) -> float:
-    """max |analytic − central difference| over every parameter of a tiny float64 model (vocab 5,
-    3 + 3 tokens, d_model 8, 2 query heads sharing 1 kv head, --layers layers)."""
-    rng = np.random.default_rng(seed)
-    model = TinyModel(vocab=5, d_model=8, heads=2, kv_heads=1, layers=layers, rng=rng, dtype=np.float64)
-    tokens = make_batch(rng, 2, 3, 5)
-    _, grads = model.loss_and_grads(tokens, 3, fused)
-    worst, eps = 0.0, 1e-6
-    for name, w in model.parameters().items():
-        for i in np.ndindex(w.shape):
-            old = w[i]
-            w[i] = old + eps
-            up = model.loss_and_grads(tokens, 3, fused)[0]
-            w[i] = old - eps
-            down = model.loss_and_grads(tokens, 3, fused)[0]
-            w[i] = old
-            worst = max(worst, abs((up - down) / (2 * eps) - grads[name][i]))
-    return worst
-
-
-# ---------------------------------------------------------------------------------------------------
 # printing
-
-
-def heat_map(weights: np.ndarray, tokens: np.ndarray, symbols: str) -> str:
-    """One character per weight (SHADES, light to heavy), a row per query, labelled with its token. A weight
-    of 0 is a space; any other at least a dot: a row spread evenly over more than ten keys (each under 0.1,
-    as at the random start) is a row of dots, not a blank row."""
-    labels = "".join(symbols[t] for t in tokens)
-    lines = ["       keys " + labels]  # 12 characters, as the row labels below
-    for i, row in enumerate(weights):
-        shades = [min(int(w * len(SHADES)), len(SHADES) - 1) for w in row[: i + 1]]  # 0 .. 9: tenths of weight
-        cells = "".join(SHADES[max(shade, 1) if w > 0 else 0] for shade, w in zip(shades, row, strict=False))
-        lines.append(f"{i:3d} {labels[i]}  |    {cells}")
-    return "\n".join(lines)
 
 
 def induction_weight(weights: np.ndarray, length: int) -> float:
@@ -298,8 +137,8 @@ def check_run(args: argparse.Namespace, script: str) -> None:
     cannot end within MAX_MINUTES even at its matmul rate (the error names the script that was run)."""
     needed, flops = run_bill(args)
     lower = "lower --batch, --length, --d-model, --layers or --steps"
-    problem = common.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
-    problem = problem or common.time_problem(flops, common.matmul_rate("float32", n=1024, repeats=3), lower)
+    problem = limits.memory_problem(needed, "this run", lower, " (the weights, Adam's state and one step's arrays)")
+    problem = problem or limits.time_problem(flops, machine.matmul_rate("float32", n=1024, repeats=3), lower)
     if problem:
         sys.exit(f"{script}: error: {problem}")
 
@@ -315,8 +154,9 @@ def parse_args(
     prog: str | None = None,
 ) -> argparse.Namespace:
     """The copy task's flags, and those add_more(p) adds (the calling script's own), checked together."""
-    p = argparse.ArgumentParser(prog=prog, description=description or __doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=prog, description=description or __doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=positive(int), default=200, help="Adam steps (default 200)")
     p.add_argument("--batch", type=positive(int), default=32, help="sequences per step (default 32)")
     p.add_argument("--length", type=positive(int), default=12, help="random tokens before the repeat (default 12)")
@@ -328,18 +168,22 @@ def parse_args(
     p.add_argument("--lr", type=positive(float), default=0.005, help="Adam's learning rate (default 0.005)")
     p.add_argument("--eval-every", type=positive(int), default=25, help="steps between table rows (default 25)")
     p.add_argument(
-        "--fused", action=argparse.BooleanOptionalAction, default=True,
+        "--fused",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="flash_attention and its blockwise backward (default); --no-fused: the reference attention()",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--check", action=argparse.BooleanOptionalAction, default=True,
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="compare every gradient of a tiny float64 model with finite differences first (default on)",
-    )  # fmt: skip
+    )
     if add_more is not None:
         add_more(p)
-    common.add_plot_arguments(p, "the attention before and after")
+    outputs.add_plot_arguments(p, "the attention before and after")
     p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "data and weights")
+    add_seed_and_format(p, "data and weights")
     args = p.parse_args(argv)
     check_args(p, args)
     return args
@@ -352,19 +196,22 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.length < 2:
         p.error(f"--length must be at least 2 (the second copy needs a token to predict); got {args.length}")
     if args.length > 256 or args.batch > 4096 or args.d_model > 1024 or args.layers > 8:
-        p.error("sizes this large would not finish on a CPU: keep --length <= 256, --batch <= 4096, "
-                "--d-model <= 1024, --layers <= 8")  # fmt: skip
+        p.error(
+            "sizes this large would not finish on a CPU: keep --length <= 256, --batch <= 4096, "
+            "--d-model <= 1024, --layers <= 8"
+        )
     kv_heads = args.kv_heads or args.heads
     if args.d_model % args.heads or (args.d_model // args.heads) % 2:
         p.error(f"--d-model ({args.d_model}) must split into --heads ({args.heads}) heads of an even size (RoPE)")
     if args.heads % kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({kv_heads})")
-    common.check_output(p, "--json", args.json)
-    common.check_plot(p, args.plot, args.overwrite)
+    outputs.check_output(p, "--json", args.json)
+    outputs.check_plot(p, args.plot, args.overwrite)
 
 
 class NonFiniteLoss(ArithmeticError):
-    """The loss or a gradient became inf or NaN: training cannot recover, and what came after would mean nothing."""
+    """The loss or a gradient became inf or NaN: training cannot recover,
+    and what came after would mean nothing."""
 
     def __init__(self, step: int, loss: float, lr: float):
         what = f"the loss became {loss}" if not np.isfinite(loss) else f"the gradients overflowed (loss {loss:.3g})"
@@ -377,8 +224,8 @@ class NonFiniteLoss(ArithmeticError):
 def train(
     args: argparse.Namespace, progress: bool = True, rows: list[dict[str, Any]] | None = None
 ) -> tuple[TinyModel, list[dict[str, Any]], dict[str, Any]]:
-    """Train from args; return the model, the table's rows and the held-out sequence's weights. The rows
-    go into `rows` as they are measured, so that a caller keeps them when Ctrl-C or a NonFiniteLoss stops it."""
+    """Train from args; return the model, the table's rows and the held-out sequence's weights. The rows go
+    into `rows` as they are measured, so that a caller keeps them when Ctrl-C or a NonFiniteLoss stops it."""
     rng = np.random.default_rng(args.seed)
     model = TinyModel(args.vocab, args.d_model, args.heads, args.kv_heads or args.heads, args.layers, rng, np.float32)
     held_out = make_batch(np.random.default_rng(args.seed + 1), HELD_OUT, args.length, args.vocab)  # never trained on
@@ -399,7 +246,8 @@ def train(
         if step == args.steps:
             break
         batch = make_batch(rng, args.batch, args.length, args.vocab)
-        with warnings.catch_warnings():  # NumPy's overflow warnings: the check below says it once, with a cure
+        # NumPy's overflow warnings: the check below says it once, with a cure
+        with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
             loss, grads = model.loss_and_grads(batch, args.length, args.fused)
             if not (np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())):
@@ -407,8 +255,12 @@ def train(
             optimiser.step(grads)
         train_loss = loss
         if progress and (step + 1) % 10 == 0:
-            print(f"\r  step {step + 1}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s",
-                  end="", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"\r  step {step + 1}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
     if progress:
         print(file=sys.stderr)
     after = [model.attention_weights(shown, i) for i in range(args.layers)]
@@ -422,10 +274,14 @@ def table_steps(args: argparse.Namespace) -> list[int]:
 
 def print_rows(rows: list[dict[str, Any]], fmt: str) -> None:
     body = [
-        [r["step"], "-" if r["train_loss"] is None else f"{r['train_loss']:.3f}", f"{r['held_out_loss']:.3f}",
-         f"{r['held_out_accuracy']:.1%}"]
+        [
+            r["step"],
+            "-" if r["train_loss"] is None else f"{r['train_loss']:.3f}",
+            f"{r['held_out_loss']:.3f}",
+            f"{r['held_out_accuracy']:.1%}",
+        ]
         for r in rows
-    ]  # fmt: skip
+    ]
     print(text_table(body, ["step", "train loss", "held-out loss", "held-out accuracy"], fmt=fmt))
 
 
@@ -436,12 +292,13 @@ def print_attention(args: argparse.Namespace, shown: dict[str, Any], accuracy: f
     head = int(np.argmax([induction_weight(w, args.length) for w in after]))  # the head that learned it best
     tokens = shown["tokens"]
     print(
-        f"\nattention of layer {layer}, head {head} on one held-out sequence, before and after training "
+        f"\nattention of layer {layer}, head {head} on one held-out sequence, before and after training\n"
         f"(row = query, '{SHADES}' = weight 0 .. 1; the token to copy sits {args.length - 1} back):"
     )
     for name, weights in (("before", before[head]), ("after", after[head])):
-        print(f"\n{name}: mean weight on the token {args.length - 1} back = "
-              f"{induction_weight(weights, args.length):.2f}")  # fmt: skip
+        print(
+            f"\n{name}: mean weight on the token {args.length - 1} back = {induction_weight(weights, args.length):.2f}"
+        )
         print(heat_map(weights, tokens, SYMBOLS))
     if args.plot:
         title = f"layer {layer}, head {head}: {args.length} random tokens, repeated; held-out accuracy {accuracy:.0%}"
@@ -465,14 +322,16 @@ def print_intro(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     """train.py --task copy: the gradient check, the training, the table and the heat maps; the exit code."""
     check_run(args, "train.py")
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     print_intro(args)
     if args.check:
         worst = gradient_check(args.layers, args.fused, args.seed)
         ok = worst < 1e-7
-        print(f"gradient check (float64, every weight of a tiny model, central differences): max |error| = "
-              f"{worst:.1e} {'ok' if ok else 'FAILED (> 1e-7)'}")  # fmt: skip
+        print(
+            f"gradient check (float64, every weight of a tiny model, central differences): max |error| = "
+            f"{worst:.1e} {'ok' if ok else 'FAILED (> 1e-7)'}"
+        )
         if not ok:
             return 1
     rows: list[dict[str, Any]] = []
@@ -482,17 +341,19 @@ def run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, NonFiniteLoss) as err:
         stop = err
     seconds = time.perf_counter() - start
-    busy = common.busy_reasons()
-    print(f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
-          f"sequences" + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
+    busy = machine.busy_reasons()
+    print(
+        f"\nAdam, lr {args.lr}, batch {args.batch}, {args.steps} steps in {seconds:.1f} s; held out: {HELD_OUT} "
+        f"sequences" + (f"\n(* timed on a busy machine: {'; '.join(busy)})" if busy else "")
+    )
     print_rows(rows, args.format)
     if stop is None:
         print_attention(args, shown, rows[-1]["held_out_accuracy"])
     if args.json:
         figures = {"machine": info, "args": vars(args), "seconds": seconds, "busy": busy, "rows": rows}
         figures["stopped"] = None if stop is None else str(stop) or "Ctrl-C"
-        common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
+        outputs.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, NonFiniteLoss):
         print(f"train.py: stopped: {stop}", file=sys.stderr)
         return 1
-    return common.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0
+    return interrupts.interrupted(len(rows), len(table_steps(args)), "table rows") if stop else 0

@@ -36,75 +36,51 @@ import numpy as np
 
 from tinyattn_np import (
     KVCache,
-    MultiHeadAttention,
-    PagedKVCache,
     attention,
-    flash_attention,
     flash_decode,
-    format_bytes,
     kv_cache_bytes,
     naive_attention_bytes,
-    paged_decode,
 )
-from tinyattn_np._tuning import DECODE_LAYOUTS, decode_layout, in_layout
 from tinyattn_np.masks import window_mask
-from tinyattn_np.measure import alternating_medians_ms, read_once, traced_peak
+from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.peaks import flash_attention_bytes
-from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    max_diff,
+    positive,
+    table_width,
+)
+from tinyattn_np.tune import DECODE_LAYOUTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import decode_step
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
+from tiny_decoder import TinyDecoder
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_TOKENS = 4096  # recomputing T tokens at every step costs T³ / 3 scores in all: past this, minutes
-RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
-BATCH = 16  # --step: sequences in the batch row, of S/32 .. S keys
-FLASH, TORCH_FASTEST = "flash_decode (split-KV)", "torch matmuls, the heads of a kv head stacked"
-TURNS = 3  # --step --torch: flash_decode and torch's fastest also timed in this many turns of --repeats runs each
-TARGETED = ("flash_decode", "paged_decode, blocks of", f"{BATCH} sequences: paged")  # --step rows with aims
 
 
 # ---------------------------------------------------------------------------------------------------
-# the little model
+# the little model (tiny_decoder.py)
 
 
-class TinyDecoder:
-    """Token table E (V, C), `layers` residual attention blocks, logits = x Eᵀ (a tied output head).
-
-    x_0 = E[tokens]        x_{l+1} = x_l + MHA_l(x_l)        logits = x_L Eᵀ
-    """
-
-    def __init__(self, args: argparse.Namespace, rng: np.random.Generator):
-        dtype = np.dtype(args.dtype)
-        self.vocab, self.d_model, self.dtype = args.vocab, args.d_model, dtype
-        self.table = rng.standard_normal((args.vocab, args.d_model)).astype(dtype)  # (V, C)
-        self.blocks = [
-            MultiHeadAttention(args.d_model, args.heads, args.kv_heads, rope=True, rng=rng, dtype=dtype)
-            for _ in range(args.layers)
-        ]
-
-    def new_caches(self, max_tokens: int, window: int | None = None) -> list[KVCache]:
-        kv_heads, d_head = self.blocks[0].n_kv_heads, self.blocks[0].d_head
-        return [KVCache(1, kv_heads, max_tokens, d_head, dtype=self.dtype, window=window) for _ in self.blocks]
-
-    def logits(self, tokens: list[int], caches: list[KVCache] | None = None) -> np.ndarray:
-        """Logits (V,) of the next token. With caches, tokens continue what they hold; without, tokens
-        are the whole sequence, recomputed."""
-        x = self.table[tokens][None]  # (1, T, C)
-        for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
-            x = x + block(x, cache=cache)  # (1, T, C)
-        return x[0, -1] @ self.table.T  # (V,)
-
-    def windowed_logits(self, tokens: list[int], window: int) -> np.ndarray:
-        """The whole sequence recomputed under a sliding-window band mask: the reference for the ring."""
-        x = self.table[tokens][None]  # (1, T, C)
-        band = window_mask(len(tokens), window=window)  # (T, T)
-        for block in self.blocks:
-            q, k, v = block.split_heads(x)  # (1, H, T, d_head), (1, Hkv, T, d_head) twice
-            y = attention(q, k, v, mask=band).swapaxes(1, 2).reshape(x.shape)  # (1, T, C)
-            x = x + y @ block.w_out
-        return x[0, -1] @ self.table.T  # (V,)
+def windowed_logits(model: TinyDecoder, tokens: list[int], window: int) -> np.ndarray:
+    """The whole sequence recomputed under a sliding-window band mask: the reference for the ring buffer."""
+    x = model.table[tokens][None]  # (1, T, C)
+    band = window_mask(len(tokens), window=window)  # (T, T)
+    for block in model.blocks:
+        q, k, v = block.split_heads(x)  # (1, H, T, d_head), (1, Hkv, T, d_head) twice
+        y = attention(q, k, v, mask=band).swapaxes(1, 2).reshape(x.shape)  # (1, T, C)
+        x = x + y @ block.w_out
+    return x[0, -1] @ model.table.T  # (V,)
 
 
 def cache_bytes_in_use(caches: list[KVCache]) -> int:
@@ -128,9 +104,9 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
     everything measured stays in `run` when Ctrl-C stops it."""
     total = args.prompt + args.tokens
     tokens = [int(t) for t in rng.integers(0, args.vocab, args.prompt)]
-    caches = {"cached": model.new_caches(total), "window": model.new_caches(total, args.window)}
-    logits = model.logits(tokens, caches["cached"])  # the prompt: one prefill call per cache
-    model.logits(tokens, caches["window"])
+    caches = {"cached": model.caches(total), "window": model.caches(total, args.window)}
+    logits = model.logits([tokens], caches["cached"])[0]  # the prompt: one prefill call per cache
+    model.logits([tokens], caches["window"])
     marks = checkpoints(args.prompt, total)
     times: dict[str, list[float]] = {"cached": [], "recompute": [], "window": []}
     while len(tokens) < total:
@@ -139,9 +115,9 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
         tokens.append(token)
         measure = len(tokens) in marks
         steps = {
-            "cached": lambda token=token: model.logits([token], caches["cached"]),
-            "recompute": lambda: model.logits(tokens),
-            "window": lambda token=token: model.logits([token], caches["window"]),
+            "cached": lambda token=token: model.logits([[token]], caches["cached"])[0],
+            "recompute": lambda: model.logits([tokens])[0],
+            "window": lambda token=token: model.logits([[token]], caches["window"])[0],
         }
         results, peaks = {}, {}
         for name, step in steps.items():
@@ -152,18 +128,25 @@ def generate(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Genera
                 results[name] = step()
                 times[name].append(time.perf_counter() - t0)
         logits = results["cached"]
-        run.worst = max(run.worst, common.max_diff(logits, results["recompute"]))
+        run.worst = max(run.worst, max_diff(logits, results["recompute"]))
         run.same_tokens &= int(np.argmax(results["recompute"])) == int(np.argmax(logits))
         if measure:  # 2) a row, and the window cache checked against a full recompute under the band mask
-            windowed = model.windowed_logits(tokens, args.window)
-            run.window_worst = max(run.window_worst, common.max_diff(results["window"], windowed))
+            windowed = windowed_logits(model, tokens, args.window)
+            run.window_worst = max(run.window_worst, max_diff(results["window"], windowed))
             run.rows.append(generation_row(model, args, run, token, times, peaks, caches))
-            common.progress(f"  context {len(tokens)}: row measured")
+            outputs.progress(f"  context {len(tokens)}: row measured")
             times = {name: [] for name in times}
 
 
-def generation_row(model: TinyDecoder, args: argparse.Namespace, run: Any, token: int, times: dict[str, list[float]],
-                   peaks: dict[str, int], caches: dict[str, list[KVCache]]) -> dict[str, Any]:  # fmt: skip
+def generation_row(
+    model: TinyDecoder,
+    args: argparse.Namespace,
+    run: Any,
+    token: int,
+    times: dict[str, list[float]],
+    peaks: dict[str, int],
+    caches: dict[str, list[KVCache]],
+) -> dict[str, Any]:
     """The figures of one checkpoint: mean ms per token since the last row, traced peaks, cache bytes."""
     context = len(caches["cached"][0])
     block = model.blocks[0]
@@ -177,7 +160,7 @@ def generation_row(model: TinyDecoder, args: argparse.Namespace, run: Any, token
         "window_bytes": cache_bytes_in_use(caches["window"]),
         "window_kv_cache_bytes": kv_cache_bytes(context, window=args.window, **sizes),
         "max_diff": run.worst,
-        **common.beside_the_row(args.dtype, run.rate, n=RATE_SIZE),
+        **machine.beside_the_row(args.dtype, run.rate, n=machine.RATE_SIZE),
     }
     if run.torch_step is not None:
         row.update(run.torch_step(model, caches["cached"][0], token, context))
@@ -188,7 +171,10 @@ def check_generation(run: Any, args: argparse.Namespace) -> None:
     tol = 1e-9 if args.dtype == "float64" else 1e-3
     check(run.same_tokens, "cached and recomputed decoding pick the same token at every step")
     check(run.worst <= tol, f"cached logits equal the recomputed ones (max |diff| {run.worst:.1e} <= {tol:g})")
-    check(run.window_worst <= tol, f"the ring-buffer window equals the band mask (max |diff| {run.window_worst:.1e})")
+    check(
+        run.window_worst <= tol,
+        f"the ring-buffer window equals the band mask (max |diff| {run.window_worst:.1e})",
+    )
     exact = all(r["cache_bytes"] == r["kv_cache_bytes"] for r in run.rows)
     check(exact, "the cache holds exactly memory.kv_cache_bytes(context)")
     exact = all(r["window_bytes"] == r["window_kv_cache_bytes"] for r in run.rows)
@@ -197,20 +183,24 @@ def check_generation(run: Any, args: argparse.Namespace) -> None:
 
 def make_torch_step(args: argparse.Namespace) -> Any:
     """A function timing torch SDPA and flash_decode on one layer's decode step (L = 1, S = context)."""
-    torch, F = common.load_torch()
+    torch, F = torch_import.load_torch()
 
     def step(model: TinyDecoder, cache: KVCache, token: int, context: int) -> dict[str, float]:
         block = model.blocks[0]
         q, _, _ = block.split_heads(model.table[[token]][None], positions=[context - 1])  # (1, H, 1, d_head)
         keys, values = cache.keys, cache.values  # (1, Hkv, context, d_head)
-        tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))  # copies: the views are read-only
+        # copies: the views are read-only
+        tq, tk, tv = (torch.from_numpy(np.array(x)) for x in (q, keys, values))
         ours = flash_decode(q, keys, values)
         gold = F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True).numpy()
-        check(common.max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
-        # settled: no library's threads still spin from the other's last call (one held torch's for 8 ms)
-        settled = common.settled_median_ms
+        check(max_diff(ours, gold) <= 1e-5, f"flash_decode equals torch SDPA at context {context}")
+        # settled: no library's threads still spin from the other's last call
+        settled = machine.settled_median_ms
         sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
-        return {"ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5), "torch_step_ms": settled(sdpa, 5)}
+        return {
+            "ours_step_ms": settled(lambda: flash_decode(q, keys, values), 5),
+            "torch_step_ms": settled(sdpa, 5),
+        }
 
     return step
 
@@ -222,152 +212,45 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     def kib(x: int) -> str:
         return f"{x / 1024:,.1f}"
 
-    headers = ["context", "cached ms/token", "recompute ms/token", f"window={args.window} ms/token", "cached peak KiB",
-               "recompute peak KiB", "cache KiB", "kv_cache_bytes KiB", "window cache KiB", "max |diff|"]  # fmt: skip
+    headers = ["context", "cached ms/token", "recompute ms/token", f"window={args.window} ms/token"]
+    headers += ["cached peak KiB", "recompute peak KiB", "cache KiB", "kv_cache_bytes KiB"]
+    headers += ["window cache KiB", "max |diff|"]
     if args.torch:
         headers += ["flash_decode step ms", "torch SDPA step ms"]
     table = []
     for r in rows:
-        cells = [f"{r['context']:,}", ms(r["cached_ms"]), ms(r["recompute_ms"]), ms(r["window_ms"]),
-                 kib(r["cached_peak"]), kib(r["recompute_peak"]), kib(r["cache_bytes"]), kib(r["kv_cache_bytes"]),
-                 kib(r["window_bytes"]), f"{r['max_diff']:.1e}"]  # fmt: skip
+        cells = [
+            f"{r['context']:,}",
+            ms(r["cached_ms"]),
+            ms(r["recompute_ms"]),
+            ms(r["window_ms"]),
+            kib(r["cached_peak"]),
+            kib(r["recompute_peak"]),
+            kib(r["cache_bytes"]),
+            kib(r["kv_cache_bytes"]),
+            kib(r["window_bytes"]),
+            f"{r['max_diff']:.1e}",
+        ]
         if args.torch:
             cells += [ms(r["ours_step_ms"]), ms(r["torch_step_ms"])]
         table.append(cells)
-    print(f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
-          f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}")  # fmt: skip
+    print(
+        f"1) {args.tokens} tokens after a {args.prompt}-token prompt: d_model {args.d_model}, {args.layers} layers, "
+        f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}, vocab {args.vocab}"
+    )
     label = lambda r: f"context {r['context']:,}"  # noqa: E731
-    print(common.marked_table(table, rows, headers, args.format, label, width=table_width(args)))
+    print(machine.marked_table(table, rows, headers, args.format, label, width=table_width(args)))
     print("  ms/token: mean over the steps since the previous row; peak: one step under tracemalloc, output included")
     print("  cache KiB: the keys and values attention sees now, all layers (the views' bytes)")
     first, last = rows[0], rows[-1]
     growth = last["context"] / first["context"]
     if first["cached_ms"] and last["cached_ms"] and first["recompute_ms"] and last["recompute_ms"]:
-        print(f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
-              f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
-              f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
-              f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}")  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------------
-# 2) one long decode step
-
-
-def step_kernels(args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[str, str, Any, Any]]:
-    """(name, group, run, its answer) for every row: the floor, the kernels on one q (1, Hq, 1, E), k, v (1, Hkv, S,
-    E), and a batch of BATCH sequences of S/32 .. S keys in one paged_decode step beside its own floor ("batch")."""
-    dtype, shape = np.dtype(args.dtype), (args.kv_heads, args.context, args.head_dim)
-    q = rng.standard_normal((1, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)  # (1, Hq, 1, E)
-    k, v = (rng.standard_normal(shape, dtype=np.float64).astype(dtype)[None] for _ in range(2))  # (1, Hkv, S, E)
-    gold = attention(q, k, v)  # (1, Hq, 1, E): the reference
-    runs = [("read K and V once, 1 thread", "one", lambda: read_once([k, v], threads=1), None),
-            ("read K and V once, 2 threads", "one", lambda: read_once([k, v], threads=2), None),
-            (FLASH, "one", lambda: flash_decode(q, k, v), gold)]  # fmt: skip
-    for layout in DECODE_LAYOUTS if args.layouts else ():
-        first = "keys" if layout.keys_first else "queries"
-        name = f"flash_decode, blocks of {layout.scores_per_block:,} scores, {first} first"
-        runs.append((name, "one", lambda layout=layout: in_layout(layout, flash_decode, q, k, v), gold))
-    for size, scattered in ((16, False), (256, False), (16, True)):
-        cache, seqs = paged([args.context], k[0], v[0], size, scattered)
-        name = f"paged_decode, blocks of {size}" + (", every other block" if scattered else "")
-        runs.append((name, "one", lambda c=cache, s=seqs: paged_decode(q, c, s), gold))
-    runs += [("flash_attention", "one", lambda: flash_attention(q, k, v, causal=True), gold),
-             ("attention (reference)", "one", lambda: attention(q, k, v, causal=True), gold)]  # fmt: skip
-    if args.torch:
-        runs += torch_runs(q, k, v, gold, args)
-    lengths = np.linspace(args.context // 32 or 1, args.context, BATCH).astype(int).tolist()
-    batch, seqs = paged(lengths, k[0], v[0], 16, False)
-    q_b = rng.standard_normal((BATCH, args.heads, 1, args.head_dim), dtype=np.float64).astype(dtype)
-    gold_b = np.stack([attention(q_b[i], k[0, :, :n], v[0, :, :n]) for i, n in enumerate(lengths)])
-    return runs + [
-        (f"{BATCH} sequences of {lengths[0]:,}..{lengths[-1]:,} keys: read once", "batch",
-         lambda: read_once([batch.k_pool, batch.v_pool], threads=2), None),
-        (f"{BATCH} sequences: paged_decode, blocks of 16", "batch", lambda: paged_decode(q_b, batch, seqs), gold_b),
-    ]  # fmt: skip
-
-
-def paged(lengths: list[int], k: np.ndarray, v: np.ndarray, size: int, scattered: bool) -> tuple[Any, list[int]]:
-    """A PagedKVCache of blocks of `size` holding sequences of these lengths (sequence i: the first n of k, v
-    (Hkv, S, E)), written 512 tokens at a time in turn, as chunked prefills interleave; scattered: in every
-    other block of the pool (no two blocks adjacent), by filling it with one-block sequences, every other freed."""
-    blocks = sum(-(-n // size) for n in lengths)
-    cache = PagedKVCache(2 * blocks + 1 if scattered else blocks, size, k.shape[0], k.shape[-1], dtype=k.dtype)
-    if scattered:
-        singles = [cache.add_sequence() for _ in range(cache.num_blocks)]
-        cache.append_batch(singles, *np.zeros((2, len(singles), k.shape[0], 1, k.shape[-1]), k.dtype))
-        for seq in (seq for seq in singles if cache.block_table(seq)[0] % 2 == 0):
-            cache.free(seq)
-    seqs = [cache.add_sequence() for _ in lengths]
-    for start in range(0, max(lengths), 512):
-        for seq, n in zip(seqs, lengths, strict=True):
-            if start < n:
-                cache.append(seq, k[:, start : min(start + 512, n)], v[:, start : min(start + 512, n)])
-    return cache, seqs
-
-
-def torch_runs(q: np.ndarray, k: np.ndarray, v: np.ndarray, gold: np.ndarray, args: argparse.Namespace) -> list:
-    """torch SDPA (enable_gqa: a slow path on CPU) and torch's fastest formulation of the same step that we
-    know on CPU: plain matmuls with the G query heads of each kv head stacked into one (G, E) matrix."""
-    torch, F = common.load_torch()
-    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
-    stacked = tq.reshape(args.kv_heads, -1, args.head_dim) / args.head_dim**0.5  # (Hkv, G, E), the scale folded in
-    weights = lambda: torch.softmax(stacked @ tk[0].transpose(-1, -2), dim=-1)  # noqa: E731  (Hkv, G, S)
-    matmuls = lambda: (weights() @ tv[0]).reshape(q.shape)  # noqa: E731  (Hkv, G, E) -> (1, Hq, 1, E)
-    sdpa = lambda: F.scaled_dot_product_attention(tq, tk, tv, enable_gqa=True)  # noqa: E731
-    return [("torch SDPA (enable_gqa)", "one", sdpa, gold), (TORCH_FASTEST, "one", matmuls, gold)]
-
-
-def measure_kernel(item: tuple[str, str, Any, Any], args: argparse.Namespace, rate: float, runs: list) -> dict:
-    """One row: the kernel checked and timed; torch's fastest also in turns with flash_decode (a drift slows both)."""
-    name, group, kernel, gold = item
-    common.progress(f"  {name}")
-    out = kernel()
-    diff = None if gold is None else common.max_diff(out.numpy() if hasattr(out, "numpy") else out, gold)
-    tol = 1e-5 if args.dtype == "float32" else 1e-12
-    if diff is not None:  # a kernel (a read of the bytes, the floor, gives no answer to check)
-        check(diff <= tol, f"{name} equals attention() (max |diff| {diff:.1e})")
-    machine = common.beside_the_row(args.dtype, rate, n=RATE_SIZE)
-    ms = common.settled_median_ms(kernel, args.repeats)  # after an idle: BLAS's threads spin after the rate's matmul
-    row = {"kernel": name, "group": group, "ms": ms, "max_diff": diff, **machine}
-    if name == TORCH_FASTEST:
-        flash = next(run for row_name, _, run, _ in runs if row_name == FLASH)
-        row["in_turns"] = alternating_medians_ms([flash, kernel], args.repeats, TURNS, idle=common.SETTLE_SECONDS)
-    return row
-
-
-def print_step(rows: list[dict], args: argparse.Namespace) -> None:
-    reads = [r for r in rows if r["max_diff"] is None]  # a group's floor: the fastest of its reads of its bytes
-    floor = {r["group"]: min(x["ms"] for x in reads if x["group"] == r["group"]) for r in reads}
-    ms = {r["kernel"]: r["ms"] for r in rows}
-    ours, fastest = ms.get(FLASH, np.nan), ms.get(TORCH_FASTEST)
-    turns = next((r["in_turns"] for r in rows if "in_turns" in r), None)  # (flash_decode's ms, torch's fastest's)
-    body = [
-        [r["kernel"], f"{r['ms']:.2f}", f"{r['ms'] / floor.get(r['group'], np.nan):.2f}x", f"{r['ms'] / ours:.2f}x"]
-        + ([f"{r['ms'] / fastest:.2f}x"] if fastest else [])
-        + ["-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"]
-        for r in rows
-    ]
-    headers = ["one decode step", "ms (median)", "/ floor", "/ flash_decode"] + (["/ torch fastest"] if fastest else [])
-    kv = format_bytes(2 * args.kv_heads * args.context * args.head_dim * np.dtype(args.dtype).itemsize)
-    print(f"2) one decode step: L = 1 query, S = {args.context:,} cached keys, {args.heads} query heads over "
-          f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype};\n   the cache read is {kv}")  # fmt: skip
-    headers += ["max |diff| vs attention()"]
-    print(common.marked_table(body, rows, headers, args.format, lambda r: r["kernel"], width=table_width(args)))
-    print("  floor: the faster of the two reads of the same bytes (for the batch, its own bytes), in this run")
-    print(f"  flash_decode's layout in force: {decode_layout()}")
-    if turns:
-        print(f"  {FLASH} and torch's fastest in turns ({TURNS} turns of {args.repeats} runs each): {turns[0]:.2f} "
-              f"and {turns[1]:.2f} ms, {turns[0] / turns[1]:.2f}x")  # fmt: skip
-    for r in (r for r in rows if r["kernel"].startswith(TARGETED)):  # the decoding kernels' aims, in this run
-        goals = {"the floor": (r["ms"] / floor.get(r["group"], np.nan), 1.3)}
-        if fastest and r["group"] == "one":  # flash_decode's from its time in turns with torch's
-            x = turns[0] / turns[1] if turns and r["kernel"] == FLASH else r["ms"] / fastest
-            goals["torch's fastest"] = (x, 1.0)
-        said = [
-            f"{x:.2f}x {what} (target {t}x: {'met' if x <= t else f'{x / t - 1:.0%} over'})"
-            for what, (x, t) in goals.items()
-        ]
-        print(f"  {r['kernel']}: {'; '.join(said)}")
+        print(
+            f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
+            f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
+            f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
+            f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -376,7 +259,7 @@ def print_step(rows: list[dict], args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    tokens, heads = positive(int, MAX_TOKENS), positive(int, common.MAX_HEADS)
+    tokens, heads = positive(int, MAX_TOKENS), positive(int, limits.MAX_HEADS)
     p.add_argument("--tokens", type=tokens, default=248, help="tokens to generate (default 248)")
     p.add_argument("--prompt", type=tokens, default=8, help="prompt tokens, one prefill (default 8)")
     p.add_argument("--window", type=tokens, default=16, help="sliding window of the window cache (default 16)")
@@ -384,20 +267,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=positive(int, 64), default=2, help="attention blocks (default 2)")
     p.add_argument("--vocab", type=positive(int, 1_000_000), default=512, help="vocabulary size (default 512)")
     p.add_argument("--step", action="store_true", help="time one long decode step instead of generating")
-    p.add_argument("--context", type=positive(int, common.MAX_TOKENS), default=32768,
-                   help="--step: cached keys S (default 32768)")  # fmt: skip
+    p.add_argument(
+        "--context",
+        type=positive(int, limits.MAX_TOKENS),
+        default=32768,
+        help="--step: cached keys S (default 32768)",
+    )
     p.add_argument("--heads", type=heads, default=None, help="query heads (default 4; --step: 32)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default 2; --step: 8)")
     p.add_argument("--head-dim", type=heads, default=128, help="--step: channels per head E (default 128)")
-    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=5,
-                   help="--step: timed runs per kernel (default 5)")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=5,
+        help="--step: timed runs per kernel (default 5)",
+    )
     add_wide_argument(p)
-    p.add_argument("--dtype", choices=["float32", "float64"], default=None,
-                   help="dtype of weights, cache and inputs (default float64; --step: float32)")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "float64"],
+        default=None,
+        help="dtype of weights, cache and inputs (default float64; --step: float32)",
+    )
     p.add_argument("--torch", action="store_true", help="add torch (CPU): SDPA, and with --step also plain matmuls")
     p.add_argument("--layouts", action="store_true", help="--step: also flash_decode under each block layout")
     p.add_argument("--json", metavar="PATH", help="also write the rows, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the random model and prompt")
+    add_seed_and_format(p, "the random model and prompt")
     args = p.parse_args(argv)
     args.heads = args.heads or (32 if args.step else 4)
     args.kv_heads = args.kv_heads or (8 if args.step else 2)
@@ -410,12 +305,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.prompt + args.tokens > MAX_TOKENS:
             p.error(f"--prompt + --tokens must be at most {MAX_TOKENS:,}: recomputing every step grows as T³")
     needed, detail, lower = run_bytes(args)
-    problem = common.memory_problem(needed, "this run", lower, detail)
+    problem = limits.memory_problem(needed, "this run", lower, detail)
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.torch:
-        common.load_torch()  # now, not after the run
+        torch_import.load_torch()  # now, not after the run
     return args
 
 
@@ -429,7 +324,9 @@ def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
     """
     c = np.dtype(args.dtype).itemsize
     if args.step:  # k, v; paged by 16, by 256, by 16 in twice the blocks; the batch's keys; the scores
-        tokens = 5 * args.context + int(np.linspace(args.context // 32 or 1, args.context, BATCH).astype(int).sum())
+        tokens = 5 * args.context + int(
+            np.linspace(args.context // 32 or 1, args.context, decode_step.BATCH).astype(int).sum()
+        )
         sizes = dict(heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, causal=True)
         needed = 2 * args.kv_heads * args.head_dim * c * tokens + naive_attention_bytes(1, args.context, **sizes)
         what = f" (the caches and the scores at S={args.context:,})"
@@ -442,14 +339,21 @@ def run_bytes(args: argparse.Namespace) -> tuple[int, str, str]:
     recompute = T * (2 * C + qkv) * c + flash_attention_bytes(T, **sizes)
     band = naive_attention_bytes(T, **sizes, bool_mask=True)
     needed = weights + caches + max(recompute, band) + 2 * args.vocab * c
-    return needed, " (the model, its caches and one step's arrays)", "lower --d-model, --vocab, --layers or --tokens"
+    return (
+        needed,
+        " (the model, its caches and one step's arrays)",
+        "lower --d-model, --vocab, --layers or --tokens",
+    )
 
 
 def run_flops(args: argparse.Namespace) -> float:
     """FLOPs of the whole run: --step's kernels, or every generated token's three forwards (cached,
     recomputed, windowed) and the band-mask reference at each checkpoint."""
-    if args.step:  # six kernels over S keys, with torch two more and the turns, with --layouts six more; the batch
-        kernels = 6 + (2 + 2 * TURNS) * args.torch + len(DECODE_LAYOUTS) * args.layouts + BATCH // 2  # ~B/2 times S
+    # six kernels over S keys, with torch two more and the turns, with --layouts six more; the batch
+    if args.step:
+        kernels = (
+            6 + (2 + 2 * decode_step.TURNS) * args.torch + len(DECODE_LAYOUTS) * args.layouts + decode_step.BATCH // 2
+        )  # ~B/2 times S
         return kernels * (args.repeats + 2) * attention_flops(1, args.context, heads=args.heads, head_dim=args.head_dim)
     C, d, layers = args.d_model, args.d_model // args.heads, args.layers
     qkv = (args.heads + 2 * args.kv_heads) * d
@@ -467,34 +371,29 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)
-    problem = common.time_problem(run_flops(args), rate, "lower --tokens, --d-model, --layers, --context or --repeats")
+    rate = machine.matmul_rate(args.dtype, n=machine.RATE_SIZE, repeats=3)
+    problem = limits.time_problem(run_flops(args), rate, "lower --tokens, --d-model, --layers, --context or --repeats")
     if problem:
         sys.exit(f"decode.py: error: {problem}")
     rng = np.random.default_rng(args.seed)
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     if args.step:
-        runs = step_kernels(args, rng)
-        rows: list[dict[str, Any]] = []
-        stopped = common.measure_each(runs, lambda item: measure_kernel(item, args, rate, runs), rows)
-        if rows:
-            print_step(rows, args)
-        total = len(runs)
+        rows, stopped, total = decode_step.run(args, rng, rate, check)
     else:
         run = SimpleNamespace(rows=[], worst=0.0, same_tokens=True, window_worst=0.0, rate=rate)
         run.torch_step = make_torch_step(args) if args.torch else None
-        stopped = common.measure_each([None], lambda _: generate(TinyDecoder(args, rng), args, rng, run), [])
+        stopped = interrupts.measure_each([None], lambda _: generate(TinyDecoder(args, rng), args, rng, run), [])
         rows, total = run.rows, len(checkpoints(args.prompt, args.prompt + args.tokens))
         if rows:
             print_generation(rows, args)
             check_generation(run, args)
     if args.json is not None:
-        common.write_json(
+        outputs.write_json(
             args.json, {"args": vars(args), "machine": info, "matmul_gflops": rate, "rows": rows}, stopped
         )
-    return common.interrupted(len(rows), total) if stopped else check.finish()
+    return interrupts.interrupted(len(rows), total) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -17,10 +17,10 @@ and of the others, peaks, and the ratios the targets speak of (judged at T = 16,
     8 documents                   flex / the 8 documents as a batch of 8 x T/8, and flex / causal flash
     every pattern (--torch)       flex / torch's compiled flex_attention
 --varlen times only packed documents: flash_attention_varlen (causal) on 8 and on 32 documents of T / 8 tokens
-each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x.
-Times: medians of --repeats calls after a warm-up, all a target compares timed round-robin with an n x n matmul
-among them (n³ near one causal call's work), so that a busy spell falls on all alike; the dense paths run once
-each afterwards, each row marked '*' (with a note) where the matmul rate just before moved over 20% or the load
+each, against flash_attention on the same documents as a batch, round-robin; the target: at most 1.3x. Times:
+medians of --repeats calls after a warm-up, all a target compares timed round-robin with an n x n matmul among
+them (n³ near one causal call's work), so that a busy spell falls on all alike; the dense paths run once each
+afterwards, each row marked '*' (with a note) where the matmul rate just before moved over 20% or the load
 exceeded the cores. An idle only where the previous call's library (BLAS, torch) leaves its threads spinning.
 Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, which tracemalloc cannot see.
 """
@@ -28,14 +28,11 @@ Peaks: tracemalloc for NumPy, the growth of the resident set (VmHWM) for torch, 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import importlib.util
 import math
 import os
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,36 +42,74 @@ import tinyattn_np as ta
 from tinyattn_np import format_bytes
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
-from tinyattn_np.report import add_format_argument, add_wide_argument, nonnegative_seed, table_width, text_table
+from tinyattn_np.report import (
+    add_format_argument,
+    add_wide_argument,
+    nonnegative_seed,
+    positive,
+    table_width,
+    text_table,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import flex_patterns
+import flex_torch
+import interrupts
+import limits
+import machine
+import outputs
 
-TARGET_TOKENS = 16384  # the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
-TARGETS = {"causal": 1.1, "alibi": 1.5, "softcap": 1.5, "documents vs batch": 1.3, "documents vs causal": 0.2,
-           "torch flex": 1.5, "packed vs batch": 1.3}  # fmt: skip
+# the T the targets are set for (docs/flex.md's table); other sizes show the ratios only
+TARGET_TOKENS = 16384
+TARGETS = {
+    "causal": 1.1,
+    "alibi": 1.5,
+    "softcap": 1.5,
+    "documents vs batch": 1.3,
+    "documents vs causal": 0.2,
+    "torch flex": 1.5,
+    "packed vs batch": 1.3,
+}
 VARLEN_DOCUMENTS = (8, 32)  # --varlen: packed documents of T / 8 tokens each
-MAX_SIZES = {"tokens": 2**17, "heads": common.MAX_HEADS, "head_dim": 1024, "documents": 2**13,  # each flag's largest:
-             "repeats": common.MAX_REPEATS, "workers": common.MAX_WORKERS}  # past it, no run fits  # fmt: skip
+MAX_SIZES = {
+    "tokens": 2**17,
+    "heads": limits.MAX_HEADS,
+    "head_dim": 1024,
+    "documents": 2**13,  # each flag's largest:
+    "repeats": limits.MAX_REPEATS,
+    "workers": limits.MAX_WORKERS,
+}  # past it, no run fits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cap = {name: common.positive(int, most) for name, most in MAX_SIZES.items()}
-    p.add_argument("--tokens", type=cap["tokens"], default=1024,
-                   help=f"T, a multiple of 16 (default 1024; the targets': {TARGET_TOKENS})")  # fmt: skip
+    cap = {name: positive(int, most) for name, most in MAX_SIZES.items()}
+    p.add_argument(
+        "--tokens",
+        type=cap["tokens"],
+        default=1024,
+        help=f"T, a multiple of 16 (default 1024; the targets': {TARGET_TOKENS})",
+    )
     p.add_argument("--heads", type=cap["heads"], default=4, help="query heads = kv heads (default 4)")
     p.add_argument("--head-dim", type=cap["head_dim"], default=64, help="E (default 64)")
     p.add_argument("--window", type=cap["tokens"], help="the sliding window's keys (default 1024, or T/4 if less)")
     p.add_argument("--documents", type=cap["documents"], default=8, help="packed, T / n tokens each (default 8)")
     p.add_argument("--repeats", type=cap["repeats"], default=3, help="timed calls of each of our paths (default 3)")
     p.add_argument("--workers", type=cap["workers"], help="our threads, and torch's (default: the CPU count)")
-    p.add_argument("--baseline", metavar="DIR", help="time flash_attention(causal=True) from DIR/tinyattn_np too, "
-                   "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR")  # fmt: skip
+    p.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="time flash_attention(causal=True) from DIR/tinyattn_np too, "
+        "e.g. made by: git archive 8c57371 tinyattn_np | tar -x -C DIR",
+    )
     p.add_argument("--no-reference", action="store_true", help="leave out our dense-mask reference (L x S memory)")
     p.add_argument("--torch", action="store_true", help="add torch SDPA and torch's compiled flex (needs torch)")
-    p.add_argument("--varlen", action="store_true", help="time only packed documents (flash_attention_varlen) against "
-                   f"the same as a batch: {' and '.join(map(str, VARLEN_DOCUMENTS))} of T / 8 tokens each")  # fmt: skip
+    p.add_argument(
+        "--varlen",
+        action="store_true",
+        help="time only packed documents (flash_attention_varlen) against "
+        f"the same as a batch: {' and '.join(map(str, VARLEN_DOCUMENTS))} of T / 8 tokens each",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every figure, the machine and the code to PATH")
     add_format_argument(p)
     add_wide_argument(p)
@@ -82,62 +117,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tokens % math.lcm(16, args.documents):
         p.error(f"--tokens must be a multiple of 16 and of --documents; got {args.tokens}")
-    inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4  # q, k, v and their packed or batched copies
-    if problem := common.memory_problem(inputs, f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
-                                        "lower --tokens, --heads or --head-dim", " for q, k, v alone"):  # fmt: skip
+    # q, k, v and their packed or batched copies
+    inputs = 3 * 2 * args.heads * args.tokens * args.head_dim * 4
+    if problem := limits.memory_problem(
+        inputs,
+        f"T={args.tokens:,} with {args.heads} heads x {args.head_dim}",
+        "lower --tokens, --heads or --head-dim",
+        " for q, k, v alone",
+    ):
         p.error(problem)
     args.window = args.window or min(1024, args.tokens // 4)  # a window of T or more would be causal
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.baseline and not (Path(args.baseline) / "tinyattn_np" / "__init__.py").is_file():
         p.error(f"--baseline {args.baseline}: no tinyattn_np/__init__.py there")
     return args
-
-
-def load_baseline(folder: str) -> Any:
-    """The tinyattn_np package in folder, imported as another module (tinyattn_baseline)."""
-    package = Path(folder) / "tinyattn_np"
-    spec = importlib.util.spec_from_file_location("tinyattn_baseline", package / "__init__.py",
-                                                  submodule_search_locations=[str(package)])  # fmt: skip
-    assert spec is not None and spec.loader is not None  # a file that exists, checked in parse_args
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tinyattn_baseline"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# ---------------------------------------------------------------------------------------------------
-# the patterns: each a mask_mod and a score_mod, on our side and on torch's
-
-
-def patterns(args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
-    """name -> (mask_mod, score_mod) with tinyattn_np's ready-made mods."""
-    T, causal = args.tokens, ta.causal_mod(args.tokens)
-    documents = ta.and_masks(ta.document_mod(np.repeat(np.arange(args.documents), T // args.documents)), causal)
-    return {
-        "causal": (causal, None),
-        f"{args.documents} documents": (documents, None),
-        "prefix-LM": (ta.prefix_lm_mod(T // 4), None),
-        f"window {args.window}": (ta.sliding_window_mod(args.window, T), None),
-        "alibi": (causal, ta.Alibi(ta.alibi_slopes(args.heads), T)),
-        "softcap": (causal, ta.Softcap(50.0)),
-    }
-
-
-def torch_patterns(args: argparse.Namespace, torch: Any) -> dict[str, tuple[Any, Any]]:
-    """The same patterns written in torch ops, for torch's flex_attention (and its create_mask for SDPA)."""
-    T, window = args.tokens, args.window
-    n = T // args.documents  # tokens per document
-    slopes = torch.from_numpy(ta.alibi_slopes(args.heads).astype(np.float32))
-
-    causal = lambda b, h, q, kv: kv <= q  # noqa: E731
-    return {
-        "causal": (causal, None),
-        f"{args.documents} documents": (lambda b, h, q, kv: (q // n == kv // n) & (kv <= q), None),
-        "prefix-LM": (lambda b, h, q, kv: (kv < T // 4) | (kv <= q), None),
-        f"window {window}": (lambda b, h, q, kv: (kv <= q) & (q - kv < window), None),
-        "alibi": (causal, lambda s, b, h, q, kv: s - slopes[h] * (q - kv)),
-        "softcap": (causal, lambda s, b, h, q, kv: 50.0 * torch.tanh(s / 50.0)),
-    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -154,7 +147,7 @@ def round_robin(calls: dict[str, Any], repeats: int) -> dict[str, float]:
     for repeat in range(repeats + 1):
         for name, call in calls.items():
             if spins.get(previous) and spins[previous] != spins[name]:
-                time.sleep(common.SETTLE_SECONDS)
+                time.sleep(machine.SETTLE_SECONDS)
             started = time.perf_counter()
             call()
             if repeat:  # the first round warms up
@@ -176,97 +169,60 @@ def probe_rate(square: np.ndarray) -> float:
     return 2 * square.shape[0] ** 3 / median_ms(lambda: square @ square, 3) / 1e6
 
 
-def rss_peak_growth(call: Any) -> int:
-    """Bytes by which the resident set's high-water mark rose during call() (Linux), after malloc_trim."""
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # reset VmHWM to the current VmRSS
-    before = status_kib("VmRSS")
-    call()
-    return max(0, status_kib("VmHWM") - before) * 1024
-
-
-def status_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-
-
-def check_agreement(args: argparse.Namespace, baseline: Any) -> str:
-    """Every pattern through flex_attention against the reference on the first 512 tokens' worth of the same
-    patterns, and with --baseline, the causal one against the baseline's flash bit for bit; exit 1 if not."""
-    step = math.lcm(16, args.documents)  # T must split into the documents and into 16 map cells
-    small = argparse.Namespace(**{**vars(args), "tokens": min(args.tokens, max(step, 512 // step * step))})
-    rng = np.random.default_rng(args.seed)
-    q, k, v = (rng.standard_normal((1, args.heads, small.tokens, args.head_dim), dtype=np.float32) for _ in range(3))
-    worst = 0.0
-    for name, (mask_mod, score_mod) in patterns(small).items():
-        block_mask = ta.create_block_mask(mask_mod, None, None, small.tokens, small.tokens)
-        mine = ta.flex_attention(q, k, v, score_mod, block_mask, workers=args.workers)
-        worst = max(worst, float(np.max(np.abs(mine - ta.attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod)))))
-        if not worst <= 1e-5:
-            sys.exit(f"error: flex_attention and the reference disagree on {name}: max |diff| = {worst:.3g}")
-    text = f"check: flex_attention equals the reference on every pattern at T = {small.tokens} (max |diff| {worst:.1e})"
-    if baseline is not None:
-        text += "; " + check_baseline(q, k, v, baseline, args.workers)
-    return text
-
-
-def check_baseline(q: np.ndarray, k: np.ndarray, v: np.ndarray, baseline: Any, workers: int | None) -> str:
-    """The causal band and the window as mask_mods give the baseline's bits: flex_attention with their block
-    masks against the baseline's flash_attention and flash_attention_backward, all on the block masks' tiles."""
-    T, dout = q.shape[-2], np.random.default_rng(1).standard_normal(q.shape, dtype=np.float32)
-    tiles = {"block_q": DEFAULT_BLOCK_Q, "block_k": DEFAULT_BLOCK_Q}
-    for band, mod in [({}, ta.causal_mod(T)), ({"window": 100}, ta.sliding_window_mod(100, T))]:
-        old = baseline.flash_attention(q, k, v, causal=True, return_lse=True, workers=workers, **band, **tiles)
-        new = ta.flex_attention(q, k, v, block_mask=ta.create_block_mask(mod, None, None, T, T), return_lse=True)
-        old_grads = baseline.flash_attention_backward(q, k, v, *old[:1], dout, old[1], causal=True, **band, **tiles)
-        new_grads = ta.flash_attention_backward(q, k, v, *new[:1], dout, new[1], causal=True, **band, **tiles)
-        if not all(np.array_equal(a, b) for a, b in zip((*old, *old_grads), (*new, *new_grads), strict=True)):
-            sys.exit(f"error: causal {band or ''} is not the baseline's bit for bit (forward or backward)")
-    return "causal and window as mask_mods give the baseline's bits, forward and backward"
-
-
 # ---------------------------------------------------------------------------------------------------
 # the rows
 
 
-def timed_rows(args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any,
-               side: dict[str, Any] | None) -> dict[str, dict[str, Any]]:  # fmt: skip
+def timed_rows(
+    args: argparse.Namespace, qkv: tuple[np.ndarray, ...], baseline: Any, side: dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
     """Block masks, tile counts, peaks and round-robin times of our paths, with the flash baselines and (side:
     torch) torch's compiled flex_attention in the same rounds, so that the ratios see the same machine."""
     q, k, v = qkv
     T, n = args.tokens, args.tokens // args.documents
     rows, calls = {}, {}
-    for name, (mask_mod, score_mod) in patterns(args).items():
+    for name, (mask_mod, score_mod) in flex_patterns.patterns(args).items():
         started = time.perf_counter()
         block_mask = ta.create_block_mask(mask_mod, None, None, T, T)
         mask_s = time.perf_counter() - started
         run = dict(score_mod=score_mod, block_mask=block_mask, workers=args.workers)
         _, peak = traced_peak(ta.flex_attention, q, k, v, **run)
         calls[name] = lambda run=run: ta.flex_attention(q, k, v, **run)
-        rows[name] = {"pattern": name, "mask": block_mask, "mask s": mask_s, "flex peak": peak,
-                      "tiles": int(block_mask.to_dense().sum()), "of": block_mask.kinds[0, 0].size}  # fmt: skip
+        rows[name] = {
+            "pattern": name,
+            "mask": block_mask,
+            "mask s": mask_s,
+            "flex peak": peak,
+            "tiles": int(block_mask.to_dense().sum()),
+            "of": block_mask.kinds[0, 0].size,
+        }
         if side is not None:  # compiled at its warm-up call
-            calls["torch " + name] = torch_flex_call(name, args, side)
+            calls["torch " + name] = flex_torch.torch_flex_call(name, args, side)
     flash = baseline.flash_attention if baseline is not None else ta.flash_attention
     calls["flash causal"] = lambda: flash(q, k, v, causal=True, workers=args.workers)
     batch = [x.reshape(args.heads, args.documents, n, args.head_dim).swapaxes(0, 1) for x in qkv]  # (docs, H, n, E)
     calls["documents as a batch"] = lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)
     square = probe_matrix(args)
     calls["matmul"] = lambda: square @ square  # the machine's speed while these ran, in the same rounds
-    common.progress(f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
-             "flex_attention compiles at its first call)")  # fmt: skip
+    outputs.progress(
+        f"timing {len(calls) - 1} paths and a matmul round-robin, {args.repeats} calls each (torch's "
+        "flex_attention compiles at its first call)"
+    )
     times = round_robin(calls, args.repeats)
     for name, row in rows.items():
         row["flex s"], row["torch flex s"] = times[name], times.get("torch " + name)
     rate = 2 * square.shape[0] ** 3 / times["matmul"] / 1e9
-    return {**rows, "_flash": {"s": times["flash causal"]}, "_batch": {"s": times["documents as a batch"]},
-            "_rate": {"GFLOP/s": rate, "load": common.load_average() or 0.0}}  # fmt: skip
+    return {
+        **rows,
+        "_flash": {"s": times["flash causal"]},
+        "_batch": {"s": times["documents as a batch"]},
+        "_rate": {"GFLOP/s": rate, "load": machine.load_average() or 0.0},
+    }
 
 
 def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> None:
     """Our dense-mask reference: attention() with the dense bool mask (made beforehand, not timed)."""
-    mask_mod, score_mod = patterns(args)[row["pattern"]]
+    mask_mod, score_mod = flex_patterns.patterns(args)[row["pattern"]]
     dense = ta.create_mask(mask_mod, None, None, args.tokens, args.tokens)[0, 0]  # (T, T) bool
     try:
         _, row["ref peak"] = traced_peak(ta.attention, *qkv, mask=dense, score_mod=score_mod)
@@ -274,52 +230,6 @@ def reference_row(row: dict[str, Any], args: argparse.Namespace, qkv: tuple[np.n
         row["ref s"] = median_ms(reference, 1) / 1e3  # one warm-up, one timed; BLAS's threads, as the probe's
     except ta.AttentionMemoryError as err:
         row["ref s"] = f"refused: {str(err).split(' at its peak')[0].split('allocate ')[-1]}"
-
-
-def torch_setup(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """torch on the same threads, the same q, k, v as tensors (no copy), its flex_attention compiled once."""
-    torch, F = common.load_torch(args.workers, flag="the torch columns (--torch)")
-    from torch.nn.attention import flex_attention as flex
-
-    return {"torch": torch, "sdpa": F.scaled_dot_product_attention, "flex": flex,
-            "patterns": torch_patterns(args, torch), "qkv": tuple(torch.from_numpy(x) for x in qkv),
-            "compiled": torch.compile(flex.flex_attention)}  # fmt: skip
-
-
-def torch_flex_call(name: str, args: argparse.Namespace, side: dict[str, Any]) -> Any:
-    """A call of torch's compiled flex_attention on pattern `name`, with its block mask (tiles of 128)."""
-    mask_mod, score_mod = side["patterns"][name]
-    block_mask = side["flex"].create_block_mask(mask_mod, None, None, args.tokens, args.tokens, device="cpu",
-                                                BLOCK_SIZE=128)  # fmt: skip
-
-    def call() -> Any:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return side["compiled"](*side["qkv"], score_mod, block_mask)
-
-    return call
-
-
-def torch_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any]) -> None:
-    """torch SDPA with the dense mask (ALiBi: the dense bias; softcap has no dense form), and the peak of
-    torch's compiled flex_attention, for one pattern."""
-    mask_mod, score_mod = side["patterns"][row["pattern"]]
-    if score_mod is None or row["pattern"] == "alibi":
-        allowed = side["flex"].create_mask(mask_mod, 1, 1, args.tokens, args.tokens, device="cpu")  # (1, 1, T, T)
-        sdpa_row(row, args, side, allowed, score_mod)
-    row["torch flex peak"] = rss_peak_growth(torch_flex_call(row["pattern"], args, side))
-
-
-def sdpa_row(row: dict[str, Any], args: argparse.Namespace, side: dict[str, Any], allowed: Any, bias_mod: Any) -> None:
-    """torch SDPA with allowed (1, 1, T, T) bool as its attn_mask, or the bias of bias_mod, -inf where hidden."""
-    torch, T, attn_mask = side["torch"], args.tokens, allowed
-    if bias_mod is not None:  # a float mask (1, H, T, T): the score_mod applied to zero scores
-        h = torch.arange(args.heads)[None, :, None, None]
-        bias = bias_mod(torch.zeros(1, args.heads, T, T), 0, h, torch.arange(T)[:, None], torch.arange(T))
-        attn_mask = bias.masked_fill(~allowed, float("-inf"))
-    sdpa = lambda: side["sdpa"](*side["qkv"], attn_mask=attn_mask)  # noqa: E731
-    time.sleep(common.SETTLE_SECONDS)  # after our reference: let BLAS's spinning threads go to sleep first
-    row["sdpa s"], row["sdpa peak"] = median_ms(sdpa, 1) / 1e3, rss_peak_growth(sdpa)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -343,51 +253,68 @@ def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]],
         return "flex/causal flash " + ratio_text(row["flex s"] / flash, TARGETS[name], judged)
     if name == f"{args.documents} documents":
         vs_batch, vs_flash = row["flex s"] / batch, row["flex s"] / flash
-        return (f"flex/batch {ratio_text(vs_batch, TARGETS['documents vs batch'], judged)}; "
-                f"flex/causal flash {ratio_text(vs_flash, TARGETS['documents vs causal'], judged)}")  # fmt: skip
+        return (
+            f"flex/batch {ratio_text(vs_batch, TARGETS['documents vs batch'], judged)}; "
+            f"flex/causal flash {ratio_text(vs_flash, TARGETS['documents vs causal'], judged)}"
+        )
     return ""
 
 
 def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """The table (rows Ctrl-C cut short show '-' where they have no figure), its busy marks, the targets."""
-    headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak",
-               "torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]  # fmt: skip
-    body, measured, judged = [], [], args.tokens == TARGET_TOKENS
-    for name, row in rows.items():
-        if name.startswith("_"):
-            continue
-        torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
-        body.append([name, f"{row['tiles']}/{row['of']}", cell(row["mask s"]), cell(row["flex s"]),
-                     cell(row["flex peak"], "B"), cell(row.get("ref s")), cell(row.get("ref peak"), "B"),
-                     cell(row.get("sdpa s")), cell(row.get("sdpa peak"), "B"), cell(row.get("torch flex s")),
-                     cell(row.get("torch flex peak"), "B"),
-                     "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"], judged),
-                     f"{row['rate']:.0f}" if "rate" in row else "-"])  # fmt: skip
-        measured.append(row)
-    keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]  # the torch columns with --torch
+    headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak"]
+    headers += ["torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]
+    measured = [row for name, row in rows.items() if not name.startswith("_")]
+    body = [table_cells(row, args.tokens == TARGET_TOKENS) for row in measured]
+    # the torch columns with --torch
+    keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]
     headers, body = [headers[i] for i in keep], [[line[i] for i in keep] for line in body]
-    print(common.marked_table(body, measured, headers, args.format, label=lambda row: row["pattern"],
-                              width=table_width(args)))  # fmt: skip
+    print(
+        machine.marked_table(
+            body, measured, headers, args.format, label=lambda row: row["pattern"], width=table_width(args)
+        )
+    )
     ours = rows["_rate"]
     n = probe_matrix(args).shape[0]
-    print(f"GFLOP/s: a {n} x {n} float32 matmul just before each row's reference and SDPA runs;\n"
-          f"in the round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n")  # fmt: skip
+    print(
+        f"GFLOP/s: a {n} x {n} float32 matmul just before each row's reference and SDPA runs;\n"
+        f"in the round-robin timings it ran at {ours['GFLOP/s']:.0f} (load {ours['load']:.1f})\n"
+    )
     if args.tokens != TARGET_TOKENS:
         print(f"the targets are set for T = {TARGET_TOKENS:,}: at T = {args.tokens:,} the ratios are shown, not judged")
     for name, row in rows.items():
         if not name.startswith("_") and (text := target_text(name, row, rows, args)):
             print(f"{name}: {text}")
     which = "the baseline's" if args.baseline else "this version's"
-    print(f"flash_attention(causal=True), {which}: {rows['_flash']['s']:.3f} s; the {args.documents} documents as "
-          f"a batch of {args.documents} x {args.tokens // args.documents}: {rows['_batch']['s']:.3f} s")  # fmt: skip
+    print(
+        f"flash_attention(causal=True), {which}: {rows['_flash']['s']:.3f} s; the {args.documents} documents as "
+        f"a batch of {args.documents} x {args.tokens // args.documents}: {rows['_batch']['s']:.3f} s"
+    )
+
+
+def table_cells(row: dict[str, Any], judged: bool) -> list[str]:
+    """One pattern's row: its tiles, the times and peaks of each path
+    ('-' where not measured), torch's ratio."""
+    torch_ratio = row["flex s"] / row["torch flex s"] if row.get("torch flex s") else None
+    figures = [(row["mask s"], "s"), (row["flex s"], "s"), (row["flex peak"], "B"), (row.get("ref s"), "s")]
+    figures += [(row.get("ref peak"), "B"), (row.get("sdpa s"), "s"), (row.get("sdpa peak"), "B")]
+    figures += [(row.get("torch flex s"), "s"), (row.get("torch flex peak"), "B")]
+    return [
+        row["pattern"],
+        f"{row['tiles']}/{row['of']}",
+        *(cell(x, unit) for x, unit in figures),
+        "-" if torch_ratio is None else ratio_text(torch_ratio, TARGETS["torch flex"], judged),
+        f"{row['rate']:.0f}" if "rate" in row else "-",
+    ]
 
 
 def print_maps(args: argparse.Namespace) -> None:
-    """Each pattern's tile map, drawn with cells of T/16 (the kernels run tiles of 256: counts in the table)."""
+    """Each pattern's tile map, drawn with cells of T/16
+    (the kernels run tiles of 256: counts in the table)."""
     T = args.tokens
     print(f"tile maps, one cell = {T // 16} x {T // 16} scores ('#' full, '\\' partial, '.' empty):")
     maps = []
-    for name, (mask_mod, _) in patterns(args).items():
+    for name, (mask_mod, _) in flex_patterns.patterns(args).items():
         coarse = ta.create_block_mask(mask_mod, None, None, T, T, BLOCK_SIZE=T // 16)
         maps.append([name] + ta.draw_tile_plan(coarse).splitlines())
     for first in range(0, len(maps), 3):  # three maps side by side: 99 columns
@@ -403,13 +330,15 @@ def varlen_row(args: argparse.Namespace, documents: int) -> dict[str, Any]:
     packed = [rng.standard_normal((args.heads, documents * tokens, args.head_dim), dtype=np.float32) for _ in "qkv"]
     batch = [x.reshape(args.heads, documents, tokens, args.head_dim).swapaxes(0, 1) for x in packed]
     cu = np.arange(documents + 1) * tokens  # documents of T / 8 tokens each
-    calls = {"packed": lambda: ta.flash_attention_varlen(*packed, cu, cu, causal=True, workers=args.workers),
-             "batch": lambda: ta.flash_attention(*batch, causal=True, workers=args.workers)}  # fmt: skip
+    calls = {
+        "packed": lambda: ta.flash_attention_varlen(*packed, cu, cu, causal=True, workers=args.workers),
+        "batch": lambda: ta.flash_attention(*batch, causal=True, workers=args.workers),
+    }
     packed_out = calls["packed"]().reshape(args.heads, documents, tokens, -1).swapaxes(0, 1)  # (n, H, T/8, E)
     diff = float(np.max(np.abs(packed_out - calls["batch"]())))
     if not diff <= 1e-5:
         sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
-    common.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
+    outputs.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
     return {"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)}
 
 
@@ -424,8 +353,10 @@ def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     headers = ["documents", "tokens each", "packed s", "batch s", "packed/batch"]
     print(text_table(body, headers, fmt=args.format))
     if any(row["tokens"] < DEFAULT_BLOCK_Q for row in rows):
-        print(f"documents shorter than a tile ({DEFAULT_BLOCK_Q} tokens) share tiles when packed: the target "
-              f"(<= {TARGETS['packed vs batch']}x) is judged from --tokens {8 * DEFAULT_BLOCK_Q} on")  # fmt: skip
+        print(
+            f"documents shorter than a tile ({DEFAULT_BLOCK_Q} tokens) share tiles when packed: the target "
+            f"(<= {TARGETS['packed vs batch']}x) is judged from --tokens {8 * DEFAULT_BLOCK_Q} on"
+        )
 
 
 def run_flops(args: argparse.Namespace) -> float:
@@ -434,47 +365,61 @@ def run_flops(args: argparse.Namespace) -> float:
     H, T, E = args.heads, args.tokens, args.head_dim
     if args.varlen:
         return sum((args.repeats + 2) * 2 * n * 2 * H * (T // 8) ** 2 * E for n in VARLEN_DOCUMENTS)
-    reference = 0 if args.no_reference else len(patterns(args)) * 2 * 4 * H * T * T * E
+    reference = 0 if args.no_reference else len(flex_patterns.patterns(args)) * 2 * 4 * H * T * T * E
     return (args.repeats + 2) * 5 * 2 * H * T * T * E + reference
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if problem := common.time_problem(run_flops(args), probe_rate(probe_matrix(args)), "lower --tokens or --repeats"):
+    if problem := limits.time_problem(run_flops(args), probe_rate(probe_matrix(args)), "lower --tokens or --repeats"):
         sys.exit(f"flex.py: error: {problem}")
     if args.varlen:
-        print(f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
-              f"{args.workers or os.cpu_count()}\n" + common.header(None, None)[1])  # fmt: skip
+        print(
+            f"packed documents, causal: {args.heads} heads of {args.head_dim}, float32; workers "
+            f"{args.workers or os.cpu_count()}\n" + machine.header(None, None)[1]
+        )
         rows: list[dict[str, Any]] = []  # the rows measured, all of them kept on Ctrl-C
-        stopped = common.measure_each(VARLEN_DOCUMENTS, lambda documents: varlen_row(args, documents), rows)
+        stopped = interrupts.measure_each(VARLEN_DOCUMENTS, lambda documents: varlen_row(args, documents), rows)
         print_varlen(rows, args)
         if args.json:
-            common.write_json(args.json, {"args": vars(args), "varlen": rows}, stopped)
-        return common.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts") if stopped else 0
-    baseline = load_baseline(args.baseline) if args.baseline else None
+            outputs.write_json(args.json, {"args": vars(args), "varlen": rows}, stopped)
+        return interrupts.interrupted(len(rows), len(VARLEN_DOCUMENTS), "document counts") if stopped else 0
+    baseline = flex_patterns.load_baseline(args.baseline) if args.baseline else None
     T, H, E = args.tokens, args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
     qkv = tuple(rng.standard_normal((1, H, T, E), dtype=np.float32) for _ in range(3))
-    side = torch_setup(args, qkv) if args.torch else None
-    _, lines = common.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
-    print(f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
-          + (f"; baseline {args.baseline}" if baseline else "") + "\n" + lines)  # fmt: skip
+    side = flex_torch.torch_setup(args, qkv) if args.torch else None
+    _, lines = machine.header(side["torch"].__version__ if side else None, args.workers or os.cpu_count())
+    print(
+        f"T = {T}, {H} heads of {E}, float32, B = 1; workers {args.workers or os.cpu_count()}"
+        + (f"; baseline {args.baseline}" if baseline else "")
+        + "\n"
+        + lines
+    )
     if args.window >= T:
         print(f"window {args.window} >= T = {T}: every earlier key is in it, so its row is causal's")
-    print(check_agreement(args, baseline))
+    print(flex_patterns.check_agreement(args, baseline))
     print_maps(args)
     rows = timed_rows(args, qkv, baseline, side)
     stopped = dense_rows(rows, args, qkv, side)
     print_table(rows, args)
     if args.json:
         figures = {name: {key: value for key, value in row.items() if key != "mask"} for name, row in rows.items()}
-        common.write_json(args.json, {"args": vars(args), "rows": figures}, stopped)
+        outputs.write_json(args.json, {"args": vars(args), "rows": figures}, stopped)
     patterns_done = sum("dense done" in row for row in rows.values())
-    return common.interrupted(patterns_done, len(patterns(args)), "patterns' dense rows") if stopped else 0
+    return (
+        interrupts.interrupted(patterns_done, len(flex_patterns.patterns(args)), "patterns' dense rows")
+        if stopped
+        else 0
+    )
 
 
-def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: tuple[np.ndarray, ...],
-               side: dict[str, Any] | None) -> bool:  # fmt: skip
+def dense_rows(
+    rows: dict[str, dict[str, Any]],
+    args: argparse.Namespace,
+    qkv: tuple[np.ndarray, ...],
+    side: dict[str, Any] | None,
+) -> bool:
     """Our dense-mask reference and torch SDPA for each pattern, each row beside the matmul rate measured just
     before it; True when Ctrl-C stopped them (the rows measured so far stay)."""
     first_rate, square = rows["_rate"]["GFLOP/s"], probe_matrix(args)
@@ -482,14 +427,15 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
         for name, row in rows.items():
             if name.startswith("_"):
                 continue
-            time.sleep(common.SETTLE_SECONDS if side is not None else 0)  # torch's threads spun in the row before
+            # torch's threads spun in the row before
+            time.sleep(machine.SETTLE_SECONDS if side is not None else 0)
             rate = probe_rate(square)  # the machine's speed just before this row's others
-            row["rate"], row["busy"] = rate, common.busy_reasons(rate, first_rate)
+            row["rate"], row["busy"] = rate, machine.busy_reasons(rate, first_rate)
             if not args.no_reference:
-                common.progress(f"our dense-mask reference: {name}")
+                outputs.progress(f"our dense-mask reference: {name}")
                 reference_row(row, args, qkv)
             if side is not None:
-                torch_row(row, args, side)
+                flex_torch.torch_row(row, args, side)
             row["dense done"] = True
     except KeyboardInterrupt:
         return True
@@ -497,4 +443,4 @@ def dense_rows(rows: dict[str, dict[str, Any]], args: argparse.Namespace, qkv: t
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -33,10 +33,14 @@ import numpy as np
 
 from tinyattn_np import attention, attention_flops, flash_attention, flash_decode, format_bytes, gated_delta_rule
 from tinyattn_np.measure import alternating_medians_ms
-from tinyattn_np.report import Checklist, positive
+from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positive
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts  # noqa: E402
+import limits  # noqa: E402
+import machine  # noqa: E402
+import outputs  # noqa: E402
+import torch_import  # noqa: E402
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 SAME = 1e-4  # float32 chunks against the recurrence and against torch, relative to the largest output
@@ -64,7 +68,7 @@ def chunk_flops(T: int, H: int, d: int, C: int) -> float:
 
 def torch_chunked(args: argparse.Namespace) -> Any:
     """transformers' torch_chunk_gated_delta_rule, taking our layout (B, H, T, ·), returning o in it."""
-    torch, _ = common.load_torch()
+    torch, _ = torch_import.load_torch()
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, C: int) -> np.ndarray:
@@ -77,7 +81,7 @@ def torch_chunked(args: argparse.Namespace) -> Any:
 
 
 def relative(mine: np.ndarray, gold: np.ndarray) -> float:
-    return common.max_diff(mine, gold) / float(np.max(np.abs(gold)))
+    return max_diff(mine, gold) / float(np.max(np.abs(gold)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -86,7 +90,7 @@ def relative(mine: np.ndarray, gold: np.ndarray) -> float:
 
 def measure_prefill(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """Each prefill of T tokens checked (chunks = recurrence = torch), then timed: ours and torch's in turns."""
-    common.progress(f"prefill, T = {T:,}")
+    outputs.progress(f"prefill, T = {T:,}")
     q, k, v, g, beta = rule_inputs(T, args)
     C = args.chunk_size
     steps = {
@@ -103,15 +107,15 @@ def measure_prefill(T: int, args: argparse.Namespace, run: SimpleNamespace) -> d
         elif name in steps:
             diff = relative(steps[name](), gold)
             check(diff <= SAME, f"T = {T:,}: {name} equals the recurrence (relative {diff:.1e})")
-    row: dict[str, Any] = {"tokens": T, **common.beside_the_row("float32", run.rate)}
+    row: dict[str, Any] = {"tokens": T, **machine.beside_the_row("float32", run.rate)}
     # each step has run once (its check): the rest are timed without more warm-up, the long ones being long;
     # ours and torch's in turns, so that a drift of the machine slows both alike
     turns = ["chunks", "torch"] if "torch" in steps else ["chunks"]
-    times = alternating_medians_ms([steps[name] for name in turns], args.repeats, rounds=2, idle=common.SETTLE_SECONDS,
+    times = alternating_medians_ms([steps[name] for name in turns], args.repeats, rounds=2, idle=machine.SETTLE_SECONDS,
                                    warmup=0)  # fmt: skip
     row.update({f"{name}_ms": ms for name, ms in zip(turns, times, strict=True)})
     for name in ("recurrent", "flash"):
-        row[f"{name}_ms"] = alternating_medians_ms([steps[name]], args.repeats, rounds=1, idle=common.SETTLE_SECONDS,
+        row[f"{name}_ms"] = alternating_medians_ms([steps[name]], args.repeats, rounds=1, idle=machine.SETTLE_SECONDS,
                                                    warmup=0)[0]  # fmt: skip
     row["chunk_flops"] = chunk_flops(T, args.heads, args.head_dim, C)
     row["flash_flops"] = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=True)
@@ -131,7 +135,7 @@ def print_prefill(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
           "(median), and the\n   chunked algorithm's matmul GFLOP and their time at this machine's matmul "
           "rate")  # fmt: skip
     headers = ["T", "chunks", "recurrent", "torch", "flash", "GFLOP", "at rate", "chunks / rate", "chunks / torch"]
-    print(common.marked_table(body, rows, headers, args.format))
+    print(machine.marked_table(body, rows, headers, args.format))
     for row in rows:
         print(f"   T = {row['tokens']:,}: chunks {row['recurrent_ms'] / row['chunks_ms']:.1f}x faster than the "
               f"recurrence; flash attention {row['flash_ms'] / row['chunks_ms']:.2f}x the chunks' time "
@@ -139,19 +143,19 @@ def print_prefill(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
 
 
 def measure_chunk_size(C: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
-    common.progress(f"chunks of {C}")
+    outputs.progress(f"chunks of {C}")
     q, k, v, g, beta = rule_inputs(args.tokens[0], args)
-    ms = common.settled_median_ms(lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=C, l2norm_qk=True),
+    ms = machine.settled_median_ms(lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=C, l2norm_qk=True),
                                   args.repeats)  # fmt: skip
     row = {"chunk_size": C, "ms": ms, "flops": chunk_flops(args.tokens[0], args.heads, args.head_dim, C)}
-    return {**row, **common.beside_the_row("float32", run.rate)}
+    return {**row, **machine.beside_the_row("float32", run.rate)}
 
 
 def print_chunk_sizes(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
     body = [[str(row["chunk_size"]), f"{row['ms']:.1f}", f"{row['flops'] / 1e9:.1f}",
              f"{row['ms'] / (row['flops'] / run.rate / 1e6):.2f}x"] for row in rows]  # fmt: skip
     print(f"\n2) the chunk size: the prefill of T = {args.tokens[0]:,} in chunks of C")
-    print(common.marked_table(body, rows, ["C", "ms (median)", "GFLOP", "/ at rate"], args.format,
+    print(machine.marked_table(body, rows, ["C", "ms (median)", "GFLOP", "/ at rate"], args.format,
                               label=lambda row: f"C={row['chunk_size']}"))  # fmt: skip
 
 
@@ -192,15 +196,15 @@ def decode_steps(s: SimpleNamespace) -> dict[str, Any]:
 
 
 def measure_decode(S: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
-    common.progress(f"decode, S = {S:,}")
+    outputs.progress(f"decode, S = {S:,}")
     inputs = decode_inputs(S, args)
     steps = decode_steps(inputs)
     if S == min(args.contexts):
         gold = attention(inputs.q, inputs.keys, inputs.values)
         check(relative(steps["softmax"](), gold) <= SAME, f"S = {S:,}: flash_decode equals attention()")
-    row: dict[str, Any] = {"context": S, **common.beside_the_row("float32", run.rate)}
+    row: dict[str, Any] = {"context": S, **machine.beside_the_row("float32", run.rate)}
     for name, step in steps.items():
-        row[f"{name}_us"] = 1e3 * common.settled_median_ms(step, args.repeats * 10)
+        row[f"{name}_us"] = 1e3 * machine.settled_median_ms(step, args.repeats * 10)
     itemsize, H, d = 4, args.heads, args.head_dim
     row["softmax_bytes"], row["rule_bytes"] = 2 * S * H * d * itemsize, 2 * H * d * d * itemsize
     return row
@@ -216,7 +220,7 @@ def print_decode(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simp
           "step as the cache runs it and the engine's\n   step alone, the state read once and copied")  # fmt: skip
     headers = ["S", "KV bytes", "state bytes", "softmax", "rule", "engine", "read", "copy", "rule / read",
                "engine / read", "/ copy"]  # fmt: skip
-    print(common.marked_table(body, rows, headers, args.format, label=lambda row: f"S={row['context']:,}"))
+    print(machine.marked_table(body, rows, headers, args.format, label=lambda row: f"S={row['context']:,}"))
     state, token = 2 * args.heads * args.head_dim**2 * 4, 2 * args.heads * args.head_dim * 4  # bytes
     print(f"   bytes: the KV cache ({format_bytes(token)} a token) passes the state's read and write "
           f"({format_bytes(state)}) at S = {state // token:,}")  # fmt: skip
@@ -241,26 +245,26 @@ def crossing(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), nargs="+", default=[2048], metavar="T",
+    p.add_argument("--tokens", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[2048], metavar="T",
                    help="tokens T of each prefill (default 2048)")  # fmt: skip
-    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), default=16, help="heads H (default 16)")
+    p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=16, help="heads H (default 16)")
     p.add_argument("--head-dim", type=positive(int, 1024), default=128, help="d = d_k = d_v (default 128)")
     p.add_argument("--chunk-size", type=positive(int, 1024), default=64, help="C of section 1 (default 64)")
     p.add_argument("--chunk-sizes", type=positive(int, 1024), nargs="+", default=[16, 32, 64, 128], metavar="C",
                    help="the chunk sizes of section 2, at the first --tokens (default 16 32 64 128)")  # fmt: skip
-    p.add_argument("--contexts", type=positive(int, common.MAX_TOKENS), nargs="+", default=[256, 1024, 4096, 16384],
+    p.add_argument("--contexts", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[256, 1024, 4096, 16384],
                    metavar="S", help="cached tokens S of each decode step (default 256 1024 4096 16384)")  # fmt: skip
-    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=3,
+    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=3,
                    help="timed runs per figure (default 3; a decode step ten times as many)")  # fmt: skip
     p.add_argument("--torch", action="store_true", help="add transformers' torch_chunk_gated_delta_rule")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the random inputs")
+    add_seed_and_format(p, "the random inputs")
     args = p.parse_args(argv)
     args.tokens, args.contexts = sorted(args.tokens), sorted(args.contexts)
-    problem = common.memory_problem(run_bytes(args), "this run", "lower --tokens, --contexts or --heads")
+    problem = limits.memory_problem(run_bytes(args), "this run", "lower --tokens, --contexts or --heads")
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -284,12 +288,12 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch = common.load_torch()[0] if args.torch else None
-    info, lines = common.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
+    torch = torch_import.load_torch()[0] if args.torch else None
+    info, lines = machine.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
     print(lines)
-    run = SimpleNamespace(rate=common.matmul_rate("float32"), torch=torch_chunked(args) if torch else None)
+    run = SimpleNamespace(rate=machine.matmul_rate("float32"), torch=torch_chunked(args) if torch else None)
     print(f"float32 matmul, 2048 x 2048: {run.rate:.1f} GFLOP/s")
-    problem = common.time_problem(run_flops(args), run.rate, "lower --tokens, --heads or --repeats")
+    problem = limits.time_problem(run_flops(args), run.rate, "lower --tokens, --heads or --repeats")
     if problem:
         sys.exit(f"linear.py: error: {problem}")
     sections = [(args.tokens, measure_prefill, print_prefill), (args.chunk_sizes, measure_chunk_size,
@@ -297,16 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, Any] = {"machine": info, "matmul_gflops": run.rate, "args": vars(args)}
     for (items, measure, show), key in zip(sections, ("prefill", "chunk_sizes", "decode"), strict=True):
         rows: list[dict[str, Any]] = []
-        stopped = common.measure_each(items, lambda item, measure=measure: measure(item, args, run), rows)
+        stopped = interrupts.measure_each(items, lambda item, measure=measure: measure(item, args, run), rows)
         if rows:
             show(rows, args, run)
         figures[key] = rows
         if stopped:
             break
     if args.json:
-        common.write_json(args.json, figures, stopped)
-    return common.interrupted(len(rows), len(items)) if stopped else check.finish()
+        outputs.write_json(args.json, figures, stopped)
+    return interrupts.interrupted(len(rows), len(items)) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

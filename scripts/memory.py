@@ -50,8 +50,10 @@ from tinyattn_np.report import (
     text_table,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import machine
+import outputs
 
 N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
@@ -339,7 +341,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     args = parser.parse_args(argv)
     args.kv_dtype = args.kv_dtype or args.dtype
-    common.check_output(parser, "--json", args.json)
+    outputs.check_output(parser, "--json", args.json)
     return args
 
 
@@ -458,15 +460,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = bill(args, models, side, ring_model)
     if args.json == "-":
-        print(json.dumps({**report, "code": common.code_version()}, indent=2))
+        print(json.dumps({**report, "code": machine.code_version()}, indent=2))
         return 0
     print_first_sections(report, args)
     print()
     print_last_sections(report, args, ring_model)
     if args.json:
-        common.write_json(args.json, report)
+        outputs.write_json(args.json, report)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -1,5 +1,5 @@
-"""Multi-head latent attention in numbers: what one DeepSeek-V3 layer caches a token, and one decode step in the
-naive and the absorbed forms, beside this machine's two ceilings.
+"""Multi-head latent attention in numbers: what one DeepSeek-V3 layer caches a token, and one decode step in
+the naive and the absorbed forms, beside this machine's two ceilings.
 
 What it shows:
   1) the cache one token takes in one layer: DeepSeek-V3's heads (keys of 128 + 64 numbers, values of 128) as
@@ -35,10 +35,14 @@ import numpy as np
 
 from tinyattn_np import attend_latent, decompress, flash_decode, format_bytes, latent_softmax_scale, split_ukv
 from tinyattn_np.measure import read_bandwidth
-from tinyattn_np.report import Checklist, positive, text_table
+from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positive, text_table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 D_NOPE, D_ROPE, D_V, RANK = (
@@ -50,7 +54,10 @@ D_NOPE, D_ROPE, D_V, RANK = (
 HEAD = D_NOPE + D_ROPE + D_V  # one head's key and value: 320 numbers
 LATENT = RANK + D_ROPE  # the latent: 576 numbers
 CHUNK = 2048  # the naive cache is decompressed this many tokens at a time
-SAME = {"float32": 1e-5, "float64": 1e-12}  # the forms agree to this, relative (the same sums in another order)
+SAME = {
+    "float32": 1e-5,
+    "float64": 1e-12,
+}  # the forms agree to this, relative (the same sums in another order)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -66,8 +73,10 @@ def print_cache_table(args: argparse.Namespace) -> None:
         ("Llama-3-70B's own layer: 8 kv heads of 128", 8, 2 * 8 * 128),
     ]
     body = [[name, str(kv), f"{n:,}", f"{2 * n:,}", f"{4 * n:,}", f"{n / LATENT:.1f}x"] for name, kv, n in rows]
-    print(f"1) the cache one token takes in one layer: {args.heads} heads, keys of {D_NOPE} + {D_ROPE} numbers "
-          f"and values of {D_V}\n   (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}")  # fmt: skip
+    print(
+        f"1) the cache one token takes in one layer: {args.heads} heads, keys of {D_NOPE} + {D_ROPE} numbers "
+        f"and values of {D_V}\n   (DeepSeek-V3's), a latent of {RANK} + {D_ROPE}"
+    )
     headers = ["layout", "kv heads", "numbers", "bytes (bf16)", "bytes (float32)", "/ MLA"]
     print(text_table(body, headers, fmt=args.format))
 
@@ -83,17 +92,22 @@ def last_level_cache() -> int | None:
 
 
 def ceilings(args: argparse.Namespace) -> SimpleNamespace:
-    """The matmul rate and the read bandwidth now, their ratio, and the last-level cache (printed: section 2)."""
-    rate, bandwidth = common.matmul_rate(args.dtype), read_bandwidth(2**30)
+    """The matmul rate and the read bandwidth now, their ratio, and the last-level cache
+    (printed: section 2)."""
+    rate, bandwidth = machine.matmul_rate(args.dtype), read_bandwidth(2**30)
     llc = last_level_cache()
     itemsize = np.dtype(args.dtype).itemsize
-    print(f"\n2) this machine: {args.dtype} matmul (2048 x 2048) {rate:.1f} GFLOP/s; reading memory (1 GiB, two "
-          f"threads) {bandwidth:.1f} GB/s:\n   a step is compute-bound above {rate / bandwidth:.1f} FLOPs per byte "
-          "read, memory-bound below")  # fmt: skip
+    print(
+        f"\n2) this machine: {args.dtype} matmul (2048 x 2048) {rate:.1f} GFLOP/s; reading memory (1 GiB, two "
+        f"threads) {bandwidth:.1f} GB/s:\n   a step is compute-bound above {rate / bandwidth:.1f} FLOPs per byte "
+        "read, memory-bound below"
+    )
     if llc:
         naive, latent = llc // (args.heads * HEAD * itemsize), llc // (LATENT * itemsize)
-        print(f"   last-level cache {format_bytes(llc)}: the naive cache outgrows it past S = {naive:,} tokens, "
-              f"the latent cache past S = {latent:,}")  # fmt: skip
+        print(
+            f"   last-level cache {format_bytes(llc)}: the naive cache outgrows it past S = {naive:,} tokens, "
+            f"the latent cache past S = {latent:,}"
+        )
     return SimpleNamespace(rate=rate, bandwidth=bandwidth, llc=llc)
 
 
@@ -109,8 +123,15 @@ def step_inputs(S: int, args: argparse.Namespace, rng: np.random.Generator, naiv
     latent = rng.standard_normal((1, 1, S, LATENT), dtype=np.float64).astype(dtype)  # (1, 1, S, r + dr)
     q_nope = rng.standard_normal((1, H, 1, D_NOPE), dtype=np.float64).astype(dtype)  # (1, H, 1, dn)
     q_rope = rng.standard_normal((1, H, 1, D_ROPE), dtype=np.float64).astype(dtype)  # (1, H, 1, dr)
-    inputs = SimpleNamespace(w_ukv=w_ukv, latent=latent, q_nope=q_nope, q_rope=q_rope, scale=latent_softmax_scale(
-        D_NOPE + D_ROPE), k=None, v=None)  # fmt: skip
+    inputs = SimpleNamespace(
+        w_ukv=w_ukv,
+        latent=latent,
+        q_nope=q_nope,
+        q_rope=q_rope,
+        scale=latent_softmax_scale(D_NOPE + D_ROPE),
+        k=None,
+        v=None,
+    )
     if naive:  # the multi-head cache, a chunk of tokens at a time: no chunk's k and v as large as the whole
         inputs.k = np.empty((1, H, S, D_NOPE + D_ROPE), dtype)  # (1, H, S, dn + dr)
         inputs.v = np.empty((1, H, S, D_V), dtype)  # (1, H, S, dv)
@@ -121,7 +142,8 @@ def step_inputs(S: int, args: argparse.Namespace, rng: np.random.Generator, naiv
 
 
 def naive_step(inputs: SimpleNamespace) -> np.ndarray:
-    """The new token's k_nope and v from its latent into the multi-head cache, then attention over every head's."""
+    """The new token's k_nope and v from its latent into the multi-head cache,
+    then attention over every head's."""
     kv = (inputs.latent[0, 0, -1, :RANK] @ inputs.w_ukv).reshape(-1, D_NOPE + D_V)  # (H, dn + dv)
     inputs.k[0, :, -1, :D_NOPE], inputs.v[0, :, -1] = kv[:, :D_NOPE], kv[:, D_NOPE:]
     q = np.concatenate([inputs.q_nope, inputs.q_rope], axis=-1)  # (1, H, 1, dn + dr)
@@ -148,7 +170,7 @@ def products_alone(inputs: SimpleNamespace) -> Any:
 
 def torch_step(inputs: SimpleNamespace) -> Any:
     """The absorbed step in torch, with its own matmuls: absorb, scores, softmax, P V, W_UV."""
-    torch, _ = common.load_torch()
+    torch, _ = torch_import.load_torch()
     w_uk, w_uv = (torch.from_numpy(w) for w in split_ukv(inputs.w_ukv, inputs.q_nope.shape[1], D_NOPE))
     keys = torch.from_numpy(inputs.latent[0, 0])  # (S, r + dr)
     q_nope, q_rope = torch.from_numpy(inputs.q_nope[0]), torch.from_numpy(inputs.q_rope[0])  # (H, 1, ·)
@@ -162,7 +184,8 @@ def torch_step(inputs: SimpleNamespace) -> Any:
 
 
 def step_costs(S: int, H: int, itemsize: int) -> dict[str, tuple[float, float]]:
-    """(FLOPs, bytes read) of each step at context S: the matmuls' FLOPs; the bytes of the cache and of W_UKV."""
+    """(FLOPs, bytes read) of each step at context S: the matmuls' FLOPs;
+    the bytes of the cache and of W_UKV."""
     w_ukv = RANK * H * (D_NOPE + D_V) * itemsize  # read once a step by either form
     two_products = 2 * H * S * LATENT + 2 * H * S * RANK
     absorbed = (2 * H * D_NOPE * RANK + two_products + 2 * H * RANK * D_V, w_ukv + S * LATENT * itemsize)
@@ -176,7 +199,7 @@ def step_costs(S: int, H: int, itemsize: int) -> dict[str, tuple[float, float]]:
 
 def measure_context(S: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """Each step at context S: checked against the absorbed form's output, then timed."""
-    common.progress(f"S = {S:,}")
+    outputs.progress(f"S = {S:,}")
     skipped = naive_fits(S, args)
     inputs = step_inputs(S, args, np.random.default_rng(args.seed), naive=skipped is None)
     steps = {"naive": lambda: naive_step(inputs)} if skipped is None else {}
@@ -187,13 +210,20 @@ def measure_context(S: int, args: argparse.Namespace, run: SimpleNamespace) -> d
     for name in ("naive", "torch"):
         if name in steps:
             out = np.asarray(steps[name]())  # torch's tensor as an array (shared memory)
-            diff = common.max_diff(out, gold) / np.max(np.abs(gold))
-            check(diff <= SAME[args.dtype], f"S = {S:,}: the {name} step equals the absorbed one (relative {diff:.1e})")
-    row: dict[str, Any] = {"context": S, "naive_skipped": skipped, **common.beside_the_row(args.dtype, run.rate)}
+            diff = max_diff(out, gold) / np.max(np.abs(gold))
+            check(
+                diff <= SAME[args.dtype],
+                f"S = {S:,}: the {name} step equals the absorbed one (relative {diff:.1e})",
+            )
+    row: dict[str, Any] = {
+        "context": S,
+        "naive_skipped": skipped,
+        **machine.beside_the_row(args.dtype, run.rate),
+    }
     costs = step_costs(S, args.heads, np.dtype(args.dtype).itemsize)
     for name, step in steps.items():
         flops, read = costs[name]
-        row[name] = {"ms": common.settled_median_ms(step, args.repeats), "flops": flops, "bytes": read}
+        row[name] = {"ms": machine.settled_median_ms(step, args.repeats), "flops": flops, "bytes": read}
     return row
 
 
@@ -206,14 +236,26 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
             ms, flops, read = row[name]["ms"], row[name]["flops"], row[name]["bytes"]
             compute_ms, memory_ms = flops / run.rate / 1e6, read / run.bandwidth / 1e6
             bound = "compute" if compute_ms >= memory_ms else "memory"
-            body.append([f"{row['context']:,}", name, f"{ms:.2f}", f"{flops / 1e9:.2f}", f"{read / 1e6:,.1f}",
-                         f"{flops / read:.1f}", bound, f"{ms / max(compute_ms, memory_ms):.2f}x"])  # fmt: skip
+            body.append(
+                [
+                    f"{row['context']:,}",
+                    name,
+                    f"{ms:.2f}",
+                    f"{flops / 1e9:.2f}",
+                    f"{read / 1e6:,.1f}",
+                    f"{flops / read:.1f}",
+                    bound,
+                    f"{ms / max(compute_ms, memory_ms):.2f}x",
+                ]
+            )
             marks.append(row)
-    print(f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
-          "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth")  # fmt: skip
+    print(
+        f"\n3) one decode step, {args.heads} heads, {args.dtype}: the time, the step's FLOPs and bytes read, and the "
+        "bound:\n   the larger of FLOPs / matmul rate and bytes / bandwidth"
+    )
     headers = ["S", "step", "ms (median)", "GFLOP", "MB read", "FLOP/byte", "bound", "/ bound"]
-    print(text_table(common.mark_busy(body, marks), headers, fmt=args.format))
-    note = common.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
+    print(text_table(machine.mark_busy(body, marks), headers, fmt=args.format))
+    note = machine.busy_note(rows, lambda r: f"S={r['context']:,}")  # one line a context, not a step
     if note:
         print(note)
     for row in rows:
@@ -232,38 +274,55 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
 
 
 def naive_fits(S: int, args: argparse.Namespace) -> str | None:
-    """Why the naive form does not run at S (its cache and this step's arrays too large), None when it does."""
+    """Why the naive form does not run at S
+    (its cache and this step's arrays too large), None when it does."""
     itemsize = np.dtype(args.dtype).itemsize
     naive = args.heads * S * HEAD * itemsize + CHUNK * args.heads * (D_NOPE + D_V + HEAD) * itemsize
-    return common.memory_problem(naive + absorbed_bytes(S, args), f"the naive cache at S={S:,}", "absorbed form only")
+    return limits.memory_problem(naive + absorbed_bytes(S, args), f"the naive cache at S={S:,}", "absorbed form only")
 
 
 def absorbed_bytes(S: int, args: argparse.Namespace) -> int:
-    """The absorbed steps' arrays: the latents, W_UKV, the products' scores and torch's (scores and weights)."""
+    """The absorbed steps' arrays: the latents, W_UKV, the products' scores and torch's
+    (scores and weights)."""
     itemsize = np.dtype(args.dtype).itemsize
     return (S * LATENT + RANK * args.heads * (D_NOPE + D_V) + (1 + 2 * args.torch) * args.heads * S) * itemsize
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--contexts", type=positive(int, common.MAX_TOKENS), nargs="+", default=[1024, 4096], metavar="S",
-                   help="cached tokens S of each decode step (default 1024 4096)")  # fmt: skip
-    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), default=128,
-                   help="query heads H (default 128, DeepSeek-V3's)")  # fmt: skip
+    p.add_argument(
+        "--contexts",
+        type=positive(int, limits.MAX_TOKENS),
+        nargs="+",
+        default=[1024, 4096],
+        metavar="S",
+        help="cached tokens S of each decode step (default 1024 4096)",
+    )
+    p.add_argument(
+        "--heads",
+        type=positive(int, limits.MAX_HEADS),
+        default=128,
+        help="query heads H (default 128, DeepSeek-V3's)",
+    )
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="dtype (default float32)")
-    p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=3,
-                   help="timed runs per figure (default 3)")  # fmt: skip
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="timed runs per figure (default 3)",
+    )
     p.add_argument("--torch", action="store_true", help="add torch doing the absorbed step with its own matmuls")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the random latents, weights and queries")
+    add_seed_and_format(p, "the random latents, weights and queries")
     args = p.parse_args(argv)
-    problem = common.memory_problem(absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}",
-                                    "lower --contexts or --heads")  # fmt: skip
+    problem = limits.memory_problem(
+        absorbed_bytes(max(args.contexts), args), f"S={max(args.contexts):,}", "lower --contexts or --heads"
+    )
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.torch:
-        common.load_torch()  # now, not after the first rows
+        torch_import.load_torch()  # now, not after the first rows
     return args
 
 
@@ -281,23 +340,28 @@ def run_flops(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch = common.load_torch()[0] if args.torch else None
-    info, lines = common.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
+    torch = torch_import.load_torch()[0] if args.torch else None
+    info, lines = machine.header(*((torch.__version__, torch.get_num_threads()) if torch else ()))
     print(lines)
     print_cache_table(args)
     run = ceilings(args)
-    problem = common.time_problem(run_flops(args), run.rate, "lower --contexts, --heads or --repeats")
+    problem = limits.time_problem(run_flops(args), run.rate, "lower --contexts, --heads or --repeats")
     if problem:
         sys.exit(f"mla.py: error: {problem}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.contexts, lambda S: measure_context(S, args, run), rows)
+    stopped = interrupts.measure_each(args.contexts, lambda S: measure_context(S, args, run), rows)
     if rows:
         print_rows(rows, args, run)
     if args.json:
-        figures = {"machine": info, "matmul_gflops": run.rate, "read_gb_per_s": run.bandwidth, "args": vars(args)}
-        common.write_json(args.json, {**figures, "last_level_cache_bytes": run.llc, "rows": rows}, stopped)
-    return common.interrupted(len(rows), len(args.contexts)) if stopped else check.finish()
+        figures = {
+            "machine": info,
+            "matmul_gflops": run.rate,
+            "read_gb_per_s": run.bandwidth,
+            "args": vars(args),
+        }
+        outputs.write_json(args.json, {**figures, "last_level_cache_bytes": run.llc, "rows": rows}, stopped)
+    return interrupts.interrupted(len(rows), len(args.contexts)) if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from tinyattn_np import LearnedPositions, attention, embed, rope, tokenize
-from tinyattn_np.report import Checklist, table
+from tinyattn_np.report import Checklist, add_seed_and_format, table
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
 
 D_MODEL, D_HEAD = 256, 64
 SHUFFLE = [3, 0, 4, 1, 2]  # token i of the shuffled sentence is token SHUFFLE[i] of the original
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "'Moriarty shot Holmes.') until position is added; RoPE scores depend only on distance and keep "
         "norms; a learned table refuses positions past its end. Every claim is checked (exit 1 if one fails).",
     )
-    common.add_seed_and_format(parser, "the random weights and vectors")
+    add_seed_and_format(parser, "the random weights and vectors")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     # one random head shared by sections 1 and 2; 1/√d_model keeps q, k, v near unit variance
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

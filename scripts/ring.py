@@ -24,8 +24,6 @@ then ends every rank (MPI_Abort, exit code 130) once rank 0 has printed what it 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import math
 import os
 import statistics
@@ -38,10 +36,10 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, tile_plan, to_unit
-from tinyattn_np._mpi import StopTogether
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import median_ms, traced_peak
 from tinyattn_np.memory import attention_flops
+from tinyattn_np.mpi_job import StopTogether, idle_wait, load_mpi
 from tinyattn_np.peaks import ring_attention_bytes
 from tinyattn_np.report import (
     Checklist,
@@ -50,23 +48,35 @@ from tinyattn_np.report import (
     column_unit,
     fit_table,
     format_sig,
+    max_diff,
     table_width,
     text_table,
 )
 from tinyattn_np.ring import ring_attention, tile_counts
-from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, shard, unshard
+from tinyattn_np.shards import LAYOUTS, chunks_of, n_chunks, unshard
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import mpi_runs
+import outputs
+import ring_balance
 
-DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # Gathered output against single-process flash_attention: the tests' tolerances (tests/conftest.py).
 TOLERANCE = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-6), "float16": (2e-3, 2e-3)}
-BOUNDS = {  # each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
-    "tokens": (1, common.MAX_TOKENS), "heads": (1, common.MAX_HEADS), "kv_heads": (1, common.MAX_HEADS),
-    "head_dim": (1, common.MAX_HEADS), "block": (1, common.MAX_TOKENS), "workers": (1, common.MAX_WORKERS),
-    "reference_workers": (1, common.MAX_WORKERS), "repeats": (1, common.MAX_REPEATS), "max_ranks": (2, 1024),
-}  # fmt: skip
+# each size flag's smallest and largest value (4M tokens: q, k, v and two outputs on rank 0 are GiBs)
+BOUNDS = {
+    "tokens": (1, limits.MAX_TOKENS),
+    "heads": (1, limits.MAX_HEADS),
+    "kv_heads": (1, limits.MAX_HEADS),
+    "head_dim": (1, limits.MAX_HEADS),
+    "block": (1, limits.MAX_TOKENS),
+    "workers": (1, limits.MAX_WORKERS),
+    "reference_workers": (1, limits.MAX_WORKERS),
+    "repeats": (1, limits.MAX_REPEATS),
+    "max_ranks": (2, 1024),
+}
 ONE_RANK = (
     "ran 1 rank: a ring of one is plain flash attention, and its checks say nothing about the messages between "
     "ranks;\nfor a ring of 4 ranks: mpiexec -n 4 python scripts/ring.py"
@@ -79,23 +89,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, GQA when fewer (default --heads)")
     p.add_argument("--head-dim", type=int, default=64, help="E, channels per head (default 64)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="inputs' dtype (default float32)")
+    p.add_argument("--dtype", choices=list(mpi_runs.DTYPES), default="float32", help="inputs' dtype (default float32)")
     p.add_argument(
-        "--layout", choices=["both", *LAYOUTS], default="both", help="zigzag, contiguous, or both (default both)"
+        "--layout",
+        choices=["both", *LAYOUTS],
+        default="both",
+        help="zigzag, contiguous, or both (default both)",
     )
     p.add_argument("--no-causal", action="store_true", help="no mask: every pair of chunks is full")
     p.add_argument("--block", type=int, default=DEFAULT_BLOCK_Q, help=f"flash tile side (default {DEFAULT_BLOCK_Q})")
     p.add_argument("--workers", type=int, default=1, help="flash threads per rank (default 1: a rank per core)")
     p.add_argument(
-        "--reference-workers", type=int, default=os.cpu_count() or 1,
+        "--reference-workers",
+        type=int,
+        default=os.cpu_count() or 1,
         help="threads of the single-process flash_attention it is timed against (default: the CPU count)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the single-process run and the comparison")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per figure, the median is shown (default 3)")
     p.add_argument(
-        "--max-ranks", type=int, default=8,
+        "--max-ranks",
+        type=int,
+        default=8,
         help="largest ring in the tile-count table: 2 .. 8 ranks, then powers of two up to this (default 8)",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed for q, k, v (default 0)")
     add_format_argument(p)
     add_wide_argument(p)
@@ -105,8 +122,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (low, high) in BOUNDS.items():
         value, flag = getattr(args, name), f"--{name.replace('_', '-')}"
         if value < low or value > high:
-            p.error(f"{flag} must be {'at least' if value < low else 'at most'} {low if value < low else high:,}; "
-                    f"got {value:,}")  # fmt: skip
+            p.error(
+                f"{flag} must be {'at least' if value < low else 'at most'} {low if value < low else high:,}; "
+                f"got {value:,}"
+            )
     if args.tokens < 2 * args.max_ranks:
         p.error(
             f"--tokens must be at least 2 x --max-ranks = {2 * args.max_ranks} (the tile table cuts it into "
@@ -116,7 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--seed must be 0 or more; got {args.seed}")
     if args.heads % args.kv_heads:
         p.error(f"--heads ({args.heads}) must be a multiple of --kv-heads ({args.kv_heads})")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -130,30 +149,37 @@ def check_against_size(args: argparse.Namespace, size: int) -> str | None:
                 f"--tokens {args.tokens} cannot be split into {pieces} equal chunks ({layout} layout, {size} ranks): "
                 f"use a multiple of {pieces}"
             )
-    itemsize = np.dtype(DTYPES[args.dtype]).itemsize
+    itemsize = np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize
     held = args.tokens * (3 * args.heads + 2 * args.kv_heads) * args.head_dim * itemsize  # q, out, ref, k, v
-    problem = common.memory_problem(
-        held, f"--tokens {args.tokens:,}", "lower --tokens, --heads or --head-dim", " on rank 0 (q, k, v, two outputs)"
+    problem = limits.memory_problem(
+        held,
+        f"--tokens {args.tokens:,}",
+        "lower --tokens, --heads or --head-dim",
+        " on rank 0 (q, k, v, two outputs)",
     )
     if problem:
         return problem
     flops, rate, seconds = run_cost(args, size)
-    return common.time_problem(flops, rate, "lower --max-ranks, --tokens or --repeats, or raise --block", seconds)
+    return limits.time_problem(flops, rate, "lower --max-ranks, --tokens or --repeats, or raise --block", seconds)
 
 
 def run_cost(args: argparse.Namespace, size: int) -> tuple[float, float, float]:
     """(FLOPs, the matmul rate in GFLOP/s, seconds of bookkeeping) of the whole run, for time_problem: the
     rings' and the reference's FLOPs, and the tile-count table of section 1, priced by timing a small one
     here (its pairs of chunks, and the tiles tile_plan lists)."""
-    rate = common.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
+    rate = machine.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
     flops = attention_flops(args.tokens, heads=args.heads, head_dim=args.head_dim, causal=not args.no_causal)
     rings = len(layouts(args)) * (args.repeats + 1) * flops / size  # every rank computes its share at once
     reference = 0 if args.no_reference else args.repeats * flops
     probe = argparse.Namespace(**{**vars(args), "tokens": 1024, "max_ranks": 32, "block": 1024})  # 1 tile a pair
-    pair_s = median_ms(lambda: balance_rows(probe, True), 3) / 1e3 / sum(5 * n * n for n in table_sizes(32))
+    pair_s = (
+        median_ms(lambda: ring_balance.balance_rows(probe, True), 3)
+        / 1e3
+        / sum(5 * n * n for n in ring_balance.table_sizes(32))
+    )
     tile_s = median_ms(lambda: tile_plan(512, 512, 8, 8), 3) / 1e3 / 64**2
     seconds = 0.0
-    for ranks in table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
+    for ranks in ring_balance.table_sizes(args.max_ranks):  # zigzag: 4 pairs per rank and step, contiguous: 1
         parts = (args.tokens / (2 * ranks), args.tokens / ranks)  # a zigzag chunk, a contiguous one
         seconds += 5 * ranks**2 * pair_s + sum(2 * math.ceil(part / args.block) ** 2 for part in parts) * tile_s
     return rings + reference, rate, seconds
@@ -163,52 +189,6 @@ def layouts(args: argparse.Namespace) -> list[str]:
     return list(LAYOUTS) if args.layout == "both" else [args.layout]
 
 
-# --- 1) tiles per rank, counted --------------------------------------------------------------------
-
-
-def table_sizes(max_ranks: int) -> list[int]:
-    """The rings of the tile-count table: 2 .. 8 ranks, then the powers of two and max_ranks itself (every
-    size up to 1,024 would be a thousand rows and half an hour of counting)."""
-    powers = [2**n for n in range(4, max_ranks.bit_length())]
-    return sorted({*range(2, min(max_ranks, 8) + 1), *powers, max_ranks})
-
-
-def balance_rows(args: argparse.Namespace, causal: bool) -> list[dict[str, Any]]:
-    """For the rings of table_sizes: the busiest rank's tiles over the mean, zigzag and contiguous.
-
-    T is --tokens rounded down to a multiple of 2·ranks, so that both layouts can split it."""
-    rows = []
-    for size in table_sizes(args.max_ranks):
-        tokens = args.tokens - args.tokens % (2 * size)
-        row: dict[str, Any] = {"ranks": size, "tokens": tokens}
-        for layout in LAYOUTS:
-            tiles = [r["tiles"] for r in tile_counts(tokens, size, layout=layout, causal=causal, **blocks(args))]
-            row[layout] = {"tiles": tiles, "max_over_mean": max(tiles) / statistics.mean(tiles)}
-        rows.append(row)
-    return rows
-
-
-def balance_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    body = [
-        [
-            str(row["ranks"]),
-            f"{row['tokens']:,}",
-            *(
-                cell
-                for layout in LAYOUTS
-                for cell in (
-                    f"{statistics.mean(row[layout]['tiles']):,.1f}",
-                    f"{max(row[layout]['tiles']):,}",
-                    f"{row[layout]['max_over_mean']:.3f}x",
-                )
-            ),
-        ]
-        for row in rows
-    ]
-    headers = ["ranks", "tokens", "zigzag mean", "max", "max/mean", "contiguous mean", "max", "max/mean"]
-    return text_table(body, headers, fmt)
-
-
 def blocks(args: argparse.Namespace) -> dict[str, int]:
     return {"block_q": args.block, "block_k": args.block}
 
@@ -216,24 +196,19 @@ def blocks(args: argparse.Namespace) -> dict[str, int]:
 # --- 2) the ring, on every rank ----------------------------------------------------------------------
 
 
-def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None,
-             ctrl_c: StopTogether) -> dict[str, Any]:  # fmt: skip
+def run_ring(
+    comm: Any, args: argparse.Namespace, layout: str, full: dict[str, np.ndarray] | None, ctrl_c: StopTogether
+) -> dict[str, Any]:
     """Scatter the shards from rank 0, run the ring --repeats times and once under tracemalloc; return
     this rank's figures (and, on rank 0, the gathered output). Ctrl-C: KeyboardInterrupt on every rank
     after the same run."""
-    rank, size = comm.Get_rank(), comm.Get_size()
     causal = not args.no_causal
-    parts = None
-    if rank == 0 and full is not None:
-        parts = [{name: shard(x, r, size, layout=layout) for name, x in full.items()} for r in range(size)]
-    mine = comm.scatter(parts, root=0)  # {"q": (1, Hq, T/P, E), "k": ..., "v": ...}
-    del parts
+    mine = mpi_runs.scatter_shards(comm, full, layout)  # {"q": (1, Hq, T/P, E), "k": ..., "v": ...}
+
+    settings = dict(comm=comm, causal=causal, layout=layout, return_stats=True, workers=args.workers)
 
     def ring() -> Any:
-        return ring_attention(
-            mine["q"], mine["k"], mine["v"], comm=comm, causal=causal, layout=layout,
-            return_stats=True, workers=args.workers, **blocks(args),
-        )  # fmt: skip
+        return ring_attention(mine["q"], mine["k"], mine["v"], **settings, **blocks(args))
 
     walls, seconds = [], []
     for _ in range(args.repeats):
@@ -241,16 +216,32 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         started = time.perf_counter()
         out, stats = ring()
         seconds.append(time.perf_counter() - started)
-        walls.append(comm.allreduce(seconds[-1], op=common.load_mpi().MAX))  # the ring is done when its last rank is
+        walls.append(comm.allreduce(seconds[-1], op=load_mpi().MAX))  # the ring is done when its last rank is
         if ctrl_c.stop(comm):
             raise KeyboardInterrupt
     comm.Barrier()
     (_, _), peak = traced_peak(ring)
     gathered = comm.gather(out, root=0)
+    figures = rank_figures(comm, args, layout, stats, peak, seconds)
+    every = comm.gather(figures, root=0)
+    return {"ranks": every, "wall_ms": 1e3 * statistics.median(walls), "out": gathered}
+
+
+def rank_figures(
+    comm: Any, args: argparse.Namespace, layout: str, stats: Any, peak: int, seconds: list[float]
+) -> dict[str, Any]:
+    """This rank's figures of its ring (stats: ring_attention's RingStats): what it held, computed, sent and
+    received beside memory.py's estimate and the tiles counted, its peak, its time and its waits, step by step."""
+    rank, size, causal = comm.Get_rank(), comm.Get_size(), not args.no_causal
     estimate = ring_attention_bytes(
-        args.tokens, size, kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype, workers=args.workers,
+        args.tokens,
+        size,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+        workers=args.workers,
         **blocks(args),
-    )  # fmt: skip
+    )
     counted = tile_counts(args.tokens, size, layout=layout, causal=causal, **blocks(args))[rank]
     figures = {
         "rank": rank,
@@ -269,13 +260,18 @@ def run_ring(comm: Any, args: argparse.Namespace, layout: str, full: dict[str, n
         "ms": 1e3 * statistics.median(seconds),
         "wait_ms": 1e3 * stats.wait_seconds,
         "steps": [
-            {"step": s.step, "source_rank": s.source_rank, "tiles": s.tiles, "bytes_sent": s.bytes_sent,
-             "compute_ms": 1e3 * s.compute_seconds, "wait_ms": 1e3 * s.wait_seconds}
+            {
+                "step": s.step,
+                "source_rank": s.source_rank,
+                "tiles": s.tiles,
+                "bytes_sent": s.bytes_sent,
+                "compute_ms": 1e3 * s.compute_seconds,
+                "wait_ms": 1e3 * s.wait_seconds,
+            }
             for s in stats.steps
         ],
-    }  # fmt: skip
-    every = comm.gather(figures, root=0)
-    return {"ranks": every, "wall_ms": 1e3 * statistics.median(walls), "out": gathered}
+    }
+    return figures
 
 
 def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str, width: int | None) -> str:
@@ -285,71 +281,43 @@ def rank_table(ranks: list[dict[str, Any]], units: str, fmt: str, width: int | N
     body = []
     for r in ranks:
         per_step = r["sent_per_step"][0] if len(r["sent_per_step"]) > 1 else 0
-        body.append([
-            str(r["rank"]), " ".join(map(str, r["chunks"])), f"{r['tokens']:,}", f"{r['tiles']:,}",
-            f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
-            f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
-            *(format_sig(to_unit(r[key], u)) for key in ("sent", "received", "estimate_total")),
-            format_sig(to_unit(r["peak_bytes"], u_peak)), f"{r['ms']:,.1f}", f"{r['wait_ms']:,.1f}",
-        ])  # fmt: skip
-    headers = [
-        "rank", "chunks", "tokens", "tiles", "pairs full/diag/hidden", f"sent per step ({u}) x steps",
-        f"sent ({u})", f"received ({u})", f"memory.py ({u})", f"peak ({u_peak})", "ms", "waiting ms",
-    ]  # fmt: skip
+        body.append(
+            [
+                str(r["rank"]),
+                " ".join(map(str, r["chunks"])),
+                f"{r['tokens']:,}",
+                f"{r['tiles']:,}",
+                f"{r['pairs']['full']}/{r['pairs']['diagonal']}/{r['pairs']['hidden']}",
+                f"{format_sig(to_unit(per_step, u))} x {len(r['sent_per_step']) - 1}",
+                *(format_sig(to_unit(r[key], u)) for key in ("sent", "received", "estimate_total")),
+                format_sig(to_unit(r["peak_bytes"], u_peak)),
+                f"{r['ms']:,.1f}",
+                f"{r['wait_ms']:,.1f}",
+            ]
+        )
+    headers = ["rank", "chunks", "tokens", "tiles", "pairs full/diag/hidden", f"sent per step ({u}) x steps"]
+    headers += [f"sent ({u})", f"received ({u})", f"memory.py ({u})", f"peak ({u_peak})", "ms", "waiting ms"]
     return fit_table(body, headers, fmt, width)
 
 
 def step_table(ranks: list[dict[str, Any]], fmt: str) -> str:
     """Rank 0's ring, step by step: whose block it held, the tiles, the bytes, computing and waiting."""
     body = [
-        [str(s["step"]), str(s["source_rank"]), f"{s['tiles']:,}", f"{s['bytes_sent']:,}",
-         f"{s['compute_ms']:,.1f}", f"{s['wait_ms']:,.1f}"]
+        [
+            str(s["step"]),
+            str(s["source_rank"]),
+            f"{s['tiles']:,}",
+            f"{s['bytes_sent']:,}",
+            f"{s['compute_ms']:,.1f}",
+            f"{s['wait_ms']:,.1f}",
+        ]
         for s in ranks[0]["steps"]
-    ]  # fmt: skip
+    ]
     headers = ["step", "block of rank", "tiles", "bytes sent = received", "compute ms", "waiting ms"]
     return text_table(body, headers, fmt)
 
 
 # --- the program ---------------------------------------------------------------------------------------
-
-
-def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
-    """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
-    try:
-        MPI = common.load_mpi()
-    except ImportError as err:
-        parse_args(argv)  # --help and bad flags answer even without MPI
-        print(f"ring.py {err}", file=sys.stderr)
-        return 2
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    # only rank 0 speaks: the other ranks parse the same flags quietly (and fail the same way)
-    quiet = io.StringIO()
-    with (
-        contextlib.redirect_stdout(quiet if rank else sys.stdout),
-        contextlib.redirect_stderr(quiet if rank else sys.stderr),
-    ):
-        args = parse_args(argv)
-        problem = check_against_size(args, size) if rank == 0 else None
-        common.idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
-        problem = comm.bcast(problem, root=0)
-        if problem:
-            print(f"ring.py: error: {problem}", file=sys.stderr)
-            return 2
-    return comm, args
-
-
-def balance_section(args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
-    """1) tiles per rank, counted (plain arithmetic: rank 0 alone)."""
-    causal, mask = not args.no_causal, "no mask" if args.no_causal else "causal"
-    balance = balance_rows(args, causal)
-    report["balance"] = balance
-    print(f"\n1) tiles per rank ({mask}), counted: the busiest rank against the mean")
-    print(balance_table(balance, args.format))
-    print("   a tile is block x block, smaller where a chunk ends mid-block: compare ranks within one layout")
-    if causal:
-        worst = max(row["zigzag"]["max_over_mean"] for row in balance)
-        check(worst <= 1.05, f"zigzag's busiest rank within 1.05x of the mean (worst {worst:.3f}x)")
 
 
 def layout_section(section: int, layout: str, run: dict[str, Any], args: argparse.Namespace, check: Checklist) -> None:
@@ -377,59 +345,79 @@ def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> tupl
     seconds = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        reference = flash_attention(full["q"], full["k"], full["v"], causal=not args.no_causal,
-                                    workers=args.reference_workers, **blocks(args))  # fmt: skip
+        reference = flash_attention(
+            full["q"],
+            full["k"],
+            full["v"],
+            causal=not args.no_causal,
+            workers=args.reference_workers,
+            **blocks(args),
+        )
         seconds.append(time.perf_counter() - started)
     return 1e3 * statistics.median(seconds), np.asarray(reference)  # --repeats is at least 1
 
 
-def wall_section(runs: dict[str, Any], reference: tuple[float, np.ndarray] | None, args: argparse.Namespace,
-                 check: Checklist, report: dict[str, Any]) -> None:  # fmt: skip
+def wall_section(
+    runs: dict[str, Any],
+    reference: tuple[float, np.ndarray] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+) -> None:
     """The last section on rank 0: each layout's wall time against one process, and the largest difference."""
     size = len(next(iter(runs.values()))["ranks"])
     print(f"\n{len(runs) + 2}) wall time (the slowest rank) against one process")
     body, summary = [], {}
     for layout, run in runs.items():
         tiles = [r["tiles"] for r in run["ranks"]]
-        row = [layout, f"{run['wall_ms']:,.1f}", f"{max(tiles):,}", f"{max(tiles) / statistics.mean(tiles):.3f}x"]
+        row = [
+            layout,
+            f"{run['wall_ms']:,.1f}",
+            f"{max(tiles):,}",
+            f"{max(tiles) / statistics.mean(tiles):.3f}x",
+        ]
         diff = None
         if reference is not None:
             mine = unshard(run["out"], layout=layout)
-            diff = common.max_diff(mine, reference[1])
+            diff = max_diff(mine, reference[1])
             rtol, atol = TOLERANCE[args.dtype]
-            check(bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
-                  f"{layout}: gathered ring output == single-process flash_attention")  # fmt: skip
+            check(
+                bool(np.allclose(mine, reference[1], rtol=rtol, atol=atol)),
+                f"{layout}: gathered ring output == single-process flash_attention",
+            )
             row += [f"{run['wall_ms'] / reference[0]:.2f}", f"{diff:.2e}"]
         body.append(row)
-        summary[layout] = {"layout": layout, "wall_ms": run["wall_ms"], "max_abs_diff": diff, "busy": run["busy"]}
+        summary[layout] = {
+            "layout": layout,
+            "wall_ms": run["wall_ms"],
+            "max_abs_diff": diff,
+            "busy": run["busy"],
+        }
     headers = ["layout", "wall ms", "busiest rank's tiles", "max/mean"]
     if reference is not None:
         headers += ["/ one process", "max |ring - one process|"]
         print(f"   one process: flash_attention with {args.reference_workers} worker(s): {reference[0]:,.1f} ms")
     label = lambda row: row["layout"]  # noqa: E731
-    print(common.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
+    print(machine.marked_table(body, list(summary.values()), headers, args.format, label, width=table_width(args)))
     if len(runs) == 2:
         print(f"   contiguous / zigzag wall time: {runs['contiguous']['wall_ms'] / runs['zigzag']['wall_ms']:.2f}")
-    if size > (os.cpu_count() or 1):
-        print(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
+    mpi_runs.say_if_time_shared(size)
     report["reference_ms"] = None if reference is None else reference[0]
     report["summary"] = summary
 
 
 def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: dict[str, Any]) -> None:
     """Every section in order; rank 0 prints, every rank runs the rings."""
-    rank, dtype, full = comm.Get_rank(), DTYPES[args.dtype], None
+    rank, full = comm.Get_rank(), None
     if rank == 0:
-        balance_section(args, check, report)
-        rng = np.random.default_rng(args.seed)
-        shapes = {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads}  # (1, heads, T, E) each
-        full = {name: rng.standard_normal((1, heads, args.tokens, args.head_dim)).astype(dtype)
-                for name, heads in shapes.items()}  # fmt: skip
+        ring_balance.balance_section(args, check, report)
+        full = mpi_runs.draw_inputs(args, {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads})
     runs = {}
     with StopTogether() as ctrl_c:  # Ctrl-C is noted, not raised, inside a ring
         for section, layout in enumerate(layouts(args), start=2):
             runs[layout] = run_ring(comm, args, layout, full, ctrl_c)
-            runs[layout]["busy"] = common.busy_reasons()  # the machine's load: every rank computes on one core
+            # the machine's load: every rank computes on one core
+            runs[layout]["busy"] = machine.busy_reasons()
             if rank == 0:
                 layout_section(section, layout, runs[layout], args, check)
                 report[layout] = {"wall_ms": runs[layout]["wall_ms"], "ranks": runs[layout]["ranks"]}
@@ -437,13 +425,13 @@ def run_sections(comm: Any, args: argparse.Namespace, check: Checklist, report: 
     if not args.no_reference:
         if rank == 0 and full is not None:
             reference = reference_run(args, full)
-        common.idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
+        idle_wait(comm)  # the other ranks sleep meanwhile, so that the reference has every core
     if rank == 0:
         wall_section(runs, reference, args, check, report)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready = setup(argv)
+    ready = mpi_runs.setup(argv, parse_args, check_against_size, "ring.py")
     if isinstance(ready, int):
         return ready
     comm, args = ready
@@ -452,13 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     check = Checklist()
     report: dict[str, Any] = {"ranks": size, "args": dict(vars(args))}
     if rank == 0:
-        info, lines = common.header()
+        info, lines = machine.header()
         report["machine"] = info
         mask = "no mask" if args.no_causal else "causal"
         print(lines)
         print(f"ring of {size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and")
-        print(f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x "
-              f"{args.block},\n{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
+        print(
+            f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, {mask}; flash tiles {args.block} x "
+            f"{args.block},\n{args.workers} thread(s) per rank; times are the median of {args.repeats}"
+        )
         if size == 1:
             print(ONE_RANK)
     try:
@@ -466,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return stop_all(comm, args, report)
     if rank == 0 and args.json:
-        common.write_json(args.json, report)
+        outputs.write_json(args.json, report)
     if rank == 0 and size == 1:
         print(f"\n{ONE_RANK}")
     code = check.finish() if rank == 0 else 0
@@ -478,15 +468,15 @@ def stop_all(comm: Any, args: argparse.Namespace, report: dict[str, Any]) -> int
     a rank left waiting for a message from a stopped one would wait forever."""
     if comm.Get_rank() == 0:
         if args.json:
-            common.write_json(args.json, report, stopped=True)
-        common.interrupted(sum(layout in report for layout in layouts(args)), len(layouts(args)), "layouts")
+            outputs.write_json(args.json, report, stopped=True)
+        interrupts.interrupted(sum(layout in report for layout in layouts(args)), len(layouts(args)), "layouts")
         sys.stdout.flush()
     else:
         time.sleep(1.0)  # let rank 0, interrupted too, print first
     if comm.Get_size() > 1:
-        comm.Abort(common.INTERRUPTED)
-    return common.INTERRUPTED
+        comm.Abort(interrupts.INTERRUPTED)
+    return interrupts.INTERRUPTED
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -27,9 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from tinyattn_np.report import add_seed_and_format
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import checkpoint  # noqa: E402
-import common  # noqa: E402
+import interrupts
+import machine
+import outputs
 import text_data  # noqa: E402
 
 from tinyattn_np.report import fold_lines, positive  # noqa: E402
@@ -62,12 +66,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", metavar="DIR", help="a folder that train.py --out DIR wrote")
     prompt = p.add_mutually_exclusive_group()
-    prompt.add_argument("--prompt", help="the text to go on from (default: a newline, or the vocabulary's first "
-                        "token where it has none)")  # fmt: skip
+    prompt.add_argument(
+        "--prompt",
+        help="the text to go on from (default: a newline, or the vocabulary's first token where it has none)",
+    )
     prompt.add_argument("--prompt-file", metavar="PATH", help="the text to go on from, read from a UTF-8 file")
     p.add_argument("--tokens", type=positive(int), default=200, help="new tokens to generate (default 200)")
-    p.add_argument("--samples", type=positive(int), default=1, help="samples after the same prompt, drawn at once "
-                   "as a batch of that many rows (default 1)")  # fmt: skip
+    p.add_argument(
+        "--samples",
+        type=positive(int),
+        default=1,
+        help="samples after the same prompt, drawn at once as a batch of that many rows (default 1)",
+    )
     p.add_argument(
         "--temperature",
         type=temperature,
@@ -88,7 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="generate with the cache and without it: the same tokens, and both speeds",
     )
     p.add_argument("--json", metavar="PATH", help="write the text, the speeds, the machine and the code version")
-    common.add_seed_and_format(p, "the draws")
+    add_seed_and_format(p, "the draws")
     args = p.parse_args(argv)
     if args.tokens > MAX_TOKENS:
         p.error(f"--tokens must be at most {MAX_TOKENS:,}; got {args.tokens:,}")
@@ -96,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--samples must be at most {MAX_SAMPLES:,}; got {args.samples:,}")
     if args.no_cache and args.compare:
         p.error("--compare runs both ways already: leave out --no-cache")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -104,10 +114,22 @@ def timed_generation(model: Any, prompt: np.ndarray, args: argparse.Namespace, u
     """The tokens after the prompt, (samples, tokens), and the time they took ('tokens' and 'seconds')."""
     started = time.perf_counter()
     rows = np.tile(prompt, (args.samples, 1))  # (samples, T0): the same prompt in every row
-    out = generate(model, rows, args.tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   rng=args.seed, use_cache=use_cache)  # fmt: skip
+    out = generate(
+        model,
+        rows,
+        args.tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        rng=args.seed,
+        use_cache=use_cache,
+    )
     seconds = time.perf_counter() - started
-    return {"tokens": out[:, len(prompt) :], "seconds": seconds, "tokens_per_s": args.samples * args.tokens / seconds}
+    return {
+        "tokens": out[:, len(prompt) :],
+        "seconds": seconds,
+        "tokens_per_s": args.samples * args.tokens / seconds,
+    }
 
 
 def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace) -> str:
@@ -117,15 +139,16 @@ def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace) -
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> tuple[int, int] | None:
-    """(sample, token) of the first token where a and b (samples, tokens) differ, None where they are equal."""
+    """(sample, token) of the first token where a and b (samples, tokens) differ,
+    None where they are equal."""
     differ = np.argwhere(a != b)
     return (int(differ[0][0]), int(differ[0][1])) if differ.size else None
 
 
 def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
-    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file, or by default a newline (the vocabulary's
-    first token where it has none: a text of one line). A DataError names the flag: a file that cannot be read as
-    UTF-8, characters the vocabulary lacks, a text of no token."""
+    """The prompt's tokens (T0,): --prompt, or the text of --prompt-file, or by default a newline (the
+    vocabulary's first token where it has none: a text of one line). A DataError names the flag: a file that
+    cannot be read as UTF-8, characters the vocabulary lacks, a text of no token."""
     if args.prompt is None and args.prompt_file is None:
         return text_data.default_prompt(tokenizer)[0]
     flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
@@ -149,29 +172,40 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     c = model.config
     if args.compare:  # a timing to compare: which machine and which code printed it
-        print(common.header()[1])
+        print(machine.header()[1])
     print(f"checkpoint: {args.checkpoint}")  # a line of its own: a path may be long
-    print(f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
-          f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}")  # fmt: skip
+    print(
+        f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
+        f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}"
+    )
     runs = {}
     for use_cache in [True, False] if args.compare else [not args.no_cache]:
         runs[use_cache] = timed_generation(model, prompt, args, use_cache)
     texts = [tokenizer.decode(np.concatenate([prompt, row])) for row in next(iter(runs.values()))["tokens"]]
-    print(f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed} "
-          "(lines over 120 characters folded):")  # fmt: skip
+    print(
+        f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed} "
+        "(lines over 120 characters folded):"
+    )
     print("-" * 80 + "".join(f"\n{fold_lines(text)}\n" + "-" * 80 for text in texts))
     for use_cache, run in runs.items():
         print(speed_line(run, use_cache, args))
-    busy = common.busy_reasons()
+    busy = machine.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")
     code = compared(runs, args) if args.compare else 0
     if args.json:
-        figures = {"args": vars(args), "text": texts[0], "texts": texts, "step": meta["step"],
-                   "machine": common.header()[0]}  # fmt: skip
-        figures["runs"] = {("cache" if k else "no_cache"): {"seconds": v["seconds"], "tokens_per_s": v["tokens_per_s"]}
-                           for k, v in runs.items()}  # fmt: skip
-        common.write_json(args.json, figures)
+        figures = {
+            "args": vars(args),
+            "text": texts[0],
+            "texts": texts,
+            "step": meta["step"],
+            "machine": machine.header()[0],
+        }
+        figures["runs"] = {
+            ("cache" if k else "no_cache"): {"seconds": v["seconds"], "tokens_per_s": v["tokens_per_s"]}
+            for k, v in runs.items()
+        }
+        outputs.write_json(args.json, figures)
     return code
 
 
@@ -197,4 +231,4 @@ def last_val_loss(meta: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

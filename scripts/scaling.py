@@ -29,14 +29,19 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
-from tinyattn_np._tuning import default_tiles
 from tinyattn_np.measure import alternating_medians_ms, traced_peak
 from tinyattn_np.memory import attention_flops, score_matrix_bytes
 from tinyattn_np.peaks import flash_attention_bytes
-from tinyattn_np.report import add_wide_argument, table_width
+from tinyattn_np.report import add_wide_argument, positive, table_width
+from tinyattn_np.tune import default_tiles
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import benchmark
+import interrupts
+import limits
+import machine
+import outputs
+import torch_import
 
 # Flags of tables that other scripts print: each names the script in one line.
 MOVED = {
@@ -57,27 +62,30 @@ class Moved(argparse.Action):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_shape_arguments(p)
-    common.add_flash_arguments(p)
-    common.add_budget_argument(p)
+    benchmark.add_shape_arguments(p)
+    benchmark.add_flash_arguments(p)
+    benchmark.add_budget_argument(p)
     add_wide_argument(p)
     p.add_argument("--torch", action="store_true", help="add a torch SDPA CPU column (needs torch)")
-    p.add_argument("--rounds", type=common.positive(int, common.MAX_REPEATS), default=3,
-                   help="with --torch: turns of --repeats runs each, flash's and torch's alternating "
-                   "(default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="with --torch: turns of --repeats runs each, flash's and torch's alternating (default 3)",
+    )
     p.add_argument(
         "--torch-3d",
         action="store_true",
         help="with --torch, also time torch on 3-D (H, T, E) inputs, which its CPU backend sends to the slow math path",
     )
-    common.add_plot_arguments(p, "time and memory against T")
+    outputs.add_plot_arguments(p, "time and memory against T")
     for flag in MOVED:
         p.add_argument(flag, nargs="?", action=Moved, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.torch_3d and not args.torch:
         p.error("--torch-3d needs --torch")
-    common.check_sizes(p, args, args.max_tokens)
-    common.check_plot(p, args.plot, args.overwrite)
+    benchmark.check_sizes(p, args, args.max_tokens)
+    outputs.check_plot(p, args.plot, args.overwrite)
     return args
 
 
@@ -94,7 +102,7 @@ def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float
 
 def torch_runner(threads: int) -> tuple[Any, str]:
     """(a function (q, k, v, causal) -> a call of torch SDPA on those arrays, torch's version)."""
-    torch, F = common.load_torch(threads)
+    torch, F = torch_import.load_torch(threads)
 
     def run(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> Any:
         tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
@@ -105,13 +113,11 @@ def torch_runner(threads: int) -> tuple[Any, str]:
 
 def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """Every figure of one row: naive (unless over the budget), flash with and without the mask, torch."""
-    common.progress(f"T = {T}")
-    q, k, v = common.make_qkv(np.random.default_rng(args.seed + T), T, args)
+    outputs.progress(f"T = {T}")
+    q, k, v = benchmark.make_qkv(np.random.default_rng(args.seed + T), T, args)
     causal = run.causal
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
-    blocks = dict(
-        block_q=args.block_q, block_k=args.block_k, workers=args.workers, kv_heads_per_step=args.kv_heads_per_step
-    )
+    blocks = benchmark.flash_knobs(args)  # block_q, block_k, workers, kv_heads_per_step
     row: dict[str, Any] = {
         "tokens": T,
         "tiles": "{} x {}".format(*flash_tiles(args, T)),
@@ -123,30 +129,30 @@ def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[
         "naive_peak_bytes": None,
     }
     if row["naive_estimate_bytes"] <= run.budget:
-        common.progress(f"  T={T}: naive")
-        row["naive_ms"] = common.settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
+        outputs.progress(f"  T={T}: naive")
+        row["naive_ms"] = machine.settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
         row["naive_peak_bytes"] = traced_peak(attention, q, k, v, causal=causal)[1]
-    common.progress(f"  T={T}: flash" + (" and torch, in turns" if run.torch else ""))
-    row.update(common.beside_the_row(args.dtype, run.rate))  # "of matmul" compares like with like
+    outputs.progress(f"  T={T}: flash" + (" and torch, in turns" if run.torch else ""))
+    row.update(machine.beside_the_row(args.dtype, run.rate))  # "of matmul" compares like with like
     flash = lambda: flash_attention(q, k, v, causal=causal, **blocks)  # noqa: E731
     if run.torch is None:
-        row["flash_ms"] = common.settled_median_ms(flash, args.repeats)
+        row["flash_ms"] = machine.settled_median_ms(flash, args.repeats)
     else:  # turns: a machine whose speed drifts during the row slows both alike
         row["flash_ms"], row["torch_ms"] = alternating_medians_ms(
-            [flash, run.torch(q, k, v, causal)], args.repeats, args.rounds, idle=common.SETTLE_SECONDS
+            [flash, run.torch(q, k, v, causal)], args.repeats, args.rounds, idle=machine.SETTLE_SECONDS
         )
     row["flash_peak_bytes"] = traced_peak(flash_attention, q, k, v, causal=causal, **blocks)[1]
     if causal:  # the same flash run without the mask: how much the skipped tiles save
-        row["flash_no_mask_ms"] = common.settled_median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
+        row["flash_no_mask_ms"] = machine.settled_median_ms(lambda: flash_attention(q, k, v, **blocks), args.repeats)
     if args.torch_3d:  # torch on the same numbers without the batch axis: (H, T, E)
-        common.progress(f"  T={T}: torch 3-D")
-        row["torch_3d_ms"] = common.settled_median_ms(run.torch(q[0], k[0], v[0], causal), args.repeats)
+        outputs.progress(f"  T={T}: torch 3-D")
+        row["torch_3d_ms"] = machine.settled_median_ms(run.torch(q[0], k[0], v[0], causal), args.repeats)
     return row
 
 
 def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bool) -> None:
-    headers = ["tokens", "scores MiB", "naive ms", "tiles", "flash ms", "speedup", "naive peak MiB", "(est.)",
-               "flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]  # fmt: skip
+    headers = ["tokens", "scores MiB", "naive ms", "tiles", "flash ms", "speedup", "naive peak MiB", "(est.)"]
+    headers += ["flash peak MiB", "(est.)", "flash GFLOP/s", "of matmul"]
     if causal:
         headers += ["no-mask ms", "causal/no-mask"]
     if args.torch:
@@ -160,28 +166,29 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, causal: bo
         skipped = f"skipped (needs {format_bytes(r['naive_estimate_bytes'])})"
         line: list[Any] = [
             r["tokens"],
-            r["score_matrix_bytes"] / common.MiB,
+            r["score_matrix_bytes"] / benchmark.MiB,
             r["naive_ms"] if r["naive_ms"] is not None else skipped,
             r["tiles"],
             r["flash_ms"],
-            common.ratio(r["naive_ms"], r["flash_ms"]),
-            None if naive_bytes is None else naive_bytes / common.MiB,
-            r["naive_estimate_bytes"] / common.MiB,
-            r["flash_peak_bytes"] / common.MiB,
-            r["flash_estimate_bytes"] / common.MiB,
+            benchmark.ratio(r["naive_ms"], r["flash_ms"]),
+            None if naive_bytes is None else naive_bytes / benchmark.MiB,
+            r["naive_estimate_bytes"] / benchmark.MiB,
+            r["flash_peak_bytes"] / benchmark.MiB,
+            r["flash_estimate_bytes"] / benchmark.MiB,
             gflops,
             f"{gflops / r['matmul_gflops']:.0%}",
         ]
         if causal:
             line += [r["flash_no_mask_ms"], r["flash_ms"] / r["flash_no_mask_ms"]]
         if args.torch:
-            torch_share = r["flops"] / r["torch_ms"] / 1e6 / r["matmul_gflops"]  # the same FLOPs, torch's time
+            # the same FLOPs, torch's time
+            torch_share = r["flops"] / r["torch_ms"] / 1e6 / r["matmul_gflops"]
             line += [r["torch_ms"], f"{torch_share:.0%}", r["flash_ms"] / r["torch_ms"]]
         if args.torch_3d:
             line += [r["torch_3d_ms"]]
-        body.append([common.cell(x) for x in line])
+        body.append([benchmark.cell(x) for x in line])
     # formatted here, not by tabulate: a "skipped" string in a column stops tabulate rounding that column
-    print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, width=table_width(args)))
 
 
 def flash_tiles(args: argparse.Namespace, T: int) -> tuple[int, int, int]:
@@ -208,9 +215,12 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
     tokens = np.array([r["tokens"] for r in rows], float)
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
     lines = (
-        (ax_t, "naive_ms", "naive (reference)", 1), (ax_t, "flash_ms", "flash", 1), (ax_t, "torch_ms", "torch SDPA", 1),
-        (ax_m, "naive_peak_bytes", "naive peak", common.MiB), (ax_m, "flash_peak_bytes", "flash peak", common.MiB),
-    )  # fmt: skip
+        (ax_t, "naive_ms", "naive (reference)", 1),
+        (ax_t, "flash_ms", "flash", 1),
+        (ax_t, "torch_ms", "torch SDPA", 1),
+        (ax_m, "naive_peak_bytes", "naive peak", benchmark.MiB),
+        (ax_m, "flash_peak_bytes", "flash peak", benchmark.MiB),
+    )
     for ax, key, label, unit in lines:
         points = [(r["tokens"], r[key] / unit) for r in rows if r.get(key) is not None]
         if points:
@@ -219,7 +229,7 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
     naive_rows = [r for r in rows if r["naive_ms"] is not None]
     for ax, (naive_key, flash_key, unit, name) in (
         (ax_t, ("naive_ms", "flash_ms", 1, "ms")),
-        (ax_m, ("naive_peak_bytes", "flash_peak_bytes", common.MiB, "MiB")),
+        (ax_m, ("naive_peak_bytes", "flash_peak_bytes", benchmark.MiB, "MiB")),
     ):
         quad_row, quad_key = (naive_rows[-1], naive_key) if naive_rows else (rows[-1], flash_key)
         quad_y = quad_row[quad_key] / unit
@@ -241,7 +251,7 @@ def plot(rows: list[dict[str, Any]], path: str, args: argparse.Namespace) -> Non
 def print_results(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
     """The table, the growth per doubling, what 'of matmul' means, and the plot (of a run not cut short)."""
     print_table(rows, args, run.causal)
-    naive, flash = common.growth_line(rows, "naive_ms"), common.growth_line(rows, "flash_ms")
+    naive, flash = benchmark.growth_line(rows, "naive_ms"), benchmark.growth_line(rows, "flash_ms")
     print(f"time growth per doubling: naive {naive}; flash {flash}")
     print(
         "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of\n"
@@ -265,10 +275,10 @@ def title(args: argparse.Namespace, run: SimpleNamespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run = common.start_benchmark(args, run_flops, torch_runner if args.torch else None)
-    run.budget = common.naive_budget(args)
-    return common.measure_rows(args, run, run.sizes, measure_row, print_results, title(args, run))
+    run = benchmark.start_benchmark(args, run_flops, torch_runner if args.torch else None)
+    run.budget = benchmark.naive_budget(args)
+    return benchmark.measure_rows(args, run, run.sizes, measure_row, print_results, title(args, run))
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -24,8 +24,6 @@ the call it is in, prints what was measured, and exits with status 130.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -37,20 +35,33 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from tinyattn_np import flash_attention, flash_attention_backward, load_model_shape, to_unit
-from tinyattn_np._mpi import StopTogether
 from tinyattn_np.blockmask import DEFAULT_BLOCK_Q
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.memory import attention_backward_flops, attention_flops
+from tinyattn_np.mpi_job import StopTogether, idle_wait, load_mpi
 from tinyattn_np.peaks import sequence_parallel_bytes
-from tinyattn_np.report import Checklist, add_wide_argument, column_unit, fit_table, format_sig, positive, table_width
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    column_unit,
+    fit_table,
+    format_sig,
+    max_diff,
+    positive,
+    table_width,
+)
 from tinyattn_np.ring import ring_attention, ring_attention_backward, tile_counts
-from tinyattn_np.shards import shard, unshard
+from tinyattn_np.shards import unshard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import interrupts
+import limits
+import machine
+import mpi_runs
+import outputs
 
-DTYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
 # gathered output and gradients against one process: the tests' tolerances (tests/ring_worker.py)
 TOLERANCE = {"float64": (1e-10, 1e-10), "float32": (1e-4, 1e-5), "float16": (2e-3, 2e-3)}
 SCHEMES = {  # name: (forward, backward, layout)
@@ -63,33 +74,41 @@ PROCESSES = (2, 4, 8, 16, 32, 64)  # section 1's rows
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    tokens, heads, workers = (positive(int, most) for most in (common.MAX_TOKENS, common.MAX_HEADS, common.MAX_WORKERS))
+    tokens, heads, workers = (positive(int, most) for most in (limits.MAX_TOKENS, limits.MAX_HEADS, limits.MAX_WORKERS))
     p.add_argument("--tokens", type=tokens, default=4096, help="T, the whole sequence (default 4096)")
     p.add_argument("--heads", type=heads, default=4, help="query heads (default 4)")
     p.add_argument("--kv-heads", type=heads, default=None, help="key/value heads (default --heads)")
     p.add_argument("--head-dim", type=heads, default=64, help="E, channels per head (default 64)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="inputs' dtype (default float32)")
+    p.add_argument("--dtype", choices=list(mpi_runs.DTYPES), default="float32", help="inputs' dtype (default float32)")
     p.add_argument("--block", type=tokens, default=DEFAULT_BLOCK_Q, help=f"tile side (default {DEFAULT_BLOCK_Q})")
     p.add_argument("--workers", type=workers, default=1, help="threads per rank (default 1: a rank per core)")
     p.add_argument(
-        "--reference-workers", type=workers, default=os.cpu_count() or 1,
+        "--reference-workers",
+        type=workers,
+        default=os.cpu_count() or 1,
         help="threads of the one process it is timed against (default: the CPU count)",
-    )  # fmt: skip
+    )
     p.add_argument("--no-reference", action="store_true", help="skip the one-process run and the comparison")
     p.add_argument(
         "--repeats",
-        type=positive(int, common.MAX_REPEATS),
+        type=positive(int, limits.MAX_REPEATS),
         default=3,
         help="timed runs per figure, the median shown (default 3)",
     )
     p.add_argument(
-        "--model", default="llama-3-8b", help="section 1's model: a preset or a config.json (default llama-3-8b)"
+        "--model",
+        default="llama-3-8b",
+        help="section 1's model: a preset or a config.json (default llama-3-8b)",
     )
-    p.add_argument("--model-tokens", type=positive(int, 2**40), default=2**20,
-                   help="section 1's tokens (default 1,048,576)")  # fmt: skip
+    p.add_argument(
+        "--model-tokens",
+        type=positive(int, 2**40),
+        default=2**20,
+        help="section 1's tokens (default 1,048,576)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the random q, k, v and dout")
+    add_seed_and_format(p, "the random q, k, v and dout")
     args = p.parse_args(argv)
     args.kv_heads = args.kv_heads or args.heads
     if args.heads % args.kv_heads:
@@ -98,7 +117,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.shape = load_model_shape(args.model)
     except (OSError, ValueError, TypeError) as err:
         p.error(f"--model {args.model}: {err}")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     return args
 
 
@@ -108,15 +127,16 @@ def check_size(args: argparse.Namespace, size: int) -> str | None:
     if args.tokens % (2 * size):
         return f"--tokens {args.tokens:,} cannot be cut into {2 * size} equal chunks (zigzag, {size} ranks)"
     per_token = (args.heads * 9 + args.kv_heads * 6) * args.head_dim  # q, dout, out, dq, ... and k, v, dk, dv
-    held = args.tokens * per_token * np.dtype(DTYPES[args.dtype]).itemsize  # rank 0: inputs, outputs, gathered
-    problem = common.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
+    # rank 0: inputs, outputs, gathered
+    held = args.tokens * per_token * np.dtype(mpi_runs.DTYPES[args.dtype]).itemsize
+    problem = limits.memory_problem(held, f"--tokens {args.tokens:,}", "lower --tokens or --heads", " on rank 0")
     if problem:
         return problem
     sizes = dict(heads=args.heads, head_dim=args.head_dim, causal=True)
     flops = attention_flops(args.tokens, **sizes) + attention_backward_flops(args.tokens, **sizes)
     runs = len(SCHEMES) * (args.repeats + 1) / size + (0 if args.no_reference else args.repeats)
-    rate = common.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
-    return common.time_problem(runs * flops, rate, "lower --tokens or --repeats")
+    rate = machine.matmul_rate("float64" if args.dtype == "float64" else "float32", n=1024, repeats=3)
+    return limits.time_problem(runs * flops, rate, "lower --tokens or --repeats")
 
 
 # --- 1) the bytes, by formula ------------------------------------------------------------------------------
@@ -137,9 +157,12 @@ def bytes_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
         rows.append(row)
         cells = [row[s][d] / 2**30 if s in row else None for s in ("ring", "ulysses") for d in ("forward", "backward")]
         body.append([str(processes), f"{tokens // processes:,}", *("-" if c is None else f"{c:,.1f}" for c in cells)])
-    print(f"\n1) GiB one process sends: {model.name} ({model.layers} layers, {model.heads} query heads, "
-          f"{model.kv_heads} kv heads of {model.head_dim}, bf16) at {tokens:,} tokens")  # fmt: skip
-    headers = ["processes", "tokens each", "ring forward", "ring backward", "Ulysses forward", "Ulysses backward"]
+    print(
+        f"\n1) GiB one process sends: {model.name} ({model.layers} layers, {model.heads} query heads, "
+        f"{model.kv_heads} kv heads of {model.head_dim}, bf16) at {tokens:,} tokens"
+    )
+    headers = ["processes", "tokens each", "ring forward", "ring backward", "Ulysses forward"]
+    headers += ["Ulysses backward"]
     print(fit_table(body, headers, args.format, table_width(args)))
     print(f"   -: Ulysses splits the heads, and {model.kv_heads} kv heads do not split over that many processes")
     report["bytes"] = {"model": model.name, "tokens": tokens, "rows": rows}
@@ -148,17 +171,15 @@ def bytes_section(args: argparse.Namespace, report: dict[str, Any]) -> None:
 # --- 2), 3) the schemes on every rank --------------------------------------------------------------------
 
 
-def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, np.ndarray] | None,
-               ctrl_c: StopTogether) -> dict[str, Any]:  # fmt: skip
+def run_scheme(
+    comm: Any, args: argparse.Namespace, name: str, full: dict[str, np.ndarray] | None, ctrl_c: StopTogether
+) -> dict[str, Any]:
     """Scatter the shards from rank 0, run the scheme's forward and backward once under tracemalloc (first:
     it warms the caches too) and --repeats times timed: every rank's figures, and its output and gradients,
     gathered on rank 0."""
     forward, backward, layout = SCHEMES[name]
-    rank, size, MAX = comm.Get_rank(), comm.Get_size(), common.load_mpi().MAX
-    parts = (
-        None if full is None else [{n: shard(x, r, size, layout=layout) for n, x in full.items()} for r in range(size)]
-    )
-    mine = comm.scatter(parts, root=0)  # q, k, v, dout: (1, H, T/P, E) each
+    MAX = load_mpi().MAX
+    mine = mpi_runs.scatter_shards(comm, full, layout)  # q, k, v, dout: (1, H, T/P, E) each
     settings = dict(comm=comm, causal=True, layout=layout, block_q=args.block, block_k=args.block, workers=args.workers)
 
     def both() -> tuple[Any, ...]:
@@ -166,13 +187,15 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         waiting for the slower ones, but not for their forward): the results and the two times."""
         comm.Barrier()
         started = time.perf_counter()
-        out, lse, forward_stats = forward(mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True,
-                                          **settings)  # fmt: skip
+        out, lse, forward_stats = forward(
+            mine["q"], mine["k"], mine["v"], return_lse=True, return_stats=True, **settings
+        )
         forward_seconds = time.perf_counter() - started
         comm.Barrier()
         started = time.perf_counter()
-        *grads, backward_stats = backward(mine["q"], mine["k"], mine["v"], out, mine["dout"], lse, return_stats=True,
-                                          **settings)  # fmt: skip
+        *grads, backward_stats = backward(
+            mine["q"], mine["k"], mine["v"], out, mine["dout"], lse, return_stats=True, **settings
+        )
         return out, grads, forward_stats, backward_stats, (forward_seconds, time.perf_counter() - started)
 
     _, peak = traced_peak(both)  # first: it warms the caches for the timed runs too
@@ -183,25 +206,49 @@ def run_scheme(comm: Any, args: argparse.Namespace, name: str, full: dict[str, n
         walls.append(tuple(comm.allreduce(t, op=MAX) for t in times))  # a pass is done when its last rank is
         if ctrl_c.stop(comm):
             raise KeyboardInterrupt
-    formula = sequence_parallel_bytes(args.tokens, size, scheme=name.split()[0], heads=args.heads,
-                                      kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype)  # fmt: skip
-    figures = {
-        "rank": rank, "tiles": backward_stats.tiles, "peak_bytes": peak,
-        "forward_ms": 1e3 * statistics.median(s[0] for s in seconds),
-        "backward_ms": 1e3 * statistics.median(s[1] for s in seconds),
-        "forward_wait_ms": 1e3 * forward_stats.wait_seconds, "backward_wait_ms": 1e3 * backward_stats.wait_seconds,
-        "forward_sent": forward_stats.bytes_sent, "backward_sent": backward_stats.bytes_sent,
-        "formula_forward": formula["forward"], "formula_backward": formula["backward"],
-        "counted_tiles": tile_counts(args.tokens, size, layout=layout, causal=True, block_q=args.block,
-                                     block_k=args.block)[rank]["tiles"],
-    }  # fmt: skip
+    figures = rank_figures(comm, args, name, (forward_stats, backward_stats), peak, seconds)
     return {
         "ranks": comm.gather(figures, root=0),
         "parts": [comm.gather(x, root=0) for x in (out, *grads)],
         "wall_forward_ms": 1e3 * statistics.median(w[0] for w in walls),
         "wall_ms": 1e3 * statistics.median(w[0] + w[1] for w in walls),
-        "busy": common.busy_reasons(),
+        "busy": machine.busy_reasons(),
     }
+
+
+def rank_figures(
+    comm: Any, args: argparse.Namespace, name: str, stats: tuple[Any, Any], peak: int, seconds: list[tuple[float, ...]]
+) -> dict[str, Any]:
+    """This rank's figures of a scheme (stats: its forward's and backward's): the tiles it computed and
+    counted, its peak, its times and waits, the bytes it sent beside the formula's."""
+    rank, size, layout = comm.Get_rank(), comm.Get_size(), SCHEMES[name][2]
+    forward_stats, backward_stats = stats
+    formula = sequence_parallel_bytes(
+        args.tokens,
+        size,
+        scheme=name.split()[0],
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        dtype=args.dtype,
+    )
+    figures = {
+        "rank": rank,
+        "tiles": backward_stats.tiles,
+        "peak_bytes": peak,
+        "forward_ms": 1e3 * statistics.median(s[0] for s in seconds),
+        "backward_ms": 1e3 * statistics.median(s[1] for s in seconds),
+        "forward_wait_ms": 1e3 * forward_stats.wait_seconds,
+        "backward_wait_ms": 1e3 * backward_stats.wait_seconds,
+        "forward_sent": forward_stats.bytes_sent,
+        "backward_sent": backward_stats.bytes_sent,
+        "formula_forward": formula["forward"],
+        "formula_backward": formula["backward"],
+        "counted_tiles": tile_counts(
+            args.tokens, size, layout=layout, causal=True, block_q=args.block, block_k=args.block
+        )[rank]["tiles"],
+    }
+    return figures
 
 
 def rank_rows(runs: dict[str, Any], names: list[str], cells: Any) -> list[list[str]]:
@@ -215,23 +262,22 @@ def backward_section(runs: dict[str, Any], args: argparse.Namespace, check: Chec
     every = [r for name in names for r in runs[name]["ranks"]]
     u = column_unit([r["backward_sent"] for r in every], "binary")
     u_peak = column_unit([r["peak_bytes"] for r in every], "binary")
-    body = rank_rows(runs, names, lambda r: [
-        f"{r['tiles']:,}", f"{r['backward_ms']:,.1f}", f"{r['backward_wait_ms']:,.1f}",
-        format_sig(to_unit(r["backward_sent"], u)), format_sig(to_unit(r["formula_backward"], u)),
-        format_sig(to_unit(r["peak_bytes"], u_peak)),
-    ])  # fmt: skip
+    body = rank_rows(
+        runs,
+        names,
+        lambda r: [
+            f"{r['tiles']:,}",
+            f"{r['backward_ms']:,.1f}",
+            f"{r['backward_wait_ms']:,.1f}",
+            format_sig(to_unit(r["backward_sent"], u)),
+            format_sig(to_unit(r["formula_backward"], u)),
+            format_sig(to_unit(r["peak_bytes"], u_peak)),
+        ],
+    )
     print("\n2) the ring's backward, per rank (the K/V blocks and their dK/dV accumulators go round; peak =")
     print("   tracemalloc's, over a forward and its backward)")
-    headers = [
-        "layout",
-        "rank",
-        "tiles",
-        "backward ms",
-        "waiting ms",
-        f"sent ({u})",
-        f"formula ({u})",
-        f"peak ({u_peak})",
-    ]
+    headers = ["layout", "rank", "tiles", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})"]
+    headers += [f"peak ({u_peak})"]
     print(fit_table(body, headers, args.format, table_width(args)))
     for name in names:
         tiles = [r["tiles"] for r in runs[name]["ranks"]]
@@ -240,7 +286,10 @@ def backward_section(runs: dict[str, Any], args: argparse.Namespace, check: Chec
             check(r["tiles"] == r["counted_tiles"], f"{name} rank {r['rank']}: backward tiles == tile_counts'")
     if "ring zigzag" in runs:
         tiles = [r["tiles"] for r in runs["ring zigzag"]["ranks"]]
-        check(max(tiles) <= 1.05 * statistics.mean(tiles), "zigzag backward: busiest rank within 1.05x of the mean")
+        check(
+            max(tiles) <= 1.05 * statistics.mean(tiles),
+            "zigzag backward: busiest rank within 1.05x of the mean",
+        )
 
 
 def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checklist) -> None:
@@ -249,16 +298,22 @@ def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checkl
     every = [r for name in names for r in runs[name]["ranks"]]
     u = column_unit([r["forward_sent"] + r["backward_sent"] for r in every], "binary")
     u_peak = column_unit([r["peak_bytes"] for r in every], "binary")
-    body = rank_rows(runs, names, lambda r: [
-        f"{r['forward_ms']:,.1f}", f"{r['backward_ms']:,.1f}", f"{r['forward_wait_ms'] + r['backward_wait_ms']:,.1f}",
-        format_sig(to_unit(r["forward_sent"] + r["backward_sent"], u)),
-        format_sig(to_unit(r["formula_forward"] + r["formula_backward"], u)),
-        format_sig(to_unit(r["peak_bytes"], u_peak)),
-    ])  # fmt: skip
+    body = rank_rows(
+        runs,
+        names,
+        lambda r: [
+            f"{r['forward_ms']:,.1f}",
+            f"{r['backward_ms']:,.1f}",
+            f"{r['forward_wait_ms'] + r['backward_wait_ms']:,.1f}",
+            format_sig(to_unit(r["forward_sent"] + r["backward_sent"], u)),
+            format_sig(to_unit(r["formula_forward"] + r["formula_backward"], u)),
+            format_sig(to_unit(r["peak_bytes"], u_peak)),
+        ],
+    )
     print("\n3) ring (zigzag) against Ulysses, per rank, forward + backward (waiting: in the ring's waits, or in")
     print("   Ulysses' all-to-alls, packing included)")
-    headers = ["scheme", "rank", "forward ms", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})",
-               f"peak ({u_peak})"]  # fmt: skip
+    headers = ["scheme", "rank", "forward ms", "backward ms", "waiting ms", f"sent ({u})", f"formula ({u})"]
+    headers += [f"peak ({u_peak})"]
     print(fit_table(body, headers, args.format, table_width(args)))
     for name, run in runs.items():
         for r in run["ranks"]:
@@ -270,7 +325,8 @@ def versus_section(runs: dict[str, Any], args: argparse.Namespace, check: Checkl
 
 
 def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> dict[str, Any]:
-    """One process on rank 0: median ms of flash_attention and of flash_attention_backward, and the results."""
+    """One process on rank 0:
+    median ms of flash_attention and of flash_attention_backward, and the results."""
     settings = dict(causal=True, block_q=args.block, block_k=args.block, workers=args.reference_workers)
     seconds = []
     for _ in range(args.repeats):
@@ -283,14 +339,21 @@ def reference_run(args: argparse.Namespace, full: dict[str, np.ndarray]) -> dict
     return {"forward_ms": forward_ms, "backward_ms": backward_ms, "results": [out, *grads]}
 
 
-def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: argparse.Namespace,
-                 check: Checklist, report: dict[str, Any]) -> None:  # fmt: skip
+def wall_section(
+    runs: dict[str, Any],
+    reference: dict[str, Any] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+) -> None:
     """4) each scheme's wall time against one process, and the largest difference from its results."""
     size = len(next(iter(runs.values()))["ranks"])
     print("\n4) wall time (the slowest rank), forward + backward, against one process")
     if reference is not None:
-        print(f"   one process: flash_attention + flash_attention_backward with {args.reference_workers} worker(s): "
-              f"{reference['forward_ms']:,.1f} + {reference['backward_ms']:,.1f} ms")  # fmt: skip
+        print(
+            f"   one process: flash_attention + flash_attention_backward with {args.reference_workers} worker(s): "
+            f"{reference['forward_ms']:,.1f} + {reference['backward_ms']:,.1f} ms"
+        )
     body, summary = [], []
     for name, run in runs.items():
         tiles = [r["tiles"] for r in run["ranks"]]
@@ -310,7 +373,7 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
             rtol, atol = TOLERANCE[args.dtype]
             layout = SCHEMES[name][2]
             mine = [unshard(parts, layout=layout) for parts in run["parts"]]
-            diff = max(common.max_diff(a, b) for a, b in zip(mine, reference["results"], strict=True))
+            diff = max(max_diff(a, b) for a, b in zip(mine, reference["results"], strict=True))
             close = all(
                 np.allclose(a, b, rtol=rtol, atol=atol) for a, b in zip(mine, reference["results"], strict=True)
             )
@@ -323,41 +386,15 @@ def wall_section(runs: dict[str, Any], reference: dict[str, Any] | None, args: a
     headers = ["scheme", "forward wall ms", "forward + backward wall ms", "busiest/mean tiles"]
     if reference is not None:
         headers += ["/ one process", "max |diff|"]
-    print(common.marked_table(body, summary, headers, args.format, lambda row: row["scheme"], width=table_width(args)))
+    print(machine.marked_table(body, summary, headers, args.format, lambda row: row["scheme"], width=table_width(args)))
     if "ring zigzag" in runs and "ring contiguous" in runs:
         ratio = runs["ring contiguous"]["wall_ms"] / runs["ring zigzag"]["wall_ms"]
         print(f"   contiguous / zigzag wall time: {ratio:.2f}")
-    if size > (os.cpu_count() or 1):
-        print(f"   {size} ranks on {os.cpu_count()} cores time-share them: these times show correctness, not speed")
+    mpi_runs.say_if_time_shared(size)
     report["summary"] = summary
 
 
 # --- the program -------------------------------------------------------------------------------------------
-
-
-def setup(argv: list[str] | None) -> tuple[Any, argparse.Namespace] | int:
-    """(the communicator, the flags), checked on every rank; or the exit code when they cannot run."""
-    try:
-        comm = common.load_mpi().COMM_WORLD
-    except ImportError as err:
-        parse_args(argv)  # --help and bad flags answer even without MPI
-        print(f"sequence_parallel.py {err}", file=sys.stderr)
-        return 2
-    rank = comm.Get_rank()
-    quiet = io.StringIO()  # only rank 0 speaks: the others parse the same flags quietly, and fail the same way
-    with (
-        contextlib.redirect_stdout(quiet if rank else sys.stdout),
-        contextlib.redirect_stderr(quiet if rank else sys.stderr),
-    ):
-        args = parse_args(argv)
-    problem = check_size(args, comm.Get_size()) if rank == 0 else None
-    common.idle_wait(comm)  # the other ranks sleep while rank 0 measures the matmul rate for its estimate
-    problem = comm.bcast(problem, root=0)
-    if problem:
-        if rank == 0:
-            print(f"sequence_parallel.py: error: {problem}", file=sys.stderr)
-        return 2
-    return comm, args
 
 
 def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> None:
@@ -365,21 +402,18 @@ def run_schemes(comm: Any, args: argparse.Namespace, runs: dict[str, Any]) -> No
     every rank after the same call."""
     size, full = comm.Get_size(), None
     if comm.Get_rank() == 0:
-        rng = np.random.default_rng(args.seed)
-        heads = {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads, "dout": args.heads}
-        full = {n: rng.standard_normal((1, h, args.tokens, args.head_dim)).astype(DTYPES[args.dtype])
-                for n, h in heads.items()}  # fmt: skip
+        full = mpi_runs.draw_inputs(args, {"q": args.heads, "k": args.kv_heads, "v": args.kv_heads, "dout": args.heads})
         runs["inputs"] = full
     with StopTogether() as ctrl_c:
         for name in SCHEMES:
             if name == "ulysses" and (args.heads % size or args.kv_heads % size):
                 continue  # Ulysses' limit: said under the tables
             runs[name] = run_scheme(comm, args, name, full, ctrl_c)
-            common.progress(f"  {name}: done") if comm.Get_rank() == 0 else None
+            outputs.progress(f"  {name}: done") if comm.Get_rank() == 0 else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    ready = setup(argv)
+    ready = mpi_runs.setup(argv, parse_args, check_size, "sequence_parallel.py")
     if isinstance(ready, int):
         return ready
     comm, args = ready
@@ -387,11 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     threadpool_limits(limits=1, user_api="blas")  # one BLAS thread per rank, as the schemes hold it
     check, runs, report = Checklist(), {}, {"ranks": size, "args": {k: str(v) for k, v in vars(args).items()}}
     if rank == 0:
-        report["machine"], lines = common.header()
+        report["machine"], lines = machine.header()
         print(lines)
-        print(f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
-              f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
-              f"{args.workers} thread(s) per rank; times are the median of {args.repeats}")  # fmt: skip
+        print(
+            f"{size} rank(s): T = {args.tokens:,} tokens, 1 sequence, {args.heads} query heads and "
+            f"{args.kv_heads} kv heads of {args.head_dim}, {args.dtype}, causal;\ntiles {args.block} x {args.block}, "
+            f"{args.workers} thread(s) per rank; times are the median of {args.repeats}"
+        )
         bytes_section(args, report)
     try:
         run_schemes(comm, args, runs)
@@ -399,42 +435,53 @@ def main(argv: list[str] | None = None) -> int:
         return stop_all(comm, args, runs, report)
     full = runs.pop("inputs", None)
     reference = reference_run(args, full) if rank == 0 and full is not None and not args.no_reference else None
-    common.idle_wait(comm)  # the other ranks sleep meanwhile, so that the one process has every core
+    idle_wait(comm)  # the other ranks sleep meanwhile, so that the one process has every core
     if rank == 0:
         print_sections(runs, reference, args, check, report)
     return int(comm.bcast(check.finish() if rank == 0 else 0, root=0))
 
 
-def print_sections(runs: dict[str, Any], reference: dict[str, Any] | None, args: argparse.Namespace,
-                   check: Checklist, report: dict[str, Any], stopped: bool = False) -> None:  # fmt: skip
-    """Sections 2 to 4 on rank 0, the JSON (stopped: Ctrl-C cut the run short), and a word on what did not run."""
+def print_sections(
+    runs: dict[str, Any],
+    reference: dict[str, Any] | None,
+    args: argparse.Namespace,
+    check: Checklist,
+    report: dict[str, Any],
+    stopped: bool = False,
+) -> None:
+    """Sections 2 to 4 on rank 0, the JSON (stopped: Ctrl-C cut the run short),
+    and a word on what did not run."""
     size = len(next(iter(runs.values()))["ranks"])
     backward_section(runs, args, check)
     versus_section(runs, args, check)
     if "ulysses" not in runs and (args.heads % size or args.kv_heads % size):
-        print(f"   Ulysses did not run: {args.heads} query heads and {args.kv_heads} kv heads do not both split over "
-              f"{size} ranks (its limit; the ring has none)")  # fmt: skip
+        print(
+            f"   Ulysses did not run: {args.heads} query heads and {args.kv_heads} kv heads do not both split over "
+            f"{size} ranks (its limit; the ring has none)"
+        )
     wall_section(runs, reference, args, check, report)
     report["ranks_figures"] = {name: run["ranks"] for name, run in runs.items()}
     if args.json:
-        common.write_json(args.json, report, stopped=stopped)
+        outputs.write_json(args.json, report, stopped=stopped)
     if size == 1:
-        print("\nran 1 rank: one rank sends nothing and waits for nobody; for 2: mpiexec -n 2 python "
-              "scripts/sequence_parallel.py")  # fmt: skip
+        print(
+            "\nran 1 rank: one rank sends nothing and waits for nobody; for 2: mpiexec -n 2 python "
+            "scripts/sequence_parallel.py"
+        )
 
 
 def stop_all(comm: Any, args: argparse.Namespace, runs: dict[str, Any], report: dict[str, Any]) -> int:
     """Ctrl-C, seen by every rank after the same call: rank 0 says what was measured; every rank exits 130."""
     if comm.Get_rank() != 0:
-        return common.INTERRUPTED
+        return interrupts.INTERRUPTED
     runs.pop("inputs", None)
     report["done"] = list(runs)
     if runs:  # the schemes that ran to the end, without the one-process run
         print_sections(runs, None, args, Checklist(), report, stopped=True)
     elif args.json:
-        common.write_json(args.json, report, stopped=True)
-    return common.interrupted(len(runs), len(SCHEMES), "schemes")
+        outputs.write_json(args.json, report, stopped=True)
+    return interrupts.interrupted(len(runs), len(SCHEMES), "schemes")
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

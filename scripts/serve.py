@@ -16,9 +16,9 @@ What it shows:
      blocks shared, against n separate copies (both measured in the pool) and memory.paged_kv_cache_bytes;
      one decode step over the samples by paged_decode and by cascade_decode (the prompt read once for all).
 
-Checks (exit code 1, naming the failed ones): every request's tokens, and its logits to rounding, equal running
-that request alone through a contiguous KVCache; the blocks in use equal memory.paged_kv_cache_bytes of the
-lengths at every step; each sample equals that sample run alone; cascade_decode equals paged_decode.
+Checks (exit code 1, naming the failed ones): every request's tokens, and its logits to rounding, equal
+running that request alone through a contiguous KVCache; the blocks in use equal memory.paged_kv_cache_bytes
+of the lengths at every step; each sample equals that sample run alone; cascade_decode equals paged_decode.
 
 Run:  python scripts/serve.py [--requests 24] [--blocks 96] [--block-size 16] [--samples 8] [--seed 0]
 The weights are random and untrained: the tokens mean nothing; the memory and the scheduling are the point.
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,6 @@ import numpy as np
 
 from tinyattn_np import (
     KVCache,
-    MultiHeadAttention,
     PagedKVCache,
     cascade_decode,
     format_bytes,
@@ -46,183 +44,46 @@ from tinyattn_np import (
     paged_kv_cache_bytes,
 )
 from tinyattn_np.measure import time_calls
-from tinyattn_np.report import Checklist, add_wide_argument, positive, table_width, text_table
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    positive,
+    table_width,
+    text_table,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import batching
+import interrupts
+import limits
+import machine
+import outputs
+from tiny_decoder import TinyDecoder
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 MAX_WORK_TOKENS = 200_000  # requests x (prompt + max-new), plus the samples: past this, minutes
-MAX_SIZES = {"layers": 16, "d_model": 1024, "heads": 512, "vocab": 100_000, "samples": 1024, "blocks": 2**20,
-             "block_size": 4096}  # each flag's largest value: a simulation, not a server  # fmt: skip
-RATE_SIZE = 1024  # the n x n matmul whose rate is measured beside each row (the busy-machine check)
+MAX_SIZES = {
+    "layers": 16,
+    "d_model": 1024,
+    "heads": 512,
+    "vocab": 100_000,
+    "samples": 1024,
+    "blocks": 2**20,
+    "block_size": 4096,
+}  # each flag's largest value: a simulation, not a server
 
 
 # ---------------------------------------------------------------------------------------------------
-# the little model, over either kind of cache
+# 1) continuous batching (batching.py)
 
 
-class TinyDecoder:
-    """Token table E (V, C), `layers` residual attention blocks with RoPE, logits = x Eᵀ (a tied head).
-
-    x_0 = E[tokens]        x_{l+1} = x_l + MHA_l(x_l)        logits = x_L Eᵀ
-    """
-
-    def __init__(self, args: argparse.Namespace, rng: np.random.Generator):
-        self.dtype = np.dtype(args.dtype)
-        self.table = rng.standard_normal((args.vocab, args.d_model)).astype(self.dtype)  # (V, C)
-        self.blocks = [
-            MultiHeadAttention(args.d_model, args.heads, args.kv_heads, rope=True, rng=rng, dtype=self.dtype)
-            for _ in range(args.layers)
-        ]
-
-    def paged_caches(self, num_blocks: int, block_size: int) -> list[PagedKVCache]:
-        """One PagedKVCache per layer; every layer gets the same appends, so their block tables match."""
-        mha = self.blocks[0]
-        return [PagedKVCache(num_blocks, block_size, mha.n_kv_heads, mha.d_head, self.dtype) for _ in self.blocks]
-
-    def logits(self, tokens: np.ndarray, caches: list[Any], seq_ids: list[int] | None = None) -> np.ndarray:
-        """Logits (B, V) of the next token of each row. tokens (B, T) continue what the caches hold: one
-        KVCache per layer, or one PagedKVCache per layer and the B sequences seq_ids."""
-        x = self.table[tokens]  # (B, T, C)
-        for mha, cache in zip(self.blocks, caches, strict=True):
-            x = x + mha(x, cache=cache, seq_ids=seq_ids)  # (B, T, C)
-        return x[:, -1] @ self.table.T  # (B, V)
-
-
-def sample(logits: np.ndarray, rng: np.random.Generator | None) -> int:
-    """The next token: greedy without rng, else drawn at temperature 1 from softmax(logits)."""
-    if rng is None:
-        return int(np.argmax(logits))
-    p = np.exp(logits - logits.max())
-    return int(rng.choice(len(p), p=p / p.sum()))
-
-
-def run_alone(model: TinyDecoder, prompt: np.ndarray, n_new: int, rng: np.random.Generator | None = None):
-    """One request on its own through a contiguous KVCache per layer: its tokens and the logits behind each."""
-    mha = model.blocks[0]
-    caches = [KVCache(1, mha.n_kv_heads, len(prompt) + n_new, mha.d_head, model.dtype) for _ in model.blocks]
-    logits = model.logits(prompt[None], caches)[0]  # (V,)
-    tokens, all_logits = [], []
-    while len(tokens) < n_new:
-        tokens.append(sample(logits, rng))
-        all_logits.append(logits)
-        if len(tokens) < n_new:
-            logits = model.logits(np.array([[tokens[-1]]]), caches)[0]
-    return tokens, np.array(all_logits)
-
-
-# ---------------------------------------------------------------------------------------------------
-# 1) continuous batching
-
-
-class Request:
-    """One request: when it arrives, its prompt (token ids), how many tokens it generates (its end of sequence,
-    at most --max-new), and as it runs its sequence id (the same in every layer's cache), tokens and logits."""
-
-    def __init__(self, arrival: int, prompt: np.ndarray, output_len: int):
-        self.arrival, self.prompt, self.output_len = arrival, prompt, output_len
-        self.seq = -1
-        self.tokens: list[int] = []
-        self.logits: list[np.ndarray] = []
-
-    @property
-    def length(self) -> int:
-        """Tokens in the cache: the prompt and every generated token but the newest (not yet fed back)."""
-        return len(self.prompt) + max(len(self.tokens) - 1, 0)
-
-    def record(self, logits: np.ndarray) -> None:
-        self.tokens.append(sample(logits, None))
-        self.logits.append(logits)
-
-
-def draw_workload(args: argparse.Namespace, rng: np.random.Generator) -> list[tuple[int, np.ndarray, int]]:
-    """(arrival step, prompt, output length) of each request: Poisson arrivals at --rate per step, prompt lengths
-    uniform in [--min-prompt, --max-prompt], outputs uniform in [1, --max-new]. A request rarely uses its whole
-    limit of --max-new tokens, and its limit is what preallocation must reserve."""
-    gaps = rng.exponential(1 / args.rate, args.requests)
-    arrivals = np.floor(np.cumsum(gaps) - gaps[0]).astype(int)
-    prompts = rng.integers(args.min_prompt, args.max_prompt + 1, args.requests)
-    outputs = rng.integers(1, args.max_new + 1, args.requests)
-    return [
-        (int(t), rng.integers(0, args.vocab, int(p)), int(o))
-        for t, p, o in zip(arrivals, prompts, outputs, strict=True)
-    ]
-
-
-def admits(scheme: str, request: Request, running: list[Request], cache: PagedKVCache, args: Any) -> bool:
-    """Whether the scheme has room for one more request now.
-
-    paged: blocks for its prompt, and one to spare for each running request's next token. contiguous: its
-    whole maximum, prompt + max-new tokens (in whole blocks of the same pool), beside what the running ones
-    reserved: what a KVCache of max_tokens per request holds, within the same budget."""
-    if scheme == "paged":
-        return cache.blocks_free >= -(-len(request.prompt) // args.block_size) + len(running) + 1
-    reserved = sum(-(-(len(r.prompt) + args.max_new) // args.block_size) for r in [*running, request])
-    return reserved <= args.blocks
-
-
-def serve(model: TinyDecoder, requests: list[Request], scheme: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Run every request to its end under one scheme's admission rule (the same kernel for both); what was
-    measured. Each step: arrivals join the queue; if the running requests' next tokens need more blocks
-    than are free, the latest admitted is preempted (its blocks freed, recomputed later: vLLM's recompute);
-    waiting ones are admitted and prefilled; the others decode one token each, in one batch."""
-    caches = model.paged_caches(args.blocks, args.block_size)
-    pending, waiting, running = sorted(requests, key=lambda r: r.arrival), [], []
-    stats: dict[str, Any] = {"steps": 0, "seconds": 0.0, "preempted": 0, "at_once": [], "memory": []}
-    while pending or waiting or running:
-        while pending and pending[0].arrival <= stats["steps"]:
-            waiting.append(pending.pop(0))
-        t0 = time.perf_counter()
-        while sum(caches[0].blocks_needed(r.seq, 1) for r in running) > caches[0].blocks_free:
-            waiting.insert(0, release(running.pop(), caches))  # 1) preempt the latest admitted
-            stats["preempted"] += 1
-        new = []
-        while waiting and admits(scheme, waiting[0], running + new, caches[0], args):
-            new.append(request := waiting.pop(0))  # 2) admit and prefill: the prompt into pages, its first token
-            request.seq = caches[0].add_sequence()
-            assert all(cache.add_sequence() == request.seq for cache in caches[1:])  # the layers agree
-            request.record(model.logits(request.prompt[None], caches, [request.seq])[0])
-        if running:  # 3) one decode step, in one batch, for every request that was already running
-            last = np.array([[r.tokens[-1]] for r in running])  # (B, 1)
-            for request, logits in zip(running, model.logits(last, caches, [r.seq for r in running]), strict=True):
-                request.record(logits)
-        running += new
-        stats["seconds"] += time.perf_counter() - t0
-        stats["memory"].append(memory_now(running, caches[0], args))
-        stats["at_once"].append(len(running))
-        for request in [r for r in running if len(r.tokens) == r.output_len]:  # 4) retire the finished
-            running.remove(request)
-            release(request, caches)
-        stats["steps"] += 1
-    stats["tokens"] = sum(r.output_len for r in requests)
-    return stats
-
-
-def release(request: Request, caches: list[PagedKVCache]) -> Request:
-    """Free a request's sequence in every layer's cache; a preempted request starts again from its prompt."""
-    for cache in caches:
-        cache.free(request.seq)
-    if len(request.tokens) < request.output_len:
-        request.tokens, request.logits = [], []
-    return request
-
-
-def memory_now(running: list[Request], cache: PagedKVCache, args: argparse.Namespace) -> tuple[int, int, int, bool]:
-    """Token slots of one layer at this step: held by paging (its blocks), reserved by preallocation (each
-    request's maximum), holding a token; and whether the pool holds memory.paged_kv_cache_bytes of the lengths."""
-    lengths = [r.length for r in running]
-    formula = paged_kv_cache_bytes(lengths, block_size=args.block_size, layers=1, kv_heads=args.kv_heads,
-                                   head_dim=args.d_model // args.heads, dtype=args.dtype)  # fmt: skip
-    reserved = sum(len(r.prompt) + args.max_new for r in running)
-    return cache.blocks_used * args.block_size, reserved, sum(lengths), cache.bytes_used == formula
-
-
-def check_alone(model: TinyDecoder, requests: list[Request], tol: float) -> float:
-    """Every request's tokens must equal running it alone through a contiguous KVCache; the largest |logit diff|."""
+def check_alone(model: TinyDecoder, requests: list[batching.Request], tol: float) -> float:
+    """Every request's tokens must equal running it alone through a contiguous KVCache;
+    the largest |logit diff|."""
     worst, same = 0.0, True
     for request in requests:
-        tokens, logits = run_alone(model, request.prompt, request.output_len)
+        tokens, logits = batching.run_alone(model, request.prompt, request.output_len)
         same &= tokens == request.tokens
         worst = max(worst, float(np.max(np.abs(logits - np.array(request.logits)))))
     check(same, f"every one of {len(requests)} requests generates the same tokens as when run alone")
@@ -232,24 +93,36 @@ def check_alone(model: TinyDecoder, requests: list[Request], tol: float) -> floa
 
 def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.Generator, rate: float) -> list[dict]:
     """Part 1: the workload under each scheme, the checks, a row of what was measured for each, printed."""
-    workload, rows = draw_workload(args, rng), []
+    workload, rows = batching.draw_workload(args, rng), []
     for scheme in ("paged", "contiguous"):
-        requests = [Request(*drawn) for drawn in workload]  # the same requests, fresh for each scheme
-        stats = serve(model, requests, scheme, args)
+        # the same requests, fresh for each scheme
+        requests = [batching.Request(*drawn) for drawn in workload]
+        stats = batching.serve(model, requests, scheme, args)
         held, reserved, stored, match = (np.array(column) for column in zip(*stats["memory"], strict=True))
-        check(bool(match.all()), f"{scheme}: the pool holds memory.paged_kv_cache_bytes of the lengths at every step")
+        check(
+            bool(match.all()),
+            f"{scheme}: the pool holds memory.paged_kv_cache_bytes of the lengths at every step",
+        )
         if args.check:
             stats["max_diff"] = check_alone(model, requests, 1e-9 if args.dtype == "float64" else 1e-3)
         own = held if scheme == "paged" else reserved  # the memory this scheme holds
-        rows.append({
-            "scheme": scheme, "steps": stats["steps"], "tokens": stats["tokens"],
-            "tokens_per_s": stats["tokens"] / stats["seconds"], "mean_at_once": float(np.mean(stats["at_once"])),
-            "most_at_once": int(max(stats["at_once"])), "preempted": stats["preempted"],
-            "waste": 1 - stored.sum() / own.sum(),
-            "waste_if_preallocated": 1 - stored.sum() / reserved.sum(), "peak_stored": int(stored.max()),
-            "peak_held": int(own.max()), "max_diff": stats.get("max_diff"),
-            **common.beside_the_row(args.dtype, rate, n=RATE_SIZE),
-        })  # fmt: skip
+        rows.append(
+            {
+                "scheme": scheme,
+                "steps": stats["steps"],
+                "tokens": stats["tokens"],
+                "tokens_per_s": stats["tokens"] / stats["seconds"],
+                "mean_at_once": float(np.mean(stats["at_once"])),
+                "most_at_once": int(max(stats["at_once"])),
+                "preempted": stats["preempted"],
+                "waste": 1 - stored.sum() / own.sum(),
+                "waste_if_preallocated": 1 - stored.sum() / reserved.sum(),
+                "peak_stored": int(stored.max()),
+                "peak_held": int(own.max()),
+                "max_diff": stats.get("max_diff"),
+                **machine.beside_the_row(args.dtype, rate, n=machine.RATE_SIZE),
+            }
+        )
     print_batching(rows, args)
     print_bill(args)
     return rows
@@ -260,13 +133,14 @@ def batching_rows(model: TinyDecoder, args: argparse.Namespace, rng: np.random.G
 
 
 def sample_all(model: TinyDecoder, caches: list[PagedKVCache], seqs: list[int], first: np.ndarray, args, seeds):
-    """Each sequence samples --sample-tokens tokens with its own generator, all decoded in one batch per step."""
+    """Each sequence samples --sample-tokens tokens with its own generator,
+    all decoded in one batch per step."""
     rngs = [np.random.default_rng(seed) for seed in seeds]
-    tokens = [[sample(first, rng)] for rng in rngs]
+    tokens = [[batching.sample(first, rng)] for rng in rngs]
     while len(tokens[0]) < args.sample_tokens:
         logits = model.logits(np.array([[t[-1]] for t in tokens]), caches, seqs)  # (n, V)
         for row, rng, out in zip(logits, rngs, tokens, strict=True):
-            out.append(sample(row, rng))
+            out.append(batching.sample(row, rng))
     return tokens
 
 
@@ -289,18 +163,38 @@ def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.rando
         model.logits(prompt[None], copies, [seq])
     check(sample_all(model, copies, own, first, args, seeds) == tokens, "the copies sample the same tokens")
     lengths = [shared[0].length(seq) for seq in seqs]
-    formula = paged_kv_cache_bytes(lengths, block_size=size, layers=args.layers, kv_heads=mha.n_kv_heads,
-                                   head_dim=mha.d_head, dtype=args.dtype, shared_prefix=args.sample_prompt)  # fmt: skip
+    formula = paged_kv_cache_bytes(
+        lengths,
+        block_size=size,
+        layers=args.layers,
+        kv_heads=mha.n_kv_heads,
+        head_dim=mha.d_head,
+        dtype=args.dtype,
+        shared_prefix=args.sample_prompt,
+    )
     shared_bytes, copies_bytes = (sum(cache.bytes_used for cache in caches) for caches in (shared, copies))
-    check(shared_bytes == formula, "the shared pool holds memory.paged_kv_cache_bytes(..., shared_prefix=prompt)")
+    check(
+        shared_bytes == formula,
+        "the shared pool holds memory.paged_kv_cache_bytes(..., shared_prefix=prompt)",
+    )
     if args.check:
-        alone = [run_alone(model, prompt, args.sample_tokens, np.random.default_rng(seed))[0] for seed in seeds]
+        alone = [
+            batching.run_alone(model, prompt, args.sample_tokens, np.random.default_rng(seed))[0] for seed in seeds
+        ]
         check(alone == tokens, f"each of the {n} samples equals that sample run alone")
     # 3) a decode step over the samples: every sequence's keys, or the shared prompt once for all (cascade)
     q = rng.standard_normal((n, mha.n_heads, 1, mha.d_head)).astype(model.dtype)
     diff = float(np.max(np.abs(paged_decode(q, shared[0], seqs) - cascade_decode(q, shared[0], seqs))))
-    check(diff <= (1e-12 if args.dtype == "float64" else 1e-5), f"cascade_decode equals paged_decode ({diff:.1e})")
-    result = {"shared_bytes": shared_bytes, "copies_bytes": copies_bytes, "formula_bytes": formula, "lengths": lengths}
+    check(
+        diff <= (1e-12 if args.dtype == "float64" else 1e-5),
+        f"cascade_decode equals paged_decode ({diff:.1e})",
+    )
+    result = {
+        "shared_bytes": shared_bytes,
+        "copies_bytes": copies_bytes,
+        "formula_bytes": formula,
+        "lengths": lengths,
+    }
     print_samples(result, args)
     return result
 
@@ -311,12 +205,20 @@ def parallel_samples(model: TinyDecoder, args: argparse.Namespace, rng: np.rando
 
 def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
     table = [
-        [r["scheme"], f"{r['tokens_per_s']:,.0f}", f"{r['steps']:,}", f"{r['mean_at_once']:.1f}",
-         str(r["most_at_once"]), str(r["preempted"]), f"{r['peak_held']:,}", f"{100 * r['waste']:.1f}%"]
+        [
+            r["scheme"],
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['steps']:,}",
+            f"{r['mean_at_once']:.1f}",
+            str(r["most_at_once"]),
+            str(r["preempted"]),
+            f"{r['peak_held']:,}",
+            f"{100 * r['waste']:.1f}%",
+        ]
         for r in rows
-    ]  # fmt: skip
-    headers = ["admission", "tokens/s", "steps", "requests at once (mean)", "(most)", "preempted",
-               "KV slots held (peak)", "held, no token (waste)"]  # fmt: skip
+    ]
+    headers = ["admission", "tokens/s", "steps", "requests at once (mean)", "(most)", "preempted"]
+    headers += ["KV slots held (peak)", "held, no token (waste)"]
     print(
         f"1) {args.requests} requests, prompts {args.min_prompt}-{args.max_prompt} tokens, outputs 1-{args.max_new} "
         f"(limit {args.max_new}), {args.rate} arrivals per step;\n   a budget of {args.blocks} blocks of "
@@ -324,7 +226,7 @@ def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
         f"d_model {args.d_model}, "
         f"{args.heads} heads over {args.kv_heads} kv heads, {args.dtype}"
     )
-    print(common.marked_table(table, rows, headers, args.format, lambda r: r["scheme"], width=table_width(args)))
+    print(machine.marked_table(table, rows, headers, args.format, lambda r: r["scheme"], width=table_width(args)))
     paged = rows[0]
     print(
         "  the paged run's requests, step by step, preallocated at their limits instead: "
@@ -337,7 +239,7 @@ def print_batching(rows: list[dict], args: argparse.Namespace) -> None:
 def print_bill(args: argparse.Namespace) -> None:
     """The workload's bill on a real model, from the formulas: every request at its full length at once."""
     shape = dict(layers=32, kv_heads=8, head_dim=128, dtype="bf16")  # Llama-3-8B (models.PRESETS)
-    workload = draw_workload(args, np.random.default_rng(args.seed))
+    workload = batching.draw_workload(args, np.random.default_rng(args.seed))
     paged = paged_kv_cache_bytes([len(p) + o for _, p, o in workload], block_size=16, **shape)
     reserved = kv_cache_bytes(sum(len(p) + args.max_new for _, p, _ in workload), **shape)
     print(
@@ -367,16 +269,17 @@ def print_samples(result: dict, args: argparse.Namespace) -> None:
 
 
 def run_calls(args: argparse.Namespace) -> list[int]:
-    """[prefills, decode steps through a contiguous KVCache, batched decode steps through the paged caches, the
-    sequences those steps decode beyond one a step] of the whole run, from the flags and the workload they
+    """[prefills, decode steps through a contiguous KVCache, batched decode steps through the paged caches,
+    the sequences those steps decode beyond one a step] of the whole run, from the flags and the workload they
     draw. Both schemes serve every request (a prefill, then a token a step, batched) and --check runs each
     request alone again; part 2 prefills its prompt 1 + n times, decodes n samples twice (batched) and with
     --check runs each alone. Preemption's recomputing is left out, and a scheme's batched steps are counted as
     its longest output's (at least that many): a lower bound."""
-    outputs = [new for _, _, new in draw_workload(args, np.random.default_rng(args.seed))]
+    outputs = [new for _, _, new in batching.draw_workload(args, np.random.default_rng(args.seed))]
     n, new, checks = args.samples, args.sample_tokens, int(args.check)
     steps = max(outputs) - 1  # batched decode steps of a scheme, at least
-    decoded = sum(outputs) - len(outputs)  # the tokens they decode: every output's but its first (the prefill's)
+    # the tokens they decode: every output's but its first (the prefill's)
+    decoded = sum(outputs) - len(outputs)
     return [
         (2 + 2 * checks) * len(outputs) + 1 + n + checks * n,
         checks * (2 * decoded + n * (new - 1)),
@@ -388,13 +291,17 @@ def run_calls(args: argparse.Namespace) -> list[int]:
 def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float]:
     """The seconds each kind of run_calls' calls takes, the least of a few timed here with the run's model at
     the workload's mean context: matmuls, cache reads and the Python between them."""
-    mha, block = model.blocks[0], args.block_size
+    block = args.block_size
     prompt = (args.min_prompt + args.max_prompt) // 2
-    tokens, one, four = np.zeros((1, prompt), np.int64), np.zeros((1, 1), np.int64), np.zeros((4, 1), np.int64)
+    tokens, one, four = (
+        np.zeros((1, prompt), np.int64),
+        np.zeros((1, 1), np.int64),
+        np.zeros((4, 1), np.int64),
+    )
     fastest = lambda call: min(time_calls(call, 5, 1))  # noqa: E731  (the least a call takes)
 
     def contiguous() -> list[KVCache]:
-        return [KVCache(1, mha.n_kv_heads, prompt + 8, mha.d_head, model.dtype) for _ in model.blocks]
+        return model.caches(prompt + 8)
 
     prefill = fastest(lambda: model.logits(tokens, contiguous()))
     caches = contiguous()
@@ -408,12 +315,13 @@ def seconds_per_call(model: TinyDecoder, args: argparse.Namespace) -> list[float
 
 
 def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> None:
-    """Refuse a run that cannot end within common.MAX_MINUTES; say how long one of 10 s or more takes at least."""
+    """Refuse a run that cannot end within limits.MAX_MINUTES;
+    say how long one of 10 s or more takes at least."""
     calls = run_calls(args)
     seconds = sum(n * each for n, each in zip(calls, seconds_per_call(model, args), strict=True))
     lower = "lower --requests, --max-new, --samples, --layers, --d-model or --vocab, or add --no-check"
     how = f"{sum(calls[:3]):,} calls of the model, each kind timed here"
-    problem = common.time_problem(0.0, rate, lower, seconds, how=how)
+    problem = limits.time_problem(0.0, rate, lower, seconds, how=how)
     if problem:
         sys.exit(f"serve.py: error: {problem}")
 
@@ -424,10 +332,15 @@ def check_time(model: TinyDecoder, args: argparse.Namespace, rate: float) -> Non
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
-    tokens, cap = positive(int, MAX_WORK_TOKENS), {name: positive(int, most) for name, most in MAX_SIZES.items()}
+    tokens = positive(int, MAX_WORK_TOKENS)
+    cap = {name: positive(int, most) for name, most in MAX_SIZES.items()}
     add("--requests", type=tokens, default=24, help="requests in the workload (default 24)")
-    add("--rate", type=positive(float, 1000), default=1.0,
-        help="mean arrivals per step, at least 0.001 (default 1.0)")  # fmt: skip
+    add(
+        "--rate",
+        type=positive(float, 1000),
+        default=1.0,
+        help="mean arrivals per step, at least 0.001 (default 1.0)",
+    )
     add("--min-prompt", type=tokens, default=8, help="shortest prompt, tokens (default 8)")
     add("--max-prompt", type=tokens, default=96, help="longest prompt, tokens (default 96)")
     add("--max-new", type=tokens, default=96, help="each request's limit of new tokens (default 96)")
@@ -441,13 +354,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--heads", type=cap["heads"], default=4, help="query heads (default 4)")
     add("--kv-heads", type=cap["heads"], default=2, help="key/value heads (default 2)")
     add("--vocab", type=cap["vocab"], default=256, help="vocabulary size (default 256)")
-    add("--dtype", choices=["float32", "float64"], default="float64",
-        help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)")  # fmt: skip
+    add(
+        "--dtype",
+        choices=["float32", "float64"],
+        default="float64",
+        help="dtype of weights and caches (default float64, so that 'equal when run alone' holds to 1e-9)",
+    )
     add("--no-check", dest="check", action="store_false", help="skip running every request alone to compare")
     add("--json", metavar="PATH", help="also write the figures, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the model, the workload and the samples")
+    add_seed_and_format(p, "the model, the workload and the samples")
     args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What the flags must satisfy together, and the memory of the run's model and pools, refused up front."""
     if args.rate < 0.001:  # arrivals 1,000 steps apart on average: past that, the steps would be mostly idle
         p.error(f"--rate must be at least 0.001; got {args.rate}")
     if args.min_prompt > args.max_prompt:
@@ -458,26 +381,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--blocks ({args.blocks}) cannot hold one request of --max-prompt + --max-new tokens: raise it")
     work = args.requests * (args.max_prompt + args.max_new) + args.samples * (args.sample_prompt + args.sample_tokens)
     if work > MAX_WORK_TOKENS:
-        p.error(f"--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt + --sample-tokens) must be at "
-                f"most {MAX_WORK_TOKENS:,} tokens of work (this is a simulation); got {work:,}")  # fmt: skip
+        p.error(
+            f"--requests x (--max-prompt + --max-new) + --samples x (--sample-prompt + --sample-tokens) must be at "
+            f"most {MAX_WORK_TOKENS:,} tokens of work (this is a simulation); got {work:,}"
+        )
     slots = max(args.blocks * args.block_size, 2 * args.samples * (args.sample_prompt + args.sample_tokens))
     needed = 3 * args.layers * slots * 2 * (args.d_model // args.heads) * args.kv_heads * 8  # part 2's pools at most
-    needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model  # the model: table, w_qkv, w_out
-    problem = common.memory_problem(needed, "the model and pools of this run", "lower --blocks, --samples, --layers, "
-                                    "--d-model or --vocab")  # fmt: skip
+    # the model: table, w_qkv, w_out
+    needed += 8 * (args.vocab + args.layers * 4 * args.d_model) * args.d_model
+    problem = limits.memory_problem(
+        needed, "the model and pools of this run", "lower --blocks, --samples, --layers, --d-model or --vocab"
+    )
     if problem:
         p.error(problem)
-    common.check_output(p, "--json", args.json)
-    return args
+    outputs.check_output(p, "--json", args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rate = common.matmul_rate(args.dtype, n=RATE_SIZE, repeats=3)  # the busy-machine check's first figure
+    # the busy-machine check's first figure
+    rate = machine.matmul_rate(args.dtype, n=machine.RATE_SIZE, repeats=3)
     rng = np.random.default_rng(args.seed)
     model = TinyDecoder(args, rng)
     check_time(model, args, rate)
-    info, lines = common.header()
+    info, lines = machine.header()
     print(lines)
     figures = {"args": vars(args), "machine": info, "matmul_gflops": rate}
     parts = {
@@ -485,16 +412,17 @@ def main(argv: list[str] | None = None) -> int:
         "samples": lambda: parallel_samples(model, args, rng),
     }
 
-    def run_part(name: str) -> str:  # each part prints its table when it ends; Ctrl-C keeps those already printed
+    def run_part(name: str) -> str:
+        """Each part prints its table when it ends; Ctrl-C keeps those already printed."""
         figures[name] = parts[name]()
         return name
 
     done: list[str] = []
-    stopped = common.measure_each(parts, run_part, done)
+    stopped = interrupts.measure_each(parts, run_part, done)
     if args.json is not None:
-        common.write_json(args.json, figures, stopped)
-    return common.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
+        outputs.write_json(args.json, figures, stopped)
+    return interrupts.interrupted(len(done), len(parts), "parts") if stopped else check.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,14 +132,16 @@ def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, fo
     if choice is not None:
         a_file = choice not in ("char", "byte") and kind == "tokenizer.json"  # the same file's text, then
         if choice != kind and not (a_file and read_utf8(Path(choice), "--tokenizer") == saved.get("json")):
-            raise DataError(f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
-                            "leave --tokenizer out to go on with the checkpoint's")  # fmt: skip
+            raise DataError(
+                f"the checkpoint in {folder} has the {kind!r} tokenizer; --tokenizer {choice} is another: "
+                "leave --tokenizer out to go on with the checkpoint's"
+            )
     return tokenizer_from(saved)
 
 
 def default_prompt(tokenizer: Tokenizer) -> tuple[np.ndarray, str]:
-    """The prompt of sample.py and of train.py's sample when none is given, and what it is: a newline, or, where
-    the vocabulary has none (a text of one line), its first token."""
+    """The prompt of sample.py and of train.py's sample when none is given, and what it is: a newline, or,
+    where the vocabulary has none (a text of one line), its first token."""
     try:
         return tokenizer.encode("\n"), "a newline"
     except DataError:
@@ -199,6 +202,19 @@ def fingerprint(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # tokens for training
+
+
+@dataclass
+class Data:
+    """A run's text as tokens: the tokenizer, where the text came from and its fingerprint, and its tokens
+    split into the first 1 - validation to train on and the rest to validate on (never trained on)."""
+
+    tokenizer: Tokenizer
+    source: str
+    fingerprint: str
+    validation: float
+    train: np.ndarray  # (n_train,) token ids
+    val: np.ndarray  # (n_val,)
 
 
 def split(tokens: np.ndarray, context: int, validation: float, where: str) -> tuple[np.ndarray, np.ndarray]:

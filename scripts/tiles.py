@@ -6,17 +6,19 @@ where one forward and one backward spend their time.
     python scripts/tiles.py --profile             # T = 1024: the parts of one forward and one backward
     python scripts/tiles.py --tune --profile      # the same with this machine's tiles (tinyattn_np.tune)
 
-It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one worker and
-on all, and measures what decides many cores: w, the time of one tile step on one thread, and held, the part of it
-spent in Python and NumPy's per-call overhead with the interpreter lock held (the same grid and calls on 2 x 2 tiles
-with E = 1, where the arithmetic is nil). The last column models a 16-core machine from measurements made on one (see
-model_16_cores). The default tiles are marked, and a row measured while the machine was busy is marked with *.
+It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one
+worker and on all, and measures what decides many cores: w, the time of one tile step on one thread, and held,
+the part of it spent in Python and NumPy's per-call overhead with the interpreter lock held (the same grid and
+calls on 2 x 2 tiles with E = 1, where the arithmetic is nil). The last column models a 16-core machine from
+measurements made on one (see model_16_cores). The default tiles are marked, and a row measured while the
+machine was busy is marked with *.
 
 --profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the kernels
-choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and rescaling, the
-masking, the copies and set-up. The copy calls the kernels' own helpers and must give the kernels' bits (checked).
-"Python between them" is the rest of the copy's run (the loop, the slicing, the calls), less the timing's own cost.
-Each part is the least of --repeats runs, beside the kernel's own time and the best one-thread matmul rate.
+choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and
+rescaling, the masking, the copies and set-up. The copy calls the kernels' own helpers and must give the
+kernels' bits (checked). "Python between them" is the rest of the copy's run (the loop, the slicing, the
+calls), less the timing's own cost. Each part is the least of --repeats runs, beside the kernel's own time and
+the best one-thread matmul rate.
 """
 
 from __future__ import annotations
@@ -24,52 +26,32 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from tinyattn_np import _tuning, flash_attention, tune
-from tinyattn_np._backward_kernel import check_weights_sum_to_one as _check_weights_sum_to_one
-from tinyattn_np._backward_kernel import flex_backward as _flex_backward
-from tinyattn_np._backward_kernel import heads_per_item as _heads_per_item
-from tinyattn_np._backward_kernel import item_heads, ones_row_below
-from tinyattn_np._backward_kernel import query_rows as _query_rows
-from tinyattn_np._checks import compute_dtype
-from tinyattn_np._flash_kernel import (
-    TileMods,
-    apply_mods,
-    diagonal_of,
-    finish_rows,
-    flash_forward,
-    forward_items,
-    forward_results,
-    grouped_heads,
-    item_parts,
-    kv_rows,
-    running_start,
-    scaled_queries,
-    tile_mods,
-    trusted,
-)
-from tinyattn_np._tiles import Heads
-from tinyattn_np._tuning import default_tiles
-from tinyattn_np.backward import check_flash_backward
+from tinyattn_np import flash_attention, tune
 from tinyattn_np.blockmask import tile_plan
-from tinyattn_np.flash import check_flash
-from tinyattn_np.measure import time_calls
 from tinyattn_np.memory import attention_flops
 from tinyattn_np.report import add_wide_argument, positive, table_width
+from tinyattn_np.tune import decode_layout, default_tiles
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import benchmark
+import interrupts
+import kernel_profile
+import limits
+import machine
+import outputs
 
-# 16-core measurements (Intel Xeon; one head per tile step, T = 8192, 4 heads x 64, causal): the model's calibration
-XEON_CORES = 16
-XEON_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
-XEON_PROCESSES_MS, XEON_PROCESSES_SIDE = 64.4, 512  # 16 processes on (head, 512-query block) items, no lock
+# the 16-core machine that calibrates the model (T = 8192, 4 heads x 64, causal; measured: docs/results/tiles.md)
+CALIBRATION_CORES = 16
+CALIBRATION_HELD_S_PER_STEP = 457.4e-3 / 2112  # 16 threads on 256 x 256 tiles: 457.4 ms for 2,112 tile steps
+CALIBRATION_PROCESSES_MS, CALIBRATION_PROCESSES_SIDE = (
+    64.4,
+    512,
+)  # 16 processes on (head, 512-query block) items, no lock
 
 SIDES = (128, 256, 512, 1024)  # square tiles
 HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
@@ -77,15 +59,18 @@ HEADS_PER_STEP = (1, 2, 4)  # kv heads per tile step
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=positive(int, common.MAX_TOKENS), help="T, the sequence length (default 4096; "
-                   "1024 with --profile)")  # fmt: skip
+    p.add_argument(
+        "--tokens",
+        type=positive(int, limits.MAX_TOKENS),
+        help="T, the sequence length (default 4096; 1024 with --profile)",
+    )
     p.add_argument("--profile", action="store_true", help="split one forward and one backward at T into their parts")
     p.add_argument("--tune", action="store_true", help="first tinyattn_np.tune(): tiles, workers, decode layout")
-    common.add_shape_arguments(p, tokens_range=False, repeats=3)
+    benchmark.add_shape_arguments(p, tokens_range=False, repeats=3)
     add_wide_argument(p)
     args = p.parse_args(argv)
     args.tokens = args.tokens or (1024 if args.profile else 4096)
-    common.check_sizes(p, args, args.tokens, flag="--tokens")
+    benchmark.check_sizes(p, args, args.tokens, flag="--tokens")
     return args
 
 
@@ -96,14 +81,16 @@ def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float
 
 
 def sweep_items(T: int, side: int, heads: int, per_step: int, causal: bool) -> list[int]:
-    """The tile steps of each work item (kv heads of one step x one query block), as flash_attention makes them."""
+    """The tile steps of each work item (kv heads of one step x one query block),
+    as flash_attention makes them."""
     plan = tile_plan(T, T, side, side, causal=causal)
     per_block = [sum(1 for t in plan if t.q_start == q_start) for q_start in range(0, T, side)]
     return [n for n in per_block for _ in range(-(-heads // per_step))]
 
 
 def makespan(items: list[int], workers: int) -> int:
-    """Steps of the busiest worker when each free worker takes the next item, longest first (as flash does)."""
+    """Steps of the busiest worker when each free worker takes the next item,
+    longest first (as flash does)."""
     loads = [0] * workers
     for n in sorted(items, reverse=True):
         loads[loads.index(min(loads))] += n
@@ -118,7 +105,7 @@ def held_us_per_step(T: int, side: int, causal: bool, repeats: int) -> float:
     def ms_for(n_blocks: int) -> float:
         x = np.random.default_rng(0).standard_normal((1, 2 * n_blocks, 1))
         call = lambda: flash_attention(x, x, x, causal=causal, block_q=2, block_k=2, workers=1)  # noqa: E731
-        return common.settled_median_ms(call, max(repeats, 5))
+        return machine.settled_median_ms(call, max(repeats, 5))
 
     n_blocks = -(-T // side)
     steps = len(tile_plan(2 * n_blocks, 2 * n_blocks, 2, 2, causal=causal))
@@ -135,18 +122,26 @@ def measure_row(shape: tuple[int, int], args: argparse.Namespace, run: Any) -> d
     items = sweep_items(T, side, args.heads, per_step, causal)
     row: dict[str, Any] = dict(side=side, per_step=per_step, steps=sum(items), items=len(items))
     row["held_us"] = run.held[side]
-    row.update(common.beside_the_row(args.dtype, run.rate))
+    row.update(machine.beside_the_row(args.dtype, run.rate))
     q, k, v = run.qkv
     for workers in sorted({1, cores}):
-        common.progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
+        outputs.progress(f"  side={side} kv_heads_per_step={per_step} workers={workers}")
 
         def call(workers: int = workers) -> None:
-            flash_attention(q, k, v, causal=causal, block_q=side, block_k=side, kv_heads_per_step=per_step,
-                            workers=workers)  # fmt: skip
+            flash_attention(
+                q,
+                k,
+                v,
+                causal=causal,
+                block_q=side,
+                block_k=side,
+                kv_heads_per_step=per_step,
+                workers=workers,
+            )
 
-        row[f"ms_{workers}"] = common.settled_median_ms(call, args.repeats)
+        row[f"ms_{workers}"] = machine.settled_median_ms(call, args.repeats)
     row["w_us"] = row["ms_1"] * 1e3 / row["steps"]
-    row["span_16"] = makespan(items, XEON_CORES)
+    row["span_16"] = makespan(items, CALIBRATION_CORES)
     return row
 
 
@@ -156,18 +151,22 @@ def model_16_cores(rows: list[dict[str, Any]], args: argparse.Namespace) -> floa
     Per tile step: w, the time of one step on one thread, and held, the part of it with the interpreter lock
     held (held_us_per_step). Amdahl: with f = held / w, N threads run at most 1 / (f + (1 - f) / N) times
     faster. The 16-core measurements add what Amdahl leaves out: 16 threads handing the lock around take
-    XEON_HELD_S_PER_STEP per step (wake-ups, not the calls themselves), and cores that all compute at once
-    run slower than one alone (kappa, from the 16-process run against this machine's w for the same tiles,
+    CALIBRATION_HELD_S_PER_STEP per step (wake-ups, not the calls themselves), and cores that all compute at
+    once run slower than one alone (kappa, from the 16-process run against this machine's w for the same tiles,
     one head a step: a step's time depends on its tile, not on T). Predicted time on 16 cores:
         max(steps · held_16, kappa · w · makespan of the items on 16 workers)
     """
-    base = next((r for r in rows if r["side"] == XEON_PROCESSES_SIDE and r["per_step"] == 1), None)
-    xeon_span = makespan(sweep_items(8192, XEON_PROCESSES_SIDE, 4, 1, True), XEON_CORES)
-    kappa = XEON_PROCESSES_MS / (base["w_us"] * xeon_span / 1e3) if base and args.head_dim == 64 else None
+    base = next((r for r in rows if r["side"] == CALIBRATION_PROCESSES_SIDE and r["per_step"] == 1), None)
+    calibration_span = makespan(sweep_items(8192, CALIBRATION_PROCESSES_SIDE, 4, 1, True), CALIBRATION_CORES)
+    usable = base is not None and args.head_dim == 64  # the 16-process run's tiles had E = 64
+    kappa = CALIBRATION_PROCESSES_MS / (base["w_us"] * calibration_span / 1e3) if usable else None
     for r in rows:
         f = r["held_us"] / r["w_us"]
-        r["amdahl_16"] = 1 / (f + (1 - f) / XEON_CORES)
-        held_ms, compute_ms = r["steps"] * XEON_HELD_S_PER_STEP * 1e3, (kappa or 0) * r["w_us"] * r["span_16"] / 1e3
+        r["amdahl_16"] = 1 / (f + (1 - f) / CALIBRATION_CORES)
+        held_ms, compute_ms = (
+            r["steps"] * CALIBRATION_HELD_S_PER_STEP * 1e3,
+            (kappa or 0) * r["w_us"] * r["span_16"] / 1e3,
+        )
         r["predicted_16_ms"] = max(held_ms, compute_ms) if kappa else None
     return kappa
 
@@ -178,41 +177,44 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     run.extra = {"kappa": kappa}  # for --json
     T, causal, cores, rate = args.tokens, not args.no_causal, os.cpu_count() or 1, run.rate
     flops = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=causal)
-    default, xeon = (
+    default, sixteen = (
         (side, side, min(per_step, args.heads))  # no more heads per step than there are heads
         for side, _, per_step in (
-            default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, XEON_CORES)
+            default_tiles(T, T, 1, cores=n, diagonal=0 if causal else None) for n in (cores, CALIBRATION_CORES)
         )
     )
-    body = []
-    for r in rows:
-        gflops = flops / r[f"ms_{cores}"] / 1e6
-        mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
-        body.append([f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"],
-                     r[f"ms_{cores}"], gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"],
-                     r["predicted_16_ms"]])  # fmt: skip
+    body = [sweep_cells(r, cores, flops / r[f"ms_{cores}"] / 1e6, rate, default) for r in rows]
     print(
         f"\nflash_attention at T={T}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
         f"{'causal' if causal else 'no mask'}; median of {args.repeats}; 'ms, {cores} w' = {cores} workers"
     )
-    headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul",
-               "w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]  # fmt: skip
+    headers = ["tiles", "heads/step", "steps", "items", "ms, 1 w", f"ms, {cores} w", "GFLOP/s", "of matmul"]
+    headers += ["w µs/step", "held µs/step", "Amdahl x16", "16-core ms (model)"]
     label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
-    print(common.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
     print(
         f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
         f"({best[f'ms_{cores}']:.1f} ms on {cores} workers);\nthe default at this shape on this machine: "
-        f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {xeon[0]} x {xeon[1]}, "
-        f"{per_step(xeon[2])} (flash.default_tiles)"
+        f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {sixteen[0]} x {sixteen[1]}, "
+        f"{per_step(sixteen[2])} (tune.default_tiles)"
     )
     if kappa:
+        held, side = CALIBRATION_HELD_S_PER_STEP * 1e6, CALIBRATION_PROCESSES_SIDE
         print(
-            f"model: held_16 = {XEON_HELD_S_PER_STEP * 1e6:.0f} µs per step (16 threads, 256 x 256, one head a step: "
-            f"457.4 ms / 2,112 steps);\nkappa = {kappa:.2f} ({XEON_PROCESSES_MS} ms for 16 processes on "
-            f"{XEON_PROCESSES_SIDE} x {XEON_PROCESSES_SIDE} tiles against this machine's w);\nAmdahl x16 leaves the "
+            f"model: held_16 = {held:.0f} µs per step (16 threads, 256 x 256, one head a step: "
+            f"457.4 ms / 2,112 steps);\nkappa = {kappa:.2f} ({CALIBRATION_PROCESSES_MS} ms for 16 processes on "
+            f"{side} x {side} tiles against this machine's w);\nAmdahl x16 leaves the "
             "lock hand-offs out and is a ceiling only"
         )
+
+
+def sweep_cells(r: dict[str, Any], cores: int, gflops: float, rate: float, default: tuple[int, ...]) -> list[Any]:
+    """One row of the sweep's table: the tiles (the default marked), the steps and items,
+    the times, the rate."""
+    mark = " (default)" if (r["side"], r["side"], r["per_step"]) == default else ""
+    cells = [f"{r['side']} x {r['side']}{mark}", r["per_step"], r["steps"], r["items"], r["ms_1"], r[f"ms_{cores}"]]
+    return cells + [gflops, f"{gflops / rate:.0%}", r["w_us"], r["held_us"], r["amdahl_16"], r["predicted_16_ms"]]
 
 
 def per_step(n: int) -> str:
@@ -220,278 +222,19 @@ def per_step(n: int) -> str:
     return f"{n} kv head{'' if n == 1 else 's'} per step"
 
 
-# ---------------------------------------------------------------------------------------------------
-# --profile: where one forward and one backward spend their time
-
-MATMULS, EXPONENTIALS, REDUCTIONS = "matmuls", "exponentials", "reductions and rescaling"
-MASKING, COPIES, PYTHON = "masking", "copies and set-up", "Python between them"
-PARTS = (MATMULS, EXPONENTIALS, REDUCTIONS, MASKING, COPIES)
-
-
-class Stopwatch:
-    """Wall time by part: `with clock("matmuls"): ...` adds the time the block took to clock.seconds["matmuls"]
-    and counts one lap. Each lap costs a little time outside the block it times: lap_cost() measures it."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self.laps, self.part, self.start = 0, "", 0.0
-
-    def __call__(self, part: str) -> Stopwatch:
-        self.part = part
-        return self
-
-    def __enter__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds[self.part] = self.seconds.get(self.part, 0.0) + time.perf_counter() - self.start
-        self.laps += 1
-
-    @staticmethod
-    def lap_cost(laps: int = 2000) -> float:
-        """Seconds one lap adds to a run beyond what it records: a run of `laps` empty blocks, less their parts."""
-        clock, start = Stopwatch(), time.perf_counter()
-        for _ in range(laps):
-            with clock("nothing"):
-                pass
-        return max(time.perf_counter() - start - clock.seconds["nothing"], 0.0) / laps
-
-
-def best_ms(fn: Any, repeats: int) -> float:
-    """The fastest of `repeats` calls of fn() in ms, after one untimed call: the least slowed by other work."""
-    return 1e3 * min(time_calls(fn, repeats, warmup=1))
-
-
-def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: Any, clock: Any) -> tuple[Any, Any]:
-    """flash_forward on one thread, its items in its order, with the set-up timed (clock) and each item's tiles
-    run by block_copy: its out and lse (the kernel's bits)."""
-    ct = compute_dtype(q, k, v)
-    with clock(COPIES):
-        arrays = grouped_heads(q, k, v, dims, ct)
-    for item in forward_items(dims, plan, len(arrays.q), len(arrays.k)):
-        heads, rows, query_heads = item_parts(item, arrays, plan, dims.hq)
-        with clock(COPIES):
-            q_t = scaled_queries(arrays.q, heads, rows, plan.scale, ct)  # (c, E, G·bq)
-        block_copy(q_t, *(x[kv_rows(heads, arrays)] for x in (arrays.k, arrays.v)), plan, query_heads, rows,
-                   arrays.out[heads, :, rows], arrays.lse[heads, :, rows], clock)  # fmt: skip
-    with clock(COPIES):
-        return forward_results(arrays, dims, ct)
-
-
-def block_copy(q_t: np.ndarray, k: np.ndarray, v: np.ndarray, plan: Any, heads: Heads, rows: slice,
-               out_rows: np.ndarray, lse_rows: np.ndarray, clock: Any) -> None:  # fmt: skip
-    """flash.attend_block's statements in its order, each timed into its part (tile_scores split in two: its
-    matmul and its mods). The fallback it never needs on these inputs is left out: the bits would tell."""
-    c, _, n = q_t.shape
-    with clock(COPIES):
-        mods, q_idx = tile_mods(plan, heads, rows, c)
-        m, l = (x.reshape(c, n) for x in running_start(plan.sinks, heads.h, rows.stop - rows.start, q_t.dtype))
-        l *= np.exp(m)
-        acc, written = np.empty((c, n, v.shape[-1]), q_t.dtype), False
-        tile_buf = np.empty(c * min(plan.block_k, k.shape[1]) * n, q_t.dtype)
-        ones = np.ones(min(plan.block_k, k.shape[1]), q_t.dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
-        for t in plan.tile_mask.row_tiles(rows.start, rows.stop, k.shape[1], plan.block_k, heads):
-            bk = t.k_stop - t.k_start
-            s = tile_buf[: c * bk * n].reshape(c, bk, n)
-            with clock(MATMULS):
-                np.matmul(k[:, t.k_start : t.k_stop], q_t, out=s)
-            with clock(MASKING):
-                kv_idx = np.arange(t.k_start, t.k_stop).reshape(1, bk, 1, 1)
-                apply_mods(s.reshape(c, bk, -1, q_idx.shape[-1]), t, mods, q_idx, kv_idx, keys_down=True)
-            with clock(EXPONENTIALS):
-                np.exp(s, out=s)
-            with clock(REDUCTIONS):
-                l += ones[:bk] @ s
-            with clock(MATMULS):
-                pv = np.matmul(s.transpose(0, 2, 1), v[:, t.k_start : t.k_stop], out=None if written else acc)
-            with clock(REDUCTIONS):
-                if written:
-                    acc += pv
-                written = True
-    with clock(REDUCTIONS):
-        trusted(l, acc)
-        finish_rows(acc, np.zeros_like(l), l, out_rows, lse_rows)
-
-
-def backward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray, dout: np.ndarray, lse: np.ndarray,
-                  dims: Any, plan: Any, clock: Any) -> tuple[Any, ...]:  # fmt: skip
-    """_flex_backward on one thread, every key block of every head in the kernel's order, with the set-up and
-    the ending timed (clock) and each key block's tiles run by key_block_copy: dq, dk, dv (the kernel's bits)."""
-    ct = compute_dtype(q, k, v, out, dout)
-    n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq
-    with clock(COPIES):
-        k_c, v_c = (np.ascontiguousarray(x.reshape(n_heads // dims.group, dims.n_k, -1), dtype=ct) for x in (k, v))
-        q_lse, do_d, d, lse_c = _query_rows(q, out, dout, lse, dims, plan.scale, ct)
-        dq, p_sums = np.zeros((n_heads, dims.n_q, dims.e), ct), np.zeros((n_heads, dims.n_q), ct)
-        dk_heads, dv_heads = np.zeros((n_heads, dims.n_k, dims.e), ct), np.zeros((n_heads, dims.n_k, dims.ev), ct)
-    c = _heads_per_item(plan, n_heads, dims.n_q, dims.n_k)  # the heads of one item, as the kernel takes them
-    for k_start in range(0, dims.n_k, plan.block_k):
-        for g in range(n_heads // c):
-            cols, its = slice(k_start, min(k_start + plan.block_k, dims.n_k)), item_heads(g, c, dims.hq, dims.group)
-            tiles = list(plan.tile_mask.column_tiles(cols.start, cols.stop, dims.n_q, plan.block_q, its.heads))
-            if not tiles:  # a key block no query sees
-                continue
-            with clock(COPIES):
-                k_j, v_j, hs = k_c[its.kv, cols], v_c[its.kv, cols], its.rows
-            mods = TileMods(plan.tile_mask.mask_mod, None, its.b, its.h, diagonal_of(plan.tile_mask))
-            key_block_copy(q_lse[hs], k_j, v_j, do_d[hs], mods, tiles, (dq[hs], p_sums[hs]), dk_heads[hs, cols],
-                           dv_heads[hs, cols], clock)  # fmt: skip
-    with clock(REDUCTIONS):
-        _check_weights_sum_to_one(p_sums, lse_c)
-        dq *= plan.scale
-        dk = dk_heads.reshape(-1, dims.group, dims.n_k, dims.e).sum(axis=1)
-        dv = dv_heads.reshape(-1, dims.group, dims.n_k, dims.ev).sum(axis=1)
-    with clock(COPIES):
-        return tuple(x.reshape(y.shape).astype(y.dtype, copy=False) for x, y in ((dq, q), (dk, k), (dv, v)))
-
-
-def key_block_copy(q_lse: np.ndarray, k_j: np.ndarray, v_j: np.ndarray, do_d: np.ndarray, mods: TileMods, tiles: Any,
-                   dq_rows: tuple[np.ndarray, np.ndarray], dk_rows: np.ndarray, dv_rows: np.ndarray,
-                   clock: Any) -> None:  # fmt: skip
-    """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
-    of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
-    (dq, p_sums), tiles = dq_rows, list(tiles)
-    with clock(COPIES):
-        (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_lse.dtype
-        k_one_t, v_one_t = ones_row_below(k_j), ones_row_below(v_j)
-        (p_buf, ds_buf), ones = np.empty((2, c * height * bk), dtype), np.ones(bk, dtype)
-    for t in tiles:
-        rows, bq = slice(t.q_start, t.q_stop), t.q_stop - t.q_start
-        p, ds = (buffer[: c * bq * bk].reshape(c, bq, bk) for buffer in (p_buf, ds_buf))
-        with clock(MATMULS):
-            np.matmul(q_lse[:, rows], k_one_t, out=p)
-        with clock(MASKING):
-            q_idx, kv_idx = np.arange(t.q_start, t.q_stop)[:, None], np.arange(t.k_start, t.k_stop)
-            apply_mods(p, t, mods, q_idx, kv_idx, keys_down=False)
-        with clock(EXPONENTIALS):
-            np.exp(p, out=p)
-        with clock(MATMULS):
-            dv_share = p.transpose(0, 2, 1) @ do_d[:, rows, :-1]
-        with clock(REDUCTIONS):
-            dv_rows += dv_share
-        with clock(MATMULS):
-            np.matmul(do_d[:, rows], v_one_t, out=ds)
-        with clock(REDUCTIONS):
-            ds *= p
-        with clock(MATMULS):
-            dq_share = ds @ k_j
-        with clock(REDUCTIONS):
-            p_sum = p @ ones
-            dq[:, rows] += dq_share
-            p_sums[:, rows] += p_sum
-        with clock(MATMULS):
-            dk_share = ds.transpose(0, 2, 1) @ q_lse[:, rows, :-1]
-        with clock(REDUCTIONS):
-            dk_rows += dk_share
-
-
-def measure_parts(kernel: Any, copy: Any, repeats: int, dtype: str) -> dict[str, Any]:
-    """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of a
-    run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own cost;
-    the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
-    the one-thread matmul rate, the best of one 2048 x 2048 product beside each run."""
-    lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
-    with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
-        kernel_ms = best_ms(kernel, repeats)
-        for _ in range(repeats):
-            rates.append(common.matmul_rate(dtype, repeats=1))
-            clock, start = Stopwatch(), time.perf_counter()
-            result = copy(clock)
-            wall = time.perf_counter() - start - clock.laps * lap_cost
-            runs.append({**clock.seconds, PYTHON: max(wall - sum(clock.seconds.values()), 0.0)})
-        same = all(np.array_equal(a, b) for a, b in zip(result, kernel(), strict=True))
-    parts = {part: 1e3 * min(run.get(part, 0.0) for run in runs) for part in (*PARTS, PYTHON)}
-    return {"kernel_ms": kernel_ms, "parts_ms": parts, "same_bits": same, "matmul_gflops": max(rates)}
-
-
-def profile_forward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """The forward's parts on one thread, its tile steps and matmul FLOPs, and its time on every worker."""
-    q, k, v, dims, plan = check_flash(*qkv, causal=not args.no_causal, scale=None, window=None, block_q=None,
-                                      block_k=None, kv_heads_per_step=None, workers=None)  # fmt: skip
-    one = plan._replace(workers=1)
-    row = measure_parts(lambda: flash_forward(q, k, v, dims, one), lambda c: forward_copy(q, k, v, dims, one, c),
-                        args.repeats, args.dtype)  # fmt: skip
-    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
-    steps = [(item, t) for item in forward_items(dims, plan, n_kv) for t in plan.tile_mask.row_tiles(
-        item[1], min(item[1] + plan.block_q, dims.n_q), dims.n_k, plan.block_k)]  # fmt: skip
-    heads = [min(plan.kv_heads_per_step, n_kv - h) * dims.group for (h, _), _ in steps]
-    scores = sum(n * (t.q_stop - t.q_start) * (t.k_stop - t.k_start) for n, (_, t) in zip(heads, steps, strict=True))
-    row.update(tiles=len(steps), flops=2 * (dims.e + dims.ev) * scores, plan=plan)
-    row["all_workers_ms"] = best_ms(lambda: flash_forward(q, k, v, dims, plan), args.repeats)
-    return row
-
-
-def profile_backward(args: argparse.Namespace, qkv: tuple[np.ndarray, ...]) -> dict[str, Any]:
-    """The backward's parts on one thread (dout random), its tiles and matmul FLOPs, its time on every worker."""
-    out, lse = flash_attention(*qkv, causal=not args.no_causal, return_lse=True)
-    dout = np.random.default_rng(args.seed + 1).standard_normal(out.shape).astype(out.dtype)
-    q, k, v, out, dout, lse, dims, plan = check_flash_backward(*qkv, out, dout, lse, causal=not args.no_causal,
-        scale=None, window=None, block_q=None, block_k=None, workers=None)  # fmt: skip
-    one = plan._replace(workers=1)
-    row = measure_parts(lambda: _flex_backward(q, k, v, out, dout, lse, dims, one)[:3],  # dq, dk, dv
-                        lambda c: backward_copy(q, k, v, out, dout, lse, dims, one, c),
-                        args.repeats, args.dtype)  # fmt: skip
-    tiles = [t for k_start in range(0, dims.n_k, plan.block_k) for t in plan.tile_mask.column_tiles(
-        k_start, min(k_start + plan.block_k, dims.n_k), dims.n_q, plan.block_q)] * dims.hq  # fmt: skip
-    scores = sum((t.q_stop - t.q_start) * (t.k_stop - t.k_start) for t in tiles)
-    row.update(tiles=len(tiles), flops=2 * (3 * dims.e + 2 * dims.ev) * scores, plan=plan, heads=_heads_per_item(one,
-               dims.hq, dims.n_q, dims.n_k))  # fmt: skip
-    row["all_workers_ms"] = best_ms(lambda: _flex_backward(q, k, v, out, dout, lse, dims, plan), args.repeats)
-    return row
-
-
-def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> None:
-    """One table: each part per tile and in all, and its share of the copy's run on one thread."""
-    plan, tiles, parts, total = row["plan"], row["tiles"], row["parts_ms"], sum(row["parts_ms"].values())
-    per_step = getattr(plan, "kv_heads_per_step", None)
-    tile = f"{plan.block_q} x {plan.block_k} tiles" + (f", {per_step} kv heads per step" if per_step else "")
-    tile += f", heads per item: {row['heads']}" if "heads" in row else ""
-    unit, units = ("tile step", "tile steps") if per_step else ("tile of one head", "tiles of one head")
-    print(f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-          f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "
-          f"least of {args.repeats} runs")  # fmt: skip
-    body = [[part, 1e3 * parts[part] / tiles, parts[part], f"{parts[part] / total:.0%}"] for part in (*PARTS, PYTHON)]
-    body.append(["in all", 1e3 * total / tiles, total, "100%"])
-    print(common.table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
-    gflops, rate = row["flops"] / parts[MATMULS] / 1e6, row["matmul_gflops"]
-    print(f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
-          f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
-          f"{row['kernel_ms']:.1f} ms on one worker, {row['all_workers_ms']:.1f} ms on {plan.workers}; the profile's "
-          f"copy gives the kernel's bits: {'yes' if row['same_bits'] else 'NO'}")  # fmt: skip
-
-
-def profile_main(args: argparse.Namespace) -> int:
-    """--profile: the header, the forward's table, then the backward's; Ctrl-C keeps the tables printed."""
-    common.check_agreement(args, not args.no_causal)
-    info, lines = common.header()
-    print(lines)
-    qkv, rows = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), []
-    profiles = {"forward": profile_forward, "backward": profile_backward}
-    stopped = common.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
-    for name, row in rows:
-        print_profile(name, row, args)
-    done = dict(rows)
-    if args.json:
-        common.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)
-    if stopped:
-        return common.interrupted(len(done), 2, "tables")
-    return 0 if all(row["same_bits"] for row in done.values()) else 1
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.tune:
-        common.progress("tuning (tinyattn_np.tune)")
-        print(f"tuned: {tune()}; decode: {_tuning.decode_layout()}")
+        outputs.progress("tuning (tinyattn_np.tune)")
+        print(f"tuned: {tune()}; decode: {decode_layout()}")
     if args.profile:
-        return profile_main(args)
-    run = common.start_benchmark(args, run_flops)
+        return kernel_profile.profile_main(args)
+    run = benchmark.start_benchmark(args, run_flops)
     side = default_tiles(args.tokens, args.tokens, 1, diagonal=None if args.no_causal else 0)[0]  # swept too
     shapes = [(s, per_step) for s in sorted({*SIDES, side}) for per_step in HEADS_PER_STEP if per_step <= args.heads]
-    run.qkv, run.held = common.make_qkv(np.random.default_rng(args.seed), args.tokens, args), {}
-    return common.measure_rows(args, run, shapes, measure_row, print_sweep)
+    run.qkv, run.held = benchmark.make_qkv(np.random.default_rng(args.seed), args.tokens, args), {}
+    return benchmark.measure_rows(args, run, shapes, measure_row, print_sweep)
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -24,20 +24,24 @@ import numpy as np
 
 from tinyattn_np import attention, flash_attention, format_bytes, naive_attention_bytes
 from tinyattn_np.memory import attention_flops, score_matrix_bytes
-from tinyattn_np.report import add_wide_argument, table_width
+from tinyattn_np.report import add_wide_argument, max_diff, table_width
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py sits beside this script, however it is started
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
+import benchmark
+import interrupts
+import machine
+import outputs
+import torch_import
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    common.add_shape_arguments(p)
-    common.add_flash_arguments(p)
-    common.add_budget_argument(p)
+    benchmark.add_shape_arguments(p)
+    benchmark.add_flash_arguments(p)
+    benchmark.add_budget_argument(p)
     add_wide_argument(p)
     args = p.parse_args(argv)
-    common.check_sizes(p, args, args.max_tokens)
+    benchmark.check_sizes(p, args, args.max_tokens)
     return args
 
 
@@ -64,10 +68,10 @@ def torch_naive_bytes(T: int, heads: int, dtype: str, causal: bool) -> int:
 
 def check_torch_naive(args: argparse.Namespace) -> float:
     """torch naive == torch fused (SDPA) on 64 tokens before anything is timed; stop if they disagree."""
-    torch, F = common.load_torch(args.workers)
-    q, k, v = (torch.from_numpy(x) for x in common.make_qkv(np.random.default_rng(args.seed), 64, args))
+    torch, F = torch_import.load_torch(args.workers)
+    q, k, v = (torch.from_numpy(x) for x in benchmark.make_qkv(np.random.default_rng(args.seed), 64, args))
     causal = not args.no_causal
-    diff = common.max_diff(torch_naive(q, k, v, causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    diff = max_diff(torch_naive(q, k, v, causal), F.scaled_dot_product_attention(q, k, v, is_causal=causal))
     tol = 1e-5 if args.dtype == "float32" else 1e-12
     if not diff <= tol:
         sys.exit(f"error: torch naive and torch fused disagree on 64 tokens: max |diff| = {diff:.3g} > {tol:g}")
@@ -84,28 +88,29 @@ def run_flops(args: argparse.Namespace, sizes: list[int], causal: bool) -> float
 
 def measure_row(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """The four times of one row: torch naive and fused, our naive and flash (naive ones within budget)."""
-    torch, F = common.load_torch(args.workers)
-    common.progress(f"T = {T}")
-    q, k, v = common.make_qkv(np.random.default_rng(args.seed + T), T, args)
+    torch, F = torch_import.load_torch(args.workers)
+    outputs.progress(f"T = {T}")
+    q, k, v = benchmark.make_qkv(np.random.default_rng(args.seed + T), T, args)
     tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))  # shares the memory, no copy
     causal = run.causal
-    blocks = dict(
-        block_q=args.block_q, block_k=args.block_k, workers=args.workers, kv_heads_per_step=args.kv_heads_per_step
-    )
-    row: dict[str, Any] = {"tokens": T, "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype)}
-    row.update(common.beside_the_row(args.dtype, run.rate))  # did the machine stay as quiet as it was?
+    blocks = benchmark.flash_knobs(args)  # block_q, block_k, workers, kv_heads_per_step
+    row: dict[str, Any] = {
+        "tokens": T,
+        "score_matrix_bytes": score_matrix_bytes(T, heads=args.heads, dtype=args.dtype),
+    }
+    row.update(machine.beside_the_row(args.dtype, run.rate))  # did the machine stay as quiet as it was?
     fused = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)  # noqa: E731
-    common.progress(f"  T={T}: torch fused, our flash")
-    row["torch_ms"] = common.settled_median_ms(fused, args.repeats)
-    row["flash_ms"] = common.settled_median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
+    outputs.progress(f"  T={T}: torch fused, our flash")
+    row["torch_ms"] = machine.settled_median_ms(fused, args.repeats)
+    row["flash_ms"] = machine.settled_median_ms(lambda: flash_attention(q, k, v, causal=causal, **blocks), args.repeats)
     row["torch_naive_ms"] = row["naive_ms"] = None
     if torch_naive_bytes(T, args.heads, args.dtype, causal) <= run.budget:
-        common.progress(f"  T={T}: torch naive")
-        row["torch_naive_ms"] = common.settled_median_ms(lambda: torch_naive(tq, tk, tv, causal), args.repeats)
+        outputs.progress(f"  T={T}: torch naive")
+        row["torch_naive_ms"] = machine.settled_median_ms(lambda: torch_naive(tq, tk, tv, causal), args.repeats)
     dims = dict(heads=args.heads, head_dim=args.head_dim, dtype=args.dtype, causal=causal)
     if naive_attention_bytes(T, **dims) <= run.budget:
-        common.progress(f"  T={T}: our naive")
-        row["naive_ms"] = common.settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
+        outputs.progress(f"  T={T}: our naive")
+        row["naive_ms"] = machine.settled_median_ms(lambda: attention(q, k, v, causal=causal), args.repeats)
     return row
 
 
@@ -118,21 +123,29 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
         f"torch fused (SDPA{', is_causal=True' if causal else ''}),\n{args.dtype}, {args.heads} heads x "
         f"{args.head_dim}, {threads} threads; ours beside it (same inputs, same run); median of {args.repeats} runs"
     )
-    headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms", "our flash ms",
-               "speed-up", "torch naive / our naive"]  # fmt: skip
-    body, ratio = [], common.ratio
+    headers = ["tokens", "scores MiB", "torch naive ms", "torch fused ms", "speed-up", "our naive ms"]
+    headers += ["our flash ms", "speed-up", "torch naive / our naive"]
+    body, ratio = [], benchmark.ratio
     for r in rows:
-        line = [r["tokens"], r["score_matrix_bytes"] / common.MiB, r["torch_naive_ms"], r["torch_ms"],
-                ratio(r["torch_naive_ms"], r["torch_ms"]), r["naive_ms"], r["flash_ms"],
-                ratio(r["naive_ms"], r["flash_ms"]), ratio(r["torch_naive_ms"], r["naive_ms"])]  # fmt: skip
-        body.append([common.cell(x) for x in line])
-    print(common.marked_table(body, rows, headers, args.format, width=table_width(args)))
-    speedups = [x for r in rows if (x := common.ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]
+        line = [
+            r["tokens"],
+            r["score_matrix_bytes"] / benchmark.MiB,
+            r["torch_naive_ms"],
+            r["torch_ms"],
+            ratio(r["torch_naive_ms"], r["torch_ms"]),
+            r["naive_ms"],
+            r["flash_ms"],
+            ratio(r["naive_ms"], r["flash_ms"]),
+            ratio(r["torch_naive_ms"], r["naive_ms"]),
+        ]
+        body.append([benchmark.cell(x) for x in line])
+    print(machine.marked_table(body, rows, headers, args.format, width=table_width(args)))
+    speedups = [x for r in rows if (x := benchmark.ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]
     if speedups:
         low, high = faster(min(speedups)), faster(max(speedups))
         print(f"torch fused is {low if low == high else f'{low} to {high}'} than torch naive here")
     if any(r["torch_naive_ms"] is None or r["naive_ms"] is None for r in rows):
-        budget = format_bytes(common.naive_budget(args))
+        budget = format_bytes(benchmark.naive_budget(args))
         print(f"'-': skipped, that naive path would need more than the budget of {budget}")
 
 
@@ -145,14 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
 
     def torch_runner(threads: int) -> tuple[None, str]:  # torch is what this script compares: required
-        torch, _ = common.load_torch(threads, flag="torch_naive.py")
+        torch, _ = torch_import.load_torch(threads, flag="torch_naive.py")
         print(f"check: torch naive == torch fused on 64 tokens (max |diff| {check_torch_naive(args):.2e})")
         return None, torch.__version__
 
-    run = common.start_benchmark(args, run_flops, torch_runner)
-    run.budget = common.naive_budget(args)
-    return common.measure_rows(args, run, run.sizes, measure_row, print_table)
+    run = benchmark.start_benchmark(args, run_flops, torch_runner)
+    run.budget = benchmark.naive_budget(args)
+    return benchmark.measure_rows(args, run, run.sizes, measure_row, print_table)
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -25,286 +25,212 @@ it hold unless given again: a step's settings, --eval-every, --eval-windows). A 
 learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
 Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
 with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
+
+This file is the loop, to read top to bottom; beside it, train_flags.py (the flags and the presets),
+text_data.py (the text and its batches), checkpoint.py (the run's state on disk), data_parallel.py (the
+processes) and train_log.py (what is printed).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+import time
+import warnings
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
-import blas_idle  # noqa: E402
+import os_tweaks
 
-if __name__ == "__main__":  # a program's setting, made before NumPy loads OpenBLAS (blas_idle.py says why)
-    blas_idle.shorten_spin()
-import checkpoint  # noqa: E402
-import common  # noqa: E402
-import copy_task  # noqa: E402
-import text_data  # noqa: E402
-import training  # noqa: E402
+if __name__ == "__main__":  # a program's settings, made before NumPy loads (os_tweaks.py says why)
+    os_tweaks.speed_up()
+# ruff: noqa: E402  (the imports below come after that setting on purpose)
+import checkpoint
+import copy_task
+import interrupts
+import machine
+import numpy as np
+import text_data
+import train_flags
+import train_log
+from checkpoint import Run
+from data_parallel import Processes, scaling
+from train_flags import PRESETS, RunError
 
-from tinyattn_np import format_bytes
-from tinyattn_np.gpt import NORM_KINDS
-from tinyattn_np.layers import MLP_KINDS
-from tinyattn_np.report import fold_lines, nonnegative_seed, positive
-from tinyattn_np.trainbill import training_memory  # noqa: E402
-
-MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
-MAX_BATCH = 4096
-MAX_LAYERS, MAX_WIDTH = 1024, 2**16  # past them no model trains on a CPU: a bigger number is a typo
-
-
-def add_task(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--task", choices=["gpt", "copy"], default="gpt",
-                   help="gpt: a language model on a text (default); copy: the copy task of copy_task.py "
-                   "(train.py --task copy --help lists its flags)")  # fmt: skip
-
-
-def fraction(text: str) -> float:
-    """argparse type for --validation and --beta2: a number strictly between 0 and 1."""
-    value = positive(float)(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
-    return float(value)
-
-
-def add_model(p: argparse.ArgumentParser) -> None:
-    """The flags of training.MODEL_FLAGS: the model's shape, each in place of the preset's (nanoGPT's n_layer,
-    n_head, n_embd, block_size and bias), kept in the checkpoint; with --resume or --init-from they must repeat
-    the checkpoint's."""
-    p.add_argument("--layers", type=positive(int, MAX_LAYERS), help="blocks (default: the preset's)")
-    p.add_argument("--heads", type=positive(int, common.MAX_HEADS), help="attention heads, each of width / heads "
-                   "channels, an even number (default: the preset's)")  # fmt: skip
-    p.add_argument("--width", type=positive(int, MAX_WIDTH), help="C, the channels of every token (default: the "
-                   "preset's)")  # fmt: skip
-    p.add_argument("--context", type=positive(int, common.MAX_TOKENS), help="the longest sequence trained on "
-                   "(default: the preset's)")  # fmt: skip
-    p.add_argument("--mlp", choices=MLP_KINDS, help="gelu (hidden 4C) or swiglu (hidden 8C/3) (default gelu)")
-    p.add_argument("--norm", choices=NORM_KINDS, help="layernorm or rmsnorm (default layernorm)")
-    p.add_argument("--bias", action=argparse.BooleanOptionalAction, help="biases in the MLP and the norms "
-                   "(default: none)")  # fmt: skip
-
-
-def add_settings(p: argparse.ArgumentParser) -> None:
-    """The flags of training.SETTINGS: what a step does, kept in the checkpoint."""
-    p.add_argument("--steps", type=positive(int), help="AdamW steps in all (default 100; with --resume, the "
-                   "checkpoint's)")  # fmt: skip
-    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
-    p.add_argument("--accumulate", type=positive(int), metavar="K", help="run each step's batch K equal slices at a "
-                   "time, their gradients summed (gradient accumulation): the same step to rounding, with one "
-                   "slice's activations in memory (default 1; nanoGPT's gradient_accumulation_steps multiplies its "
-                   "batch instead: its batch_size 12 with 4 steps is --batch 48 --accumulate 4)")  # fmt: skip
-    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
-    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
-    p.add_argument("--warmup", type=nonnegative_seed, help="steps of linear warm-up (default: 100, at most a "
-                   "tenth of --steps)")  # fmt: skip
-    p.add_argument("--beta2", type=fraction, help="AdamW's β2, how slowly its second moment forgets (default: the "
-                   "preset's, 0.99 or 0.95)")  # fmt: skip
-    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
-    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
-    p.add_argument("--dropout", type=float, help="dropout on the embeddings and residual branches (default: "
-                   "the preset's, 0)")  # fmt: skip
+from tinyattn_np.gpt import GPT
+from tinyattn_np.mpi_job import StopTogether
+from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm, warmup_cosine_lr
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    argv = sys.argv[1:] if argv is None else argv
-    pre = argparse.ArgumentParser(add_help=False)  # --task decides which flags there are
-    add_task(pre)
-    task, _ = pre.parse_known_args(argv)
-    if task.task == "copy":
-        return copy_task.parse_args(argv, add_task, prog="train.py --task copy")
-    p = argparse.ArgumentParser(prog="train.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    add_task(p)
-    p.add_argument("--data", metavar="PATH", help="a UTF-8 text file (default: this project's README.md and docs/)")
-    p.add_argument(
-        "--tokenizer",
-        metavar="char|byte|PATH.json",
-        help="characters (default), UTF-8 bytes, or a Hugging Face tokenizer.json (the tokenizers extra); with "
-        "--resume or --init-from, the checkpoint's",
-    )
-    p.add_argument(
-        "--preset",
-        choices=sorted(training.PRESETS),
-        default=None,
-        help="the model and its training settings (default tiny; with --resume or --init-from, the checkpoint's)",
-    )
-    add_model(p)
-    add_settings(p)
-    p.add_argument("--validation", type=fraction, help="the text's last part kept to validate on (default 0.1; "
-                   "with --resume, the checkpoint's)")  # fmt: skip
-    p.add_argument("--eval-every", type=positive(int), help="steps between validations (default 25; with --resume, "
-                   "the checkpoint's)")  # fmt: skip
-    p.add_argument("--eval-windows", type=positive(int), help="validation windows (default 64; with --resume, the "
-                   "checkpoint's)")  # fmt: skip
-    p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
-    p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out DIR")
-    p.add_argument("--init-from", metavar="DIR", help="start a new run from the weights of DIR's checkpoint, its "
-                   "model and its tokenizer, with a new AdamW from step 0, on --data (fine-tuning)")  # fmt: skip
-    p.add_argument(
-        "--data-parallel",
-        action="store_true",
-        help="under mpiexec -n P: each process takes 1/P of every batch, the gradients averaged",
-    )
-    p.add_argument(
-        "--sample",
-        type=int,
-        default=200,
-        metavar="N",
-        help="print N tokens sampled from the model at the end (default 200; 0: none)",
-    )
-    common.add_plot_arguments(p, "the loss curve")
-    p.add_argument("--json", metavar="PATH", help="write the table's figures, the machine and the code version to PATH")
-    common.add_seed_and_format(p, "the weights, the batches and dropout")
-    args = p.parse_args(argv)
-    check_args(p, args)
-    return args
-
-
-def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """What the flags must satisfy together, before anything is read or allocated."""
-    if args.steps is not None and args.steps > MAX_STEPS:
-        p.error(f"--steps must be at most {MAX_STEPS:,} (a run that long would not end on a CPU); got {args.steps:,}")
-    for flag, value in (("--batch", args.batch), ("--accumulate", args.accumulate)):
-        if value is not None and value > MAX_BATCH:
-            p.error(f"{flag} must be at most {MAX_BATCH:,}; got {value:,}")
-    if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
-        p.error("--weight-decay and --dropout must be numbers in [0, 1)")
-    if (args.eval_windows or 0) > 100_000 or not 0 <= args.sample <= 100_000:
-        p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
-    if args.resume and args.out is None:
-        p.error("--resume continues the checkpoint in --out DIR: give --out")
-    if args.init_from is not None and args.resume:
-        p.error("--init-from starts a new run and --resume continues one: give one of them")
-    both = args.init_from is not None and args.out is not None
-    if both and Path(args.init_from).resolve() == Path(args.out).resolve():
-        p.error(f"--out {args.out} is --init-from's own folder: give the new run another --out")
-    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
-        p.error(f"--out {args.out} is a file: give a folder (it is made if missing)")
-    common.check_output(p, "--json", args.json)
-    common.check_plot(p, args.plot, args.overwrite)
-
-
-# ---------------------------------------------------------------------------------------------------
-# the run
-
-
-def print_start(run: training.Run, size: int) -> None:
-    c, s = run.model.config, run.settings
-    print(
-        f"data: {run.source}: {len(run.train) + len(run.val):,} tokens ({run.tokenizer.describe()['kind']} "
-        f"tokenizer, vocabulary {c.vocab:,});\n  {len(run.train):,} to train on, {len(run.val):,} to validate on"
-    )
-    preset = training.PRESETS[run.preset].config
-    changed = ", ".join(name for name in training.MODEL_FLAGS if getattr(c, name) != getattr(preset, name))
-    changed = f"; not the preset's: {changed}" if changed else ""  # the model flags' doing, new or resumed
-    print(
-        f"model: GPT ({run.preset}), {c.layers} layer{'s' * (c.layers != 1)}, {c.heads} head{'s' * (c.heads != 1)}, "
-        f"width {c.width}, context {c.context}, {c.mlp} MLP of {c.hidden}, {c.norm}{' with biases' * c.bias},\n"
-        f"  tied head: {run.model.num_parameters:,} parameters ({c.dtype}){changed}"
-    )
-    split = f" split over {size} processes" if size > 1 else ""
-    slices = ""
-    if s["accumulate"] > 1:
-        rows, each = s["batch"] // size // s["accumulate"], " a process" if size > 1 else ""  # sequences in a slice
-        slices = f",\n  in {s['accumulate']} slices of {rows} sequence{'s' * (rows != 1)}{each} (gradient accumulation)"
-    print(f"training: AdamW (lr {s['lr']:g} -> {s['min_lr']:g}, warm-up {s['warmup']} steps, cosine to step "
-          f"{s['steps']}, β2 {s['beta2']:g}, weight decay {s['weight_decay']:g}),\n  clip {s['clip']:g}, batch "
-          f"{s['batch']} x {c.context} tokens{split}{slices}")  # fmt: skip
-    bill = training_memory(c, s["batch"] // size, accumulate=s["accumulate"])
-    names = ("weights", "moments", "activations") + (("accumulated",) if bill.accumulated else ())
-    parts = ", ".join(f"{name} {format_bytes(getattr(bill, name))}" for name in names)
-    print(f"memory of a step: {format_bytes(bill.peak)} at its peak\n  ({parts}; trainbill.training_memory)")
-    if run.args.data_parallel and size == 1:
-        print("ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train.py --data-parallel")
-    if run.step:
-        print(f"resumed from {run.args.out} at step {run.step}")
-    elif run.args.init_from:
-        print(f"started from the weights of the checkpoint in {run.args.init_from} (--init-from)")
+    """The flags (train_flags.py holds them, this docstring is their --help's text)."""
+    return train_flags.parse_args(argv, __doc__ or "")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.task == "copy":
         return copy_task.run(args)
-    comm = training.communicator(args)
-    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+    processes = Processes.of(args)  # with --data-parallel, this process among mpiexec's; else this one alone
     try:
-        run = training.start(args, size)
-    except (text_data.DataError, checkpoint.CheckpointError, training.RunError) as err:
-        if rank == 0:
+        run = start(args, processes.size)
+    except (text_data.DataError, checkpoint.CheckpointError, RunError) as err:
+        if processes.rank == 0:
             print(f"train.py: error: {err}", file=sys.stderr)
         return 2
     info = None
-    if rank == 0:
-        info, lines = common.header()
+    if processes.rank == 0:
+        info, lines = machine.header()
         print(lines)
-        print_start(run, size)
-        print(training.ROW_HEADER)
-    stop = training.train(run, comm)
-    scaling = training.scaling(run, comm) if comm is not None and size > 1 else None  # every rank takes part
-    if rank != 0:
-        return training.exit_code(stop)
-    return finish(run, stop, info, scaling)
+        train_log.print_start(run, args, processes.size)
+        print(train_log.ROW_HEADER)
+    log = train_log.Log(run, show=processes.rank == 0)
+    stop = train(run, processes, log)
+    speed = scaling(run, processes, log.step_seconds, train_step) if processes.size > 1 else None  # every rank
+    if processes.rank == 0:
+        train_log.finish(run, args, log, stop, info, speed)
+    if isinstance(stop, KeyboardInterrupt):
+        return interrupts.INTERRUPTED
+    return 1 if stop is not None else 0
 
 
-def finish(run: training.Run, stop: BaseException | None, info: Any, scaling: str | None) -> int:
-    """Rank 0 after the loop: the last lines, the sample, the plot, --json; the exit code."""
-    args = run.args
-    seconds = sum(run.step_seconds)
-    tokens = len(run.step_seconds) * run.settings["batch"] * run.model.config.context
-    busy = common.busy_reasons()
-    print(f"{len(run.step_seconds)} steps in {seconds:.1f} s, {tokens / max(seconds, 1e-9):,.0f} tokens/s"
-          + (f" (* timed on a busy machine: {'; '.join(busy)})" if busy else ""))  # fmt: skip
-    if scaling:
-        print(scaling)
-    if stop is None and args.sample:
-        text, prompt = training.sample(run, args.sample)
-        print(f"\nsample ({args.sample} tokens after {prompt}, temperature 0.8, seed {args.seed}; lines over 120 "
-              "characters folded):")  # fmt: skip
-        print(fold_lines(text))
-    if args.out:
-        print(f"checkpoint: {args.out} (step {run.saved_step}); python scripts/sample.py {args.out}")
-    if args.plot and run.history:
-        plot_losses(run, args.plot)
-        print(f"plot written to {args.plot}")
-    if args.json:
-        figures = {"machine": info, "args": vars(args), "settings": run.settings, "validation": run.validation,
-                   "seconds": seconds, "busy": busy, "rows": run.rows,
-                   "stopped": None if stop is None else str(stop) or "Ctrl-C"}  # fmt: skip
-        common.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
-    if isinstance(stop, training.NonFiniteLoss):
-        print(f"train.py: stopped: {stop}", file=sys.stderr)
-    elif isinstance(stop, KeyboardInterrupt):
-        return common.interrupted(run.step, run.settings["steps"], "steps")
-    return training.exit_code(stop)
+# ---------------------------------------------------------------------------------------------------
+# the start: settings, data, model, optimizer; new, or as a checkpoint left them
 
 
-def plot_losses(run: training.Run, path: str) -> None:
-    """The training loss of every step and the validation loss of every row, against the step."""
-    import matplotlib
+def start(args: argparse.Namespace, processes: int) -> Run:
+    """The run the flags ask for: new (from --init-from's weights, or random ones) or as --out's checkpoint
+    left it (--resume). A DataError, CheckpointError or RunError says what does not fit."""
+    # the settings: each flag given, else as given to the run that wrote the checkpoint, else the preset's
+    resumed = checkpoint.resumed(args)  # --out's checkpoint with --resume, else None
+    base = resumed or checkpoint.initial(args)  # where the model and the tokenizer come from, if not new
+    preset = base.preset if base else args.preset or "tiny"
+    settings = train_flags.settings_of(args, PRESETS[preset], resumed.given if resumed else {})
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # the data: the text, its tokens, and its last part kept to validate on
+    text, source = text_data.load_text(args.data)
+    if resumed and text_data.fingerprint(text) != resumed.fingerprint:
+        raise RunError(
+            f"the checkpoint in {args.out} trained on {resumed.source} (fingerprint {resumed.fingerprint}); this "
+            "text is another: give the same --data to resume"
+        )
+    tokenizer = text_data.tokenizer_of(args.tokenizer, text, base and base.tokenizer, base and base.folder)
+    config = train_flags.model_config(
+        args,
+        PRESETS[preset],
+        base and base.config,
+        base and base.folder,
+        tokenizer.vocab_size,
+        settings.dropout,
+    )
+    train_flags.check_size(config, settings, processes)  # before anything of the step's size is allocated
+    try:
+        tokens = tokenizer.encode(text)  # (n,) token ids
+    except text_data.DataError as err:  # only --init-from's tokenizer can lack what the text holds
+        raise RunError(f"--init-from {args.init_from}: its tokenizer cannot spell {source}: {err}") from None
+    validation = resumed.validation if resumed else args.validation or 0.1  # as the checkpoint keeps it
+    train_tokens, val_tokens = text_data.split(tokens, config.context, validation, source)
+    data = text_data.Data(tokenizer, source, text_data.fingerprint(text), validation, train_tokens, val_tokens)
 
-    steps, losses = zip(*run.history, strict=True) if run.history else ((), ())
-    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
-    ax.plot(steps, losses, lw=0.8, alpha=0.6, label="training loss (each step's batch)")
-    rows = [r for r in run.rows if r["val_loss"] is not None]
-    ax.plot([r["step"] for r in rows], [r["val_loss"] for r in rows], "o-", label="validation loss")
-    c = run.model.config
-    ax.set_title(f"{run.preset}: {c.layers} layers, width {c.width}, {run.model.num_parameters:,} parameters; "
-                 f"{run.source}", fontsize=10)  # fmt: skip
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    # the model and AdamW: weight decay on the matrices only, betas (0.9, β2)
+    model = GPT(config, base.params if base else None, rng=args.seed)
+    optimizer = AdamW(model.params, lr=settings.lr, betas=(0.9, settings.beta2), weight_decay=settings.weight_decay)
+    batches, dropout = np.random.default_rng([args.seed, 1]), np.random.default_rng([args.seed, 2])
+    run = Run(preset, settings, model, optimizer, data, args.seed, batches, dropout, out=args.out)
+    if resumed:
+        checkpoint.restore(run, resumed)  # AdamW's moments, both generators, the step, the rows, every loss
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(run: Run, processes: Processes, log: train_log.Log) -> BaseException | None:
+    """Steps until --steps, with a validation and a checkpoint (in --out) every --eval-every steps and at the
+    end. What stopped it early is returned: KeyboardInterrupt (after a checkpoint of where it stopped) or
+    NonFiniteLoss (the last checkpoint kept as it is). Under --data-parallel a failure on one process ends
+    every process, and Ctrl-C stops them all after the same step."""
+    s, T = run.settings, run.model.config.context
+    mine = processes.rows(s.batch)  # this process's rows of every batch (all of them, alone)
+    # the same windows each time
+    val_batches = text_data.fixed_batches(run.data.val, s.eval_windows, s.batch, T)
+    with StopTogether() as ctrl_c, processes.guard():
+        try:
+            while True:
+                # every --eval-every steps and at the end: the validation loss, a row, a checkpoint
+                if (run.step % s.eval_every == 0 or run.step == s.steps) and not validated(run):
+                    run.rows.append(log.row(run, evaluate(run.model, val_batches, processes)))
+                    save(run, processes)
+                if run.step >= s.steps:
+                    break
+                x, y = text_data.random_batch(run.rng, run.data.train, s.batch, T)  # (B, T) each, y one ahead
+                began = time.perf_counter()
+                loss = train_step(run, x[mine], y[mine], processes)
+                run.history.append((run.step, loss))
+                log.step(run, loss, time.perf_counter() - began)
+                if processes.stop(ctrl_c):  # Ctrl-C, on any process: every process stops after this step
+                    raise KeyboardInterrupt
+        except (KeyboardInterrupt, NonFiniteLoss) as err:
+            log.end_bar()
+            if isinstance(err, KeyboardInterrupt):
+                save(run, processes)
+            return err
+    log.end_bar()
+    return None
+
+
+def train_step(run: Run, x: np.ndarray, y: np.ndarray, processes: Processes) -> float:
+    """One step on this process's rows x, y (b, T): the whole batch's loss. NonFiniteLoss, with nothing
+    changed, where the loss or the gradient's norm is not finite."""
+    s = run.settings
+    loss_and_grads = partial(run.model.loss_and_grads, rng=run.dropout_rng if s.dropout else None)
+    with warnings.catch_warnings():  # NumPy's overflow warnings: NonFiniteLoss says it once, with a cure
+        warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
+        # the mean over K slices of the rows
+        loss, grads = accumulated_grads(loss_and_grads, x, y, s.accumulate)
+        loss = processes.mean(loss, grads)  # the mean over the processes: one Allreduce (alone: as it is)
+        norm = clip_grad_norm(grads, s.clip)  # ‖g‖ before; scaled down to ‖g‖ = clip where above it
+    if not (math.isfinite(loss) and math.isfinite(norm)):
+        raise NonFiniteLoss(run, loss, norm)
+    lr = warmup_cosine_lr(run.step, lr=s.lr, warmup=s.warmup, total=s.steps, min_lr=s.min_lr)
+    run.optimizer.step(run.model.params, grads, lr=lr)  # AdamW, in place
+    run.step += 1
+    return loss
+
+
+def evaluate(model: GPT, batches: list[tuple[np.ndarray, ...]], processes: Processes) -> float:
+    """The mean loss over the validation windows, no dropout; the processes share the batches out."""
+    total = sum(model.loss(x, y) * len(x) for x, y in batches[processes.rank :: processes.size])
+    return float(processes.total(total)) / sum(len(x) for x, _ in batches)
+
+
+def validated(run: Run) -> bool:
+    return bool(run.rows) and run.rows[-1].step == run.step
+
+
+def save(run: Run, processes: Processes) -> None:
+    """The run's state as a checkpoint in --out
+    (rank 0 writes it; nothing without --out, or if saved already)."""
+    if run.out and processes.rank == 0 and run.saved_step != run.step:
+        checkpoint.save_run(run.out, run)
+        run.saved_step = run.step
+
+
+class NonFiniteLoss(ArithmeticError):
+    """The loss or the gradient's norm is inf or NaN: the step was not taken."""
+
+    def __init__(self, run: Run, loss: float, norm: float):
+        what = f"the loss became {loss}" if not math.isfinite(loss) else f"the gradient's norm became {norm}"
+        kept = f"; the last checkpoint, {run.out} at step {run.saved_step}, is kept" if run.out else ""
+        super().__init__(
+            f"{what} at step {run.step + 1}{kept}. Lower --lr (now {run.settings.lr:g}; the preset's is "
+            f"{PRESETS[run.preset].lr:g}), or lengthen --warmup (now {run.settings.warmup}) or lower --clip "
+            f"(now {run.settings.clip:g}), then run again" + (" with --resume" if run.out else "")
+        )
 
 
 if __name__ == "__main__":
-    training.keep_freed_memory()  # every step makes the same arrays: their memory is kept, not faulted in again
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

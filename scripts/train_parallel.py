@@ -1,4 +1,4 @@
-"""The copy task's tiny model (copy_task.py, as `train.py --task copy` trains it), each sequence split over
+"""The copy task's tiny model (copy_model.py, as `train.py --task copy` trains it), each sequence split over
 MPI processes, and the losses side by side with one process's.
 
     mpiexec -n 2 python scripts/train_parallel.py                              # the ring
@@ -29,16 +29,19 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tinyattn_np import MultiHeadAttention, rope_backward
-from tinyattn_np._mpi import StopTogether
+from tinyattn_np.mpi_job import StopTogether, load_mpi
 from tinyattn_np.report import Checklist, text_table
 from tinyattn_np.ring import ring_attention, ring_attention_backward
 from tinyattn_np.shards import shard
 from tinyattn_np.ulysses import ulysses_attention, ulysses_attention_backward
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # copy_task.py and common.py sit beside this file
-import common  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import copy_task  # noqa: E402
-from copy_task import Adam, NonFiniteLoss, TinyModel, cross_entropy, make_batch, print_intro, table_steps  # noqa: E402
+import interrupts
+import machine
+import outputs
+from copy_model import Adam, TinyModel, cross_entropy, make_batch
+from copy_task import NonFiniteLoss, print_intro, table_steps
 
 SCHEMES = {
     "ring": (ring_attention, ring_attention_backward),
@@ -88,7 +91,7 @@ def split_loss_and_grads(
 ) -> tuple[float, dict[str, np.ndarray]]:
     """TinyModel.loss_and_grads with the sequence split: the lines run on this process's tokens, and the
     loss and every gradient are summed over the processes (Allreduce)."""
-    MPI = common.load_mpi()
+    MPI = load_mpi()
     mine = tokens[:, split.positions]  # (B, T/P): this process's tokens
     scored = np.flatnonzero((split.positions >= length) & (split.positions <= 2 * length - 2))  # (s,) its rows to score
     h = model.embed[mine]  # (B, T/P, C)
@@ -119,14 +122,18 @@ def split_loss_and_grads(
 def check_split(args: argparse.Namespace, size: int) -> str | None:
     """What keeps these flags from running split over `size` processes (None when nothing does)."""
     if (2 * args.length) % (2 * size):
-        return (f"--sequence-parallel over {size} processes cuts each sequence of 2 x --length = "
-                f"{2 * args.length} tokens into {2 * size} equal chunks (zigzag): use a --length that is a multiple "
-                f"of {size}")  # fmt: skip
+        return (
+            f"--sequence-parallel over {size} processes cuts each sequence of 2 x --length = "
+            f"{2 * args.length} tokens into {2 * size} equal chunks (zigzag): use a --length that is a multiple "
+            f"of {size}"
+        )
     kv_heads = args.kv_heads or args.heads
     if args.sequence_parallel == "ulysses" and (args.heads % size or kv_heads % size):
-        return (f"--sequence-parallel ulysses splits the heads over the {size} processes: --heads "
-                f"({args.heads}) and --kv-heads ({kv_heads}) must be multiples of {size}; or use "
-                "--sequence-parallel ring")  # fmt: skip
+        return (
+            f"--sequence-parallel ulysses splits the heads over the {size} processes: --heads "
+            f"({args.heads}) and --kv-heads ({kv_heads}) must be multiples of {size}; or use "
+            "--sequence-parallel ring"
+        )
     if args.plot:
         return "--plot draws one process's run: leave it out with --sequence-parallel"
     return None
@@ -139,7 +146,9 @@ def gradient_agreement(args: argparse.Namespace, comm: Any) -> float:
     model = TinyModel(5, 4 * size, size, size, args.layers, np.random.default_rng(args.seed), np.float64)
     tokens = make_batch(np.random.default_rng(args.seed + 2), 2, 2 * size, 5)
     split = Split(
-        comm, *SCHEMES[args.sequence_parallel], shard(np.arange(4 * size)[:, None], comm.Get_rank(), size)[:, 0]
+        comm,
+        *SCHEMES[args.sequence_parallel],
+        shard(np.arange(4 * size)[:, None], comm.Get_rank(), size)[:, 0],
     )
     _, grads = split_loss_and_grads(model, tokens, 2 * size, split)
     _, gold = model.loss_and_grads(tokens, 2 * size, fused=True)
@@ -151,7 +160,8 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
     and on the same batches; each step's two losses go into rows as they are measured. Ctrl-C stops every
     rank after the same step (a KeyboardInterrupt on each)."""
     kv_heads, rank = args.kv_heads or args.heads, split.comm.Get_rank()
-    rngs = [np.random.default_rng(args.seed) for _ in range(1 if rank else 2)]  # the same draws: weights, batches
+    # the same draws: weights, batches
+    rngs = [np.random.default_rng(args.seed) for _ in range(1 if rank else 2)]
     models = [TinyModel(args.vocab, args.d_model, args.heads, kv_heads, args.layers, rng, np.float32) for rng in rngs]
     optimisers = [Adam(model.parameters(), args.lr) for model in models]
     start = time.perf_counter()
@@ -160,14 +170,17 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
             batches = [make_batch(rng, args.batch, args.length, args.vocab) for rng in rngs]
             loss, grads = split_loss_and_grads(models[0], batches[0], args.length, split)
             if not (np.isfinite(loss) and all(np.isfinite(g).all() for g in grads.values())):
-                raise NonFiniteLoss(step, loss, args.lr)  # on every rank: the loss and gradients are their sums
+                # on every rank: the loss and gradients are their sums
+                raise NonFiniteLoss(step, loss, args.lr)
             optimisers[0].step(grads)
             if rank == 0:  # the one-process model, on the same batch
                 one_loss, one_grads = models[1].loss_and_grads(batches[1], args.length, args.fused)
                 optimisers[1].step(one_grads)
                 rows.append({"step": step, "one_process": one_loss, "split": loss})
                 if step % 10 == 0:
-                    common.progress(f"  step {step}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s")
+                    outputs.progress(
+                        f"  step {step}/{args.steps}  loss {loss:.3f}  {time.perf_counter() - start:.0f} s"
+                    )
             if ctrl_c.stop(split.comm):
                 raise KeyboardInterrupt
     return models[0]
@@ -176,14 +189,24 @@ def train_side_by_side(args: argparse.Namespace, split: Split, rows: list[dict[s
 def print_side_by_side(args: argparse.Namespace, rows: list[dict[str, Any]], check: Checklist) -> float:
     """The two losses at the table's steps, and the largest difference over every step; returns it."""
     shown = set(table_steps(args))
-    body = [[r["step"], f"{r['one_process']:.6f}", f"{r['split']:.6f}", f"{r['split'] - r['one_process']:+.1e}"]
-            for r in rows if r["step"] in shown]  # fmt: skip
-    print(text_table(body, ["step", "train loss, one process", f"{args.sequence_parallel}, split", "difference"],
-                     fmt=args.format))  # fmt: skip
+    body = [
+        [r["step"], f"{r['one_process']:.6f}", f"{r['split']:.6f}", f"{r['split'] - r['one_process']:+.1e}"]
+        for r in rows
+        if r["step"] in shown
+    ]
+    print(
+        text_table(
+            body,
+            ["step", "train loss, one process", f"{args.sequence_parallel}, split", "difference"],
+            fmt=args.format,
+        )
+    )
     worst = max((abs(r["split"] - r["one_process"]) for r in rows), default=0.0)
     close = all(np.isclose(r["split"], r["one_process"], rtol=LOSS_RTOL, atol=LOSS_ATOL) for r in rows)
-    print(f"   over all {len(rows)} steps the two losses differ by at most {worst:.1e} (float32 rounding; "
-          f"tolerance {LOSS_RTOL:g} of the loss + {LOSS_ATOL:g})")  # fmt: skip
+    print(
+        f"   over all {len(rows)} steps the two losses differ by at most {worst:.1e} (float32 rounding; "
+        f"tolerance {LOSS_RTOL:g} of the loss + {LOSS_ATOL:g})"
+    )
     check(close, "the split run's loss equals one process's at every step")
     return worst
 
@@ -191,7 +214,7 @@ def print_side_by_side(args: argparse.Namespace, rows: list[dict[str, Any]], che
 def run(args: argparse.Namespace) -> int:
     """The whole run on this rank: the exit code."""
     try:
-        comm = common.load_mpi().COMM_WORLD
+        comm = load_mpi().COMM_WORLD
     except ImportError as err:
         print(f"train_parallel.py {err}", file=sys.stderr)
         return 2
@@ -203,19 +226,25 @@ def run(args: argparse.Namespace) -> int:
         return 2
     check, rows, stop = Checklist(), [], None
     if rank == 0:
-        info, lines = common.header()
+        info, lines = machine.header()
         print(lines)
         print_intro(args)
-        print(f"the sequence split over {size} process(es) by {args.sequence_parallel}_attention (zigzag: "
-              f"{2 * args.length // size} tokens each), weight gradients summed by Allreduce")  # fmt: skip
+        print(
+            f"the sequence split over {size} process(es) by {args.sequence_parallel}_attention (zigzag: "
+            f"{2 * args.length // size} tokens each), weight gradients summed by Allreduce"
+        )
         if size == 1:
-            print(f"ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train_parallel.py "
-                  f"--sequence-parallel {args.sequence_parallel}")  # fmt: skip
+            print(
+                f"ran 1 process, so nothing was split; for 2: mpiexec -n 2 python scripts/train_parallel.py "
+                f"--sequence-parallel {args.sequence_parallel}"
+            )
     if args.check:
         worst = gradient_agreement(args, comm)
         if rank == 0:
-            print(f"gradient check (float64, every weight of a tiny model, split against one process): max "
-                  f"|difference| = {worst:.1e} {'ok' if worst < 1e-10 else 'FAILED (> 1e-10)'}")  # fmt: skip
+            print(
+                f"gradient check (float64, every weight of a tiny model, split against one process): max "
+                f"|difference| = {worst:.1e} {'ok' if worst < 1e-10 else 'FAILED (> 1e-10)'}"
+            )
         check(worst < 1e-10, "the split gradients equal one process's")
     split = Split(comm, *SCHEMES[args.sequence_parallel], shard(np.arange(2 * args.length)[:, None], rank, size)[:, 0])
     start = time.perf_counter()
@@ -227,8 +256,15 @@ def run(args: argparse.Namespace) -> int:
     return finish(args, comm, model, rows, check, stop, time.perf_counter() - start)
 
 
-def finish(args: argparse.Namespace, comm: Any, model: TinyModel | None, rows: list[dict[str, Any]],
-           check: Checklist, stop: BaseException | None, seconds: float) -> int:  # fmt: skip
+def finish(
+    args: argparse.Namespace,
+    comm: Any,
+    model: TinyModel | None,
+    rows: list[dict[str, Any]],
+    check: Checklist,
+    stop: BaseException | None,
+    seconds: float,
+) -> int:
     """Rank 0 prints the table, the weights' agreement over the ranks and the checks; every rank returns the
     exit code (130 after Ctrl-C, 1 after a loss that is not finite: every rank stopped at the same step)."""
     interrupted = isinstance(stop, KeyboardInterrupt)
@@ -236,18 +272,27 @@ def finish(args: argparse.Namespace, comm: Any, model: TinyModel | None, rows: l
     if model is not None:
         weights = comm.allgather(np.concatenate([w.ravel() for w in model.parameters().values()]))
     if comm.Get_rank() == 0:
-        print(f"\nAdam, lr {args.lr}, batch {args.batch}, {len(rows)} of {args.steps} steps in {seconds:.1f} s, both "
-              "runs one after the other at each step")  # fmt: skip
+        print(
+            f"\nAdam, lr {args.lr}, batch {args.batch}, {len(rows)} of {args.steps} steps in {seconds:.1f} s, both "
+            "runs one after the other at each step"
+        )
         worst = print_side_by_side(args, rows, check)
         if weights is not None:
             same = all(np.array_equal(w, weights[0]) for w in weights)
             print(f"   the weights after the last step: {'the same bits' if same else 'NOT the same'} on every rank")
             check(same, "the weights are the same bits on every rank")
         if args.json:
-            figures = {"args": vars(args), "ranks": comm.Get_size(), "rows": rows, "largest_difference": worst}
-            common.write_json(args.json, figures, interrupted)
+            figures = {
+                "args": vars(args),
+                "ranks": comm.Get_size(),
+                "rows": rows,
+                "largest_difference": worst,
+            }
+            outputs.write_json(args.json, figures, interrupted)
     if interrupted:  # on every rank, after the same step
-        return common.interrupted(len(rows), args.steps, "steps") if comm.Get_rank() == 0 else common.INTERRUPTED
+        return (
+            interrupts.interrupted(len(rows), args.steps, "steps") if comm.Get_rank() == 0 else interrupts.INTERRUPTED
+        )
     if isinstance(stop, NonFiniteLoss):
         if comm.Get_rank() == 0:
             print(f"train_parallel.py: stopped: {stop}", file=sys.stderr)
@@ -256,9 +301,12 @@ def finish(args: argparse.Namespace, comm: Any, model: TinyModel | None, rows: l
 
 
 def add_scheme(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sequence-parallel", choices=sorted(SCHEMES), default="ring",
-                   help="how each sequence is split over the processes: ring_attention (default) or "
-                   "ulysses_attention")  # fmt: skip
+    p.add_argument(
+        "--sequence-parallel",
+        choices=sorted(SCHEMES),
+        default="ring",
+        help="how each sequence is split over the processes: ring_attention (default) or ulysses_attention",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,4 +316,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

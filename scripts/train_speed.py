@@ -18,12 +18,12 @@ and generation with the KV cache beside recomputation.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
-Both run under train.py's malloc setting (training.keep_freed_memory: on glibc, freed arrays' memory is kept
+Both run under train.py's malloc setting (os_tweaks.keep_freed_memory: on glibc, freed arrays' memory is kept
 for the next ones instead of faulting it in again every step), which holds for the whole process, torch's
 steps as well as ours; the malloc line says whether it took. They run under train.py's OpenBLAS setting too
-(blas_idle.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our attention's
-workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is checked; the exit
-code is 1 (and the failed check is named) if one fails.
+(os_tweaks.py: its idle threads sleep soon instead of spinning, so that they leave the cores to our
+attention's workers; torch's own threads are not OpenBLAS's), named on the OpenBLAS line. Every claim is
+checked; the exit code is 1 (and the failed check is named) if one fails.
 
 --equal-time SECONDS (needs torch) does instead: our model and its torch twin, from the same weights, train
 on the same batches of this project's own pages (character tokens), each for SECONDS of wall time, in
@@ -34,7 +34,7 @@ that is what the difference shows.
 
 --row-blocks does instead: layer_norm, gelu and their backwards (random float32 rows, as many as a preset's
 batch x context) in blocks of rows of 2^13 .. 2^20 elements (layers.py says why), taking turns: ms per call,
-and a step's worth (2L + 1 norms, L GELUs); the size layers.py takes here (ROW_BLOCK) is marked.
+and a step's worth (2L + 1 norms, L GELUs); the size the layers take here (tune.row_block()) is marked.
 """
 
 from __future__ import annotations
@@ -49,22 +49,37 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
-import blas_idle  # noqa: E402
+import os_tweaks
 
-if __name__ == "__main__":  # as train.py does, before NumPy loads OpenBLAS (blas_idle.py says why)
-    blas_idle.shorten_spin()
-import common  # noqa: E402
-import numpy as np  # noqa: E402
-import text_data  # noqa: E402
-import training  # noqa: E402
+# train.py's settings, made as it makes them, before NumPy loads (os_tweaks.py says why)
+if __name__ == "__main__":
+    os_tweaks.speed_up()
+# ruff: noqa: E402  (the imports below come after that setting on purpose)
+import interrupts
+import limits
+import machine
+import numpy as np
+import outputs
+import text_data
+import torch_gpt
+import torch_import
+import train_flags
 
-from tinyattn_np import _tuning, layers  # noqa: E402
-from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
-from tinyattn_np.measure import alternating_medians_ms  # noqa: E402
-from tinyattn_np.optim import AdamW, clip_grad_norm  # noqa: E402
-from tinyattn_np.report import Checklist, add_wide_argument, fit_table, positive, table_width  # noqa: E402
-from tinyattn_np.sampling import generate  # noqa: E402
-from tinyattn_np.trainbill import training_memory  # noqa: E402
+from tinyattn_np import layers
+from tinyattn_np.gpt import GPT, GPTConfig
+from tinyattn_np.measure import alternating_medians_ms
+from tinyattn_np.optim import AdamW, clip_grad_norm
+from tinyattn_np.report import (
+    Checklist,
+    add_seed_and_format,
+    add_wide_argument,
+    fit_table,
+    positive,
+    table_width,
+)
+from tinyattn_np.sampling import generate
+from tinyattn_np.trainbill import training_memory
+from tinyattn_np.tune import row_block, use_row_block
 
 LOSS_RTOL = 1e-4  # float32 sums in two orders over a forward and a backward
 check = Checklist()
@@ -72,130 +87,77 @@ check = Checklist()
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--presets", nargs="+", choices=sorted(training.PRESETS), default=["tiny", "part3"],
-                   help="the models to time (default: both)")  # fmt: skip
+    p.add_argument(
+        "--presets",
+        nargs="+",
+        choices=sorted(train_flags.PRESETS),
+        default=["tiny", "part3"],
+        help="the models to time (default: both)",
+    )
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
     p.add_argument("--repeats", type=positive(int), default=5, help="timed steps (or layer calls) a turn (default 5)")
-    p.add_argument("--rounds", type=positive(int), default=3,
-                   help="turns of each model (--row-blocks: each size), taking turns (default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive(int),
+        default=3,
+        help="turns of each model (--row-blocks: each size), taking turns (default 3)",
+    )
     p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
-    p.add_argument("--equal-time", type=positive(float, 3600.0), metavar="SECONDS",
-                   help="train ours and torch's SECONDS each; compare validation losses (needs torch)")  # fmt: skip
+    p.add_argument(
+        "--equal-time",
+        type=positive(float, 3600.0),
+        metavar="SECONDS",
+        help="train ours and torch's SECONDS each; compare validation losses (needs torch)",
+    )
     p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_wide_argument(p)
-    common.add_seed_and_format(p, "the weights and the batch")
+    add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
     steps = args.repeats * args.rounds
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
         p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
-    common.check_output(p, "--json", args.json)
+    outputs.check_output(p, "--json", args.json)
     if args.row_blocks and (args.torch or args.equal_time is not None):
         p.error("--row-blocks times our layers alone: leave out --torch and --equal-time")
     for name in args.presets:
         bill = training_memory(config_of(name, args), batch_of(name, args))
-        problem = common.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
+        problem = limits.memory_problem(bill.peak, f"a training step of {name}", "lower --batch or --vocab")
         if problem:
             p.error(problem)
     return args
 
 
 def config_of(name: str, args: argparse.Namespace) -> GPTConfig:
-    config = training.PRESETS[name].config
+    config = train_flags.PRESETS[name].config
     return replace(config, vocab=args.vocab or config.vocab)
 
 
 def batch_of(name: str, args: argparse.Namespace) -> int:
-    return int(args.batch or training.PRESETS[name].batch)
+    return int(args.batch or train_flags.PRESETS[name].batch)
 
 
 # ---------------------------------------------------------------------------------------------------
-# the same model in torch
+# the same model in torch (torch_gpt.py), from our weights
 
 
-def torch_model(torch: Any, model: GPT) -> Any:
-    """A torch module of model's architecture holding its weights (nn.Linear's weight is our W transposed)."""
-    nn, F = torch.nn, torch.nn.functional
-    c = model.config
-    cos, sin = rope_tables(torch, c)
-
-    def norm() -> Any:
-        return nn.LayerNorm(c.width, eps=1e-5, bias=c.bias) if c.norm == "layernorm" else nn.RMSNorm(c.width, eps=1e-5)
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln_1, self.ln_2 = norm(), norm()
-            self.qkv, self.out = nn.Linear(c.width, 3 * c.width, bias=False), nn.Linear(c.width, c.width, bias=False)
-            self.fc, self.proj = nn.Linear(c.width, c.hidden, bias=c.bias), nn.Linear(c.hidden, c.width, bias=c.bias)
-
-        def forward(self, x: Any) -> Any:
-            B, T, C = x.shape
-            q, k, v = (t.view(B, T, c.heads, c.head_dim).transpose(1, 2) for t in self.qkv(self.ln_1(x)).split(C, -1))
-            q, k = rotate(torch, q, cos, sin), rotate(torch, k, cos, sin)
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + self.out(y.transpose(1, 2).reshape(B, T, C))
-            return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
-
-    class TorchGPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.wte, self.ln_f = nn.Embedding(c.vocab, c.width), norm()
-            self.h = nn.ModuleList(Block() for _ in range(c.layers))
-
-        def forward(self, idx: Any, targets: Any) -> Any:
-            x = self.wte(idx)
-            for block in self.h:
-                x = block(x)
-            return F.cross_entropy((self.ln_f(x) @ self.wte.weight.T).flatten(0, 1), targets.flatten())  # tied
-
-    if c.mlp != "gelu":
-        sys.exit("train_speed.py: error: the torch twin has the presets' GELU MLP only")
-    module = TorchGPT()
+def twin(torch: Any, model: GPT) -> Any:
+    """The torch module of model's architecture (torch_gpt.torch_model), holding model's weights."""
+    module = torch_gpt.torch_model(torch, model.config)
     copy_weights(torch, module, model)
     return module
-
-
-def rope_tables(torch: Any, c: GPTConfig) -> tuple[Any, Any]:
-    """cos and sin (T, d/2) of RoPE's angles m θ_i, θ_i = 10000^(-2i/d), as tinyattn_np.rope computes them."""
-    theta = 10000.0 ** (-np.arange(0, c.head_dim, 2) / c.head_dim)  # (d/2,)
-    angles = np.arange(c.context)[:, None] * theta  # (T, d/2), float64
-    return torch.from_numpy(np.cos(angles).astype(np.float32)), torch.from_numpy(np.sin(angles).astype(np.float32))
-
-
-def rotate(torch: Any, x: Any, cos: Any, sin: Any) -> Any:
-    """RoPE on x (B, H, T, d), pairs (0, 1), (2, 3), ... (interleaved, as tinyattn_np.rope's default)."""
-    T = x.shape[-2]
-    x1, x2 = x[..., 0::2], x[..., 1::2]  # (B, H, T, d/2) each
-    cos, sin = cos[:T], sin[:T]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)  # (B, H, T, d)
-
-
-MATRICES = {
-    "attn.w_qkv": "qkv.weight",
-    "attn.w_out": "out.weight",
-    "mlp.w_fc": "fc.weight",
-    "mlp.w_proj": "proj.weight",
-}
-
-
-def torch_name(name: str) -> tuple[str, bool]:
-    """Our parameter's name -> (the torch module's, whether ours is its transpose: x @ W is nn.Linear(W.T))."""
-    if name == "wte":
-        return "wte.weight", False
-    for ours, theirs in MATRICES.items():
-        if name.endswith(ours):
-            return name.replace(ours, theirs), True
-    return name.replace(".gain", ".weight").replace("mlp.b_fc", "fc.bias").replace("mlp.b_proj", "proj.bias"), False
 
 
 def copy_weights(torch: Any, module: Any, model: GPT) -> None:
     """Our parameters into the torch module, under its names; every one of its parameters is set."""
     theirs = dict(module.named_parameters())
-    names = {name: torch_name(name) for name in model.params}
-    check(sorted(theirs) == sorted(n for n, _ in names.values()), "the torch model has our parameters, no others")
+    names = {name: torch_gpt.torch_name(name) for name in model.params}
+    check(
+        sorted(theirs) == sorted(n for n, _ in names.values()),
+        "the torch model has our parameters, no others",
+    )
     with torch.no_grad():
         for name, (target, transposed) in names.items():
             value = model.params[name]
@@ -214,45 +176,29 @@ def our_step(model: GPT, optimizer: AdamW, x: np.ndarray, y: np.ndarray, lr: flo
     return loss
 
 
-def torch_step(torch: Any, module: Any, optimizer: Any, x: Any, y: Any) -> float:
-    """The same step in torch, eager."""
-    optimizer.zero_grad(set_to_none=True)
-    loss = module(x, y)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-    optimizer.step()
-    return float(loss.item())
-
-
-def torch_adamw(torch: Any, module: Any, preset: training.Preset) -> Any:
-    """torch's AdamW as ours is set up: the preset's lr and β2, decay 0.1 on the matrices only."""
-    matrices = [p for p in module.parameters() if p.ndim >= 2]
-    rest = [p for p in module.parameters() if p.ndim < 2]
-    groups = [{"params": matrices, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=preset.lr, betas=(0.9, preset.beta2), eps=1e-8)
-
-
 def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
-    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
     rng = np.random.default_rng(args.seed)
     x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
     model = GPT(config, rng=args.seed)
-    module = torch_model(torch, model) if torch is not None else None  # from the weights before any step
+    module = twin(torch, model) if torch is not None else None  # from the weights before any step
     optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
     ours = [our_step(model, optimizer, x, y, preset.lr) for _ in range(2)]
     row = {"preset": name, "parameters": model.num_parameters, "batch": batch, "context": config.context}
     steps = [lambda: our_step(model, optimizer, x, y, preset.lr)]
     if module is not None:
-        torch_optimizer = torch_adamw(torch, module, preset)
+        torch_optimizer = torch_gpt.torch_adamw(torch, module, preset)
         tx, ty = torch.from_numpy(x), torch.from_numpy(y)
-        gold = [torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
+        gold = [torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty) for _ in range(2)]
         for step, (mine, theirs) in enumerate(zip(ours, gold, strict=True), start=1):
-            check(abs(mine - theirs) <= LOSS_RTOL * abs(theirs), f"{name}: step {step}'s loss equals torch's "
-                  f"({mine:.6f} and {theirs:.6f})")  # fmt: skip
-        steps.append(lambda: torch_step(torch, module, torch_optimizer, tx, ty))
-    times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=common.SETTLE_SECONDS)
+            check(
+                abs(mine - theirs) <= LOSS_RTOL * abs(theirs),
+                f"{name}: step {step}'s loss equals torch's ({mine:.6f} and {theirs:.6f})",
+            )
+        steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
+    times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
     row["ours_ms"] = times[0]
     if module is not None:
         row["torch_ms"] = times[1]
@@ -266,11 +212,14 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {"preset": name, "tokens": args.tokens}
     outputs = {}
     for use_cache in (True, False):
-        time.sleep(common.SETTLE_SECONDS)
+        time.sleep(machine.SETTLE_SECONDS)
         started = time.perf_counter()
         outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
-    check(np.array_equal(outputs[True], outputs[False]), f"{name}: the cache and recomputation give the same tokens")
+    check(
+        np.array_equal(outputs[True], outputs[False]),
+        f"{name}: the cache and recomputation give the same tokens",
+    )
     return row
 
 
@@ -280,12 +229,12 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def train_in_turns(seconds: float, steps: list[Any], rounds: int) -> list[int]:
     """Each of `steps` (step(0), step(1), ...) for `seconds` of wall time in all, in `rounds` turns of
-    seconds / rounds, the models taking turns, each turn after the idle of common.settled_median_ms (the
+    seconds / rounds, the models taking turns, each turn after the idle of machine.settled_median_ms (the
     other library's threads asleep first); the number of steps each took."""
     taken = [0] * len(steps)
     for _ in range(rounds):
         for n, step in enumerate(steps):
-            time.sleep(common.SETTLE_SECONDS)
+            time.sleep(machine.SETTLE_SECONDS)
             started = time.perf_counter()
             while time.perf_counter() - started < seconds / rounds:
                 step(taken[n])
@@ -302,15 +251,15 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
     """One preset's row of --equal-time: steps and validation loss of each after args.equal_time seconds."""
     text, source = text_data.load_text(None)
     tokenizer = text_data.make_tokenizer("char", text)
-    config, batch, preset = config_of(name, args), batch_of(name, args), training.PRESETS[name]
+    config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
     config = replace(config, vocab=tokenizer.vocab_size)
     tokens = tokenizer.encode(text).astype(np.int64)  # torch's cross_entropy takes int64 targets
     train, val = text_data.split(tokens, config.context, 0.1, source)
     windows = text_data.fixed_batches(val, 64, batch, config.context)  # the same validation windows for both
     model = GPT(config, rng=args.seed)
-    module = torch_model(torch, model)  # from the weights before any step
+    module = twin(torch, model)  # from the weights before any step
     optimizer = AdamW(model.params, lr=preset.lr, betas=(0.9, preset.beta2), weight_decay=0.1)
-    torch_optimizer = torch_adamw(torch, module, preset)
+    torch_optimizer = torch_gpt.torch_adamw(torch, module, preset)
     rng, drawn = np.random.default_rng(args.seed), []
 
     def batch_number(i: int) -> tuple[np.ndarray, ...]:  # the i-th batch, the same for both
@@ -323,30 +272,53 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
             return float(module(torch.from_numpy(x), torch.from_numpy(y)).item())
 
     start = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
-    check(abs(start[0] - start[1]) <= LOSS_RTOL * start[1], f"{name}: both start from the same validation loss "
-          f"({start[0]:.6f} and {start[1]:.6f})")  # fmt: skip
+    check(
+        abs(start[0] - start[1]) <= LOSS_RTOL * start[1],
+        f"{name}: both start from the same validation loss ({start[0]:.6f} and {start[1]:.6f})",
+    )
     # one untimed step of each on a copy, so that neither library's first-call costs land in the budget
     our_step(GPT(config, model.params), AdamW(model.params, lr=preset.lr), *batch_number(0), preset.lr)
-    twin = copy.deepcopy(module)
-    torch_step(torch, twin, torch_adamw(torch, twin, preset), *map(torch.from_numpy, batch_number(0)))
-    ours, theirs = train_in_turns(args.equal_time, [
-        lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
-        lambda i: torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
-    ], args.rounds)  # fmt: skip
+    spare = copy.deepcopy(module)
+    torch_gpt.torch_step(
+        torch, spare, torch_gpt.torch_adamw(torch, spare, preset), *map(torch.from_numpy, batch_number(0))
+    )
+    ours, theirs = train_in_turns(
+        args.equal_time,
+        [
+            lambda i: our_step(model, optimizer, *batch_number(i), preset.lr),
+            lambda i: torch_gpt.torch_step(torch, module, torch_optimizer, *map(torch.from_numpy, batch_number(i))),
+        ],
+        args.rounds,
+    )
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
     row["torch_steps"] = theirs
-    row["ours_loss"], row["torch_loss"] = validation_loss(model.loss, windows), validation_loss(torch_loss, windows)
+    row["ours_loss"], row["torch_loss"] = (
+        validation_loss(model.loss, windows),
+        validation_loss(torch_loss, windows),
+    )
     return row
 
 
 def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    print(f"\n3) validation loss after {args.equal_time:g} s of training each, in {args.rounds} turns each, ours and "
-          "torch's\n   alternating, from the same weights on the same batches (this project's pages, character "
-          "tokens;\n   AdamW at the preset's learning rate)")  # fmt: skip
-    headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss", "ours / torch - 1"]
-    body = [[r["preset"], f"{r['start_loss']:.4f}", f"{r['ours_steps']:,}", f"{r['torch_steps']:,}",
-             f"{r['ours_loss']:.4f}", f"{r['torch_loss']:.4f}", f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}"]
-            for r in rows]  # fmt: skip
+    print(
+        f"\n3) validation loss after {args.equal_time:g} s of training each, in {args.rounds} turns each, ours and "
+        "torch's\n   alternating, from the same weights on the same batches (this project's pages, character "
+        "tokens;\n   AdamW at the preset's learning rate)"
+    )
+    headers = ["preset", "start loss", "ours steps", "torch steps", "ours loss", "torch loss"]
+    headers += ["ours / torch - 1"]
+    body = [
+        [
+            r["preset"],
+            f"{r['start_loss']:.4f}",
+            f"{r['ours_steps']:,}",
+            f"{r['torch_steps']:,}",
+            f"{r['ours_loss']:.4f}",
+            f"{r['torch_loss']:.4f}",
+            f"{r['ours_loss'] / r['torch_loss'] - 1:+.2%}",
+        ]
+        for r in rows
+    ]
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
 
@@ -358,8 +330,13 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         headers += ["torch ms", "ours / torch"]
     body = []
     for r in rows:
-        cells = [r["preset"], f"{r['parameters']:,}", f"{r['batch']} x {r['context']}", f"{r['ours_ms']:,.1f}",
-                 f"{r['batch'] * r['context'] / r['ours_ms'] * 1e3:,.0f}"]  # fmt: skip
+        cells = [
+            r["preset"],
+            f"{r['parameters']:,}",
+            f"{r['batch']} x {r['context']}",
+            f"{r['ours_ms']:,.1f}",
+            f"{r['batch'] * r['context'] / r['ours_ms'] * 1e3:,.0f}",
+        ]
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
@@ -368,8 +345,15 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print(f"\n2) generation of {args.tokens:,} tokens after a one-token prompt, greedy, batch 1")
-    body = [[r["preset"], f"{r['tokens'] / r['no_cache_s']:,.1f}", f"{r['tokens'] / r['cache_s']:,.1f}",
-             f"{r['no_cache_s'] / r['cache_s']:.1f}x"] for r in rows]  # fmt: skip
+    body = [
+        [
+            r["preset"],
+            f"{r['tokens'] / r['no_cache_s']:,.1f}",
+            f"{r['tokens'] / r['cache_s']:,.1f}",
+            f"{r['no_cache_s'] / r['cache_s']:.1f}x",
+        ]
+        for r in rows
+    ]
     headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
 
@@ -380,17 +364,17 @@ def main(argv: list[str] | None = None) -> int:
         return main_equal_time(args)
     if args.row_blocks:
         return main_row_blocks(args)
-    torch = common.load_torch(flag="--torch")[0] if args.torch else None
-    info, lines = common.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
-    print(f"{lines}\n{malloc_line(torch is not None)}\n{blas_idle.describe()}")
+    torch = torch_import.load_torch(flag="--torch")[0] if args.torch else None
+    info, lines = machine.header(torch.__version__ if torch else None, torch.get_num_threads() if torch else None)
+    print(f"{lines}\n{malloc_line(torch is not None)}\n{os_tweaks.describe()}")
     threads = "threads: our BLAS's, as the BLAS line says" + (f"; torch's {torch.get_num_threads()}" if torch else "")
     steps: list[dict[str, Any]] = []
     generations: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
+    stopped = interrupts.measure_each(args.presets, lambda name: time_training(name, args, torch), steps)
     if steps:
         print_training(steps, args, threads)
     if not stopped:
-        stopped = common.measure_each(args.presets, lambda name: time_generation(name, args), generations)
+        stopped = interrupts.measure_each(args.presets, lambda name: time_generation(name, args), generations)
     if generations:
         print_generation(generations, args)
     figures = {"machine": info, "args": vars(args), "training": steps, "generation": generations}
@@ -399,11 +383,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def main_equal_time(args: argparse.Namespace) -> int:
     """--equal-time: the third table only."""
-    torch = common.load_torch(flag="--equal-time")[0]
-    info, lines = common.header(torch.__version__, torch.get_num_threads())
-    print(f"{lines}\n{malloc_line(with_torch=True)}\n{blas_idle.describe()}")
+    torch = torch_import.load_torch(flag="--equal-time")[0]
+    info, lines = machine.header(torch.__version__, torch.get_num_threads())
+    print(f"{lines}\n{malloc_line(with_torch=True)}\n{os_tweaks.describe()}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
+    stopped = interrupts.measure_each(args.presets, lambda name: equal_time(name, args, torch), rows)
     if rows:
         print_equal_time(rows, args)
     figures = {"machine": info, "args": vars(args), "equal_time": rows}
@@ -423,7 +407,10 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(args.seed)
     x, dy = rng.standard_normal((2, n, config.width), dtype=np.float32)  # (N, C) each
     u, du = rng.standard_normal((2, n, config.hidden), dtype=np.float32)  # (N, H) each
-    gain, bias = np.ones(config.width, np.float32), np.zeros(config.width, np.float32) if config.bias else None
+    gain, bias = (
+        np.ones(config.width, np.float32),
+        np.zeros(config.width, np.float32) if config.bias else None,
+    )
     norm_saved, gelu_saved = layers.layer_norm(x, gain, bias)[1], layers.gelu(u)[1]
     calls = {  # each layer: the call, its width, how many a step makes
         "layer_norm": (lambda: layers.layer_norm(x, gain, bias), config.width, 2 * L + 1),
@@ -431,25 +418,27 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "gelu": (lambda: layers.gelu(u), config.hidden, L),
         "gelu backward": (lambda: layers.gelu_backward(du, gelu_saved), config.hidden, L),
     }
-    chosen, rows = _tuning.ROW_BLOCK, []
+    rows = []
     try:
         for layer, (fn, width, per_step) in calls.items():
             ms = alternating_medians_ms([partial(in_blocks, b, fn) for b in BLOCKS], args.repeats, args.rounds)
             rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
     finally:
-        _tuning.ROW_BLOCK = chosen
+        use_row_block(None)  # the block this machine takes again
     return {"preset": name, "layers": rows}
 
 
 def in_blocks(block: int, fn: Any) -> None:
-    _tuning.ROW_BLOCK = block  # a module global, read at every call of the layers
+    use_row_block(block)  # in force for this process: the layers read it at every call
     fn()
 
 
 def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    chosen = _tuning.ROW_BLOCK
-    print(f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
-          f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (ROW_BLOCK)")  # fmt: skip
+    chosen = row_block()
+    print(
+        f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
+        f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (the row block in force)"
+    )
     headers = ["layer", *(f"2^{b.bit_length() - 1}" + ("*" if b == chosen else "") for b in BLOCKS)]
     body: list[list[str]] = []
     for preset in rows:
@@ -463,10 +452,10 @@ def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 def main_row_blocks(args: argparse.Namespace) -> int:
     """--row-blocks: the fourth table only."""
-    info, lines = common.header()
+    info, lines = machine.header()
     print(f"{lines}\n{malloc_line(with_torch=False)}")
     rows: list[dict[str, Any]] = []
-    stopped = common.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
+    stopped = interrupts.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
     if rows:
         print_row_blocks(rows, args)
     figures = {"machine": info, "args": vars(args), "row_blocks": rows}
@@ -474,9 +463,9 @@ def main_row_blocks(args: argparse.Namespace) -> int:
 
 
 def malloc_line(with_torch: bool) -> str:
-    """Whether train.py's malloc setting (training.keep_freed_memory, made in __main__ below) is in force; it
-    holds for the whole process, torch's steps as well as ours."""
-    if not training.freed_memory_kept:
+    """Whether train.py's malloc setting (os_tweaks.keep_freed_memory, made at the top as a program) is in
+    force; it holds for the whole process, torch's steps as well as ours."""
+    if not os_tweaks.freed_memory_kept:
         return "malloc: the C library's own settings"
     return "malloc: freed memory kept for reuse, as train.py sets it (glibc's mallopt)" + (
         "; for torch's steps too" if with_torch else ""
@@ -485,16 +474,15 @@ def malloc_line(with_torch: bool) -> str:
 
 def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
     """The last lines of either mode: a busy machine said, --json written, Ctrl-C's line; the exit code."""
-    figures["busy"] = common.busy_reasons()
+    figures["busy"] = machine.busy_reasons()
     if figures["busy"]:
         print(f"* timed on a busy machine: {'; '.join(figures['busy'])}")
     if args.json:
-        common.write_json(args.json, figures, stopped)
+        outputs.write_json(args.json, figures, stopped)
     if stopped:
-        return common.interrupted(done, total)
+        return interrupts.interrupted(done, total)
     return check.finish()
 
 
 if __name__ == "__main__":
-    training.keep_freed_memory()  # as train.py does: both models' steps reuse the memory of the arrays they free
-    sys.exit(common.run_main(main))
+    sys.exit(interrupts.run_main(main))

@@ -83,11 +83,11 @@ settings.load_profile("ci")
 
 
 @pytest.fixture
-def common(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """scripts/common.py as the scripts import it, with no idle waits and a fixed 100 GFLOP/s matmul rate.
-    Patched before a test loads a script: a script binds common's names as it loads."""
+def machine(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """scripts/machine.py as the scripts import it, with no idle waits, a fixed 100 GFLOP/s matmul rate and no
+    load: the shape of a script's output is under test, not its timings."""
     load("scaling.py")
-    module = sys.modules["common"]
+    module = sys.modules["machine"]
     monkeypatch.setattr(module, "SETTLE_SECONDS", 0.0)
     monkeypatch.setattr(module, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
     monkeypatch.setattr(module, "load_average", lambda: 0.0)

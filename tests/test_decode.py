@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- scripts/decode.py -----------------------------------------------------------------------------
 
 
-def test_script_generates_the_same_tokens_with_and_without_the_cache(common, tmp_path, capsys):  # common: no idles
+def test_script_generates_the_same_tokens_with_and_without_the_cache(machine, tmp_path, capsys):  # no idles
     path = tmp_path / "decode.json"
     args = ["--tokens", "24", "--prompt", "4", "--window", "5", "--d-model", "32", "--vocab", "64", "--json", str(path)]
     assert load("decode.py").main(args) == 0
@@ -33,7 +34,7 @@ def test_script_generates_the_same_tokens_with_and_without_the_cache(common, tmp
     assert rows[-1]["max_diff"] < 1e-9
 
 
-def test_script_step_mode_without_torch(common, capsys, tmp_path):  # common: no idle, no matmul before each row
+def test_script_step_mode_without_torch(machine, capsys, tmp_path):  # no idle, no matmul before each row
     path = tmp_path / "step.json"
     args = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "1"]
     script = load("decode.py")
@@ -56,22 +57,23 @@ def test_script_step_mode_without_torch(common, capsys, tmp_path):  # common: no
     assert "16 sequences: paged_decode, blocks of 16: " in text
 
 
-def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(common, monkeypatch, capsys):
+def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(machine, monkeypatch, capsys):
     """With --torch, flash_decode and torch's fastest formulation are also timed in turns (TURNS turns of two
     warm-ups and --repeats runs each, alternating), and flash_decode's aim against torch's fastest is their
     ratio there. torch is stood in for: each call of its formulations logs 't', each flash_decode call 'f'."""
     script, log = load("decode.py"), []
-    monkeypatch.setattr(common, "load_torch", lambda: None)
+    step = sys.modules["decode_step"]  # decode.py --step's kernels and rows
+    monkeypatch.setattr(sys.modules["torch_import"], "load_torch", lambda: None)
     torch_call = lambda gold: (time.sleep(0.002), log.append("t"), gold)[2]  # noqa: E731  2 ms, then the reference
     fake = lambda q, k, v, gold, args: [  # noqa: E731  the two torch rows
-        (name, "one", lambda: torch_call(gold), gold) for name in ("torch SDPA (enable_gqa)", script.TORCH_FASTEST)
+        (name, "one", lambda: torch_call(gold), gold) for name in ("torch SDPA (enable_gqa)", step.TORCH_FASTEST)
     ]
-    monkeypatch.setattr(script, "torch_runs", fake)
-    monkeypatch.setattr(script, "flash_decode", lambda *a, **kw: (log.append("f"), flash_decode(*a, **kw))[1])
+    monkeypatch.setattr(step, "torch_runs", fake)
+    monkeypatch.setattr(step, "flash_decode", lambda *a, **kw: (log.append("f"), flash_decode(*a, **kw))[1])
     flags = ["--step", "--context", "3000", "--heads", "4", "--kv-heads", "2", "--head-dim", "16", "--repeats", "2"]
     assert script.main([*flags, "--torch"]) == 0
     # torch's fastest's row (its check, its timing), then the turns; the batch's row after them calls neither
-    assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * script.TURNS), "".join(log)
+    assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * step.TURNS), "".join(log)
     out = capsys.readouterr().out
     line = re.search(r"^  flash_decode \(split-KV\) and torch's fastest in turns \(3 turns of 2 runs each\): "
                      r"([0-9.]+) and ([0-9.]+) ms, ([0-9.]+)x$", out, re.M)  # fmt: skip
@@ -82,7 +84,8 @@ def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(common,
 
 
 def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
-    script = load("decode.py")
+    load("decode.py")
+    script = sys.modules["decode_step"]
     reads = []
     arrays = [type("Array", (), {"sum": lambda self, i=i: reads.append(i)})() for i in range(2)]
     script.read_once(arrays, threads=1)
@@ -92,10 +95,12 @@ def test_script_step_mode_floor_reads_the_bytes_once_on_one_and_two_threads():
 
 def test_script_step_mode_scatters_blocks_on_request():
     k = v = np.zeros((2, 100, 4), np.float32)
-    cache, (seq,) = load("decode.py").paged([100], k, v, 16, True)
+    load("decode.py")
+    paged = sys.modules["decode_step"].paged
+    cache, (seq,) = paged([100], k, v, 16, True)
     table = cache.block_table(seq)
     assert len(table) == 7 and all(b % 2 == 0 for b in table)  # every other block: no two adjacent
-    cache, (seq,) = load("decode.py").paged([100], k, v, 16, False)
+    cache, (seq,) = paged([100], k, v, 16, False)
     assert cache.block_table(seq) == tuple(range(7))  # alone in an empty pool: one run
 
 
@@ -143,7 +148,7 @@ def test_decode_refuses_a_model_larger_than_the_machine(capsys: pytest.CaptureFi
     assert "this run needs about" in err and "lower --d-model, --vocab, --layers or --tokens" in err
 
 
-def test_decode_refuses_a_run_longer_than_the_limit(common: ModuleType) -> None:
+def test_decode_refuses_a_run_longer_than_the_limit(machine: ModuleType) -> None:
     decode = load("decode.py")
     with pytest.raises(SystemExit, match=r"decode.py: error: this run needs at least [0-9,]+ minutes"):
         decode.main(["--tokens", "4000", "--d-model", "1024", "--layers", "16"])

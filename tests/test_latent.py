@@ -455,14 +455,14 @@ def test_other_bad_input_names_the_argument(rng):
 
 @pytest.fixture
 def mla_script(monkeypatch):
-    """scripts/mla.py as a module, its common.py patched: no idle waits, fixed ceilings, a quiet machine."""
+    """scripts/mla.py as a module, its machine.py patched: no idle waits, fixed ceilings, a quiet machine."""
     from test_scripts import load
 
     script = load("mla.py")
-    monkeypatch.setattr(script.common, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(script.common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(script.machine, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(script.machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
     monkeypatch.setattr(script, "read_bandwidth", lambda n_bytes=2**30, repeats=5: 10.0)
-    monkeypatch.setattr(script.common, "load_average", lambda: 0.0)
+    monkeypatch.setattr(script.machine, "load_average", lambda: 0.0)
     return script
 
 
@@ -485,8 +485,8 @@ def test_mla_script_prints_the_cache_table_and_every_step(mla_script, tmp_path, 
 
 
 def test_mla_script_runs_the_absorbed_form_alone_where_the_naive_cache_does_not_fit(mla_script, monkeypatch, capsys):
-    problem = mla_script.common.memory_problem
-    monkeypatch.setattr(mla_script.common, "memory_problem", lambda needed, what, lower, detail="": (
+    problem = mla_script.limits.memory_problem
+    monkeypatch.setattr(mla_script.limits, "memory_problem", lambda needed, what, lower, detail="": (
         "too large" if "naive" in what else problem(needed, what, lower, detail)))  # fmt: skip
     assert mla_script.main(["--heads", "2", "--contexts", "64", "--repeats", "1"]) == 0
     out = capsys.readouterr().out

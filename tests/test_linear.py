@@ -423,10 +423,10 @@ def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, c
 
     script = load("linear.py")
     sys.path.insert(0, str(ROOT / "scripts"))
-    import common
+    import machine
 
-    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
     flags = ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "32", "--contexts", "32",
              "256", "--repeats", "1", "--json", str(tmp_path / "linear.json")]  # fmt: skip
     assert script.main(flags) == 0

@@ -123,3 +123,12 @@ def test_sysconf_failures(monkeypatch):
 
     monkeypatch.setattr(guard.os, "sysconf", broken)
     assert guard.sysconf_bytes("SC_PHYS_PAGES") is None
+
+
+def test_the_public_memory_probes_are_the_guards(monkeypatch):
+    """measure.memory_total and memory_available, what the scripts refuse a run by, read what the memory guard
+    refuses a call by."""
+    assert 0 < measure.memory_available() <= measure.memory_total() == guard.memory_total()
+    monkeypatch.setattr(guard, "meminfo_bytes", lambda field: None)
+    monkeypatch.setattr(guard, "sysconf_bytes", lambda name: None)
+    assert measure.memory_available() == measure.memory_total() == guard.FALLBACK_MEMORY_BYTES

@@ -61,6 +61,20 @@ def test_checklist_and_format_flag(capsys):
         parser.parse_args(["--format", "nope"])
 
 
+def test_the_seed_and_format_flags_and_max_diff(capsys):
+    from tinyattn_np.report import add_seed_and_format, max_diff
+
+    parser = argparse.ArgumentParser()
+    add_seed_and_format(parser, "the weights")
+    assert vars(parser.parse_args([])) == {"seed": 0, "format": "simple"}
+    assert vars(parser.parse_args(["--seed", "7", "--format", "github"])) == {"seed": 7, "format": "github"}
+    assert "seed for the weights (an int >= 0; default 0)" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--seed", "-1"])
+    assert "--seed: must be an int >= 0" in capsys.readouterr().err
+    assert max_diff(np.float32([1, 2]), np.float64([1, 2.5])) == 0.5 and max_diff(np.zeros(0), np.zeros(0)) == 0.0
+
+
 @pytest.mark.parametrize("text", ["0", "-3", "nan", "inf", "two"])
 def test_positive_refuses_what_cannot_be_a_size_or_a_rate(text):
     with pytest.raises(argparse.ArgumentTypeError, match="must be a positive float"):

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ import pytest
 from conftest import assert_close
 
 from tinyattn_np import flash_attention, flash_attention_backward
-from tinyattn_np._mpi import Failed, Report, StopTogether, abort_on_failure, agree, check_on_every_rank
+from tinyattn_np._mpi import Failed, Report, abort_on_failure, agree, check_on_every_rank
 from tinyattn_np.peaks import ring_attention_bytes
 from tinyattn_np.ring import (
     DIAGONAL,
@@ -386,24 +385,6 @@ def test_a_ctrl_c_in_a_check_aborts_where_an_error_is_reported(monkeypatch: pyte
     with pytest.raises(TwoRanks.Aborted):
         check_on_every_rank(comm, interrupted, "the check")
     assert comm.aborted == [130]
-
-
-class Gathering:
-    """A communicator of one rank that answers allreduce (the only call StopTogether.stop makes)."""
-
-    def allreduce(self, value: object, op: object = None) -> object:
-        return value
-
-
-def test_stop_together_notes_ctrl_c_and_says_so_at_the_step_end(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(LOR="LOR")))
-    before = signal.getsignal(signal.SIGINT)
-    with StopTogether() as ctrl_c:
-        assert not ctrl_c.stop(Gathering())
-        os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C: noted, not raised
-        time.sleep(0.01)
-        assert ctrl_c.stop(Gathering())
-    assert signal.getsignal(signal.SIGINT) is before  # restored
 
 
 def test_without_mpi4py_it_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

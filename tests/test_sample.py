@@ -16,6 +16,7 @@ from test_scripts import load
 from test_train import gpt_flags, small_text, train_script
 
 from tinyattn_np import gpt as gpt_module
+from tinyattn_np.gpt import GPTConfig
 
 sample = load("sample.py")
 attention_script = load("attention.py")
@@ -25,13 +26,13 @@ checkpoint = sys.modules["checkpoint"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A checkpoint of the small model (test_train's) after 40 steps on a text of short words."""
-    training = sys.modules["training"]
+    train_flags = sys.modules["train_flags"]
     folder = tmp_path_factory.mktemp("run")
     data = folder / "text.txt"
     data.write_text(small_text(), encoding="utf-8")
-    small = training.Preset(training.GPTConfig(vocab=65, context=16, layers=2, heads=2, width=16), 4, 1e-2, 2, 0.99)
+    small = train_flags.Preset(GPTConfig(vocab=65, context=16, layers=2, heads=2, width=16), 4, 1e-2, 2, 0.99)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(training.PRESETS, "tiny", small)
+        patch.setitem(train_flags.PRESETS, "tiny", small)
         assert train_script.main(gpt_flags(data, folder / "out", "--steps", "40", "--eval-every", "20")) == 0
     return folder / "out"
 

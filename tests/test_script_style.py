@@ -1,5 +1,6 @@
-"""The scripts read like the library: no function over 60 lines of code, no file over 500 lines, one shared
-helper module (scripts/common.py) instead of copies, and the same flags on every benchmark.
+"""The scripts read like the library: a program per topic and shared code in modules named for their concern
+(machine.py, outputs.py, benchmark.py, ...) instead of copies, the training loop in one file read top to
+bottom, no function over 60 lines of code, no file over 500 lines, and the same flags on every benchmark.
 
 Lines of code: the lines of a function that hold code, not its docstring, comments or blank lines; a nested
 function counts inside its parent (the parent is as long to read either way).
@@ -72,23 +73,83 @@ def test_no_function_over_60_lines_and_no_file_over_500(path: Path) -> None:
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines of code: {long}"
 
 
+GENERIC_NAMES = {"common", "utils", "util", "helpers", "misc", "shared", "lib", "tools", "base"}
+
+
+def script_imports(path: Path) -> set[str]:
+    """The scripts/ modules a file imports (import x, from x import y), at the top or inside a function."""
+    stems = {p.stem for p in SCRIPTS}
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names & stems
+
+
+def test_each_script_is_a_program_or_a_module_of_one_concern() -> None:
+    """The purpose rule: a file of scripts/ is a program of one topic (a main() run by `if __name__ ==
+    "__main__":`) or a module that runs nothing, named for its concern (no common.py or utils.py), whose
+    docstring says what it holds, and which some program uses (directly or through another module)."""
+    programs = {p.stem for p in SCRIPTS if 'if __name__ == "__main__":' in p.read_text(encoding="utf-8")}
+    modules = {p.stem for p in SCRIPTS} - programs
+    wrong = [f"{name}.py: a name for no concern" for name in sorted(modules | programs) if name in GENERIC_NAMES]
+    for path in SCRIPTS:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if not ast.get_docstring(tree):
+            wrong.append(f"{path.name}: no docstring says what it holds")
+        if path.stem in programs and not any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body):
+            wrong.append(f"{path.name}: a program without main()")
+    used, todo = set(), [name for name in programs]
+    while todo:
+        for name in script_imports(ROOT / "scripts" / f"{todo.pop()}.py") - used:
+            used.add(name)
+            todo.append(name)
+    wrong += [f"{name}.py: no program uses it" for name in sorted(modules - used)]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_training_loop_reads_in_one_sitting() -> None:
+    """scripts/train.py is the loop a learner reads top to bottom: under 300 lines, with the step's library calls
+    in it (the batch, the loss and its gradients, the clipping, the learning-rate schedule, AdamW's step, the
+    validation and the checkpoint), its flags, printing and processes in the modules beside it."""
+    source = (ROOT / "scripts" / "train.py").read_text(encoding="utf-8")
+    assert len(source.splitlines()) < 300, f"train.py: {len(source.splitlines())} lines"
+    calls = ["random_batch(", "loss_and_grads", "accumulated_grads(", "clip_grad_norm(", "warmup_cosine_lr("]
+    calls += ["optimizer.step(", "model.loss(", "save_run(", "GPT(", "AdamW("]
+    missing = [call for call in calls if call not in source]
+    assert not missing, f"train.py does not show {missing}"
+    assert "argparse.ArgumentParser(" not in source and 'print(f"{run.step:>7}' not in source
+
+
 def test_the_torch_install_hint_lives_in_one_constant() -> None:
     hint = "bash torch_crosscheck/install_torch_cpu.sh"
-    common = (ROOT / "scripts" / "common.py").read_text(encoding="utf-8")
-    assert f'TORCH_INSTALL_HINT = "{hint}"' in common
+    home = (ROOT / "scripts" / "torch_import.py").read_text(encoding="utf-8")
+    assert f'TORCH_INSTALL_HINT = "{hint}"' in home
     for path in [*SCRIPTS, *TORCH_SCRIPTS]:
         text = path.read_text(encoding="utf-8")
         assert "pip install torch" not in text, f"{path.name} has its own torch install line"
-        if path.name != "common.py":
-            assert hint not in text, f"{path.name} repeats the hint instead of using common.TORCH_INSTALL_HINT"
+        if path.name != "torch_import.py":
+            assert hint not in text, f"{path.name} repeats the hint instead of using torch_import.TORCH_INSTALL_HINT"
 
 
-@pytest.mark.parametrize(
-    "name", ["max_diff", "load_torch", "matmul_rate", "settled_median_ms", "progress", "code_version", "doubling"]
-)
+SHARED = {  # a helper the scripts share -> the one file that defines it
+    "max_diff": "report.py",  # tinyattn_np.report, beside the Checklist it serves
+    "load_torch": "torch_import.py",
+    "matmul_rate": "machine.py",
+    "settled_median_ms": "machine.py",
+    "progress": "outputs.py",
+    "code_version": "machine.py",
+    "doubling": "benchmark.py",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED))
 def test_shared_helpers_are_defined_once(name: str) -> None:
-    defined = [p.name for p in [*SCRIPTS, *TORCH_SCRIPTS] if re.search(rf"^def {name}\(", p.read_text(), re.M)]
-    assert defined == ["common.py"], f"{name} is defined in {defined}"
+    files = [*SCRIPTS, *TORCH_SCRIPTS, *sorted((ROOT / "tinyattn_np").glob("*.py"))]
+    defined = [p.name for p in files if re.search(rf"^def {name}\(", p.read_text(), re.M)]
+    assert defined == [SHARED[name]], f"{name} is defined in {defined}"
 
 
 # --- the project speaks of itself, and its output fits a terminal ----------------------------------
@@ -109,19 +170,6 @@ def test_no_script_page_or_module_speaks_of_issues() -> None:
     assert not found, "\n".join(found)
 
 
-def test_common_py_says_what_it_is_and_that_it_runs_nothing() -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    common = [sys.executable, str(ROOT / "scripts" / "common.py")]
-    helped = subprocess.run([*common, "--help"], env=env, capture_output=True, text=True, timeout=60)
-    assert helped.returncode == 0 and "What the scripts share" in helped.stdout, helped.stdout + helped.stderr
-    alone = subprocess.run(common, env=env, capture_output=True, text=True, timeout=60)
-    assert alone.returncode == 2 and alone.stdout == "", alone.stdout + alone.stderr
-    assert (
-        alone.stderr
-        == "common.py is not a program: the scripts beside it import it (python scripts/scaling.py --help)\n"
-    )
-
-
 # Each program's smallest run (its default where that takes seconds): what a user meets first. The MPI
 # programs run as processes of their own (MPI starts once per process); the others in this one, quickly.
 SMALLEST_RUNS = {
@@ -135,7 +183,8 @@ SMALLEST_RUNS = {
     "torch_naive.py": ["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"],
     "tiles.py": ["--tokens", "256", "--repeats", "1"],
     "flex.py": ["--tokens", "256", "--repeats", "1"],
-    "linear.py": ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "--contexts", "32", "--repeats", "1"],
+    "linear.py": ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "--contexts", "32",
+                  "--repeats", "1"],
     "mla.py": ["--contexts", "256", "--heads", "8", "--repeats", "1"],
     "train.py": ["--steps", "20"],
     "train_speed.py": ["--presets", "tiny", "--tokens", "64", "--repeats", "1"],
@@ -149,6 +198,7 @@ NEEDS = {
     "torch_naive.py": "torch",
     "ring.py": "mpi4py",
     "sequence_parallel.py": "mpi4py",
+    "train_parallel.py": "mpi4py",
 }
 WIDTH = 120  # tinyattn_np.report.TABLE_WIDTH: a terminal's width
 
@@ -161,11 +211,11 @@ def test_every_program_has_a_smallest_run() -> None:
 def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """No idle waits, a fixed matmul rate, no load: the width of the output is under test, not its timings."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    import common
+    import machine
 
-    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(common, "load_average", lambda: 0.0)
-    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(machine, "load_average", lambda: 0.0)
+    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
 
 
 # Programs whose output does not fit yet, each being changed by its own owner now: a strict xfail, so that

@@ -80,7 +80,7 @@ def test_attention_script_torch_line_matches_what_is_installed(attention_out: st
 def test_attention_script_without_torch() -> None:
     out = passed(run("-c", WITHOUT_TORCH, str(SCRIPTS / "attention.py")))
     assert "torch checks skipped (here and in 4): torch is not installed; its CPU build adds them:\n" in out
-    assert "   bash torch_crosscheck/install_torch_cpu.sh\n" in out  # the one install line, from common.py
+    assert "   bash torch_crosscheck/install_torch_cpu.sh\n" in out  # the one install line, from torch_import.py
 
 
 def test_position_script_sections(position_out: str) -> None:
@@ -102,7 +102,7 @@ def test_position_script_other_seed_and_format() -> None:
 
 @pytest.mark.parametrize("script", ["attention.py", "position.py", *BENCHMARKS, "decode.py", "train.py", "ring.py"])
 def test_help(script: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each script's --help, in this process (a real process runs flex.py's and common.py's)."""
+    """Each script's --help, in this process (a real process runs flex.py's)."""
     with pytest.raises(SystemExit) as stop:
         load(script).main(["--help"])
     out = capsys.readouterr().out
@@ -117,7 +117,8 @@ def test_unknown_format_is_refused() -> None:
 
 
 def load(script: str) -> ModuleType:
-    """A script as a module (scripts/ is not a package; each script puts its folder on sys.path for common.py)."""
+    """A script as a module (scripts/ is not a package; each script puts its folder on sys.path for the modules
+    it shares)."""
     spec = importlib.util.spec_from_file_location(f"script_{Path(script).stem}", SCRIPTS / script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -139,12 +140,12 @@ def test_a_failed_check_exits_1_and_names_it(capsys: pytest.CaptureFixture[str])
 @pytest.fixture
 def quick(monkeypatch: pytest.MonkeyPatch) -> None:
     """No idle waits, no 2048 x 2048 matmul, a quiet machine: the tables' shape is under test, not the timings.
-    It patches common.py before the test loads a script (a script binds common's names as it loads)."""
-    load("scaling.py")  # imports scripts/common.py as the module `common`
-    common = sys.modules["common"]
-    monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(common, "load_average", lambda: 0.0)
-    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    It patches machine.py before the test loads a script (a script binds machine's names as it loads)."""
+    load("scaling.py")  # imports scripts/machine.py as the module `machine`
+    machine = sys.modules["machine"]
+    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(machine, "load_average", lambda: 0.0)
+    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
 
 
 def test_scaling_small_run_writes_json(quick: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -210,17 +211,12 @@ def _parser_of(script: str, monkeypatch: pytest.MonkeyPatch) -> argparse.Argumen
     return caught[0]
 
 
-# the programs, not the modules they share (copy_task.py, training.py, ...: no __main__ of their own; common.py's
-# only says that it is no program)
-PROGRAMS = sorted(
-    path.name
-    for path in SCRIPTS.glob("*.py")
-    if 'if __name__ == "__main__":' in path.read_text() and path.name != "common.py"
-)
+# the programs, not the modules they share (copy_task.py, machine.py, ...: no __main__ of their own)
+PROGRAMS = sorted(path.name for path in SCRIPTS.glob("*.py") if 'if __name__ == "__main__":' in path.read_text())
 
 
 def test_no_program_imports_another() -> None:
-    """Programs share modules (common.py, copy_task.py, training.py, ...), never each other's code."""
+    """Programs share modules (machine.py, copy_task.py, checkpoint.py, ...), never each other's code."""
     programs = {name.removesuffix(".py") for name in PROGRAMS}
     found = []
     for path in sorted(SCRIPTS.glob("*.py")):
@@ -228,7 +224,7 @@ def test_no_program_imports_another() -> None:
             words = line.replace(",", " ").split()
             if words[:1] in (["import"], ["from"]) and len(words) > 1 and words[1] in programs:
                 found.append(f"{path.name}: {line.strip()}")
-    assert PROGRAMS and "common.py" not in PROGRAMS and not found, found
+    assert PROGRAMS and "machine.py" not in PROGRAMS and not found, found
 
 
 @pytest.mark.parametrize("script", PROGRAMS)
@@ -282,22 +278,22 @@ def test_scaling_plot_without_matplotlib(
 
 @pytest.mark.parametrize("script", BENCHMARKS)
 def test_benchmarks_refuse_a_run_that_cannot_finish(script: str) -> None:
-    """run_flops prices the whole run; common.start_benchmark refuses it past MAX_MINUTES at the matmul rate."""
+    """run_flops prices the whole run; benchmark.start_benchmark refuses it past MAX_MINUTES at the matmul rate."""
     module = load(script)
-    common = sys.modules["common"]
+    benchmark, limits = sys.modules["benchmark"], sys.modules["limits"]
     longest = ["--tokens" if script == "tiles.py" else "--max-tokens", "65536"]
     args = module.parse_args(["--repeats", "1000", *longest])  # --repeats at its cap: 1,000
-    sizes = [args.tokens] if script == "tiles.py" else common.doubling(args.min_tokens, args.max_tokens)
-    problem = common.time_problem(module.run_flops(args, sizes, True), 100.0, "lower --max-tokens or --repeats")
+    sizes = [args.tokens] if script == "tiles.py" else benchmark.doubling(args.min_tokens, args.max_tokens)
+    problem = limits.time_problem(module.run_flops(args, sizes, True), 100.0, "lower --max-tokens or --repeats")
     assert problem and re.search(r"needs at least [0-9,]+ minutes .* lower --max-tokens or --repeats", problem)
     default = module.parse_args([])
-    sizes = [default.tokens] if script == "tiles.py" else common.doubling(default.min_tokens, default.max_tokens)
-    assert common.time_problem(module.run_flops(default, sizes, True), 10.0, "") is None  # the default fits
+    sizes = [default.tokens] if script == "tiles.py" else benchmark.doubling(default.min_tokens, default.max_tokens)
+    assert limits.time_problem(module.run_flops(default, sizes, True), 10.0, "") is None  # the default fits
 
 
 def test_a_run_too_long_is_refused_before_its_first_row(monkeypatch: pytest.MonkeyPatch) -> None:
     load("scaling.py")
-    monkeypatch.setattr(sys.modules["common"], "matmul_rate", lambda dtype, n=2048, repeats=5: 1e-6)
+    monkeypatch.setattr(sys.modules["machine"], "matmul_rate", lambda dtype, n=2048, repeats=5: 1e-6)
     with pytest.raises(SystemExit, match=r"error: this run needs at least [0-9,]+ minutes"):
         load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "64", "--repeats", "1"])
 
@@ -362,7 +358,7 @@ def test_tiles_profile_keeps_the_forward_after_ctrl_c(
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(tiles, "profile_backward", interrupted)
+    monkeypatch.setattr(sys.modules["kernel_profile"], "profile_backward", interrupted)
     assert tiles.main(["--profile", "--tokens", "96", "--repeats", "1", "--json", str(figures)]) == 130
     out = capsys.readouterr().out
     assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 2 tables" in out
@@ -497,7 +493,11 @@ def test_ctrl_c_in_ring_with_one_rank(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("script", ["tiles.py", "scaling_backward.py"])
 def test_ctrl_c_in_a_benchmark_keeps_rows_and_json(
-    script: str, common: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    script: str,
+    machine: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     module = load(script)
     measure, calls = module.measure_row, []
@@ -529,7 +529,7 @@ def test_ctrl_c_in_a_demo_is_one_line_and_130(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(module, section, stop)
-    assert sys.modules["common"].run_main(lambda: module.main([])) == 130
+    assert sys.modules["interrupts"].run_main(lambda: module.main([])) == 130
     captured = capsys.readouterr()
     assert captured.err == "interrupted (Ctrl-C) before anything was measured\n"  # one line, no traceback
     assert "1) " in captured.out  # what was printed before stays printed
@@ -555,10 +555,11 @@ def test_train_memory_estimate_is_near_what_tracemalloc_sees(flags: list[str]) -
 
 
 def test_ring_table_of_1024_ranks_counts_a_few_rings_only() -> None:
-    ring = load("ring.py")
-    assert ring.table_sizes(8) == [2, 3, 4, 5, 6, 7, 8]
-    assert ring.table_sizes(1024) == [2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024]
-    assert ring.table_sizes(20) == [2, 3, 4, 5, 6, 7, 8, 16, 20]
+    load("ring.py")
+    balance = sys.modules["ring_balance"]  # ring.py's section 1
+    assert balance.table_sizes(8) == [2, 3, 4, 5, 6, 7, 8]
+    assert balance.table_sizes(1024) == [2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, 1024]
+    assert balance.table_sizes(20) == [2, 3, 4, 5, 6, 7, 8, 16, 20]
 
 
 def test_ring_refuses_a_run_longer_than_the_limit() -> None:
@@ -621,22 +622,22 @@ def test_memory_json_alone_still_prints_json(capsys: pytest.CaptureFixture[str])
 # --- a busy machine marks the rows it measured ----------------------------------------------------
 
 
-def test_busy_reasons(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_busy_reasons(machine: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     cores = os.cpu_count() or 1
-    assert common.busy_reasons(100.0, 100.0) == [] and common.busy_reasons(81.0, 100.0) == []
-    assert common.busy_reasons(79.0, 100.0) == ["matmul rate 79.0 GFLOP/s, -21% from the run's first"]
-    assert common.busy_reasons(150.0, 100.0) == ["matmul rate 150.0 GFLOP/s, +50% from the run's first"]
-    monkeypatch.setattr(common, "load_average", lambda: cores + 0.04)  # prints as "{cores}.0": not over
-    assert common.busy_reasons() == []
-    monkeypatch.setattr(common, "load_average", lambda: cores + 1.5)
-    assert common.busy_reasons() == [f"load average {cores + 1.5:.1f} on {cores} cores"]
+    assert machine.busy_reasons(100.0, 100.0) == [] and machine.busy_reasons(81.0, 100.0) == []
+    assert machine.busy_reasons(79.0, 100.0) == ["matmul rate 79.0 GFLOP/s, -21% from the run's first"]
+    assert machine.busy_reasons(150.0, 100.0) == ["matmul rate 150.0 GFLOP/s, +50% from the run's first"]
+    monkeypatch.setattr(machine, "load_average", lambda: cores + 0.04)  # prints as "{cores}.0": not over
+    assert machine.busy_reasons() == []
+    monkeypatch.setattr(machine, "load_average", lambda: cores + 1.5)
+    assert machine.busy_reasons() == [f"load average {cores + 1.5:.1f} on {cores} cores"]
 
 
 def test_scaling_marks_a_row_measured_on_a_busy_machine(
-    common: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    machine: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rates = iter([200.0, 190.0, 90.0])  # the header's, then one per row: the second row's machine got busy
-    monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: next(rates))
+    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: next(rates))
     assert load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^64 +[0-9]", out, re.MULTILINE) and re.search(r"^128 \* +[0-9]", out, re.MULTILINE), out
@@ -654,7 +655,7 @@ def test_plot_refuses_to_overwrite_a_tracked_picture(
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     module = load(script)
     monkeypatch.chdir(ROOT)
-    if not sys.modules["common"].git_tracks(picture):
+    if not sys.modules["outputs"].git_tracks(picture):
         pytest.skip(f"{picture} is not tracked by git here (not a git checkout)")
     with pytest.raises(SystemExit):
         module.parse_args(["--plot", picture])
@@ -682,7 +683,7 @@ def test_train_plot_is_readable_at_a_glance(tmp_path: Path) -> None:
 
 
 def test_code_version_names_the_commit_and_a_dirty_tree(
-    common: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    machine: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import tinyattn_np
 
@@ -690,15 +691,15 @@ def test_code_version_names_the_commit_and_a_dirty_tree(
     package.mkdir()
     (package / "__init__.py").write_text("")
     monkeypatch.setattr(tinyattn_np, "__file__", str(package / "__init__.py"))
-    assert common.code_version() == f"tinyattn_np {tinyattn_np.__version__}, not a git checkout"
+    assert machine.code_version() == f"tinyattn_np {tinyattn_np.__version__}, not a git checkout"
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert common.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}"
+    assert machine.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}"
     (package / "__init__.py").write_text("# changed\n")
-    assert common.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}-dirty"
+    assert machine.code_version() == f"tinyattn_np {tinyattn_np.__version__}, git {head}-dirty"
 
 
 # --- every size flag has a cap, refused by the flag before anything is allocated ------------------
@@ -762,11 +763,12 @@ def test_a_size_past_its_cap_is_one_line_naming_the_flag(
 
 
 def test_a_run_of_seconds_says_nothing_and_one_of_minutes_says_how_long(
-    common: ModuleType, capsys: pytest.CaptureFixture[str]
+    machine: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert common.time_problem(5e11, 100.0, "lower --x") is None  # 5 s at 100 GFLOP/s: nothing to say
+    limits = sys.modules["limits"]
+    assert limits.time_problem(5e11, 100.0, "lower --x") is None  # 5 s at 100 GFLOP/s: nothing to say
     assert capsys.readouterr().err == ""
-    assert common.time_problem(6.5e12, 100.0, "lower --x", overhead_seconds=30.0) is None
+    assert limits.time_problem(6.5e12, 100.0, "lower --x", overhead_seconds=30.0) is None
     assert capsys.readouterr().err == (
         "this run takes at least 1 min 35 s; Ctrl-C stops it and keeps what was measured\n"
         "  (6.50e+12 FLOP at this machine's 100.0 GFLOP/s matmul rate, and 30 s of bookkeeping, timed on a small "
@@ -804,7 +806,7 @@ def test_the_default_window_is_a_fraction_of_t_so_its_row_is_not_causal():
     for argv, window in [([], 256), (["--tokens", "512"], 128), (["--window", "100"], 100)]:
         args = flex.parse_args(argv)
         assert args.window == window
-        mods, T = flex.patterns(args), args.tokens
+        mods, T = sys.modules["flex_patterns"].patterns(args), args.tokens
         window_mask = ta.create_mask(mods[f"window {window}"][0], None, None, T, T)
         assert not np.array_equal(window_mask, ta.create_mask(mods["causal"][0], None, None, T, T))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -88,7 +89,8 @@ def test_bad_flags_are_refused_up_front(argv, message, capsys):
 
 
 def test_sampling_is_seeded_and_greedy_without_a_generator():
-    module = load("serve.py")
+    load("serve.py")
+    module = sys.modules["batching"]  # serve.py's requests and their sampling
     logits = np.array([0.0, 3.0, 1.0])
     assert module.sample(logits, None) == 1
     draws = [module.sample(logits, np.random.default_rng(4)) for _ in range(3)]
@@ -98,7 +100,7 @@ def test_sampling_is_seeded_and_greedy_without_a_generator():
 # --- serve.py says how long before it starts, and refuses a run past the limit --------------------
 
 
-def test_serve_counts_every_call_of_its_model(common: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_counts_every_call_of_its_model(machine: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_calls, counted from the flags before the run, against the calls a small run makes: the prefills and the
     contiguous steps exactly, the batched steps at least, and every decoded sequence."""
     serve = load("serve.py")
@@ -126,14 +128,14 @@ def test_serve_counts_every_call_of_its_model(common: ModuleType, monkeypatch: p
 
 
 def test_serve_says_how_long_before_it_starts_and_refuses_past_the_limit(
-    common: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    machine: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     serve = load("serve.py")
 
     def stop(*args: object) -> None:
         raise KeyboardInterrupt  # the header: the run would start here
 
-    monkeypatch.setattr(common, "header", stop)
+    monkeypatch.setattr(machine, "header", stop)
     flags = ["--requests", "300", "--max-prompt", "32", "--max-new", "32", "--blocks", "2000"]
     monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.002] * 4)
     with pytest.raises(KeyboardInterrupt):

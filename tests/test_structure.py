@@ -110,7 +110,15 @@ def public_names(path: Path) -> list[str] | None:
     return None
 
 
-KEPT_REEXPORTS = {("ring", "shard"), ("ring", "unshard")}  # DESIGN.md: tinyattn_np.ring offers them
+def tuning_knobs() -> set[tuple[str, str]]:
+    """("tune", name) for every name tune.py imports from _tuning: the tuning tool offers the knobs it sets."""
+    tree = ast.parse((PACKAGE / "tune.py").read_text(encoding="utf-8"))
+    found = [node for node in tree.body if isinstance(node, ast.ImportFrom) and node.module == "_tuning"]
+    return {("tune", alias.name) for node in found for alias in node.names}
+
+
+# DESIGN.md: tinyattn_np.ring offers shard and unshard; tune offers the knobs
+KEPT_REEXPORTS = {("ring", "shard"), ("ring", "unshard"), *tuning_knobs()}
 
 
 def test_every_module_says_what_it_offers():

@@ -19,6 +19,10 @@ import numpy as np
 import pytest
 from test_scripts import interrupt, load
 
+from tinyattn_np import MultiHeadAttention
+from tinyattn_np.gpt import GPT, GPTConfig
+from tinyattn_np.optim import AdamW, clip_grad_norm, warmup_cosine_lr
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--steps", "30", "--batch", "8", "--length", "4", "--vocab", "6", "--d-model", "8", "--eval-every", "10"]
 
@@ -35,13 +39,13 @@ def test_gradient_check_passes(layers, fused):
 
 def test_gradient_check_catches_a_wrong_gradient(monkeypatch):
     """The check is a real check: break the residual's gradient and it reports a large error."""
-    real = train.MultiHeadAttention.backward
+    real = MultiHeadAttention.backward
 
     def half(self, dout, saved):
         dx, dw_qkv, dw_out = real(self, dout, saved)
         return 0.5 * dx, dw_qkv, dw_out
 
-    monkeypatch.setattr(train.MultiHeadAttention, "backward", half)
+    monkeypatch.setattr(MultiHeadAttention, "backward", half)
     assert train.gradient_check(1, True, seed=3) > 1e-3
 
 
@@ -152,9 +156,9 @@ SMALL_CONFIG = dict(vocab=65, context=16, layers=2, heads=2, width=16)
 WRAPPER = f"""\
 import sys
 sys.path.insert(0, {str(ROOT / "scripts")!r})
-import training
+import train_flags
 from tinyattn_np.gpt import GPTConfig
-training.PRESETS["tiny"] = training.Preset(GPTConfig(**{SMALL_CONFIG!r}), batch=4, lr=1e-2, warmup=2, beta2=0.99)
+train_flags.PRESETS["tiny"] = train_flags.Preset(GPTConfig(**{SMALL_CONFIG!r}), batch=4, lr=1e-2, warmup=2, beta2=0.99)
 import train
 sys.exit(train.main(sys.argv[1:]))
 """
@@ -168,10 +172,10 @@ def small_text(n_words=600, seed=0):
 
 @pytest.fixture
 def small_preset(monkeypatch):
-    training = sys.modules["training"]
-    config = training.GPTConfig(**SMALL_CONFIG)
-    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
-    return training
+    train_flags = sys.modules["train_flags"]
+    config = GPTConfig(**SMALL_CONFIG)
+    monkeypatch.setitem(train_flags.PRESETS, "tiny", train_flags.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
+    return train_flags
 
 
 @pytest.fixture
@@ -211,7 +215,7 @@ def saved_arrays(folder):
 def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_path, monkeypatch, capsys):
     assert train_script.main(gpt_flags(data, tmp_path / "whole")) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))  # Ctrl-C after step 3
+        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))  # Ctrl-C after step 3
         assert train_script.main(gpt_flags(data, tmp_path / "parts")) == 130
     assert "interrupted (Ctrl-C) after 3 of 8 steps" in capsys.readouterr().out
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
@@ -220,6 +224,37 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_
     assert whole.keys() == parts.keys()
     for name in whole:  # the weights, AdamW's moments and step count, every loss: the same bits
         np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+
+
+def test_train_py_takes_the_steps_of_a_plain_loop_bit_for_bit(small_preset, data, tmp_path):
+    """Every loss train.py prints and keeps, and its weights at the end, equal to the bit those of the plain loop
+    below, written from the library's public calls alone: the same batches from the same seed, GPT.loss_and_grads,
+    clip_grad_norm, AdamW at warmup_cosine_lr's rate. A change in the numbers train.py computes fails here; its
+    validations and checkpoints between the steps change nothing."""
+    steps, lr, warmup, batch = 12, 1e-2, 3, 4  # batch: the small preset's
+    flags = ["--steps", str(steps), "--lr", str(lr), "--warmup", str(warmup), "--eval-every", "5"]
+    assert train_script.main(gpt_flags(data, tmp_path / "run", *flags)) == 0
+    kept = saved_arrays(tmp_path / "run")
+
+    text = data.read_text(encoding="utf-8")
+    chars = sorted(set(text))  # the char tokenizer: one id per distinct character, in order
+    tokens = np.array([chars.index(c) for c in text], dtype=np.int32)  # (n,)
+    train_tokens = tokens[: len(tokens) - int(round(len(tokens) * 0.1))]  # the last tenth is validated on
+    model = GPT(GPTConfig(**{**SMALL_CONFIG, "vocab": len(chars)}), rng=0)  # --seed 0
+    optimizer = AdamW(model.params, lr=lr, betas=(0.9, 0.99), weight_decay=0.1)
+    rng, T = np.random.default_rng([0, 1]), SMALL_CONFIG["context"]  # the batches' generator: seed, then 1
+    losses = []
+    for step in range(steps):
+        starts = rng.integers(0, len(train_tokens) - T, size=batch)  # (B,)
+        windows = train_tokens[starts[:, None] + np.arange(T + 1)]  # (B, T + 1)
+        loss, grads = model.loss_and_grads(windows[:, :-1], windows[:, 1:])  # y: x one token ahead
+        clip_grad_norm(grads, 1.0)
+        rate = warmup_cosine_lr(step, lr=lr, warmup=warmup, total=steps, min_lr=lr / 10)
+        optimizer.step(model.params, grads, lr=rate)
+        losses.append(loss)
+    np.testing.assert_array_equal(kept["history"], np.array([np.arange(1, steps + 1), losses]).T)
+    for name, weights in model.params.items():
+        np.testing.assert_array_equal(kept[f"param.{name}"], weights, err_msg=name)
 
 
 def test_accumulated_slices_train_as_the_whole_batch_and_resume_as_they_ran(
@@ -236,7 +271,7 @@ def test_accumulated_slices_train_as_the_whole_batch_and_resume_as_they_ran(
     for name in (n for n in whole if n.startswith("param.")):
         np.testing.assert_allclose(sliced[name], whole[name], rtol=1e-4, atol=1e-6, err_msg=name)
     with monkeypatch.context() as patch:
-        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))
+        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
         assert train_script.main(gpt_flags(data, tmp_path / "parts", "--accumulate", "2")) == 130
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
     assert "in 2 slices of 2 sequences" in capsys.readouterr().out
@@ -262,7 +297,7 @@ def test_a_run_prints_its_table_sample_plot_and_json(small_preset, data, tmp_pat
     pytest.importorskip("matplotlib", reason="--plot needs the plot extra: pip install -e '.[plot]'")
     flags = ["--sample", "30", "--plot", str(tmp_path / "loss.png"), "--json", str(tmp_path / "run.json")]
     assert train_script.main([*gpt_flags(data, tmp_path / "run"), *flags]) == 0
-    assert not train_script.training.freed_memory_kept  # main() leaves the calling process's malloc as it was
+    assert not sys.modules["os_tweaks"].freed_memory_kept  # main() leaves the calling process's malloc as it was
     out = capsys.readouterr().out
     assert "data: " in out and "15 tokens)" not in out and "tied head: " in out
     assert "sample (30 tokens after ' ', the vocabulary's first token," in out  # a text of one line: no newline
@@ -382,7 +417,7 @@ def test_resume_keeps_the_checkpoints_validation_split(small_preset, data, tmp_p
     flags = ["--validation", "0.2"]
     assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(3))
+        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
         assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
     whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
@@ -402,7 +437,7 @@ def test_resume_keeps_the_checkpoints_validation_rows(small_preset, data, tmp_pa
     flags = ["--data", str(data), "--steps", "9", "--eval-every", "3", "--eval-windows", "5", "--sample", "0"]
     assert train_script.main([*flags, "--out", str(tmp_path / "whole")]) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(small_preset, "StopTogether", lambda: CtrlCAfter(4))
+        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(4))
         assert train_script.main([*flags, "--out", str(tmp_path / "parts")]) == 130
     assert train_script.main(["--data", str(data), "--sample", "0", "--out", str(tmp_path / "parts"), "--resume"]) == 0
     whole, parts = (sys.modules["checkpoint"].load(tmp_path / name)[1]["rows"] for name in ("whole", "parts"))
@@ -508,8 +543,11 @@ def test_a_failing_rank_ends_the_data_parallel_job(data, tmp_path):
     if MPIEXEC is None:
         pytest.skip("mpiexec is missing: the distributed extra")
     script = tmp_path / "fail.py"
-    failing = "import common\nif common.load_mpi().COMM_WORLD.Get_rank() == 1:\n    training.train_step = None\n"
-    script.write_text(WRAPPER.replace("import train\n", failing + "import train\n"))
+    failing = (
+        "from tinyattn_np.mpi_job import load_mpi\nif load_mpi().COMM_WORLD.Get_rank() == 1:\n"
+        "    train.train_step = None\n"
+    )
+    script.write_text(WRAPPER.replace("sys.exit(train.main", failing + "sys.exit(train.main"))
     started = time.monotonic()
     result = run_mpi(2, str(script), *gpt_flags(data), "--data-parallel", "--steps", "1000", timeout=60)
     assert result.returncode == 1 and time.monotonic() - started < 50, result.stderr
@@ -537,7 +575,7 @@ def test_train_speed_trains_the_two_models_in_alternating_turns(monkeypatch):
     """--equal-time trains each model in --rounds turns of the time, the models taking turns, so that a machine
     whose speed drifts slows both alike (the step's times come in turns too: measure.alternating_medians_ms)."""
     speed = load("train_speed.py")
-    monkeypatch.setattr(speed.common, "SETTLE_SECONDS", 0.0)
+    monkeypatch.setattr(speed.machine, "SETTLE_SECONDS", 0.0)
     steps: list[list[int]] = [[], []]
     taken = speed.train_in_turns(0.03, [steps[0].append, lambda i: (steps[1].append(i), time.sleep(0.002))], 3)
     assert taken == [len(steps[0]), len(steps[1])] and steps == [list(range(n)) for n in taken]  # each in its order
@@ -559,11 +597,11 @@ def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
 def test_train_speed_times_the_layers_at_every_row_block(tmp_path, capsys):
     """--row-blocks: each layer's row at every block size, the size layers.py takes marked, a step's worth summed
     from the rows (2L + 1 norms, L GELUs), and ROW_BLOCK as it was afterwards."""
-    from tinyattn_np import _tuning
+    from tinyattn_np.tune import row_block
 
-    speed, figures, before = load("train_speed.py"), tmp_path / "blocks.json", _tuning.ROW_BLOCK
+    speed, figures, before = load("train_speed.py"), tmp_path / "blocks.json", row_block()
     flags = ["--row-blocks", "--presets", "tiny", "--batch", "1", "--repeats", "1", "--rounds", "1"]
-    assert speed.main([*flags, "--json", str(figures)]) == 0 and _tuning.ROW_BLOCK == before
+    assert speed.main([*flags, "--json", str(figures)]) == 0 and row_block() == before
     out = capsys.readouterr().out
     assert f"2^{before.bit_length() - 1}*" in out and "2^13" in out and "2^20" in out, out
     for layer in ("layer_norm (64 x 128)", "layer_norm backward (64 x 128)", "gelu (64 x 512)", "gelu backward"):
@@ -599,7 +637,7 @@ def test_ctrl_c_in_train_keeps_the_table_so_far(tmp_path: Path) -> None:
 # --- the whole run estimated up front -------------------------------------------------------------
 
 
-def test_train_refuses_every_size_flag_at_its_maximum(common: ModuleType) -> None:
+def test_train_refuses_every_size_flag_at_its_maximum(machine: ModuleType) -> None:
     train = load("train.py")
     flags = ["--task", "copy", "--length", "256", "--batch", "4096", "--d-model", "1024", "--layers", "8"]
     with pytest.raises(SystemExit, match=r"train.py: error: this run needs about [0-9,.]+ GiB \(the weights"):
@@ -623,15 +661,15 @@ def test_train_stops_at_the_first_non_finite_loss(tmp_path: Path, capsys: pytest
     assert saved["interrupted"] is False
 
 
-def test_blas_idle_sets_the_timeout_only_before_numpy_and_never_over_the_users():
-    """blas_idle.shorten_spin() sets OPENBLAS_THREAD_TIMEOUT where NumPy is not loaded yet and the user set
+def test_os_tweaks_set_the_blas_timeout_only_before_numpy_and_never_over_the_users():
+    """os_tweaks.shorten_spin() sets OPENBLAS_THREAD_TIMEOUT where NumPy is not loaded yet and the user set
     none; after NumPy's import it changes nothing (OpenBLAS read the variable already); a user's value stays.
     train.py and train_speed.py as programs start OpenBLAS with it, and train_speed.py names it."""
     script = (
-        f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import blas_idle\n"
-        "first = blas_idle.shorten_spin(); value = os.environ.get(blas_idle.VARIABLE)\n"
-        "os.environ.pop(blas_idle.VARIABLE); import numpy\n"
-        "print(first, value, blas_idle.shorten_spin(), blas_idle.VARIABLE in os.environ)\n"
+        f"import os, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import os_tweaks\n"
+        "first = os_tweaks.shorten_spin(); value = os.environ.get(os_tweaks.VARIABLE)\n"
+        "os.environ.pop(os_tweaks.VARIABLE); import numpy\n"
+        "print(first, value, os_tweaks.shorten_spin(), os_tweaks.VARIABLE in os.environ)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True,
@@ -649,19 +687,19 @@ def test_blas_idle_sets_the_timeout_only_before_numpy_and_never_over_the_users()
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and getrusage's page faults")
 def test_kept_memory_spares_the_page_faults_of_arrays_made_again():
-    """training.keep_freed_memory() (train.py sets it) takes on glibc, and an array of 64 MiB made and freed ten
+    """os_tweaks.keep_freed_memory() (train.py sets it) takes on glibc, and an array of 64 MiB made and freed ten
     times then faults its pages in once, where by default every one of them does (getrusage's minor faults)."""
     script = (
         "import resource, sys, numpy as np\n"
         f"sys.path.insert(0, {str(ROOT / 'scripts')!r})\n"
-        "import training\n"
+        "import os_tweaks\n"
         "def faults():\n"
         "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
         "    for _ in range(10):\n"
         "        np.ones(2**24, np.float32)  # 64 MiB, made and freed\n"
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
         "plain = faults()\n"
-        "kept = training.keep_freed_memory()\n"
+        "kept = os_tweaks.keep_freed_memory()\n"
         "faults()  # the first array after the setting faults its pages in, once\n"
         "print(kept, plain, faults())\n"
     )

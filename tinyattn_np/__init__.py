@@ -50,6 +50,8 @@ Then the bills and the tools a script uses to show them:
     33  report.py        the tables the scripts print
     34  text.py          tokens and embeddings for the demos
     35  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    33  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+                         after the same step (needs mpi4py to run, and is not imported here)
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),

@@ -12,20 +12,19 @@ an unhandled one (abort_on_failure). A communicator of one rank has nobody waiti
 
 Details. The waits poll (MPI.Request.Testall), so that Ctrl-C lands in them too: MPI_Waitall would block
 inside C, where Python cannot deliver it. A program that would rather finish its step on every rank and
-keep what it has (a training loop) runs inside StopTogether, which notes Ctrl-C instead of raising it, and
-asks at the end of each step. One mistake cannot be seen: a rank that passes another communicator
-(MPI.COMM_SELF where the others pass MPI.COMM_WORLD) runs a scheme of its own, and the others wait in the
-input check for a rank that never comes; that job ends only by Ctrl-C (which ends it promptly) or its time
-limit.
+keep what it has (a training loop) runs inside tinyattn_np.mpi_job.StopTogether, which notes Ctrl-C
+instead of raising it, and asks at the end of each step. One mistake cannot be seen: a rank that passes
+another communicator (MPI.COMM_SELF where the others pass MPI.COMM_WORLD) runs a scheme of its own, and the
+others wait in the input check for a rank that never comes; that job ends only by Ctrl-C (which ends it
+promptly) or its time limit.
 
-mpi4py is imported only when a scheme runs (load_mpi): importing this module needs NumPy alone. The
-scripts use StopTogether, load_mpi and INSTALL_HINT too.
+mpi4py is imported only when a scheme runs (load_mpi): importing this module needs NumPy alone. A program
+reaches load_mpi and abort_on_failure through tinyattn_np.mpi_job.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 import traceback
@@ -40,9 +39,9 @@ from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 from .shards import check_layout
 
 __all__ = [
-    "INSTALL_HINT", "Failed", "Report", "StopTogether", "abort_on_failure", "agree", "agreed_inputs",
+    "INSTALL_HINT", "Failed", "Report", "abort_on_failure", "agree", "agreed_inputs",
     "check_backward", "check_comm", "check_forward", "check_on_every_rank", "check_settings", "check_shards",
-    "finish", "idle_wait", "load_mpi", "pack_block", "pass_on", "unpack_block", "wait_for",
+    "finish", "load_mpi", "pack_block", "pass_on", "unpack_block", "wait_for",
 ]  # fmt: skip
 
 INSTALL_HINT = 'pip install -e ".[distributed]"  (mpi4py and the mpich wheel, which brings mpiexec)'
@@ -75,14 +74,6 @@ def wait_for(requests: list[Any]) -> None:
     MPI = load_mpi()
     while not MPI.Request.Testall(requests):
         time.sleep(0)  # give the core away for a moment: ranks may outnumber the cores
-
-
-def idle_wait(comm: Any) -> None:
-    """Wait for the other ranks without spinning: MPI's blocking calls poll the CPU, and a polling rank
-    would take a core from the work (a timing, a measurement) that one rank does meanwhile."""
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(0.005)
 
 
 def pass_on(comm: Any, send_buf: np.ndarray, recv_buf: np.ndarray, tag: int) -> list[Any]:
@@ -144,31 +135,6 @@ def abort_on_failure(comm: Any, what: str) -> Iterator[None]:
         status = 130 if interrupted else 1
         comm.Abort(status)
         os._exit(status)  # MPICH's MPI_Abort may return while its launcher ends the job: end this process now
-
-
-class StopTogether:
-    """Ctrl-C in a program that loops over ring calls (a training loop), without ending the job: inside
-    `with StopTogether() as ctrl_c:`, Ctrl-C is noted instead of raised, so that no rank stops in the middle
-    of a ring (which ends the job, abort_on_failure) or of a collective call. ctrl_c.stop(comm), called by
-    every rank at the same point (between two steps), tells every rank whether any rank has seen one, so
-    that all of them stop after the same step and the program can keep what it has. It must be entered from
-    the main thread (Python runs signal handlers there); a second Ctrl-C still reaches mpiexec, which then
-    ends the job itself."""
-
-    def __enter__(self) -> StopTogether:
-        self.pressed = False
-        self.previous = signal.signal(signal.SIGINT, self.press)
-        return self
-
-    def press(self, signum: int, frame: Any) -> None:
-        self.pressed = True
-
-    def stop(self, comm: Any) -> bool:
-        """Whether any rank of comm saw Ctrl-C (a collective call: every rank must make it)."""
-        return bool(comm.allreduce(self.pressed, op=load_mpi().LOR))
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self.previous)
 
 
 # ---------------------------------------------------------------------------------------------------

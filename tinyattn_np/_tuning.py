@@ -50,6 +50,7 @@ __all__ = [
     "row_block",
     "tile_rule",
     "use_decode_layout",
+    "use_row_block",
     "use_tile_rule",
     "workers_for",
 ]
@@ -284,9 +285,17 @@ def default_row_block(l2_bytes: int | None) -> int:
     return 1 << min(19, max(13, (l2_bytes // 4).bit_length() - 1))
 
 
-ROW_BLOCK = default_row_block(l2_cache_bytes())  # read at every call (row_block): set it to try another size
+ROW_BLOCK = default_row_block(l2_cache_bytes())  # this machine's, the block of an untuned call
+_row_block_in_force: int | None = None  # set by use_row_block; None: ROW_BLOCK
+
+
+def use_row_block(elements: int | None) -> None:
+    """Make `elements` the row block of the elementwise layers in this process, or with None go back to
+    ROW_BLOCK (scripts/train_speed.py --row-blocks sets each size in turn)."""
+    global _row_block_in_force
+    _row_block_in_force = None if elements is None else check_positive_int(elements, "elements")
 
 
 def row_block() -> int:
-    """The row block in force: ROW_BLOCK, read now (a script that times the sizes sets it in turn)."""
-    return ROW_BLOCK
+    """The row block in force: what use_row_block() set, else ROW_BLOCK, read at every call of the layers."""
+    return ROW_BLOCK if _row_block_in_force is None else _row_block_in_force

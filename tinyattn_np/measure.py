@@ -1,7 +1,10 @@
-"""Peak memory (tracemalloc), timing and read-bandwidth helpers for the scripts and the memory tests.
+"""Peak memory (tracemalloc), timing, read bandwidth and the machine's memory, for the scripts and the memory
+tests.
 
 NumPy reports its array buffers to tracemalloc, so the traced peak of a call is the most memory its
-NumPy arrays held at once, above what was already allocated when the call began.
+NumPy arrays held at once, above what was already allocated when the call began. memory_total and
+memory_available are the memory guard's own probes (the guard refuses a call past them), for a script that
+refuses a run before it starts.
 """
 
 from __future__ import annotations
@@ -17,11 +20,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import _guard
+
 __all__ = [
     "alternating_medians_ms",
     "cpu_model",
     "machine_info",
     "median_ms",
+    "memory_available",
+    "memory_total",
     "read_bandwidth",
     "read_once",
     "time_calls",
@@ -144,3 +151,14 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "blas": blas,
     }
+
+
+def memory_total() -> int:
+    """The machine's physical memory in bytes (2 GiB where the operating system does not say)."""
+    return _guard.memory_total()
+
+
+def memory_available() -> int:
+    """Bytes a new allocation can take now without swapping: Linux's MemAvailable (free memory plus the page
+    cache the kernel can drop), else the free pages, else 2 GiB."""
+    return _guard.memory_available()

@@ -22,6 +22,7 @@ __all__ = [
     "TABLE_WIDTH",
     "Checklist",
     "add_format_argument",
+    "add_seed_and_format",
     "add_wide_argument",
     "check_format",
     "column_unit",
@@ -30,6 +31,7 @@ __all__ = [
     "format_duration",
     "format_sig",
     "matrix_table",
+    "max_diff",
     "nonnegative_seed",
     "positive",
     "table",
@@ -230,6 +232,19 @@ def nonnegative_seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an int >= 0 (NumPy refuses negative seeds); got {value}")
     return value
+
+
+def add_seed_and_format(parser: argparse.ArgumentParser, seed_help: str) -> None:
+    """The two flags every script takes: --seed (an int >= 0, for seed_help) and --format (any of tabulate's)."""
+    parser.add_argument(
+        "--seed", type=nonnegative_seed, default=0, help=f"seed for {seed_help} (an int >= 0; default 0)"
+    )
+    add_format_argument(parser)
+
+
+def max_diff(a: Any, b: Any) -> float:
+    """max |a - b| in float64, 0.0 for empty arrays: what a script's check prints and compares."""
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), initial=0.0))
 
 
 class Checklist:

@@ -1,7 +1,7 @@
 """Tile sizes, heads per step and workers chosen by measuring this machine, not by one machine's constants.
 
-Basics: flash_attention and flash_attention_backward take the sizes nobody gave them from _tuning.tile_rule():
-the constants (_tuning.constant_rule), or the rule tune() measured here.
+Basics: flash_attention and flash_attention_backward take the sizes nobody gave them from tile_rule():
+the constants (constant_rule), or the rule tune() measured here.
 
     >>> import tinyattn_np
     >>> rule = tinyattn_np.tune()    # doctest: +SKIP
@@ -12,10 +12,10 @@ causal, random inputs; a few seconds), the candidates interleaved and each the f
     1) the forward's square tiles of 128, 256 or 512, with 1, 2 or 4 kv heads per tile step, on a worker per core;
     2) with that tile, the workers: one per core, or half as many;
     3) the backward's square tiles of 128, 256 or 512 on those workers;
-    4) flash_decode's layout (splitkv.DECODE_LAYOUTS: blocks of 2^13, 2^15 or 2^17 scores, stored queries first
+    4) flash_decode's layout (DECODE_LAYOUTS: blocks of 2^13, 2^15 or 2^17 scores, stored queries first
        or keys first) on one decode step: 32 query heads over 8 kv heads of 128, 16,384 cached keys, float32.
 A candidate replaces the constants' own choice only when it is faster by more than CLEAR_MARGIN, so that noise
-does not move the defaults. The rule is kept for this process (_tuning.use_tile_rule, splitkv.use_decode_layout)
+does not move the defaults. The rule is kept for this process (use_tile_rule, use_decode_layout)
 and, with cache=True, in the user's cache directory ($XDG_CACHE_HOME or ~/.cache, tinyattn_np/tile_rules.json),
 keyed by the CPU model, the BLAS library and its kernel set, and the core count: the next process on this machine
 reads it instead of measuring. The file is written whole or not at all (a temporary file, then a rename), and not
@@ -23,7 +23,8 @@ at all when the machine was busy (a load average above the cores): that rule hol
 warning.
 
 Off: do not call tune(), or call untune(); a block_q, block_k, kv_heads_per_step or workers that a call passes
-always wins over the rule. The decode layout in force is splitkv.decode_layout(). A tuning that fails (any
+always wins over the rule. The rule in force is tile_rule(), the decode layout in force decode_layout(), the row block
+of the elementwise layers row_block() (set by use_row_block); each is offered here. A tuning that fails (any
 exception) warns and leaves the constants and the default layout in force; Ctrl-C during it leaves them in force
 too, and stops the program as usual.
 
@@ -49,11 +50,16 @@ from ._tuning import (
     DECODE_LAYOUTS,
     DecodeLayout,
     TileRule,
+    backward_side,
     constant_rule,
+    decode_layout,
     default_layout,
+    default_tiles,
     in_layout,
+    row_block,
     tile_rule,
     use_decode_layout,
+    use_row_block,
     use_tile_rule,
 )
 from .backward import flash_attention_backward
@@ -61,7 +67,24 @@ from .flash import flash_attention
 from .measure import cpu_model, machine_info, time_calls
 from .splitkv import flash_decode
 
+# The knobs tune() sets live in _tuning, where the engines read them; a program reaches them here (the scripts
+# print the rule in force, time each decode layout and row block): every name this module imports from _tuning
+# is offered as it is.
 __all__ = [
+    "DECODE_LAYOUTS",
+    "DecodeLayout",
+    "TileRule",
+    "backward_side",
+    "constant_rule",
+    "decode_layout",
+    "default_layout",
+    "default_tiles",
+    "in_layout",
+    "row_block",
+    "tile_rule",
+    "use_decode_layout",
+    "use_row_block",
+    "use_tile_rule",
     "CLEAR_MARGIN",
     "SIDES",
     "STEP_HEADS",
@@ -113,7 +136,7 @@ def untune() -> None:
 
 def tune(*, tokens: int = 2048, head_dim: int = 64, repeats: int = 3, cache: bool = True) -> TileRule:
     """Choose flash_attention's and its backward's default sizes, and flash_decode's layout, by measuring them
-    here; the rule now in force (the layout: splitkv.decode_layout()).
+    here; the rule now in force (the layout: decode_layout()).
 
     With cache=True, a rule stored for this machine (machine_key) is read instead of measured, and a rule
     measured is stored. The problem measured: T = tokens, 4 heads x head_dim, float32, causal; the decode step

@@ -4,23 +4,26 @@
 
 FOLDER holds case.json (the model's configuration, the seed of its weights, the step's settings) and
 batch.npz (idx, targets: the whole batch, (B, T) each). Every process builds the same model from the seed,
-takes its equal slice of the batch's rows and runs scripts/training.py's train_step with the communicator,
-as `train.py --data-parallel` does: its loss and gradients on its rows, one Allreduce for their mean,
-clipping, AdamW. Rank 0 writes result.npz: the loss ("loss") and every weight after the step (its name).
+takes its equal slice of the batch's rows and runs scripts/train.py's train_step on the processes of
+MPI.COMM_WORLD, as `train.py --data-parallel` does: its loss and gradients on its rows, one Allreduce for their
+mean, clipping, AdamW. Rank 0 writes result.npz: the loss ("loss") and every weight after the step (its name).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # training.py, the step train.py takes
-import training  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # train.py and the modules beside it
+import train  # noqa: E402
+from checkpoint import Run  # noqa: E402
+from data_parallel import Processes  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from text_data import Data  # noqa: E402
+from train_flags import Settings  # noqa: E402
 
 from tinyattn_np.gpt import GPT, GPTConfig  # noqa: E402
 from tinyattn_np.optim import AdamW  # noqa: E402
@@ -29,18 +32,32 @@ from tinyattn_np.optim import AdamW  # noqa: E402
 def main(folder: Path) -> None:
     case = json.loads((folder / "case.json").read_text())
     batch = np.load(folder / "batch.npz")
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    processes = Processes(MPI.COMM_WORLD)
     idx, targets = batch["idx"], batch["targets"]  # (B, T) each
-    mine = slice(rank * len(idx) // size, (rank + 1) * len(idx) // size)  # train.py's split of the rows
+    mine = processes.rows(len(idx))  # train.py's split of the rows
     model = GPT(GPTConfig.from_dict(case["config"]), rng=case["seed"])
     s = case["settings"]
     optimizer = AdamW(model.params, lr=s["lr"], betas=tuple(s["betas"]), eps=s["eps"], weight_decay=s["weight_decay"])
+    settings = Settings(
+        steps=s["steps"],
+        batch=s["batch"],
+        accumulate=s["accumulate"],
+        lr=s["lr"],
+        min_lr=s["min_lr"],
+        warmup=s["warmup"],
+        beta2=s["betas"][1],
+        weight_decay=s["weight_decay"],
+        clip=s["clip"],
+        dropout=s["dropout"],
+        eval_every=s["steps"],
+        eval_windows=1,
+    )
     no_data = np.zeros(0, dtype=np.int64)  # the step reads its batch from the arguments, not from the run's text
-    run = training.Run(argparse.Namespace(out=None), "tiny", s, model, optimizer, None, "", "", 0.1, no_data, no_data,
-                       np.random.default_rng(0), np.random.default_rng(1))  # fmt: skip
-    loss = training.train_step(run, idx[mine], targets[mine], comm)
-    if rank == 0:
+    data = Data(None, "", "", 0.1, no_data, no_data)  # type: ignore[arg-type]  (no tokenizer: no text)
+    batches, dropout = np.random.default_rng(0), np.random.default_rng(1)
+    run = Run("tiny", settings, model, optimizer, data, case["seed"], batches, dropout)
+    loss = train.train_step(run, idx[mine], targets[mine], processes)
+    if processes.rank == 0:
         np.savez(folder / "result.npz", loss=loss, **model.params)
 
 

@@ -46,8 +46,10 @@ try:
 except ImportError:  # the script still answers --help, and says what is missing
     torch = None
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # common.py, the scripts' shared helpers
-from common import code_version, doubling, growth, interrupted, measure_each, run_main  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the scripts' shared modules
+from benchmark import doubling, growth  # noqa: E402
+from interrupts import interrupted, measure_each, run_main  # noqa: E402
+from machine import code_version  # noqa: E402
 
 from tinyattn_np.memory import score_matrix_bytes  # noqa: E402
 from tinyattn_np.report import add_format_argument, table  # noqa: E402

@@ -33,8 +33,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # common.py, the scripts' shared helpers
-from common import code_version, interrupted, load_torch, measure_each, run_main  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the scripts' shared modules
+from interrupts import interrupted, measure_each, run_main  # noqa: E402
+from machine import code_version  # noqa: E402
+from torch_import import load_torch  # noqa: E402
 
 from tinyattn_np.report import add_format_argument, table  # noqa: E402
 

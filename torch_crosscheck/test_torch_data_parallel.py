@@ -1,7 +1,7 @@
 """One data-parallel training step under mpiexec beside torch's step of the same model over the whole batch.
 
 `mpiexec -n 2` runs data_parallel_worker.py: each process takes half of the batch's rows, and
-scripts/training.py's train_step (the step of `train.py --data-parallel`) averages the two halves' gradients
+scripts/train.py's train_step (the step of `train.py --data-parallel`) averages the two halves' gradients
 with one Allreduce, clips their global norm and takes AdamW's step; with accumulate 2 (`--accumulate 2`)
 each half runs as two slices of one row, their gradients summed first. torch takes one step of the model of
 test_torch_gpt.py, from the same weights, on the whole batch. In float64 the loss agrees to 1e-10 relative

@@ -177,17 +177,17 @@ def test_gpu_scaling_token_counts() -> None:
 
 def load_torch_naive(monkeypatch: pytest.MonkeyPatch | None = None):
     """scripts/torch_naive.py as a module; with monkeypatch, no idle waits and no 2048 x 2048 matmul (the
-    table's shape is under test, not the timings), patched in common.py before the script binds its names."""
+    table's shape is under test, not the timings), patched in machine.py before the script binds its names."""
     import importlib.util
 
     path = HERE.parent / "scripts" / "torch_naive.py"
     if monkeypatch is not None:
         sys.path.insert(0, str(path.parent))
-        import common
+        import machine
 
-        monkeypatch.setattr(common, "SETTLE_SECONDS", 0.0)
-        monkeypatch.setattr(common, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
-        monkeypatch.setattr(common, "load_average", lambda: 0.0)
+        monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
+        monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+        monkeypatch.setattr(machine, "load_average", lambda: 0.0)
     spec = importlib.util.spec_from_file_location("torch_naive_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

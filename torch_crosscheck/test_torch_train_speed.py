@@ -13,6 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from tinyattn_np.gpt import GPTConfig  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -26,9 +28,9 @@ def load(name):
 @pytest.mark.parametrize("bias", [False, True])
 def test_the_torch_twin_takes_the_same_two_steps(bias, monkeypatch, capsys):
     speed = load("train_speed")
-    training = sys.modules["training"]
-    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16, bias=bias)
-    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
+    train_flags = sys.modules["train_flags"]
+    config = GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16, bias=bias)
+    monkeypatch.setitem(train_flags.PRESETS, "tiny", train_flags.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
     assert speed.main(["--presets", "tiny", "--tokens", "8", "--repeats", "1", "--torch"]) == 0
     out = capsys.readouterr().out
     assert "ours / torch" in out and re.search(r"^tiny .* [0-9.]+$", out, re.MULTILINE)
@@ -38,9 +40,9 @@ def test_the_torch_twin_takes_the_same_two_steps(bias, monkeypatch, capsys):
 def test_a_wrong_twin_is_caught(monkeypatch, capsys):
     """The loss check is a real check: a torch twin whose head is not our tied embedding gives other losses."""
     speed = load("train_speed")
-    training = sys.modules["training"]
-    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
-    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
+    train_flags = sys.modules["train_flags"]
+    config = GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
+    monkeypatch.setitem(train_flags.PRESETS, "tiny", train_flags.Preset(config, batch=3, lr=1e-2, warmup=2, beta2=0.99))
     copy_weights = speed.copy_weights
 
     def scaled_embedding(torch, module, model):
@@ -60,20 +62,21 @@ def test_the_twins_rope_is_ours():
 
     from tinyattn_np import rope
 
-    speed = load("train_speed")
-    config = sys.modules["training"].GPTConfig(vocab=23, context=16, layers=1, heads=2, width=16)
+    load("train_speed")
+    config = GPTConfig(vocab=23, context=16, layers=1, heads=2, width=16)
     x = np.random.default_rng(0).standard_normal((1, 2, 16, 8)).astype(np.float32)  # (B, H, T, d)
-    cos, sin = speed.rope_tables(torch, config)
-    theirs = speed.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
+    twin = sys.modules["torch_gpt"]  # train_speed.py's torch twin of the GPT
+    cos, sin = twin.rope_tables(torch, config)
+    theirs = twin.rotate(torch, torch.from_numpy(x), cos, sin).numpy()
     np.testing.assert_allclose(theirs, rope(x), rtol=1e-5, atol=1e-6)
 
 
 def small_tiny(monkeypatch):
     """train_speed.py with a small model as the tiny preset (the text's characters set the vocabulary)."""
     speed = load("train_speed")
-    training = sys.modules["training"]
-    config = training.GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
-    monkeypatch.setitem(training.PRESETS, "tiny", training.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
+    train_flags = sys.modules["train_flags"]
+    config = GPTConfig(vocab=23, context=16, layers=2, heads=2, width=16)
+    monkeypatch.setitem(train_flags.PRESETS, "tiny", train_flags.Preset(config, batch=4, lr=1e-2, warmup=2, beta2=0.99))
     return speed
 
 

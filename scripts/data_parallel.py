@@ -1,0 +1,109 @@
+"""train.py's processes: under mpiexec with --data-parallel each process takes an equal slice of every batch's
+rows, and one Allreduce makes every process's gradients the mean over all of them; without the flag one
+process takes the whole batch and nothing is exchanged. Each process's loss and gradients are the means over
+its equal share of the batch, so their mean is the whole batch's: the same losses as one process, to float32
+rounding. And the split's speed: a step on the processes against one process with the whole batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+import text_data
+from checkpoint import Run
+
+from tinyattn_np.mpi_job import StopTogether, abort_on_failure, idle_wait, load_mpi
+
+
+class Processes:
+    """This process among --data-parallel's: its rank and their number (0 of 1 without MPI), and what they do
+    together: average the gradients, add up a sum, agree to stop after the same step."""
+
+    def __init__(self, comm: Any = None):
+        self.comm = comm  # MPI.COMM_WORLD, or None for one process alone
+        self.rank, self.size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
+        self.allreduce_seconds: list[float] = []  # the time of each step's Allreduce
+
+    @staticmethod
+    def of(args: argparse.Namespace) -> Processes:
+        """MPI.COMM_WORLD's processes with --data-parallel, else this one alone; exits with the install line
+        where mpi4py is missing."""
+        if not args.data_parallel:
+            return Processes()
+        try:
+            return Processes(load_mpi().COMM_WORLD)
+        except ImportError as err:
+            sys.exit(f"train.py --data-parallel {err}")
+
+    def rows(self, batch: int) -> slice:
+        """This process's rows of a batch: an equal share, in rank order."""
+        return slice(self.rank * batch // self.size, (self.rank + 1) * batch // self.size)
+
+    def mean(self, loss: float, grads: dict[str, np.ndarray]) -> float:
+        """Every gradient, in place, and the loss: the mean over the processes, with one Allreduce of one
+        buffer (alone: as they are)."""
+        if self.comm is None:
+            return loss
+        MPI = load_mpi()
+        start = time.perf_counter()
+        flat = np.concatenate([g.ravel() for g in grads.values()])  # (number of parameters,)
+        self.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        flat /= self.size
+        offset = 0
+        for g in grads.values():
+            g[...] = flat[offset : offset + g.size].reshape(g.shape)
+            offset += g.size
+        self.allreduce_seconds.append(time.perf_counter() - start)
+        return float(self.comm.allreduce(loss, op=MPI.SUM)) / self.size
+
+    def total(self, value: float) -> float:
+        """The sum of every process's value (alone: value)."""
+        return value if self.comm is None else self.comm.allreduce(value, op=load_mpi().SUM)
+
+    def stop(self, ctrl_c: StopTogether) -> bool:
+        """Whether Ctrl-C was pressed on any process (every process asks at the same point of its loop)."""
+        return ctrl_c.stop(self.comm) if self.comm is not None else ctrl_c.pressed
+
+    def guard(self) -> AbstractContextManager[Any]:
+        """A failure on one process ends every process (the others would wait for it forever)."""
+        return abort_on_failure(self.comm, "train.py --data-parallel") if self.comm is not None else nullcontext()
+
+
+def one_process_seconds(run: Run, train_step: Callable[..., float], repeats: int = 3) -> float:
+    """The median time of train_step(run, x, y, processes) on the whole batch in this process alone (a copy of
+    the run, so that the run itself does not change): what the processes' step is compared with."""
+    alone = copy.deepcopy(run)
+    context, batch = run.model.config.context, run.settings.batch
+    x, y = text_data.random_batch(np.random.default_rng(0), run.data.train, batch, context)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        train_step(alone, x, y, Processes())
+        times.append(time.perf_counter() - began)
+    return float(np.median(times))
+
+
+def scaling(run: Run, processes: Processes, step_seconds: list[float], train_step: Callable[..., float]) -> str | None:
+    """Rank 0's line on the split's speed (every rank must call it; the others wait while rank 0 times one
+    process on the whole batch): the step's time, the Allreduce's part, the speed-up and the efficiency."""
+    if not step_seconds:
+        return None
+    if processes.rank != 0:
+        idle_wait(processes.comm)
+        return None
+    alone = one_process_seconds(run, train_step)
+    idle_wait(processes.comm)
+    size, step = processes.size, float(np.median(step_seconds))
+    allreduce = float(np.median(processes.allreduce_seconds))
+    return (
+        f"a step: {step * 1e3:,.1f} ms on {size} processes ({allreduce * 1e3:,.1f} ms of it in the Allreduce),\n"
+        f"  {alone * 1e3:,.1f} ms on one process with the whole batch: speed-up {alone / step:.2f}x, scaling "
+        f"efficiency {alone / (size * step):.0%} (medians)"
+    )
