@@ -3,6 +3,8 @@ central differences in float64."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.special import expit, log_softmax
@@ -92,6 +94,34 @@ def test_gelu_backward_matches_central_differences(rng):
     u, r = rng.normal(size=(4, 9)) * 2, rng.normal(size=(4, 9))
     du = gelu_backward(r, gelu(u)[1])
     assert_gradient(du, lambda: float(np.sum(gelu(u)[0] * r)), u, "du")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "far"), [(np.float32, [1.4e13, 1.5e13, 1e30, 3e38]), (np.float64, [1.1e103, 1.2e103, 1e200, 1e308])]
+)
+def test_gelu_backward_is_finite_far_from_zero(dtype, far):
+    """Where tanh is ±1 to the last bit, dy/du = ½ (1 + t)(1 + u (a + 3 b u²)(1 - t)) is 0 (u < 0) or 1 (u > 0),
+    as torch's autograd gives: the cubic overflows there, and inf times 1 + t = 0 must not make a NaN."""
+    u = np.array([[-x for x in far] + far], dtype)
+    dy = np.full_like(u, 3.0)
+    du = gelu_backward(dy, gelu(u)[1])
+    assert du.dtype == dtype
+    np.testing.assert_array_equal(du, [[0.0] * len(far) + [3.0] * len(far)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_backward_keeps_its_bits_where_nothing_overflows(rng, dtype):
+    """The derivative's lines in their order, over the whole array at once and without any bound on u: the same
+    bits for u from 10^-3 to 10^4 (beyond 10, tanh is ±1 to the last bit in every float dtype)."""
+    u = (rng.normal(size=(64, 33)) * np.logspace(-3, 4, 64)[:, None]).astype(dtype)
+    dy = rng.normal(size=u.shape).astype(dtype)
+    a = math.sqrt(2 / math.pi)  # Python floats: they take u's dtype, as the layer's constants do
+    b = 0.044715 * a
+    t = np.tanh((np.square(u) * b + a) * u)  # the forward's t, in its order
+    one_minus_t = 1.0 - t
+    gold = ((np.square(u) * (3.0 * b) + a) * u * one_minus_t + 1.0) * (2.0 - one_minus_t) * 0.5 * dy
+    assert gold.dtype == dtype
+    np.testing.assert_array_equal(gelu_backward(dy, gelu(u)[1]), gold)
 
 
 def test_swiglu_is_silu_of_the_gate_times_up(rng):

@@ -180,6 +180,8 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+# Beyond |u| = 10 the inner polynomial is past 43 and t = tanh(...) is ±1 to the last bit in float16, 32 and 64.
+GELU_FLAT = 10.0
 
 
 class GeluSaved(NamedTuple):
@@ -223,6 +225,10 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
 
     dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
           = ½ (1 + t) (1 + u (a + 3 b u²) (1 - t))        1 - t² = (1 - t) (1 + t)
+
+    Far from 0, t = ±1 and one factor, 1 - t or 1 + t, is 0 (dy/du = 1 or 0), while u (a + 3 b u²) overflows
+    (float32 past |u| = 1.4e13): inf times 0 would be NaN. So the polynomial takes u clipped to ±10 (GELU_FLAT),
+    where t is already ±1: the same bits inside, a finite number times 0 outside.
     """
     u_rows = saved.u.reshape(-1, saved.u.shape[-1])  # (N, H)
     dy_rows = dy.reshape(u_rows.shape)  # (N, H)
@@ -234,6 +240,8 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
 def _gelu_backward_lines(dy: Array, u: Array, du: Array) -> None:
     """gelu_backward's lines on one block of rows (n, H), written into du."""
     t = _gelu_tanh(u)  # the forward's t, made again in the cache
+    if u.min() < -GELU_FLAT or u.max() > GELU_FLAT:  # the clip's pass only where it changes something
+        u = np.clip(u, -GELU_FLAT, GELU_FLAT)  # u itself wherever t is not ±1 (the docstring)
     np.square(u, out=du)  # a + 3 b u², then the whole derivative, in du's memory
     du *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
     du += SQRT_2_OVER_PI
