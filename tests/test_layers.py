@@ -224,6 +224,71 @@ def test_cross_entropy_survives_large_float32_logits():
     np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
 
 
+@pytest.mark.parametrize("bad", [-1, 5, 10**9, -101])
+def test_cross_entropy_refuses_targets_outside_the_classes(rng, bad):
+    """-1 would score class V - 1 and -100 class V - 100 (NumPy's negative indices); torch refuses both."""
+    logits, targets = rng.normal(size=(4, 5)), np.array([0, 4, bad, 1])
+    match = f"targets hold {bad} at row 2, outside the classes \\[0, 5\\) and not ignore_index \\(-100\\)"
+    with pytest.raises(ValueError, match=match):
+        cross_entropy(logits, targets)
+    with pytest.raises(ValueError, match=match):
+        cross_entropy_backward(softmax_rows(logits), targets)
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    return np.exp(log_softmax(logits, axis=-1))
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 2, 7])
+def test_ignored_targets_leave_the_mean_and_get_no_gradient(rng, ignore_index):
+    """torch's ignore_index: the rows whose target is ignore_index are out of the mean (which divides by the rows
+    that count) and their gradient is 0; the others' loss and gradient are those of the kept rows alone, bit for bit."""
+    logits = rng.normal(size=(6, 5)) * 3
+    targets = np.array([1, ignore_index, 4, ignore_index, 0, 3])
+    kept = targets != ignore_index
+    loss, probs = cross_entropy(logits, targets, ignore_index=ignore_index)
+    dlogits = cross_entropy_backward(probs, targets, ignore_index=ignore_index)
+    loss_kept, probs_kept = cross_entropy(logits[kept], targets[kept])
+    assert loss == loss_kept
+    np.testing.assert_array_equal(dlogits[kept], cross_entropy_backward(probs_kept, targets[kept]))
+    np.testing.assert_array_equal(dlogits[~kept], 0.0)
+    assert_gradient(dlogits, lambda: cross_entropy(logits, targets, ignore_index=ignore_index)[0], logits, "dz")
+
+
+def test_a_batch_with_every_target_ignored_is_refused(rng):
+    """The mean over no rows is 0/0: torch returns nan; a loss of nan would stop training a step later with less to
+    say, so it is refused here."""
+    with pytest.raises(ValueError, match="every target is ignore_index \\(-100\\): the mean over no rows"):
+        cross_entropy(rng.normal(size=(3, 4)), np.full(3, -100))
+    with pytest.raises(ValueError, match="every target is ignore_index \\(-100\\): the mean over no rows"):
+        cross_entropy_backward(softmax_rows(rng.normal(size=(3, 4))), np.full(3, -100))
+
+
+@pytest.mark.parametrize(
+    ("targets", "kwargs", "error", "match"),
+    [
+        (np.array([0.0, 1.0, 2.0]), {}, TypeError, "targets must be integer class ids; got dtype float64"),
+        (
+            np.array([0, 1]),
+            {},
+            ValueError,
+            "targets must be \\(N,\\) = \\(3,\\) class ids, one per row; got shape \\(2,\\)",
+        ),
+        (
+            np.array([[0, 1, 2]]),
+            {},
+            ValueError,
+            "targets must be \\(N,\\) = \\(3,\\) class ids, one per row; got shape \\(1, 3\\)",
+        ),
+        (np.array([0, 1, 2]), dict(ignore_index=True), TypeError, "ignore_index must be an int"),
+        (np.array([0, 1, 2]), dict(ignore_index=1.0), TypeError, "ignore_index must be an int"),
+    ],
+)
+def test_cross_entropy_refuses_targets_that_are_not_class_ids(rng, targets, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cross_entropy(rng.normal(size=(3, 4)), targets, **kwargs)
+
+
 @pytest.mark.parametrize("block", [_tuning.ROW_BLOCK, 64])  # the default, and blocks of a few rows
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):

@@ -6,7 +6,8 @@
     swiglu         y = silu(a_gate) ∘ a_up                        Shazeer 2020
     mlp            y = act(x W_fc + b_fc) W_proj + b_proj          the block's feed-forward half
     dropout        y = x ∘ keep / (1 - p)                         the mask kept for the backward
-    cross_entropy  loss = mean_n (logsumexp(z_n) - z_n[target_n])  and its gradient (softmax(z) - onehot) / N
+    cross_entropy  loss = mean_n (logsumexp(z_n) - z_n[target_n])  and its gradient (softmax(z) - onehot) / N,
+                   over the rows whose target is not ignore_index (torch's, -100)
 
 API: every forward returns (y, saved); its backward takes (dy, saved) and returns the gradients, the input's
 first. Rows are the leading axes (N tokens, or B, T), features the last. Every layer computes in its input's
@@ -22,7 +23,8 @@ so the result is the same bits for any block.
     swiglu(a) -> (y, SwigluSaved)  a = [gate | up] (..., 2H)      swiglu_backward(dy, saved) -> da
     mlp(x, w_fc, w_proj, b_fc=None, b_proj=None, kind="gelu") -> (y, MLPSaved)    mlp_backward(dy, saved) -> MLPGrads
     dropout(x, p, rng) -> (y, keep or None)                       dropout_backward(dy, keep, p) -> dx
-    cross_entropy(logits, targets, out=None) -> (loss, probs)     cross_entropy_backward(probs, targets, out=None)
+    cross_entropy(logits, targets, out=None, ignore_index=-100) -> (loss, probs)
+    cross_entropy_backward(probs, targets, out=None, ignore_index=-100) -> dlogits
 
 Each backward's docstring derives its lines; tests/test_layers.py holds each against central differences.
 """
@@ -30,7 +32,7 @@ Each backward's docstring derives its lines; tests/test_layers.py holds each aga
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -397,14 +399,18 @@ def dropout_backward(dy: Array, keep: NDArray[np.bool_] | None, p: float) -> Arr
     return dx
 
 
-def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> tuple[float, Array]:
+def cross_entropy(
+    logits: Array, targets: NDArray[np.integer], *, out: Array | None = None, ignore_index: int = -100
+) -> tuple[float, Array]:
     """loss = (1/N) Σ_n (logsumexp(z_n) - z_n[t_n]), the mean negative log-likelihood of the targets.
 
     logits z (N, V), targets t (N,) ints in [0, V) -> (loss as a Python float, probs = softmax(z) (N, V)).
-    torch.nn.functional.cross_entropy(z, t). The row max is subtracted first: exp of a logit of 100
-    overflows float32, exp of 0 does not. out: where the probabilities go (out=logits overwrites the logits
-    when nothing needs them after; default a new array).
+    torch.nn.functional.cross_entropy(z, t, ignore_index=ignore_index): a row whose target is ignore_index is
+    left out, and N counts the other rows (every row ignored is refused: torch's mean is then 0/0, nan). The
+    row max is subtracted first: exp of a logit of 100 overflows float32, exp of 0 does not. out: where the
+    probabilities go (out=logits overwrites the logits when nothing needs them after; default a new array).
     """
+    targets, kept = _check_targets(targets, logits.shape, ignore_index, "logits")
     probs = np.empty_like(logits) if out is None else out  # (N, V)
     nll = np.empty(logits.shape[0], dtype=logits.dtype)  # (N,): each row's -log p(target)
 
@@ -412,7 +418,36 @@ def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | N
         nll[...] = _softmax_lines(logits, targets, probs)
 
     by_row_blocks(lines, row_block(), logits, targets, probs, nll)
-    return float(np.mean(nll)), probs
+    return float(np.mean(nll if kept is None else nll[kept])), probs
+
+
+def _check_targets(
+    targets: Any, shape: tuple[int, ...], ignore_index: Any, name: str
+) -> tuple[NDArray[np.integer], NDArray[np.bool_] | None]:
+    """targets as ints (N,) in [0, V) for `name` (N, V), and which rows count: None where every row does, else
+    a bool (N,) false where the target is ignore_index (read as class 0 there, so the lines can index with it)."""
+    if isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"ignore_index must be an int (torch's default: -100); got {ignore_index!r}")
+    targets = np.asarray(targets)
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"targets must be integer class ids; got dtype {targets.dtype}")
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be (N, V), a row of V classes per target; got shape {shape}")
+    if targets.shape != shape[:1]:
+        raise ValueError(f"targets must be (N,) = ({shape[0]},) class ids, one per row; got shape {targets.shape}")
+    ignored = targets == ignore_index  # (N,)
+    outside = ((targets < 0) | (targets >= shape[1])) & ~ignored  # (N,)
+    if outside.any():
+        row, more = int(np.argmax(outside)), int(outside.sum()) - 1
+        raise ValueError(
+            f"targets hold {targets[row]} at row {row}{f' (and {more} more)' if more else ''}, outside the classes "
+            f"[0, {shape[1]}) and not ignore_index ({ignore_index})"
+        )
+    if not ignored.any():
+        return targets, None
+    if ignored.all():
+        raise ValueError(f"every target is ignore_index ({ignore_index}): the mean over no rows is 0/0 (torch's nan)")
+    return np.where(ignored, 0, targets), ~ignored
 
 
 def _softmax_lines(logits: Array, targets: NDArray[np.integer], probs: Array) -> Array:
@@ -426,14 +461,20 @@ def _softmax_lines(logits: Array, targets: NDArray[np.integer], probs: Array) ->
     return np.log(total[:, 0]) - target_logit
 
 
-def cross_entropy_backward(probs: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> Array:
+def cross_entropy_backward(
+    probs: Array, targets: NDArray[np.integer], *, out: Array | None = None, ignore_index: int = -100
+) -> Array:
     """dlogits (N, V) = (softmax(z) - onehot(t)) / N: for one row, ∂(logsumexp(z) - z_t)/∂z_j = p_j - [j = t],
-    and the mean over N rows divides by N. out: where to write it (out=probs reuses the forward's probabilities
-    when nothing needs them after; default a new array)."""
-    N = probs.shape[0]
+    and the mean over N rows divides by N; a row whose target is ignore_index is not in the mean: its gradient
+    is 0 and N counts the others. out: where to write it (out=probs reuses the forward's probabilities when
+    nothing needs them after; default a new array)."""
+    targets, kept = _check_targets(targets, probs.shape, ignore_index, "probs")
+    N = probs.shape[0] if kept is None else int(kept.sum())
     dlogits = probs.copy() if out is None else out  # (N, V)
     if out is not None and out is not probs:
         out[...] = probs
-    dlogits[np.arange(N), targets] -= 1.0
+    dlogits[np.arange(probs.shape[0]), targets] -= 1.0
+    if kept is not None:
+        dlogits[~kept] = 0.0
     dlogits *= 1.0 / N
     return dlogits
