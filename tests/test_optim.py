@@ -300,3 +300,22 @@ def test_accumulated_grads_refuse_slices_that_do_not_split_the_batch(rows, parts
     x = np.zeros((rows, 5), np.int64)
     with pytest.raises(error, match=match):
         accumulated_grads(never, x, x, parts)
+
+
+@pytest.mark.parametrize(
+    ("grads", "norm"),
+    [
+        ({"a": np.full(4, 3e38, np.float32), "b": np.full((2, 3), -1e38, np.float32)}, math.sqrt(4 * 9 + 6) * 1e38),
+        ({"a": np.array([3e200, 0.0]), "b": np.array([[4e200]])}, 5e200),
+        ({"a": np.array([1e20], np.float32), "b": np.array([1.0], np.float32)}, 1e20),
+    ],
+    ids=["float32 near its largest", "float64 past 1e154", "float32 past 1.8e19"],
+)
+def test_the_norm_of_finite_gradients_is_finite_however_large(grads, norm):
+    """Σ g² overflows (float32 past 1.8e19, float64 past 1.3e154) while ‖g‖ itself is a float: it is taken again
+    of g / max|g|, times max|g|. Clipping then scales the gradients to max_norm as it should."""
+    assert global_norm(grads) == pytest.approx(norm, rel=1e-6)
+    assert clip_grad_norm(grads, 1.0) == pytest.approx(norm, rel=1e-6)
+    assert global_norm(grads) == pytest.approx(1.0, rel=1e-5)
+    assert global_norm({"a": np.array([np.inf, 1.0]), "b": np.array([1e200])}) == math.inf
+    assert math.isnan(global_norm({"a": np.array([np.nan, 1e200, 1e200])}))

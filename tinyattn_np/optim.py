@@ -28,6 +28,7 @@ API:
     that can be written in place; a state's numbers in their ranges) comes before the first change.
     warmup_cosine_lr(step, *, lr, warmup, total, min_lr=0.0) -> float      step counts from 0
     global_norm(grads) -> float          clip_grad_norm(grads, max_norm) -> the norm before clipping
+                                         (finite for finite gradients, however large: scaled_norm)
     accumulate_grads(total, grads, weight=1.0) -> total (None: a new dict)
     accumulated_grads(loss_and_grads, x, y, parts) -> (loss, grads)    the mean over `parts` slices of rows
 """
@@ -221,8 +222,20 @@ def warmup_cosine_lr(step: int, *, lr: float, warmup: int, total: int, min_lr: f
 
 
 def global_norm(grads: Params) -> float:
-    """‖g‖ = √(Σ over every array of Σ g²), summed in float64."""
-    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    """‖g‖ = √(Σ over every array of Σ g²): each array's Σ g² in its dtype (BLAS's dot), the arrays' sums added
+    in float64. Where that overflows (float32 gradients past 1.8e19, float64 past 1.3e154), scaled_norm."""
+    total = sum(float(np.vdot(g, g)) for g in grads.values())
+    return scaled_norm(grads) if math.isinf(total) else math.sqrt(total)
+
+
+def scaled_norm(grads: Params) -> float:
+    """‖g‖ = s √(Σ (g / s)²) with s = max |g| over every array, in float64: no square is above 1, so only a
+    gradient that holds inf (or NaN) gives inf (or NaN)."""
+    largest = max((float(np.max(np.abs(g))) for g in grads.values() if np.size(g)), default=0.0)
+    if not math.isfinite(largest):
+        return largest
+    scaled = (np.asarray(g, dtype=np.float64) / largest for g in grads.values())  # each |g / s| <= 1
+    return largest * math.sqrt(sum(float(np.vdot(g, g)) for g in scaled))
 
 
 def clip_grad_norm(grads: Params, max_norm: float) -> float:
