@@ -334,6 +334,48 @@ def test_float32_stays_float32(forward):
     assert forward(np.ones((2, 8), np.float32)).dtype == np.float32
 
 
+def test_float32_rows_stay_float32_under_float64_weights(rng):
+    """The module's rule: a layer returns its input's dtype whatever its weights' (a float64 product rounded
+    where it is stored), as layer_norm always did; so do the input's gradients."""
+    x, dy = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(5, 8)).astype(np.float32)
+    gain, bias = rng.normal(size=8), rng.normal(size=8)
+    for forward, backward in (
+        (lambda: layer_norm(x, gain, bias), layer_norm_backward),
+        (lambda: rms_norm(x, gain), rms_norm_backward),
+    ):
+        y, saved = forward()
+        assert y.dtype == np.float32 and backward(dy, saved).dx.dtype == np.float32
+    for kind, fc in (("gelu", 12), ("swiglu", 24)):
+        w_fc, w_proj, b_fc, b_proj = (
+            rng.normal(size=(8, fc)),
+            rng.normal(size=(12, 8)),
+            rng.normal(size=fc),
+            rng.normal(size=8),
+        )
+        y, saved = mlp(x, w_fc, w_proj, b_fc, b_proj, kind=kind)
+        assert y.dtype == np.float32
+        gold = mlp(x.astype(np.float64), w_fc, w_proj, b_fc, b_proj, kind=kind)[0]
+        np.testing.assert_allclose(y, gold, rtol=1e-5, atol=1e-5 * np.abs(gold).max())
+        assert mlp_backward(dy, saved).dx.dtype == np.float32
+
+
+def test_a_backward_refuses_what_another_forward_saved(rng):
+    x, dy = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    layer_saved, rms_saved = layer_norm(x, np.ones(4))[1], rms_norm(x, np.ones(4))[1]
+    with pytest.raises(TypeError, match="saved must be the NormSaved that layer_norm returned; got NoneType"):
+        layer_norm_backward(dy, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the NormSaved that layer_norm returned; got rms_norm's"):
+        layer_norm_backward(dy, rms_saved)
+    with pytest.raises(TypeError, match="saved must be the NormSaved that rms_norm returned; got layer_norm's"):
+        rms_norm_backward(dy, layer_saved)
+    with pytest.raises(TypeError, match="saved must be the GeluSaved that gelu returned; got NormSaved"):
+        gelu_backward(dy, layer_saved)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the SwigluSaved that swiglu returned; got tuple"):
+        swiglu_backward(dy, (x, x, x))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the MLPSaved that mlp returned; got NoneType"):
+        mlp_backward(dy, None)  # type: ignore[arg-type]
+
+
 def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
     """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^17 float32 elements, 2 MiB ->
     2^19, clamped to 2^13 .. 2^19, and 2^17 where the size is unknown (no such folder, or a size unread)."""

@@ -10,8 +10,9 @@
                    over the rows whose target is not ignore_index (torch's, -100)
 
 API: every forward returns (y, saved); its backward takes (dy, saved) and returns the gradients, the input's
-first. Rows are the leading axes (N tokens, or B, T), features the last. Every layer computes in its input's
-dtype: float32 stays float32, and float64 (the gradient checks) stays float64. A forward's `saved` holds its
+first. Rows are the leading axes (N tokens, or B, T), features the last. A layer returns its input's dtype,
+whatever its weights': float32 stays float32, float64 (the gradient checks) stays float64, and a product with
+a weight of another dtype is taken in the wider one and rounded where it is stored. A forward's `saved` holds its
 weights by reference: update them only after the backward (the optimizer steps after it). layer_norm, gelu,
 their backwards and cross_entropy run their lines on blocks of rows that stay in a core's L2 cache, over the
 cores (_parallel.by_row_blocks; the block's size is _tuning.py's row block): each line treats each row alone,
@@ -98,13 +99,15 @@ def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e
 
 
 class NormSaved(NamedTuple):
-    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1), the gain, and
-    whether the norm had a bias (its backward gives dbias then)."""
+    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1), the gain,
+    whether the norm had a bias (its backward gives dbias then), and the forward that made it ("layer_norm"
+    or "rms_norm": each backward refuses the other's)."""
 
     x_hat: Array
     rstd: Array
     gain: Array
     biased: bool = False
+    norm: str = "layer_norm"
 
 
 class NormGrads(NamedTuple):
@@ -123,6 +126,7 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - mean(dx̂) - x̂ mean(dx̂ ∘ x̂))   (means over the row)
     The last line: ∂x̂_j/∂x_i = r (δ_ij - 1/C - x̂_i x̂_j / C), since ∂μ/∂x_i = 1/C and ∂r/∂x_i = -r³ (x_i - μ) / C.
     """
+    _check_saved(saved, NormSaved, "layer_norm")
     x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
@@ -138,6 +142,14 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
     by_row_blocks(lines, row_block(), dy_rows, x_hat_rows, rstd_rows, dx)
     return NormGrads(dx.reshape(dy.shape), dgain, dbias)
+
+
+def _check_saved(saved: object, kind: type, forward: str) -> None:
+    """saved must be the `kind` that `forward` returned (for a norm: that norm's); else a TypeError naming it."""
+    if not isinstance(saved, kind):
+        raise TypeError(f"saved must be the {kind.__name__} that {forward} returned; got {type(saved).__name__}")
+    if isinstance(saved, NormSaved) and saved.norm != forward:
+        raise TypeError(f"saved must be the NormSaved that {forward} returned; got {saved.norm}'s")
 
 
 def _row_means(x: Array, y: Array | None = None) -> Array:
@@ -158,7 +170,8 @@ def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved
     """
     rstd = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)  # (..., 1)
     x_hat = x * rstd  # (..., C)
-    return x_hat * gain, NormSaved(x_hat, rstd, gain)
+    y = np.multiply(x_hat, gain, out=np.empty_like(x_hat))  # (..., C): in x's dtype, whatever the gain's
+    return y, NormSaved(x_hat, rstd, gain, norm="rms_norm")
 
 
 def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
@@ -169,10 +182,11 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - x̂ mean(dx̂ ∘ x̂))
     since ∂x̂_j/∂x_i = r (δ_ij - x̂_i x̂_j / C).
     """
+    _check_saved(saved, NormSaved, "rms_norm")
     x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
-    dx_hat = dy * gain  # (..., C)
+    dx_hat = np.multiply(dy, gain, out=np.empty_like(dy))  # (..., C): in dy's dtype, whatever the gain's
     dx = dx_hat - x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)  # (..., C)
     dx *= rstd
     return NormGrads(dx, dgain, None)
@@ -232,6 +246,7 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
     (float32 past |u| = 1.4e13): inf times 0 would be NaN. So the polynomial takes u clipped to ±10 (GELU_FLAT),
     where t is already ±1: the same bits inside, a finite number times 0 outside.
     """
+    _check_saved(saved, GeluSaved, "gelu")
     u_rows = saved.u.reshape(-1, saved.u.shape[-1])  # (N, H)
     dy_rows = dy.reshape(u_rows.shape)  # (N, H)
     du = np.empty_like(dy_rows)  # (N, H)
@@ -289,6 +304,7 @@ def swiglu_backward(dy: Array, saved: SwigluSaved) -> Array:
 
     y = s(g) u, s(g) = g σ(g)       du = dy s(g)        dg = dy u s'(g),  s'(g) = σ(g) (1 + g (1 - σ(g)))
     """
+    _check_saved(saved, SwigluSaved, "swiglu")
     gate, up, sigmoid = saved
     H = gate.shape[-1]
     da = np.empty((*dy.shape[:-1], 2 * H), dtype=dy.dtype)  # (..., 2H)
@@ -341,11 +357,11 @@ def mlp(
     """
     if kind not in MLP_KINDS:
         raise ValueError(f"kind must be one of {MLP_KINDS}; got {kind!r}")
-    a = x @ w_fc  # (N, H) or (N, 2H)
+    a = _matmul(x, w_fc)  # (N, H) or (N, 2H)
     if b_fc is not None:
         a += b_fc
     h, activation = gelu(a) if kind == "gelu" else swiglu(a)  # (N, H)
-    y = h @ w_proj  # (N, C)
+    y = _matmul(h, w_proj)  # (N, C)
     if b_proj is not None:
         y += b_proj
     return y, MLPSaved(x, h, activation, w_fc, w_proj, b_fc is not None, kind)
@@ -358,17 +374,26 @@ def mlp_backward(dy: Array, saved: MLPSaved) -> MLPGrads:
     h = act(a)                  da = act_backward(dh)
     a = x W_fc + b_fc           dW_fc = xᵀ da        db_fc = Σ_rows da        dx = da W_fcᵀ
     """
+    _check_saved(saved, MLPSaved, "mlp")
     x, h, activation, w_fc, w_proj, biased, kind = saved
     dw_proj = h.T @ dy  # (H, C)
-    dh = dy @ w_proj.T  # (N, H)
+    dh = _matmul(dy, w_proj.T)  # (N, H)
     if kind == "gelu":
         da = gelu_backward(dh, activation)  # type: ignore[arg-type]  # (N, H)
     else:
         da = swiglu_backward(dh, activation)  # type: ignore[arg-type]  # (N, 2H)
     dw_fc = x.T @ da  # (C, H) or (C, 2H)
-    dx = da @ w_fc.T  # (N, C)
+    dx = _matmul(da, w_fc.T)  # (N, C)
     db_fc, db_proj = (da.sum(axis=0), dy.sum(axis=0)) if biased else (None, None)
     return MLPGrads(dx, dw_fc, dw_proj, db_fc, db_proj)
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    """a @ b in a's dtype (the module's rule): with b of another dtype, the product is taken in the wider one
+    and rounded to a's where it is stored."""
+    if b.dtype == a.dtype:
+        return a @ b
+    return np.matmul(a, b, out=np.empty((*a.shape[:-1], b.shape[-1]), a.dtype))
 
 
 # --- dropout and the loss -----------------------------------------------------------------------------
