@@ -92,7 +92,8 @@ def row_problem(row: NDArray[np.float64]) -> str:
     """What a row of logits that defines no distribution holds, in words."""
     nan, pos_inf = np.flatnonzero(np.isnan(row)), np.flatnonzero(np.isposinf(row))
     if nan.size:
-        return f"holds NaN at {nan.size} of its {row.size} tokens ({listed_tokens(nan)}), from a NaN weight or input upstream"
+        where = listed_tokens(nan)
+        return f"holds NaN at {nan.size} of its {row.size} tokens ({where}), from a NaN weight or input upstream"
     if pos_inf.size:
         return f"is +inf at {pos_inf.size} tokens ({listed_tokens(pos_inf)}): each is certain, and nothing ranks them"
     return f"is -inf at all {row.size} tokens: every token is impossible"
