@@ -151,11 +151,11 @@ def test_one_inf_logit_is_the_certain_token(sampling):
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-308, 5e-324])
 def test_a_tiny_temperature_is_the_argmax_not_an_overflow(temperature):
-    """logits / 1e-308 overflows to +inf at several tokens; the draw is taken of the shifted logits, which
-    cannot overflow: the largest logit's token, as temperature 0 gives."""
-    logits = np.array([[10.0, 9.0, 10.5, -3.0], [2.0, 1.0, 0.0, 1.9]])
+    """logits / 1e-308 overflows to +inf at several tokens, or to -inf at every one of a row of negative logits;
+    the draw is taken of the shifted logits, whose largest is 0: the largest logit's token, as temperature 0 gives."""
+    logits = np.array([[10.0, 9.0, 10.5, -3.0], [2.0, 1.0, 0.0, 1.9], [-10.0, -20.0, -9.5, -15.0]])
     for seed in range(20):
-        np.testing.assert_array_equal(sample_next(logits, temperature=temperature, rng=seed), [2, 0])
+        np.testing.assert_array_equal(sample_next(logits, temperature=temperature, rng=seed), [2, 0, 2])
 
 
 def test_generate_refuses_a_model_whose_logits_are_nan_and_says_which_token(model):

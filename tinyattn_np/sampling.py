@@ -13,8 +13,9 @@ recomputing paths, given the same rng, pick the same token unless u falls within
 Logits that are not finite: a row with exactly one +inf gives that token for certain (its probability is 1 in
 the limit; the row's uniform number is still drawn). A row that holds NaN, or is -inf everywhere, or +inf at
 several tokens defines no distribution and is refused with a ValueError that names the row and what it held,
-whatever the temperature (torch's multinomial raises on such rows too). A temperature so small that a finite
-logit over it overflows is taken on the logits less their row's largest, which cannot overflow upwards.
+whatever the temperature (torch's multinomial raises on such rows too). A temperature so small that a row's
+largest logit over it overflows (to +inf, or to -inf in a row of negative logits) divides the logits less
+their row's largest instead: that row's largest is then 0, and the others at most 0.
 
 With the cache (use_cache=True) the prompt runs once (prefill) and each step runs one token through every
 layer, attending to the keys and values the caches hold (each cache's attend). Without it, each step runs
@@ -56,7 +57,7 @@ def sample_next(
     rng = check_rng(rng)
     with np.errstate(over="ignore"):  # a finite logit over a tiny temperature may overflow: taken care of here
         z = logits / temperature  # (B, V)
-        if np.isposinf(z).any():  # shifted first, no logit is above 0, and none can overflow upwards
+        if not np.isfinite(z.max(axis=-1)).all():  # a row's largest overflowed: shifted first, it is 0
             z = (logits - logits.max(axis=-1, keepdims=True)) / temperature
     if top_k is not None and top_k < z.shape[1]:
         kth = np.partition(z, -top_k, axis=-1)[:, -top_k, None]  # (B, 1): the k-th largest of each row
