@@ -107,7 +107,7 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, ac
         raise ValueError(f"accumulate ({accumulate}) must divide the batch ({batch}) into equal slices")
     batch //= accumulate  # the sequences whose activations are held at once
     c = np.dtype(config.dtype).itemsize
-    one_layer = param_shapes(dataclasses.replace(config, layers=1))  # every layer's shapes: constant time
+    one_layer = param_shapes(dataclasses.replace(config, layers=1))  # layer 0 has every layer's shapes
     P = parameter_count(config)
     N, L, C, H, V = batch * tokens, config.layers, config.width, config.hidden, config.vocab
 
