@@ -3,10 +3,14 @@ float64, the cached forward against the whole one, determinism, and the errors t
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, init_params, param_shapes
+from tinyattn_np import _guard
+from tinyattn_np._guard import AttentionMemoryError
+from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, init_params, param_shapes, parameter_count
 
 STEP = 1e-6
 SMALL = dict(vocab=11, context=6, layers=2, heads=2, width=8, dtype="float64")
@@ -252,3 +256,30 @@ def test_caches_must_be_one_per_layer():
     model = GPT(small(), rng=0)
     with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
         model.hidden(np.zeros((1, 2), int), model.new_caches(1, 4)[:1])
+
+
+@pytest.mark.parametrize(
+    "config",
+    [GPT_PRESETS["tiny"], GPT_PRESETS["part3"], small(mlp="swiglu", norm="rmsnorm", bias=True), small(bias=True),
+     small(mlp="swiglu", mlp_hidden=12), small(norm="rmsnorm", layers=5)],
+    ids=["tiny", "part3", "swiglu rmsnorm bias", "layernorm bias", "swiglu hidden 12", "rmsnorm 5 layers"],
+)  # fmt: skip
+def test_the_parameter_count_is_param_shapes_by_arithmetic(config):
+    assert parameter_count(config) == sum(int(np.prod(shape)) for shape in param_shapes(config).values())
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_anything_is_built(monkeypatch):
+    """By arithmetic, in constant time: GPT(layers=10⁶) asks for 786 GB, and spent 10 s and 1.3 GB on it before
+    a raw MemoryError. The memory is the guard's (what this process can still take)."""
+    monkeypatch.setattr(_guard, "memory_usable", lambda: 3 << 20)  # 3 MiB: the tiny model's 3.04 MiB do not fit
+    match = "GPT\\(4 layers, width 128, vocab 65\\) would allocate 3.0 MiB .*795,904 parameters of float32.*3.0 MiB"
+    with pytest.raises(AttentionMemoryError, match=match):
+        GPT(GPT_PRESETS["tiny"], rng=0)
+    with pytest.raises(AttentionMemoryError, match=match):
+        GPT(GPT_PRESETS["tiny"], init_params(small(), 0))  # given weights are copied: the same bytes
+    monkeypatch.undo()
+    for config in (GPTConfig(layers=10**6), GPTConfig(layers=10**15, width=2**20, heads=2**10, vocab=10**9)):
+        start = time.perf_counter()
+        with pytest.raises(AttentionMemoryError, match=f"GPT\\({config.layers} layers"):
+            GPT(config, rng=0)
+        assert time.perf_counter() - start < 0.5

@@ -3,6 +3,8 @@ central differences in float64."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from scipy.special import expit, log_softmax
@@ -92,6 +94,34 @@ def test_gelu_backward_matches_central_differences(rng):
     u, r = rng.normal(size=(4, 9)) * 2, rng.normal(size=(4, 9))
     du = gelu_backward(r, gelu(u)[1])
     assert_gradient(du, lambda: float(np.sum(gelu(u)[0] * r)), u, "du")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "far"), [(np.float32, [1.4e13, 1.5e13, 1e30, 3e38]), (np.float64, [1.1e103, 1.2e103, 1e200, 1e308])]
+)
+def test_gelu_backward_is_finite_far_from_zero(dtype, far):
+    """Where tanh is ±1 to the last bit, dy/du = ½ (1 + t)(1 + u (a + 3 b u²)(1 - t)) is 0 (u < 0) or 1 (u > 0),
+    as torch's autograd gives: the cubic overflows there, and inf times 1 + t = 0 must not make a NaN."""
+    u = np.array([[-x for x in far] + far], dtype)
+    dy = np.full_like(u, 3.0)
+    du = gelu_backward(dy, gelu(u)[1])
+    assert du.dtype == dtype
+    np.testing.assert_array_equal(du, [[0.0] * len(far) + [3.0] * len(far)])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gelu_backward_keeps_its_bits_where_nothing_overflows(rng, dtype):
+    """The derivative's lines in their order, over the whole array at once and without any bound on u: the same
+    bits for u from 10^-3 to 10^4 (beyond 10, tanh is ±1 to the last bit in every float dtype)."""
+    u = (rng.normal(size=(64, 33)) * np.logspace(-3, 4, 64)[:, None]).astype(dtype)
+    dy = rng.normal(size=u.shape).astype(dtype)
+    a = math.sqrt(2 / math.pi)  # Python floats: they take u's dtype, as the layer's constants do
+    b = 0.044715 * a
+    t = np.tanh((np.square(u) * b + a) * u)  # the forward's t, in its order
+    one_minus_t = 1.0 - t
+    gold = ((np.square(u) * (3.0 * b) + a) * u * one_minus_t + 1.0) * (2.0 - one_minus_t) * 0.5 * dy
+    assert gold.dtype == dtype
+    np.testing.assert_array_equal(gelu_backward(dy, gelu(u)[1]), gold)
 
 
 def test_swiglu_is_silu_of_the_gate_times_up(rng):
@@ -194,6 +224,71 @@ def test_cross_entropy_survives_large_float32_logits():
     np.testing.assert_array_equal(probs, [[1.0, 0.0, 0.0]])
 
 
+@pytest.mark.parametrize("bad", [-1, 5, 10**9, -101])
+def test_cross_entropy_refuses_targets_outside_the_classes(rng, bad):
+    """-1 would score class V - 1 and -100 class V - 100 (NumPy's negative indices); torch refuses both."""
+    logits, targets = rng.normal(size=(4, 5)), np.array([0, 4, bad, 1])
+    match = f"targets hold {bad} at row 2, outside the classes \\[0, 5\\) and not ignore_index \\(-100\\)"
+    with pytest.raises(ValueError, match=match):
+        cross_entropy(logits, targets)
+    with pytest.raises(ValueError, match=match):
+        cross_entropy_backward(softmax_rows(logits), targets)
+
+
+def softmax_rows(logits: np.ndarray) -> np.ndarray:
+    return np.exp(log_softmax(logits, axis=-1))
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 2, 7])
+def test_ignored_targets_leave_the_mean_and_get_no_gradient(rng, ignore_index):
+    """torch's ignore_index: the rows whose target is ignore_index are out of the mean (which divides by the rows
+    that count) and their gradient is 0; the others' loss and gradient are those of the kept rows alone, bit for bit."""
+    logits = rng.normal(size=(6, 5)) * 3
+    targets = np.array([1, ignore_index, 4, ignore_index, 0, 3])
+    kept = targets != ignore_index
+    loss, probs = cross_entropy(logits, targets, ignore_index=ignore_index)
+    dlogits = cross_entropy_backward(probs, targets, ignore_index=ignore_index)
+    loss_kept, probs_kept = cross_entropy(logits[kept], targets[kept])
+    assert loss == loss_kept
+    np.testing.assert_array_equal(dlogits[kept], cross_entropy_backward(probs_kept, targets[kept]))
+    np.testing.assert_array_equal(dlogits[~kept], 0.0)
+    assert_gradient(dlogits, lambda: cross_entropy(logits, targets, ignore_index=ignore_index)[0], logits, "dz")
+
+
+def test_a_batch_with_every_target_ignored_is_refused(rng):
+    """The mean over no rows is 0/0: torch returns nan; a loss of nan would stop training a step later with less to
+    say, so it is refused here."""
+    with pytest.raises(ValueError, match="every target is ignore_index \\(-100\\): the mean over no rows"):
+        cross_entropy(rng.normal(size=(3, 4)), np.full(3, -100))
+    with pytest.raises(ValueError, match="every target is ignore_index \\(-100\\): the mean over no rows"):
+        cross_entropy_backward(softmax_rows(rng.normal(size=(3, 4))), np.full(3, -100))
+
+
+@pytest.mark.parametrize(
+    ("targets", "kwargs", "error", "match"),
+    [
+        (np.array([0.0, 1.0, 2.0]), {}, TypeError, "targets must be integer class ids; got dtype float64"),
+        (
+            np.array([0, 1]),
+            {},
+            ValueError,
+            "targets must be \\(N,\\) = \\(3,\\) class ids, one per row; got shape \\(2,\\)",
+        ),
+        (
+            np.array([[0, 1, 2]]),
+            {},
+            ValueError,
+            "targets must be \\(N,\\) = \\(3,\\) class ids, one per row; got shape \\(1, 3\\)",
+        ),
+        (np.array([0, 1, 2]), dict(ignore_index=True), TypeError, "ignore_index must be an int"),
+        (np.array([0, 1, 2]), dict(ignore_index=1.0), TypeError, "ignore_index must be an int"),
+    ],
+)
+def test_cross_entropy_refuses_targets_that_are_not_class_ids(rng, targets, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        cross_entropy(rng.normal(size=(3, 4)), targets, **kwargs)
+
+
 @pytest.mark.parametrize("block", [_tuning.ROW_BLOCK, 64])  # the default, and blocks of a few rows
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, workers):
@@ -237,6 +332,48 @@ def test_the_row_blocks_give_the_bits_of_one_pass(rng, monkeypatch, block, worke
 )
 def test_float32_stays_float32(forward):
     assert forward(np.ones((2, 8), np.float32)).dtype == np.float32
+
+
+def test_float32_rows_stay_float32_under_float64_weights(rng):
+    """The module's rule: a layer returns its input's dtype whatever its weights' (a float64 product rounded
+    where it is stored), as layer_norm always did; so do the input's gradients."""
+    x, dy = rng.normal(size=(5, 8)).astype(np.float32), rng.normal(size=(5, 8)).astype(np.float32)
+    gain, bias = rng.normal(size=8), rng.normal(size=8)
+    for forward, backward in (
+        (lambda: layer_norm(x, gain, bias), layer_norm_backward),
+        (lambda: rms_norm(x, gain), rms_norm_backward),
+    ):
+        y, saved = forward()
+        assert y.dtype == np.float32 and backward(dy, saved).dx.dtype == np.float32
+    for kind, fc in (("gelu", 12), ("swiglu", 24)):
+        w_fc, w_proj, b_fc, b_proj = (
+            rng.normal(size=(8, fc)),
+            rng.normal(size=(12, 8)),
+            rng.normal(size=fc),
+            rng.normal(size=8),
+        )
+        y, saved = mlp(x, w_fc, w_proj, b_fc, b_proj, kind=kind)
+        assert y.dtype == np.float32
+        gold = mlp(x.astype(np.float64), w_fc, w_proj, b_fc, b_proj, kind=kind)[0]
+        np.testing.assert_allclose(y, gold, rtol=1e-5, atol=1e-5 * np.abs(gold).max())
+        assert mlp_backward(dy, saved).dx.dtype == np.float32
+
+
+def test_a_backward_refuses_what_another_forward_saved(rng):
+    x, dy = rng.normal(size=(3, 4)), rng.normal(size=(3, 4))
+    layer_saved, rms_saved = layer_norm(x, np.ones(4))[1], rms_norm(x, np.ones(4))[1]
+    with pytest.raises(TypeError, match="saved must be the NormSaved that layer_norm returned; got NoneType"):
+        layer_norm_backward(dy, None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the NormSaved that layer_norm returned; got rms_norm's"):
+        layer_norm_backward(dy, rms_saved)
+    with pytest.raises(TypeError, match="saved must be the NormSaved that rms_norm returned; got layer_norm's"):
+        rms_norm_backward(dy, layer_saved)
+    with pytest.raises(TypeError, match="saved must be the GeluSaved that gelu returned; got NormSaved"):
+        gelu_backward(dy, layer_saved)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the SwigluSaved that swiglu returned; got tuple"):
+        swiglu_backward(dy, (x, x, x))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="saved must be the MLPSaved that mlp returned; got NoneType"):
+        mlp_backward(dy, None)  # type: ignore[arg-type]
 
 
 def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:

@@ -99,6 +99,114 @@ def test_step_refuses_gradients_that_do_not_fit():
     assert opt.t == 0  # nothing was taken
 
 
+def stepped_optimiser() -> tuple[AdamW, dict[str, np.ndarray]]:
+    """An AdamW two steps in, over a matrix (decayed) and a vector (not): its moments are not zero."""
+    rng = np.random.default_rng(5)
+    params = {"w": rng.normal(size=(3, 4)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32)}
+    opt = AdamW(params, lr=0.1)
+    for t in range(2):
+        opt.step(params, quadratic_grads(params, t))
+    return opt, params
+
+
+def snapshot(opt: AdamW, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return opt.state_dict() | {f"param.{name}": p.copy() for name, p in params.items()}
+
+
+def assert_unchanged(before: dict[str, np.ndarray], opt: AdamW, params: dict[str, np.ndarray]) -> None:
+    after = snapshot(opt, params)
+    assert after.keys() == before.keys()
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+        assert after[name].dtype == before[name].dtype, name
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        (np.ones(4, np.int64), TypeError, "grads\\['b'\\] must hold real floats; got dtype int64"),
+        (np.ones(4, np.complex128), TypeError, "grads\\['b'\\] must hold real floats; got dtype complex128"),
+        (np.array([1.0, np.nan, 0.0, 0.0]), ValueError, "grads\\['b'\\] holds NaN or inf"),
+        (np.array([1.0, 0.0, -np.inf, 0.0], np.float32), ValueError, "grads\\['b'\\] holds NaN or inf"),
+    ],
+    ids=["int", "complex", "nan", "-inf"],
+)
+def test_a_step_that_is_refused_changes_nothing(bad, error, match):
+    """Every check comes before the first change: the step count, every weight and both moments stay as they
+    were, though the first array ("w") was fine and its update would have come first."""
+    opt, params = stepped_optimiser()
+    before = snapshot(opt, params)
+    grads = quadratic_grads(params, 2) | {"b": bad}
+    with pytest.raises(error, match=match):
+        opt.step(params, grads)
+    assert_unchanged(before, opt, params)
+
+
+def test_a_step_refuses_weights_it_cannot_update_in_place():
+    opt, params = stepped_optimiser()
+    before = snapshot(opt, params)
+    frozen = params | {"b": params["b"].copy()}
+    frozen["b"].flags.writeable = False
+    with pytest.raises(ValueError, match="params\\['b'\\] must be a writable ndarray"):
+        opt.step(frozen, quadratic_grads(params, 2))
+    with pytest.raises(TypeError, match="params\\['b'\\] must be a writable ndarray"):
+        opt.step(params | {"b": [0.0] * 4}, quadratic_grads(params, 2))
+    assert_unchanged(before, opt, params)
+    with pytest.raises(TypeError, match="params\\['w'\\] must hold real floats; got dtype int64"):
+        AdamW({"w": np.zeros((2, 2), np.int64)})
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "match"),
+    [
+        (dict(lr=np.array(np.nan)), ValueError, "state\\['lr'\\] must be a finite number >= 0; got nan"),
+        (dict(beta2=np.array(1.0)), ValueError, "state\\['beta2'\\] must be a finite number in \\[0, 1.0\\)"),
+        (dict(beta1=np.array(-0.1)), ValueError, "state\\['beta1'\\] must be a finite number in \\[0, 1.0\\)"),
+        (dict(eps=np.array([1e-8, 1e-8])), ValueError, "state\\['eps'\\] must be one number; got shape \\(2,\\)"),
+        (dict(t=np.array(-1)), ValueError, "state\\['t'\\] must be an int >= 0; got -1"),
+        (dict(t=np.array(2.5)), TypeError, "state\\['t'\\] must be an int >= 0"),
+        ({"v.b": np.array([0.1, -1e-3, 0.0, 0.0], np.float32)}, ValueError, "state\\[v.'b'\\] .* must be >= 0"),
+        ({"v.w": np.full((3, 4), np.nan)}, ValueError, "state\\[v.'w'\\] .* must be >= 0"),
+        ({"m.w": np.full((3, 4), np.inf)}, ValueError, "state\\[m.'w'\\] holds NaN or inf"),
+        ({"m.b": np.ones(4, np.complex64)}, TypeError, "state\\[m.'b'\\] must hold real floats; got dtype complex64"),
+        ({"m.b": np.ones(3)}, ValueError, "state\\[m.'b'\\] must have shape \\(4,\\)"),
+    ],
+    ids=[
+        "lr nan",
+        "beta2 1",
+        "beta1 < 0",
+        "eps 2 numbers",
+        "t < 0",
+        "t 2.5",
+        "v < 0",
+        "v nan",
+        "m inf",
+        "complex",
+        "shape",
+    ],
+)
+def test_load_state_dict_refuses_a_state_no_step_could_make_and_changes_nothing(change, error, match):
+    opt, params = stepped_optimiser()
+    before = snapshot(opt, params)
+    state = opt.state_dict()
+    state["m.w"] += 1.0  # a state other than the optimiser's own, so that a partial load would show
+    with pytest.raises(error, match=match):
+        opt.load_state_dict(state | change)
+    assert_unchanged(before, opt, params)
+
+
+def test_a_second_moment_that_overflowed_loads_back():
+    """v = β2 v + (1 - β2) g² is inf in float32 for |g| past 1.8e19, a finite gradient: such a state is the
+    optimiser's own, and is restored as it was."""
+    opt, params = stepped_optimiser()
+    opt.step(params, {"w": np.full((3, 4), 1e20, np.float32), "b": np.zeros(4, np.float32)})
+    state = opt.state_dict()
+    assert np.isinf(state["v.w"]).all() and np.isfinite(params["w"]).all()
+    restored = AdamW(params)
+    restored.load_state_dict(state)
+    np.testing.assert_array_equal(restored.v["w"], state["v.w"])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -192,3 +300,22 @@ def test_accumulated_grads_refuse_slices_that_do_not_split_the_batch(rows, parts
     x = np.zeros((rows, 5), np.int64)
     with pytest.raises(error, match=match):
         accumulated_grads(never, x, x, parts)
+
+
+@pytest.mark.parametrize(
+    ("grads", "norm"),
+    [
+        ({"a": np.full(4, 3e38, np.float32), "b": np.full((2, 3), -1e38, np.float32)}, math.sqrt(4 * 9 + 6) * 1e38),
+        ({"a": np.array([3e200, 0.0]), "b": np.array([[4e200]])}, 5e200),
+        ({"a": np.array([1e20], np.float32), "b": np.array([1.0], np.float32)}, 1e20),
+    ],
+    ids=["float32 near its largest", "float64 past 1e154", "float32 past 1.8e19"],
+)
+def test_the_norm_of_finite_gradients_is_finite_however_large(grads, norm):
+    """Σ g² overflows (float32 past 1.8e19, float64 past 1.3e154) while ‖g‖ itself is a float: it is taken again
+    of g / max|g|, times max|g|. Clipping then scales the gradients to max_norm as it should."""
+    assert global_norm(grads) == pytest.approx(norm, rel=1e-6)
+    assert clip_grad_norm(grads, 1.0) == pytest.approx(norm, rel=1e-6)
+    assert global_norm(grads) == pytest.approx(1.0, rel=1e-5)
+    assert global_norm({"a": np.array([np.inf, 1.0]), "b": np.array([1e200])}) == math.inf
+    assert math.isnan(global_norm({"a": np.array([np.nan, 1e200, 1e200])}))

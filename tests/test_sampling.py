@@ -112,3 +112,55 @@ def test_bad_prompts_and_counts_are_refused_by_name(model):
         generate("model", [1], 1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="logits must be \\(B, V\\)"):
         sample_next(np.zeros(4))
+
+
+# --- logits that are not finite ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sampling", [dict(temperature=0.0), dict(), dict(top_k=2), dict(top_p=0.5)], ids=["greedy", "t=1", "top-k", "top-p"]
+)
+@pytest.mark.parametrize(
+    ("row", "match"),
+    [
+        ([-np.inf, -np.inf, -np.inf, -np.inf], "row 1 of logits is -inf at all 4 tokens"),
+        ([np.nan, np.nan, np.nan, np.nan], "row 1 of logits holds NaN at 4 of its 4 tokens"),
+        ([0.0, np.nan, 2.0, 1.0], "row 1 of logits holds NaN at 1 of its 4 tokens \\(token 1\\)"),
+        ([np.inf, 0.0, np.inf, 1.0], "row 1 of logits is \\+inf at 2 tokens \\(tokens 0, 2\\)"),
+    ],
+    ids=["all -inf", "all NaN", "one NaN", "two +inf"],
+)
+def test_a_row_that_gives_no_distribution_is_refused_by_its_number(row, match, sampling):
+    """torch's multinomial raises on such a row; a token drawn from it would be a number's accident."""
+    logits = np.array([[0.0, 1.0, 2.0, 3.0], row])
+    with pytest.raises(ValueError, match=match):
+        sample_next(logits, rng=0, **sampling)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0.0), dict(), dict(temperature=5.0, top_k=3), dict(top_p=0.01), dict(top_k=1, top_p=0.9)],
+)
+def test_one_inf_logit_is_the_certain_token(sampling):
+    """exp(+inf) outweighs every finite logit: the token's probability is 1, whatever the temperature or filter."""
+    logits = np.array([[5.0, 4.0, np.inf, 4.5, -np.inf], [np.inf, 9.0, 9.0, -np.inf, 0.0]])
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        np.testing.assert_array_equal(sample_next(logits, rng=rng, **sampling), [2, 0])
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 1e-308, 5e-324])
+def test_a_tiny_temperature_is_the_argmax_not_an_overflow(temperature):
+    """logits / 1e-308 overflows to +inf at several tokens, or to -inf at every one of a row of negative logits;
+    the draw is taken of the shifted logits, whose largest is 0: the largest logit's token, as temperature 0 gives."""
+    logits = np.array([[10.0, 9.0, 10.5, -3.0], [2.0, 1.0, 0.0, 1.9], [-10.0, -20.0, -9.5, -15.0]])
+    for seed in range(20):
+        np.testing.assert_array_equal(sample_next(logits, temperature=temperature, rng=seed), [2, 0, 2])
+
+
+def test_generate_refuses_a_model_whose_logits_are_nan_and_says_which_token(model):
+    broken = GPT(model.config, model.params)
+    broken.params["h.1.mlp.w_proj"][0, 0] = np.nan
+    for sampling in (dict(temperature=0.0), dict(temperature=1.0, top_k=3)):
+        with pytest.raises(ValueError, match="new token 1 of 5: row 0 of logits holds NaN at 13 of its 13 tokens"):
+            generate(broken, [1, 2], 5, rng=0, **sampling)

@@ -200,7 +200,8 @@ def backward_heads_per_item(
     the parts)."""
     tile, key_blocks = min(block_q, n_q) * min(block_k, n_k), -(-n_k // block_k)
     budget = tile_rule().scores_per_step
-    fits = [c for c in range(1, n_heads + 1) if n_heads % c == 0 and c * tile <= budget]
+    most = min(n_heads, budget // tile) if tile else n_heads  # c · tile <= budget: constant time in n_heads
+    fits = [c for c in range(1, most + 1) if n_heads % c == 0]
     return max((c for c in fits if (n_heads // c) * key_blocks >= workers), default=1)
 
 

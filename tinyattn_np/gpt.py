@@ -27,7 +27,10 @@ API (names kept once published):
     GPT_PRESETS["part3"]   6 layers, width 256, 4 heads of 64, context 256, LayerNorm, GELU 4x, biases in the
                            MLP and the norms: 5,781,504 parameters with vocab = 4,096 (the preset's vocab)
     param_shapes(config) -> {name: shape}          init_params(config, rng) -> {name: array}
-    GPT(config, params=None, *, rng=None)          .params (name -> array, the optimizer updates them in place)
+    parameter_count(config) -> int                 param_shapes' total, by arithmetic (constant time)
+    GPT(config, params=None, *, rng=None)          .params (name -> array, the optimizer updates them in place);
+                                                   refused, before anything is built, where the weights do not
+                                                   fit the memory this process can take (_guard.py)
         .loss_and_grads(idx, targets, *, rng=None) -> (loss, grads)   idx, targets (B, T) ints; grads like params
         .loss(idx, targets) -> float               .logits(idx) -> (B, T, V)     no dropout, no gradients
         .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one KVCache per layer
@@ -46,6 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import check_bool, check_positive_int, check_rng
+from ._guard import refuse_unless_fits
 from .blockmask import check_band
 from .kvcache import KVCache
 from .layers import (
@@ -69,7 +73,7 @@ from .multihead import HeadWeights, MultiheadSaved, multihead_backward, multihea
 Array = NDArray[np.floating]
 Params = dict[str, Array]
 
-__all__ = ["GPT", "GPTConfig", "GPT_PRESETS", "NORM_KINDS", "init_params", "param_shapes"]
+__all__ = ["GPT", "GPTConfig", "GPT_PRESETS", "NORM_KINDS", "init_params", "param_shapes", "parameter_count"]
 
 NORM_KINDS = ("layernorm", "rmsnorm")
 GPT_DTYPES = ("float32", "float64")
@@ -173,6 +177,32 @@ def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes | norm("ln_f")
 
 
+def parameter_count(config: GPTConfig) -> int:
+    """The number of weights param_shapes(config) lists, by arithmetic: constant time, whatever the depth.
+
+    E (V C); per layer the two norms, w_qkv (C x 3C), w_out (C x C), the MLP's w_fc (C x H, or C x 2H for
+    SwiGLU) and w_proj (H x C) with their biases; the final norm. A norm is its gain (C), and its bias (C) in a
+    LayerNorm with bias=True.
+    """
+    C, H = config.width, config.hidden
+    fc = 2 * H if config.mlp == "swiglu" else H
+    norm = 2 * C if config.bias and config.norm == "layernorm" else C
+    mlp = C * fc + H * C + (fc + C if config.bias else 0)
+    return config.vocab * C + config.layers * (2 * norm + 4 * C * C + mlp) + norm
+
+
+def refuse_unless_weights_fit(config: GPTConfig) -> None:
+    """Refuse, by arithmetic and before anything is allocated, a model whose weights alone do not fit the memory
+    this process can take (_guard.refuse_unless_fits: an AttentionMemoryError that says so)."""
+    count = parameter_count(config)
+    refuse_unless_fits(
+        count * np.dtype(config.dtype).itemsize,
+        f"GPT({config.layers} layers, width {config.width}, vocab {config.vocab})",
+        f"{count:,} parameters of {config.dtype}",
+        "take fewer layers, a smaller width or a smaller vocabulary",
+    )
+
+
 def init_params(config: GPTConfig, rng: np.random.Generator | int | None = None) -> Params:
     """GPT-2's initialisation: matrices and embeddings normal(0, 0.02), the two projections into the
     residual stream (attn.w_out, mlp.w_proj) normal(0, 0.02 / √(2L)) so that the stream's variance does not
@@ -223,12 +253,14 @@ class GPT:
     """The model: a GPTConfig and its parameters, a dict name -> array (param_shapes' names and order).
 
     params: None draws them (init_params with rng); a dict (from a checkpoint's .npz, say) is checked
-    against the config (names and shapes) and copied into arrays of the config's dtype.
+    against the config (names and shapes) and copied into arrays of the config's dtype. Either way, a model
+    whose weights do not fit the memory available is refused first (refuse_unless_weights_fit).
     """
 
     def __init__(self, config: GPTConfig, params: dict[str, Any] | None = None, *, rng: Any = None):
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
+        refuse_unless_weights_fit(config)
         self.config = config
         self.params = init_params(config, rng) if params is None else checked_params(config, params)
 

@@ -6,11 +6,13 @@
     swiglu         y = silu(a_gate) ∘ a_up                        Shazeer 2020
     mlp            y = act(x W_fc + b_fc) W_proj + b_proj          the block's feed-forward half
     dropout        y = x ∘ keep / (1 - p)                         the mask kept for the backward
-    cross_entropy  loss = mean_n (logsumexp(z_n) - z_n[target_n])  and its gradient (softmax(z) - onehot) / N
+    cross_entropy  loss = mean_n (logsumexp(z_n) - z_n[target_n])  and its gradient (softmax(z) - onehot) / N,
+                   over the rows whose target is not ignore_index (torch's, -100)
 
 API: every forward returns (y, saved); its backward takes (dy, saved) and returns the gradients, the input's
-first. Rows are the leading axes (N tokens, or B, T), features the last. Every layer computes in its input's
-dtype: float32 stays float32, and float64 (the gradient checks) stays float64. A forward's `saved` holds its
+first. Rows are the leading axes (N tokens, or B, T), features the last. A layer returns its input's dtype,
+whatever its weights': float32 stays float32, float64 (the gradient checks) stays float64, and a product with
+a weight of another dtype is taken in the wider one and rounded where it is stored. A forward's `saved` holds its
 weights by reference: update them only after the backward (the optimizer steps after it). layer_norm, gelu,
 their backwards and cross_entropy run their lines on blocks of rows that stay in a core's L2 cache, over the
 cores (_parallel.by_row_blocks; the block's size is _tuning.py's row block): each line treats each row alone,
@@ -22,7 +24,8 @@ so the result is the same bits for any block.
     swiglu(a) -> (y, SwigluSaved)  a = [gate | up] (..., 2H)      swiglu_backward(dy, saved) -> da
     mlp(x, w_fc, w_proj, b_fc=None, b_proj=None, kind="gelu") -> (y, MLPSaved)    mlp_backward(dy, saved) -> MLPGrads
     dropout(x, p, rng) -> (y, keep or None)                       dropout_backward(dy, keep, p) -> dx
-    cross_entropy(logits, targets, out=None) -> (loss, probs)     cross_entropy_backward(probs, targets, out=None)
+    cross_entropy(logits, targets, out=None, ignore_index=-100) -> (loss, probs)
+    cross_entropy_backward(probs, targets, out=None, ignore_index=-100) -> dlogits
 
 Each backward's docstring derives its lines; tests/test_layers.py holds each against central differences.
 """
@@ -30,7 +33,7 @@ Each backward's docstring derives its lines; tests/test_layers.py holds each aga
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -96,13 +99,15 @@ def layer_norm(x: Array, gain: Array, bias: Array | None = None, eps: float = 1e
 
 
 class NormSaved(NamedTuple):
-    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1), the gain, and
-    whether the norm had a bias (its backward gives dbias then)."""
+    """What a norm's backward needs: x̂ (..., C), the normalised input, 1/√(σ² + ε) (..., 1), the gain,
+    whether the norm had a bias (its backward gives dbias then), and the forward that made it ("layer_norm"
+    or "rms_norm": each backward refuses the other's)."""
 
     x_hat: Array
     rstd: Array
     gain: Array
     biased: bool = False
+    norm: str = "layer_norm"
 
 
 class NormGrads(NamedTuple):
@@ -121,6 +126,7 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - mean(dx̂) - x̂ mean(dx̂ ∘ x̂))   (means over the row)
     The last line: ∂x̂_j/∂x_i = r (δ_ij - 1/C - x̂_i x̂_j / C), since ∂μ/∂x_i = 1/C and ∂r/∂x_i = -r³ (x_i - μ) / C.
     """
+    _check_saved(saved, NormSaved, "layer_norm")
     x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
@@ -136,6 +142,14 @@ def layer_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
     by_row_blocks(lines, row_block(), dy_rows, x_hat_rows, rstd_rows, dx)
     return NormGrads(dx.reshape(dy.shape), dgain, dbias)
+
+
+def _check_saved(saved: object, kind: type, forward: str) -> None:
+    """saved must be the `kind` that `forward` returned (for a norm: that norm's); else a TypeError naming it."""
+    if not isinstance(saved, kind):
+        raise TypeError(f"saved must be the {kind.__name__} that {forward} returned; got {type(saved).__name__}")
+    if isinstance(saved, NormSaved) and saved.norm != forward:
+        raise TypeError(f"saved must be the NormSaved that {forward} returned; got {saved.norm}'s")
 
 
 def _row_means(x: Array, y: Array | None = None) -> Array:
@@ -156,7 +170,8 @@ def rms_norm(x: Array, gain: Array, eps: float = 1e-5) -> tuple[Array, NormSaved
     """
     rstd = 1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)  # (..., 1)
     x_hat = x * rstd  # (..., C)
-    return x_hat * gain, NormSaved(x_hat, rstd, gain)
+    y = np.multiply(x_hat, gain, out=np.empty_like(x_hat))  # (..., C): in x's dtype, whatever the gain's
+    return y, NormSaved(x_hat, rstd, gain, norm="rms_norm")
 
 
 def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
@@ -167,10 +182,11 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
                                     dx = r (dx̂ - x̂ mean(dx̂ ∘ x̂))
     since ∂x̂_j/∂x_i = r (δ_ij - x̂_i x̂_j / C).
     """
+    _check_saved(saved, NormSaved, "rms_norm")
     x_hat, rstd, gain = saved.x_hat, saved.rstd, saved.gain
     C = x_hat.shape[-1]
     dgain = np.einsum("nc,nc->c", dy.reshape(-1, C), x_hat.reshape(-1, C))  # (C,): summed over every row
-    dx_hat = dy * gain  # (..., C)
+    dx_hat = np.multiply(dy, gain, out=np.empty_like(dy))  # (..., C): in dy's dtype, whatever the gain's
     dx = dx_hat - x_hat * np.mean(dx_hat * x_hat, axis=-1, keepdims=True)  # (..., C)
     dx *= rstd
     return NormGrads(dx, dgain, None)
@@ -180,6 +196,8 @@ def rms_norm_backward(dy: Array, saved: NormSaved) -> NormGrads:
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GELU_CUBIC = 0.044715  # the cubic term of the tanh approximation (Hendrycks & Gimpel 2016, eq. 2)
+# Beyond |u| = 10 the inner polynomial is past 43 and t = tanh(...) is ±1 to the last bit in float16, 32 and 64.
+GELU_FLAT = 10.0
 
 
 class GeluSaved(NamedTuple):
@@ -223,7 +241,12 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
 
     dy/du = ½ (1 + t) + ½ u (1 - t²) (a + 3 b u²)        tanh' = 1 - tanh², (u (a + b u²))' = a + 3 b u²
           = ½ (1 + t) (1 + u (a + 3 b u²) (1 - t))        1 - t² = (1 - t) (1 + t)
+
+    Far from 0, t = ±1 and one factor, 1 - t or 1 + t, is 0 (dy/du = 1 or 0), while u (a + 3 b u²) overflows
+    (float32 past |u| = 1.4e13): inf times 0 would be NaN. So the polynomial takes u clipped to ±10 (GELU_FLAT),
+    where t is already ±1: the same bits inside, a finite number times 0 outside.
     """
+    _check_saved(saved, GeluSaved, "gelu")
     u_rows = saved.u.reshape(-1, saved.u.shape[-1])  # (N, H)
     dy_rows = dy.reshape(u_rows.shape)  # (N, H)
     du = np.empty_like(dy_rows)  # (N, H)
@@ -234,6 +257,8 @@ def gelu_backward(dy: Array, saved: GeluSaved) -> Array:
 def _gelu_backward_lines(dy: Array, u: Array, du: Array) -> None:
     """gelu_backward's lines on one block of rows (n, H), written into du."""
     t = _gelu_tanh(u)  # the forward's t, made again in the cache
+    if u.min() < -GELU_FLAT or u.max() > GELU_FLAT:  # the clip's pass only where it changes something
+        u = np.clip(u, -GELU_FLAT, GELU_FLAT)  # u itself wherever t is not ±1 (the docstring)
     np.square(u, out=du)  # a + 3 b u², then the whole derivative, in du's memory
     du *= 3.0 * GELU_CUBIC * SQRT_2_OVER_PI
     du += SQRT_2_OVER_PI
@@ -279,6 +304,7 @@ def swiglu_backward(dy: Array, saved: SwigluSaved) -> Array:
 
     y = s(g) u, s(g) = g σ(g)       du = dy s(g)        dg = dy u s'(g),  s'(g) = σ(g) (1 + g (1 - σ(g)))
     """
+    _check_saved(saved, SwigluSaved, "swiglu")
     gate, up, sigmoid = saved
     H = gate.shape[-1]
     da = np.empty((*dy.shape[:-1], 2 * H), dtype=dy.dtype)  # (..., 2H)
@@ -331,11 +357,11 @@ def mlp(
     """
     if kind not in MLP_KINDS:
         raise ValueError(f"kind must be one of {MLP_KINDS}; got {kind!r}")
-    a = x @ w_fc  # (N, H) or (N, 2H)
+    a = _matmul(x, w_fc)  # (N, H) or (N, 2H)
     if b_fc is not None:
         a += b_fc
     h, activation = gelu(a) if kind == "gelu" else swiglu(a)  # (N, H)
-    y = h @ w_proj  # (N, C)
+    y = _matmul(h, w_proj)  # (N, C)
     if b_proj is not None:
         y += b_proj
     return y, MLPSaved(x, h, activation, w_fc, w_proj, b_fc is not None, kind)
@@ -348,17 +374,26 @@ def mlp_backward(dy: Array, saved: MLPSaved) -> MLPGrads:
     h = act(a)                  da = act_backward(dh)
     a = x W_fc + b_fc           dW_fc = xᵀ da        db_fc = Σ_rows da        dx = da W_fcᵀ
     """
+    _check_saved(saved, MLPSaved, "mlp")
     x, h, activation, w_fc, w_proj, biased, kind = saved
     dw_proj = h.T @ dy  # (H, C)
-    dh = dy @ w_proj.T  # (N, H)
+    dh = _matmul(dy, w_proj.T)  # (N, H)
     if kind == "gelu":
         da = gelu_backward(dh, activation)  # type: ignore[arg-type]  # (N, H)
     else:
         da = swiglu_backward(dh, activation)  # type: ignore[arg-type]  # (N, 2H)
     dw_fc = x.T @ da  # (C, H) or (C, 2H)
-    dx = da @ w_fc.T  # (N, C)
+    dx = _matmul(da, w_fc.T)  # (N, C)
     db_fc, db_proj = (da.sum(axis=0), dy.sum(axis=0)) if biased else (None, None)
     return MLPGrads(dx, dw_fc, dw_proj, db_fc, db_proj)
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    """a @ b in a's dtype (the module's rule): with b of another dtype, the product is taken in the wider one
+    and rounded to a's where it is stored."""
+    if b.dtype == a.dtype:
+        return a @ b
+    return np.matmul(a, b, out=np.empty((*a.shape[:-1], b.shape[-1]), a.dtype))
 
 
 # --- dropout and the loss -----------------------------------------------------------------------------
@@ -389,14 +424,18 @@ def dropout_backward(dy: Array, keep: NDArray[np.bool_] | None, p: float) -> Arr
     return dx
 
 
-def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> tuple[float, Array]:
+def cross_entropy(
+    logits: Array, targets: NDArray[np.integer], *, out: Array | None = None, ignore_index: int = -100
+) -> tuple[float, Array]:
     """loss = (1/N) Σ_n (logsumexp(z_n) - z_n[t_n]), the mean negative log-likelihood of the targets.
 
     logits z (N, V), targets t (N,) ints in [0, V) -> (loss as a Python float, probs = softmax(z) (N, V)).
-    torch.nn.functional.cross_entropy(z, t). The row max is subtracted first: exp of a logit of 100
-    overflows float32, exp of 0 does not. out: where the probabilities go (out=logits overwrites the logits
-    when nothing needs them after; default a new array).
+    torch.nn.functional.cross_entropy(z, t, ignore_index=ignore_index): a row whose target is ignore_index is
+    left out, and N counts the other rows (every row ignored is refused: torch's mean is then 0/0, nan). The
+    row max is subtracted first: exp of a logit of 100 overflows float32, exp of 0 does not. out: where the
+    probabilities go (out=logits overwrites the logits when nothing needs them after; default a new array).
     """
+    targets, kept = _check_targets(targets, logits.shape, ignore_index, "logits")
     probs = np.empty_like(logits) if out is None else out  # (N, V)
     nll = np.empty(logits.shape[0], dtype=logits.dtype)  # (N,): each row's -log p(target)
 
@@ -404,7 +443,36 @@ def cross_entropy(logits: Array, targets: NDArray[np.integer], *, out: Array | N
         nll[...] = _softmax_lines(logits, targets, probs)
 
     by_row_blocks(lines, row_block(), logits, targets, probs, nll)
-    return float(np.mean(nll)), probs
+    return float(np.mean(nll if kept is None else nll[kept])), probs
+
+
+def _check_targets(
+    targets: Any, shape: tuple[int, ...], ignore_index: Any, name: str
+) -> tuple[NDArray[np.integer], NDArray[np.bool_] | None]:
+    """targets as ints (N,) in [0, V) for `name` (N, V), and which rows count: None where every row does, else
+    a bool (N,) false where the target is ignore_index (read as class 0 there, so the lines can index with it)."""
+    if isinstance(ignore_index, (bool, np.bool_)) or not isinstance(ignore_index, (int, np.integer)):
+        raise TypeError(f"ignore_index must be an int (torch's default: -100); got {ignore_index!r}")
+    targets = np.asarray(targets)
+    if targets.dtype.kind not in "iu":
+        raise TypeError(f"targets must be integer class ids; got dtype {targets.dtype}")
+    if len(shape) != 2:
+        raise ValueError(f"{name} must be (N, V), a row of V classes per target; got shape {shape}")
+    if targets.shape != shape[:1]:
+        raise ValueError(f"targets must be (N,) = ({shape[0]},) class ids, one per row; got shape {targets.shape}")
+    ignored = targets == ignore_index  # (N,)
+    outside = ((targets < 0) | (targets >= shape[1])) & ~ignored  # (N,)
+    if outside.any():
+        row, more = int(np.argmax(outside)), int(outside.sum()) - 1
+        raise ValueError(
+            f"targets hold {targets[row]} at row {row}{f' (and {more} more)' if more else ''}, outside the classes "
+            f"[0, {shape[1]}) and not ignore_index ({ignore_index})"
+        )
+    if not ignored.any():
+        return targets, None
+    if ignored.all():
+        raise ValueError(f"every target is ignore_index ({ignore_index}): the mean over no rows is 0/0 (torch's nan)")
+    return np.where(ignored, 0, targets), ~ignored
 
 
 def _softmax_lines(logits: Array, targets: NDArray[np.integer], probs: Array) -> Array:
@@ -418,14 +486,20 @@ def _softmax_lines(logits: Array, targets: NDArray[np.integer], probs: Array) ->
     return np.log(total[:, 0]) - target_logit
 
 
-def cross_entropy_backward(probs: Array, targets: NDArray[np.integer], *, out: Array | None = None) -> Array:
+def cross_entropy_backward(
+    probs: Array, targets: NDArray[np.integer], *, out: Array | None = None, ignore_index: int = -100
+) -> Array:
     """dlogits (N, V) = (softmax(z) - onehot(t)) / N: for one row, ∂(logsumexp(z) - z_t)/∂z_j = p_j - [j = t],
-    and the mean over N rows divides by N. out: where to write it (out=probs reuses the forward's probabilities
-    when nothing needs them after; default a new array)."""
-    N = probs.shape[0]
+    and the mean over N rows divides by N; a row whose target is ignore_index is not in the mean: its gradient
+    is 0 and N counts the others. out: where to write it (out=probs reuses the forward's probabilities when
+    nothing needs them after; default a new array)."""
+    targets, kept = _check_targets(targets, probs.shape, ignore_index, "probs")
+    N = probs.shape[0] if kept is None else int(kept.sum())
     dlogits = probs.copy() if out is None else out  # (N, V)
     if out is not None and out is not probs:
         out[...] = probs
-    dlogits[np.arange(N), targets] -= 1.0
+    dlogits[np.arange(probs.shape[0]), targets] -= 1.0
+    if kept is not None:
+        dlogits[~kept] = 0.0
     dlogits *= 1.0 / N
     return dlogits

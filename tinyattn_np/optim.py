@@ -24,8 +24,11 @@ API:
         .step(params, grads, *, lr=None)     updates params in place; lr overrides the constructor's (a schedule)
         .t  .m  .v  .decay                   step count, the two moments (dicts like params), who is decayed
         .state_dict() -> {str: array}        for np.savez; .load_state_dict(state) restores it bit for bit
+    A step, and a load, is all or nothing: every check (names, shapes, real floats, finite gradients, weights
+    that can be written in place; a state's numbers in their ranges) comes before the first change.
     warmup_cosine_lr(step, *, lr, warmup, total, min_lr=0.0) -> float      step counts from 0
     global_norm(grads) -> float          clip_grad_norm(grads, max_norm) -> the norm before clipping
+                                         (finite for finite gradients, however large: scaled_norm)
     accumulate_grads(total, grads, weight=1.0) -> total (None: a new dict)
     accumulated_grads(loss_and_grads, x, y, parts) -> (loss, grads)    the mean over `parts` slices of rows
 """
@@ -68,6 +71,8 @@ class AdamW:
     ):
         if not isinstance(params, dict) or not params:
             raise ValueError("params must be a non-empty dict name -> array")
+        for name, p in params.items():
+            check_floats(p, f"params[{name!r}]")
         self.lr = check_number(lr, "lr")
         beta1, beta2 = betas
         self.beta1, self.beta2 = check_number(beta1, "betas[0]", below=1.0), check_number(beta2, "betas[1]", below=1.0)
@@ -87,10 +92,11 @@ class AdamW:
     def step(self, params: Params, grads: Params, *, lr: float | None = None) -> None:
         """One AdamW step (the module docstring's lines) on every array of params, in place.
 
-        grads: a dict with params' names and shapes. lr: this step's learning rate (default: the constructor's).
+        grads: a dict with params' names and shapes, finite. lr: this step's learning rate (default: the
+        constructor's). Nothing changes, the step count included, when any check fails.
         """
-        self._check(params, "params")
-        self._check(grads, "grads")
+        self._check(params, "params", writable=True)
+        self._check(grads, "grads", finite=True)
         lr = self.lr if lr is None else check_number(lr, "lr")
         self.t += 1
         bias_correction1 = 1.0 - self.beta1**self.t
@@ -117,14 +123,20 @@ class AdamW:
         # the parameters are independent: the cores take them in turn (NumPy lets go of the interpreter lock)
         run_items(update_one, list(params), min(len(params), cpu_cores()))
 
-    def _check(self, arrays: Any, name: str) -> None:
-        """arrays: a dict with exactly the optimiser's names, each of its shape."""
+    def _check(self, arrays: Any, name: str, *, writable: bool = False, finite: bool = False) -> None:
+        """arrays: a dict with exactly the optimiser's names, each a real float array of its shape; writable:
+        each an ndarray the step can change in place (the weights); finite: no NaN or inf (the gradients)."""
         if not isinstance(arrays, dict) or arrays.keys() != self.m.keys():
             got = sorted(arrays) if isinstance(arrays, dict) else type(arrays).__name__
             raise ValueError(f"{name} must be a dict with the optimiser's names {sorted(self.m)}; got {got}")
         for key, value in arrays.items():
             if np.shape(value) != self.m[key].shape:
                 raise ValueError(f"{name}[{key!r}] must have shape {self.m[key].shape}; got {np.shape(value)}")
+            if writable and not isinstance(value, np.ndarray):
+                raise TypeError(f"{name}[{key!r}] must be a writable ndarray (the step changes it in place)")
+            if writable and not value.flags.writeable:
+                raise ValueError(f"{name}[{key!r}] must be a writable ndarray (the step changes it in place)")
+            check_floats(value, f"{name}[{key!r}]", finite=finite)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Everything step() reads, as arrays (np.savez(path, **opt.state_dict())): the hyperparameters, the
@@ -137,21 +149,53 @@ class AdamW:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state_dict() (from np.load, say) into this optimiser, built for the same params: the
-        moments must have the same names and shapes. Nothing changes if any check fails."""
+        moments must have the same names and shapes. Nothing changes if any check fails: the hyperparameters
+        as the constructor checks them, t an int >= 0, m finite and v >= 0 (+inf included: (1 - β2) g² of a
+        finite float32 g past 1.8e19 overflows)."""
         want = {*HYPERPARAMETERS, "t", *(f"m.{n}" for n in self.m), *(f"v.{n}" for n in self.v)}
         if set(state) != want:
             missing, unexpected = sorted(want - set(state)), sorted(set(state) - want)
             raise ValueError(f"state does not fit this optimiser: missing {missing}, unexpected {unexpected}")
-        for name in self.m:
-            for kind in ("m", "v"):
-                if np.shape(state[f"{kind}.{name}"]) != self.m[name].shape:
-                    raise ValueError(f"state[{kind}.{name!r}] must have shape {self.m[name].shape}")
-        for name in HYPERPARAMETERS:
-            setattr(self, name, float(state[name]))
-        self.t = int(state["t"])
-        for name in self.m:
-            self.m[name] = np.array(state[f"m.{name}"], dtype=self.m[name].dtype)
-            self.v[name] = np.array(state[f"v.{name}"], dtype=self.v[name].dtype)
+        hyperparameters = {name: check_hyperparameter(one_number(state, name), name) for name in HYPERPARAMETERS}
+        t = check_count(one_number(state, "t"), "state['t']")
+        moments = {(kind, name): self._checked_moment(state, kind, name) for name in self.m for kind in ("m", "v")}
+        for name, value in hyperparameters.items():
+            setattr(self, name, value)
+        self.t = t
+        for (kind, name), moment in moments.items():
+            getattr(self, kind)[name] = np.array(moment, dtype=self.m[name].dtype)
+
+    def _checked_moment(self, state: dict[str, Any], kind: str, name: str) -> np.ndarray:
+        """state's moment m or v of the parameter `name`: of its shape, real floats, m finite, v >= 0."""
+        value, label = np.asarray(state[f"{kind}.{name}"]), f"state[{kind}.{name!r}]"
+        if value.shape != self.m[name].shape:
+            raise ValueError(f"{label} must have shape {self.m[name].shape}; got {value.shape}")
+        check_floats(value, label, finite=kind == "m")
+        if kind == "v" and not (value >= 0).all():  # false for NaN too
+            raise ValueError(f"{label} holds {value.min()}: a second moment, a mean of g², must be >= 0")
+        return value
+
+
+def check_floats(value: Any, name: str, *, finite: bool = False) -> None:
+    """value an array of real floats (float16, 32 or 64), and finite where asked; else an error naming it."""
+    dtype = np.asarray(value).dtype
+    if dtype.kind != "f":
+        raise TypeError(f"{name} must hold real floats; got dtype {dtype}")
+    if finite and not np.isfinite(value).all():
+        raise ValueError(f"{name} holds NaN or inf; nothing was changed")
+
+
+def check_hyperparameter(value: Any, name: str) -> float:
+    """A state's hyperparameter as the constructor checks it: β1 and β2 in [0, 1), the others finite and >= 0."""
+    return check_number(value, f"state[{name!r}]", below=1.0 if name in ("beta1", "beta2") else None)
+
+
+def one_number(state: dict[str, Any], name: str) -> Any:
+    """state[name] as one number (a 0-d array, as np.savez writes a float, becomes its scalar)."""
+    value = state[name]
+    if np.ndim(value) != 0:
+        raise ValueError(f"state[{name!r}] must be one number; got shape {np.shape(value)}")
+    return np.asarray(value)[()]
 
 
 def check_number(value: Any, name: str, *, below: float | None = None) -> float:
@@ -178,8 +222,20 @@ def warmup_cosine_lr(step: int, *, lr: float, warmup: int, total: int, min_lr: f
 
 
 def global_norm(grads: Params) -> float:
-    """‖g‖ = √(Σ over every array of Σ g²), summed in float64."""
-    return math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    """‖g‖ = √(Σ over every array of Σ g²): each array's Σ g² in its dtype (BLAS's dot), the arrays' sums added
+    in float64. Where that overflows (float32 gradients past 1.8e19, float64 past 1.3e154), scaled_norm."""
+    total = sum(float(np.vdot(g, g)) for g in grads.values())
+    return scaled_norm(grads) if math.isinf(total) else math.sqrt(total)
+
+
+def scaled_norm(grads: Params) -> float:
+    """‖g‖ = s √(Σ (g / s)²) with s = max |g| over every array, in float64: no square is above 1, so only a
+    gradient that holds inf (or NaN) gives inf (or NaN)."""
+    largest = max((float(np.max(np.abs(g))) for g in grads.values() if np.size(g)), default=0.0)
+    if not math.isfinite(largest):
+        return largest
+    scaled = (np.asarray(g, dtype=np.float64) / largest for g in grads.values())  # each |g / s| <= 1
+    return largest * math.sqrt(sum(float(np.vdot(g, g)) for g in scaled))
 
 
 def clip_grad_norm(grads: Params, max_norm: float) -> float:

@@ -50,12 +50,14 @@ API:
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from ._checks import check_positive_int
-from .gpt import GPTConfig, param_shapes
+from .gpt import GPTConfig, param_shapes, parameter_count
 from .peaks import flash_attention_backward_bytes
 
 __all__ = ["TrainingMemory", "training_memory"]
@@ -85,7 +87,8 @@ def activation_numbers_per_token(config: GPTConfig) -> int:
 def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, accumulate: int = 1) -> TrainingMemory:
     """The bill of one step (loss_and_grads, clip_grad_norm, AdamW.step) for `batch` sequences of `tokens`
     tokens each (default: the context), in bytes; accumulate > 1: the batch in that many equal slices
-    (optim.accumulated_grads), which must divide it.
+    (optim.accumulated_grads), which must divide it. Arithmetic on the sizes: constant time, whatever the batch
+    or the depth.
 
         >>> bill = training_memory(GPTConfig(), batch=12)   # the tiny preset: 795,904 parameters
         >>> bill.weights, bill.moments
@@ -104,8 +107,8 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, ac
         raise ValueError(f"accumulate ({accumulate}) must divide the batch ({batch}) into equal slices")
     batch //= accumulate  # the sequences whose activations are held at once
     c = np.dtype(config.dtype).itemsize
-    shapes = param_shapes(config)
-    P = sum(int(np.prod(shape)) for shape in shapes.values())
+    one_layer = param_shapes(dataclasses.replace(config, layers=1))  # layer 0 has every layer's shapes
+    P = parameter_count(config)
     N, L, C, H, V = batch * tokens, config.layers, config.width, config.hidden, config.vocab
 
     masks = N * C * (2 * L + 1) if config.dropout else 0  # one byte per element
@@ -115,13 +118,13 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, ac
     head = V * C + N * C
     mlp_arrays = 2 if config.mlp == "gelu" else 3
     last_mlp = head - N * V + mlp_arrays * N * H + H * C
-    mlp_grads = sum(int(np.prod(shape)) for name, shape in shapes.items() if name.startswith(f"h.{L - 1}.mlp."))
+    mlp_grads = sum(math.prod(shape) for name, shape in one_layer.items() if name.startswith("h.0.mlp."))
     attention_arrays = (5 if config.dropout else 4) * N * C + C * C  # [dropout's dx], y merged, dY, copies; dW_out
     flash = flash_attention_backward_bytes(tokens, heads=config.heads, head_dim=config.head_dim, batch=batch,
                                            dtype=config.dtype, causal=True)  # fmt: skip
     last_attention = head - N * V + mlp_grads + attention_arrays
     working = max(c * max(head, last_mlp), c * last_attention + flash)
-    largest = c * max(int(np.prod(shape)) for shape in shapes.values())
+    largest = c * max(math.prod(shape) for shape in one_layer.values())
     weights, gradients, moments = c * P, c * P, 2 * c * P
     accumulated = c * P if accumulate > 1 else 0  # the running sum, beside a slice's own gradients
     peak = weights + moments + accumulated + max(activations + working, gradients + largest)
