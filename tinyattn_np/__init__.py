@@ -13,8 +13,8 @@ The reading order: each file uses only what came before it.
                          the fast path that batches heads over worker threads
      8  flex.py          flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
      9  backward.py      the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
-    10  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
-    11  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
+    11  position.py      RoPE: the rotation of each channel pair, its gradient, its frequencies; for long
+                         context a config.json's rope_scaling (the methods' formulas: _rope_scaling.py)
     12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
     13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
     14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
@@ -46,7 +46,8 @@ Then the bills and the tools a script uses to show them:
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
-_bytes.py (bytes per dtype, byte units).
+_bytes.py (bytes per dtype, byte units), _rope_scaling.py (a rope_scaling dict's checks and each method's
+frequencies).
 
 The names below are the public API; each lives in the module named after its concept.
 """

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
+from ._rope_scaling import check_rope_scaling
 from .memory import (
     attention_flops,
     kv_cache_bytes,
@@ -34,7 +35,6 @@ from .memory import (
     score_matrix_bytes,
 )
 from .position import rope_attention_factor, rope_frequencies
-from .rope_scaling import check_rope_scaling
 
 __all__ = [
     "ARCHITECTURES",
