@@ -36,9 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from tinyattn_np import DTYPES, bytes_per_element, format_bytes, naive_attention_bytes, to_unit
+from tinyattn_np.bill import model_bill
+from tinyattn_np.hf_config import load_model_shape
 from tinyattn_np.memory import attention_flops, causal_entries, score_matrix_bytes
-from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.models import ModelShape
 from tinyattn_np.peaks import flash_attention_bytes, ring_attention_bytes
+from tinyattn_np.presets import PRESETS
 from tinyattn_np.report import (
     add_format_argument,
     add_wide_argument,

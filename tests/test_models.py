@@ -4,6 +4,7 @@ for one context; and the window parameter of memory.py's estimates."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import numpy as np
@@ -11,10 +12,13 @@ import pytest
 
 import tinyattn_np
 from tinyattn_np import memory
+from tinyattn_np.bill import model_bill
+from tinyattn_np.hf_config import load_model_shape
 from tinyattn_np.masks import window_mask
 from tinyattn_np.memory import attention_flops, causal_entries
-from tinyattn_np.models import LLAMA31_ROPE_SCALING, PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.models import ModelShape
 from tinyattn_np.position import rope_frequencies
+from tinyattn_np.presets import LLAMA31_ROPE_SCALING, PRESETS
 
 # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json, the fields read here
 LLAMA_31_8B = {
@@ -33,8 +37,10 @@ LLAMA_31_8B = {
 
 
 def test_the_names_stay_importable_where_they_were():
-    for name in ("ModelShape", "PRESETS", "load_model_shape", "shape_from_config", "model_bill"):
-        assert getattr(tinyattn_np, name) is getattr(tinyattn_np.models, name)
+    homes = {"ModelShape": "models", "model_bill": "bill", "PRESETS": "presets", "Experts": "model_parts",
+             "load_model_shape": "hf_config", "shape_from_config": "hf_config"}  # fmt: skip
+    for name, home in homes.items():
+        assert getattr(tinyattn_np, name) is getattr(importlib.import_module(f"tinyattn_np.{home}"), name)
     assert not hasattr(memory, "ModelShape")  # memory.py keeps the byte and FLOP formulas only
 
 
@@ -116,18 +122,6 @@ def test_json_booleans_must_be_booleans(field, model_type):
 def test_bad_rope_fields_are_named(change, message):
     with pytest.raises(ValueError, match=message):
         load_model_shape({**LLAMA_31_8B, **change})
-
-
-def test_model_bill_takes_one_context_or_a_list():
-    model = PRESETS["llama-3-8b"]
-    one = model_bill(model, 8192)
-    assert one["contexts"] == model_bill(model, [8192])["contexts"]
-    assert one["contexts"][0]["kv_cache_bytes"] == 8192 * 131_072
-    assert model_bill(model, np.int64(8192))["contexts"] == one["contexts"]
-    with pytest.raises(TypeError, match="tokens must be an int or a list of ints; got str"):
-        model_bill(model, "8192")
-    with pytest.raises(TypeError, match="tokens must be an int or a list of ints; got bool"):
-        model_bill(model, True)
 
 
 # --- sliding windows in the estimates --------------------------------------------------------------
@@ -257,7 +251,7 @@ def test_files_that_are_not_a_config_json_are_named_in_a_value_error(tmp_path):
 def test_a_file_too_big_for_a_config_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_31_8B))
-    monkeypatch.setattr(tinyattn_np.models, "MAX_CONFIG_BYTES", 100)
+    monkeypatch.setattr(tinyattn_np.hf_config.files, "MAX_CONFIG_BYTES", 100)
     with pytest.raises(ValueError, match=r"config.json has \d{3} bytes, more than a config.json \(at most 100\)"):
         load_model_shape(path)
 
@@ -619,14 +613,3 @@ def test_deepseek_v3_is_671b_with_37b_active():
 def test_qwen25_72b_and_llama31_405b_parameters():
     assert load_model_shape(QWEN25_72B).num_parameters == 72_706_203_648  # "72.7B"
     assert load_model_shape(LLAMA31_405B).num_parameters == 405_853_388_800  # "405B"
-
-
-def test_model_bill_says_what_it_recognized_and_is_json():
-    bill = model_bill(PRESETS["qwen3-next-80b-a3b"], [4096, 262144])
-    assert bill["architecture"] == "qwen3_next" and bill["parameters"] > bill["active_parameters"]
-    assert bill["state_bytes"] == PRESETS["qwen3-next-80b-a3b"].state_bytes()
-    assert [c["cache_bytes"] - c["kv_cache_bytes"] for c in bill["contexts"]] == [bill["state_bytes"]] * 2
-    assert bill["kv_bytes_per_token_by_kind"] == {"full_attention": 12 * 2 * 2 * 256 * 2}
-    assert any(line.startswith("48 layers: 12 full + 36 linear") for line in bill["description"])
-    json.dumps(bill)
-    assert model_bill(PRESETS["llama-3-8b"], 1)["kv_bytes_per_token_decompressed"] is None

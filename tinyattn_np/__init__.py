@@ -37,12 +37,16 @@ Then the bills and the tools a script uses to show them:
 
     25  peaks.py         what our own functions allocate, worked out from their tiles
     26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    30  report.py        the tables the scripts print
-    31  text.py          tokens and embeddings for the demos
-    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    27  model_parts.py   the parts some models add: experts, latent attention, linear attention
+    28  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
+    29  bill.py          one model's bill at each context length
+    30  presets.py       released models as shapes
+        hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
+    31  measure.py       peaks, timings and machine facts, as the scripts measure them
+    32  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    33  report.py        the tables the scripts print
+    34  text.py          tokens and embeddings for the demos
+    35  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
@@ -62,11 +66,13 @@ from .backward import (
     flash_attention_backward_one_head,
     flex_attention_backward,
 )
+from .bill import model_bill
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .head import one_head
+from .hf_config import load_model_shape, shape_from_config
 from .kvcache import KVCache
 from .latent import (
     RMS_EPS,
@@ -107,16 +113,8 @@ from .memory import (
     paged_kv_cache_bytes,
     score_matrix_bytes,
 )
-from .models import (
-    PRESETS,
-    Experts,
-    LatentAttention,
-    LinearAttention,
-    ModelShape,
-    load_model_shape,
-    model_bill,
-    shape_from_config,
-)
+from .model_parts import Experts, LatentAttention, LinearAttention
+from .models import ModelShape
 from .mods import (
     Alibi,
     Differentiable,
@@ -149,6 +147,7 @@ from .position import (
     to_half_split,
     to_interleaved,
 )
+from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks

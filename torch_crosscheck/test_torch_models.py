@@ -25,7 +25,8 @@ transformers = pytest.importorskip("transformers")
 
 from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 
-from tinyattn_np.models import ARCHITECTURES, PRESETS, shape_from_config  # noqa: E402
+from tinyattn_np.hf_config import ARCHITECTURES, shape_from_config  # noqa: E402
+from tinyattn_np.presets import PRESETS  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)  # the small configs' token ids are outside their vocab
 

@@ -1,0 +1,209 @@
+"""shape_from_config: a ModelShape from a config.json's dict, by the rules of its model_type."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..models import LAYER_TYPES, ModelShape
+from .experts import MOE_READERS
+from .fields import Fields, shown_value, switch
+from .layer_kinds import read_layer_types
+from .special import SPECIAL_READERS
+from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch, known, refuse, spellings
+
+__all__ = ["shape_from_config"]
+
+
+# fields that never change the weights or the cache: bookkeeping, token ids, numerics, dropout,
+# activations, logit and residual scalings, routing choices (which experts, not how many)
+_NEVER_BILLED = frozenset(
+    """
+    _name_or_path architectures auto_map transformers_version torch_dtype dtype id2label label2id problem_type
+    return_dict use_return_dict output_attentions output_hidden_states chunk_size_feed_forward tokenizer_class
+    prefix task_specific_params finetuning_task torchscript use_bfloat16 tf_legacy_loss use_cache
+    cache_implementation _attn_implementation attn_implementation bos_token_id eos_token_id pad_token_id
+    sep_token_id decoder_start_token_id max_length min_length do_sample early_stopping num_beams num_beam_groups
+    diversity_penalty temperature top_k top_p typical_p repetition_penalty length_penalty no_repeat_ngram_size
+    encoder_no_repeat_ngram_size bad_words_ids num_return_sequences output_scores return_dict_in_generate
+    forced_bos_token_id forced_eos_token_id remove_invalid_values exponential_decay_length_penalty
+    suppress_tokens begin_suppress_tokens is_decoder
+    initializer_range rms_norm_eps layer_norm_eps layer_norm_epsilon norm_epsilon attention_dropout
+    hidden_dropout resid_pdrop embd_pdrop attn_pdrop residual_dropout embedding_dropout classifier_dropout
+    pretraining_tp clip_qkv router_aux_loss_coef router_jitter_noise output_router_logits aux_loss_alpha
+    seq_aux moe_norm_min hidden_act hidden_activation activation activation_function swiglu_alpha swiglu_limit
+    logit_scale logits_scaling embedding_multiplier residual_multiplier attention_multiplier
+    attn_logit_softcapping final_logit_softcapping query_pre_attn_scalar attn_scale attn_temperature_tuning
+    floor_scale scale_attn_weights scale_attn_by_inverse_layer_idx reorder_and_upcast_attn rope_interleave
+    rope_local_base_freq norm_topk_prob routed_scaling_factor n_group topk_group topk_method scoring_func
+    ep_size block_size full_attn_alpha_factor full_attn_beta_factor linear_attn_alpha_factor
+    linear_attn_beta_factor mlp_alpha_factor mlp_beta_factor summary_type summary_use_proj summary_activation
+    summary_proj_to_labels summary_first_dropout n_ctx apply_residual_connection_post_layernorm
+    initial_context_length
+""".split()
+)
+
+
+# fields that describe another kind of model unless they say "off"
+_MUST_BE_OFF = ("is_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder",
+                "pruned_heads", "use_bidirectional_attention")  # fmt: skip
+
+
+def _check_all_read(fields: Fields, model_type: str) -> None:
+    """Every field the architecture did not read must be one that never changes the bill, or say "off"."""
+    for name, value in fields.config.items():
+        if name in _MUST_BE_OFF and value not in (None, False, 0, {}, []):
+            raise refuse(name, value, model_type, "describes a model that is not a plain decoder")
+        if name in fields.read or name in _NEVER_BILLED or name in _MUST_BE_OFF or value is None:
+            continue
+        raise refuse(name, value, model_type, "would change the bill and is not understood")
+
+
+def _read_sizes(fields: Fields, arch: Arch, model_type: str) -> dict[str, Any]:
+    """layers, heads, kv heads, head_dim, hidden, vocab, the MLP's width and max positions."""
+    layers = fields.integer(*spellings(arch, "num_hidden_layers"))
+    heads = fields.integer(*spellings(arch, "num_attention_heads"))
+    hidden = fields.integer(*spellings(arch, "hidden_size"))
+    four_c = model_type in ("gpt2", "falcon")  # n_inner / ffn_hidden_size null: 4 x hidden
+    intermediate = fields.integer(*spellings(arch, "intermediate_size"), required=not four_c, default=4 * hidden)
+    head_dim = fields.integer("head_dim", required=False)
+    if head_dim is None:
+        if hidden % heads:
+            raise ValueError(f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+        head_dim = hidden // heads
+    return dict(
+        layers=layers,
+        heads=heads,
+        kv_heads=fields.integer("num_key_value_heads", required=False, default=heads) if arch.kv_heads else heads,
+        head_dim=head_dim,
+        hidden=hidden,
+        vocab=fields.integer("vocab_size"),
+        intermediate=intermediate,
+        max_positions=fields.integer(*spellings(arch, "max_position_embeddings"), required=False),
+    )
+
+
+def _read_block(fields: Fields, arch: Arch) -> dict[str, Any]:
+    """The block: MLP, norms, biases, q/k norm, parallel attention and MLP, tied embeddings."""
+    for name in arch.off:  # the class carries the field and builds nothing with it
+        if fields.get(name) not in (None, False, 0):
+            raise refuse(name, fields.config[name], fields.config.get("model_type", ""), "is not built by transformers")
+    qk_norm = None
+    if arch.qk_norm is not None and switch(fields, arch.qk_norm[0]):
+        qk_norm = arch.qk_norm[1]
+    return dict(
+        mlp=arch.mlp,
+        norm=arch.norm,
+        norms_per_layer=arch.norms_per_layer,
+        tied_embeddings=fields.boolean("tie_word_embeddings", arch.tied),
+        qkv_bias=switch(fields, arch.qkv_bias),
+        out_bias=switch(fields, arch.out_bias),
+        mlp_bias=switch(fields, arch.mlp_bias),
+        lm_head_bias=switch(fields, arch.lm_head_bias),
+        qk_norm=qk_norm,
+        parallel_block=switch(fields, arch.parallel),
+        sinks=arch.sinks,
+        attention_gate=arch.attention_gate,
+    )
+
+
+def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from a config: rope_theta at the top (default 10,000, every rotary
+    config class's default; GPT-NeoX's rotary_emb_base) or inside rope_parameters (transformers 5);
+    rope_scaling or rope_parameters as the scaling dict, with a top-level partial_rotary_factor (GPT-NeoX's
+    rotary_pct) and (Phi-3's) original_max_position_embeddings moved into it, so that it is all
+    rope_frequencies needs. Not for dynamic: its L0 is max_position_embeddings whatever else the config
+    says, as in transformers. Gemma-3's rope_parameters per layer kind: the full-attention layers' own."""
+    parameters = fields.get("rope_scaling", "rope_parameters", default={})
+    theta_top = fields.get("rope_theta", "rotary_emb_base")
+    partial, original = (
+        fields.get("partial_rotary_factor", "rotary_pct"),
+        fields.get("original_max_position_embeddings"),
+    )
+    if not rotary:
+        return None, None
+    if not isinstance(parameters, dict):
+        raise ValueError(f"config field 'rope_scaling' must be an object or null; got {parameters!r}")
+    if parameters and set(parameters) <= set(LAYER_TYPES) and isinstance(parameters.get("full_attention"), dict):
+        parameters = parameters["full_attention"]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
+    theta = theta_top if theta_top is not None else parameters.get("rope_theta", 10000.0)
+    scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
+    if partial is not None and "partial_rotary_factor" not in scaling:
+        scaling["partial_rotary_factor"] = partial
+    if parameters.get("rope_type", parameters.get("type")) != "dynamic":  # dynamic's L0: max_position_embeddings
+        if original is not None and "original_max_position_embeddings" not in scaling:
+            scaling["original_max_position_embeddings"] = original
+    if scaling and "rope_type" not in scaling and "type" not in scaling:
+        scaling["rope_type"] = "default"
+    if scaling.get("rope_type", scaling.get("type")) == "default" and set(scaling) <= {"rope_type", "type"}:
+        scaling = {}  # plain RoPE: nothing to carry
+    return theta, scaling or None
+
+
+def _architecture(config: dict[str, Any]) -> tuple[str, Arch, tuple[str, ...]]:
+    """(model_type, its rules, notes); an unknown model_type is refused with the ones the reader knows."""
+    model_type = config.get("model_type")
+    if model_type is None:
+        return "llama", NO_MODEL_TYPE, ("the config names no model_type: read as Llama",)
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"config field 'model_type' = {shown_value(model_type)} is not an architecture the reader knows; it "
+            f"knows {known()} (and a config without model_type, read as Llama). A bill that guessed could be wrong."
+        )
+    return model_type, ARCHITECTURES[model_type], ()
+
+
+def _read_quantization(fields: Fields) -> tuple[str | None, tuple[str, ...]]:
+    """The quantization_config's method, and the note that says the bill's dtype is the caller's."""
+    quantization = fields.get("quantization_config")
+    if quantization is None:
+        return None, ()
+    method = quantization.get("quant_method") if isinstance(quantization, dict) else None
+    if not isinstance(method, str):
+        raise ValueError(
+            f"config field 'quantization_config' must be an object with a quant_method; got {shown_value(quantization)}"
+        )
+    return method, (
+        f"the checkpoint stores its weights quantized ({method}): the bill's bytes are for the dtype asked",
+    )
+
+
+def shape_from_config(config: dict[str, Any], default_name: str | None = None) -> ModelShape:
+    """A ModelShape from the dict of a Hugging Face config.json, by the rules of its model_type (ARCHITECTURES).
+
+    head_dim, when the config gives one, wins over hidden_size / num_attention_heads: Gemma-2-9B has
+    hidden 3584 and 16 heads, but heads of 256, not 224. A field that would change the bill and that the
+    architecture does not read is refused, naming the field, its value and the architectures the reader
+    knows; a field whose value means "off" (sliding_window 0 or null, use_sliding_window false) is read as
+    off. A multimodal config (LLaVA, Gemma-3, Llama 4) keeps its language model in text_config: that is
+    the one read, under the outer config's name (the vision tower is not counted, and the bill says so).
+    """
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dict; got {type(config).__name__}")
+    text = config.get("text_config")
+    if isinstance(text, dict) and config.get("num_hidden_layers", config.get("n_layer")) is None:
+        name = config.get("_name_or_path") or default_name or config.get("model_type")
+        outer = {key: config[key] for key in ("tie_word_embeddings",) if key in config}  # set outside, at times
+        shape = shape_from_config({**outer, **text, "_name_or_path": name}, default_name=name)
+        note = "the language model only (text_config): the other towers are not counted"
+        return dataclasses.replace(shape, notes=(*shape.notes, note))
+    model_type, arch, notes = _architecture(config)
+    fields = Fields(config)
+    fields.read.add("model_type")
+    found = _read_sizes(fields, arch, model_type)
+    found.update(_read_block(fields, arch))
+    rope_theta, rope_scaling = _rope_fields(fields, rotary=model_type != "gpt2")
+    found.update(rope_theta=rope_theta, rope_scaling=rope_scaling, notes=notes)
+    found.update(read_layer_types(fields, arch, found["layers"]))
+    found["experts"] = MOE_READERS[arch.moe](fields, found) if arch.moe else None
+    if arch.special:
+        SPECIAL_READERS[arch.special](fields, found)
+    quantization, quantized = _read_quantization(fields)
+    _check_all_read(fields, model_type)
+    return ModelShape(
+        name=config.get("_name_or_path") or default_name or config.get("model_type") or "config",
+        arch="gpt2" if model_type == "gpt2" else "llama",
+        architecture=model_type,
+        quantization=quantization,
+        **{**found, "notes": found["notes"] + quantized},
+    )

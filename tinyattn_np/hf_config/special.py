@@ -1,0 +1,77 @@
+"""What one architecture alone has: a reader of its own for what no other config says."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..model_parts import LatentAttention, LinearAttention
+from .fields import Fields
+
+__all__ = ["SPECIAL_READERS"]
+
+
+def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
+    """DeepSeek-V2/V3, Kimi K2: multi-head latent attention; head_dim becomes nope + rope (transformers 5
+    stores the rotary width in head_dim, and nope + rope in qk_head_dim: both checked)."""
+    rope, nope = fields.integer("qk_rope_head_dim"), fields.integer("qk_nope_head_dim")
+    latent = LatentAttention(
+        kv_rank=fields.integer("kv_lora_rank"), rope_dim=rope, nope_dim=nope, v_dim=fields.integer("v_head_dim"),
+        q_rank=fields.integer("q_lora_rank", required=False), bias=fields.boolean("attention_bias", False),
+    )  # fmt: skip
+    for field, allowed in (("head_dim", (rope, nope + rope)), ("qk_head_dim", (nope + rope,))):
+        value = fields.get(field)
+        if value is not None and value not in allowed:
+            raise ValueError(
+                f"config field {field!r} is {value!r}, but qk_nope_head_dim + qk_rope_head_dim = {nope + rope}"
+            )
+    found.update(latent=latent, head_dim=nope + rope, kv_heads=found["heads"])  # every head decompresses its own k, v
+    mtp = fields.integer("num_nextn_predict_layers", required=False, zero=True, default=0)
+    if mtp:
+        found["notes"] += (f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
+                           "transformers does not build them",)  # fmt: skip
+
+
+def _special_gated_deltanet(fields: Fields, found: dict[str, Any]) -> None:
+    """Qwen3-Next: its linear layers' heads, widths and convolution."""
+    found["linear"] = LinearAttention(
+        "gated_deltanet",
+        key_heads=fields.integer("linear_num_key_heads"), value_heads=fields.integer("linear_num_value_heads"),
+        key_dim=fields.integer("linear_key_head_dim"), value_dim=fields.integer("linear_value_head_dim"),
+        conv_kernel=fields.integer("linear_conv_kernel_dim"),
+    )  # fmt: skip
+
+
+def _special_lightning(fields: Fields, found: dict[str, Any]) -> None:
+    """MiniMax: its linear layers have the attention's heads and head_dim."""
+    heads, head_dim = found["heads"], found["head_dim"]
+    found["linear"] = LinearAttention("lightning", heads, heads, head_dim, head_dim)
+
+
+def _special_stablelm(fields: Fields, found: dict[str, Any]) -> None:
+    """StableLM: a parallel block has one norm per layer."""
+    found["norms_per_layer"] = 1 if found["parallel_block"] else 2
+
+
+def _special_falcon(fields: Fields, found: dict[str, Any]) -> None:
+    """Falcon: kv heads from new_decoder_architecture (num_kv_heads) or multi_query (1); one or two norms
+    per parallel block (num_ln_in_parallel_attn); ALiBi instead of RoPE (alibi)."""
+    new = fields.boolean("new_decoder_architecture", False)
+    multi_query, parallel = fields.boolean("multi_query", True), fields.boolean("parallel_attn", True)
+    kv_heads = fields.integer("num_kv_heads", required=False, default=found["heads"])
+    found["kv_heads"] = kv_heads if new else 1 if multi_query else found["heads"]
+    norms_in_parallel = fields.integer("num_ln_in_parallel_attn", required=False, default=2 if new else 1)
+    found["parallel_block"] = parallel
+    found["norms_per_layer"] = 2 if not parallel or norms_in_parallel == 2 else 1
+    if fields.boolean("alibi", False):
+        found.update(positions="alibi", rope_theta=None, rope_scaling=None)
+
+
+# each reader fills in the ModelShape fields found so far
+SPECIAL_READERS: dict[str, Callable[[Fields, dict[str, Any]], None]] = {
+    "latent": _special_latent,
+    "gated_deltanet": _special_gated_deltanet,
+    "lightning": _special_lightning,
+    "stablelm": _special_stablelm,
+    "falcon": _special_falcon,
+}
