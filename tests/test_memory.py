@@ -181,7 +181,7 @@ def test_bad_inputs_give_clear_errors(tmp_path):
         score_matrix_bytes(8, heads=2.0)
     with pytest.raises(ValueError, match="layers must be a positive int; got 0"):
         score_matrix_bytes(8, layers=0)
-    no_layers = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k != "num_hidden_layers"}
+    no_layers = {k: v for k, v in LLAMA_3_8B_CONFIG.items() if k not in ("num_hidden_layers", "model_type")}
     with pytest.raises(ValueError, match="config is missing 'num_hidden_layers'"):
         load_model_shape(no_layers)
     path = tmp_path / "config.json"

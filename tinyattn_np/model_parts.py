@@ -1,7 +1,8 @@
 """The parts some models add to the decoder block, each with its weights and what it keeps per sequence:
 a mixture of experts in place of the MLP, multi-head latent attention (a latent cached instead of the heads),
-linear-attention layers with a state of fixed size. ModelShape (models.py) holds them; the formulas of their
-bytes are memory.py's.
+linear-attention and state-space layers with a state of fixed size, DeepSeek's sparse-attention indexer, and
+the few weights that one architecture alone has (Extra). ModelShape (models.py) holds them; the formulas of
+their bytes are memory.py's.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from ._checks import check_bool, check_count, check_positive_int
 from .memory import linear_attention_state_bytes
 
-__all__ = ["Experts", "LatentAttention", "LinearAttention"]
+__all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "LatentAttention", "LinearAttention", "StateSpace"]
 
 
 def _check_ints(part: Any, positive: tuple[str, ...], counts: tuple[str, ...] = ()) -> None:
@@ -34,7 +35,8 @@ class Experts:
 
     router_bias, expert_bias: gpt-oss's biases on the router and on every expert's projections;
     score_bias: Ernie-4.5's per-expert correction of the routing scores, a parameter (DeepSeek-V3's is a
-    buffer, not counted); shared_gate: Qwen2-MoE's C -> 1 gate on the shared expert.
+    buffer, not counted); shared_gate: Qwen2-MoE's C -> 1 gate on the shared expert; gated=False: experts
+    of two matrices, up and down (Nemotron-H), whose shared expert follows the model's MLP.
     """
 
     count: int
@@ -46,6 +48,7 @@ class Experts:
     router_bias: bool = False
     expert_bias: bool = False
     score_bias: bool = False
+    gated: bool = True
 
     def __post_init__(self) -> None:
         _check_ints(self, ("count", "intermediate"), ("shared_intermediate",))
@@ -57,15 +60,17 @@ class Experts:
             check_count(index, "layers[i]")
         if list(self.layers) != sorted(set(self.layers)):
             raise ValueError(f"layers must be increasing layer indices, each once; got {self.layers}")
-        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias"):
+        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias", "gated"):
             check_bool(getattr(self, flag), flag)
         if self.shared_gate and not self.shared_intermediate:
             raise ValueError("shared_gate gates the shared expert, so it needs shared_intermediate > 0")
 
     def expert_parameters(self, hidden: int) -> int:
-        """One expert: gate and up (C x F each) and down (F x C), plus 2F + C biases with expert_bias."""
-        weights = 3 * hidden * self.intermediate
-        return weights + (2 * self.intermediate + hidden if self.expert_bias else 0)
+        """One expert: gate and up (C x F each) and down (F x C), plus 2F + C biases with expert_bias; without
+        the gate (gated=False) 2·C·F and F + C."""
+        matrices = 3 if self.gated else 2
+        biases = (matrices - 1) * self.intermediate + hidden if self.expert_bias else 0
+        return matrices * hidden * self.intermediate + biases
 
     def router_parameters(self, hidden: int) -> int:
         """The router's C x E weights, and E for each of router_bias and score_bias."""
@@ -181,3 +186,123 @@ class LinearAttention:
             layers=layers, heads=self.value_heads, key_dim=self.key_dim, value_dim=self.value_dim,
             conv_channels=self.conv_channels, conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StateSpace:
+    """Selective state-space layers in place of attention: Mamba (Gu & Dao 2023) and Mamba-2 (Dao & Gu 2024).
+
+    Each layer widens x to `inner` channels (in_proj, with a gate z beside them), runs a short causal
+    convolution of conv_kernel over them, then a recurrence whose state h_t = Ā_t h_{t-1} + B̄_t x_t keeps
+    `state` numbers (N) per channel, read out as y_t = C_t h_t, and projects back (out_proj).
+
+    kind "mamba": Δ, B and C come from x through x_proj (inner -> dt_rank + 2N) and dt_proj (dt_rank ->
+    inner); A is inner x N. Weights: C·2I, the convolution I·K (+ I bias), I·(R + 2N), R·I + I, I·N + I (A, D)
+    and I·C, with dt_norms (Jamba) R + 2N more.
+    kind "mamba2": heads of inner / heads channels share one scalar A; B and C (groups · N each) come out of
+    in_proj with z, x and Δ: C·(2I + 2GN + H), the convolution over I + 2GN channels, 3H (Δ's bias, A, D),
+    the gated norm I (norm) and I·C.
+    proj_bias adds the in and out projections' biases, conv_bias the convolution's.
+
+    The state per layer and sequence: inner · N numbers, and the convolution's last conv_kernel inputs of
+    conv_channels: both fixed, whatever the context.
+    """
+
+    kind: str
+    inner: int
+    state: int
+    conv_kernel: int
+    heads: int = 0
+    groups: int = 1
+    dt_rank: int = 0
+    proj_bias: bool = False
+    conv_bias: bool = True
+    norm: bool = True
+    dt_norms: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("mamba", "mamba2"):
+            raise ValueError(f"kind must be one of mamba, mamba2; got {self.kind!r}")
+        _check_ints(self, ("inner", "state", "conv_kernel", "groups"), ("heads", "dt_rank"))
+        for flag in ("proj_bias", "conv_bias", "norm", "dt_norms"):
+            check_bool(getattr(self, flag), flag)
+        if self.kind == "mamba" and self.dt_rank < 1:
+            raise ValueError(f"mamba's Δ goes through a projection of dt_rank >= 1; got {self.dt_rank}")
+        if self.kind == "mamba2" and (self.heads < 1 or self.inner % self.heads):
+            raise ValueError(f"mamba2's inner={self.inner} must split into heads >= 1; got heads={self.heads}")
+
+    @property
+    def conv_channels(self) -> int:
+        """Channels of the short convolution: inner (Mamba), inner + 2 · groups · N (Mamba-2: x, B and C)."""
+        return self.inner + (2 * self.groups * self.state if self.kind == "mamba2" else 0)
+
+    def parameters(self, hidden: int) -> int:
+        """One state-space layer's weights (the formulas in the class docstring)."""
+        c, i, n = hidden, self.inner, self.state
+        conv = self.conv_channels * self.conv_kernel + (self.conv_channels if self.conv_bias else 0)
+        if self.kind == "mamba":
+            into, r = 2 * i, self.dt_rank
+            inner = i * (r + 2 * n) + r * i + i + i * n + i + (r + 2 * n if self.dt_norms else 0)
+        else:
+            into = 2 * i + 2 * self.groups * n + self.heads
+            inner = 3 * self.heads + (i if self.norm else 0)
+        biases = into + c if self.proj_bias else 0
+        return c * into + conv + inner + i * c + biases
+
+    def state_bytes(self, layers: int, dtype: Any = "bf16", batch: int = 1) -> int:
+        """memory.linear_attention_state_bytes for `layers` such layers: inner x N, and the convolution's inputs."""
+        return linear_attention_state_bytes(
+            layers=layers, heads=1, key_dim=self.inner, value_dim=self.state, conv_channels=self.conv_channels,
+            conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Indexer:
+    """DeepSeek Sparse Attention's indexer (DeepSeek-V3.2, GLM-5): which `topk` keys each query attends.
+
+    Per layer, heads small query heads of head_dim read the query latent (q_rank wide, from latent attention)
+    and one shared key of head_dim per token, scored as Σ_h w_h · ReLU(q_h · k): wq_b q_rank·H_I·d_I, wk C·d_I,
+    its LayerNorm 2·d_I, the head weights C·H_I. The cache keeps the key: head_dim numbers per token and
+    layer beside the latent. The attention then reads min(T, topk) keys per query, the indexer every key.
+    """
+
+    heads: int
+    head_dim: int
+    topk: int
+    q_rank: int
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("heads", "head_dim", "topk", "q_rank"))
+
+    def parameters(self, hidden: int) -> int:
+        """One layer's indexer (the formula in the class docstring)."""
+        return (
+            self.q_rank * self.heads * self.head_dim + hidden * self.head_dim + 2 * self.head_dim + hidden * self.heads
+        )
+
+
+# where an Extra sits: once in the model, on every layer, on the layers of one kind (models.LAYER_TYPES),
+# on the softmax-attention layers, or on the layers with experts, or with a dense MLP
+EXTRA_PLACES = ("model", "every layer", "attention", "moe", "dense")
+
+
+@dataclass(frozen=True)
+class Extra:
+    """Weights (and a fixed state) that one architecture alone has, counted where they sit.
+
+    what: a name for the bill's description; where: one of EXTRA_PLACES or a layer kind; parameters: how
+    many per such layer (once for "model"); state: numbers a sequence keeps per such layer, whatever the
+    context (a short convolution's last inputs). DiffLlama's λ vectors, Gemma-3n's per-layer embeddings,
+    BLOOM's LayerNorm on the embeddings: each a line of the config reader's table.
+    """
+
+    what: str
+    where: str
+    parameters: int = 0
+    state: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.what, str) or not isinstance(self.where, str):
+            raise TypeError(f"what and where must be str; got {self.what!r}, {self.where!r}")
+        _check_ints(self, (), ("parameters", "state"))

@@ -1,11 +1,12 @@
-"""Model shapes: the sizes a transformer's memory bill depends on, and the bill.
+"""Model shapes: the sizes a transformer's memory bill depends on.
 
 A ModelShape holds layers, heads, kv heads, head_dim, hidden, vocab, MLP width, the kind of each layer
-(full, sliding-window, chunked or linear attention), how its blocks are built (gated or plain MLP, which
-norms, which biases) and the parts some models add (model_parts.py): a mixture of experts, multi-head
-latent attention, linear-attention layers with a state of fixed size. Its methods count parameters (total
-and active), bytes and FLOPs with the formulas of memory.py; bill.py's model_bill gathers them at each
-context length.
+(full, sliding-window or chunked attention, linear attention, a state-space layer, or an MLP alone), how its
+blocks are built (gated or plain MLP, which norms, which biases) and the parts some models add
+(model_parts.py): a mixture of experts, multi-head latent attention, DeepSeek's indexer, linear-attention and
+state-space layers with a state of fixed size, the weights one architecture alone has. Its methods count
+parameters (total and active), bytes and FLOPs with the formulas of memory.py; bill.py's model_bill gathers
+them at each context length.
 
 Where shapes come from: presets.py (released models), or a Hugging Face config.json through the config
 reader (tinyattn_np.hf_config: load_model_shape, shape_from_config), which refuses what it does not
@@ -15,35 +16,26 @@ understand. The rules, one line each, are on docs/memory.md.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from ._bytes import nbytes
-from ._checks import check_bool, check_count, check_positive_int
-from ._rope_scaling import check_rope_scaling
-from .memory import attention_flops, kv_cache_bytes, latent_cache_bytes
-from .model_parts import Experts, LatentAttention, LinearAttention
-from .position import rope_attention_factor, rope_frequencies
+from ._checks import check_bool
+from ._shape_checks import (
+    ATTENTION_TYPES,
+    LAYER_TYPES,
+    check_block,
+    check_choice,
+    check_rope,
+    check_sizes,
+    fill_from_arch,
+    fill_layer_types,
+)
+from .memory import attention_flops, causal_entries, kv_cache_bytes, latent_cache_bytes
+from .model_parts import EXTRA_PLACES, Experts, Extra, Indexer, LatentAttention, LinearAttention, StateSpace
+from .position import rope_frequencies
 
-__all__ = ["LAYER_TYPES", "ModelShape"]
-
-LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
-
-# ---------------------------------------------------------------------------------------------------
-# the shape of a model
-
-ARCHS = ("llama", "gpt2", "attention")
-# what arch sets where a field is left as None: (mlp, norm, positions without rope_theta, bias on qkv, out, MLP)
-_ARCH_DEFAULTS: dict[str, tuple[str, str, str, bool]] = {
-    "llama": ("gated", "rms", "none", False),
-    "gpt2": ("plain", "layer", "learned", True),
-    "attention": ("none", "none", "none", False),
-}
-MLPS = ("gated", "plain", "none")
-NORMS = ("rms", "layer", "layer_weight", "none")
-QK_NORMS = ("head", "head_bias", "per_head", "l2")
-POSITIONS = ("rope", "learned", "alibi", "none")
+__all__ = ["ModelShape"]
 
 
 @dataclass(frozen=True)
@@ -75,9 +67,16 @@ class ModelShape:
       parallel_block attention and MLP read the same normed input (Falcon, Cohere, Phi-2, GPT-NeoX): the
                      count of norms in norms_per_layer says what it changes
       positions      "rope", "learned" (a P x C table: GPT-2), "alibi" (no weights, no rotation), "none"
-      layer_types    one of LAYER_TYPES per layer (None: from sliding_window and window_layers, the first
-                     window_layers layers sliding); attention_chunk: the chunk of chunked layers (Llama 4)
-      experts, latent, linear   Experts, LatentAttention, LinearAttention: see their docstrings
+      layer_types    one per layer: full_attention, sliding_attention, chunked_attention, linear_attention,
+                     mamba (a state-space layer), mlp (no token mixing: an MLP or experts alone); None: from
+                     sliding_window and window_layers, the first window_layers layers sliding;
+                     attention_chunk: the chunk of chunked layers (Llama 4)
+      mlp_layers     the layers with an MLP or experts (None: all of them; Nemotron-H's mixers stand alone)
+      experts, latent, linear, state_space, indexer   Experts, LatentAttention, LinearAttention,
+                     StateSpace, Indexer: see their docstrings (model_parts.py)
+      mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1)
+      kv_shared_layers   the last n layers read an earlier layer's keys and values and cache none (Gemma-3n)
+      extras         Extra weights (and states) one architecture alone has, counted where they sit
       quantization   the config's quantization_config method (e.g. "fp8"); the bill's dtype is the caller's
       notes          what the reader left out, said once in the bill (a vision tower, MTP layers)
     """
@@ -117,14 +116,20 @@ class ModelShape:
     linear: LinearAttention | None = None
     quantization: str | None = None
     notes: tuple[str, ...] = ()
+    state_space: StateSpace | None = None
+    indexer: Indexer | None = None
+    mlp_layers: tuple[int, ...] | None = None
+    mamba_beside_attention: bool = False
+    kv_shared_layers: int = 0
+    extras: tuple[Extra, ...] = ()
 
     def __post_init__(self) -> None:
-        _check_sizes(self)
-        _fill_from_arch(self)
-        _check_block(self)
-        _fill_layer_types(self)
+        check_sizes(self)
+        fill_from_arch(self)
+        check_block(self)
+        fill_layer_types(self)
         _check_parts(self)
-        _check_rope(self)
+        check_rope(self)
 
     # -- the layers, by kind ------------------------------------------------------------------------
 
@@ -135,8 +140,8 @@ class ModelShape:
 
     @property
     def attention_layers(self) -> int:
-        """Layers with softmax attention (full, sliding or chunked): all but the linear ones."""
-        return self.layers - self.count("linear_attention")
+        """Layers with softmax attention: full, sliding or chunked."""
+        return sum(self.count(kind) for kind in ATTENTION_TYPES)
 
     @property
     def attention_kind(self) -> str:
@@ -167,14 +172,27 @@ class ModelShape:
             "chunked_attention": self.attention_chunk,
         }
 
+    @property
+    def mlp_layer_count(self) -> int:
+        """Layers with a feed-forward: a dense MLP or experts (all of them unless mlp_layers says fewer)."""
+        return self.layers if self.mlp_layers is None else len(self.mlp_layers)
+
+    def places(self, where: str) -> int:
+        """How many times an Extra at `where` counts: 1 for the model, else the layers it sits on."""
+        moe = 0 if self.experts is None else len(self.experts.layers)
+        counts = {"model": 1, "every layer": self.layers, "attention": self.attention_layers, "moe": moe,
+                  "dense": self.mlp_layer_count - moe}  # fmt: skip
+        return counts[where] if where in counts else self.count(where)
+
     # -- parameters, piece by piece (weights are (in, out) matrices; a bias adds `out`) --------------
 
     @property
     def attention_parameters(self) -> int:
         """One attention layer: C·Hq·E (q; twice that with attention_gate) + 2·C·Hkv·E (k, v) + Hq·E·C (out),
-        the biases, the q/k norms and the sinks; latent attention's own formula (LatentAttention)."""
+        the biases, the q/k norms, the sinks and the indexer; latent attention's own formula (LatentAttention)."""
+        indexer = 0 if self.indexer is None else self.indexer.parameters(self.hidden)
         if self.latent is not None:
-            return self.latent.parameters(self.hidden, self.heads)
+            return self.latent.parameters(self.hidden, self.heads) + indexer
         q = self.heads * self.head_dim * (2 if self.attention_gate else 1)  # width of q (and its gate)
         kv = self.kv_heads * self.head_dim  # width of k (= v)
         weights = self.hidden * (q + 2 * kv) + self.heads * self.head_dim * self.hidden
@@ -186,12 +204,17 @@ class ModelShape:
             "head_bias": 4 * self.head_dim,
             "per_head": (self.heads + self.kv_heads) * self.head_dim,
         }[self.qk_norm]
-        return weights + biases + qk_norm + (self.heads if self.sinks else 0)
+        return weights + biases + qk_norm + (self.heads if self.sinks else 0) + indexer
 
     @property
     def linear_attention_parameters(self) -> int:
         """One linear-attention layer's weights (0 without linear layers)."""
         return 0 if self.linear is None else self.linear.parameters(self.hidden)
+
+    @property
+    def state_space_parameters(self) -> int:
+        """One state-space layer's weights (0 without them)."""
+        return 0 if self.state_space is None else self.state_space.parameters(self.hidden)
 
     def _mlp_parameters(self, width: int) -> int:
         c = self.hidden
@@ -233,14 +256,21 @@ class ModelShape:
         return (tables * self.vocab + positions) * self.hidden + (self.vocab if self.lm_head_bias else 0)
 
     @property
+    def extra_parameters(self) -> int:
+        """The Extra weights, each times the places it sits on."""
+        return sum(extra.parameters * self.places(extra.where) for extra in self.extras)
+
+    @property
     def num_parameters(self) -> int:
-        """All weights: embeddings + every layer's attention (or linear attention) and MLP (or MoE) + norms."""
-        assert self.layer_types is not None
+        """All weights: embeddings, every layer's mixer (attention, linear attention or a state-space layer) and
+        feed-forward (an MLP or experts), the norms and the extras."""
         moe_layers = 0 if self.experts is None else len(self.experts.layers)
-        linear = self.count("linear_attention")
-        mixers = (self.layers - linear) * self.attention_parameters + linear * self.linear_attention_parameters
-        mlps = (self.layers - moe_layers) * self.mlp_parameters + moe_layers * self.moe_parameters
-        return self.embedding_parameters + mixers + mlps + self.norm_parameters
+        beside = self.attention_layers if self.mamba_beside_attention else 0
+        mixers = (self.attention_layers * self.attention_parameters
+                  + self.count("linear_attention") * self.linear_attention_parameters
+                  + (self.count("mamba") + beside) * self.state_space_parameters)  # fmt: skip
+        mlps = (self.mlp_layer_count - moe_layers) * self.mlp_parameters + moe_layers * self.moe_parameters
+        return self.embedding_parameters + mixers + mlps + self.norm_parameters + self.extra_parameters
 
     @property
     def active_parameters(self) -> int | None:
@@ -263,24 +293,33 @@ class ModelShape:
         """num_parameters · bytes_per_element: every expert is held, whichever a token runs."""
         return nbytes(self.num_parameters, dtype)
 
+    def cached_layers(self, kind: str) -> int:
+        """Layers of this kind that keep a cache of their own: all but the last kv_shared_layers."""
+        assert self.layer_types is not None
+        return self.layer_types[: self.layers - self.kv_shared_layers].count(kind)
+
     def _kind_kv_bytes(self, kind: str, tokens: int, dtype: Any, batch: int, decompressed: bool) -> int:
-        """K and V (or the latent) of the layers of one attention kind after `tokens` tokens."""
-        layers, window = self.count(kind), self._windows()[kind]
+        """K and V (or the latent), and the indexer's keys, of the layers of one attention kind after `tokens`."""
+        layers, window = self.cached_layers(kind), self._windows()[kind]
         if not layers:
             return 0
         sizes = dict(layers=layers, dtype=dtype, batch=batch, window=window)
+        indexer = 0
+        if self.indexer is not None:  # one key of head_dim a token beside the latent (or the heads)
+            indexer = kv_cache_bytes(tokens, kv_heads=1, head_dim=self.indexer.head_dim, **sizes) // 2
         if self.latent is None:
-            return kv_cache_bytes(tokens, kv_heads=self.kv_heads, head_dim=self.head_dim, **sizes)
+            return kv_cache_bytes(tokens, kv_heads=self.kv_heads, head_dim=self.head_dim, **sizes) + indexer
         if decompressed:  # every head's key (nope + rope) and value (v_dim), as a naive implementation keeps them
             return kv_cache_bytes(tokens, kv_heads=self.heads, head_dim=self.head_dim, head_dim_v=self.latent.v_dim,
-                                  **sizes)  # fmt: skip
-        return latent_cache_bytes(tokens, kv_rank=self.latent.kv_rank, rope_dim=self.latent.rope_dim, **sizes)
+                                  **sizes) + indexer  # fmt: skip
+        return latent_cache_bytes(tokens, kv_rank=self.latent.kv_rank, rope_dim=self.latent.rope_dim, **sizes) + indexer
 
     def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1, *, decompressed: bool = False) -> int:
         """K and V after `tokens` tokens, summed over the attention layers: full layers keep every token,
-        sliding ones min(tokens, window), chunked ones min(tokens, chunk); linear layers keep none (their
-        state is state_bytes). Latent attention keeps its latent (memory.latent_cache_bytes), or with
-        decompressed=True every head's key and value, as a naive implementation does."""
+        sliding ones min(tokens, window), chunked ones min(tokens, chunk); linear and state-space layers keep
+        none (their state is state_bytes), nor do layers that share another's (kv_shared_layers). Latent
+        attention keeps its latent (memory.latent_cache_bytes), or with decompressed=True every head's key
+        and value, as a naive implementation does; an indexer adds its key."""
         check_bool(decompressed, "decompressed")
         return sum(self._kind_kv_bytes(kind, tokens, dtype, batch, decompressed) for kind in self._windows())
 
@@ -288,13 +327,19 @@ class ModelShape:
         """What one token adds to the cache while no window is full, by attention kind (the kinds it has)."""
         check_bool(decompressed, "decompressed")
         return {
-            kind: self._kind_kv_bytes(kind, 1, dtype, 1, decompressed) for kind in self._windows() if self.count(kind)
+            kind: self._kind_kv_bytes(kind, 1, dtype, 1, decompressed)
+            for kind in self._windows()
+            if self.cached_layers(kind)
         }
 
     def state_bytes(self, dtype: Any = "bf16", batch: int = 1) -> int:
-        """The fixed state of the linear-attention layers (LinearAttention.state_bytes), 0 without them."""
-        layers = self.count("linear_attention")
-        return 0 if self.linear is None or not layers else self.linear.state_bytes(layers, dtype, batch)
+        """The fixed state of the linear-attention and state-space layers and of the extras that keep one."""
+        linear, mamba = self.count("linear_attention"), self.count("mamba")
+        mamba += self.attention_layers if self.mamba_beside_attention else 0
+        total = 0 if self.linear is None or not linear else self.linear.state_bytes(linear, dtype, batch)
+        total += 0 if self.state_space is None or not mamba else self.state_space.state_bytes(mamba, dtype, batch)
+        numbers = sum(extra.state * self.places(extra.where) for extra in self.extras)
+        return total + nbytes(numbers * batch, dtype)
 
     def cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1, *, decompressed: bool = False) -> int:
         """Everything decoding keeps per sequence: kv_cache_bytes + state_bytes."""
@@ -304,10 +349,13 @@ class ModelShape:
 
     def attention_flops(self, tokens: int, batch: int = 1) -> int:
         """QKᵀ and PV of the softmax-attention layers over a causal context of `tokens`: window layers count
-        their band, chunked layers their blocks; linear layers have no score matrix and are not counted."""
+        their band, chunked layers their blocks, an indexer's layers the topk keys each query attends and
+        the indexer's own scores of every key; linear and state-space layers have no score matrix."""
         e_v = self.latent.v_dim if self.latent is not None else None  # latent attention: keys 192, values 128
+        topk = None if self.indexer is None else self.indexer.topk
 
         def flops(window: int | None = None, chunk: int | None = None) -> int:
+            window = topk if window is None and chunk is None else window
             return attention_flops(tokens, heads=self.heads, head_dim=self.head_dim, head_dim_v=e_v, causal=True,
                                    batch=batch, window=window, chunk=chunk)  # fmt: skip
 
@@ -316,7 +364,11 @@ class ModelShape:
             "sliding_attention": lambda: flops(window=self.sliding_window),
             "chunked_attention": lambda: flops(chunk=self.attention_chunk),
         }
-        return sum(self.count(kind) * per_layer() for kind, per_layer in per_kind.items() if self.count(kind))
+        total = sum(self.count(kind) * per_layer() for kind, per_layer in per_kind.items() if self.count(kind))
+        if self.indexer is not None:  # q · k of every indexer head and every causal pair
+            scores = 2 * self.indexer.heads * self.indexer.head_dim * causal_entries(tokens) * batch
+            total += self.attention_layers * scores
+        return total
 
     def rope_frequencies(self, seq_len: int | None = None) -> Any:
         """θ of this model's RoPE (position.rope_frequencies with its base, scaling and max positions)."""
@@ -345,118 +397,22 @@ class ModelShape:
         return _describe(self)
 
 
-# -- ModelShape's checks, in the order __post_init__ runs them (frozen: a filled default is set with
-# object.__setattr__, so that two shapes that mean the same model compare equal) --------------------
-
-
-def _set(shape: ModelShape, field: str, value: Any) -> None:
-    object.__setattr__(shape, field, value)
-
-
-def _check_choice(value: Any, name: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def _check_sizes(shape: ModelShape) -> None:
-    """The sizes: positive ints, a window that means something, heads in groups."""
-    if not isinstance(shape.name, str):  # it heads every table and JSON row
-        raise TypeError(f"name must be a str; got {shape.name!r} ({type(shape.name).__name__})")
-    for field in ("layers", "heads", "kv_heads", "head_dim", "hidden"):
-        check_positive_int(getattr(shape, field), field)
-    for field in ("vocab", "intermediate", "norms_per_layer"):
-        check_count(getattr(shape, field), field)
-    for field in ("max_positions", "sliding_window", "attention_chunk"):
-        if getattr(shape, field) is not None:
-            check_positive_int(getattr(shape, field), field)
-    if shape.window_layers is not None:
-        if check_count(shape.window_layers, "window_layers") > shape.layers:
-            raise ValueError(f"window_layers must be between 0 and layers={shape.layers}; got {shape.window_layers}")
-        if shape.sliding_window is None:  # the count of layers that slide means nothing without a window
-            raise ValueError(
-                f"window_layers counts the layers that use sliding_window, so it needs one; got "
-                f"window_layers={shape.window_layers} and sliding_window=None"
-            )
-    if shape.heads % shape.kv_heads:
-        raise ValueError(
-            f"heads must be a multiple of kv_heads (grouped-query attention); "
-            f"got heads={shape.heads}, kv_heads={shape.kv_heads}"
-        )
-    _check_choice(shape.arch, "arch", ARCHS)
-
-
-def _fill_from_arch(shape: ModelShape) -> None:
-    """Every field left as None takes arch's default (see ModelShape's docstring)."""
-    mlp, norm, positions, biases = _ARCH_DEFAULTS[shape.arch]
-    for field, default in (("mlp", mlp), ("norm", norm), ("qkv_bias", biases), ("out_bias", biases),
-                           ("mlp_bias", biases)):  # fmt: skip
-        if getattr(shape, field) is None:
-            _set(shape, field, default)
-    if shape.positions is None:
-        _set(shape, "positions", "rope" if shape.rope_theta is not None else positions)
-
-
-def _check_block(shape: ModelShape) -> None:
-    """The block's fields: known names, booleans, and positions that agree with rope_theta."""
-    _check_choice(shape.mlp, "mlp", MLPS)
-    _check_choice(shape.norm, "norm", NORMS)
-    _check_choice(shape.positions, "positions", POSITIONS)
-    if shape.qk_norm is not None:
-        _check_choice(shape.qk_norm, "qk_norm", QK_NORMS)
-    for field in ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "lm_head_bias", "sinks", "attention_gate",
-                  "parallel_block"):  # fmt: skip
-        check_bool(getattr(shape, field), field)
-    if not isinstance(shape.architecture, str):
-        raise TypeError(f"architecture must be a str; got {shape.architecture!r}")
-    if shape.positions == "learned" and shape.max_positions is None:
-        raise ValueError("a gpt2-style model needs max_positions: its learned position table has that many rows")
-    if (shape.positions == "rope") != (shape.rope_theta is not None):
-        raise ValueError(
-            f"positions={shape.positions!r} and rope_theta={shape.rope_theta!r}: RoPE, and only RoPE, has a base"
-        )
-    if not isinstance(shape.notes, tuple) or not all(isinstance(note, str) for note in shape.notes):
-        raise TypeError(f"notes must be a tuple of str; got {shape.notes!r}")
-
-
-def _fill_layer_types(shape: ModelShape) -> None:
-    """layer_types from sliding_window and window_layers when not given; window_layers from layer_types."""
-    types = shape.layer_types
-    if types is None:
-        sliding = (
-            0 if shape.sliding_window is None else shape.layers if shape.window_layers is None else shape.window_layers
-        )
-        types = ("sliding_attention",) * sliding + ("full_attention",) * (shape.layers - sliding)
-    if not isinstance(types, tuple) or len(types) != shape.layers:
-        raise ValueError(f"layer_types must be a tuple of {shape.layers} layer kinds (one per layer); got {types!r}")
-    for kind in types:
-        _check_choice(kind, "layer_types[i]", LAYER_TYPES)
-    sliding = types.count("sliding_attention")
-    if shape.window_layers is not None and shape.window_layers != sliding:
-        raise ValueError(f"window_layers={shape.window_layers} but layer_types has {sliding} sliding_attention layers")
-    needs = {
-        "sliding_attention": "sliding_window",
-        "chunked_attention": "attention_chunk",
-        "linear_attention": "linear",
-    }
-    for kind, field in needs.items():
-        if kind in types and getattr(shape, field) is None:
-            raise ValueError(f"layer_types has {types.count(kind)} {kind} layers, which need {field}; got None")
-    if shape.linear is not None and "linear_attention" not in types:
-        raise ValueError("linear describes linear_attention layers, but layer_types has none")
-    _set(shape, "layer_types", types)
-    _set(shape, "window_layers", None if shape.sliding_window is None or sliding == shape.layers else sliding)
-
-
 def _check_parts(shape: ModelShape) -> None:
-    """Experts on existing layers; latent attention without the fields it has no use for."""
-    for field, kind in (("experts", Experts), ("latent", LatentAttention), ("linear", LinearAttention)):
+    """Each part of its class; experts on layers that have a feed-forward; latent attention without the fields
+    it has no use for."""
+    parts = (("experts", Experts), ("latent", LatentAttention), ("linear", LinearAttention),
+             ("state_space", StateSpace), ("indexer", Indexer))  # fmt: skip
+    for field, kind in parts:
         value = getattr(shape, field)
         if value is not None and not isinstance(value, kind):
             raise TypeError(f"{field} must be a {kind.__name__} or None; got {type(value).__name__}")
-    if shape.experts is not None and shape.experts.layers[-1] >= shape.layers:
-        raise ValueError(
-            f"experts.layers must be layer indices below layers={shape.layers}; got {shape.experts.layers}"
-        )
+    if shape.mlp_layers is not None:
+        _check_layer_indices(shape.mlp_layers, "mlp_layers", shape.layers)
+    if shape.experts is not None:
+        _check_layer_indices(shape.experts.layers, "experts.layers", shape.layers)
+        outside = set(shape.experts.layers) - set(range(shape.layers) if shape.mlp_layers is None else shape.mlp_layers)
+        if outside:
+            raise ValueError(f"experts.layers must be layers with a feed-forward (mlp_layers); got {sorted(outside)}")
     if shape.latent is not None:
         if shape.head_dim != shape.latent.nope_dim + shape.latent.rope_dim:
             raise ValueError(
@@ -468,22 +424,27 @@ def _check_parts(shape: ModelShape) -> None:
                 raise ValueError(
                     f"{field}={getattr(shape, field)!r} is not part of latent attention (its bias is latent.bias)"
                 )
+    if shape.mamba_beside_attention and shape.state_space is None:
+        raise ValueError("mamba_beside_attention runs a state-space layer beside attention, so it needs state_space")
+    _check_extras(shape.extras)
     if shape.quantization is not None and not isinstance(shape.quantization, str):
         raise TypeError(f"quantization must be a str or None; got {shape.quantization!r}")
 
 
-def _check_rope(shape: ModelShape) -> None:
-    """rope_theta a base > 1; every field of rope_scaling, as rope_frequencies and rope will read it."""
-    if shape.rope_theta is not None:
-        theta = shape.rope_theta
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 1:
-            raise ValueError(f"rope_theta must be a finite number > 1 or None; got {theta!r}")
-    if shape.rope_scaling is not None:
-        if shape.rope_theta is None:
-            raise ValueError("rope_scaling stretches rotary positions, so it needs rope_theta; got None")
-        sizes = dict(max_position_embeddings=shape.max_positions)
-        check_rope_scaling(shape.rope_scaling, shape.rotary_dim, base=shape.rope_theta, **sizes)
-        rope_attention_factor(shape.rope_scaling, **sizes)
+def _check_layer_indices(layers: Any, name: str, count: int) -> None:
+    """An increasing tuple of layer indices below count, each once."""
+    if not isinstance(layers, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+        raise TypeError(f"{name} must be a tuple of layer indices; got {layers!r}")
+    if list(layers) != sorted(set(layers)) or (layers and (layers[0] < 0 or layers[-1] >= count)):
+        raise ValueError(f"{name} must be increasing layer indices below layers={count}, each once; got {layers}")
+
+
+def _check_extras(extras: Any) -> None:
+    """A tuple of Extra, each where a place or a kind of layer says."""
+    if not isinstance(extras, tuple) or not all(isinstance(extra, Extra) for extra in extras):
+        raise TypeError(f"extras must be a tuple of Extra; got {extras!r}")
+    for extra in extras:
+        check_choice(extra.where, f"the place of extra {extra.what!r}", EXTRA_PLACES + LAYER_TYPES)
 
 
 def _describe(shape: ModelShape) -> list[str]:

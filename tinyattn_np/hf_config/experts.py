@@ -1,88 +1,60 @@
-"""Experts: how each family of mixtures of experts names them in its config."""
+"""Experts: which layers route and how wide the experts are, read by the names a row's Moe gives."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..model_parts import Experts
 from .fields import Fields
+from .table import Moe
 
-__all__ = ["MOE_READERS"]
-
-
-def _moe_every_layer(fields: Fields, sizes: dict[str, Any], **flags: bool) -> Experts:
-    """Mixtral's names (MiniMax, Granite-MoE, OLMoE, gpt-oss): every layer routes, experts of intermediate_size."""
-    count = fields.integer("num_local_experts", "num_experts")
-    per_token = fields.integer("num_experts_per_tok", "experts_per_token", required=False)
-    return Experts(count, per_token, sizes["intermediate"], tuple(range(sizes["layers"])), **flags)
+__all__ = ["read_experts"]
 
 
-def _moe_qwen(fields: Fields, sizes: dict[str, Any]) -> Experts | None:
-    """Qwen-MoE: layer i routes unless in mlp_only_layers, every decoder_sparse_step-th; a gated shared expert."""
-    count = fields.integer("num_experts", "num_local_experts", zero=True)
-    per_token = fields.integer("num_experts_per_tok", required=False)
-    step = fields.integer("decoder_sparse_step", required=False, default=1)
-    dense = fields.integers("mlp_only_layers") or []
-    shared = fields.integer("shared_expert_intermediate_size", required=False, zero=True, default=0)
-    layers = tuple(i for i in range(sizes["layers"]) if i not in dense and count > 0 and (i + 1) % step == 0)
-    if not layers:
+def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
+    """The indices of the layers that route, by the row's rule (Moe's docstring)."""
+    if moe.layers == "dense_first":
+        first = fields.integer(moe.dense, zero=True, none=True) or 0
+        every = 1 if moe.every is None else fields.integer(moe.every)
+        return [i for i in range(first, layers) if i % every == 0]
+    if moe.layers == "qwen":
+        dense = set(fields.integers("mlp_only_layers") or [])
+        step = fields.integer("decoder_sparse_step")
+        return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
+    if moe.layers == "llama4":
+        step = fields.integer("interleave_moe_layer_step")
+        given = fields.integers("moe_layers")
+        return list(range(step - 1, layers, step)) if given is None else sorted(set(given))
+    if moe.layers == "ernie":
+        start = fields.integer("moe_layer_start_index", zero=True)
+        end = fields.get("moe_layer_end_index")
+        if isinstance(end, bool) or not isinstance(end, int) or end < -1:
+            raise ValueError(f"config field 'moe_layer_end_index' must be a layer index or -1; got {end!r}")
+        end = layers - 1 if end == -1 else end
+        every = fields.integer("moe_layer_interval")
+        return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
+    if moe.layers == "period":
+        period, offset = fields.integer("expert_layer_period"), fields.integer("expert_layer_offset", zero=True)
+        return [i for i in range(layers) if i >= offset and (i - offset) % period == 0]
+    return list(range(layers))
+
+
+def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | None:
+    """The experts a row's Moe names (None where the config routes no layer), and the dense layers' width."""
+    count = fields.integer(*moe.count, zero=True, none=True)
+    layers = [i for i in _layers(fields, moe, sizes["layers"]) if i < sizes["layers"]]
+    if moe.dense_width is not None:
+        sizes["dense_intermediate"] = fields.integer(moe.dense_width)
+    if not count or not layers:
         return None
-    width = fields.integer("moe_intermediate_size")
-    return Experts(count, per_token, width, layers, shared_intermediate=shared, shared_gate=shared > 0)
-
-
-def _moe_deepseek(fields: Fields, sizes: dict[str, Any]) -> Experts | None:
-    """DeepSeek: layer i routes from first_k_dense_replace on, every moe_layer_freq-th; n_shared_experts
-    shared experts of moe_intermediate_size run as one MLP of their summed width."""
-    count = fields.integer("n_routed_experts", required=False)
-    first = fields.integer("first_k_dense_replace", required=False, zero=True, default=0)
-    every = fields.integer("moe_layer_freq", required=False, default=1)
-    per_token = fields.integer("num_experts_per_tok", required=False)
-    shared = fields.integer("n_shared_experts", required=False, zero=True, default=0)
-    layers = tuple(i for i in range(sizes["layers"]) if i >= first and i % every == 0)
-    if count is None or not layers:
-        return None
-    width = fields.integer("moe_intermediate_size")
-    return Experts(count, per_token, width, layers, shared_intermediate=shared * width)
-
-
-def _moe_llama4(fields: Fields, sizes: dict[str, Any]) -> Experts:
-    """Llama 4: moe_layers, else every interleave_moe_layer_step-th layer; experts and one shared expert of
-    intermediate_size; the dense layers' MLP is intermediate_size_mlp wide."""
-    count = fields.integer("num_local_experts")
-    per_token = fields.integer("num_experts_per_tok", required=False)
-    step = fields.integer("interleave_moe_layer_step", required=False, default=1)
-    layers = fields.integers("moe_layers")
-    layers = list(range(step - 1, sizes["layers"], step)) if layers is None else layers
-    width = sizes["intermediate"]
-    sizes["intermediate"] = fields.integer("intermediate_size_mlp", required=False, default=width)
-    return Experts(count, per_token, width, tuple(layers), shared_intermediate=width)
-
-
-def _moe_ernie(fields: Fields, sizes: dict[str, Any]) -> Experts | None:
-    """Ernie-4.5: layers start .. end (end -1: the last), every interval-th; a score bias that is a parameter."""
-    count = fields.integer("moe_num_experts")
-    per_token = fields.integer("moe_k", required=False)
-    start = fields.integer("moe_layer_start_index", required=False, zero=True, default=1)
-    end = fields.get("moe_layer_end_index", default=-1)
-    if isinstance(end, bool) or not isinstance(end, int) or end < -1:
-        raise ValueError(f"config field 'moe_layer_end_index' must be a layer index or -1; got {end!r}")
-    end = sizes["layers"] - 1 if end == -1 else end
-    every = fields.integer("moe_layer_interval", required=False, default=1)
-    shared = fields.integer("moe_num_shared_experts", required=False, zero=True, default=2)
-    layers = tuple(i for i in range(sizes["layers"]) if (i + 1) % every == 0 and start <= i <= end)
-    if not layers:
-        return None
-    width = fields.integer("moe_intermediate_size")
-    return Experts(count, per_token, width, layers, shared_intermediate=shared * width, score_bias=True)
-
-
-MOE_READERS: dict[str, Callable[[Fields, dict[str, Any]], Experts | None]] = {
-    "mixtral": _moe_every_layer,
-    "gpt_oss": lambda fields, sizes: _moe_every_layer(fields, sizes, router_bias=True, expert_bias=True),
-    "qwen": _moe_qwen,
-    "deepseek": _moe_deepseek,
-    "llama4": _moe_llama4,
-    "ernie": _moe_ernie,
-}
+    per_token = fields.integer(*moe.per_token, none=True)
+    width = sizes["intermediate"] if moe.width is None else fields.integer(moe.width)
+    shared_count = 1 if moe.shared_count is None else fields.integer(moe.shared_count, zero=True, none=True) or 0
+    shared_width = width if moe.shared_width is None else fields.integer(moe.shared_width, zero=True, none=True) or 0
+    if moe.shared_count is None and moe.shared_width is None:
+        shared_count = 0
+    shared = shared_count * shared_width
+    return Experts(
+        count, per_token, width, tuple(layers), shared_intermediate=shared, shared_gate=moe.shared_gate and shared > 0,
+        router_bias=moe.router_bias, expert_bias=moe.expert_bias, score_bias=moe.score_bias, gated=moe.gated,
+    )  # fmt: skip

@@ -1,84 +1,115 @@
-"""Which layers slide, chunk or are linear: the config's layer_types, else its config class's rule."""
+"""Which layers slide, chunk, are linear or state-space layers: the config's layer_types, else the rule its
+config class builds them by (Arch.windows)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..models import LAYER_TYPES
-from .fields import Fields, shown_value
-from .table import NO_MODEL_TYPE, Arch, refuse
+from .._shape_checks import ATTENTION_TYPES, LAYER_TYPES
+from .fields import Fields
+from .table import NO_MODEL_TYPE, Arch
 
 __all__ = ["read_layer_types"]
+
+FULL, SLIDE = "full_attention", "sliding_attention"
+# the config spellings of a layer kind that transformers' classes use beside LAYER_TYPES
+SPELLINGS = {"attention": FULL, "full": FULL, "sliding": SLIDE, "linear": "linear_attention", "mamba": "mamba",
+             "conv": "linear_attention", "mlp": "mlp", "moe": "mlp"}  # fmt: skip
+
+
+# the fields each rule of _default_layer_types reads, which layer_types supersedes where a config has it
+NOPE = ("no_rope_layers", "no_rope_layer_interval")
+PATTERN = ("sliding_window_pattern", "_sliding_window_pattern")
+RULE_FIELDS = {
+    "qwen2": ("max_window_layers",),
+    "qwen2_moe": ("max_window_layers",),
+    "nope": NOPE,
+    "llama4": NOPE,
+    "qwen3_next": ("full_attention_interval",),
+    "pattern6": PATTERN,
+    "pattern4": PATTERN,
+    "exaone4": PATTERN,
+}
 
 
 def _sliding_window(fields: Fields, arch: Arch) -> int | None:
     """The window, or None when off: sliding_window null or 0, or use_sliding_window false (Qwen, SmolLM3)."""
-    window = fields.integer("sliding_window", "sliding_window_size", required=False, zero=True) or None
+    window = fields.integer("sliding_window", zero=True, none=True) or None
     switched = arch.windows in ("qwen2", "qwen2_moe", "switched", "nope") or arch is NO_MODEL_TYPE
-    if switched and not fields.boolean("use_sliding_window", arch is NO_MODEL_TYPE):
+    if switched and not fields.boolean("use_sliding_window"):
         return None  # Qwen2 ships sliding_window 131072 (or 0) with use_sliding_window false
     return window
 
 
+def _pattern(fields: Fields, rule: str, layers: int, window: bool) -> list[str]:
+    """Every sliding_window_pattern-th layer full, the others slide (Gemma-3: 6, Cohere2 and EXAONE 4: 4)."""
+    pattern = fields.get("sliding_window_pattern", "_sliding_window_pattern", default=6 if rule == "pattern6" else 4)
+    if isinstance(pattern, str) and set(pattern) <= {"L", "G"} and pattern:  # "LLLG": L slides, G is global
+        return [SLIDE if window and pattern[i % len(pattern)] == "L" else FULL for i in range(layers)]
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+        raise ValueError(f"config field 'sliding_window_pattern' must be a positive integer; got {pattern!r}")
+    return [SLIDE if window and (i + 1) % pattern else FULL for i in range(layers)]
+
+
 def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, chunk: bool) -> list[str]:
     """The layer kinds transformers' config class builds when config.json has no layer_types."""
-    rule, full, slide = arch.windows, "full_attention", "sliding_attention"
+    rule = arch.windows
     if rule == "qwen2":  # the layers from max_window_layers on slide
-        first = fields.integer("max_window_layers", required=False, zero=True, default=28)
-        return [slide if window and i >= first else full for i in range(layers)]
+        first = fields.integer("max_window_layers", zero=True)
+        return [SLIDE if window and i >= first else FULL for i in range(layers)]
     if rule == "qwen2_moe":  # every other layer below max_window_layers
-        below = fields.integer("max_window_layers", required=False, zero=True, default=28)
-        return [slide if window and i % 2 == 0 and i < below else full for i in range(layers)]
-    if rule in ("pattern6", "pattern4", "exaone4"):  # every n-th layer full, the others slide
-        pattern = fields.get(
-            "sliding_window_pattern", "_sliding_window_pattern", default=6 if rule == "pattern6" else 4
-        )
-        if isinstance(pattern, str) and set(pattern) <= {"L", "G"} and pattern:  # "LLLG": L slides, G is global
-            return [slide if window and pattern[i % len(pattern)] == "L" else full for i in range(layers)]
-        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-            raise ValueError(f"config field 'sliding_window_pattern' must be a positive integer; got {pattern!r}")
-        return [slide if window and (i + 1) % pattern else full for i in range(layers)]
+        below = fields.integer("max_window_layers", zero=True)
+        return [SLIDE if window and i % 2 == 0 and i < below else FULL for i in range(layers)]
+    if rule in ("pattern6", "pattern4", "exaone4"):
+        return _pattern(fields, rule, layers, window)
     if rule in ("nope", "llama4"):  # flags: 1 = the layer has RoPE (no_rope_layers' own meaning)
-        every = fields.integer("no_rope_layer_interval", required=False, default=4)
-        flags = fields.integers("no_rope_layers") or [int((i + 1) % every != 0) for i in range(layers)]
-        if len(flags) != layers:
-            raise ValueError(f"config field 'no_rope_layers' must have {layers} entries; got {len(flags)}")
+        every = fields.integer("no_rope_layer_interval")
+        flags = fields.integers("no_rope_layers", layers) or [int((i + 1) % every != 0) for i in range(layers)]
         if rule == "nope":  # SmolLM3: the NoPE layers slide
-            return [slide if window and not flags[i] else full for i in range(layers)]
-        return ["chunked_attention" if chunk and flags[i] else full for i in range(layers)]  # Llama 4
+            return [SLIDE if window and not flags[i] else FULL for i in range(layers)]
+        return ["chunked_attention" if chunk and flags[i] else FULL for i in range(layers)]  # Llama 4
     if rule == "qwen3_next":  # every full_attention_interval-th layer full, the others linear
-        every = fields.integer("full_attention_interval", required=False, default=4)
-        return ["linear_attention" if (i + 1) % every else full for i in range(layers)]
+        every = fields.integer("full_attention_interval")
+        return ["linear_attention" if (i + 1) % every else FULL for i in range(layers)]
     if rule == "minimax":
-        return [full if i % 2 == 0 else "linear_attention" for i in range(layers)]
+        return [FULL if i % 2 == 0 else "linear_attention" for i in range(layers)]
     alternate = rule == "alternate"  # Gemma-2, gpt-oss: layers 0, 2, 4, ... slide
-    return [slide if window and (i % 2 == 0 or not alternate) else full for i in range(layers)]
+    return [SLIDE if window and (i % 2 == 0 or not alternate) else FULL for i in range(layers)]
 
 
-def read_layer_types(fields: Fields, arch: Arch, layers: int) -> dict[str, Any]:
-    """layer_types, sliding_window and attention_chunk: the config's layer_types, else its class's rule."""
-    if arch.windows == "none":
+def _given_layer_types(fields: Fields, arch: Arch, layers: int, kinds: tuple[str, ...]) -> list[str] | None:
+    """config.json's layer_types, in LAYER_TYPES' spelling, each a kind this architecture builds."""
+    given = fields.get("layer_types")
+    if given is None:
+        return None
+    if not isinstance(given, list) or len(given) != layers:
+        raise fields.refuse("layer_types", f"must be a list of {layers} layer kinds (one a layer)")
+    spelled = [SPELLINGS.get(kind, kind) if isinstance(kind, str) else kind for kind in given]
+    unknown = sorted({str(kind) for kind, ours in zip(given, spelled, strict=True) if ours not in kinds}, key=str)
+    if unknown:
+        why = f"names layer kinds the reader does not know (it knows {', '.join(kinds)})"
+        raise fields.refuse("layer_types", why, unknown)
+    return spelled
+
+
+def read_layer_types(fields: Fields, arch: Arch, layers: int, mixers: tuple[str, ...] = ()) -> dict[str, Any]:
+    """layer_types, sliding_window and attention_chunk: the config's layer_types, else its class's rule.
+    mixers: the kinds besides softmax attention that this architecture builds (linear_attention, mamba, mlp)."""
+    if arch.windows == "none" and not mixers:
+        if fields.get("layer_types") is not None:  # read: a list that says what the class builds anyway
+            _given_layer_types(fields, arch, layers, (FULL,))
         return dict(layer_types=None, sliding_window=None, attention_chunk=None)
     window = _sliding_window(fields, arch)
-    chunk = fields.integer("attention_chunk_size", required=False) if arch.windows == "llama4" else None
-    derived = _default_layer_types(fields, arch, layers, window is not None, chunk is not None)
-    given = fields.get("layer_types")
-    if given is not None:
-        if not isinstance(given, list) or len(given) != layers:
-            raise ValueError(
-                f"config field 'layer_types' must be a list of {layers} layer kinds; got {shown_value(given)}"
-            )
-        unknown = sorted({kind for kind in given if kind not in LAYER_TYPES}, key=str)
-        if unknown:
-            why = f"names layer kinds the reader does not know (it knows {', '.join(LAYER_TYPES)})"
-            raise refuse("layer_types", unknown, fields.config.get("model_type", ""), why)
-    types = tuple(given if given is not None else derived)
+    chunk = fields.integer("attention_chunk_size", none=True) if arch.windows == "llama4" else None
+    kinds = tuple(kind for kind in LAYER_TYPES if kind in ATTENTION_TYPES or kind in mixers)
+    given = _given_layer_types(fields, arch, layers, kinds)
+    if given is not None:  # layer_types wins: the fields of the class's rule are read, and change nothing
+        fields.value(*RULE_FIELDS.get(arch.windows, ()))
+    types = tuple(given or _default_layer_types(fields, arch, layers, window is not None, chunk is not None))
     if "sliding_attention" in types and window is None:
         raise ValueError(
             "config field 'layer_types' has sliding_attention layers, but the sliding window is off "
             f"(sliding_window {fields.config.get('sliding_window')!r}, use_sliding_window "
             f"{fields.config.get('use_sliding_window')!r})"
         )
-    if "linear_attention" in types and arch.special not in ("gated_deltanet", "lightning"):
-        raise refuse("layer_types", "linear_attention", fields.config.get("model_type", ""), "has no linear layers")
     return dict(layer_types=types, sliding_window=window, attention_chunk=chunk)

@@ -5,12 +5,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..models import LAYER_TYPES, ModelShape
-from .experts import MOE_READERS
-from .fields import Fields, shown_value, switch
+from .._shape_checks import LAYER_TYPES
+from ..model_parts import Extra
+from ..models import ModelShape
+from .census import refuse_model_type
+from .defaults import DEFAULTS, NO_MODEL_TYPE_DEFAULTS
+from .experts import read_experts
+from .fields import MAX_LAYERS, Fields, shown_value, switch
+from .formulas import evaluate
 from .layer_kinds import read_layer_types
 from .special import SPECIAL_READERS
-from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch, known, refuse, spellings
+from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch
 
 __all__ = ["shape_from_config"]
 
@@ -49,61 +54,69 @@ _MUST_BE_OFF = ("is_encoder_decoder", "add_cross_attention", "cross_attention_hi
                 "pruned_heads", "use_bidirectional_attention")  # fmt: skip
 
 
-def _check_all_read(fields: Fields, model_type: str) -> None:
+def _check_all_read(fields: Fields, arch: Arch) -> None:
     """Every field the architecture did not read must be one that never changes the bill, or say "off"."""
     for name, value in fields.config.items():
         if name in _MUST_BE_OFF and value not in (None, False, 0, {}, []):
-            raise refuse(name, value, model_type, "describes a model that is not a plain decoder")
-        if name in fields.read or name in _NEVER_BILLED or name in _MUST_BE_OFF or value is None:
+            raise fields.refuse(name, "describes a model that is not a plain decoder")
+        if name in fields.read or name in _NEVER_BILLED or name in arch.unbilled or name in _MUST_BE_OFF:
             continue
-        raise refuse(name, value, model_type, "would change the bill and is not understood")
+        if value is not None:
+            raise fields.refuse(name, "would change the bill and is not understood")
 
 
-def _read_sizes(fields: Fields, arch: Arch, model_type: str) -> dict[str, Any]:
-    """layers, heads, kv heads, head_dim, hidden, vocab, the MLP's width and max positions."""
-    layers = fields.integer(*spellings(arch, "num_hidden_layers"))
-    heads = fields.integer(*spellings(arch, "num_attention_heads"))
-    hidden = fields.integer(*spellings(arch, "hidden_size"))
-    four_c = model_type in ("gpt2", "falcon")  # n_inner / ffn_hidden_size null: 4 x hidden
-    intermediate = fields.integer(*spellings(arch, "intermediate_size"), required=not four_c, default=4 * hidden)
-    head_dim = fields.integer("head_dim", required=False)
+def _spellings(arch: Arch, field: str) -> tuple[str, ...]:
+    """The spellings of a field in this architecture's config.json (GPT-2's n_layer for num_hidden_layers)."""
+    return next((names[1:] for names in arch.names if names[0] == field), (field,))
+
+
+def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
+    """layers, heads, kv heads, head_dim, hidden, vocab, the MLP's width and max positions; the layers first, in
+    constant time, so that a config of 10^7 layers is refused before anything is built for each."""
+    layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
+    heads = fields.integer(*_spellings(arch, "num_attention_heads"))
+    hidden = fields.integer(*_spellings(arch, "hidden_size"))
+    intermediate = fields.integer(*_spellings(arch, "intermediate_size"), none=True)  # GPT-2's n_inner null: 4·C
+    head_dim = fields.integer("head_dim", none=True)
     if head_dim is None:
         if hidden % heads:
             raise ValueError(f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
+    kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads else None
     return dict(
         layers=layers,
         heads=heads,
-        kv_heads=fields.integer("num_key_value_heads", required=False, default=heads) if arch.kv_heads else heads,
+        kv_heads=heads if kv_heads is None else kv_heads,
         head_dim=head_dim,
         hidden=hidden,
         vocab=fields.integer("vocab_size"),
-        intermediate=intermediate,
-        max_positions=fields.integer(*spellings(arch, "max_position_embeddings"), required=False),
+        intermediate=4 * hidden if intermediate is None else intermediate,
+        max_positions=fields.integer(*_spellings(arch, "max_position_embeddings"), none=True),
     )
 
 
 def _read_block(fields: Fields, arch: Arch) -> dict[str, Any]:
-    """The block: MLP, norms, biases, q/k norm, parallel attention and MLP, tied embeddings."""
+    """The block: MLP, norms, biases, q/k norm, parallel attention and MLP, tied embeddings, positions."""
     for name in arch.off:  # the class carries the field and builds nothing with it
         if fields.get(name) not in (None, False, 0):
-            raise refuse(name, fields.config[name], fields.config.get("model_type", ""), "is not built by transformers")
+            raise fields.refuse(name, "is not built by transformers")
     qk_norm = None
     if arch.qk_norm is not None and switch(fields, arch.qk_norm[0]):
         qk_norm = arch.qk_norm[1]
     return dict(
         mlp=arch.mlp,
         norm=arch.norm,
-        norms_per_layer=arch.norms_per_layer,
-        tied_embeddings=fields.boolean("tie_word_embeddings", arch.tied),
+        norms_per_layer=arch.norms,
+        tied_embeddings=fields.boolean("tie_word_embeddings"),
         qkv_bias=switch(fields, arch.qkv_bias),
         out_bias=switch(fields, arch.out_bias),
         mlp_bias=switch(fields, arch.mlp_bias),
         lm_head_bias=switch(fields, arch.lm_head_bias),
         qk_norm=qk_norm,
         parallel_block=switch(fields, arch.parallel),
-        sinks=arch.sinks,
-        attention_gate=arch.attention_gate,
+        sinks=switch(fields, arch.sinks),
+        attention_gate=switch(fields, arch.attention_gate),
+        positions=arch.positions,
     )
 
 
@@ -140,17 +153,14 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
     return theta, scaling or None
 
 
-def _architecture(config: dict[str, Any]) -> tuple[str, Arch, tuple[str, ...]]:
-    """(model_type, its rules, notes); an unknown model_type is refused with the ones the reader knows."""
+def _architecture(config: dict[str, Any]) -> tuple[str, Arch, dict[str, Any], tuple[str, ...]]:
+    """(model_type, its row, its class's defaults, notes); a model_type the reader does not bill is refused."""
     model_type = config.get("model_type")
     if model_type is None:
-        return "llama", NO_MODEL_TYPE, ("the config names no model_type: read as Llama",)
+        return "llama", NO_MODEL_TYPE, NO_MODEL_TYPE_DEFAULTS, ("the config names no model_type: read as Llama",)
     if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-        raise ValueError(
-            f"config field 'model_type' = {shown_value(model_type)} is not an architecture the reader knows; it "
-            f"knows {known()} (and a config without model_type, read as Llama). A bill that guessed could be wrong."
-        )
-    return model_type, ARCHITECTURES[model_type], ()
+        raise refuse_model_type(model_type)
+    return model_type, ARCHITECTURES[model_type], DEFAULTS.get(model_type, {}), ()
 
 
 def _read_quantization(fields: Fields) -> tuple[str | None, tuple[str, ...]]:
@@ -168,15 +178,51 @@ def _read_quantization(fields: Fields) -> tuple[str | None, tuple[str, ...]]:
     )
 
 
+def _extras(fields: Fields, arch: Arch, found: dict[str, Any]) -> tuple[Extra, ...]:
+    """The row's Parts, their formulas worked out with the sizes found and the config's fields."""
+    return tuple(
+        Extra(part.what, part.where, evaluate(part.parameters, found, fields), evaluate(part.state, found, fields))
+        for part in arch.extras
+    )
+
+
+def _read(config: dict[str, Any], default_name: str | None) -> ModelShape:
+    """shape_from_config for a config of one model (no text_config to unwrap)."""
+    model_type, arch, defaults, notes = _architecture(config)
+    fields = Fields(config, None if arch is NO_MODEL_TYPE else model_type, defaults)
+    fields.read.add("model_type")
+    found = _read_sizes(fields, arch)
+    found.update(_read_block(fields, arch))
+    rope_theta, rope_scaling = _rope_fields(fields, rotary=arch.positions == "rope")
+    found.update(rope_theta=rope_theta, rope_scaling=rope_scaling, notes=notes)
+    mixers = tuple(kind for special in arch.special for kind in SPECIAL_READERS[special][1])
+    found.update(read_layer_types(fields, arch, found["layers"], mixers))
+    found["experts"] = None if arch.moe is None else read_experts(fields, arch.moe, found)
+    found["intermediate"] = found.pop("dense_intermediate", found["intermediate"])
+    for special in arch.special:
+        SPECIAL_READERS[special][0](fields, found)
+    found["extras"] = _extras(fields, arch, found)
+    quantization, quantized = _read_quantization(fields)
+    _check_all_read(fields, arch)
+    return ModelShape(
+        name=config.get("_name_or_path") or default_name or config.get("model_type") or "config",
+        arch="gpt2" if arch.positions == "learned" else "llama",
+        architecture=model_type,
+        quantization=quantization,
+        **{**found, "notes": found["notes"] + quantized},
+    )
+
+
 def shape_from_config(config: dict[str, Any], default_name: str | None = None) -> ModelShape:
     """A ModelShape from the dict of a Hugging Face config.json, by the rules of its model_type (ARCHITECTURES).
 
+    A field the config leaves out takes its config class's default (defaults.py), as transformers would;
     head_dim, when the config gives one, wins over hidden_size / num_attention_heads: Gemma-2-9B has
     hidden 3584 and 16 heads, but heads of 256, not 224. A field that would change the bill and that the
-    architecture does not read is refused, naming the field, its value and the architectures the reader
-    knows; a field whose value means "off" (sliding_window 0 or null, use_sliding_window false) is read as
-    off. A multimodal config (LLaVA, Gemma-3, Llama 4) keeps its language model in text_config: that is
-    the one read, under the outer config's name (the vision tower is not counted, and the bill says so).
+    architecture does not read is refused, naming the field and its value; a field whose value means "off"
+    (sliding_window 0 or null, use_sliding_window false) is read as off. A multimodal config (LLaVA,
+    Gemma-3, Llama 4) keeps its language model in text_config: that is the one read, under the outer
+    config's name (the vision tower is not counted, and the bill says so).
     """
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict; got {type(config).__name__}")
@@ -184,26 +230,7 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
     if isinstance(text, dict) and config.get("num_hidden_layers", config.get("n_layer")) is None:
         name = config.get("_name_or_path") or default_name or config.get("model_type")
         outer = {key: config[key] for key in ("tie_word_embeddings",) if key in config}  # set outside, at times
-        shape = shape_from_config({**outer, **text, "_name_or_path": name}, default_name=name)
+        shape = _read({**outer, **text, "_name_or_path": name}, default_name=name)
         note = "the language model only (text_config): the other towers are not counted"
         return dataclasses.replace(shape, notes=(*shape.notes, note))
-    model_type, arch, notes = _architecture(config)
-    fields = Fields(config)
-    fields.read.add("model_type")
-    found = _read_sizes(fields, arch, model_type)
-    found.update(_read_block(fields, arch))
-    rope_theta, rope_scaling = _rope_fields(fields, rotary=model_type != "gpt2")
-    found.update(rope_theta=rope_theta, rope_scaling=rope_scaling, notes=notes)
-    found.update(read_layer_types(fields, arch, found["layers"]))
-    found["experts"] = MOE_READERS[arch.moe](fields, found) if arch.moe else None
-    if arch.special:
-        SPECIAL_READERS[arch.special](fields, found)
-    quantization, quantized = _read_quantization(fields)
-    _check_all_read(fields, model_type)
-    return ModelShape(
-        name=config.get("_name_or_path") or default_name or config.get("model_type") or "config",
-        arch="gpt2" if model_type == "gpt2" else "llama",
-        architecture=model_type,
-        quantization=quantization,
-        **{**found, "notes": found["notes"] + quantized},
-    )
+    return _read(config, default_name)

@@ -17,7 +17,7 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
     rope, nope = fields.integer("qk_rope_head_dim"), fields.integer("qk_nope_head_dim")
     latent = LatentAttention(
         kv_rank=fields.integer("kv_lora_rank"), rope_dim=rope, nope_dim=nope, v_dim=fields.integer("v_head_dim"),
-        q_rank=fields.integer("q_lora_rank", required=False), bias=fields.boolean("attention_bias", False),
+        q_rank=fields.integer("q_lora_rank", none=True), bias=fields.boolean("attention_bias"),
     )  # fmt: skip
     for field, allowed in (("head_dim", (rope, nope + rope)), ("qk_head_dim", (nope + rope,))):
         value = fields.get(field)
@@ -26,7 +26,8 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
                 f"config field {field!r} is {value!r}, but qk_nope_head_dim + qk_rope_head_dim = {nope + rope}"
             )
     found.update(latent=latent, head_dim=nope + rope, kv_heads=found["heads"])  # every head decompresses its own k, v
-    mtp = fields.integer("num_nextn_predict_layers", required=False, zero=True, default=0)
+    mtp = fields.get("num_nextn_predict_layers", default=0)
+    mtp = fields.integer("num_nextn_predict_layers", zero=True) if mtp else 0
     if mtp:
         found["notes"] += (f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
                            "transformers does not build them",)  # fmt: skip
@@ -56,22 +57,23 @@ def _special_stablelm(fields: Fields, found: dict[str, Any]) -> None:
 def _special_falcon(fields: Fields, found: dict[str, Any]) -> None:
     """Falcon: kv heads from new_decoder_architecture (num_kv_heads) or multi_query (1); one or two norms
     per parallel block (num_ln_in_parallel_attn); ALiBi instead of RoPE (alibi)."""
-    new = fields.boolean("new_decoder_architecture", False)
-    multi_query, parallel = fields.boolean("multi_query", True), fields.boolean("parallel_attn", True)
-    kv_heads = fields.integer("num_kv_heads", required=False, default=found["heads"])
+    new = fields.boolean("new_decoder_architecture")
+    multi_query, parallel = fields.boolean("multi_query"), fields.boolean("parallel_attn")
+    kv_heads = fields.integer("num_kv_heads", none=True) or found["heads"]
     found["kv_heads"] = kv_heads if new else 1 if multi_query else found["heads"]
-    norms_in_parallel = fields.integer("num_ln_in_parallel_attn", required=False, default=2 if new else 1)
+    norms_in_parallel = fields.integer("num_ln_in_parallel_attn", none=True) or (2 if new else 1)
     found["parallel_block"] = parallel
     found["norms_per_layer"] = 2 if not parallel or norms_in_parallel == 2 else 1
-    if fields.boolean("alibi", False):
+    if fields.boolean("alibi"):
         found.update(positions="alibi", rope_theta=None, rope_scaling=None)
 
 
-# each reader fills in the ModelShape fields found so far
-SPECIAL_READERS: dict[str, Callable[[Fields, dict[str, Any]], None]] = {
-    "latent": _special_latent,
-    "gated_deltanet": _special_gated_deltanet,
-    "lightning": _special_lightning,
-    "stablelm": _special_stablelm,
-    "falcon": _special_falcon,
+# name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
+# besides softmax attention)
+SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
+    "latent": (_special_latent, ()),
+    "gated_deltanet": (_special_gated_deltanet, ("linear_attention",)),
+    "lightning": (_special_lightning, ("linear_attention",)),
+    "stablelm": (_special_stablelm, ()),
+    "falcon": (_special_falcon, ()),
 }
