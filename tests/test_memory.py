@@ -280,8 +280,10 @@ def test_more_bad_inputs_name_what_is_wrong(tmp_path):
         from tinyattn_np.hf_config import shape_from_config
 
         shape_from_config([1, 2])
-    with pytest.raises(ValueError, match="hidden_size 4097 is not a multiple of num_attention_heads 32"):
-        load_model_shape({**LLAMA_3_8B_CONFIG, "hidden_size": 4097})
+    # head_dim left out is hidden_size // num_attention_heads, rounded down, as transformers' LlamaConfig takes it
+    assert load_model_shape({**LLAMA_3_8B_CONFIG, "hidden_size": 4097}).head_dim == 128
+    with pytest.raises(ValueError, match="hidden_size 16 is smaller than num_attention_heads 32"):
+        load_model_shape({**LLAMA_3_8B_CONFIG, "hidden_size": 16})
     with pytest.raises(TypeError, match="source must be a preset name, a path to a config.json or a dict; got int"):
         load_model_shape(7)
     broken = tmp_path / "config.json"

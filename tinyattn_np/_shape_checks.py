@@ -39,9 +39,9 @@ ARCH_DEFAULTS: dict[str, tuple[str, str, str, bool]] = {
 MLPS = ("gated", "plain", "none")
 NORMS = ("rms", "layer", "layer_weight", "none")
 QK_NORMS = ("head", "head_bias", "per_head", "l2")
-POSITIONS = ("rope", "learned", "alibi", "none")
+POSITIONS = ("rope", "learned", "alibi", "sinusoidal", "none")
 FLAGS = ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "lm_head_bias", "sinks", "attention_gate",
-         "parallel_block", "mamba_beside_attention")  # fmt: skip
+         "parallel_block", "mamba_beside_attention", "final_norm")  # fmt: skip
 
 
 def set_field(shape: Any, field: str, value: Any) -> None:
@@ -61,7 +61,7 @@ def check_sizes(shape: Any) -> None:
         check_positive_int(getattr(shape, field), field)
     for field in ("vocab", "intermediate", "norms_per_layer", "kv_shared_layers"):
         check_count(getattr(shape, field), field)
-    for field in ("max_positions", "sliding_window", "attention_chunk"):
+    for field in ("max_positions", "sliding_window", "attention_chunk", "embedding_dim"):
         if getattr(shape, field) is not None:
             check_positive_int(getattr(shape, field), field)
     if shape.window_layers is not None:

@@ -66,7 +66,8 @@ class ModelShape:
       attention_gate the query projection also yields a gate on the output: q is 2·Hq·E wide (Qwen3-Next)
       parallel_block attention and MLP read the same normed input (Falcon, Cohere, Phi-2, GPT-NeoX): the
                      count of norms in norms_per_layer says what it changes
-      positions      "rope", "learned" (a P x C table: GPT-2), "alibi" (no weights, no rotation), "none"
+      positions      "rope", "learned" (a P x C table: GPT-2), "alibi" (no weights, no rotation), "sinusoidal"
+                     (a fixed table, no weights: XGLM, CTRL), "none"
       layer_types    one per layer: full_attention, sliding_attention, chunked_attention, linear_attention,
                      mamba (a state-space layer), mlp (no token mixing: an MLP or experts alone); None: from
                      sliding_window and window_layers, the first window_layers layers sliding;
@@ -77,6 +78,8 @@ class ModelShape:
       mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1)
       kv_shared_layers   the last n layers read an earlier layer's keys and values and cache none (Gemma-3n)
       extras         Extra weights (and states) one architecture alone has, counted where they sit
+      embedding_dim  the width of the token table and the head where projections join it to hidden (OPT-350m)
+      final_norm     a norm after the last layer (OpenAI GPT and post-norm OPT have none)
       quantization   the config's quantization_config method (e.g. "fp8"); the bill's dtype is the caller's
       notes          what the reader left out, said once in the bill (a vision tower, MTP layers)
     """
@@ -122,6 +125,8 @@ class ModelShape:
     mamba_beside_attention: bool = False
     kv_shared_layers: int = 0
     extras: tuple[Extra, ...] = ()
+    embedding_dim: int | None = None
+    final_norm: bool = True
 
     def __post_init__(self) -> None:
         check_sizes(self)
@@ -243,17 +248,19 @@ class ModelShape:
     def norm_parameters(self) -> int:
         """Every norm's weights, the final one included: RMSNorm has C, LayerNorm 2·C (weight, bias)."""
         per_norm = {"rms": 1, "layer": 2, "layer_weight": 1, "none": 0}[self.norm or "none"] * self.hidden
-        return (self.layers * self.norms_per_layer + 1) * per_norm
+        return (self.layers * self.norms_per_layer + int(self.final_norm)) * per_norm
 
     @property
     def embedding_parameters(self) -> int:
         """Token table V·C, the output head V·C unless tied to it (and V with lm_head_bias), and the learned
-        position table P·C."""
+        position table P·C; with an embedding_dim D of its own, tables of V·D and the projections D·C and C·D."""
         if self.arch == "attention":
             return 0
         tables = 1 if self.tied_embeddings else 2
-        positions = (self.max_positions or 0) if self.positions == "learned" else 0
-        return (tables * self.vocab + positions) * self.hidden + (self.vocab if self.lm_head_bias else 0)
+        width = self.hidden if self.embedding_dim is None else self.embedding_dim
+        projections = 0 if width == self.hidden else 2 * width * self.hidden
+        positions = (self.max_positions or 0) * self.hidden if self.positions == "learned" else 0
+        return tables * self.vocab * width + projections + positions + (self.vocab if self.lm_head_bias else 0)
 
     @property
     def extra_parameters(self) -> int:

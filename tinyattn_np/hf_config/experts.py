@@ -33,6 +33,14 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
         end = layers - 1 if end == -1 else end
         every = fields.integer("moe_layer_interval")
         return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
+    if moe.layers == "mlp_layer_types":  # "dense" or "sparse" per layer, else the first `dense` layers dense
+        kinds, first = fields.get("mlp_layer_types"), fields.value(moe.dense)  # the list wins where given
+        if kinds is None:
+            first = fields.integer(moe.dense, zero=True, none=True) or 0
+            return list(range(first, layers))
+        if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"dense", "sparse"}:
+            raise fields.refuse("mlp_layer_types", f"must be {layers} of 'dense' and 'sparse'")
+        return [i for i, kind in enumerate(kinds) if kind == "sparse"]
     if moe.layers == "period":
         period, offset = fields.integer("expert_layer_period"), fields.integer("expert_layer_offset", zero=True)
         return [i for i in range(layers) if i >= offset and (i - offset) % period == 0]
@@ -43,8 +51,8 @@ def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | N
     """The experts a row's Moe names (None where the config routes no layer), and the dense layers' width."""
     count = fields.integer(*moe.count, zero=True, none=True)
     layers = [i for i in _layers(fields, moe, sizes["layers"]) if i < sizes["layers"]]
-    if moe.dense_width is not None:
-        sizes["dense_intermediate"] = fields.integer(moe.dense_width)
+    if moe.dense_width is not None:  # None: the dense layers' MLP is intermediate_size wide
+        sizes["dense_intermediate"] = fields.integer(moe.dense_width, none=True) or sizes["intermediate"]
     if not count or not layers:
         return None
     per_token = fields.integer(*moe.per_token, none=True)

@@ -29,12 +29,16 @@ RULE_FIELDS = {
     "pattern6": PATTERN,
     "pattern4": PATTERN,
     "exaone4": PATTERN,
+    "pattern": PATTERN,
+    "afmoe": ("global_attn_every_n_layers",),
+    "max_window": ("max_window_layers",),
 }
 
 
 def _sliding_window(fields: Fields, arch: Arch) -> int | None:
     """The window, or None when off: sliding_window null or 0, or use_sliding_window false (Qwen, SmolLM3)."""
-    window = fields.integer("sliding_window", zero=True, none=True) or None
+    name = "window_size" if arch.windows == "gpt_neo" else "sliding_window"
+    window = fields.integer(name, zero=True, none=True) or None
     switched = arch.windows in ("qwen2", "qwen2_moe", "switched", "nope") or arch is NO_MODEL_TYPE
     if switched and not fields.boolean("use_sliding_window"):
         return None  # Qwen2 ships sliding_window 131072 (or 0) with use_sliding_window false
@@ -51,6 +55,21 @@ def _pattern(fields: Fields, rule: str, layers: int, window: bool) -> list[str]:
     return [SLIDE if window and (i + 1) % pattern else FULL for i in range(layers)]
 
 
+def _gpt_neo_layers(fields: Fields, layers: int) -> list[str]:
+    """GPT-Neo's attention_types expanded, as its config class expands them (attention_layers is that list)."""
+    fields.value("attention_layers")  # transformers recomputes it from attention_types
+    types, kinds = fields.get("attention_types"), []
+    for entry in types if isinstance(types, list) else [None]:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
+                and isinstance(entry[1], int) and not isinstance(entry[1], bool) and 0 <= entry[1] <= layers
+                and set(entry[0]) <= {"global", "local"}):  # fmt: skip
+            raise fields.refuse("attention_types", "must be [[kinds, repeats], ...] of 'global' and 'local'")
+        kinds += entry[0] * entry[1]
+    if len(kinds) != layers:
+        raise fields.refuse("attention_types", f"must name {layers} layers (num_layers); it names {len(kinds)}")
+    return kinds
+
+
 def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, chunk: bool) -> list[str]:
     """The layer kinds transformers' config class builds when config.json has no layer_types."""
     rule = arch.windows
@@ -60,7 +79,7 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
     if rule == "qwen2_moe":  # every other layer below max_window_layers
         below = fields.integer("max_window_layers", zero=True)
         return [SLIDE if window and i % 2 == 0 and i < below else FULL for i in range(layers)]
-    if rule in ("pattern6", "pattern4", "exaone4"):
+    if rule in ("pattern6", "pattern4", "exaone4", "pattern"):
         return _pattern(fields, rule, layers, window)
     if rule in ("nope", "llama4"):  # flags: 1 = the layer has RoPE (no_rope_layers' own meaning)
         every = fields.integer("no_rope_layer_interval")
@@ -71,6 +90,20 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
     if rule == "qwen3_next":  # every full_attention_interval-th layer full, the others linear
         every = fields.integer("full_attention_interval")
         return ["linear_attention" if (i + 1) % every else FULL for i in range(layers)]
+    if rule == "every4_from0":  # every 4th layer full, from layer 0 (CWM, Granite's sliding variants)
+        return [FULL if i % 4 == 0 or not window else SLIDE for i in range(layers)]
+    if rule == "afmoe":  # every global_attn_every_n_layers-th layer full, the others slide
+        every = fields.integer("global_attn_every_n_layers")
+        return [SLIDE if window and (i + 1) % every else FULL for i in range(layers)]
+    if rule == "max_window":  # the layers from max_window_layers on slide (dots.llm1: no switch)
+        first = fields.integer("max_window_layers", zero=True)
+        return [SLIDE if window and i >= first else FULL for i in range(layers)]
+    if rule == "given":  # the class derives layer_types its own way: a config with a window must give them
+        if window:
+            raise fields.missing("layer_types")
+        return [FULL] * layers
+    if rule == "gpt_neo":  # attention_types: [[kinds, repeats], ...], each kind "global" or "local" (a window)
+        return [SLIDE if kind == "local" and window else FULL for kind in _gpt_neo_layers(fields, layers)]
     if rule == "minimax":
         return [FULL if i % 2 == 0 else "linear_attention" for i in range(layers)]
     alternate = rule == "alternate"  # Gemma-2, gpt-oss: layers 0, 2, 4, ... slide

@@ -44,7 +44,26 @@ _NEVER_BILLED = frozenset(
     ep_size block_size full_attn_alpha_factor full_attn_beta_factor linear_attn_alpha_factor
     linear_attn_beta_factor mlp_alpha_factor mlp_beta_factor summary_type summary_use_proj summary_activation
     summary_proj_to_labels summary_first_dropout n_ctx apply_residual_connection_post_layernorm
-    initial_context_length
+    initial_context_length lambda_std_dev embedding_initializer_range
+    dropout dropout_p activation_dropout hidden_dropout_prob attention_probs_dropout_prob mlp_dropout resid_dropout
+    emb_pdrop embed_dropout layerdrop local_attention_probs_dropout_prob lsh_attention_probs_dropout_prob afn
+    attention_softmax_in_fp32 scale_attention_softmax_in_fp32 autocast_kernel_dtype aux_loss_coef z_loss_coefficient
+    init_std init_device initializer_cutoff_factor w_init_variance_scale ngpt_alpha_init learnable_sink_init
+    eps norm_eps mixer_rms_eps rms_norm_eps_moe_gate norm_reduction_force_float32 residual_in_fp32
+    rescale_prenorm_residual input_jitter_noise enable_moe_fp32_combine slow_but_exact seed
+    image_token_id image_token_index boi_token_index eoi_token_index vision_start_token_id vision_end_token_id
+    video_token_id audio_token_id cls_token_id eod_token_id num_logits_to_keep max_inference_chunksize
+    mamba_chunk_size chunk_size_lm_head chunkwise_kernel step_kernel sequence_kernel inference_state_dtype
+    use_mamba_kernels use_mambapy use_mem_eff_path use_associative_scan mamba_hidden_act mlp_hidden_act
+    hidden_mamba_act time_step_floor time_step_init_scheme time_step_limit time_step_max time_step_min
+    time_step_scale linear_a_log_max linear_a_log_min linear_dt_init_floor linear_dt_max linear_dt_min
+    gate_soft_cap logits_soft_cap output_logit_soft_cap mlp_gate_softcap mlp_up_softcap moe_router_logit_softcapping
+    moe_apply_router_weight_on_input moe_routed_scaling_factor route_scale router_scaling_factor
+    mtp_loss_scaling_factor mup_enabled logits_mup_width_multiplier key_multiplier lm_head_multiplier
+    ssm_in_multiplier ssm_out_multiplier ssm_multipliers mlp_multipliers attention_in_multiplier
+    attention_out_multiplier dim_model_base scale_emb scale_depth embedding_scale log_scaling_alpha
+    log_scaling_n_floor kda_lower_bound kda_safe_gate qk_l2_clip_threshold rel_l2_clip_threshold
+    classifier_activation expert_selection_fn shared_expert_combination_strategy mamba_ssm_cache_dtype
 """.split()
 )
 
@@ -76,13 +95,17 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
     heads = fields.integer(*_spellings(arch, "num_attention_heads"))
     hidden = fields.integer(*_spellings(arch, "hidden_size"))
-    intermediate = fields.integer(*_spellings(arch, "intermediate_size"), none=True)  # GPT-2's n_inner null: 4·C
+    if arch.intermediate is None:
+        intermediate = fields.integer(*_spellings(arch, "intermediate_size"), none=True)  # GPT-2's n_inner null: 4·C
+    else:  # BLOOM's 4·C, MPT's expansion_ratio · C
+        intermediate = evaluate(arch.intermediate, dict(hidden=hidden, heads=heads, layers=layers), fields)
     head_dim = fields.integer("head_dim", none=True)
-    if head_dim is None:
-        if hidden % heads:
-            raise ValueError(f"config: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+    if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down
         head_dim = hidden // heads
+        if head_dim == 0:
+            raise ValueError(f"config: hidden_size {hidden} is smaller than num_attention_heads {heads}")
     kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads else None
+    kv_heads = 1 if switch(fields, arch.multi_query) else kv_heads
     return dict(
         layers=layers,
         heads=heads,
@@ -183,6 +206,7 @@ def _extras(fields: Fields, arch: Arch, found: dict[str, Any]) -> tuple[Extra, .
     return tuple(
         Extra(part.what, part.where, evaluate(part.parameters, found, fields), evaluate(part.state, found, fields))
         for part in arch.extras
+        if switch(fields, part.when)
     )
 
 
@@ -194,14 +218,18 @@ def _read(config: dict[str, Any], default_name: str | None) -> ModelShape:
     found = _read_sizes(fields, arch)
     found.update(_read_block(fields, arch))
     rope_theta, rope_scaling = _rope_fields(fields, rotary=arch.positions == "rope")
+    rotary = fields.integer("rotary_dim", none=True) if arch.rotary_dim else None  # GPT-J: partial rotary
+    if rotary is not None and rotary != found["head_dim"] and rope_theta is not None:
+        share = rotary / found["head_dim"]
+        rope_scaling = {"rope_type": "default", **(rope_scaling or {}), "partial_rotary_factor": share}
     found.update(rope_theta=rope_theta, rope_scaling=rope_scaling, notes=notes)
     mixers = tuple(kind for special in arch.special for kind in SPECIAL_READERS[special][1])
     found.update(read_layer_types(fields, arch, found["layers"], mixers))
     found["experts"] = None if arch.moe is None else read_experts(fields, arch.moe, found)
     found["intermediate"] = found.pop("dense_intermediate", found["intermediate"])
+    found["extras"] = _extras(fields, arch, found)
     for special in arch.special:
         SPECIAL_READERS[special][0](fields, found)
-    found["extras"] = _extras(fields, arch, found)
     quantization, quantized = _read_quantization(fields)
     _check_all_read(fields, arch)
     return ModelShape(

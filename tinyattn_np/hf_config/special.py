@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..model_parts import LatentAttention, LinearAttention
+from ..model_parts import Extra, LatentAttention, LinearAttention
 from .fields import Fields
 
 __all__ = ["SPECIAL_READERS"]
@@ -26,11 +26,16 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
                 f"config field {field!r} is {value!r}, but qk_nope_head_dim + qk_rope_head_dim = {nope + rope}"
             )
     found.update(latent=latent, head_dim=nope + rope, kv_heads=found["heads"])  # every head decompresses its own k, v
-    mtp = fields.get("num_nextn_predict_layers", default=0)
-    mtp = fields.integer("num_nextn_predict_layers", zero=True) if mtp else 0
-    if mtp:
-        found["notes"] += (f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
-                           "transformers does not build them",)  # fmt: skip
+    _special_mtp(fields, found)
+
+
+def _special_mtp(fields: Fields, found: dict[str, Any]) -> None:
+    """Multi-token-prediction layers: a note, for transformers does not build them."""
+    for name in ("num_nextn_predict_layers", "num_mtp_layers"):
+        mtp = fields.integer(name, zero=True) if fields.get(name) else 0
+        if mtp:
+            found["notes"] += (f"{mtp} multi-token-prediction layer(s) ({name}) not counted: transformers does "
+                               "not build them",)  # fmt: skip
 
 
 def _special_gated_deltanet(fields: Fields, found: dict[str, Any]) -> None:
@@ -68,6 +73,20 @@ def _special_falcon(fields: Fields, found: dict[str, Any]) -> None:
         found.update(positions="alibi", rope_theta=None, rope_scaling=None)
 
 
+def _special_opt(fields: Fields, found: dict[str, Any]) -> None:
+    """OPT: a position table of 2 more rows; a token table of word_embed_proj_dim, projected to and from hidden
+    where they differ; biases where enable_bias; norms after the layer (do_layer_norm_before false: no final
+    norm); LayerNorms without weights where layer_norm_elementwise_affine is false."""
+    found["extras"] += (Extra("2 more rows of the position table", "model", 2 * found["hidden"]),)
+    width = fields.integer("word_embed_proj_dim", none=True)
+    found["embedding_dim"] = width if width is not None and width != found["hidden"] else None
+    bias = fields.boolean("enable_bias")
+    found.update(qkv_bias=bias, out_bias=bias, mlp_bias=bias)
+    found["final_norm"] = fields.boolean("do_layer_norm_before") and not fields.boolean("_remove_final_layer_norm")
+    if not fields.boolean("layer_norm_elementwise_affine"):
+        found["norm"] = "none"
+
+
 # name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
 # besides softmax attention)
 SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
@@ -76,4 +95,6 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "lightning": (_special_lightning, ("linear_attention",)),
     "stablelm": (_special_stablelm, ()),
     "falcon": (_special_falcon, ()),
+    "opt": (_special_opt, ()),
+    "mtp": (_special_mtp, ()),
 }

@@ -20,12 +20,14 @@ __all__ = ["ARCHITECTURES", "NO_MODEL_TYPE", "Arch", "Moe", "Part"]
 @dataclass(frozen=True)
 class Part:
     """Weights one architecture alone has: what, where (model_parts.EXTRA_PLACES or a layer kind), how many
-    per such layer (a formula), and the numbers of state a sequence keeps there (a formula)."""
+    per such layer (a formula), the numbers of state a sequence keeps there (a formula), and the Rule that
+    switches it on."""
 
     what: str
     where: str
     parameters: str = "0"
     state: str = "0"
+    when: Rule = True  # a part some configs switch on
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,10 @@ class Arch:
     parallel: Rule = False
     sinks: Rule = False
     attention_gate: Rule = False  # q twice as wide: its second half gates the output
-    positions: str = "rope"  # "rope", "learned" (a table of max_position_embeddings rows), "alibi", "none"
+    positions: str = "rope"  # "rope", "learned" (a table of max_position_embeddings rows), "alibi", "sinusoidal"
+    multi_query: Rule = False  # one kv head for every query head
+    intermediate: str | None = None  # the MLP's width, a formula, where the config names it otherwise
+    rotary_dim: bool = False  # RoPE turns rotary_dim channels of each head (GPT-J)
     windows: str = "none"  # which layers slide when the config has no layer_types (layer_kinds.py)
     moe: Moe | None = None
     special: tuple[str, ...] = ()  # readers of their own, for what no other architecture has (special.py)
@@ -87,6 +92,8 @@ ALL_BIAS: dict[str, Any] = dict(qkv_bias="use_bias", out_bias="use_bias", mlp_bi
 # (field, how this architecture spells it ...): GPT-2's own names, Falcon's old ones and its ffn_hidden_size
 GPT2_NAMES = (("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd"),
               ("max_position_embeddings", "n_positions"), ("intermediate_size", "n_inner"))  # fmt: skip
+HF_GPT_NAMES = (("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd"),
+                ("max_position_embeddings", "n_positions"))  # fmt: skip
 FALCON_NAMES = (("num_hidden_layers", "num_hidden_layers", "n_layer"),
                 ("num_attention_heads", "num_attention_heads", "n_head"), ("hidden_size", "hidden_size", "n_embed"),
                 ("intermediate_size", "ffn_hidden_size"))  # fmt: skip
@@ -100,6 +107,8 @@ LLAMA4 = Moe(("num_local_experts",), width=None, layers="llama4", shared_width="
              dense_width="intermediate_size_mlp")  # fmt: skip
 ERNIE = Moe(("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_count="moe_num_shared_experts",
             score_bias=True)  # fmt: skip
+
+XIELU = Part("xIELU's α_p and α_n", "every layer", "2")
 
 ARCHITECTURES: dict[str, Arch] = {
     "llama":        Arch(**QKVO, mlp_bias="mlp_bias"),
@@ -144,6 +153,89 @@ ARCHITECTURES: dict[str, Arch] = {
     "llama4_text":  Arch(**QKVO, qk_norm=("use_qk_norm", "l2"), windows="llama4", moe=LLAMA4),
     "ernie4_5":     Arch(**ALL_BIAS),
     "ernie4_5_moe": Arch(**ALL_BIAS, lm_head_bias="use_bias", moe=ERNIE),
+    "apertus":      Arch(**QKVO, mlp="plain", qk_norm=(True, "head"), extras=(XIELU,)),
+    "apertus1p5_text": Arch(**QKVO, mlp="plain", qk_norm=(True, "head"), extras=(XIELU,)),
+    "arcee":        Arch(**QKVO, mlp="plain", mlp_bias="mlp_bias"),
+    "bitnet":       Arch(**QKVO, extras=(Part("sub-norm of attention", "attention", "C"),
+                                          Part("sub-norm of the MLP", "dense", "F"))),
+    "cwm":          Arch(**QKVO, mlp_bias="mlp_bias", windows="every4_from0"),
+    "diffllama":    Arch(**QKVO, extras=(Part("λ_q1, λ_k1, λ_q2, λ_k2", "attention", "4·E"),)),
+    "exaone":       Arch(**QKVO, mlp_bias="mlp_bias"),
+    "glm":          Arch(qkv_bias="attention_bias"),
+    "helium":       Arch(**QKVO, mlp_bias="mlp_bias"),
+    "hyperclovax":  Arch(**QKVO, mlp_bias="mlp_bias",
+                         extras=(Part("norms after attention and MLP", "every layer", "2·C", when="use_post_norm"),)),
+    "internlm3":    Arch(**QKVO, mlp_bias="mlp_bias"),
+    "iquestcoder":  Arch(**QKVO, mlp_bias="mlp_bias"),
+    "jais2":        Arch(**QKVO, mlp="plain", mlp_bias="mlp_bias", norm="layer"),
+    "ministral":    Arch(windows="every"),
+    "ministral3":   Arch(windows="every"),
+    "nanochat":     Arch(**QKVO, mlp="plain", norm="none"),
+    "olmo3":        Arch(**QKVO, qk_norm=(True, "per_head"), windows="pattern4"),
+    "seed_oss":     Arch(qkv_bias="attention_bias", out_bias="attention_out_bias", mlp_bias="mlp_bias"),
+    "vaultgemma":   Arch(**QKVO, windows="alternate"),
+    "youtu":        Arch(special=("latent",)),
+    "gpt-sw3":      Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, positions="learned",
+                         names=GPT2_NAMES, kv_heads=False),
+    "gpt_bigcode":  Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, positions="learned",
+                         multi_query="multi_query", names=GPT2_NAMES, kv_heads=False,
+                         unbilled=("num_key_value_heads",)),  # transformers reads multi_query
+    "gpt_neo":      Arch(mlp="plain", norm="layer", out_bias=True, mlp_bias=True, positions="learned",
+                         windows="gpt_neo", kv_heads=False,
+                         names=(("num_hidden_layers", "num_layers"), ("num_attention_heads", "num_heads"))),
+    "gpt_neox_japanese": Arch(mlp="plain", norm="layer", kv_heads=False, intermediate="C·intermediate_multiple_size",
+                              extras=(Part("the last layer's output bias", "model", "C"),)),
+    "gptj":         Arch(mlp="plain", norm="layer", norms=1, mlp_bias=True, lm_head_bias=True, parallel=True,
+                         names=GPT2_NAMES, kv_heads=False, rotary_dim=True),
+    "codegen":      Arch(mlp="plain", norm="layer", norms=1, mlp_bias=True, lm_head_bias=True, parallel=True,
+                         names=GPT2_NAMES, kv_heads=False, rotary_dim=True),
+    "openai-gpt":   Arch(mlp="plain", norm="none", qkv_bias=True, out_bias=True, mlp_bias=True, positions="learned",
+                         intermediate="4·C", names=HF_GPT_NAMES, kv_heads=False,
+                         extras=(Part("LayerNorms after attention and MLP", "every layer", "4·C"),)),
+    "opt":          Arch(mlp="plain", norm="layer", positions="learned", special=("opt",), kv_heads=False,
+                         names=(("intermediate_size", "ffn_dim"),)),
+    "bloom":        Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, positions="alibi",
+                         intermediate="4·C", kv_heads=False,
+                         names=(("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head")),
+                         extras=(Part("LayerNorm of the embeddings", "model", "2·C"),)),
+    "mpt":          Arch(mlp="plain", norm="layer_weight", positions="alibi", intermediate="4·C", kv_heads=False,
+                         names=(("num_hidden_layers", "n_layers"), ("num_attention_heads", "n_heads"),
+                                ("hidden_size", "d_model"), ("max_position_embeddings", "max_seq_len")),
+                         unbilled=("expansion_ratio", "attn_config", "no_bias", "learned_pos_emb", "norm_type",
+                                   "embedding_fraction", "init_device")),
+    "xglm":         Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, positions="sinusoidal",
+                         kv_heads=False, names=(("num_hidden_layers", "num_layers"), ("num_attention_heads",
+                         "attention_heads"), ("hidden_size", "d_model"), ("intermediate_size", "ffn_dim")),
+                         unbilled=("scale_embedding",)),
+    "biogpt":       Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, positions="learned",
+                         kv_heads=False, extras=(Part("2 more rows of the position table", "model", "2·C"),),
+                         unbilled=("scale_embedding",)),
+    "ctrl":         Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True, lm_head_bias=True,
+                         positions="sinusoidal", kv_heads=False,
+                         names=(*HF_GPT_NAMES, ("intermediate_size", "dff"))),
+    "persimmon":    Arch(mlp="plain", norm="layer", qkv_bias=True, out_bias=True, mlp_bias=True,
+                         qk_norm=("qk_layernorm", "head_bias"), kv_heads=False),
+    "afmoe":        Arch(**QKVO, norms=4, qk_norm=(True, "head"), attention_gate=True, windows="afmoe",
+                         moe=Moe(("num_experts",), layers="dense_first", dense="num_dense_layers",
+                                 shared_count="num_shared_experts", score_bias=True)),
+    "aria_text":    Arch(**QKVO, mlp_bias="mlp_bias", moe=Moe(("moe_num_experts",), width=None, per_token=("moe_topk",),
+                                                             shared_count="moe_num_shared_experts")),
+    "cohere2_moe":  Arch(**QKVO, norm="layer_weight", norms=1, parallel=True, windows="given",
+                         moe=Moe(("num_experts",), width=None, layers="mlp_layer_types",
+                                 shared_count="num_shared_experts", dense_width="prefix_dense_intermediate_size"),
+                         unbilled=("prefix_dense_sliding_window_pattern", "sliding_window_pattern")),
+    "dots1":        Arch(**QKVO, qk_norm=(True, "head"), windows="max_window", moe=DEEPSEEK),
+    "exaone_moe":   Arch(qk_norm=(True, "head"), windows="pattern", moe=Moe(("num_experts",), layers="mlp_layer_types",
+                                                                            shared_count="num_shared_experts")),
+    "flex_olmo":    Arch(**QKVO, qk_norm=(True, "per_head"), moe=Moe(("num_experts",), width=None)),
+    "flint":        Arch(sinks=True, qk_norm=(True, "head"), **QKVO, windows="given",
+                         moe=Moe(("num_experts",), layers="qwen", shared_width="shared_expert_intermediate_size")),
+    "glm4_moe":     Arch(qkv_bias="attention_bias", qk_norm=("use_qk_norm", "head"), moe=DEEPSEEK, special=("mtp",)),
+    "granite_swa":  Arch(**QKVO, mlp_bias="mlp_bias", sinks=True, windows="every4_from0",
+                         unbilled=("layer_rope_theta",)),
+    "granitemoe_swa": Arch(**QKVO, sinks=True, windows="every4_from0", unbilled=("layer_rope_theta",),
+                           moe=Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")),
+    "granitemoeshared": Arch(**QKVO, moe=Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")),
 }  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
