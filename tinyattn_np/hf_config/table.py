@@ -234,7 +234,8 @@ ARCHITECTURES: dict[str, Arch] = {
     "granite_swa":  Arch(**QKVO, mlp_bias="mlp_bias", sinks=True, windows="every4_from0",
                          unbilled=("layer_rope_theta",)),
     "granitemoe_swa": Arch(**QKVO, sinks=True, windows="every4_from0", unbilled=("layer_rope_theta",),
-                           moe=Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")),
+                           moe=Moe(("num_local_experts",), width=None,
+                                   shared_width="shared_intermediate_size")),
     "granitemoeshared": Arch(**QKVO, moe=Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")),
 }  # fmt: skip
 
