@@ -50,7 +50,9 @@ BILLED = [model_type for model_type in MAPPING if model_type in ARCHITECTURES]
 FIXES: dict[str, dict[str, Any]] = {
     "glm4_moe": dict(head_dim=128),  # 4096 // 96 = 42 channels a head, of which half rotate: 21, an odd count
     "ministral": dict(head_dim=128),
-    "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6), "hunyuan_v1_dense": dict(head_dim=128), "hunyuan_v1_moe": dict(head_dim=128),
+    "hunyuan_v1_dense": dict(head_dim=128),
+    "hunyuan_v1_moe": dict(head_dim=128),
+    "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6),
 }  # fmt: skip
 # the sizes of a tiny model, by the names the classes use (each applied where the class has the field)
 TINY = dict(

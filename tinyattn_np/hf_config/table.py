@@ -102,6 +102,7 @@ MIXTRAL = Moe(("num_local_experts", "num_experts"), width=None)
 QWEN = Moe(("num_experts", "num_local_experts"), layers="qwen", shared_width="shared_expert_intermediate_size",
            shared_gate=True)  # fmt: skip
 DEEPSEEK = Moe(("n_routed_experts",), layers="dense_first", shared_count="n_shared_experts")
+GRANITE_MOE = Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")
 GPT_OSS = Moe(("num_local_experts",), width=None, router_bias=True, expert_bias=True)
 LLAMA4 = Moe(("num_local_experts",), width=None, layers="llama4", shared_width="intermediate_size",
              dense_width="intermediate_size_mlp")  # fmt: skip
@@ -234,9 +235,8 @@ ARCHITECTURES: dict[str, Arch] = {
     "granite_swa":  Arch(**QKVO, mlp_bias="mlp_bias", sinks=True, windows="every4_from0",
                          unbilled=("layer_rope_theta",)),
     "granitemoe_swa": Arch(**QKVO, sinks=True, windows="every4_from0", unbilled=("layer_rope_theta",),
-                           moe=Moe(("num_local_experts",), width=None,
-                                   shared_width="shared_intermediate_size")),
-    "granitemoeshared": Arch(**QKVO, moe=Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")),
+                           moe=GRANITE_MOE),
+    "granitemoeshared": Arch(**QKVO, moe=GRANITE_MOE),
 }  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
