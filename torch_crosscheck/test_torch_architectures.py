@@ -53,6 +53,7 @@ FIXES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_dense": dict(head_dim=128),
     "hunyuan_v1_moe": dict(head_dim=128),
     "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6),
+    "nemotron": dict(num_key_value_heads=8, head_dim=128),
 }  # fmt: skip
 # the sizes of a tiny model, by the names the classes use (each applied where the class has the field)
 TINY = dict(
@@ -62,7 +63,8 @@ TINY = dict(
     num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
     v_head_dim=16, n_group=1, topk_group=1, shared_expert_intermediate_size=32, intermediate_size_mlp=64,
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-    n_layer=4, n_embd=64, n_head=4, n_positions=256, n_inner=96, pad_token_id=0,
+    n_layer=4, n_embd=64, n_head=4, n_positions=256, n_inner=96, pad_token_id=0, index_n_heads=2,
+    index_head_dim=16, index_topk=8,
 )  # fmt: skip
 # a model type's own tiny sizes, where the generic ones do not fit its class
 TINY_OWN: dict[str, dict[str, Any]] = {
@@ -89,8 +91,9 @@ def tiny(model_type: str) -> dict[str, Any]:
     """The overrides that make the model type tiny: TINY where its class has the field, then its own."""
     fields = class_fields(model_type)
     sizes = {key: value for key, value in TINY.items() if key in fields}
-    if "kv_lora_rank" in fields:  # latent attention: head_dim is the rotary width, the class's own
+    if "kv_lora_rank" in fields:  # latent attention: head_dim is the rotary width, every head decompresses its k, v
         sizes.pop("head_dim", None)
+        sizes["num_key_value_heads"] = sizes["num_attention_heads"]
     return {**FIXES.get(model_type, {}), **sizes, **TINY_OWN.get(model_type, {})}
 
 

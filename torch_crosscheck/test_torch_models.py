@@ -32,11 +32,16 @@ logging.getLogger("transformers").setLevel(logging.ERROR)  # the small configs' 
 
 # the model types this file has checked from the start, as transformers names its config (Kimi K2 is
 # DeepSeek-V3's class); test_torch_architectures.py walks every one the reader knows
-MODEL_TYPES = sorted(set("""
+MODEL_TYPES = sorted(
+    set(
+        """
     cohere cohere2 deepseek_v2 deepseek_v3 ernie4_5 ernie4_5_moe exaone4 falcon gemma gemma2 gemma3_text glm4 gpt2
     gpt_neox gpt_oss granite granitemoe llama llama4_text minimax mistral mixtral olmo olmo2 olmoe phi phi3 qwen2
     qwen2_moe qwen3 qwen3_moe qwen3_next smollm3 stablelm starcoder2
-""".split()) & set(ARCHITECTURES))
+""".split()
+    )
+    & set(ARCHITECTURES)
+)
 SMALL = dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
              vocab_size=100, pad_token_id=0)  # fmt: skip
 NO_KV = dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, vocab_size=100)  # GPT-NeoX, Falcon

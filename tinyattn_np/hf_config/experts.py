@@ -34,10 +34,13 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
         every = fields.integer("moe_layer_interval")
         return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]
     if moe.layers == "mlp_layer_types":  # "dense" or "sparse" per layer, else the first `dense` layers dense
-        kinds, first = fields.get("mlp_layer_types"), fields.value(moe.dense)  # the list wins where given
+        kinds = fields.get("mlp_layer_types")
+        if moe.dense_first is None:
+            fields.value(moe.dense)  # read: where the config lists the kinds, the list wins
         if kinds is None:
-            first = fields.integer(moe.dense, zero=True, none=True) or 0
-            return list(range(first, layers))
+            first = moe.dense_first if moe.dense_first is not None else fields.integer(moe.dense, zero=True, none=True)
+            every = 1 if moe.every is None else fields.integer(moe.every)
+            return [i for i in range(min(first or 0, layers), layers) if i % every == 0]
         if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"dense", "sparse"}:
             raise fields.refuse("mlp_layer_types", f"must be {layers} of 'dense' and 'sparse'")
         return [i for i, kind in enumerate(kinds) if kind == "sparse"]

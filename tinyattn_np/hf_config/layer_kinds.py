@@ -13,7 +13,7 @@ __all__ = ["read_layer_types"]
 
 FULL, SLIDE = "full_attention", "sliding_attention"
 # the config spellings of a layer kind that transformers' classes use beside LAYER_TYPES
-SPELLINGS = {"attention": FULL, "full": FULL, "sliding": SLIDE, "linear": "linear_attention", "mamba": "mamba",
+SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE, "linear": "linear_attention", "mamba": "mamba",
              "conv": "linear_attention", "mlp": "mlp", "moe": "mlp"}  # fmt: skip
 
 
@@ -98,6 +98,10 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
     if rule == "max_window":  # the layers from max_window_layers on slide (dots.llm1: no switch)
         first = fields.integer("max_window_layers", zero=True)
         return [SLIDE if window and i >= first else FULL for i in range(layers)]
+    if rule == "pattern5":  # every 5th layer full, the others slide (Kolibri)
+        return [SLIDE if window and (i + 1) % 5 else FULL for i in range(layers)]
+    if rule == "listed":  # the class lists every layer full where the config lists none
+        return [FULL] * layers
     if rule == "given":  # the class derives layer_types its own way: a config with a window must give them
         if window:
             raise fields.missing("layer_types")

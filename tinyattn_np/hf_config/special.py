@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..model_parts import Extra, LatentAttention, LinearAttention
+from ..model_parts import Extra, Indexer, LatentAttention, LinearAttention
 from .fields import Fields
 
 __all__ = ["SPECIAL_READERS"]
@@ -15,8 +15,9 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
     """DeepSeek-V2/V3, Kimi K2: multi-head latent attention; head_dim becomes nope + rope (transformers 5
     stores the rotary width in head_dim, and nope + rope in qk_head_dim: both checked)."""
     rope, nope = fields.integer("qk_rope_head_dim"), fields.integer("qk_nope_head_dim")
+    v_dim = fields.integer("v_head_dim", none=True) or found["hidden"] // found["heads"]  # MiniCPM3's null
     latent = LatentAttention(
-        kv_rank=fields.integer("kv_lora_rank"), rope_dim=rope, nope_dim=nope, v_dim=fields.integer("v_head_dim"),
+        kv_rank=fields.integer("kv_lora_rank"), rope_dim=rope, nope_dim=nope, v_dim=v_dim,
         q_rank=fields.integer("q_lora_rank", none=True), bias=fields.boolean("attention_bias"),
     )  # fmt: skip
     for field, allowed in (("head_dim", (rope, nope + rope)), ("qk_head_dim", (nope + rope,))):
@@ -87,6 +88,30 @@ def _special_opt(fields: Fields, found: dict[str, Any]) -> None:
         found["norm"] = "none"
 
 
+def _special_heads_per_layer(fields: Fields, found: dict[str, Any]) -> None:
+    """Laguna: num_attention_heads_per_layer, which the bill reads where every layer has the same heads."""
+    per_layer = fields.integers("num_attention_heads_per_layer", found["layers"])
+    if per_layer is not None and set(per_layer) != {found["heads"]}:
+        raise fields.refuse(
+            "num_attention_heads_per_layer", "varies the heads from layer to layer, which the bill does not"
+        )
+
+
+def _special_indexer(fields: Fields, found: dict[str, Any]) -> None:
+    """DeepSeek Sparse Attention: the indexer on every layer (GLM-5's "shared" layers, which reuse the one
+    before, are refused), reading the query latent of latent attention."""
+    kinds = fields.get("indexer_types")
+    if kinds is not None and (not isinstance(kinds, list) or set(kinds) != {"full"}):
+        raise fields.refuse("indexer_types", "shares indexers between layers, which the bill does not read")
+    latent = found["latent"]
+    if latent is None or latent.q_rank is None:
+        raise ValueError("config: DeepSeek's indexer reads the query latent, so it needs q_lora_rank; got null")
+    found["indexer"] = Indexer(
+        heads=fields.integer("index_n_heads"), head_dim=fields.integer("index_head_dim"),
+        topk=fields.integer("index_topk"), q_rank=latent.q_rank,
+    )  # fmt: skip
+
+
 # name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
 # besides softmax attention)
 SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
@@ -97,4 +122,6 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "falcon": (_special_falcon, ()),
     "opt": (_special_opt, ()),
     "mtp": (_special_mtp, ()),
+    "heads_per_layer": (_special_heads_per_layer, ()),
+    "indexer": (_special_indexer, ()),
 }

@@ -56,6 +56,7 @@ class Moe:
     score_bias: bool = False  # a per-expert correction of the routing scores that is a parameter
     gated: bool = True
     dense_width: str | None = None  # the dense layers' MLP width, where it is not intermediate_size
+    dense_first: int | None = None  # "mlp_layer_types": the leading dense layers where the config lists none
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ MIXTRAL = Moe(("num_local_experts", "num_experts"), width=None)
 QWEN = Moe(("num_experts", "num_local_experts"), layers="qwen", shared_width="shared_expert_intermediate_size",
            shared_gate=True)  # fmt: skip
 DEEPSEEK = Moe(("n_routed_experts",), layers="dense_first", shared_count="n_shared_experts")
+MLA_MOE = Moe(("n_routed_experts",), layers="mlp_layer_types", shared_count="n_shared_experts")
 GRANITE_MOE = Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")
 GPT_OSS = Moe(("num_local_experts",), width=None, router_bias=True, expert_bias=True)
 LLAMA4 = Moe(("num_local_experts",), width=None, layers="llama4", shared_width="intermediate_size",
@@ -237,6 +239,36 @@ ARCHITECTURES: dict[str, Arch] = {
     "granitemoe_swa": Arch(**QKVO, sinks=True, windows="every4_from0", unbilled=("layer_rope_theta",),
                            moe=GRANITE_MOE),
     "granitemoeshared": Arch(**QKVO, moe=GRANITE_MOE),
+    "hunyuan_v1_dense": Arch(**QKVO, qk_norm=(True, "head")),
+    "hunyuan_v1_moe": Arch(**QKVO, qk_norm=(True, "head"),
+                           moe=Moe(("num_experts",), width=None, per_token=("moe_topk",), shared_width="intermediate_size")),
+    "hy_v3":        Arch(**QKVO, mlp_bias="mlp_bias", qk_norm=(True, "head"),
+                         moe=Moe(("num_experts",), layers="mlp_layer_types", dense_first=1, shared_count="num_shared_experts")),
+    "kolibri1":     Arch(qk_norm=(True, "head"), norms=4, windows="pattern5",
+                         moe=Moe(("num_local_experts", "num_experts"), shared_width="shared_expert_intermediate_size")),
+    "laguna":       Arch(**QKVO, qk_norm=(True, "head"), windows="listed", special=("heads_per_layer",),
+                         extras=(Part("a gate per head", "attention", "C·Hq", when="gating"),),
+                         moe=Moe(("num_experts",), layers="mlp_layer_types", dense_first=1, score_bias=True,
+                                 shared_width="shared_expert_intermediate_size")),
+    "mellum":       Arch(**QKVO, qk_norm=(True, "head"), windows="listed", special=("mtp",),
+                         moe=Moe(("num_local_experts", "num_experts"), layers="mlp_layer_types", dense_first=0),
+                         unbilled=("mtp_layer_types", "mtp_mlp_layer_types")),
+    "minimax_m2":   Arch(qk_norm=(True, "per_head"), moe=MIXTRAL),
+    "phimoe":       Arch(**QKVO, norm="layer", lm_head_bias="lm_head_bias", windows="every", moe=MIXTRAL),
+    "sarvam_moe":   Arch(**QKVO, qk_norm=("use_qk_norm", "head"), moe=DEEPSEEK, special=("mtp",)),
+    "solar_open":   Arch(**QKVO, moe=DEEPSEEK),
+    "beam":         Arch(**QKVO, norms=4, qk_norm=(True, "head"), attention_gate=True, windows="pattern6",
+                         extras=(Part("a gate bias per head", "attention", "Hq"),),
+                         moe=Moe(("num_experts",), layers="mlp_layer_types", dense_first=3)),
+    "nemotron":     Arch(**QKVO, mlp="plain", norm="layer", mlp_bias="mlp_bias"),
+    "minicpm3":     Arch(mlp_bias="mlp_bias", special=("latent",)),
+    "sarvam_mla":   Arch(moe=DEEPSEEK, special=("latent", "mtp")),
+    "glm4_moe_lite": Arch(moe=MLA_MOE, special=("latent",)),
+    "axk1":         Arch(moe=Moe(("n_routed_experts",), layers="mlp_layer_types", every="moe_layer_freq",
+                                 shared_count="n_shared_experts"),
+                         special=("latent",), extras=(Part("a norm after the experts", "moe", "C"),)),
+    "deepseek_v32": Arch(mlp_bias="mlp_bias", windows="listed", moe=MLA_MOE, special=("latent", "indexer")),
+    "glm_moe_dsa":  Arch(mlp_bias="mlp_bias", windows="listed", moe=MLA_MOE, special=("latent", "indexer")),
 }  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
