@@ -70,6 +70,15 @@ TINY = dict(
 TINY_OWN: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 2]], window_size=8),
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
+    "mamba2": dict(num_heads=8, head_dim=16, n_groups=2, state_size=16),
+    "bamba": dict(mamba_n_heads=8, mamba_d_state=16, attn_layer_indices=[1, 3]),
+    "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_state=16, shared_intermediate_size=48,
+                             layer_types=["mamba", "attention", "mamba", "attention"]),
+    "jamba": dict(mamba_d_state=8, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2),
+    "falcon_h1": dict(mamba_d_ssm=96, mamba_n_heads=8, mamba_d_state=16),
+    "nemotron_h": dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp"], mamba_num_heads=8,
+                       mamba_head_dim=16, ssm_state_size=16, n_groups=2, moe_shared_expert_intermediate_size=48,
+                       n_routed_experts=4),
 }  # fmt: skip
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {

@@ -44,9 +44,9 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
         if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"dense", "sparse"}:
             raise fields.refuse("mlp_layer_types", f"must be {layers} of 'dense' and 'sparse'")
         return [i for i, kind in enumerate(kinds) if kind == "sparse"]
-    if moe.layers == "period":
+    if moe.layers == "period":  # Jamba
         period, offset = fields.integer("expert_layer_period"), fields.integer("expert_layer_offset", zero=True)
-        return [i for i in range(layers) if i >= offset and (i - offset) % period == 0]
+        return [i for i in range(layers) if i % period == offset]
     return list(range(layers))
 
 

@@ -13,8 +13,9 @@ __all__ = ["read_layer_types"]
 
 FULL, SLIDE = "full_attention", "sliding_attention"
 # the config spellings of a layer kind that transformers' classes use beside LAYER_TYPES
-SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE, "linear": "linear_attention", "mamba": "mamba",
-             "conv": "linear_attention", "mlp": "mlp", "moe": "mlp"}  # fmt: skip
+SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE,
+             "linear": "linear_attention", "mamba": "mamba", "conv": "linear_attention", "mlp": "mlp",
+             "moe": "mlp"}  # fmt: skip
 
 
 # the fields each rule of _default_layer_types reads, which layer_types supersedes where a config has it

@@ -14,7 +14,7 @@ from .experts import read_experts
 from .fields import MAX_LAYERS, Fields, shown_value, switch
 from .formulas import evaluate
 from .layer_kinds import read_layer_types
-from .special import SPECIAL_READERS
+from .special import OWN_LAYERS, SPECIAL_READERS
 from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch
 
 __all__ = ["shape_from_config"]
@@ -64,6 +64,7 @@ _NEVER_BILLED = frozenset(
     attention_out_multiplier dim_model_base scale_emb scale_depth embedding_scale log_scaling_alpha
     log_scaling_n_floor kda_lower_bound kda_safe_gate qk_l2_clip_threshold rel_l2_clip_threshold
     classifier_activation expert_selection_fn shared_expert_combination_strategy mamba_ssm_cache_dtype
+    chunk_size mamba_norm_before_gate time_step_limit
 """.split()
 )
 
@@ -92,19 +93,24 @@ def _spellings(arch: Arch, field: str) -> tuple[str, ...]:
 def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     """layers, heads, kv heads, head_dim, hidden, vocab, the MLP's width and max positions; the layers first, in
     constant time, so that a config of 10^7 layers is refused before anything is built for each."""
-    layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
-    heads = fields.integer(*_spellings(arch, "num_attention_heads"))
+    listed = fields.get(arch.layers_from) if arch.layers_from else None
+    if isinstance(listed, list) and 0 < len(listed) <= MAX_LAYERS:  # the list wins over num_hidden_layers
+        layers = len(listed)
+        fields.value("num_hidden_layers")
+    else:
+        layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
     hidden = fields.integer(*_spellings(arch, "hidden_size"))
+    heads = fields.integer(*_spellings(arch, "num_attention_heads")) if arch.attention else 1  # Mamba has none
     if arch.intermediate is None:
         intermediate = fields.integer(*_spellings(arch, "intermediate_size"), none=True)  # GPT-2's n_inner null: 4·C
     else:  # BLOOM's 4·C, MPT's expansion_ratio · C
         intermediate = evaluate(arch.intermediate, dict(hidden=hidden, heads=heads, layers=layers), fields)
-    head_dim = fields.integer("head_dim", none=True)
+    head_dim = fields.integer("head_dim", none=True) if arch.attention else 1
     if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down
         head_dim = hidden // heads
         if head_dim == 0:
             raise ValueError(f"config: hidden_size {hidden} is smaller than num_attention_heads {heads}")
-    kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads else None
+    kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads and arch.attention else None
     kv_heads = 1 if switch(fields, arch.multi_query) else kv_heads
     return dict(
         layers=layers,
@@ -130,7 +136,7 @@ def _read_block(fields: Fields, arch: Arch) -> dict[str, Any]:
         mlp=arch.mlp,
         norm=arch.norm,
         norms_per_layer=arch.norms,
-        tied_embeddings=fields.boolean("tie_word_embeddings"),
+        tied_embeddings=switch(fields, arch.tied),
         qkv_bias=switch(fields, arch.qkv_bias),
         out_bias=switch(fields, arch.out_bias),
         mlp_bias=switch(fields, arch.mlp_bias),
@@ -224,7 +230,10 @@ def _read(config: dict[str, Any], default_name: str | None) -> ModelShape:
         rope_scaling = {"rope_type": "default", **(rope_scaling or {}), "partial_rotary_factor": share}
     found.update(rope_theta=rope_theta, rope_scaling=rope_scaling, notes=notes)
     mixers = tuple(kind for special in arch.special for kind in SPECIAL_READERS[special][1])
-    found.update(read_layer_types(fields, arch, found["layers"], mixers))
+    if OWN_LAYERS == mixers:  # a reader of its own says which kind each layer is
+        found.update(layer_types=None, sliding_window=None, attention_chunk=None)
+    else:
+        found.update(read_layer_types(fields, arch, found["layers"], mixers))
     found["experts"] = None if arch.moe is None else read_experts(fields, arch.moe, found)
     found["intermediate"] = found.pop("dense_intermediate", found["intermediate"])
     found["extras"] = _extras(fields, arch, found)

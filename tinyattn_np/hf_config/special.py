@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..model_parts import Extra, Indexer, LatentAttention, LinearAttention
+from ..model_parts import Experts, Extra, Indexer, LatentAttention, LinearAttention, StateSpace
 from .fields import Fields
 
-__all__ = ["SPECIAL_READERS"]
+__all__ = ["OWN_LAYERS", "SPECIAL_READERS"]
 
 
 def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
@@ -112,6 +112,137 @@ def _special_indexer(fields: Fields, found: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
+def _mamba_inner(fields: Fields, found: dict[str, Any], expand: str, given: str | None = None) -> int:
+    """The state-space layers' width: `given` where the config sets it, else int(expand · hidden)."""
+    width = fields.integer(given, none=True) if given else None
+    fields.value(expand)  # read: where the width is given, expand says nothing more
+    if width is not None:
+        return width
+    value = fields.get(expand)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 2**20:
+        raise fields.refuse(expand, "must be a positive number")
+    return int(value * found["hidden"])
+
+
+def _mamba(fields: Fields, found: dict[str, Any], prefix: str = "", **flags: Any) -> StateSpace:
+    """Mamba-1 layers, their sizes under these names (Mamba's own, or Jamba's mamba_ ones)."""
+    names = dict(state="state_size", conv="conv_kernel", rank="time_step_rank", proj="use_bias", bias="use_conv_bias")
+    if prefix:
+        names = dict(state="mamba_d_state", conv="mamba_d_conv", rank="mamba_dt_rank", proj="mamba_proj_bias",
+                     bias="mamba_conv_bias")  # fmt: skip
+    rank = fields.get(names["rank"])
+    rank = -(-found["hidden"] // 16) if rank == "auto" else fields.integer(names["rank"])  # ceil(C / 16)
+    inner = _mamba_inner(fields, found, f"{prefix}expand", None if prefix else "intermediate_size")
+    return StateSpace(
+        "mamba", inner=inner, state=fields.integer(names["state"]),
+        conv_kernel=fields.integer(names["conv"]), dt_rank=rank, proj_bias=fields.boolean(names["proj"]),
+        conv_bias=fields.boolean(names["bias"]), **flags,
+    )  # fmt: skip
+
+
+def _mamba2(fields: Fields, found: dict[str, Any], names: dict[str, str], inner: int, norm: bool = True) -> StateSpace:
+    """Mamba-2 layers, their sizes under the names this family gives them."""
+    return StateSpace(
+        "mamba2", inner=inner, state=fields.integer(names["state"]), conv_kernel=fields.integer(names["conv"]),
+        heads=fields.integer(names["heads"]), groups=fields.integer(names["groups"]),
+        proj_bias=fields.boolean(names["proj"]), conv_bias=fields.boolean(names["bias"]), norm=norm,
+    )  # fmt: skip
+
+
+MAMBA2 = dict(state="state_size", conv="conv_kernel", heads="num_heads", groups="n_groups", proj="use_bias",
+              bias="use_conv_bias")  # fmt: skip
+HYBRID = dict(state="mamba_d_state", conv="mamba_d_conv", heads="mamba_n_heads", groups="mamba_n_groups",
+              proj="mamba_proj_bias", bias="mamba_conv_bias")  # fmt: skip
+
+
+def _only_mamba(fields: Fields, found: dict[str, Any], space: StateSpace) -> None:
+    """A stack of state-space layers alone: a norm before each, no attention, no MLP."""
+    found.update(state_space=space, layer_types=("mamba",) * found["layers"], mlp="none", norms_per_layer=1,
+                 rope_theta=None, rope_scaling=None, positions="none")  # fmt: skip
+
+
+def _special_mamba(fields: Fields, found: dict[str, Any]) -> None:
+    """Mamba (and Falcon-Mamba): Mamba-1 layers alone."""
+    _only_mamba(fields, found, _mamba(fields, found))
+
+
+def _special_mamba2(fields: Fields, found: dict[str, Any]) -> None:
+    """Mamba-2: Mamba-2 layers alone."""
+    _only_mamba(fields, found, _mamba2(fields, found, MAMBA2, _mamba_inner(fields, found, "expand")))
+
+
+def _kinds(fields: Fields, name: str, layers: int, spelled: dict[str, str]) -> tuple[str, ...]:
+    """A config's list of layer kinds, each in the reader's spelling."""
+    given = fields.get(name)
+    if not isinstance(given, list) or len(given) != layers or not set(given) <= set(spelled):
+        raise fields.refuse(name, f"must list {layers} layer kinds, each one of {', '.join(spelled)}")
+    return tuple(spelled[kind] for kind in given)
+
+
+def _special_bamba(fields: Fields, found: dict[str, Any]) -> None:
+    """Bamba: attention on attn_layer_indices, Mamba-2 on the other layers, an MLP on every layer."""
+    indices = set(fields.integers("attn_layer_indices") or [])
+    kinds = tuple("full_attention" if i in indices else "mamba" for i in range(found["layers"]))
+    space = _mamba2(fields, found, HYBRID, _mamba_inner(fields, found, "mamba_expand"))
+    found.update(state_space=space, layer_types=kinds)
+
+
+def _special_granite_hybrid(fields: Fields, found: dict[str, Any]) -> None:
+    """Granite-4 (GraniteMoeHybrid): layer_types of Mamba-2 and attention; experts and a shared MLP on every layer
+    (the shared MLP alone where there are no experts)."""
+    spelled = {"mamba": "mamba", "linear_attention": "mamba", "attention": "full_attention",
+               "full_attention": "full_attention"}  # fmt: skip
+    kinds = _kinds(fields, "layer_types", found["layers"], spelled)
+    space = _mamba2(fields, found, HYBRID, _mamba_inner(fields, found, "mamba_expand"))
+    found.update(state_space=space, layer_types=kinds)
+    if found["experts"] is None:  # the shared MLP is the layer's MLP
+        found["intermediate"] = fields.integer("shared_intermediate_size")
+
+
+def _special_jamba(fields: Fields, found: dict[str, Any]) -> None:
+    """Jamba: attention every attn_layer_period-th layer from attn_layer_offset, Mamba-1 (with norms on Δ, B
+    and C) on the others."""
+    period, offset = fields.integer("attn_layer_period"), fields.integer("attn_layer_offset", zero=True)
+    kinds = tuple("full_attention" if i % period == offset else "mamba" for i in range(found["layers"]))
+    found.update(state_space=_mamba(fields, found, "mamba_", dt_norms=True), layer_types=kinds)
+
+
+def _special_falcon_h1(fields: Fields, found: dict[str, Any]) -> None:
+    """Falcon-H1: every layer runs attention and Mamba-2 side by side, then an MLP."""
+    inner = _mamba_inner(fields, found, "mamba_expand", "mamba_d_ssm")
+    space = _mamba2(fields, found, HYBRID, inner, norm=fields.boolean("mamba_rms_norm"))
+    out_bias = fields.boolean("projectors_bias")
+    space = StateSpace(**{**space.__dict__, "proj_bias": False}) if not out_bias else space
+    found.update(state_space=space, mamba_beside_attention=True)
+
+
+def _special_nemotron_h(fields: Fields, found: dict[str, Any]) -> None:
+    """Nemotron-H: a list of blocks, each one thing: Mamba-2, attention, an MLP or experts, with a norm before it."""
+    spelled = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "full_attention",
+               "attention": "full_attention", "mlp": "mlp", "moe": "mlp"}  # fmt: skip
+    given = fields.get("layers_block_type")
+    kinds = _kinds(fields, "layers_block_type", found["layers"], spelled)
+    if fields.integer("moe_latent_size", none=True) is not None:
+        raise fields.refuse("moe_latent_size", "runs the experts in a latent space, which the bill does not read")
+    inner = fields.integer("mamba_num_heads") * fields.integer("mamba_head_dim")
+    names = dict(state="ssm_state_size", conv="conv_kernel", heads="mamba_num_heads", groups="n_groups",
+                 proj="use_bias", bias="use_conv_bias")  # fmt: skip
+    moe = [i for i, kind in enumerate(given) if kind == "moe"]
+    mlps = tuple(i for i, kind in enumerate(kinds) if kind == "mlp")
+    experts = None
+    if moe:
+        experts = Experts(
+            fields.integer("n_routed_experts"), fields.integer("num_experts_per_tok", none=True),
+            fields.integer("moe_intermediate_size"), tuple(moe),
+            shared_intermediate=fields.integer("moe_shared_expert_intermediate_size", zero=True), gated=False,
+        )  # fmt: skip
+    found.update(state_space=_mamba2(fields, found, names, inner), layer_types=kinds, mlp_layers=mlps,
+                 experts=experts, norms_per_layer=1, mlp="plain")  # fmt: skip
+
+
+# a special reader that says which kind each layer is, from the config's own fields
+OWN_LAYERS = ("own layers",)
+
 # name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
 # besides softmax attention)
 SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
@@ -124,4 +255,11 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "mtp": (_special_mtp, ()),
     "heads_per_layer": (_special_heads_per_layer, ()),
     "indexer": (_special_indexer, ()),
+    "mamba": (_special_mamba, OWN_LAYERS),
+    "mamba2": (_special_mamba2, OWN_LAYERS),
+    "bamba": (_special_bamba, OWN_LAYERS),
+    "granite_hybrid": (_special_granite_hybrid, OWN_LAYERS),
+    "jamba": (_special_jamba, OWN_LAYERS),
+    "falcon_h1": (_special_falcon_h1, ()),
+    "nemotron_h": (_special_nemotron_h, OWN_LAYERS),
 }

@@ -78,6 +78,9 @@ class Arch:
     multi_query: Rule = False  # one kv head for every query head
     intermediate: str | None = None  # the MLP's width, a formula, where the config names it otherwise
     rotary_dim: bool = False  # RoPE turns rotary_dim channels of each head (GPT-J)
+    attention: bool = True  # False: no attention at all (Mamba), so no heads to read
+    tied: Rule = "tie_word_embeddings"  # the output head is the token table (False: never, whatever the config)
+    layers_from: str | None = None  # a list whose length is the layer count (Nemotron-H: num_hidden_layers ignored)
     windows: str = "none"  # which layers slide when the config has no layer_types (layer_kinds.py)
     moe: Moe | None = None
     special: tuple[str, ...] = ()  # readers of their own, for what no other architecture has (special.py)
@@ -112,6 +115,11 @@ ERNIE = Moe(("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_c
             score_bias=True)  # fmt: skip
 
 XIELU = Part("xIELU's α_p and α_n", "every layer", "2")
+
+# fields a state-space config carries that its class recomputes or never builds anything from
+MAMBA_SIZES = ("num_attention_heads", "head_dim", "max_position_embeddings")
+NEMOTRON_H_UNBILLED = ("expand", "mamba_proj_bias", "n_shared_experts", "moe_shared_expert_overlap",
+                       "mtp_layers_block_type", "sliding_window", "tie_word_embeddings")  # fmt: skip
 
 ARCHITECTURES: dict[str, Arch] = {
     "llama":        Arch(**QKVO, mlp_bias="mlp_bias"),
@@ -241,9 +249,11 @@ ARCHITECTURES: dict[str, Arch] = {
     "granitemoeshared": Arch(**QKVO, moe=GRANITE_MOE),
     "hunyuan_v1_dense": Arch(**QKVO, qk_norm=(True, "head")),
     "hunyuan_v1_moe": Arch(**QKVO, qk_norm=(True, "head"),
-                           moe=Moe(("num_experts",), width=None, per_token=("moe_topk",), shared_width="intermediate_size")),
+                           moe=Moe(("num_experts",), width=None, per_token=("moe_topk",),
+                                   shared_width="intermediate_size")),
     "hy_v3":        Arch(**QKVO, mlp_bias="mlp_bias", qk_norm=(True, "head"),
-                         moe=Moe(("num_experts",), layers="mlp_layer_types", dense_first=1, shared_count="num_shared_experts")),
+                         moe=Moe(("num_experts",), layers="mlp_layer_types", dense_first=1,
+                                 shared_count="num_shared_experts")),
     "kolibri1":     Arch(qk_norm=(True, "head"), norms=4, windows="pattern5",
                          moe=Moe(("num_local_experts", "num_experts"), shared_width="shared_expert_intermediate_size")),
     "laguna":       Arch(**QKVO, qk_norm=(True, "head"), windows="listed", special=("heads_per_layer",),
@@ -269,6 +279,18 @@ ARCHITECTURES: dict[str, Arch] = {
                          special=("latent",), extras=(Part("a norm after the experts", "moe", "C"),)),
     "deepseek_v32": Arch(mlp_bias="mlp_bias", windows="listed", moe=MLA_MOE, special=("latent", "indexer")),
     "glm_moe_dsa":  Arch(mlp_bias="mlp_bias", windows="listed", moe=MLA_MOE, special=("latent", "indexer")),
+    "mamba":        Arch(attention=False, special=("mamba",), unbilled=MAMBA_SIZES),
+    "falcon_mamba": Arch(attention=False, special=("mamba",), unbilled=MAMBA_SIZES),
+    "mamba2":       Arch(attention=False, special=("mamba2",),
+                         unbilled=(*MAMBA_SIZES, "intermediate_size", "time_step_rank")),
+    "bamba":        Arch(**QKVO, mlp_bias="mlp_bias", special=("bamba",), unbilled=("mamba_d_head",)),
+    "granitemoehybrid": Arch(**QKVO, moe=GRANITE_MOE, special=("granite_hybrid",),
+                             unbilled=("mamba_d_head", "position_embedding_type")),
+    "jamba":        Arch(positions="none", special=("jamba",),
+                         moe=Moe(("num_experts",), width=None, layers="period")),
+    "falcon_h1":    Arch(**QKVO, mlp_bias="mlp_bias", special=("falcon_h1",), unbilled=("mamba_d_head",)),
+    "nemotron_h":   Arch(**QKVO, mlp_bias="mlp_bias", special=("nemotron_h", "mtp"), unbilled=NEMOTRON_H_UNBILLED,
+                         tied=False, layers_from="layers_block_type"),
 }  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
