@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from .memory import linear_attention_state_bytes
 
@@ -135,7 +136,11 @@ class LinearAttention:
     kind "lightning" (MiniMax): H heads with key_dim = value_dim = E and S_t = decay · S_{t-1} + k_t v_tᵀ;
     weights C·3HE (q, k, v), HE (the norm), C·HE (the output gate) and HE·C out. No convolution.
 
-    The state per layer and sequence: value_heads · key_dim · value_dim, plus conv_channels · conv_kernel.
+    kind "short_conv" (LFM2): no recurrence, a gated short convolution of conv_kernel over value_dim = C
+    channels (one "head"): in_proj C·3C (B, C and x), the convolution C·K, out_proj C·C; bias adds 3C + C + C.
+
+    The state per layer and sequence: value_heads · key_dim · value_dim (none for short_conv), plus
+    conv_channels · conv_kernel.
     """
 
     kind: str
@@ -144,9 +149,10 @@ class LinearAttention:
     key_dim: int
     value_dim: int
     conv_kernel: int = 0
+    bias: bool = False
 
     def __post_init__(self) -> None:
-        kinds = ("gated_deltanet", "lightning")
+        kinds = ("gated_deltanet", "lightning", "short_conv")
         if self.kind not in kinds:
             raise ValueError(f"kind must be one of {', '.join(kinds)}; got {self.kind!r}")
         _check_ints(self, ("key_heads", "value_heads", "key_dim", "value_dim"), ("conv_kernel",))
@@ -159,7 +165,10 @@ class LinearAttention:
             (self.key_heads, self.key_dim, self.conv_kernel) != (self.value_heads, self.value_dim, 0)
         ):
             raise ValueError("lightning attention has key_heads == value_heads, key_dim == value_dim, no conv_kernel")
-        if self.kind == "gated_deltanet" and self.conv_kernel < 1:
+        check_bool(self.bias, "bias")
+        if self.kind == "short_conv" and (self.key_heads, self.value_heads, self.key_dim) != (1, 1, self.value_dim):
+            raise ValueError("a short convolution has one head: key_heads == value_heads == 1, key_dim == value_dim")
+        if self.kind != "lightning" and self.conv_kernel < 1:
             raise ValueError(
                 f"gated_deltanet has a short convolution: conv_kernel must be >= 1; got {self.conv_kernel}"
             )
@@ -169,6 +178,8 @@ class LinearAttention:
         """Channels of the short convolution: q and k (Hk·Dk each) and v (Hv·Dv); 0 for lightning."""
         if self.kind == "lightning":
             return 0
+        if self.kind == "short_conv":
+            return self.value_dim
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
     def parameters(self, hidden: int) -> int:
@@ -177,11 +188,16 @@ class LinearAttention:
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         if self.kind == "lightning":
             return c * 3 * values + values + c * values + values * c
+        if self.kind == "short_conv":
+            w = self.value_dim
+            return c * 3 * w + w * self.conv_kernel + w * c + (5 * w if self.bias else 0)
         projections = c * (2 * keys + 2 * values) + c * 2 * self.value_heads
         return projections + self.conv_channels * self.conv_kernel + 2 * self.value_heads + self.value_dim + values * c
 
     def state_bytes(self, layers: int, dtype: Any = "bf16", batch: int = 1) -> int:
-        """memory.linear_attention_state_bytes for `layers` such layers."""
+        """memory.linear_attention_state_bytes for `layers` such layers (a short convolution: its inputs alone)."""
+        if self.kind == "short_conv":
+            return nbytes(layers * batch * self.conv_channels * self.conv_kernel, dtype)
         return linear_attention_state_bytes(
             layers=layers, heads=self.value_heads, key_dim=self.key_dim, value_dim=self.value_dim,
             conv_channels=self.conv_channels, conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,

@@ -54,6 +54,7 @@ FIXES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": dict(head_dim=128),
     "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6),
     "nemotron": dict(num_key_value_heads=8, head_dim=128),
+    "lfm2_moe": dict(layer_types=["conv", "conv", "full_attention", "conv"] * 8),
 }  # fmt: skip
 # the sizes of a tiny model, by the names the classes use (each applied where the class has the field)
 TINY = dict(
@@ -70,6 +71,7 @@ TINY = dict(
 TINY_OWN: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 2]], window_size=8),
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention", "conv", "full_attention"], num_dense_layers=1),
     "mamba2": dict(num_heads=8, head_dim=16, n_groups=2, state_size=16),
     "bamba": dict(mamba_n_heads=8, mamba_d_state=16, attn_layer_indices=[1, 3]),
     "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_state=16, shared_intermediate_size=48,

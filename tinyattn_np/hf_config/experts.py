@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model_parts import Experts
-from .fields import Fields
+from .fields import Fields, switch
 from .table import Moe
 
 __all__ = ["read_experts"]
@@ -67,5 +67,6 @@ def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | N
     shared = shared_count * shared_width
     return Experts(
         count, per_token, width, tuple(layers), shared_intermediate=shared, shared_gate=moe.shared_gate and shared > 0,
-        router_bias=moe.router_bias, expert_bias=moe.expert_bias, score_bias=moe.score_bias, gated=moe.gated,
+        router_bias=moe.router_bias, expert_bias=moe.expert_bias, score_bias=switch(fields, moe.score_bias),
+        gated=moe.gated,
     )  # fmt: skip

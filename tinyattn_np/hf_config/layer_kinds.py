@@ -32,6 +32,7 @@ RULE_FIELDS = {
     "exaone4": PATTERN,
     "pattern": PATTERN,
     "afmoe": ("global_attn_every_n_layers",),
+    "lfm2": ("full_attn_idxs",),
     "max_window": ("max_window_layers",),
 }
 
@@ -99,6 +100,19 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
     if rule == "max_window":  # the layers from max_window_layers on slide (dots.llm1: no switch)
         first = fields.integer("max_window_layers", zero=True)
         return [SLIDE if window and i >= first else FULL for i in range(layers)]
+    if rule == "required":  # the class builds nothing without layer_types (LFM2-MoE)
+        raise fields.missing("layer_types")
+    if rule == "lfm2":  # full_attn_idxs attend, the others convolve
+        indices = fields.integers("full_attn_idxs")
+        indices = set(range(layers) if indices is None else indices)
+        return [FULL if i in indices else "linear_attention" for i in range(layers)]
+    if rule == "lfm3":  # layers 2, 6, 10, ... full, 4, 8, 12, ... slide, the others convolve
+        return [FULL if i % 4 == 2 else SLIDE if i % 4 == 0 and i and window else FULL if i % 4 == 0 and i
+                else "linear_attention" for i in range(layers)]  # fmt: skip
+    if rule == "qwen3_5":  # every 4th layer full, the others gated DeltaNet
+        return ["linear_attention" if (i + 1) % 4 else FULL for i in range(layers)]
+    if rule == "olmo_hybrid":  # every 4th layer full, from layer 3
+        return [FULL if i % 4 == 3 else "linear_attention" for i in range(layers)]
     if rule == "pattern5":  # every 5th layer full, the others slide (Kolibri)
         return [SLIDE if window and (i + 1) % 5 else FULL for i in range(layers)]
     if rule == "listed":  # the class lists every layer full where the config lists none

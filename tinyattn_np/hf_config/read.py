@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .._rope_scaling import ROPE_TYPES
 from .._shape_checks import LAYER_TYPES
 from ..model_parts import Extra
 from ..models import ModelShape
@@ -177,6 +178,9 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
             scaling["original_max_position_embeddings"] = original
     if scaling and "rope_type" not in scaling and "type" not in scaling:
         scaling["rope_type"] = "default"
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if isinstance(kind, str) and kind not in ROPE_TYPES:  # frequencies the reader cannot work out: no bill needs them
+        return theta, {"rope_type": kind, "unread": True}
     if scaling.get("rope_type", scaling.get("type")) == "default" and set(scaling) <= {"rope_type", "type"}:
         scaling = {}  # plain RoPE: nothing to carry
     return theta, scaling or None
@@ -224,6 +228,10 @@ def _read(config: dict[str, Any], default_name: str | None) -> ModelShape:
     found = _read_sizes(fields, arch)
     found.update(_read_block(fields, arch))
     rope_theta, rope_scaling = _rope_fields(fields, rotary=arch.positions == "rope")
+    if rope_scaling is not None and rope_scaling.get("unread"):
+        notes += (f"RoPE of rope_type {rope_scaling['rope_type']!r}, which the reader does not compute: the shape has "
+                  "no rope_frequencies",)  # fmt: skip
+        rope_scaling = None
     rotary = fields.integer("rotary_dim", none=True) if arch.rotary_dim else None  # GPT-J: partial rotary
     if rotary is not None and rotary != found["head_dim"] and rope_theta is not None:
         share = rotary / found["head_dim"]

@@ -49,6 +49,40 @@ def _special_gated_deltanet(fields: Fields, found: dict[str, Any]) -> None:
     )  # fmt: skip
 
 
+def _special_deltanet_olmo(fields: Fields, found: dict[str, Any]) -> None:
+    """OLMo-Hybrid: gated DeltaNet layers whose heads default to the attention's, keys 0.75 · C wide in all."""
+    key_heads = fields.integer("linear_num_key_heads", none=True) or found["heads"]
+    key_dim = fields.integer("linear_key_head_dim", none=True) or int(0.75 * found["hidden"] / key_heads)
+    found["linear"] = LinearAttention(
+        "gated_deltanet", key_heads=key_heads, value_heads=fields.integer("linear_num_value_heads", none=True)
+        or found["heads"], key_dim=key_dim, value_dim=fields.integer("linear_value_head_dim", none=True) or 2 * key_dim,
+        conv_kernel=fields.integer("linear_conv_kernel_dim"),
+    )  # fmt: skip
+
+
+def _special_short_conv(fields: Fields, found: dict[str, Any]) -> None:
+    """LFM2: its conv layers, a gated short convolution over the hidden width."""
+    hidden = found["hidden"]
+    short_conv = LinearAttention("short_conv", 1, 1, hidden, hidden, conv_kernel=fields.integer("conv_L_cache"),
+                                 bias=fields.boolean("conv_bias"))  # fmt: skip
+    found["linear"] = short_conv if "linear_attention" in (found["layer_types"] or ()) else None
+
+
+def _special_lfm_mlp(fields: Fields, found: dict[str, Any]) -> None:
+    """LFM2: the MLP's width from intermediate_size, two thirds of it, times block_ffn_dim_multiplier, rounded up
+    to block_multiple_of (block_auto_adjust_ff_dim), as its modeling file works it out."""
+    width = found["intermediate"]
+    if fields.boolean("block_auto_adjust_ff_dim"):
+        width = int(2 * width / 3)
+        multiplier = fields.number("block_ffn_dim_multiplier")
+        if multiplier is not None:
+            multiple = fields.integer("block_multiple_of")
+            width = multiple * ((int(multiplier * width) + multiple - 1) // multiple)
+    else:
+        fields.value("block_ffn_dim_multiplier", "block_multiple_of")
+    found["intermediate"] = width
+
+
 def _special_lightning(fields: Fields, found: dict[str, Any]) -> None:
     """MiniMax: its linear layers have the attention's heads and head_dim."""
     heads, head_dim = found["heads"], found["head_dim"]
@@ -255,6 +289,9 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "mtp": (_special_mtp, ()),
     "heads_per_layer": (_special_heads_per_layer, ()),
     "indexer": (_special_indexer, ()),
+    "deltanet_olmo": (_special_deltanet_olmo, ("linear_attention",)),
+    "short_conv": (_special_short_conv, ("linear_attention",)),
+    "lfm_mlp": (_special_lfm_mlp, ()),
     "mamba": (_special_mamba, OWN_LAYERS),
     "mamba2": (_special_mamba2, OWN_LAYERS),
     "bamba": (_special_bamba, OWN_LAYERS),

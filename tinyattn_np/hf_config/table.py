@@ -53,7 +53,7 @@ class Moe:
     shared_gate: bool = False
     router_bias: bool = False
     expert_bias: bool = False
-    score_bias: bool = False  # a per-expert correction of the routing scores that is a parameter
+    score_bias: Rule = False  # a per-expert correction of the routing scores that is a parameter
     gated: bool = True
     dense_width: str | None = None  # the dense layers' MLP width, where it is not intermediate_size
     dense_first: int | None = None  # "mlp_layer_types": the leading dense layers where the config lists none
@@ -291,6 +291,24 @@ ARCHITECTURES: dict[str, Arch] = {
     "falcon_h1":    Arch(**QKVO, mlp_bias="mlp_bias", special=("falcon_h1",), unbilled=("mamba_d_head",)),
     "nemotron_h":   Arch(**QKVO, mlp_bias="mlp_bias", special=("nemotron_h", "mtp"), unbilled=NEMOTRON_H_UNBILLED,
                          tied=False, layers_from="layers_block_type"),
+    "qwen3_5_text": Arch(**QKVO, qk_norm=(True, "head"), attention_gate=True, windows="qwen3_5",
+                         special=("gated_deltanet",)),
+    "qwen3_5_moe_text": Arch(**QKVO, qk_norm=(True, "head"), attention_gate=True, windows="qwen3_5",
+                             moe=Moe(("num_experts",), shared_width="shared_expert_intermediate_size",
+                                     shared_gate=True), special=("gated_deltanet",)),
+    "lara_mini":    Arch(**QKVO, qk_norm=(True, "head"), windows="given", special=("gated_deltanet",),
+                         moe=Moe(("num_experts",), shared_width="shared_expert_intermediate_size")),
+    "olmo_hybrid":  Arch(**QKVO, qk_norm=(True, "per_head"), windows="olmo_hybrid", special=("deltanet_olmo",),
+                         unbilled=("linear_allow_neg_eigval",)),
+    "lfm2":         Arch(qk_norm=(True, "head"), windows="lfm2", special=("short_conv", "lfm_mlp"),
+                         unbilled=("block_multiple_of", "block_ffn_dim_multiplier", "block_auto_adjust_ff_dim")),
+    "lfm2_moe":     Arch(qk_norm=(True, "head"), windows="required", special=("short_conv",),
+                         moe=Moe(("num_experts",), layers="dense_first", dense="num_dense_layers"),
+                         unbilled=("use_expert_bias",)),  # a buffer, not a parameter
+    "lfm3":         Arch(**QKVO, qk_norm=(True, "head"), windows="lfm3", special=("short_conv",),
+                         extras=(Part("a gate per head", "attention", "C·Hq", when="use_attention_gate"),
+                                 Part("norms after the mixer and the MLP", "every layer", "2·C",
+                                      when="use_sandwich_norm"))),
 }  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
