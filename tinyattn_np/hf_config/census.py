@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from .fields import shown_value
-from .table import ARCHITECTURES
+from .table import ARCHITECTURES, TEXT_CONFIG
 
-__all__ = ["CAUSAL_LM_MODEL_TYPES", "NOT_TEXT_DECODERS", "REFUSED", "TRANSFORMERS_VERSION", "census",
+__all__ = ["BILLED", "CAUSAL_LM_MODEL_TYPES", "NOT_TEXT_DECODERS", "REFUSED", "TRANSFORMERS_VERSION", "census",
            "refuse_model_type"]  # fmt: skip
 
 TRANSFORMERS_VERSION = "5.24.0"
@@ -45,6 +45,7 @@ REFUSED: dict[str, str] = {}
 _ENCODER = "an encoder (a masked language model) that transformers can run as a decoder"
 _ENCODER_DECODER = "an encoder-decoder: its decoder cross-attends to what an encoder read"
 _VISION = "a vision-language model whose causal-LM class holds its vision tower"
+_DRAFTER = "a drafting head for speculative decoding: it reads the hidden states of the model it drafts for"
 # model types of the mapping that are not decoder-only text models, and what they are
 NOT_TEXT_DECODERS: dict[str, str] = {
     **dict.fromkeys(("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp",
@@ -65,13 +66,18 @@ NOT_TEXT_DECODERS: dict[str, str] = {
     "gemma3n": f"{_VISION} and an audio tower; its text decoder is gemma3n_text",
     "gemma4": f"{_VISION}; its text decoder is gemma4_text",
     "gemma4_unified": f"{_VISION}; its text decoder is gemma4_unified_text",
+    **dict.fromkeys(("gemma4_assistant", "gemma4_unified_assistant"), _DRAFTER),
 }  # fmt: skip
+
+
+# every model type the reader bills: a row of its own, or its language model's, in text_config
+BILLED = set(ARCHITECTURES) | {outer for outer, inner in TEXT_CONFIG.items() if inner in ARCHITECTURES}
 
 
 def census() -> dict[str, Any]:
     """The counts of the mapping: model types, text decoders, billed, refused, not text decoders; and a summary."""
     text = [model_type for model_type in CAUSAL_LM_MODEL_TYPES if model_type not in NOT_TEXT_DECODERS]
-    billed = [model_type for model_type in text if model_type in ARCHITECTURES]
+    billed = [model_type for model_type in text if model_type in BILLED]
     refused = sorted(set(text) - set(billed))
     share = len(billed) / len(text)
     summary = (
@@ -85,7 +91,10 @@ def census() -> dict[str, Any]:
 
 def refuse_model_type(model_type: Any) -> ValueError:
     """The error for a model_type the reader does not bill: why, where the census says; else that it is unknown."""
-    if isinstance(model_type, str) and model_type in REFUSED:
+    if isinstance(model_type, str) and model_type in TEXT_CONFIG:
+        inner = TEXT_CONFIG[model_type]
+        why = f"keeps its language model in text_config (model_type {inner!r}), which this config lacks"
+    elif isinstance(model_type, str) and model_type in REFUSED:
         why = f"is a text decoder the reader does not bill: {REFUSED[model_type]}"
     elif isinstance(model_type, str) and model_type in NOT_TEXT_DECODERS:
         why = f"is not a decoder-only text model ({NOT_TEXT_DECODERS[model_type]}): the reader bills those only"

@@ -14,7 +14,7 @@ from typing import Any
 
 from .fields import Rule
 
-__all__ = ["ARCHITECTURES", "NO_MODEL_TYPE", "Arch", "Moe", "Part"]
+__all__ = ["ARCHITECTURES", "NO_MODEL_TYPE", "TEXT_CONFIG", "Arch", "Moe", "Part"]
 
 
 @dataclass(frozen=True)
@@ -309,7 +309,13 @@ ARCHITECTURES: dict[str, Arch] = {
                          extras=(Part("a gate per head", "attention", "C·Hq", when="use_attention_gate"),
                                  Part("norms after the mixer and the MLP", "every layer", "2·C",
                                       when="use_sandwich_norm"))),
+    "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
 }  # fmt: skip
+
+# model types whose config keeps the language model in text_config, and its model type there: their causal-LM
+# class is that language model alone, and the reader bills it
+TEXT_CONFIG = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
+               "qwen4_exp": "qwen4_exp_text", "dots3_note": "dots3_note_text", "emu3": "emu3_text_model"}  # fmt: skip
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
 NO_MODEL_TYPE = Arch(**QKVO, mlp_bias="mlp_bias", windows="every")
