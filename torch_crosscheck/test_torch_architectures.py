@@ -58,6 +58,9 @@ FIXES: dict[str, dict[str, Any]] = {
     "hunyuan_v1_moe": dict(head_dim=128),
     "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6),
     "nemotron": dict(num_key_value_heads=8, head_dim=128),
+    "dbrx": dict(attn_config={"kv_n_heads": 8, "rope_theta": 500000.0}),
+    "cohere_compass_text": dict(rope_parameters={kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                                 for kind in ("full_attention", "sliding_attention")}),
     "lfm2_moe": dict(layer_types=["conv", "conv", "full_attention", "conv"] * 8),
 }  # fmt: skip
 # the sizes of a tiny model, by the names the classes use (each applied where the class has the field)
@@ -76,6 +79,13 @@ TINY_OWN: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 2]], window_size=8),
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
     "lfm2_moe": dict(layer_types=["conv", "full_attention", "conv", "full_attention"], num_dense_layers=1),
+    "dbrx": dict(hidden_size=None, d_model=64,
+                 attn_config={"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0},
+                 ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}),
+    "modernbert-decoder": dict(local_attention=16),
+    "minimax_m3_vl_text": dict(rotary_dim=8),
+    "cohere_compass_text": dict(rope_parameters={kind: {"rope_type": "default", "rope_theta": 10000.0}
+                                                 for kind in ("full_attention", "sliding_attention")}),
     "mamba2": dict(num_heads=8, head_dim=16, n_groups=2, state_size=16),
     "bamba": dict(mamba_n_heads=8, mamba_d_state=16, attn_layer_indices=[1, 3]),
     "granitemoehybrid": dict(mamba_n_heads=8, mamba_d_state=16, shared_intermediate_size=48,
@@ -90,6 +100,8 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gpt_bigcode": [dict(multi_query=False)],
 }  # fmt: skip
+# model types whose config class refuses tied embeddings
+UNTIED = {"dbrx"}
 # model types whose transformers model keeps no cache (it recomputes every token): nothing to hold the bill to
 NO_CACHE = {"openai-gpt"}
 # model types whose transformers cache keeps every token of a window layer, and masks the older ones
@@ -109,7 +121,8 @@ def tiny(model_type: str) -> dict[str, Any]:
     if "kv_lora_rank" in fields:  # latent attention: head_dim is the rotary width, every head decompresses its k, v
         sizes.pop("head_dim", None)
         sizes["num_key_value_heads"] = sizes["num_attention_heads"]
-    return {**FIXES.get(model_type, {}), **sizes, **TINY_OWN.get(model_type, {})}
+    sizes = {**FIXES.get(model_type, {}), **sizes, **TINY_OWN.get(model_type, {})}
+    return {key: value for key, value in sizes.items() if value is not None}  # None: the generic size does not fit
 
 
 def variants_of(model_type: str) -> list[dict[str, Any]]:
@@ -120,7 +133,7 @@ def variants_of(model_type: str) -> list[dict[str, Any]]:
     if "num_key_value_heads" in small:
         found.append({**small, "num_key_value_heads": small.get("num_attention_heads", 4)})
     tied = AutoConfig.for_model(model_type, **small).to_dict().get("tie_word_embeddings")
-    if isinstance(tied, bool):
+    if isinstance(tied, bool) and model_type not in UNTIED:
         found.append({**small, "tie_word_embeddings": not tied})
     return found + [{**small, **change} for change in VARIANTS.get(model_type, [])]
 

@@ -33,12 +33,16 @@ RULE_FIELDS = {
     "pattern": PATTERN,
     "afmoe": ("global_attn_every_n_layers",),
     "lfm2": ("full_attn_idxs",),
+    "modernbert": ("global_attn_every_n_layers",),
     "max_window": ("max_window_layers",),
 }
 
 
 def _sliding_window(fields: Fields, arch: Arch) -> int | None:
     """The window, or None when off: sliding_window null or 0, or use_sliding_window false (Qwen, SmolLM3)."""
+    if arch.windows == "modernbert":  # half of local_attention, as its config class works it out
+        fields.value("sliding_window")
+        return (fields.integer("local_attention", zero=True, none=True) or 0) // 2 or None
     name = "window_size" if arch.windows == "gpt_neo" else "sliding_window"
     window = fields.integer(name, zero=True, none=True) or None
     switched = arch.windows in ("qwen2", "qwen2_moe", "switched", "nope") or arch is NO_MODEL_TYPE
@@ -113,6 +117,9 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
         return ["linear_attention" if (i + 1) % 4 else FULL for i in range(layers)]
     if rule == "olmo_hybrid":  # every 4th layer full, from layer 3
         return [FULL if i % 4 == 3 else "linear_attention" for i in range(layers)]
+    if rule == "modernbert":  # every global_attn_every_n_layers-th layer full, from layer 0, the others slide
+        every = fields.integer("global_attn_every_n_layers")
+        return [SLIDE if window and i % every else FULL for i in range(layers)]
     if rule == "pattern5":  # every 5th layer full, the others slide (Kolibri)
         return [SLIDE if window and (i + 1) % 5 else FULL for i in range(layers)]
     if rule == "listed":  # the class lists every layer full where the config lists none

@@ -274,6 +274,48 @@ def _special_nemotron_h(fields: Fields, found: dict[str, Any]) -> None:
                  experts=experts, norms_per_layer=1, mlp="plain")  # fmt: skip
 
 
+def _nested(fields: Fields, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """A config nested in a field (DBRX's attn_config, ffn_config): a dict, null as its class's defaults."""
+    value = fields.get(name, default={})
+    if not isinstance(value, dict):
+        raise fields.refuse(name, "must be an object")
+    return {**defaults, **{key: item for key, item in value.items() if item is not None}}
+
+
+def _nested_size(fields: Fields, name: str, nested: dict[str, Any], key: str) -> int:
+    value = nested.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**40:
+        raise fields.refuse(name, f"must give {key} as a positive integer; got {value!r}", nested)
+    return value
+
+
+def _special_dbrx(fields: Fields, found: dict[str, Any]) -> None:
+    """DBRX: kv heads in attn_config, experts in ffn_config (gated, ffn_hidden_size wide, moe_top_k a token)."""
+    attention = _nested(fields, "attn_config", {"kv_n_heads": 1})
+    ffn = _nested(fields, "ffn_config", {"ffn_hidden_size": 3584, "moe_num_experts": 4, "moe_top_k": 1})
+    count = _nested_size(fields, "ffn_config", ffn, "moe_num_experts")
+    found["kv_heads"] = _nested_size(fields, "attn_config", attention, "kv_n_heads")
+    per_token = min(_nested_size(fields, "ffn_config", ffn, "moe_top_k"), count)
+    width = _nested_size(fields, "ffn_config", ffn, "ffn_hidden_size")
+    found["experts"] = Experts(count, per_token, width, tuple(range(found["layers"])))
+    theta = attention.get("rope_theta", 10000.0)
+    if isinstance(theta, (int, float)) and not isinstance(theta, bool):
+        found["rope_theta"] = float(theta)
+
+
+def _special_modernbert(fields: Fields, found: dict[str, Any]) -> None:
+    """ModernBERT's decoder: LayerNorms (with bias where norm_bias) before the MLP and before every attention but the
+    first layer's, one on the embeddings; a head of a dense layer and a norm before the output (with its bias)."""
+    c = found["hidden"]
+    per_norm = 2 * c if fields.boolean("norm_bias") else c
+    found.update(norm="layer" if fields.boolean("norm_bias") else "layer_weight", norms_per_layer=1,
+                 lm_head_bias=fields.boolean("decoder_bias"))  # fmt: skip
+    head = c * c + (c if fields.boolean("classifier_bias") else 0) + per_norm
+    found["extras"] += (Extra("norms before attention, from layer 1 on", "model", (found["layers"] - 1) * per_norm),
+                        Extra("the embeddings' norm", "model", per_norm), Extra("the head's dense layer and norm",
+                        "model", head))  # fmt: skip
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -292,6 +334,8 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "deltanet_olmo": (_special_deltanet_olmo, ("linear_attention",)),
     "short_conv": (_special_short_conv, ("linear_attention",)),
     "lfm_mlp": (_special_lfm_mlp, ()),
+    "dbrx": (_special_dbrx, ()),
+    "modernbert": (_special_modernbert, ()),
     "mamba": (_special_mamba, OWN_LAYERS),
     "mamba2": (_special_mamba2, OWN_LAYERS),
     "bamba": (_special_bamba, OWN_LAYERS),

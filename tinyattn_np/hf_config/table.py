@@ -309,6 +309,19 @@ ARCHITECTURES: dict[str, Arch] = {
                          extras=(Part("a gate per head", "attention", "C·Hq", when="use_attention_gate"),
                                  Part("norms after the mixer and the MLP", "every layer", "2·C",
                                       when="use_sandwich_norm"))),
+    "dbrx":         Arch(norm="layer_weight", mlp="none", special=("dbrx",), kv_heads=False,
+                         unbilled=("num_key_value_heads",),
+                         names=(("num_hidden_layers", "n_layers"), ("num_attention_heads", "n_heads"),
+                                ("hidden_size", "d_model"), ("max_position_embeddings", "max_seq_len"))),
+    "modernbert-decoder": Arch(**QKVO, mlp_bias="mlp_bias", windows="modernbert", special=("modernbert",),
+                               kv_heads=False, unbilled=("norm_bias", "classifier_bias", "decoder_bias")),
+    "cohere_compass_text": Arch(**QKVO, norm="layer_weight", norms=1, parallel=True, windows="listed",
+                                unbilled=("pooling",)),
+    "minimax_m3_vl_text": Arch(qk_norm=(True, "head"), rotary_dim=True, windows="listed",
+                               moe=Moe(("num_local_experts",), width=None, layers="mlp_layer_types", dense_first=0,
+                                       shared_width="shared_intermediate_size", dense_width="dense_intermediate_size"),
+                               unbilled=("index_n_heads", "index_head_dim", "index_block_size", "index_topk_blocks",
+                                         "index_local_blocks")),
     "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
 }  # fmt: skip
 
