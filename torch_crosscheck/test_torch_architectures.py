@@ -32,10 +32,8 @@ from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from tinyattn_np.hf_config import ARCHITECTURES, shape_from_config  # noqa: E402
+from tinyattn_np.hf_config.census import BILLED as BILLED_TYPES  # noqa: E402
 from tinyattn_np.hf_config.census import (  # noqa: E402
-    BILLED as BILLED_TYPES,
-)
-from tinyattn_np.hf_config.census import (
     CAUSAL_LM_MODEL_TYPES,
     NOT_TEXT_DECODERS,
     REFUSED,
