@@ -317,8 +317,10 @@ class Extra:
     where: str
     parameters: int = 0
     state: int = 0
+    active: bool = True  # False: weights a token does not run (JetMoE's attention experts beyond the top k)
 
     def __post_init__(self) -> None:
+        check_bool(self.active, "active")
         if not isinstance(self.what, str) or not isinstance(self.where, str):
             raise TypeError(f"what and where must be str; got {self.what!r}, {self.where!r}")
         _check_ints(self, (), ("parameters", "state"))

@@ -286,13 +286,14 @@ class ModelShape:
         Equal to num_parameters without experts; None when the config does not say k. The embedding table
         counts (a token reads its row), as in DeepSeek-V3's "37 B activated" of its 671 B.
         """
+        idle = sum(extra.parameters * self.places(extra.where) for extra in self.extras if not extra.active)
         if self.experts is None:
-            return self.num_parameters
+            return self.num_parameters - idle
         moe = self.experts
         if moe.per_token is None:
             return None
         unused = (moe.count - moe.per_token) * moe.expert_parameters(self.hidden) * len(moe.layers)
-        return self.num_parameters - unused
+        return self.num_parameters - unused - idle
 
     # -- bytes --------------------------------------------------------------------------------------
 

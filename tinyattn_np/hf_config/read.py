@@ -106,7 +106,7 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
         intermediate = fields.integer(*_spellings(arch, "intermediate_size"), none=True)  # GPT-2's n_inner null: 4·C
     else:  # BLOOM's 4·C, MPT's expansion_ratio · C
         intermediate = evaluate(arch.intermediate, dict(hidden=hidden, heads=heads, layers=layers), fields)
-    head_dim = fields.integer("head_dim", none=True) if arch.attention else 1
+    head_dim = fields.integer(*_spellings(arch, "head_dim"), none=True) if arch.attention else 1
     if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down
         head_dim = hidden // heads
         if head_dim == 0:
@@ -214,7 +214,13 @@ def _read_quantization(fields: Fields) -> tuple[str | None, tuple[str, ...]]:
 def _extras(fields: Fields, arch: Arch, found: dict[str, Any]) -> tuple[Extra, ...]:
     """The row's Parts, their formulas worked out with the sizes found and the config's fields."""
     return tuple(
-        Extra(part.what, part.where, evaluate(part.parameters, found, fields), evaluate(part.state, found, fields))
+        Extra(
+            part.what,
+            part.where,
+            evaluate(part.parameters, found, fields),
+            evaluate(part.state, found, fields),
+            active=part.active,
+        )
         for part in arch.extras
         if switch(fields, part.when)
     )

@@ -316,6 +316,14 @@ def _special_modernbert(fields: Fields, found: dict[str, Any]) -> None:
                         "model", head))  # fmt: skip
 
 
+def _special_jetmoe(fields: Fields, found: dict[str, Any]) -> None:
+    """JetMoE: attention experts, each num_key_value_heads heads of kv_channels, of which a token runs the top
+    num_experts_per_tok: its query heads; keys and values one projection for all (the table's parts count the
+    experts it does not run)."""
+    top = fields.integer("num_experts_per_tok")
+    found.update(kv_heads=found["heads"], heads=top * found["heads"])
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -335,6 +343,7 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "short_conv": (_special_short_conv, ("linear_attention",)),
     "lfm_mlp": (_special_lfm_mlp, ()),
     "dbrx": (_special_dbrx, ()),
+    "jetmoe": (_special_jetmoe, ()),
     "modernbert": (_special_modernbert, ()),
     "mamba": (_special_mamba, OWN_LAYERS),
     "mamba2": (_special_mamba2, OWN_LAYERS),

@@ -28,6 +28,7 @@ class Part:
     parameters: str = "0"
     state: str = "0"
     when: Rule = True  # a part some configs switch on
+    active: bool = True  # False: weights a token does not run
 
 
 @dataclass(frozen=True)
@@ -322,6 +323,18 @@ ARCHITECTURES: dict[str, Arch] = {
                                        shared_width="shared_intermediate_size", dense_width="dense_intermediate_size"),
                                unbilled=("index_n_heads", "index_head_dim", "index_block_size", "index_topk_blocks",
                                          "index_local_blocks")),
+    "doge":         Arch(**QKVO, mlp_bias="mlp_bias", qk_norm=(True, "head"), off=("is_moe",), windows="every",
+                         extras=(Part("the dynamic mask's A and Δ projection", "attention", "Hkv + Hkv·E·Hkv"),
+                                 Part("the Δ projection's bias", "attention", "Hkv", when="attention_bias"),
+                                 Part("the residual scales", "every layer", "2·C")),
+                         unbilled=("keep_window_size", "num_experts", "num_experts_per_tok", "norm_topk_prob")),
+    "jetmoe":       Arch(special=("jetmoe",), moe=Moe(("num_local_experts",), width=None),
+                         unbilled=("num_attention_heads",),
+                         names=(("num_attention_heads", "num_key_value_heads"), ("head_dim", "kv_channels")),
+                         extras=(Part("the attention experts a token does not run", "attention",
+                                      "2·(num_local_experts - num_experts_per_tok)·C·Hkv·E", active=False),
+                                 Part("the attention experts' bias and router", "attention", "C + num_local_experts·C"),
+                                 Part("the MLP experts' bias", "every layer", "C"))),
     "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
 }  # fmt: skip
 
