@@ -168,11 +168,13 @@ def test_the_census_sorts_every_model_type_of_the_mapping_once() -> None:
     assert set(REFUSED) | set(NOT_TEXT_DECODERS) <= set(MAPPING), "the census names a type the mapping lacks"
 
 
-def test_at_least_nine_text_decoders_in_ten_are_billed(capsys: Any) -> None:
+def test_the_census_prints_its_counts(capsys: Any) -> None:
+    """The counts, as scripts/memory.py --architectures prints them; the billed ones never fewer than now."""
     counts = census()
     with capsys.disabled():
         print("\n" + counts["summary"])
-    assert counts["billed"] >= 0.9 * counts["text_decoders"]
+        print("refused: " + ", ".join(counts["refused"]))
+    assert counts["billed"] >= 123 and counts["billed"] + len(counts["refused"]) == counts["text_decoders"]
 
 
 # --- parameters -----------------------------------------------------------------------------------------

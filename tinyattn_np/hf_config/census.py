@@ -39,8 +39,37 @@ starcoder2 trocr vaultgemma whisper xglm xlm xlm-roberta xlm-roberta-xl xlnet xl
 """.split()
 )
 
-# text decoders the reader refuses, and why
-REFUSED: dict[str, str] = {}
+# text decoders the reader refuses, and why: each has a part no row of the table reads yet
+REFUSED: dict[str, str] = {
+    "axk2": "its norms run an MLP of their own (input_layernorm.mlp) beside DeepSeek's indexer",
+    "bailing_hybrid": "its linear layers (forget gates, a short convolution) sit between latent-attention layers",
+    "blt": "bytes grouped into patches: a local encoder and decoder around a global transformer",
+    "cpmant": "segment embeddings and a relative position bias in place of a decoder's positions",
+    "deepseek_v4": "compressed attention with hyper-connections: its compressor's sizes vary by layer",
+    "dory": "depth recurrence: its middle layers run n_recurrent_loops times, with a cache per loop",
+    "dots3_note_text": "its latent-attention layers differ in size from layer to layer",
+    "dots3_note": "its language model (dots3_note_text) has latent-attention layers that differ in size",
+    "gemma3n_text": "AltUp, Laurel and per-layer embeddings, with keys and values shared between layers",
+    "gemma4_text": "its full-attention layers override head_dim and the kv heads (layer_overrides)",
+    "gemma4_unified_text": "its full-attention layers override head_dim and the kv heads (layer_overrides)",
+    "hrm_text": "two stacks of layers run in nested cycles (H_cycles, L_cycles)",
+    "hy_v4": "hyper-connections around every block, beside DeepSeek's indexer",
+    "inkling_text": "short convolutions and relative logits in attention, and kv heads that vary by layer",
+    "inkling2_text": "short convolutions and message gates in attention, and kv heads that vary by layer",
+    "inkling2_loop_text": "looped layers with message gates: its middle layers run several passes",
+    "kimi_linear": "Kimi Delta Attention layers (low-rank forget and output gates) between latent-attention layers",
+    "longcat_flash": "two attentions and two MLPs a layer, and experts that do nothing (zero_expert_num)",
+    "mimo_v2_flash": "its sliding layers double the kv heads of its full layers, and values are narrower than keys",
+    "qwen4_exp_text": "hyper-connections and n-gram embeddings around a Qwen3-Next stack",
+    "qwen4_exp": "its language model (qwen4_exp_text) has hyper-connections and n-gram embeddings",
+    "recurrent_gemma": "RG-LRU recurrent blocks, whose state transformers keeps outside its cache classes",
+    "reformer": "LSH and chunked local attention with axial position embeddings",
+    "rwkv": "RWKV's time and channel mixing, whose state transformers keeps outside its cache classes",
+    "xlstm": "mLSTM blocks, whose state transformers keeps outside its cache classes",
+    "zamba": "shared attention blocks reused across the depth, each use with its own linear",
+    "zamba2": "shared transformer blocks reused across the depth, with LoRA adapters per use",
+    "zaya": "compressed convolutional attention and a router that is an MLP of its own",
+}
 
 _ENCODER = "an encoder (a masked language model) that transformers can run as a decoder"
 _ENCODER_DECODER = "an encoder-decoder: its decoder cross-attends to what an encoder read"
@@ -91,11 +120,11 @@ def census() -> dict[str, Any]:
 
 def refuse_model_type(model_type: Any) -> ValueError:
     """The error for a model_type the reader does not bill: why, where the census says; else that it is unknown."""
-    if isinstance(model_type, str) and model_type in TEXT_CONFIG:
+    if isinstance(model_type, str) and model_type in REFUSED:
+        why = f"is a text decoder the reader does not bill: {REFUSED[model_type]}"
+    elif isinstance(model_type, str) and model_type in TEXT_CONFIG:
         inner = TEXT_CONFIG[model_type]
         why = f"keeps its language model in text_config (model_type {inner!r}), which this config lacks"
-    elif isinstance(model_type, str) and model_type in REFUSED:
-        why = f"is a text decoder the reader does not bill: {REFUSED[model_type]}"
     elif isinstance(model_type, str) and model_type in NOT_TEXT_DECODERS:
         why = f"is not a decoder-only text model ({NOT_TEXT_DECODERS[model_type]}): the reader bills those only"
     else:
