@@ -33,6 +33,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from tinyattn_np.hf_config import ARCHITECTURES, shape_from_config  # noqa: E402
 from tinyattn_np.hf_config.census import BILLED as BILLED_TYPES  # noqa: E402
+from tinyattn_np.hf_config.defaults import DEFAULTS  # noqa: E402
 from tinyattn_np.hf_config.census import (  # noqa: E402
     CAUSAL_LM_MODEL_TYPES,
     NOT_TEXT_DECODERS,
@@ -249,3 +250,39 @@ def test_cache_bytes_equal_what_transformers_holds(model_type: str, tokens: int)
 def test_a_refused_text_decoder_is_refused_by_name(model_type: str) -> None:
     with pytest.raises(ValueError, match=f"'model_type' = '{model_type}' is a text decoder the reader does not bill"):
         shape_from_config({"model_type": model_type})
+
+
+# --- a field left out, or null, means what transformers means ------------------------------------------
+
+
+def built(model_type: str, config: dict[str, Any]) -> Any:
+    """transformers' model of a config.json's dict on the meta device, or None where transformers refuses it."""
+    try:
+        instance = type(AutoConfig.for_model(model_type)).from_dict(config)
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(instance)
+    except Exception:  # noqa: BLE001 - transformers refusing the config is what this test skips
+        return None
+
+
+@pytest.mark.parametrize("model_type", ROWS)
+def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str) -> None:
+    """Each field of the model type's defaults (every one that changes the bill), left out of its tiny config and
+    then set to null: where transformers builds the model, the bill equals its parameters, or refuses by name."""
+    base = json.loads(json.dumps(AutoConfig.for_model(model_type, **tiny(model_type)).to_dict(), default=str))
+    wrong = []
+    for field in sorted(set(DEFAULTS.get(model_type, {})) & set(base)):
+        for what, config in (
+            ("left out", {k: v for k, v in base.items() if k != field}),
+            ("null", {**base, field: None}),
+        ):
+            model = built(model_type, config)
+            if model is None:
+                continue
+            try:
+                ours = shape_from_config(config).num_parameters
+            except (TypeError, ValueError):  # refused, with what is wrong: allowed, never a wrong number
+                continue
+            if ours != parameters(model):
+                wrong.append(f"{field} {what}: the bill {ours:,}, transformers {parameters(model):,}")
+    assert not wrong, "\n".join(wrong)

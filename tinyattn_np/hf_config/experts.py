@@ -18,7 +18,8 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
         every = 1 if moe.every is None else fields.integer(moe.every)
         return [i for i in range(first, layers) if i % every == 0]
     if moe.layers == "qwen":
-        dense = set(fields.integers("mlp_only_layers") or [])
+        listed = fields.integers("mlp_only_layers")  # null: none, or the class's first dense_first layers
+        dense = set(range(moe.dense_first or 0) if listed is None else listed)
         step = fields.integer("decoder_sparse_step")
         return [i for i in range(layers) if i not in dense and (i + 1) % step == 0]
     if moe.layers == "llama4":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._rope_scaling import ROPE_TYPES
 from .._shape_checks import LAYER_TYPES
 from ..model_parts import Extra
 from ..models import ModelShape
@@ -19,6 +18,9 @@ from .special import OWN_LAYERS, SPECIAL_READERS
 from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch
 
 __all__ = ["shape_from_config"]
+
+# rope_types transformers knows and rope_frequencies does not compute (any other unknown one is refused)
+TRANSFORMERS_ONLY_ROPE = ("proportional",)
 
 
 # fields that never change the weights or the cache: bookkeeping, token ids, numerics, dropout,
@@ -179,7 +181,7 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
     if scaling and "rope_type" not in scaling and "type" not in scaling:
         scaling["rope_type"] = "default"
     kind = scaling.get("rope_type", scaling.get("type"))
-    if isinstance(kind, str) and kind not in ROPE_TYPES:  # frequencies the reader cannot work out: no bill needs them
+    if kind in TRANSFORMERS_ONLY_ROPE:  # frequencies the reader does not work out: no bill needs them
         return theta, {"rope_type": kind, "unread": True}
     if scaling.get("rope_type", scaling.get("type")) == "default" and set(scaling) <= {"rope_type", "type"}:
         scaling = {}  # plain RoPE: nothing to carry

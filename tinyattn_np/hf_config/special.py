@@ -32,11 +32,11 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
 
 def _special_mtp(fields: Fields, found: dict[str, Any]) -> None:
     """Multi-token-prediction layers: a note, for transformers does not build them."""
-    for name in ("num_nextn_predict_layers", "num_mtp_layers"):
-        mtp = fields.integer(name, zero=True) if fields.get(name) else 0
-        if mtp:
-            found["notes"] += (f"{mtp} multi-token-prediction layer(s) ({name}) not counted: transformers does "
-                               "not build them",)  # fmt: skip
+    names = ("num_nextn_predict_layers", "num_mtp_layers")  # one count, by either name
+    mtp = fields.integer(*names, zero=True) if fields.get(*names) else 0
+    if mtp:
+        found["notes"] += (f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
+                           "transformers does not build them",)  # fmt: skip
 
 
 def _special_gated_deltanet(fields: Fields, found: dict[str, Any]) -> None:
@@ -324,6 +324,13 @@ def _special_jetmoe(fields: Fields, found: dict[str, Any]) -> None:
     found.update(kv_heads=found["heads"], heads=top * found["heads"])
 
 
+def _special_square_out(fields: Fields, found: dict[str, Any]) -> None:
+    """Helium: the output projection is C x C, which is the bill's Hq·E x C only where the heads fill the width."""
+    if found["heads"] * found["head_dim"] != found["hidden"]:
+        raise fields.refuse("head_dim", f"times num_attention_heads ({found['heads']}) must be hidden_size, "
+                            "whose square the output projection is", found["head_dim"])  # fmt: skip
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -344,6 +351,7 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "lfm_mlp": (_special_lfm_mlp, ()),
     "dbrx": (_special_dbrx, ()),
     "jetmoe": (_special_jetmoe, ()),
+    "square_out": (_special_square_out, ()),
     "modernbert": (_special_modernbert, ()),
     "mamba": (_special_mamba, OWN_LAYERS),
     "mamba2": (_special_mamba2, OWN_LAYERS),
