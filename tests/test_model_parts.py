@@ -53,3 +53,45 @@ def test_linear_attention_by_hand():
 def test_each_part_refuses_sizes_that_mean_nothing(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+def test_state_space_layers_by_hand():
+    """Mamba: C = 8, inner 16, N 4, a convolution of 3, Δ of rank 2. Mamba-2: 2 heads, 1 group."""
+    from tinyattn_np.model_parts import StateSpace
+
+    mamba = StateSpace("mamba", inner=16, state=4, conv_kernel=3, dt_rank=2)
+    # in 8·32, conv 16·3 + 16, x_proj 16·(2 + 8), dt_proj 2·16 + 16, A 16·4, D 16, out 16·8
+    assert mamba.parameters(8) == 8 * 32 + 16 * 3 + 16 + 16 * 10 + 2 * 16 + 16 + 16 * 4 + 16 + 16 * 8
+    assert mamba.conv_channels == 16 and mamba.state_bytes(2, "fp32") == 2 * (16 * 4 + 16 * 3) * 4
+    mamba2 = StateSpace("mamba2", inner=16, state=4, conv_kernel=3, heads=2)
+    # in 8·(32 + 8 + 2), conv (16 + 8)·3 + 24, Δ bias, A, D 3·2, norm 16, out 16·8
+    assert mamba2.parameters(8) == 8 * 42 + 24 * 3 + 24 + 6 + 16 + 16 * 8
+    assert mamba2.conv_channels == 24 and mamba2.state_bytes(1, "fp32") == (16 * 4 + 24 * 3) * 4
+    with pytest.raises(ValueError, match="dt_rank >= 1"):
+        StateSpace("mamba", inner=16, state=4, conv_kernel=3)
+    with pytest.raises(ValueError, match="must split into heads"):
+        StateSpace("mamba2", inner=16, state=4, conv_kernel=3, heads=3)
+
+
+def test_the_indexer_and_a_short_convolution_by_hand():
+    from tinyattn_np.model_parts import Indexer
+
+    indexer = Indexer(heads=2, head_dim=4, topk=8, q_rank=6)
+    assert indexer.parameters(8) == 6 * 2 * 4 + 8 * 4 + 2 * 4 + 8 * 2
+    short = LinearAttention("short_conv", 1, 1, 8, 8, conv_kernel=3, bias=True)
+    assert short.parameters(8) == 8 * 24 + 8 * 3 + 8 * 8 + 5 * 8
+    assert short.state_bytes(2, "fp32") == 2 * 8 * 3 * 4  # the convolution's inputs, no recurrent state
+
+
+def test_an_extra_counts_where_it_sits():
+    from tinyattn_np.model_parts import Extra
+    from tinyattn_np.models import ModelShape
+
+    sizes = dict(layers=4, heads=2, kv_heads=1, head_dim=4, hidden=8, vocab=10, intermediate=12)
+    plain = ModelShape("plain", **sizes)
+    gated = ModelShape("gated", **sizes, extras=(Extra("a gate", "attention", 5), Extra("a table", "model", 7),
+                                                 Extra("idle", "every layer", 3, active=False)))  # fmt: skip
+    assert gated.num_parameters == plain.num_parameters + 4 * 5 + 7 + 4 * 3
+    assert gated.active_parameters == gated.num_parameters - 4 * 3
+    with pytest.raises(ValueError, match="the place of extra 'nowhere'"):
+        ModelShape("bad", **sizes, extras=(Extra("nowhere", "attic", 1),))

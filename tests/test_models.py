@@ -616,3 +616,107 @@ def test_deepseek_v3_is_671b_with_37b_active():
 def test_qwen25_72b_and_llama31_405b_parameters():
     assert load_model_shape(QWEN25_72B).num_parameters == 72_706_203_648  # "72.7B"
     assert load_model_shape(LLAMA31_405B).num_parameters == 405_853_388_800  # "405B"
+
+
+# --- hostile configs: one clear line, never a traceback -------------------------------------------------------
+
+HOSTILE_BASES = [
+    dict(TINY),
+    {**TINY, "model_type": "deepseek_v3", "num_key_value_heads": 2, "kv_lora_rank": 4, "q_lora_rank": 3,
+     "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "moe_intermediate_size": 6, "first_k_dense_replace": 1},
+    {"model_type": "mamba", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
+    {**TINY, "model_type": "gemma2"},
+]  # fmt: skip
+
+
+def nested(levels):
+    """A list nested `levels` deep, built without recursion."""
+    top = current = []
+    for _ in range(levels):
+        current.append([])
+        current = current[0]
+    return top
+
+
+@pytest.mark.parametrize("base", HOSTILE_BASES, ids=lambda base: base["model_type"])
+def test_hostile_configs_get_one_clear_line(base):
+    """Every field of a config, and a few more, set to a wrong type, NaN, infinity, a negative or huge size, a
+    list of the wrong length or one nested 100,000 deep: a shape, or a ValueError or TypeError of one line."""
+    values = [None, float("nan"), float("inf"), -1, 0, 10**7, 10**100, "4096", [1, 2], {"a": 1}, True, 3.5,
+              nested(100_000)]  # fmt: skip
+    fields = [*base, "rope_scaling", "layer_types", "head_dim", "num_key_value_heads", "text_config", "rope_theta"]
+    for field in fields:
+        for value in values:
+            try:
+                load_model_shape({**base, field: value})
+            except (TypeError, ValueError) as err:
+                assert "\n" not in str(err) and len(str(err)) < 700, (field, str(err)[:200])
+
+
+def test_a_huge_layer_count_is_refused_before_anything_is_built():
+    """10^7 layers: refused by arithmetic, at once, not after building a table of 10^7 layer kinds."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"'num_hidden_layers' = 10,000,000 is larger than any model's"):
+        load_model_shape({**TINY, "num_hidden_layers": 10**7})
+    assert time.perf_counter() - start < 0.1
+    with pytest.raises(ValueError, match=r"nests its values more than 32 levels deep"):
+        load_model_shape({**TINY, "rope_scaling": nested(10_000)})
+
+
+# --- the census, the defaults and the formulas ---------------------------------------------------------------
+
+
+def test_the_census_sorts_every_model_type_once_and_counts_them():
+    from tinyattn_np.hf_config.census import BILLED, CAUSAL_LM_MODEL_TYPES, NOT_TEXT_DECODERS, REFUSED, census
+
+    lists = [set(CAUSAL_LM_MODEL_TYPES) & BILLED, set(REFUSED), set(NOT_TEXT_DECODERS)]
+    assert set.union(*lists) == set(CAUSAL_LM_MODEL_TYPES) and sum(map(len, lists)) == len(CAUSAL_LM_MODEL_TYPES)
+    counts = census()
+    assert counts["billed"] + len(counts["refused"]) == counts["text_decoders"]
+    assert counts["summary"].startswith("transformers 5.24.0's causal-LM mapping: 196 model types")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "message"),
+    [
+        ("rwkv", r"'rwkv' is a text decoder the reader does not bill: RWKV's time and channel mixing"),
+        ("bart", r"'bart' is not a decoder-only text model \(an encoder-decoder"),
+        ("qwen3_5", r"'qwen3_5' keeps its language model in text_config \(model_type 'qwen3_5_text'\)"),
+        ("no_such_model", r"'no_such_model' is not an architecture the reader knows \(it reads \d+ model types"),
+    ],
+)
+def test_a_model_type_the_reader_does_not_bill_is_named_with_why(model_type, message):
+    with pytest.raises(ValueError, match=message):
+        load_model_shape({**TINY, "model_type": model_type})
+
+
+def test_a_field_left_out_takes_its_config_class_default():
+    """Qwen3's head_dim 128 and Mistral's 8 kv heads, where the config leaves them out; Falcon's multi_query null
+    is off; Gemma-3's vocabulary, which its config.json omits, is the class's 262,208."""
+    no_head_dim = {key: value for key, value in TINY.items() if key != "head_dim"}
+    assert load_model_shape({**no_head_dim, "model_type": "qwen3"}).head_dim == 128
+    no_kv = {key: value for key, value in TINY.items() if key != "num_key_value_heads"}
+    assert load_model_shape({**no_kv, "model_type": "mistral", "num_attention_heads": 8}).kv_heads == 8
+    falcon = {"model_type": "falcon", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2,
+              "vocab_size": 10, "multi_query": None}  # fmt: skip
+    assert load_model_shape(falcon).kv_heads == 2
+    no_vocab = {key: value for key, value in TINY.items() if key != "vocab_size"}
+    assert load_model_shape({**no_vocab, "model_type": "gemma3_text"}).vocab == 262_208
+    qwen3_moe = {**TINY, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 6, "shared_expert_intermediate_size": 99}  # fmt: skip
+    assert load_model_shape(qwen3_moe).experts.shared_intermediate == 0  # transformers builds no shared expert
+
+
+def test_the_table_formulas():
+    from tinyattn_np.hf_config.fields import Fields
+    from tinyattn_np.hf_config.formulas import evaluate
+
+    fields = Fields({"num_local_experts": 8}, "jetmoe", {})
+    sizes = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=3)
+    assert evaluate("2·(num_local_experts - 2)·C·Hkv·E + C", sizes, fields) == 2 * 6 * 64 * 2 * 16 + 64
+    assert "num_local_experts" in fields.read
+    with pytest.raises(SyntaxError, match="a table formula is"):
+        evaluate("C ** 2", sizes, fields)

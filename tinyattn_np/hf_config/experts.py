@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..model_parts import Experts
-from .fields import Fields, switch
+from .fields import Fields, shown_value, switch
 from .table import Moe
 
 __all__ = ["read_experts"]
@@ -30,7 +30,7 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
         start = fields.integer("moe_layer_start_index", zero=True)
         end = fields.get("moe_layer_end_index")
         if isinstance(end, bool) or not isinstance(end, int) or end < -1:
-            raise ValueError(f"config field 'moe_layer_end_index' must be a layer index or -1; got {end!r}")
+            raise ValueError(f"config field 'moe_layer_end_index' must be a layer index or -1; got {shown_value(end)}")
         end = layers - 1 if end == -1 else end
         every = fields.integer("moe_layer_interval")
         return [i for i in range(layers) if (i + 1) % every == 0 and start <= i <= end]

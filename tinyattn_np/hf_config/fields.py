@@ -12,10 +12,11 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_LAYERS", "MAX_SIZE", "MISSING", "Fields", "Rule", "shown_value", "switch"]
+__all__ = ["MAX_DEPTH", "MAX_LAYERS", "MAX_SIZE", "MISSING", "Fields", "Rule", "check_depth", "shown_value", "switch"]
 
 MISSING: Any = object()  # neither in config.json nor a default of the config class
 MAX_SIZE = 2**40  # a width, a count or a vocabulary larger than this is no model's
+MAX_DEPTH = 32  # a config.json nests a few levels deep (text_config, rope_parameters per layer kind)
 MAX_LAYERS = 10_000  # no model has more than a few hundred layers; a table of 10^7 would take minutes to build
 
 # a rule that switches a part on: a constant, or a true/false field of the config (its class's default
@@ -109,6 +110,20 @@ class Fields:
         if length is not None and len(value) != length:
             raise ValueError(f"config field {name!r} must have {length} entries (one a layer); got {len(value)}")
         return value
+
+
+def check_depth(config: Any) -> None:
+    """Refuse a config nested deeper than MAX_DEPTH before anything recurses into it (repr, comparisons),
+    walking it with a stack of its own: thousands of levels are a hostile file, not a model."""
+    stack = [(config, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise ValueError(f"config nests its values more than {MAX_DEPTH} levels deep; a config.json has a few")
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
 
 
 def switch(fields: Fields, rule: Rule) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._shape_checks import ATTENTION_TYPES, LAYER_TYPES
-from .fields import Fields
+from .fields import Fields, shown_value
 from .table import NO_MODEL_TYPE, Arch
 
 __all__ = ["read_layer_types"]
@@ -57,7 +57,9 @@ def _pattern(fields: Fields, rule: str, layers: int, window: bool) -> list[str]:
     if isinstance(pattern, str) and set(pattern) <= {"L", "G"} and pattern:  # "LLLG": L slides, G is global
         return [SLIDE if window and pattern[i % len(pattern)] == "L" else FULL for i in range(layers)]
     if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
-        raise ValueError(f"config field 'sliding_window_pattern' must be a positive integer; got {pattern!r}")
+        raise ValueError(
+            f"config field 'sliding_window_pattern' must be a positive integer; got {shown_value(pattern)}"
+        )
     return [SLIDE if window and (i + 1) % pattern else FULL for i in range(layers)]
 
 
@@ -168,7 +170,7 @@ def read_layer_types(fields: Fields, arch: Arch, layers: int, mixers: tuple[str,
     if "sliding_attention" in types and window is None:
         raise ValueError(
             "config field 'layer_types' has sliding_attention layers, but the sliding window is off "
-            f"(sliding_window {fields.config.get('sliding_window')!r}, use_sliding_window "
-            f"{fields.config.get('use_sliding_window')!r})"
+            f"(sliding_window {shown_value(fields.config.get('sliding_window'))}, use_sliding_window "
+            f"{shown_value(fields.config.get('use_sliding_window'))})"
         )
     return dict(layer_types=types, sliding_window=window, attention_chunk=chunk)

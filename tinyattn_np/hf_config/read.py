@@ -11,7 +11,7 @@ from ..models import ModelShape
 from .census import refuse_model_type
 from .defaults import DEFAULTS, NO_MODEL_TYPE_DEFAULTS
 from .experts import read_experts
-from .fields import MAX_LAYERS, Fields, shown_value, switch
+from .fields import MAX_LAYERS, Fields, check_depth, shown_value, switch
 from .formulas import evaluate
 from .layer_kinds import read_layer_types
 from .special import OWN_LAYERS, SPECIAL_READERS
@@ -168,7 +168,7 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
     if not rotary:
         return None, None
     if not isinstance(parameters, dict):
-        raise ValueError(f"config field 'rope_scaling' must be an object or null; got {parameters!r}")
+        raise ValueError(f"config field 'rope_scaling' must be an object or null; got {shown_value(parameters)}")
     if parameters and set(parameters) <= set(LAYER_TYPES) and isinstance(parameters.get("full_attention"), dict):
         parameters = parameters["full_attention"]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
     theta = theta_top if theta_top is not None else parameters.get("rope_theta", 10000.0)
@@ -279,6 +279,7 @@ def shape_from_config(config: dict[str, Any], default_name: str | None = None) -
     """
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict; got {type(config).__name__}")
+    check_depth(config)
     text = config.get("text_config")
     if isinstance(text, dict) and config.get("num_hidden_layers", config.get("n_layer")) is None:
         name = config.get("_name_or_path") or default_name or config.get("model_type")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..model_parts import Experts, Extra, Indexer, LatentAttention, LinearAttention, StateSpace
-from .fields import Fields
+from .fields import Fields, shown_value
 
 __all__ = ["OWN_LAYERS", "SPECIAL_READERS"]
 
@@ -23,9 +23,7 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
     for field, allowed in (("head_dim", (rope, nope + rope)), ("qk_head_dim", (nope + rope,))):
         value = fields.get(field)
         if value is not None and value not in allowed:
-            raise ValueError(
-                f"config field {field!r} is {value!r}, but qk_nope_head_dim + qk_rope_head_dim = {nope + rope}"
-            )
+            raise fields.refuse(field, f"does not match qk_nope_head_dim + qk_rope_head_dim = {nope + rope}", value)
     found.update(latent=latent, head_dim=nope + rope, kv_heads=found["heads"])  # every head decompresses its own k, v
     _special_mtp(fields, found)
 
@@ -285,7 +283,7 @@ def _nested(fields: Fields, name: str, defaults: dict[str, Any]) -> dict[str, An
 def _nested_size(fields: Fields, name: str, nested: dict[str, Any], key: str) -> int:
     value = nested.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 2**40:
-        raise fields.refuse(name, f"must give {key} as a positive integer; got {value!r}", nested)
+        raise fields.refuse(name, f"must give {key} as a positive integer; got {shown_value(value)}", nested)
     return value
 
 

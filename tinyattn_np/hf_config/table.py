@@ -135,7 +135,9 @@ ARCHITECTURES: dict[str, Arch] = {
     "qwen2":        Arch(qkv_bias=True, windows="qwen2"),
     "qwen2_moe":    Arch(qkv_bias="qkv_bias", windows="qwen2_moe", moe=QWEN),
     "qwen3":        Arch(**QKVO, qk_norm=(True, "head"), windows="qwen2"),
-    "qwen3_moe":    Arch(**QKVO, qk_norm=(True, "head"), windows="switched", moe=QWEN),
+    "qwen3_moe":    Arch(**QKVO, qk_norm=(True, "head"), windows="switched",
+                         moe=Moe(("num_experts", "num_local_experts"), layers="qwen"),
+                         unbilled=("shared_expert_intermediate_size",)),  # transformers builds no shared expert
     "qwen3_next":   Arch(**QKVO, qk_norm=(True, "head"), attention_gate=True, windows="qwen3_next", moe=QWEN,
                          special=("gated_deltanet",)),
     "gemma":        Arch(**QKVO),
