@@ -33,7 +33,6 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from tinyattn_np.hf_config import ARCHITECTURES, shape_from_config  # noqa: E402
 from tinyattn_np.hf_config.census import BILLED as BILLED_TYPES  # noqa: E402
-from tinyattn_np.hf_config.defaults import DEFAULTS  # noqa: E402
 from tinyattn_np.hf_config.census import (  # noqa: E402
     CAUSAL_LM_MODEL_TYPES,
     NOT_TEXT_DECODERS,
@@ -41,6 +40,7 @@ from tinyattn_np.hf_config.census import (  # noqa: E402
     TRANSFORMERS_VERSION,
     census,
 )
+from tinyattn_np.hf_config.defaults import DEFAULTS  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", module="transformers")

@@ -109,9 +109,9 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
     if rule == "required":  # the class builds nothing without layer_types (LFM2-MoE)
         raise fields.missing("layer_types")
     if rule == "lfm2":  # full_attn_idxs attend, the others convolve
-        indices = fields.integers("full_attn_idxs")
-        indices = set(range(layers) if indices is None else indices)
-        return [FULL if i in indices else "linear_attention" for i in range(layers)]
+        listed = fields.integers("full_attn_idxs")
+        attending = set(range(layers) if listed is None else listed)
+        return [FULL if i in attending else "linear_attention" for i in range(layers)]
     if rule == "lfm3":  # layers 2, 6, 10, ... full, 4, 8, 12, ... slide, the others convolve
         return [FULL if i % 4 == 2 else SLIDE if i % 4 == 0 and i and window else FULL if i % 4 == 0 and i
                 else "linear_attention" for i in range(layers)]  # fmt: skip
