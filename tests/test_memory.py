@@ -244,6 +244,15 @@ def test_script_json_and_config_path(tmp_path, capsys):
     assert [c["beyond_max_positions"] for c in gpt2["contexts"]] == [True, True]
 
 
+def test_script_architectures_prints_the_census(capsys):
+    from tinyattn_np.hf_config import census
+
+    assert load("memory.py").main(["--architectures"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(census()["summary"]) and "refused, each with why:\n  axk2: " in out
+    assert "billed: afmoe, apertus," in out and "gpt-sw3" in out
+
+
 def test_script_rejects_an_unknown_model(capsys):
     assert load("memory.py").main(["--model", "no-such-model"]) == 2
     assert "no-such-model" in capsys.readouterr().err

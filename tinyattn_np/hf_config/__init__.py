@@ -17,8 +17,10 @@ each, are on docs/memory.md.
 
 from __future__ import annotations
 
+from .census import NOT_TEXT_DECODERS, REFUSED, census
 from .files import MAX_CONFIG_BYTES, load_model_shape
 from .read import shape_from_config
 from .table import ARCHITECTURES
 
-__all__ = ["ARCHITECTURES", "MAX_CONFIG_BYTES", "load_model_shape", "shape_from_config"]
+__all__ = ["ARCHITECTURES", "MAX_CONFIG_BYTES", "NOT_TEXT_DECODERS", "REFUSED", "census", "load_model_shape",
+           "shape_from_config"]  # fmt: skip

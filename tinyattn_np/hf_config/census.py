@@ -115,7 +115,8 @@ def census() -> dict[str, Any]:
         f"{len(NOT_TEXT_DECODERS)} are not text decoders"
     )
     return dict(model_types=len(CAUSAL_LM_MODEL_TYPES), text_decoders=len(text), billed=len(billed),
-                refused=refused, not_text_decoders=len(NOT_TEXT_DECODERS), summary=summary)  # fmt: skip
+                billed_types=billed, refused=refused, not_text_decoders=len(NOT_TEXT_DECODERS),
+                summary=summary)  # fmt: skip
 
 
 def refuse_model_type(model_type: Any) -> ValueError:
