@@ -720,3 +720,14 @@ def test_the_table_formulas():
     assert "num_local_experts" in fields.read
     with pytest.raises(SyntaxError, match="a table formula is"):
         evaluate("C ** 2", sizes, fields)
+
+
+def test_docs_memory_names_every_model_type_the_reader_knows():
+    """docs/memory.md's layer kinds list every architecture of the table, each in `backticks`."""
+    from pathlib import Path
+
+    from tinyattn_np.hf_config.census import BILLED
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "memory.md").read_text(encoding="utf-8")
+    missing = sorted(model_type for model_type in BILLED if f"`{model_type}`" not in page)
+    assert not missing, f"docs/memory.md names none of {missing}"
