@@ -474,15 +474,25 @@ def _describe(shape: ModelShape) -> list[str]:
     block = [mlp, norms, f"positions: {shape.positions}"]
     block += ["parallel attention and MLP"] if shape.parallel_block else []
     block += ["tied embeddings" if shape.tied_embeddings else "untied embeddings"] if shape.arch != "attention" else []
-    lines = [attention, ", ".join(block), _describe_layers(shape)]
+    lines = [attention] if shape.attention_layers else []
+    lines += [", ".join(block), _describe_layers(shape)]
+    if shape.indexer is not None:
+        lines.append(f"an indexer of {shape.indexer.heads} heads of {shape.indexer.head_dim} picks "
+                     f"{shape.indexer.topk:,} keys a query; its key is cached beside the latent")  # fmt: skip
+    if shape.state_space is not None:
+        space = shape.state_space
+        beside = ", beside every attention layer" if shape.mamba_beside_attention else ""
+        lines.append(f"{space.kind} layers of {space.inner:,} channels, a state of {space.state} each{beside}")
     if shape.experts is not None:
         lines.append(_describe_experts(shape))
+    if shape.extras:
+        lines.append("also: " + ", ".join(extra.what for extra in shape.extras))
     return lines + list(shape.notes)
 
 
 def _describe_layers(shape: ModelShape) -> str:
     """'48 layers: 12 full + 36 linear (a state of fixed size)'."""
-    state = " (a state of fixed size)" if shape.linear is not None else ""
+    state = " (a state of fixed size)" if shape.linear is not None or shape.state_space is not None else ""
     return f"{shape.layers} layer{'s' if shape.layers > 1 else ''}: {shape.layer_summary()}{state}"
 
 
@@ -491,7 +501,7 @@ def _describe_experts(shape: ModelShape) -> str:
     moe = shape.experts
     per_token = "k unknown" if moe.per_token is None else f"{moe.per_token} per token"
     shared = f", shared width {moe.shared_intermediate:,}" if moe.shared_intermediate else ""
-    dense = shape.layers - len(moe.layers)
+    dense = shape.mlp_layer_count - len(moe.layers)
     dense_text = f"; {dense} dense layers of width {shape.intermediate:,}" if dense else ""
     experts = f"{moe.count} experts of width {moe.intermediate:,}, {per_token}{shared}"
     return f"MoE on {len(moe.layers)} layers: {experts}{dense_text}"

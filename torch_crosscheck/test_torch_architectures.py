@@ -286,3 +286,29 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
             if ours != parameters(model):
                 wrong.append(f"{field} {what}: the bill {ours:,}, transformers {parameters(model):,}")
     assert not wrong, "\n".join(wrong)
+
+
+# defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
+KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  ("axk1", "moe_layer_freq"): 1, ("modernbert-decoder", "global_attn_every_n_layers"): 3}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(DEFAULTS))
+def test_the_defaults_are_the_config_classes(model_type: str) -> None:
+    """Each default of defaults.py is its config class's (None where the class has no such field: the modeling
+    code's getattr finds nothing)."""
+    cls = type(
+        AutoConfig.for_model({"kimi_k2": "deepseek_v3"}.get(model_type, model_type), **FIXES.get(model_type, {}))
+    )
+    declared = {}
+    for field in dataclasses.fields(cls):
+        if field.default is not dataclasses.MISSING:
+            declared[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            declared[field.name] = field.default_factory()
+    wrong = {
+        name: (value, declared.get(name, KWARG_DEFAULTS.get((model_type, name))))
+        for name, value in DEFAULTS[model_type].items()
+        if value != declared.get(name, KWARG_DEFAULTS.get((model_type, name)))
+    }
+    assert not wrong, wrong
