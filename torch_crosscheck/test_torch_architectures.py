@@ -312,3 +312,31 @@ def test_the_defaults_are_the_config_classes(model_type: str) -> None:
         if value != declared.get(name, KWARG_DEFAULTS.get((model_type, name)))
     }
     assert not wrong, wrong
+
+
+# --- the script prints the same bill ----------------------------------------------------------------------
+
+NEW_KINDS = ["mamba2", "jamba", "falcon_h1", "nemotron_h", "deepseek_v32", "lfm2", "qwen3_5_text", "bloom", "opt",
+             "jetmoe", "dbrx"]  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", NEW_KINDS)
+def test_memory_py_on_a_config_of_each_new_kind_prints_the_tests_bill(model_type: str, tmp_path: Any, capsys: Any):
+    """scripts/memory.py --config on the tiny config.json of each new kind of layer: parameters, weights and the
+    cache at each context as this test's shape and transformers' model have them."""
+    import importlib.util
+    from pathlib import Path
+
+    config, model = build(model_type, tiny(model_type))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config.to_dict(), default=str))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "memory.py"
+    spec = importlib.util.spec_from_file_location("memory_script", script)
+    memory = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(memory)
+    assert memory.main(["--config", str(path), "--tokens", "5,19", "--kv-dtype", "fp32", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["models"]["rows"][0]
+    shape = read(config)
+    assert row["parameters"] == shape.num_parameters == parameters(model)
+    assert [c["cache_bytes"] for c in row["contexts"]] == [shape.cache_bytes(n, "fp32") for n in (5, 19)]
