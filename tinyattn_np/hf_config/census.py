@@ -129,7 +129,7 @@ def refuse_model_type(model_type: Any) -> ValueError:
     elif isinstance(model_type, str) and model_type in NOT_TEXT_DECODERS:
         why = f"is not a decoder-only text model ({NOT_TEXT_DECODERS[model_type]}): the reader bills those only"
     else:
-        why = (f"is not an architecture the reader knows (it reads {len(ARCHITECTURES)} model types; python "
+        why = (f"is not an architecture the reader knows (it reads {len(BILLED)} model types; python "
                "scripts/memory.py --architectures lists them)")  # fmt: skip
     shown = shown_value(model_type)
     return ValueError(f"config field 'model_type' = {shown} {why}. A bill that guessed could be wrong.")
