@@ -16,13 +16,14 @@ What it prints, in order:
 
 Run:  python scripts/memory.py [--preset NAME ...] [--config PATH ...] [--tokens 8192,32768,131072]
                                [--dtype bf16] [--kv-dtype bf16] [--batch 1] [--format simple]
-                               [--units binary] [--wide] [--json PATH]
+                               [--units binary] [--wide] [--json PATH] [--architectures]
 --preset takes a preset's name, --config a Hugging Face config.json (or its folder), --model either; all
 three repeat, in the order given, and name the models of sections 3 and 6 (default: every preset). A config
 is named by its own "_name_or_path", else by the path given; one the reader does not understand is refused
 with the field it does not. A table wider than 120 columns is split into parts that repeat its first
 column (--wide: print it whole). --json PATH writes every figure to PATH (--json alone, or --json -, prints
-them as JSON instead of the tables).
+them as JSON instead of the tables). --architectures prints, instead of the bill, the model types of
+transformers' causal-LM mapping that the config reader bills and those it refuses, each with why.
 """
 
 from __future__ import annotations
@@ -32,13 +33,17 @@ import dataclasses
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from tinyattn_np import DTYPES, bytes_per_element, format_bytes, naive_attention_bytes, to_unit
+from tinyattn_np.bill import model_bill
+from tinyattn_np.hf_config import NOT_TEXT_DECODERS, REFUSED, census, load_model_shape
 from tinyattn_np.memory import attention_flops, causal_entries, score_matrix_bytes
-from tinyattn_np.models import PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.models import ModelShape
 from tinyattn_np.peaks import flash_attention_bytes, ring_attention_bytes
+from tinyattn_np.presets import PRESETS
 from tinyattn_np.report import (
     add_format_argument,
     add_wide_argument,
@@ -339,6 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="write every figure to PATH as JSON, bytes as integers (--json alone or --json -: print the JSON "
         "instead of the tables)",
     )  # fmt: skip
+    parser.add_argument("--architectures", action="store_true", help="list the model types of transformers' "
+                        "causal-LM mapping that the config reader bills, and those it refuses, with why")  # fmt: skip
     args = parser.parse_args(argv)
     args.kv_dtype = args.kv_dtype or args.dtype
     outputs.check_output(parser, "--json", args.json)
@@ -451,8 +458,23 @@ def print_last_sections(report: dict[str, Any], args: argparse.Namespace, ring_m
     print(side_by_side_table(report["side_by_side"]["rows"], args))
 
 
+def print_architectures() -> None:
+    """--architectures: the census of the config reader, as torch_crosscheck/test_torch_architectures.py counts it."""
+    counts = census()
+    print(counts["summary"])
+    wrap = dict(width=116, subsequent_indent="  ", break_on_hyphens=False)
+    print(textwrap.fill("billed: " + ", ".join(counts["billed_types"]), **wrap))
+    print("refused, each with why:")
+    for model_type in counts["refused"]:
+        print(textwrap.fill(f"{model_type}: {REFUSED[model_type]}", 116, initial_indent="  ", subsequent_indent="    "))
+    print(textwrap.fill("not text decoders: " + ", ".join(sorted(NOT_TEXT_DECODERS)), **wrap))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.architectures:
+        print_architectures()
+        return 0
     try:
         models, side, ring_model = load_models(args)
     except (ValueError, TypeError) as err:

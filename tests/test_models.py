@@ -4,6 +4,7 @@ for one context; and the window parameter of memory.py's estimates."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import numpy as np
@@ -11,10 +12,13 @@ import pytest
 
 import tinyattn_np
 from tinyattn_np import memory
+from tinyattn_np.bill import model_bill
+from tinyattn_np.hf_config import load_model_shape
 from tinyattn_np.masks import window_mask
 from tinyattn_np.memory import attention_flops, causal_entries
-from tinyattn_np.models import LLAMA31_ROPE_SCALING, PRESETS, ModelShape, load_model_shape, model_bill
+from tinyattn_np.models import ModelShape
 from tinyattn_np.position import rope_frequencies
+from tinyattn_np.presets import LLAMA31_ROPE_SCALING, PRESETS
 
 # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json, the fields read here
 LLAMA_31_8B = {
@@ -33,8 +37,10 @@ LLAMA_31_8B = {
 
 
 def test_the_names_stay_importable_where_they_were():
-    for name in ("ModelShape", "PRESETS", "load_model_shape", "shape_from_config", "model_bill"):
-        assert getattr(tinyattn_np, name) is getattr(tinyattn_np.models, name)
+    homes = {"ModelShape": "models", "model_bill": "bill", "PRESETS": "presets", "Experts": "model_parts",
+             "load_model_shape": "hf_config", "shape_from_config": "hf_config"}  # fmt: skip
+    for name, home in homes.items():
+        assert getattr(tinyattn_np, name) is getattr(importlib.import_module(f"tinyattn_np.{home}"), name)
     assert not hasattr(memory, "ModelShape")  # memory.py keeps the byte and FLOP formulas only
 
 
@@ -118,18 +124,6 @@ def test_bad_rope_fields_are_named(change, message):
         load_model_shape({**LLAMA_31_8B, **change})
 
 
-def test_model_bill_takes_one_context_or_a_list():
-    model = PRESETS["llama-3-8b"]
-    one = model_bill(model, 8192)
-    assert one["contexts"] == model_bill(model, [8192])["contexts"]
-    assert one["contexts"][0]["kv_cache_bytes"] == 8192 * 131_072
-    assert model_bill(model, np.int64(8192))["contexts"] == one["contexts"]
-    with pytest.raises(TypeError, match="tokens must be an int or a list of ints; got str"):
-        model_bill(model, "8192")
-    with pytest.raises(TypeError, match="tokens must be an int or a list of ints; got bool"):
-        model_bill(model, True)
-
-
 # --- sliding windows in the estimates --------------------------------------------------------------
 
 
@@ -190,7 +184,7 @@ def test_dynamic_config_keeps_its_trained_length_at_max_position_embeddings():
     np.testing.assert_array_equal(shape.rope_frequencies(seq_len=32768), expected)
     base = 500000.0 * (2 * 32768 / 16384 - 1) ** (128 / 126)
     np.testing.assert_allclose(expected, base ** (-np.arange(0, 128, 2) / 128), rtol=1e-13)
-    no_max = {key: value for key, value in config.items() if key != "max_position_embeddings"}
+    no_max = {**config, "max_position_embeddings": None}
     with pytest.raises(ValueError, match="'dynamic' needs the trained length L0 from max_position_embeddings="):
         load_model_shape(no_max)
 
@@ -257,7 +251,7 @@ def test_files_that_are_not_a_config_json_are_named_in_a_value_error(tmp_path):
 def test_a_file_too_big_for_a_config_is_refused_before_it_is_read(tmp_path, monkeypatch):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA_31_8B))
-    monkeypatch.setattr(tinyattn_np.models, "MAX_CONFIG_BYTES", 100)
+    monkeypatch.setattr(tinyattn_np.hf_config.files, "MAX_CONFIG_BYTES", 100)
     with pytest.raises(ValueError, match=r"config.json has \d{3} bytes, more than a config.json \(at most 100\)"):
         load_model_shape(path)
 
@@ -390,7 +384,8 @@ def test_mixtral_experts_total_and_active():
     assert moe.moe_parameters == 8 * 4 + 4 * 288
     assert moe.num_parameters == 1_160 + 2 * (32 + 3 * 288)
     assert moe.active_parameters == moe.num_parameters - 2 * 2 * 288  # 2 experts a layer it skips
-    assert load_model_shape({**TINY, "model_type": "mixtral", "num_local_experts": 4}).active_parameters is None
+    no_k = {**TINY, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": None}
+    assert load_model_shape(no_k).active_parameters is None
 
 
 def test_qwen_moe_layers_shared_expert_and_its_gate():
@@ -406,7 +401,7 @@ def test_qwen_moe_layers_shared_expert_and_its_gate():
 
 def test_deepseek_dense_layers_first_and_shared_experts():
     """first_k_dense_replace 1: layer 0 dense (intermediate_size); then n_routed_experts 4 of 6, and 2 shared
-    experts of 6 as one MLP of 12; moe_layer_freq 2 routes every other layer."""
+    experts of 6 as one MLP of 12."""
     config = {**TINY, "model_type": "deepseek_v3", "num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": None,
               "kv_lora_rank": 4, "q_lora_rank": None, "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3,
               "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 6, "n_shared_experts": 2,
@@ -414,7 +409,8 @@ def test_deepseek_dense_layers_first_and_shared_experts():
     shape = load_model_shape(config)
     assert shape.experts.layers == (1, 2, 3) and shape.experts.shared_intermediate == 12
     assert shape.moe_parameters == 8 * 4 + 4 * (3 * 8 * 6) + 3 * 8 * 12
-    assert load_model_shape({**config, "moe_layer_freq": 2}).experts.layers == (2,)
+    # transformers' DeepSeek-V3 routes every layer from first_k_dense_replace on, whatever moe_layer_freq says
+    assert load_model_shape({**config, "moe_layer_freq": 2}).experts.layers == (1, 2, 3)
 
 
 def test_gpt_oss_router_and_expert_biases_and_sinks():
@@ -490,7 +486,7 @@ def test_latent_attention_weights_and_cache_by_hand():
         ({"model_type": "llama4_text", "attention_chunk_size": 4, "num_local_experts": 1, "no_rope_layer_interval": 2},
          "CFCF"),
         ({"model_type": "llama4_text", "attention_chunk_size": None, "num_local_experts": 1}, "FFFF"),
-        ({"model_type": "minimax", "num_local_experts": 1}, "FLFL"),
+        ({"model_type": "minimax", "num_local_experts": 1, "num_experts_per_tok": 1}, "FLFL"),
         ({"model_type": "mistral", "sliding_window": 4, "layer_types": ["full_attention", "sliding_attention"] * 2},
          "FSFS"),
     ],
@@ -507,7 +503,8 @@ def test_cache_by_layer_kind_by_hand():
     mixed = tiny(model_type="gemma2", num_hidden_layers=4, sliding_window=4)  # S F S F
     assert mixed.kv_cache_bytes(10, "fp32") == 32 * (2 * 10 + 2 * 4)
     assert mixed.kv_bytes_per_token("fp32") == {"full_attention": 64, "sliding_attention": 64}
-    chunked = tiny(model_type="llama4_text", num_hidden_layers=4, attention_chunk_size=4, num_local_experts=1)
+    chunked = tiny(model_type="llama4_text", num_hidden_layers=4, attention_chunk_size=4, num_local_experts=1,
+                   num_experts_per_tok=1)  # fmt: skip
     assert chunked.kv_cache_bytes(10, "fp32", batch=2) == 2 * 32 * (10 + 3 * 4)
     # 2 heads, 2 (E + Ev) = 16 FLOPs a score: 3 chunked layers of 23 scores, a full one of 55
     assert chunked.attention_flops(10) == 2 * 16 * (3 * causal_entries(10, chunk=4) + causal_entries(10))
@@ -517,15 +514,15 @@ def test_cache_by_layer_kind_by_hand():
         "linear_key_head_dim": 3,
         "linear_value_head_dim": 5,
     }
-    linear = tiny(model_type="qwen3_next", num_hidden_layers=4, num_experts=1, moe_intermediate_size=6,
-                  linear_conv_kernel_dim=2, **heads)  # fmt: skip
+    linear = tiny(model_type="qwen3_next", num_hidden_layers=4, num_experts=1, num_experts_per_tok=1,
+                  moe_intermediate_size=6, linear_conv_kernel_dim=2, **heads)  # fmt: skip
     assert linear.kv_cache_bytes(10, "fp32") == 32 * 10  # one full layer (every 4th)
     # 3 linear layers: 2 value heads of a 3 x 5 state, and a convolution of 2 over 2·1·3 + 2·5 = 16 channels
     assert linear.state_bytes("fp32") == 3 * (2 * 3 * 5 + 16 * 2) * 4
     assert linear.cache_bytes(10, "fp32") == 32 * 10 + 3 * 62 * 4
     assert linear.linear_attention_parameters == 8 * (6 + 20) + 8 * 4 + 16 * 2 + 4 + 5 + 10 * 8
     assert linear.attention_parameters == 8 * 16 + 2 * 32 + 64 + 8  # q and its gate 8·16, q/k norms 4 + 4
-    lightning = tiny(model_type="minimax", num_local_experts=1)  # heads 2 of 4: a 4 x 4 state each
+    lightning = tiny(model_type="minimax", num_local_experts=1, num_experts_per_tok=1)  # 2 heads of a 4 x 4 state
     assert lightning.state_bytes("fp32") == 1 * 2 * 4 * 4 * 4
     assert lightning.linear_attention_parameters == 8 * 24 + 8 + 8 * 8 + 8 * 8
 
@@ -536,9 +533,9 @@ def test_cache_by_layer_kind_by_hand():
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "mamba"}, r"'model_type' = 'mamba' is not an architecture the reader knows; it knows cohere,"),
+        ({"model_type": "no_such_model"}, r"'model_type' = 'no_such_model' is not an architecture the reader knows"),
         ({"num_local_experts": 8}, r"'num_local_experts' = 8 would change the bill and is not understood for "
-                                   r"model_type 'llama'; the reader knows cohere, cohere2, deepseek_v2"),
+                                   r"model_type 'llama'; a bill that guessed could be wrong"),
         ({"kv_lora_rank": 512}, r"'kv_lora_rank' = 512 would change the bill"),
         ({"sliding_window": 4096}, r"'sliding_window' = 4096 would change the bill"),
         ({"is_encoder_decoder": True}, r"'is_encoder_decoder' = True describes a model that is not a plain decoder"),
@@ -547,8 +544,8 @@ def test_cache_by_layer_kind_by_hand():
          r"'layer_types' = \['mamba'\] names layer kinds the reader does not know"),
         ({"model_type": "gemma2", "sliding_window": 0, "layer_types": ["sliding_attention", "full_attention"]},
          r"'layer_types' has sliding_attention layers, but the sliding window is off"),
-        ({"model_type": "mistral", "layer_types": ["linear_attention"] * 2}, r"'layer_types' = 'linear_attention' "
-                                                                             r"has no linear layers"),
+        ({"model_type": "mistral", "layer_types": ["linear_attention"] * 2},
+         r"'layer_types' = \['linear_attention'\] names layer kinds the reader does not know"),
     ],
 )  # fmt: skip
 def test_what_the_reader_does_not_understand_is_refused(change, message):
@@ -621,12 +618,116 @@ def test_qwen25_72b_and_llama31_405b_parameters():
     assert load_model_shape(LLAMA31_405B).num_parameters == 405_853_388_800  # "405B"
 
 
-def test_model_bill_says_what_it_recognized_and_is_json():
-    bill = model_bill(PRESETS["qwen3-next-80b-a3b"], [4096, 262144])
-    assert bill["architecture"] == "qwen3_next" and bill["parameters"] > bill["active_parameters"]
-    assert bill["state_bytes"] == PRESETS["qwen3-next-80b-a3b"].state_bytes()
-    assert [c["cache_bytes"] - c["kv_cache_bytes"] for c in bill["contexts"]] == [bill["state_bytes"]] * 2
-    assert bill["kv_bytes_per_token_by_kind"] == {"full_attention": 12 * 2 * 2 * 256 * 2}
-    assert any(line.startswith("48 layers: 12 full + 36 linear") for line in bill["description"])
-    json.dumps(bill)
-    assert model_bill(PRESETS["llama-3-8b"], 1)["kv_bytes_per_token_decompressed"] is None
+# --- hostile configs: one clear line, never a traceback -------------------------------------------------------
+
+HOSTILE_BASES = [
+    dict(TINY),
+    {**TINY, "model_type": "deepseek_v3", "num_key_value_heads": 2, "kv_lora_rank": 4, "q_lora_rank": 3,
+     "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4, "num_experts_per_tok": 2,
+     "moe_intermediate_size": 6, "first_k_dense_replace": 1},
+    {"model_type": "mamba", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
+    {**TINY, "model_type": "gemma2"},
+]  # fmt: skip
+
+
+def nested(levels):
+    """A list nested `levels` deep, built without recursion."""
+    top = current = []
+    for _ in range(levels):
+        current.append([])
+        current = current[0]
+    return top
+
+
+@pytest.mark.parametrize("base", HOSTILE_BASES, ids=lambda base: base["model_type"])
+def test_hostile_configs_get_one_clear_line(base):
+    """Every field of a config, and a few more, set to a wrong type, NaN, infinity, a negative or huge size, a
+    list of the wrong length or one nested 100,000 deep: a shape, or a ValueError or TypeError of one line."""
+    values = [None, float("nan"), float("inf"), -1, 0, 10**7, 10**100, "4096", [1, 2], {"a": 1}, True, 3.5,
+              nested(100_000)]  # fmt: skip
+    fields = [*base, "rope_scaling", "layer_types", "head_dim", "num_key_value_heads", "text_config", "rope_theta"]
+    for field in fields:
+        for value in values:
+            try:
+                load_model_shape({**base, field: value})
+            except (TypeError, ValueError) as err:
+                assert "\n" not in str(err) and len(str(err)) < 700, (field, str(err)[:200])
+
+
+def test_a_huge_layer_count_is_refused_before_anything_is_built():
+    """10^7 layers: refused by arithmetic, at once, not after building a table of 10^7 layer kinds."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"'num_hidden_layers' = 10,000,000 is larger than any model's"):
+        load_model_shape({**TINY, "num_hidden_layers": 10**7})
+    assert time.perf_counter() - start < 0.1
+    with pytest.raises(ValueError, match=r"nests its values more than 32 levels deep"):
+        load_model_shape({**TINY, "rope_scaling": nested(10_000)})
+
+
+# --- the census, the defaults and the formulas ---------------------------------------------------------------
+
+
+def test_the_census_sorts_every_model_type_once_and_counts_them():
+    from tinyattn_np.hf_config.census import BILLED, CAUSAL_LM_MODEL_TYPES, NOT_TEXT_DECODERS, REFUSED, census
+
+    lists = [set(CAUSAL_LM_MODEL_TYPES) & BILLED, set(REFUSED), set(NOT_TEXT_DECODERS)]
+    assert set.union(*lists) == set(CAUSAL_LM_MODEL_TYPES) and sum(map(len, lists)) == len(CAUSAL_LM_MODEL_TYPES)
+    counts = census()
+    assert counts["billed"] + len(counts["refused"]) == counts["text_decoders"]
+    assert counts["summary"].startswith("transformers 5.24.0's causal-LM mapping: 196 model types")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "message"),
+    [
+        ("rwkv", r"'rwkv' is a text decoder the reader does not bill: RWKV's time and channel mixing"),
+        ("bart", r"'bart' is not a decoder-only text model \(an encoder-decoder"),
+        ("qwen3_5", r"'qwen3_5' keeps its language model in text_config \(model_type 'qwen3_5_text'\)"),
+        ("no_such_model", r"'no_such_model' is not an architecture the reader knows \(it reads \d+ model types"),
+    ],
+)
+def test_a_model_type_the_reader_does_not_bill_is_named_with_why(model_type, message):
+    with pytest.raises(ValueError, match=message):
+        load_model_shape({**TINY, "model_type": model_type})
+
+
+def test_a_field_left_out_takes_its_config_class_default():
+    """Qwen3's head_dim 128 and Mistral's 8 kv heads, where the config leaves them out; Falcon's multi_query null
+    is off; Gemma-3's vocabulary, which its config.json omits, is the class's 262,208."""
+    no_head_dim = {key: value for key, value in TINY.items() if key != "head_dim"}
+    assert load_model_shape({**no_head_dim, "model_type": "qwen3"}).head_dim == 128
+    no_kv = {key: value for key, value in TINY.items() if key != "num_key_value_heads"}
+    assert load_model_shape({**no_kv, "model_type": "mistral", "num_attention_heads": 8}).kv_heads == 8
+    falcon = {"model_type": "falcon", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2,
+              "vocab_size": 10, "multi_query": None}  # fmt: skip
+    assert load_model_shape(falcon).kv_heads == 2
+    no_vocab = {key: value for key, value in TINY.items() if key != "vocab_size"}
+    assert load_model_shape({**no_vocab, "model_type": "gemma3_text"}).vocab == 262_208
+    qwen3_moe = {**TINY, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+                 "moe_intermediate_size": 6, "shared_expert_intermediate_size": 99}  # fmt: skip
+    assert load_model_shape(qwen3_moe).experts.shared_intermediate == 0  # transformers builds no shared expert
+
+
+def test_the_table_formulas():
+    from tinyattn_np.hf_config.fields import Fields
+    from tinyattn_np.hf_config.formulas import evaluate
+
+    fields = Fields({"num_local_experts": 8}, "jetmoe", {})
+    sizes = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, layers=3)
+    assert evaluate("2·(num_local_experts - 2)·C·Hkv·E + C", sizes, fields) == 2 * 6 * 64 * 2 * 16 + 64
+    assert "num_local_experts" in fields.read
+    with pytest.raises(SyntaxError, match="a table formula is"):
+        evaluate("C ** 2", sizes, fields)
+
+
+def test_docs_memory_names_every_model_type_the_reader_knows():
+    """docs/memory.md's layer kinds list every architecture of the table, each in `backticks`."""
+    from pathlib import Path
+
+    from tinyattn_np.hf_config.census import BILLED
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "memory.md").read_text(encoding="utf-8")
+    missing = sorted(model_type for model_type in BILLED if f"`{model_type}`" not in page)
+    assert not missing, f"docs/memory.md names none of {missing}"

@@ -147,6 +147,7 @@ def test_a_name_that_crosses_modules_is_api_or_private():
     """What one package module imports from another (lazily too) is in that module's __all__, or
     `_`-prefixed, or comes from a `_`-named module: the name alone tells the API from the plumbing."""
     offered = {path.stem: public_names(path) or [] for path in PACKAGE.glob("*.py")}
+    offered |= {path.parent.name: public_names(path) or [] for path in PACKAGE.glob("*/__init__.py")}  # subpackages
     crossing = [
         f"{path.name}: from .{module} import {name}: neither in {module}.py's __all__ nor `_`-named"
         for path in sorted(PACKAGE.glob("*.py"))

@@ -14,49 +14,54 @@ The reading order: each file uses only what came before it.
      8  flex.py          flex_attention and packed sequences (varlen): flash's loop with a block mask and mods
      9  backward.py      the gradients by hand: the reference's, then Algorithm 2, blockwise, through the mods
     10  mod_grads.py     the derivative of a score_mod: what the backward passes through ALiBi, softcap, a bias
-    11  rope_scaling.py  a config.json's rope_scaling dict (RoPE for long context), every field checked
-    12  position.py      RoPE in both pair layouts, its gradient, and its scaling for long context
-    13  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
-    14  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
-    15  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
-    16  paged.py         serving many sequences: a pool of blocks, block tables, fork and copy-on-write, and a
+    11  position.py      RoPE: the rotation of each channel pair, its gradient, its frequencies; for long
+                         context a config.json's rope_scaling (the methods' formulas: _rope_scaling.py)
+    12  multihead.py     one fused qkv matmul, grouped-query heads, a training forward and backward
+    13  splitkv.py       one decode step with the keys split over the cores, and the merge of the parts
+    14  kvcache.py       decoding with a cache of keys and values, which attends for the layer (KVCache.attend)
+    15  paged.py         serving many sequences: a pool of blocks, block tables, fork and copy-on-write, and a
                          layer's step through them
-    17  paged_decode.py  one decode step for sequences of different lengths, through their block tables; a
+    16  paged_decode.py  one decode step for sequences of different lengths, through their block tables; a
                          prompt they share read once (cascade)
-    18  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
+    17  layers.py        the rest of a block, each backward beside its forward: LayerNorm, RMSNorm, GELU, SwiGLU,
                          the MLP, dropout, cross-entropy
-    19  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
+    18  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    20  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
+    19  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
                          d_k x d_v per head, a token at a time or in chunks, the gradients by hand, Qwen3-Next's
                          layer and its decoding cache, whose bytes never grow
-    21  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    20  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    22  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    23  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    24  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    25  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    26  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    27  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+    21  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    22  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    23  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    24  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
                          (24 to 27 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    28  peaks.py         what our own functions allocate, worked out from their tiles
-    29  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    30  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    31  measure.py       peaks, timings and machine facts, as the scripts measure them
-    32  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    33  report.py        the tables the scripts print
-    34  text.py          tokens and embeddings for the demos
-    35  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    33  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    27  peaks.py         what our own functions allocate, worked out from their tiles
+    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    29  model_parts.py   the parts some models add: experts, latent attention, linear attention
+    30  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
+    31  bill.py          one model's bill at each context length
+    32  presets.py       released models as shapes
+        hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
+    33  measure.py       peaks, timings and machine facts, as the scripts measure them
+    34  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    35  report.py        the tables the scripts print
+    36  text.py          tokens and embeddings for the demos
+    37  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    38  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
 _bytes.py (bytes per dtype, byte units), _linear_kernel.py (the gated delta rule's chunks over every head, its
-backward and the decode step) and _linear_checks.py (its input checks).
+backward and the decode step), _linear_checks.py (its input checks), _rope_scaling.py (a rope_scaling dict's
+checks and each method's frequencies).
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -71,11 +76,13 @@ from .backward import (
     flash_attention_backward_one_head,
     flex_attention_backward,
 )
+from .bill import model_bill
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .gpt import GPT, GPT_PRESETS, GPTConfig
 from .head import one_head
+from .hf_config import load_model_shape, shape_from_config
 from .kvcache import KVCache
 from .latent import (
     RMS_EPS,
@@ -131,16 +138,8 @@ from .memory import (
     score_matrix_bytes,
 )
 from .mod_grads import Differentiable
-from .models import (
-    PRESETS,
-    Experts,
-    LatentAttention,
-    LinearAttention,
-    ModelShape,
-    load_model_shape,
-    model_bill,
-    shape_from_config,
-)
+from .model_parts import Experts, LatentAttention, LinearAttention
+from .models import ModelShape
 from .mods import (
     Alibi,
     RelativeBias,
@@ -179,6 +178,7 @@ from .position import (
     to_half_split,
     to_interleaved,
 )
+from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
 from .splitkv import flash_decode, merge_chunks

@@ -1,7 +1,8 @@
-"""The `rope_scaling` (or `rope_parameters`) dict of a config.json, checked field by field before RoPE reads it.
+"""RoPE for long context: a config.json's `rope_scaling` (or `rope_parameters`) dict, every field checked, and
+what each method does to the frequencies θ_i. position.py's rope_frequencies and rope_attention_factor read it;
+so does the config reader.
 
-A config names a method for long context (position.py derives what each does to θ) and the fields that
-method needs:
+A config names a method and the fields that method needs:
 
     rope_type   what it needs                                    what it may have
     (any)                                                        partial_rotary_factor, rope_theta (= base)
@@ -19,8 +20,21 @@ max_position_embeddings (dynamic: always the config's), as in Hugging Face trans
 (src/transformers/modeling_rope_utils.py).
 check_rope_scaling reads every field once, in three steps: each field alone (its type and range), then L0
 and the factor from the config where the dict leaves them out, then the fields against each other. Each
-error names the field, its value and what is allowed. The result, RopeScaling, is what position.py's
-formulas read: no field there is read from the dict again.
+error names the field, its value and what is allowed. The result, RopeScaling, is what the formulas read:
+no field there is read from the dict again.
+
+Each method stretches the wavelengths 2π/θ_i so that positions past the trained length L0 land on angles
+the model has seen (transformers' _compute_*_parameters functions):
+  linear    θ_i / factor for every pair (position interpolation, Chen et al. 2023)
+  dynamic   NTK-aware: base' = base · (factor · T / L0 - (factor - 1))^(d / (d - 2)) once the sequence
+            length T passes L0; plain RoPE up to L0
+  yarn      high frequencies kept, low ones divided by factor, a linear ramp between, and cos and sin
+            multiplied by 0.1 · ln(factor) + 1 (Peng et al. 2023, "YaRN")
+  llama3    wavelength < L0 / high_freq_factor kept, > L0 / low_freq_factor divided by factor, smooth
+            in between (Llama 3.1)
+  longrope  θ_i / ext_i with per-pair factors: short_factor up to L0, long_factor past it, and cos and
+            sin times sqrt(1 + ln(factor) / ln(L0)) (Phi-3; Ding et al. 2024, "LongRoPE")
+partial_rotary_factor p (where the dict has it) rotates only the first int(p · d) channels.
 """
 
 from __future__ import annotations
@@ -34,7 +48,17 @@ from numpy.typing import NDArray
 
 from ._checks import check_bool, check_positive_int
 
-__all__ = ["ROPE_TYPES", "RopeScaling", "check_rope_scaling", "rope_type", "rotary_dim"]
+__all__ = [
+    "NO_FACTOR",
+    "ROPE_TYPES",
+    "RopeScaling",
+    "attention_factor",
+    "check_finite_number",
+    "check_rope_scaling",
+    "rope_type",
+    "rotary_dim",
+    "scaled_frequencies",
+]
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 _REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
@@ -51,7 +75,7 @@ _POSITIVE_KEYS = (
     "high_freq_factor",
 )  # fmt: skip
 
-_NO_FACTOR = (
+NO_FACTOR = (
     "scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= (the "
     "config's) so that factor = max_position_embeddings / original_max_position_embeddings"
 )
@@ -182,7 +206,7 @@ def _length_and_factor(
     if factor is None and max_position_embeddings is not None and original is not None:
         factor = max_position_embeddings / original  # transformers' fallback (huggingface/transformers#38224)
     if factor is None and kind == "yarn":
-        raise ValueError(_NO_FACTOR.format(kind=kind))
+        raise ValueError(NO_FACTOR.format(kind=kind))
     return original, factor
 
 
@@ -211,7 +235,7 @@ def _check_relations(
         )
 
 
-def _check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str = "> 0") -> float:
+def check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str = "> 0") -> float:
     """value as a float: a real number (not a bool or a str), finite and > low; `allowed` says so in the message."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.floating, np.integer)):
         raise TypeError(f"{name} must be a number {allowed}; got {value!r} ({type(value).__name__})")
@@ -222,7 +246,7 @@ def _check_finite_number(value: Any, name: str, low: float = 0.0, allowed: str =
 
 def _positive_number(scaling: dict[str, Any], key: str, allowed: str = "> 0") -> float:
     """scaling[key] as a float: a real number (not a bool or a str), finite and > 0."""
-    return _check_finite_number(scaling[key], f"scaling[{key!r}]", 0.0, allowed)
+    return check_finite_number(scaling[key], f"scaling[{key!r}]", 0.0, allowed)
 
 
 def _per_pair(scaling: dict[str, Any], key: str, pairs: int | None) -> NDArray[np.float64]:
@@ -247,3 +271,107 @@ def _as_float(number: Any) -> float:
         return float(number)
     except OverflowError:
         return math.inf
+
+
+# ---------------------------------------------------------------------------------------------------
+# what each method does: θ from plain θ (d/2,), and the factor on cos and sin
+
+
+def scaled_frequencies(
+    theta: NDArray[np.float64], params: RopeScaling, *, base: float, seq_len: int | None, given: Any
+) -> NDArray[np.float64]:
+    """θ (d/2,) of plain RoPE stretched by the method params names (checked by check_rope_scaling); seq_len
+    None or > 0. given, the dict as the caller passed it, is named if the factors overflow float64."""
+    with np.errstate(over="ignore"):  # an overflow is refused just below, with the fields that caused it
+        theta = _SCALED_FREQUENCIES[params.rope_type](theta, params, base, seq_len)  # (d/2,)
+    bad = np.flatnonzero(~np.isfinite(theta))
+    if bad.size:  # a factor such as 1e-320 divides θ past float64's largest
+        raise ValueError(
+            f"scaling with rope_type {params.rope_type!r} gives frequency θ_{bad[0]} = {theta[bad[0]]}: "
+            f"its factors are too extreme for float64; got {given!r}"
+        )
+    return theta
+
+
+def attention_factor(params: RopeScaling | None) -> float:
+    """The number that multiplies cos and sin (so every score by its square): 1.0 unless the method has one.
+
+    yarn      attention_factor, else (0.1 · mscale · ln f + 1) / (0.1 · mscale_all_dim · ln f + 1)
+              when the dict has both, else 0.1 · ln f + 1
+    longrope  attention_factor, else sqrt(1 + ln f / ln L0)   (1 where f <= 1)
+    """
+    if params is None or params.rope_type not in ("yarn", "longrope"):
+        return 1.0
+    if params.attention_factor is not None:
+        return params.attention_factor
+    factor = params.factor
+    if factor == 0.0:  # longrope with no factor in the dict and no max_position_embeddings to derive one
+        raise ValueError(NO_FACTOR.format(kind=params.rope_type))
+    if params.rope_type == "yarn":
+        if params.mscale is not None and params.mscale_all_dim is not None:
+            return _yarn_mscale(factor, params.mscale) / _yarn_mscale(factor, params.mscale_all_dim)
+        return _yarn_mscale(factor)
+    if factor <= 1:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(params.original_length))
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _linear(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    return theta / params.factor
+
+
+def _dynamic(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """base' = base · ratio^(d/(d-2)) with ratio = factor · (T / L0 - 1) + 1 for T past L0, so that
+    θ'_i = base'^(-2i/d) = θ_i · ratio^(-2i/(d-2)): no power of base' to overflow float64."""
+    d, original, factor = 2 * theta.shape[0], params.original_length, params.factor
+    length = original if seq_len is None else max(seq_len, original)  # plain RoPE up to L0
+    ratio = factor * (length / original - 1) + 1  # factor · T / L0 - (factor - 1), with no cancellation
+    return theta * ratio ** (-np.arange(0, d, 2, dtype=np.float64) / (d - 2))  # (d/2,)
+
+
+def _yarn(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """YaRN: pairs that turn more than beta_fast times over L0 keep θ, pairs that turn fewer than
+    beta_slow times get θ / factor, and a linear ramp over the pair index joins the two."""
+    d, original, factor = 2 * theta.shape[0], params.original_length, params.factor
+
+    def pair_turning(turns: float) -> float:  # the pair index i whose wavelength fits `turns` times in L0
+        return d * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = pair_turning(params.beta_fast), pair_turning(params.beta_slow)
+    if params.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # no zero-width ramp
+    ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0.0, 1.0)  # (d/2,): 0 keep θ, 1 use θ / factor
+    return theta * (1 - ramp) + theta / factor * ramp
+
+
+def _llama3(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """Pairs whose wavelength fits more than high_freq_factor times in L0 keep θ, fewer than low_freq_factor
+    times get θ / factor, and between them a mix by how many times it fits."""
+    factor, low, high = params.factor, params.low_freq_factor, params.high_freq_factor
+    wavelength = 2 * np.pi / theta  # (d/2,) positions per full turn
+    smooth = np.clip((params.original_length / wavelength - low) / (high - low), 0.0, 1.0)  # 0: divide, 1: keep
+    return (1 - smooth) * theta / factor + smooth * theta
+
+
+def _longrope(theta: NDArray[np.float64], params: RopeScaling, base: float, seq_len: int | None) -> NDArray[np.float64]:
+    """Each pair divided by its own factor: short_factor up to L0, long_factor past it."""
+    long = seq_len is not None and seq_len > params.original_length
+    ext = params.long_factor if long else params.short_factor  # (d/2,) checked against d by check_rope_scaling
+    return theta / ext
+
+
+_SCALED_FREQUENCIES = {
+    "default": lambda theta, params, base, seq_len: theta,
+    "linear": _linear,
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "llama3": _llama3,
+    "longrope": _longrope,
+}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tinyattn_np import rope, rope_attention_factor, rope_frequencies
-from tinyattn_np.rope_scaling import ROPE_TYPES, check_rope_scaling, rotary_dim
+from tinyattn_np._rope_scaling import ROPE_TYPES, check_rope_scaling, rotary_dim
 
 # huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json: rope_theta 500000, head_dim 128
 LLAMA_31 = {
