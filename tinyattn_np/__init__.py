@@ -23,30 +23,32 @@ The reading order: each file uses only what came before it.
                          the MLP, dropout, cross-entropy
     17  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    18  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    18  sparse.py        sparse attention (DeepSeek-V3.2's DSA): an indexer chooses each query's top-k keys (a
+                         running top-k over blocks of keys), attention over only those, its backward, decoding
+    19  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    19  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    20  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    21  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    22  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    23  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    24  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (21 to 24 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    20  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    21  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    22  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    23  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
+    24  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    25  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (22 to 25 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    25  peaks.py         what our own functions allocate, worked out from their tiles
-    26  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    27  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
-    28  measure.py       peaks, timings and machine facts, as the scripts measure them
-    29  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    30  report.py        the tables the scripts print
-    31  text.py          tokens and embeddings for the demos
-    32  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    26  peaks.py         what our own functions allocate, worked out from their tiles
+    27  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    28  models.py        model shapes, presets and a Hugging Face config.json, billed layer by layer
+    29  measure.py       peaks, timings and machine facts, as the scripts measure them
+    30  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    31  report.py        the tables the scripts print
+    32  text.py          tokens and embeddings for the demos
+    33  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
 
 Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
 guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
-_bytes.py (bytes per dtype, byte units).
+_bytes.py (bytes per dtype, byte units), _sparse_kernel.py (sparse.py's engine).
 
 The names below are the public API; each lives in the module named after its concept.
 """
@@ -150,6 +152,7 @@ from .position import (
 )
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
+from .sparse import SparseLatentAttention, SparseLatentCache, index_topk, sparse_attention, sparse_attention_backward
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory
@@ -184,6 +187,8 @@ __all__ = [
     "RMS_EPS",
     "RelativeBias",
     "Softcap",
+    "SparseLatentAttention",
+    "SparseLatentCache",
     "Tile",
     "absorb_query",
     "TrainingMemory",
@@ -231,6 +236,7 @@ __all__ = [
     "generate",
     "global_norm",
     "half_split_permutation",
+    "index_topk",
     "join_ukv",
     "kv_cache_bytes",
     "latent_softmax_scale",
@@ -266,6 +272,8 @@ __all__ = [
     "shape_from_config",
     "sliding_window_mod",
     "softmax",
+    "sparse_attention",
+    "sparse_attention_backward",
     "split_ukv",
     "swiglu",
     "swiglu_backward",
