@@ -9,9 +9,9 @@ The indexer (running_topk), one block of queries on one worker:
                               ReLU in place, the heads weighted and summed by a batched matrix-vector product
                               (rows, 1, H_I) @ (rows, H_I, keys);
                               the block merged into the running top-k (keep_topk)
-    at the end:               the k kept put in merge_topk's order, highest first (order_topk)
-keep_topk finds the k largest of the kept and the new with a partition (O(k + n), not a sort), and sorts only the
-rows where a tie straddles the k-th place, so that the earlier key wins there as in merge_topk.
+    at the end:               the k kept in key order, -1 after them (order_topk)
+keep_topk finds the k best of the kept and the new with a partition (O(k + n), not a sort), and of the scores
+equal to the k-th best the earliest, as merge_topk's order says.
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
 gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul
@@ -81,6 +81,9 @@ def check_index_inputs(q_index: Any, k_index: Any, weights: Any, topk: Any, caus
                          f"{k_index.shape}")  # fmt: skip
     if weights.shape != (B, T, H):
         raise ValueError(f"weights must be (B, T, H_I) = {(B, T, H)} for q_index {q_index.shape}; got {weights.shape}")
+    for name, x in (("q_index", q_index), ("k_index", k_index), ("weights", weights)):
+        if not np.isfinite(x).all():  # a NaN score is neither above nor below the others: no top-k holds it
+            raise ValueError(f"{name} must be finite; it holds NaN or inf at {tuple(np.argwhere(~np.isfinite(x))[0])}")
     dtype = compute_dtype(q_index, k_index, weights)
     q_index, k_index, weights = (x.astype(dtype, copy=False) for x in (q_index, k_index, weights))
     return IndexInputs(q_index, k_index, weights, topk, causal)
@@ -145,29 +148,32 @@ def values_are_key_prefix(k: Array, v: Array) -> bool:
 
 
 def keep_topk(kept: Array, kept_keys: Array, scores: Array, keys: Array) -> tuple[Array, Array]:
-    """The k best of the kept and the new, as a set: kept, kept_keys (R, k) (an empty slot: -inf, -1), scores
-    (R, n) of the keys (n,), each later than every kept key. The best: the higher score, and of two equal ones
-    the earlier key (merge_topk's order). -> (R, k) scores and keys, in no particular order."""
+    """The k best of the kept and the new: kept, kept_keys (R, k) in key order (an empty slot, score -inf and key
+    -1, first), scores (R, n) of the keys (n,), in order, each later than every kept key. The best: the higher
+    score, and of two equal ones the earlier key (merge_topk's order). -> (R, k) scores and keys, in key order.
+
+    No sort: a partition finds the k-th largest score of each row, every score above it is kept, and of those
+    equal to it the earliest, as many as make k. Kept and new side by side are in key order, so the earliest
+    are the first found, and what is kept stays in key order."""
     k = kept.shape[1]
-    every = np.concatenate([kept, scores], axis=1)  # (R, k + n)
+    every = np.concatenate([kept, scores], axis=1)  # (R, k + n), in key order
     every_keys = np.concatenate([kept_keys, np.broadcast_to(keys, scores.shape)], axis=1)  # (R, k + n)
     n = every.shape[1]
-    top = np.argpartition(every, n - k, axis=1)[:, n - k :]  # (R, k): the k largest, a tie at the k-th place cut anyhow
-    chosen = np.take_along_axis(every, top, axis=1)  # (R, k)
-    kth = chosen.min(axis=1)  # (R,): the k-th largest score
-    straddles = (np.count_nonzero(every >= kth[:, None], axis=1) > k) & (kth > -np.inf)  # (R,): ties cut at the k-th
-    if straddles.any():  # sort those rows (higher score first, then the earlier key) and keep their first k
-        rows = np.flatnonzero(straddles)
-        top[rows] = np.lexsort((every_keys[rows], -every[rows]), axis=1)[:, :k]
-        chosen[rows] = np.take_along_axis(every[rows], top[rows], axis=1)
-    return chosen, np.take_along_axis(every_keys, top, axis=1)
+    kth = np.partition(every, n - k, axis=1)[:, n - k, None]  # (R, 1): the k-th largest score
+    keep = every >= kth  # (R, k + n): k a row, unless scores tie at the k-th place
+    tied = np.flatnonzero(np.count_nonzero(keep, axis=1) > k)
+    if len(tied):  # of the ties at the k-th place, the earliest, as many as make k
+        above, at = every[tied] > kth[tied], every[tied] == kth[tied]
+        wanted = k - np.count_nonzero(above, axis=1, keepdims=True)  # (rows, 1)
+        keep[tied] = above | (at & (np.cumsum(at, axis=1) <= wanted))
+    return every[keep].reshape(-1, k), every_keys[keep].reshape(-1, k)
 
 
 def order_topk(scores: Array, keys: Array) -> Array:
-    """keys (R, k) in merge_topk's order, highest score first, an equal score the earlier key first; -1 where the
-    score is -inf (no key)."""
-    order = np.lexsort((keys, -scores), axis=1)  # (R, k): the last key given is the first sorted by
-    return np.where(np.take_along_axis(scores, order, axis=1) == -np.inf, -1, np.take_along_axis(keys, order, axis=1))
+    """The chosen keys (R, k) in key order, -1 (no key: score -inf) after the last."""
+    past = np.iinfo(np.int64).max
+    ordered = np.sort(np.where(scores == -np.inf, past, keys), axis=1)  # (R, k): no key sorts last
+    return np.where(ordered == past, -1, ordered)
 
 
 def block_scores(q_rows: Array, k_block: Array, weights: Array) -> Array:
@@ -223,11 +229,12 @@ def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: in
 
 def gather_block(gathered_bytes: int | None, queries: int, width: int, listed: int, itemsize: int) -> tuple[int, int]:
     """(queries, slots) a step of the attention: whole lists where a few queries' gathered keys fit the budget
-    (about a level-2 cache), else blocks of the list; at least 1 and 16."""
-    budget = (gathered_bytes or l2_cache_bytes() or GATHER_BYTES) // (width * itemsize)  # gathered numbers / width
+    (about a level-2 cache), else a query's list in equal blocks that fit it (at least 16 slots)."""
+    budget = (gathered_bytes or l2_cache_bytes() or GATHER_BYTES) // (width * itemsize)  # keys the budget holds
     if budget >= listed:
         return max(1, min(queries, budget // listed)), listed
-    return 1, min(listed, max(16, budget))
+    blocks = -(-listed // max(16, budget))
+    return 1, -(-listed // blocks)
 
 
 def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_bytes: int | None = None
@@ -247,10 +254,12 @@ def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_
     def run(item: tuple[int, int, int]) -> None:
         b, g, q0 = item
         rows, heads = slice(q0, min(q0 + block_q, T)), slice(g * G, (g + 1) * G)
-        q_block = q[b, heads, rows].swapaxes(0, 1) * scale  # (bq, G, E), the scale folded in once
-        o, m = softmax_over_chosen(q_block, k[b, g], None if prefix else v[b, g], Ev, indices[b, rows], block_k)
-        out[b, heads, rows] = o.swapaxes(0, 1)
-        lse[b, heads, rows] = m.swapaxes(0, 1)
+        q_t = q[b, heads, rows].transpose(1, 2, 0) * scale  # (bq, E, G): transposed, the scale folded in once
+        chosen = Chosen(k[b, g], None if prefix else v[b, g], Ev, indices[b, rows], block_k)
+        acc, m, l = sums_over_chosen(q_t, chosen, running_max=False)  # noqa: E741 (the paper's ℓ)
+        if not trusted(l, acc):  # exp(s) overflowed or a row's terms all underflowed: again with the running max
+            acc, m, l = sums_over_chosen(q_t, chosen, running_max=True)  # noqa: E741
+        out[b, heads, rows], lse[b, heads, rows] = finish(acc, m, l)
 
     items = [(b, g, q0) for b in range(B) for g in range(Hkv) for q0 in range(0, T, block_q)]
     with one_blas_thread():
@@ -258,35 +267,65 @@ def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_
     return out, lse
 
 
-def softmax_over_chosen(q_block: Array, keys: Array, values: Array | None, Ev: int, chosen: Array, block_k: int
-                        ) -> tuple[Array, Array]:  # fmt: skip
-    """The online softmax of q_block (bq, G, E) (scaled) over each query's chosen keys (chosen (bq, n), -1 for
-    none) of one kv head, keys (S, E) and values (S, Ev) (None: the keys' first Ev), in blocks of block_k slots.
-    -> out (bq, G, Ev), lse (bq, G)."""
-    bq, G, _ = q_block.shape
-    m = np.full((bq, G), -np.inf, q_block.dtype)  # running max
-    l = np.zeros((bq, G), q_block.dtype)  # noqa: E741 (the paper's ℓ): Σ exp(s - m)
-    acc = np.zeros((bq, G, Ev), q_block.dtype)  # Σ exp(s - m) v
-    for j0 in range(0, chosen.shape[1], block_k):
-        slots = chosen[:, j0 : j0 + block_k]  # (bq, bk)
-        k_chosen = np.take(keys, slots, axis=0, mode="clip")  # (bq, bk, E): -1 reads key 0, hidden below
-        s = q_block @ k_chosen.swapaxes(-1, -2)  # (bq, G, bk)
+class Chosen(NamedTuple):
+    """One kv head's keys (S, E) and values (S, Ev) (None: the keys' first Ev), and a block of queries' chosen
+    keys (bq, n) (-1: none), read block_k slots at a time."""
+
+    keys: Array
+    values: Array | None
+    Ev: int
+    slots: Array
+    block_k: int
+
+
+def sums_over_chosen(q_t: Array, chosen: Chosen, *, running_max: bool) -> tuple[Array, Array, Array]:
+    """acc = Σ exp(s - m) v (bq, G, Ev), m and l = Σ exp(s - m) (bq, G) of the scaled queries q_t (bq, E, G) over
+    their chosen keys, a block of the list at a time. Keys down, as flash.py's tiles: s = K_chosen q_t (bq, bk, G).
+
+    running_max=False: m = 0 throughout, so a block is a gather, two matmuls, an exponential and a sum (flash.py's
+    attend_block says why the reference point may be any number); True: the online softmax's running max,
+    what was summed rescaled by exp(m - m') at every block."""
+    bq, _, G = q_t.shape
+    m = np.full((bq, 1, G), -np.inf if running_max else 0.0, q_t.dtype)
+    l = np.zeros((bq, 1, G), q_t.dtype)  # noqa: E741
+    acc = np.zeros((bq, G, chosen.Ev), q_t.dtype)
+    for j0 in range(0, chosen.slots.shape[1], chosen.block_k):
+        slots = chosen.slots[:, j0 : j0 + chosen.block_k]  # (bq, bk)
+        k_chosen = np.take(chosen.keys, slots, axis=0, mode="clip")  # (bq, bk, E): -1 reads key 0, hidden below
+        s = k_chosen @ q_t  # (bq, bk, G)
         empty = slots < 0
         if empty.any():
-            np.copyto(s, -np.inf, where=empty[:, None, :])
-        m_new = np.maximum(m, s.max(axis=-1))  # (bq, G)
-        m_sub = np.where(m_new == -np.inf, 0, m_new)  # a row with no key yet: no -inf - -inf
-        p = np.exp(s - m_sub[..., None])  # (bq, G, bk)
-        alpha = np.exp(m - m_sub)[..., None]  # (bq, G, 1): rescales what was summed against the old max
-        v_chosen = k_chosen[..., :Ev] if values is None else np.take(values, slots, axis=0, mode="clip")
-        l = alpha[..., 0] * l + p.sum(axis=-1)  # noqa: E741
-        acc = alpha * acc + p @ v_chosen  # (bq, G, bk) @ (bq, bk, Ev)
-        m = m_new
-    seen = l > 0
-    out = np.divide(acc, l[..., None], out=np.zeros_like(acc), where=seen[..., None])  # no key: 0
-    with np.errstate(divide="ignore"):
-        lse = np.where(seen, m + np.log(np.where(seen, l, 1)), -np.inf)  # no key: -inf
-    return out, lse
+            np.copyto(s, -np.inf, where=empty[..., None])
+        if running_max:
+            m_new = np.maximum(m, s.max(axis=1, keepdims=True))  # (bq, 1, G)
+            m_sub = np.where(m_new == -np.inf, 0, m_new)  # a row with no key yet: no -inf - -inf
+            alpha = np.exp(m - m_sub)  # (bq, 1, G): rescales what was summed against the old max
+            l *= alpha
+            acc *= alpha.swapaxes(1, 2)
+            s -= m_sub
+            m = m_new
+        np.exp(s, out=s)  # p (bq, bk, G)
+        values = k_chosen[..., : chosen.Ev] if chosen.values is None else np.take(chosen.values, slots, axis=0,
+                                                                                  mode="clip")  # fmt: skip
+        l += s.sum(axis=1, keepdims=True)
+        acc += s.swapaxes(1, 2) @ values  # (bq, G, bk) @ (bq, bk, Ev)
+    return acc, m[:, 0], l[:, 0]
+
+
+def trusted(l: Array, acc: Array) -> bool:  # noqa: E741
+    """Whether sums against 0 hold every row (flash.py's rule): nothing overflowed, and l >= √tiny, far above
+    the underflow. A row with no key (l = 0) fails too: the running max tells it from one that underflowed."""
+    return bool((l >= np.sqrt(np.finfo(l.dtype).tiny)).all() and np.isfinite(l).all() and np.isfinite(acc).all())
+
+
+def finish(acc: Array, m: Array, l: Array) -> tuple[Array, Array]:  # noqa: E741
+    """out = acc / l (G, bq, Ev) and lse = m + log l (G, bq), heads first; a row with no key (l = 0) gets 0 and
+    -inf (l == 0, not l > 0: a NaN from the inputs stays NaN)."""
+    empty = l == 0  # (bq, G)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(empty[..., None], 0.0, acc / np.where(empty, 1, l)[..., None])  # (bq, G, Ev)
+        lse = np.where(empty, -np.inf, m + np.log(l))  # (bq, G)
+    return out.swapaxes(0, 1), lse.T
 
 
 # ---------------------------------------------------------------------------------------------------

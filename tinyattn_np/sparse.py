@@ -80,17 +80,20 @@ Array = NDArray[np.floating]
 
 
 def index_topk_plain(q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True) -> NDArray:
-    """The indexer's choice, plainly: every score I[t, s] (index_scores), then each row sorted, highest first.
+    """The indexer's choice, plainly: every score I[t, s] (index_scores), each row sorted, the best topk kept.
 
     q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I) -> indices (B, T, topk) int64: each query's
-    topk keys, highest score first; of two equal scores the earlier key first (a stable sort keeps the order it
-    was given); -1 where a query sees fewer than topk keys. causal: bottom-right, query t sees key s <= t + S - T.
-    Builds the (B, T, S) scores: for small T; index_topk gives the same indices blockwise.
+    topk keys of the highest scores, and of two equal scores the earlier key (a stable sort keeps the order it was
+    given), listed in key order; -1 after them where a query sees fewer than topk keys. causal: bottom-right,
+    query t sees key s <= t + S - T. Builds the (B, T, S) scores: for small T; index_topk gives the same blockwise.
     """
     scores = index_scores(q_index, k_index, weights, causal=causal)  # (B, T, S), -inf where a key is hidden
-    order = np.argsort(-scores, axis=-1, kind="stable")[..., :topk]  # (B, T, min(topk, S)): highest first
-    chosen = np.where(np.take_along_axis(scores, order, axis=-1) == -np.inf, -1, order)  # a hidden key: no key
-    return np.pad(chosen, [(0, 0), (0, 0), (0, topk - chosen.shape[-1])], constant_values=-1)  # S < topk: -1 after
+    S = scores.shape[-1]
+    best = np.argsort(-scores, axis=-1, kind="stable")[..., :topk]  # (B, T, min(topk, S)): highest first
+    best = np.where(np.take_along_axis(scores, best, axis=-1) == -np.inf, S, best)  # a hidden key: none (S, last)
+    chosen = np.sort(best, axis=-1)  # in key order
+    chosen = np.pad(chosen, [(0, 0), (0, 0), (0, topk - chosen.shape[-1])], constant_values=S)  # S < topk
+    return np.where(chosen == S, -1, chosen)
 
 
 def index_scores(q_index: Array, k_index: Array, weights: Array, *, causal: bool = True) -> Array:
@@ -130,20 +133,21 @@ def index_topk(
 ) -> NDArray:  # fmt: skip
     """DeepSeek's indexer, blockwise: index_topk_plain's indices, (B, T, topk) int64, never the (B, T, S) scores.
 
-    q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I); highest score first, a tie to the earlier
-    key; -1 where a query sees fewer than topk keys (causal: bottom-right). For each block of block_q queries:
+    q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I); the keys of the highest scores, a tie to
+    the earlier key, in key order; -1 after them where a query sees fewer than topk keys (causal: bottom-right).
+    For each block of block_q queries:
         kept = topk empty slots (score -inf, key -1)
         for each block of block_k keys, none past the block's last diagonal:
             scores = Σ_h w ReLU(q_I k_Iᵀ)               (block_q, block_k), -inf past each row's diagonal
             kept = the topk best of kept and scores      merge_topk's rule (found by a partition, not a sort)
-        indices = kept in merge_topk's order
+        indices = the keys kept, in key order
     block_k: keys between two merges (default max(4 topk, 1024)); workers: threads (default a core each). The
     engine is _sparse_kernel.running_topk; tests/test_sparse.py holds it to index_topk_plain.
 
         >>> q, k, w = np.ones((1, 1, 3, 1)), np.array([[[1.0], [3.0], [2.0]]]), np.ones((1, 3, 1))
         >>> index_topk(q, k, w, 2)  # query 0 sees key 0; query 2 sees all three and keeps 1 (3.0) and 2 (2.0)
         array([[[ 0, -1],
-                [ 1,  0],
+                [ 0,  1],
                 [ 1,  2]]])
     """
     inputs = check_index_inputs(q_index, k_index, weights, topk, causal)
