@@ -212,8 +212,8 @@ def speed_checks(args: argparse.Namespace, rate: float) -> dict[str, Any]:
              lambda: sparse_attention(x.q, x.latent, x.latent[..., :RANK], chosen, scale=scale),
              lambda: flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale)]  # fmt: skip
     ms = alternating_medians_ms(calls, repeats=args.repeats, rounds=2, idle=common.SETTLE_SECONDS)
-    pairs = Q * (T - Q) + Q * (Q + 1) // 2  # (query, key) pairs the indexer scores: causal, bottom-right
-    index_flops = 2 * args.index_heads * INDEX_DIM * pairs
+    seen = np.arange(T - Q + 1, T + 1)  # the keys each query sees: causal, bottom-right
+    index_flops = 2 * args.index_heads * INDEX_DIM * int(seen[seen > k].sum())  # one who sees <= topk takes them all
     return {"tokens": T, "queries": Q, "topk": k, "index_ms": ms[0], "index_flops": index_flops,
             "sparse_ms": ms[1], "flash_ms": ms[2], "attention_flops": 2 * args.heads * Q * k * (LATENT + RANK),
             "matmul_gflops": rate, **common.beside_the_row("float32", rate)}  # fmt: skip

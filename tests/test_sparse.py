@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import gold_attention
 from scipy.special import log_softmax
+from test_backward import EPS, FD_TOL, numerical_grad  # central differences, one entry at a time
 
 from tinyattn_np import AttentionMemoryError, SparseLatentAttention, SparseLatentCache, index_topk, sparse_attention
 from tinyattn_np import _guard as guard_module
@@ -23,8 +24,6 @@ from tinyattn_np.sparse import (
     sparse_attention_one_head,
     sparse_decode,
 )
-
-EPS, FD_TOL = 1e-6, 1e-7  # central differences in float64 (tests/test_backward.py says why)
 
 
 def indexer_inputs(rng, B=2, H=3, T=37, S=None, d=8, integers=False):
@@ -226,18 +225,6 @@ def test_a_key_listed_twice_counts_twice(rng):
     np.testing.assert_allclose(sparse_attention(q, k, v, indices), gold_attention(q, *gathered)[0], rtol=1e-12)
 
 
-def numerical_grad(loss, x):
-    grad = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        old = x[i]
-        x[i] = old + EPS
-        up = loss()
-        x[i] = old - EPS
-        grad[i] = (up - loss()) / (2 * EPS)
-        x[i] = old
-    return grad
-
-
 @pytest.mark.parametrize("shape", ["GQA, E != Ev", "MQA, n > S"])
 def test_the_backward_is_central_differences(rng, shape):
     B, H, Hkv, T, S, E, Ev, n = SHAPES[shape]
@@ -296,6 +283,19 @@ def test_bad_indexer_input_is_refused_with_the_argument_named(rng):
         index_topk(q, k, w[..., :1], 2)
     with pytest.raises(TypeError, match="k_index must be float16, float32 or float64"):
         index_topk(q, k.astype(int), w, 2)
+    w[0, 2, 1] = np.nan  # a NaN score is neither above nor below the others
+    with pytest.raises(ValueError, match=r"weights must be finite; it holds NaN or inf at \(0, 2, 1\)"):
+        index_topk(q, k, w, 2)
+
+
+def test_a_nan_stays_nan_and_a_query_with_no_key_gets_zero(rng):
+    q, k, v = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 1, 5, 4)), rng.standard_normal((1, 1, 5, 4))
+    q[0, 1, 2, 0] = np.nan
+    indices = np.array([[[0, 1], [-1, -1], [2, 4]]])
+    out, lse = sparse_attention(q, k, v, indices, return_lse=True)
+    assert np.isnan(out[0, 1, 2]).all() and np.isnan(lse[0, 1, 2])  # the running max's answer too, never a quiet 0
+    assert np.all(out[0, :, 1] == 0) and np.all(lse[0, :, 1] == -np.inf)
+    assert np.isfinite(out[0, 0]).all() and np.isfinite(out[0, 1, 0]).all()
 
 
 def test_the_plain_scores_are_refused_before_they_are_allocated(rng, monkeypatch):

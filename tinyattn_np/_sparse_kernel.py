@@ -83,7 +83,8 @@ def check_index_inputs(q_index: Any, k_index: Any, weights: Any, topk: Any, caus
         raise ValueError(f"weights must be (B, T, H_I) = {(B, T, H)} for q_index {q_index.shape}; got {weights.shape}")
     for name, x in (("q_index", q_index), ("k_index", k_index), ("weights", weights)):
         if not np.isfinite(x).all():  # a NaN score is neither above nor below the others: no top-k holds it
-            raise ValueError(f"{name} must be finite; it holds NaN or inf at {tuple(np.argwhere(~np.isfinite(x))[0])}")
+            where = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+            raise ValueError(f"{name} must be finite; it holds NaN or inf at {where}")
     dtype = compute_dtype(q_index, k_index, weights)
     q_index, k_index, weights = (x.astype(dtype, copy=False) for x in (q_index, k_index, weights))
     return IndexInputs(q_index, k_index, weights, topk, causal)
@@ -206,15 +207,21 @@ def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: in
     def run(item: tuple[int, int]) -> None:
         b, q0 = item
         q1 = min(q0 + block_q, T)
+        seen = min(S, q1 + offset) if causal else S  # keys the block's last row sees
+        if seen <= topk:  # every row chooses every key it sees, whatever its score: nothing to score
+            every = np.arange(topk)  # (k,)
+            indices[b, q0:q1] = np.where(every < np.arange(q0, q1)[:, None] + offset + 1 if causal else every < S,
+                                         every, -1)  # fmt: skip
+            return
         q_rows = q_index[b, :, q0:q1].swapaxes(0, 1).reshape(-1, d)  # (R·H_I, d_I): row t·H_I + h
         kept = np.full((q1 - q0, topk), -np.inf, q_index.dtype)  # (R, k): no key yet
         kept_keys = np.full((q1 - q0, topk), -1, np.int64)
-        seen = min(S, q1 + offset) if causal else S  # keys the block's last row sees
-        for k0 in range(0, max(seen, 0), block_k):
+        for k0 in range(0, seen, block_k):
             k1 = min(k0 + block_k, seen)
             scores = block_scores(q_rows, k_index[b, k0:k1], weights[b, q0:q1])  # (R, k1 - k0)
             if causal and k1 - 1 > q0 + offset:  # a block the diagonal crosses: no key past a row's own
-                scores[np.arange(k0, k1) > np.arange(q0, q1)[:, None] + offset] = -np.inf
+                for row in range(q1 - q0):
+                    scores[row, max(q0 + row + offset + 1 - k0, 0) :] = -np.inf
             kept, kept_keys = keep_topk(kept, kept_keys, scores, np.arange(k0, k1))
         indices[b, q0:q1] = order_topk(kept, kept_keys)
 

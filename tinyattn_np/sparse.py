@@ -141,8 +141,9 @@ def index_topk(
             scores = Σ_h w ReLU(q_I k_Iᵀ)               (block_q, block_k), -inf past each row's diagonal
             kept = the topk best of kept and scores      merge_topk's rule (found by a partition, not a sort)
         indices = the keys kept, in key order
-    block_k: keys between two merges (default max(4 topk, 1024)); workers: threads (default a core each). The
-    engine is _sparse_kernel.running_topk; tests/test_sparse.py holds it to index_topk_plain.
+    A block whose every query sees at most topk keys chooses them all, unscored. block_k: keys between two merges
+    (default max(4 topk, 1024)); workers: threads (default a core each). The engine is _sparse_kernel.running_topk;
+    tests/test_sparse.py holds it to index_topk_plain.
 
         >>> q, k, w = np.ones((1, 1, 3, 1)), np.array([[[1.0], [3.0], [2.0]]]), np.ones((1, 3, 1))
         >>> index_topk(q, k, w, 2)  # query 0 sees key 0; query 2 sees all three and keeps 1 (3.0) and 2 (2.0)
