@@ -16,8 +16,10 @@ What it shows:
      over a queries x topk problem of the same heads and widths (each target: within 1.3x).
 The projections (x W) cost the same in both and are left out.
 
-Run:  python scripts/sparse.py [--contexts 1024 2048] [--heads 16] [--index-heads 16] [--topk 256]
-                               [--tokens 4096] [--queries 256] [--repeats 3] [--json PATH]
+Run:  python scripts/sparse.py [--contexts 512 1024] [--heads 16] [--index-heads 16] [--topk 256]
+                               [--tokens 2048] [--queries 128] [--repeats 3] [--json PATH]
+The results page's speed checks, at DeepSeek-V3.2's heads and topk:
+      python scripts/sparse.py --repeats 1 --tokens 16384 --queries 1024 --topk 2048 --heads 128 --index-heads 64
 Every claim is checked (the forms agree where they should); the exit code is 1 if one fails. The speed targets
 are printed, not checked: a busy machine would fail them.
 """
@@ -268,15 +270,15 @@ def run_flops(args: argparse.Namespace) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     size = positive(int, common.MAX_TOKENS)
-    p.add_argument("--contexts", type=size, nargs="+", default=[1024, 2048], metavar="S",
-                   help="contexts S of section 2 (default 1024 2048)")  # fmt: skip
+    p.add_argument("--contexts", type=size, nargs="+", default=[512, 1024], metavar="S",
+                   help="contexts S of section 2 (default 512 1024)")  # fmt: skip
     p.add_argument("--heads", type=positive(int, common.MAX_HEADS), default=16, help="query heads (default 16)")
     p.add_argument("--index-heads", type=positive(int, common.MAX_HEADS), default=16,
                    help="indexer heads (default 16; DeepSeek-V3.2's: 64)")  # fmt: skip
     p.add_argument("--topk", type=size, default=256, help="keys each query reads (default 256; DeepSeek's: 2048)")
-    p.add_argument("--tokens", type=size, default=4096, help="the speed checks' context (default 4096)")
-    p.add_argument("--queries", type=size, default=256, help="the speed checks' queries, the last of the context "
-                   "(default 256)")  # fmt: skip
+    p.add_argument("--tokens", type=size, default=2048, help="the speed checks' context (default 2048)")
+    p.add_argument("--queries", type=size, default=128, help="the speed checks' queries, the last of the context "
+                   "(default 128)")  # fmt: skip
     p.add_argument("--repeats", type=positive(int, common.MAX_REPEATS), default=3,
                    help="timed runs per figure and round (default 3)")  # fmt: skip
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")

@@ -735,7 +735,7 @@ CAPS = [
     ("mla.py", ["--heads", "100000"], "argument --heads: must be a positive int at most 1,024"),
     ("mla.py", ["--contexts", "256", "1e9"], "argument --contexts: must be a positive int at most 4,194,304"),
     ("sparse.py", ["--index-heads", "100000"], "argument --index-heads: must be a positive int at most 1,024"),
-    ("sparse.py", ["--queries", "8192"], "--queries (8,192) and --topk (256) must be at most --tokens (4,096)"),
+    ("sparse.py", ["--queries", "8192"], "--queries (8,192) and --topk (256) must be at most --tokens (2,048)"),
     ("memory.py", ["--batch", "1e9"], "argument --batch: must be a positive int at most 1,048,576, written in digits"),
     ("memory.py", ["--tokens", "8192,1e30"], "--tokens must be comma-separated integers; got '8192,1e30'"),
     ("memory.py", ["--tokens", "10000000000000"], "--tokens must be positive integers at most 1,099,511,627,776"),

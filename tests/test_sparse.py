@@ -209,6 +209,16 @@ def test_blocks_of_the_list_workers_and_values_in_the_keys_give_the_same_result(
     np.testing.assert_allclose(blocks[0], whole, rtol=1e-13, atol=1e-13)
 
 
+def test_scores_past_exps_range_take_the_running_max(rng):
+    q, k, v = rng.standard_normal((1, 2, 4, 8)).astype(np.float32), rng.standard_normal((1, 1, 9, 8)).astype(
+        np.float32), rng.standard_normal((1, 1, 9, 3)).astype(np.float32)  # fmt: skip
+    indices = random_indices(rng, 1, 4, 9, 5)
+    out, lse = sparse_attention(q, k, v, indices, scale=200.0, return_lse=True)  # exp(s) of float32 overflows
+    gold, gold_lse = gold_attention(q, k, v, listed_mask(indices, 9), scale=200.0)
+    np.testing.assert_allclose(out, gold, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(lse, gold_lse, rtol=1e-5)
+
+
 def test_float16_is_computed_in_float32_and_cast_back(rng):
     q, k, v = (rng.standard_normal((1, 2, 5, 4)).astype(np.float16) for _ in range(3))
     indices = random_indices(rng, 1, 5, 5, 3)
@@ -494,3 +504,30 @@ def test_sparse_decode_reads_each_sequence_at_its_own_length(rng):
         np.testing.assert_allclose(o[b : b + 1], gold, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"lengths must be \(3,\) ints in \[2, 10\]"):
         sparse_decode(q_latent, q_index, weights, latents, index_keys, [1, 9, 6], 4, value_dim=r)
+    with pytest.raises(ValueError, match=r"latents and index_keys must be \(B=3, max_tokens, ·\)"):
+        sparse_decode(q_latent, q_index, weights, latents, index_keys[:, :9], lengths, 4, value_dim=r)
+
+
+def test_the_layer_refuses_bad_input_with_the_argument_named(rng):
+    layer, other = make_layer(), make_layer()
+    x = rng.standard_normal((2, 5, D_MODEL))
+    _, saved = other.forward(x)
+    cases = [
+        (lambda: layer(x[..., :10]), ValueError, r"x must be \(B, T, 24\) or \(T, 24\)"),
+        (lambda: layer(x, positions=np.arange(4)), ValueError, r"positions must be \(5,\) ints"),
+        (lambda: layer.backward(x, saved), ValueError, "saved must come from this layer's own forward"),
+        (lambda: layer.indexer_loss(saved), ValueError, "saved must come from this layer's own forward"),
+        (lambda: other.backward(x[:, :4], saved), ValueError, r"dout must have the forward's output shape"),
+        (lambda: SparseLatentCache(1, 4, 12, 8, dtype=np.int32), TypeError, "dtype must be float32 or float64"),
+        (lambda: SparseLatentAttention(D_MODEL, HEADS, index_topk=2, **{**SIZES, "index_head_dim": 2}), ValueError,
+         "index_head_dim must be at least qk_rope_head_dim = 4"),
+        (lambda: sparse_attention(x, x, x, np.zeros((2, 5, 1), int)), ValueError, r"q, k and v must be \(B, H, T, E\)"),
+        (lambda: sparse_attention(x[None], x[None, :1], x[None], np.zeros((1, 2, 5, 1), int)), ValueError,
+         r"k must be \(B=1, Hkv, S, E=24\)"),
+    ]  # fmt: skip
+    for call, error, message in cases:
+        with pytest.raises(error, match=message):
+            call()
+    layer.w_index_k = layer.w_index_k.T  # a weight replaced by one of another shape: refused before any math
+    with pytest.raises(ValueError, match=r"w_index_k must be a float64 ndarray of shape \(24, 8\)"):
+        layer(x)

@@ -250,9 +250,13 @@ def sparse_decode(
         chosen = index_topk(q_index, its index_keys, weights, topk)    every cached indexer key scored
         o      = sparse_attention(q_latent, its latents, their first r, chosen)    topk latents read
     """
+    latents, index_keys = as_float_array(latents, "latents"), as_float_array(index_keys, "index_keys")
     lengths = np.asarray(lengths)
     B, H, L, _ = np.shape(q_latent)
-    most = len(latents[0])  # max_tokens
+    if latents.ndim != 3 or index_keys.ndim != 3 or latents.shape[:2] != index_keys.shape[:2] or len(latents) != B:
+        raise ValueError(f"latents and index_keys must be (B={B}, max_tokens, ·), one row a sequence; got "
+                         f"{latents.shape} and {index_keys.shape}")  # fmt: skip
+    most = latents.shape[1]  # max_tokens
     if lengths.shape != (B,) or lengths.dtype.kind not in "iu" or np.any(lengths < L) or np.any(lengths > most):
         raise ValueError(f"lengths must be ({B},) ints in [{L}, {most}] (the L = {L} new tokens included, at most "
                          f"max_tokens); got {lengths!r}")  # fmt: skip
