@@ -51,9 +51,8 @@ __all__ = [
 ]
 
 Array = np.ndarray
-INDEX_ROWS = 64  # queries a block of the indexer
-SCORES_PER_TILE = 2**17  # dots of one indexer matmul: (rows·H_I) x keys, about 512 KiB of float32
-GATHER_BYTES = 2**21  # gathered keys a step of the attention, when sysfs does not give the level-2 cache
+SCORES_PER_TILE = 2**18  # dots of one indexer matmul: (rows·H_I) x keys, 1 MiB of float32
+GATHER_BYTES = 2**20  # gathered keys a step of the attention, when sysfs does not give the level-2 cache
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -236,8 +235,10 @@ def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: in
 
 def gather_block(gathered_bytes: int | None, queries: int, width: int, listed: int, itemsize: int) -> tuple[int, int]:
     """(queries, slots) a step of the attention: whole lists where a few queries' gathered keys fit the budget
-    (about a level-2 cache), else a query's list in equal blocks that fit it (at least 16 slots)."""
-    budget = (gathered_bytes or l2_cache_bytes() or GATHER_BYTES) // (width * itemsize)  # keys the budget holds
+    (half a core's level-2 cache: the scores and BLAS's packed copies sit beside them), else a query's list in
+    equal blocks that fit it (at least 16 slots). Measured: docs/results/sparse.md."""
+    l2 = l2_cache_bytes()
+    budget = (gathered_bytes or (l2 // 2 if l2 else GATHER_BYTES)) // (width * itemsize)  # keys the budget holds
     if budget >= listed:
         return max(1, min(queries, budget // listed)), listed
     blocks = -(-listed // max(16, budget))

@@ -128,7 +128,7 @@ def merge_topk(scores_a: Array, keys_a: Array, scores_b: Array, keys_b: Array) -
 
 
 def index_topk(
-    q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True, block_q: int = 64,
+    q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True, block_q: int = 32,
     block_k: int | None = None, workers: int | None = None,
 ) -> NDArray:  # fmt: skip
     """DeepSeek's indexer, blockwise: index_topk_plain's indices, (B, T, topk) int64, never the (B, T, S) scores.
