@@ -199,7 +199,8 @@ def print_measured(rows: list[dict[str, Any]], args: argparse.Namespace) -> None
 
 
 def speed_checks(args: argparse.Namespace, rate: float) -> dict[str, Any]:
-    """index_topk against its FLOPs at the matmul rate; sparse_attention against flash over queries x topk."""
+    """index_topk against its FLOPs at the matmul rate; sparse_attention against flash over queries x topk. The
+    matmul (2048 x 2048, every thread) is timed in turns with them: its rate is the one beside their times."""
     T, Q, k = args.tokens, args.queries, args.topk
     common.progress(f"speed checks: the last {Q:,} queries of {T:,} tokens, top {k:,}")
     x = inputs(T, Q, args, np.random.default_rng(args.seed))
@@ -210,32 +211,39 @@ def speed_checks(args: argparse.Namespace, rate: float) -> dict[str, Any]:
     diff = common.max_diff(sparse_attention(x.q, x.latent, x.latent[..., :RANK], first, scale=scale), dense)
     check(diff / np.max(np.abs(dense)) <= SAME, f"sparse_attention over keys 0 .. {k - 1} equals flash_attention over "
           f"them (relative {diff / np.max(np.abs(dense)):.1e})")  # fmt: skip
+    square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
     calls = [lambda: index_topk(x.q_index, x.index_keys, x.weights, k),
              lambda: sparse_attention(x.q, x.latent, x.latent[..., :RANK], chosen, scale=scale),
-             lambda: flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale)]  # fmt: skip
+             lambda: flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale),
+             lambda: square @ square]  # fmt: skip
     ms = alternating_medians_ms(calls, repeats=args.repeats, rounds=2, idle=common.SETTLE_SECONDS)
     seen = np.arange(T - Q + 1, T + 1)  # the keys each query sees: causal, bottom-right
     index_flops = 2 * args.index_heads * INDEX_DIM * int(seen[seen > k].sum())  # one who sees <= topk takes them all
     return {"tokens": T, "queries": Q, "topk": k, "index_ms": ms[0], "index_flops": index_flops,
             "sparse_ms": ms[1], "flash_ms": ms[2], "attention_flops": 2 * args.heads * Q * k * (LATENT + RANK),
-            "matmul_gflops": rate, **common.beside_the_row("float32", rate)}  # fmt: skip
+            "turns_gflops": 2 * 2048**3 / ms[3] / 1e6, **common.beside_the_row("float32", rate)}  # fmt: skip
 
 
 def print_speed(result: dict[str, Any], args: argparse.Namespace) -> None:
     r = SimpleNamespace(**result)
-    at_rate = r.index_flops / r.matmul_gflops / 1e6  # ms
-    sparse, indexer = r.sparse_ms / r.flash_ms, r.index_ms / at_rate
     print(f"\n3) the speed checks: the last {r.queries:,} queries of a {r.tokens:,}-token context, the top {r.topk:,} "
           f"keys each;\n   {args.heads} heads (one kv head: the latent, {LATENT} wide, its first {RANK} the value), an "
-          f"indexer of {args.index_heads} x {INDEX_DIM};\n   float32, matmul {r.matmul_gflops:.1f} "
-          "GFLOP/s")  # fmt: skip
-    flash = f"flash_attention, {r.queries:,} x {r.topk:,}: {r.flash_ms:,.0f} ms"
-    body = [["index_topk (causal)", f"{r.index_ms:,.0f}", f"{r.index_flops / 1e9:,.1f}",
-             f"its FLOPs at the matmul rate: {at_rate:,.0f} ms", f"{indexer:.2f}x", _verdict(indexer)],
-            ["sparse_attention", f"{r.sparse_ms:,.0f}", f"{r.attention_flops / 1e9:,.1f}", flash, f"{sparse:.2f}x",
-             _verdict(sparse)]]  # fmt: skip
-    rows = [dict(result, call="the checks"), {}]  # measured together: one note for both
-    headers = ["call", "ms", "GFLOP", "against", "ratio", f"within {TARGET}x"]
+          f"indexer of {args.index_heads} x {INDEX_DIM};\n   float32; the matmul, timed in turns with them: "
+          f"{r.turns_gflops:.1f} GFLOP/s")  # fmt: skip
+    dense = f"flash_attention, {r.queries:,} x {r.topk:,}"
+    body = []
+    for name, ms, flops, against, target in [
+        ("index_topk (causal)", r.index_ms, r.index_flops, "its FLOPs at the matmul rate", None),
+        ("sparse_attention", r.sparse_ms, r.attention_flops, dense, r.flash_ms),
+        ("flash_attention", r.flash_ms, r.attention_flops, "", None),
+    ]:  # fmt: skip
+        at_rate = flops / r.turns_gflops / 1e6  # ms
+        ratio = (ms / target if target else ms / at_rate) if against else None
+        verdict = ["", ""] if ratio is None else [f"{ratio:.2f}x", _verdict(ratio)]
+        body.append([name, f"{ms:,.0f}", f"{flops / 1e9:,.1f}", f"{flops / ms / 1e6:,.1f}", f"{ms / at_rate:.2f}x",
+                     against, *verdict])  # fmt: skip
+    rows = [dict(result, call="the checks"), {}, {}]  # measured together: one note for all
+    headers = ["call", "ms", "GFLOP", "GFLOP/s", "/ matmul", "the target: against", "ratio", f"within {TARGET}x"]
     print(common.marked_table(body, rows, headers, args.format, lambda row: row["call"]))
 
 
