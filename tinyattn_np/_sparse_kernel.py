@@ -14,10 +14,14 @@ keep_topk finds the k best of the kept and the new with a partition (O(k + n), n
 equal to the k-th best the earliest, as merge_topk's order says.
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
-gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul
-(bq, G, E) @ (bq, E, bk), and the online softmax over blocks of the list (flash.py's m, l, acc). Values that are
-the keys' first Ev numbers (MLA's latent: v a view of k) are read from the gathered keys, not gathered again.
-A block of gathered keys is about a core's level-2 cache: a step reads it twice (scores, then values).
+gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul, keys down as
+flash.py's tiles, (bq, bk, E) @ (bq, E, G), and the softmax over blocks of the list, its sums measured against 0
+with the running max where exp(s) cannot hold them (flash.py's attend_block). Values that are the keys' first Ev
+numbers (MLA's latent: v a view of k) are read from the gathered keys, not gathered again. A block of gathered
+keys is half a core's level-2 cache: a step reads it twice (scores, then values).
+
+The backward (chosen_backward): a kv head's query blocks in turn on one worker, which adds their dk and dv at the
+chosen keys; the kv heads of the batch on the workers.
 
 Both run their items on worker threads with BLAS held to one thread (_parallel.run_items): each item writes its
 own rows, so the bits do not depend on the number of workers.
