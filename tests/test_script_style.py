@@ -186,6 +186,7 @@ SMALLEST_RUNS = {
     "linear.py": ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "--contexts", "32",
                   "--repeats", "1"],
     "mla.py": ["--contexts", "256", "--heads", "8", "--repeats", "1"],
+    "sparse.py": ["--contexts", "256", "--topk", "128", "--tokens", "512", "--queries", "32", "--repeats", "1"],
     "train.py": ["--steps", "20"],
     "train_speed.py": ["--presets", "tiny", "--tokens", "64", "--repeats", "1"],
     "sample.py": ["{checkpoint}", "--tokens", "16"],  # a checkpoint of train.py --steps 2, made first

@@ -735,6 +735,8 @@ CAPS = [
     ("sequence_parallel.py", ["--model-tokens", "1e20"], "argument --model-tokens: must be a positive int at most"),
     ("mla.py", ["--heads", "100000"], "argument --heads: must be a positive int at most 1,024"),
     ("mla.py", ["--contexts", "256", "1e9"], "argument --contexts: must be a positive int at most 4,194,304"),
+    ("sparse.py", ["--index-heads", "100000"], "argument --index-heads: must be a positive int at most 1,024"),
+    ("sparse.py", ["--queries", "8192"], "--queries (8,192) and --topk (256) must be at most --tokens (2,048)"),
     ("memory.py", ["--batch", "1e9"], "argument --batch: must be a positive int at most 1,048,576, written in digits"),
     ("memory.py", ["--tokens", "8192,1e30"], "--tokens must be comma-separated integers; got '8192,1e30'"),
     ("memory.py", ["--tokens", "10000000000000"], "--tokens must be positive integers at most 1,099,511,627,776"),
@@ -858,3 +860,20 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
             flex.parse_args(args)
         err = capsys.readouterr().err
         assert stop.value.code == 2 and message in err, (args, err)
+
+
+# --- sparse.py -------------------------------------------------------------------------------------------
+
+
+def test_sparse_script_prints_the_arithmetic_the_measured_steps_and_the_speed_checks(machine, capsys) -> None:
+    flags = ["--contexts", "256", "--topk", "256", "--tokens", "512", "--queries", "32", "--repeats", "1"]
+    code = load("sparse.py").main(flags)  # topk = S: the sparse steps read every key and are checked equal to dense
+    out = capsys.readouterr().out
+    assert code == 0 and "all checks passed" in out, out
+    for n in (1, 2, 3):
+        assert re.search(rf"^{n}\) ", out, re.MULTILINE), f"section {n}) missing"
+    # DeepSeek-V3.2's sizes: a decode step costs 2 · 128 · 1,088 FLOPs a latent dense, 2 · 64 · 128 an indexer key
+    assert "DSA does fewer FLOPs than dense from S = 2,177, reads fewer bytes from S = 2,634" in out
+    assert "indexer does 2.15 GFLOP and reads 33.6 MB: 79% of DSA's FLOPs and 93% of its bytes" in out
+    assert re.search(r"^index_topk \(causal\)\s.*its FLOPs at the matmul rate", out, re.MULTILINE)
+    assert re.search(r"^sparse_attention\s.*flash_attention, 32 x 256", out, re.MULTILINE)

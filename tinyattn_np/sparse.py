@@ -1,0 +1,592 @@
+"""Sparse attention, DeepSeek's way (DSA): a cheap indexer chooses the keys, the attention reads only those.
+
+Basics
+
+DeepSeek-V3.2 (DeepSeek-AI 2025, "DeepSeek-V3.2-Exp", section 2.1) puts an indexer in front of multi-head latent
+attention (latent.py). For query t and each earlier token s it scores, with H_I small heads of d_I numbers:
+
+    I[t, s] = Σ_h w[t, h] · ReLU(q_I[t, h] · k_I[s])          (B, T, S): one number a pair, cheap to make
+    S_t     = the topk keys s <= t with the largest I[t, s]    (B, T, topk): every key when t has fewer
+    o_t     = attention(q_t, k[S_t], v[S_t])                   the expensive attention reads topk keys, not t + 1
+
+The indexer still reads every key, but a key costs it H_I d_I multiply-adds (64 · 128 in DeepSeek-V3.2) where
+the attention's latent form costs 128 heads times 576 + 512; at 128k tokens of context the attention reads
+2,048 keys of 128k, and the indexer's d_I = 128 numbers a token is the part of the cache a step reads in full.
+
+The top-k is a running quantity, as the softmax is (softmax.merge_states): two top-k lists of disjoint keys
+merge into the top-k of their union (merge_topk), and the merge is associative, so the keys can come in
+blocks, in any grouping, and the T x S scores are never held: per block of queries, a running top-k over
+blocks of keys (index_topk). A tie goes to the earlier key, so the choice is one set, whatever the blocks.
+The attention over the chosen keys is flash.py's online softmax over the gathered keys, a block of the list
+at a time (sparse_attention_one_head); its backward adds dk and dv back at the chosen keys
+(sparse_attention_backward). The choice has no gradient: the indices are held fixed.
+
+Details
+
+The layer, as transformers' DeepseekV32Attention computes it: the indexer reads the query latent c_Q of
+latent.py's projections, and x:
+    q_I = RoPE(c_Q W_IQ)                       (B, H_I, T, d_I)   RoPE on the first qk_rope_head_dim channels
+    k_I = RoPE(LayerNorm(x W_IK))              (B, T, d_I)        one key a token, for every indexer head
+    w   = x W_IW · (H_I · d_I)^-1/2            (B, T, H_I)        DeepSeek's H_I^-1/2 and d_I^-1/2, in one
+ReLU(c · a) = c · ReLU(a) for c > 0, so the score scale d_I^-1/2 moves out of the ReLU into w. DeepSeek-V3.2
+turns the indexer's RoPE in half-split pairs (i, i + d/2), GLM-5's (glm_moe_dsa) in interleaved pairs.
+The indexer trains on its own loss, with its inputs detached (the paper's section 2.1.1): the KL divergence
+between p_t, the main attention's weights at the chosen keys summed over the heads and L1-normalized, and
+softmax(I[t, S_t]), summed over the tokens (SparseLatentAttention.indexer_loss).
+Decoding: a cache keeps a token's latent (576 numbers) and its indexer key (128); a step scores every cached
+indexer key, then reads the topk latents it chose (sparse_decode, over arrays; SparseLatentCache holds them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._checks import as_float_array, check_bool, check_positive_int, check_rng
+from ._guard import refuse_unless_fits
+from ._parallel import cpu_cores
+from ._sparse_kernel import (
+    attend_chosen,
+    check_index_inputs,
+    check_sparse_inputs,
+    chosen_backward,
+    heads_summed_weights,
+    indexer_scores_at,
+    indexer_scores_backward,
+    running_topk,
+)
+from .latent import RMS_EPS, Attended, MultiHeadLatentAttention, absorb_query, decompress, join_ukv, split_ukv
+from .layers import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from .position import rope, rope_backward
+
+__all__ = [
+    "SparseLatentAttention",
+    "SparseLatentCache",
+    "SparseSaved",
+    "index_scores",
+    "index_topk",
+    "index_topk_plain",
+    "merge_topk",
+    "sparse_attention",
+    "sparse_attention_backward",
+    "sparse_attention_one_head",
+    "sparse_decode",
+]
+
+Array = NDArray[np.floating]
+
+
+def index_topk_plain(q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True) -> NDArray:
+    """The indexer's choice, plainly: every score I[t, s] (index_scores), each row sorted, the best topk kept.
+
+    q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I) -> indices (B, T, topk) int64: each query's
+    topk keys of the highest scores, and of two equal scores the earlier key (a stable sort keeps the order it was
+    given), listed in key order; -1 after them where a query sees fewer than topk keys. causal: bottom-right,
+    query t sees key s <= t + S - T. Builds the (B, T, S) scores: for small T; index_topk gives the same blockwise.
+    """
+    scores = index_scores(q_index, k_index, weights, causal=causal)  # (B, T, S), -inf where a key is hidden
+    S = scores.shape[-1]
+    best = np.argsort(-scores, axis=-1, kind="stable")[..., :topk]  # (B, T, min(topk, S)): highest first
+    best = np.where(np.take_along_axis(scores, best, axis=-1) == -np.inf, S, best)  # a hidden key: none (S, last)
+    chosen = np.sort(best, axis=-1)  # in key order
+    chosen = np.pad(chosen, [(0, 0), (0, 0), (0, topk - chosen.shape[-1])], constant_values=S)  # S < topk
+    return np.where(chosen == S, -1, chosen)
+
+
+def index_scores(q_index: Array, k_index: Array, weights: Array, *, causal: bool = True) -> Array:
+    """I[b, t, s] = Σ_h w[b, t, h] ReLU(q_I[b, h, t] · k_I[b, s]) -> (B, T, S), -inf where causal hides s."""
+    q_index, k_index, weights, _, causal = check_index_inputs(q_index, k_index, weights, 1, causal)
+    (B, H, T, _), S = q_index.shape, k_index.shape[1]
+    refuse_unless_fits(2 * B * H * T * S * q_index.dtype.itemsize, "index_scores", f"the dots of {H} heads, "
+                       f"{T} x {S}", "use index_topk, which never holds them")  # fmt: skip
+    dots = q_index @ k_index[:, None].swapaxes(-1, -2)  # (B, H_I, T, S)
+    scores = np.einsum("bth,bhts->bts", weights, np.maximum(dots, 0))  # (B, T, S): the heads weighted, summed
+    if causal:
+        scores[:, np.arange(S) > np.arange(T)[:, None] + S - T] = -np.inf  # bottom-right
+    return scores
+
+
+def merge_topk(scores_a: Array, keys_a: Array, scores_b: Array, keys_b: Array) -> tuple[Array, Array]:
+    """Two top-k lists of disjoint keys -> the top-k of their union: (..., k) scores and keys each, in the order
+    that makes the choice one set: the higher score first, of two equal scores the earlier key (an empty slot
+    is score -inf, key -1, last). k: the first list's width.
+
+    merge_states' cousin. merge_states combines two softmax states over disjoint keys into the state over the
+    union; merge_topk combines two top-k states. Both are associative (merge(merge(a, b), c) = merge(a, merge(b,
+    c))) and commutative, because the top-k of a union is the k best of its parts' k best, under one total
+    order: (score descending, key ascending) orders any set the same way, whichever parts it came in.
+    So the keys may come in blocks, in any grouping, over any number of workers.
+    """
+    k = scores_a.shape[-1]
+    scores = np.concatenate([scores_a, scores_b], axis=-1)  # (..., k + k_b)
+    keys = np.concatenate([keys_a, keys_b], axis=-1)
+    order = np.lexsort((np.where(keys < 0, np.iinfo(np.int64).max, keys), -scores), axis=-1)[..., :k]  # score first
+    return np.take_along_axis(scores, order, axis=-1), np.take_along_axis(keys, order, axis=-1)
+
+
+def index_topk(
+    q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True, block_q: int = 32,
+    block_k: int | None = None, workers: int | None = None,
+) -> NDArray:  # fmt: skip
+    """DeepSeek's indexer, blockwise: index_topk_plain's indices, (B, T, topk) int64, never the (B, T, S) scores.
+
+    q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I); the keys of the highest scores, a tie to
+    the earlier key, in key order; -1 after them where a query sees fewer than topk keys (causal: bottom-right).
+    For each block of block_q queries:
+        kept = topk empty slots (score -inf, key -1)
+        for each block of block_k keys, none past the block's last diagonal:
+            scores = Σ_h w ReLU(q_I k_Iᵀ)               (block_q, block_k), -inf past each row's diagonal
+            kept = the topk best of kept and scores      merge_topk's rule (found by a partition, not a sort)
+        indices = the keys kept, in key order
+    A block whose every query sees at most topk keys chooses them all, unscored. block_k: keys between two merges
+    (default max(4 topk, 1024)); workers: threads (default a core each). The engine is _sparse_kernel.running_topk;
+    tests/test_sparse.py holds it to index_topk_plain.
+
+        >>> q, k, w = np.ones((1, 1, 3, 1)), np.array([[[1.0], [3.0], [2.0]]]), np.ones((1, 3, 1))
+        >>> index_topk(q, k, w, 2)  # query 0 sees key 0; query 2 sees all three and keeps 1 (3.0) and 2 (2.0)
+        array([[[ 0, -1],
+                [ 0,  1],
+                [ 1,  2]]])
+    """
+    inputs = check_index_inputs(q_index, k_index, weights, topk, causal)
+    block_k = check_positive_int(block_k, "block_k", max(4 * inputs.topk, 1024))
+    workers = check_positive_int(workers, "workers", cpu_cores())
+    return running_topk(inputs, block_q=check_positive_int(block_q, "block_q"), block_k=block_k, workers=workers)
+
+
+def sparse_attention_one_head(
+    q: Array, k: Array, v: Array, indices: NDArray, *, scale: float | None = None, block_k: int = 64
+) -> tuple[Array, Array]:
+    """Attention over the chosen keys, plainly, for one head: q (T, E), k (S, E), v (S, Ev), indices (T, n) ->
+    out (T, Ev), lse (T,). Query t attends to the keys indices[t] lists (-1: an empty slot), nothing else:
+
+        for each query t:                        m = -inf, ℓ = 0, o = 0
+            for each block of block_k slots:     the listed keys K_j = k[indices[t, slots]], V_j likewise
+                s  = scale · K_j q_t             (bk,)
+                m' = max(m, max s);  ℓ = exp(m - m') ℓ + Σ exp(s - m');  o = exp(m - m') o + exp(s - m') V_j
+        out_t = o / ℓ,  lse_t = m + log ℓ        (a query with no key: 0 and -inf)
+
+    flash_attention_one_head's online softmax, with the keys gathered from the list instead of read in order.
+    It equals attention() with a mask that keeps only the listed keys. sparse_attention is the fast form.
+    """
+    q, k, v = (as_float_array(x, name)[None, None] for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    q, k, v, indices, scale = check_sparse_inputs(q, k, v, np.asarray(indices)[None], scale)
+    q, k, v, indices = q[0, 0], k[0, 0], v[0, 0], indices[0]  # (T, E), (S, E), (S, Ev), (T, n)
+    out, lse = np.zeros((len(q), v.shape[1]), q.dtype), np.zeros(len(q), q.dtype)
+    for t in range(len(q)):
+        m, l, o = -np.inf, 0.0, np.zeros(v.shape[1], q.dtype)  # noqa: E741 (the paper's ℓ)
+        for j0 in range(0, indices.shape[1], block_k):
+            chosen = indices[t, j0 : j0 + block_k]
+            chosen = chosen[chosen >= 0]  # (bk,): the listed keys of this block
+            if len(chosen) == 0:
+                continue
+            s = scale * (k[chosen] @ q[t])  # (bk,)
+            m_new = max(m, s.max())
+            p, alpha = np.exp(s - m_new), np.exp(m - m_new)  # (bk,), rescales what was summed against m
+            l, o, m = alpha * l + p.sum(), alpha * o + p @ v[chosen], m_new  # noqa: E741
+        out[t], lse[t] = (o / l, m + np.log(l)) if l > 0 else (0.0, -np.inf)
+    return out, lse
+
+
+def sparse_attention(
+    q: Array, k: Array, v: Array, indices: NDArray, *, scale: float | None = None, return_lse: bool = False,
+    workers: int | None = None,
+) -> Array | tuple[Array, Array]:  # fmt: skip
+    """Attention of each query over only the keys indices lists: q (B, H, T, E), k (B, Hkv, S, E), v (B, Hkv, S,
+    Ev), indices (B, T, n) int, shared by the heads (as DSA chooses), -1 for an empty slot -> out (B, H, T, Ev)
+    (and lse (B, H, T) with return_lse). Equal to attention() with a boolean mask that keeps the listed keys;
+    never a T x S matrix: a block of each query's keys gathered at a time, the online softmax over the blocks
+    (sparse_attention_one_head, many heads a step: _sparse_kernel.attend_chosen). A query head h reads kv head
+    h // (H / Hkv). A key listed twice in one row counts twice (index_topk never lists one twice). Where v is a
+    view of k's first Ev numbers (MLA's latent), the gathered keys serve as the values. float16 is computed in
+    float32, out cast back.
+    """
+    inputs = check_sparse_inputs(q, k, v, indices, scale)
+    out, lse = attend_chosen(inputs, workers=check_positive_int(workers, "workers", cpu_cores()))
+    out = out.astype(np.result_type(q, k, v), copy=False)
+    return (out, lse) if check_bool(return_lse, "return_lse") else out
+
+
+def sparse_attention_backward(
+    q: Array, k: Array, v: Array, indices: NDArray, out: Array, dout: Array, lse: Array, *,
+    scale: float | None = None, workers: int | None = None,
+) -> tuple[Array, Array, Array]:  # fmt: skip
+    """dq (B, H, T, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) of sparse_attention, from its out and lse and
+    dout = ∂loss/∂out (B, H, T, Ev). The indices are held fixed (a top-k has no gradient). Per query t and its
+    listed keys K_t, V_t (the backward of attention, backward.py, over those keys only):
+        p = exp(scale q_t K_tᵀ - lse_t)    dV_t += pᵀ dout_t      dp = dout_t V_tᵀ      D_t = dout_t · out_t
+        ds = p ∘ (dp - D_t)                dq_t = scale ds K_t    dK_t += scale dsᵀ q_t
+    and dK_t, dV_t are added back at the listed positions of k and v: a key chosen by many queries gathers all
+    their terms, a key no query chose gets 0. The query heads of a kv head add into its dk and dv.
+    """
+    inputs = check_sparse_inputs(q, k, v, indices, scale)
+    B, H, T, _ = inputs.q.shape
+    out, dout, lse = as_float_array(out, "out"), as_float_array(dout, "dout"), as_float_array(lse, "lse")
+    want = (B, H, T, inputs.v.shape[-1])
+    if out.shape != want or dout.shape != want or lse.shape != want[:3]:
+        raise ValueError(f"out and dout must be {want} and lse {want[:3]}; got {out.shape}, {dout.shape}, {lse.shape}")
+    dtype = inputs.q.dtype
+    out, dout, lse = (x.astype(dtype, copy=False) for x in (out, dout, lse))
+    grads = chosen_backward(inputs, out, dout, lse, workers=check_positive_int(workers, "workers", cpu_cores()))
+    return tuple(g.astype(np.result_type(x), copy=False) for g, x in zip(grads, (q, k, v), strict=True))  # type: ignore
+
+
+# ---------------------------------------------------------------------------------------------------
+# decoding: a step scores every cached indexer key, then reads only the latents it chose
+
+
+def sparse_decode(
+    q_latent: Array, q_index: Array, weights: Array, latents: Array, index_keys: Array, lengths: Any, topk: int, *,
+    value_dim: int, scale: float | None = None,
+) -> tuple[Array, NDArray]:  # fmt: skip
+    """The new tokens of each sequence over its cached ones, from arrays: q_latent (B, H, L, r + d_rope), the
+    absorbed queries (latent.absorb_query); q_index (B, H_I, L, d_I), weights (B, L, H_I), the indexer's; latents
+    (B, max_tokens, r + d_rope) and index_keys (B, max_tokens, d_I), what the cache keeps a token; lengths (B,):
+    sequence b holds lengths[b] tokens, its L new ones last (already written). value_dim = r: the value is the
+    latent's first r numbers. -> o_latent (B, H, L, r) and the chosen keys (B, L, topk), per sequence:
+        chosen = index_topk(q_index, its index_keys, weights, topk)    every cached indexer key scored
+        o      = sparse_attention(q_latent, its latents, their first r, chosen)    topk latents read
+    """
+    latents, index_keys = as_float_array(latents, "latents"), as_float_array(index_keys, "index_keys")
+    lengths = np.asarray(lengths)
+    B, H, L, _ = np.shape(q_latent)
+    if latents.ndim != 3 or index_keys.ndim != 3 or latents.shape[:2] != index_keys.shape[:2] or len(latents) != B:
+        raise ValueError(f"latents and index_keys must be (B={B}, max_tokens, ·), one row a sequence; got "
+                         f"{latents.shape} and {index_keys.shape}")  # fmt: skip
+    most = latents.shape[1]  # max_tokens
+    if lengths.shape != (B,) or lengths.dtype.kind not in "iu" or np.any(lengths < L) or np.any(lengths > most):
+        raise ValueError(f"lengths must be ({B},) ints in [{L}, {most}] (the L = {L} new tokens included, at most "
+                         f"max_tokens); got {lengths!r}")  # fmt: skip
+    o = np.empty((B, H, L, value_dim), np.result_type(q_latent, latents))
+    chosen = np.empty((B, L, topk), np.int64)
+    for b, n in enumerate(lengths):
+        chosen[b] = index_topk(q_index[b : b + 1], index_keys[b : b + 1, :n], weights[b : b + 1], topk)[0]
+        latent = latents[b : b + 1, None, :n]  # (1, 1, n, r + d_rope): the one kv head of the absorbed form
+        o[b] = sparse_attention(q_latent[b : b + 1], latent, latent[..., :value_dim], chosen[b : b + 1], scale=scale)[0]
+    return o, chosen
+
+
+class SparseLatentCache:
+    """A sparse layer's cache: a token's latent [c_KV | k_rope] (latent_dim numbers, 576 in DeepSeek-V3.2) and its
+    indexer key (index_head_dim, 128), in `latents` (batch, max_tokens, latent_dim) and `index_keys` (batch,
+    max_tokens, index_head_dim), one length for every row. SparseLatentAttention writes a step's tokens past the
+    length, attends, and then sets the length: all or nothing, an interrupted step leaves the cache as it was."""
+
+    def __init__(self, batch: int, max_tokens: int, latent_dim: int, index_head_dim: int, dtype: Any = np.float32):
+        shape = [check_positive_int(n, name) for n, name in ((batch, "batch"), (max_tokens, "max_tokens"))]
+        widths = [check_positive_int(latent_dim, "latent_dim"), check_positive_int(index_head_dim, "index_head_dim")]
+        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"dtype must be float32 or float64; got {np.dtype(dtype)}")
+        refuse_unless_fits(math.prod(shape) * sum(widths) * np.dtype(dtype).itemsize, "SparseLatentCache",
+                           f"{shape[0]} x {shape[1]} tokens of {sum(widths)} numbers", "lower max_tokens")  # fmt: skip
+        self.latents = np.zeros((*shape, widths[0]), dtype)
+        self.index_keys = np.zeros((*shape, widths[1]), dtype)
+        self.length = 0
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.latents.nbytes + self.index_keys.nbytes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the layer: latent attention whose queries read the keys an indexer chose
+
+INDEX_NORM_EPS = 1e-6  # DeepseekV32Indexer's LayerNorm on its key
+
+
+class Indexed(NamedTuple):
+    """The indexer's inputs to index_topk, and its key's LayerNorm (its backward needs it)."""
+
+    q: Array  # (B, H_I, T, d_I), rotated
+    k: Array  # (B, T, d_I), normalised and rotated
+    weights: Array  # (B, T, H_I), the scales folded in
+    k_norm: Any  # layers.layer_norm's saved of the key
+
+
+class SparseSaved(NamedTuple):
+    """What SparseLatentAttention.backward and indexer_loss need from the forward: copies of x (B, T, C) and of
+    the weights, the positions, the projections (latent.MultiHeadLatentAttention.project), the indexer's inputs,
+    the chosen keys (B, T, topk), the heads' o (B, H, T, d_v), what the attention saw, and the flags."""
+
+    module: SparseLatentAttention
+    x: Array
+    positions: NDArray[np.int64]
+    weights: dict[str, Array]
+    proj: Any
+    indexer: Indexed
+    indices: NDArray[np.int64]
+    o: Array
+    attended: Any
+    absorbed: bool
+    unbatched: bool
+
+
+class SparseLatentAttention:
+    """DeepSeek-V3.2's attention (DSA): MultiHeadLatentAttention (`mla`, its weights and both forms) whose queries
+    read only the index_topk keys an indexer chooses (the module's docstring has the lines).
+
+    The indexer's weights, from the right (x @ W), named after transformers' DeepseekV32Indexer transposed:
+        w_index_q (q_lora_rank, H_I·d_I)  wq_b      w_index_k (C, d_I)  wk      w_index_weights (C, H_I)  weights_proj
+        index_k_norm, index_k_norm_bias (d_I,)  k_norm, a LayerNorm with a bias
+    q_lora_rank is required: the indexer's queries read c_Q. index_rope_interleave: the indexer's RoPE pairs,
+    False (i, i + d/2) as DeepSeek-V3.2, True (2i, 2i + 1) as GLM-5; rope_interleave is the attention's (latent.py).
+    The other arguments are MultiHeadLatentAttention's.
+
+        >>> dsa = SparseLatentAttention(32, 4, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4,
+        ...                             q_lora_rank=6, index_n_heads=2, index_head_dim=4, index_topk=3, rng=0)
+        >>> x = np.random.default_rng(1).standard_normal((5, 32))
+        >>> out, saved = dsa.forward(x)
+        >>> saved.indices[0, -1], bool(np.allclose(out, dsa(x, absorbed=False), atol=1e-6))  # the last query's 3 keys
+        (array([1, 2, 3]), True)
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
+        v_head_dim: int, q_lora_rank: int, index_n_heads: int, index_head_dim: int, index_topk: int,
+        index_rope_interleave: bool = False, rope_theta: float = 10000.0, rope_interleave: bool = True,
+        rope_scaling: dict[str, Any] | None = None, max_position_embeddings: int | None = None,
+        rng: np.random.Generator | int | None = None, dtype: Any = np.float32,
+    ):  # fmt: skip
+        rng = check_rng(rng)
+        self.mla = MultiHeadLatentAttention(
+            d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
+            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=check_positive_int(q_lora_rank,
+            "q_lora_rank"), rope_theta=rope_theta, rope_interleave=rope_interleave, rope_scaling=rope_scaling,
+            max_position_embeddings=max_position_embeddings, rng=rng, dtype=dtype,
+        )  # fmt: skip
+        self.index_n_heads = check_positive_int(index_n_heads, "index_n_heads")
+        self.index_head_dim = check_positive_int(index_head_dim, "index_head_dim")
+        self.index_topk = check_positive_int(index_topk, "index_topk")
+        self.index_rope_interleave = check_bool(index_rope_interleave, "index_rope_interleave")
+        if self.index_head_dim < self.mla.d_rope:
+            raise ValueError(f"index_head_dim must be at least qk_rope_head_dim = {self.mla.d_rope} (RoPE turns that "
+                             f"many of its channels); got {self.index_head_dim}")  # fmt: skip
+        self.dtype = self.mla.dtype
+        self.w_index_q, self.w_index_k, self.w_index_weights = (self._linear(rng, n_in, n_out) for n_in, n_out in (
+            (q_lora_rank, self.index_n_heads * self.index_head_dim), (d_model, self.index_head_dim),
+            (d_model, self.index_n_heads)))  # fmt: skip
+        self.index_k_norm = np.ones(self.index_head_dim, self.dtype)
+        self.index_k_norm_bias = np.zeros(self.index_head_dim, self.dtype)
+
+    def _linear(self, rng: np.random.Generator, n_in: int, n_out: int) -> Array:
+        """uniform(±1/√in): torch's nn.Linear default, as latent.py's weights."""
+        return rng.uniform(-1 / math.sqrt(n_in), 1 / math.sqrt(n_in), (n_in, n_out)).astype(self.dtype)
+
+    INDEXER = ("w_index_q", "w_index_k", "index_k_norm", "index_k_norm_bias", "w_index_weights")
+
+    @property
+    def parameters(self) -> dict[str, Array]:
+        """Every weight by name, the attention's (mla.parameters) then the indexer's: the arrays themselves."""
+        return {**self.mla.parameters, **{name: getattr(self, name) for name in self.INDEXER}}
+
+    def checked_weights(self) -> dict[str, Array]:
+        """`parameters`, each checked against the layer's sizes and dtype before any math."""
+        C, H, d = self.mla.d_model, self.index_n_heads, self.index_head_dim
+        shapes = {"w_index_q": (self.mla.q_lora_rank, H * d), "w_index_k": (C, d), "index_k_norm": (d,),
+                  "index_k_norm_bias": (d,), "w_index_weights": (C, H)}  # fmt: skip
+        for name, shape in shapes.items():
+            w = getattr(self, name)
+            if not isinstance(w, np.ndarray) or w.dtype != self.dtype or w.shape != shape:
+                raise ValueError(f"{name} must be a {self.dtype} ndarray of shape {shape}; got "
+                                 f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
+        return {**self.mla.checked_weights(), **{name: getattr(self, name) for name in self.INDEXER}}
+
+    # --- the forward ------------------------------------------------------------------------------------
+
+    def index(self, x: Array, c_q: Any, positions: NDArray[np.int64], weights: dict[str, Array]) -> Indexed:
+        """The indexer's inputs from x (B, T, C) and the query latent c_Q (B, T, q_lora_rank): the module's lines."""
+        B, T, _ = x.shape
+        H, d = self.index_n_heads, self.index_head_dim
+        q = (c_q @ weights["w_index_q"]).reshape(B, T, H, d).swapaxes(1, 2)  # (B, H_I, T, d_I)
+        k, k_norm = layer_norm(x @ weights["w_index_k"], weights["index_k_norm"], weights["index_k_norm_bias"],
+                               INDEX_NORM_EPS)  # (B, T, d_I)  # fmt: skip
+        w = (x @ weights["w_index_weights"]) / math.sqrt(H * d)  # (B, T, H_I): H_I^-1/2 and d_I^-1/2
+        return Indexed(self._rotate(q, positions), self._rotate(k, positions), w, k_norm)
+
+    def _rotate(self, x: Array, positions: NDArray[np.int64], backward: bool = False) -> Array:
+        """RoPE (or its backward) of the first qk_rope_head_dim channels of x (..., T, d_I), the indexer's pairs."""
+        d_rope, mla, turn = self.mla.d_rope, self.mla, rope_backward if backward else rope
+        first = turn(x[..., :d_rope], positions=positions, base=mla.rope_theta, interleaved=self.index_rope_interleave,
+                     scaling=mla.rope_scaling, max_position_embeddings=mla.max_position_embeddings)  # fmt: skip
+        return np.concatenate([first, x[..., d_rope:]], axis=-1)
+
+    def attend(self, proj: Any, indices: NDArray, weights: dict[str, Array], absorbed: bool) -> tuple[Array, Attended]:
+        """o (B, H, T, d_v): latent.attend_latent's two forms, with sparse_attention over the chosen keys."""
+        H, d_nope, r = self.mla.n_heads, self.mla.d_nope, self.mla.kv_lora_rank
+        w_uk, w_uv = split_ukv(weights["w_ukv"], H, d_nope)  # (H, r, d_nope), (H, r, d_v)
+        if absorbed:  # one kv head: the latent, its first r numbers the value
+            q, k, v = absorb_query(proj.q_nope, proj.q_rope, w_uk), proj.latent, proj.latent[..., :r]
+        else:
+            q = np.concatenate([proj.q_nope, proj.q_rope], axis=-1)  # (B, H, T, d_nope + d_rope)
+            k, v = decompress(proj.latent, weights["w_ukv"], H, d_nope)
+        out, lse = sparse_attention(q, k, v, indices, scale=self.mla.softmax_scale, return_lse=True)
+        return (out @ w_uv if absorbed else out), Attended(q, k, v, out, lse)
+
+    def _run(self, x: Array, positions: NDArray[np.int64], weights: dict[str, Array], absorbed: bool) -> tuple:
+        """The forward of a checked x (B, T, C): out and the pieces SparseSaved keeps."""
+        proj = self.mla.project(x, positions, weights)
+        indexed = self.index(x, proj.c_q, positions, weights)
+        indices = index_topk(indexed.q, indexed.k, indexed.weights, self.index_topk)  # (B, T, topk)
+        o, attended = self.attend(proj, indices, weights, absorbed)
+        B, _, T, _ = o.shape
+        return o.swapaxes(1, 2).reshape(B, T, -1) @ weights["w_o"], proj, indexed, indices, o, attended
+
+    def __call__(self, x: Array, *, absorbed: bool = True, positions: Any = None,
+                 cache: SparseLatentCache | None = None) -> Array:  # fmt: skip
+        """x (B, T, C) or (T, C) -> out, the same shape: causal attention of the T tokens over the keys the indexer
+        chose for each. cache: a SparseLatentCache that x continues (its tokens at positions len(cache) onwards;
+        the absorbed form): prefill and one-token steps give what the whole sequence gives."""
+        absorbed = check_bool(absorbed, "absorbed")
+        x_b, unbatched = self._batched(x)
+        if cache is None:
+            out = self._run(x_b, self._positions(positions, x_b.shape[1]), self.checked_weights(), absorbed)[0]
+        elif positions is not None or not absorbed:
+            raise ValueError("with cache=, positions come from the cache and the form is the absorbed one: pass "
+                             "positions=None and absorbed=True")  # fmt: skip
+        else:
+            out = self._attend_cache(x_b, cache)
+        return out[0] if unbatched else out
+
+    def _attend_cache(self, x: Array, cache: SparseLatentCache) -> Array:
+        """x (B, T, C) continuing cache -> out (B, T, C): the T tokens written past its length, attended, kept."""
+        mla, weights = self.mla, self.checked_weights()
+        (B, T, _), start = x.shape, len(cache)
+        want = (B, self.mla.kv_lora_rank + mla.d_rope, self.index_head_dim, self.dtype)
+        got = (len(cache.latents), cache.latents.shape[2], cache.index_keys.shape[2], cache.latents.dtype)
+        if not isinstance(cache, SparseLatentCache) or got != want or start + T > cache.latents.shape[1]:
+            raise ValueError(f"cache must be a SparseLatentCache(batch, max_tokens, latent_dim, index_head_dim, dtype) "
+                             f"= {want} with room for {T} more tokens; got {got}, {start} of "
+                             f"{cache.latents.shape[1]} tokens used")  # fmt: skip
+        positions = np.arange(start, start + T)
+        proj = mla.project(x, positions, weights)
+        indexed = self.index(x, proj.c_q, positions, weights)
+        cache.latents[:, start : start + T], cache.index_keys[:, start : start + T] = proj.latent[:, 0], indexed.k
+        w_uk, w_uv = split_ukv(weights["w_ukv"], mla.n_heads, mla.d_nope)
+        o_latent, _ = sparse_decode(absorb_query(proj.q_nope, proj.q_rope, w_uk), indexed.q, indexed.weights,
+                                    cache.latents, cache.index_keys, np.full(B, start + T), self.index_topk,
+                                    value_dim=mla.kv_lora_rank, scale=mla.softmax_scale)  # fmt: skip
+        cache.length = start + T  # the one step that makes the T tokens the cache's
+        return (o_latent @ w_uv).swapaxes(1, 2).reshape(B, T, -1) @ weights["w_o"]
+
+    def _batched(self, x: Any) -> tuple[Array, bool]:
+        """x (B, T, C) or (T, C), checked, as (B, T, C) in the layer's dtype, and whether it had no batch axis."""
+        x = as_float_array(x, "x")
+        if x.ndim not in (2, 3) or x.shape[-1] != self.mla.d_model:
+            raise ValueError(f"x must be (B, T, {self.mla.d_model}) or (T, {self.mla.d_model}); got shape {x.shape}")
+        return (x[None] if x.ndim == 2 else x).astype(self.dtype, copy=False), x.ndim == 2
+
+    @staticmethod
+    def _positions(positions: Any, T: int) -> NDArray[np.int64]:
+        """positions (T,) as int64, default 0 .. T-1."""
+        positions = np.arange(T) if positions is None else np.asarray(positions)
+        if positions.shape != (T,) or positions.dtype.kind not in "iu":
+            raise ValueError(f"positions must be ({T},) ints, one per token of x; got {positions.dtype} "
+                             f"{positions.shape}")  # fmt: skip
+        return positions.astype(np.int64)
+
+    # --- training: the attention's gradient through the chosen keys, and the indexer's own loss -------------
+
+    def forward(self, x: Array, *, absorbed: bool = True, positions: Any = None) -> tuple[Array, SparseSaved]:
+        """out = self(x, absorbed=..., positions=...) and what backward() and indexer_loss() need (copies)."""
+        absorbed = check_bool(absorbed, "absorbed")
+        x_b, unbatched = self._batched(x)
+        positions = self._positions(positions, x_b.shape[1])
+        weights = {name: w.copy() for name, w in self.checked_weights().items()}
+        out, proj, indexed, indices, o, attended = self._run(x_b, positions, weights, absorbed)
+        kept = (proj, indexed, indices, o, attended, absorbed, unbatched)
+        return (out[0] if unbatched else out), SparseSaved(self, x_b.copy(), positions, weights, *kept)
+
+    def backward(self, dout: Array, saved: SparseSaved) -> tuple[Array, dict[str, Array]]:
+        """(dx, grads) from dout = ∂loss/∂out: grads holds the attention's weights (mla.parameters' names), the
+        chosen keys held fixed. latent.py's backward, line for line, with sparse_attention_backward for the
+        attention; the indexer gets no gradient from this loss (its inputs are detached): indexer_loss trains it."""
+        if not isinstance(saved, SparseSaved) or saved.module is not self:
+            raise ValueError(f"saved must come from this layer's own forward(); got {type(saved).__name__}")
+        B, T, C = saved.x.shape
+        want = (T, C) if saved.unbatched else (B, T, C)
+        dout = as_float_array(dout, "dout")
+        if dout.shape != want:
+            raise ValueError(f"dout must have the forward's output shape {want}; got shape {dout.shape}")
+        dout = dout.reshape(B * T, C).astype(self.dtype, copy=False)  # (B·T, C)
+        grads: dict[str, Array] = {"w_o": saved.o.swapaxes(1, 2).reshape(B * T, -1).T @ dout}  # out = concat(o) W_O
+        do = (dout @ saved.weights["w_o"].T).reshape(B, T, self.mla.n_heads, -1).swapaxes(1, 2)  # (B, H, T, d_v)
+        dq_nope, dq_rope, dlatent, grads["w_ukv"] = self._attention_backward(do, saved)
+        dx = self._projection_backward(dq_nope, dq_rope, dlatent, saved, grads)
+        return dx.reshape(want), {name: grads[name] for name in self.mla.parameters}
+
+    def _attention_backward(self, do: Array, saved: SparseSaved) -> tuple[Array, Array, Array, Array]:
+        """do (B, H, T, d_v) back through the attention in the forward's form: dq_nope, dq_rope (rotated),
+        dlatent (B, 1, T, r + d_rope), dW_UKV."""
+        a, mla, w = saved.attended, self.mla, saved.weights
+        r, d_nope, (B, H, T, _) = mla.kv_lora_rank, mla.d_nope, do.shape
+        w_uk, w_uv = split_ukv(w["w_ukv"], H, d_nope)
+        if saved.absorbed:  # o = o_lat W_UV,h; o_lat = attention over the latent; q_lat = [q_nope W_UK,hᵀ | q_rope]
+            dw_uv = (a.out.swapaxes(-1, -2) @ do).sum(axis=0)  # (H, r, d_v)
+            dq_lat, dk, dv = sparse_attention_backward(a.q, a.k, a.v, saved.indices, a.out, do @ w_uv.swapaxes(-1, -2),
+                                                       a.lse, scale=mla.softmax_scale)  # fmt: skip
+            dk[..., :r] += dv  # the latent is the key, and its first r numbers the value
+            dw_uk = (dq_lat[..., :r].swapaxes(-1, -2) @ saved.proj.q_nope).sum(axis=0)  # (H, r, d_nope)
+            return dq_lat[..., :r] @ w_uk, dq_lat[..., r:], dk, join_ukv(dw_uk, dw_uv)
+        dq, dk, dv = sparse_attention_backward(a.q, a.k, a.v, saved.indices, a.out, do, a.lse, scale=mla.softmax_scale)
+        dkv = np.concatenate([dk[..., :d_nope], dv], axis=-1).swapaxes(1, 2).reshape(B * T, -1)  # [k_nope | v] = c W
+        dc_kv = (dkv @ w["w_ukv"].T).reshape(B, 1, T, r)
+        dk_rope = dk[..., d_nope:].sum(axis=1, keepdims=True)  # (B, 1, T, d_rope): one key every head read
+        dw_ukv = saved.proj.latent[:, 0, :, :r].reshape(B * T, r).T @ dkv  # (r, H·(d_nope + d_v))
+        return dq[..., :d_nope], dq[..., d_nope:], np.concatenate([dc_kv, dk_rope], axis=-1), dw_ukv
+
+    def _projection_backward(self, dq_nope: Array, dq_rope: Array, dlatent: Array, saved: SparseSaved,
+                             grads: dict[str, Array]) -> Array:  # fmt: skip
+        """Back through RoPE, the two RMSNorms and the projections (latent.py's lines): dx (B·T, C); the weights'
+        gradients go into grads."""
+        x, proj, w, mla = saved.x, saved.proj, saved.weights, self.mla
+        (B, T, C), r = x.shape, mla.kv_lora_rank
+        x_flat = x.reshape(B * T, C)
+        turn: dict[str, Any] = dict(positions=saved.positions, base=mla.rope_theta, interleaved=mla.rope_interleave,
+                    scaling=mla.rope_scaling, max_position_embeddings=mla.max_position_embeddings)  # fmt: skip
+        kv = rms_norm_backward(dlatent[:, 0, :, :r], rms_norm(proj.c_kv_raw, w["kv_norm"], RMS_EPS)[1])
+        d_dkv = np.concatenate([kv.dx, rope_backward(dlatent[:, 0, :, r:], **turn)], axis=-1).reshape(B * T, -1)
+        grads.update(kv_norm=kv.dgain, w_dkv=x_flat.T @ d_dkv)  # [c_KV_raw | k_rope] = x W_DKV
+        dq = np.concatenate([dq_nope, rope_backward(dq_rope, **turn)], axis=-1).swapaxes(1, 2).reshape(B * T, -1)
+        grads["w_uq"] = proj.c_q.reshape(B * T, -1).T @ dq  # q = c_Q W_UQ
+        c_q = rms_norm_backward(dq @ w["w_uq"].T, rms_norm(proj.c_q_raw.reshape(B * T, -1), w["q_norm"], RMS_EPS)[1])
+        grads.update(q_norm=c_q.dgain, w_dq=x_flat.T @ c_q.dx)  # c_Q = RMSNorm(x W_DQ)
+        return d_dkv @ w["w_dkv"].T + c_q.dx @ w["w_dq"].T
+
+    def indexer_loss(self, saved: SparseSaved) -> tuple[float, dict[str, Array]]:
+        """DeepSeek-V3.2's indexer loss for the forward that made saved, and its gradient by hand, for the
+        indexer's weights only (its inputs are detached; the paper's section 2.1.1):
+            p_t = Σ_h P_h[t, S_t] / H       the attention's weights at the chosen keys, summed over the heads and
+                                            L1-normalized (each head's sum to 1): held fixed, the target
+            q_t = softmax(I[t, S_t])        the indexer's distribution over the same keys
+            L   = Σ_t KL(p_t ‖ q_t) = Σ_t Σ_j p_tj (log p_tj - log q_tj),   ∂L/∂I[t, j] = q_tj - p_tj
+        then back through I = Σ_h w ReLU(q_I · k_I), the RoPE, the key's LayerNorm and W_IQ, W_IK, W_IW.
+        -> (L, grads by the indexer's names)."""
+        if not isinstance(saved, SparseSaved) or saved.module is not self:
+            raise ValueError(f"saved must come from this layer's own forward(); got {type(saved).__name__}")
+        a, ix, chosen = saved.attended, saved.indexer, saved.indices
+        target = heads_summed_weights(check_sparse_inputs(a.q, a.k, a.v, chosen, self.mla.softmax_scale), a.lse)
+        target /= self.mla.n_heads  # (B, T, n): p_t
+        scores, dots = indexer_scores_at(ix.q, ix.k, ix.weights, chosen)  # (B, T, n), -inf at an empty slot
+        log_q = scores - np.max(scores, axis=-1, keepdims=True)
+        log_q -= np.log(np.exp(log_q).sum(axis=-1, keepdims=True))  # log softmax over the chosen keys
+        listed = chosen >= 0
+        loss = float(np.sum(target * (np.log(np.where(target > 0, target, 1)) - np.where(listed, log_q, 0))))
+        d_scores = np.where(listed, np.exp(log_q) - target, 0)  # (B, T, n)
+        dq, dk, d_weights = indexer_scores_backward(d_scores, dots, ix.q, ix.k, ix.weights, chosen)
+        return loss, self._indexer_backward(dq, dk, d_weights, saved)
+
+    def _indexer_backward(self, dq: Array, dk: Array, d_weights: Array, saved: SparseSaved) -> dict[str, Array]:
+        """dq_I (B, H_I, T, d_I), dk_I (B, T, d_I), dw (B, T, H_I) back through the indexer's lines to its weights."""
+        (B, T, C), H, d = saved.x.shape, self.index_n_heads, self.index_head_dim
+        x = saved.x.reshape(B * T, C)
+        dq = self._rotate(dq, saved.positions, backward=True).swapaxes(1, 2).reshape(B * T, H * d)  # RoPE(c_Q W_IQ)
+        k_norm = layer_norm_backward(self._rotate(dk, saved.positions, backward=True), saved.indexer.k_norm)
+        return {"w_index_q": saved.proj.c_q.reshape(B * T, -1).T @ dq, "w_index_k": x.T @ k_norm.dx.reshape(B * T, d),
+                "index_k_norm": k_norm.dgain, "index_k_norm_bias": k_norm.dbias,
+                "w_index_weights": x.T @ d_weights.reshape(B * T, H) / math.sqrt(H * d)}  # fmt: skip
