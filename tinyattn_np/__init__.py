@@ -37,33 +37,48 @@ The reading order: each file uses only what came before it.
     22  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
     23  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
     24  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    25  _mpi.py          the MPI plumbing both schemes share: messages, polled waits, agreement, abort
-    26  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    27  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (25 to 28 are not imported here; _mpi.py, ring.py and ulysses.py need mpi4py to run)
+    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (25 to 28 are not imported here; ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    28  peaks.py         what our own functions allocate, worked out from their tiles
-    29  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    30  model_parts.py   the parts some models add: experts, latent attention, linear attention
-    31  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
-    32  bill.py          one model's bill at each context length
-    33  presets.py       released models as shapes
+    27  peaks.py         what our own functions allocate, worked out from their tiles
+    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    29  model_parts.py   the parts some models add: experts, latent attention, linear attention
+    30  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
+    31  bill.py          one model's bill at each context length
+    32  presets.py       released models as shapes
         hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
-    34  measure.py       peaks, timings and machine facts, as the scripts measure them
-    35  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    36  report.py        the tables the scripts print
-    37  text.py          tokens and embeddings for the demos
-    38  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    39  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    33  measure.py       peaks, timings and machine facts, as the scripts measure them
+    34  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    35  report.py        the tables the scripts print
+    36  text.py          tokens and embeddings for the demos
+    37  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    38  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
-Internal, `_`-named: _checks.py (input checks), _parallel.py (the worker engine), _guard.py (the memory
-guard: refuse before allocating), _atomic.py (a cache's change all or nothing under an interrupt),
-_bytes.py (bytes per dtype, byte units), _linear_kernel.py (the gated delta rule's chunks over every head, its
-backward and the decode step), _linear_checks.py (its input checks), _sparse_kernel.py (sparse.py's engine),
-_rope_scaling.py (a rope_scaling dict's checks and each method's frequencies).
+Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its
+plain algorithm, and what several modules share. None of them imports a lesson.
+
+    _flash_kernel.py   flash_attention's tiles: many heads a step on worker threads, sums against 0
+    _backward_kernel.py  the backward's key blocks, and the wavefront that orders their dq
+    _tiles.py          the tile kinds and what a kernel asks of a mask (Band and BlockMask answer)
+    _mod_calls.py      calling a mask_mod or score_mod and checking what it returns
+    _tuning.py         the process-wide knobs: the tile rule, the decode layout, the row block
+    _decode_kernel.py  a decode step's blocks of keys and their merge (flash_decode, the caches)
+    _paged_kernel.py   decoding through block tables, from the pools, the tables and the lengths
+    _cache_buffers.py  the caches' dtypes, read-only views, pickling without the lock
+    _latent_checks.py  latent attention's input checks
+    _sparse_kernel.py  the indexer's blockwise top-k and the attention over the chosen keys
+    _linear_kernel.py  the gated delta rule's chunks over every head, its backward and the decode step
+    _linear_checks.py  the gated delta rule's input checks
+    _rope_scaling.py   a rope_scaling dict's checks and each scaling method's frequencies
+    _shape_checks.py   a model shape's fields, checked and filled
+    _mpi.py            the MPI plumbing the ring and Ulysses share: messages, polled waits, agreement, abort
+    _parallel.py       the worker engine, the BLAS limit and the elementwise layers' row blocks
+    _checks.py  _guard.py  _atomic.py  _bytes.py   input checks; the memory guard (refuse before allocating);
+                       a cache's change all or nothing under an interrupt; bytes per dtype and byte units
 
 The names below are the public API; each lives in the module named after its concept.
 """

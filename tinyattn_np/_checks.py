@@ -12,10 +12,12 @@ __all__ = [
     "ACCEPTED_DTYPES",
     "COMPUTE_DTYPES",
     "QKVShape",
+    "SHARD_LAYOUTS",
     "as_float_array",
     "check_bool",
     "check_count",
     "check_cu_seqlens",
+    "check_layout",
     "check_like",
     "check_ndim",
     "check_one_head",
@@ -315,3 +317,13 @@ def check_cu_seqlens(cu_seqlens: Any, name: str = "cu_seqlens") -> np.ndarray:
     if cu[0] != 0 or (np.diff(cu) < 0).any():
         raise ValueError(f"{name} must be 1-D ints rising from 0 (0, n_0, n_0 + n_1, ...); got {cu_seqlens!r}")
     return cu
+
+
+SHARD_LAYOUTS = ("zigzag", "contiguous")  # how a sequence is cut over P processes (shards.py)
+
+
+def check_layout(layout: Any) -> str:
+    """layout, one of SHARD_LAYOUTS; anything else is a ValueError that lists them."""
+    if layout not in SHARD_LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(repr(name) for name in SHARD_LAYOUTS)}; got {layout!r}")
+    return str(layout)

@@ -34,15 +34,39 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import QKVShape, check_bool, check_like, check_positive_int, check_qkv, check_scale, compute_dtype
-from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-from .shards import check_layout
+from ._checks import (
+    QKVShape,
+    check_bool,
+    check_layout,
+    check_like,
+    check_positive_int,
+    check_qkv,
+    check_scale,
+    compute_dtype,
+)
+from ._tuning import TILE_SIDE
 
 __all__ = [
-    "INSTALL_HINT", "Failed", "Report", "abort_on_failure", "agree", "agreed_inputs",
-    "check_backward", "check_comm", "check_forward", "check_on_every_rank", "check_settings", "check_shards",
-    "finish", "load_mpi", "pack_block", "pass_on", "unpack_block", "wait_for",
-]  # fmt: skip
+    "INSTALL_HINT",
+    "Failed",
+    "Report",
+    "Settings",
+    "abort_on_failure",
+    "agree",
+    "agreed_inputs",
+    "check_backward",
+    "check_comm",
+    "check_forward",
+    "check_on_every_rank",
+    "check_settings",
+    "check_shards",
+    "finish",
+    "load_mpi",
+    "pack_block",
+    "pass_on",
+    "unpack_block",
+    "wait_for",
+]
 
 INSTALL_HINT = 'pip install -e ".[distributed]"  (mpi4py and the mpich wheel, which brings mpiexec)'
 PRINT_SECONDS = 0.25  # how long a failing rank lets mpiexec pass on its message before MPI_Abort
@@ -207,8 +231,8 @@ class Report(NamedTuple):
     settings: tuple[Any, ...]  # causal, layout, scale, block_q, block_k
 
     @staticmethod
-    def of(arrays: tuple[np.ndarray, ...], settings: dict[str, Any]) -> Report:
-        agreed = tuple(settings[name] for name in ("causal", "layout", "scale", "block_q", "block_k"))
+    def of(arrays: tuple[np.ndarray, ...], settings: Settings) -> Report:
+        agreed = (settings.causal, settings.layout, settings.scale, settings.block_q, settings.block_k)
         return Report(tuple(a.shape for a in arrays), tuple(str(a.dtype) for a in arrays), agreed)
 
 
@@ -234,26 +258,39 @@ def agree(reports: list[Report]) -> None:
             )
 
 
-def check_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments every scheme takes, checked (the scale comes later: it needs E and the dtype).
-    workers and the return_ flags may differ between ranks; the rest must agree (Report)."""
-    checked = dict(settings)
-    checked["causal"] = check_bool(settings["causal"], "causal")
-    checked["layout"] = check_layout(settings["layout"])
-    for flag in ("return_lse", "return_stats"):
-        if flag in settings:
-            checked[flag] = check_bool(settings[flag], flag)
-    checked["block_q"] = check_positive_int(settings["block_q"], "block_q", default=DEFAULT_BLOCK_Q)
-    checked["block_k"] = check_positive_int(settings["block_k"], "block_k", default=DEFAULT_BLOCK_K)
-    checked["workers"] = check_positive_int(settings["workers"], "workers")
-    return checked
+class Settings(NamedTuple):
+    """The keyword arguments every scheme takes: as the caller gave them, then checked (check_settings: bools,
+    a layout name, ints; check_shards: the scale). causal, layout, scale, block_q and block_k must agree between
+    the ranks (Report); workers and the return_ flags may differ."""
+
+    causal: Any
+    layout: Any
+    scale: Any
+    block_q: Any
+    block_k: Any
+    workers: Any
+    return_lse: Any = False
+    return_stats: Any = False
+
+
+def check_settings(settings: Settings) -> Settings:
+    """settings with every field checked (the scale comes later: check_shards)."""
+    return settings._replace(
+        causal=check_bool(settings.causal, "causal"),
+        layout=check_layout(settings.layout),
+        return_lse=check_bool(settings.return_lse, "return_lse"),
+        return_stats=check_bool(settings.return_stats, "return_stats"),
+        block_q=check_positive_int(settings.block_q, "block_q", default=TILE_SIDE),
+        block_k=check_positive_int(settings.block_k, "block_k", default=TILE_SIDE),
+        workers=check_positive_int(settings.workers, "workers"),
+    )
 
 
 def check_shards(
-    q: Any, k: Any, v: Any, settings: dict[str, Any]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape]:
-    """This rank's q, k, v shards against the contract, with the scale checked into settings:
-    -> (q, k, v, dims). Raises ValueError or TypeError naming what is wrong."""
+    q: Any, k: Any, v: Any, settings: Settings
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, QKVShape, Settings]:
+    """This rank's q, k, v shards against the contract, and settings with the scale checked:
+    -> (q, k, v, dims, settings). Raises ValueError or TypeError naming what is wrong."""
     if np.ndim(q) < 3 or np.ndim(k) < 3 or np.ndim(v) < 3:
         raise ValueError(
             f"q, k and v must be shards with a head axis, (..., H, T/size, E); got shapes "
@@ -265,29 +302,25 @@ def check_shards(
             f"q and k must hold the same tokens (the ring is self-attention over one sequence); got "
             f"{dims.n_q} queries (q {q.shape}) and {dims.n_k} keys (k {k.shape})"
         )
-    if settings["layout"] == "zigzag" and dims.n_q % 2:
+    if settings.layout == "zigzag" and dims.n_q % 2:
         raise ValueError(
             f"a zigzag shard is two equal chunks, so its token count must be even; got {dims.n_q} (q {q.shape}): "
             "the whole sequence must be a multiple of 2·size (shard() checks this)"
         )
-    settings["scale"] = check_scale(settings["scale"], dims.e, compute_dtype(q, k, v))
-    return q, k, v, dims
+    scale = check_scale(settings.scale, dims.e, compute_dtype(q, k, v))
+    return q, k, v, dims, settings._replace(scale=scale)
 
 
-def check_forward(q: Any, k: Any, v: Any, settings: dict[str, Any]) -> tuple[Any, Report]:
+def check_forward(q: Any, k: Any, v: Any, settings: Settings) -> tuple[Any, Report]:
     """A forward's inputs on this rank: ((q, k, v, dims, settings), its report)."""
-    settings = check_settings(settings)
-    q, k, v, dims = check_shards(q, k, v, settings)
+    q, k, v, dims, settings = check_shards(q, k, v, check_settings(settings))
     return (q, k, v, dims, settings), Report.of((q, k, v), settings)
 
 
-def check_backward(
-    q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, settings: dict[str, Any]
-) -> tuple[Any, Report]:
+def check_backward(q: Any, k: Any, v: Any, out: Any, dout: Any, lse: Any, settings: Settings) -> tuple[Any, Report]:
     """A backward's inputs on this rank, out, dout and lse against q's shape:
     ((q, k, v, out, dout, lse, dims, settings), its report)."""
-    settings = check_settings(settings)
-    q, k, v, dims = check_shards(q, k, v, settings)
+    q, k, v, dims, settings = check_shards(q, k, v, check_settings(settings))
     out_shape = (*dims.batch, dims.hq, dims.n_q, dims.ev)
     out = check_like(out, "out", out_shape, "(..., Hq, T/size, Ev)")
     dout = check_like(dout, "dout", out_shape, "out's (..., Hq, T/size, Ev)")

@@ -54,6 +54,7 @@ from ._backward_kernel import BackwardPlan, check_weights_sum_to_one, query_rows
 from ._checks import QKVShape, check_bool, check_count, check_positive_int, compute_dtype, result_dtype
 from ._flash_kernel import FlashPlan, TileSizes, flash_forward, flash_plan
 from ._mpi import (
+    Settings,
     abort_on_failure,
     agreed_inputs,
     check_backward,
@@ -127,16 +128,16 @@ def ring_attention(
     Failures (_mpi.py): bad input on any rank is raised on every rank, before any block moves; any exception
     after that (Ctrl-C too) is printed with its rank and ends the job (MPI_Abort).
     """
-    settings = {
-        "causal": causal,
-        "layout": layout,
-        "scale": scale,
-        "block_q": block_q,
-        "block_k": block_k,
-        "return_lse": return_lse,
-        "return_stats": return_stats,
-        "workers": workers,
-    }
+    settings = Settings(
+        causal=causal,
+        layout=layout,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+        return_lse=return_lse,
+        return_stats=return_stats,
+        workers=workers,
+    )
     # 1) every rank's inputs checked and compared
     check = partial(check_forward, q, k, v, settings)
     q, k, v, dims, settings = agreed_inputs(comm, check, "ring_attention's check")
@@ -144,15 +145,15 @@ def ring_attention(
     with abort_on_failure(comm, "ring_attention"):
         out, lse, stats = forward_ring(comm, q, k, v, dims, settings)
         results: list[Any] = [out.astype(result_dtype(q, k, v), copy=False)]
-    if settings["return_lse"]:
+    if settings.return_lse:
         results.append(lse)  # in the compute dtype, as flash_attention's: float32 for float16 inputs
-    if settings["return_stats"]:
+    if settings.return_stats:
         results.append(stats)
     return finish(results)
 
 
 def forward_ring(
-    comm: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, settings: dict[str, Any]
+    comm: Any, q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, settings: Settings
 ) -> tuple[np.ndarray, np.ndarray, RingStats]:
     """ring_attention's steps on checked inputs: out and lse in the compute dtype, and the record."""
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -161,11 +162,11 @@ def forward_ring(
     q_c = q.astype(ct, copy=False)  # (..., Hq, T/P, E)
     out = np.zeros((*dims.batch, dims.hq, dims.n_q, dims.ev), ct)  # (..., Hq, T/P, Ev)
     lse = np.full((*dims.batch, dims.hq, dims.n_q), -np.inf, ct)  # (..., Hq, T/P)
-    held = chunks_of(rank, size, settings["layout"])
-    part = dims.n_q // len(held) if settings["causal"] else dims.n_q  # tokens per pair side: a chunk, or the shard
-    sizes = TileSizes(settings["block_q"], settings["block_k"], workers=settings["workers"])
-    plan = flash_plan(dims._replace(n_q=part, n_k=part), Band(None), settings["scale"], sizes)  # band: per pair
-    stats = RingStats(rank, size, settings["layout"], settings["causal"], dims.n_q, held)
+    held = chunks_of(rank, size, settings.layout)
+    part = dims.n_q // len(held) if settings.causal else dims.n_q  # tokens per pair side: a chunk, or the shard
+    sizes = TileSizes(settings.block_q, settings.block_k, workers=settings.workers)
+    plan = flash_plan(dims._replace(n_q=part, n_k=part), Band(None), settings.scale, sizes)  # band: per pair
+    stats = RingStats(rank, size, settings.layout, settings.causal, dims.n_q, held)
     # 2) two buffers: send_buf is the block in hand (computed on while it goes to the right neighbour),
     #    recv_buf takes the next block from the left. K/V travel in their own dtype (float16 stays 2 bytes).
     send_buf = pack_block(k, v, np.result_type(k, v))  # (B·Hkv·T/P·(E + Ev),): k_block and v_block, one message
@@ -176,7 +177,7 @@ def forward_ring(
         # 3) start passing the block on while we compute on it; the last block needs no passing
         requests = pass_on(comm, send_buf, recv_buf, step) if step < size - 1 else []
         k_block, v_block = (x.astype(ct, copy=False) for x in unpack_block(send_buf, k.shape, v.shape))
-        pairs = ring_pairs(rank, source_rank, size, layout=settings["layout"], causal=settings["causal"])
+        pairs = ring_pairs(rank, source_rank, size, layout=settings.layout, causal=settings.causal)
         tiles = ring_step(q_c, k_block, v_block, out, lse, pairs, part, plan)
         computed = time.perf_counter()
         # 4) wait for the next block to arrive (and ours to leave), then swap the two buffers
@@ -266,15 +267,15 @@ def ring_attention_backward(
     return_stats=True appends a RingStats; bytes per step count both the K/V block and the accumulator.
     Failures as in ring_attention: bad input raised on every rank, anything later ends the job (MPI_Abort).
     """
-    settings = {
-        "causal": causal,
-        "layout": layout,
-        "scale": scale,
-        "block_q": block_q,
-        "block_k": block_k,
-        "return_stats": return_stats,
-        "workers": workers,
-    }
+    settings = Settings(
+        causal=causal,
+        layout=layout,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+        return_stats=return_stats,
+        workers=workers,
+    )
     # 1) every rank's inputs checked and compared
     check = partial(check_backward, q, k, v, out, dout, lse, settings)
     q, k, v, out, dout, lse, dims, settings = agreed_inputs(comm, check, "ring_attention_backward's check")
@@ -283,9 +284,9 @@ def ring_attention_backward(
         query, dk, dv, stats = backward_ring(comm, q, k, v, out, dout, lse, dims, settings)
     # 3) the forward's lse, checked on every rank's rows: all ranks raise, or none
     check_on_every_rank(comm, partial(check_lse, query), "ring_attention_backward's lse check")
-    dq = (query.dq * settings["scale"]).reshape(q.shape).astype(q.dtype, copy=False)
+    dq = (query.dq * settings.scale).reshape(q.shape).astype(q.dtype, copy=False)
     results = [dq, dk.reshape(k.shape).astype(k.dtype, copy=False), dv.reshape(v.shape).astype(v.dtype, copy=False)]
-    if settings["return_stats"]:
+    if settings.return_stats:
         results.append(stats)
     return tuple(results)
 
@@ -299,19 +300,19 @@ def backward_ring(
     dout: np.ndarray,
     lse: np.ndarray,
     dims: QKVShape,
-    settings: dict[str, Any],
+    settings: Settings,
 ) -> tuple[QuerySide, np.ndarray, np.ndarray, RingStats]:
     """ring_attention_backward's steps on checked inputs: the query side (dq inside), dk, dv, the record."""
     rank, size = comm.Get_rank(), comm.Get_size()
     ct = compute_dtype(q, k, v, out, dout)
-    held = chunks_of(rank, size, settings["layout"])
-    part = dims.n_q // len(held) if settings["causal"] else dims.n_q  # tokens per pair side
-    plan = BackwardPlan(settings["scale"], Band(None), settings["block_q"], settings["block_k"], settings["workers"])
-    stats = RingStats(rank, size, settings["layout"], settings["causal"], dims.n_q, held)
+    held = chunks_of(rank, size, settings.layout)
+    part = dims.n_q // len(held) if settings.causal else dims.n_q  # tokens per pair side
+    plan = BackwardPlan(settings.scale, Band(None), settings.block_q, settings.block_k, settings.workers)
+    stats = RingStats(rank, size, settings.layout, settings.causal, dims.n_q, held)
     n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
     kv_shapes = (n_kv, dims.n_k, dims.e), (n_kv, dims.n_k, dims.ev)  # a block, one row block per (batch, kv head)
     # 1) the query side, once; the K/V blocks' two buffers, as in the forward
-    query = query_side(q, out, dout, lse, dims, settings["scale"], ct)
+    query = query_side(q, out, dout, lse, dims, settings.scale, ct)
     send_buf = pack_block(k, v, np.result_type(k, v))  # (B·Hkv·T/P·(E + Ev),)
     recv_buf = np.empty_like(send_buf)
     # 2) the gradient accumulators: this rank's share of its own block stays home; the accumulator of the
@@ -326,7 +327,7 @@ def backward_ring(
             # 3) pass the K/V block on while computing on it, as in the forward
             kv_requests = pass_on(comm, send_buf, recv_buf, 2 * step) if step < size - 1 else []
             k_block, v_block = (x.astype(ct, copy=False) for x in unpack_block(send_buf, *kv_shapes))
-            pairs = ring_pairs(rank, source_rank, size, layout=settings["layout"], causal=settings["causal"])
+            pairs = ring_pairs(rank, source_rank, size, layout=settings.layout, causal=settings.causal)
             share = home if step == 0 else mine
             tiles = ring_backward_step(query, k_block, v_block, *unpack_block(share, *kv_shapes), pairs, part, plan)
             computed = time.perf_counter()

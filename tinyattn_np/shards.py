@@ -24,18 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int
+from ._checks import SHARD_LAYOUTS, check_count, check_layout, check_positive_int
 
-__all__ = ["LAYOUTS", "check_layout", "chunks_of", "n_chunks", "shard", "unshard"]
+__all__ = ["LAYOUTS", "chunks_of", "n_chunks", "shard", "unshard"]
 
-LAYOUTS = ("zigzag", "contiguous")
-
-
-def check_layout(layout: Any) -> str:
-    """layout, one of LAYOUTS; anything else is a ValueError that lists them."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {', '.join(repr(name) for name in LAYOUTS)}; got {layout!r}")
-    return str(layout)
+LAYOUTS = SHARD_LAYOUTS  # the two ways a sequence is cut: zigzag (2·P chunks) and contiguous (P chunks)
 
 
 def n_chunks(size: int, layout: str = "zigzag") -> int:

@@ -42,6 +42,7 @@ from ._checks import QKVShape
 from ._flash_kernel import TileSizes, flash_forward, flash_plan
 from ._mpi import (
     Report,
+    Settings,
     abort_on_failure,
     agreed_inputs,
     check_backward,
@@ -88,16 +89,16 @@ def ulysses_attention(
     workers: flash_attention's threads per rank. return_stats=True appends a UlyssesStats.
     Failures as in ring_attention: bad input raised on every rank, anything later ends the job (MPI_Abort).
     """
-    settings = {
-        "causal": causal,
-        "layout": layout,
-        "scale": scale,
-        "block_q": block_q,
-        "block_k": block_k,
-        "return_lse": return_lse,
-        "return_stats": return_stats,
-        "workers": workers,
-    }
+    settings = Settings(
+        causal=causal,
+        layout=layout,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+        return_lse=return_lse,
+        return_stats=return_stats,
+        workers=workers,
+    )
     # 1) every rank's inputs checked and compared
     check = partial(check_ulysses, partial(check_forward, q, k, v, settings), comm)
     q, k, v, dims, settings = agreed_inputs(comm, check, "ulysses_attention's check")
@@ -105,21 +106,21 @@ def ulysses_attention(
     with abort_on_failure(comm, "ulysses_attention"):
         stats = new_stats(comm, dims, settings)
         # 2) tokens to heads: the whole sequence of H/P heads, (..., H/P, T, E)
-        q_h, k_h, v_h = to_heads(comm, [q, k, v], settings["layout"], stats)
+        q_h, k_h, v_h = to_heads(comm, [q, k, v], settings.layout, stats)
         # 3) flash attention over the whole sequence, here alone
         started = time.perf_counter()
         dims_h = head_dims(dims, size)
-        band = check_band(settings["causal"], None, dims_h.n_q, dims_h.n_k)
-        sizes = TileSizes(settings["block_q"], settings["block_k"], workers=settings["workers"])
-        out_h, lse_h = flash_forward(q_h, k_h, v_h, dims_h, flash_plan(dims_h, band, settings["scale"], sizes))
+        band = check_band(settings.causal, None, dims_h.n_q, dims_h.n_k)
+        sizes = TileSizes(settings.block_q, settings.block_k, workers=settings.workers)
+        out_h, lse_h = flash_forward(q_h, k_h, v_h, dims_h, flash_plan(dims_h, band, settings.scale, sizes))
         stats.compute_seconds += time.perf_counter() - started
         # 4) heads back to tokens: this rank's rows of every head (lse only when asked: it is bytes to send)
-        sent_back = [out_h, lse_h[..., None]] if settings["return_lse"] else [out_h]
-        back = to_sequence(comm, sent_back, settings["layout"], stats)
+        sent_back = [out_h, lse_h[..., None]] if settings.return_lse else [out_h]
+        back = to_sequence(comm, sent_back, settings.layout, stats)
     results: list[Any] = [back[0]]
-    if settings["return_lse"]:
+    if settings.return_lse:
         results.append(back[1][..., 0])  # (..., Hq, T/P), in the compute dtype
-    if settings["return_stats"]:
+    if settings.return_stats:
         results.append(stats)
     return finish(results)
 
@@ -150,15 +151,15 @@ def ulysses_attention_backward(
     The forward's lse is checked as flash_attention_backward checks it; where it does not match, every
     rank raises the ValueError. Heads that do not split over the ranks are refused as in the forward.
     """
-    settings = {
-        "causal": causal,
-        "layout": layout,
-        "scale": scale,
-        "block_q": block_q,
-        "block_k": block_k,
-        "return_stats": return_stats,
-        "workers": workers,
-    }
+    settings = Settings(
+        causal=causal,
+        layout=layout,
+        scale=scale,
+        block_q=block_q,
+        block_k=block_k,
+        return_stats=return_stats,
+        workers=workers,
+    )
     # 1) every rank's inputs checked and compared
     check = partial(check_ulysses, partial(check_backward, q, k, v, out, dout, lse, settings), comm)
     q, k, v, out, dout, lse, dims, settings = agreed_inputs(comm, check, "ulysses_attention_backward's check")
@@ -167,19 +168,19 @@ def ulysses_attention_backward(
         stats = new_stats(comm, dims, settings)
         # 2) tokens to heads, for everything the backward reads
         arrays = [q, k, v, out, dout, lse[..., None]]
-        q_h, k_h, v_h, out_h, dout_h, lse_h = to_heads(comm, arrays, settings["layout"], stats)
+        q_h, k_h, v_h, out_h, dout_h, lse_h = to_heads(comm, arrays, settings.layout, stats)
         # 3) flash_attention_backward over whole rows, here alone
         started = time.perf_counter()
         dims_h = head_dims(dims, size)
-        band = check_band(settings["causal"], None, dims_h.n_q, dims_h.n_k)
-        plan = BackwardPlan(settings["scale"], band, settings["block_q"], settings["block_k"], settings["workers"])
+        band = check_band(settings.causal, None, dims_h.n_q, dims_h.n_k)
+        plan = BackwardPlan(settings.scale, band, settings.block_q, settings.block_k, settings.workers)
         grads, mismatch = local_backward(q_h, k_h, v_h, out_h, dout_h, lse_h[..., 0], dims_h, plan)
         stats.compute_seconds += time.perf_counter() - started
         # 4) heads back to tokens
-        dq, dk, dv = to_sequence(comm, list(grads), settings["layout"], stats)
+        dq, dk, dv = to_sequence(comm, list(grads), settings.layout, stats)
     # 5) an lse that did not match on any rank is raised on every rank
     check_on_every_rank(comm, partial(raise_mismatch, mismatch), "ulysses_attention_backward's lse check")
-    return (dq, dk, dv, stats) if settings["return_stats"] else (dq, dk, dv)
+    return (dq, dk, dv, stats) if settings.return_stats else (dq, dk, dv)
 
 
 def local_backward(
@@ -305,10 +306,10 @@ class UlyssesStats:
     wait_seconds: float  # in the all-to-alls: packing, moving, and waiting for the slowest rank
 
 
-def new_stats(comm: Any, dims: QKVShape, settings: dict[str, Any]) -> UlyssesStats:
+def new_stats(comm: Any, dims: QKVShape, settings: Settings) -> UlyssesStats:
     """A record with nothing counted yet; the tiles are those of flash over the whole T x T matrix."""
     size, tokens = comm.Get_size(), dims.n_q * comm.Get_size()
-    tiles = square_tiles(tokens, settings["block_q"], settings["block_k"], settings["causal"])
+    tiles = square_tiles(tokens, settings.block_q, settings.block_k, settings.causal)
     return UlyssesStats(
-        comm.Get_rank(), size, settings["layout"], settings["causal"], dims.n_q, dims.hq // size, tiles, 0, 0, 0.0, 0.0
+        comm.Get_rank(), size, settings.layout, settings.causal, dims.n_q, dims.hq // size, tiles, 0, 0, 0.0, 0.0
     )
