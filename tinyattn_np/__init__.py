@@ -52,10 +52,11 @@ Then the bills and the tools a script uses to show them:
         hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
     33  measure.py       peaks, timings and machine facts, as the scripts measure them
     34  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    35  report.py        the tables the scripts print
-    36  text.py          tokens and embeddings for the demos
-    37  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    38  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    35  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
+    36  report.py        the tables the scripts print
+    37  text.py          tokens and embeddings for the demos
+    38  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    39  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its

@@ -63,6 +63,7 @@ Array = NDArray[np.floating]
 __all__ = [
     "attention_backward",
     "attention_grads",
+    "check_flash_backward",
     "flash_attention_backward",
     "flash_attention_backward_one_head",
     "flex_attention_backward",

@@ -42,7 +42,7 @@ from ._flash_kernel import FlashPlan, TileSizes, broadcast_kv, flash_forward, fl
 from ._guard import refuse_blockwise
 from .blockmask import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, check_band
 
-__all__ = ["flash_attention", "flash_attention_one_head"]
+__all__ = ["check_flash", "flash_attention", "flash_attention_one_head"]
 
 Array = NDArray[np.floating]
 
