@@ -307,6 +307,130 @@ def test_the_readme_gives_the_same_reading_order():
     )
 
 
+# --- the house: each lesson first, the engines beside it, the plumbing below ------------------------------------
+
+MAX_PACKAGE_LINES = 600
+
+# Each lesson's plain algorithm: what a learner meets first after the module docstring and the imports (the
+# engine that makes it fast lives in a `_` module beside it, tested equal to it).
+LESSON_OPENS_WITH = {
+    "softmax": "softmax",
+    "masks": "causal_mask",
+    "head": "one_head",
+    "mods": "causal_band",
+    "attention": "attention",
+    "blockmask": "Band",
+    "flash": "flash_attention_one_head",
+    "flex": "flex_attention",
+    "backward": "attention_backward",
+    "mod_grads": "score_mod_grads",
+    "position": "rope",
+    "multihead": "multihead_forward",
+    "splitkv": "split_kv_attention",
+    "kvcache": "KVCache",
+    "paged": "PagedKVCache",
+    "paged_decode": "paged_attention",
+    "layers": "layer_norm",
+    "latent": "attend_latent",
+    "sparse": "index_topk_plain",
+    "linear": "gated_delta_rule_recurrent",
+    "gpt": "GPTConfig",
+    "sampling": "sample_next",
+    "optim": "AdamW",
+    "shards": "shard",
+    "ring": "ring_attention",
+    "ulysses": "ulysses_attention",
+}
+
+
+def lessons() -> list[str]:
+    """The numbered files of the package docstring before "Then the bills": the lessons, in reading order."""
+    import re
+
+    doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))) or ""
+    return [m.group(1) for m in re.finditer(r"^\s*\d+\s+(\w+)\.py\b", doc.split("Then the bills")[0], re.MULTILINE)]
+
+
+def package_files() -> list[Path]:
+    """Every Python file of the package, its subpackages' too."""
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def first_definition(path: Path) -> str | None:
+    """The name of a module's first function or class at the top level (imports and constants come before it)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            return node.name
+    return None
+
+
+def test_each_lesson_opens_with_its_plain_algorithm():
+    assert sorted(LESSON_OPENS_WITH) == sorted(lessons()), "LESSON_OPENS_WITH names each lesson of the order"
+    wrong = [
+        f"{module}.py opens with {first_definition(PACKAGE / f'{module}.py')}, not its lesson {plain}"
+        for module, plain in LESSON_OPENS_WITH.items()
+        if first_definition(PACKAGE / f"{module}.py") != plain
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_internal_module_imports_a_lesson_a_bill_or_a_tool():
+    upward = [
+        f"{module}.py imports {used}.py"
+        for module, uses in import_graph().items()
+        if module.startswith("_")
+        for used in sorted(uses)
+        if not used.startswith("_")
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_lesson_imports_a_bill_or_a_tool():
+    order, graph = lessons(), import_graph()
+    found = [
+        f"{module}.py imports {used}"
+        for module in order
+        for used in sorted(graph[module])
+        if used not in order and not used.startswith("_")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_a_private_name_crosses_modules_only_from_an_internal_one():
+    """`from .x import _name` only where x is internal (`_`-named): a lesson's `_` names stay in its file."""
+    found = [
+        f"{path.relative_to(ROOT)}: from {'.' * node.level}{node.module or ''} import {alias.name}"
+        for path in package_files()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module  # `from . import _x`: a module
+        for alias in node.names
+        if alias.name.startswith("_") and not node.module.split(".")[-1].startswith("_")
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_no_script_imports_an_internal_module():
+    """The scripts use the package's public names (tune is the door to the tuning knobs)."""
+    found = [
+        f"scripts/{path.name}: {node.module}"
+        for path in sorted(SCRIPTS.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom | ast.Import)
+        for module in ([node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names])
+        if module.startswith("tinyattn_np.") and any(part.startswith("_") for part in module.split(".")[1:])
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_no_package_file_is_longer_than_600_lines():
+    long = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in package_files()
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_PACKAGE_LINES
+    ]
+    assert not long, f"package files over {MAX_PACKAGE_LINES} lines (a lesson, its engine and its reader apart): {long}"
+
+
 # --- tests where a reader looks ------------------------------------------------------------------------
 
 TESTS = ROOT / "tests"

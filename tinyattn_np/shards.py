@@ -31,39 +31,6 @@ __all__ = ["LAYOUTS", "chunks_of", "n_chunks", "shard", "unshard"]
 LAYOUTS = SHARD_LAYOUTS  # the two ways a sequence is cut: zigzag (2·P chunks) and contiguous (P chunks)
 
 
-def n_chunks(size: int, layout: str = "zigzag") -> int:
-    """How many equal chunks the layout cuts the sequence into: 2·size for zigzag, size for contiguous."""
-    size = check_positive_int(size, "size")
-    return 2 * size if check_layout(layout) == "zigzag" else size
-
-
-def chunks_of(rank: int, size: int, layout: str = "zigzag") -> tuple[int, ...]:
-    """The chunk numbers rank holds, in the order it stores them: (r, 2·size-1-r) for zigzag, (r,) for
-    contiguous.
-
-    >>> chunks_of(1, 4)  # rank 1 of 4 holds chunks 1 and 6 of 0..7
-    (1, 6)
-    """
-    size = check_positive_int(size, "size")
-    rank = check_count(rank, "rank")
-    if rank >= size:
-        raise ValueError(f"rank must lie in [0, size) = [0, {size}); got {rank}")
-    return (rank, 2 * size - 1 - rank) if check_layout(layout) == "zigzag" else (rank,)
-
-
-def _split_tokens(x: Any, name: str, pieces: int, what: str) -> np.ndarray:
-    """x as an array of at least 2 dims whose token axis -2 splits into `pieces` equal chunks."""
-    x = np.asarray(x)
-    if x.ndim < 2:
-        raise ValueError(f"{name} must have at least 2 dims (..., tokens, E); got shape {x.shape}")
-    if x.shape[-2] % pieces:
-        raise ValueError(
-            f"{name} has {x.shape[-2]} tokens (shape {x.shape}), which {what} cannot split into {pieces} "
-            f"equal chunks; use a multiple of {pieces} tokens"
-        )
-    return x
-
-
 def shard(x: Any, rank: int, size: int, *, layout: str = "zigzag") -> np.ndarray:
     """The part of x (..., T, E) that rank holds, along the token axis -2: (..., T/size, E), a new array.
 
@@ -95,3 +62,36 @@ def unshard(parts: Any, *, layout: str = "zigzag") -> np.ndarray:
         for i, chunk in enumerate(chunks_of(rank, size, layout)):
             chunks[chunk] = part[..., i * c : (i + 1) * c, :]  # (..., c, E)
     return np.concatenate([chunks[i] for i in sorted(chunks)], axis=-2)  # (..., T, E)
+
+
+def chunks_of(rank: int, size: int, layout: str = "zigzag") -> tuple[int, ...]:
+    """The chunk numbers rank holds, in the order it stores them: (r, 2·size-1-r) for zigzag, (r,) for
+    contiguous.
+
+    >>> chunks_of(1, 4)  # rank 1 of 4 holds chunks 1 and 6 of 0..7
+    (1, 6)
+    """
+    size = check_positive_int(size, "size")
+    rank = check_count(rank, "rank")
+    if rank >= size:
+        raise ValueError(f"rank must lie in [0, size) = [0, {size}); got {rank}")
+    return (rank, 2 * size - 1 - rank) if check_layout(layout) == "zigzag" else (rank,)
+
+
+def n_chunks(size: int, layout: str = "zigzag") -> int:
+    """How many equal chunks the layout cuts the sequence into: 2·size for zigzag, size for contiguous."""
+    size = check_positive_int(size, "size")
+    return 2 * size if check_layout(layout) == "zigzag" else size
+
+
+def _split_tokens(x: Any, name: str, pieces: int, what: str) -> np.ndarray:
+    """x as an array of at least 2 dims whose token axis -2 splits into `pieces` equal chunks."""
+    x = np.asarray(x)
+    if x.ndim < 2:
+        raise ValueError(f"{name} must have at least 2 dims (..., tokens, E); got shape {x.shape}")
+    if x.shape[-2] % pieces:
+        raise ValueError(
+            f"{name} has {x.shape[-2]} tokens (shape {x.shape}), which {what} cannot split into {pieces} "
+            f"equal chunks; use a multiple of {pieces} tokens"
+        )
+    return x
