@@ -16,6 +16,7 @@ How a page's code is read (the rules for whoever writes a page):
 
 from __future__ import annotations
 
+import ast
 import configparser
 import contextlib
 import importlib.util
@@ -284,6 +285,94 @@ def test_ci_runs_the_readmes_test_command() -> None:
     test_command = next(command for command in commands if "pytest" in command)
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert test_command in ci, f".ci/run must run the README's test command as it stands: {test_command}"
+
+
+# --- what the pages and the docstrings cite: files that exist, names that import ------------------------
+
+PACKAGE = ROOT / "tinyattn_np"
+CODE_FOLDERS = ("tinyattn_np", "scripts", "tests", "torch_crosscheck")
+CITED_PATH = re.compile(
+    rf"(?<![\w./~$-])(?:(?:{'|'.join(CODE_FOLDERS)})/(?:\w+/)*(?:\w+\.(?:py|sh|md))?|docs/[\w./-]*[\w/])"
+)
+IMPORT = re.compile(r"\bfrom (tinyattn_np[\w.]*) import ([\w, ]+)")
+DOTTED = re.compile(r"(?<![\w./])tinyattn_np(?:\.\w+)+")  # tinyattn_np.tune, tinyattn_np.mpi_job.StopTogether
+FILE_SUFFIX = {"py", "md", "sh", "json", "png", "ipynb", "txt", "npz", "cfg", "toml"}
+MODULES = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"} | {"hf_config"}
+QUALIFIED = re.compile(rf"(?<![\w./])({'|'.join(sorted(MODULES))})\.(\w+)")  # _tuning.default_tiles, ...
+
+
+class Cited(NamedTuple):
+    where: str  # a page, or a docstring's file and name
+    text: str
+    page: bool
+
+
+def cited_texts() -> list[Cited]:
+    """Every page outside its Python blocks and printed outputs (its bash blocks and the README's file maps
+    are in), and every docstring of the package and the scripts, doctest lines left out (they run)."""
+    texts = []
+    for page in LINKED:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for block in reversed([block for block in fenced_blocks(page) if block.language in ("python", "text")]):
+            lines[block.line - 1 : block.end] = []
+        texts.append(Cited(str(page.relative_to(ROOT)), "\n".join(lines), page=True))
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = (ast.get_docstring(node) or "").splitlines()
+                text = "\n".join(line for line in doc if not line.lstrip().startswith((">>>", "...")))
+                texts.append(Cited(f"{path.relative_to(ROOT)}:{getattr(node, 'name', 'module')}", text, page=False))
+    return texts
+
+
+CITED = cited_texts()
+
+
+def resolves(dotted: str) -> bool:
+    """Whether tinyattn_np.a.b.c names something: the longest prefix that imports as a module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+    return False
+
+
+def test_every_file_a_page_or_a_docstring_cites_exists():
+    missing = [
+        f"{where}: {path}"
+        for where, text, _ in CITED
+        for path in CITED_PATH.findall(text)
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_import_a_page_or_a_docstring_states_imports():
+    """`from tinyattn_np.x import a, b` and `tinyattn_np.x.y` in prose and docstrings, and a page's `module.name`
+    in inline code, name what is there."""
+    wrong = []
+    for where, text, page in CITED:
+        for module, names in IMPORT.findall(text):
+            wrong += [
+                f"{where}: from {module} import {name}"
+                for name in names.split(",")
+                if not resolves(f"{module}.{name.strip()}")
+            ]
+        wrong += [f"{where}: {dotted}" for dotted in DOTTED.findall(text) if not resolves(dotted)]
+        qualified = QUALIFIED.findall(" ".join(re.findall(r"`([^`]+)`", text)) if page else text)
+        wrong += [
+            f"{where}: {module}.{name}"
+            for module, name in qualified
+            if name not in FILE_SUFFIX and not resolves(f"tinyattn_np.{module}.{name}")
+        ]
+    assert not wrong, "\n".join(wrong)
 
 
 # --- the notebook tour: docs/tour.ipynb and its jupytext twin docs/tour.py ---------------------------
