@@ -287,6 +287,79 @@ def test_ci_runs_the_readmes_test_command() -> None:
     assert test_command in ci, f".ci/run must run the README's test command as it stands: {test_command}"
 
 
+# --- the pages as a book: each opens with the files it reads with and ends with the next page --------
+
+
+def paragraphs(page: Path) -> list[tuple[int, str]]:
+    """A page's paragraphs outside code blocks, (first line number, text): its lines joined by spaces."""
+    found: list[tuple[int, str]] = []
+    lines: list[tuple[int, str]] = []
+    inside = False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        fence = line.startswith("```")
+        inside ^= fence
+        if inside or fence or not line.strip():  # a blank line or a code block ends a paragraph
+            if lines:
+                found.append((lines[0][0], " ".join(text.strip() for _, text in lines)))
+            lines = []
+        else:
+            lines.append((number, line))
+    if lines:
+        found.append((lines[0][0], " ".join(text.strip() for _, text in lines)))
+    return found
+
+
+def book_order() -> list[Path]:
+    """The topic pages in the order of the README's "What it shows" list (a page linked twice counts once)."""
+    section = README.read_text(encoding="utf-8").split("## What it shows\n", 1)[1].split("\n## ", 1)[0]
+    order: list[Path] = []
+    for target in LINK.findall(section):
+        page = (ROOT / target.partition("#")[0]).resolve()
+        if page in TOPICS and page not in order:
+            order.append(page)
+    return order
+
+
+ORDER = book_order()
+PATH_LIKE = re.compile(r"[\w.-]*/[\w./-]*|[\w.-]+\.(?:py|md|sh|ipynb)")  # a backticked file or folder
+
+
+def test_the_readme_puts_every_topic_page_in_the_order():
+    missing = sorted(str(page.relative_to(ROOT)) for page in TOPICS if page not in ORDER)
+    assert not missing, f"topic pages the README's What it shows list leaves out: {missing}"
+
+
+@pytest.mark.parametrize("page", TOPICS, ids=[page.name for page in TOPICS])
+def test_a_topic_page_opens_with_the_files_it_reads_with(page: Path):
+    """Before its first section, a paragraph `Read with: `file`, `file` (what it holds), ...`, every file there."""
+    opening = []
+    for _, text in paragraphs(page)[1:]:  # after the title
+        if text.startswith("## "):
+            break
+        opening.append(text)
+    read_with = next((text for text in opening if text.startswith("Read with: ")), None)
+    assert read_with, f"{page.name} opens with no `Read with: ` paragraph before its first section"
+    files = [code for code in re.findall(r"`([^`]+)`", read_with) if PATH_LIKE.fullmatch(code)]
+    assert files, f"{page.name}: its Read with line names no file"
+    missing = [file for file in files if not (ROOT / file).exists()]
+    assert not missing, f"{page.name} reads with files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", TOPICS, ids=[page.name for page in TOPICS])
+def test_a_topic_page_ends_with_the_next_page(page: Path):
+    """Its last paragraph is `Next: [...](next.md)...`, the next page of the README's list; the last page's
+    points back to the README."""
+    assert page in ORDER, f"{page.name} is not in the README's What it shows list"
+    place = ORDER.index(page)
+    expected = ORDER[place + 1] if place + 1 < len(ORDER) else README
+    number, last = paragraphs(page)[-1]
+    links = LINK.findall(last)
+    assert last.startswith("Next: ") and links, f"{page.name}:{number} does not end with `Next: [page](page.md)`"
+    assert (page.parent / links[0].partition("#")[0]).resolve() == expected, (
+        f"{page.name}:{number}: Next is {links[0]}, but the README's next page is {expected.relative_to(ROOT)}"
+    )
+
+
 # --- what the pages and the docstrings cite: files that exist, names that import ------------------------
 
 PACKAGE = ROOT / "tinyattn_np"
