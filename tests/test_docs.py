@@ -448,6 +448,62 @@ def test_every_import_a_page_or_a_docstring_states_imports():
     assert not wrong, "\n".join(wrong)
 
 
+# --- the maps: the README's Files block, and the crosscheck's two lists ---------------------------------
+
+
+def files_block() -> dict[Path, set[str]]:
+    """The README's Files block as folder -> the `name.py` files and `name/` folders it names there: an entry
+    at the margin (`scripts/`) or indented two (`  hf_config/`) opens a folder, whose lines name its files."""
+    block = next(block for block in fenced_blocks(README) if block.source.startswith("tinyattn_np/"))
+    named: dict[Path, set[str]] = {}
+    top = folder = ROOT
+    for line in block.source.splitlines():
+        entry = re.match(r"( {0,2})([\w.]+/)\s", line)
+        if entry:  # a folder's own line: the folder is named in the one above it
+            parent = ROOT if not entry.group(1) else top
+            named.setdefault(parent, set()).add(entry.group(2))
+            folder = parent / entry.group(2)
+            top = folder if not entry.group(1) else top
+            line = line[entry.end() :]
+        elif re.match(r"\S", line):  # setup.cfg, .ci/run: files of the root
+            top = folder = ROOT
+        elif re.match(r" {2}\S", line):
+            folder = top
+        named.setdefault(folder, set()).update(re.findall(r"(?<![\w/.])\w+\.py\b", line))
+    return named
+
+
+def test_the_readmes_file_map_names_every_module_and_script_and_nothing_else():
+    named = files_block()
+    package, scripts = named.get(PACKAGE, set()), named.get(ROOT / "scripts", set())
+    unnamed = [
+        f"tinyattn_np/{path.name}" for path in PACKAGE.glob("*.py") if path.name not in package | {"__init__.py"}
+    ]
+    unnamed += [
+        f"tinyattn_np/{path.name}/"
+        for path in PACKAGE.iterdir()
+        if (path / "__init__.py").exists() and f"{path.name}/" not in package
+    ]
+    unnamed += [f"scripts/{path.name}" for path in (ROOT / "scripts").glob("*.py") if path.name not in scripts]
+    assert not unnamed, f"the README's Files block leaves out: {sorted(unnamed)}"
+    absent = [
+        str((folder / name).relative_to(ROOT))
+        for folder, names in named.items()
+        for name in names
+        if not (folder / name).exists()
+    ]
+    assert not absent, f"the README's Files block names what is not there: {sorted(absent)}"
+
+
+def test_both_crosscheck_pages_list_every_crosscheck_file():
+    folder = ROOT / "torch_crosscheck"
+    files = sorted(path.name for path in folder.iterdir() if path.is_file() and path.name != "README.md")
+    for page in (ROOT / "docs" / "torch.md", folder / "README.md"):
+        text = page.read_text(encoding="utf-8")
+        missing = [name for name in files if not re.search(rf"(?<![\w.]){re.escape(name)}\b", text)]
+        assert not missing, f"{page.relative_to(ROOT)} does not list {missing}"
+
+
 # --- the notebook tour: docs/tour.ipynb and its jupytext twin docs/tour.py ---------------------------
 
 
