@@ -1,5 +1,7 @@
 """The docs run: every Python block of README.md and the pages of docs/ (docs/results/ too), every link
-between the pages, the notebook tour's two forms, and CI's copy of the README's test command.
+between the pages, the notebook tour's two forms, and CI's copy of the README's test command. The pages read
+as a book (each opens with the files it reads with and ends with the next page of the README's list), every
+file and name that a page or a docstring cites is there, and the README's file map names every file.
 
 How a page's code is read (the rules for whoever writes a page):
 
@@ -428,8 +430,8 @@ def test_every_file_a_page_or_a_docstring_cites_exists():
 
 
 def test_every_import_a_page_or_a_docstring_states_imports():
-    """`from tinyattn_np.x import a, b` and `tinyattn_np.x.y` in prose and docstrings, and a page's `module.name`
-    in inline code, name what is there."""
+    """`from tinyattn_np.x import a, b` and `tinyattn_np.x.y`, and a module's `name.attr` (in a page's inline
+    code, anywhere in a docstring), name what is there."""
     wrong = []
     for where, text, page in CITED:
         for module, names in IMPORT.findall(text):
