@@ -24,8 +24,8 @@
 # `docs/tour.py` is this notebook as a plain script (jupytext's percent format): edit either, then
 # `jupytext --sync docs/tour.py` brings the other along. To run it: `pip install -e ".[notebook]"` (Jupyter
 # itself, and what runs the tour as a test), then `jupyter notebook docs/tour.ipynb`, or
-# `pytest --nbmake docs/tour.ipynb` as CI does. The pages of `docs/` have the
-# measured tables; the README has the reading order of the code.
+# `pytest --nbmake docs/tour.ipynb` as CI does. The pages of `docs/` teach each topic in full, `docs/results/`
+# has the measured tables, and the README has the reading order of the code.
 
 # %%
 import inspect
@@ -303,8 +303,8 @@ print(f"dK[1, 5, 3]: by hand {dk[1, 5, 3]:.8f}, central difference {numeric:.8f}
 # `MultiHeadAttention` with RoPE and a residual, and an output projection; the loss is cross-entropy over
 # the second copy. `MultiHeadAttention.forward` returns what its `backward` needs (`fused=True` would
 # run flash attention and its backward: the same gradients, but at 16 tokens the reference path is
-# faster); Adam is written out below (Kingma & Ba 2015). `scripts/train.py` is the same model with
-# every option.
+# faster); Adam is written out below (Kingma & Ba 2015). `scripts/train.py --task copy` trains the same
+# model with every option (`scripts/copy_task.py`, `scripts/copy_model.py`).
 
 # %%
 VOCAB, LENGTH, D_MODEL = 12, 8, 32

@@ -1,5 +1,7 @@
 """The docs run: every Python block of README.md and the pages of docs/ (docs/results/ too), every link
-between the pages, the notebook tour's two forms, and CI's copy of the README's test command.
+between the pages, the notebook tour's two forms, and CI's copy of the README's test command. The pages read
+as a book (each opens with the files it reads with and ends with the next page of the README's list), every
+file and name that a page or a docstring cites is there, and the README's file map names every file.
 
 How a page's code is read (the rules for whoever writes a page):
 
@@ -16,6 +18,7 @@ How a page's code is read (the rules for whoever writes a page):
 
 from __future__ import annotations
 
+import ast
 import configparser
 import contextlib
 import importlib.util
@@ -284,6 +287,223 @@ def test_ci_runs_the_readmes_test_command() -> None:
     test_command = next(command for command in commands if "pytest" in command)
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert test_command in ci, f".ci/run must run the README's test command as it stands: {test_command}"
+
+
+# --- the pages as a book: each opens with the files it reads with and ends with the next page --------
+
+
+def paragraphs(page: Path) -> list[tuple[int, str]]:
+    """A page's paragraphs outside code blocks, (first line number, text): its lines joined by spaces."""
+    found: list[tuple[int, str]] = []
+    lines: list[tuple[int, str]] = []
+    inside = False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
+        fence = line.startswith("```")
+        inside ^= fence
+        if inside or fence or not line.strip():  # a blank line or a code block ends a paragraph
+            if lines:
+                found.append((lines[0][0], " ".join(text.strip() for _, text in lines)))
+            lines = []
+        else:
+            lines.append((number, line))
+    if lines:
+        found.append((lines[0][0], " ".join(text.strip() for _, text in lines)))
+    return found
+
+
+def book_order() -> list[Path]:
+    """The topic pages in the order of the README's "What it shows" list (a page linked twice counts once)."""
+    section = README.read_text(encoding="utf-8").split("## What it shows\n", 1)[1].split("\n## ", 1)[0]
+    order: list[Path] = []
+    for target in LINK.findall(section):
+        page = (ROOT / target.partition("#")[0]).resolve()
+        if page in TOPICS and page not in order:
+            order.append(page)
+    return order
+
+
+ORDER = book_order()
+PATH_LIKE = re.compile(r"[\w.-]*/[\w./-]*|[\w.-]+\.(?:py|md|sh|ipynb)")  # a backticked file or folder
+
+
+def test_the_readme_puts_every_topic_page_in_the_order():
+    missing = sorted(str(page.relative_to(ROOT)) for page in TOPICS if page not in ORDER)
+    assert not missing, f"topic pages the README's What it shows list leaves out: {missing}"
+
+
+@pytest.mark.parametrize("page", TOPICS, ids=[page.name for page in TOPICS])
+def test_a_topic_page_opens_with_the_files_it_reads_with(page: Path):
+    """Before its first section, a paragraph `Read with: `file`, `file` (what it holds), ...`, every file there."""
+    opening = []
+    for _, text in paragraphs(page)[1:]:  # after the title
+        if text.startswith("## "):
+            break
+        opening.append(text)
+    read_with = next((text for text in opening if text.startswith("Read with: ")), None)
+    assert read_with, f"{page.name} opens with no `Read with: ` paragraph before its first section"
+    files = [code for code in re.findall(r"`([^`]+)`", read_with) if PATH_LIKE.fullmatch(code)]
+    assert files, f"{page.name}: its Read with line names no file"
+    missing = [file for file in files if not (ROOT / file).exists()]
+    assert not missing, f"{page.name} reads with files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", TOPICS, ids=[page.name for page in TOPICS])
+def test_a_topic_page_ends_with_the_next_page(page: Path):
+    """Its last paragraph is `Next: [...](next.md)...`, the next page of the README's list; the last page's
+    points back to the README."""
+    assert page in ORDER, f"{page.name} is not in the README's What it shows list"
+    place = ORDER.index(page)
+    expected = ORDER[place + 1] if place + 1 < len(ORDER) else README
+    number, last = paragraphs(page)[-1]
+    links = LINK.findall(last)
+    assert last.startswith("Next: ") and links, f"{page.name}:{number} does not end with `Next: [page](page.md)`"
+    assert (page.parent / links[0].partition("#")[0]).resolve() == expected, (
+        f"{page.name}:{number}: Next is {links[0]}, but the README's next page is {expected.relative_to(ROOT)}"
+    )
+
+
+# --- what the pages and the docstrings cite: files that exist, names that import ------------------------
+
+PACKAGE = ROOT / "tinyattn_np"
+CODE_FOLDERS = ("tinyattn_np", "scripts", "tests", "torch_crosscheck")
+CITED_PATH = re.compile(
+    rf"(?<![\w./~$-])(?:(?:{'|'.join(CODE_FOLDERS)})/(?:\w+/)*(?:\w+\.(?:py|sh|md))?|docs/[\w./-]*[\w/])"
+)
+IMPORT = re.compile(r"\bfrom (tinyattn_np[\w.]*) import ([\w, ]+)")
+DOTTED = re.compile(r"(?<![\w./])tinyattn_np(?:\.\w+)+")  # tinyattn_np.tune, tinyattn_np.mpi_job.StopTogether
+FILE_SUFFIX = {"py", "md", "sh", "json", "png", "ipynb", "txt", "npz", "cfg", "toml"}
+MODULES = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"} | {"hf_config"}
+QUALIFIED = re.compile(rf"(?<![\w./])({'|'.join(sorted(MODULES))})\.(\w+)")  # _tuning.default_tiles, ...
+
+
+class Cited(NamedTuple):
+    where: str  # a page, or a docstring's file and name
+    text: str
+    page: bool
+
+
+def cited_texts() -> list[Cited]:
+    """Every page outside its Python blocks and printed outputs (its bash blocks and the README's file maps
+    are in), and every docstring of the package and the scripts, doctest lines left out (they run)."""
+    texts = []
+    for page in LINKED:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for block in reversed([block for block in fenced_blocks(page) if block.language in ("python", "text")]):
+            lines[block.line - 1 : block.end] = []
+        texts.append(Cited(str(page.relative_to(ROOT)), "\n".join(lines), page=True))
+    for path in sorted([*PACKAGE.rglob("*.py"), *(ROOT / "scripts").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = (ast.get_docstring(node) or "").splitlines()
+                text = "\n".join(line for line in doc if not line.lstrip().startswith((">>>", "...")))
+                texts.append(Cited(f"{path.relative_to(ROOT)}:{getattr(node, 'name', 'module')}", text, page=False))
+    return texts
+
+
+CITED = cited_texts()
+
+
+def resolves(dotted: str) -> bool:
+    """Whether tinyattn_np.a.b.c names something: the longest prefix that imports as a module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+    return False
+
+
+def test_every_file_a_page_or_a_docstring_cites_exists():
+    missing = [
+        f"{where}: {path}"
+        for where, text, _ in CITED
+        for path in CITED_PATH.findall(text)
+        if not (ROOT / path).exists()
+    ]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_import_a_page_or_a_docstring_states_imports():
+    """`from tinyattn_np.x import a, b` and `tinyattn_np.x.y`, and a module's `name.attr` (in a page's inline
+    code, anywhere in a docstring), name what is there."""
+    wrong = []
+    for where, text, page in CITED:
+        for module, names in IMPORT.findall(text):
+            wrong += [
+                f"{where}: from {module} import {name}"
+                for name in names.split(",")
+                if not resolves(f"{module}.{name.strip()}")
+            ]
+        wrong += [f"{where}: {dotted}" for dotted in DOTTED.findall(text) if not resolves(dotted)]
+        qualified = QUALIFIED.findall(" ".join(re.findall(r"`([^`]+)`", text)) if page else text)
+        wrong += [
+            f"{where}: {module}.{name}"
+            for module, name in qualified
+            if name not in FILE_SUFFIX and not resolves(f"tinyattn_np.{module}.{name}")
+        ]
+    assert not wrong, "\n".join(wrong)
+
+
+# --- the maps: the README's Files block, and the crosscheck's two lists ---------------------------------
+
+
+def files_block() -> dict[Path, set[str]]:
+    """The README's Files block as folder -> the `name.py` files and `name/` folders it names there: an entry
+    at the margin (`scripts/`) or indented two (`  hf_config/`) opens a folder, whose lines name its files."""
+    block = next(block for block in fenced_blocks(README) if block.source.startswith("tinyattn_np/"))
+    named: dict[Path, set[str]] = {}
+    top = folder = ROOT
+    for line in block.source.splitlines():
+        entry = re.match(r"( {0,2})([\w.]+/)\s", line)
+        if entry:  # a folder's own line: the folder is named in the one above it
+            parent = ROOT if not entry.group(1) else top
+            named.setdefault(parent, set()).add(entry.group(2))
+            folder = parent / entry.group(2)
+            top = folder if not entry.group(1) else top
+            line = line[entry.end() :]
+        elif re.match(r"\S", line):  # setup.cfg, .ci/run: files of the root
+            top = folder = ROOT
+        elif re.match(r" {2}\S", line):
+            folder = top
+        named.setdefault(folder, set()).update(re.findall(r"(?<![\w/.])\w+\.py\b", line))
+    return named
+
+
+def test_the_readmes_file_map_names_every_module_and_script_and_nothing_else():
+    named = files_block()
+    package, scripts = named.get(PACKAGE, set()), named.get(ROOT / "scripts", set())
+    unnamed = [
+        f"tinyattn_np/{path.name}" for path in PACKAGE.glob("*.py") if path.name not in package | {"__init__.py"}
+    ]
+    unnamed += [
+        f"tinyattn_np/{path.name}/"
+        for path in PACKAGE.iterdir()
+        if (path / "__init__.py").exists() and f"{path.name}/" not in package
+    ]
+    unnamed += [f"scripts/{path.name}" for path in (ROOT / "scripts").glob("*.py") if path.name not in scripts]
+    assert not unnamed, f"the README's Files block leaves out: {sorted(unnamed)}"
+    absent = [
+        str((folder / name).relative_to(ROOT))
+        for folder, names in named.items()
+        for name in names
+        if not (folder / name).exists()
+    ]
+    assert not absent, f"the README's Files block names what is not there: {sorted(absent)}"
+
+
+def test_both_crosscheck_pages_list_every_crosscheck_file():
+    folder = ROOT / "torch_crosscheck"
+    files = sorted(path.name for path in folder.iterdir() if path.is_file() and path.name != "README.md")
+    for page in (ROOT / "docs" / "torch.md", folder / "README.md"):
+        text = page.read_text(encoding="utf-8")
+        missing = [name for name in files if not re.search(rf"(?<![\w.]){re.escape(name)}\b", text)]
+        assert not missing, f"{page.relative_to(ROOT)} does not list {missing}"
 
 
 # --- the notebook tour: docs/tour.ipynb and its jupytext twin docs/tour.py ---------------------------

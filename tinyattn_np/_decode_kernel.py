@@ -70,9 +70,9 @@ def attend_blocks(q_s: Array, blocks: Iterable[list[tuple[Array, Array]]], ev: i
     Ev)), read where they lie; n_i >= 1. k and v may be float16: each piece is converted to q_s's dtype as it
     is read, never more. A query that sees no block gets out 0 and lse -inf.
 
-    As in flash.attend_block, the sums are first measured against m = 0 (a "unified max value"): a block is
-    two matmuls, one exponential and one row sum. Where the sums say that did not hold (trusted), the
-    blocks are read again with the running max.
+    As in _flash_kernel.attend_block, the sums are first measured against m = 0 (a "unified max value"): a
+    block is two matmuls, one exponential and one row sum. Where the sums say that did not hold (trusted),
+    the blocks are read again with the running max.
     """
     blocks = list(blocks)  # views: walked a second time if the sums against 0 cannot be trusted
     acc = np.empty((*q_s.shape[:2], ev), q_s.dtype)  # (N, R, Ev) Σ exp(s - m) v, filled by _sum_blocks

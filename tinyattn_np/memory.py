@@ -14,7 +14,8 @@ The three bills, told apart:
     memory.py   formulas: what attention costs in any implementation (this file)
     peaks.py    what this project's own functions allocate at their peak, checked against tracemalloc
                 (naive_attention_bytes, flash_attention_bytes, ...: import them from peaks or tinyattn_np)
-    models.py   model shapes (presets, a config.json) and a whole model's bill
+    models.py   a model's shape, layer by layer (presets.py: released models; hf_config/: a config.json),
+                and bill.py a whole model's bill at each context length
 """
 
 from __future__ import annotations

@@ -229,8 +229,9 @@ def block_copy(
     lse_rows: np.ndarray,
     clock: Any,
 ) -> None:
-    """flash.attend_block's statements in its order, each timed into its part (tile_scores split in two: its
-    matmul and its mods). The fallback it never needs on these inputs is left out: the bits would tell."""
+    """_flash_kernel.attend_block's statements in its order, each timed into its part (tile_scores split in
+    two: its matmul and its mods). The fallback it never needs on these inputs is left out: the bits would
+    tell."""
     c, _, n = q_t.shape
     with clock(COPIES):
         mods, q_idx = tile_mods(plan, heads, rows, c)
@@ -332,8 +333,9 @@ def key_block_copy(
     dv_rows: np.ndarray,
     clock: Any,
 ) -> None:
-    """backward.key_block_grads's statements in its order (no score_mod), each timed into its part; the shares
-    of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one thread."""
+    """_backward_kernel.key_block_grads's statements in its order (no score_mod), each timed into its part;
+    the shares of dq and of P's row sums go straight into dq_rows, as the kernel's OrderedDq adds them on one
+    thread."""
     (dq, p_sums), tiles = dq_rows, list(tiles)
     with clock(COPIES):
         (c, bk, _), height, dtype = k_j.shape, tiles[0].q_stop - tiles[0].q_start, q_lse.dtype
