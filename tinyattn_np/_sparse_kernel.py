@@ -11,7 +11,8 @@ The indexer (running_topk), one block of queries on one worker:
                               the block merged into the running top-k (keep_topk)
     at the end:               the k kept in key order, -1 after them (order_topk)
 keep_topk finds the k best of the kept and the new with a partition (O(k + n), not a sort), and of the scores
-equal to the k-th best the earliest, as merge_topk's order says.
+equal to the k-th best the earliest, as merge_topk's order says. A block of keys may come in pieces (topk_of_rows),
+a slice of an array each, or a run of a cache's pages.
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
 gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul, keys down as
@@ -29,6 +30,7 @@ own rows, so the bits do not depend on the number of workers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,7 +52,9 @@ __all__ = [
     "indexer_scores_backward",
     "keep_topk",
     "order_topk",
+    "refuse_topk_beyond_memory",
     "running_topk",
+    "topk_by_query_blocks",
     "values_are_key_prefix",
 ]
 
@@ -180,57 +184,91 @@ def order_topk(scores: Array, keys: Array) -> Array:
     return np.where(ordered == past, -1, ordered)
 
 
-def block_scores(q_rows: Array, k_block: Array, weights: Array) -> Array:
-    """I = Σ_h w[t, h] ReLU(q[t, h] · k[s]) for one block: q_rows (R·H_I, d_I), row t·H_I + h; k_block (n, d_I);
-    weights (R, H_I) -> (R, n). The dots in tiles of about SCORES_PER_TILE."""
+def block_scores(q_rows: Array, pieces: list[Array], weights: Array) -> Array:
+    """I = Σ_h w[t, h] ReLU(q[t, h] · k[s]) for one block of keys: q_rows (R·H_I, d_I), row t·H_I + h; pieces, the
+    block's keys in order, each (n_i, d_I) (one array, or a run of pages each); weights (R, H_I) -> (R, Σ n_i).
+    The dots in tiles of about SCORES_PER_TILE."""
     R, H = weights.shape
-    n = len(k_block)
-    out = np.empty((R, n), q_rows.dtype)
-    step = max(1, SCORES_PER_TILE // (R * H))
-    for s0 in range(0, n, step):
-        dots = q_rows @ k_block[s0 : s0 + step].T  # (R·H_I, keys)
-        np.maximum(dots, 0, out=dots)  # ReLU
-        out[:, s0 : s0 + step] = (weights[:, None, :] @ dots.reshape(R, H, -1))[:, 0]  # (R, 1, H_I) @ (R, H_I, keys)
+    out = np.empty((R, sum(len(keys) for keys in pieces)), q_rows.dtype)
+    step, at = max(1, SCORES_PER_TILE // (R * H)), 0
+    for keys in pieces:
+        for s0 in range(0, len(keys), step):
+            dots = q_rows @ keys[s0 : s0 + step].T  # (R·H_I, keys)
+            np.maximum(dots, 0, out=dots)  # ReLU
+            summed = weights[:, None, :] @ dots.reshape(R, H, -1)  # (R, 1, H_I) @ (R, H_I, keys)
+            out[:, at + s0 : at + s0 + dots.shape[1]] = summed[:, 0]
+        at += len(keys)
     return out
+
+
+def topk_of_rows(q_block: Array, weights: Array, blocks: Iterable[tuple[int, list[Array]]], last: Array, topk: int
+                 ) -> Array:  # fmt: skip
+    """The running top-k of R queries: q_block (H_I, R, d_I), weights (R, H_I), the keys in blocks (k0, pieces)
+    in order, block_scores' pieces holding keys k0, k0 + 1, ...; last (R,) the last key each query sees,
+    ascending. -> (R, topk) keys in key order, -1 after them. Where the last query sees at most topk keys, every
+    query chooses every key it sees, unscored (the blocks are never read)."""
+    R, topk_range = len(last), np.arange(topk)
+    if last[-1] + 1 <= topk:
+        return np.where(topk_range <= last[:, None], topk_range, -1)  # (R, k)
+    q_rows = q_block.swapaxes(0, 1).reshape(R * q_block.shape[0], -1)  # (R·H_I, d_I): row t·H_I + h
+    kept = np.full((R, topk), -np.inf, q_block.dtype)  # (R, k): no key yet
+    kept_keys = np.full((R, topk), -1, np.int64)
+    for k0, pieces in blocks:
+        scores = block_scores(q_rows, pieces, weights)  # (R, n)
+        k1 = k0 + scores.shape[1]
+        if k1 - 1 > last[0]:  # a block the diagonal crosses: no key past a row's own
+            for row in range(R):
+                scores[row, max(last[row] + 1 - k0, 0) :] = -np.inf
+        kept, kept_keys = keep_topk(kept, kept_keys, scores, np.arange(k0, k1))
+    return order_topk(kept, kept_keys)
 
 
 def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: int) -> Array:
     """index_topk, blockwise: per block of block_q queries, the running top-k over blocks of block_k keys (causal:
     bottom-right, the blocks past the last row's diagonal never scored). -> indices (B, T, topk) int64."""
     q_index, k_index, weights, topk, causal = inputs
-    B, H, T, d = q_index.shape
-    S = k_index.shape[1]
-    offset = S - T  # query t sees key s <= t + offset
-    itemsize = q_index.dtype.itemsize
-    per_worker = block_q * (topk + block_k) * (2 * itemsize + 16) + 2 * SCORES_PER_TILE * itemsize
-    refuse_unless_fits(B * T * topk * 8 + workers * per_worker, "index_topk", f"the indices of {B}·{T} queries, "
-                       "and a block of scores a worker", "lower topk or the batch")  # fmt: skip
+    T, S = q_index.shape[2], k_index.shape[1]
+    refuse_topk_beyond_memory(q_index, topk, block_q, block_k, workers)
+
+    def last_of(b: int, rows: slice) -> Array:  # (R,): causal, query t sees key s <= t + S - T
+        return np.arange(rows.start, rows.stop) + S - T if causal else np.full(rows.stop - rows.start, S - 1)
+
+    def blocks_of(b: int, seen: int) -> Iterator[tuple[int, list[Array]]]:
+        return ((k0, [k_index[b, k0 : min(k0 + block_k, seen)]]) for k0 in range(0, seen, block_k))
+
+    return topk_by_query_blocks(q_index, weights, topk, last_of, blocks_of, block_q=block_q, workers=workers)
+
+
+def topk_by_query_blocks(
+    q_index: Array, weights: Array, topk: int, last_of: Callable[[int, slice], Array],
+    blocks_of: Callable[[int, int], Iterable[tuple[int, list[Array]]]], *, block_q: int, workers: int,
+) -> Array:  # fmt: skip
+    """The running top-k of every block of block_q queries (topk_of_rows), a block of one sequence an item for the
+    workers: q_index (B, H_I, T, d_I), weights (B, T, H_I); last_of(b, rows) the last key each of the rows of
+    sequence b sees, blocks_of(b, seen) its first `seen` keys in blocks. -> (B, T, topk) int64."""
+    B, _, T, _ = q_index.shape
     indices = np.empty((B, T, topk), np.int64)
 
     def run(item: tuple[int, int]) -> None:
         b, q0 = item
-        q1 = min(q0 + block_q, T)
-        seen = min(S, q1 + offset) if causal else S  # keys the block's last row sees
-        if seen <= topk:  # every row chooses every key it sees, whatever its score: nothing to score
-            every = np.arange(topk)  # (k,)
-            indices[b, q0:q1] = np.where(every < np.arange(q0, q1)[:, None] + offset + 1 if causal else every < S,
-                                         every, -1)  # fmt: skip
-            return
-        q_rows = q_index[b, :, q0:q1].swapaxes(0, 1).reshape(-1, d)  # (R·H_I, d_I): row t·H_I + h
-        kept = np.full((q1 - q0, topk), -np.inf, q_index.dtype)  # (R, k): no key yet
-        kept_keys = np.full((q1 - q0, topk), -1, np.int64)
-        for k0 in range(0, seen, block_k):
-            k1 = min(k0 + block_k, seen)
-            scores = block_scores(q_rows, k_index[b, k0:k1], weights[b, q0:q1])  # (R, k1 - k0)
-            if causal and k1 - 1 > q0 + offset:  # a block the diagonal crosses: no key past a row's own
-                for row in range(q1 - q0):
-                    scores[row, max(q0 + row + offset + 1 - k0, 0) :] = -np.inf
-            kept, kept_keys = keep_topk(kept, kept_keys, scores, np.arange(k0, k1))
-        indices[b, q0:q1] = order_topk(kept, kept_keys)
+        rows = slice(q0, min(q0 + block_q, T))
+        last = last_of(b, rows)  # (R,), ascending
+        blocks = blocks_of(b, int(last[-1]) + 1)  # the keys the block's last row sees
+        indices[b, rows] = topk_of_rows(q_index[b, :, rows], weights[b, rows], blocks, last, topk)
 
     with one_blas_thread():
         run_items(run, [(b, q0) for b in range(B) for q0 in range(0, T, block_q)], workers)
     return indices
+
+
+def refuse_topk_beyond_memory(q_index: Array, topk: int, block_q: int, block_k: int, workers: int) -> None:
+    """AttentionMemoryError before a running top-k of q_index (B, H_I, T, d_I) allocates, if its indices and a block
+    of scores a worker do not fit."""
+    B, _, T, _ = q_index.shape
+    itemsize = q_index.dtype.itemsize
+    per_worker = block_q * (topk + block_k) * (2 * itemsize + 16) + 2 * SCORES_PER_TILE * itemsize
+    refuse_unless_fits(B * T * topk * 8 + workers * per_worker, "index_topk", f"the indices of {B}·{T} queries, "
+                       "and a block of scores a worker", "lower topk or the batch")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
