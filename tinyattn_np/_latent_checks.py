@@ -15,7 +15,15 @@ from ._checks import as_float_array, check_scale, compute_dtype, transposed_note
 
 Array = NDArray[np.floating]
 
-__all__ = ["check_latent", "check_latent_cache", "check_latent_weights"]
+__all__ = ["check_indexer_weights", "check_latent", "check_latent_cache", "check_latent_weights", "check_tokens"]
+
+
+def check_tokens(x: Any, d_model: int, dtype: np.dtype, name: str = "x") -> tuple[Array, bool]:
+    """x (B, T, d_model) or (T, d_model), checked, as (B, T, d_model) in dtype, and whether it had no batch axis."""
+    x = as_float_array(x, name)
+    if x.ndim not in (2, 3) or x.shape[-1] != d_model:
+        raise ValueError(f"{name} must be (B, T, {d_model}) or (T, {d_model}); got shape {x.shape}")
+    return (x[None] if x.ndim == 2 else x).astype(dtype, copy=False), x.ndim == 2
 
 
 def check_latent(
@@ -68,6 +76,19 @@ def check_latent_weights(layer: Any, weights: dict[str, Array]) -> dict[str, Arr
                 f"kv_lora_rank={r}, q_lora_rank={q}, qk_nope_head_dim={layer.d_nope}, qk_rope_head_dim="
                 f"{layer.d_rope}, v_head_dim={layer.d_v}); got {w.shape}{transposed_note(w.shape, shapes[name])}"
             )
+    return weights
+
+
+def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Array]:
+    """A sparse layer's indexer weights (sparse.py), each checked against its sizes (layer.mla's d_model and
+    q_lora_rank, index_n_heads, index_head_dim) and dtype."""
+    C, q, H, d = layer.mla.d_model, layer.mla.q_lora_rank, layer.index_n_heads, layer.index_head_dim
+    shapes = {"w_index_q": (q, H * d), "w_index_k": (C, d), "index_k_norm": (d,), "index_k_norm_bias": (d,),
+              "w_index_weights": (C, H)}  # fmt: skip
+    for name, w in weights.items():
+        if not isinstance(w, np.ndarray) or w.dtype != layer.dtype or w.shape != shapes[name]:
+            raise ValueError(f"{name} must be a {layer.dtype} ndarray of shape {shapes[name]}; got "
+                             f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
     return weights
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "IndexInputs",
     "SparseInputs",
     "attend_chosen",
+    "check_backward_inputs",
     "check_index_inputs",
     "check_indices",
     "check_sparse_inputs",
@@ -121,6 +122,21 @@ def check_sparse_inputs(q: Any, k: Any, v: Any, indices: Any, scale: Any) -> Spa
     dtype = compute_dtype(q, k, v)
     q, k, v = (x.astype(dtype, copy=False) for x in (q, k, v))
     return SparseInputs(q, k, v, indices, check_scale(scale, E, dtype))
+
+
+def check_backward_inputs(inputs: SparseInputs, out: Any, dout: Any, lse: Any) -> tuple[Array, Array, Array]:
+    """sparse_attention_backward's out and dout (B, H, T, Ev) and lse (B, H, T), checked against the inputs, in
+    their compute dtype."""
+    B, H, T, _ = inputs.q.shape
+    out, dout, lse = as_float_array(out, "out"), as_float_array(dout, "dout"), as_float_array(lse, "lse")
+    want = (B, H, T, inputs.v.shape[-1])
+    if out.shape != want or dout.shape != want or lse.shape != want[:3]:
+        raise ValueError(f"out and dout must be {want} and lse {want[:3]}; got {out.shape}, {dout.shape}, {lse.shape}")
+    return (
+        out.astype(inputs.q.dtype, copy=False),
+        dout.astype(inputs.q.dtype, copy=False),
+        lse.astype(inputs.q.dtype, copy=False),
+    )
 
 
 def check_indices(indices: Any, batch: int, queries: int, keys: int) -> Array:

@@ -47,9 +47,11 @@ from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_bool, check_positive_int, check_rng
 from ._guard import refuse_unless_fits
+from ._latent_checks import check_indexer_weights, check_tokens
 from ._parallel import cpu_cores
 from ._sparse_kernel import (
     attend_chosen,
+    check_backward_inputs,
     check_index_inputs,
     check_sparse_inputs,
     chosen_backward,
@@ -58,8 +60,8 @@ from ._sparse_kernel import (
     indexer_scores_backward,
     running_topk,
 )
-from .latent import RMS_EPS, Attended, MultiHeadLatentAttention, absorb_query, decompress, join_ukv, split_ukv
-from .layers import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from .latent import Attended, MultiHeadLatentAttention, absorb_query, decompress, join_ukv, split_ukv
+from .layers import layer_norm, layer_norm_backward
 from .position import rope, rope_backward
 
 __all__ = [
@@ -223,13 +225,7 @@ def sparse_attention_backward(
     their terms, a key no query chose gets 0. The query heads of a kv head add into its dk and dv.
     """
     inputs = check_sparse_inputs(q, k, v, indices, scale)
-    B, H, T, _ = inputs.q.shape
-    out, dout, lse = as_float_array(out, "out"), as_float_array(dout, "dout"), as_float_array(lse, "lse")
-    want = (B, H, T, inputs.v.shape[-1])
-    if out.shape != want or dout.shape != want or lse.shape != want[:3]:
-        raise ValueError(f"out and dout must be {want} and lse {want[:3]}; got {out.shape}, {dout.shape}, {lse.shape}")
-    dtype = inputs.q.dtype
-    out, dout, lse = (x.astype(dtype, copy=False) for x in (out, dout, lse))
+    out, dout, lse = check_backward_inputs(inputs, out, dout, lse)  # in the compute dtype
     grads = chosen_backward(inputs, out, dout, lse, workers=check_positive_int(workers, "workers", cpu_cores()))
     return tuple(g.astype(np.result_type(x), copy=False) for g, x in zip(grads, (q, k, v), strict=True))  # type: ignore
 
@@ -387,15 +383,8 @@ class SparseLatentAttention:
 
     def checked_weights(self) -> dict[str, Array]:
         """`parameters`, each checked against the layer's sizes and dtype before any math."""
-        C, H, d = self.mla.d_model, self.index_n_heads, self.index_head_dim
-        shapes = {"w_index_q": (self.mla.q_lora_rank, H * d), "w_index_k": (C, d), "index_k_norm": (d,),
-                  "index_k_norm_bias": (d,), "w_index_weights": (C, H)}  # fmt: skip
-        for name, shape in shapes.items():
-            w = getattr(self, name)
-            if not isinstance(w, np.ndarray) or w.dtype != self.dtype or w.shape != shape:
-                raise ValueError(f"{name} must be a {self.dtype} ndarray of shape {shape}; got "
-                                 f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
-        return {**self.mla.checked_weights(), **{name: getattr(self, name) for name in self.INDEXER}}
+        indexer = check_indexer_weights(self, {name: getattr(self, name) for name in self.INDEXER})
+        return {**self.mla.checked_weights(), **indexer}
 
     # --- the forward ------------------------------------------------------------------------------------
 
@@ -476,10 +465,7 @@ class SparseLatentAttention:
 
     def _batched(self, x: Any) -> tuple[Array, bool]:
         """x (B, T, C) or (T, C), checked, as (B, T, C) in the layer's dtype, and whether it had no batch axis."""
-        x = as_float_array(x, "x")
-        if x.ndim not in (2, 3) or x.shape[-1] != self.mla.d_model:
-            raise ValueError(f"x must be (B, T, {self.mla.d_model}) or (T, {self.mla.d_model}); got shape {x.shape}")
-        return (x[None] if x.ndim == 2 else x).astype(self.dtype, copy=False), x.ndim == 2
+        return check_tokens(x, self.mla.d_model, self.dtype)
 
     @staticmethod
     def _positions(positions: Any, T: int) -> NDArray[np.int64]:
@@ -517,7 +503,8 @@ class SparseLatentAttention:
         grads: dict[str, Array] = {"w_o": saved.o.swapaxes(1, 2).reshape(B * T, -1).T @ dout}  # out = concat(o) W_O
         do = (dout @ saved.weights["w_o"].T).reshape(B, T, self.mla.n_heads, -1).swapaxes(1, 2)  # (B, H, T, d_v)
         dq_nope, dq_rope, dlatent, grads["w_ukv"] = self._attention_backward(do, saved)
-        dx = self._projection_backward(dq_nope, dq_rope, dlatent, saved, grads)
+        dx, projection_grads = self.mla.projection_backward(dq_nope, dq_rope, dlatent, saved)  # (B, T, C)
+        grads.update(projection_grads)
         return dx.reshape(want), {name: grads[name] for name in self.mla.parameters}
 
     def _attention_backward(self, do: Array, saved: SparseSaved) -> tuple[Array, Array, Array, Array]:
@@ -539,24 +526,6 @@ class SparseLatentAttention:
         dk_rope = dk[..., d_nope:].sum(axis=1, keepdims=True)  # (B, 1, T, d_rope): one key every head read
         dw_ukv = saved.proj.latent[:, 0, :, :r].reshape(B * T, r).T @ dkv  # (r, H·(d_nope + d_v))
         return dq[..., :d_nope], dq[..., d_nope:], np.concatenate([dc_kv, dk_rope], axis=-1), dw_ukv
-
-    def _projection_backward(self, dq_nope: Array, dq_rope: Array, dlatent: Array, saved: SparseSaved,
-                             grads: dict[str, Array]) -> Array:  # fmt: skip
-        """Back through RoPE, the two RMSNorms and the projections (latent.py's lines): dx (B·T, C); the weights'
-        gradients go into grads."""
-        x, proj, w, mla = saved.x, saved.proj, saved.weights, self.mla
-        (B, T, C), r = x.shape, mla.kv_lora_rank
-        x_flat = x.reshape(B * T, C)
-        turn: dict[str, Any] = dict(positions=saved.positions, base=mla.rope_theta, interleaved=mla.rope_interleave,
-                    scaling=mla.rope_scaling, max_position_embeddings=mla.max_position_embeddings)  # fmt: skip
-        kv = rms_norm_backward(dlatent[:, 0, :, :r], rms_norm(proj.c_kv_raw, w["kv_norm"], RMS_EPS)[1])
-        d_dkv = np.concatenate([kv.dx, rope_backward(dlatent[:, 0, :, r:], **turn)], axis=-1).reshape(B * T, -1)
-        grads.update(kv_norm=kv.dgain, w_dkv=x_flat.T @ d_dkv)  # [c_KV_raw | k_rope] = x W_DKV
-        dq = np.concatenate([dq_nope, rope_backward(dq_rope, **turn)], axis=-1).swapaxes(1, 2).reshape(B * T, -1)
-        grads["w_uq"] = proj.c_q.reshape(B * T, -1).T @ dq  # q = c_Q W_UQ
-        c_q = rms_norm_backward(dq @ w["w_uq"].T, rms_norm(proj.c_q_raw.reshape(B * T, -1), w["q_norm"], RMS_EPS)[1])
-        grads.update(q_norm=c_q.dgain, w_dq=x_flat.T @ c_q.dx)  # c_Q = RMSNorm(x W_DQ)
-        return d_dkv @ w["w_dkv"].T + c_q.dx @ w["w_dq"].T
 
     def indexer_loss(self, saved: SparseSaved) -> tuple[float, dict[str, Array]]:
         """DeepSeek-V3.2's indexer loss for the forward that made saved, and its gradient by hand, for the
