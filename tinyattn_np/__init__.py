@@ -183,7 +183,7 @@ from .position import (
 from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
-from .sparse import SparseLatentAttention, SparseLatentCache, index_topk, sparse_attention, sparse_attention_backward
+from .sparse import SparseLatentAttention, index_topk, sparse_attention, sparse_attention_backward
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory
@@ -231,7 +231,6 @@ __all__ = [
     "RelativeBias",
     "Softcap",
     "SparseLatentAttention",
-    "SparseLatentCache",
     "Tile",
     "absorb_query",
     "TrainingMemory",

@@ -92,18 +92,21 @@ def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Arra
     return weights
 
 
-def check_latent_cache(layer: Any, cache: Any, batch: int) -> None:
+def check_latent_cache(layer: Any, cache: Any, batch: int, index_head_dim: int = 0) -> None:
     """A cache for the layer holds one "head" of latent_dim numbers in the layer's dtype, its values the first
     kv_lora_rank of them (the latent stored once); a KVCache (it has a batch) holds `batch` rows and no
-    window."""
+    window. index_head_dim: a sparse layer's cache keeps each token's indexer key after its latent (sparse.py)."""
     kv = hasattr(cache, "batch")
     kind, rows = ("KVCache", f"batch={batch}, ..., ") if kv else ("PagedKVCache", "..., ")
-    want = (1, layer.latent_dim, layer.dtype, layer.kv_lora_rank)
-    if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != want:
+    width, r = layer.latent_dim + index_head_dim, layer.kv_lora_rank
+    if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != (1, width, layer.dtype, r):
+        what = f"one latent of kv_lora_rank + qk_rope_head_dim = {r} + {layer.d_rope}"
+        if index_head_dim:
+            what = f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + " \
+                   f"{layer.d_rope} + {index_head_dim}"  # fmt: skip
         raise ValueError(
-            f"cache must be {kind}({rows}kv_heads=1, head_dim={layer.latent_dim}, dtype={layer.dtype}, value_prefix="
-            f"{layer.kv_lora_rank}): one latent of kv_lora_rank + qk_rope_head_dim = {layer.kv_lora_rank} + "
-            f"{layer.d_rope} numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
+            f"cache must be {kind}({rows}kv_heads=1, head_dim={width}, dtype={layer.dtype}, value_prefix={r}): {what} "
+            f"numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
             f"head_dim={cache.head_dim}, dtype={cache.dtype}, value_prefix={cache.value_prefix}"
         )
     if kv and (cache.batch != batch or cache.window is not None):

@@ -11,8 +11,8 @@ The indexer (running_topk), one block of queries on one worker:
                               the block merged into the running top-k (keep_topk)
     at the end:               the k kept in key order, -1 after them (order_topk)
 keep_topk finds the k best of the kept and the new with a partition (O(k + n), not a sort), and of the scores
-equal to the k-th best the earliest, as merge_topk's order says. A block of keys may come in pieces (topk_of_rows),
-a slice of an array each, or a run of a cache's pages.
+equal to the k-th best the earliest, as merge_topk's order says. A block of keys may come in pieces (topk_of_rows):
+one slice of an array here, or the runs of a cache's pages (_sparse_decode.py, the decode step through a cache).
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
 gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul, keys down as
