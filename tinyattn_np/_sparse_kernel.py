@@ -15,7 +15,7 @@ equal to the k-th best the earliest, as merge_topk's order says. A block of keys
 one slice of an array here, or the runs of a cache's pages (_sparse_decode.py, the decode step through a cache).
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
-gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul, keys down as
+gathered (gather_rows), the scores of the kv head's G query heads against them as one batched matmul, keys down as
 flash.py's tiles, (bq, bk, E) @ (bq, E, G), and the softmax over blocks of the list, its sums measured against 0
 with the running max where exp(s) cannot hold them (flash.py's attend_block). Values that are the keys' first Ev
 numbers (MLA's latent: v a view of k) are read from the gathered keys, not gathered again. A block of gathered
@@ -333,6 +333,13 @@ def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_
     return out, lse
 
 
+def gather_rows(source: Array, slots: Array) -> Array:
+    """The rows of source (S, ·) that slots (..., n) name, -1 read as row 0 (its caller hides them) -> (..., n, ·).
+    By indexing, which reads a strided source in place (the latent, a slice of a cache's keys), where np.take
+    would first copy the whole of a source that is not contiguous."""
+    return source[np.maximum(slots, 0)]
+
+
 class Chosen(NamedTuple):
     """One kv head's keys (S, E) and values (S, Ev) (None: the keys' first Ev), and a block of queries' chosen
     keys (bq, n) (-1: none), read block_k slots at a time."""
@@ -357,7 +364,7 @@ def sums_over_chosen(q_t: Array, chosen: Chosen, *, running_max: bool) -> tuple[
     acc = np.zeros((bq, G, chosen.Ev), q_t.dtype)
     for j0 in range(0, chosen.slots.shape[1], chosen.block_k):
         slots = chosen.slots[:, j0 : j0 + chosen.block_k]  # (bq, bk)
-        k_chosen = np.take(chosen.keys, slots, axis=0, mode="clip")  # (bq, bk, E): -1 reads key 0, hidden below
+        k_chosen = gather_rows(chosen.keys, slots)  # (bq, bk, E): -1 reads key 0, hidden below
         s = k_chosen @ q_t  # (bq, bk, G)
         empty = slots < 0
         if empty.any():
@@ -371,8 +378,7 @@ def sums_over_chosen(q_t: Array, chosen: Chosen, *, running_max: bool) -> tuple[
             s -= m_sub
             m = m_new
         np.exp(s, out=s)  # p (bq, bk, G)
-        values = k_chosen[..., : chosen.Ev] if chosen.values is None else np.take(chosen.values, slots, axis=0,
-                                                                                  mode="clip")  # fmt: skip
+        values = k_chosen[..., : chosen.Ev] if chosen.values is None else gather_rows(chosen.values, slots)
         l += s.sum(axis=1, keepdims=True)
         acc += s.swapaxes(1, 2) @ values  # (bq, G, bk) @ (bq, bk, Ev)
     return acc, m[:, 0], l[:, 0]
@@ -436,8 +442,8 @@ def block_backward(q_block: Array, dout_block: Array, lse: Array, delta: Array, 
     the chosen keys (chosen (bq, n), -1 for none). The five lines of the backward, over the chosen keys:
         p = exp(scale q kᵀ - lse)   dv += pᵀ dout   dp = dout vᵀ   ds = p (dp - D)   dq = scale ds k,  dk += scale dsᵀ q
     """
-    k_chosen = np.take(keys, chosen, axis=0, mode="clip")  # (bq, n, E)
-    v_chosen = np.take(values, chosen, axis=0, mode="clip")  # (bq, n, Ev)
+    k_chosen = gather_rows(keys, chosen)  # (bq, n, E)
+    v_chosen = gather_rows(values, chosen)  # (bq, n, Ev)
     s = (q_block * scale) @ k_chosen.swapaxes(-1, -2)  # (bq, G, n)
     with np.errstate(invalid="ignore"):  # a row with no key: lse = -inf, and its p is 0 below
         p = np.exp(s - lse[..., None])  # (bq, G, n)
@@ -477,7 +483,7 @@ def heads_summed_weights(inputs: SparseInputs, lse: Array) -> Array:
             heads = slice(g * G, (g + 1) * G)
             for q0 in range(0, T, block_q):
                 rows = slice(q0, min(q0 + block_q, T))
-                k_chosen = np.take(k[b, g], indices[b, rows], axis=0, mode="clip")  # (bq, n, E)
+                k_chosen = gather_rows(k[b, g], indices[b, rows])  # (bq, n, E)
                 s = (q[b, heads, rows].swapaxes(0, 1) * scale) @ k_chosen.swapaxes(-1, -2)  # (bq, G, n)
                 with np.errstate(invalid="ignore", over="ignore"):  # a row with no key (lse -inf) lists none
                     p = np.exp(s - lse[b, heads, rows].T[..., None])  # (bq, G, n)
@@ -498,7 +504,7 @@ def indexer_scores_at(q_index: Array, k_index: Array, weights: Array, indices: A
     n = indices.shape[-1]
     refuse_unless_fits((B * T * n * (d + 2 * H + 1)) * q_index.dtype.itemsize, "the indexer's loss", f"the chosen "
                        f"indexer keys of {B}·{T} queries and their dots", "lower T or topk")  # fmt: skip
-    k_chosen = np.stack([np.take(k_index[b], indices[b], axis=0, mode="clip") for b in range(B)])  # (B, T, n, d_I)
+    k_chosen = np.stack([gather_rows(k_index[b], indices[b]) for b in range(B)])  # (B, T, n, d_I)
     dots = np.einsum("bhtd,btnd->bhtn", q_index, k_chosen)  # (B, H_I, T, n)
     dots[np.broadcast_to((indices < 0)[:, None], dots.shape)] = 0
     scores = np.einsum("bth,bhtn->btn", weights, np.maximum(dots, 0))  # (B, T, n)
@@ -516,7 +522,7 @@ def indexer_scores_backward(d_scores: Array, dots: Array, q_index: Array, k_inde
     d_dots = d_scores[:, None] * weights.transpose(0, 2, 1)[..., None] * (dots > 0)  # (B, H_I, T, n)
     dq, dk = np.empty_like(q_index), np.zeros_like(k_index)
     for b in range(B):
-        k_chosen = np.take(k_index[b], indices[b], axis=0, mode="clip")  # (T, n, d_I)
+        k_chosen = gather_rows(k_index[b], indices[b])  # (T, n, d_I)
         dq[b] = np.einsum("htn,tnd->htd", d_dots[b], k_chosen)  # (H_I, T, d_I)
         dk_chosen = np.einsum("htn,htd->tnd", d_dots[b], q_index[b])  # (T, n, d_I): every indexer head summed
         listed = indices[b] >= 0
