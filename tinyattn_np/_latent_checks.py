@@ -101,9 +101,9 @@ def check_latent_cache(layer: Any, cache: Any, batch: int, index_head_dim: int =
     width, r = layer.latent_dim + index_head_dim, layer.kv_lora_rank
     if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != (1, width, layer.dtype, r):
         what = f"one latent of kv_lora_rank + qk_rope_head_dim = {r} + {layer.d_rope}"
-        if index_head_dim:
-            what = f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + " \
-                   f"{layer.d_rope} + {index_head_dim}"  # fmt: skip
+        if index_head_dim:  # a sparse layer's
+            what = (f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + "
+                    f"{layer.d_rope} + {index_head_dim}")  # fmt: skip
         raise ValueError(
             f"cache must be {kind}({rows}kv_heads=1, head_dim={width}, dtype={layer.dtype}, value_prefix={r}): {what} "
             f"numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
