@@ -1,22 +1,37 @@
 """Sparse attention (sparse.py): the indexer's plain and blockwise top-k equal and their ties to the earlier key,
 the top-k merge associative, the attention over chosen keys against SciPy's softmax under the equivalent mask,
 its backward by central differences, the DSA layer against the dense layer and its equations, the indexer's loss
-and its gradient, decoding through the sparse cache, and bad input refused with the argument named."""
+and its gradient, decoding through KVCache and PagedKVCache (all or nothing), and bad input refused with the
+argument named."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
-from conftest import gold_attention
+from conftest import gold_attention, tolerance
 from scipy.special import log_softmax
 from test_backward import EPS, FD_TOL, numerical_grad  # central differences, one entry at a time
+from test_kvcache import CACHE_CODE, PACKAGE, _all_or_nothing, _lock_is_free
 
-from tinyattn_np import AttentionMemoryError, SparseLatentAttention, SparseLatentCache, index_topk, sparse_attention
+from tinyattn_np import (
+    AttentionMemoryError,
+    KVCache,
+    PagedKVCache,
+    PoolExhaustedError,
+    SparseLatentAttention,
+    index_topk,
+    sparse_attention,
+)
 from tinyattn_np import _guard as guard_module
-from tinyattn_np import sparse as sparse_module
+from tinyattn_np._paged_kernel import Pages
+from tinyattn_np._sparse_decode import decode_chosen_pages, pool_blocks, topk_over_pages
 from tinyattn_np._sparse_kernel import SparseInputs, attend_chosen, keep_topk
+from tinyattn_np.blockmask import Band
 from tinyattn_np.measure import traced_peak
 from tinyattn_np.sparse import (
+    SparseHeads,
     index_scores,
     index_topk_plain,
     merge_topk,
@@ -438,55 +453,211 @@ def test_the_indexer_loss_and_its_gradient(rng):
             assert grad[i] == pytest.approx(numeric, abs=FD_TOL), f"d{name}{i}"
 
 
-# --- decoding ----------------------------------------------------------------------------------------
+# --- decoding through the caches ----------------------------------------------------------------------
 
 
-def test_prefill_then_steps_equal_the_whole_sequence(rng):
-    layer = make_layer(topk=3)
-    x = rng.standard_normal((2, 11, D_MODEL))
+def kv_cache(layer, batch, max_tokens):
+    """A KVCache for the layer: one kv head of cache_dim numbers a token, the values its first kv_lora_rank."""
+    r = layer.mla.kv_lora_rank
+    return KVCache(batch, 1, max_tokens, layer.cache_dim, dtype=layer.dtype, value_prefix=r)
+
+
+def paged_cache(layer, num_blocks, block_size):
+    r = layer.mla.kv_lora_rank
+    return PagedKVCache(num_blocks, block_size, 1, layer.cache_dim, dtype=layer.dtype, value_prefix=r)
+
+
+def cached_keys(layer, tokens):
+    """What a cache should hold for a sequence of tokens (T, C): each token's latent, then its indexer key."""
+    x, positions = tokens[None], np.arange(len(tokens))
+    latent = layer.mla.project(x, positions, layer.parameters).latent[0, 0]  # (T, latent_dim)
+    c_q = layer.mla.project(x, positions, layer.parameters).c_q
+    return np.concatenate([latent, layer.index(x, c_q, positions, layer.parameters).k[0]], axis=-1)  # (T, cache_dim)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_prefill_then_steps_through_a_kv_cache_equal_the_whole_sequence(rng, dtype):
+    layer = make_layer(topk=3, dtype=dtype)
+    x = rng.standard_normal((2, 11, D_MODEL)).astype(dtype)
     whole = layer(x)
-    cache = SparseLatentCache(2, 11, layer.mla.latent_dim, SIZES["index_head_dim"], dtype=np.float64)
+    cache = kv_cache(layer, 2, 11)
     steps = [layer(x[:, :5], cache=cache), *(layer(x[:, t : t + 1], cache=cache) for t in range(5, 9)),
              layer(x[:, 9:], cache=cache)]  # fmt: skip
-    np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, rtol=1e-12, atol=1e-12)
-    assert len(cache) == 11 and cache.nbytes == 2 * 11 * (8 + 4 + 8) * 8
-    single = SparseLatentCache(1, 11, layer.mla.latent_dim, SIZES["index_head_dim"], dtype=np.float64)
-    np.testing.assert_allclose(layer(x[0, :4], cache=single), whole[0, :4], rtol=1e-12, atol=1e-12)  # (T, C)
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, **tolerance(dtype))
+    # each token's latent and indexer key, once: B · max_tokens · (8 + 4 + 8) numbers, the values a view of the keys
+    assert len(cache) == 11 and cache.nbytes == 2 * 11 * (8 + 4 + 8) * np.dtype(dtype).itemsize
+    assert layer.cache_dim == 20 and np.shares_memory(cache.values, cache.keys)
+    for b in range(2):
+        np.testing.assert_allclose(cache.keys[b, 0], cached_keys(layer, x[b]), **tolerance(dtype))
+    single = kv_cache(layer, 1, 11)
+    np.testing.assert_allclose(layer(x[0, :4], cache=single), whole[0, :4], **tolerance(dtype))  # (T, C)
 
 
-def test_an_interrupted_step_leaves_the_cache_as_it_was(rng, monkeypatch):
+def test_the_cache_reads_the_layer_over_arrays_as_over_pages(rng):
+    """SparseHeads' two readings of one cache, its keys as arrays (attend_heads: sparse_decode) and as pages
+    (attend_pages: the step the caches run), give the same step."""
+    layer = make_layer(topk=4)
+    heads = SparseHeads(layer)
+    x = rng.standard_normal((2, 9, D_MODEL))
+    cache = kv_cache(layer, 2, 12)
+    layer(x[:, :6], cache=cache)
+    q, k, v = heads.split_heads(x[:, 6:], np.arange(6, 9))
+    cache.append(k, v)
+    by_pages = heads.attend_pages(q, cache._pages(9))
+    by_arrays, _ = heads.attend_heads(q, cache.keys, cache.values, Band(6))  # bottom-right
+    np.testing.assert_allclose(by_pages, by_arrays, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("block_k", [3, 5, 64])
+def test_the_paged_step_equals_sparse_decode_over_the_gathered_sequences(rng, block_k):
+    """decode_chosen_pages over a pool whose tables run through it in runs and single blocks, several sequences of
+    different lengths, blocks of keys that end inside a block of the pool: sparse_decode over each sequence laid
+    out as arrays, and the same chosen tokens."""
+    H, r, d_rope, H_I, d_I, T, size = 4, 6, 2, 3, 5, 2, 4
+    latent_dim = r + d_rope
+    pool = rng.standard_normal((1, 12, size, latent_dim + d_I))  # (Hkv, num_blocks, block_size, E)
+    tables, lengths = [(3, 4, 5, 0), (7,), (9, 1, 2, 10, 11)], [15, 2, 19]
+    q_latent, q_index = rng.standard_normal((3, H, T, latent_dim)), rng.standard_normal((3, H_I, T, d_I))
+    weights = rng.standard_normal((3, T, H_I))
+    pages = Pages(pool, pool[..., :r], tables, lengths)
+    chosen = topk_over_pages(q_index, weights, pool[0, ..., latent_dim:], pages, 6, block_k=block_k, workers=2)
+    o, _ = decode_chosen_pages(q_latent, q_index, weights, pages, 6, latent_dim=latent_dim, value_dim=r, scale=0.3,
+                               workers=2)  # fmt: skip
+    gathered = np.zeros((3, 20, latent_dim + d_I))
+    for b, (table, n) in enumerate(zip(tables, lengths, strict=True)):
+        gathered[b, :n] = pool[0, list(table)].reshape(-1, latent_dim + d_I)[:n]
+    gold_o, gold_chosen = sparse_decode(q_latent, q_index, weights, gathered[..., :latent_dim],
+                                        gathered[..., latent_dim:], lengths, 6, value_dim=r, scale=0.3)  # fmt: skip
+    np.testing.assert_array_equal(chosen, gold_chosen)
+    np.testing.assert_allclose(o, gold_o, rtol=1e-13, atol=1e-14)
+    for k0, pieces in pool_blocks(pool[0, ..., latent_dim:], tables[2], 19, block_k):  # views of the pool
+        assert all(np.shares_memory(piece, pool) for piece in pieces) and k0 % block_k == 0
+
+
+def test_paged_decoding_against_a_dict_of_token_histories():
+    """Random prefills, decode steps of several sequences at once (their lengths differ), chunks, forks and frees
+    on a PagedKVCache, beside a dict that holds each sequence's tokens: every output equals the layer run on that
+    sequence's whole history, and every sequence's cached keys equal its history's latents and indexer keys."""
+    rng = np.random.default_rng(7)
     layer = make_layer(topk=3)
-    x = rng.standard_normal((1, 8, D_MODEL))
-    cache = SparseLatentCache(1, 8, layer.mla.latent_dim, SIZES["index_head_dim"], dtype=np.float64)
-    layer(x[:, :5], cache=cache)
-    kept = cache.latents[:, :5].copy(), cache.index_keys[:, :5].copy()
+    cache = paged_cache(layer, 64, 3)
+    assert cache.nbytes == 64 * 3 * (8 + 4 + 8) * 8 and np.shares_memory(cache.v_pool, cache.k_pool)
+    history: dict[int, np.ndarray] = {}  # sequence id -> its tokens (n, C)
+    for step in range(24):
+        action = rng.choice(["prefill", "decode", "decode", "chunk", "fork", "free"]) if history else "prefill"
+        if action == "prefill" or (action == "free" and len(history) < 2):
+            seq, tokens = cache.add_sequence(), rng.standard_normal((1, int(rng.integers(1, 7)), D_MODEL))
+            out = layer(tokens, cache=cache, seq_ids=[seq])
+            history[seq] = tokens[0]
+            np.testing.assert_allclose(out[0], layer(history[seq]), rtol=1e-12, atol=1e-13, err_msg=f"step {step}")
+        elif action in ("decode", "chunk"):
+            seqs = [int(s) for s in rng.permutation(list(history))[: int(rng.integers(1, len(history) + 1))]]
+            tokens = rng.standard_normal((len(seqs), 1 if action == "decode" else 3, D_MODEL))
+            out = layer(tokens, cache=cache, seq_ids=seqs)
+            for b, seq in enumerate(seqs):
+                history[seq] = np.concatenate([history[seq], tokens[b]])
+                gold = layer(history[seq])[-tokens.shape[1] :]
+                np.testing.assert_allclose(out[b], gold, rtol=1e-12, atol=1e-13, err_msg=f"step {step}")
+        elif action == "fork":
+            parent = int(rng.choice(list(history)))
+            history[cache.fork(parent)] = history[parent].copy()
+        else:
+            seq = int(rng.choice(list(history)))
+            cache.free(seq)
+            del history[seq]
+        assert set(cache.sequences) == set(history)
+        for seq, tokens in history.items():
+            np.testing.assert_allclose(cache.gather(seq)[0][0], cached_keys(layer, tokens), rtol=1e-13, atol=1e-14)
 
-    def interrupt(*args, **kwargs):
-        raise KeyboardInterrupt
 
-    with monkeypatch.context() as patch:
-        patch.setattr(sparse_module, "sparse_decode", interrupt)
-        with pytest.raises(KeyboardInterrupt):
-            layer(x[:, 5:6], cache=cache)
-    assert len(cache) == 5
-    np.testing.assert_array_equal(cache.latents[:, :5], kept[0])
-    np.testing.assert_array_equal(cache.index_keys[:, :5], kept[1])
-    rest = np.concatenate([layer(x[:, t : t + 1], cache=cache) for t in range(5, 8)], axis=1)
-    np.testing.assert_allclose(rest, layer(x)[:, 5:], rtol=1e-12, atol=1e-12)
+def _decoded(kind, layer):
+    """A cache holding two sequences of 5 tokens (a KVCache of two rows; or, in a pool of blocks of 2, a sequence
+    and its fork, which share a half-filled block that the next step copies), and the arguments a step takes."""
+    x = np.linspace(-1, 1, 10 * D_MODEL).reshape(2, 5, D_MODEL)
+    if kind == "kv":
+        cache, kwargs = kv_cache(layer, 2, 7), {}
+        layer(x, cache=cache)
+    else:
+        cache = paged_cache(layer, 8, 2)
+        seq = cache.add_sequence()
+        layer(x[:1], cache=cache, seq_ids=[seq])
+        kwargs = {"seq_ids": [seq, cache.fork(seq)]}
+    return cache, kwargs
 
 
-def test_a_cache_that_does_not_fit_is_refused_before_anything_changes(rng):
+def _cache_state(cache):
+    if isinstance(cache, KVCache):
+        return len(cache), cache.keys.tobytes()
+    return tuple((seq, cache.gather(seq)[0].tobytes()) for seq in cache.sequences), cache.blocks_used
+
+
+@pytest.mark.parametrize("kind", ["kv", "paged"])
+def test_an_interrupt_at_any_bytecode_of_a_step_leaves_the_cache_before_or_after(kind):
+    """A KeyboardInterrupt raised at each bytecode of a decode step in turn (in sparse.py, its decode engine and
+    the caches' code): the keys are both attended to and kept, or neither; the lock is free and the next step
+    gives what the whole sequence gives."""
     layer = make_layer(topk=3)
-    x = rng.standard_normal((2, 4, D_MODEL))
-    for cache in [SparseLatentCache(2, 3, layer.mla.latent_dim, 8, dtype=np.float64),  # no room
-                  SparseLatentCache(1, 9, layer.mla.latent_dim, 8, dtype=np.float64),  # another batch
-                  SparseLatentCache(2, 9, layer.mla.latent_dim, 4, dtype=np.float64),  # another indexer key
-                  SparseLatentCache(2, 9, layer.mla.latent_dim, 8, dtype=np.float32)]:  # fmt: skip
-        with pytest.raises(ValueError, match="cache must be a SparseLatentCache"):
-            layer(x, cache=cache)
-        assert len(cache) == 0 and not cache.latents.any()
+    x = np.linspace(-1, 1, 2 * D_MODEL).reshape(2, 1, D_MODEL)
+    code = (*CACHE_CODE, str(PACKAGE / "sparse.py"), str(PACKAGE / "_sparse_decode.py"))
+
+    def step(made):
+        cache, kwargs = made
+        return layer(x, cache=cache, **kwargs)
+
+    def still_works(made):  # the next step: the interrupted one again, or the one after it
+        cache, kwargs = made
+        assert _lock_is_free(cache.lock)
+        held = len(cache) if kind == "kv" else cache.length(kwargs["seq_ids"][0])
+        np.testing.assert_allclose(step(made), gold[held], rtol=1e-12, atol=1e-13)
+
+    prefilled = _decoded(kind, layer)
+    make = lambda: copy.deepcopy(prefilled)  # noqa: E731
+    made = make()
+    gold = {5: step(made), 6: step(made)}  # the step at position 5, then at 6
+    snapshot = lambda made: _cache_state(made[0])  # noqa: E731
+    assert _all_or_nothing(make, step, snapshot, still_works, code) > 50
+
+
+@pytest.mark.parametrize(
+    ("make_cache", "error", "message"),
+    [
+        (lambda layer: KVCache(2, 1, 8, layer.mla.latent_dim, dtype=np.float64, value_prefix=8), ValueError,
+         r"head_dim=20, dtype=float64, value_prefix=8\): one latent and one indexer key, .* = 8 \+ 4 \+ 8"),
+        (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float32, value_prefix=8), ValueError, "got .*dtype=float32"),
+        (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float64), ValueError, "got .*value_prefix=None"),
+        (lambda layer: KVCache(3, 1, 8, 20, dtype=np.float64, value_prefix=8), ValueError, "batch=2"),
+        (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float64, value_prefix=8, window=4), ValueError, "window=None"),
+        (lambda layer: KVCache(2, 1, 3, 20, dtype=np.float64, value_prefix=8), ValueError, "only 3 more fit"),
+        (lambda layer: PagedKVCache(8, 2, 1, 12, dtype=np.float64, value_prefix=8), ValueError, "head_dim=20"),
+        (lambda layer: PagedKVCache(1, 2, 1, 20, dtype=np.float64, value_prefix=8), PoolExhaustedError,
+         "cannot hold 4 more tokens"),
+        (lambda layer: np.zeros((2, 1, 8, 20)), TypeError, "cache must be a KVCache, a PagedKVCache or None"),
+    ],
+)  # fmt: skip
+def test_a_cache_that_does_not_fit_the_layer_is_refused_before_anything_changes(rng, make_cache, error, message):
+    layer = make_layer(topk=3)
+    cache = make_cache(layer)
+    seq_ids = [cache.add_sequence(), cache.add_sequence()] if isinstance(cache, PagedKVCache) else None
+    with pytest.raises(error, match=message):
+        layer(rng.standard_normal((2, 4, D_MODEL)), cache=cache, seq_ids=seq_ids)
+    if isinstance(cache, KVCache):
+        assert len(cache) == 0 and not cache._k.any()
+    elif isinstance(cache, PagedKVCache):
+        assert cache.blocks_used == 0 and not cache.k_pool.any()
+
+
+def test_misused_arguments_with_a_cache_are_refused(rng):
+    layer, x = make_layer(topk=3), rng.standard_normal((2, 4, D_MODEL))
+    cache = kv_cache(layer, 2, 9)
     with pytest.raises(ValueError, match="positions=None and absorbed=True"):
-        layer(x, cache=SparseLatentCache(2, 9, layer.mla.latent_dim, 8, dtype=np.float64), absorbed=False)
+        layer(x, cache=cache, absorbed=False)
+    with pytest.raises(ValueError, match="positions=None and absorbed=True"):
+        layer(x, cache=cache, positions=np.arange(4))
+    with pytest.raises(ValueError, match="seq_ids names sequences of a PagedKVCache"):
+        layer(x, seq_ids=[0, 1])
+    with pytest.raises(ValueError, match="seq_ids is for a PagedKVCache"):
+        layer(x, cache=cache, seq_ids=[0, 1])
+    assert len(cache) == 0
 
 
 def test_sparse_decode_reads_each_sequence_at_its_own_length(rng):
@@ -518,7 +689,6 @@ def test_the_layer_refuses_bad_input_with_the_argument_named(rng):
         (lambda: layer.backward(x, saved), ValueError, "saved must come from this layer's own forward"),
         (lambda: layer.indexer_loss(saved), ValueError, "saved must come from this layer's own forward"),
         (lambda: other.backward(x[:, :4], saved), ValueError, r"dout must have the forward's output shape"),
-        (lambda: SparseLatentCache(1, 4, 12, 8, dtype=np.int32), TypeError, "dtype must be float32 or float64"),
         (lambda: SparseLatentAttention(D_MODEL, HEADS, index_topk=2, **{**SIZES, "index_head_dim": 2}), ValueError,
          "index_head_dim must be at least qk_rope_head_dim = 4"),
         (lambda: sparse_attention(x, x, x, np.zeros((2, 5, 1), int)), ValueError, r"q, k and v must be \(B, H, T, E\)"),

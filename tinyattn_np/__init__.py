@@ -72,6 +72,7 @@ plain algorithm, and what several modules share. None of them imports a lesson.
     _cache_buffers.py  the caches' dtypes, read-only views, pickling without the lock
     _latent_checks.py  latent attention's input checks
     _sparse_kernel.py  the indexer's blockwise top-k and the attention over the chosen keys
+    _sparse_decode.py  the sparse layer's decode step through a cache's pages
     _linear_kernel.py  the gated delta rule's chunks over every head, its backward and the decode step
     _linear_checks.py  the gated delta rule's input checks
     _rope_scaling.py   a rope_scaling dict's checks and each scaling method's frequencies
@@ -199,7 +200,7 @@ from .position import (
 from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
-from .sparse import SparseLatentAttention, SparseLatentCache, index_topk, sparse_attention, sparse_attention_backward
+from .sparse import SparseLatentAttention, index_topk, sparse_attention, sparse_attention_backward
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory
@@ -247,7 +248,6 @@ __all__ = [
     "RelativeBias",
     "Softcap",
     "SparseLatentAttention",
-    "SparseLatentCache",
     "Tile",
     "absorb_query",
     "TrainingMemory",

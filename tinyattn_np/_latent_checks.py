@@ -15,7 +15,15 @@ from ._checks import as_float_array, check_scale, compute_dtype, transposed_note
 
 Array = NDArray[np.floating]
 
-__all__ = ["check_latent", "check_latent_cache", "check_latent_weights"]
+__all__ = ["check_indexer_weights", "check_latent", "check_latent_cache", "check_latent_weights", "check_tokens"]
+
+
+def check_tokens(x: Any, d_model: int, dtype: np.dtype, name: str = "x") -> tuple[Array, bool]:
+    """x (B, T, d_model) or (T, d_model), checked, as (B, T, d_model) in dtype, and whether it had no batch axis."""
+    x = as_float_array(x, name)
+    if x.ndim not in (2, 3) or x.shape[-1] != d_model:
+        raise ValueError(f"{name} must be (B, T, {d_model}) or (T, {d_model}); got shape {x.shape}")
+    return (x[None] if x.ndim == 2 else x).astype(dtype, copy=False), x.ndim == 2
 
 
 def check_latent(
@@ -71,18 +79,34 @@ def check_latent_weights(layer: Any, weights: dict[str, Array]) -> dict[str, Arr
     return weights
 
 
-def check_latent_cache(layer: Any, cache: Any, batch: int) -> None:
+def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Array]:
+    """A sparse layer's indexer weights (sparse.py), each checked against its sizes (layer.mla's d_model and
+    q_lora_rank, index_n_heads, index_head_dim) and dtype."""
+    C, q, H, d = layer.mla.d_model, layer.mla.q_lora_rank, layer.index_n_heads, layer.index_head_dim
+    shapes = {"w_index_q": (q, H * d), "w_index_k": (C, d), "index_k_norm": (d,), "index_k_norm_bias": (d,),
+              "w_index_weights": (C, H)}  # fmt: skip
+    for name, w in weights.items():
+        if not isinstance(w, np.ndarray) or w.dtype != layer.dtype or w.shape != shapes[name]:
+            raise ValueError(f"{name} must be a {layer.dtype} ndarray of shape {shapes[name]}; got "
+                             f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
+    return weights
+
+
+def check_latent_cache(layer: Any, cache: Any, batch: int, index_head_dim: int = 0) -> None:
     """A cache for the layer holds one "head" of latent_dim numbers in the layer's dtype, its values the first
     kv_lora_rank of them (the latent stored once); a KVCache (it has a batch) holds `batch` rows and no
-    window."""
+    window. index_head_dim: a sparse layer's cache keeps each token's indexer key after its latent (sparse.py)."""
     kv = hasattr(cache, "batch")
     kind, rows = ("KVCache", f"batch={batch}, ..., ") if kv else ("PagedKVCache", "..., ")
-    want = (1, layer.latent_dim, layer.dtype, layer.kv_lora_rank)
-    if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != want:
+    width, r = layer.latent_dim + index_head_dim, layer.kv_lora_rank
+    if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != (1, width, layer.dtype, r):
+        what = f"one latent of kv_lora_rank + qk_rope_head_dim = {r} + {layer.d_rope}"
+        if index_head_dim:  # a sparse layer's
+            what = (f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + "
+                    f"{layer.d_rope} + {index_head_dim}")  # fmt: skip
         raise ValueError(
-            f"cache must be {kind}({rows}kv_heads=1, head_dim={layer.latent_dim}, dtype={layer.dtype}, value_prefix="
-            f"{layer.kv_lora_rank}): one latent of kv_lora_rank + qk_rope_head_dim = {layer.kv_lora_rank} + "
-            f"{layer.d_rope} numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
+            f"cache must be {kind}({rows}kv_heads=1, head_dim={width}, dtype={layer.dtype}, value_prefix={r}): {what} "
+            f"numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "
             f"head_dim={cache.head_dim}, dtype={cache.dtype}, value_prefix={cache.value_prefix}"
         )
     if kv and (cache.batch != batch or cache.window is not None):

@@ -12,7 +12,7 @@ and each sequence's chunks merged (the decode engine's attend_blocks and merge_p
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -31,6 +31,7 @@ from ._parallel import one_blas_thread, run_items
 Array = NDArray[np.floating]
 
 __all__ = [
+    "ChoosingLayer",
     "PageChunk",
     "Pages",
     "attend_page_chunks",
@@ -57,6 +58,18 @@ class Pages(NamedTuple):
     @property
     def block_size(self) -> int:
         return int(self.k_pool.shape[2])
+
+
+@runtime_checkable
+class ChoosingLayer(Protocol):
+    """A decoding layer (multihead.DecodingLayer) whose queries choose which of the held tokens they read (sparse.py's
+    DSA layer), so it reads them itself: a cache's attend writes the new tokens first, hands the layer everything
+    it holds as Pages (a KVCache's rows as pages of one block each), and commits once attend_pages returns
+    y (B, H, T, Ev), the attention of each sequence's T new tokens (its last T) over all of its tokens. q is what
+    the layer's split_heads gave (for a PagedKVCache, its rows joined by paged.join_rows); the cache never reads
+    it."""
+
+    def attend_pages(self, q: Any, pages: Pages) -> Array: ...
 
 
 class PageChunk(NamedTuple):

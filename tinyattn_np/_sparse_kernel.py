@@ -11,10 +11,11 @@ The indexer (running_topk), one block of queries on one worker:
                               the block merged into the running top-k (keep_topk)
     at the end:               the k kept in key order, -1 after them (order_topk)
 keep_topk finds the k best of the kept and the new with a partition (O(k + n), not a sort), and of the scores
-equal to the k-th best the earliest, as merge_topk's order says.
+equal to the k-th best the earliest, as merge_topk's order says. A block of keys may come in pieces (topk_of_rows):
+one slice of an array here, or the runs of a cache's pages (_sparse_decode.py, the decode step through a cache).
 
 The attention (attend_chosen), one block of queries and one kv head on one worker: each query's chosen keys
-gathered (np.take), the scores of the kv head's G query heads against them as one batched matmul, keys down as
+gathered (gather_rows), the scores of the kv head's G query heads against them as one batched matmul, keys down as
 flash.py's tiles, (bq, bk, E) @ (bq, E, G), and the softmax over blocks of the list, its sums measured against 0
 with the running max where exp(s) cannot hold them (flash.py's attend_block). Values that are the keys' first Ev
 numbers (MLA's latent: v a view of k) are read from the gathered keys, not gathered again. A block of gathered
@@ -29,6 +30,7 @@ own rows, so the bits do not depend on the number of workers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +43,7 @@ __all__ = [
     "IndexInputs",
     "SparseInputs",
     "attend_chosen",
+    "check_backward_inputs",
     "check_index_inputs",
     "check_indices",
     "check_sparse_inputs",
@@ -50,7 +53,9 @@ __all__ = [
     "indexer_scores_backward",
     "keep_topk",
     "order_topk",
+    "refuse_topk_beyond_memory",
     "running_topk",
+    "topk_by_query_blocks",
     "values_are_key_prefix",
 ]
 
@@ -119,6 +124,21 @@ def check_sparse_inputs(q: Any, k: Any, v: Any, indices: Any, scale: Any) -> Spa
     return SparseInputs(q, k, v, indices, check_scale(scale, E, dtype))
 
 
+def check_backward_inputs(inputs: SparseInputs, out: Any, dout: Any, lse: Any) -> tuple[Array, Array, Array]:
+    """sparse_attention_backward's out and dout (B, H, T, Ev) and lse (B, H, T), checked against the inputs, in
+    their compute dtype."""
+    B, H, T, _ = inputs.q.shape
+    out, dout, lse = as_float_array(out, "out"), as_float_array(dout, "dout"), as_float_array(lse, "lse")
+    want = (B, H, T, inputs.v.shape[-1])
+    if out.shape != want or dout.shape != want or lse.shape != want[:3]:
+        raise ValueError(f"out and dout must be {want} and lse {want[:3]}; got {out.shape}, {dout.shape}, {lse.shape}")
+    return (
+        out.astype(inputs.q.dtype, copy=False),
+        dout.astype(inputs.q.dtype, copy=False),
+        lse.astype(inputs.q.dtype, copy=False),
+    )
+
+
 def check_indices(indices: Any, batch: int, queries: int, keys: int) -> Array:
     """indices as an int64 (B, T, topk) array of keys in [0, S), or -1 for an empty slot; else a TypeError or a
     ValueError that names indices, the first bad entry and where it is."""
@@ -180,57 +200,91 @@ def order_topk(scores: Array, keys: Array) -> Array:
     return np.where(ordered == past, -1, ordered)
 
 
-def block_scores(q_rows: Array, k_block: Array, weights: Array) -> Array:
-    """I = Σ_h w[t, h] ReLU(q[t, h] · k[s]) for one block: q_rows (R·H_I, d_I), row t·H_I + h; k_block (n, d_I);
-    weights (R, H_I) -> (R, n). The dots in tiles of about SCORES_PER_TILE."""
+def block_scores(q_rows: Array, pieces: list[Array], weights: Array) -> Array:
+    """I = Σ_h w[t, h] ReLU(q[t, h] · k[s]) for one block of keys: q_rows (R·H_I, d_I), row t·H_I + h; pieces, the
+    block's keys in order, each (n_i, d_I) (one array, or a run of pages each); weights (R, H_I) -> (R, Σ n_i).
+    The dots in tiles of about SCORES_PER_TILE."""
     R, H = weights.shape
-    n = len(k_block)
-    out = np.empty((R, n), q_rows.dtype)
-    step = max(1, SCORES_PER_TILE // (R * H))
-    for s0 in range(0, n, step):
-        dots = q_rows @ k_block[s0 : s0 + step].T  # (R·H_I, keys)
-        np.maximum(dots, 0, out=dots)  # ReLU
-        out[:, s0 : s0 + step] = (weights[:, None, :] @ dots.reshape(R, H, -1))[:, 0]  # (R, 1, H_I) @ (R, H_I, keys)
+    out = np.empty((R, sum(len(keys) for keys in pieces)), q_rows.dtype)
+    step, at = max(1, SCORES_PER_TILE // (R * H)), 0
+    for keys in pieces:
+        for s0 in range(0, len(keys), step):
+            dots = q_rows @ keys[s0 : s0 + step].T  # (R·H_I, keys)
+            np.maximum(dots, 0, out=dots)  # ReLU
+            summed = weights[:, None, :] @ dots.reshape(R, H, -1)  # (R, 1, H_I) @ (R, H_I, keys)
+            out[:, at + s0 : at + s0 + dots.shape[1]] = summed[:, 0]
+        at += len(keys)
     return out
+
+
+def topk_of_rows(q_block: Array, weights: Array, blocks: Iterable[tuple[int, list[Array]]], last: Array, topk: int
+                 ) -> Array:  # fmt: skip
+    """The running top-k of R queries: q_block (H_I, R, d_I), weights (R, H_I), the keys in blocks (k0, pieces)
+    in order, block_scores' pieces holding keys k0, k0 + 1, ...; last (R,) the last key each query sees,
+    ascending. -> (R, topk) keys in key order, -1 after them. Where the last query sees at most topk keys, every
+    query chooses every key it sees, unscored (the blocks are never read)."""
+    R, topk_range = len(last), np.arange(topk)
+    if last[-1] + 1 <= topk:
+        return np.where(topk_range <= last[:, None], topk_range, -1)  # (R, k)
+    q_rows = q_block.swapaxes(0, 1).reshape(R * q_block.shape[0], -1)  # (R·H_I, d_I): row t·H_I + h
+    kept = np.full((R, topk), -np.inf, q_block.dtype)  # (R, k): no key yet
+    kept_keys = np.full((R, topk), -1, np.int64)
+    for k0, pieces in blocks:
+        scores = block_scores(q_rows, pieces, weights)  # (R, n)
+        k1 = k0 + scores.shape[1]
+        if k1 - 1 > last[0]:  # a block the diagonal crosses: no key past a row's own
+            for row in range(R):
+                scores[row, max(last[row] + 1 - k0, 0) :] = -np.inf
+        kept, kept_keys = keep_topk(kept, kept_keys, scores, np.arange(k0, k1))
+    return order_topk(kept, kept_keys)
 
 
 def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: int) -> Array:
     """index_topk, blockwise: per block of block_q queries, the running top-k over blocks of block_k keys (causal:
     bottom-right, the blocks past the last row's diagonal never scored). -> indices (B, T, topk) int64."""
     q_index, k_index, weights, topk, causal = inputs
-    B, H, T, d = q_index.shape
-    S = k_index.shape[1]
-    offset = S - T  # query t sees key s <= t + offset
-    itemsize = q_index.dtype.itemsize
-    per_worker = block_q * (topk + block_k) * (2 * itemsize + 16) + 2 * SCORES_PER_TILE * itemsize
-    refuse_unless_fits(B * T * topk * 8 + workers * per_worker, "index_topk", f"the indices of {B}·{T} queries, "
-                       "and a block of scores a worker", "lower topk or the batch")  # fmt: skip
+    T, S = q_index.shape[2], k_index.shape[1]
+    refuse_topk_beyond_memory(q_index, topk, block_q, block_k, workers)
+
+    def last_of(b: int, rows: slice) -> Array:  # (R,): causal, query t sees key s <= t + S - T
+        return np.arange(rows.start, rows.stop) + S - T if causal else np.full(rows.stop - rows.start, S - 1)
+
+    def blocks_of(b: int, seen: int) -> Iterator[tuple[int, list[Array]]]:
+        return ((k0, [k_index[b, k0 : min(k0 + block_k, seen)]]) for k0 in range(0, seen, block_k))
+
+    return topk_by_query_blocks(q_index, weights, topk, last_of, blocks_of, block_q=block_q, workers=workers)
+
+
+def topk_by_query_blocks(
+    q_index: Array, weights: Array, topk: int, last_of: Callable[[int, slice], Array],
+    blocks_of: Callable[[int, int], Iterable[tuple[int, list[Array]]]], *, block_q: int, workers: int,
+) -> Array:  # fmt: skip
+    """The running top-k of every block of block_q queries (topk_of_rows), a block of one sequence an item for the
+    workers: q_index (B, H_I, T, d_I), weights (B, T, H_I); last_of(b, rows) the last key each of the rows of
+    sequence b sees, blocks_of(b, seen) its first `seen` keys in blocks. -> (B, T, topk) int64."""
+    B, _, T, _ = q_index.shape
     indices = np.empty((B, T, topk), np.int64)
 
     def run(item: tuple[int, int]) -> None:
         b, q0 = item
-        q1 = min(q0 + block_q, T)
-        seen = min(S, q1 + offset) if causal else S  # keys the block's last row sees
-        if seen <= topk:  # every row chooses every key it sees, whatever its score: nothing to score
-            every = np.arange(topk)  # (k,)
-            indices[b, q0:q1] = np.where(every < np.arange(q0, q1)[:, None] + offset + 1 if causal else every < S,
-                                         every, -1)  # fmt: skip
-            return
-        q_rows = q_index[b, :, q0:q1].swapaxes(0, 1).reshape(-1, d)  # (R·H_I, d_I): row t·H_I + h
-        kept = np.full((q1 - q0, topk), -np.inf, q_index.dtype)  # (R, k): no key yet
-        kept_keys = np.full((q1 - q0, topk), -1, np.int64)
-        for k0 in range(0, seen, block_k):
-            k1 = min(k0 + block_k, seen)
-            scores = block_scores(q_rows, k_index[b, k0:k1], weights[b, q0:q1])  # (R, k1 - k0)
-            if causal and k1 - 1 > q0 + offset:  # a block the diagonal crosses: no key past a row's own
-                for row in range(q1 - q0):
-                    scores[row, max(q0 + row + offset + 1 - k0, 0) :] = -np.inf
-            kept, kept_keys = keep_topk(kept, kept_keys, scores, np.arange(k0, k1))
-        indices[b, q0:q1] = order_topk(kept, kept_keys)
+        rows = slice(q0, min(q0 + block_q, T))
+        last = last_of(b, rows)  # (R,), ascending
+        blocks = blocks_of(b, int(last[-1]) + 1)  # the keys the block's last row sees
+        indices[b, rows] = topk_of_rows(q_index[b, :, rows], weights[b, rows], blocks, last, topk)
 
     with one_blas_thread():
         run_items(run, [(b, q0) for b in range(B) for q0 in range(0, T, block_q)], workers)
     return indices
+
+
+def refuse_topk_beyond_memory(q_index: Array, topk: int, block_q: int, block_k: int, workers: int) -> None:
+    """AttentionMemoryError before a running top-k of q_index (B, H_I, T, d_I) allocates, if its indices and a block
+    of scores a worker do not fit."""
+    B, _, T, _ = q_index.shape
+    itemsize = q_index.dtype.itemsize
+    per_worker = block_q * (topk + block_k) * (2 * itemsize + 16) + 2 * SCORES_PER_TILE * itemsize
+    refuse_unless_fits(B * T * topk * 8 + workers * per_worker, "index_topk", f"the indices of {B}·{T} queries, "
+                       "and a block of scores a worker", "lower topk or the batch")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -279,6 +333,13 @@ def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_
     return out, lse
 
 
+def gather_rows(source: Array, slots: Array) -> Array:
+    """The rows of source (S, ·) that slots (..., n) name, -1 read as row 0 (its caller hides them) -> (..., n, ·).
+    By indexing, which reads a strided source in place (the latent, a slice of a cache's keys), where np.take
+    would first copy the whole of a source that is not contiguous."""
+    return source[np.maximum(slots, 0)]
+
+
 class Chosen(NamedTuple):
     """One kv head's keys (S, E) and values (S, Ev) (None: the keys' first Ev), and a block of queries' chosen
     keys (bq, n) (-1: none), read block_k slots at a time."""
@@ -303,7 +364,7 @@ def sums_over_chosen(q_t: Array, chosen: Chosen, *, running_max: bool) -> tuple[
     acc = np.zeros((bq, G, chosen.Ev), q_t.dtype)
     for j0 in range(0, chosen.slots.shape[1], chosen.block_k):
         slots = chosen.slots[:, j0 : j0 + chosen.block_k]  # (bq, bk)
-        k_chosen = np.take(chosen.keys, slots, axis=0, mode="clip")  # (bq, bk, E): -1 reads key 0, hidden below
+        k_chosen = gather_rows(chosen.keys, slots)  # (bq, bk, E): -1 reads key 0, hidden below
         s = k_chosen @ q_t  # (bq, bk, G)
         empty = slots < 0
         if empty.any():
@@ -317,8 +378,7 @@ def sums_over_chosen(q_t: Array, chosen: Chosen, *, running_max: bool) -> tuple[
             s -= m_sub
             m = m_new
         np.exp(s, out=s)  # p (bq, bk, G)
-        values = k_chosen[..., : chosen.Ev] if chosen.values is None else np.take(chosen.values, slots, axis=0,
-                                                                                  mode="clip")  # fmt: skip
+        values = k_chosen[..., : chosen.Ev] if chosen.values is None else gather_rows(chosen.values, slots)
         l += s.sum(axis=1, keepdims=True)
         acc += s.swapaxes(1, 2) @ values  # (bq, G, bk) @ (bq, bk, Ev)
     return acc, m[:, 0], l[:, 0]
@@ -382,8 +442,8 @@ def block_backward(q_block: Array, dout_block: Array, lse: Array, delta: Array, 
     the chosen keys (chosen (bq, n), -1 for none). The five lines of the backward, over the chosen keys:
         p = exp(scale q kᵀ - lse)   dv += pᵀ dout   dp = dout vᵀ   ds = p (dp - D)   dq = scale ds k,  dk += scale dsᵀ q
     """
-    k_chosen = np.take(keys, chosen, axis=0, mode="clip")  # (bq, n, E)
-    v_chosen = np.take(values, chosen, axis=0, mode="clip")  # (bq, n, Ev)
+    k_chosen = gather_rows(keys, chosen)  # (bq, n, E)
+    v_chosen = gather_rows(values, chosen)  # (bq, n, Ev)
     s = (q_block * scale) @ k_chosen.swapaxes(-1, -2)  # (bq, G, n)
     with np.errstate(invalid="ignore"):  # a row with no key: lse = -inf, and its p is 0 below
         p = np.exp(s - lse[..., None])  # (bq, G, n)
@@ -423,7 +483,7 @@ def heads_summed_weights(inputs: SparseInputs, lse: Array) -> Array:
             heads = slice(g * G, (g + 1) * G)
             for q0 in range(0, T, block_q):
                 rows = slice(q0, min(q0 + block_q, T))
-                k_chosen = np.take(k[b, g], indices[b, rows], axis=0, mode="clip")  # (bq, n, E)
+                k_chosen = gather_rows(k[b, g], indices[b, rows])  # (bq, n, E)
                 s = (q[b, heads, rows].swapaxes(0, 1) * scale) @ k_chosen.swapaxes(-1, -2)  # (bq, G, n)
                 with np.errstate(invalid="ignore", over="ignore"):  # a row with no key (lse -inf) lists none
                     p = np.exp(s - lse[b, heads, rows].T[..., None])  # (bq, G, n)
@@ -444,7 +504,7 @@ def indexer_scores_at(q_index: Array, k_index: Array, weights: Array, indices: A
     n = indices.shape[-1]
     refuse_unless_fits((B * T * n * (d + 2 * H + 1)) * q_index.dtype.itemsize, "the indexer's loss", f"the chosen "
                        f"indexer keys of {B}·{T} queries and their dots", "lower T or topk")  # fmt: skip
-    k_chosen = np.stack([np.take(k_index[b], indices[b], axis=0, mode="clip") for b in range(B)])  # (B, T, n, d_I)
+    k_chosen = np.stack([gather_rows(k_index[b], indices[b]) for b in range(B)])  # (B, T, n, d_I)
     dots = np.einsum("bhtd,btnd->bhtn", q_index, k_chosen)  # (B, H_I, T, n)
     dots[np.broadcast_to((indices < 0)[:, None], dots.shape)] = 0
     scores = np.einsum("bth,bhtn->btn", weights, np.maximum(dots, 0))  # (B, T, n)
@@ -462,7 +522,7 @@ def indexer_scores_backward(d_scores: Array, dots: Array, q_index: Array, k_inde
     d_dots = d_scores[:, None] * weights.transpose(0, 2, 1)[..., None] * (dots > 0)  # (B, H_I, T, n)
     dq, dk = np.empty_like(q_index), np.zeros_like(k_index)
     for b in range(B):
-        k_chosen = np.take(k_index[b], indices[b], axis=0, mode="clip")  # (T, n, d_I)
+        k_chosen = gather_rows(k_index[b], indices[b])  # (T, n, d_I)
         dq[b] = np.einsum("htn,tnd->htd", d_dots[b], k_chosen)  # (H_I, T, d_I)
         dk_chosen = np.einsum("htn,htd->tnd", d_dots[b], q_index[b])  # (T, n, d_I): every indexer head summed
         listed = indices[b] >= 0

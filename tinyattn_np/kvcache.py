@@ -40,7 +40,9 @@ returns them oldest first.
 A layer decodes through the cache with `attend` (MultiHeadAttention(x, cache=c) calls c.attend(layer, x)):
 the new tokens' q, k and v at positions len(c) onwards, k and v appended, and the new queries against every
 kept key. A one-token step is split-KV decoding (splitkv.py): one query has no query blocks to spread over
-the cores, so the keys are split instead.
+the cores, so the keys are split instead. A layer whose queries choose which keys they read (sparse.py's DSA
+layer: _paged_kernel.ChoosingLayer) reads them itself: the cache writes the new tokens, hands the layer its
+rows as a paged kernel reads a pool (paged.py, next: here a block of max_tokens slots a row), and commits.
 
 All or nothing: `append` writes the new tokens' slots, then counts them with one assignment (the commit);
 an exception before it (a Ctrl-C at any bytecode) puts the slots back as they were (_atomic.py). `attend`
@@ -72,6 +74,7 @@ from ._cache_buffers import (
     refuse_cache_beyond_memory,
 )
 from ._checks import check_bool, check_count, check_positive_int
+from ._paged_kernel import ChoosingLayer, Pages
 from .blockmask import Band, check_band
 from .multihead import DecodingLayer, check_decoding_layer
 from .splitkv import flash_decode
@@ -287,8 +290,10 @@ class KVCache(CopiedWithoutLock, KeysAndValues):
         attend causally to every kept key: bottom-right, so a one-token step (T = 1) sees all of them.
         fused=True: flash attention, and split-KV (flash_decode) for a one-token step; fused=False: the
         layer's reference. seq_ids: None (a KVCache holds one sequence per row of x; a PagedKVCache takes seq_ids).
-        The lock is held from reading len(self) to the append: threads decoding into one cache each get
-        positions of their own. An append that does not fit is refused, and the cache stays as it was.
+        A layer that chooses which tokens its queries read (_paged_kernel.ChoosingLayer) reads them itself,
+        the new ones written first and committed after its read; fused does not apply. The lock is held
+        from reading len(self) to the append: threads decoding into one cache each get positions of their
+        own. An append that does not fit is refused, and the cache stays as it was.
         """
         if seq_ids is not None:
             raise ValueError("seq_ids is for a PagedKVCache; a KVCache holds one sequence per row of x: drop it")
@@ -303,6 +308,8 @@ class KVCache(CopiedWithoutLock, KeysAndValues):
         start, T = len(self), x.shape[1]
         q, k, v = layer.split_heads(x, np.arange(start, start + T))
         k, v = self._check_pair(k, v)
+        if isinstance(layer, ChoosingLayer):  # it reads the kept tokens itself, the new ones written first
+            return self._attend_choosing(layer, q, k, v)
         # 2) a ring (window) cannot take T > 1 new tokens before they attend: the first new token still
         #    needs keys that the last ones would push out. Attend to the kept keys (in token order) plus
         #    the new ones under the band (bottom-right), then append.
@@ -324,6 +331,22 @@ class KVCache(CopiedWithoutLock, KeysAndValues):
         # 3) otherwise write the new tokens first, attend to all kept, then commit (refused before any write
         #    if they do not fit; an interrupt before the commit puts the slots back)
         return self._append(k, v, before_commit=lambda stop: self._attend_kept(layer, q, stop, fused))
+
+    def _attend_choosing(self, layer: ChoosingLayer, q: Any, k: Array, v: Array) -> Array:
+        """A layer whose queries choose which tokens they read (sparse.py's): the new tokens written, the layer's
+        attention over the rows as pages (layer.attend_pages), then the commit. Its tokens are read by position,
+        so the slots must be in token order: no window."""
+        if self.window is not None:
+            raise ValueError(f"a layer that chooses its keys reads them by position: it needs a KVCache without a "
+                             f"window; got window={self.window}")  # fmt: skip
+        return self._append(k, v, before_commit=lambda stop: layer.attend_pages(q, self._pages(stop)))
+
+    def _pages(self, stop: int) -> Pages:
+        """The rows as a paged kernel reads a pool (_paged_kernel.Pages): `batch` blocks of `slots` slots, row b
+        the block of sequence b, whose table is (b,), every row holding `stop` tokens. Read-only views, (kv_heads,
+        batch, slots, head_dim or value_dim)."""
+        k_pool, v_pool = (read_only_view(buffer.swapaxes(0, 1)) for buffer in (self._k, self._values))
+        return Pages(k_pool, v_pool, [(b,) for b in range(self.batch)], [stop] * self.batch)
 
     def _attend_kept(self, layer: DecodingLayer, q: Array, stop: int, fused: bool) -> Array:
         """The new tokens' queries q (B, H, T, E) against every key kept once `stop` tokens are in, in slot

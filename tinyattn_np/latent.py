@@ -60,7 +60,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_bool, check_positive_int, check_rng
-from ._latent_checks import check_latent, check_latent_cache, check_latent_weights
+from ._latent_checks import check_latent, check_latent_cache, check_latent_weights, check_tokens
 from ._tiles import TileMask
 from .backward import flash_attention_backward
 from .flash import flash_attention
@@ -348,10 +348,7 @@ class MultiHeadLatentAttention:
 
     def _batched(self, x: Any, name: str = "x") -> tuple[Array, bool]:
         """x (B, T, C) or (T, C), checked, as (B, T, C) in the layer's dtype, and whether it had no batch axis."""
-        x = as_float_array(x, name)
-        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
-            raise ValueError(f"{name} must be (B, T, {self.d_model}) or (T, {self.d_model}); got shape {x.shape}")
-        return (x[None] if x.ndim == 2 else x).astype(self.dtype, copy=False), x.ndim == 2
+        return check_tokens(x, self.d_model, self.dtype, name)
 
     def _positions(self, positions: Any, T: int) -> NDArray[np.int64]:
         """positions (T,) as int64, default 0 .. T-1: each token's own position, which RoPE turns it by."""
@@ -462,7 +459,8 @@ class MultiHeadLatentAttention:
         attention_backward = self._absorbed_backward if saved.absorbed else self._naive_backward
         dq_nope, dq_rope, dlatent, grads["w_ukv"] = attention_backward(do, saved)
         # 3) through RoPE, the norms and the down- and up-projections, to x
-        dx = self._projection_backward(dq_nope, dq_rope, dlatent, saved, grads)
+        dx, projection_grads = self.projection_backward(dq_nope, dq_rope, dlatent, saved)
+        grads.update(projection_grads)
         return dx.reshape(want), {name: grads[name] for name in self.parameters}
 
     def _absorbed_backward(self, do: Array, saved: LatentSaved) -> tuple[Array, Array, Array, Array]:
@@ -497,14 +495,18 @@ class MultiHeadLatentAttention:
         dc_kv = (dkv @ saved.weights["w_ukv"].T).reshape(B, 1, T, r)  # (B, 1, T, r)
         return dq[..., :d_nope], dq[..., d_nope:], np.concatenate([dc_kv, dk_rope], axis=-1), dw_ukv
 
-    def _projection_backward(
-        self, dq_nope: Array, dq_rope: Array, dlatent: Array, saved: LatentSaved, grads: dict[str, Array]
-    ) -> Array:
-        """dq_nope, dq_rope (B, H, T, ·) and dlatent (B, 1, T, r + d_rope) back through RoPE, the two norms and
-        the projections: dx (B·T, C); the weights' gradients go into grads."""
+    def projection_backward(
+        self, dq_nope: Array, dq_rope: Array, dlatent: Array, saved: Any
+    ) -> tuple[Array, dict[str, Array]]:
+        """The first lines of the forward, backward: dq_nope (B, H, T, d_nope), dq_rope (B, H, T, d_rope) (the
+        rotated queries' gradients) and dlatent (B, 1, T, r + d_rope) back through RoPE, the two norms and the
+        projections -> dx (B, T, C) and the gradients of the projections' weights by name (w_q, or w_dq, q_norm
+        and w_uq; w_dkv and kv_norm). saved: this forward's LatentSaved, or anything with its x, positions,
+        weights and proj (sparse.py's layer, whose attention reads the same projections)."""
         x, proj, w, r = saved.x, saved.proj, saved.weights, self.kv_lora_rank
         B, T, C = x.shape
         x_flat = x.reshape(B * T, C)
+        grads: dict[str, Array] = {}
         # the latent path: k_rope = RoPE(·), c_KV = RMSNorm(c_KV_raw), [c_KV_raw | k_rope] = x W_DKV
         dk_rope = self._rope(dlatent[:, 0, :, r:], saved.positions, backward=True)  # (B, T, d_rope)
         dc_kv_raw, grads["kv_norm"] = _norm_backward(dlatent[:, 0, :, :r], proj.c_kv_raw, w["kv_norm"])
@@ -516,12 +518,12 @@ class MultiHeadLatentAttention:
         dq = np.concatenate([dq_nope, dq_rope], axis=-1).swapaxes(1, 2).reshape(B * T, -1)  # (B·T, H·(dn + dr))
         if proj.c_q is None or proj.c_q_raw is None:
             grads["w_q"] = x_flat.T @ dq  # (C, H·(d_nope + d_rope))
-            return dx + dq @ w["w_q"].T
+            return (dx + dq @ w["w_q"].T).reshape(B, T, C), grads
         grads["w_uq"] = proj.c_q.reshape(B * T, -1).T @ dq  # (q_lora_rank, H·(d_nope + d_rope))
         dc_q = dq @ w["w_uq"].T  # (B·T, q_lora_rank)
         dc_q_raw, grads["q_norm"] = _norm_backward(dc_q, proj.c_q_raw.reshape(B * T, -1), w["q_norm"])
         grads["w_dq"] = x_flat.T @ dc_q_raw  # (C, q_lora_rank)
-        return dx + dc_q_raw @ w["w_dq"].T
+        return (dx + dc_q_raw @ w["w_dq"].T).reshape(B, T, C), grads
 
 
 class LatentHeads(NamedTuple):

@@ -20,15 +20,16 @@ A decode step reads each sequence's keys and values through its block table, whe
 take what pages(seq_ids) gives, the pools, the tables and the lengths (paged_decode.py, next, teaches them).
 Reading order (this file): PagedKVCache and its pool, then a layer's step through the pages
 (PagedKVCache.attend, which MultiHeadAttention(x, cache=, seq_ids=) calls): the new tokens' attention over
-the cached pages and over themselves, merged.
+the cached pages and over themselves, merged. A layer whose queries choose the tokens they read (sparse.py's)
+reads the pages itself: the step writes the new tokens, hands the layer the pages, then commits.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -45,13 +46,14 @@ from ._cache_buffers import (
 )
 from ._checks import check_bool, check_count, check_positive_int
 from ._guard import refuse_unless_fits
-from ._paged_kernel import Pages, decode_pages, pages_bytes
+from ._paged_kernel import ChoosingLayer, Pages, decode_pages, pages_bytes
 from ._parallel import cpu_cores
 from .blockmask import check_band
 from .multihead import DecodingLayer, check_decoding_layer
 from .splitkv import merge_chunks
 
 Array = NDArray[np.floating]
+R = TypeVar("R")
 
 __all__ = ["PagedKVCache", "PoolExhaustedError"]
 
@@ -241,7 +243,10 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
     def pages(self, seq_ids: Sequence[int]) -> Pages:
         """What a paged kernel reads for sequences seq_ids (checked ids): the pools (k_pool, v_pool, read-only
         views) and each sequence's block table and length, all of one state."""
-        state = self._state
+        return self._pages(self._state, seq_ids)
+
+    def _pages(self, state: PoolState, seq_ids: Sequence[int]) -> Pages:
+        """pages(seq_ids) as `state` has them (the cache's own, or one about to be committed)."""
         tables, lengths = [state.tables[seq] for seq in seq_ids], [state.lengths[seq] for seq in seq_ids]
         return Pages(self.k_pool, self.v_pool, tables, lengths)
 
@@ -302,6 +307,12 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
         sequences, the blocks each needs and the blocks free, and no sequence changes. An exception while
         it writes (a Ctrl-C) puts back every slot it wrote, and no sequence changes either.
         """
+        self._append_batch(seq_ids, k, v)
+
+    def _append_batch(self, seq_ids: Any, k: Any, v: Any, read: Callable[[Pages], R] | None = None) -> R | None:
+        """append_batch, under the lock. read(pages), if given, runs on the sequences' pages with the new tokens
+        written, before the commit (a ChoosingLayer's attention), and what it returns is returned: an exception
+        in it leaves the cache as it was."""
         k, v = self._check_kv(k, "k", 4), self._check_kv(v, "v", 4)
         if k.shape[:-1] != v.shape[:-1]:
             raise ValueError(f"k and v must have the same sequences and tokens; got shapes {k.shape} and {v.shape}")
@@ -312,7 +323,8 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
         needed = self._blocks_needed(state, seqs, t_new)
         if sum(needed) > self.num_blocks - state.used:
             raise PoolExhaustedError(self._refusal(seqs, needed, t_new))
-        self._commit(*self._plan(state, seqs, k, v))
+        new, writes = self._plan(state, seqs, k, v)
+        return self._commit(new, writes, None if read is None else lambda: read(self._pages(new, seqs)))
 
     def _refusal(self, seqs: list[int], needed: list[int], t_new: int) -> str:
         """What a refused append says: the sequences, the blocks each needs, the blocks free."""
@@ -399,10 +411,13 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
             new.tables[seq], new.lengths[seq] = tuple(table), length
         return new, writes
 
-    def _commit(self, new: PoolState, writes: Sequence[PoolWrite] = ()) -> None:
+    def _commit(
+        self, new: PoolState, writes: Sequence[PoolWrite] = (), before_commit: Callable[[], R] | None = None
+    ) -> R | None:
         """Write the pool as `writes` say, each into slots that no table shows yet, saving what was there;
-        then make `new` the cache's state with one assignment. An exception before that assignment puts
-        every slot back: the pool and the state stay as they were."""
+        run before_commit() (a read of the written slots through new's tables), if given; then make `new` the
+        cache's state with one assignment, and return what before_commit returned. An exception before that
+        assignment puts every slot back: the pool and the state stay as they were."""
         new.refs.flags.writeable = new.filled.flags.writeable = False  # committed: never changed in place
         undo = Undo()
         try:
@@ -410,11 +425,13 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
                 undo.write(self._k, where, keys)  # (Hkv, n, E)
                 if self._v is not None:  # else the values are the keys' prefix, written with them
                     undo.write(self._v, where, values)  # (Hkv, n, Ev)
+            result = None if before_commit is None else before_commit()
             self._state = new  # the commit
         except BaseException:
             if self._state is not new:
                 undo.undo()
             raise
+        return result
 
     def _take_block(self, state: PoolState, after: int | None) -> int:
         """A free block, held once in the draft `state`: the one right after `after` if it is free; else, from
@@ -444,8 +461,10 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
         layer: a MultiHeadAttention, or any DecodingLayer (multihead.py). Each row's tokens sit at its own
         sequence's positions, length(seq) onwards (RoPE turns them by those); the lengths may differ.
         fused=True reads the cached pages in place (attend_new_and_cached); fused=False lays each sequence out
-        contiguously (gather) for the layer's reference attention. The lock is held from reading the lengths
-        to the appends, which come last: the one change this call makes.
+        contiguously (gather) for the layer's reference attention. A layer that chooses which tokens its queries
+        read (_paged_kernel.ChoosingLayer) reads every sequence's pages itself, its new tokens written first, and
+        fused does not apply. The lock is held from reading the lengths to the appends, which come last (they
+        commit after the choosing layer's read): the one change this call makes.
         """
         check_decoding_layer(layer)
         x = layer.check_cache(self, x)  # (B, T, d_model) in layer's dtype, once this pool fits it
@@ -462,7 +481,9 @@ class PagedKVCache(CopiedWithoutLock, KeysAndValues):
         # 1) q, k, v of each row, turned by RoPE at its own sequence's positions
         starts = [self._state.lengths[seq] for seq in seqs]
         rows = [layer.split_heads(x[b : b + 1], np.arange(s, s + T)) for b, s in enumerate(starts)]
-        q, k, v = (np.concatenate(parts, axis=0) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
+        q, k, v = (join_rows(parts) for parts in zip(*rows, strict=True))  # (B, H or Hkv, T, d)
+        if isinstance(layer, ChoosingLayer):  # it reads the sequences itself: the new tokens written, then read
+            return cast(Array, self._append_batch(seqs, k, v, read=lambda pages: layer.attend_pages(q, pages)))
         # 2) their attention over the cached keys and their own, then 3) the append: all or nothing
         if fused:
             y = attend_new_and_cached(layer, q, k, v, self.pages(seqs))
@@ -503,6 +524,14 @@ class PoolWrite(NamedTuple):
     where: tuple[slice, int, slice]
     keys: Array
     values: Array
+
+
+def join_rows(parts: Sequence[Any]) -> Any:
+    """The rows' q (or k, or v), each (1, ...), joined along the batch axis: arrays, or a layer's NamedTuple of
+    arrays (sparse.py's queries), field by field."""
+    if isinstance(parts[0], tuple):
+        return type(parts[0])(*(np.concatenate(field, axis=0) for field in zip(*parts, strict=True)))
+    return np.concatenate(parts, axis=0)
 
 
 def check_once(seqs: list[int], seq_ids: Any) -> list[int]:

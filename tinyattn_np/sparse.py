@@ -33,13 +33,16 @@ turns the indexer's RoPE in half-split pairs (i, i + d/2), GLM-5's (glm_moe_dsa)
 The indexer trains on its own loss, with its inputs detached (the paper's section 2.1.1): the KL divergence
 between p_t, the main attention's weights at the chosen keys summed over the heads and L1-normalized, and
 softmax(I[t, S_t]), summed over the tokens (SparseLatentAttention.indexer_loss).
-Decoding: a cache keeps a token's latent (576 numbers) and its indexer key (128); a step scores every cached
-indexer key, then reads the topk latents it chose (sparse_decode, over arrays; SparseLatentCache holds them).
+Decoding: a cache keeps a token's latent (576 numbers) and its indexer key (128) side by side, one key of
+cache_dim = 704 numbers whose first r = 512 are the value (the latent's c_KV): KVCache(B, 1, max_tokens, 704,
+value_prefix=512), or a PagedKVCache of one kv head as wide. A step writes its tokens' keys, scores every cached
+indexer key, then reads the topk latents it chose (sparse_decode over arrays; through a cache, SparseHeads).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -47,9 +50,13 @@ from numpy.typing import NDArray
 
 from ._checks import as_float_array, check_bool, check_positive_int, check_rng
 from ._guard import refuse_unless_fits
+from ._latent_checks import check_indexer_weights, check_latent_cache, check_tokens
+from ._paged_kernel import Pages
 from ._parallel import cpu_cores
+from ._sparse_decode import check_decode_arrays, decode_chosen_pages
 from ._sparse_kernel import (
     attend_chosen,
+    check_backward_inputs,
     check_index_inputs,
     check_sparse_inputs,
     chosen_backward,
@@ -58,13 +65,14 @@ from ._sparse_kernel import (
     indexer_scores_backward,
     running_topk,
 )
-from .latent import RMS_EPS, Attended, MultiHeadLatentAttention, absorb_query, decompress, join_ukv, split_ukv
-from .layers import layer_norm, layer_norm_backward, rms_norm, rms_norm_backward
+from .kvcache import KVCache
+from .latent import Attended, MultiHeadLatentAttention, absorb_query, decompress, join_ukv, split_ukv
+from .layers import layer_norm, layer_norm_backward
+from .paged import PagedKVCache
 from .position import rope, rope_backward
 
 __all__ = [
     "SparseLatentAttention",
-    "SparseLatentCache",
     "SparseSaved",
     "index_scores",
     "index_topk",
@@ -223,13 +231,7 @@ def sparse_attention_backward(
     their terms, a key no query chose gets 0. The query heads of a kv head add into its dk and dv.
     """
     inputs = check_sparse_inputs(q, k, v, indices, scale)
-    B, H, T, _ = inputs.q.shape
-    out, dout, lse = as_float_array(out, "out"), as_float_array(dout, "dout"), as_float_array(lse, "lse")
-    want = (B, H, T, inputs.v.shape[-1])
-    if out.shape != want or dout.shape != want or lse.shape != want[:3]:
-        raise ValueError(f"out and dout must be {want} and lse {want[:3]}; got {out.shape}, {dout.shape}, {lse.shape}")
-    dtype = inputs.q.dtype
-    out, dout, lse = (x.astype(dtype, copy=False) for x in (out, dout, lse))
+    out, dout, lse = check_backward_inputs(inputs, out, dout, lse)  # in the compute dtype
     grads = chosen_backward(inputs, out, dout, lse, workers=check_positive_int(workers, "workers", cpu_cores()))
     return tuple(g.astype(np.result_type(x), copy=False) for g, x in zip(grads, (q, k, v), strict=True))  # type: ignore
 
@@ -250,16 +252,8 @@ def sparse_decode(
         chosen = index_topk(q_index, its index_keys, weights, topk)    every cached indexer key scored
         o      = sparse_attention(q_latent, its latents, their first r, chosen)    topk latents read
     """
-    latents, index_keys = as_float_array(latents, "latents"), as_float_array(index_keys, "index_keys")
-    lengths = np.asarray(lengths)
+    latents, index_keys, lengths = check_decode_arrays(q_latent, latents, index_keys, lengths)
     B, H, L, _ = np.shape(q_latent)
-    if latents.ndim != 3 or index_keys.ndim != 3 or latents.shape[:2] != index_keys.shape[:2] or len(latents) != B:
-        raise ValueError(f"latents and index_keys must be (B={B}, max_tokens, ·), one row a sequence; got "
-                         f"{latents.shape} and {index_keys.shape}")  # fmt: skip
-    most = latents.shape[1]  # max_tokens
-    if lengths.shape != (B,) or lengths.dtype.kind not in "iu" or np.any(lengths < L) or np.any(lengths > most):
-        raise ValueError(f"lengths must be ({B},) ints in [{L}, {most}] (the L = {L} new tokens included, at most "
-                         f"max_tokens); got {lengths!r}")  # fmt: skip
     o = np.empty((B, H, L, value_dim), np.result_type(q_latent, latents))
     chosen = np.empty((B, L, topk), np.int64)
     for b, n in enumerate(lengths):
@@ -267,31 +261,6 @@ def sparse_decode(
         latent = latents[b : b + 1, None, :n]  # (1, 1, n, r + d_rope): the one kv head of the absorbed form
         o[b] = sparse_attention(q_latent[b : b + 1], latent, latent[..., :value_dim], chosen[b : b + 1], scale=scale)[0]
     return o, chosen
-
-
-class SparseLatentCache:
-    """A sparse layer's cache: a token's latent [c_KV | k_rope] (latent_dim numbers, 576 in DeepSeek-V3.2) and its
-    indexer key (index_head_dim, 128), in `latents` (batch, max_tokens, latent_dim) and `index_keys` (batch,
-    max_tokens, index_head_dim), one length for every row. SparseLatentAttention writes a step's tokens past the
-    length, attends, and then sets the length: all or nothing, an interrupted step leaves the cache as it was."""
-
-    def __init__(self, batch: int, max_tokens: int, latent_dim: int, index_head_dim: int, dtype: Any = np.float32):
-        shape = [check_positive_int(n, name) for n, name in ((batch, "batch"), (max_tokens, "max_tokens"))]
-        widths = [check_positive_int(latent_dim, "latent_dim"), check_positive_int(index_head_dim, "index_head_dim")]
-        if np.dtype(dtype) not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise TypeError(f"dtype must be float32 or float64; got {np.dtype(dtype)}")
-        refuse_unless_fits(math.prod(shape) * sum(widths) * np.dtype(dtype).itemsize, "SparseLatentCache",
-                           f"{shape[0]} x {shape[1]} tokens of {sum(widths)} numbers", "lower max_tokens")  # fmt: skip
-        self.latents = np.zeros((*shape, widths[0]), dtype)
-        self.index_keys = np.zeros((*shape, widths[1]), dtype)
-        self.length = 0
-
-    def __len__(self) -> int:
-        return self.length
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.latents.nbytes + self.index_keys.nbytes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -385,17 +354,16 @@ class SparseLatentAttention:
         """Every weight by name, the attention's (mla.parameters) then the indexer's: the arrays themselves."""
         return {**self.mla.parameters, **{name: getattr(self, name) for name in self.INDEXER}}
 
+    @property
+    def cache_dim(self) -> int:
+        """Numbers a cache keeps a token: its latent and its indexer key, kv_lora_rank + qk_rope_head_dim +
+        index_head_dim (512 + 64 + 128 = 704 in DeepSeek-V3.2)."""
+        return self.mla.latent_dim + self.index_head_dim
+
     def checked_weights(self) -> dict[str, Array]:
         """`parameters`, each checked against the layer's sizes and dtype before any math."""
-        C, H, d = self.mla.d_model, self.index_n_heads, self.index_head_dim
-        shapes = {"w_index_q": (self.mla.q_lora_rank, H * d), "w_index_k": (C, d), "index_k_norm": (d,),
-                  "index_k_norm_bias": (d,), "w_index_weights": (C, H)}  # fmt: skip
-        for name, shape in shapes.items():
-            w = getattr(self, name)
-            if not isinstance(w, np.ndarray) or w.dtype != self.dtype or w.shape != shape:
-                raise ValueError(f"{name} must be a {self.dtype} ndarray of shape {shape}; got "
-                                 f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
-        return {**self.mla.checked_weights(), **{name: getattr(self, name) for name in self.INDEXER}}
+        indexer = check_indexer_weights(self, {name: getattr(self, name) for name in self.INDEXER})
+        return {**self.mla.checked_weights(), **indexer}
 
     # --- the forward ------------------------------------------------------------------------------------
 
@@ -437,49 +405,37 @@ class SparseLatentAttention:
         B, _, T, _ = o.shape
         return o.swapaxes(1, 2).reshape(B, T, -1) @ weights["w_o"], proj, indexed, indices, o, attended
 
-    def __call__(self, x: Array, *, absorbed: bool = True, positions: Any = None,
-                 cache: SparseLatentCache | None = None) -> Array:  # fmt: skip
+    def __call__(
+        self, x: Array, *, absorbed: bool = True, positions: Any = None, cache: KVCache | PagedKVCache | None = None,
+        seq_ids: Sequence[int] | None = None,
+    ) -> Array:  # fmt: skip
         """x (B, T, C) or (T, C) -> out, the same shape: causal attention of the T tokens over the keys the indexer
-        chose for each. cache: a SparseLatentCache that x continues (its tokens at positions len(cache) onwards;
-        the absorbed form): prefill and one-token steps give what the whole sequence gives."""
+        chose for each. cache: a KVCache(B, 1, max_tokens, cache_dim, dtype, value_prefix=kv_lora_rank) that x
+        continues, or a PagedKVCache(num_blocks, block_size, 1, cache_dim, dtype, value_prefix=kv_lora_rank) and
+        seq_ids, as MultiHeadLatentAttention takes them: the tokens' latents and indexer keys appended, all or
+        nothing, the step in the absorbed form (SparseHeads). A prefill and then one-token steps give what the
+        whole sequence at once gives."""
         absorbed = check_bool(absorbed, "absorbed")
         x_b, unbatched = self._batched(x)
+        weights = self.checked_weights()
         if cache is None:
-            out = self._run(x_b, self._positions(positions, x_b.shape[1]), self.checked_weights(), absorbed)[0]
+            if seq_ids is not None:
+                raise ValueError("seq_ids names sequences of a PagedKVCache: pass cache= as well, or no seq_ids")
+            out = self._run(x_b, self._positions(positions, x_b.shape[1]), weights, absorbed)[0]
         elif positions is not None or not absorbed:
             raise ValueError("with cache=, positions come from the cache and the form is the absorbed one: pass "
                              "positions=None and absorbed=True")  # fmt: skip
+        elif isinstance(cache, (KVCache, PagedKVCache)):  # the cache decodes, as for latent.py's layer
+            o_latent = cache.attend(SparseHeads(self), x_b, seq_ids=seq_ids)  # (B, H, T, r); the tokens' keys kept
+            o = o_latent @ split_ukv(weights["w_ukv"], self.mla.n_heads, self.mla.d_nope)[1]  # (B, H, T, d_v)
+            out = o.swapaxes(1, 2).reshape(*x_b.shape[:2], -1) @ weights["w_o"]  # (B, T, C)
         else:
-            out = self._attend_cache(x_b, cache)
+            raise TypeError(f"cache must be a KVCache, a PagedKVCache or None; got {type(cache).__name__}")
         return out[0] if unbatched else out
-
-    def _attend_cache(self, x: Array, cache: SparseLatentCache) -> Array:
-        """x (B, T, C) continuing cache -> out (B, T, C): the T tokens written past its length, attended, kept."""
-        mla, weights = self.mla, self.checked_weights()
-        (B, T, _), start = x.shape, len(cache)
-        want = (B, self.mla.kv_lora_rank + mla.d_rope, self.index_head_dim, self.dtype)
-        got = (len(cache.latents), cache.latents.shape[2], cache.index_keys.shape[2], cache.latents.dtype)
-        if not isinstance(cache, SparseLatentCache) or got != want or start + T > cache.latents.shape[1]:
-            raise ValueError(f"cache must be a SparseLatentCache(batch, max_tokens, latent_dim, index_head_dim, dtype) "
-                             f"= {want} with room for {T} more tokens; got {got}, {start} of "
-                             f"{cache.latents.shape[1]} tokens used")  # fmt: skip
-        positions = np.arange(start, start + T)
-        proj = mla.project(x, positions, weights)
-        indexed = self.index(x, proj.c_q, positions, weights)
-        cache.latents[:, start : start + T], cache.index_keys[:, start : start + T] = proj.latent[:, 0], indexed.k
-        w_uk, w_uv = split_ukv(weights["w_ukv"], mla.n_heads, mla.d_nope)
-        o_latent, _ = sparse_decode(absorb_query(proj.q_nope, proj.q_rope, w_uk), indexed.q, indexed.weights,
-                                    cache.latents, cache.index_keys, np.full(B, start + T), self.index_topk,
-                                    value_dim=mla.kv_lora_rank, scale=mla.softmax_scale)  # fmt: skip
-        cache.length = start + T  # the one step that makes the T tokens the cache's
-        return (o_latent @ w_uv).swapaxes(1, 2).reshape(B, T, -1) @ weights["w_o"]
 
     def _batched(self, x: Any) -> tuple[Array, bool]:
         """x (B, T, C) or (T, C), checked, as (B, T, C) in the layer's dtype, and whether it had no batch axis."""
-        x = as_float_array(x, "x")
-        if x.ndim not in (2, 3) or x.shape[-1] != self.mla.d_model:
-            raise ValueError(f"x must be (B, T, {self.mla.d_model}) or (T, {self.mla.d_model}); got shape {x.shape}")
-        return (x[None] if x.ndim == 2 else x).astype(self.dtype, copy=False), x.ndim == 2
+        return check_tokens(x, self.mla.d_model, self.dtype)
 
     @staticmethod
     def _positions(positions: Any, T: int) -> NDArray[np.int64]:
@@ -517,7 +473,8 @@ class SparseLatentAttention:
         grads: dict[str, Array] = {"w_o": saved.o.swapaxes(1, 2).reshape(B * T, -1).T @ dout}  # out = concat(o) W_O
         do = (dout @ saved.weights["w_o"].T).reshape(B, T, self.mla.n_heads, -1).swapaxes(1, 2)  # (B, H, T, d_v)
         dq_nope, dq_rope, dlatent, grads["w_ukv"] = self._attention_backward(do, saved)
-        dx = self._projection_backward(dq_nope, dq_rope, dlatent, saved, grads)
+        dx, projection_grads = self.mla.projection_backward(dq_nope, dq_rope, dlatent, saved)  # (B, T, C)
+        grads.update(projection_grads)
         return dx.reshape(want), {name: grads[name] for name in self.mla.parameters}
 
     def _attention_backward(self, do: Array, saved: SparseSaved) -> tuple[Array, Array, Array, Array]:
@@ -539,24 +496,6 @@ class SparseLatentAttention:
         dk_rope = dk[..., d_nope:].sum(axis=1, keepdims=True)  # (B, 1, T, d_rope): one key every head read
         dw_ukv = saved.proj.latent[:, 0, :, :r].reshape(B * T, r).T @ dkv  # (r, H·(d_nope + d_v))
         return dq[..., :d_nope], dq[..., d_nope:], np.concatenate([dc_kv, dk_rope], axis=-1), dw_ukv
-
-    def _projection_backward(self, dq_nope: Array, dq_rope: Array, dlatent: Array, saved: SparseSaved,
-                             grads: dict[str, Array]) -> Array:  # fmt: skip
-        """Back through RoPE, the two RMSNorms and the projections (latent.py's lines): dx (B·T, C); the weights'
-        gradients go into grads."""
-        x, proj, w, mla = saved.x, saved.proj, saved.weights, self.mla
-        (B, T, C), r = x.shape, mla.kv_lora_rank
-        x_flat = x.reshape(B * T, C)
-        turn: dict[str, Any] = dict(positions=saved.positions, base=mla.rope_theta, interleaved=mla.rope_interleave,
-                    scaling=mla.rope_scaling, max_position_embeddings=mla.max_position_embeddings)  # fmt: skip
-        kv = rms_norm_backward(dlatent[:, 0, :, :r], rms_norm(proj.c_kv_raw, w["kv_norm"], RMS_EPS)[1])
-        d_dkv = np.concatenate([kv.dx, rope_backward(dlatent[:, 0, :, r:], **turn)], axis=-1).reshape(B * T, -1)
-        grads.update(kv_norm=kv.dgain, w_dkv=x_flat.T @ d_dkv)  # [c_KV_raw | k_rope] = x W_DKV
-        dq = np.concatenate([dq_nope, rope_backward(dq_rope, **turn)], axis=-1).swapaxes(1, 2).reshape(B * T, -1)
-        grads["w_uq"] = proj.c_q.reshape(B * T, -1).T @ dq  # q = c_Q W_UQ
-        c_q = rms_norm_backward(dq @ w["w_uq"].T, rms_norm(proj.c_q_raw.reshape(B * T, -1), w["q_norm"], RMS_EPS)[1])
-        grads.update(q_norm=c_q.dgain, w_dq=x_flat.T @ c_q.dx)  # c_Q = RMSNorm(x W_DQ)
-        return d_dkv @ w["w_dkv"].T + c_q.dx @ w["w_dq"].T
 
     def indexer_loss(self, saved: SparseSaved) -> tuple[float, dict[str, Array]]:
         """DeepSeek-V3.2's indexer loss for the forward that made saved, and its gradient by hand, for the
@@ -590,3 +529,66 @@ class SparseLatentAttention:
         return {"w_index_q": saved.proj.c_q.reshape(B * T, -1).T @ dq, "w_index_k": x.T @ k_norm.dx.reshape(B * T, d),
                 "index_k_norm": k_norm.dgain, "index_k_norm_bias": k_norm.dbias,
                 "w_index_weights": x.T @ d_weights.reshape(B * T, H) / math.sqrt(H * d)}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------
+# decoding through a cache: the layer as KVCache.attend and PagedKVCache.attend see it
+
+
+class SparseQueries(NamedTuple):
+    """A step's queries (SparseHeads.split_heads), the batch first: the attention's and the indexer's."""
+
+    latent: Array  # (B, H, T, r + d_rope): the absorbed form's [q_nope W_UK,hᵀ | q_rope]
+    q_index: Array  # (B, H_I, T, d_I), rotated
+    weights: Array  # (B, T, H_I), the scales folded in
+
+
+class SparseHeads(NamedTuple):
+    """A SparseLatentAttention as a cache's attend sees it: a multihead.DecodingLayer whose queries choose the keys
+    they read (_paged_kernel.ChoosingLayer). A token's key is its latent and its indexer key side by side,
+    [c_KV | k_rope | k_I] (cache_dim numbers), and its value the first kv_lora_rank: a KVCache or a PagedKVCache
+    of one kv head stores each once. The cache writes the new tokens' keys, then asks attend_pages to read it."""
+
+    layer: SparseLatentAttention
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.layer.mla.softmax_scale
+
+    def check_cache(self, cache: Any, x: Any) -> Array:
+        """x (B, T, C) in the layer's dtype, once the cache is checked to hold this layer's keys: one kv head of
+        cache_dim numbers, the values their first kv_lora_rank (a KVCache of B rows, no window)."""
+        x, _ = self.layer._batched(x)
+        check_latent_cache(self.layer.mla, cache, len(x), index_head_dim=self.layer.index_head_dim)
+        return x
+
+    def split_heads(self, x: Array, positions: Any = None) -> tuple[Any, Array, Array]:
+        """x (B, T, C) at positions (T,) -> the queries, the keys [latent | k_I] (B, 1, T, cache_dim), and the
+        values, the keys' first kv_lora_rank numbers (a view)."""
+        layer, mla, weights = self.layer, self.layer.mla, self.layer.checked_weights()
+        positions = layer._positions(positions, x.shape[1])
+        proj = mla.project(x, positions, weights)
+        indexed = layer.index(x, proj.c_q, positions, weights)
+        q = absorb_query(proj.q_nope, proj.q_rope, split_ukv(weights["w_ukv"], mla.n_heads, mla.d_nope)[0])
+        keys = np.concatenate([proj.latent, indexed.k[:, None]], axis=-1)  # (B, 1, T, latent_dim + d_I)
+        return SparseQueries(q, indexed.q, indexed.weights), keys, keys[..., : mla.kv_lora_rank]
+
+    def attend_pages(self, q: Any, pages: Pages) -> Array:
+        """Each sequence's T new tokens (its last T, already written) over every token it holds, where they lie:
+            chosen = index_topk(q_I, its indexer keys, w)          every cached k_I scored, a block of pages at a time
+            o_lat  = sparse_attention(q_lat, its latents, chosen)  the chosen latents gathered through its table
+        -> o_lat (B, H, T, kv_lora_rank): sparse_decode's step, no sequence copied (_sparse_decode.py)."""
+        mla = self.layer.mla
+        o_latent, _ = decode_chosen_pages(q.latent, q.q_index, q.weights, pages, self.layer.index_topk,
+                                          latent_dim=mla.latent_dim, value_dim=mla.kv_lora_rank,
+                                          scale=mla.softmax_scale, workers=cpu_cores())  # fmt: skip
+        return o_latent
+
+    def attend_heads(self, q: Any, k: Array, v: Array, band: Any, fused: bool = True) -> tuple[Array, Any]:
+        """The step over keys laid out as arrays: k (B, 1, S, cache_dim), the T new tokens the last T (band: causal,
+        bottom-right), through sparse_decode -> o_lat (B, H, T, kv_lora_rank), and no lse."""
+        mla, S = self.layer.mla, k.shape[2]
+        o_latent, _ = sparse_decode(q.latent, q.q_index, q.weights, k[:, 0, :, : mla.latent_dim],
+                                    k[:, 0, :, mla.latent_dim :], np.full(len(k), S), self.layer.index_topk,
+                                    value_dim=mla.kv_lora_rank, scale=mla.softmax_scale)  # fmt: skip
+        return o_latent, None

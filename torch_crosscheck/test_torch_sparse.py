@@ -2,7 +2,8 @@
 (the same key sets), sparse_attention against SDPA with the equivalent boolean mask, forward and torch autograd's
 backward, over many shapes, and SparseLatentAttention against transformers' DeepseekV32Attention (and GLM-5's
 GlmMoeDsaAttention, whose indexer turns interleaved pairs) with the same weights: forward in both MLA forms, the
-gradients with the chosen keys held fixed, and cached decoding.
+gradients with the chosen keys held fixed, and cached decoding through KVCache and PagedKVCache (sequences of
+different lengths and a fork) against its DynamicCache, with the indexer keys each cache holds.
 
 Ties. Our choice breaks a tie by the earlier key; torch.topk keeps whichever of the tied keys it meets. Where the
 k-th best score ties with a key left out, the tests compare what is defined: the keys scoring above the k-th
@@ -30,8 +31,9 @@ from transformers.models.deepseek_v32 import modeling_deepseek_v32 as deepseek  
 from transformers.models.glm_moe_dsa import modeling_glm_moe_dsa as glm  # noqa: E402
 
 from tinyattn_np import (  # noqa: E402
+    KVCache,
+    PagedKVCache,
     SparseLatentAttention,
-    SparseLatentCache,
     index_topk,
     rope_frequencies,
     sparse_attention,
@@ -219,26 +221,69 @@ def test_the_layer_and_its_gradients_equal_transformers(model, device):
             assert relative(grad, theirs_grad.T if grad.ndim == 2 else theirs_grad) <= AS_IS, f"{name}, {absorbed}"
 
 
+def decode_theirs(theirs, tokens, chunks, device):
+    """transformers' layer over one sequence's tokens (T, C) in chunks through its own DynamicCache: the outputs
+    (T, C) and the indexer keys it holds (T, d_I)."""
+    cache, outs = DynamicCache(config=theirs.config), []
+    with torch.no_grad():
+        for start, stop in chunks:
+            x = torch.from_numpy(tokens[None, start:stop]).to(device)
+            outs.append(run_theirs(theirs, x, np.arange(start, stop), cache)[0].cpu().numpy())
+    return np.concatenate(outs), cache.layers[0].indexer_keys[0].cpu().numpy()
+
+
+def assert_same_indexer_keys(model, layer, ours, theirs):
+    """ours (T, cache_dim), a token's latent then its indexer key, against transformers' indexer keys (T, d_I),
+    rotated: the same numbers in either pair layout (transformers writes GLM-5's interleaved rotation's pairs
+    halves apart, as it does k_rope)."""
+    keys, d_rope = ours[:, layer.mla.latent_dim :], SIZES["qk_rope_head_dim"]
+    rotated = to_half_split(keys[:, :d_rope]) if model == "glm_moe_dsa" else keys[:, :d_rope]
+    np.testing.assert_allclose(np.concatenate([rotated, keys[:, d_rope:]], axis=-1), theirs, rtol=AS_IS, atol=AS_IS)
+
+
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
 @pytest.mark.parametrize("model", ["deepseek_v32", "glm_moe_dsa"])
-def test_cached_decoding_equals_transformers(model, device):
+def test_decoding_through_a_kv_cache_equals_transformers(model, device):
     layer, theirs, _ = make_pair(model, device, topk=3)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((2, 10, D_MODEL))
     assert clear_of_float32(layer, x, np.arange(10))
-    ours = SparseLatentCache(2, 10, layer.mla.latent_dim, INDEXER["index_head_dim"], dtype=np.float64)
+    ours = KVCache(2, 1, 10, layer.cache_dim, dtype=np.float64, value_prefix=SIZES["kv_lora_rank"])
     cache = DynamicCache(config=theirs.config)
     with torch.no_grad():
         for start, stop in [(0, 6), (6, 7), (7, 8), (8, 10)]:  # a prefill, two decode steps, a chunk of two
             gold = run_theirs(theirs, torch.from_numpy(x[:, start:stop]).to(device), np.arange(start, stop), cache)
             assert relative(layer(x[:, start:stop], cache=ours), gold) <= AS_IS, (start, stop)
-    # the indexer keys each cache holds: transformers' (B, T, d_I), rotated, the same numbers in either pair layout
-    keys, d_rope = cache.layers[0].indexer_keys.cpu().numpy(), SIZES["qk_rope_head_dim"]
-    rotated = ours.index_keys[..., :d_rope]
-    if model == "glm_moe_dsa":  # transformers writes the interleaved rotation's pairs halves apart, as for k_rope
-        rotated = to_half_split(rotated)
-    mine = np.concatenate([rotated, ours.index_keys[..., d_rope:]], axis=-1)  # (B, T, d_I)
-    np.testing.assert_allclose(mine, keys, rtol=AS_IS, atol=AS_IS)
+    for b in range(2):
+        assert_same_indexer_keys(model, layer, ours.keys[b, 0], cache.layers[0].indexer_keys[b].cpu().numpy())
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("model", ["deepseek_v32", "glm_moe_dsa"])
+def test_decoding_through_a_paged_cache_equals_transformers(model, device):
+    """Three sequences in one pool, decoding together at their own lengths: a, b (shorter), and c, a fork of a after
+    its prefill that goes on with tokens of its own; transformers runs each alone through a DynamicCache."""
+    layer, theirs, _ = make_pair(model, device, topk=3)
+    rng = np.random.default_rng(5)
+    tokens = rng.standard_normal((3, 10, D_MODEL))  # a's, b's and c's; c's first 6 are a's
+    tokens[2, :6] = tokens[0, :6]
+    assert all(clear_of_float32(layer, tokens[i : i + 1], np.arange(10)) for i in range(3))
+    pool = PagedKVCache(24, 2, 1, layer.cache_dim, dtype=np.float64, value_prefix=SIZES["kv_lora_rank"])
+    a, b = pool.add_sequence(), pool.add_sequence()
+    outs = [[layer(tokens[:1, :6], cache=pool, seq_ids=[a])[0]], [layer(tokens[1:2, :3], cache=pool, seq_ids=[b])[0]]]
+    c = pool.fork(a)
+    outs.append([outs[0][0]])
+    starts = np.array([6, 3, 6])
+    for n in (1, 1, 2):  # two decode steps and a chunk of two, the three sequences at once
+        x = np.stack([tokens[i, start : start + n] for i, start in enumerate(starts)])  # (3, n, C)
+        for i, out in enumerate(layer(x, cache=pool, seq_ids=[a, b, c])):
+            outs[i].append(out)
+        starts += n
+    for i, (seq, prefill) in enumerate(zip([a, b, c], [6, 3, 6], strict=True)):
+        chunks = [(0, prefill), (prefill, prefill + 1), (prefill + 1, prefill + 2), (prefill + 2, prefill + 4)]
+        gold, keys = decode_theirs(theirs, tokens[i], chunks, device)
+        assert relative(np.concatenate(outs[i]), gold) <= AS_IS, f"sequence {seq}"
+        assert_same_indexer_keys(model, layer, pool.gather(seq)[0][0], keys)
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
