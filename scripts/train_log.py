@@ -72,6 +72,7 @@ class Log:
         self.show = show
         self.step_seconds: list[float] = []  # this session's steps
         self.first, self.shown, self.bar = run.step, 0.0, False
+        self.before = run.rows[-1].seconds if run.rows else 0.0  # the steps' time of the sessions before --resume
 
     def row(self, run: Run, val_loss: float) -> Row:
         """A row of the table: the training loss (the mean of the steps since the last row), the validation
@@ -91,7 +92,7 @@ class Log:
             val_loss=val_loss,
             lr=lr,  # the last step's
             tokens_per_s=len(steps) * s.batch * T / sum(steps) if steps else None,
-            seconds=sum(self.step_seconds),
+            seconds=self.before + sum(self.step_seconds),
         )
         if self.show:
             self.end_bar()
@@ -192,7 +193,7 @@ def finish(
         }
         outputs.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, KeyboardInterrupt):
-        interrupts.interrupted(run.step, run.settings.steps, "steps")
+        interrupts.interrupted(run.step, run.settings.steps, "steps", stop)
     elif stop is not None:
         print(f"train.py: stopped: {stop}", file=sys.stderr)
 

@@ -194,7 +194,7 @@ class CtrlCAfter:
     """Stands in for StopTogether: 'Ctrl-C' is seen after the n-th step."""
 
     def __init__(self, n):
-        self.n, self.asked = n, 0
+        self.n, self.asked, self.terminated = n, 0, False
 
     def __enter__(self):
         return self
