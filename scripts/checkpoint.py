@@ -240,6 +240,7 @@ class Run:
     rng: np.random.Generator  # the batches': where the data stands
     dropout_rng: np.random.Generator
     step: int = 0  # steps taken
+    seconds: float = 0.0  # their time in all, the sessions before a --resume included
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss) of every step
     rows: list[Row] = field(default_factory=list)  # one per validation
     out: str | None = None  # the folder its checkpoints go to (--out)
@@ -255,6 +256,7 @@ def save_run(folder: str, run: Run) -> None:
     data = {"source": run.data.source, "fingerprint": run.data.fingerprint, "validation": run.data.validation}
     meta = {
         "step": run.step,
+        "seconds": run.seconds,
         "preset": run.preset,
         "config": run.model.config.to_dict(),
         "settings": asdict(run.settings),
@@ -277,6 +279,7 @@ class Saved:
     folder: str
     npz: Path  # the arrays' file
     step: int
+    seconds: float  # the steps' time in all
     preset: str
     config: GPTConfig
     tokenizer: dict[str, Any]  # as Tokenizer.describe() wrote it
@@ -297,12 +300,13 @@ class Saved:
         field, says why where it is none."""
         arrays, meta, npz = read(folder)
         try:
-            config = read_config(meta)
+            config, rows = read_config(meta), [Row(**row) for row in read_rows(meta)]
             data = meta.object("data")
             saved = Saved(
                 folder=folder,
                 npz=npz,
                 step=meta.get("step", int, check=count),
+                seconds=meta.get("seconds", float, default=rows[-1].seconds if rows else 0.0),  # the rows' before
                 preset=meta.get("preset", str, check=preset_name),
                 config=config,
                 tokenizer=read_tokenizer(meta, config)[0],
@@ -310,7 +314,7 @@ class Saved:
                 source=data.get("source", str),
                 fingerprint=data.get("fingerprint", str),
                 validation=data.get("validation", float, check=lambda value: fraction(repr(value))),
-                rows=[Row(**row) for row in read_rows(meta)],
+                rows=rows,
                 rng=meta.get("rng", str, check=generator_state),
                 dropout_rng=meta.get("dropout_rng", str, check=generator_state),
                 params=check_weights(arrays, config, npz),
@@ -374,4 +378,5 @@ def restore(run: Run, saved: Saved) -> None:
         raise CheckpointError(f"{saved.npz}: AdamW's state (the arrays adamw.*): {err}") from None
     run.rng, run.dropout_rng = rng_from(saved.rng), rng_from(saved.dropout_rng)
     run.step = run.saved_step = saved.step
+    run.seconds = saved.seconds
     run.rows, run.history = list(saved.rows), list(saved.history)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import sys
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -22,6 +21,7 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+import outputs
 import text_data
 from checkpoint import CheckpointError, Run, SaveError
 from train_flags import RunError
@@ -42,14 +42,14 @@ class Processes:
 
     @staticmethod
     def of(args: argparse.Namespace) -> Processes:
-        """MPI.COMM_WORLD's processes with --data-parallel, else this one alone; exits with the install line
-        where mpi4py is missing."""
+        """MPI.COMM_WORLD's processes with --data-parallel, else this one alone; where mpi4py is missing, the
+        install line and exit 2 (outputs.needs)."""
         if not args.data_parallel:
             return Processes()
         try:
             return Processes(load_mpi().COMM_WORLD)
         except ImportError as err:
-            sys.exit(f"train.py --data-parallel {err}")
+            outputs.needs(f"--data-parallel {err}")
 
     def start_together(self, start: Callable[[], Run]) -> Run:
         """start() on every process, and the run it made, agreed on: a START_ERRORS error on any process, or

@@ -130,6 +130,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         settings.dropout,
     )
     train_flags.check_size(config, settings, processes)  # before anything of the step's size is allocated
+    text_data.check_encoding(text, tokenizer, source)  # the tokens' memory, before they are made
     try:
         tokens = tokenizer.encode(text)  # (n,) token ids
     except text_data.DataError as err:  # only a checkpoint's tokenizer can lack what the text holds

@@ -264,7 +264,9 @@ def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bias",
         action=argparse.BooleanOptionalAction,
-        help="biases in the MLP and the norms (default: none)",
+        help="biases in the MLP and the norms (default: the preset's: "
+        + ", ".join(f"{'biases' if preset.config.bias else 'none'} in {name}" for name, preset in PRESETS.items())
+        + ")",
     )
 
 

@@ -1,8 +1,8 @@
 """How fast the GPT trains and generates: our training step beside torch's eager step of the same model,
 and generation with the KV cache beside recomputation.
 
-    python scripts/train_speed.py --torch                     # both presets, and generation at 1,024 tokens
-    python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
+    python scripts/train_speed.py                             # seconds: the tiny preset, 256 tokens generated
+    python scripts/train_speed.py --torch --presets tiny part3 --tokens 1024   # minutes: both, beside torch
     python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
     python scripts/train_speed.py --row-blocks                # the elementwise layers by block size
 
@@ -91,8 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--presets",
         nargs="+",
         choices=sorted(train_flags.PRESETS),
-        default=["tiny", "part3"],
-        help="the models to time (default: both)",
+        default=["tiny"],
+        help="the models to time (default tiny, a run of seconds; part3's step and generation take minutes)",
     )
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3,
         help="turns of each model (--row-blocks: each size), taking turns (default 3)",
     )
-    p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
+    p.add_argument("--tokens", type=positive(int), default=256, help="tokens to generate (default 256)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument(
         "--equal-time",
@@ -180,6 +180,8 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
     config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
+    beside = " and torch's, in turns" if torch is not None else ""
+    outputs.progress(f"{name}: a training step{beside}, {args.rounds} turns of {args.repeats} steps after 2 untimed")
     rng = np.random.default_rng(args.seed)
     x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
     model = GPT(config, rng=args.seed)
@@ -207,17 +209,18 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
 
 def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One preset's generation row: --tokens greedy tokens with the cache and without, timed once each."""
+    outputs.progress(f"{name}: generation of {args.tokens:,} tokens with the KV cache, then without one")
     model = GPT(config_of(name, args), rng=args.seed)
     prompt = np.zeros(1, dtype=np.int64)  # (1,): one token
     row: dict[str, Any] = {"preset": name, "tokens": args.tokens}
-    outputs = {}
+    drawn = {}
     for use_cache in (True, False):
         time.sleep(machine.SETTLE_SECONDS)
         started = time.perf_counter()
-        outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
+        drawn[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
     check(
-        np.array_equal(outputs[True], outputs[False]),
+        np.array_equal(drawn[True], drawn[False]),
         f"{name}: the cache and recomputation give the same tokens",
     )
     return row
@@ -249,6 +252,7 @@ def validation_loss(loss_of: Any, batches: list[tuple[np.ndarray, ...]]) -> floa
 
 def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row of --equal-time: steps and validation loss of each after args.equal_time seconds."""
+    outputs.progress(f"{name}: ours and torch's train {args.equal_time:g} s each, in {args.rounds} turns")
     text, source = text_data.load_text(None)
     tokenizer = text_data.make_tokenizer("char", text)
     config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
@@ -402,6 +406,7 @@ BLOCKS = [2**power for power in range(13, 21)]
 
 def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One preset's rows: each layer's median ms per call at each block size, the sizes taking turns."""
+    outputs.progress(f"{name}: layer_norm, gelu and their backwards at {len(BLOCKS)} block sizes, taking turns")
     config, batch = config_of(name, args), batch_of(name, args)
     n, L = batch * config.context, config.layers
     rng = np.random.default_rng(args.seed)

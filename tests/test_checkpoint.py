@@ -397,3 +397,14 @@ def test_weights_whose_logits_overflow_are_one_line_from_sample(
     assert sample.main([str(folder), "--tokens", "4"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("sample.py: error: ") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_a_resumed_tokenizer_that_cannot_spell_the_text_names_the_checkpoint(
+    trained: Path, small: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint whose characters were edited (as many, others): --resume's message names the checkpoint's
+    folder, not a flag that was not given ('--init-from None')."""
+    folder = edited(trained, tmp_path / "ckpt", meta=lambda meta: meta["tokenizer"].update(chars="ABCDEFGHIJKLMNO"))
+    assert train_script.main(gpt_flags(trained / "text.txt", folder, "--resume", "--steps", "12")) == 2
+    err = capsys.readouterr().err
+    assert f"the checkpoint in {folder}: its tokenizer cannot spell" in err and "None" not in err, err

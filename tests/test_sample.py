@@ -9,6 +9,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -215,3 +216,21 @@ def test_uniform_attention_scores_one_over_the_keys_it_sees(trained, capsys):
     args = argparse.Namespace(repeat=n, sequences=3, seed=0, format="simple", plot=None)
     attention_script.induction_demo(model, model, args)
     assert "no head has learned to copy: the highest score, layer " in capsys.readouterr().out
+
+
+def test_a_prompt_too_long_is_refused_before_it_is_read(trained, tmp_path, capsys):
+    path = tmp_path / "long.txt"
+    path.write_text("the cat " * 20_000, encoding="utf-8")  # 160,000 bytes
+    assert sample.main([str(trained), "--prompt-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sample.py: error: --prompt-file {path} holds 160,000 bytes; a prompt may hold at most")
+    assert sample.main([str(trained), "--prompt", "the cat " * 20_000]) == 2
+    assert "--prompt holds 160,000 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full: a file that is always full (Linux)")
+def test_json_to_a_full_disk_is_one_line(trained, capsys):
+    with pytest.raises(SystemExit) as stop:
+        sample.main([str(trained), "--tokens", "4", "--json", "/dev/full"])
+    assert str(stop.value.code).endswith(": error: --json /dev/full: cannot write it (No space left on device)")
+    assert "\n" not in str(stop.value.code)

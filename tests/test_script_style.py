@@ -188,6 +188,9 @@ SMALLEST_RUNS = {
     "mla.py": ["--contexts", "256", "--heads", "8", "--repeats", "1"],
     "sparse.py": ["--contexts", "256", "--topk", "128", "--tokens", "512", "--queries", "32", "--repeats", "1"],
     "train.py": ["--steps", "20"],
+    "train.py --task copy": ["--task", "copy", "--steps", "40"],
+    "attention.py --checkpoint": ["--checkpoint", "{checkpoint}"],
+    "tiles.py --profile": ["--profile", "--tokens", "256", "--repeats", "1"],
     "train_speed.py": ["--presets", "tiny", "--tokens", "64", "--repeats", "1"],
     "sample.py": ["{checkpoint}", "--tokens", "16"],  # a checkpoint of train.py --steps 2, made first
     "ring.py": ["--tokens", "512", "--block", "64", "--repeats", "1", "--max-ranks", "2"],
@@ -233,7 +236,7 @@ def test_output_fits_a_terminal(
     run: str, quiet_machine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     script, flags = run.split()[0], SMALLEST_RUNS[run]
-    if "{checkpoint}" in flags:  # sample.py reads what train.py wrote
+    if "{checkpoint}" in flags:  # sample.py and attention.py read what train.py wrote
         assert load("train.py").main(["--steps", "2", "--out", str(tmp_path / "run")]) == 0
         capsys.readouterr()
         flags = [str(tmp_path / "run") if flag == "{checkpoint}" else flag for flag in flags]

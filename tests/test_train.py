@@ -584,14 +584,14 @@ def test_train_speed_trains_the_two_models_in_alternating_turns(monkeypatch):
         speed.parse_args(["--presets", "tiny", "--repeats", "5000", "--rounds", "3"])
 
 
-def test_train_speed_equal_time_says_it_needs_torch(monkeypatch):
+def test_train_speed_equal_time_says_it_needs_torch(monkeypatch, capsys):
     speed = load("train_speed.py")
     for name in ("torch", "torch.nn.functional"):
         monkeypatch.setitem(sys.modules, name, None)  # import torch now fails, as where it is not installed
     with pytest.raises(SystemExit) as stop:
         speed.main(["--presets", "tiny", "--equal-time", "1"])
-    message = str(stop.value.code)
-    assert "--equal-time needs torch" in message and "\n" not in message, message
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "--equal-time needs torch" in err and len(err.splitlines()) == 1, err
 
 
 def test_train_speed_times_the_layers_at_every_row_block(tmp_path, capsys):
@@ -709,3 +709,56 @@ def test_kept_memory_spares_the_page_faults_of_arrays_made_again():
         pytest.skip("the C library is not glibc: mallopt does not exist there")
     assert int(plain) >= 10 * 32  # each array faults in its pages: at least 32 of 2 MiB (huge pages) each
     assert int(again) < int(plain) / 10
+
+
+def test_the_time_column_goes_on_after_resume(small_preset, data, tmp_path, monkeypatch, capsys):
+    """Each step takes 1 s of a fake clock: the table's time column counts every step's, the ones before a
+    --resume too (a run stopped at step 3 and resumed ends at 8 s, as the run that never stopped)."""
+    clock = iter(range(10**6))
+    monkeypatch.setattr(train_script, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: next(clock))}))
+    flags = ["--eval-every", "2"]
+    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
+    with monkeypatch.context() as patch:
+        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume", *flags)) == 0
+    whole, parts = (sys.modules["checkpoint"].load(tmp_path / name)[1]["rows"] for name in ("whole", "parts"))
+    assert [row["seconds"] for row in whole] == [0, 2, 4, 6, 8]
+    assert [row["seconds"] for row in parts] == [0, 2, 4, 6, 8]
+    assert re.search(r"^      8 .* 8\.0s$", capsys.readouterr().out, re.MULTILINE)
+
+
+def test_the_docs_training_commands_are_taken_as_written(capsys):
+    """Every `python scripts/train.py ...` command of docs/gpt.md parses as written: one that draws the page's own
+    picture (git tracks it) says --overwrite, which --plot needs to replace a tracked picture; and --help says
+    the presets' own --bias."""
+    page = (ROOT / "docs" / "gpt.md").read_text(encoding="utf-8").replace("\n", " ")
+    commands = re.findall(r"`python scripts/train\.py([^`]*)`", page)
+    assert any("--plot docs/gpt_loss.png" in command for command in commands), commands
+    for command in commands:
+        args = train_script.parse_args(command.split())  # a refusal is SystemExit: the test fails
+        assert args.plot is None or "docs/" not in args.plot or args.overwrite, command
+    with pytest.raises(SystemExit):
+        train_script.parse_args(["--help"])
+    assert "(default: the preset's: none in tiny, biases in part3)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_parameter_count_says_its_vocabulary_and_the_presets(small_preset, data, capsys):
+    """A preset's published count is at its own vocabulary (part3's 5,781,504 at 4,096): where the text's
+    vocabulary is another, the model line says both."""
+    assert train_script.main(gpt_flags(data, None, "--steps", "1")) == 0
+    assert "tied head: 6,464 parameters (float32) at a vocabulary of 15 (7,264 at the preset's 65)" in (
+        capsys.readouterr().out
+    )
+
+
+def test_train_speed_says_what_it_measures_as_it_goes_and_its_default_takes_seconds(capsys):
+    """A line on stderr before each measurement, so that a run of minutes shows it is at work within seconds;
+    the defaults are a run of seconds (the tiny preset, 256 tokens), part3 a flag away."""
+    speed = load("train_speed.py")
+    defaults = speed.parse_args([])
+    assert defaults.presets == ["tiny"] and defaults.tokens <= 256
+    assert speed.main(["--presets", "tiny", "--tokens", "8", "--repeats", "1", "--rounds", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "tiny: a training step, 1 turns of 1 steps after 2 untimed" in err
+    assert "tiny: generation of 8 tokens with the KV cache, then without one" in err
