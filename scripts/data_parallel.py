@@ -20,6 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import Any
 
+import machine
 import numpy as np
 import outputs
 import text_data
@@ -162,8 +163,9 @@ def scaling(run: Run, processes: Processes, step_seconds: list[float], train_ste
     idle_wait(processes.comm)
     size, step = processes.size, float(np.median(step_seconds))
     allreduce = float(np.median(processes.allreduce_seconds))
+    ratios = f"speed-up {alone / step:.2f}x, scaling efficiency {alone / (size * step):.0%}"
     return (
         f"a step: {step * 1e3:,.1f} ms on {size} processes ({allreduce * 1e3:,.1f} ms of it in the Allreduce),\n"
-        f"  {alone * 1e3:,.1f} ms on one process with the whole batch: speed-up {alone / step:.2f}x, scaling "
-        f"efficiency {alone / (size * step):.0%} (medians)"
+        f"  {alone * 1e3:,.1f} ms on one process with the whole batch (medians): "
+        + machine.concluded([{"busy": machine.busy_reasons()}], ratios)
     )

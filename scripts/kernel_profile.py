@@ -391,6 +391,9 @@ def profile_main(args: argparse.Namespace) -> int:
     stopped = interrupts.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
     for name, row in rows:
         print_profile(name, row, args)
+    busy = machine.busy_reasons()  # the tables and their matmul rates, measured beside other work
+    if busy:
+        print(f"* measured on a busy machine: compare these figures with care ({'; '.join(busy)})")
     done = dict(rows)
     if args.json:
         outputs.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     busy = machine.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")
-    code = compared(runs, args) if args.compare else 0
+    code = compared(runs, args, busy) if args.compare else 0
     if args.json:
         figures = {
             "args": vars(args),
@@ -233,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace) -> int:
-    """--compare's last line: how much faster the cache was, and whether both ways drew the same tokens; the
-    exit code, 1 where greedy decoding (which has no boundary to fall on) drew different ones."""
+def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace, busy: list[str]) -> int:
+    """--compare's last line: how much faster the cache was (on a quiet machine: nothing is concluded from
+    times taken on a busy one), and whether both ways drew the same tokens; the exit code, 1 where greedy
+    decoding (which has no boundary to fall on) drew different ones."""
     cached, recomputed = runs[True], runs[False]
     differ = first_difference(cached["tokens"], recomputed["tokens"])
     agree = f"the two agree on all {args.samples * args.tokens:,} tokens"
@@ -245,7 +246,8 @@ def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace) -> int:
         agree = (
             f"the two agree on the first {token:,} tokens{where}, then differ (a draw within rounding of a boundary)"
         )
-    print(f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster; {agree}")
+    faster = f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster"
+    print(f"{machine.concluded([{'busy': busy}], faster)}; {agree}")
     return 0 if differ is None or args.temperature > 0 else 1
 
 

@@ -25,7 +25,8 @@ SIGTERM (kill, a batch scheduler's time limit); --out is checked writable before
 it hold unless given again: a step's settings, --eval-every, --eval-windows). A loss that is not finite (a
 learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
 Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
-with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
+with one Allreduce: the same losses as one process with the whole batch, to float32 rounding. The processes
+agree on the run before the first step (the settings, the text, the vocabulary, the weights), or all refuse.
 
 This file is the loop, to read top to bottom; beside it, train_flags.py (the flags and the presets),
 text_data.py (the text and its batches), checkpoint.py (the run's state on disk), data_parallel.py (the
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         return copy_task.run(args)
     processes = Processes.of(args)  # with --data-parallel, this process among mpiexec's; else this one alone
     try:  # every process starts the same run, or none starts: a process's error, or a difference, said by rank 0
-        run = processes.start_together(partial(start, args, processes.size))
+        run = processes.start_together(partial(start, args, processes))
     except START_ERRORS as err:
         if processes.rank == 0:
             print(f"train.py: error: {err}", file=sys.stderr)
@@ -102,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 # the start: settings, data, model, optimizer; new, or as a checkpoint left them
 
 
-def start(args: argparse.Namespace, processes: int) -> Run:
+def start(args: argparse.Namespace, processes: Processes) -> Run:
     """The run the flags ask for: new (from --init-from's weights, or random ones) or as --out's checkpoint
-    left it (--resume). A DataError, CheckpointError or RunError says what does not fit."""
-    # the settings: each flag given, else as given to the run that wrote the checkpoint, else the preset's
-    if args.out:
+    left it (--resume). A DataError, CheckpointError, SaveError or RunError says what does not fit."""
+    if args.out and processes.rank == 0:  # the process that writes the checkpoints
         checkpoint.prepare_folder(args.out)  # writable, and cleared of what a killed run left; else a SaveError
+    # the settings: each flag given, else as given to the run that wrote the checkpoint, else the preset's
     resumed = checkpoint.resumed(args)  # --out's checkpoint with --resume, else None
     base = resumed or checkpoint.initial(args)  # where the model and the tokenizer come from, if not new
     preset = base.preset if base else args.preset or "tiny"
@@ -129,7 +130,7 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         tokenizer.vocab_size,
         settings.dropout,
     )
-    train_flags.check_size(config, settings, processes)  # before anything of the step's size is allocated
+    train_flags.check_size(config, settings, processes.size)  # before anything of the step's size is allocated
     text_data.check_encoding(text, tokenizer, source)  # the tokens' memory, before they are made
     try:
         tokens = tokenizer.encode(text)  # (n,) token ids

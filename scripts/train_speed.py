@@ -201,7 +201,7 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
             )
         steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
     times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
-    row["ours_ms"] = times[0]
+    row["ours_ms"], row["busy"] = times[0], machine.busy_reasons()
     if module is not None:
         row["torch_ms"] = times[1]
     return row
@@ -219,6 +219,7 @@ def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
         started = time.perf_counter()
         drawn[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
+    row["busy"] = machine.busy_reasons()
     check(
         np.array_equal(drawn[True], drawn[False]),
         f"{name}: the cache and recomputation give the same tokens",
@@ -295,7 +296,7 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
         args.rounds,
     )
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
-    row["torch_steps"] = theirs
+    row["torch_steps"], row["busy"] = theirs, machine.busy_reasons()
     row["ours_loss"], row["torch_loss"] = (
         validation_loss(model.loss, windows),
         validation_loss(torch_loss, windows),
@@ -323,7 +324,11 @@ def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         ]
         for r in rows
     ]
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
+
+
+def preset_label(row: dict[str, Any]) -> str:
+    return str(row["preset"])
 
 
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
@@ -344,7 +349,7 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
 
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -359,7 +364,7 @@ def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         for r in rows
     ]
     headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -430,7 +435,7 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
     finally:
         use_row_block(None)  # the block this machine takes again
-    return {"preset": name, "layers": rows}
+    return {"preset": name, "layers": rows, "busy": machine.busy_reasons()}
 
 
 def in_blocks(block: int, fn: Any) -> None:
@@ -453,6 +458,9 @@ def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         step = [sum(r["per_step"] * r["ms"][i] for r in preset["layers"]) for i in range(len(BLOCKS))]
         body.append([f"{preset['preset']}: a step's norms and GELUs", *(f"{t:.2f}" for t in step)])
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    note = machine.busy_note(rows, preset_label)  # a busy preset's rows, said under the table
+    if note:
+        print(note)
 
 
 def main_row_blocks(args: argparse.Namespace) -> int:
@@ -478,10 +486,9 @@ def malloc_line(with_torch: bool) -> str:
 
 
 def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
-    """The last lines of either mode: a busy machine said, --json written, Ctrl-C's line; the exit code."""
+    """The last lines of either mode: --json written, Ctrl-C's line; the exit code. (A busy machine is said
+    under each table, its rows marked.)"""
     figures["busy"] = machine.busy_reasons()
-    if figures["busy"]:
-        print(f"* timed on a busy machine: {'; '.join(figures['busy'])}")
     if args.json:
         outputs.write_json(args.json, figures, stopped)
     if stopped:

@@ -155,6 +155,19 @@ def test_a_checkpoint_without_its_arrays_is_refused_by_name(
         assert re.search(r"checkpoint-\d+\.npz", line) and f"{name!r}" in line, line
 
 
+def test_adamws_scalars_are_checked_before_any_step(
+    trained: Path, small: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AdamW's learning rate NaN or a negative step count in the .npz: --resume refuses it in one line that
+    names the .npz (AdamW.load_state_dict's checks, nothing changed), before any step."""
+    for name, value in (("adamw.lr", np.nan), ("adamw.t", -3)):
+        folder = edited(trained, tmp_path / name, arrays=change(name, lambda a, v=value: np.full_like(a, v)))
+        assert train_script.main(gpt_flags(trained / "text.txt", folder, "--resume", "--steps", "12")) == 2
+        out, err = capsys.readouterr()
+        assert "AdamW's state (the arrays adamw.*)" in err and len(err.splitlines()) == 1, err
+        assert "Traceback" not in err and "\n      4 " not in out
+
+
 # --- a checkpoint edited by hand --------------------------------------------------------------------
 
 

@@ -39,7 +39,8 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags", [["--temperature", "0"], ["--temperature", "1.0", "--top-k", "5", "--top-p", "0.9"]])
-def test_cached_generation_equals_recomputation(trained, flags, tmp_path, capsys):
+def test_cached_generation_equals_recomputation(trained, flags, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.modules["machine"], "load_average", lambda: 0.0)  # a quiet machine: its conclusion
     figures = tmp_path / "sample.json"
     assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags,
                         "--json", str(figures)]) == 0  # fmt: skip
@@ -234,3 +235,18 @@ def test_json_to_a_full_disk_is_one_line(trained, capsys):
         sample.main([str(trained), "--tokens", "4", "--json", "/dev/full"])
     assert str(stop.value.code).endswith(": error: --json /dev/full: cannot write it (No space left on device)")
     assert "\n" not in str(stop.value.code)
+
+
+def test_sample_py_runs_under_train_pys_blas_setting(trained):
+    """As a program, sample.py sets OpenBLAS's idle threads to sleep soon, as train.py does (os_tweaks.py),
+    before NumPy loads, and --compare names the setting beside its timings."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, str(root / "scripts" / "sample.py"), str(trained), "--compare", "--tokens",
+                           "4"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "OpenBLAS: idle threads sleep after 2^18 cycles without work (OPENBLAS_THREAD_TIMEOUT=18)" in done.stdout

@@ -526,7 +526,8 @@ def test_the_data_parallel_step_equals_one_process(data, tmp_path):
                          timeout=120)  # fmt: skip
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
         assert "split over 2 processes" in result.stdout or ranks == 1, result.stdout
-        assert "scaling efficiency" in result.stdout or ranks == 1, result.stdout
+        said = ("scaling efficiency", "no conclusion drawn: measured on a busy machine")  # a quiet machine, a busy one
+        assert any(text in result.stdout for text in said) or ranks == 1, result.stdout
         figures[ranks, more] = json.loads(path.read_text())["rows"]
     assert "in 2 slices of 1 sequence a process (gradient accumulation)" in result.stdout, result.stdout
     for split in ((2, ()), (2, ("--accumulate", "2"))):
@@ -557,7 +558,7 @@ def test_a_failing_rank_ends_the_data_parallel_job(data, tmp_path):
 # --- scripts/train_speed.py, at a tiny size (the timings themselves are not under test) ----------------
 
 
-def test_train_speed_prints_both_tables(small_preset, tmp_path, capsys):
+def test_train_speed_prints_both_tables(small_preset, machine, tmp_path, capsys):  # machine: a quiet one
     speed = load("train_speed.py")
     figures = tmp_path / "speed.json"
     flags = ["--presets", "tiny", "--batch", "2", "--tokens", "20", "--repeats", "1", "--json", str(figures)]
