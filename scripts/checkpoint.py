@@ -13,7 +13,10 @@ Each file is written whole to a temporary name in the same folder and then moved
 os.replace, which is atomic: a run stopped while it writes (Ctrl-C, a full disk, a power cut) leaves the
 previous checkpoint as it was. The arrays go first, under a new name, and the JSON that names them second;
 only then is the previous .npz removed. At every moment checkpoint.json names arrays that exist whole, and
-it records their SHA-256, so that a file changed by hand is found when it is loaded.
+it records their SHA-256, so that a file changed by hand is found when it is loaded. A write that fails (a
+full disk) removes what it began and raises SaveError; what a killed run left (temporaries, arrays no JSON
+names) is removed before the next run's first step (prepare_folder). A checkpoint is read whole or refused
+in one line that names the file and the field (checkpoint_checks.py): nothing runs from half of one.
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def read_name(folder: Path) -> str | None:
 
 
 def read_step(folder: Path) -> Any:
+    """The step of folder's checkpoint, '?' where checkpoint.json says none."""
     try:
         return Fields.read(folder / META).get("step", int)
     except FieldError:

@@ -60,8 +60,8 @@ class Processes:
             return start()
         with self.guard():
             try:
-                run, report = start(), None
-                report = run_summary(run)
+                run = start()
+                report: dict[str, Any] | str = run_summary(run)
             except START_ERRORS as err:
                 run, report = None, str(err)
             reports = self.comm.allgather(report)
@@ -125,16 +125,19 @@ def run_summary(run: Run) -> dict[str, Any]:
     weights = hashlib.sha256(b"".join(np.ascontiguousarray(p).tobytes() for p in run.model.params.values()))
     vocabulary = hashlib.sha256(repr(run.data.tokenizer.describe()).encode()).hexdigest()[:16]
     generators = hashlib.sha256((text_data.rng_state(run.rng) + text_data.rng_state(run.dropout_rng)).encode())
-    return settings | {
-        "--seed": run.seed,
-        "--validation": run.data.validation,
-        "the text (its fingerprint)": f"{run.data.fingerprint} ({run.data.source})",
-        "the vocabulary": f"{run.data.tokenizer.vocab_size:,} tokens (SHA-256 {vocabulary})",
-        "the model": repr(run.model.config),
-        "the step": run.step,
-        "the weights (their SHA-256)": weights.hexdigest()[:16],
-        "the random generators (their SHA-256)": generators.hexdigest()[:16],
-    }
+    return (
+        settings
+        | {
+            "--seed": run.seed,
+            "--validation": run.data.validation,
+            "the text (its fingerprint)": run.data.fingerprint,  # its content: the same text may have other paths
+            "the vocabulary": f"{run.data.tokenizer.vocab_size:,} tokens (SHA-256 {vocabulary})",
+            "the model": repr(run.model.config),
+            "the step": run.step,
+            "the weights (their SHA-256)": weights.hexdigest()[:16],
+            "the random generators (their SHA-256)": generators.hexdigest()[:16],
+        }
+    )
 
 
 def one_process_seconds(run: Run, train_step: Callable[..., float], repeats: int = 3) -> float:

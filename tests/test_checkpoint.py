@@ -16,7 +16,6 @@ import re
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 from test_scripts import load
-from test_train import ROOT, gpt_flags, run_wrapper, small_text, train_script
+from test_train import gpt_flags, signal_a_run, small_text, train_script
 
 from tinyattn_np.gpt import GPTConfig
 
@@ -360,21 +359,8 @@ def test_a_temporary_left_by_a_killed_run_is_cleaned_on_the_next_start(
 def test_sigterm_saves_a_checkpoint_and_says_so(trained: Path, tmp_path: Path) -> None:
     """kill (SIGTERM, as systemd and a batch scheduler's time limit send) stops the run after its step, keeps a
     checkpoint of where it stopped and says so, as Ctrl-C does; the exit status is 143 (128 + SIGTERM)."""
-    script, env = run_wrapper(tmp_path)
-    out = tmp_path / "run"
-    flags = [*gpt_flags(trained / "text.txt", out), "--steps", "100000", "--eval-every", "100000"]
-    err_path = tmp_path / "stderr.txt"
-    with open(err_path, "w") as err:
-        process = subprocess.Popen(
-            [sys.executable, str(script), *flags], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=err, text=True
-        )
-        deadline = time.monotonic() + 60
-        while not re.search(r"step \d+/100000", err_path.read_text()):
-            assert process.poll() is None and time.monotonic() < deadline, err_path.read_text()
-            time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        stdout, _ = process.communicate(timeout=60)
-    assert process.returncode == 143 and "Traceback" not in err_path.read_text(), err_path.read_text()
+    code, stdout, stderr, out = signal_a_run(trained / "text.txt", tmp_path, signal.SIGTERM)
+    assert code == 143 and "Traceback" not in stderr, stderr
     done = int(re.search(r"terminated \(SIGTERM\) after (\d+) of 100000 steps", stdout).group(1))
     assert done >= 1 and checkpoint.load(out)[1]["step"] == done
     assert f"checkpoint: {out} (step {done})" in stdout

@@ -211,15 +211,20 @@ def test_every_program_has_a_smallest_run() -> None:
     assert sorted({run.split()[0] for run in SMALLEST_RUNS}) == PROGRAMS
 
 
-@pytest.fixture
-def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No idle waits, a fixed matmul rate, no load: the width of the output is under test, not its timings."""
+def machine_under(monkeypatch: pytest.MonkeyPatch, load: float) -> None:
+    """No idle waits, a fixed matmul rate and the given load average: the output is under test, not timings."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import machine
 
     monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(machine, "load_average", lambda: 0.0)
+    monkeypatch.setattr(machine, "load_average", lambda: load)
     monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No load: the width of the output is under test, and a benchmark's conclusions are drawn."""
+    machine_under(monkeypatch, 0.0)
 
 
 # Programs whose output does not fit yet, each being changed by its own owner now: a strict xfail, so that
@@ -282,12 +287,7 @@ CONCLUSIONS = {  # a benchmark's conclusion, drawn on a quiet machine and never 
 @pytest.fixture
 def busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine loaded far above its core count: every row a benchmark measures is measured beside other work."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import machine
-
-    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(machine, "load_average", lambda: 99.0)
-    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+    machine_under(monkeypatch, 99.0)
 
 
 @pytest.mark.parametrize("run", BENCHMARK_RUNS)

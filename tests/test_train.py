@@ -492,7 +492,9 @@ def run_wrapper(tmp_path):
     return script, env
 
 
-def test_ctrl_c_keeps_a_checkpoint(data, tmp_path):
+def signal_a_run(data, tmp_path, signum):
+    """Start a run of 100,000 steps (WRAPPER's small model, --out tmp_path/run), send it signum once it is
+    stepping, and return (its exit code, its stdout, its stderr, the run's folder)."""
     script, env = run_wrapper(tmp_path)
     out = tmp_path / "run"
     flags = [*gpt_flags(data, out), "--steps", "100000", "--eval-every", "100000"]
@@ -505,9 +507,14 @@ def test_ctrl_c_keeps_a_checkpoint(data, tmp_path):
         while not re.search(r"step \d+/100000", err_path.read_text()):
             assert process.poll() is None and time.monotonic() < deadline, err_path.read_text()
             time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signum)
         stdout, _ = process.communicate(timeout=60)
-    assert process.returncode == 130 and "Traceback" not in err_path.read_text(), err_path.read_text()
+    return process.returncode, stdout, err_path.read_text(), out
+
+
+def test_ctrl_c_keeps_a_checkpoint(data, tmp_path):
+    code, stdout, stderr, out = signal_a_run(data, tmp_path, signal.SIGINT)
+    assert code == 130 and "Traceback" not in stderr, stderr
     done = int(re.search(r"interrupted \(Ctrl-C\) after (\d+) of 100000 steps", stdout).group(1))
     assert done >= 1 and sys.modules["checkpoint"].load(out)[1]["step"] == done
 
