@@ -168,7 +168,7 @@ def train(run: Run, processes: Processes, log: train_log.Log) -> BaseException |
     mine = processes.rows(s.batch)  # this process's rows of every batch (all of them, alone)
     # the same windows each time
     val_batches = text_data.fixed_batches(run.data.val, s.eval_windows, s.batch, T)
-    with StopTogether() as ctrl_c, processes.guard():
+    with StopTogether(sigterm=True) as ctrl_c, processes.guard():
         try:
             while True:
                 # every --eval-every steps and at the end: the validation loss, a row, a checkpoint

@@ -215,7 +215,7 @@ def saved_arrays(folder):
 def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_path, monkeypatch, capsys):
     assert train_script.main(gpt_flags(data, tmp_path / "whole")) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))  # Ctrl-C after step 3
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))  # Ctrl-C after step 3
         assert train_script.main(gpt_flags(data, tmp_path / "parts")) == 130
     assert "interrupted (Ctrl-C) after 3 of 8 steps" in capsys.readouterr().out
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
@@ -271,7 +271,7 @@ def test_accumulated_slices_train_as_the_whole_batch_and_resume_as_they_ran(
     for name in (n for n in whole if n.startswith("param.")):
         np.testing.assert_allclose(sliced[name], whole[name], rtol=1e-4, atol=1e-6, err_msg=name)
     with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
         assert train_script.main(gpt_flags(data, tmp_path / "parts", "--accumulate", "2")) == 130
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
     assert "in 2 slices of 2 sequences" in capsys.readouterr().out
@@ -417,7 +417,7 @@ def test_resume_keeps_the_checkpoints_validation_split(small_preset, data, tmp_p
     flags = ["--validation", "0.2"]
     assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
         assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
     whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
@@ -437,7 +437,7 @@ def test_resume_keeps_the_checkpoints_validation_rows(small_preset, data, tmp_pa
     flags = ["--data", str(data), "--steps", "9", "--eval-every", "3", "--eval-windows", "5", "--sample", "0"]
     assert train_script.main([*flags, "--out", str(tmp_path / "whole")]) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(4))
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(4))
         assert train_script.main([*flags, "--out", str(tmp_path / "parts")]) == 130
     assert train_script.main(["--data", str(data), "--sample", "0", "--out", str(tmp_path / "parts"), "--resume"]) == 0
     whole, parts = (sys.modules["checkpoint"].load(tmp_path / name)[1]["rows"] for name in ("whole", "parts"))
@@ -727,7 +727,7 @@ def test_the_time_column_goes_on_after_resume(small_preset, data, tmp_path, monk
     flags = ["--eval-every", "2"]
     assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
     with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda: CtrlCAfter(3))
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
         assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
     assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume", *flags)) == 0
     whole, parts = (sys.modules["checkpoint"].load(tmp_path / name)[1]["rows"] for name in ("whole", "parts"))

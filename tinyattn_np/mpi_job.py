@@ -1,6 +1,6 @@
 """A program's MPI job, as the scripts run one under mpiexec: mpi4py loaded with the line that installs it, a
-failing process ending the whole job, Ctrl-C or SIGTERM stopping every process after the same step, and a
-wait that leaves the cores to the one process at work.
+failing process ending the whole job, Ctrl-C (and SIGTERM, where asked) stopping every process after the same
+step, and a wait that leaves the cores to the one process at work.
 
     comm = load_mpi().COMM_WORLD
     with StopTogether() as ctrl_c, abort_on_failure(comm, "train.py --data-parallel"):
@@ -48,20 +48,21 @@ def idle_wait(comm: Any) -> None:
 
 class StopTogether:
     """Ctrl-C in a program that loops over ring calls or collective steps (a training loop), without ending the
-    job: inside `with StopTogether() as ctrl_c:`, Ctrl-C (SIGINT) and SIGTERM (kill, a batch scheduler's time
-    limit) are noted instead of acted on, so that no rank stops in the middle of a ring (which ends the job,
-    abort_on_failure) or of a collective call. ctrl_c.stop(comm), called by every rank at the same point
-    (between two steps), tells every rank whether any rank has seen one, so that all of them stop after the
-    same step and the program can keep what it has; ctrl_c.pressed is this process's own answer, for a program
-    of one process, and ctrl_c.terminated whether the signal it saw was SIGTERM. It must be entered from the
-    main thread (Python runs signal handlers there); a second Ctrl-C still reaches mpiexec, which then ends the
-    job itself."""
+    job: inside `with StopTogether() as ctrl_c:`, Ctrl-C (SIGINT) is noted instead of raised, and with
+    StopTogether(sigterm=True) SIGTERM too (kill, a batch scheduler's time limit), so that no rank stops in the
+    middle of a ring (which ends the job, abort_on_failure) or of a collective call. ctrl_c.stop(comm), called
+    by every rank at the same point (between two steps), tells every rank whether any rank has seen one, so that
+    all of them stop after the same step and the program can keep what it has; ctrl_c.pressed is this process's
+    own answer, for a program of one process, and ctrl_c.terminated whether the signal it saw was SIGTERM. It
+    must be entered from the main thread (Python runs signal handlers there); a second Ctrl-C still reaches
+    mpiexec, which then ends the job itself."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    def __init__(self, sigterm: bool = False):
+        self.signals = (signal.SIGINT, signal.SIGTERM) if sigterm else (signal.SIGINT,)
 
     def __enter__(self) -> StopTogether:
         self.pressed = self.terminated = False
-        self.previous = {number: signal.signal(number, self.press) for number in self.SIGNALS}
+        self.previous = {number: signal.signal(number, self.press) for number in self.signals}
         return self
 
     def press(self, signum: int, frame: Any) -> None:
