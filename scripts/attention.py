@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,15 @@ from tinyattn_np import (
 )
 from tinyattn_np.gpt import GPT  # noqa: E402
 from tinyattn_np.layers import layer_norm, rms_norm  # noqa: E402
-from tinyattn_np.report import Checklist, add_seed_and_format, matrix_table, max_diff, positive, table  # noqa: E402
+from tinyattn_np.report import (  # noqa: E402
+    TABLE_WIDTH,
+    Checklist,
+    add_seed_and_format,
+    matrix_table,
+    max_diff,
+    positive,
+    table,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import checkpoint  # noqa: E402
@@ -278,10 +287,11 @@ def sentence_demo(model: GPT, untrained: GPT, tokenizer: Any, args: argparse.Nam
     layer, h = head
     idx = tokenizer.encode(args.sentence)[None]  # (1, T)
     labels = token_labels(tokenizer, idx[0])
-    print(
-        f"\n8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
+    title = (
+        f"8) layer {layer}, head {h} on {args.sentence!r} ({idx.shape[1]} tokens): trained, then the same model "
         "at its random initial weights (row = the token doing the looking)"
     )
+    print("\n" + textwrap.fill(title, TABLE_WIDTH, subsequent_indent="   "))
     for name, m in (("trained", model), ("random", untrained)):
         weights = head_weights(m, idx)[layer][0, h]  # (T, T)
         check(bool(np.allclose(weights.sum(-1), 1, atol=1e-5)), f"{name}: every row of the weights sums to 1")
@@ -299,11 +309,12 @@ def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tupl
     """Section 7; returns the (layer, head) that copies best."""
     n = args.repeat or model.config.context // 2
     uniform = float(np.mean(1 / np.arange(n + 1, 2 * n + 1)))  # query n + i spread over its n + i + 1 keys
-    print(
-        f"\n7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
+    title = (
+        f"7) induction score per head: {args.sequences} random sequences of {n} tokens, each repeated once; "
         f"the mean weight from the second copy's tokens to the token after their first occurrence "
         f"(uniform attention: about {uniform:.3f})"
     )
+    print("\n" + textwrap.fill(title, TABLE_WIDTH, subsequent_indent="   "))
     trained = induction_scores(model, n, args.sequences, args.seed)
     random = induction_scores(untrained, n, args.sequences, args.seed)
     rows = [[layer, h, trained[layer, h], random[layer, h]] for layer, h in np.ndindex(trained.shape)]
@@ -311,9 +322,10 @@ def induction_demo(model: GPT, untrained: GPT, args: argparse.Namespace) -> tupl
     best = np.unravel_index(int(np.argmax(trained)), trained.shape)
     score = f"layer {best[0]}, head {best[1]} ({trained[best]:.3f}; at its random weights {random[best]:.3f})"
     if trained[best] > COPIES * uniform:
-        print(f"   the best copier: {score}")
+        verdict = f"the best copier: {score}"
     else:
-        print(f"   no head has learned to copy: the highest score, {score}, is within {COPIES}x uniform attention's")
+        verdict = f"no head has learned to copy: the highest score, {score}, is within {COPIES}x uniform attention's"
+    print(textwrap.fill(verdict, TABLE_WIDTH, initial_indent="   ", subsequent_indent="   "))
     if args.plot:
         plot_scores(trained, random, n, args.plot)
         print(f"   plot written to {args.plot}")

@@ -13,100 +13,205 @@ Each file is written whole to a temporary name in the same folder and then moved
 os.replace, which is atomic: a run stopped while it writes (Ctrl-C, a full disk, a power cut) leaves the
 previous checkpoint as it was. The arrays go first, under a new name, and the JSON that names them second;
 only then is the previous .npz removed. At every moment checkpoint.json names arrays that exist whole, and
-it records their SHA-256, so that a file changed by hand is found when it is loaded.
+it records their SHA-256, so that a file changed by hand is found when it is loaded. A write that fails (a
+full disk) removes what it began and raises SaveError; what a killed run left (temporaries, arrays no JSON
+names) is removed before the next run's first step (prepare_folder). A checkpoint is read whole or refused
+in one line that names the file and the field (checkpoint_checks.py): nothing runs from half of one.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
-import tempfile
+import re
+import secrets
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from text_data import Data, Tokenizer, rng_from, rng_state, tokenizer_from
-from train_flags import RunError, Settings
+from checkpoint_checks import (
+    CheckpointError,
+    check_moments,
+    check_weights,
+    count,
+    generator_state,
+    preset_name,
+    read_config,
+    read_given,
+    read_history,
+    read_rows,
+    read_tokenizer,
+)
+from json_fields import FieldError, Fields
+from text_data import Data, Tokenizer, rng_from, rng_state
+from train_flags import RunError, Settings, fraction
 
+from tinyattn_np import AttentionMemoryError
 from tinyattn_np.gpt import GPT, GPTConfig
 from tinyattn_np.optim import AdamW
 
 META = "checkpoint.json"
+ARRAYS = re.compile(r"checkpoint-\d+\.npz")  # the arrays' file: a plain name in the folder
+TEMPORARY = re.compile(r"\.(checkpoint\.json|checkpoint-\d+\.npz)\.\w+(\.tmp)?")  # write_atomically's
 
 
-class CheckpointError(ValueError):
-    """A folder that holds no usable checkpoint; the message says what is wrong and what to do."""
+class SaveError(OSError):
+    """A checkpoint that could not be written (a full disk, a folder made read-only); the message says what
+    happened and which checkpoint is kept. Nothing of the attempt is left behind."""
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """The bytes at path, written to a temporary file beside it and moved into place in one step."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())  # on disk before the name points to it
-    os.replace(f.name, path)
+    """The bytes at path, written to a temporary file beside it and moved into place in one step. The file gets
+    the permissions a new file gets from the user's umask. An OSError removes the temporary before it goes on."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 less the umask, as open() makes
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the name points to it
+        os.replace(temporary, path)
+    except BaseException:  # a full disk, or Ctrl-C in the middle: no half-written file stays
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def save(folder: str | Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Path:
-    """Write arrays and meta (anything JSON can hold) as a checkpoint in folder; return the JSON's path."""
+    """Write arrays and meta (anything JSON can hold) as a checkpoint in folder; return the JSON's path. A
+    SaveError, with nothing of this checkpoint left behind, where a file cannot be written."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile() as buffer:
-        np.savez(buffer, **arrays)
-        buffer.seek(0)
-        data = buffer.read()
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    data = buffer.getvalue()
     name = f"checkpoint-{int(meta['step']):09d}.npz"
-    write_atomically(folder / name, data)
     record = {**meta, "arrays": name, "arrays_sha256": hashlib.sha256(data).hexdigest()}
-    write_atomically(folder / META, json.dumps(record, indent=1).encode("utf-8"))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomically(folder / name, data)
+        write_atomically(folder / META, json.dumps(record, indent=1).encode("utf-8"))
+    except OSError as err:
+        if not (folder / META).is_file() or read_name(folder) != name:
+            (folder / name).unlink(missing_ok=True)  # arrays that no JSON names
+        kept = f"the checkpoint of step {read_step(folder)} is kept" if exists(folder) else "no checkpoint is kept"
+        reason = err.strerror or str(err)
+        raise SaveError(
+            f"the checkpoint of step {meta['step']} could not be written to {folder} ({reason}); {kept}"
+        ) from None
     for old in folder.glob("checkpoint-*.npz"):  # the arrays that the JSON no longer names
         if old.name != name:
             old.unlink(missing_ok=True)
     return folder / META
 
 
+def read_name(folder: Path) -> str | None:
+    """The arrays' file that folder's checkpoint.json names, None where it names none."""
+    try:
+        return str(Fields.read(folder / META).get("arrays", str))
+    except FieldError:
+        return None
+
+
+def read_step(folder: Path) -> Any:
+    """The step of folder's checkpoint, '?' where checkpoint.json says none."""
+    try:
+        return Fields.read(folder / META).get("step", int)
+    except FieldError:
+        return "?"
+
+
+def prepare_folder(folder: str | Path) -> None:
+    """Before a run's first step: make --out, make sure a file can be written in it (a SaveError says why not),
+    and remove what a run killed while it wrote left there: temporary files, and arrays that checkpoint.json
+    does not name."""
+    folder = Path(folder)
+    probe = folder / f".{META}.{secrets.token_hex(4)}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        probe.unlink()
+    except OSError as err:
+        raise SaveError(f"--out {folder}: a checkpoint cannot be written there ({err.strerror or err})") from None
+    named = read_name(folder)
+    for path in folder.iterdir():
+        if TEMPORARY.fullmatch(path.name) or (ARRAYS.fullmatch(path.name) and named and path.name != named):
+            path.unlink(missing_ok=True)
+
+
 def exists(folder: str | Path) -> bool:
     return (Path(folder) / META).is_file()
 
 
-def load(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(arrays, meta) of the checkpoint in folder; CheckpointError where there is none or it was altered."""
+def read(folder: str | Path) -> tuple[dict[str, np.ndarray], Fields, Path]:
+    """(arrays, meta, the arrays' path) of the checkpoint in folder; a CheckpointError, in one line that names
+    the file and the field, where there is none, it was altered, or it is not one that NumPy and JSON read."""
     folder = Path(folder)
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: no such folder (train.py --out {folder} writes a checkpoint there)")
     if not exists(folder):
         raise CheckpointError(f"{folder} holds no {META}: it is not a checkpoint (train.py --out {folder} writes one)")
     try:
-        meta = json.loads((folder / META).read_text(encoding="utf-8"))
-        data = (folder / meta["arrays"]).read_bytes()
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{folder / META} cannot be read as a checkpoint: {err}") from None
-    if hashlib.sha256(data).hexdigest() != meta.get("arrays_sha256"):
-        raise CheckpointError(f"{folder / meta['arrays']} is not the file that {META} was written with (changed?)")
-    with np.load(folder / meta["arrays"]) as npz:
-        arrays = {name: npz[name] for name in npz.files}
-    return arrays, meta
+        meta = Fields.read(folder / META)
+        name = meta.get("arrays", str, check=arrays_name)
+        sha256 = meta.get("arrays_sha256", str)
+    except FieldError as err:
+        raise CheckpointError(str(err)) from None
+    path = folder / name
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"{folder / META}: arrays names {name}, which cannot be read ({err.strerror})") from None
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise CheckpointError(f"{path} is not the file that {META} was written with (changed?)")
+    return read_npz(path, data), meta, path
+
+
+def arrays_name(name: str) -> str:
+    if not ARRAYS.fullmatch(name):
+        raise ValueError("must name a file checkpoint-STEP.npz in the checkpoint's folder")
+    return name
+
+
+def read_npz(path: Path, data: bytes) -> dict[str, np.ndarray]:
+    """Every array of an .npz's bytes; a CheckpointError where they are not an .npz of plain arrays."""
+    try:
+        npz = np.load(io.BytesIO(data), allow_pickle=False)
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array, as an .npy does")
+        with npz:
+            return {name: npz[name] for name in npz.files}
+    except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile, KeyError) as err:
+        raise CheckpointError(f"{path} is not an .npz of plain arrays that NumPy reads ({err})") from None
+
+
+def load(folder: str | Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(arrays, meta) of the checkpoint in folder; CheckpointError where there is none or it was altered."""
+    arrays, meta, _ = read(folder)
+    return arrays, meta.values
 
 
 def load_model(folder: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any], dict[str, np.ndarray]]:
-    """(the GPT, its tokenizer, the meta, every array) of the checkpoint that train.py wrote in folder.
-    A CheckpointError says why where the files do not make that model (another configuration's weights)."""
-    arrays, meta = load(folder)
+    """(the GPT, its tokenizer, the meta, every array) of the checkpoint that train.py wrote in folder. A
+    CheckpointError, in one line that names the file and the field, where the files do not make that model."""
+    arrays, meta, path = read(folder)
     try:
-        config = GPTConfig.from_dict(meta["config"])
-        tokenizer = tokenizer_from(meta["tokenizer"])
-        weights = {name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")}
+        meta.get("step", int, check=count)
+        meta.get("preset", str)
+        read_rows(meta)
+        config = read_config(meta)
+        _, tokenizer = read_tokenizer(meta, config)
+    except FieldError as err:
+        raise CheckpointError(str(err)) from None
+    weights = check_weights(arrays, config, path)
+    try:
         model = GPT(config, weights)
-    except (KeyError, TypeError, ValueError) as err:
+    except (ValueError, TypeError, AttentionMemoryError) as err:
         raise CheckpointError(f"the checkpoint in {folder} does not make its model: {err}") from None
-    if tokenizer.vocab_size != config.vocab:
-        raise CheckpointError(
-            f"the checkpoint in {folder} has a tokenizer of {tokenizer.vocab_size} tokens for a model of {config.vocab}"
-        )
-    return model, tokenizer, meta, arrays
+    return model, tokenizer, meta.values, arrays
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -123,7 +228,7 @@ class Row:
     val_loss: float
     lr: float | None
     tokens_per_s: float | None
-    seconds: float  # this session's steps, in all
+    seconds: float  # the steps' time in all, the sessions before a --resume included
 
 
 @dataclass
@@ -139,6 +244,7 @@ class Run:
     rng: np.random.Generator  # the batches': where the data stands
     dropout_rng: np.random.Generator
     step: int = 0  # steps taken
+    seconds: float = 0.0  # their time in all, the sessions before a --resume included
     history: list[tuple[int, float]] = field(default_factory=list)  # (step, training loss) of every step
     rows: list[Row] = field(default_factory=list)  # one per validation
     out: str | None = None  # the folder its checkpoints go to (--out)
@@ -154,6 +260,7 @@ def save_run(folder: str, run: Run) -> None:
     data = {"source": run.data.source, "fingerprint": run.data.fingerprint, "validation": run.data.validation}
     meta = {
         "step": run.step,
+        "seconds": run.seconds,
         "preset": run.preset,
         "config": run.model.config.to_dict(),
         "settings": asdict(run.settings),
@@ -169,10 +276,14 @@ def save_run(folder: str, run: Run) -> None:
 
 @dataclass
 class Saved:
-    """A run's checkpoint read back: what --resume continues, or what --init-from starts a new run from."""
+    """A run's checkpoint read back and checked: what --resume continues, or what --init-from starts a new run
+    from. Every field of checkpoint.json of its type, the settings within the flags' caps, every array the model
+    and AdamW need of its shape and dtype: a checkpoint that is not whole is refused before any step."""
 
     folder: str
+    npz: Path  # the arrays' file
     step: int
+    seconds: float  # the steps' time in all
     preset: str
     config: GPTConfig
     tokenizer: dict[str, Any]  # as Tokenizer.describe() wrote it
@@ -189,29 +300,36 @@ class Saved:
 
     @staticmethod
     def read(folder: str) -> Saved:
-        """The checkpoint that train.py wrote in folder; a CheckpointError says why where it is none."""
-        arrays, meta = load(folder)
+        """The checkpoint that train.py wrote in folder; a CheckpointError, in one line naming the file and the
+        field, says why where it is none."""
+        arrays, meta, npz = read(folder)
         try:
-            data = meta["data"]
-            return Saved(
+            config, rows = read_config(meta), [Row(**row) for row in read_rows(meta)]
+            data = meta.object("data")
+            saved = Saved(
                 folder=folder,
-                step=meta["step"],
-                preset=meta["preset"],
-                config=GPTConfig.from_dict(meta["config"]),
-                tokenizer=meta["tokenizer"],
-                given=meta["settings"]["given"],
-                source=data["source"],
-                fingerprint=data["fingerprint"],
-                validation=data["validation"],
-                rows=[Row(**row) for row in meta["rows"]],
-                rng=meta["rng"],
-                dropout_rng=meta["dropout_rng"],
-                params={name.removeprefix("param."): a for name, a in arrays.items() if name.startswith("param.")},
+                npz=npz,
+                step=meta.get("step", int, check=count),
+                seconds=meta.get("seconds", float, default=rows[-1].seconds if rows else 0.0),  # the rows' before
+                preset=meta.get("preset", str, check=preset_name),
+                config=config,
+                tokenizer=read_tokenizer(meta, config)[0],
+                given=read_given(meta),
+                source=data.get("source", str),
+                fingerprint=data.get("fingerprint", str),
+                validation=data.get("validation", float, check=lambda value: fraction(repr(value))),
+                rows=rows,
+                rng=meta.get("rng", str, check=generator_state),
+                dropout_rng=meta.get("dropout_rng", str, check=generator_state),
+                params=check_weights(arrays, config, npz),
                 adamw={name.removeprefix("adamw."): a for name, a in arrays.items() if name.startswith("adamw.")},
-                history=[(int(step), float(loss)) for step, loss in arrays["history"]],
+                history=read_history(arrays, npz),
             )
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"the checkpoint in {folder} is not a training run's: {err}") from None
+            meta.get("seed", int, check=count)
+        except FieldError as err:
+            raise CheckpointError(str(err)) from None
+        check_moments(arrays, saved.params, npz)
+        return saved
 
 
 def resumed(args: argparse.Namespace) -> Saved | None:
@@ -258,7 +376,11 @@ def check_preset(args: argparse.Namespace, saved: Saved) -> None:
 def restore(run: Run, saved: Saved) -> None:
     """The run as the checkpoint left it: AdamW's moments and step count, both generators, the step, the rows
     and every step's loss (the weights came with the model)."""
-    run.optimizer.load_state_dict(saved.adamw)
+    try:
+        run.optimizer.load_state_dict(saved.adamw)  # its scalars checked, and nothing changed if one is wrong
+    except (ValueError, TypeError) as err:
+        raise CheckpointError(f"{saved.npz}: AdamW's state (the arrays adamw.*): {err}") from None
     run.rng, run.dropout_rng = rng_from(saved.rng), rng_from(saved.dropout_rng)
     run.step = run.saved_step = saved.step
+    run.seconds = saved.seconds
     run.rows, run.history = list(saved.rows), list(saved.history)

@@ -245,9 +245,12 @@ def print_generation(rows: list[dict], args: argparse.Namespace) -> None:
     first, last = rows[0], rows[-1]
     growth = last["context"] / first["context"]
     if first["cached_ms"] and last["cached_ms"] and first["recompute_ms"] and last["recompute_ms"]:
+        steps = (
+            f"cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
+            f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}"
+        )
         print(
-            f"  context x{growth:.1f}: cached step x{last['cached_ms'] / first['cached_ms']:.1f}, "
-            f"recompute step x{last['recompute_ms'] / first['recompute_ms']:.1f}, "
+            f"  context x{growth:.1f}: {machine.concluded(rows, steps)}, "
             f"cached peak x{last['cached_peak'] / first['cached_peak']:.1f}, "
             f"recompute peak x{last['recompute_peak'] / first['recompute_peak']:.1f}"
         )

@@ -48,7 +48,6 @@ from tinyattn_np.report import (
     nonnegative_seed,
     positive,
     table_width,
-    text_table,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
@@ -245,8 +244,10 @@ def ratio_text(value: float, target: float, judged: bool = True) -> str:
     return f"{value:.2f}x" + (f" (<= {target}: {'met' if value <= target else 'MISSED'})" if judged else "")
 
 
-def target_text(name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
-    flash, batch, judged = rows["_flash"]["s"], rows["_batch"]["s"], args.tokens == TARGET_TOKENS
+def target_text(
+    name: str, row: dict[str, Any], rows: dict[str, dict[str, Any]], args: argparse.Namespace, judged: bool
+) -> str:
+    flash, batch = rows["_flash"]["s"], rows["_batch"]["s"]
     if name == "causal":
         return "flex/flash " + ratio_text(row["flex s"] / flash, TARGETS["causal"], judged)
     if name in ("alibi", "softcap"):
@@ -265,7 +266,9 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     headers = ["pattern", "tiles run", "mask s", "flex s", "flex peak", "ref s", "ref peak", "SDPA s", "SDPA peak"]
     headers += ["torch flex s", "torch RSS peak", "flex/torch flex", "GFLOP/s"]
     measured = [row for name, row in rows.items() if not name.startswith("_")]
-    body = [table_cells(row, args.tokens == TARGET_TOKENS) for row in measured]
+    busy = any(row.get("busy") for row in measured)
+    judged = args.tokens == TARGET_TOKENS and not busy  # a target is judged at its size, on a quiet machine
+    body = [table_cells(row, judged) for row in measured]
     # the torch columns with --torch
     keep = range(len(headers)) if args.torch else [*range(7), len(headers) - 1]
     headers, body = [headers[i] for i in keep], [[line[i] for i in keep] for line in body]
@@ -282,8 +285,10 @@ def print_table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> No
     )
     if args.tokens != TARGET_TOKENS:
         print(f"the targets are set for T = {TARGET_TOKENS:,}: at T = {args.tokens:,} the ratios are shown, not judged")
+    elif busy:
+        print(f"the targets: {machine.NO_CONCLUSION}; the ratios are shown, not judged")
     for name, row in rows.items():
-        if not name.startswith("_") and (text := target_text(name, row, rows, args)):
+        if not name.startswith("_") and (text := target_text(name, row, rows, args, judged)):
             print(f"{name}: {text}")
     which = "the baseline's" if args.baseline else "this version's"
     print(
@@ -339,7 +344,8 @@ def varlen_row(args: argparse.Namespace, documents: int) -> dict[str, Any]:
     if not diff <= 1e-5:
         sys.exit(f"error: packed documents and the batch disagree at {documents} documents: max |diff| {diff:.3g}")
     outputs.progress(f"timing {documents} packed documents and the batch, {args.repeats} calls each")
-    return {"documents": documents, "tokens": tokens, **round_robin(calls, args.repeats)}
+    times = round_robin(calls, args.repeats)
+    return {"documents": documents, "tokens": tokens, **times, "busy": machine.busy_reasons()}
 
 
 def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -347,11 +353,12 @@ def print_varlen(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     shorter documents share tiles when packed, and the batch runs smaller ones."""
     body = []
     for row in rows:
-        ratio, judged = row["packed"] / row["batch"], row["tokens"] >= DEFAULT_BLOCK_Q
+        ratio, judged = row["packed"] / row["batch"], row["tokens"] >= DEFAULT_BLOCK_Q and not row.get("busy")
         text = ratio_text(ratio, TARGETS["packed vs batch"]) if judged else f"{ratio:.2f}x (not judged)"
-        body.append([row["documents"], row["tokens"], cell(row["packed"]), cell(row["batch"]), text])
+        body.append([str(row["documents"]), str(row["tokens"]), cell(row["packed"]), cell(row["batch"]), text])
     headers = ["documents", "tokens each", "packed s", "batch s", "packed/batch"]
-    print(text_table(body, headers, fmt=args.format))
+    label = lambda row: f"{row['documents']} documents"  # noqa: E731
+    print(machine.marked_table(body, rows, headers, args.format, label))  # a busy row is marked, not judged
     if any(row["tokens"] < DEFAULT_BLOCK_Q for row in rows):
         print(
             f"documents shorter than a tile ({DEFAULT_BLOCK_Q} tokens) share tiles when packed: the target "

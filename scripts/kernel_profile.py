@@ -43,16 +43,16 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
     unit, units = ("tile step", "tile steps") if per_step else ("tile of one head", "tiles of one head")
     print(
         f"\n{name}: T={args.tokens:,}, {args.heads} heads x {args.head_dim}, {args.dtype}, "
-        f"{'causal' if not args.no_causal else 'no mask'}; {tile}; {tiles:,} {units} on one worker; each part the "
-        f"least of {args.repeats} runs"
+        f"{'causal' if not args.no_causal else 'no mask'}; {tile};\n  {tiles:,} {units} on one worker; each part "
+        f"the least of {args.repeats} runs"
     )
     body = [[part, 1e3 * parts[part] / tiles, parts[part], f"{parts[part] / total:.0%}"] for part in (*PARTS, PYTHON)]
     body.append(["in all", 1e3 * total / tiles, total, "100%"])
     print(table(body, ["part", f"µs per {unit}", "ms in all", "share"], fmt=args.format, floatfmt=".1f"))
     gflops, rate = row["flops"] / parts[MATMULS] / 1e6, row["matmul_gflops"]
     print(
-        f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048 x 2048 {args.dtype} matmul on one BLAS "
-        f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats}); the kernel itself: "
+        f"matmuls: {gflops:.1f} GFLOP/s, {gflops / rate:.0%} of a 2048² {args.dtype} matmul on one BLAS "
+        f"thread beside them ({rate:.1f} GFLOP/s, the best of {args.repeats});\n  the kernel itself: "
         f"{row['kernel_ms']:.1f} ms on one worker, {row['all_workers_ms']:.1f} ms on {plan.workers}; the profile's "
         f"copy gives the kernel's bits: {'yes' if row['same_bits'] else 'NO'}"
     )
@@ -68,6 +68,9 @@ def profile_main(args: argparse.Namespace) -> int:
     stopped = interrupts.measure_each(profiles, lambda name: (name, profiles[name](args, qkv)), rows)
     for name, row in rows:
         print_profile(name, row, args)
+    busy = machine.busy_reasons()  # the tables and their matmul rates, measured beside other work
+    if busy:
+        print(f"* measured on a busy machine: compare these figures with care ({'; '.join(busy)})")
     done = dict(rows)
     if args.json:
         outputs.write_json(args.json, {"machine": info, "args": vars(args), **done}, stopped)

@@ -137,9 +137,11 @@ def print_prefill(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
     headers = ["T", "chunks", "recurrent", "torch", "flash", "GFLOP", "at rate", "chunks / rate", "chunks / torch"]
     print(machine.marked_table(body, rows, headers, args.format))
     for row in rows:
-        print(f"   T = {row['tokens']:,}: chunks {row['recurrent_ms'] / row['chunks_ms']:.1f}x faster than the "
-              f"recurrence; flash attention {row['flash_ms'] / row['chunks_ms']:.2f}x the chunks' time "
-              f"({row['flash_flops'] / 1e9:.1f} GFLOP)")  # fmt: skip
+        said = (
+            f"chunks {row['recurrent_ms'] / row['chunks_ms']:.1f}x faster than the recurrence; flash attention "
+            f"{row['flash_ms'] / row['chunks_ms']:.2f}x the chunks' time ({row['flash_flops'] / 1e9:.1f} GFLOP)"
+        )
+        print(f"   T = {row['tokens']:,}: {machine.concluded([row], said)}")
 
 
 def measure_chunk_size(C: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
@@ -224,7 +226,7 @@ def print_decode(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simp
     state, token = 2 * args.heads * args.head_dim**2 * 4, 2 * args.heads * args.head_dim * 4  # bytes
     print(f"   bytes: the KV cache ({format_bytes(token)} a token) passes the state's read and write "
           f"({format_bytes(state)}) at S = {state // token:,}")  # fmt: skip
-    print(f"   time: {crossing(rows)}")
+    print(f"   time: {machine.concluded(rows, crossing(rows))}")
 
 
 def crossing(rows: list[dict[str, Any]]) -> str:

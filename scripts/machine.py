@@ -1,6 +1,7 @@
 """The machine a figure is measured on, and the code that measured it: the header every benchmark prints (the
 CPU, its BLAS, the code's commit), the matmul rate now, a timing that starts once other libraries' threads
-have gone to sleep, and the busy-machine check that marks a row measured beside other work.
+have gone to sleep, and the busy-machine check that marks a row measured beside other work (a load above the
+core count, or a matmul rate that moved), from which no conclusion is drawn (concluded).
 
 A script imports it as the module `machine`, as it does its other neighbours in scripts/:
 
@@ -115,6 +116,16 @@ def busy_reasons(rate: float | None = None, first_rate: float | None = None) -> 
     if load is not None and round(load, 1) > cores:  # as printed: "2.0 on 2 cores" is not over
         reasons.append(f"load average {load:.1f} on {cores} cores")
     return reasons
+
+
+NO_CONCLUSION = "no conclusion drawn: measured on a busy machine (*)"
+
+
+def concluded(rows: list[dict[str, Any]], text: str) -> str:
+    """A conclusion drawn from rows (a ratio judged, a fastest, a growth, a target met): text where no row was
+    measured on a busy machine, else NO_CONCLUSION. A busy row's figures are printed, marked; nothing is
+    concluded from them."""
+    return NO_CONCLUSION if any(row.get("busy") for row in rows) else text
 
 
 def mark_busy(body: list[list[str]], rows: list[dict[str, Any]]) -> list[list[str]]:

@@ -117,8 +117,10 @@ def worked_example_table(rows: list[dict[str, Any]], fmt: str) -> str:
 # --- 2) the quadratic bill of the tiny model, and our two paths -----------------------------------
 
 
-def tiny_table_rows(workers: int) -> list[dict[str, Any]]:
-    """Section 2: score matrix bytes (fp32, fp16) and our estimated peaks, causal, fp32, 1 sequence."""
+def tiny_table_rows() -> list[dict[str, Any]]:
+    """Section 2: score matrix bytes (fp32, fp16) and our estimated peaks, causal, fp32, 1 sequence; flash's
+    with flash_attention()'s default workers (workers=None), as a call with no workers= runs and as scaling.py's
+    "(est.)" column counts them."""
     sizes = dict(heads=TINY_HEADS, head_dim=TINY_HEAD_DIM, causal=True)
     return [
         {
@@ -126,7 +128,7 @@ def tiny_table_rows(workers: int) -> list[dict[str, Any]]:
             "scores_fp32_bytes": score_matrix_bytes(n, heads=TINY_HEADS, dtype="fp32"),
             "scores_fp16_bytes": score_matrix_bytes(n, heads=TINY_HEADS, dtype="fp16"),
             "naive_peak_fp32_bytes": naive_attention_bytes(n, dtype="fp32", **sizes),
-            "flash_peak_fp32_bytes": flash_attention_bytes(n, dtype="fp32", workers=workers, **sizes),
+            "flash_peak_fp32_bytes": flash_attention_bytes(n, dtype="fp32", workers=None, **sizes),
         }
         for n in TINY_TOKENS
     ]
@@ -385,13 +387,13 @@ def load_models(args: argparse.Namespace) -> tuple[list[ModelShape], list[ModelS
 def bill(args: argparse.Namespace, models: list[ModelShape], side: list[ModelShape], ring_model: ModelShape
          ) -> dict[str, Any]:  # fmt: skip
     """Every figure of the six sections, as plain numbers (the JSON of --json)."""
-    workers = os.cpu_count() or 1  # flash_attention's default
+    cores = os.cpu_count() or 1  # flash_attention's default workers: one per core, at most one per 2^18 scores
     bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
     return {
         "worked_example": worked_example(),
         "tiny_model": {
-            "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "workers": workers,
-            "rows": tiny_table_rows(workers),
+            "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "cores": cores,
+            "rows": tiny_table_rows(),
         },
         "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
         "long_context": long_context_rows(),
@@ -403,18 +405,17 @@ def bill(args: argparse.Namespace, models: list[ModelShape], side: list[ModelSha
 
 def print_first_sections(report: dict[str, Any], args: argparse.Namespace) -> None:
     """Sections 1 and 2: the worked example, and the tiny model's score matrix beside our two peaks."""
-    workers = report["tiny_model"]["workers"]
+    cores = report["tiny_model"]["cores"]
     print('1) The score matrix at n = 8,192 ("Attention From Scratch"): fp16, batch 1')
     print(worked_example_table(report["worked_example"], args.format))
     print()
     print(f'2) The tiny model ("Train a Tiny GPT at Home"): 1 sequence, {TINY_HEADS} heads of {TINY_HEAD_DIM}, causal;')
+    print(f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32), checked against")
+    print("   tracemalloc up to T = 4,096 (tests/test_peaks.py); flash's with flash_attention()'s default workers, as")
     print(
-        f"   scores = {TINY_HEADS}·T² elements. The peaks estimate what our code allocates (fp32, {workers} workers);"
+        f"   scaling.py's (est.) column: one per core ({cores} here) but at most one per 2^18 scores, fewer at small T."
     )
-    print("   tests/test_peaks.py checks them against tracemalloc up to T = 4,096.")
-    print(f"   flash_attention()'s peak depends on the core count: each of its workers (default: one per core, "
-          f"{workers} here)")  # fmt: skip
-    print("   holds its own score tile. The score columns and attention()'s peak are the same on any machine.")
+    print("   Each worker holds its own score tile: the flash column depends on the core count, the others do not.")
     print(tiny_table(report["tiny_model"]["rows"], args.units, args.format))
 
 

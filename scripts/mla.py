@@ -266,7 +266,7 @@ def print_rows(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simple
             said.append(f"naive {row['naive']['ms'] / row['absorbed']['ms']:.2f}x absorbed")
         else:
             said.append(f"naive not run: {row['naive_skipped']}")
-        print(f"   S = {row['context']:,}: {'; '.join(said)}")
+        print(f"   S = {row['context']:,}: {machine.concluded([row], '; '.join(said))}")
 
 
 # ---------------------------------------------------------------------------------------------------

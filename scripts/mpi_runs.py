@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import outputs
 
 from tinyattn_np.mpi_job import idle_wait, load_mpi
 from tinyattn_np.shards import shard
@@ -29,13 +30,13 @@ def setup(
     script: str,
 ) -> tuple[Any, argparse.Namespace] | int:
     """(MPI.COMM_WORLD, the flags), checked on every rank; or the exit code where they cannot run: mpi4py
-    missing (--help and bad flags still answer), or too_large(args, ranks), asked on rank 0 alone, says why."""
+    missing (--help and bad flags still answer; then exit 2, outputs.needs), or too_large(args, ranks), asked
+    on rank 0 alone, says why."""
     try:
         comm = load_mpi().COMM_WORLD
     except ImportError as err:
         parse_args(argv)
-        print(f"{script} {err}", file=sys.stderr)
-        return 2
+        outputs.needs(f"{err}")
     rank = comm.Get_rank()
     # only rank 0 speaks: the others parse the same flags quietly, and fail the same way
     quiet = io.StringIO()

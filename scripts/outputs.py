@@ -1,6 +1,7 @@
 """What a script writes besides its tables: progress lines on stderr (stdout holds only the tables), --json
 PATH and --plot PATH, each checked before the run starts, so that a path that cannot be written fails first,
-not after minutes of measuring; and a picture that git tracks is replaced only on purpose (--overwrite)."""
+not after minutes of measuring; a picture that git tracks is replaced only on purpose (--overwrite); and
+the one rule for an optional package that is missing: one line, exit 2 (needs)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from machine import code_version
+
+MISSING_DEPENDENCY = 2  # the exit code of a flag whose optional package is not installed: argparse's, a usage error
+
+
+def needs(message: str) -> NoReturn:
+    """A flag (or a script) that needs an optional package which is not installed: one line on stderr, the
+    script's name first as argparse writes it, and exit MISSING_DEPENDENCY, in every script alike."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(MISSING_DEPENDENCY)
 
 
 def progress(message: str) -> None:
@@ -34,9 +44,14 @@ def check_output(p: argparse.ArgumentParser, flag: str, path: str | None) -> Non
 
 
 def write_json(path: str, figures: dict[str, Any], stopped: bool = False) -> None:
-    """Every figure, the code version and whether Ctrl-C cut the run short, as JSON at path."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump({**figures, "code": code_version(), "interrupted": stopped}, f, indent=2, default=str)
+    """Every figure, the code version and whether Ctrl-C cut the run short, as JSON at path. A file that cannot
+    be written (a full disk) ends the program with one line (exit 1), the tables printed before it kept."""
+    text = json.dumps({**figures, "code": code_version(), "interrupted": stopped}, indent=2, default=str)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as err:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: error: --json {path}: cannot write it ({err.strerror or err})")
     print(f"figures written to {path}")
 
 
@@ -71,4 +86,4 @@ def check_plot(p: argparse.ArgumentParser, path: str | None, overwrite: bool) ->
     try:
         import matplotlib  # noqa: F401  (only to know now that the plot can be drawn)
     except ImportError:
-        p.error("--plot needs matplotlib: pip install -e '.[plot]'")
+        needs("--plot needs matplotlib: pip install -e '.[plot]'")

@@ -22,25 +22,29 @@ import argparse
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tinyattn_np.report import add_seed_and_format
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
-import checkpoint  # noqa: E402
+import os_tweaks
+
+if __name__ == "__main__":  # train.py's settings of a program, made before NumPy loads (os_tweaks.py says why)
+    os_tweaks.speed_up()
+# ruff: noqa: E402  (the imports below come after that setting on purpose)
+import checkpoint
 import interrupts
 import machine
+import numpy as np
 import outputs
-import text_data  # noqa: E402
+import text_data
 
-from tinyattn_np.report import fold_lines, positive  # noqa: E402
-from tinyattn_np.sampling import generate  # noqa: E402
+from tinyattn_np.report import add_seed_and_format, fold_lines, positive
+from tinyattn_np.sampling import generate
 
 MAX_TOKENS = 100_000
 MAX_SAMPLES = 1_000
+MAX_PROMPT_BYTES = 100_000  # a prompt runs through the model whole before the first new token: past this, minutes
 
 
 def top_p(text: str) -> float:
@@ -152,6 +156,12 @@ def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
     if args.prompt is None and args.prompt_file is None:
         return text_data.default_prompt(tokenizer)[0]
     flag = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
+    size = len(args.prompt.encode("utf-8")) if args.prompt_file is None else file_size(args.prompt_file)
+    if size > MAX_PROMPT_BYTES:
+        raise text_data.DataError(
+            f"{flag} holds {size:,} bytes; a prompt may hold at most {MAX_PROMPT_BYTES:,} (the whole prompt runs "
+            "through the model before the first new token): give its last part"
+        )
     text = args.prompt if args.prompt_file is None else text_data.read_utf8(Path(args.prompt_file), "--prompt-file")
     try:
         prompt = tokenizer.encode(text)
@@ -160,6 +170,14 @@ def encoded_prompt(tokenizer: Any, args: argparse.Namespace) -> np.ndarray:
     if len(prompt) == 0:
         raise text_data.DataError(f"{flag} must hold at least one token; got an empty text")
     return prompt
+
+
+def file_size(path: str) -> int:
+    """The size of the file at path in bytes (0 where it cannot be read: reading it then says why)."""
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,16 +189,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sample.py: error: {err}", file=sys.stderr)
         return 2
     c = model.config
-    if args.compare:  # a timing to compare: which machine and which code printed it
-        print(machine.header()[1])
+    if args.compare:  # a timing to compare: which machine and which code printed it, and the BLAS setting
+        print(f"{machine.header()[1]}\n{os_tweaks.describe()}")
     print(f"checkpoint: {args.checkpoint}")  # a line of its own: a path may be long
     print(
         f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
         f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}"
     )
     runs = {}
-    for use_cache in [True, False] if args.compare else [not args.no_cache]:
-        runs[use_cache] = timed_generation(model, prompt, args, use_cache)
+    try:
+        with warnings.catch_warnings():  # NumPy's overflow warnings: the one error below says what went wrong
+            warnings.filterwarnings("ignore", r"(overflow|invalid value) encountered", RuntimeWarning)
+            for use_cache in [True, False] if args.compare else [not args.no_cache]:
+                runs[use_cache] = timed_generation(model, prompt, args, use_cache)
+    except ValueError as err:  # logits no token can be drawn from: weights that overflow, say
+        print(f"sample.py: error: {err}", file=sys.stderr)
+        return 1
     texts = [tokenizer.decode(np.concatenate([prompt, row])) for row in next(iter(runs.values()))["tokens"]]
     print(
         f"temperature {args.temperature:g}, top-k {args.top_k or '-'}, top-p {args.top_p or '-'}, seed {args.seed} "
@@ -192,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     busy = machine.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")
-    code = compared(runs, args) if args.compare else 0
+    code = compared(runs, args, busy) if args.compare else 0
     if args.json:
         figures = {
             "args": vars(args),
@@ -209,9 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace) -> int:
-    """--compare's last line: how much faster the cache was, and whether both ways drew the same tokens; the
-    exit code, 1 where greedy decoding (which has no boundary to fall on) drew different ones."""
+def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace, busy: list[str]) -> int:
+    """--compare's last line: how much faster the cache was (on a quiet machine: nothing is concluded from
+    times taken on a busy one), and whether both ways drew the same tokens; the exit code, 1 where greedy
+    decoding (which has no boundary to fall on) drew different ones."""
     cached, recomputed = runs[True], runs[False]
     differ = first_difference(cached["tokens"], recomputed["tokens"])
     agree = f"the two agree on all {args.samples * args.tokens:,} tokens"
@@ -221,7 +246,8 @@ def compared(runs: dict[bool, dict[str, Any]], args: argparse.Namespace) -> int:
         agree = (
             f"the two agree on the first {token:,} tokens{where}, then differ (a draw within rounding of a boundary)"
         )
-    print(f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster; {agree}")
+    faster = f"the cache is {recomputed['seconds'] / cached['seconds']:.1f}x faster"
+    print(f"{machine.concluded([{'busy': busy}], faster)}; {agree}")
     return 0 if differ is None or args.temperature > 0 else 1
 
 

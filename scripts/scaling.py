@@ -252,7 +252,7 @@ def print_results(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
     """The table, the growth per doubling, what 'of matmul' means, and the plot (of a run not cut short)."""
     print_table(rows, args, run.causal)
     naive, flash = benchmark.growth_line(rows, "naive_ms"), benchmark.growth_line(rows, "flash_ms")
-    print(f"time growth per doubling: naive {naive}; flash {flash}")
+    print(f"time growth per doubling: {machine.concluded(rows, f'naive {naive}; flash {flash}')}")
     print(
         "useful FLOPs = 2·(E + Ev) per unmasked score (QKᵀ and PV); 'of matmul' = flash GFLOP/s / the GFLOP/s of\n"
         f"one 2048 x 2048 {args.dtype} matmul measured just before that row (same BLAS threads): the share of this\n"

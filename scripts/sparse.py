@@ -242,7 +242,8 @@ def print_speed(result: dict[str, Any], args: argparse.Namespace) -> None:
     ]:  # fmt: skip
         at_rate = flops / r.turns_gflops / 1e6  # ms
         ratio = (ms / target if target else ms / at_rate) if against else None
-        verdict = ["", ""] if ratio is None else [f"{ratio:.2f}x", _verdict(ratio)]
+        judged = "not judged (*)" if result.get("busy") else _verdict(ratio or 0.0)  # no verdict from a busy row
+        verdict = ["", ""] if ratio is None else [f"{ratio:.2f}x", judged]
         body.append([name, f"{ms:,.0f}", f"{flops / 1e9:,.1f}", f"{flops / ms / 1e6:,.1f}", f"{ms / at_rate:.2f}x",
                      against, *verdict])  # fmt: skip
     rows = [dict(result, call="the checks"), {}, {}]  # measured together: one note for all

@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import limits
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: README.md and docs/ sit there
 TOKENIZERS_HINT = "pip install -e '.[tokenizers]'"
+CHUNK = 2**16  # characters encoded at a time: the encoders' arrays besides the tokens stay this small
 
 
 class DataError(ValueError):
@@ -51,14 +53,26 @@ class CharTokenizer:
         return CharTokenizer("".join(sorted(set(text))))
 
     def encode(self, text: str) -> np.ndarray:
+        """The ids of text's characters (n,), CHUNK characters at a time: each chunk's code points looked up
+        in the sorted code points of the vocabulary, so that the peak is the int32 ids and one chunk's arrays."""
+        points = np.array([ord(c) for c in self.chars], dtype=np.uint32)  # (V,), ascending: chars is sorted
+        ids = np.empty(len(text), dtype=np.int32)  # (n,)
+        for start in range(0, len(text), CHUNK):
+            chunk = np.frombuffer(text[start : start + CHUNK].encode("utf-32-le"), dtype="<u4")  # (chunk,)
+            found = np.searchsorted(points, chunk).clip(max=max(len(points) - 1, 0))  # (chunk,)
+            if len(points) == 0 or (points[found] != chunk).any():
+                self.refuse(text)
+            ids[start : start + len(chunk)] = found
+        return ids
+
+    def refuse(self, text: str) -> None:
+        """The DataError that names the characters of text that the vocabulary lacks."""
         missing = sorted(set(text) - self.ids.keys())
-        if missing:
-            shown = ", ".join(repr(c) for c in missing[:10]) + (f", {len(missing) - 10} more" if missing[10:] else "")
-            raise DataError(
-                f"the text has {len(missing)} character(s) that the vocabulary lacks: {shown}; the vocabulary is the "
-                f"{self.vocab_size} characters of the training text: {''.join(self.chars)!r}"
-            )
-        return np.array([self.ids[c] for c in text], dtype=np.int32)  # (n,)
+        shown = ", ".join(repr(c) for c in missing[:10]) + (f", {len(missing) - 10} more" if missing[10:] else "")
+        raise DataError(
+            f"the text has {len(missing)} character(s) that the vocabulary lacks: {shown}; the vocabulary is the "
+            f"{self.vocab_size} characters of the training text: {''.join(self.chars)!r}"
+        )
 
     def decode(self, ids: Any) -> str:
         return "".join(self.chars[i] for i in ids)
@@ -74,7 +88,15 @@ class ByteTokenizer:
     vocab_size = 256
 
     def encode(self, text: str) -> np.ndarray:
-        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)  # (n,)
+        """The UTF-8 bytes of text as ids (n bytes,), CHUNK characters at a time (the peak: the ids, a chunk)."""
+        chunks = range(0, len(text), CHUNK)
+        ids = np.empty(sum(len(text[i : i + CHUNK].encode("utf-8")) for i in chunks), dtype=np.int32)  # (n,)
+        done = 0
+        for start in chunks:
+            chunk = np.frombuffer(text[start : start + CHUNK].encode("utf-8"), dtype=np.uint8)  # (bytes,)
+            ids[done : done + len(chunk)] = chunk
+            done += len(chunk)
+        return ids
 
     def decode(self, ids: Any) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
@@ -137,6 +159,22 @@ def tokenizer_of(choice: str | None, text: str, saved: dict[str, Any] | None, fo
                 "leave --tokenizer out to go on with the checkpoint's"
             )
     return tokenizer_from(saved)
+
+
+def encoding_memory(text: str, tokenizer: Tokenizer) -> int:
+    """The most memory that tokenizer.encode(text) takes, in bytes, by arithmetic: the int32 ids (a token a
+    character, or a byte, at most 4 a character) and one chunk's arrays. A tokenizer.json is bounded likewise
+    by 4 bytes a character, the `tokenizers` package's own memory aside."""
+    bytes_per_character = 1 if isinstance(tokenizer, CharTokenizer) or text.isascii() else 4  # UTF-8's, at most
+    return 4 * bytes_per_character * len(text) + 32 * CHUNK  # int32 ids; a chunk's code points and lookups
+
+
+def check_encoding(text: str, tokenizer: Tokenizer, where: str) -> None:
+    """Refuse, before it starts, an encoding of text whose ids would not fit this machine's memory."""
+    needed, detail = encoding_memory(text, tokenizer), f" ({where}: {len(text):,} characters)"
+    problem = limits.memory_problem(needed, "encoding the text into tokens", "give a shorter text", detail)
+    if problem:
+        raise DataError(problem)
 
 
 def default_prompt(tokenizer: Tokenizer) -> tuple[np.ndarray, str]:

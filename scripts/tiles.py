@@ -193,9 +193,10 @@ def print_sweep(rows: list[dict[str, Any]], args: argparse.Namespace, run: Any) 
     label = lambda r: f"{r['side']} x {r['side']}, {per_step(r['per_step'])}"  # noqa: E731
     print(machine.marked_table(body, rows, headers, args.format, label, floatfmt=".1f", width=table_width(args)))
     best = min(rows, key=lambda r: r[f"ms_{cores}"])
+    fastest = f"{best['side']} x {best['side']}, {per_step(best['per_step'])} ({best[f'ms_{cores}']:.1f} ms"
+    fastest += f" on {cores} workers)"
     print(
-        f"fastest here: {best['side']} x {best['side']}, {per_step(best['per_step'])} "
-        f"({best[f'ms_{cores}']:.1f} ms on {cores} workers);\nthe default at this shape on this machine: "
+        f"fastest here: {machine.concluded(rows, fastest)};\nthe default at this shape on this machine: "
         f"{default[0]} x {default[1]}, {per_step(default[2])};\non 16 cores: {sixteen[0]} x {sixteen[1]}, "
         f"{per_step(sixteen[2])} (tune.default_tiles)"
     )

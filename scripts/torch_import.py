@@ -4,20 +4,21 @@ line that installs its CPU build (TORCH_INSTALL_HINT, the only place that line i
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
+
+import outputs
 
 TORCH_INSTALL_HINT = "bash torch_crosscheck/install_torch_cpu.sh"  # torch 2.13.0+cpu, never the CUDA build
 
 
 def load_torch(threads: int | None = None, flag: str = "--torch") -> tuple[Any, Any]:
-    """(torch, torch.nn.functional) on `threads` threads (default: every core); exit with the install
-    line where torch is missing."""
+    """(torch, torch.nn.functional) on `threads` threads (default: every core); where torch is missing, the
+    install line and exit 2 (outputs.needs: every script's rule for a missing optional package)."""
     try:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        sys.exit(f"error: {flag} needs torch; install its CPU build with: {TORCH_INSTALL_HINT}")
+        outputs.needs(f"{flag} needs torch; install its CPU build with: {TORCH_INSTALL_HINT}")
     torch.set_num_threads(threads or os.cpu_count() or 1)
     return torch, F
 

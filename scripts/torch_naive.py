@@ -143,7 +143,8 @@ def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
     speedups = [x for r in rows if (x := benchmark.ratio(r["torch_naive_ms"], r["torch_ms"])) is not None]
     if speedups:
         low, high = faster(min(speedups)), faster(max(speedups))
-        print(f"torch fused is {low if low == high else f'{low} to {high}'} than torch naive here")
+        said = f"torch fused is {low if low == high else f'{low} to {high}'} than torch naive here"
+        print(machine.concluded(rows, said))
     if any(r["torch_naive_ms"] is None or r["naive_ms"] is None for r in rows):
         budget = format_bytes(benchmark.naive_budget(args))
         print(f"'-': skipped, that naive path would need more than the budget of {budget}")

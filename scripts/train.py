@@ -19,12 +19,14 @@ with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K run
 a time, their gradients summed: the same step, with one slice's activations in memory.
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
-fingerprint and the random generators' states) is written at every validation, at the end and on Ctrl-C.
+fingerprint and the random generators' states) is written at every validation, at the end, and on Ctrl-C or
+SIGTERM (kill, a batch scheduler's time limit); --out is checked writable before the first step.
 --resume continues it, to the same bits as a run that was never stopped (the flags given to the run that wrote
 it hold unless given again: a step's settings, --eval-every, --eval-windows). A loss that is not finite (a
 learning rate far too large) stops the run, keeps the last checkpoint as it was and says what to change.
 Under mpiexec, --data-parallel gives each process an equal slice of every batch and averages the gradients
-with one Allreduce: the same losses as one process with the whole batch, to float32 rounding.
+with one Allreduce: the same losses as one process with the whole batch, to float32 rounding. The processes
+agree on the run before the first step (the settings, the text, the vocabulary, the weights), or all refuse.
 
 This file is the loop, to read top to bottom; beside it, train_flags.py (the flags and the presets),
 text_data.py (the text and its batches), checkpoint.py (the run's state on disk), data_parallel.py (the
@@ -56,9 +58,10 @@ import text_data
 import train_flags
 import train_log
 from checkpoint import Run
-from data_parallel import Processes, scaling
+from data_parallel import START_ERRORS, Processes, scaling
 from train_flags import PRESETS, RunError
 
+from tinyattn_np import AttentionMemoryError
 from tinyattn_np.gpt import GPT
 from tinyattn_np.mpi_job import StopTogether
 from tinyattn_np.optim import AdamW, accumulated_grads, clip_grad_norm, warmup_cosine_lr
@@ -74,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.task == "copy":
         return copy_task.run(args)
     processes = Processes.of(args)  # with --data-parallel, this process among mpiexec's; else this one alone
-    try:
-        run = start(args, processes.size)
-    except (text_data.DataError, checkpoint.CheckpointError, RunError) as err:
+    try:  # every process starts the same run, or none starts: a process's error, or a difference, said by rank 0
+        run = processes.start_together(partial(start, args, processes))
+    except START_ERRORS as err:
         if processes.rank == 0:
             print(f"train.py: error: {err}", file=sys.stderr)
         return 2
@@ -91,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     speed = scaling(run, processes, log.step_seconds, train_step) if processes.size > 1 else None  # every rank
     if processes.rank == 0:
         train_log.finish(run, args, log, stop, info, speed)
-    if isinstance(stop, KeyboardInterrupt):
-        return interrupts.INTERRUPTED
+    if isinstance(stop, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (interrupts.Terminated)
+        return interrupts.exit_code(stop)
     return 1 if stop is not None else 0
 
 
@@ -100,9 +103,11 @@ def main(argv: list[str] | None = None) -> int:
 # the start: settings, data, model, optimizer; new, or as a checkpoint left them
 
 
-def start(args: argparse.Namespace, processes: int) -> Run:
+def start(args: argparse.Namespace, processes: Processes) -> Run:
     """The run the flags ask for: new (from --init-from's weights, or random ones) or as --out's checkpoint
-    left it (--resume). A DataError, CheckpointError or RunError says what does not fit."""
+    left it (--resume). A DataError, CheckpointError, SaveError or RunError says what does not fit."""
+    if args.out and processes.rank == 0:  # the process that writes the checkpoints
+        checkpoint.prepare_folder(args.out)  # writable, and cleared of what a killed run left; else a SaveError
     # the settings: each flag given, else as given to the run that wrote the checkpoint, else the preset's
     resumed = checkpoint.resumed(args)  # --out's checkpoint with --resume, else None
     base = resumed or checkpoint.initial(args)  # where the model and the tokenizer come from, if not new
@@ -125,17 +130,22 @@ def start(args: argparse.Namespace, processes: int) -> Run:
         tokenizer.vocab_size,
         settings.dropout,
     )
-    train_flags.check_size(config, settings, processes)  # before anything of the step's size is allocated
+    train_flags.check_size(config, settings, processes.size)  # before anything of the step's size is allocated
+    text_data.check_encoding(text, tokenizer, source)  # the tokens' memory, before they are made
     try:
         tokens = tokenizer.encode(text)  # (n,) token ids
-    except text_data.DataError as err:  # only --init-from's tokenizer can lack what the text holds
-        raise RunError(f"--init-from {args.init_from}: its tokenizer cannot spell {source}: {err}") from None
+    except text_data.DataError as err:  # only a checkpoint's tokenizer can lack what the text holds
+        where = f"--init-from {args.init_from}" if args.init_from else f"the checkpoint in {args.out}"
+        raise RunError(f"{where}: its tokenizer cannot spell {source}: {err}") from None
     validation = resumed.validation if resumed else args.validation or 0.1  # as the checkpoint keeps it
     train_tokens, val_tokens = text_data.split(tokens, config.context, validation, source)
     data = text_data.Data(tokenizer, source, text_data.fingerprint(text), validation, train_tokens, val_tokens)
 
     # the model and AdamW: weight decay on the matrices only, betas (0.9, β2)
-    model = GPT(config, base.params if base else None, rng=args.seed)
+    try:
+        model = GPT(config, base.params if base else None, rng=args.seed)
+    except AttentionMemoryError as err:  # a model whose weights alone do not fit
+        raise RunError(str(err)) from None
     optimizer = AdamW(model.params, lr=settings.lr, betas=(0.9, settings.beta2), weight_decay=settings.weight_decay)
     batches, dropout = np.random.default_rng([args.seed, 1]), np.random.default_rng([args.seed, 2])
     run = Run(preset, settings, model, optimizer, data, args.seed, batches, dropout, out=args.out)
@@ -150,14 +160,15 @@ def start(args: argparse.Namespace, processes: int) -> Run:
 
 def train(run: Run, processes: Processes, log: train_log.Log) -> BaseException | None:
     """Steps until --steps, with a validation and a checkpoint (in --out) every --eval-every steps and at the
-    end. What stopped it early is returned: KeyboardInterrupt (after a checkpoint of where it stopped) or
-    NonFiniteLoss (the last checkpoint kept as it is). Under --data-parallel a failure on one process ends
-    every process, and Ctrl-C stops them all after the same step."""
+    end. What stopped it early is returned: KeyboardInterrupt, or interrupts.Terminated for SIGTERM (after a
+    checkpoint of where it stopped), NonFiniteLoss (the last checkpoint kept as it is) or a SaveError (a
+    checkpoint that could not be written). Under --data-parallel a failure on one process ends every process,
+    and Ctrl-C or SIGTERM stops them all after the same step."""
     s, T = run.settings, run.model.config.context
     mine = processes.rows(s.batch)  # this process's rows of every batch (all of them, alone)
     # the same windows each time
     val_batches = text_data.fixed_batches(run.data.val, s.eval_windows, s.batch, T)
-    with StopTogether() as ctrl_c, processes.guard():
+    with StopTogether(sigterm=True) as ctrl_c, processes.guard():
         try:
             while True:
                 # every --eval-every steps and at the end: the validation loss, a row, a checkpoint
@@ -171,12 +182,15 @@ def train(run: Run, processes: Processes, log: train_log.Log) -> BaseException |
                 loss = train_step(run, x[mine], y[mine], processes)
                 run.history.append((run.step, loss))
                 log.step(run, loss, time.perf_counter() - began)
-                if processes.stop(ctrl_c):  # Ctrl-C, on any process: every process stops after this step
-                    raise KeyboardInterrupt
-        except (KeyboardInterrupt, NonFiniteLoss) as err:
+                if processes.stop(ctrl_c):  # Ctrl-C or SIGTERM, on any process: all stop after this step
+                    raise interrupts.Terminated() if ctrl_c.terminated else KeyboardInterrupt()
+        except (KeyboardInterrupt, NonFiniteLoss, checkpoint.SaveError) as err:
             log.end_bar()
             if isinstance(err, KeyboardInterrupt):
-                save(run, processes)
+                try:
+                    save(run, processes)
+                except checkpoint.SaveError as failed:
+                    return failed
             return err
     log.end_bar()
     return None
@@ -212,11 +226,20 @@ def validated(run: Run) -> bool:
 
 
 def save(run: Run, processes: Processes) -> None:
-    """The run's state as a checkpoint in --out
-    (rank 0 writes it; nothing without --out, or if saved already)."""
-    if run.out and processes.rank == 0 and run.saved_step != run.step:
-        checkpoint.save_run(run.out, run)
-        run.saved_step = run.step
+    """The run's state as a checkpoint in --out (rank 0 writes it; nothing without --out, or if saved already).
+    A SaveError on every process where it could not be written (a full disk): the last one is kept."""
+    if not run.out or run.saved_step == run.step:
+        return
+    failed = None
+    if processes.rank == 0:
+        try:
+            checkpoint.save_run(run.out, run)
+        except checkpoint.SaveError as err:
+            failed = str(err)
+    failed = processes.from_rank_0(failed)  # every process learns whether rank 0's write failed
+    if failed:
+        raise checkpoint.SaveError(failed)
+    run.saved_step = run.step
 
 
 class NonFiniteLoss(ArithmeticError):

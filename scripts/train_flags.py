@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from tinyattn_np.trainbill import training_memory
 MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger number is a typo
 MAX_BATCH = 4096
 MAX_LAYERS, MAX_WIDTH = 1024, 2**16  # past them no model trains on a CPU: a bigger number is a typo
+MAX_WINDOWS = 100_000  # validation windows, and tokens of the sample at the end
 MODEL_FLAGS = (
     "layers",
     "heads",
@@ -39,6 +41,68 @@ MODEL_FLAGS = (
 
 class RunError(ValueError):
     """Flags that do not fit the data or the checkpoint they name; the message says what to change."""
+
+
+def fraction(text: str) -> float:
+    """argparse type for --validation and --beta2: a number strictly between 0 and 1."""
+    value = positive(float)(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
+    return float(value)
+
+
+# each flag a checkpoint keeps -> its argparse type, which refuses what the flag may not be
+FLAG_TYPES: dict[str, Callable[[str], Any]] = {
+    "layers": positive(int, MAX_LAYERS),
+    "heads": positive(int, limits.MAX_HEADS),
+    "width": positive(int, MAX_WIDTH),
+    "context": positive(int, limits.MAX_TOKENS),
+    "steps": positive(int),
+    "batch": positive(int),
+    "accumulate": positive(int),
+    "lr": positive(float),
+    "min_lr": positive(float),
+    "warmup": nonnegative_seed,
+    "beta2": fraction,
+    "weight_decay": float,
+    "clip": positive(float),
+    "dropout": float,
+    "eval_every": positive(int),
+    "eval_windows": positive(int),
+}
+INT_FLAGS = {"layers", "heads", "width", "context", "steps", "batch", "accumulate", "warmup", "eval_every",
+             "eval_windows"}  # fmt: skip
+
+
+def cap_problem(name: str, value: Any) -> str | None:
+    """Why a flag's value, of its type, is past the flag's cap (None where it is not): what check_args refuses
+    beyond argparse's types."""
+    flag = f"--{name.replace('_', '-')}"
+    caps = {"steps": MAX_STEPS, "warmup": MAX_STEPS, "batch": MAX_BATCH, "accumulate": MAX_BATCH,
+            "eval_windows": MAX_WINDOWS}  # fmt: skip
+    if name in caps and value > caps[name]:
+        why = " (a run that long would not end on a CPU)" if name == "steps" else ""
+        return f"{flag} must be at most {caps[name]:,}{why}; got {value:,}"
+    if name in ("weight_decay", "dropout") and not 0 <= value < 1:
+        return f"--weight-decay and --dropout must be numbers in [0, 1); got {flag} {value}"
+    return None
+
+
+def check_flag(name: str, value: Any) -> Any:
+    """A flag's value read back from a checkpoint, passed through what the flag itself takes: its type (an int
+    where the flag takes one) and its argparse type and cap, as if `--name value` were typed. A ValueError
+    says why not."""
+    kind = int if name in INT_FLAGS else float
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+        raise ValueError(f"--{name.replace('_', '-')} takes {'an int' if kind is int else 'a number'}")
+    try:
+        FLAG_TYPES[name](repr(value))
+    except (argparse.ArgumentTypeError, ValueError) as err:
+        raise ValueError(f"--{name.replace('_', '-')}: {err}") from None
+    problem = cap_problem(name, value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 @dataclass(frozen=True)
@@ -175,32 +239,24 @@ def add_task(p: argparse.ArgumentParser) -> None:
     )
 
 
-def fraction(text: str) -> float:
-    """argparse type for --validation and --beta2: a number strictly between 0 and 1."""
-    value = positive(float)(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction between 0 and 1; got {value}")
-    return float(value)
-
-
 def add_model(p: argparse.ArgumentParser) -> None:
     """The flags of MODEL_FLAGS: the model's shape, each in place of the preset's (nanoGPT's n_layer, n_head,
     n_embd, block_size and bias), kept in the checkpoint; with --resume or --init-from they must repeat the
     checkpoint's."""
-    p.add_argument("--layers", type=positive(int, MAX_LAYERS), help="blocks (default: the preset's)")
+    p.add_argument("--layers", type=FLAG_TYPES["layers"], help="blocks (default: the preset's)")
     p.add_argument(
         "--heads",
-        type=positive(int, limits.MAX_HEADS),
+        type=FLAG_TYPES["heads"],
         help="attention heads, each of width / heads channels, an even number (default: the preset's)",
     )
     p.add_argument(
         "--width",
-        type=positive(int, MAX_WIDTH),
+        type=FLAG_TYPES["width"],
         help="C, the channels of every token (default: the preset's)",
     )
     p.add_argument(
         "--context",
-        type=positive(int, limits.MAX_TOKENS),
+        type=FLAG_TYPES["context"],
         help="the longest sequence trained on (default: the preset's)",
     )
     p.add_argument("--mlp", choices=MLP_KINDS, help="gelu (hidden 4C) or swiglu (hidden 8C/3) (default gelu)")
@@ -208,7 +264,9 @@ def add_model(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bias",
         action=argparse.BooleanOptionalAction,
-        help="biases in the MLP and the norms (default: none)",
+        help="biases in the MLP and the norms (default: the preset's: "
+        + ", ".join(f"{'biases' if preset.config.bias else 'none'} in {name}" for name, preset in PRESETS.items())
+        + ")",
     )
 
 
@@ -216,36 +274,38 @@ def add_settings(p: argparse.ArgumentParser) -> None:
     """The flags of SETTINGS' first part: what a step does, kept in the checkpoint."""
     p.add_argument(
         "--steps",
-        type=positive(int),
+        type=FLAG_TYPES["steps"],
         help="AdamW steps in all (default 100; with --resume, the checkpoint's)",
     )
-    p.add_argument("--batch", type=positive(int), help="sequences per step (default: the preset's)")
+    p.add_argument("--batch", type=FLAG_TYPES["batch"], help="sequences per step (default: the preset's)")
     p.add_argument(
         "--accumulate",
-        type=positive(int),
+        type=FLAG_TYPES["accumulate"],
         metavar="K",
         help="run each step's batch K equal slices at a time, their gradients summed (gradient accumulation): the "
         "same step to rounding, with one slice's activations in memory (default 1; nanoGPT's "
         "gradient_accumulation_steps multiplies its batch instead: its batch_size 12 with 4 steps is --batch 48 "
         "--accumulate 4)",
     )
-    p.add_argument("--lr", type=positive(float), help="the peak learning rate (default: the preset's)")
-    p.add_argument("--min-lr", type=positive(float), help="where the cosine ends (default: lr / 10)")
+    p.add_argument("--lr", type=FLAG_TYPES["lr"], help="the peak learning rate (default: the preset's)")
+    p.add_argument("--min-lr", type=FLAG_TYPES["min_lr"], help="where the cosine ends (default: lr / 10)")
     p.add_argument(
         "--warmup",
-        type=nonnegative_seed,
+        type=FLAG_TYPES["warmup"],
         help="steps of linear warm-up (default: 100, at most a tenth of --steps)",
     )
     p.add_argument(
         "--beta2",
-        type=fraction,
+        type=FLAG_TYPES["beta2"],
         help="AdamW's β2, how slowly its second moment forgets (default: the preset's, 0.99 or 0.95)",
     )
-    p.add_argument("--weight-decay", type=float, help="AdamW's decay of the matrices (default 0.1)")
-    p.add_argument("--clip", type=positive(float), help="the largest global gradient norm (default 1)")
+    p.add_argument(
+        "--weight-decay", type=FLAG_TYPES["weight_decay"], help="AdamW's decay of the matrices (default 0.1)"
+    )
+    p.add_argument("--clip", type=FLAG_TYPES["clip"], help="the largest global gradient norm (default 1)")
     p.add_argument(
         "--dropout",
-        type=float,
+        type=FLAG_TYPES["dropout"],
         help="dropout on the embeddings and residual branches (default: the preset's, 0)",
     )
 
@@ -297,12 +357,12 @@ def add_run(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--eval-every",
-        type=positive(int),
+        type=FLAG_TYPES["eval_every"],
         help="steps between validations (default 25; with --resume, the checkpoint's)",
     )
     p.add_argument(
         "--eval-windows",
-        type=positive(int),
+        type=FLAG_TYPES["eval_windows"],
         help="validation windows (default 64; with --resume, the checkpoint's)",
     )
     p.add_argument("--out", metavar="DIR", help="write checkpoints in DIR (sample.py DIR reads them)")
@@ -332,15 +392,12 @@ def add_run(p: argparse.ArgumentParser) -> None:
 
 def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """What the flags must satisfy together, before anything is read or allocated."""
-    if args.steps is not None and args.steps > MAX_STEPS:
-        p.error(f"--steps must be at most {MAX_STEPS:,} (a run that long would not end on a CPU); got {args.steps:,}")
-    for flag, value in (("--batch", args.batch), ("--accumulate", args.accumulate)):
-        if value is not None and value > MAX_BATCH:
-            p.error(f"{flag} must be at most {MAX_BATCH:,}; got {value:,}")
-    if any(value is not None and not 0 <= value < 1 for value in (args.weight_decay, args.dropout)):
-        p.error("--weight-decay and --dropout must be numbers in [0, 1)")
-    if (args.eval_windows or 0) > 100_000 or not 0 <= args.sample <= 100_000:
-        p.error("--eval-windows and --sample must be at most 100,000 (--sample may be 0)")
+    for name in SETTINGS:
+        problem = getattr(args, name) is not None and cap_problem(name, getattr(args, name))
+        if problem:
+            p.error(problem)
+    if not 0 <= args.sample <= MAX_WINDOWS:
+        p.error(f"--sample must be between 0 and {MAX_WINDOWS:,}; got {args.sample:,}")
     if args.resume and args.out is None:
         p.error("--resume continues the checkpoint in --out DIR: give --out")
     if args.init_from is not None and args.resume:

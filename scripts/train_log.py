@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import interrupts
@@ -19,6 +19,7 @@ from checkpoint import Row, Run
 from train_flags import MODEL_FLAGS, PRESETS
 
 from tinyattn_np import format_bytes
+from tinyattn_np.gpt import parameter_count
 from tinyattn_np.optim import warmup_cosine_lr
 from tinyattn_np.report import fold_lines
 from tinyattn_np.sampling import generate
@@ -37,10 +38,14 @@ def print_start(run: Run, args: argparse.Namespace, processes: int) -> None:
     preset = PRESETS[run.preset].config
     changed = ", ".join(name for name in MODEL_FLAGS if getattr(c, name) != getattr(preset, name))
     changed = f"; not the preset's: {changed}" if changed else ""  # the model flags' doing, new or resumed
+    vocabulary = ""  # the preset's own count is at its vocabulary (part3's 5,781,504 at 4,096), not this one's
+    if c.vocab != preset.vocab:
+        at_preset = parameter_count(replace(c, vocab=preset.vocab))
+        vocabulary = f" at a vocabulary of {c.vocab:,} ({at_preset:,} at the preset's {preset.vocab:,})"
     print(
         f"model: GPT ({run.preset}), {c.layers} layer{'s' * (c.layers != 1)}, {c.heads} head{'s' * (c.heads != 1)}, "
         f"width {c.width}, context {c.context}, {c.mlp} MLP of {c.hidden}, {c.norm}{' with biases' * c.bias},\n"
-        f"  tied head: {run.model.num_parameters:,} parameters ({c.dtype}){changed}"
+        f"  tied head: {run.model.num_parameters:,} parameters ({c.dtype}){vocabulary}{changed}"
     )
     split = f" split over {processes} processes" if processes > 1 else ""
     slices = ""
@@ -91,7 +96,7 @@ class Log:
             val_loss=val_loss,
             lr=lr,  # the last step's
             tokens_per_s=len(steps) * s.batch * T / sum(steps) if steps else None,
-            seconds=sum(self.step_seconds),
+            seconds=run.seconds,
         )
         if self.show:
             self.end_bar()
@@ -103,9 +108,10 @@ class Log:
         return row
 
     def step(self, run: Run, loss: float, seconds: float) -> None:
-        """After a step: its time kept; where show, after two steps how long the run takes (if over a minute),
-        and the progress bar, every quarter of a second and at the last step."""
+        """After a step: its time kept (and added to the run's); where show, after two steps how long the run
+        takes (if over a minute), and the progress bar, every quarter of a second and at the last step."""
         self.step_seconds.append(seconds)
+        run.seconds += seconds
         if not self.show:
             return
         if run.step - self.first == 2:
@@ -192,7 +198,7 @@ def finish(
         }
         outputs.write_json(args.json, figures, isinstance(stop, KeyboardInterrupt))
     if isinstance(stop, KeyboardInterrupt):
-        interrupts.interrupted(run.step, run.settings.steps, "steps")
+        interrupts.interrupted(run.step, run.settings.steps, "steps", stop)
     elif stop is not None:
         print(f"train.py: stopped: {stop}", file=sys.stderr)
 

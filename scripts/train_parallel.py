@@ -216,8 +216,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         comm = load_mpi().COMM_WORLD
     except ImportError as err:
-        print(f"train_parallel.py {err}", file=sys.stderr)
-        return 2
+        outputs.needs(f"{err}")
     rank, size = comm.Get_rank(), comm.Get_size()
     problem = check_split(args, size)
     if problem:

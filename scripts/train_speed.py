@@ -1,8 +1,8 @@
 """How fast the GPT trains and generates: our training step beside torch's eager step of the same model,
 and generation with the KV cache beside recomputation.
 
-    python scripts/train_speed.py --torch                     # both presets, and generation at 1,024 tokens
-    python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
+    python scripts/train_speed.py                             # seconds: the tiny preset, 256 tokens generated
+    python scripts/train_speed.py --torch --presets tiny part3 --tokens 1024   # minutes: both, beside torch
     python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
     python scripts/train_speed.py --row-blocks                # the elementwise layers by block size
 
@@ -91,8 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--presets",
         nargs="+",
         choices=sorted(train_flags.PRESETS),
-        default=["tiny", "part3"],
-        help="the models to time (default: both)",
+        default=["tiny"],
+        help="the models to time (default tiny, a run of seconds; part3's step and generation take minutes)",
     )
     p.add_argument("--vocab", type=positive(int), help="vocabulary size (default: the preset's, 65 or 4,096)")
     p.add_argument("--batch", type=positive(int), help="sequences per step (default: each preset's)")
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=3,
         help="turns of each model (--row-blocks: each size), taking turns (default 3)",
     )
-    p.add_argument("--tokens", type=positive(int), default=1024, help="tokens to generate (default 1,024)")
+    p.add_argument("--tokens", type=positive(int), default=256, help="tokens to generate (default 256)")
     p.add_argument("--torch", action="store_true", help="time torch's eager training step beside ours")
     p.add_argument(
         "--equal-time",
@@ -180,6 +180,8 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
     """One preset's row: our step's median time, and torch's with --torch (after two steps of each from the
     same weights on the same batch: the same two losses, the second after clipping and AdamW)."""
     config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
+    beside = " and torch's, in turns" if torch is not None else ""
+    outputs.progress(f"{name}: a training step{beside}, {args.rounds} turns of {args.repeats} steps after 2 untimed")
     rng = np.random.default_rng(args.seed)
     x, y = rng.integers(0, config.vocab, (2, batch, config.context))  # (B, T) each
     model = GPT(config, rng=args.seed)
@@ -199,7 +201,7 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
             )
         steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
     times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
-    row["ours_ms"] = times[0]
+    row["ours_ms"], row["busy"] = times[0], machine.busy_reasons()
     if module is not None:
         row["torch_ms"] = times[1]
     return row
@@ -207,17 +209,19 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
 
 def time_generation(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One preset's generation row: --tokens greedy tokens with the cache and without, timed once each."""
+    outputs.progress(f"{name}: generation of {args.tokens:,} tokens with the KV cache, then without one")
     model = GPT(config_of(name, args), rng=args.seed)
     prompt = np.zeros(1, dtype=np.int64)  # (1,): one token
     row: dict[str, Any] = {"preset": name, "tokens": args.tokens}
-    outputs = {}
+    drawn = {}
     for use_cache in (True, False):
         time.sleep(machine.SETTLE_SECONDS)
         started = time.perf_counter()
-        outputs[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
+        drawn[use_cache] = generate(model, prompt, args.tokens, temperature=0.0, use_cache=use_cache)
         row["cache_s" if use_cache else "no_cache_s"] = time.perf_counter() - started
+    row["busy"] = machine.busy_reasons()
     check(
-        np.array_equal(outputs[True], outputs[False]),
+        np.array_equal(drawn[True], drawn[False]),
         f"{name}: the cache and recomputation give the same tokens",
     )
     return row
@@ -249,6 +253,7 @@ def validation_loss(loss_of: Any, batches: list[tuple[np.ndarray, ...]]) -> floa
 
 def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any]:
     """One preset's row of --equal-time: steps and validation loss of each after args.equal_time seconds."""
+    outputs.progress(f"{name}: ours and torch's train {args.equal_time:g} s each, in {args.rounds} turns")
     text, source = text_data.load_text(None)
     tokenizer = text_data.make_tokenizer("char", text)
     config, batch, preset = config_of(name, args), batch_of(name, args), train_flags.PRESETS[name]
@@ -291,7 +296,7 @@ def equal_time(name: str, args: argparse.Namespace, torch: Any) -> dict[str, Any
         args.rounds,
     )
     row = {"preset": name, "seconds": args.equal_time, "start_loss": start[0], "ours_steps": ours}
-    row["torch_steps"] = theirs
+    row["torch_steps"], row["busy"] = theirs, machine.busy_reasons()
     row["ours_loss"], row["torch_loss"] = (
         validation_loss(model.loss, windows),
         validation_loss(torch_loss, windows),
@@ -319,7 +324,11 @@ def print_equal_time(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         ]
         for r in rows
     ]
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
+
+
+def preset_label(row: dict[str, Any]) -> str:
+    return str(row["preset"])
 
 
 def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads: str) -> None:
@@ -340,7 +349,7 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
 
 
 def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -355,7 +364,7 @@ def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         for r in rows
     ]
     headers = ["preset", "no cache, tokens/s", "KV cache, tokens/s", "cache speed-up"]
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -402,6 +411,7 @@ BLOCKS = [2**power for power in range(13, 21)]
 
 def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """One preset's rows: each layer's median ms per call at each block size, the sizes taking turns."""
+    outputs.progress(f"{name}: layer_norm, gelu and their backwards at {len(BLOCKS)} block sizes, taking turns")
     config, batch = config_of(name, args), batch_of(name, args)
     n, L = batch * config.context, config.layers
     rng = np.random.default_rng(args.seed)
@@ -425,7 +435,7 @@ def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
     finally:
         use_row_block(None)  # the block this machine takes again
-    return {"preset": name, "layers": rows}
+    return {"preset": name, "layers": rows, "busy": machine.busy_reasons()}
 
 
 def in_blocks(block: int, fn: Any) -> None:
@@ -448,6 +458,9 @@ def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
         step = [sum(r["per_step"] * r["ms"][i] for r in preset["layers"]) for i in range(len(BLOCKS))]
         body.append([f"{preset['preset']}: a step's norms and GELUs", *(f"{t:.2f}" for t in step)])
     print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
+    note = machine.busy_note(rows, preset_label)  # a busy preset's rows, said under the table
+    if note:
+        print(note)
 
 
 def main_row_blocks(args: argparse.Namespace) -> int:
@@ -473,10 +486,9 @@ def malloc_line(with_torch: bool) -> str:
 
 
 def finish(args: argparse.Namespace, figures: dict[str, Any], stopped: bool, done: int, total: int) -> int:
-    """The last lines of either mode: a busy machine said, --json written, Ctrl-C's line; the exit code."""
+    """The last lines of either mode: --json written, Ctrl-C's line; the exit code. (A busy machine is said
+    under each table, its rows marked.)"""
     figures["busy"] = machine.busy_reasons()
-    if figures["busy"]:
-        print(f"* timed on a busy machine: {'; '.join(figures['busy'])}")
     if args.json:
         outputs.write_json(args.json, figures, stopped)
     if stopped:

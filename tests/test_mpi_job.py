@@ -1,6 +1,7 @@
-"""mpi_job.py: what a program under mpiexec uses. StopTogether notes Ctrl-C and every process learns of it at the
-step's end; a failure on one process of one is raised as usual; mpi4py missing is a line that says what to
-install; idle_wait sleeps between its polls. No real MPI here: tests/test_train.py runs train.py under mpiexec."""
+"""mpi_job.py: what a program under mpiexec uses. StopTogether notes Ctrl-C (and SIGTERM) and every process
+learns of it at the step's end; a failure on one process of one is raised as usual; mpi4py missing is a line
+that says what to install; idle_wait sleeps between its polls. No real MPI here: tests/test_train.py runs
+train.py under mpiexec."""
 
 from __future__ import annotations
 
@@ -37,6 +38,24 @@ def test_stop_together_notes_ctrl_c_and_says_so_at_the_step_end(monkeypatch: pyt
         time.sleep(0.01)
         assert ctrl_c.stop(Gathering()) and ctrl_c.pressed
     assert signal.getsignal(signal.SIGINT) is before  # restored
+
+
+def test_stop_together_notes_sigterm_as_it_notes_ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With sigterm=True (train.py's), SIGTERM (kill, a batch scheduler's time limit) is noted, not acted on, and
+    said apart from Ctrl-C: the loop stops after its step and keeps what it has, as on Ctrl-C."""
+    monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(LOR="LOR")))
+    before = signal.getsignal(signal.SIGTERM)
+    with StopTogether() as ctrl_c:  # by default SIGTERM is left as it is: the programs that loop over rings
+        assert signal.getsignal(signal.SIGTERM) is before
+    with StopTogether(sigterm=True) as ctrl_c:
+        os.kill(os.getpid(), signal.SIGTERM)  # the process would end here without the handler
+        time.sleep(0.01)
+        assert ctrl_c.stop(Gathering()) and ctrl_c.pressed and ctrl_c.terminated
+    assert signal.getsignal(signal.SIGTERM) is before  # restored
+    with StopTogether(sigterm=True) as ctrl_c:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)
+        assert ctrl_c.pressed and not ctrl_c.terminated
 
 
 def test_a_failure_in_a_job_of_one_process_is_raised_as_usual() -> None:

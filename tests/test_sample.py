@@ -9,6 +9,7 @@ import argparse
 import json
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,7 +39,8 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flags", [["--temperature", "0"], ["--temperature", "1.0", "--top-k", "5", "--top-p", "0.9"]])
-def test_cached_generation_equals_recomputation(trained, flags, tmp_path, capsys):
+def test_cached_generation_equals_recomputation(trained, flags, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.modules["machine"], "load_average", lambda: 0.0)  # a quiet machine: its conclusion
     figures = tmp_path / "sample.json"
     assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags,
                         "--json", str(figures)]) == 0  # fmt: skip
@@ -148,7 +150,8 @@ def test_a_checkpoint_of_another_configuration(trained, tmp_path, capsys):
     meta["config"] = {**meta["config"], "width": 32}  # the weights are width 16's
     checkpoint.save(tmp_path / "other", arrays, meta)
     assert sample.main([str(tmp_path / "other")]) == 2
-    assert "does not make its model: params['wte'] must have shape (15, 32)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'param.wte' is float32 of shape (15, 16); the model needs float32 of shape (15, 32)" in err
 
 
 def test_an_altered_checkpoint_is_found(trained, tmp_path, capsys):
@@ -214,3 +217,36 @@ def test_uniform_attention_scores_one_over_the_keys_it_sees(trained, capsys):
     args = argparse.Namespace(repeat=n, sequences=3, seed=0, format="simple", plot=None)
     attention_script.induction_demo(model, model, args)
     assert "no head has learned to copy: the highest score, layer " in capsys.readouterr().out
+
+
+def test_a_prompt_too_long_is_refused_before_it_is_read(trained, tmp_path, capsys):
+    path = tmp_path / "long.txt"
+    path.write_text("the cat " * 20_000, encoding="utf-8")  # 160,000 bytes
+    assert sample.main([str(trained), "--prompt-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sample.py: error: --prompt-file {path} holds 160,000 bytes; a prompt may hold at most")
+    assert sample.main([str(trained), "--prompt", "the cat " * 20_000]) == 2
+    assert "--prompt holds 160,000 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="/dev/full: a file that is always full (Linux)")
+def test_json_to_a_full_disk_is_one_line(trained, capsys):
+    with pytest.raises(SystemExit) as stop:
+        sample.main([str(trained), "--tokens", "4", "--json", "/dev/full"])
+    assert str(stop.value.code).endswith(": error: --json /dev/full: cannot write it (No space left on device)")
+    assert "\n" not in str(stop.value.code)
+
+
+def test_sample_py_runs_under_train_pys_blas_setting(trained):
+    """As a program, sample.py sets OpenBLAS's idle threads to sleep soon, as train.py does (os_tweaks.py),
+    before NumPy loads, and --compare names the setting beside its timings."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    env["PYTHONPATH"] = str(root)
+    done = subprocess.run([sys.executable, str(root / "scripts" / "sample.py"), str(trained), "--compare", "--tokens",
+                           "4"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "OpenBLAS: idle threads sleep after 2^18 cycles without work (OPENBLAS_THREAD_TIMEOUT=18)" in done.stdout

@@ -188,6 +188,9 @@ SMALLEST_RUNS = {
     "mla.py": ["--contexts", "256", "--heads", "8", "--repeats", "1"],
     "sparse.py": ["--contexts", "256", "--topk", "128", "--tokens", "512", "--queries", "32", "--repeats", "1"],
     "train.py": ["--steps", "20"],
+    "train.py --task copy": ["--task", "copy", "--steps", "40"],
+    "attention.py --checkpoint": ["--checkpoint", "{checkpoint}"],
+    "tiles.py --profile": ["--profile", "--tokens", "256", "--repeats", "1"],
     "train_speed.py": ["--presets", "tiny", "--tokens", "64", "--repeats", "1"],
     "sample.py": ["{checkpoint}", "--tokens", "16"],  # a checkpoint of train.py --steps 2, made first
     "ring.py": ["--tokens", "512", "--block", "64", "--repeats", "1", "--max-ranks", "2"],
@@ -208,20 +211,45 @@ def test_every_program_has_a_smallest_run() -> None:
     assert sorted({run.split()[0] for run in SMALLEST_RUNS}) == PROGRAMS
 
 
-@pytest.fixture
-def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No idle waits, a fixed matmul rate, no load: the width of the output is under test, not its timings."""
+def machine_under(monkeypatch: pytest.MonkeyPatch, load: float) -> None:
+    """No idle waits, a fixed matmul rate and the given load average: the output is under test, not timings."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import machine
 
     monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(machine, "load_average", lambda: 0.0)
+    monkeypatch.setattr(machine, "load_average", lambda: load)
     monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
+
+
+@pytest.fixture
+def quiet_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No load: the width of the output is under test, and a benchmark's conclusions are drawn."""
+    machine_under(monkeypatch, 0.0)
 
 
 # Programs whose output does not fit yet, each being changed by its own owner now: a strict xfail, so that
 # the mark must go once the output fits.
 NOT_YET: dict[str, str] = {}
+
+
+def smallest_run(run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a program's smallest run (SMALLEST_RUNS): the MPI programs as processes of
+    their own, the others in this process."""
+    script, flags = run.split()[0], SMALLEST_RUNS[run]
+    if "{checkpoint}" in flags:  # sample.py and attention.py read what train.py wrote
+        assert load("train.py").main(["--steps", "2", "--out", str(tmp_path / "run")]) == 0
+        capsys.readouterr()
+        flags = [str(tmp_path / "run") if flag == "{checkpoint}" else flag for flag in flags]
+    if script in NEEDS:
+        pytest.importorskip(NEEDS[script], reason=f"{script} needs {NEEDS[script]}")
+    if script in MPI_PROGRAMS:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        done = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        return done.returncode, done.stdout, done.stderr
+    code = load(script).main(flags)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 @pytest.mark.parametrize(
@@ -232,21 +260,45 @@ NOT_YET: dict[str, str] = {}
 def test_output_fits_a_terminal(
     run: str, quiet_machine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    script, flags = run.split()[0], SMALLEST_RUNS[run]
-    if "{checkpoint}" in flags:  # sample.py reads what train.py wrote
-        assert load("train.py").main(["--steps", "2", "--out", str(tmp_path / "run")]) == 0
-        capsys.readouterr()
-        flags = [str(tmp_path / "run") if flag == "{checkpoint}" else flag for flag in flags]
-    if script in NEEDS:
-        pytest.importorskip(NEEDS[script], reason=f"{script} needs {NEEDS[script]}")
-    if script in MPI_PROGRAMS:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        done = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
-        code, out, err = done.returncode, done.stdout, done.stderr
-    else:
-        code = load(script).main(flags)
-        out, err = capsys.readouterr()
+    code, out, err = smallest_run(run, tmp_path, capsys)
     assert code == 0, out + err
     wide = [f"{len(line)}: {line}" for line in (out + err).splitlines() if len(line) > WIDTH]
     assert not wide, f"{run}: lines over {WIDTH} columns (--wide prints tables whole):\n" + "\n".join(wide)
+    if run in CONCLUSIONS:  # on a quiet machine a benchmark draws its conclusion
+        assert re.search(CONCLUSIONS[run], out), out
+
+
+# The benchmarks: every program that times something, but those under MPI (their rows are marked by the same
+# machine.busy_reasons on rank 0; the load cannot be faked in another process).
+BENCHMARK_RUNS = sorted(
+    run for run in SMALLEST_RUNS
+    if run.split()[0] not in {"attention.py", "position.py", "memory.py", *MPI_PROGRAMS} and "--checkpoint" not in run
+)  # fmt: skip
+CONCLUSIONS = {  # a benchmark's conclusion, drawn on a quiet machine and never from a busy row
+    "mla.py": r"x its two products alone",
+    "scaling.py": r"time growth per doubling: naive",
+    "tiles.py": r"fastest here: \d",
+    "linear.py": r"faster than the recurrence",
+    "decode.py --step": r"x the floor \(target",
+    "torch_naive.py": r"than torch naive here",
+}
+
+
+@pytest.fixture
+def busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine loaded far above its core count: every row a benchmark measures is measured beside other work."""
+    machine_under(monkeypatch, 99.0)
+
+
+@pytest.mark.parametrize("run", BENCHMARK_RUNS)
+def test_a_benchmark_on_a_busy_machine_says_so_and_concludes_nothing(
+    run: str, busy_machine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under a load above the core count every benchmark marks what it measured (its rows '*', or its one
+    figure) and says why, and draws no conclusion from it (machine.concluded): no fastest, no growth, no
+    ratio judged against a target, no form 'x' times another."""
+    code, out, err = smallest_run(run, tmp_path, capsys)
+    assert code == 0, out + err
+    assert re.search(r"(measured|timed) on a busy machine", out) and "load average 99.0" in out, out
+    if run in CONCLUSIONS:
+        assert not re.search(CONCLUSIONS[run], out) and "no conclusion drawn: measured on a busy machine" in out, out

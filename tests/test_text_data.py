@@ -125,3 +125,29 @@ def test_a_checkpoint_cut_off_while_written_leaves_the_last_whole_one(tmp_path, 
     monkeypatch.undo()
     arrays, meta = checkpoint.load(tmp_path)
     assert meta["step"] == 1 and np.array_equal(arrays["w"], np.arange(3.0))
+
+
+@pytest.mark.parametrize("make", [text_data.CharTokenizer.fit, lambda text: text_data.ByteTokenizer()])
+def test_encoding_a_long_text_takes_little_more_than_its_tokens(make):
+    """A text of 2,000,000 characters: the int32 tokens are 8 MB, and the encoder's peak stays within them and
+    a chunk's arrays (the peak that encoding_memory estimates), where a list of Python ints would take 15x
+    the text."""
+    import tracemalloc
+
+    text = ("the cat sat on a mat, and the dog ran to it. " * 50_000)[:2_000_000]
+    tokenizer = make(text)
+    tracemalloc.start()
+    ids = tokenizer.encode(text)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert ids.dtype == np.int32 and len(ids) == len(text)
+    assert peak <= text_data.encoding_memory(text, tokenizer) <= 4 * len(text) + 4 * 2**20, peak
+
+
+def test_a_text_whose_tokens_would_not_fit_is_refused_before_it_is_encoded(monkeypatch):
+    limits = sys.modules["limits"]
+    monkeypatch.setattr(limits, "memory_available", lambda: 1e6)
+    monkeypatch.setattr(limits, "memory_total", lambda: 2e6)
+    text = "x" * 1_000_000
+    with pytest.raises(text_data.DataError, match=r"encoding the text into tokens needs about [0-9.]+ MiB"):
+        text_data.check_encoding(text, text_data.CharTokenizer.fit(text), "--data big.txt")

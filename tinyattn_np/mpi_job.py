@@ -1,6 +1,6 @@
 """A program's MPI job, as the scripts run one under mpiexec: mpi4py loaded with the line that installs it, a
-failing process ending the whole job, Ctrl-C stopping every process after the same step, and a wait that
-leaves the cores to the one process at work.
+failing process ending the whole job, Ctrl-C (and SIGTERM, where asked) stopping every process after the same
+step, and a wait that leaves the cores to the one process at work.
 
     comm = load_mpi().COMM_WORLD
     with StopTogether() as ctrl_c, abort_on_failure(comm, "train.py --data-parallel"):
@@ -48,24 +48,31 @@ def idle_wait(comm: Any) -> None:
 
 class StopTogether:
     """Ctrl-C in a program that loops over ring calls or collective steps (a training loop), without ending the
-    job: inside `with StopTogether() as ctrl_c:`, Ctrl-C is noted instead of raised, so that no rank stops in
-    the middle of a ring (which ends the job, abort_on_failure) or of a collective call. ctrl_c.stop(comm),
-    called by every rank at the same point (between two steps), tells every rank whether any rank has seen one,
-    so that all of them stop after the same step and the program can keep what it has; ctrl_c.pressed is this
-    process's own answer, for a program of one process. It must be entered from the main thread (Python runs
-    signal handlers there); a second Ctrl-C still reaches mpiexec, which then ends the job itself."""
+    job: inside `with StopTogether() as ctrl_c:`, Ctrl-C (SIGINT) is noted instead of raised, and with
+    StopTogether(sigterm=True) SIGTERM too (kill, a batch scheduler's time limit), so that no rank stops in the
+    middle of a ring (which ends the job, abort_on_failure) or of a collective call. ctrl_c.stop(comm), called
+    by every rank at the same point (between two steps), tells every rank whether any rank has seen one, so that
+    all of them stop after the same step and the program can keep what it has; ctrl_c.pressed is this process's
+    own answer, for a program of one process, and ctrl_c.terminated whether the signal it saw was SIGTERM. It
+    must be entered from the main thread (Python runs signal handlers there); a second Ctrl-C still reaches
+    mpiexec, which then ends the job itself."""
+
+    def __init__(self, sigterm: bool = False):
+        self.signals = (signal.SIGINT, signal.SIGTERM) if sigterm else (signal.SIGINT,)
 
     def __enter__(self) -> StopTogether:
-        self.pressed = False
-        self.previous = signal.signal(signal.SIGINT, self.press)
+        self.pressed = self.terminated = False
+        self.previous = {number: signal.signal(number, self.press) for number in self.signals}
         return self
 
     def press(self, signum: int, frame: Any) -> None:
         self.pressed = True
+        self.terminated = self.terminated or signum == signal.SIGTERM
 
     def stop(self, comm: Any) -> bool:
-        """Whether any rank of comm saw Ctrl-C (a collective call: every rank must make it)."""
+        """Whether any rank of comm saw Ctrl-C or SIGTERM (a collective call: every rank must make it)."""
         return bool(comm.allreduce(self.pressed, op=load_mpi().LOR))
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)

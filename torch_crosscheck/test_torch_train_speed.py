@@ -86,7 +86,8 @@ def test_equal_time_trains_both_and_compares_their_validation_losses(monkeypatch
     assert speed.main(["--presets", "tiny", "--equal-time", "0.5", "--json", str(figures)]) == 0
     out = capsys.readouterr().out
     assert "3) validation loss after 0.5 s of training each" in out
-    assert re.search(r"^tiny +[0-9.]+ +[0-9,]+ +[0-9,]+ +[0-9.]+ +[0-9.]+ +[+-][0-9.]+%$", out, re.MULTILINE), out
+    row = r"^tiny( \*)? +[0-9.]+ +[0-9,]+ +[0-9,]+ +[0-9.]+ +[0-9.]+ +[+-][0-9.]+%$"  # '*': timed on a busy machine
+    assert re.search(row, out, re.MULTILINE), out
     row = json.loads(figures.read_text())["equal_time"][0]
     assert row["ours_steps"] >= 1 and row["torch_steps"] >= 1
     assert row["ours_loss"] < row["start_loss"] and row["torch_loss"] < row["start_loss"], row
