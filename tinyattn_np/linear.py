@@ -48,6 +48,7 @@ from ._linear_checks import (
     check_finite,
     check_flags,
     check_layer,
+    check_output_grads,
     check_shape,
 )
 from ._linear_kernel import chunked_backward, chunked_forward, recurrent_forward
@@ -235,7 +236,7 @@ def gated_delta_rule_recurrent_backward(q: Array, k: Array, v: Array, g: Array, 
         dS̃ = dS − k_t deᵀ           dg_t = Σ dS̃ ∘ S̃_t (over d_v; over d_k too for one decay a head)
         dS ← e^(g_t) dS̃"""
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=False)
-    dout, dstate = _check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
+    dout, dstate = check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
     dq, dk, dv, dg, dbeta, dstate = _recurrent_backward(x, dout, dstate)
     return _grads(dq, dk, dv, dg, dbeta, dstate, np.ndim(g) < x.v.ndim, initial_state is not None, x.out_dtype)
 
@@ -270,18 +271,6 @@ def _recurrent_backward(x: DeltaInputs, dout: Array, dstate: Array) -> tuple[Arr
     return dq, dk, dv, dg, dbeta, dstate
 
 
-def _check_output_grads(dout: Any, dstate: Any, out_shape: tuple[int, ...], state_shape: tuple[int, ...],
-                        ct: np.dtype) -> tuple[Array, Array]:  # fmt: skip
-    """dout (the output's shape) and dstate (the state's shape, or None: zeros) checked, in the compute dtype."""
-    dout = as_float_array(dout, "dout")
-    check_shape(dout, "dout", out_shape, "the output's shape")
-    if dstate is None:
-        return dout.astype(ct, copy=False), np.zeros(state_shape, ct)
-    dstate = as_float_array(dstate, "dstate")
-    check_shape(dstate, "dstate", state_shape, "the final state's shape")
-    return dout.astype(ct, copy=False), dstate.astype(ct)
-
-
 def _grads(dq: Array, dk: Array, dv: Array, dg: Array, dbeta: Array, dstate: Array, per_head: bool, given: bool,
            dtype: np.dtype) -> DeltaRuleGrads:  # fmt: skip
     """DeltaRuleGrads in dtype: dg as g came (per head: its last axis dropped), dinitial_state only if given."""
@@ -299,7 +288,7 @@ def gated_delta_rule_backward(q: Array, k: Array, v: Array, g: Array, beta: Arra
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=True)
     chunk_size = check_chunk_size(chunk_size)
     check_flags(l2norm_qk=l2norm_qk)
-    dout, dstate = _check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
+    dout, dstate = check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
     q_heads, k_heads = _prepare(x.q, x.k, x.v.shape[1], l2norm_qk)
     per_head = np.ndim(g) < x.v.ndim  # g (B, Hv, T): x.g is (B, Hv, T, 1)
     if chunk_size is None:
@@ -337,6 +326,12 @@ class GatedDeltaNetShape(NamedTuple):
     def conv_channels(self) -> int:
         """The convolution's channels: q and k (key_heads · key_dim each), then v (value_heads · value_dim)."""
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def weight_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each of GatedDeltaNetWeights' arrays, in its order."""
+        C, ch, hv, values = self.d_model, self.conv_channels, self.value_heads, self.value_heads * self.value_dim
+        matrices = (C, ch), (C, values), (C, hv), (C, hv), (ch, self.conv_kernel)  # w_qkv, w_z, w_b, w_a, conv
+        return (*matrices, (hv,), (hv,), (self.value_dim,), (values, C))  # dt_bias, a_log, norm, w_out
 
     def init_weights(self, *, rng: Any = None, dtype: Any = np.float32) -> GatedDeltaNetWeights:
         """Weights as transformers initialises Qwen3-Next's: the projections N(0, 0.02²), the convolution
