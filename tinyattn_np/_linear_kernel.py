@@ -36,12 +36,16 @@ from ._guard import refuse_unless_fits
 from ._parallel import cpu_cores, l2_cache_bytes, one_blas_thread, run_items
 
 __all__ = [
+    "L2_EPS",
+    "Prep",
     "chunked_backward",
     "chunked_forward",
     "decayed_products",
     "decayed_products_backward",
     "decode_step",
     "invert_unit_lower",
+    "prepare_qk",
+    "prepare_qk_backward",
     "recurrent_forward",
 ]
 
@@ -53,6 +57,43 @@ SUB_BLOCK = 16  # rows inverted by plain forward substitution, and a per-channel
 # docs/results/linear.md)
 GROUP_BYTES = l2_cache_bytes() or 2**21
 HEAD_TOKENS_PER_WORKER = 2**12  # fewer head-tokens than this a worker, and a call runs on fewer workers
+
+
+L2_EPS = 1e-6  # q / √(‖q‖² + ε), as transformers and flash-linear-attention normalise q and k
+
+
+class Prep(NamedTuple):
+    """What becomes of q and k before the rule reads them: with l2norm each is made unit length first,
+    x / √(‖x‖² + ε); then q is scaled by q_scale (d_k^-½)."""
+
+    q_scale: float = 1.0
+    l2norm: bool = False
+
+
+def prepare_qk(q: Array, k: Array, prep: Prep) -> tuple[Array, Array]:
+    """q and k (..., d_k) as the rule reads them, new arrays: q_scale · q̂ and k̂ (x̂ = x / √(‖x‖² + ε) with
+    l2norm, else x)."""
+    if not prep.l2norm:
+        return q * prep.q_scale, k.copy()
+    return q * (prep.q_scale * _inverse_norm(q)), k * _inverse_norm(k)
+
+
+def prepare_qk_backward(dq: Array, dk: Array, q: Array, k: Array, prep: Prep) -> tuple[Array, Array]:
+    """The gradients in q and k of prepare_qk from those in what it returned."""
+    dq = dq * prep.q_scale
+    return (_l2_normalize_backward(dq, q), _l2_normalize_backward(dk, k)) if prep.l2norm else (dq, dk)
+
+
+def _inverse_norm(x: Array) -> Array:
+    """1 / √(‖x‖² + ε) along the last axis: x (..., d) -> (..., 1)."""
+    return 1.0 / np.sqrt(np.einsum("...d,...d->...", x, x)[..., None] + L2_EPS)
+
+
+def _l2_normalize_backward(dy: Array, x: Array) -> Array:
+    """y = x r with r = (‖x‖² + ε)^-½: dx = r (dy − y (yᵀdy)), since ∂r/∂x = −r³ x."""
+    r = _inverse_norm(x)  # (..., 1)
+    y = x * r
+    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
 
 
 def _t(x: Array) -> Array:
@@ -176,9 +217,10 @@ def _substitute(a: Array) -> Array:
 # the heads over worker threads
 
 
-def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
-                    chunk_size: int) -> tuple[Array, Array]:  # fmt: skip
-    """o (..., T, d_v) and the final state (..., d_k, d_v), chunk_size tokens a chunk."""
+def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk_size: int,
+                    prep: Prep) -> tuple[Array, Array]:  # fmt: skip
+    """o (..., T, d_v) and the final state (..., d_k, d_v), chunk_size tokens a chunk; q and k as they come, each
+    group of chunks prepared (prep) as it is read."""
     inputs, T, C = _flat_heads(q, k, v, g, beta), v.shape[-2], chunk_size
     heads = inputs.q.shape[0]
     _refuse(heads, -(-T // C), C, q.shape[-1], v.shape[-1], q.dtype, keep=False)
@@ -186,17 +228,16 @@ def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: 
     states = state.reshape(heads, *state.shape[-2:])  # (N, d_k, d_v)
 
     def run(part: slice) -> None:
-        o_part, final[part] = _forward(inputs.part(part), states[part], C, None)
-        o[part] = o_part[:, :T]
+        final[part] = _forward(inputs.part(part), states[part], C, prep, out=o[part])
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
 
 
 def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, dout: Array,
-                     dstate: Array, chunk_size: int) -> tuple[Array, ...]:  # fmt: skip
-    """The gradients dq, dk, dv, dg, dbeta (the inputs' shapes) and dstate_0 (the state's) of chunked_forward, from
-    dout = ∂loss/∂o (..., T, d_v) and dstate = ∂loss/∂(the final state) (..., d_k, d_v)."""
+                     dstate: Array, chunk_size: int, prep: Prep) -> tuple[Array, ...]:  # fmt: skip
+    """The gradients dq, dk, dv, dg, dbeta (the inputs' shapes; dq and dk through prep) and dstate_0 (the state's)
+    of chunked_forward, from dout = ∂loss/∂o (..., T, d_v) and dstate = ∂loss/∂(the final state) (..., d_k, d_v)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
     heads = inputs.q.shape[0]
     _refuse(heads, -(-T // chunk_size), chunk_size, q.shape[-1], v.shape[-1], q.dtype, keep=True)
@@ -205,9 +246,8 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
     states, dstates = (x.reshape(heads, *x.shape[-2:]) for x in (state, dstate))  # (N, d_k, d_v) each
 
     def run(part: slice) -> None:
-        for grad, value in zip(grads, _backward(inputs.part(part), dout[part], states[part], dstates[part],
-                                                  chunk_size), strict=True):  # fmt: skip
-            grad[part] = value
+        parts = [grad[part] for grad in grads[:5]]
+        grads[5][part] = _backward(inputs.part(part), dout[part], states[part], dstates[part], chunk_size, prep, parts)
 
     _over_heads(run, heads, T)
     shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape, state.shape)
@@ -252,6 +292,11 @@ class Tokens(NamedTuple):
         k = 0 and g = 0, so it neither writes nor decays the state."""
         q, k, v, g, beta = (_chunks(x, C, start, stop) for x in (self.q, self.k, self.v, self.g, self.beta[..., None]))
         return Tokens(q, k, v, g, beta[..., 0])
+
+    def prepared(self, prep: Prep) -> Tokens:
+        """The same tokens with q and k as the rule reads them (prepare_qk): new arrays, the size of these."""
+        q, k = prepare_qk(self.q, self.k, prep)
+        return self._replace(q=q, k=k)
 
 
 def _chunks(x: Array, C: int, start: int, stop: int) -> Array:
@@ -340,54 +385,62 @@ class Kept(NamedTuple):
     writes: Array
 
 
-def _forward(x: Tokens, state: Array, C: int, kept: Kept | None) -> tuple[Array, Array]:
-    """The groups in order, each's first phase then its scan: o (N, n·C, d_v), the padding's rows too, and the
-    final state (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the
-    state, and new memory costs the process more than the arithmetic on it."""
+def _forward(x: Tokens, state: Array, C: int, prep: Prep, *, out: Array | None = None,
+             kept: Kept | None = None) -> Array:  # fmt: skip
+    """The groups in order, each's first phase then its scan: the outputs into out (N, T, d_v) (None: none made,
+    as the backward's second forward needs only the states and the writes, kept) and the final state
+    (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the state, and new
+    memory costs the process more than the arithmetic on it."""
     (heads, T, d_k), d_v = x.q.shape, x.v.shape[-1]
-    n = -(-T // C)
-    o = np.empty((heads, n * C, d_v), x.v.dtype)  # (N, n·C, d_v)
+    n, rows = -(-T // C), C if out is None else 2 * C  # without outputs, only W S is read
     state = state.copy()  # (N, d_k, d_v): from here on written in place
-    read, write = np.empty((heads, 2 * C, d_v), o.dtype), np.empty((heads, C, d_v), o.dtype)
+    read, write = np.empty((heads, rows, d_v), x.v.dtype), np.empty((heads, C, d_v), x.v.dtype)
     products, update = np.empty_like(write), np.empty_like(state)  # (N, C, d_v), (N, d_k, d_v)
     step = chunks_per_group(heads, C, d_k, d_v, x.q.dtype.itemsize) * C
     for start in range(0, n * C, step):
-        terms = chunk_terms(x.chunks(C, start, min(start + step, n * C)))
+        terms = chunk_terms(x.chunks(C, start, min(start + step, n * C)).prepared(prep))
         for c in range(terms.u.shape[1]):
-            tokens = slice(start + c * C, start + (c + 1) * C)
+            first = start + c * C  # the chunk's first token
             if kept is not None:
-                kept.states[tokens.start // C] = state
-            np.matmul(terms.wq[:, c], state, out=read)  # (N, 2C, d_v): [W S; e^γ q S]
+                kept.states[first // C] = state
+            np.matmul(terms.wq[:, c, :rows], state, out=read)  # (N, 2C, d_v): [W S; e^γ q S]
             np.subtract(terms.u[:, c], read[:, :C], out=write)  # (N, C, d_v): u = U − W S
-            np.add(read[:, C:], np.matmul(terms.p[:, c], write, out=products), out=o[:, tokens])  # e^γ q S + P u
+            if out is not None:  # o = e^γ q S + P u, the chunk's tokens before T
+                last = min(C, T - first)
+                np.add(read[:, C : C + last], np.matmul(terms.p[:, c], write, out=products)[:, :last],
+                       out=out[:, first : first + last])  # fmt: skip
             state *= terms.chunk_decay[:, c]  # S' = e^(γ_C) S + (e^(γ_C − γ) k)ᵀ u
             state += np.matmul(terms.k_to_end_t[:, c], write, out=update)
             if kept is not None:
-                kept.writes[:, tokens] = write
-    return o, state
+                kept.writes[:, first : first + C] = write
+    return state
 
 
-def _backward(x: Tokens, dout: Array, state: Array, dstate: Array, C: int) -> tuple[Array, ...]:
+def _backward(x: Tokens, dout: Array, state: Array, dstate: Array, C: int, prep: Prep, grads: list[Array]) -> Array:
     """chunked_backward for N heads (N, T, ·): the forward again, keeping the state entering each chunk; then the
     groups from the last: the first phase again, the scan backward (dS from chunk to chunk, _scan_backward), and
-    the first phase's own gradients for the whole group (chunk_terms_backward)."""
+    the first phase's own gradients for the whole group (chunk_terms_backward), through prep to q and k. The
+    gradients of q, k, v, g, beta go into grads (N, T, ·) each; returns that of the state the rule started from."""
     heads, T = x.q.shape[:2]
     n = -(-T // C)
     kept = Kept(np.empty((n, *state.shape), state.dtype), np.empty((heads, n * C, x.v.shape[-1]), x.v.dtype))
-    _forward(x, state, C, kept)
-    grads = [np.zeros((heads, n * C, width), x.q.dtype) for width in [a.shape[-1] for a in x[:4]] + [1]]
+    _forward(x, state, C, prep, kept=kept)
     dout = _chunks(dout, C, 0, n * C)  # (N, n, C, d_v), zeros past T
     writes = kept.writes.reshape(heads, n, C, -1)  # (N, n, C, d_v)
     step = chunks_per_group(heads, C, x.q.shape[-1], x.v.shape[-1], x.q.dtype.itemsize) * C
     dstate = dstate.copy()  # (N, d_k, d_v): dS, the gradient of the state leaving the chunk at hand
     for start in reversed(range(0, n * C, step)):
         stop = min(start + step, n * C)
-        chunks, group = x.chunks(C, start, stop), slice(start // C, stop // C)
+        raw, group = x.chunks(C, start, stop), slice(start // C, stop // C)
+        chunks = raw.prepared(prep)
         terms = chunk_terms(chunks)
         d_scan, dstate = _scan_backward(terms, kept.states[group], writes[:, group], dout[:, group], dstate)
-        for grad, part in zip(grads, chunk_terms_backward(terms, chunks, d_scan), strict=True):
-            grad[:, start:stop] = part.reshape(heads, stop - start, -1)
-    return (*(grad[:, :T] for grad in grads[:4]), grads[4][:, :T, 0], dstate)
+        dq, dk, *rest = chunk_terms_backward(terms, chunks, d_scan)
+        dq, dk = prepare_qk_backward(dq, dk, raw.q, raw.k, prep)
+        last = min(stop, T) - start  # the group's tokens before T
+        for grad, part in zip(grads, [dq, dk, *rest], strict=True):
+            grad[:, start : start + last] = part.reshape(heads, stop - start, *grad.shape[2:])[:, :last]
+    return dstate
 
 
 class ScanGrads(NamedTuple):
