@@ -38,6 +38,7 @@ from ._parallel import cpu_cores, l2_cache_bytes, one_blas_thread, run_items
 __all__ = [
     "L2_EPS",
     "Prep",
+    "backward_numbers",
     "chunked_backward",
     "chunked_forward",
     "decayed_products",
@@ -317,10 +318,26 @@ def _flat_heads(q: Array, k: Array, v: Array, g: Array, beta: Array) -> Tokens:
 def _over_heads(run: Callable[[slice], None], heads: int, tokens: int) -> None:
     """run(part) for parts of the N heads, one part a worker thread, BLAS one thread each: a worker per core, no
     more than one a head or per HEAD_TOKENS_PER_WORKER head-tokens. Each head's numbers are the same in any part."""
-    workers = max(1, min(cpu_cores(), heads, heads * tokens // HEAD_TOKENS_PER_WORKER))
+    workers = _workers(heads, tokens)
     bounds = np.linspace(0, heads, workers + 1).round().astype(int)  # (workers + 1,)
     with one_blas_thread():
         run_items(run, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], workers)
+
+
+def _workers(heads: int, tokens: int) -> int:
+    return max(1, min(cpu_cores(), heads, heads * tokens // HEAD_TOKENS_PER_WORKER))
+
+
+def backward_numbers(heads: int, T: int, C: int, d_k: int, d_v: int, itemsize: int) -> int:
+    """About how many numbers chunked_backward holds at its fullest besides its arguments, for N = heads of T
+    tokens in chunks of C: the gradients (N T (2 d_k + d_v + 2)), the state entering each chunk and every write
+    (the chunks padded to C tokens), and each worker's group of chunks while the group's gradients are taken:
+    its first phase, the scan's gradients and the first phase's backward, about 7 C + 18 d_k numbers a head
+    and token (tests/test_trainbill.py holds a training step's bill within 10% of tracemalloc's)."""
+    n, workers = -(-T // C), _workers(heads, T)
+    per_worker = -(-heads // workers)
+    group = workers * per_worker * min(n, chunks_per_group(per_worker, C, d_k, d_v, itemsize)) * C
+    return heads * (T * (2 * d_k + d_v + 2) + n * (d_k * d_v + C * d_v)) + group * (7 * C + 18 * d_k)
 
 
 def _refuse(heads: int, n: int, C: int, d_k: int, d_v: int, dtype: np.dtype, *, keep: bool) -> None:
