@@ -257,19 +257,18 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
 
 def recurrent_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> tuple[Array, Array]:
     """o (..., T, d_v) and the final state, token by token as linear.gated_delta_rule_recurrent: a decode_step each,
-    the new state written into one of two buffers in turn, the last into the final state (a new array each step
-    costs more than the step: the memory is new to the process)."""
+    the state written in place in the array returned (a new one: `state` is left as it was)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
     heads, states = inputs.q.shape[0], state.reshape(-1, *state.shape[-2:])  # N, (N, d_k, d_v)
-    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states) if T else states.copy()
+    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states)
 
     def run(part: slice) -> None:
-        x, now = inputs.part(part), states[part]
-        buffers = np.empty((3 if T > 1 else 1, *now.shape), now.dtype)  # k uᵀ, and two states in turn
-        for t in range(T):
-            out = final[part] if t == T - 1 else buffers[1 + t % 2]  # the last step writes the final state
-            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now, out=out,
-                                          scratch=buffers[0])  # fmt: skip
+        x, now, scratch = inputs.part(part), states[part], np.empty_like(states[part])  # scratch: k uᵀ
+        for t in range(T):  # the first step reads `state` and writes `final`, the others `final` in place
+            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now,
+                                          out=final[part], scratch=scratch)  # fmt: skip
+        if T == 0:
+            final[part] = now
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
@@ -536,13 +535,22 @@ def chunk_terms_backward(terms: ChunkTerms, x: Tokens, d: ScanGrads) -> tuple[Ar
 def decode_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, *, out: Array | None = None,
                 scratch: Array | None = None) -> tuple[Array, Array]:  # fmt: skip
     """One token: q, k (..., d_k), v (..., d_v), g (..., 1|d_k), beta (...), state (..., d_k, d_v) -> o (..., d_v)
-    and the new state, written into `out` (new where None; never `state`, which is left as it was); scratch:
-    a buffer of the state's shape for k uᵀ. One read of S for both products, then the write:
-        r_k, r_q = (e^g S)ᵀ k, (e^g S)ᵀ q      u = β (v − r_k)      o = r_q + u (kᵀq)      S' = e^g S + k uᵀ"""
+    and the new state, written into `out` (new where None; `state` itself for a step in place); scratch: a buffer
+    of the state's shape for k uᵀ. One read of the old state S gives both products; then the write:
+        r_k, r_q = (e^g S)ᵀ k, (e^g S)ᵀ q      u = β (v − r_k)      o = r_q + u (kᵀq)      S' = e^g S + k uᵀ
+    k uᵀ is a matmul over two columns, [k 0] [u 0]ᵀ, which NumPy hands to BLAS (an outer product, or a matmul
+    over one column, it runs in its own loops: measured on docs/results/linear.md)."""
     decay = np.exp(g)  # (..., 1|d_k)
-    reads = np.stack([decay * k, decay * q], axis=-2) @ state  # (..., 2, d_v): (e^g S)ᵀ k and (e^g S)ᵀ q
+    x = np.stack([k, q], axis=-2)  # (..., 2, d_k)
+    if g.shape[-1] > 1:  # a decay per key channel scales the rows of S: (e^g ∘ S)ᵀ x = Sᵀ (e^g ∘ x)
+        x *= decay[..., None, :]
+    reads = x @ state  # (..., 2, d_v): Sᵀk and Sᵀq, the one read of S
+    if g.shape[-1] == 1:
+        reads *= decay[..., None]
     write = beta[..., None] * (v - reads[..., 0, :])  # (..., d_v): u
     o = reads[..., 1, :] + write * np.sum(k * q, axis=-1, keepdims=True)  # (..., d_v): S'ᵀq without S'
+    columns, rows = np.zeros((*k.shape, 2), k.dtype), np.zeros((*write.shape[:-1], 2, write.shape[-1]), k.dtype)
+    columns[..., 0], rows[..., 0, :] = k, write  # [k 0] (..., d_k, 2) and [u 0]ᵀ (..., 2, d_v)
     new = np.multiply(state, decay[..., :, None], out=out)  # (..., d_k, d_v): e^g S
-    new += np.einsum("...k,...v->...kv", k, write, out=scratch)  # + k uᵀ
+    new += np.matmul(columns, rows, out=scratch)  # + k uᵀ
     return o, new
