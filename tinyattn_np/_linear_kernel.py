@@ -4,8 +4,10 @@ imports it and takes prepared arrays:
 
     q, k (..., T, d_k)    v (..., T, d_v)    g (..., T, 1) or (..., T, d_k)    beta (..., T)    state (..., d_k, d_v)
 
-q already L2-normalised where asked and scaled by d_k^-½, q and k repeated to the value heads, everything in the
-compute dtype; g the log decay, one per head (last axis 1) or one per key channel (Kimi), all <= 0.
+q and k repeated to the value heads, everything in the compute dtype; g the log decay, one per head (last axis 1)
+or one per key channel (Kimi), all <= 0. The chunked functions L2-normalise q and k where asked and scale q by
+d_k^-½ themselves (Prep), a group of chunks at a time as they read it, in their workers; the recurrence takes
+them prepared (prepare_qk).
 
 A chunk of C tokens entering with the state S (derived on docs/linear.md):
 

@@ -20,9 +20,10 @@ travels. docs/linear.md derives it step by step.
 Read it in this order:
     gated_delta_rule_recurrent            the three lines above, one token at a time, the state written out
     gated_delta_rule_chunked              the same in chunks: a triangular solve inside, the state across
-    gated_delta_rule                      the entry: shapes checked, q and k L2-normalised (l2norm_qk) and q
-                                          scaled by d_k^-½ as transformers does, grouped value heads, then the
-                                          engine (_linear_kernel.py: every head at once, chunks in groups)
+    gated_delta_rule                      the entry: shapes checked, grouped value heads, then the engine
+                                          (_linear_kernel.py: every head at once, chunks in groups), which
+                                          L2-normalises q and k (l2norm_qk) and scales q by d_k^-½ as
+                                          transformers does
     gated_delta_rule_recurrent_backward   the gradients by hand, token by token from the last: the reference
     gated_delta_rule_backward             the same gradients through the chunks (the engine)
     gated_deltanet, gated_deltanet_backward   Qwen3-Next's layer: projections, a short causal convolution,
