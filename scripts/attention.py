@@ -378,7 +378,8 @@ def trained_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    print(f"checkpoint {args.checkpoint}: step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
+    print(f"checkpoint {args.checkpoint}")  # a path of any length, on a line of its own
+    print(f"  step {meta['step']}, {c.layers} layers x {c.heads} heads, width {c.width}")
     # the weights this run started from (train.py draws them from --seed)
     untrained = GPT(c, rng=meta["seed"])
     best = induction_demo(model, untrained, args)

@@ -13,8 +13,10 @@ What it shows (H heads, d_k = d_v = d, float32; q and k L2-normalised, as Qwen3-
   2) the chunk size C: the chunked prefill at each C (its FLOPs grow with C, its steps shrink).
   3) one decode step at each context S: the bytes it reads and writes, and its time. Softmax attention reads every
      cached k and v (flash_decode over S keys); the gated delta rule reads its state S (d_k x d_v a head) and
-     writes it anew (the decay touches every number), whatever S. Beside the rule's step: its floors, one read
-     of the state (Sᵀx, one matmul over the heads) and one copy of it (read and written). Where the two cross.
+     writes it anew (the decay touches every number), whatever S: through gated_delta_rule on one token as
+     GatedDeltaCache runs it, and the engine's step as a decode loop runs it (the recurrence over 64 tokens, a
+     token's share). Beside them, the state's floors: one read of it (Sᵀx, one matmul over the heads) and one
+     copy of it (read and written), the least a step that must write its state can do. Where the two cross.
 
 Run:  python scripts/linear.py [--tokens 2048] [--heads 16] [--head-dim 128] [--chunk-sizes 16 32 64 128]
                                [--contexts 256 1024 4096 16384] [--repeats 3] [--torch] [--json PATH]
@@ -24,6 +26,7 @@ Every claim is checked (chunks = recurrence, = torch); the exit code is 1 if one
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,6 +47,7 @@ import torch_import  # noqa: E402
 
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 SAME = 1e-4  # float32 chunks against the recurrence and against torch, relative to the largest output
+DECODE_RUN = 64  # tokens of the recurrence timed together in section 3, for its time a token
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -167,33 +171,33 @@ def print_chunk_sizes(rows: list[dict[str, Any]], args: argparse.Namespace, run:
 
 def decode_inputs(S: int, args: argparse.Namespace) -> SimpleNamespace:
     """A KV cache of S tokens (1, H, S, d) and a query (1, H, 1, d); a state (1, H, d, d) and one token's q, k, v
-    (1, H, 1, d), g and beta (1, H, 1); two buffers of the state's shape."""
+    (1, H, 1, d), g and beta (1, H, 1), and DECODE_RUN tokens of them for the recurrence; a buffer of the state's
+    shape."""
     rng, H, d = np.random.default_rng(args.seed), args.heads, args.head_dim
     keys, values = (rng.standard_normal((1, H, S, d), dtype=np.float32) for _ in range(2))
-    q, k, v = (rng.standard_normal((1, H, 1, d), dtype=np.float32) for _ in range(3))
+    q, k, v = (rng.standard_normal((1, H, DECODE_RUN, d), dtype=np.float32) for _ in range(3))
     state = (0.1 * rng.standard_normal((1, H, d, d))).astype(np.float32)
-    g, beta = np.full((1, H, 1), -0.05, np.float32), np.full((1, H, 1), 0.5, np.float32)
+    g, beta = np.full((1, H, DECODE_RUN), -0.05, np.float32), np.full((1, H, DECODE_RUN), 0.5, np.float32)
     return SimpleNamespace(keys=keys, values=values, q=q, k=k, v=v, g=g, beta=beta, state=state,
-                           buffers=np.empty((2, *state.shape), np.float32))  # fmt: skip
+                           buffer=np.empty_like(state))  # fmt: skip
 
 
 def decode_steps(s: SimpleNamespace) -> dict[str, Any]:
-    """The steps of section 3 as calls: flash_decode over the cache; the rule's step from its state as
-    GatedDeltaCache runs it (gated_delta_rule on one token, chunk_size=None: its checks, a new state), and the
-    engine's step alone into buffers made once (as the recurrent prefill runs it); the state's two floors."""
-    from tinyattn_np._linear_kernel import decode_step  # the engine's step, which gated_delta_rule calls
-
-    q, k = (x[0, :, 0] / np.linalg.norm(x[0, :, 0], axis=-1, keepdims=True) for x in (s.q, s.k))  # (H, d) each
-    q = q / np.float32(np.sqrt(q.shape[-1]))
-    g, beta, v, state, out, scratch = s.g[0], s.beta[0, :, 0], s.v[0, :, 0], s.state[0], *s.buffers[:, 0]
+    """The steps of section 3 as calls: flash_decode over the cache; the rule's step as GatedDeltaCache runs it
+    (gated_delta_rule on one token, chunk_size=None: its checks, the L2 norms, a new state); the recurrence, the
+    engine's step DECODE_RUN times in one call (timed per token: the step as a decode loop runs it, the state
+    updated in place); the state's two floors."""
+    one = [x[:, :, :1] for x in (s.q, s.k, s.v, s.g, s.beta)]  # (1, H, 1, ·): one token
     return {
-        "softmax": lambda: flash_decode(s.q, s.keys, s.values),
+        "softmax": lambda: flash_decode(one[0], s.keys, s.values),
         "rule": lambda: gated_delta_rule(
+            *one, chunk_size=None, initial_state=s.state, return_state=True, l2norm_qk=True
+        ),  # fmt: skip
+        "engine": lambda: gated_delta_rule(
             s.q, s.k, s.v, s.g, s.beta, chunk_size=None, initial_state=s.state, return_state=True, l2norm_qk=True
         ),  # fmt: skip
-        "engine": lambda: decode_step(q, k, v, g, beta, state, out=out, scratch=scratch),
-        "read once": lambda: s.q[0] @ state,  # (H, 1, d) @ (H, d, d): every number of S read once
-        "copy": lambda: np.copyto(out, state),  # read once and written once
+        "read once": lambda: s.q[0, :, :1] @ s.state[0],  # (H, 1, d) @ (H, d, d): every number of S read once
+        "copy": lambda: np.copyto(s.buffer, s.state),  # read once and written once
     }
 
 
@@ -202,11 +206,13 @@ def measure_decode(S: int, args: argparse.Namespace, run: SimpleNamespace) -> di
     inputs = decode_inputs(S, args)
     steps = decode_steps(inputs)
     if S == min(args.contexts):
-        gold = attention(inputs.q, inputs.keys, inputs.values)
+        gold = attention(inputs.q[:, :, :1], inputs.keys, inputs.values)
         check(relative(steps["softmax"](), gold) <= SAME, f"S = {S:,}: flash_decode equals attention()")
     row: dict[str, Any] = {"context": S, **machine.beside_the_row("float32", run.rate)}
-    for name, step in steps.items():
-        row[f"{name}_us"] = 1e3 * machine.settled_median_ms(step, args.repeats * 10)
+    names = list(steps)  # in turns, so that a drift of the machine slows each alike
+    times = alternating_medians_ms([steps[name] for name in names], max(2, args.repeats * 10 // 3), rounds=3)
+    for name, ms in zip(names, times, strict=True):
+        row[f"{name}_us"] = 1e3 * ms / (DECODE_RUN if name == "engine" else 1)
     itemsize, H, d = 4, args.heads, args.head_dim
     row["softmax_bytes"], row["rule_bytes"] = 2 * S * H * d * itemsize, 2 * H * d * d * itemsize
     return row
@@ -218,8 +224,9 @@ def print_decode(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simp
              f"{row['rule_us'] / row['read once_us']:.1f}x", f"{row['engine_us'] / row['read once_us']:.1f}x",
              f"{row['engine_us'] / row['copy_us']:.1f}x"] for row in rows]  # fmt: skip
     print(f"\n3) one decode step, {args.heads} heads of {args.head_dim}, float32: the bytes it reads (softmax) or "
-          "reads and writes (the rule's\n   state); its time in microseconds (median): flash_decode, the rule's "
-          "step as the cache runs it and the engine's\n   step alone, the state read once and copied")  # fmt: skip
+          "reads and writes (the rule's\n   state); its time in microseconds (median, in turns): flash_decode, the "
+          "rule's step as the cache runs it,\n   the engine's step in a decode loop (a token of the recurrence), "
+          "the state read once and copied")  # fmt: skip
     headers = ["S", "KV bytes", "state bytes", "softmax", "rule", "engine", "read", "copy", "rule / read",
                "engine / read", "/ copy"]  # fmt: skip
     print(machine.marked_table(body, rows, headers, args.format, label=lambda row: f"S={row['context']:,}"))
@@ -227,6 +234,11 @@ def print_decode(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simp
     print(f"   bytes: the KV cache ({format_bytes(token)} a token) passes the state's read and write "
           f"({format_bytes(state)}) at S = {state // token:,}")  # fmt: skip
     print(f"   time: {machine.concluded(rows, crossing(rows))}")
+    floor = statistics.median(row["copy_us"] / row["read once_us"] for row in rows)
+    print(
+        f"   floor: a step reads S (Sᵀk, Sᵀq) and writes S' = e^g S + k uᵀ; the copy, a read and a write, takes "
+        f"{floor:.1f}x the read\n   (median of the rows): a step within 1.3x of one read writes less than its state"
+    )
 
 
 def crossing(rows: list[dict[str, Any]]) -> str:

@@ -1,4 +1,5 @@
-"""Generate text from a checkpoint that train.py wrote, one token at a time, through the KV cache.
+"""Generate text from a checkpoint that train.py wrote, one token at a time, through the KV cache (and, for a
+hybrid model that train.py --layer-pattern made, the gated delta layers' states).
 
     python scripts/sample.py run                                   # 200 tokens after a newline
     python scripts/sample.py run --prompt "ROMEO:" --tokens 500 --temperature 0.7 --top-k 20
@@ -136,8 +137,9 @@ def timed_generation(model: Any, prompt: np.ndarray, args: argparse.Namespace, u
     }
 
 
-def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace) -> str:
-    how = "with the KV cache" if use_cache else "without a cache (the whole sequence at every step)"
+def speed_line(run: dict[str, Any], use_cache: bool, args: argparse.Namespace, hybrid: bool = False) -> str:
+    caches = "the KV caches and the gated delta states" if hybrid else "the KV cache"
+    how = f"with {caches}" if use_cache else "without a cache (the whole sequence at every step)"
     count = f"{args.samples} x {args.tokens:,}" if args.samples > 1 else f"{args.tokens:,}"
     return f"{count} tokens in {run['seconds']:.2f} s {how}: {run['tokens_per_s']:,.1f} tokens/s"
 
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  step {meta['step']}, validation loss {last_val_loss(meta)}; GPT ({meta['preset']}), {c.layers} "
         f"layer{'s' * (c.layers != 1)}, width {c.width}, context {c.context}, vocabulary {c.vocab:,}"
+        + (f", layer pattern {c.layer_pattern}" if c.layer_pattern else "")
     )
     runs = {}
     try:
@@ -212,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("-" * 80 + "".join(f"\n{fold_lines(text)}\n" + "-" * 80 for text in texts))
     for use_cache, run in runs.items():
-        print(speed_line(run, use_cache, args))
+        print(speed_line(run, use_cache, args, hybrid=c.delta_layers > 0))
     busy = machine.busy_reasons()
     if busy:
         print(f"* timed on a busy machine: {'; '.join(busy)}")

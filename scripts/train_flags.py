@@ -36,6 +36,7 @@ MODEL_FLAGS = (
     "mlp",
     "norm",
     "bias",
+    "layer_pattern",
 )  # the model's shape (GPTConfig's)
 
 
@@ -203,7 +204,8 @@ def model_config(
 
 def flag_text(name: str, value: Any) -> str:
     """A model flag as it is typed: '--width 128', '--bias', '--no-bias'."""
-    return f"--{'' if value else 'no-'}{name}" if isinstance(value, bool) else f"--{name} {value}"
+    flag = name.replace("_", "-")
+    return f"--{'' if value else 'no-'}{flag}" if isinstance(value, bool) else f"--{flag} {value}"
 
 
 def check_size(config: GPTConfig, settings: Settings, processes: int) -> None:
@@ -267,6 +269,12 @@ def add_model(p: argparse.ArgumentParser) -> None:
         help="biases in the MLP and the norms (default: the preset's: "
         + ", ".join(f"{'biases' if preset.config.bias else 'none'} in {name}" for name, preset in PRESETS.items())
         + ")",
+    )
+    p.add_argument(
+        "--layer-pattern",
+        metavar="PATTERN",
+        help="each block's mixer, one letter a layer, repeated over the layers: A softmax attention, L a gated delta "
+        "layer (Qwen3-Next's Gated DeltaNet); LLLA is Qwen3-Next's three to one (default: A, attention in every block)",
     )
 
 

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tinyattn_np import _guard
+from tinyattn_np import GatedDeltaCache, GatedDeltaNetShape, GatedDeltaNetWeights, KVCache, _guard
 from tinyattn_np._guard import AttentionMemoryError
 from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, init_params, param_shapes, parameter_count
 
@@ -85,14 +85,28 @@ CONFIGS = {
     "layernorm gelu bias": small(bias=True),
     "rmsnorm swiglu": small(norm="rmsnorm", mlp="swiglu"),
     "rmsnorm gelu bias": small(norm="rmsnorm", bias=True),
+    "hybrid LLA rmsnorm swiglu": small(layers=3, norm="rmsnorm", mlp="swiglu", layer_pattern="LLA"),
+    "hybrid LA layernorm bias": small(layers=3, bias=True, layer_pattern="LA"),
 }
+
+
+def model_of(config: GPTConfig, seed: int) -> GPT:
+    """GPT(config, rng=seed), its gated delta layers' matrices ten times their initial size and their decays
+    slower (A in (0.1, 1): a token's trace lasts a few tokens), so that every part of them moves the loss."""
+    model, rng = GPT(config, rng=seed), np.random.default_rng(seed + 100)
+    for name, param in model.params.items():
+        if ".delta." in name and param.ndim == 2:
+            param *= 10.0
+        elif name.endswith("delta.a_log"):
+            param[...] = np.log(rng.uniform(0.1, 1.0, param.shape))
+    return model
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_whole_models_gradient_matches_central_differences(name):
     """Every parameter array, a few entries each (the tied embedding's too), in float64."""
     config = CONFIGS[name]
-    model = GPT(config, rng=1)
+    model = model_of(config, 1)
     idx, targets = tokens(config, 2, config.context, seed=2)
     loss, grads = model.loss_and_grads(idx, targets)
     assert list(grads) == list(model.params)
@@ -176,12 +190,13 @@ def test_init_follows_gpt2():
     assert np.all(params["h.3.ln_1.gain"] == 1) and np.all(params["h.3.mlp.b_fc"] == 0)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm swiglu", "layernorm gelu bias"])
+@pytest.mark.parametrize("name", ["rmsnorm swiglu", "layernorm gelu bias", "hybrid LLA rmsnorm swiglu"])
 def test_the_cached_forward_equals_the_whole_one_past_the_context(name):
     """A prompt, then one token at a time through the caches, gives hidden states equal to the whole sequence
-    at once, also past the context (6), where both attend to the last `context` tokens."""
+    at once, also past the context (6), where both attend to the last `context` tokens (and a gated delta
+    layer's state, in chunks or a token at a time, holds them all)."""
     config = CONFIGS[name]
-    model = GPT(config, rng=2)
+    model = model_of(config, 2)
     idx, _ = tokens(config, 2, 15, seed=5)
     whole = model.hidden(idx)  # (2, 15, C)
     caches = model.new_caches(2, 15)
@@ -254,15 +269,72 @@ def test_dropout_needs_a_generator():
 
 def test_caches_must_be_one_per_layer():
     model = GPT(small(), rng=0)
-    with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
+    with pytest.raises(ValueError, match="caches must be a list of 2 KVCache or GatedDeltaCache"):
         model.hidden(np.zeros((1, 2), int), model.new_caches(1, 4)[:1])
+    hybrid = GPT(small(layer_pattern="LA"), rng=0)
+    caches = hybrid.new_caches(1, 4)
+    assert [type(cache) for cache in caches] == [GatedDeltaCache, KVCache]
+    with pytest.raises(ValueError, match="cache must be a GatedDeltaCache"):
+        hybrid.hidden(np.zeros((1, 2), int), caches[::-1])
+
+
+# --- the layer pattern: gated delta layers beside softmax attention ---------------------------------------
+
+
+def test_the_layer_pattern_repeats_over_the_layers():
+    config = small(layers=8, layer_pattern="LLLA")  # Qwen3-Next's three to one
+    assert "".join(config.layer_kind(layer) for layer in range(8)) == "LLLALLLA" and config.delta_layers == 6
+    assert small(layers=5, layer_pattern="LLA").delta_layers == 4  # LLALL
+    assert GPTConfig(layers=10**12, layer_pattern="LA").delta_layers == 5 * 10**11  # by arithmetic
+    assert small().delta_layers == 0 and small().layer_kind(1) == "A"
+    shapes = param_shapes(small(layer_pattern="LA"))
+    assert "h.0.delta.w_qkv" in shapes and "h.0.attn.w_qkv" not in shapes and "h.1.attn.w_qkv" in shapes
+    delta = [name.split(".")[-1] for name in shapes if name.startswith("h.0.delta.")]
+    assert delta == list(GatedDeltaNetWeights._fields)
+    assert config.delta_shape == GatedDeltaNetShape(d_model=8, key_heads=2, value_heads=2, key_dim=4, value_dim=4)
+
+
+@pytest.mark.parametrize(
+    "pattern", ["", "AX", "LLA", 3, ["L", "A"]], ids=["empty", "another letter", "longer", "an int", "a list"]
+)
+def test_a_pattern_that_is_not_one_is_refused_by_name(pattern):
+    with pytest.raises(ValueError, match="layer_pattern must be None or a string of A .* at most 2 long"):
+        small(layer_pattern=pattern)
+
+
+def test_the_default_pattern_is_the_gpt_as_it_was_to_the_bit():
+    """layer_pattern=None, "A" or "AA": the same parameters, the same loss and gradients, bit for bit; a config
+    written before the field existed (no layer_pattern key) reads back as None."""
+    idx, targets = tokens(small(), 2, 6, seed=1)
+    runs = [GPT(small(dtype="float32", layer_pattern=p), rng=3).loss_and_grads(idx, targets) for p in (None, "A", "AA")]
+    for loss, grads in runs[1:]:
+        assert loss == runs[0][0]
+        for name in grads:
+            np.testing.assert_array_equal(grads[name], runs[0][1][name], err_msg=name)
+    old = {key: value for key, value in small().to_dict().items() if key != "layer_pattern"}
+    assert GPTConfig.from_dict(old) == small()
+    hybrid = small(layer_pattern="LA")
+    assert GPTConfig.from_dict(hybrid.to_dict()) == hybrid
+
+
+def test_a_gated_delta_layer_is_initialised_as_transformers_draws_qwen3_next():
+    config = GPTConfig(layers=8, width=64, heads=2, layer_pattern="L")
+    params = init_params(config, 0)
+    assert abs(params["h.0.delta.w_out"].std() - 0.02 / 4) < 0.0003  # into the residual stream: 0.02 / √(2 · 8)
+    assert abs(params["h.0.delta.w_qkv"].std() - 0.02) < 0.001
+    assert np.all(params["h.1.delta.dt_bias"] == 1) and np.all(params["h.1.delta.norm"] == 1)
+    assert np.all(np.abs(params["h.2.delta.conv"]) <= 0.5)  # U(±1/√4)
+    a = np.exp(np.concatenate([params[f"h.{layer}.delta.a_log"] for layer in range(8)]))
+    assert np.all((a >= 0.01) & (a <= 16))
 
 
 @pytest.mark.parametrize(
     "config",
     [GPT_PRESETS["tiny"], GPT_PRESETS["part3"], small(mlp="swiglu", norm="rmsnorm", bias=True), small(bias=True),
-     small(mlp="swiglu", mlp_hidden=12), small(norm="rmsnorm", layers=5)],
-    ids=["tiny", "part3", "swiglu rmsnorm bias", "layernorm bias", "swiglu hidden 12", "rmsnorm 5 layers"],
+     small(mlp="swiglu", mlp_hidden=12), small(norm="rmsnorm", layers=5),
+     small(layers=7, layer_pattern="LLLA", bias=True), GPTConfig(layers=6, layer_pattern="L")],
+    ids=["tiny", "part3", "swiglu rmsnorm bias", "layernorm bias", "swiglu hidden 12", "rmsnorm 5 layers",
+         "hybrid LLLA bias", "all gated delta"],
 )  # fmt: skip
 def test_the_parameter_count_is_param_shapes_by_arithmetic(config):
     assert parameter_count(config) == sum(int(np.prod(shape)) for shape in param_shapes(config).values())

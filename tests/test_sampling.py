@@ -1,5 +1,6 @@
-"""sampling.py: generation with the KV cache equals recomputation token for token (greedy and seeded sampling,
-past the context too), and each sampling rule keeps the tokens it should, drawn with the right frequencies."""
+"""sampling.py: generation with the caches equals recomputation token for token (greedy and seeded sampling,
+past the context too; a GPT of softmax attention alone, and a hybrid one whose gated delta layers decode through
+their state), and each sampling rule keeps the tokens it should, drawn with the right frequencies."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from tinyattn_np.gpt import GPT, GPTConfig
 from tinyattn_np.sampling import generate, sample_next
 
 
-@pytest.fixture(scope="module")
-def model() -> GPT:
-    config = GPTConfig(vocab=13, context=8, layers=2, heads=2, width=16, bias=True)
+@pytest.fixture(scope="module", params=[None, "LLA"], ids=["softmax attention", "hybrid LLA"])
+def model(request) -> GPT:
+    config = GPTConfig(vocab=13, context=8, layers=3 if request.param else 2, heads=2, width=16, bias=True,
+                       layer_pattern=request.param)  # fmt: skip
     model = GPT(config, rng=4)
     model.params["wte"] *= 20  # sharper logits than at initialisation, so that the tokens vary
     return model

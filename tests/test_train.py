@@ -226,6 +226,31 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_
         np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
 
 
+def test_a_hybrid_model_trains_resumes_bit_for_bit_and_decodes_through_both_caches(
+    small_preset, data, tmp_path, monkeypatch, capsys
+):
+    """--layer-pattern LA: a gated delta layer, then softmax attention. The checkpoint keeps the pattern and the
+    delta layer's weights; a run stopped after step 3 and resumed ends with the bits of one that never stopped; and
+    sample.py --compare draws the same tokens through the KV cache and the delta state as by recomputation."""
+    flags = ["--layer-pattern", "LA"]
+    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
+    assert "not the preset's: layer_pattern" in capsys.readouterr().out
+    with monkeypatch.context() as patch:
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
+    assert whole.keys() == parts.keys() and "param.h.0.delta.w_qkv" in whole and "param.h.1.attn.w_qkv" in whole
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+    assert sys.modules["checkpoint"].load(tmp_path / "parts")[1]["config"]["layer_pattern"] == "LA"
+    capsys.readouterr()
+    assert load("sample.py").main([str(tmp_path / "parts"), "--prompt", "the cat", "--tokens", "40", "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "layer pattern LA" in out and "with the KV caches and the gated delta states" in out
+    assert "the two agree on all 40 tokens" in out
+
+
 def test_train_py_takes_the_steps_of_a_plain_loop_bit_for_bit(small_preset, data, tmp_path):
     """Every loss train.py prints and keeps, and its weights at the end, equal to the bit those of the plain loop
     below, written from the library's public calls alone: the same batches from the same seed, GPT.loss_and_grads,
@@ -359,6 +384,7 @@ def test_bad_gpt_flags(flags, message, capsys):
         ("x" * 2000, ["--width", "65536", "--heads", "1"], "or take a smaller model (--preset tiny, --width,"),
         ("x" * 2000, ["--accumulate", "5"], "--batch 12 does not split into 1 process(es) x --accumulate 5 equal"),
         ("x" * 2000, ["--heads", "3"], "--heads 3: width (128) must split into 3 heads of an even size"),
+        ("x" * 2000, ["--layer-pattern", "LAX"], "--layer-pattern LAX: layer_pattern must be None or a string of A"),
         ("x" * 2000, ["--context", "5000"], "is too short for the context"),
         ("x" * 2000, ["--tokenizer", "words"], "--tokenizer must be char, byte or the path of a tokenizer.json"),
         ("x" * 2000, ["--tokenizer", "/no/such/tokenizer.json"], "--tokenizer /no/such/tokenizer.json: no such file"),

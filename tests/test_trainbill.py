@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -49,6 +50,16 @@ CASES = {
     "tiny, batch 12 in 3 slices (gradient accumulation)": (GPT_PRESETS["tiny"], 12, 64, 3),
     "part3, batch 4 in 2 slices": (GPT_PRESETS["part3"], 4, 256, 2),
     "tiny, 4 tokens, batch 2 in 2 slices: adding a slice's gradients is the peak": (GPT_PRESETS["tiny"], 2, 4, 2),
+    "tiny, every layer a gated delta layer": (replace(GPT_PRESETS["tiny"], layer_pattern="L"), 12, 64),
+    "tiny LLLA: Qwen3-Next's three to one": (replace(GPT_PRESETS["tiny"], layer_pattern="LLLA"), 12, 64),
+    "part3 LLLA, batch 2": (replace(GPT_PRESETS["part3"], layer_pattern="LLLA"), 2, 256),
+    "part3 LA, batch 4 in 2 slices": (replace(GPT_PRESETS["part3"], layer_pattern="LA"), 4, 256, 2),
+    "tiny LA, 4 tokens": (replace(GPT_PRESETS["tiny"], layer_pattern="LA"), 1, 4),
+    "swiglu rmsnorm dropout float64, LAL": (
+        GPTConfig(vocab=300, context=32, layers=3, heads=4, width=64, mlp="swiglu", norm="rmsnorm", dropout=0.1,
+                  dtype="float64", layer_pattern="LAL"),
+        6, 32,
+    ),
 }  # fmt: skip
 
 
@@ -104,3 +115,21 @@ def test_the_bill_takes_constant_time_whatever_the_batch_or_the_depth():
         assert bill.weights == 4 * parameter_count(config)
     twelve, more = training_memory(tiny, 12).activations, training_memory(tiny, 24).activations
     assert training_memory(tiny, 10**7).activations == twelve + (10**7 - 12) * (more - twelve) // 12
+    hybrid = GPTConfig(layers=10**12, layer_pattern="LLLA")
+    start = time.perf_counter()
+    bill = training_memory(hybrid, 10**9)
+    assert time.perf_counter() - start < 0.2 and bill.weights == 4 * parameter_count(hybrid)
+    assert hybrid.delta_layers == 3 * 10**12 // 4
+
+
+def test_a_gated_delta_layer_is_billed_as_what_its_forward_keeps():
+    """Its activations: per token C + 3 ch + 2 V + 4 h numbers in place of the attention's 7 C + h, per sequence
+    (K − 1) ch + h d², and none of the attention's copies of its weights (4 C²); its parameters, its own: 5 C²
+    + 2 C h + 3 C K + 2 h + d in place of 4 C² (ch = 3 C and V = C in this GPT, K = 4)."""
+    tiny = GPT_PRESETS["tiny"]
+    C, h, d, c, N = tiny.width, tiny.heads, tiny.head_dim, 4, 12 * 64
+    softmax, delta = training_memory(tiny, 12), training_memory(replace(tiny, layer_pattern="LA"), 12)
+    per_token = (C + 3 * 3 * C + 2 * C + 4 * h) - (7 * C + h)
+    per_sequence = 3 * 3 * C + h * d * d
+    assert delta.activations - softmax.activations == 2 * c * (N * per_token + 12 * per_sequence - 4 * C * C)
+    assert delta.weights - softmax.weights == 2 * c * (5 * C * C + 2 * C * h + 3 * C * 4 + 2 * h + d - 4 * C * C)

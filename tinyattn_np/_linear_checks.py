@@ -17,6 +17,7 @@ __all__ = [
     "check_finite",
     "check_flags",
     "check_layer",
+    "check_output_grads",
     "check_shape",
 ]
 
@@ -105,6 +106,18 @@ def _check_state(initial_state: Any, shape: tuple[int, ...], ct: np.dtype) -> Ar
     return state.astype(ct, copy=False)  # the rule never writes into it
 
 
+def check_output_grads(dout: Any, dstate: Any, out_shape: tuple[int, ...], state_shape: tuple[int, ...],
+                       ct: np.dtype) -> tuple[Array, Array]:  # fmt: skip
+    """dout (the output's shape) and dstate (the state's shape, or None: zeros) checked, in the compute dtype."""
+    dout = as_float_array(dout, "dout")
+    check_shape(dout, "dout", out_shape, "the output's shape")
+    if dstate is None:
+        return dout.astype(ct, copy=False), np.zeros(state_shape, ct)
+    dstate = as_float_array(dstate, "dstate")
+    check_shape(dstate, "dstate", state_shape, "the final state's shape")
+    return dout.astype(ct, copy=False), dstate.astype(ct)
+
+
 def check_flags(**flags: Any) -> None:
     for name, value in flags.items():
         check_bool(value, name)
@@ -124,10 +137,8 @@ def check_layer(x: Any, weights: Any, shape: Any, shape_type: Any, weights_type:
         raise ValueError(f"x must be float32 or float64 (B, T, d_model={shape.d_model}); got {x.dtype} {x.shape}")
     if not isinstance(weights, weights_type):
         raise TypeError(f"weights must be {weights_type.__name__}; got {type(weights).__name__}")
-    C, ch, hv, dv = shape.d_model, shape.conv_channels, shape.value_heads, shape.value_dim
-    want = [(C, ch), (C, hv * dv), (C, hv), (C, hv), (ch, shape.conv_kernel), (hv,), (hv,), (dv,), (hv * dv, C)]
     checked = []
-    for name, w, size in zip(weights._fields, weights, want, strict=True):
+    for name, w, size in zip(weights._fields, weights, shape.weight_shapes(), strict=True):
         w = as_float_array(w, f"weights.{name}")
         check_shape(w, f"weights.{name}", size, f"see {weights_type.__name__}")
         checked.append(w.astype(x.dtype, copy=False))

@@ -4,8 +4,10 @@ imports it and takes prepared arrays:
 
     q, k (..., T, d_k)    v (..., T, d_v)    g (..., T, 1) or (..., T, d_k)    beta (..., T)    state (..., d_k, d_v)
 
-q already L2-normalised where asked and scaled by d_k^-½, q and k repeated to the value heads, everything in the
-compute dtype; g the log decay, one per head (last axis 1) or one per key channel (Kimi), all <= 0.
+q and k repeated to the value heads, everything in the compute dtype; g the log decay, one per head (last axis 1)
+or one per key channel (Kimi), all <= 0. The chunked functions L2-normalise q and k where asked and scale q by
+d_k^-½ themselves (Prep), a group of chunks at a time as they read it, in their workers; the recurrence takes
+them prepared (prepare_qk).
 
 A chunk of C tokens entering with the state S (derived on docs/linear.md):
 
@@ -36,12 +38,17 @@ from ._guard import refuse_unless_fits
 from ._parallel import cpu_cores, l2_cache_bytes, one_blas_thread, run_items
 
 __all__ = [
+    "L2_EPS",
+    "Prep",
+    "backward_numbers",
     "chunked_backward",
     "chunked_forward",
     "decayed_products",
     "decayed_products_backward",
     "decode_step",
     "invert_unit_lower",
+    "prepare_qk",
+    "prepare_qk_backward",
     "recurrent_forward",
 ]
 
@@ -53,6 +60,43 @@ SUB_BLOCK = 16  # rows inverted by plain forward substitution, and a per-channel
 # docs/results/linear.md)
 GROUP_BYTES = l2_cache_bytes() or 2**21
 HEAD_TOKENS_PER_WORKER = 2**12  # fewer head-tokens than this a worker, and a call runs on fewer workers
+
+
+L2_EPS = 1e-6  # q / √(‖q‖² + ε), as transformers and flash-linear-attention normalise q and k
+
+
+class Prep(NamedTuple):
+    """What becomes of q and k before the rule reads them: with l2norm each is made unit length first,
+    x / √(‖x‖² + ε); then q is scaled by q_scale (d_k^-½)."""
+
+    q_scale: float = 1.0
+    l2norm: bool = False
+
+
+def prepare_qk(q: Array, k: Array, prep: Prep) -> tuple[Array, Array]:
+    """q and k (..., d_k) as the rule reads them, new arrays: q_scale · q̂ and k̂ (x̂ = x / √(‖x‖² + ε) with
+    l2norm, else x)."""
+    if not prep.l2norm:
+        return q * prep.q_scale, k.copy()
+    return q * (prep.q_scale * _inverse_norm(q)), k * _inverse_norm(k)
+
+
+def prepare_qk_backward(dq: Array, dk: Array, q: Array, k: Array, prep: Prep) -> tuple[Array, Array]:
+    """The gradients in q and k of prepare_qk from those in what it returned."""
+    dq = dq * prep.q_scale
+    return (_l2_normalize_backward(dq, q), _l2_normalize_backward(dk, k)) if prep.l2norm else (dq, dk)
+
+
+def _inverse_norm(x: Array) -> Array:
+    """1 / √(‖x‖² + ε) along the last axis: x (..., d) -> (..., 1)."""
+    return 1.0 / np.sqrt(np.einsum("...d,...d->...", x, x)[..., None] + L2_EPS)
+
+
+def _l2_normalize_backward(dy: Array, x: Array) -> Array:
+    """y = x r with r = (‖x‖² + ε)^-½: dx = r (dy − y (yᵀdy)), since ∂r/∂x = −r³ x."""
+    r = _inverse_norm(x)  # (..., 1)
+    y = x * r
+    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
 
 
 def _t(x: Array) -> Array:
@@ -176,9 +220,10 @@ def _substitute(a: Array) -> Array:
 # the heads over worker threads
 
 
-def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array,
-                    chunk_size: int) -> tuple[Array, Array]:  # fmt: skip
-    """o (..., T, d_v) and the final state (..., d_k, d_v), chunk_size tokens a chunk."""
+def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk_size: int,
+                    prep: Prep) -> tuple[Array, Array]:  # fmt: skip
+    """o (..., T, d_v) and the final state (..., d_k, d_v), chunk_size tokens a chunk; q and k as they come, each
+    group of chunks prepared (prep) as it is read."""
     inputs, T, C = _flat_heads(q, k, v, g, beta), v.shape[-2], chunk_size
     heads = inputs.q.shape[0]
     _refuse(heads, -(-T // C), C, q.shape[-1], v.shape[-1], q.dtype, keep=False)
@@ -186,17 +231,16 @@ def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: 
     states = state.reshape(heads, *state.shape[-2:])  # (N, d_k, d_v)
 
     def run(part: slice) -> None:
-        o_part, final[part] = _forward(inputs.part(part), states[part], C, None)
-        o[part] = o_part[:, :T]
+        final[part] = _forward(inputs.part(part), states[part], C, prep, out=o[part])
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
 
 
 def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, dout: Array,
-                     dstate: Array, chunk_size: int) -> tuple[Array, ...]:  # fmt: skip
-    """The gradients dq, dk, dv, dg, dbeta (the inputs' shapes) and dstate_0 (the state's) of chunked_forward, from
-    dout = ∂loss/∂o (..., T, d_v) and dstate = ∂loss/∂(the final state) (..., d_k, d_v)."""
+                     dstate: Array, chunk_size: int, prep: Prep) -> tuple[Array, ...]:  # fmt: skip
+    """The gradients dq, dk, dv, dg, dbeta (the inputs' shapes; dq and dk through prep) and dstate_0 (the state's)
+    of chunked_forward, from dout = ∂loss/∂o (..., T, d_v) and dstate = ∂loss/∂(the final state) (..., d_k, d_v)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
     heads = inputs.q.shape[0]
     _refuse(heads, -(-T // chunk_size), chunk_size, q.shape[-1], v.shape[-1], q.dtype, keep=True)
@@ -205,9 +249,8 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
     states, dstates = (x.reshape(heads, *x.shape[-2:]) for x in (state, dstate))  # (N, d_k, d_v) each
 
     def run(part: slice) -> None:
-        for grad, value in zip(grads, _backward(inputs.part(part), dout[part], states[part], dstates[part],
-                                                  chunk_size), strict=True):  # fmt: skip
-            grad[part] = value
+        parts = [grad[part] for grad in grads[:5]]
+        grads[5][part] = _backward(inputs.part(part), dout[part], states[part], dstates[part], chunk_size, prep, parts)
 
     _over_heads(run, heads, T)
     shapes = (q.shape, k.shape, v.shape, g.shape, beta.shape, state.shape)
@@ -216,19 +259,18 @@ def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state:
 
 def recurrent_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array) -> tuple[Array, Array]:
     """o (..., T, d_v) and the final state, token by token as linear.gated_delta_rule_recurrent: a decode_step each,
-    the new state written into one of two buffers in turn, the last into the final state (a new array each step
-    costs more than the step: the memory is new to the process)."""
+    the state written in place in the array returned (a new one: `state` is left as it was)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
     heads, states = inputs.q.shape[0], state.reshape(-1, *state.shape[-2:])  # N, (N, d_k, d_v)
-    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states) if T else states.copy()
+    o, final = np.empty((heads, T, v.shape[-1]), v.dtype), np.empty_like(states)
 
     def run(part: slice) -> None:
-        x, now = inputs.part(part), states[part]
-        buffers = np.empty((3 if T > 1 else 1, *now.shape), now.dtype)  # k uᵀ, and two states in turn
-        for t in range(T):
-            out = final[part] if t == T - 1 else buffers[1 + t % 2]  # the last step writes the final state
-            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now, out=out,
-                                          scratch=buffers[0])  # fmt: skip
+        x, now, scratch = inputs.part(part), states[part], np.empty_like(states[part])  # scratch: k uᵀ
+        for t in range(T):  # the first step reads `state` and writes `final`, the others `final` in place
+            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now,
+                                          out=final[part], scratch=scratch)  # fmt: skip
+        if T == 0:
+            final[part] = now
 
     _over_heads(run, heads, T)
     return o.reshape(v.shape), final.reshape(state.shape)
@@ -253,6 +295,11 @@ class Tokens(NamedTuple):
         q, k, v, g, beta = (_chunks(x, C, start, stop) for x in (self.q, self.k, self.v, self.g, self.beta[..., None]))
         return Tokens(q, k, v, g, beta[..., 0])
 
+    def prepared(self, prep: Prep) -> Tokens:
+        """The same tokens with q and k as the rule reads them (prepare_qk): new arrays, the size of these."""
+        q, k = prepare_qk(self.q, self.k, prep)
+        return self._replace(q=q, k=k)
+
 
 def _chunks(x: Array, C: int, start: int, stop: int) -> Array:
     """Tokens start .. stop of x (N, T, d) as (N, n, C, d), zeros past T."""
@@ -272,10 +319,26 @@ def _flat_heads(q: Array, k: Array, v: Array, g: Array, beta: Array) -> Tokens:
 def _over_heads(run: Callable[[slice], None], heads: int, tokens: int) -> None:
     """run(part) for parts of the N heads, one part a worker thread, BLAS one thread each: a worker per core, no
     more than one a head or per HEAD_TOKENS_PER_WORKER head-tokens. Each head's numbers are the same in any part."""
-    workers = max(1, min(cpu_cores(), heads, heads * tokens // HEAD_TOKENS_PER_WORKER))
+    workers = _workers(heads, tokens)
     bounds = np.linspace(0, heads, workers + 1).round().astype(int)  # (workers + 1,)
     with one_blas_thread():
         run_items(run, [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)], workers)
+
+
+def _workers(heads: int, tokens: int) -> int:
+    return max(1, min(cpu_cores(), heads, heads * tokens // HEAD_TOKENS_PER_WORKER))
+
+
+def backward_numbers(heads: int, T: int, C: int, d_k: int, d_v: int, itemsize: int) -> int:
+    """About how many numbers chunked_backward holds at its fullest besides its arguments, for N = heads of T
+    tokens in chunks of C: the gradients (N T (2 d_k + d_v + 2)), the state entering each chunk and every write
+    (the chunks padded to C tokens), and each worker's group of chunks while the group's gradients are taken:
+    its first phase, the scan's gradients and the first phase's backward, about 7 C + 18 d_k numbers a head
+    and token (tests/test_trainbill.py holds a training step's bill within 10% of tracemalloc's)."""
+    n, workers = -(-T // C), _workers(heads, T)
+    per_worker = -(-heads // workers)
+    group = workers * per_worker * min(n, chunks_per_group(per_worker, C, d_k, d_v, itemsize)) * C
+    return heads * (T * (2 * d_k + d_v + 2) + n * (d_k * d_v + C * d_v)) + group * (7 * C + 18 * d_k)
 
 
 def _refuse(heads: int, n: int, C: int, d_k: int, d_v: int, dtype: np.dtype, *, keep: bool) -> None:
@@ -340,54 +403,62 @@ class Kept(NamedTuple):
     writes: Array
 
 
-def _forward(x: Tokens, state: Array, C: int, kept: Kept | None) -> tuple[Array, Array]:
-    """The groups in order, each's first phase then its scan: o (N, n·C, d_v), the padding's rows too, and the
-    final state (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the
-    state, and new memory costs the process more than the arithmetic on it."""
+def _forward(x: Tokens, state: Array, C: int, prep: Prep, *, out: Array | None = None,
+             kept: Kept | None = None) -> Array:  # fmt: skip
+    """The groups in order, each's first phase then its scan: the outputs into out (N, T, d_v) (None: none made,
+    as the backward's second forward needs only the states and the writes, kept) and the final state
+    (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the state, and new
+    memory costs the process more than the arithmetic on it."""
     (heads, T, d_k), d_v = x.q.shape, x.v.shape[-1]
-    n = -(-T // C)
-    o = np.empty((heads, n * C, d_v), x.v.dtype)  # (N, n·C, d_v)
+    n, rows = -(-T // C), C if out is None else 2 * C  # without outputs, only W S is read
     state = state.copy()  # (N, d_k, d_v): from here on written in place
-    read, write = np.empty((heads, 2 * C, d_v), o.dtype), np.empty((heads, C, d_v), o.dtype)
+    read, write = np.empty((heads, rows, d_v), x.v.dtype), np.empty((heads, C, d_v), x.v.dtype)
     products, update = np.empty_like(write), np.empty_like(state)  # (N, C, d_v), (N, d_k, d_v)
     step = chunks_per_group(heads, C, d_k, d_v, x.q.dtype.itemsize) * C
     for start in range(0, n * C, step):
-        terms = chunk_terms(x.chunks(C, start, min(start + step, n * C)))
+        terms = chunk_terms(x.chunks(C, start, min(start + step, n * C)).prepared(prep))
         for c in range(terms.u.shape[1]):
-            tokens = slice(start + c * C, start + (c + 1) * C)
+            first = start + c * C  # the chunk's first token
             if kept is not None:
-                kept.states[tokens.start // C] = state
-            np.matmul(terms.wq[:, c], state, out=read)  # (N, 2C, d_v): [W S; e^γ q S]
+                kept.states[first // C] = state
+            np.matmul(terms.wq[:, c, :rows], state, out=read)  # (N, 2C, d_v): [W S; e^γ q S]
             np.subtract(terms.u[:, c], read[:, :C], out=write)  # (N, C, d_v): u = U − W S
-            np.add(read[:, C:], np.matmul(terms.p[:, c], write, out=products), out=o[:, tokens])  # e^γ q S + P u
+            if out is not None:  # o = e^γ q S + P u, the chunk's tokens before T
+                last = min(C, T - first)
+                np.add(read[:, C : C + last], np.matmul(terms.p[:, c], write, out=products)[:, :last],
+                       out=out[:, first : first + last])  # fmt: skip
             state *= terms.chunk_decay[:, c]  # S' = e^(γ_C) S + (e^(γ_C − γ) k)ᵀ u
             state += np.matmul(terms.k_to_end_t[:, c], write, out=update)
             if kept is not None:
-                kept.writes[:, tokens] = write
-    return o, state
+                kept.writes[:, first : first + C] = write
+    return state
 
 
-def _backward(x: Tokens, dout: Array, state: Array, dstate: Array, C: int) -> tuple[Array, ...]:
+def _backward(x: Tokens, dout: Array, state: Array, dstate: Array, C: int, prep: Prep, grads: list[Array]) -> Array:
     """chunked_backward for N heads (N, T, ·): the forward again, keeping the state entering each chunk; then the
     groups from the last: the first phase again, the scan backward (dS from chunk to chunk, _scan_backward), and
-    the first phase's own gradients for the whole group (chunk_terms_backward)."""
+    the first phase's own gradients for the whole group (chunk_terms_backward), through prep to q and k. The
+    gradients of q, k, v, g, beta go into grads (N, T, ·) each; returns that of the state the rule started from."""
     heads, T = x.q.shape[:2]
     n = -(-T // C)
     kept = Kept(np.empty((n, *state.shape), state.dtype), np.empty((heads, n * C, x.v.shape[-1]), x.v.dtype))
-    _forward(x, state, C, kept)
-    grads = [np.zeros((heads, n * C, width), x.q.dtype) for width in [a.shape[-1] for a in x[:4]] + [1]]
+    _forward(x, state, C, prep, kept=kept)
     dout = _chunks(dout, C, 0, n * C)  # (N, n, C, d_v), zeros past T
     writes = kept.writes.reshape(heads, n, C, -1)  # (N, n, C, d_v)
     step = chunks_per_group(heads, C, x.q.shape[-1], x.v.shape[-1], x.q.dtype.itemsize) * C
     dstate = dstate.copy()  # (N, d_k, d_v): dS, the gradient of the state leaving the chunk at hand
     for start in reversed(range(0, n * C, step)):
         stop = min(start + step, n * C)
-        chunks, group = x.chunks(C, start, stop), slice(start // C, stop // C)
+        raw, group = x.chunks(C, start, stop), slice(start // C, stop // C)
+        chunks = raw.prepared(prep)
         terms = chunk_terms(chunks)
         d_scan, dstate = _scan_backward(terms, kept.states[group], writes[:, group], dout[:, group], dstate)
-        for grad, part in zip(grads, chunk_terms_backward(terms, chunks, d_scan), strict=True):
-            grad[:, start:stop] = part.reshape(heads, stop - start, -1)
-    return (*(grad[:, :T] for grad in grads[:4]), grads[4][:, :T, 0], dstate)
+        dq, dk, *rest = chunk_terms_backward(terms, chunks, d_scan)
+        dq, dk = prepare_qk_backward(dq, dk, raw.q, raw.k, prep)
+        last = min(stop, T) - start  # the group's tokens before T
+        for grad, part in zip(grads, [dq, dk, *rest], strict=True):
+            grad[:, start : start + last] = part.reshape(heads, stop - start, *grad.shape[2:])[:, :last]
+    return dstate
 
 
 class ScanGrads(NamedTuple):
@@ -466,13 +537,22 @@ def chunk_terms_backward(terms: ChunkTerms, x: Tokens, d: ScanGrads) -> tuple[Ar
 def decode_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, *, out: Array | None = None,
                 scratch: Array | None = None) -> tuple[Array, Array]:  # fmt: skip
     """One token: q, k (..., d_k), v (..., d_v), g (..., 1|d_k), beta (...), state (..., d_k, d_v) -> o (..., d_v)
-    and the new state, written into `out` (new where None; never `state`, which is left as it was); scratch:
-    a buffer of the state's shape for k uᵀ. One read of S for both products, then the write:
-        r_k, r_q = (e^g S)ᵀ k, (e^g S)ᵀ q      u = β (v − r_k)      o = r_q + u (kᵀq)      S' = e^g S + k uᵀ"""
+    and the new state, written into `out` (new where None; `state` itself for a step in place); scratch: a buffer
+    of the state's shape for k uᵀ. One read of the old state S gives both products; then the write:
+        r_k, r_q = (e^g S)ᵀ k, (e^g S)ᵀ q      u = β (v − r_k)      o = r_q + u (kᵀq)      S' = e^g S + k uᵀ
+    k uᵀ is a matmul over two columns, [k 0] [u 0]ᵀ, which NumPy hands to BLAS (an outer product, or a matmul
+    over one column, it runs in its own loops: measured on docs/results/linear.md)."""
     decay = np.exp(g)  # (..., 1|d_k)
-    reads = np.stack([decay * k, decay * q], axis=-2) @ state  # (..., 2, d_v): (e^g S)ᵀ k and (e^g S)ᵀ q
+    x = np.stack([k, q], axis=-2)  # (..., 2, d_k)
+    if g.shape[-1] > 1:  # a decay per key channel scales the rows of S: (e^g ∘ S)ᵀ x = Sᵀ (e^g ∘ x)
+        x *= decay[..., None, :]
+    reads = x @ state  # (..., 2, d_v): Sᵀk and Sᵀq, the one read of S
+    if g.shape[-1] == 1:
+        reads *= decay[..., None]
     write = beta[..., None] * (v - reads[..., 0, :])  # (..., d_v): u
     o = reads[..., 1, :] + write * np.sum(k * q, axis=-1, keepdims=True)  # (..., d_v): S'ᵀq without S'
+    columns, rows = np.zeros((*k.shape, 2), k.dtype), np.zeros((*write.shape[:-1], 2, write.shape[-1]), k.dtype)
+    columns[..., 0], rows[..., 0, :] = k, write  # [k 0] (..., d_k, 2) and [u 0]ᵀ (..., 2, d_v)
     new = np.multiply(state, decay[..., :, None], out=out)  # (..., d_k, d_v): e^g S
-    new += np.einsum("...k,...v->...kv", k, write, out=scratch)  # + k uᵀ
+    new += np.matmul(columns, rows, out=scratch)  # + k uᵀ
     return o, new

@@ -4,25 +4,33 @@ The model in its lines, B sequences of T tokens, width C, vocabulary V, N = B·T
 
     x = E[idx]                                   (N, C)    E (V, C): the token embeddings
     for each of the L blocks:
-        x = x + drop(Attn(Norm_1(x)))            (N, C)    multihead_forward: RoPE, causal, flash
+        x = x + drop(Mix(Norm_1(x)))             (N, C)    softmax attention (multihead_forward: RoPE, causal,
+                                                           flash), or a gated delta layer (linear.py)
         x = x + drop(MLP(Norm_2(x)))             (N, C)    GELU (4C) or SwiGLU, layers.mlp
     logits = Norm_f(x) Eᵀ                        (N, V)    the head is E itself: tied
     loss = cross_entropy(logits, targets)                  the mean of -log p(target)
 
-The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's). A
-residual line x = x + f(x) passes its gradient on unchanged and adds f's. E is used twice, once to embed and
-once as the head, so its gradient is the sum of the two uses' (GPT._backward says where). The parameters are
-one dict of arrays; a block is one function (GPT._block) for training and for inference, with or without the
-caches: the attention is multihead.py's functional layer on the block's two matrices.
+Mix is softmax attention in every block unless layer_pattern says otherwise: a string of A (softmax attention)
+and L (Qwen3-Next's Gated DeltaNet: a state of head_dim x head_dim per head, no position table, no cache that
+grows), repeated over the layers; "LLLA" is Qwen3-Next's three gated delta layers to one of attention.
+
+The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's, linear.py
+the gated delta layer's). A residual line x = x + f(x) passes its gradient on unchanged and adds f's. E is used
+twice, once to embed and once as the head, so its gradient is the sum of the two uses' (GPT._backward says
+where). The parameters are one dict of arrays; a block is one function (GPT._block) for training and for
+inference, with or without the caches: the attention is multihead.py's functional layer on the block's two
+matrices, the gated delta layer linear.py's gated_deltanet on its nine arrays.
 
 Positions come from RoPE inside the attention, so there is no position table. A sequence longer than the
-context is attended with a sliding window of `context` keys (each layer sees the last `context` tokens): that
-is what a KVCache(window=context) decodes, so cached generation equals recomputation token for token at any
-length, and for T <= context it is the plain causal model.
+context is attended with a sliding window of `context` keys (each attention layer sees the last `context`
+tokens; a gated delta layer's state has seen them all): that is what a KVCache(window=context) decodes, so
+cached generation equals recomputation token for token at any length, and for T <= context it is the plain
+causal model.
 
 API (names kept once published):
     GPTConfig(vocab, context, layers, heads, width, mlp="gelu"|"swiglu", norm="layernorm"|"rmsnorm",
-              dropout=0.0, bias=False, dtype="float32", mlp_hidden=None)    .to_dict()  GPTConfig.from_dict(d)
+              dropout=0.0, bias=False, dtype="float32", mlp_hidden=None, layer_pattern=None)
+              .to_dict()  GPTConfig.from_dict(d)  .layer_kind(layer)  .delta_layers  .delta_shape
     GPT_PRESETS["tiny"]    nanoGPT's CPU Shakespeare model: 4 layers, 4 heads, width 128, context 64, no dropout
     GPT_PRESETS["part3"]   6 layers, width 256, 4 heads of 64, context 256, LayerNorm, GELU 4x, biases in the
                            MLP and the norms: 5,781,504 parameters with vocab = 4,096 (the preset's vocab)
@@ -33,7 +41,8 @@ API (names kept once published):
                                                    fit the memory this process can take (_guard.py)
         .loss_and_grads(idx, targets, *, rng=None) -> (loss, grads)   idx, targets (B, T) ints; grads like params
         .loss(idx, targets) -> float               .logits(idx) -> (B, T, V)     no dropout, no gradients
-        .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one KVCache per layer
+        .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one cache per layer: a
+                                                   KVCache, or a GatedDeltaCache for a gated delta layer
         .num_parameters                            .check_tokens(idx, name) -> idx as int64 (B, T) ids
 Generation lives in sampling.py; the memory of a training step in trainbill.py.
 """
@@ -68,14 +77,32 @@ from .layers import (
     rms_norm,
     rms_norm_backward,
 )
+from .linear import (
+    GatedDeltaCache,
+    GatedDeltaNetSaved,
+    GatedDeltaNetShape,
+    GatedDeltaNetWeights,
+    gated_deltanet,
+    gated_deltanet_backward,
+)
 from .multihead import HeadWeights, MultiheadSaved, multihead_backward, multihead_forward, project_out
 
 Array = NDArray[np.floating]
 Params = dict[str, Array]
 
-__all__ = ["GPT", "GPTConfig", "GPT_PRESETS", "NORM_KINDS", "init_params", "param_shapes", "parameter_count"]
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "GPT_PRESETS",
+    "LAYER_KINDS",
+    "NORM_KINDS",
+    "init_params",
+    "param_shapes",
+    "parameter_count",
+]
 
 NORM_KINDS = ("layernorm", "rmsnorm")
+LAYER_KINDS = {"A": "softmax attention", "L": "a gated delta layer (Gated DeltaNet)"}  # layer_pattern's letters
 GPT_DTYPES = ("float32", "float64")
 INIT_STD = 0.02  # GPT-2's initialisation (Radford et al. 2019), as nanoGPT draws it
 
@@ -86,7 +113,9 @@ class GPTConfig:
     mlp: "gelu" (hidden 4C) or "swiglu" (hidden 8C/3 rounded up to a multiple of 8, about the same weights);
     mlp_hidden: another hidden size; norm: "layernorm" or "rmsnorm"; dropout: on the embeddings and on
     each residual branch; bias: biases in the MLP and the LayerNorms (attention's projections have none);
-    dtype: "float32" or "float64" (the weights' and the computation's)."""
+    dtype: "float32" or "float64" (the weights' and the computation's); layer_pattern: None (softmax attention
+    in every block) or a string of A (softmax attention) and L (a gated delta layer), repeated over the layers
+    and at most as long as them: "LLLA" is Qwen3-Next's three gated delta layers to one of attention."""
 
     vocab: int = 65
     context: int = 64
@@ -99,6 +128,7 @@ class GPTConfig:
     bias: bool = False
     dtype: str = "float32"
     mlp_hidden: int | None = None
+    layer_pattern: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab", "context", "layers", "heads", "width"):
@@ -118,6 +148,13 @@ class GPTConfig:
         check_bool(self.bias, "bias")
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be a number in [0, 1); got {self.dropout!r}")
+        pattern = self.layer_pattern
+        if pattern is not None and (not isinstance(pattern, str) or not 0 < len(pattern) <= self.layers
+                                    or set(pattern) - set(LAYER_KINDS)):  # fmt: skip
+            raise ValueError(
+                f"layer_pattern must be None or a string of A (softmax attention) and L (a gated delta layer), one "
+                f"letter a layer, repeated over the layers, at most {self.layers} long; got {pattern!r}"
+            )
 
     @property
     def hidden(self) -> int:
@@ -129,6 +166,24 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
+
+    def layer_kind(self, layer: int) -> str:
+        """This layer's letter of layer_pattern: A (softmax attention) or L (a gated delta layer)."""
+        pattern = self.layer_pattern or "A"
+        return pattern[layer % len(pattern)]
+
+    @property
+    def delta_layers(self) -> int:
+        """How many of the layers are gated delta layers, by arithmetic (constant time, whatever the depth)."""
+        pattern = self.layer_pattern or "A"
+        repeats, rest = divmod(self.layers, len(pattern))
+        return repeats * pattern.count("L") + pattern[:rest].count("L")
+
+    @property
+    def delta_shape(self) -> GatedDeltaNetShape:
+        """A gated delta layer's sizes: as many key and value heads as the attention has, of head_dim each, and
+        Qwen3-Next's convolution over 4 tokens."""
+        return GatedDeltaNetShape(self.width, self.heads, self.heads, self.head_dim, self.head_dim)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for a JSON file."""
@@ -167,7 +222,7 @@ def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"wte": (config.vocab, C)}
     for layer in range(config.layers):
         p = f"h.{layer}."
-        shapes |= norm(p + "ln_1") | {p + "attn.w_qkv": (C, 3 * C), p + "attn.w_out": (C, C)} | norm(p + "ln_2")
+        shapes |= norm(p + "ln_1") | mixer_shapes(config, layer) | norm(p + "ln_2")
         shapes[p + "mlp.w_fc"] = (C, fc)
         if config.bias:
             shapes[p + "mlp.b_fc"] = (fc,)
@@ -177,18 +232,30 @@ def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
     return shapes | norm("ln_f")
 
 
+def mixer_shapes(config: GPTConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s attention (attn.w_qkv (C, 3C), attn.w_out (C, C)) or gated delta layer (delta. and the
+    nine fields of GatedDeltaNetWeights, of GatedDeltaNetShape.weight_shapes)."""
+    C, p = config.width, f"h.{layer}."
+    if config.layer_kind(layer) == "A":
+        return {p + "attn.w_qkv": (C, 3 * C), p + "attn.w_out": (C, C)}
+    shapes = config.delta_shape.weight_shapes()
+    return {f"{p}delta.{field}": shape for field, shape in zip(GatedDeltaNetWeights._fields, shapes, strict=True)}
+
+
 def parameter_count(config: GPTConfig) -> int:
     """The number of weights param_shapes(config) lists, by arithmetic: constant time, whatever the depth.
 
-    E (V C); per layer the two norms, w_qkv (C x 3C), w_out (C x C), the MLP's w_fc (C x H, or C x 2H for
-    SwiGLU) and w_proj (H x C) with their biases; the final norm. A norm is its gain (C), and its bias (C) in a
-    LayerNorm with bias=True.
+    E (V C); per layer the two norms, the mixer (attention: w_qkv (C x 3C) and w_out (C x C); a gated delta
+    layer: its shape's weights), the MLP's w_fc (C x H, or C x 2H for SwiGLU) and w_proj (H x C) with their
+    biases; the final norm. A norm is its gain (C), and its bias (C) in a LayerNorm with bias=True.
     """
     C, H = config.width, config.hidden
     fc = 2 * H if config.mlp == "swiglu" else H
     norm = 2 * C if config.bias and config.norm == "layernorm" else C
     mlp = C * fc + H * C + (fc + C if config.bias else 0)
-    return config.vocab * C + config.layers * (2 * norm + 4 * C * C + mlp) + norm
+    delta = sum(math.prod(shape) for shape in config.delta_shape.weight_shapes())
+    mixers = (config.layers - config.delta_layers) * 4 * C * C + config.delta_layers * delta
+    return config.vocab * C + config.layers * (2 * norm + mlp) + mixers + norm
 
 
 def refuse_unless_weights_fit(config: GPTConfig) -> None:
@@ -204,29 +271,37 @@ def refuse_unless_weights_fit(config: GPTConfig) -> None:
 
 
 def init_params(config: GPTConfig, rng: np.random.Generator | int | None = None) -> Params:
-    """GPT-2's initialisation: matrices and embeddings normal(0, 0.02), the two projections into the
-    residual stream (attn.w_out, mlp.w_proj) normal(0, 0.02 / √(2L)) so that the stream's variance does not
-    grow with depth, biases 0, gains 1. rng: a Generator, an int seed, or None for fresh weights."""
+    """GPT-2's initialisation: matrices and embeddings normal(0, 0.02), the projections into the residual stream
+    (attn.w_out, delta.w_out, mlp.w_proj) normal(0, 0.02 / √(2L)) so that the stream's variance does not grow
+    with depth, biases 0, gains 1; a gated delta layer's own as transformers draws Qwen3-Next's: the convolution
+    U(±1/√K) (torch's Conv1d), dt_bias 1, A = e^A_log ~ U(0.01, 16). rng: a Generator, an int seed, or None for
+    fresh weights."""
     rng = check_rng(rng)
     residual_std = INIT_STD / math.sqrt(2 * config.layers)
+    bound = config.delta_shape.conv_kernel**-0.5
     params: Params = {}
     for name, shape in param_shapes(config).items():
-        if name.endswith(".gain"):
+        if name.endswith((".gain", "delta.norm", "delta.dt_bias")):
             params[name] = np.ones(shape, config.dtype)
+        elif name.endswith("delta.a_log"):
+            params[name] = np.log(rng.uniform(0.01, 16, shape)).astype(config.dtype)
+        elif name.endswith("delta.conv"):
+            params[name] = rng.uniform(-bound, bound, shape).astype(config.dtype)
         elif len(shape) == 1:
             params[name] = np.zeros(shape, config.dtype)
         else:
-            std = residual_std if name.endswith(("attn.w_out", "mlp.w_proj")) else INIT_STD
+            std = residual_std if name.endswith(("attn.w_out", "delta.w_out", "mlp.w_proj")) else INIT_STD
             params[name] = rng.normal(0.0, std, shape).astype(config.dtype)
     return params
 
 
 class BlockSaved(NamedTuple):
-    """One block's forward, kept for its backward: each norm's, the attention's (None through a cache) and the
-    MLP's saved values, and the dropout masks of the two residual branches (None without dropout)."""
+    """One block's forward, kept for its backward: each norm's, the mixer's (the attention's or the gated delta
+    layer's; None through a cache) and the MLP's saved values, and the dropout masks of the two residual branches
+    (None without dropout)."""
 
     norm_1: NormSaved
-    attn: MultiheadSaved | None
+    mixer: MultiheadSaved | GatedDeltaNetSaved | None
     keep_1: NDArray[np.bool_] | None
     norm_2: NormSaved
     mlp: MLPSaved
@@ -266,9 +341,10 @@ class GPT:
 
     def __repr__(self) -> str:
         c = self.config
+        pattern = "" if c.layer_pattern is None else f", layer_pattern={c.layer_pattern}"
         return (
             f"GPT(layers={c.layers}, heads={c.heads}, width={c.width}, context={c.context}, vocab={c.vocab}, "
-            f"mlp={c.mlp}, norm={c.norm}, parameters={self.num_parameters:,})"
+            f"mlp={c.mlp}, norm={c.norm}{pattern}, parameters={self.num_parameters:,})"
         )
 
     @property
@@ -317,19 +393,15 @@ class GPT:
         drop: float,
         rng: Any = None,
         window: int | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | GatedDeltaCache | None = None,
     ) -> BlockSaved:
-        """x += drop(Attn(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C) of
+        """x += drop(Mix(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C) of
         shape = (B, T) tokens; what the backward needs. drop: dropout's p (0 at inference), rng its masks;
-        window: the attention's sliding window (None: causal); cache: the layer's KVCache, which x continues."""
+        window: the attention's sliding window (None: causal); cache: the layer's cache, which x continues."""
         p, prefix, (B, T) = self.params, f"h.{layer}.", shape
-        # 1) attention: heads, RoPE and flash (multihead.py), on this block's two matrices; or through the cache
+        # 1) the mixer: attention or a gated delta layer, on this block's weights; or through the cache
         h, norm_1 = self._norm(x, prefix + "ln_1")  # (N, C)
-        heads = self._heads(layer)
-        if cache is None:
-            a, attn = multihead_forward(h.reshape(B, T, -1), heads, mask=check_band(True, window, T, T))  # (B, T, C)
-        else:
-            a, attn = project_out(cache.attend(heads, h.reshape(B, T, -1)), heads.w_out), None  # (B, T, C)
+        a, mixer = self._mix(layer, h.reshape(B, T, -1), window, cache)  # (B, T, C)
         a, keep_1 = dropout(a.reshape(x.shape), drop, rng)  # (N, C)
         x += a
         # 2) the MLP
@@ -338,7 +410,23 @@ class GPT:
         m, mlp_saved = mlp(h, p[prefix + "mlp.w_fc"], p[prefix + "mlp.w_proj"], *biases, kind=self.config.mlp)
         m, keep_2 = dropout(m, drop, rng)  # (N, C)
         x += m
-        return BlockSaved(norm_1, attn, keep_1, norm_2, mlp_saved, keep_2)
+        return BlockSaved(norm_1, mixer, keep_1, norm_2, mlp_saved, keep_2)
+
+    def _mix(
+        self, layer: int, h: Array, window: int | None, cache: KVCache | GatedDeltaCache | None
+    ) -> tuple[Array, MultiheadSaved | GatedDeltaNetSaved | None]:
+        """Layer `layer`'s mixing of the tokens h (B, T, C) -> (B, T, C), and what its backward needs (None through
+        a cache): softmax attention, heads, RoPE and flash (multihead.py), within `window`; or a gated delta layer
+        (linear.py's gated_deltanet: chunks of 64 tokens, a token at a time through its cache)."""
+        if self.config.layer_kind(layer) == "L":
+            y, saved = gated_deltanet(
+                h, self._delta(layer), self.config.delta_shape, cache=cast(GatedDeltaCache, cache)
+            )
+            return y, saved if cache is None else None
+        heads, T = self._heads(layer), h.shape[1]
+        if cache is None:
+            return multihead_forward(h, heads, mask=check_band(True, window, T, T))
+        return project_out(cast(KVCache, cache).attend(heads, h), heads.w_out), None
 
     def _backward(self, trace: Trace, shape: tuple[int, int]) -> Params:
         """Every parameter's gradient from the trace, the forward's lines last first."""
@@ -370,11 +458,15 @@ class GPT:
         if m.db_fc is not None and m.db_proj is not None:
             grads[prefix + "mlp.b_fc"], grads[prefix + "mlp.b_proj"] = m.db_fc, m.db_proj
         dx += self._norm_backward(m.dx, saved.norm_2, prefix + "ln_2", grads)
-        # 1) x = x + drop(Attn(Norm_1(x)))
+        # 1) x = x + drop(Mix(Norm_1(x)))
         da = dropout_backward(dx, saved.keep_1, drop).reshape(*shape, -1)  # (B, T, C)
-        dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = multihead_backward(
-            da, cast(MultiheadSaved, saved.attn)
-        )
+        if isinstance(saved.mixer, GatedDeltaNetSaved):
+            dh, dw = gated_deltanet_backward(da, saved.mixer)
+            grads |= {f"{prefix}delta.{field}": grad for field, grad in zip(dw._fields, dw, strict=True)}
+        else:
+            dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = multihead_backward(
+                da, cast(MultiheadSaved, saved.mixer)
+            )
         dx += self._norm_backward(dh.reshape(dx.shape), saved.norm_1, prefix + "ln_1", grads)
         return dx
 
@@ -384,6 +476,12 @@ class GPT:
         """Layer `layer`'s attention: its two matrices, the arrays in params now (no copy), and its heads."""
         c, p = self.config, self.params
         return HeadWeights(p[f"h.{layer}.attn.w_qkv"], p[f"h.{layer}.attn.w_out"], c.heads, c.heads, rope=True)
+
+    def _delta(self, layer: int) -> GatedDeltaNetWeights:
+        """Layer `layer`'s gated delta layer: its nine arrays in params now (no copy)."""
+        return GatedDeltaNetWeights(
+            *(self.params[f"h.{layer}.delta.{field}"] for field in GatedDeltaNetWeights._fields)
+        )
 
     def _norm(self, x: Array, name: str) -> tuple[Array, NormSaved]:
         """The norm called `name` (its gain, and bias if it has one) on x (..., C)."""
@@ -402,15 +500,17 @@ class GPT:
 
     # --- inference: no dropout, nothing kept for a backward -----------------------------------------------
 
-    def hidden(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
+    def hidden(self, idx: Any, caches: list[KVCache | GatedDeltaCache] | None = None) -> Array:
         """The final norm's output (B, T, C) for tokens idx (B, T): the training forward's blocks, without dropout.
 
         caches: None runs the whole sequence (a sliding window of `context` keys past the context); a list of
-        one KVCache per layer (new_caches) continues what they hold: idx's tokens come after it.
+        one cache per layer (new_caches) continues what they hold: idx's tokens come after it.
         """
         idx = self.check_tokens(idx, "idx")
         if caches is not None and (not isinstance(caches, list) or len(caches) != self.config.layers):
-            raise ValueError(f"caches must be a list of {self.config.layers} KVCache, one per layer (new_caches)")
+            raise ValueError(
+                f"caches must be a list of {self.config.layers} KVCache or GatedDeltaCache, one per layer (new_caches)"
+            )
         (B, T), C = idx.shape, self.config.width
         window = None if T <= self.config.context else self.config.context
         x = self.params["wte"][idx].reshape(B * T, C)  # (N, C)
@@ -419,7 +519,7 @@ class GPT:
             self._block(layer, x, (B, T), drop=0.0, window=window, cache=cache)  # adds to x in place
         return self._norm(x, "ln_f")[0].reshape(B, T, C)
 
-    def logits(self, idx: Any, caches: list[KVCache] | None = None) -> Array:
+    def logits(self, idx: Any, caches: list[KVCache | GatedDeltaCache] | None = None) -> Array:
         """logits (B, T, V) = hidden(idx, caches) Eᵀ."""
         return self.hidden(idx, caches) @ self.params["wte"].T
 
@@ -444,12 +544,18 @@ class GPT:
             raise ValueError(f"{name} holds token {idx[outside].flat[0]}, outside the vocabulary [0, {vocab})")
         return idx.astype(np.int64, copy=False)
 
-    def new_caches(self, batch: int, max_tokens: int) -> list[KVCache]:
-        """One empty KVCache per layer for `batch` sequences of up to max_tokens tokens in all; past the
-        context a ring of `context` slots (the sliding window that hidden() recomputes)."""
+    def new_caches(self, batch: int, max_tokens: int) -> list[KVCache | GatedDeltaCache]:
+        """One empty cache per layer for `batch` sequences of up to max_tokens tokens in all: a KVCache for an
+        attention layer, past the context a ring of `context` slots (the sliding window that hidden() recomputes);
+        a GatedDeltaCache for a gated delta layer, the same bytes at any length."""
         window = None if max_tokens <= self.config.context else self.config.context
         c = self.config
-        return [KVCache(batch, c.heads, max_tokens, c.head_dim, c.dtype, window=window) for _ in range(c.layers)]
+        return [
+            KVCache(batch, c.heads, max_tokens, c.head_dim, c.dtype, window=window)
+            if c.layer_kind(layer) == "A"
+            else GatedDeltaCache(batch, c.delta_shape, c.dtype)
+            for layer in range(c.layers)
+        ]
 
 
 def checked_params(config: GPTConfig, params: dict[str, Any]) -> Params:

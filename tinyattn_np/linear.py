@@ -20,9 +20,10 @@ travels. docs/linear.md derives it step by step.
 Read it in this order:
     gated_delta_rule_recurrent            the three lines above, one token at a time, the state written out
     gated_delta_rule_chunked              the same in chunks: a triangular solve inside, the state across
-    gated_delta_rule                      the entry: shapes checked, q and k L2-normalised (l2norm_qk) and q
-                                          scaled by d_k^-½ as transformers does, grouped value heads, then the
-                                          engine (_linear_kernel.py: every head at once, chunks in groups)
+    gated_delta_rule                      the entry: shapes checked, grouped value heads, then the engine
+                                          (_linear_kernel.py: every head at once, chunks in groups), which
+                                          L2-normalises q and k (l2norm_qk) and scales q by d_k^-½ as
+                                          transformers does
     gated_delta_rule_recurrent_backward   the gradients by hand, token by token from the last: the reference
     gated_delta_rule_backward             the same gradients through the chunks (the engine)
     gated_deltanet, gated_deltanet_backward   Qwen3-Next's layer: projections, a short causal convolution,
@@ -48,9 +49,17 @@ from ._linear_checks import (
     check_finite,
     check_flags,
     check_layer,
+    check_output_grads,
     check_shape,
 )
-from ._linear_kernel import chunked_backward, chunked_forward, recurrent_forward
+from ._linear_kernel import (
+    Prep,
+    chunked_backward,
+    chunked_forward,
+    prepare_qk,
+    prepare_qk_backward,
+    recurrent_forward,
+)
 from .layers import rms_norm, rms_norm_backward
 
 __all__ = [
@@ -69,9 +78,6 @@ __all__ = [
 ]
 
 Array = NDArray[np.floating]
-
-L2_EPS = 1e-6  # q / √(‖q‖² + ε), as transformers and flash-linear-attention normalise q and k
-
 
 # ---------------------------------------------------------------------------------------------------
 # the rule, one token at a time
@@ -177,34 +183,20 @@ def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, *, chu
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=True)
     chunk_size = check_chunk_size(chunk_size)
     check_flags(return_state=return_state, l2norm_qk=l2norm_qk)
-    q_heads, k_heads = _prepare(x.q, x.k, x.v.shape[1], l2norm_qk)  # (B, Hv, T, d_k) each
+    q_heads, k_heads = _value_heads(x.q, x.k, x.v.shape[1])  # (B, Hv, T, d_k) each
+    prep = Prep(x.q.shape[-1] ** -0.5, l2norm_qk)  # unit length (l2norm_qk), then q scaled by d_k^-½
     if chunk_size is None:
-        o, state = recurrent_forward(q_heads, k_heads, x.v, x.g, x.beta, x.state)
-    else:
-        o, state = chunked_forward(q_heads, k_heads, x.v, x.g, x.beta, x.state, chunk_size)
+        o, state = recurrent_forward(*prepare_qk(q_heads, k_heads, prep), x.v, x.g, x.beta, x.state)
+    else:  # the engine prepares each group of chunks as it reads it
+        o, state = chunked_forward(q_heads, k_heads, x.v, x.g, x.beta, x.state, chunk_size, prep)
     o = o.astype(x.out_dtype, copy=False)
     return (o, state) if return_state else o
 
 
-def _prepare(q: Array, k: Array, value_heads: int, l2norm_qk: bool) -> tuple[Array, Array]:
-    """q and k as the rule reads them: unit length (l2norm_qk), q scaled by d_k^-½, each head repeated for the
-    Hv / H value heads it serves: (B, H, T, d_k) -> (B, Hv, T, d_k)."""
-    scale = q.shape[-1] ** -0.5
-    q, k = (q * (scale * _inverse_norm(q)), k * _inverse_norm(k)) if l2norm_qk else (q * scale, k)
+def _value_heads(q: Array, k: Array, value_heads: int) -> tuple[Array, Array]:
+    """Each q/k head repeated for the Hv / H value heads it serves: (B, H, T, d_k) -> (B, Hv, T, d_k)."""
     groups = value_heads // q.shape[1]
     return (q, k) if groups == 1 else (np.repeat(q, groups, axis=1), np.repeat(k, groups, axis=1))
-
-
-def _inverse_norm(x: Array) -> Array:
-    """1 / √(‖x‖² + ε) along the last axis: x (..., d) -> (..., 1)."""
-    return 1.0 / np.sqrt(np.einsum("...d,...d->...", x, x)[..., None] + L2_EPS)
-
-
-def _l2_normalize_backward(dy: Array, x: Array) -> Array:
-    """y = x r with r = (‖x‖² + ε)^-½: dx = r (dy − y (yᵀdy)), since ∂r/∂x = −r³ x."""
-    r = _inverse_norm(x)  # (..., 1)
-    y = x * r
-    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -235,7 +227,7 @@ def gated_delta_rule_recurrent_backward(q: Array, k: Array, v: Array, g: Array, 
         dS̃ = dS − k_t deᵀ           dg_t = Σ dS̃ ∘ S̃_t (over d_v; over d_k too for one decay a head)
         dS ← e^(g_t) dS̃"""
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=False)
-    dout, dstate = _check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
+    dout, dstate = check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
     dq, dk, dv, dg, dbeta, dstate = _recurrent_backward(x, dout, dstate)
     return _grads(dq, dk, dv, dg, dbeta, dstate, np.ndim(g) < x.v.ndim, initial_state is not None, x.out_dtype)
 
@@ -270,18 +262,6 @@ def _recurrent_backward(x: DeltaInputs, dout: Array, dstate: Array) -> tuple[Arr
     return dq, dk, dv, dg, dbeta, dstate
 
 
-def _check_output_grads(dout: Any, dstate: Any, out_shape: tuple[int, ...], state_shape: tuple[int, ...],
-                        ct: np.dtype) -> tuple[Array, Array]:  # fmt: skip
-    """dout (the output's shape) and dstate (the state's shape, or None: zeros) checked, in the compute dtype."""
-    dout = as_float_array(dout, "dout")
-    check_shape(dout, "dout", out_shape, "the output's shape")
-    if dstate is None:
-        return dout.astype(ct, copy=False), np.zeros(state_shape, ct)
-    dstate = as_float_array(dstate, "dstate")
-    check_shape(dstate, "dstate", state_shape, "the final state's shape")
-    return dout.astype(ct, copy=False), dstate.astype(ct)
-
-
 def _grads(dq: Array, dk: Array, dv: Array, dg: Array, dbeta: Array, dstate: Array, per_head: bool, given: bool,
            dtype: np.dtype) -> DeltaRuleGrads:  # fmt: skip
     """DeltaRuleGrads in dtype: dg as g came (per head: its last axis dropped), dinitial_state only if given."""
@@ -299,20 +279,18 @@ def gated_delta_rule_backward(q: Array, k: Array, v: Array, g: Array, beta: Arra
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=True)
     chunk_size = check_chunk_size(chunk_size)
     check_flags(l2norm_qk=l2norm_qk)
-    dout, dstate = _check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
-    q_heads, k_heads = _prepare(x.q, x.k, x.v.shape[1], l2norm_qk)
-    per_head = np.ndim(g) < x.v.ndim  # g (B, Hv, T): x.g is (B, Hv, T, 1)
+    dout, dstate = check_output_grads(dout, dstate, x.v.shape, x.state.shape, x.state.dtype)
+    q_heads, k_heads = _value_heads(x.q, x.k, x.v.shape[1])
+    prep, per_head = Prep(x.q.shape[-1] ** -0.5, l2norm_qk), np.ndim(g) < x.v.ndim  # g (B, Hv, T): x.g (B, Hv, T, 1)
     if chunk_size is None:
-        prepared = x._replace(q=q_heads, k=k_heads)
-        dq, dk, dv, dg, dbeta, dstate = _recurrent_backward(prepared, dout, dstate)
+        q_prepared, k_prepared = prepare_qk(q_heads, k_heads, prep)
+        dq, dk, dv, dg, dbeta, dstate = _recurrent_backward(x._replace(q=q_prepared, k=k_prepared), dout, dstate)
+        dq, dk = prepare_qk_backward(dq, dk, q_heads, k_heads, prep)
     else:
         dq, dk, dv, dg, dbeta, dstate = chunked_backward(q_heads, k_heads, x.v, x.g, x.beta, x.state, dout, dstate,
-                                                         chunk_size)  # fmt: skip
+                                                         chunk_size, prep)  # fmt: skip
     B, H, T, d_k = x.q.shape
     dq, dk = (d.reshape(B, H, -1, T, d_k).sum(axis=2) for d in (dq, dk))  # the value heads of each q/k head
-    dq = dq * d_k**-0.5
-    if l2norm_qk:
-        dq, dk = _l2_normalize_backward(dq, x.q), _l2_normalize_backward(dk, x.k)
     return _grads(dq, dk, dv, dg, dbeta, dstate, per_head, initial_state is not None, x.out_dtype)
 
 
@@ -337,6 +315,12 @@ class GatedDeltaNetShape(NamedTuple):
     def conv_channels(self) -> int:
         """The convolution's channels: q and k (key_heads · key_dim each), then v (value_heads · value_dim)."""
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
+
+    def weight_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of each of GatedDeltaNetWeights' arrays, in its order."""
+        C, ch, hv, values = self.d_model, self.conv_channels, self.value_heads, self.value_heads * self.value_dim
+        matrices = (C, ch), (C, values), (C, hv), (C, hv), (ch, self.conv_kernel)  # w_qkv, w_z, w_b, w_a, conv
+        return (*matrices, (hv,), (hv,), (self.value_dim,), (values, C))  # dt_bias, a_log, norm, w_out
 
     def init_weights(self, *, rng: Any = None, dtype: Any = np.float32) -> GatedDeltaNetWeights:
         """Weights as transformers initialises Qwen3-Next's: the projections N(0, 0.02²), the convolution

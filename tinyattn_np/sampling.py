@@ -1,4 +1,4 @@
-"""Generation: pick the next token from the logits, append it, repeat; with a KV cache or by recomputation.
+"""Generation: pick the next token from the logits, append it, repeat; with the caches or by recomputation.
 
 One step, for each sequence:
 
@@ -17,10 +17,11 @@ whatever the temperature (torch's multinomial raises on such rows too). A temper
 largest logit over it overflows (to +inf, or to -inf in a row of negative logits) divides the logits less
 their row's largest instead: that row's largest is then 0, and the others at most 0.
 
-With the cache (use_cache=True) the prompt runs once (prefill) and each step runs one token through every
-layer, attending to the keys and values the caches hold (each cache's attend). Without it, each step runs
-the whole sequence again. Past the model's context both attend to the last `context` keys
-(gpt.py), so the two agree token for token at any length.
+With the caches (use_cache=True) the prompt runs once (prefill) and each step runs one token through every
+layer, attending to the keys and values the caches hold (each KVCache's attend), or, in a gated delta layer,
+reading and updating the state its GatedDeltaCache holds. Without them, each step runs the whole sequence again.
+Past the model's context both attend to the last `context` keys (gpt.py), so the two agree token for token at
+any length.
 
 API:
     sample_next(logits, *, temperature=1.0, top_k=None, top_p=None, rng=None) -> tokens (B,)
@@ -146,9 +147,9 @@ def generate(
 ) -> NDArray[np.int64]:
     """prompt (T,) or (B, T) token ids followed by max_new_tokens tokens drawn one at a time (sample_next).
 
-    use_cache=True: one KVCache per layer, the prompt run once, then one token a step. use_cache=False: the
-    whole sequence again at every step. Both give the same tokens for the same rng (greedy: always).
-    """
+    use_cache=True: one cache per layer (model.new_caches), the prompt run once, then one token a step.
+    use_cache=False: the whole sequence again at every step. Both give the same tokens for the same rng (greedy:
+    always)."""
     if not isinstance(model, GPT):
         raise TypeError(f"model must be a GPT; got {type(model).__name__}")
     tokens = np.asarray(prompt)

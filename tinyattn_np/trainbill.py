@@ -23,6 +23,19 @@ and 4 L C² for the copies of w_qkv and w_out that each attention layer keeps wi
 weight changed between forward and backward cannot change the gradient). Dropout adds one byte per
 element of its masks: N C (2 L + 1).
 
+A gated delta layer (GPTConfig.layer_pattern's L; linear.py's gated_deltanet, of conv_channels ch = 3C and value
+channels V = C in this GPT) keeps in place of the attention's 7 C + h:
+
+    per token    C + 3 ch + 2 V + 4 h   its input; the convolution's inputs, its outputs and their SiLU (q, k,
+                                        v); the gated norm's x̂ and the gate z; g, β, x W_a and the norm's 1/σ
+    per sequence (K − 1) ch + h d²      the convolution's K − 1 inputs before the first token, and the state
+                                        the rule started from (zeros)
+and no copies of its weights (it keeps the parameters themselves, which the optimizer changes only after the
+backward). Its backward at its fullest is the larger of two moments: inside the rule's backward (beside the
+layer's own five arrays of V a token, the rule's flattened copies of q, k, v and do, its gradients, the states
+and writes it keeps, and a worker's group of chunks: _linear_kernel.backward_numbers), and after it (the
+gradients of q, k, v and the convolution's, 8 V + 2 h d + 5 ch a token).
+
 With gradient accumulation (accumulate = k > 1: optim.accumulated_grads runs the batch k equal slices at a
 time), the activations and the backward's working arrays are those of one slice of B/k sequences, and a
 running sum of the gradients, P c more (accumulated), is held from the first slice's backward to the update.
@@ -32,8 +45,10 @@ The step's peak: the weights and moments live throughout; on top of them either 
 last MLP's backward: the N x H arrays of its activation's gradient and dW_proj; then the last attention's
 backward: beside E's gradient, dx and the last MLP's gradients, its own N x C arrays (dropout's mask
 applied to dx, the heads merged for dW_out, dY, and the contiguous copies of v and dY that the flash
-backward reads) and the flash backward's own peak, peaks.flash_attention_backward_bytes) or the optimizer's
-update (every gradient, and one scratch array the size of the largest parameter):
+backward reads) and the flash backward's own peak, peaks.flash_attention_backward_bytes; or the last gated
+delta layer's backward; the last mixer of a kind that is not the last layer finds the activations of the blocks
+after it freed, less their parameters' gradients) or the optimizer's update (every gradient, and one scratch
+array the size of the largest parameter):
 
     peak = weights + moments + accumulated + max(activations + working, gradients + largest parameter)
 
@@ -57,6 +72,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._checks import check_positive_int
+from ._linear_kernel import backward_numbers
 from .gpt import GPTConfig, param_shapes, parameter_count
 from .peaks import flash_attention_backward_bytes
 
@@ -78,10 +94,70 @@ class TrainingMemory(NamedTuple):
 
 
 def activation_numbers_per_token(config: GPTConfig) -> int:
-    """a: the numbers the forward keeps per token (the module docstring's table)."""
-    C, H = config.width, config.hidden
-    per_block = 10 * C + (2 * H if config.mlp == "gelu" else 4 * H) + 2 + config.heads
-    return config.layers * per_block + 2 * C + 1 + config.vocab
+    """a: the numbers the forward keeps per token (the module docstring's tables)."""
+    C, H, shape = config.width, config.hidden, config.delta_shape
+    every_block = 3 * C + (2 * H if config.mlp == "gelu" else 4 * H) + 2  # the two norms' x̂ and 1/σ, the MLP's
+    attention = 7 * C + config.heads
+    delta = C + 3 * shape.conv_channels + 2 * shape.value_heads * shape.value_dim + 4 * shape.value_heads
+    mixers = (config.layers - config.delta_layers) * attention + config.delta_layers * delta
+    return config.layers * every_block + mixers + 2 * C + 1 + config.vocab
+
+
+def delta_numbers_per_sequence(config: GPTConfig) -> int:
+    """A gated delta layer's numbers kept per sequence: the convolution's inputs before the first token and the
+    state the rule started from."""
+    shape = config.delta_shape
+    return (shape.conv_kernel - 1) * shape.conv_channels + shape.value_heads * shape.key_dim * shape.value_dim
+
+
+def delta_backward_numbers(config: GPTConfig, batch: int, tokens: int, itemsize: int) -> int:
+    """A gated delta layer's backward at its fullest, in numbers (the module docstring): inside the rule's
+    backward, or after it."""
+    shape, N = config.delta_shape, batch * tokens
+    V, qk, h = shape.value_heads * shape.value_dim, shape.value_heads * shape.key_dim, shape.value_heads
+    rule = backward_numbers(batch * h, tokens, 64, shape.key_dim, shape.value_dim, itemsize)  # gpt's chunks of 64
+    return max(N * (5 * V + 2 * qk + 2 * V + 2 * h) + rule, N * (8 * V + 2 * qk + 5 * shape.conv_channels))
+
+
+def backward_working(config: GPTConfig, batch: int, tokens: int, one_layer: dict[str, tuple[int, ...]],
+                     delta_layer: dict[str, tuple[int, ...]]) -> int:  # fmt: skip
+    """The backward's working bytes at its fullest (the module docstring): the head's gradients, the last MLP's
+    backward, or the last mixer of each kind's, less what the blocks after it freed (their activations, beside
+    the gradients they left)."""
+    c, N, C, H, V = np.dtype(config.dtype).itemsize, batch * tokens, config.width, config.hidden, config.vocab
+    # the head's gradients (E's from the head, dx), then, with the probabilities freed, the last MLP's backward:
+    # GELU's dh and du (SwiGLU: dh, [dgate | dup] and a temporary)
+    head = V * C + N * C
+    last_mlp = head - N * V + (2 if config.mlp == "gelu" else 3) * N * H + H * C
+    mlp_grads = sum(math.prod(shape) for name, shape in one_layer.items() if name.startswith("h.0.mlp."))
+    attention_arrays = (5 if config.dropout else 4) * N * C + C * C  # [dropout's dx], y merged, dY, copies; dW_out
+    flash = flash_attention_backward_bytes(tokens, heads=config.heads, head_dim=config.head_dim, batch=batch,
+                                           dtype=config.dtype, causal=True)  # fmt: skip
+    working = c * max(head, last_mlp)
+    freed = {  # what a block's backward leaves freed: its activations, less its parameters' gradients
+        kind: N * (activation_numbers_per_token(dataclasses.replace(config, layers=1, layer_pattern=kind)) - 2 * C - 1
+                   - V) - sum(math.prod(shape) for name, shape in layer.items() if name.startswith("h.0."))
+        for kind, layer in (("A", one_layer), ("L", delta_layer))
+    }  # fmt: skip
+    freed["A"] += 4 * C * C  # the attention's copies of its weights
+    freed["L"] += batch * delta_numbers_per_sequence(config)
+    mixers = {"A": attention_arrays, "L": delta_backward_numbers(config, batch, tokens, c)}
+    for kind, other in (("A", "L"), ("L", "A")):
+        after = layers_after_the_last(config, kind)  # the other kind's blocks, their backward done
+        if after is not None:
+            arrays = head - N * V + mlp_grads + mixers[kind] - after * freed[other]
+            working = max(working, c * arrays + (flash if kind == "A" else 0))
+    return working
+
+
+def layers_after_the_last(config: GPTConfig, kind: str) -> int | None:
+    """How many layers come after the last of this kind ("A" or "L"); None where there is none: at most one
+    repeat of layer_pattern is searched."""
+    pattern = config.layer_pattern or "A"
+    for after in range(min(len(pattern), config.layers)):
+        if config.layer_kind(config.layers - 1 - after) == kind:
+            return after
+    return None
 
 
 def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, accumulate: int = 1) -> TrainingMemory:
@@ -107,24 +183,17 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, ac
         raise ValueError(f"accumulate ({accumulate}) must divide the batch ({batch}) into equal slices")
     batch //= accumulate  # the sequences whose activations are held at once
     c = np.dtype(config.dtype).itemsize
-    one_layer = param_shapes(dataclasses.replace(config, layers=1))  # layer 0 has every layer's shapes
+    one_layer = param_shapes(dataclasses.replace(config, layers=1, layer_pattern=None))  # every attention layer's
+    delta_layer = param_shapes(dataclasses.replace(config, layers=1, layer_pattern="L"))  # and delta layer's
     P = parameter_count(config)
-    N, L, C, H, V = batch * tokens, config.layers, config.width, config.hidden, config.vocab
+    N, L, C = batch * tokens, config.layers, config.width
+    attention_layers, delta_layers = L - config.delta_layers, config.delta_layers
 
     masks = N * C * (2 * L + 1) if config.dropout else 0  # one byte per element
-    activations = c * (N * activation_numbers_per_token(config) + 4 * L * C * C) + masks
-    # the backward at its fullest: the head's gradients (E's from the head, dx), then, with the probabilities
-    # freed, the last MLP's backward: GELU's dh and du (SwiGLU: dh, [dgate | dup] and a temporary)
-    head = V * C + N * C
-    mlp_arrays = 2 if config.mlp == "gelu" else 3
-    last_mlp = head - N * V + mlp_arrays * N * H + H * C
-    mlp_grads = sum(math.prod(shape) for name, shape in one_layer.items() if name.startswith("h.0.mlp."))
-    attention_arrays = (5 if config.dropout else 4) * N * C + C * C  # [dropout's dx], y merged, dY, copies; dW_out
-    flash = flash_attention_backward_bytes(tokens, heads=config.heads, head_dim=config.head_dim, batch=batch,
-                                           dtype=config.dtype, causal=True)  # fmt: skip
-    last_attention = head - N * V + mlp_grads + attention_arrays
-    working = max(c * max(head, last_mlp), c * last_attention + flash)
-    largest = c * max(math.prod(shape) for shape in one_layer.values())
+    kept = N * activation_numbers_per_token(config) + batch * delta_layers * delta_numbers_per_sequence(config)
+    activations = c * (kept + 4 * attention_layers * C * C) + masks
+    working = backward_working(config, batch, tokens, one_layer, delta_layer)
+    largest = c * max(math.prod(shape) for shape in (*one_layer.values(), *delta_layer.values()))
     weights, gradients, moments = c * P, c * P, 2 * c * P
     accumulated = c * P if accumulate > 1 else 0  # the running sum, beside a slice's own gradients
     peak = weights + moments + accumulated + max(activations + working, gradients + largest)

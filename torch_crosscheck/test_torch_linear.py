@@ -161,12 +161,12 @@ def test_every_gradient_equals_autograd(per_channel, chunk_size):
 # --- the layer ----------------------------------------------------------------------------------------
 
 
-def config(kind=Qwen3NextConfig):
-    return kind(hidden_size=SHAPE.d_model, linear_num_key_heads=SHAPE.key_heads,
-                linear_num_value_heads=SHAPE.value_heads, linear_key_head_dim=SHAPE.key_dim,
-                linear_value_head_dim=SHAPE.value_dim, linear_conv_kernel_dim=SHAPE.conv_kernel,
+def config(kind=Qwen3NextConfig, shape=SHAPE):
+    return kind(hidden_size=shape.d_model, linear_num_key_heads=shape.key_heads,
+                linear_num_value_heads=shape.value_heads, linear_key_head_dim=shape.key_dim,
+                linear_value_head_dim=shape.value_dim, linear_conv_kernel_dim=shape.conv_kernel,
                 num_hidden_layers=1, layer_types=["linear_attention"], num_attention_heads=2,
-                num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6)  # fmt: skip
+                num_key_value_heads=2, head_dim=8, rms_norm_eps=shape.eps)  # fmt: skip
 
 
 def make_weights(seed=0):
@@ -178,41 +178,54 @@ def make_weights(seed=0):
                       a_log=np.log(rng.uniform(0.1, 1.0, SHAPE.value_heads)))  # fmt: skip
 
 
-def to_qwen3_next(w):
+def to_qwen3_next(w, shape=SHAPE):
     """in_proj_qkvz and in_proj_ba's weights (out, in) from ours: per key head h, [q_h | k_h | v_h | z_h] and
     [b_h | a_h], where v_h, z_h, b_h, a_h are the Hv / Hk value heads that key head serves."""
-    keys, groups = SHAPE.key_heads * SHAPE.key_dim, SHAPE.value_heads // SHAPE.key_heads
+    keys, groups = shape.key_heads * shape.key_dim, shape.value_heads // shape.key_heads
     q, k, v = np.split(w.w_qkv, [keys, 2 * keys], axis=1)
-    per_head = lambda x: np.split(x, SHAPE.key_heads, axis=1)  # noqa: E731  (C, ·) -> Hk pieces
+    per_head = lambda x: np.split(x, shape.key_heads, axis=1)  # noqa: E731  (C, ·) -> Hk pieces
     qkvz = [np.concatenate(parts, axis=1) for parts in zip(*map(per_head, (q, k, v, w.w_z)), strict=True)]
     ba = [np.concatenate(parts, axis=1) for parts in zip(*map(per_head, (w.w_b, w.w_a)), strict=True)]
-    assert qkvz[0].shape[1] == 2 * SHAPE.key_dim + 2 * groups * SHAPE.value_dim
+    assert qkvz[0].shape[1] == 2 * shape.key_dim + 2 * groups * shape.value_dim
     return np.concatenate(qkvz, axis=1).T, np.concatenate(ba, axis=1).T
 
 
-def from_qwen3_next(qkvz, ba):
+def from_qwen3_next(qkvz, ba, shape=SHAPE):
     """The inverse of to_qwen3_next for the first four weights (w_qkv, w_z, w_b, w_a), from (out, in) arrays."""
-    Dk, G, Dv = SHAPE.key_dim, SHAPE.value_heads // SHAPE.key_heads, SHAPE.value_dim
-    heads = np.split(qkvz.T, SHAPE.key_heads, axis=1)  # each (C, 2 Dk + 2 G Dv)
+    Dk, G, Dv = shape.key_dim, shape.value_heads // shape.key_heads, shape.value_dim
+    heads = np.split(qkvz.T, shape.key_heads, axis=1)  # each (C, 2 Dk + 2 G Dv)
     q, k, v, z = ([np.split(h, np.cumsum([Dk, Dk, G * Dv]), axis=1)[i] for h in heads] for i in range(4))
-    b, a = ([np.split(h, [G], axis=1)[i] for h in np.split(ba.T, SHAPE.key_heads, axis=1)] for i in range(2))
+    b, a = ([np.split(h, [G], axis=1)[i] for h in np.split(ba.T, shape.key_heads, axis=1)] for i in range(2))
     return np.concatenate(q + k + v, axis=1), *(np.concatenate(x, axis=1) for x in (z, b, a))
 
 
-def qwen3_next_layer(w, device):
-    theirs = qwen3_next.Qwen3NextGatedDeltaNet(config(), 0).to(device=device, dtype=torch.float64)
-    qkvz, ba = to_qwen3_next(w)
+def qwen3_next_layer(w, device, shape=SHAPE, dtype=torch.float64):
+    """transformers' Qwen3NextGatedDeltaNet of this shape holding our weights w, in dtype on device."""
+    theirs = qwen3_next.Qwen3NextGatedDeltaNet(config(shape=shape), 0).to(device=device, dtype=dtype)
+    load_qwen3_next(theirs, w, shape)
+    return theirs
+
+
+def load_qwen3_next(theirs, w, shape=SHAPE):
+    """Our weights w into transformers' layer `theirs`: the fused projections interleaved, the rest as they are."""
+    qkvz, ba = to_qwen3_next(w, shape)
     with torch.no_grad():
         for module, value in ((theirs.in_proj_qkvz, qkvz), (theirs.in_proj_ba, ba), (theirs.out_proj, w.w_out.T)):
             module.weight.copy_(torch.from_numpy(np.ascontiguousarray(value)))
         theirs.conv1d.weight.copy_(torch.from_numpy(w.conv[:, None, :].copy()))
         for param, value in ((theirs.dt_bias, w.dt_bias), (theirs.A_log, w.a_log), (theirs.norm.weight, w.norm)):
-            param.copy_(torch.from_numpy(value))
-    return theirs
+            param.copy_(torch.from_numpy(np.asarray(value)))
 
 
-@pytest.fixture
-def layer_in_float64(monkeypatch):
+def weights_of_qwen3_next(theirs, shape=SHAPE, grad=False):
+    """Our GatedDeltaNetWeights from transformers' layer: its weights, or with grad=True their gradients."""
+    value = lambda p: (p.grad if grad else p).detach().cpu().numpy()  # noqa: E731
+    first_four = from_qwen3_next(value(theirs.in_proj_qkvz.weight), value(theirs.in_proj_ba.weight), shape)
+    rest = (value(theirs.conv1d.weight)[:, 0], value(theirs.dt_bias), value(theirs.A_log), value(theirs.norm.weight))
+    return GatedDeltaNetWeights(*first_four, *rest, value(theirs.out_proj.weight).T)
+
+
+def qwen3_next_in_float64(monkeypatch):
     """Qwen3NextGatedDeltaNet's forward and its gated norm with their float32 casts made float64, the rule's two
     functions too: the same layer, every line in float64."""
     rules = {name: in_float64(getattr(qwen3_next, name))
@@ -220,6 +233,11 @@ def layer_in_float64(monkeypatch):
     layer, norm = qwen3_next.Qwen3NextGatedDeltaNet, qwen3_next.Qwen3NextRMSNormGated
     monkeypatch.setattr(layer, "forward", in_float64(layer.forward, **rules))
     monkeypatch.setattr(norm, "forward", in_float64(norm.forward))
+
+
+@pytest.fixture
+def layer_in_float64(monkeypatch):
+    qwen3_next_in_float64(monkeypatch)
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
@@ -240,10 +258,7 @@ def test_the_layer_and_its_gradients_equal_qwen3_nexts(request, device, precisio
     assert relative(y, gold) < tol
     dx, grads = gated_deltanet_backward(dy, saved)
     assert relative(dx, x_t.grad) < tol
-    grad = lambda p: p.grad.detach().cpu().numpy()  # noqa: E731
-    first_four = from_qwen3_next(grad(theirs.in_proj_qkvz.weight), grad(theirs.in_proj_ba.weight))
-    rest = (grad(theirs.conv1d.weight)[:, 0], grad(theirs.dt_bias), grad(theirs.A_log), grad(theirs.norm.weight))
-    golds = GatedDeltaNetWeights(*first_four, *rest, grad(theirs.out_proj.weight).T)
+    golds = weights_of_qwen3_next(theirs, grad=True)
     for name, mine, ref in zip(GatedDeltaNetWeights._fields, grads, golds, strict=True):
         assert relative(mine, ref) < tol, name
 
