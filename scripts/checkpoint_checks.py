@@ -36,6 +36,7 @@ def read_config(meta: Fields) -> GPTConfig:
     values |= {name: config.get(name, str) for name in ("mlp", "norm", "dtype")}
     values |= {"bias": config.get("bias", bool), "dropout": config.get("dropout", float)}
     values["mlp_hidden"] = config.get("mlp_hidden", int, default=None)
+    values["layer_pattern"] = config.get("layer_pattern", str, default=None)  # absent: every layer softmax
     try:
         return GPTConfig(**values)
     except (ValueError, TypeError) as err:
