@@ -5,6 +5,7 @@ and generation with the KV cache beside recomputation.
     python scripts/train_speed.py --presets tiny --tokens 64  # a quick look
     python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
     python scripts/train_speed.py --row-blocks                # the elementwise layers by block size
+    python scripts/train_speed.py --nanogpt ~/nanoGPT --data input.txt  # nanoGPT's CPU recipe beside ours
 
 1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
    random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
@@ -35,6 +36,10 @@ that is what the difference shows.
 --row-blocks does instead: layer_norm, gelu and their backwards (random float32 rows, as many as a preset's
 batch x context) in blocks of rows of 2^13 .. 2^20 elements (layers.py says why), taking turns: ms per call,
 and a step's worth (2L + 1 norms, L GELUs); the size the layers take here (tune.row_block()) is marked.
+
+--nanogpt PATH --data PATH does instead: nanoGPT's own CPU recipe (a copy of the checkout at PATH, on the
+text) and scripts/train.py --preset tiny, --steps each, both wall times and both models' validation losses on
+the same windows (nanogpt_recipe.py says how).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ if __name__ == "__main__":
 import interrupts
 import limits
 import machine
+import nanogpt_recipe
 import numpy as np
 import outputs
 import text_data
@@ -113,9 +119,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    nanogpt_recipe.add_arguments(p)
     add_wide_argument(p)
     add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
+    nanogpt_recipe.check_arguments(p, args)
     steps = args.repeats * args.rounds
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
         p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
@@ -360,6 +368,9 @@ def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.nanogpt is not None:
+        figures, stopped = nanogpt_recipe.main_recipe(args)
+        return finish(args, figures, stopped, int(not stopped), 1)
     if args.equal_time is not None:
         return main_equal_time(args)
     if args.row_blocks:
