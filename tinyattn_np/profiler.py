@@ -195,7 +195,8 @@ def profile_backward(
 
 def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[], float]) -> dict[str, Any]:
     """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of
-    a run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own
+    a run), each run after an untimed one (the matmul rate's product beside it leaves the caches cold): each
+    timed part, and "Python between them", a run's wall time less its parts and the timing's own
     cost; the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's
     bits, and the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
     lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
@@ -203,6 +204,7 @@ def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[]
         kernel_ms = best_ms(kernel, repeats)
         for _ in range(repeats):
             rates.append(matmul_rate())
+            copy(Stopwatch())  # untimed: the caches warm again after the large matmul, as for the kernel's runs
             clock, start = Stopwatch(), time.perf_counter()
             result = copy(clock)
             wall = time.perf_counter() - start - clock.laps * lap_cost
