@@ -196,9 +196,9 @@ def profile_backward(
 def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[], float]) -> dict[str, Any]:
     """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of
     a run), each run after an untimed one (the matmul rate's product beside it leaves the caches cold): each
-    timed part, and "Python between them", a run's wall time less its parts and the timing's own
-    cost; the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's
-    bits, and the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
+    timed part, and "Python between them", a run's wall time less its parts and the timing's own cost; the
+    kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
+    the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
     lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
