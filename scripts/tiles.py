@@ -3,7 +3,7 @@ where one forward and one backward spend their time.
 
     python scripts/tiles.py                       # T = 4096, 4 heads of 64, causal, float32
     python scripts/tiles.py --tokens 8192 --repeats 3
-    python scripts/tiles.py --profile             # T = 1024: the parts of one forward and one backward
+    python scripts/tiles.py --profile             # T = 1024: the parts of each kernel (forward, backward, decode)
     python scripts/tiles.py --tune --profile      # the same with this machine's tiles (tinyattn_np.tune)
 
 It times flash at --tokens for square tiles of 128 to 1024 with 1, 2 or 4 kv heads per tile step, on one
@@ -13,12 +13,14 @@ calls on 2 x 2 tiles with E = 1, where the arithmetic is nil). The last column m
 measurements made on one (see model_16_cores). The default tiles are marked, and a row measured while the
 machine was busy is marked with *.
 
---profile runs a copy of flash_forward's and the backward's tile loops on one thread, on the tiles the kernels
-choose, with every NumPy call timed into its part: the matmuls, the exponentials, the reductions and
-rescaling, the masking, the copies and set-up. The copy calls the kernels' own helpers and must give the
-kernels' bits (checked). "Python between them" is the rest of the copy's run (the loop, the slicing, the
-calls), less the timing's own cost. Each part is the least of --repeats runs, beside the kernel's own time and
-the best one-thread matmul rate.
+--profile runs a copy of flash_forward's and the backward's tile loops, and of a decode step's block loop
+(flash_decode's engine: the last token's queries against the T keys; and DeepSeek-V3's MLA step, 128 heads
+over T latents, absorbed), on one thread, on the tiles the kernels choose, with every NumPy call timed into its
+part: the matmuls, the exponentials, the reductions and rescaling, the masking, the copies and set-up. The copy
+calls the kernels' own helpers and must give the kernels' bits (checked). "Python between them" is the rest of
+the copy's run (the loop, the slicing, the calls), less the timing's own cost. Each part is the least of
+--repeats runs, beside the kernel's own time and the best one-thread matmul rate; each table ends with the
+kernel's time as a multiple of its products' (the aim: at most 1.25x).
 """
 
 from __future__ import annotations

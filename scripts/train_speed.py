@@ -5,6 +5,7 @@ and generation with the KV cache beside recomputation.
     python scripts/train_speed.py --torch --presets tiny part3 --tokens 1024   # minutes: both, beside torch
     python scripts/train_speed.py --equal-time 10             # the validation loss after 10 s of each
     python scripts/train_speed.py --row-blocks                # the elementwise layers by block size
+    python scripts/train_speed.py --nanogpt ~/nanoGPT --data input.txt  # nanoGPT's CPU recipe beside ours
 
 1) A training step of each preset (train.py's: loss_and_grads, clip_grad_norm to 1.0, AdamW.step) on a
    random batch of the preset's size and vocabulary (tiny: 65, Tiny Shakespeare's characters; part3: 4,096,
@@ -35,6 +36,10 @@ that is what the difference shows.
 --row-blocks does instead: layer_norm, gelu and their backwards (random float32 rows, as many as a preset's
 batch x context) in blocks of rows of 2^13 .. 2^20 elements (layers.py says why), taking turns: ms per call,
 and a step's worth (2L + 1 norms, L GELUs); the size the layers take here (tune.row_block()) is marked.
+
+--nanogpt PATH --data PATH does instead: nanoGPT's own CPU recipe (a copy of the checkout at PATH, on the
+text) and scripts/train.py --preset tiny, --steps each, both wall times and both models' validation losses on
+the same windows (nanogpt_recipe.py says how).
 """
 
 from __future__ import annotations
@@ -44,7 +49,6 @@ import copy
 import sys
 import time
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +62,15 @@ if __name__ == "__main__":
 import interrupts
 import limits
 import machine
+import nanogpt_recipe
 import numpy as np
 import outputs
+import row_blocks
 import text_data
 import torch_gpt
 import torch_import
 import train_flags
 
-from tinyattn_np import layers
 from tinyattn_np.gpt import GPT, GPTConfig
 from tinyattn_np.measure import alternating_medians_ms
 from tinyattn_np.optim import AdamW, clip_grad_norm
@@ -73,13 +78,11 @@ from tinyattn_np.report import (
     Checklist,
     add_seed_and_format,
     add_wide_argument,
-    fit_table,
     positive,
     table_width,
 )
 from tinyattn_np.sampling import generate
 from tinyattn_np.trainbill import training_memory
-from tinyattn_np.tune import row_block, use_row_block
 
 LOSS_RTOL = 1e-4  # float32 sums in two orders over a forward and a backward
 check = Checklist()
@@ -113,9 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--row-blocks", action="store_true", help="time the elementwise layers by block size instead")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
+    nanogpt_recipe.add_arguments(p)
     add_wide_argument(p)
     add_seed_and_format(p, "the weights and the batch")
     args = p.parse_args(argv)
+    nanogpt_recipe.check_arguments(p, args)
     steps = args.repeats * args.rounds
     if (args.vocab or 0) > 1_000_000 or args.tokens > 100_000 or steps > 10_000 or (args.batch or 0) > 4096:
         p.error("keep --vocab <= 1,000,000, --tokens <= 100,000, --repeats x --rounds <= 10,000 and --batch <= 4,096")
@@ -369,6 +374,9 @@ def print_generation(rows: list[dict[str, Any]], args: argparse.Namespace) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.nanogpt is not None:
+        figures, stopped = nanogpt_recipe.main_recipe(args)
+        return finish(args, figures, stopped, int(not stopped), 1)
     if args.equal_time is not None:
         return main_equal_time(args)
     if args.row_blocks:
@@ -406,71 +414,19 @@ def main_equal_time(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------
 # --row-blocks: the elementwise layers by block size
 
-BLOCKS = [2**power for power in range(13, 21)]
-
-
-def time_row_blocks(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """One preset's rows: each layer's median ms per call at each block size, the sizes taking turns."""
-    outputs.progress(f"{name}: layer_norm, gelu and their backwards at {len(BLOCKS)} block sizes, taking turns")
-    config, batch = config_of(name, args), batch_of(name, args)
-    n, L = batch * config.context, config.layers
-    rng = np.random.default_rng(args.seed)
-    x, dy = rng.standard_normal((2, n, config.width), dtype=np.float32)  # (N, C) each
-    u, du = rng.standard_normal((2, n, config.hidden), dtype=np.float32)  # (N, H) each
-    gain, bias = (
-        np.ones(config.width, np.float32),
-        np.zeros(config.width, np.float32) if config.bias else None,
-    )
-    norm_saved, gelu_saved = layers.layer_norm(x, gain, bias)[1], layers.gelu(u)[1]
-    calls = {  # each layer: the call, its width, how many a step makes
-        "layer_norm": (lambda: layers.layer_norm(x, gain, bias), config.width, 2 * L + 1),
-        "layer_norm backward": (lambda: layers.layer_norm_backward(dy, norm_saved), config.width, 2 * L + 1),
-        "gelu": (lambda: layers.gelu(u), config.hidden, L),
-        "gelu backward": (lambda: layers.gelu_backward(du, gelu_saved), config.hidden, L),
-    }
-    rows = []
-    try:
-        for layer, (fn, width, per_step) in calls.items():
-            ms = alternating_medians_ms([partial(in_blocks, b, fn) for b in BLOCKS], args.repeats, args.rounds)
-            rows.append({"preset": name, "layer": layer, "rows": n, "width": width, "per_step": per_step, "ms": ms})
-    finally:
-        use_row_block(None)  # the block this machine takes again
-    return {"preset": name, "layers": rows, "busy": machine.busy_reasons()}
-
-
-def in_blocks(block: int, fn: Any) -> None:
-    use_row_block(block)  # in force for this process: the layers read it at every call
-    fn()
-
-
-def print_row_blocks(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    chosen = row_block()
-    print(
-        f"\n4) the elementwise layers in blocks of rows, float32: ms per call, the median of {args.rounds} turns of"
-        f" {args.repeats} calls,\n   the sizes taking turns; * the size layers.py takes (the row block in force)"
-    )
-    headers = ["layer", *(f"2^{b.bit_length() - 1}" + ("*" if b == chosen else "") for b in BLOCKS)]
-    body: list[list[str]] = []
-    for preset in rows:
-        for r in preset["layers"]:
-            name = f"{r['preset']}: {r['layer']} ({r['rows']:,} x {r['width']:,})"
-            body.append([name, *(f"{t:.3f}" for t in r["ms"])])
-        step = [sum(r["per_step"] * r["ms"][i] for r in preset["layers"]) for i in range(len(BLOCKS))]
-        body.append([f"{preset['preset']}: a step's norms and GELUs", *(f"{t:.2f}" for t in step)])
-    print(fit_table(body, headers, fmt=args.format, width=table_width(args)))
-    note = machine.busy_note(rows, preset_label)  # a busy preset's rows, said under the table
-    if note:
-        print(note)
-
 
 def main_row_blocks(args: argparse.Namespace) -> int:
     """--row-blocks: the fourth table only."""
     info, lines = machine.header()
     print(f"{lines}\n{malloc_line(with_torch=False)}")
     rows: list[dict[str, Any]] = []
-    stopped = interrupts.measure_each(args.presets, lambda name: time_row_blocks(name, args), rows)
+    stopped = interrupts.measure_each(
+        args.presets,
+        lambda name: row_blocks.time_presets(name, config_of(name, args), batch_of(name, args), args),
+        rows,
+    )
     if rows:
-        print_row_blocks(rows, args)
+        row_blocks.print_rows(rows, args)
     figures = {"machine": info, "args": vars(args), "row_blocks": rows}
     return finish(args, figures, stopped, len(rows), len(args.presets))
 

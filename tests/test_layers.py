@@ -377,8 +377,8 @@ def test_a_backward_refuses_what_another_forward_saved(rng):
 
 
 def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
-    """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^17 float32 elements, 2 MiB ->
-    2^19, clamped to 2^13 .. 2^19, and 2^17 where the size is unknown (no such folder, or a size unread)."""
+    """The row block follows the core's L2 cache as sysfs gives it: 512 KiB -> 2^17 float32 elements, 1 MiB ->
+    2^18, clamped to 2^13 .. 2^18, and 2^17 where the size is unknown (no such folder, or a size unread)."""
     from tinyattn_np._parallel import l2_cache_bytes
 
     for name, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "105M")):
@@ -388,5 +388,5 @@ def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
     assert l2_cache_bytes(str(tmp_path)) == 2 << 20
     assert l2_cache_bytes(str(tmp_path / "absent")) is None
     assert [_tuning.default_row_block(b) for b in (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)] == [
-        1 << 17, 1 << 18, 1 << 19, 1 << 13, 1 << 19, 1 << 17,
+        1 << 17, 1 << 18, 1 << 18, 1 << 13, 1 << 18, 1 << 17,
     ]  # fmt: skip

@@ -339,15 +339,20 @@ def test_tiles_small_run(quick: None, tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def test_tiles_profile_splits_both_kernels(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """--profile: a table each for the forward and the backward, every part named, the copy the kernels' bits."""
+    """--profile: a table each for the forward, the backward, the decode step and the MLA step, every part named,
+    the copy the kernels' bits, and each kernel's time as a multiple of its products'."""
     assert load("tiles.py").main(["--profile", "--tokens", "96", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "forward: T=96" in out and "backward: T=96" in out
-    assert out.count("matmul on one BLAS thread beside them (100.0 GFLOP/s, the best of 1)") == 2
+    assert "decode step: 1 query of 4 heads x 64 against T=96 keys" in out
+    assert "MLA decode step: 128 heads over T=96 latents of 512 + 64, absorbed" in out
+    assert out.count("matmul on one BLAS thread beside them (100.0 GFLOP/s, the best of 1)") == 4
     for part in ("matmuls", "exponentials", "reductions and rescaling", "masking", "copies and set-up",
                  "Python between them", "in all"):  # fmt: skip
-        assert len(re.findall(rf"^{part}\s", out, re.MULTILINE)) == 2, part
-    assert out.count("the profile's copy gives the kernel's bits: yes") == 2
+        assert len(re.findall(rf"^{part}\s", out, re.MULTILINE)) == 4, part
+    assert out.count("the profile's copy gives the kernel's bits: yes") == 4
+    assert len(re.findall(r"^in all: [0-9.]+x its products \(the time between them [0-9]+% of theirs; (within|over) "
+                          r"the aim of 1.25x\)$", out, re.MULTILINE)) == 4, out  # fmt: skip
 
 
 def test_tiles_profile_keeps_the_forward_after_ctrl_c(
@@ -361,7 +366,7 @@ def test_tiles_profile_keeps_the_forward_after_ctrl_c(
     monkeypatch.setattr(sys.modules["kernel_profile"], "profile_backward", interrupted)
     assert tiles.main(["--profile", "--tokens", "96", "--repeats", "1", "--json", str(figures)]) == 130
     out = capsys.readouterr().out
-    assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 2 tables" in out
+    assert "forward: T=96" in out and "backward: T=96" not in out and "after 1 of 4 tables" in out
     saved = json.loads(figures.read_text())
     assert saved["interrupted"] is True and "forward" in saved and "backward" not in saved
 

@@ -366,3 +366,19 @@ def test_every_decode_layout_reads_a_paged_cache_piece_by_piece(layout_in_force,
     q = RNG.standard_normal((3, 6, 1, 8))
     layout_in_force(layout)
     assert_close(paged_decode(q, cache, seqs, kv_splits=2), _gold(q, cache, seqs), np.float64, f"under {layout}")
+
+
+def test_one_chunk_is_its_own_merge_bit_for_bit(rng):
+    """flash_decode with one chunk returns the chunk's out and lse as they are: merge_chunks of one part gives
+    them back to the bit (its weight is exp(0) = 1, its sum 1), rows that see no key and NaN rows included."""
+    q = rng.standard_normal((2, 6, 3, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 3, 900, 16)).astype(np.float32) for _ in range(2))
+    k[1, 2, 5, 0] = np.nan  # one kv head's scores are NaN
+    out, lse = flash_decode(q, k, v, kv_splits=1, return_lse=True)
+    merged = merge_chunks([out], [lse])
+    np.testing.assert_array_equal(merged[0], out)
+    np.testing.assert_array_equal(merged[1], lse)
+    assert np.isnan(out[1, 4:]).all() and np.isfinite(out[0]).all()
+    empty = flash_decode(q, k[..., :0, :], v[..., :0, :], kv_splits=1, return_lse=True)
+    for got, want in zip(merge_chunks([empty[0]], [empty[1]]), empty, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -36,6 +36,7 @@ __all__ = [
     "attend_blocks_bytes",
     "attend_chunk",
     "block_keys",
+    "block_scores",
     "decode",
     "decode_bytes",
     "default_kv_splits",
@@ -101,8 +102,8 @@ def _sum_blocks(
     with np.errstate(over="ignore", invalid="ignore"):  # against 0, an overflow shows in the sums (trusted)
         for pieces in blocks:
             bounds = np.cumsum([0] + [k.shape[1] for k, _ in pieces])  # piece i: columns bounds[i] .. bounds[i + 1]
-            # 1) scores of every query row against the block's keys, piece by piece (_block_scores)
-            s = _block_scores(q_s, [k for k, _ in pieces], bounds, keys_first)  # (N, R, bk)
+            # 1) scores of every query row against the block's keys, piece by piece (block_scores)
+            s = block_scores(q_s, [k for k, _ in pieces], bounds, keys_first)  # (N, R, bk)
             # 2) the block's probabilities relative to m, in place (the running max: moved first)
             if running_max:
                 m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (N, R, 1)
@@ -121,7 +122,7 @@ def _sum_blocks(
     return m, l
 
 
-def _block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first: bool) -> Array:
+def block_scores(q_s: Array, keys: list[Array], bounds: np.ndarray, keys_first: bool) -> Array:
     """One block's scores s = q_s Kᵀ -> (N, R, bk), K the pieces in turn (piece i: columns bounds[i] ..
     bounds[i + 1]), each read in place by BLAS and converted to q_s's dtype only if it is float16 (one piece
     at a time). keys_first, with R <= VECTOR_ROWS: row r of a piece of MIN_BLOCK_K keys or more made as K q_r,
@@ -191,11 +192,11 @@ def decode(
         keys = slice(bounds[n], bounds[n + 1])
         parts[n] = attend_chunk(q_s, k_c[:, keys], v_c[:, keys])
 
-    if kv_splits == 1:  # one chunk: BLAS may use its own threads on it
-        run(0)
-    else:  # the chunks are the parallelism: BLAS held to one thread, so cores are not oversubscribed
-        with one_blas_thread():
-            run_items(run, range(kv_splits), min(workers, kv_splits))
+    if kv_splits == 1:  # one chunk: BLAS may use its own threads on it, and its out and lse are the result
+        run(0)  # (merge_parts of one part gives it back bit for bit: weight exp(0) = 1, sum 1)
+        return parts[0]
+    with one_blas_thread():  # the chunks are the parallelism: BLAS held to one thread, no cores oversubscribed
+        run_items(run, range(kv_splits), min(workers, kv_splits))
     # 3) one merge over every chunk
     return merge_parts([out for out, _ in parts], [lse for _, lse in parts])
 

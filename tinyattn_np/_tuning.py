@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_LAYOUT",
     "DecodeLayout",
     "KERNEL_LAYOUTS",
+    "MOST_ROW_BLOCK",
     "ROW_BLOCK",
     "SCORES_PER_BLOCK",
     "SCORES_PER_STEP",
@@ -274,16 +275,20 @@ def decode_layout() -> DecodeLayout:
 # arrays. Over a whole (N, H) array of many MiB every pass reads and writes main memory; over a block of rows
 # of ROW_BLOCK elements, as many float32 as a core's L2 cache holds, the block's arrays stay in the CPU's
 # caches from one line to the next. Each block costs each line a NumPy call, so the blocks are as large as the
-# caches allow (python scripts/train_speed.py --row-blocks times each size; measured: docs/results/zen4.md).
-# The lines and the results are the same for any block, bit for bit (_parallel.by_row_blocks runs them).
+# caches allow, but no larger than 2^18 elements (1 MiB of float32): a line reads and writes three or four arrays
+# of the block's size at once (GELU's backward: dy, u, t and du), and blocks of 2 MiB each overflowed even a
+# 2 MiB L2 (python scripts/train_speed.py --row-blocks times each size; measured: docs/results/zen4.md,
+# docs/results/gpt.md). The lines and the results are the same for any block, bit for bit
+# (_parallel.by_row_blocks runs them).
+MOST_ROW_BLOCK = 1 << 18
 
 
 def default_row_block(l2_bytes: int | None) -> int:
     """Elements in a block of rows: the power of two up to l2_bytes / 4, a block of float32 the size of the
-    core's L2 cache, 2^13 to 2^19; 2^17 (for an L2 of 512 KiB) where its size is unknown."""
+    core's L2 cache, 2^13 to MOST_ROW_BLOCK (2^18); 2^17 (for an L2 of 512 KiB) where its size is unknown."""
     if not l2_bytes:
         return 1 << 17
-    return 1 << min(19, max(13, (l2_bytes // 4).bit_length() - 1))
+    return min(MOST_ROW_BLOCK, 1 << max(13, (l2_bytes // 4).bit_length() - 1))
 
 
 ROW_BLOCK = default_row_block(l2_cache_bytes())  # this machine's, the block of an untuned call

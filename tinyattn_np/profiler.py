@@ -1,11 +1,17 @@
-"""Where flash attention's time goes: its forward's and its backward's tile loops, copied statement for statement
-with every NumPy call timed into its part (the matmuls, the exponentials, the reductions and rescaling, the
-masking, the copies and set-up), on one thread and on the tiles the kernels choose. The copies call the kernels'
-own helpers and must give the kernels' bits (measure_parts checks it); "Python between them" is the rest of a
-run (the loop, the slicing, the calls), less the timing's own cost. scripts/tiles.py --profile prints it.
+"""Where the attention kernels' time goes: flash attention's forward and backward tile loops, and the decode
+step's block loop (flash_decode's, and the MLA step's around it), copied statement for statement with every
+NumPy call timed into its part (the matmuls, the exponentials, the reductions and rescaling, the masking, the
+copies and set-up), on one thread and on the tiles the kernels choose. The copies call the kernels' own
+helpers and must give the kernels' bits (measure_parts checks it); "Python between them" is the rest of a run
+(the loop, the slicing, the calls), less the timing's own cost. scripts/tiles.py --profile prints it, with
+each kernel's time as a multiple of its products' (products_ratio): what lies between the products is ours,
+the products are the BLAS's.
 
     profile_forward(qkv, causal=True, repeats=3, matmul_rate=...)   -> the forward's parts, tiles and FLOPs
     profile_backward(qkv, causal=True, repeats=3, matmul_rate=...)  -> the backward's
+    profile_decode(q, k, v, repeats=3, matmul_rate=...)             -> a decode step's (flash_decode's engine)
+    profile_mla(q_nope, q_rope, latent, w_ukv, repeats=3, ...)      -> the MLA decode step's (absorbed form)
+    products_ratio(row)                                             -> the run's time / its matmuls' time
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from ._backward_kernel import (
     ones_row_below,
     query_rows,
 )
+from ._checks import QKVShape
+from ._decode_kernel import block_keys, block_scores, decode
 from ._flash_kernel import (
     TileMods,
     apply_mods,
@@ -42,11 +50,23 @@ from ._flash_kernel import (
     trusted,
 )
 from ._tiles import Heads
+from ._tuning import decode_layout
 from .backward import check_flash_backward
 from .flash import check_flash, flash_attention
+from .latent import absorb_query, split_ukv
 from .measure import time_calls
 
-__all__ = ["PARTS", "PYTHON", "Stopwatch", "measure_parts", "profile_backward", "profile_forward"]
+__all__ = [
+    "PARTS",
+    "PYTHON",
+    "Stopwatch",
+    "measure_parts",
+    "products_ratio",
+    "profile_backward",
+    "profile_decode",
+    "profile_forward",
+    "profile_mla",
+]
 
 MATMULS, EXPONENTIALS, REDUCTIONS = "matmuls", "exponentials", "reductions and rescaling"
 MASKING, COPIES, PYTHON = "masking", "copies and set-up", "Python between them"
@@ -175,14 +195,16 @@ def profile_backward(
 
 def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[], float]) -> dict[str, Any]:
     """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of
-    a run): each timed part, and "Python between them", a run's wall time less its parts and the timing's own
-    cost; the kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's
-    bits, and the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
+    a run), each run after an untimed one (the matmul rate's product beside it leaves the caches cold): each
+    timed part, and "Python between them", a run's wall time less its parts and the timing's own cost; the
+    kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
+    the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
     lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
         for _ in range(repeats):
             rates.append(matmul_rate())
+            copy(Stopwatch())  # untimed: the caches warm again after the large matmul, as for the kernel's runs
             clock, start = Stopwatch(), time.perf_counter()
             result = copy(clock)
             wall = time.perf_counter() - start - clock.laps * lap_cost
@@ -369,3 +391,123 @@ def key_block_copy(
             dk_share = ds.transpose(0, 2, 1) @ q_lse[:, rows, :-1]
         with clock(REDUCTIONS):
             dk_rows += dk_share
+
+
+def products_ratio(row: dict[str, Any]) -> float:
+    """A profiled run's time over its products' (the matmuls'): 1.25 where what lies between them (exponentials,
+    reductions, rescaling, masks, copies, Python) takes a quarter of the products' own time."""
+    parts = row["parts_ms"]
+    return sum(parts.values()) / parts[MATMULS] if parts[MATMULS] > 0 else float("inf")
+
+
+# ---------------------------------------------------------------------------------------------------
+# the decode step: one query per head against a cache, in blocks of keys (_decode_kernel.py)
+
+
+def profile_decode(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, *, repeats: int, matmul_rate: Callable[[], float]
+) -> dict[str, Any]:
+    """flash_decode's engine on one thread, one chunk of keys (kv_splits=1, as one worker takes them), split
+    into parts: q (B, Hq, L, E) against k (B, Hkv, S, E), v (B, Hkv, S, Ev), float32 or float64."""
+    dims = decode_dims(q, k, v)
+    scale = 1.0 / float(np.sqrt(dims.e))
+    row = measure_parts(
+        lambda: decode(q, k, v, dims, scale, 1, 1),
+        lambda clock: decode_copy(q, k, v, dims, scale, clock),
+        repeats,
+        matmul_rate,
+    )
+    n_kv, rows = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group * dims.n_q
+    step = block_keys(n_kv * rows)
+    row.update(tiles=-(-dims.n_k // step), flops=2 * (dims.e + dims.ev) * n_kv * rows * dims.n_k, block_k=step)
+    return row
+
+
+def decode_dims(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> QKVShape:
+    """The QKVShape of q (B, Hq, L, E), k (B, Hkv, S, E), v (B, Hkv, S, Ev)."""
+    return QKVShape(q.shape[:1], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3])
+
+
+def decode_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, scale: float, clock: Any) -> Any:
+    """_decode_kernel.decode with one chunk, its statements in its order, each timed into its part: out (B·Hkv,
+    G·L, Ev) and lse (B·Hkv, G·L), the kernel's bits."""
+    ct = np.result_type(q, k, v, np.float32)
+    n_kv, rows = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group * dims.n_q
+    with clock(COPIES):
+        q_s = np.multiply(q.reshape(n_kv, rows, dims.e), scale, dtype=ct)  # (N, R, E)
+        k_c, v_c = k.reshape(n_kv, dims.n_k, dims.e), v.reshape(n_kv, dims.n_k, dims.ev)
+    return blocks_copy(q_s, k_c, v_c, clock)  # one chunk: its out and lse are the result
+
+
+def blocks_copy(q_s: np.ndarray, k: np.ndarray, v: np.ndarray, clock: Any) -> tuple[np.ndarray, np.ndarray]:
+    """attend_chunk's blocks through attend_blocks' sums against 0, each statement timed into its part (the
+    fallback it never needs on these inputs is left out: the bits would tell)."""
+    n, rows = q_s.shape[:2]
+    step, keys_first = block_keys(n * rows), decode_layout().keys_first
+    with clock(COPIES):
+        m, l = np.zeros((n, rows, 1), q_s.dtype), np.zeros((n, rows, 1), q_s.dtype)
+        acc = np.empty((n, rows, v.shape[-1]), q_s.dtype)
+        acc[...] = 0
+        part = np.empty_like(acc)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for start in range(0, k.shape[1], step):
+            k_b, v_b = k[:, start : start + step], v[:, start : start + step]
+            bounds = np.cumsum([0, k_b.shape[1]])
+            with clock(MATMULS):
+                s = block_scores(q_s, [k_b], bounds, keys_first)  # (N, R, bk)
+            with clock(EXPONENTIALS):
+                np.exp(s, out=s)
+            with clock(REDUCTIONS):
+                l += s.sum(axis=-1, keepdims=True)
+            with clock(MATMULS):
+                pv = np.matmul(s, v_b.astype(q_s.dtype, copy=False), out=part)
+            with clock(REDUCTIONS):
+                acc += pv
+    with clock(REDUCTIONS):
+        trusted(l, acc)
+        np.divide(acc, l, out=acc, where=l != 0)
+        lse = (m + np.log(l))[..., 0]
+    return acc, lse
+
+
+def profile_mla(
+    q_nope: np.ndarray,
+    q_rope: np.ndarray,
+    latent: np.ndarray,
+    w_ukv: np.ndarray,
+    *,
+    repeats: int,
+    matmul_rate: Callable[[], float],
+    scale: float | None = None,
+) -> dict[str, Any]:
+    """The MLA decode step of the absorbed form (latent.attend_latent, one new token) on one thread, one chunk
+    of keys, split into parts: the query absorbed (q_nope W_UKᵀ), the decode over the latents, then W_UV.
+    q_nope (B, H, 1, d_nope), q_rope (B, H, 1, d_rope), latent (B, 1, S, r + d_rope), W_UKV (r, H·(d_nope +
+    d_v)); scale: default 1/√(d_nope + d_rope)."""
+    n_heads, d_nope, r = q_nope.shape[1], q_nope.shape[-1], w_ukv.shape[0]
+    scale = 1.0 / float(np.sqrt(d_nope + q_rope.shape[-1])) if scale is None else scale
+    w_uk, w_uv = split_ukv(w_ukv, n_heads, d_nope)  # (H, r, d_nope), (H, r, d_v)
+
+    def step(clock: Any) -> np.ndarray:
+        with clock(MATMULS):
+            q_latent = q_nope @ w_uk.swapaxes(-1, -2)  # (B, H, 1, r)
+        with clock(COPIES):
+            q = np.concatenate([q_latent, q_rope.astype(q_latent.dtype, copy=False)], axis=-1)
+            k, v = latent, latent[..., :r]
+            dims = decode_dims(q, k, v)
+        out, _ = decode_copy(q, k, v, dims, scale, clock)
+        with clock(MATMULS):
+            return out.reshape(*q.shape[:-1], r) @ w_uv  # (B, H, 1, r) @ (H, r, d_v)
+
+    def kernel() -> np.ndarray:  # the engines attend_latent runs, one chunk of keys
+        q = absorb_query(q_nope, q_rope, w_uk)  # (B, H, 1, r + d_rope)
+        out, _ = decode(q, latent, latent[..., :r], decode_dims(q, latent, latent[..., :r]), scale, 1, 1)
+        return out.reshape(*q.shape[:-1], r) @ w_uv
+
+    row = measure_parts(lambda: (kernel(),), lambda clock: (step(clock),), repeats, matmul_rate)
+    B, S = q_nope.shape[0], latent.shape[2]
+    absorbed = 2 * B * n_heads * (d_nope * r + r * w_uv.shape[-1])  # the two projections of the query and out
+    row.update(
+        tiles=-(-S // block_keys(B * n_heads)), flops=absorbed + 2 * (2 * r + q_rope.shape[-1]) * B * n_heads * S
+    )
+    return row
