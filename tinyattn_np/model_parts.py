@@ -14,7 +14,8 @@ from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
 from .memory import linear_attention_state_bytes
 
-__all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "LatentAttention", "LinearAttention", "StateSpace"]
+__all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "KindAttention", "LatentAttention", "LinearAttention",
+           "StateSpace"]  # fmt: skip
 
 
 def _check_ints(part: Any, positive: tuple[str, ...], counts: tuple[str, ...] = ()) -> None:
@@ -76,6 +77,43 @@ class Experts:
     def router_parameters(self, hidden: int) -> int:
         """The router's C x E weights, and E for each of router_bias and score_bias."""
         return self.count * (hidden + int(self.router_bias) + int(self.score_bias))
+
+
+@dataclass(frozen=True)
+class KindAttention:
+    """The softmax attention of the layers of one kind, where its sizes are not the model's own.
+
+    MiMo-V2-Flash's sliding layers have twice the kv heads of its full ones, and sinks; Gemma-4's full layers
+    have heads of 512 (global_head_dim) where its sliding ones have 256, and keys that are the values;
+    Inkling's sliding layers have heads of their own. kind: the layer kind (full, sliding or chunked
+    attention); heads, kv_heads, head_dim and value_dim (None: head_dim) as ModelShape's; sinks: a learned
+    logit a head; values=False: the keys are the values (no v projection; transformers' cache still keeps
+    both). Weights and cache follow the formulas of the model's own attention with these sizes.
+    """
+
+    kind: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int | None = None
+    sinks: bool = False
+    values: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise TypeError(f"kind must be a str; got {self.kind!r}")
+        _check_ints(self, ("heads", "kv_heads", "head_dim"))
+        if self.value_dim is not None:
+            check_positive_int(self.value_dim, "value_dim")
+        check_bool(self.sinks, "sinks")
+        check_bool(self.values, "values")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads must be a multiple of kv_heads; got heads={self.heads}, kv_heads={self.kv_heads}")
+
+    @property
+    def value_width(self) -> int:
+        """The width of a value head: value_dim, else head_dim."""
+        return self.head_dim if self.value_dim is None else self.value_dim
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ TINY = dict(
     n_layer=4, n_embd=64, n_head=4, n_positions=256, n_inner=96, pad_token_id=0, index_n_heads=2,
     index_head_dim=16, index_topk=8,
 )  # fmt: skip
+# RoPE per layer kind, half of each head rotated (a tiny head's 0.334 would rotate an odd count)
+ROPE_BY_KIND = {kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+                for kind in ("full_attention", "sliding_attention")}  # fmt: skip
 # a model type's own tiny sizes, where the generic ones do not fit its class
 TINY_OWN: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 2]], window_size=8),
@@ -94,11 +97,15 @@ TINY_OWN: dict[str, dict[str, Any]] = {
     "nemotron_h": dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp"], mamba_num_heads=8,
                        mamba_head_dim=16, ssm_state_size=16, n_groups=2, moe_shared_expert_intermediate_size=48,
                        n_routed_experts=4),
+    "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
 }  # fmt: skip
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gpt_bigcode": [dict(multi_query=False)],
+    "mimo_v2_flash": [dict(num_key_value_heads=1, attention_bias=True, v_head_dim=24)],
 }  # fmt: skip
+# model types whose kv heads cannot be as many as the heads (MiMo-V2-Flash doubles them in its sliding layers)
+FEWER_KV_HEADS = {"mimo_v2_flash"}
 # model types whose config class refuses tied embeddings
 UNTIED = {"dbrx"}
 # model types whose transformers model keeps no cache (it recomputes every token): nothing to hold the bill to
@@ -129,7 +136,7 @@ def variants_of(model_type: str) -> list[dict[str, Any]]:
     and the model type's own variants."""
     small = tiny(model_type)
     found = [small]
-    if "num_key_value_heads" in small:
+    if "num_key_value_heads" in small and model_type not in FEWER_KV_HEADS:
         found.append({**small, "num_key_value_heads": small.get("num_attention_heads", 4)})
     tied = AutoConfig.for_model(model_type, **small).to_dict().get("tie_word_embeddings")
     if isinstance(tied, bool) and model_type not in UNTIED:

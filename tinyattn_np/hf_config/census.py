@@ -59,7 +59,6 @@ REFUSED: dict[str, str] = {
     "inkling2_loop_text": "looped layers with message gates: its middle layers run several passes",
     "kimi_linear": "Kimi Delta Attention layers (low-rank forget and output gates) between latent-attention layers",
     "longcat_flash": "two attentions and two MLPs a layer, and experts that do nothing (zero_expert_num)",
-    "mimo_v2_flash": "its sliding layers double the kv heads of its full layers, and values are narrower than keys",
     "qwen4_exp_text": "hyper-connections and n-gram embeddings around a Qwen3-Next stack",
     "qwen4_exp": "its language model (qwen4_exp_text) has hyper-connections and n-gram embeddings",
     "recurrent_gemma": "RG-LRU recurrent blocks, whose state transformers keeps outside its cache classes",

@@ -132,6 +132,8 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
         return [FULL] * layers
     if rule == "gpt_neo":  # attention_types: [[kinds, repeats], ...], each kind "global" or "local" (a window)
         return [SLIDE if kind == "local" and window else FULL for kind in _gpt_neo_layers(fields, layers)]
+    if rule == "mimo":  # layer 0 and every 6th layer full, the others slide (MiMo-V2-Flash)
+        return [FULL if i == 0 or (i + 1) % 6 == 0 or not window else SLIDE for i in range(layers)]
     if rule == "minimax":
         return [FULL if i % 2 == 0 else "linear_attention" for i in range(layers)]
     alternate = rule == "alternate"  # Gemma-2, gpt-oss: layers 0, 2, 4, ... slide

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..model_parts import Experts, Extra, Indexer, LatentAttention, LinearAttention, StateSpace
+from ..model_parts import Experts, Extra, Indexer, KindAttention, LatentAttention, LinearAttention, StateSpace
 from .fields import Fields, shown_value
 
 __all__ = ["OWN_LAYERS", "SPECIAL_READERS"]
@@ -329,6 +329,35 @@ def _special_square_out(fields: Fields, found: dict[str, Any]) -> None:
                             "whose square the output projection is", found["head_dim"])  # fmt: skip
 
 
+def _agrees(fields: Fields, name: str, built: Any) -> None:
+    """A field of the released config.json that transformers' class ignores: read where it says what transformers
+    builds anyway (or is null), refused where it says otherwise."""
+    value = fields.get(name)
+    if value is not None and value != built:
+        raise fields.refuse(name, f"is not what transformers builds ({shown_value(built)}), which ignores the field")
+
+
+def _special_mimo(fields: Fields, found: dict[str, Any]) -> None:
+    """MiMo-V2-Flash: values of v_head_dim; the sliding layers have twice the kv heads of the full ones, and sinks;
+    the released config's swa_ fields and layer patterns, which transformers does not read, must agree."""
+    heads, kv_heads, head_dim = found["heads"], found["kv_heads"], found["head_dim"]
+    value_dim = fields.integer("v_head_dim")
+    if heads % (2 * kv_heads):
+        raise fields.refuse("num_key_value_heads", f"doubled in the sliding layers does not divide {heads} heads")
+    sliding = KindAttention("sliding_attention", heads, 2 * kv_heads, head_dim, value_dim, sinks=True)
+    found.update(head_dim_v=value_dim, kind_attention=(sliding,))
+    window = fields.integer("sliding_window_size", none=True)  # the released config's: the window less the query
+    if window is not None and found["sliding_window"] is not None:
+        found["sliding_window"] = window + 1
+    routed = set(() if found["experts"] is None else found["experts"].layers)
+    for name, built in (("swa_num_attention_heads", heads), ("swa_num_key_value_heads", 2 * kv_heads),
+                        ("swa_head_dim", head_dim), ("swa_v_head_dim", value_dim),
+                        ("add_swa_attention_sink_bias", True), ("add_full_attention_sink_bias", False),
+                        ("hybrid_layer_pattern", [int(kind != "full_attention") for kind in found["layer_types"]]),
+                        ("moe_layer_freq", [int(i in routed) for i in range(found["layers"])])):  # fmt: skip
+        _agrees(fields, name, built)
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -358,4 +387,5 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "jamba": (_special_jamba, OWN_LAYERS),
     "falcon_h1": (_special_falcon_h1, ()),
     "nemotron_h": (_special_nemotron_h, OWN_LAYERS),
+    "mimo": (_special_mimo, ()),
 }

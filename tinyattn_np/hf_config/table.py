@@ -340,6 +340,9 @@ ARCHITECTURES: dict[str, Arch] = {
                                  Part("the attention experts' bias and router", "attention", "C + num_local_experts·C"),
                                  Part("the MLP experts' bias", "every layer", "C"))),
     "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
+    "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
+                          moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
+                          unbilled=("swa_rope_theta", "attention_value_scale")),
 }  # fmt: skip
 
 # model types whose config keeps the language model in text_config, and its model type there: their causal-LM
