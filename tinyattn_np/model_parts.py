@@ -12,10 +12,15 @@ from typing import Any
 
 from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
+from ._shape_checks import check_choice
 from .memory import linear_attention_state_bytes
 
 __all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "KindAttention", "LatentAttention", "LinearAttention",
            "StateSpace"]  # fmt: skip
+
+
+# the kinds of LinearAttention
+LINEAR_KINDS = ("gated_deltanet", "lightning", "short_conv", "kda", "rglru", "rwkv", "mlstm")
 
 
 def _check_ints(part: Any, positive: tuple[str, ...], counts: tuple[str, ...] = ()) -> None:
@@ -163,7 +168,7 @@ class LatentAttention:
 
 @dataclass(frozen=True)
 class LinearAttention:
-    """The layers of linear attention that keep a state of fixed size instead of a growing cache.
+    """The layers of linear attention (and other recurrences) that keep a state of fixed size, not a cache.
 
     kind "gated_deltanet" (Qwen3-Next): a short causal convolution of conv_kernel over q, k and v, then
     per value head a key_dim x value_dim state S updated by the gated delta rule; the q and k heads
@@ -171,14 +176,30 @@ class LinearAttention:
     projections C·(2·Hk·Dk + 2·Hv·Dv), C·2Hv for the gate and step size, the convolution's
     (2·Hk·Dk + Hv·Dv)·K, 2Hv (A and its step bias), the output norm Dv and Hv·Dv·C out.
 
+    kind "kda" (Kimi Delta Attention): the delta rule with a forget gate per channel, H heads of D (keys and
+    values): q, k, v C·3HD, the convolution 3HD·K, forget and output gates of rank D (C·D + D·HD each), the
+    forget gate's bias HD and A H, the step size C·H, the output norm D, out HD·C.
+
     kind "lightning" (MiniMax): H heads with key_dim = value_dim = E and S_t = decay · S_{t-1} + k_t v_tᵀ;
     weights C·3HE (q, k, v), HE (the norm), C·HE (the output gate) and HE·C out. No convolution.
 
     kind "short_conv" (LFM2): no recurrence, a gated short convolution of conv_kernel over value_dim = C
     channels (one "head"): in_proj C·3C (B, C and x), the convolution C·K, out_proj C·C; bias adds 3C + C + C.
 
-    The state per layer and sequence: value_heads · key_dim · value_dim (none for short_conv), plus
-    conv_channels · conv_kernel.
+    kind "rglru" (RecurrentGemma's RG-LRU): a recurrence of W = H·value_dim channels (key_dim 1) with
+    block-diagonal input and recurrence gates of H blocks: the two branches C·W + W each, out W·C + C, the
+    convolution W·K + W, the recurrence W and the gates 2·(W²/H + W); it keeps its last K - 1 inputs.
+
+    kind "rwkv" (RWKV-4's time mixing): value_dim = A channels of a weighted sum kept as three numbers each:
+    key, value, receptance C·A each, out A·C, the decays 2A and the token-shift mixes 3C; its state is 5·C a
+    layer (the sums, and the last token of the time and channel mixing).
+
+    kind "mlstm" (xLSTM): H heads, a matrix memory of Dk x Dv, a normaliser of Dk and a maximum each: q, k C·Hk·Dk
+    each, v and the output gate C·Hv·Dv each, input and forget gates C·2H + 2H, the head norm Hv·Dv and out Hv·Dv·C;
+    bias adds the projections' (2·Hk·Dk + 3·Hv·Dv + C).
+
+    The state per layer and sequence: value_heads · key_dim · value_dim, and the convolution's last inputs,
+    conv_channels · conv_kernel (K - 1 for rglru); rwkv and mlstm as said.
     """
 
     kind: str
@@ -190,52 +211,80 @@ class LinearAttention:
     bias: bool = False
 
     def __post_init__(self) -> None:
-        kinds = ("gated_deltanet", "lightning", "short_conv")
-        if self.kind not in kinds:
-            raise ValueError(f"kind must be one of {', '.join(kinds)}; got {self.kind!r}")
+        check_choice(self.kind, "kind", LINEAR_KINDS)
         _check_ints(self, ("key_heads", "value_heads", "key_dim", "value_dim"), ("conv_kernel",))
+        check_bool(self.bias, "bias")
         if self.value_heads % self.key_heads:
             raise ValueError(
                 f"value_heads must be a multiple of key_heads; got value_heads={self.value_heads}, "
                 f"key_heads={self.key_heads}"
             )
-        if self.kind == "lightning" and (
-            (self.key_heads, self.key_dim, self.conv_kernel) != (self.value_heads, self.value_dim, 0)
-        ):
-            raise ValueError("lightning attention has key_heads == value_heads, key_dim == value_dim, no conv_kernel")
-        check_bool(self.bias, "bias")
-        if self.kind == "short_conv" and (self.key_heads, self.value_heads, self.key_dim) != (1, 1, self.value_dim):
-            raise ValueError("a short convolution has one head: key_heads == value_heads == 1, key_dim == value_dim")
-        if self.kind != "lightning" and self.conv_kernel < 1:
-            raise ValueError(
-                f"gated_deltanet has a short convolution: conv_kernel must be >= 1; got {self.conv_kernel}"
-            )
+        heads, dims = (self.key_heads, self.key_dim), (self.value_heads, self.value_dim)
+        shapes = {  # kind -> what its heads must be, in words and as a test
+            "lightning": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
+            "kda": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
+            "short_conv": ("one head: key_heads == value_heads == 1, key_dim == value_dim",
+                           (self.key_heads, self.value_heads, self.key_dim) == (1, 1, self.value_dim)),
+            "rglru": ("key_heads == value_heads and key_dim == 1", self.key_heads == self.value_heads
+                      and self.key_dim == 1),
+            "rwkv": ("one head: key_heads == value_heads == key_dim == 1", heads == (1, 1) and self.value_heads == 1),
+            "mlstm": ("key_heads == value_heads", self.key_heads == self.value_heads),
+        }  # fmt: skip
+        if self.kind in shapes and not shapes[self.kind][1]:
+            raise ValueError(f"{self.kind} has {shapes[self.kind][0]}; got {self}")
+        convolves = self.kind in ("gated_deltanet", "kda", "short_conv", "rglru")
+        if convolves != (self.conv_kernel >= 1):
+            which = "has a short convolution: conv_kernel must be >= 1" if convolves else "has no convolution: 0"
+            raise ValueError(f"{self.kind} {which}; got {self.conv_kernel}")
 
     @property
     def conv_channels(self) -> int:
-        """Channels of the short convolution: q and k (Hk·Dk each) and v (Hv·Dv); 0 for lightning."""
-        if self.kind == "lightning":
+        """Channels of the short convolution: q and k (Hk·Dk each) and v (Hv·Dv); the width for short_conv and
+        rglru; 0 without a convolution."""
+        if self.conv_kernel == 0:
             return 0
-        if self.kind == "short_conv":
-            return self.value_dim
+        if self.kind in ("short_conv", "rglru"):
+            return self.value_heads * self.value_dim
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
     def parameters(self, hidden: int) -> int:
         """One linear-attention layer's weights (the formulas in the class docstring)."""
-        c = hidden
+        c, h, k = hidden, self.value_heads, self.conv_kernel
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         if self.kind == "lightning":
             return c * 3 * values + values + c * values + values * c
         if self.kind == "short_conv":
-            w = self.value_dim
-            return c * 3 * w + w * self.conv_kernel + w * c + (5 * w if self.bias else 0)
+            return c * 3 * values + values * k + values * c + (5 * values if self.bias else 0)
+        if self.kind == "kda":
+            low_rank = c * self.key_dim + self.key_dim * values  # a gate through a rank of D
+            return c * 3 * values + 3 * values * k + 2 * low_rank + values + h + c * h + self.value_dim + values * c
+        if self.kind == "rglru":
+            gates = 2 * (values * self.value_dim + values)  # H blocks of (W/H)², and a bias, for each of two gates
+            return 2 * (c * values + values) + values * c + c + values * k + values + values + gates
+        if self.kind == "rwkv":
+            return 4 * c * values + 2 * values + 3 * c
+        if self.kind == "mlstm":
+            bias = 2 * keys + 3 * values + c if self.bias else 0
+            return c * (2 * keys + 2 * values) + c * 2 * h + 2 * h + values + values * c + bias
         projections = c * (2 * keys + 2 * values) + c * 2 * self.value_heads
-        return projections + self.conv_channels * self.conv_kernel + 2 * self.value_heads + self.value_dim + values * c
+        return projections + self.conv_channels * k + 2 * self.value_heads + self.value_dim + values * c
+
+    def state_numbers(self) -> int:
+        """The numbers one such layer keeps per sequence (the class docstring)."""
+        recurrent = self.value_heads * self.key_dim * self.value_dim
+        if self.kind == "rwkv":
+            return 5 * self.value_dim
+        if self.kind == "mlstm":
+            return recurrent + self.value_heads * self.key_dim + self.value_heads
+        if self.kind == "rglru":
+            return recurrent + self.conv_channels * (self.conv_kernel - 1)
+        return (0 if self.kind == "short_conv" else recurrent) + self.conv_channels * self.conv_kernel
 
     def state_bytes(self, layers: int, dtype: Any = "bf16", batch: int = 1) -> int:
-        """memory.linear_attention_state_bytes for `layers` such layers (a short convolution: its inputs alone)."""
-        if self.kind == "short_conv":
-            return nbytes(layers * batch * self.conv_channels * self.conv_kernel, dtype)
+        """memory.linear_attention_state_bytes for `layers` such layers; the kinds its formula does not fit
+        (a short convolution's inputs alone, RG-LRU, RWKV, mLSTM): state_numbers of each."""
+        if self.kind in ("short_conv", "rglru", "rwkv", "mlstm"):
+            return nbytes(layers * batch * self.state_numbers(), dtype)
         return linear_attention_state_bytes(
             layers=layers, heads=self.value_heads, key_dim=self.key_dim, value_dim=self.value_dim,
             conv_channels=self.conv_channels, conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,

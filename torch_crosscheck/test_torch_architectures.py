@@ -98,6 +98,8 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        mamba_head_dim=16, ssm_state_size=16, n_groups=2, moe_shared_expert_intermediate_size=48,
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
+    "kimi_linear": dict(linear_num_heads=2, linear_head_dim=8, num_experts=4, num_experts_per_token=2,
+                        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
 }  # fmt: skip
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -297,6 +299,7 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
 KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  ("kimi_linear", "first_k_dense_replace"): 1,
                   ("axk1", "moe_layer_freq"): 1, ("modernbert-decoder", "global_attn_every_n_layers"): 3}  # fmt: skip
 
 
@@ -313,6 +316,9 @@ def test_the_defaults_are_the_config_classes(model_type: str) -> None:
             declared[field.name] = field.default
         elif field.default_factory is not dataclasses.MISSING:
             declared[field.name] = field.default_factory()
+    for alias, name in getattr(cls, "attribute_map", {}).items():  # a field declared by the name config.json stores
+        if alias in declared and alias not in DEFAULTS[model_type]:
+            declared.setdefault(name, declared[alias])
     wrong = {
         name: (value, declared.get(name, KWARG_DEFAULTS.get((model_type, name))))
         for name, value in DEFAULTS[model_type].items()

@@ -78,6 +78,21 @@ def _gpt_neo_layers(fields: Fields, layers: int) -> list[str]:
     return kinds
 
 
+def _kimi_layers(fields: Fields, layers: int) -> list[str]:
+    """Kimi Linear's full_attn_layers and kda_layers, each layer numbered from 1 and in one list."""
+    config = fields.get("linear_attn_config", default={})
+    if not isinstance(config, dict):
+        raise fields.refuse("linear_attn_config", "must be an object")
+    full, kda = config.get("full_attn_layers"), config.get("kda_layers")
+    if full is None or kda is None:  # the class's rule
+        return [FULL if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
+    numbers = [*full, *kda] if isinstance(full, list) and isinstance(kda, list) else None
+    if numbers is None or sorted(n for n in numbers if type(n) is int) != list(range(1, layers + 1)):
+        why = f"must number each of the {layers} layers once, from 1, in full_attn_layers or kda_layers"
+        raise fields.refuse("linear_attn_config", why, config)
+    return [FULL if i + 1 in full else "linear_attention" for i in range(layers)]
+
+
 def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, chunk: bool) -> list[str]:
     """The layer kinds transformers' config class builds when config.json has no layer_types."""
     rule = arch.windows
@@ -132,6 +147,8 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
         return [FULL] * layers
     if rule == "gpt_neo":  # attention_types: [[kinds, repeats], ...], each kind "global" or "local" (a window)
         return [SLIDE if kind == "local" and window else FULL for kind in _gpt_neo_layers(fields, layers)]
+    if rule == "kimi":  # linear_attn_config's layers (numbered from 1), else every 4th layer full from layer 4
+        return _kimi_layers(fields, layers)
     if rule == "mimo":  # layer 0 and every 6th layer full, the others slide (MiMo-V2-Flash)
         return [FULL if i == 0 or (i + 1) % 6 == 0 or not window else SLIDE for i in range(layers)]
     if rule == "minimax":

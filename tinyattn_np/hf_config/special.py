@@ -358,6 +358,32 @@ def _special_mimo(fields: Fields, found: dict[str, Any]) -> None:
         _agrees(fields, name, built)
 
 
+# what linear_attn_config may hold (Kimi Linear): what transformers reads from it, and the gate's floor
+KIMI_LINEAR_KEYS = ("head_dim", "num_heads", "short_conv_kernel_size", "full_attn_layers", "kda_layers",
+                    "gate_lower_bound", "use_full_rank_gate")  # fmt: skip
+
+
+def _special_kda(fields: Fields, found: dict[str, Any]) -> None:
+    """Kimi Linear: Kimi Delta Attention layers, their heads and convolution from linear_attn_config where it
+    gives them (as transformers reads it), else linear_num_heads, linear_head_dim, linear_conv_kernel_dim;
+    its latent attention has no RoPE (mla_use_nope), and moe_layer_freq, which transformers ignores, says 1."""
+    nested = _nested(fields, "linear_attn_config", {})
+    unknown = sorted(set(nested) - set(KIMI_LINEAR_KEYS))
+    if unknown or nested.get("use_full_rank_gate"):  # a full-rank forget gate: weights transformers does not build
+        raise fields.refuse("linear_attn_config", f"holds {', '.join(unknown) or 'use_full_rank_gate'}, which "
+                            "transformers does not build", nested)  # fmt: skip
+    sizes = {}
+    for name, key in (("linear_num_heads", "num_heads"), ("linear_head_dim", "head_dim"),
+                      ("linear_conv_kernel_dim", "short_conv_kernel_size")):  # fmt: skip
+        own = fields.integer(name)
+        sizes[name] = _nested_size(fields, "linear_attn_config", nested, key) if key in nested else own
+    heads, width = sizes["linear_num_heads"], sizes["linear_head_dim"]
+    conv_kernel = sizes["linear_conv_kernel_dim"]
+    found["linear"] = LinearAttention("kda", heads, heads, width, width, conv_kernel=conv_kernel)
+    for name, built in (("mla_use_nope", True), ("moe_layer_freq", 1), ("mla_use_output_gate", False)):
+        _agrees(fields, name, built)
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -388,4 +414,5 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "falcon_h1": (_special_falcon_h1, ()),
     "nemotron_h": (_special_nemotron_h, OWN_LAYERS),
     "mimo": (_special_mimo, ()),
+    "kda": (_special_kda, ("linear_attention",)),
 }

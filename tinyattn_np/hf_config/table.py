@@ -340,6 +340,13 @@ ARCHITECTURES: dict[str, Arch] = {
                                  Part("the attention experts' bias and router", "attention", "C + num_local_experts·C"),
                                  Part("the MLP experts' bias", "every layer", "C"))),
     "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
+    "kimi_linear":  Arch(positions="none", windows="kimi", special=("latent", "kda"), tied=False,
+                         moe=Moe(("num_experts", "num_local_experts"), layers="mlp_layer_types",
+                                 per_token=("num_experts_per_token", "num_experts_per_tok"),
+                                 shared_count="num_shared_experts"),
+                         names=(("max_position_embeddings", "model_max_length", "max_position_embeddings"),),
+                         unbilled=("num_expert_group", "moe_renormalize", "moe_router_activation_func",
+                                   "use_grouped_topk", "tie_word_embeddings")),  # its head is never tied
     "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
                           moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
                           unbilled=("swa_rope_theta", "attention_value_scale")),
