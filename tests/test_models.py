@@ -682,7 +682,7 @@ def test_the_census_sorts_every_model_type_once_and_counts_them():
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        ("rwkv", r"'rwkv' is a text decoder the reader does not bill: RWKV's time and channel mixing"),
+        ("blt", r"'blt' is a text decoder the reader does not bill: bytes grouped into patches"),
         ("bart", r"'bart' is not a decoder-only text model \(an encoder-decoder"),
         ("qwen3_5", r"'qwen3_5' keeps its language model in text_config \(model_type 'qwen3_5_text'\)"),
         ("no_such_model", r"'no_such_model' is not an architecture the reader knows \(it reads \d+ model types"),

@@ -28,7 +28,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # noqa: E402
 
 from tinyattn_np.hf_config import ARCHITECTURES, shape_from_config  # noqa: E402
@@ -98,11 +98,14 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        mamba_head_dim=16, ssm_state_size=16, n_groups=2, moe_shared_expert_intermediate_size=48,
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
+    "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "xlstm": dict(hidden_size=128, num_heads=2, ffn_proj_factor=1.5, ffn_round_up_to_multiple_of=32),
     "kimi_linear": dict(linear_num_heads=2, linear_head_dim=8, num_experts=4, num_experts_per_token=2,
                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
 }  # fmt: skip
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
     "gpt_bigcode": [dict(multi_query=False)],
     "mimo_v2_flash": [dict(num_key_value_heads=1, attention_bias=True, v_head_dim=24)],
 }  # fmt: skip
@@ -226,20 +229,42 @@ def held_bytes(cache: Any) -> dict[str, int]:
     return held
 
 
-def forward(model_type: str, sizes: dict[str, Any], tokens: int, batch: int = 2) -> tuple[Any, Any]:
-    """(config, the cache after a forward of `tokens` random tokens through a random tiny model), float32."""
+def own_states(model: Any, out: Any) -> list[Any]:
+    """The states a model keeps outside transformers' cache classes: RecurrentGemma's recurrent blocks hold theirs,
+    RWKV returns a list of them, xLSTM a cache of its own."""
+    tensors = []
+    for layer in getattr(getattr(model, "model", None), "layers", []):
+        block = getattr(layer, "temporal_block", None)
+        tensors += [
+            getattr(block, "conv1d_state", None),
+            getattr(getattr(block, "rg_lru", None), "recurrent_states", None),
+        ]
+    tensors += list(getattr(out, "state", None) or [])
+    for states in getattr(getattr(out, "cache_params", None), "rnn_state", {}).values():
+        tensors += list(states)
+    return [t for t in tensors if torch.is_tensor(t)]
+
+
+# model types whose forward builds a cache it does not return: the test hands it one
+GIVEN_CACHE = {"recurrent_gemma"}
+
+
+def forward(model_type: str, sizes: dict[str, Any], tokens: int, batch: int = 2) -> tuple[Any, Any, list[Any]]:
+    """(config, the cache after a forward of `tokens` random tokens through a random tiny model, the states the model
+    keeps outside it), float32."""
     torch.manual_seed(0)
     config, model = build(model_type, sizes, device="cpu")
     ids = torch.randint(3, config.get_text_config().vocab_size, (batch, tokens))
+    given = {"cache": DynamicCache(config=config)} if model_type in GIVEN_CACHE else {}
     with torch.no_grad():
-        out = model.eval()(ids, use_cache=True)
-    return config, out.past_key_values
+        out = model.eval()(ids, use_cache=True, **given)
+    return config, given.get("cache", getattr(out, "past_key_values", None)), own_states(model, out)
 
 
 @pytest.mark.parametrize("tokens", [WINDOW - 3, 2 * WINDOW + 3])
 @pytest.mark.parametrize("model_type", [model_type for model_type in ROWS if model_type not in NO_CACHE])
 def test_cache_bytes_equal_what_transformers_holds(model_type: str, tokens: int) -> None:
-    config, cache = forward(model_type, tiny(model_type), tokens)
+    config, cache, outside = forward(model_type, tiny(model_type), tokens)
     shape = read(config)
     if model_type in WHOLE_WINDOWS:  # the bill's window layers keep W tokens; this cache keeps them all
         full = tuple("full_attention" if kind == "sliding_attention" else kind for kind in shape.layer_types)
@@ -249,6 +274,7 @@ def test_cache_bytes_equal_what_transformers_holds(model_type: str, tokens: int)
     windows = {"sliding_attention": shape.sliding_window, "chunked_attention": shape.attention_chunk}
     fewer = sum(2 * per_token.get(kind, 0) for kind, window in windows.items() if window and tokens >= window)
     held = held_bytes(cache)
+    held["outside the cache"] = sum(t.numel() * t.element_size() for t in outside)
     assert sum(held.values()) == shape.cache_bytes(tokens, "fp32", batch=2) - fewer, (held, shape.describe())
 
 
@@ -299,6 +325,7 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
 KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  ("recurrent_gemma", "partial_rotary_factor"): 0.5,
                   ("kimi_linear", "first_k_dense_replace"): 1,
                   ("axk1", "moe_layer_freq"): 1, ("modernbert-decoder", "global_attn_every_n_layers"): 3}  # fmt: skip
 

@@ -384,6 +384,62 @@ def _special_kda(fields: Fields, found: dict[str, Any]) -> None:
         _agrees(fields, name, built)
 
 
+def _special_rglru(fields: Fields, found: dict[str, Any]) -> None:
+    """RecurrentGemma (Griffin): block_types repeated over the layers, each recurrent block an RG-LRU of lru_width
+    (heads of lru_width / num_attention_heads), each attention block a window of attention_window_size; heads of
+    hidden_size / num_attention_heads, whatever head_dim says, as its config class sets them."""
+    heads, layers, hidden = found["heads"], found["layers"], found["hidden"]
+    if found["head_dim"] != hidden // heads:
+        raise fields.refuse("head_dim", f"is not hidden_size // num_attention_heads = {hidden // heads}, which "
+                            "transformers builds", found["head_dim"])  # fmt: skip
+    blocks = fields.get("block_types")
+    if not isinstance(blocks, (list, tuple)) or not blocks or not set(blocks) <= {"recurrent", "attention"}:
+        raise fields.refuse("block_types", "must be a list of 'recurrent' and 'attention'")
+    kinds = tuple("linear_attention" if blocks[i % len(blocks)] == "recurrent" else "sliding_attention"
+                  for i in range(layers))  # fmt: skip
+    width = fields.integer("lru_width", none=True) or hidden
+    if width % heads:
+        raise fields.refuse("lru_width", f"must split into {heads} blocks (num_attention_heads)", width)
+    linear = LinearAttention("rglru", heads, heads, 1, width // heads, conv_kernel=fields.integer("conv1d_width"))
+    window = fields.integer("attention_window_size", "sliding_window")
+    found.update(layer_types=kinds, sliding_window=window, linear=linear if "linear_attention" in kinds else None)
+
+
+def _special_rwkv(fields: Fields, found: dict[str, Any]) -> None:
+    """RWKV-4: time mixing in every layer (its channel mixing is the MLP and a part of the table); transformers
+    keeps its state hidden_size wide, so attention_hidden_size must be hidden_size."""
+    width = fields.integer("attention_hidden_size", none=True) or found["hidden"]
+    if width != found["hidden"]:
+        raise fields.refuse("attention_hidden_size", "is not hidden_size, the width of transformers' RWKV state", width)
+    found.update(linear=LinearAttention("rwkv", 1, 1, 1, width), layer_types=("linear_attention",) * found["layers"])
+
+
+def _round_up(fields: Fields, name: str, size: int, multiple: int) -> int:
+    """size · the factor `name`, rounded up to a multiple, as xLSTM's config rounds its widths."""
+    factor = fields.number(name)
+    if factor is None or not 0 < factor <= 2**10:
+        raise fields.refuse(name, "must be a positive number")
+    return int(((size * factor + multiple - 1) // multiple) * multiple)
+
+
+def _special_mlstm(fields: Fields, found: dict[str, Any]) -> None:
+    """xLSTM: an mLSTM layer and a gated MLP in every block. transformers builds the q, k and v widths as
+    int(hidden_size · factor) and sizes its cache by the same rounded up to 64: they must agree (a multiple of 64,
+    split into num_heads); the MLP is hidden_size · ffn_proj_factor rounded up to ffn_round_up_to_multiple_of."""
+    hidden, heads = found["hidden"], fields.integer("num_heads")
+    for name, other in (("num_blocks", found["layers"]), ("embedding_dim", hidden)):
+        _agrees(fields, name, other)  # transformers builds the blocks, the table by these, the rest by the others
+    widths = []
+    for name in ("qk_dim_factor", "v_dim_factor"):
+        width = _round_up(fields, name, hidden, 64)
+        if width != int(hidden * fields.get(name)) or width % heads:
+            raise fields.refuse(name, f"times hidden_size must be a multiple of 64 that {heads} heads split")
+        widths.append(width // heads)
+    found["intermediate"] = _round_up(fields, "ffn_proj_factor", hidden, fields.integer("ffn_round_up_to_multiple_of"))
+    mlstm = LinearAttention("mlstm", heads, heads, *widths, bias=fields.boolean("use_bias"))
+    found.update(linear=mlstm, layer_types=("linear_attention",) * found["layers"])
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -415,4 +471,7 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "nemotron_h": (_special_nemotron_h, OWN_LAYERS),
     "mimo": (_special_mimo, ()),
     "kda": (_special_kda, ("linear_attention",)),
+    "rglru": (_special_rglru, OWN_LAYERS),
+    "rwkv": (_special_rwkv, OWN_LAYERS),
+    "mlstm": (_special_mlstm, OWN_LAYERS),
 }
