@@ -436,7 +436,7 @@ def _special_mlstm(fields: Fields, found: dict[str, Any]) -> None:
             raise fields.refuse(name, f"times hidden_size must be a multiple of 64 that {heads} heads split")
         widths.append(width // heads)
     found["intermediate"] = _round_up(fields, "ffn_proj_factor", hidden, fields.integer("ffn_round_up_to_multiple_of"))
-    mlstm = LinearAttention("mlstm", heads, heads, *widths, bias=fields.boolean("use_bias"))
+    mlstm = LinearAttention("mlstm", heads, heads, widths[0], widths[1], bias=fields.boolean("use_bias"))
     found.update(linear=mlstm, layer_types=("linear_attention",) * found["layers"])
 
 
