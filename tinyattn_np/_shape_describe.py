@@ -56,9 +56,10 @@ def _describe_experts(shape: Any) -> str:
     moe = shape.experts
     per_token = "k unknown" if moe.per_token is None else f"{moe.per_token} per token"
     shared = f", shared width {moe.shared_intermediate:,}" if moe.shared_intermediate else ""
-    dense = shape.mlp_layer_count - len(moe.layers)
+    dense = shape.mlp_layer_count - (0 if moe.beside_mlp else len(moe.layers))
     dense_text = f"; {dense} dense layers of width {shape.intermediate:,}" if dense else ""
-    experts = f"{moe.count} experts of width {moe.intermediate:,}, {per_token}{shared}"
+    beside = ", beside the layer's MLP" if moe.beside_mlp else ""
+    experts = f"{moe.count} experts of width {moe.intermediate:,}, {per_token}{shared}{beside}"
     return f"MoE on {len(moe.layers)} layers: {experts}{dense_text}"
 
 

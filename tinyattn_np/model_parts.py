@@ -43,7 +43,8 @@ class Experts:
     router_bias, expert_bias: gpt-oss's biases on the router and on every expert's projections;
     score_bias: Ernie-4.5's per-expert correction of the routing scores, a parameter (DeepSeek-V3's is a
     buffer, not counted); shared_gate: Qwen2-MoE's C -> 1 gate on the shared expert; gated=False: experts
-    of two matrices, up and down (Nemotron-H), whose shared expert follows the model's MLP.
+    of two matrices, up and down (Nemotron-H), whose shared expert follows the model's MLP; beside_mlp: the
+    layer keeps its dense MLP beside the experts (LongCat-Flash's shortcut experts, Gemma-4's).
     """
 
     count: int
@@ -56,6 +57,7 @@ class Experts:
     expert_bias: bool = False
     score_bias: bool = False
     gated: bool = True
+    beside_mlp: bool = False
 
     def __post_init__(self) -> None:
         _check_ints(self, ("count", "intermediate"), ("shared_intermediate",))
@@ -67,7 +69,7 @@ class Experts:
             check_count(index, "layers[i]")
         if list(self.layers) != sorted(set(self.layers)):
             raise ValueError(f"layers must be increasing layer indices, each once; got {self.layers}")
-        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias", "gated"):
+        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias", "gated", "beside_mlp"):
             check_bool(getattr(self, flag), flag)
         if self.shared_gate and not self.shared_intermediate:
             raise ValueError("shared_gate gates the shared expert, so it needs shared_intermediate > 0")

@@ -317,7 +317,8 @@ class ModelShape:
         mixers = (self.all_attention_parameters
                   + self.count("linear_attention") * self.linear_attention_parameters
                   + (self.count("mamba") + beside) * self.state_space_parameters)  # fmt: skip
-        mlps = (self.mlp_layer_count - moe_layers) * self.mlp_parameters + moe_layers * self.moe_parameters
+        dense = self.mlp_layer_count - (0 if self.experts is None or self.experts.beside_mlp else moe_layers)
+        mlps = dense * self.mlp_parameters + moe_layers * self.moe_parameters
         return self.embedding_parameters + mixers + mlps + self.norm_parameters + self.extra_parameters
 
     @property

@@ -99,6 +99,7 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
     "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "longcat_flash": dict(head_dim=8, zero_expert_num=3, moe_topk=2, expert_ffn_hidden_size=32),
     "xlstm": dict(hidden_size=128, num_heads=2, ffn_proj_factor=1.5, ffn_round_up_to_multiple_of=32),
     "kimi_linear": dict(linear_num_heads=2, linear_head_dim=8, num_experts=4, num_experts_per_token=2,
                         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"]),
@@ -106,6 +107,7 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
+    "longcat_flash": [dict(router_bias=True, attention_bias=True, zero_expert_num=0)],
     "gpt_bigcode": [dict(multi_query=False)],
     "mimo_v2_flash": [dict(num_key_value_heads=1, attention_bias=True, v_head_dim=24)],
 }  # fmt: skip

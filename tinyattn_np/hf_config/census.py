@@ -57,7 +57,6 @@ REFUSED: dict[str, str] = {
     "inkling_text": "short convolutions and relative logits in attention, and kv heads that vary by layer",
     "inkling2_text": "short convolutions and message gates in attention, and kv heads that vary by layer",
     "inkling2_loop_text": "looped layers with message gates: its middle layers run several passes",
-    "longcat_flash": "two attentions and two MLPs a layer, and experts that do nothing (zero_expert_num)",
     "qwen4_exp_text": "hyper-connections and n-gram embeddings around a Qwen3-Next stack",
     "qwen4_exp": "its language model (qwen4_exp_text) has hyper-connections and n-gram embeddings",
     "reformer": "LSH and chunked local attention with axial position embeddings",

@@ -100,8 +100,10 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     if isinstance(listed, list) and 0 < len(listed) <= MAX_LAYERS:  # the list wins over num_hidden_layers
         layers = len(listed)
         fields.value("num_hidden_layers")
-    else:
-        layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
+    else:  # LongCat-Flash: two attentions and two MLPs in each layer of its config
+        layers = arch.sublayers * fields.integer(
+            *_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS // arch.sublayers
+        )
     hidden = fields.integer(*_spellings(arch, "hidden_size"))
     heads = fields.integer(*_spellings(arch, "num_attention_heads")) if arch.attention else 1  # Mamba has none
     if arch.intermediate is None:

@@ -440,6 +440,25 @@ def _special_mlstm(fields: Fields, found: dict[str, Any]) -> None:
     found.update(linear=mlstm, layer_types=("linear_attention",) * found["layers"])
 
 
+def _special_zero_experts(fields: Fields, found: dict[str, Any]) -> None:
+    """LongCat-Flash: zero_expert_num experts that pass a token through unchanged, which the router scores beside
+    the others and for which transformers allocates gate and up weights that nothing runs; each of its layers is
+    two attentions and two MLPs, with the experts beside the first."""
+    zero, moe = fields.integer("zero_expert_num", zero=True, none=True) or 0, found["experts"]
+    _agrees(fields, "zero_expert_type", "identity")
+    _agrees(fields, "attention_method", "MLA")
+    if moe is None:
+        raise fields.refuse("n_routed_experts", "leaves the router without experts, which transformers does not run")
+    found["notes"] += (f"each of the {found['layers'] // 2} layers of its config is two layers here (two attentions, "
+                       "two MLPs); the active parameters count the top-k of the experts that compute",)  # fmt: skip
+    if zero:
+        found["extras"] += (
+            Extra("the router's scores of the zero experts", "moe", zero * (found["hidden"] + int(moe.router_bias))),
+            Extra("the zero experts' gate and up weights", "moe", zero * 2 * moe.intermediate * found["hidden"],
+                  active=False),
+        )  # fmt: skip
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -474,4 +493,5 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "rglru": (_special_rglru, OWN_LAYERS),
     "rwkv": (_special_rwkv, OWN_LAYERS),
     "mlstm": (_special_mlstm, OWN_LAYERS),
+    "zero_experts": (_special_zero_experts, ()),
 }

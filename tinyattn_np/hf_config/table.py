@@ -38,7 +38,8 @@ class Moe:
     layers: which layers route. "every"; "dense_first" (from the `dense` field's count on, every `every`-th);
     "qwen" (all but mlp_only_layers, every decoder_sparse_step-th); "llama4" (moe_layers, else every
     interleave_moe_layer_step-th); "ernie" (moe_layer_start_index .. moe_layer_end_index, every
-    moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from expert_layer_offset).
+    moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from expert_layer_offset); "every": every
+    layer, or every `every`-th from layer 0.
     Shared experts: shared_count of them, each shared_width wide (None: the experts' width), or one of
     shared_width where shared_count is None.
     """
@@ -48,16 +49,17 @@ class Moe:
     per_token: tuple[str, ...] = ("num_experts_per_tok",)
     layers: str = "every"
     dense: str = "first_k_dense_replace"
-    every: str | None = None
+    every: str | int | None = None  # a field, or a constant
     shared_count: str | None = None
     shared_width: str | None = None
     shared_gate: bool = False
-    router_bias: bool = False
+    router_bias: Rule = False
     expert_bias: bool = False
     score_bias: Rule = False  # a per-expert correction of the routing scores that is a parameter
     gated: bool = True
     dense_width: str | None = None  # the dense layers' MLP width, where it is not intermediate_size
     dense_first: int | None = None  # "mlp_layer_types": the leading dense layers where the config lists none
+    beside_mlp: bool = False  # the layers keep their dense MLP beside the experts
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Arch:
     attention: bool = True  # False: no attention at all (Mamba), so no heads to read
     tied: Rule = "tie_word_embeddings"  # the output head is the token table (False: never, whatever the config)
     layers_from: str | None = None  # a list whose length is the layer count (Nemotron-H: num_hidden_layers ignored)
+    sublayers: int = 1  # layers of the bill in each layer of the config (LongCat-Flash: two attentions a layer)
     windows: str = "none"  # which layers slide when the config has no layer_types (layer_kinds.py)
     moe: Moe | None = None
     special: tuple[str, ...] = ()  # readers of their own, for what no other architecture has (special.py)
@@ -358,6 +361,11 @@ ARCHITECTURES: dict[str, Arch] = {
                          tied=False,
                          extras=(Part("the block norms' biases", "every layer", "2·C", when="use_bias"),),
                          unbilled=("tie_word_embeddings", "add_out_norm", "mode", "return_last_states", "weight_mode")),
+    "longcat_flash": Arch(special=("latent", "zero_experts"), sublayers=2,
+                          names=(("num_hidden_layers", "num_layers"), ("intermediate_size", "ffn_hidden_size")),
+                          moe=Moe(("n_routed_experts",), width="expert_ffn_hidden_size", per_token=("moe_topk",),
+                                  every=2, router_bias="router_bias", beside_mlp=True),
+                          unbilled=("mla_scale_q_lora", "mla_scale_kv_lora")),
     "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
                           moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
                           unbilled=("swa_rope_theta", "attention_value_scale")),
