@@ -76,6 +76,7 @@ TINY = dict(
 # RoPE per layer kind, half of each head rotated (a tiny head's 0.334 would rotate an odd count)
 ROPE_BY_KIND = {kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
                 for kind in ("full_attention", "sliding_attention")}  # fmt: skip
+GEMMA4 = dict(global_head_dim=32, layer_types=["sliding_attention", "full_attention"] * 3, num_hidden_layers=6)
 # a model type's own tiny sizes, where the generic ones do not fit its class
 TINY_OWN: dict[str, dict[str, Any]] = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 2]], window_size=8),
@@ -99,6 +100,8 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
     "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "gemma4_text": dict(GEMMA4, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128),
+    "gemma4_unified_text": dict(GEMMA4, attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2),
     "longcat_flash": dict(head_dim=8, zero_expert_num=3, moe_topk=2, expert_ffn_hidden_size=32),
     "xlstm": dict(hidden_size=128, num_heads=2, ffn_proj_factor=1.5, ffn_round_up_to_multiple_of=32),
     "kimi_linear": dict(linear_num_heads=2, linear_head_dim=8, num_experts=4, num_experts_per_token=2,
@@ -107,6 +110,12 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
+    "gemma4_text": [dict(attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2,
+                         use_double_wide_mlp=True, vocab_size_per_layer_input=96),
+                    dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+                         hidden_size_per_layer_input=0, attention_bias=True)],
+    "gemma4_unified_text": [dict(attention_k_eq_v=False, num_kv_shared_layers=0),
+                            dict(use_double_wide_mlp=True, use_bidirectional_attention=None)],
     "longcat_flash": [dict(router_bias=True, attention_bias=True, zero_expert_num=0)],
     "gpt_bigcode": [dict(multi_query=False)],
     "mimo_v2_flash": [dict(num_key_value_heads=1, attention_bias=True, v_head_dim=24)],
@@ -327,6 +336,7 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
 KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  ("gemma4_text", "global_head_dim"): 512, ("gemma4_unified_text", "global_head_dim"): 512,
                   ("recurrent_gemma", "partial_rotary_factor"): 0.5,
                   ("kimi_linear", "first_k_dense_replace"): 1,
                   ("axk1", "moe_layer_freq"): 1, ("modernbert-decoder", "global_attn_every_n_layers"): 3}  # fmt: skip

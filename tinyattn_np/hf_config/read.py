@@ -80,7 +80,7 @@ _MUST_BE_OFF = ("is_encoder_decoder", "add_cross_attention", "cross_attention_hi
 def _check_all_read(fields: Fields, arch: Arch) -> None:
     """Every field the architecture did not read must be one that never changes the bill, or say "off"."""
     for name, value in fields.config.items():
-        if name in _MUST_BE_OFF and value not in (None, False, 0, {}, []):
+        if name in _MUST_BE_OFF and name not in fields.read and value not in (None, False, 0, {}, []):
             raise fields.refuse(name, "describes a model that is not a plain decoder")
         if name in fields.read or name in _NEVER_BILLED or name in arch.unbilled or name in _MUST_BE_OFF:
             continue

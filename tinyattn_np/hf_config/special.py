@@ -459,6 +459,90 @@ def _special_zero_experts(fields: Fields, found: dict[str, Any]) -> None:
         )  # fmt: skip
 
 
+def _layer_index(key: Any, layers: int) -> int | None:
+    """A per_layer_config key (5, "5" or "05") as a layer index below `layers`, else None."""
+    if isinstance(key, str) and key.isdigit() and len(key) <= 6:
+        key = int(key)
+    return key if type(key) is int and 0 <= key < layers else None
+
+
+def _per_layer_config(fields: Fields, found: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """transformers' per_layer_config, {layer: {"head_dim": .., "num_key_value_heads": ..}}, as the sizes of each
+    kind of layer: every layer of a kind must have the same (a kind whose sizes vary is refused)."""
+    given, types = fields.get("per_layer_config", default={}), found["layer_types"]
+    if not isinstance(given, dict) or len(given) > len(types):
+        raise fields.refuse("per_layer_config", "must be an object of at most one entry a layer")
+    per_layer: dict[int, dict[str, int]] = {}
+    for key, sizes in given.items():
+        index = _layer_index(key, len(types))
+        if index is None or not isinstance(sizes, dict) or not set(sizes) <= {"head_dim", "num_key_value_heads"}:
+            raise fields.refuse("per_layer_config", "must map layer indices to head_dim and num_key_value_heads")
+        per_layer[index] = {name: _nested_size(fields, "per_layer_config", sizes, name) for name in sizes}
+    by_kind: dict[str, dict[str, int]] = {}
+    for index, kind in enumerate(types):
+        if by_kind.setdefault(kind, per_layer.get(index, {})) != per_layer.get(index, {}):
+            raise fields.refuse("per_layer_config", f"varies the sizes of the {kind} layers, which the bill does not")
+    return {kind: sizes for kind, sizes in by_kind.items() if sizes}
+
+
+def _special_gemma4(fields: Fields, found: dict[str, Any]) -> None:
+    """Gemma-4 (text, unified): the full layers' heads of global_head_dim, with num_global_key_value_heads where their
+    keys are the values (attention_k_eq_v: no v projection), unless per_layer_config gives each layer's; the last
+    num_kv_shared_layers layers read an earlier layer's keys and values (no k, v or k norm, nothing cached), their
+    MLPs twice as wide with use_double_wide_mlp; the last layer attends in full whatever layer_types says."""
+    if fields.get("use_bidirectional_attention") not in (None, "vision"):  # "vision": text tokens stay causal
+        raise fields.refuse("use_bidirectional_attention", "lets every token see every other: not a decoder")
+    types = found["layer_types"][:-1] + ("full_attention",)
+    k_eq_v = fields.boolean("attention_k_eq_v")
+    own = {"head_dim": fields.integer("global_head_dim")}
+    global_kv = fields.integer("num_global_key_value_heads", none=True)
+    if k_eq_v and global_kv is not None:
+        own["num_key_value_heads"] = global_kv
+    found["layer_types"] = types
+    by_kind = _per_layer_config(fields, found) if "per_layer_config" in fields.config else {"full_attention": own}
+    kinds = []
+    for kind in dict.fromkeys(types):  # each kind once, in order
+        sizes = by_kind.get(kind, {})
+        head_dim, kv_heads = (
+            sizes.get("head_dim", found["head_dim"]),
+            sizes.get("num_key_value_heads", found["kv_heads"]),
+        )
+        if found["heads"] % kv_heads:
+            raise fields.refuse("num_key_value_heads", f"of the {kind} layers does not divide the heads", kv_heads)
+        if sizes or (k_eq_v and kind != "sliding_attention"):
+            kinds.append(
+                KindAttention(
+                    kind, found["heads"], kv_heads, head_dim, values=not k_eq_v or kind == "sliding_attention"
+                )
+            )
+    shared = fields.integer("num_kv_shared_layers", zero=True)
+    found.update(kind_attention=tuple(kinds), kv_shared_layers=shared)
+    if fields.boolean("use_double_wide_mlp") and shared:
+        wider = shared * 3 * found["hidden"] * found["intermediate"]
+        found["extras"] += (Extra("the kv-shared layers' MLPs, twice as wide", "model", wider),)
+
+
+def _special_gemma4_text(fields: Fields, found: dict[str, Any]) -> None:
+    """Gemma-4's per-layer embeddings (PLE: a table of hidden_size_per_layer_input a layer and token, projected from
+    the embeddings too, fed to each layer through a gate and a projection) and its experts beside every layer's MLP
+    (enable_moe_block: a router with a scale per channel and per expert, three more norms a layer)."""
+    c, layers = found["hidden"], found["layers"]
+    width = fields.integer("hidden_size_per_layer_input", zero=True, none=True)
+    vocab = fields.integer("vocab_size_per_layer_input", none=True)
+    if width:
+        table = (vocab or found["vocab"]) * layers * width + c * layers * width + width
+        found["extras"] += (Extra("the per-layer embeddings, their projection and norm", "model", table),
+                            Extra("the gate and projection of each layer's own input, and norm", "every layer",
+                                  2 * c * width + c))  # fmt: skip
+    count = fields.integer("num_experts", none=True)
+    per_token, width = fields.integer("top_k_experts", none=True), fields.integer("moe_intermediate_size", none=True)
+    if fields.boolean("enable_moe_block"):
+        if count is None or width is None:
+            raise fields.missing("num_experts", "moe_intermediate_size")
+        found["experts"] = Experts(count, per_token, width, tuple(range(layers)), beside_mlp=True)
+        found["extras"] += (Extra("the router's scales and three more norms", "moe", c + count + 3 * c),)
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -494,4 +578,6 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "rwkv": (_special_rwkv, OWN_LAYERS),
     "mlstm": (_special_mlstm, OWN_LAYERS),
     "zero_experts": (_special_zero_experts, ()),
+    "gemma4": (_special_gemma4, ()),
+    "gemma4_text": (_special_gemma4_text, ()),
 }
