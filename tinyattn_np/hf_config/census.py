@@ -49,7 +49,6 @@ REFUSED: dict[str, str] = {
     "dory": "depth recurrence: its middle layers run n_recurrent_loops times, with a cache per loop",
     "dots3_note_text": "its latent-attention layers differ in size from layer to layer",
     "dots3_note": "its language model (dots3_note_text) has latent-attention layers that differ in size",
-    "gemma3n_text": "AltUp, Laurel and per-layer embeddings, with keys and values shared between layers",
     "hrm_text": "two stacks of layers run in nested cycles (H_cycles, L_cycles)",
     "hy_v4": "hyper-connections around every block, beside DeepSeek's indexer",
     "inkling_text": "short convolutions and relative logits in attention, and kv heads that vary by layer",

@@ -543,6 +543,20 @@ def _special_gemma4_text(fields: Fields, found: dict[str, Any]) -> None:
         found["extras"] += (Extra("the router's scales and three more norms", "moe", c + count + 3 * c),)
 
 
+def _special_gemma3n(fields: Fields, found: dict[str, Any]) -> None:
+    """Gemma-3n: intermediate_size one width, or one a layer (the MLPs wider than the narrowest a part of their own);
+    the last num_kv_shared_layers layers read an earlier layer's keys and values (no k, v or k norm, nothing
+    cached)."""
+    layers, widths = found["layers"], fields.get("intermediate_size")
+    widths = widths if isinstance(widths, list) else [widths] * layers
+    if len(widths) != layers or any(type(width) is not int or not 0 < width <= 2**40 for width in widths):
+        raise fields.refuse("intermediate_size", f"must be a positive integer, or a list of {layers} (one a layer)")
+    wider = sum(widths) - layers * min(widths)
+    found.update(intermediate=min(widths), kv_shared_layers=fields.integer("num_kv_shared_layers", zero=True))
+    if wider:
+        found["extras"] += (Extra("the MLPs wider than the narrowest", "model", 3 * found["hidden"] * wider),)
+
+
 # a special reader that says which kind each layer is, from the config's own fields
 OWN_LAYERS = ("own layers",)
 
@@ -580,4 +594,5 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "zero_experts": (_special_zero_experts, ()),
     "gemma4": (_special_gemma4, ()),
     "gemma4_text": (_special_gemma4_text, ()),
+    "gemma3n": (_special_gemma3n, ()),
 }

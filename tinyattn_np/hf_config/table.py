@@ -119,6 +119,23 @@ ERNIE = Moe(("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_c
             score_bias=True)  # fmt: skip
 
 XIELU = Part("xIELU's α_p and α_n", "every layer", "2")
+# Gemma-3n: per-layer embeddings (P channels a layer and token), AltUp's n streams, Laurel's low-rank residual
+PLE, ALTUP = "hidden_size_per_layer_input", "altup_num_inputs"
+GEMMA3N_PARTS = (
+    Part(
+        "the per-layer embeddings, their projection and norm",
+        "model",
+        f"vocab_size_per_layer_input·L·{PLE} + C·L·{PLE} + {PLE}",
+    ),
+    Part("the gate and projection of each layer's own input, and norm", "every layer", f"2·C·{PLE} + C"),
+    Part("AltUp's projections to and from its streams", "model", f"2·({ALTUP} - 1)·C·C"),
+    Part(
+        "AltUp's coefficients, router, scale and norm",
+        "every layer",
+        f"{ALTUP}·{ALTUP}·(1 + {ALTUP}) + C·{ALTUP} + 2·C",
+    ),
+    Part("Laurel's low-rank residual and norm", "every layer", "2·C·laurel_rank + C"),
+)
 
 # fields a state-space config carries that its class recomputes or never builds anything from
 MAMBA_SIZES = ("num_attention_heads", "head_dim", "max_position_embeddings")
@@ -369,6 +386,10 @@ ARCHITECTURES: dict[str, Arch] = {
     "gemma4_text":  Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern6",
                          special=("gemma4", "gemma4_text")),
     "gemma4_unified_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern6", special=("gemma4",)),
+    "gemma3n_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern5", intermediate="C",
+                         special=("gemma3n",), extras=GEMMA3N_PARTS,
+                         unbilled=("altup_active_idx", "altup_coef_clip", "altup_correct_scale",
+                                   "activation_sparsity_pattern")),
     "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
                           moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
                           unbilled=("swa_rope_theta", "attention_value_scale")),
