@@ -15,8 +15,16 @@ from ._checks import check_bool, check_count, check_positive_int
 from ._shape_checks import check_choice
 from .memory import linear_attention_state_bytes
 
-__all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "KindAttention", "LatentAttention", "LinearAttention",
-           "StateSpace"]  # fmt: skip
+__all__ = [
+    "EXTRA_PLACES",
+    "Experts",
+    "Extra",
+    "Indexer",
+    "KindAttention",
+    "LatentAttention",
+    "LinearAttention",
+    "StateSpace",
+]
 
 
 # the kinds of LinearAttention

@@ -85,7 +85,9 @@ class ModelShape:
       mlp_layers     the layers with an MLP or experts (None: all of them; Nemotron-H's mixers stand alone)
       experts, latent, linear, state_space, indexer   Experts, LatentAttention, LinearAttention,
                      StateSpace, Indexer: see their docstrings (model_parts.py)
-      mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1)
+      mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1, Zamba)
+      shared_attention   the attention layers run blocks of weights they share, counted once among the extras
+                     (Zamba's shared transformer blocks): each keeps its own cache
       kv_shared_layers   the last n layers read an earlier layer's keys and values, cache none and have no k
                      and v projections (Gemma-3n, Gemma-4)
       head_dim_v     the width of a value head where it is narrower than a key's (MiMo-V2-Flash: 128 and 192)
@@ -143,6 +145,7 @@ class ModelShape:
     final_norm: bool = True
     head_dim_v: int | None = None
     kind_attention: tuple[KindAttention, ...] = ()
+    shared_attention: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self)
@@ -244,8 +247,11 @@ class ModelShape:
 
     @property
     def all_attention_parameters(self) -> int:
-        """Every softmax-attention layer's weights, each kind with its sizes, the kv_shared_layers without k and v."""
+        """Every softmax-attention layer's weights, each kind with its sizes, the kv_shared_layers without k and v
+        (none with shared_attention: the blocks they share are extras)."""
         assert self.layer_types is not None
+        if self.shared_attention:
+            return 0
         total = 0
         for i, kind in enumerate(self.layer_types):
             if kind in ATTENTION_TYPES:

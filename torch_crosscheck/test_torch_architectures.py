@@ -100,6 +100,10 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
     "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "zamba": dict(attn_layer_period=2, attn_layer_offset=1, n_mamba_heads=2, mamba_d_state=8, num_hidden_layers=6),
+    "zamba2": dict(mamba_d_state=8, n_mamba_heads=8, adapter_rank=4, head_dim=None, num_mem_blocks=2,
+                   layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
+                   num_hidden_layers=5),
     "gemma4_text": dict(GEMMA4, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128),
     "gemma3n_text": dict(GEMMA4, global_head_dim=None, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
                          vocab_size_per_layer_input=128, laurel_rank=8, altup_num_inputs=3),
@@ -112,6 +116,9 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
+    "zamba": [dict(attention_head_dim=8, mamba_proj_bias=True, layers_block_type=["hybrid", "mamba"] * 3)],
+    "zamba2": [dict(use_shared_attention_adapter=True, add_bias_linear=True, num_mem_blocks=1, use_mem_rope=True),
+               dict(num_mem_blocks=4, mamba_ngroups=2)],
     "gemma4_text": [dict(attention_k_eq_v=True, num_global_key_value_heads=1, num_kv_shared_layers=2,
                          use_double_wide_mlp=True, vocab_size_per_layer_input=96),
                     dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,

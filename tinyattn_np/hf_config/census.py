@@ -57,8 +57,6 @@ REFUSED: dict[str, str] = {
     "qwen4_exp_text": "hyper-connections and n-gram embeddings around a Qwen3-Next stack",
     "qwen4_exp": "its language model (qwen4_exp_text) has hyper-connections and n-gram embeddings",
     "reformer": "LSH and chunked local attention with axial position embeddings",
-    "zamba": "shared attention blocks reused across the depth, each use with its own linear",
-    "zamba2": "shared transformer blocks reused across the depth, with LoRA adapters per use",
     "zaya": "compressed convolutional attention and a router that is an MLP of its own",
 }
 

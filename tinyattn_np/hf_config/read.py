@@ -111,8 +111,8 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     else:  # BLOOM's 4·C, MPT's expansion_ratio · C
         intermediate = evaluate(arch.intermediate, dict(hidden=hidden, heads=heads, layers=layers), fields)
     head_dim = fields.integer(*_spellings(arch, "head_dim"), none=True) if arch.attention else 1
-    if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down
-        head_dim = hidden // heads
+    if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down (Zamba: 2·C)
+        head_dim = evaluate(arch.head_dim, dict(hidden=hidden, heads=heads, layers=layers), fields)
         if head_dim == 0:
             raise ValueError(f"config: hidden_size {hidden} is smaller than num_attention_heads {heads}")
     kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads and arch.attention else None

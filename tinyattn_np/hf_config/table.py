@@ -80,6 +80,7 @@ class Arch:
     positions: str = "rope"  # "rope", "learned" (a table of max_position_embeddings rows), "alibi", "sinusoidal"
     multi_query: Rule = False  # one kv head for every query head
     intermediate: str | None = None  # the MLP's width, a formula, where the config names it otherwise
+    head_dim: str = "C // Hq"  # the heads' width where the config gives no head_dim, a formula
     rotary_dim: bool = False  # RoPE turns rotary_dim channels of each head (GPT-J)
     attention: bool = True  # False: no attention at all (Mamba), so no heads to read
     tied: Rule = "tie_word_embeddings"  # the output head is the token table (False: never, whatever the config)
@@ -390,6 +391,11 @@ ARCHITECTURES: dict[str, Arch] = {
                          special=("gemma3n",), extras=GEMMA3N_PARTS,
                          unbilled=("altup_active_idx", "altup_coef_clip", "altup_correct_scale",
                                    "activation_sparsity_pattern")),
+    "zamba":        Arch(positions="none", head_dim="2·C // Hq", special=("zamba",),
+                         names=(("head_dim", "attention_head_dim", "head_dim"),)),
+    "zamba2":       Arch(head_dim="2·C // Hq", special=("zamba2",),
+                         names=(("head_dim", "attention_head_dim", "head_dim"),),
+                         unbilled=("kv_channels", "num_query_groups")),  # recomputed, never built from
     "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
                           moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
                           unbilled=("swa_rope_theta", "attention_value_scale")),
