@@ -100,6 +100,9 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
     "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, sliding_window_size=8,
+                         n_shared_experts=1, d_rel=4, rel_extent=16, local_layer_ids=[0, 2],
+                         mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
     "zamba": dict(attn_layer_period=2, attn_layer_offset=1, n_mamba_heads=2, mamba_d_state=8, num_hidden_layers=6),
     "zamba2": dict(mamba_d_state=8, n_mamba_heads=8, adapter_rank=4, head_dim=None, num_mem_blocks=2,
                    layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
@@ -116,6 +119,7 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
+    "inkling_text": [dict(mlp_layer_types=None, dense_mlp_idx=2, dense_intermediate_size=80, n_shared_experts=2)],
     "zamba": [dict(attention_head_dim=8, mamba_proj_bias=True, layers_block_type=["hybrid", "mamba"] * 3)],
     "zamba2": [dict(use_shared_attention_adapter=True, add_bias_linear=True, num_mem_blocks=1, use_mem_rope=True),
                dict(num_mem_blocks=4, mamba_ngroups=2)],
@@ -347,6 +351,7 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
 KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  ("inkling_text", "dense_mlp_idx"): 0,
                   ("gemma4_text", "global_head_dim"): 512, ("gemma4_unified_text", "global_head_dim"): 512,
                   ("recurrent_gemma", "partial_rotary_factor"): 0.5,
                   ("kimi_linear", "first_k_dense_replace"): 1,

@@ -51,7 +51,6 @@ REFUSED: dict[str, str] = {
     "dots3_note": "its language model (dots3_note_text) has latent-attention layers that differ in size",
     "hrm_text": "two stacks of layers run in nested cycles (H_cycles, L_cycles)",
     "hy_v4": "hyper-connections around every block, beside DeepSeek's indexer",
-    "inkling_text": "short convolutions and relative logits in attention, and kv heads that vary by layer",
     "inkling2_text": "short convolutions and message gates in attention, and kv heads that vary by layer",
     "inkling2_loop_text": "looped layers with message gates: its middle layers run several passes",
     "qwen4_exp_text": "hyper-connections and n-gram embeddings around a Qwen3-Next stack",

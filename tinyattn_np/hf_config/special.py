@@ -4,6 +4,7 @@ module's SPECIAL_READERS names them all."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -293,6 +294,36 @@ def _special_gemma3n(fields: Fields, found: dict[str, Any]) -> None:
         found["extras"] += (Extra("the MLPs wider than the narrowest", "model", 3 * found["hidden"] * wider),)
 
 
+def _special_inkling(fields: Fields, found: dict[str, Any]) -> None:
+    """Inkling: its sliding layers' heads of their own (swa_); in every attention layer a relative bias mixed from
+    d_rel states a head (C·H·d_rel, and a bank of d_rel profiles over rel_extent tokens, the window's in the sliding
+    layers), short convolutions over k and v; a short convolution after the attention and after the MLP; a router
+    that scores the shared experts too; with dense_intermediate_size, intermediate_size is the experts' width."""
+    c, conv, d_rel = found["hidden"], fields.integer("sconv_kernel_size", "conv_kernel_size"), fields.integer("d_rel")
+    sliding = KindAttention("sliding_attention", fields.integer("swa_num_attention_heads"),
+                            fields.integer("swa_num_key_value_heads"), fields.integer("swa_head_dim"))  # fmt: skip
+    dense = fields.integer("dense_intermediate_size", none=True)
+    moe, shared = found["experts"], fields.integer("n_shared_experts", zero=True)
+    if dense is not None and moe is not None:  # the experts take intermediate_size, the dense MLP this
+        moe = dataclasses.replace(
+            moe, intermediate=found["intermediate"], shared_intermediate=shared * found["intermediate"]
+        )
+    found.update(kind_attention=(sliding,), experts=moe, intermediate=dense or found["intermediate"])
+    extents = {"full_attention": fields.integer("rel_extent"), "sliding_attention": found["sliding_window"] or 1}
+    for kind, extent in extents.items():
+        own = sliding if kind == "sliding_attention" else KindAttention(kind, found["heads"], found["kv_heads"],
+                                                                         found["head_dim"])  # fmt: skip
+        convolved = 2 * own.kv_heads * own.head_dim * conv  # k and v, conv_kernel_size inputs kept each
+        found["extras"] += (Extra(f"{kind.split('_')[0]} layers' relative bias and k, v convolutions", kind,
+                                  c * own.heads * d_rel + d_rel * extent + convolved, state=convolved),)  # fmt: skip
+    found["extras"] += (
+        Extra("the convolutions after attention and MLP", "every layer", 2 * c * conv, state=2 * c * conv),
+        Extra("the dense MLPs' scale", "dense", 1),
+        Extra("the embeddings' norm", "model", c),
+        Extra("the router's rows of the shared experts, and its scale", "moe", shared * c + 1),
+    )
+
+
 # name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
 # besides softmax attention)
 SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
@@ -313,6 +344,7 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "gemma4": (_special_gemma4, ()),
     "gemma4_text": (_special_gemma4_text, ()),
     "gemma3n": (_special_gemma3n, ()),
+    "inkling": (_special_inkling, ()),
     **LINEAR_READERS,
     **STATE_SPACE_READERS,
 }

@@ -396,6 +396,13 @@ ARCHITECTURES: dict[str, Arch] = {
     "zamba2":       Arch(head_dim="2·C // Hq", special=("zamba2",),
                          names=(("head_dim", "attention_head_dim", "head_dim"),),
                          unbilled=("kv_channels", "num_query_groups")),  # recomputed, never built from
+    "inkling_text": Arch(qk_norm=(True, "head"), windows="inkling", special=("inkling", "mtp"), tied=False,
+                         moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense="dense_mlp_idx",
+                                 shared_count="n_shared_experts"),
+                         names=(("max_position_embeddings", "max_position_embeddings", "model_max_length"),),
+                         unbilled=("unpadded_vocab_size", "tie_word_embeddings", "shared_expert_sink",
+                                   "number_of_conv_states", "chain_hidden_post_norm", "mtp_hidden_states_first",
+                                   "mtp_local_layer_ids")),
     "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
                           moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
                           unbilled=("swa_rope_theta", "attention_value_scale")),
