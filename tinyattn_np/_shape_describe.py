@@ -64,9 +64,15 @@ def _describe_experts(shape: Any) -> str:
 
 
 def _describe_kind(sizes: Any) -> str:
-    """'sliding layers: 64 query heads over 8 kv heads of 192, values of 128, sinks'."""
+    """'sliding layers: 64 query heads over 8 kv heads of 192, values of 128, sinks'; a latent kind's latent."""
+    kind = sizes.kind.split("_")[0]
+    if sizes.latent is not None:
+        lat = sizes.latent
+        indexer = "" if sizes.indexer else ", no indexer"
+        latent = f"a latent of {lat.kv_rank} + a rotary key of {lat.rope_dim}"
+        return f"{kind} layers: MLA of {sizes.heads} heads, {latent}{indexer}"
     kv = f"{sizes.kv_heads} kv head{'s' if sizes.kv_heads > 1 else ''}"
-    parts = [f"{sizes.kind.split('_')[0]} layers: {sizes.heads} query heads over {kv} of {sizes.head_dim}"]
+    parts = [f"{kind} layers: {sizes.heads} query heads over {kv} of {sizes.head_dim}"]
     parts += [f"values of {sizes.value_dim}"] if sizes.value_dim is not None else []
     parts += ["sinks"] if sizes.sinks else []
     parts += ["the keys are the values"] if not sizes.values else []

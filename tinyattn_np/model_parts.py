@@ -95,43 +95,6 @@ class Experts:
 
 
 @dataclass(frozen=True)
-class KindAttention:
-    """The softmax attention of the layers of one kind, where its sizes are not the model's own.
-
-    MiMo-V2-Flash's sliding layers have twice the kv heads of its full ones, and sinks; Gemma-4's full layers
-    have heads of 512 (global_head_dim) where its sliding ones have 256, and keys that are the values;
-    Inkling's sliding layers have heads of their own. kind: the layer kind (full, sliding or chunked
-    attention); heads, kv_heads, head_dim and value_dim (None: head_dim) as ModelShape's; sinks: a learned
-    logit a head; values=False: the keys are the values (no v projection; transformers' cache still keeps
-    both). Weights and cache follow the formulas of the model's own attention with these sizes.
-    """
-
-    kind: str
-    heads: int
-    kv_heads: int
-    head_dim: int
-    value_dim: int | None = None
-    sinks: bool = False
-    values: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.kind, str):
-            raise TypeError(f"kind must be a str; got {self.kind!r}")
-        _check_ints(self, ("heads", "kv_heads", "head_dim"))
-        if self.value_dim is not None:
-            check_positive_int(self.value_dim, "value_dim")
-        check_bool(self.sinks, "sinks")
-        check_bool(self.values, "values")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"heads must be a multiple of kv_heads; got heads={self.heads}, kv_heads={self.kv_heads}")
-
-    @property
-    def value_width(self) -> int:
-        """The width of a value head: value_dim, else head_dim."""
-        return self.head_dim if self.value_dim is None else self.value_dim
-
-
-@dataclass(frozen=True)
 class LatentAttention:
     """Multi-head latent attention (DeepSeek-V2 paper, section 2.1; DeepSeek-V3, Kimi K2).
 
@@ -174,6 +137,53 @@ class LatentAttention:
         kv_b = self.kv_rank * heads * (self.nope_dim + self.v_dim)  # W_UK and W_UV of every head
         out = heads * self.v_dim * c + (c if self.bias else 0)
         return q + kv_a + kv_b + out
+
+
+@dataclass(frozen=True)
+class KindAttention:
+    """The attention of the layers of one kind, where its sizes are not the model's own.
+
+    MiMo-V2-Flash's sliding layers have twice the kv heads of its full ones, and sinks; Gemma-4's full layers
+    have heads of 512 (global_head_dim) where its sliding ones have 256, and keys that are the values;
+    Inkling's sliding layers have heads of their own; dots.llm3's sliding layers a latent attention of their own
+    and no indexer. kind: the layer kind (full, sliding or chunked attention); heads, kv_heads, head_dim and
+    value_dim (None: head_dim) as ModelShape's; sinks: a learned logit a head; values=False: the keys are the
+    values (no v projection; transformers' cache still keeps both); latent: the kind's LatentAttention, in a
+    model of latent attention (heads its heads, head_dim its nope + rope); indexer=False: the model's indexer
+    does not run on these layers. Weights and cache follow the formulas of the model's own attention.
+    """
+
+    kind: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int | None = None
+    sinks: bool = False
+    values: bool = True
+    latent: LatentAttention | None = None
+    indexer: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise TypeError(f"kind must be a str; got {self.kind!r}")
+        _check_ints(self, ("heads", "kv_heads", "head_dim"))
+        if self.value_dim is not None:
+            check_positive_int(self.value_dim, "value_dim")
+        for flag in ("sinks", "values", "indexer"):
+            check_bool(getattr(self, flag), flag)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads must be a multiple of kv_heads; got heads={self.heads}, kv_heads={self.kv_heads}")
+        if self.latent is not None and not isinstance(self.latent, LatentAttention):
+            raise TypeError(f"latent must be a LatentAttention or None; got {type(self.latent).__name__}")
+        if self.latent is not None and self.head_dim != self.latent.nope_dim + self.latent.rope_dim:
+            raise ValueError(f"with latent attention head_dim is nope_dim + rope_dim; got {self.head_dim}")
+
+    @property
+    def value_width(self) -> int:
+        """The width of a value head: the latent's v_dim, else value_dim, else head_dim."""
+        if self.latent is not None:
+            return self.latent.v_dim
+        return self.head_dim if self.value_dim is None else self.value_dim
 
 
 @dataclass(frozen=True)

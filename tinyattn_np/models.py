@@ -215,7 +215,8 @@ class ModelShape:
         own = next((sizes for sizes in self.kind_attention if sizes.kind == kind), None)
         if own is not None:
             return own
-        return KindAttention(kind or "", self.heads, self.kv_heads, self.head_dim, self.head_dim_v, self.sinks)
+        return KindAttention(kind or "", self.heads, self.kv_heads, self.head_dim, self.head_dim_v, self.sinks,
+                             latent=self.latent)  # fmt: skip
 
     @property
     def attention_parameters(self) -> int:
@@ -227,10 +228,10 @@ class ModelShape:
     def attention_parameters_of(self, kind: str | None, shared: bool = False) -> int:
         """One attention layer of this kind; shared=True: one that reads an earlier layer's keys and values
         (kv_shared_layers), without k and v projections or a k norm."""
-        indexer = 0 if self.indexer is None else self.indexer.parameters(self.hidden)
-        if self.latent is not None:
-            return self.latent.parameters(self.hidden, self.heads) + indexer
         sizes = self.attention_sizes(kind)
+        indexer = 0 if self.indexer is None or not sizes.indexer else self.indexer.parameters(self.hidden)
+        if sizes.latent is not None:
+            return sizes.latent.parameters(self.hidden, sizes.heads) + indexer
         e, ev = sizes.head_dim, sizes.value_width
         q = sizes.heads * e * (2 if self.attention_gate else 1)  # width of q (and its gate)
         kv = 0 if shared else sizes.kv_heads * (e + (ev if sizes.values else 0))  # widths of k and v
@@ -360,17 +361,16 @@ class ModelShape:
         if not layers:
             return 0
         sizes = dict(layers=layers, dtype=dtype, batch=batch, window=window)
-        indexer = 0
-        if self.indexer is not None:  # one key of head_dim a token beside the latent (or the heads)
+        own, indexer = self.attention_sizes(kind), 0
+        if self.indexer is not None and own.indexer:  # one key of head_dim a token beside the latent (or the heads)
             indexer = kv_cache_bytes(tokens, kv_heads=1, head_dim=self.indexer.head_dim, **sizes) // 2
-        if self.latent is None:
-            own = self.attention_sizes(kind)
+        if own.latent is None:
             return kv_cache_bytes(tokens, kv_heads=own.kv_heads, head_dim=own.head_dim, head_dim_v=own.value_dim,
                                   **sizes) + indexer  # fmt: skip
         if decompressed:  # every head's key (nope + rope) and value (v_dim), as a naive implementation keeps them
-            return kv_cache_bytes(tokens, kv_heads=self.heads, head_dim=self.head_dim, head_dim_v=self.latent.v_dim,
+            return kv_cache_bytes(tokens, kv_heads=own.heads, head_dim=own.head_dim, head_dim_v=own.latent.v_dim,
                                   **sizes) + indexer  # fmt: skip
-        return latent_cache_bytes(tokens, kv_rank=self.latent.kv_rank, rope_dim=self.latent.rope_dim, **sizes) + indexer
+        return latent_cache_bytes(tokens, kv_rank=own.latent.kv_rank, rope_dim=own.latent.rope_dim, **sizes) + indexer
 
     def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1, *, decompressed: bool = False) -> int:
         """K and V after `tokens` tokens, summed over the attention layers: full layers keep every token,
@@ -409,14 +409,14 @@ class ModelShape:
         """QKᵀ and PV of the softmax-attention layers over a causal context of `tokens`: window layers count
         their band, chunked layers their blocks, an indexer's layers the topk keys each query attends and
         the indexer's own scores of every key; linear and state-space layers have no score matrix."""
-        topk = None if self.indexer is None else self.indexer.topk
+        indexed = [kind for kind in ATTENTION_TYPES if self.indexer is not None and self.attention_sizes(kind).indexer]
 
         def flops(kind: str, window: int | None = None, chunk: int | None = None) -> int:
             own = self.attention_sizes(kind)  # latent attention: keys of nope + rope, values of v_dim
-            e_v = self.latent.v_dim if self.latent is not None else own.value_dim
-            window = topk if window is None and chunk is None else window
-            return attention_flops(tokens, heads=own.heads, head_dim=own.head_dim, head_dim_v=e_v, causal=True,
-                                   batch=batch, window=window, chunk=chunk)  # fmt: skip
+            if window is None and chunk is None and kind in indexed:
+                window = self.indexer.topk if self.indexer is not None else None  # the keys the indexer picks
+            return attention_flops(tokens, heads=own.heads, head_dim=own.head_dim, head_dim_v=own.value_width,
+                                   causal=True, batch=batch, window=window, chunk=chunk)  # fmt: skip
 
         per_kind = {
             "full_attention": lambda: flops("full_attention"),
@@ -426,7 +426,7 @@ class ModelShape:
         total = sum(self.count(kind) * per_layer() for kind, per_layer in per_kind.items() if self.count(kind))
         if self.indexer is not None:  # q · k of every indexer head and every causal pair
             scores = 2 * self.indexer.heads * self.indexer.head_dim * causal_entries(tokens) * batch
-            total += self.attention_layers * scores
+            total += sum(self.count(kind) for kind in indexed) * scores
         return total
 
     def rope_frequencies(self, seq_len: int | None = None) -> Any:
@@ -501,8 +501,8 @@ def _check_kinds(shape: ModelShape) -> None:
         check_choice(kind, "kind_attention[i].kind", ATTENTION_TYPES)
     if len(set(kinds)) != len(kinds):
         raise ValueError(f"kind_attention must give each kind of layer once; got {kinds}")
-    if sizes and shape.latent is not None:
-        raise ValueError("kind_attention sizes softmax heads; latent attention has sizes of its own")
+    if any((own.latent is None) != (shape.latent is None) for own in sizes):
+        raise ValueError("kind_attention of a model of latent attention gives each kind's latent, and only then")
     if shape.head_dim_v is not None:
         check_positive_int(shape.head_dim_v, "head_dim_v")
 

@@ -100,6 +100,13 @@ TINY_OWN: dict[str, dict[str, Any]] = {
                        n_routed_experts=4),
     "mimo_v2_flash": dict(head_dim=24, v_head_dim=16, rope_parameters=ROPE_BY_KIND),
     "recurrent_gemma": dict(lru_width=48, attention_window_size=8),
+    "dots3_note_text": dict(head_dim=32, shared_experts_intermediate_size=32, swa_num_attention_heads=2,
+                            swa_num_key_value_heads=2, swa_q_lora_rank=12, swa_kv_lora_rank=8, swa_head_dim=32,
+                            swa_qk_nope_head_dim=24, swa_v_head_dim=8,
+                            rope_parameters={kind: {"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.25}
+                                             for kind in ("indexed_attention", "sliding_attention")},
+                            layer_types=["indexed_attention", "sliding_attention"] * 2),
     "inkling_text": dict(swa_num_attention_heads=8, swa_num_key_value_heads=4, swa_head_dim=8, sliding_window_size=8,
                          n_shared_experts=1, d_rel=4, rel_extent=16, local_layer_ids=[0, 2],
                          mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
@@ -119,6 +126,8 @@ TINY_OWN: dict[str, dict[str, Any]] = {
 # more variants of a model type, each a change to its tiny config
 VARIANTS: dict[str, list[dict[str, Any]]] = {
     "xlstm": [dict(use_bias=True, qk_dim_factor=1.0)],
+    "dots3_note_text": [dict(attention_bias=True, n_shared_experts=2, first_k_dense_replace=2, mlp_layer_types=None),
+                        dict(use_dsa=False, q_lora_rank=20, rope_parameters=ROPE_BY_KIND)],
     "inkling_text": [dict(mlp_layer_types=None, dense_mlp_idx=2, dense_intermediate_size=80, n_shared_experts=2)],
     "zamba": [dict(attention_head_dim=8, mamba_proj_bias=True, layers_block_type=["hybrid", "mamba"] * 3)],
     "zamba2": [dict(use_shared_attention_adapter=True, add_bias_linear=True, num_mem_blocks=1, use_mem_rope=True),
@@ -351,6 +360,10 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
 KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
+                  **{("dots3_note_text", name): value for name, value in dict(
+                      first_k_dense_replace=1, moe_layer_freq=1, sliding_window_size=512, use_sliding_window=True,
+                      swa_num_attention_heads=64, swa_num_key_value_heads=64, swa_q_lora_rank=1024,
+                      swa_kv_lora_rank=1024, swa_head_dim=256, swa_qk_nope_head_dim=192, swa_v_head_dim=128).items()},
                   ("inkling_text", "dense_mlp_idx"): 0,
                   ("gemma4_text", "global_head_dim"): 512, ("gemma4_unified_text", "global_head_dim"): 512,
                   ("recurrent_gemma", "partial_rotary_factor"): 0.5,

@@ -47,8 +47,6 @@ REFUSED: dict[str, str] = {
     "cpmant": "segment embeddings and a relative position bias in place of a decoder's positions",
     "deepseek_v4": "compressed attention with hyper-connections: its compressor's sizes vary by layer",
     "dory": "depth recurrence: its middle layers run n_recurrent_loops times, with a cache per loop",
-    "dots3_note_text": "its latent-attention layers differ in size from layer to layer",
-    "dots3_note": "its language model (dots3_note_text) has latent-attention layers that differ in size",
     "hrm_text": "two stacks of layers run in nested cycles (H_cycles, L_cycles)",
     "hy_v4": "hyper-connections around every block, beside DeepSeek's indexer",
     "inkling2_text": "short convolutions and message gates in attention, and kv heads that vary by layer",

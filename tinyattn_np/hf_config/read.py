@@ -19,6 +19,8 @@ from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch
 
 __all__ = ["shape_from_config"]
 
+# the names of the full-attention layers' RoPE in a rope_parameters given per layer kind (dots.llm3: indexed)
+FULL_KINDS = ("full_attention", "indexed_attention")
 # rope_types transformers knows and rope_frequencies does not compute (any other unknown one is refused)
 TRANSFORMERS_ONLY_ROPE = ("proportional",)
 
@@ -171,8 +173,9 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
         return None, None
     if not isinstance(parameters, dict):
         raise ValueError(f"config field 'rope_scaling' must be an object or null; got {shown_value(parameters)}")
-    if parameters and set(parameters) <= set(LAYER_TYPES) and isinstance(parameters.get("full_attention"), dict):
-        parameters = parameters["full_attention"]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
+    full = next((kind for kind in FULL_KINDS if isinstance(parameters.get(kind), dict)), None)
+    if parameters and set(parameters) <= set(LAYER_TYPES) | set(FULL_KINDS) and full is not None:
+        parameters = parameters[full]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
     theta = theta_top if theta_top is not None else parameters.get("rope_theta", 10000.0)
     scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
     if partial is not None and "partial_rotary_factor" not in scaling:

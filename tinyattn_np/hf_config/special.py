@@ -189,11 +189,24 @@ def _special_zero_experts(fields: Fields, found: dict[str, Any]) -> None:
     found["notes"] += (f"each of the {found['layers'] // 2} layers of its config is two layers here (two attentions, "
                        "two MLPs); the active parameters count the top-k of the experts that compute",)  # fmt: skip
     if zero:
+        idle = zero * 2 * moe.intermediate * found["hidden"]
         found["extras"] += (
             Extra("the router's scores of the zero experts", "moe", zero * (found["hidden"] + int(moe.router_bias))),
-            Extra("the zero experts' gate and up weights", "moe", zero * 2 * moe.intermediate * found["hidden"],
-                  active=False),
-        )  # fmt: skip
+            Extra("the zero experts' gate and up weights", "moe", idle, active=False),
+        )
+        found["notes"] += (
+            f"{idle * len(moe.layers):,} of the parameters are gate and up weights that transformers"
+            " allocates for the zero experts, which compute nothing (a checkpoint holds none)",
+        )
+
+
+# the sizes per_layer_config may give a kind of layer: Gemma-4's heads, dots.llm3's latent attention
+GEMMA4_KEYS = ("head_dim", "num_key_value_heads")
+DOTS3_KEYS = ("num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "head_dim",
+              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # fmt: skip
+# dots.llm3's sliding layers where the config gives no per_layer_config (its swa_ fields, these by default)
+DOTS3_SLIDING = dict(num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1024, kv_lora_rank=1024, head_dim=256,
+                     qk_nope_head_dim=192, v_head_dim=128)  # fmt: skip
 
 
 def _layer_index(key: Any, layers: int) -> int | None:
@@ -203,17 +216,20 @@ def _layer_index(key: Any, layers: int) -> int | None:
     return key if type(key) is int and 0 <= key < layers else None
 
 
-def _per_layer_config(fields: Fields, found: dict[str, Any]) -> dict[str, dict[str, int]]:
+def _per_layer_config(
+    fields: Fields, found: dict[str, Any], keys: tuple[str, ...] = GEMMA4_KEYS
+) -> dict[str, dict[str, int]]:
     """transformers' per_layer_config, {layer: {"head_dim": .., "num_key_value_heads": ..}}, as the sizes of each
-    kind of layer: every layer of a kind must have the same (a kind whose sizes vary is refused)."""
+    kind of layer: every layer of a kind must have the same (a kind whose sizes vary is refused); keys: the sizes
+    it may give."""
     given, types = fields.get("per_layer_config", default={}), found["layer_types"]
     if not isinstance(given, dict) or len(given) > len(types):
         raise fields.refuse("per_layer_config", "must be an object of at most one entry a layer")
     per_layer: dict[int, dict[str, int]] = {}
     for key, sizes in given.items():
         index = _layer_index(key, len(types))
-        if index is None or not isinstance(sizes, dict) or not set(sizes) <= {"head_dim", "num_key_value_heads"}:
-            raise fields.refuse("per_layer_config", "must map layer indices to head_dim and num_key_value_heads")
+        if index is None or not isinstance(sizes, dict) or not set(sizes) <= set(keys):
+            raise fields.refuse("per_layer_config", f"must map layer indices to sizes of {', '.join(keys)}")
         per_layer[index] = {name: fields.nested_size("per_layer_config", sizes, name) for name in sizes}
     by_kind: dict[str, dict[str, int]] = {}
     for index, kind in enumerate(types):
@@ -324,6 +340,85 @@ def _special_inkling(fields: Fields, found: dict[str, Any]) -> None:
     )
 
 
+def _dots3_layers(fields: Fields, layers: int) -> list[str]:
+    """dots.llm3's layer kinds as its config class builds them: layer_types, else full layers 0, 1 and every 4th
+    from 1 (all with use_sliding_window false), indexed (DeepSeek's indexer) unless use_dsa is false; use_dsa
+    given turns the full layers into indexed ones, or back."""
+    fields.value("use_dsa")  # read: its default is null where the config gives per_layer_config, else true
+    dsa = fields.config.get("use_dsa", None if "per_layer_config" in fields.config else True)
+    if dsa is not None and not isinstance(dsa, bool):
+        raise fields.refuse("use_dsa", "must be true, false or null")
+    full, window = "full_attention" if dsa is False else "indexed_attention", fields.boolean("use_sliding_window")
+    given = fields.get("layer_types")
+    kinds = {"full_attention", "indexed_attention", "sliding_attention"}
+    if given is not None and (not isinstance(given, list) or len(given) != layers or not set(given) <= kinds):
+        raise fields.refuse("layer_types", f"must list {layers} layer kinds, each one of {', '.join(sorted(kinds))}")
+    types = given or [full if not window or i < 2 or i % 4 == 1 else "sliding_attention" for i in range(layers)]
+    if dsa is not None:
+        old, new = ("full_attention", "indexed_attention") if dsa else ("indexed_attention", "full_attention")
+        types = [new if kind == old else kind for kind in types]
+    if {"full_attention", "indexed_attention"} <= set(types):
+        raise fields.refuse("layer_types", "mixes full and indexed layers, whose indexers the bill does not tell apart")
+    return types
+
+
+def _dots3_latent(fields: Fields, sizes: dict[str, int]) -> LatentAttention:
+    """One kind's latent attention out of its sizes (q_lora_rank required: its q always goes through the rank)."""
+    return LatentAttention(
+        kv_rank=sizes["kv_lora_rank"], rope_dim=sizes["qk_rope_head_dim"], nope_dim=sizes["qk_nope_head_dim"],
+        v_dim=sizes["v_head_dim"], q_rank=sizes["q_lora_rank"], bias=fields.boolean("attention_bias"),
+    )  # fmt: skip
+
+
+def _special_dots3(fields: Fields, found: dict[str, Any]) -> None:
+    """dots.llm3: latent attention in every layer, its full layers with DeepSeek's indexer (indexed_attention), its
+    sliding layers with latent sizes of their own (per_layer_config, else the swa_ fields); in every layer a
+    gate a head (g_proj) and a norm of the rotary key. head_dim is the width RoPE's partial factor is of."""
+    raw = _dots3_layers(fields, found["layers"])
+    found["layer_types"] = types = tuple(
+        "sliding_attention" if k == "sliding_attention" else "full_attention" for k in raw
+    )
+    base = {
+        name: fields.integer(name) for name in DOTS3_KEYS if name not in ("num_attention_heads", "num_key_value_heads")
+    }
+    base.update(num_attention_heads=found["heads"], num_key_value_heads=found["kv_heads"])
+    if "per_layer_config" in fields.config:
+        by_kind = _per_layer_config(fields, found, DOTS3_KEYS)
+        if set(by_kind) - {"sliding_attention"}:
+            raise fields.refuse("per_layer_config", "changes the sizes of the full layers, which the bill reads as one")
+        sliding = {**base, **by_kind.get("sliding_attention", {})}
+    else:
+        sliding = {name: fields.integer(f"swa_{name}") for name in DOTS3_SLIDING}
+        sliding["qk_rope_head_dim"] = fields.integer("swa_qk_rope_head_dim", none=True) or (
+            sliding["head_dim"] - sliding["qk_nope_head_dim"])  # fmt: skip
+    kinds = []
+    for kind, sizes in (("full_attention", base), ("sliding_attention", sliding)):
+        if sizes["num_key_value_heads"] != sizes["num_attention_heads"]:
+            raise fields.refuse("num_key_value_heads", "must be num_attention_heads (every head decompresses its own)")
+        latent, heads = _dots3_latent(fields, sizes), sizes["num_attention_heads"]
+        kinds.append(KindAttention(kind, heads, heads, latent.nope_dim + latent.rope_dim, latent=latent,
+                                   indexer=kind == "full_attention"))  # fmt: skip
+        found["extras"] += (Extra(f"{kind.split('_')[0]} layers' gate a head and norm of the rotary key", kind,
+                                  found["hidden"] * heads + latent.rope_dim),)  # fmt: skip
+    window = fields.integer("sliding_window", none=True) or fields.integer("sliding_window_size")
+    found.update(latent=kinds[0].latent, kind_attention=tuple(kinds), head_dim=kinds[0].head_dim,
+                 kv_heads=found["heads"], sliding_window=window if "sliding_attention" in types else None)  # fmt: skip
+    if "indexed_attention" in raw:
+        found["indexer"] = Indexer(heads=fields.integer("index_n_heads"), head_dim=fields.integer("index_head_dim"),
+                                   topk=fields.integer("index_topk"), q_rank=base["q_lora_rank"])  # fmt: skip
+    else:
+        fields.value("index_n_heads", "index_head_dim", "index_topk")  # read: no layer builds an indexer
+    width = fields.integer("moe_shared_expert_intermediate_size", "shared_experts_intermediate_size")
+    if found["experts"] is not None:
+        shared = found["experts"].shared_intermediate and fields.integer("n_shared_experts", zero=True) * width
+        found["experts"] = dataclasses.replace(found["experts"], shared_intermediate=shared)
+    scaling = {key: value for key, value in (found["rope_scaling"] or {}).items() if key != "partial_rotary_factor"}
+    found["rope_scaling"] = (
+        scaling if set(scaling) - {"rope_type"} or scaling.get("rope_type", "default") != "default" else None
+    )
+    fields.agrees("mlp_bias", False)
+
+
 # name -> (the reader, which fills in the ModelShape fields found so far; the kinds of layer it brings
 # besides softmax attention)
 SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple[str, ...]]] = {
@@ -345,6 +440,7 @@ SPECIAL_READERS: dict[str, tuple[Callable[[Fields, dict[str, Any]], None], tuple
     "gemma4_text": (_special_gemma4_text, ()),
     "gemma3n": (_special_gemma3n, ()),
     "inkling": (_special_inkling, ()),
+    "dots3": (_special_dots3, OWN_LAYERS),
     **LINEAR_READERS,
     **STATE_SPACE_READERS,
 }
