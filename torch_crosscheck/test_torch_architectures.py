@@ -222,7 +222,8 @@ def test_the_census_prints_its_counts(capsys: Any) -> None:
     with capsys.disabled():
         print("\n" + counts["summary"])
         print("refused: " + ", ".join(counts["refused"]))
-    assert counts["billed"] >= 123 and counts["billed"] + len(counts["refused"]) == counts["text_decoders"]
+    assert counts["billed"] >= 137 and counts["billed"] + len(counts["refused"]) == counts["text_decoders"]
+    assert counts["billed"] >= 0.9 * counts["text_decoders"]
 
 
 # --- parameters -----------------------------------------------------------------------------------------
@@ -398,7 +399,9 @@ def test_the_defaults_are_the_config_classes(model_type: str) -> None:
 # --- the script prints the same bill ----------------------------------------------------------------------
 
 NEW_KINDS = ["mamba2", "jamba", "falcon_h1", "nemotron_h", "deepseek_v32", "lfm2", "qwen3_5_text", "bloom", "opt",
-             "jetmoe", "dbrx"]  # fmt: skip
+             "jetmoe", "dbrx", "kimi_linear", "mimo_v2_flash", "gemma4_text", "gemma4_unified_text", "gemma3n_text",
+             "recurrent_gemma", "rwkv", "xlstm", "longcat_flash", "zamba", "zamba2", "inkling_text",
+             "dots3_note_text"]  # fmt: skip
 
 
 @pytest.mark.parametrize("model_type", NEW_KINDS)

@@ -88,8 +88,8 @@ def _kimi_layers(fields: Fields, layers: int) -> list[str]:
     full, kda = config.get("full_attn_layers"), config.get("kda_layers")
     if full is None or kda is None:  # the class's rule
         return [FULL if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
-    numbers = [*full, *kda] if isinstance(full, list) and isinstance(kda, list) else None
-    if numbers is None or sorted(n for n in numbers if type(n) is int) != list(range(1, layers + 1)):
+    numbers = [*full, *kda] if isinstance(full, list) and isinstance(kda, list) else []
+    if len(numbers) != layers or sorted(n for n in numbers if type(n) is int) != list(range(1, layers + 1)):
         why = f"must number each of the {layers} layers once, from 1, in full_attn_layers or kda_layers"
         raise fields.refuse("linear_attn_config", why, config)
     return [FULL if i + 1 in full else "linear_attention" for i in range(layers)]
