@@ -492,7 +492,8 @@ def _check_parts(shape: ModelShape) -> None:
 
 
 def _check_kinds(shape: ModelShape) -> None:
-    """kind_attention: a tuple of KindAttention, one at most a kind of softmax attention, without latent attention."""
+    """kind_attention: a tuple of KindAttention, one at most a kind of softmax attention, each with its latent where
+    (and only where) the model has latent attention; head_dim_v a width."""
     sizes = shape.kind_attention
     if not isinstance(sizes, tuple) or not all(isinstance(own, KindAttention) for own in sizes):
         raise TypeError(f"kind_attention must be a tuple of KindAttention; got {sizes!r}")

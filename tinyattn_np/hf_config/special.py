@@ -246,6 +246,8 @@ def _special_gemma4(fields: Fields, found: dict[str, Any]) -> None:
     if fields.get("use_bidirectional_attention") not in (None, "vision"):  # "vision": text tokens stay causal
         raise fields.refuse("use_bidirectional_attention", "lets every token see every other: not a decoder")
     types = found["layer_types"][:-1] + ("full_attention",)
+    if types != found["layer_types"]:
+        found["notes"] += ("the last layer attends in full whatever layer_types says, as its config class forces it",)
     k_eq_v = fields.boolean("attention_k_eq_v")
     own = {"head_dim": fields.integer("global_head_dim")}
     global_kv = fields.integer("num_global_key_value_heads", none=True)
@@ -412,10 +414,9 @@ def _special_dots3(fields: Fields, found: dict[str, Any]) -> None:
     if found["experts"] is not None:
         shared = found["experts"].shared_intermediate and fields.integer("n_shared_experts", zero=True) * width
         found["experts"] = dataclasses.replace(found["experts"], shared_intermediate=shared)
-    scaling = {key: value for key, value in (found["rope_scaling"] or {}).items() if key != "partial_rotary_factor"}
-    found["rope_scaling"] = (
-        scaling if set(scaling) - {"rope_type"} or scaling.get("rope_type", "default") != "default" else None
-    )
+    rope = found["rope_scaling"] or {}  # its partial factor is of head_dim: RoPE turns the whole rotary key
+    scaling = {key: value for key, value in rope.items() if key != "partial_rotary_factor"}
+    found["rope_scaling"] = None if scaling in ({}, {"rope_type": "default"}) else scaling
     fields.agrees("mlp_bias", False)
 
 

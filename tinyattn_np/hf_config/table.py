@@ -35,11 +35,11 @@ class Part:
 class Moe:
     """How a config names its experts: each a field (or its spellings), read by experts.py.
 
-    layers: which layers route. "every"; "dense_first" (from the `dense` field's count on, every `every`-th);
-    "qwen" (all but mlp_only_layers, every decoder_sparse_step-th); "llama4" (moe_layers, else every
-    interleave_moe_layer_step-th); "ernie" (moe_layer_start_index .. moe_layer_end_index, every
-    moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from expert_layer_offset); "every": every
-    layer, or every `every`-th from layer 0.
+    layers: which layers route. "every" (every layer, or every `every`-th from layer 0); "dense_first" (from the
+    `dense` field's count on, every `every`-th); "qwen" (all but mlp_only_layers, every decoder_sparse_step-th);
+    "llama4" (moe_layers, else every interleave_moe_layer_step-th); "ernie" (moe_layer_start_index ..
+    moe_layer_end_index, every moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from
+    expert_layer_offset).
     Shared experts: shared_count of them, each shared_width wide (None: the experts' width), or one of
     shared_width where shared_count is None.
     """
@@ -376,7 +376,7 @@ ARCHITECTURES: dict[str, Arch] = {
                          extras=(Part("the channel mixing's receptance, the token shifts", "every layer", "C·C + 2·C"),
                                  Part("the first layer's LayerNorm of the embeddings", "model", "2·C"))),
     "xlstm":        Arch(attention=False, positions="none", mlp_bias="use_bias", intermediate="C", special=("mlstm",),
-                         tied=False,
+                         tied=False,  # intermediate: its reader works the MLP's width out of ffn_proj_factor
                          extras=(Part("the block norms' biases", "every layer", "2·C", when="use_bias"),),
                          unbilled=("tie_word_embeddings", "add_out_norm", "mode", "return_last_states", "weight_mode")),
     "longcat_flash": Arch(special=("latent", "zero_experts"), sublayers=2,
@@ -388,7 +388,7 @@ ARCHITECTURES: dict[str, Arch] = {
                          special=("gemma4", "gemma4_text")),
     "gemma4_unified_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern6", special=("gemma4",)),
     "gemma3n_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern5", intermediate="C",
-                         special=("gemma3n",), extras=GEMMA3N_PARTS,
+                         special=("gemma3n",), extras=GEMMA3N_PARTS,  # its reader reads intermediate_size, a list
                          unbilled=("altup_active_idx", "altup_coef_clip", "altup_correct_scale",
                                    "activation_sparsity_pattern")),
     "zamba":        Arch(positions="none", head_dim="2·C // Hq", special=("zamba",),
