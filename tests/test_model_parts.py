@@ -95,3 +95,42 @@ def test_an_extra_counts_where_it_sits():
     assert gated.active_parameters == gated.num_parameters - 4 * 3
     with pytest.raises(ValueError, match="the place of extra 'nowhere'"):
         ModelShape("bad", **sizes, extras=(Extra("nowhere", "attic", 1),))
+
+
+def test_kda_rglru_rwkv_and_mlstm_by_hand():
+    """C = 8. KDA: 2 heads of 4, a convolution of 3 over q, k, v (24 channels). RG-LRU: 2 blocks of 3 (W = 6),
+    a convolution of 4 keeping 3 inputs. RWKV: A = C = 8. mLSTM: 2 heads, keys of 2, values of 4."""
+    kda = LinearAttention("kda", 2, 2, 4, 4, conv_kernel=3)
+    # q, k, v 8·24, conv 24·3, forget and output gates 2·(8·4 + 4·8), dt bias 8, A 2, step 8·2, norm 4, out 8·8
+    assert kda.parameters(8) == 8 * 24 + 24 * 3 + 2 * (8 * 4 + 4 * 8) + 8 + 2 + 8 * 2 + 4 + 8 * 8
+    assert kda.state_bytes(2, "fp32") == 2 * (2 * 4 * 4 + 24 * 3) * 4
+    rglru = LinearAttention("rglru", 2, 2, 1, 3, conv_kernel=4)
+    # x and y branches 2·(8·6 + 6), out 6·8 + 8, conv 6·4 + 6, the recurrence 6, the gates 2·(2·3·3 + 6)
+    assert rglru.parameters(8) == 2 * (8 * 6 + 6) + 6 * 8 + 8 + 6 * 4 + 6 + 6 + 2 * (2 * 3 * 3 + 6)
+    assert rglru.state_numbers() == 6 + 6 * 3
+    rwkv = LinearAttention("rwkv", 1, 1, 1, 8)
+    assert rwkv.parameters(8) == 4 * 8 * 8 + 2 * 8 + 3 * 8 and rwkv.state_numbers() == 5 * 8
+    mlstm = LinearAttention("mlstm", 2, 2, 2, 4)
+    # q, k 8·4 each, v and the output gate 8·8 each, the gates 8·2·2 + 2·2, the head norm 8, out 8·8
+    assert mlstm.parameters(8) == 8 * (2 * 4 + 2 * 8) + 8 * 4 + 4 + 8 + 8 * 8
+    assert LinearAttention("mlstm", 2, 2, 2, 4, bias=True).parameters(8) == mlstm.parameters(8) + 2 * 4 + 3 * 8 + 8
+    assert mlstm.state_numbers() == 2 * 2 * 4 + 2 * 2 + 2
+    with pytest.raises(ValueError, match="rwkv has no convolution"):
+        LinearAttention("rwkv", 1, 1, 1, 8, conv_kernel=2)
+    with pytest.raises(ValueError, match="kda has key_heads == value_heads"):
+        LinearAttention("kda", 1, 2, 4, 4, conv_kernel=3)
+
+
+def test_a_kind_of_attention_and_experts_beside_the_mlp():
+    """KindAttention checks its sizes; experts beside the MLP keep the layer's dense MLP in the count."""
+    from tinyattn_np.model_parts import KindAttention
+    from tinyattn_np.models import ModelShape
+
+    with pytest.raises(ValueError, match="heads must be a multiple of kv_heads"):
+        KindAttention("sliding_attention", 4, 3, 8)
+    with pytest.raises(ValueError, match="head_dim is nope_dim \\+ rope_dim"):
+        KindAttention("full_attention", 2, 2, 8, latent=LatentAttention(4, 2, 2, 3))
+    sizes = dict(layers=2, heads=2, kv_heads=1, head_dim=4, hidden=8, vocab=10, intermediate=12)
+    instead = ModelShape("instead", **sizes, experts=Experts(4, 2, 6, (0, 1)))
+    beside = ModelShape("beside", **sizes, experts=Experts(4, 2, 6, (0, 1), beside_mlp=True))
+    assert beside.num_parameters - instead.num_parameters == 2 * 3 * 8 * 12  # each layer's gated MLP, kept

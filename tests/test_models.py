@@ -618,6 +618,100 @@ def test_qwen25_72b_and_llama31_405b_parameters():
     assert load_model_shape(LLAMA31_405B).num_parameters == 405_853_388_800  # "405B"
 
 
+# --- the kinds of layer of the newer architectures, each on a config of its own ------------------------------------
+
+SMALL = dict(hidden_size=8, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, intermediate_size=12,
+             vocab_size=10)  # fmt: skip
+MLA = dict(kv_lora_rank=4, q_lora_rank=3, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=3)
+ROUTED = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
+NEW_KINDS = {
+    "kimi_linear": {**SMALL, **MLA, "model_type": "kimi_linear", "num_experts": 4, "num_experts_per_token": 2,
+                    "moe_intermediate_size": 6, "linear_attn_config": {"num_heads": 2, "head_dim": 4,
+                    "short_conv_kernel_size": 3, "full_attn_layers": [2, 4], "kda_layers": [1, 3]}},
+    "mimo_v2_flash": {**SMALL, **ROUTED, "model_type": "mimo_v2_flash", "head_dim": 6, "v_head_dim": 4,
+                      "sliding_window": 5},
+    "gemma4_text": {**SMALL, "model_type": "gemma4_text", "head_dim": 4, "global_head_dim": 8,
+                    "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+                    "hidden_size_per_layer_input": 2, "vocab_size_per_layer_input": 10, "sliding_window": 5,
+                    "layer_types": ["sliding_attention", "full_attention"] * 2},
+    "gemma3n_text": {**SMALL, "model_type": "gemma3n_text", "head_dim": 4, "num_kv_shared_layers": 2,
+                     "hidden_size_per_layer_input": 2, "vocab_size_per_layer_input": 10, "laurel_rank": 2,
+                     "altup_num_inputs": 2, "sliding_window": 5, "intermediate_size": [12, 8, 12, 16]},
+    "recurrent_gemma": {**SMALL, "model_type": "recurrent_gemma", "lru_width": 6, "attention_window_size": 5,
+                        "block_types": ["recurrent", "attention"]},
+    "rwkv": {"model_type": "rwkv", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
+    "xlstm": {"model_type": "xlstm", "hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 10, "num_heads": 2},
+    "longcat_flash": {**MLA, "model_type": "longcat_flash", "hidden_size": 8, "num_layers": 2,
+                      "num_attention_heads": 2, "vocab_size": 10, "head_dim": 2, "n_routed_experts": 4, "moe_topk": 2,
+                      "expert_ffn_hidden_size": 6, "zero_expert_num": 2, "ffn_hidden_size": 12},
+    "zamba": {**SMALL, "model_type": "zamba", "attn_layer_period": 2, "attn_layer_offset": 1, "n_mamba_heads": 2,
+              "mamba_d_state": 4},
+    "zamba2": {**SMALL, "model_type": "zamba2", "n_mamba_heads": 4, "mamba_d_state": 4, "adapter_rank": 2,
+               "num_mem_blocks": 2, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    "inkling_text": {**SMALL, **ROUTED, "model_type": "inkling_text", "head_dim": 4, "swa_num_attention_heads": 4,
+                     "swa_num_key_value_heads": 2, "swa_head_dim": 2, "sliding_window_size": 5,
+                     "n_shared_experts": 1, "d_rel": 2, "rel_extent": 6},
+    "dots3_note_text": {**SMALL, **MLA, **ROUTED, "model_type": "dots3_note_text", "num_key_value_heads": 2,
+                        "head_dim": 8, "shared_experts_intermediate_size": 6, "index_n_heads": 2,
+                        "index_head_dim": 4, "index_topk": 3, "sliding_window": 5, "swa_num_attention_heads": 2,
+                        "swa_num_key_value_heads": 2, "swa_q_lora_rank": 3, "swa_kv_lora_rank": 2, "swa_head_dim": 4,
+                        "swa_qk_nope_head_dim": 2, "swa_v_head_dim": 2},
+}  # fmt: skip
+
+
+def test_a_kind_of_layer_with_sizes_of_its_own_by_hand():
+    """MiMo-V2-Flash: layer 0 full (1 kv head of 6, values of 4), layers 1-3 sliding (2 kv heads, and sinks)."""
+    shape = load_model_shape(NEW_KINDS["mimo_v2_flash"])
+    assert shape.layer_types == ("full_attention",) + ("sliding_attention",) * 3
+    assert shape.kv_bytes_per_token("fp32") == {"full_attention": (6 + 4) * 4, "sliding_attention": 3 * 2 * 10 * 4}
+    full, sliding = shape.attention_parameters_of("full_attention"), shape.attention_parameters_of("sliding_attention")
+    assert full == 8 * (12 + 6 + 4) + 2 * 4 * 8 and sliding == 8 * (12 + 12 + 8) + 2 * 4 * 8 + 2
+    assert any("sliding layers: 2 query heads over 2 kv heads of 6, values of 4, sinks" in line
+               for line in shape.describe())  # fmt: skip
+
+
+def test_the_fields_a_released_config_adds_must_say_what_transformers_builds():
+    """MiMo's swa_ fields, Kimi's linear_attn_config: read where they agree, refused by name where not."""
+    mimo = NEW_KINDS["mimo_v2_flash"]
+    assert load_model_shape({**mimo, "swa_num_key_value_heads": 2, "add_swa_attention_sink_bias": True})
+    with pytest.raises(ValueError, match="'swa_num_key_value_heads' = 1 is not what transformers builds"):
+        load_model_shape({**mimo, "swa_num_key_value_heads": 1})
+    kimi = NEW_KINDS["kimi_linear"]
+    assert load_model_shape(kimi).layer_types == ("linear_attention", "full_attention") * 2
+    with pytest.raises(ValueError, match="'linear_attn_config' .* must number each of the 4 layers once"):
+        load_model_shape({**kimi, "linear_attn_config": {"full_attn_layers": [0, 2], "kda_layers": [1, 3]}})
+    with pytest.raises(ValueError, match="holds use_full_rank_gate, which transformers does not build"):
+        load_model_shape({**kimi, "linear_attn_config": {"use_full_rank_gate": True}})
+
+
+def test_kv_shared_layers_cache_nothing_and_have_no_k_and_v():
+    """Gemma-4: the last 2 layers read an earlier layer's keys and values; the full layers' heads of 8 have their keys
+    for values (no v projection)."""
+    shape = load_model_shape(NEW_KINDS["gemma4_text"])
+    unshared = load_model_shape({**NEW_KINDS["gemma4_text"], "num_kv_shared_layers": 0})
+    assert shape.kv_bytes_per_token("fp32") == {"full_attention": 2 * 8 * 4, "sliding_attention": 2 * 4 * 4}
+    assert unshared.kv_bytes_per_token("fp32") == {"full_attention": 2 * 2 * 8 * 4, "sliding_attention": 2 * 2 * 4 * 4}
+    # layer 2 (sliding) loses k and v 8·4 each and its k norm 4; layer 3 (full) k 8·8 and its norm 8 (no v: its keys
+    # are its values)
+    assert unshared.num_parameters - shape.num_parameters == (2 * 8 * 4 + 4) + (8 * 8 + 8)
+    varying = {**NEW_KINDS["gemma4_text"], "per_layer_config": {"1": {"head_dim": 8}, "3": {"head_dim": 16}}}
+    with pytest.raises(ValueError, match="varies the sizes of the full_attention layers"):
+        load_model_shape(varying)
+
+
+def test_shared_blocks_are_counted_once_where_transformers_ties_them():
+    """Zamba2: 2 hybrid uses of 2 blocks; untied embeddings untie the blocks too, as transformers builds them."""
+    tied = load_model_shape(NEW_KINDS["zamba2"])
+    untied = load_model_shape({**NEW_KINDS["zamba2"], "tie_word_embeddings": False})
+    assert tied.layer_types == ("mamba", "full_attention") * 2 and tied.shared_attention
+    assert untied.num_parameters - tied.num_parameters == 10 * 8  # the head; each use has its own block either way
+    two_uses = {**NEW_KINDS["zamba"], "layers_block_type": ["hybrid", "mamba"] * 2}
+    zamba = load_model_shape(two_uses)
+    one_block = [extra.parameters for extra in zamba.extras if extra.what == "the shared attention block"]
+    twice = load_model_shape({**two_uses, "tie_word_embeddings": False})
+    assert twice.num_parameters - zamba.num_parameters == 10 * 8 + one_block[0]  # 2 uses, each its own copy
+
+
 # --- hostile configs: one clear line, never a traceback -------------------------------------------------------
 
 HOSTILE_BASES = [
@@ -627,6 +721,7 @@ HOSTILE_BASES = [
      "moe_intermediate_size": 6, "first_k_dense_replace": 1},
     {"model_type": "mamba", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
     {**TINY, "model_type": "gemma2"},
+    *NEW_KINDS.values(),
 ]  # fmt: skip
 
 
@@ -682,7 +777,7 @@ def test_the_census_sorts_every_model_type_once_and_counts_them():
 @pytest.mark.parametrize(
     ("model_type", "message"),
     [
-        ("rwkv", r"'rwkv' is a text decoder the reader does not bill: RWKV's time and channel mixing"),
+        ("blt", r"'blt' is a text decoder the reader does not bill: bytes grouped into patches"),
         ("bart", r"'bart' is not a decoder-only text model \(an encoder-decoder"),
         ("qwen3_5", r"'qwen3_5' keeps its language model in text_config \(model_type 'qwen3_5_text'\)"),
         ("no_such_model", r"'no_such_model' is not an architecture the reader knows \(it reads \d+ model types"),

@@ -41,7 +41,7 @@ NORMS = ("rms", "layer", "layer_weight", "none")
 QK_NORMS = ("head", "head_bias", "per_head", "l2")
 POSITIONS = ("rope", "learned", "alibi", "sinusoidal", "none")
 FLAGS = ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "lm_head_bias", "sinks", "attention_gate",
-         "parallel_block", "mamba_beside_attention", "final_norm")  # fmt: skip
+         "parallel_block", "mamba_beside_attention", "final_norm", "shared_attention")  # fmt: skip
 
 
 def set_field(shape: Any, field: str, value: Any) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_count
+from ._shape_checks import ATTENTION_TYPES
 from .memory import score_matrix_bytes
 from .models import ModelShape
 
@@ -23,8 +24,12 @@ def _contexts(model: ModelShape, tokens: list[int], dtype: Any, kv_dtype: Any, b
         n = check_count(n, "tokens")
         kv = model.kv_cache_bytes(n, kv_dtype, batch)
         decompressed = None if model.latent is None else model.kv_cache_bytes(n, kv_dtype, batch, decompressed=True)
-        layers = model.attention_layers  # the softmax layers: linear ones have no score matrix
-        scores = score_matrix_bytes(n, heads=model.heads, layers=layers, batch=batch, dtype=dtype) if layers else 0
+        scores = sum(  # the softmax layers, each kind with its heads: linear ones have no score matrix
+            score_matrix_bytes(n, heads=model.attention_sizes(kind).heads, layers=model.count(kind), batch=batch,
+                               dtype=dtype)
+            for kind in ATTENTION_TYPES
+            if model.count(kind)
+        )  # fmt: skip
         contexts.append(
             {
                 "tokens": n,

@@ -12,9 +12,23 @@ from typing import Any
 
 from ._bytes import nbytes
 from ._checks import check_bool, check_count, check_positive_int
+from ._shape_checks import check_choice
 from .memory import linear_attention_state_bytes
 
-__all__ = ["EXTRA_PLACES", "Experts", "Extra", "Indexer", "LatentAttention", "LinearAttention", "StateSpace"]
+__all__ = [
+    "EXTRA_PLACES",
+    "Experts",
+    "Extra",
+    "Indexer",
+    "KindAttention",
+    "LatentAttention",
+    "LinearAttention",
+    "StateSpace",
+]
+
+
+# the kinds of LinearAttention
+LINEAR_KINDS = ("gated_deltanet", "lightning", "short_conv", "kda", "rglru", "rwkv", "mlstm")
 
 
 def _check_ints(part: Any, positive: tuple[str, ...], counts: tuple[str, ...] = ()) -> None:
@@ -37,7 +51,8 @@ class Experts:
     router_bias, expert_bias: gpt-oss's biases on the router and on every expert's projections;
     score_bias: Ernie-4.5's per-expert correction of the routing scores, a parameter (DeepSeek-V3's is a
     buffer, not counted); shared_gate: Qwen2-MoE's C -> 1 gate on the shared expert; gated=False: experts
-    of two matrices, up and down (Nemotron-H), whose shared expert follows the model's MLP.
+    of two matrices, up and down (Nemotron-H), whose shared expert follows the model's MLP; beside_mlp: the
+    layer keeps its dense MLP beside the experts (LongCat-Flash's shortcut experts, Gemma-4's).
     """
 
     count: int
@@ -50,6 +65,7 @@ class Experts:
     expert_bias: bool = False
     score_bias: bool = False
     gated: bool = True
+    beside_mlp: bool = False
 
     def __post_init__(self) -> None:
         _check_ints(self, ("count", "intermediate"), ("shared_intermediate",))
@@ -61,7 +77,7 @@ class Experts:
             check_count(index, "layers[i]")
         if list(self.layers) != sorted(set(self.layers)):
             raise ValueError(f"layers must be increasing layer indices, each once; got {self.layers}")
-        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias", "gated"):
+        for flag in ("shared_gate", "router_bias", "expert_bias", "score_bias", "gated", "beside_mlp"):
             check_bool(getattr(self, flag), flag)
         if self.shared_gate and not self.shared_intermediate:
             raise ValueError("shared_gate gates the shared expert, so it needs shared_intermediate > 0")
@@ -124,8 +140,55 @@ class LatentAttention:
 
 
 @dataclass(frozen=True)
+class KindAttention:
+    """The attention of the layers of one kind, where its sizes are not the model's own.
+
+    MiMo-V2-Flash's sliding layers have twice the kv heads of its full ones, and sinks; Gemma-4's full layers
+    have heads of 512 (global_head_dim) where its sliding ones have 256, and keys that are the values;
+    Inkling's sliding layers have heads of their own; dots.llm3's sliding layers a latent attention of their own
+    and no indexer. kind: the layer kind (full, sliding or chunked attention); heads, kv_heads, head_dim and
+    value_dim (None: head_dim) as ModelShape's; sinks: a learned logit a head; values=False: the keys are the
+    values (no v projection; transformers' cache still keeps both); latent: the kind's LatentAttention, in a
+    model of latent attention (heads its heads, head_dim its nope + rope); indexer=False: the model's indexer
+    does not run on these layers. Weights and cache follow the formulas of the model's own attention.
+    """
+
+    kind: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    value_dim: int | None = None
+    sinks: bool = False
+    values: bool = True
+    latent: LatentAttention | None = None
+    indexer: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str):
+            raise TypeError(f"kind must be a str; got {self.kind!r}")
+        _check_ints(self, ("heads", "kv_heads", "head_dim"))
+        if self.value_dim is not None:
+            check_positive_int(self.value_dim, "value_dim")
+        for flag in ("sinks", "values", "indexer"):
+            check_bool(getattr(self, flag), flag)
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads must be a multiple of kv_heads; got heads={self.heads}, kv_heads={self.kv_heads}")
+        if self.latent is not None and not isinstance(self.latent, LatentAttention):
+            raise TypeError(f"latent must be a LatentAttention or None; got {type(self.latent).__name__}")
+        if self.latent is not None and self.head_dim != self.latent.nope_dim + self.latent.rope_dim:
+            raise ValueError(f"with latent attention head_dim is nope_dim + rope_dim; got {self.head_dim}")
+
+    @property
+    def value_width(self) -> int:
+        """The width of a value head: the latent's v_dim, else value_dim, else head_dim."""
+        if self.latent is not None:
+            return self.latent.v_dim
+        return self.head_dim if self.value_dim is None else self.value_dim
+
+
+@dataclass(frozen=True)
 class LinearAttention:
-    """The layers of linear attention that keep a state of fixed size instead of a growing cache.
+    """The layers of linear attention (and other recurrences) that keep a state of fixed size, not a cache.
 
     kind "gated_deltanet" (Qwen3-Next): a short causal convolution of conv_kernel over q, k and v, then
     per value head a key_dim x value_dim state S updated by the gated delta rule; the q and k heads
@@ -133,14 +196,30 @@ class LinearAttention:
     projections C·(2·Hk·Dk + 2·Hv·Dv), C·2Hv for the gate and step size, the convolution's
     (2·Hk·Dk + Hv·Dv)·K, 2Hv (A and its step bias), the output norm Dv and Hv·Dv·C out.
 
+    kind "kda" (Kimi Delta Attention): the delta rule with a forget gate per channel, H heads of D (keys and
+    values): q, k, v C·3HD, the convolution 3HD·K, forget and output gates of rank D (C·D + D·HD each), the
+    forget gate's bias HD and A H, the step size C·H, the output norm D, out HD·C.
+
     kind "lightning" (MiniMax): H heads with key_dim = value_dim = E and S_t = decay · S_{t-1} + k_t v_tᵀ;
     weights C·3HE (q, k, v), HE (the norm), C·HE (the output gate) and HE·C out. No convolution.
 
     kind "short_conv" (LFM2): no recurrence, a gated short convolution of conv_kernel over value_dim = C
     channels (one "head"): in_proj C·3C (B, C and x), the convolution C·K, out_proj C·C; bias adds 3C + C + C.
 
-    The state per layer and sequence: value_heads · key_dim · value_dim (none for short_conv), plus
-    conv_channels · conv_kernel.
+    kind "rglru" (RecurrentGemma's RG-LRU): a recurrence of W = H·value_dim channels (key_dim 1) with
+    block-diagonal input and recurrence gates of H blocks: the two branches C·W + W each, out W·C + C, the
+    convolution W·K + W, the recurrence W and the gates 2·(W²/H + W); it keeps its last K - 1 inputs.
+
+    kind "rwkv" (RWKV-4's time mixing): value_dim = A channels of a weighted sum kept as three numbers each:
+    key, value, receptance C·A each, out A·C, the decays 2A and the token-shift mixes 3C; its state is 5·C a
+    layer (the sums, and the last token of the time and channel mixing).
+
+    kind "mlstm" (xLSTM): H heads, a matrix memory of Dk x Dv, a normaliser of Dk and a maximum each: q, k C·Hk·Dk
+    each, v and the output gate C·Hv·Dv each, input and forget gates C·2H + 2H, the head norm Hv·Dv and out Hv·Dv·C;
+    bias adds the projections' (2·Hk·Dk + 3·Hv·Dv + C).
+
+    The state per layer and sequence: value_heads · key_dim · value_dim, and the convolution's last inputs,
+    conv_channels · conv_kernel (K - 1 for rglru); rwkv and mlstm as said.
     """
 
     kind: str
@@ -152,52 +231,80 @@ class LinearAttention:
     bias: bool = False
 
     def __post_init__(self) -> None:
-        kinds = ("gated_deltanet", "lightning", "short_conv")
-        if self.kind not in kinds:
-            raise ValueError(f"kind must be one of {', '.join(kinds)}; got {self.kind!r}")
+        check_choice(self.kind, "kind", LINEAR_KINDS)
         _check_ints(self, ("key_heads", "value_heads", "key_dim", "value_dim"), ("conv_kernel",))
+        check_bool(self.bias, "bias")
         if self.value_heads % self.key_heads:
             raise ValueError(
                 f"value_heads must be a multiple of key_heads; got value_heads={self.value_heads}, "
                 f"key_heads={self.key_heads}"
             )
-        if self.kind == "lightning" and (
-            (self.key_heads, self.key_dim, self.conv_kernel) != (self.value_heads, self.value_dim, 0)
-        ):
-            raise ValueError("lightning attention has key_heads == value_heads, key_dim == value_dim, no conv_kernel")
-        check_bool(self.bias, "bias")
-        if self.kind == "short_conv" and (self.key_heads, self.value_heads, self.key_dim) != (1, 1, self.value_dim):
-            raise ValueError("a short convolution has one head: key_heads == value_heads == 1, key_dim == value_dim")
-        if self.kind != "lightning" and self.conv_kernel < 1:
-            raise ValueError(
-                f"gated_deltanet has a short convolution: conv_kernel must be >= 1; got {self.conv_kernel}"
-            )
+        heads, dims = (self.key_heads, self.key_dim), (self.value_heads, self.value_dim)
+        shapes = {  # kind -> what its heads must be, in words and as a test
+            "lightning": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
+            "kda": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
+            "short_conv": ("one head: key_heads == value_heads == 1, key_dim == value_dim",
+                           (self.key_heads, self.value_heads, self.key_dim) == (1, 1, self.value_dim)),
+            "rglru": ("key_heads == value_heads and key_dim == 1", self.key_heads == self.value_heads
+                      and self.key_dim == 1),
+            "rwkv": ("one head: key_heads == value_heads == key_dim == 1", heads == (1, 1) and self.value_heads == 1),
+            "mlstm": ("key_heads == value_heads", self.key_heads == self.value_heads),
+        }  # fmt: skip
+        if self.kind in shapes and not shapes[self.kind][1]:
+            raise ValueError(f"{self.kind} has {shapes[self.kind][0]}; got {self}")
+        convolves = self.kind in ("gated_deltanet", "kda", "short_conv", "rglru")
+        if convolves != (self.conv_kernel >= 1):
+            which = "has a short convolution: conv_kernel must be >= 1" if convolves else "has no convolution: 0"
+            raise ValueError(f"{self.kind} {which}; got {self.conv_kernel}")
 
     @property
     def conv_channels(self) -> int:
-        """Channels of the short convolution: q and k (Hk·Dk each) and v (Hv·Dv); 0 for lightning."""
-        if self.kind == "lightning":
+        """Channels of the short convolution: q and k (Hk·Dk each) and v (Hv·Dv); the width for short_conv and
+        rglru; 0 without a convolution."""
+        if self.conv_kernel == 0:
             return 0
-        if self.kind == "short_conv":
-            return self.value_dim
+        if self.kind in ("short_conv", "rglru"):
+            return self.value_heads * self.value_dim
         return 2 * self.key_heads * self.key_dim + self.value_heads * self.value_dim
 
     def parameters(self, hidden: int) -> int:
         """One linear-attention layer's weights (the formulas in the class docstring)."""
-        c = hidden
+        c, h, k = hidden, self.value_heads, self.conv_kernel
         keys, values = self.key_heads * self.key_dim, self.value_heads * self.value_dim
         if self.kind == "lightning":
             return c * 3 * values + values + c * values + values * c
         if self.kind == "short_conv":
-            w = self.value_dim
-            return c * 3 * w + w * self.conv_kernel + w * c + (5 * w if self.bias else 0)
+            return c * 3 * values + values * k + values * c + (5 * values if self.bias else 0)
+        if self.kind == "kda":
+            low_rank = c * self.key_dim + self.key_dim * values  # a gate through a rank of D
+            return c * 3 * values + 3 * values * k + 2 * low_rank + values + h + c * h + self.value_dim + values * c
+        if self.kind == "rglru":
+            gates = 2 * (values * self.value_dim + values)  # H blocks of (W/H)², and a bias, for each of two gates
+            return 2 * (c * values + values) + values * c + c + values * k + values + values + gates
+        if self.kind == "rwkv":
+            return 4 * c * values + 2 * values + 3 * c
+        if self.kind == "mlstm":
+            bias = 2 * keys + 3 * values + c if self.bias else 0
+            return c * (2 * keys + 2 * values) + c * 2 * h + 2 * h + values + values * c + bias
         projections = c * (2 * keys + 2 * values) + c * 2 * self.value_heads
-        return projections + self.conv_channels * self.conv_kernel + 2 * self.value_heads + self.value_dim + values * c
+        return projections + self.conv_channels * k + 2 * self.value_heads + self.value_dim + values * c
+
+    def state_numbers(self) -> int:
+        """The numbers one such layer keeps per sequence (the class docstring)."""
+        recurrent = self.value_heads * self.key_dim * self.value_dim
+        if self.kind == "rwkv":
+            return 5 * self.value_dim
+        if self.kind == "mlstm":
+            return recurrent + self.value_heads * self.key_dim + self.value_heads
+        if self.kind == "rglru":
+            return recurrent + self.conv_channels * (self.conv_kernel - 1)
+        return (0 if self.kind == "short_conv" else recurrent) + self.conv_channels * self.conv_kernel
 
     def state_bytes(self, layers: int, dtype: Any = "bf16", batch: int = 1) -> int:
-        """memory.linear_attention_state_bytes for `layers` such layers (a short convolution: its inputs alone)."""
-        if self.kind == "short_conv":
-            return nbytes(layers * batch * self.conv_channels * self.conv_kernel, dtype)
+        """memory.linear_attention_state_bytes for `layers` such layers; the kinds its formula does not fit
+        (a short convolution's inputs alone, RG-LRU, RWKV, mLSTM): state_numbers of each."""
+        if self.kind in ("short_conv", "rglru", "rwkv", "mlstm"):
+            return nbytes(layers * batch * self.state_numbers(), dtype)
         return linear_attention_state_bytes(
             layers=layers, heads=self.value_heads, key_dim=self.key_dim, value_dim=self.value_dim,
             conv_channels=self.conv_channels, conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._bytes import nbytes
-from ._checks import check_bool
+from ._checks import check_bool, check_positive_int
 from ._shape_checks import (
     ATTENTION_TYPES,
     LAYER_TYPES,
@@ -31,8 +31,18 @@ from ._shape_checks import (
     fill_from_arch,
     fill_layer_types,
 )
+from ._shape_describe import describe
 from .memory import attention_flops, causal_entries, kv_cache_bytes, latent_cache_bytes
-from .model_parts import EXTRA_PLACES, Experts, Extra, Indexer, LatentAttention, LinearAttention, StateSpace
+from .model_parts import (
+    EXTRA_PLACES,
+    Experts,
+    Extra,
+    Indexer,
+    KindAttention,
+    LatentAttention,
+    LinearAttention,
+    StateSpace,
+)
 from .position import rope_frequencies
 
 __all__ = ["ModelShape"]
@@ -75,8 +85,14 @@ class ModelShape:
       mlp_layers     the layers with an MLP or experts (None: all of them; Nemotron-H's mixers stand alone)
       experts, latent, linear, state_space, indexer   Experts, LatentAttention, LinearAttention,
                      StateSpace, Indexer: see their docstrings (model_parts.py)
-      mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1)
-      kv_shared_layers   the last n layers read an earlier layer's keys and values and cache none (Gemma-3n)
+      mamba_beside_attention   every attention layer also runs state_space on the same input (Falcon-H1, Zamba)
+      shared_attention   the attention layers run blocks of weights they share, counted once among the extras
+                     (Zamba's shared transformer blocks): each keeps its own cache
+      kv_shared_layers   the last n layers read an earlier layer's keys and values, cache none and have no k
+                     and v projections (Gemma-3n, Gemma-4)
+      head_dim_v     the width of a value head where it is narrower than a key's (MiMo-V2-Flash: 128 and 192)
+      kind_attention KindAttention sizes of the layers of one kind where they are not the model's (MiMo-V2's
+                     sliding layers: twice the kv heads; Gemma-4's full layers: heads of 512)
       extras         Extra weights (and states) one architecture alone has, counted where they sit
       embedding_dim  the width of the token table and the head where projections join it to hidden (OPT-350m)
       final_norm     a norm after the last layer (OpenAI GPT and post-norm OPT have none)
@@ -127,6 +143,9 @@ class ModelShape:
     extras: tuple[Extra, ...] = ()
     embedding_dim: int | None = None
     final_norm: bool = True
+    head_dim_v: int | None = None
+    kind_attention: tuple[KindAttention, ...] = ()
+    shared_attention: bool = False
 
     def __post_init__(self) -> None:
         check_sizes(self)
@@ -191,25 +210,54 @@ class ModelShape:
 
     # -- parameters, piece by piece (weights are (in, out) matrices; a bias adds `out`) --------------
 
+    def attention_sizes(self, kind: str | None) -> KindAttention:
+        """The sizes of the attention of one layer kind: its own (kind_attention), else (and for None) the model's."""
+        own = next((sizes for sizes in self.kind_attention if sizes.kind == kind), None)
+        if own is not None:
+            return own
+        return KindAttention(kind or "", self.heads, self.kv_heads, self.head_dim, self.head_dim_v, self.sinks,
+                             latent=self.latent)  # fmt: skip
+
     @property
     def attention_parameters(self) -> int:
-        """One attention layer: C·Hq·E (q; twice that with attention_gate) + 2·C·Hkv·E (k, v) + Hq·E·C (out),
-        the biases, the q/k norms, the sinks and the indexer; latent attention's own formula (LatentAttention)."""
-        indexer = 0 if self.indexer is None else self.indexer.parameters(self.hidden)
-        if self.latent is not None:
-            return self.latent.parameters(self.hidden, self.heads) + indexer
-        q = self.heads * self.head_dim * (2 if self.attention_gate else 1)  # width of q (and its gate)
-        kv = self.kv_heads * self.head_dim  # width of k (= v)
-        weights = self.hidden * (q + 2 * kv) + self.heads * self.head_dim * self.hidden
-        biases = (q + 2 * kv if self.qkv_bias else 0) + (self.hidden if self.out_bias else 0)
+        """One attention layer: C·Hq·E (q; twice that with attention_gate) + C·Hkv·E (k) + C·Hkv·Ev (v) + Hq·Ev·C
+        (out), the biases, the q/k norms, the sinks and the indexer; latent attention's own formula
+        (LatentAttention). Layers of a kind with sizes of its own: attention_parameters_of."""
+        return self.attention_parameters_of(None)
+
+    def attention_parameters_of(self, kind: str | None, shared: bool = False) -> int:
+        """One attention layer of this kind; shared=True: one that reads an earlier layer's keys and values
+        (kv_shared_layers), without k and v projections or a k norm."""
+        sizes = self.attention_sizes(kind)
+        indexer = 0 if self.indexer is None or not sizes.indexer else self.indexer.parameters(self.hidden)
+        if sizes.latent is not None:
+            return sizes.latent.parameters(self.hidden, sizes.heads) + indexer
+        e, ev = sizes.head_dim, sizes.value_width
+        q = sizes.heads * e * (2 if self.attention_gate else 1)  # width of q (and its gate)
+        kv = 0 if shared else sizes.kv_heads * (e + (ev if sizes.values else 0))  # widths of k and v
+        weights = self.hidden * (q + kv) + sizes.heads * ev * self.hidden
+        biases = (q + kv if self.qkv_bias else 0) + (self.hidden if self.out_bias else 0)
         qk_norm = {
             None: 0,
             "l2": 0,
-            "head": 2 * self.head_dim,
-            "head_bias": 4 * self.head_dim,
-            "per_head": (self.heads + self.kv_heads) * self.head_dim,
+            "head": e if shared else 2 * e,
+            "head_bias": 2 * e if shared else 4 * e,
+            "per_head": (sizes.heads + (0 if shared else sizes.kv_heads)) * e,
         }[self.qk_norm]
-        return weights + biases + qk_norm + (self.heads if self.sinks else 0) + indexer
+        return weights + biases + qk_norm + (sizes.heads if sizes.sinks else 0) + indexer
+
+    @property
+    def all_attention_parameters(self) -> int:
+        """Every softmax-attention layer's weights, each kind with its sizes, the kv_shared_layers without k and v
+        (none with shared_attention: the blocks they share are extras)."""
+        assert self.layer_types is not None
+        if self.shared_attention:
+            return 0
+        total = 0
+        for i, kind in enumerate(self.layer_types):
+            if kind in ATTENTION_TYPES:
+                total += self.attention_parameters_of(kind, shared=i >= self.layers - self.kv_shared_layers)
+        return total
 
     @property
     def linear_attention_parameters(self) -> int:
@@ -273,10 +321,11 @@ class ModelShape:
         feed-forward (an MLP or experts), the norms and the extras."""
         moe_layers = 0 if self.experts is None else len(self.experts.layers)
         beside = self.attention_layers if self.mamba_beside_attention else 0
-        mixers = (self.attention_layers * self.attention_parameters
+        mixers = (self.all_attention_parameters
                   + self.count("linear_attention") * self.linear_attention_parameters
                   + (self.count("mamba") + beside) * self.state_space_parameters)  # fmt: skip
-        mlps = (self.mlp_layer_count - moe_layers) * self.mlp_parameters + moe_layers * self.moe_parameters
+        dense = self.mlp_layer_count - (0 if self.experts is None or self.experts.beside_mlp else moe_layers)
+        mlps = dense * self.mlp_parameters + moe_layers * self.moe_parameters
         return self.embedding_parameters + mixers + mlps + self.norm_parameters + self.extra_parameters
 
     @property
@@ -312,15 +361,16 @@ class ModelShape:
         if not layers:
             return 0
         sizes = dict(layers=layers, dtype=dtype, batch=batch, window=window)
-        indexer = 0
-        if self.indexer is not None:  # one key of head_dim a token beside the latent (or the heads)
+        own, indexer = self.attention_sizes(kind), 0
+        if self.indexer is not None and own.indexer:  # one key of head_dim a token beside the latent (or the heads)
             indexer = kv_cache_bytes(tokens, kv_heads=1, head_dim=self.indexer.head_dim, **sizes) // 2
-        if self.latent is None:
-            return kv_cache_bytes(tokens, kv_heads=self.kv_heads, head_dim=self.head_dim, **sizes) + indexer
-        if decompressed:  # every head's key (nope + rope) and value (v_dim), as a naive implementation keeps them
-            return kv_cache_bytes(tokens, kv_heads=self.heads, head_dim=self.head_dim, head_dim_v=self.latent.v_dim,
+        if own.latent is None:
+            return kv_cache_bytes(tokens, kv_heads=own.kv_heads, head_dim=own.head_dim, head_dim_v=own.value_dim,
                                   **sizes) + indexer  # fmt: skip
-        return latent_cache_bytes(tokens, kv_rank=self.latent.kv_rank, rope_dim=self.latent.rope_dim, **sizes) + indexer
+        if decompressed:  # every head's key (nope + rope) and value (v_dim), as a naive implementation keeps them
+            return kv_cache_bytes(tokens, kv_heads=own.heads, head_dim=own.head_dim, head_dim_v=own.latent.v_dim,
+                                  **sizes) + indexer  # fmt: skip
+        return latent_cache_bytes(tokens, kv_rank=own.latent.kv_rank, rope_dim=own.latent.rope_dim, **sizes) + indexer
 
     def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1, *, decompressed: bool = False) -> int:
         """K and V after `tokens` tokens, summed over the attention layers: full layers keep every token,
@@ -359,23 +409,24 @@ class ModelShape:
         """QKᵀ and PV of the softmax-attention layers over a causal context of `tokens`: window layers count
         their band, chunked layers their blocks, an indexer's layers the topk keys each query attends and
         the indexer's own scores of every key; linear and state-space layers have no score matrix."""
-        e_v = self.latent.v_dim if self.latent is not None else None  # latent attention: keys 192, values 128
-        topk = None if self.indexer is None else self.indexer.topk
+        indexed = [kind for kind in ATTENTION_TYPES if self.indexer is not None and self.attention_sizes(kind).indexer]
 
-        def flops(window: int | None = None, chunk: int | None = None) -> int:
-            window = topk if window is None and chunk is None else window
-            return attention_flops(tokens, heads=self.heads, head_dim=self.head_dim, head_dim_v=e_v, causal=True,
-                                   batch=batch, window=window, chunk=chunk)  # fmt: skip
+        def flops(kind: str, window: int | None = None, chunk: int | None = None) -> int:
+            own = self.attention_sizes(kind)  # latent attention: keys of nope + rope, values of v_dim
+            if window is None and chunk is None and kind in indexed:
+                window = self.indexer.topk if self.indexer is not None else None  # the keys the indexer picks
+            return attention_flops(tokens, heads=own.heads, head_dim=own.head_dim, head_dim_v=own.value_width,
+                                   causal=True, batch=batch, window=window, chunk=chunk)  # fmt: skip
 
         per_kind = {
-            "full_attention": flops,
-            "sliding_attention": lambda: flops(window=self.sliding_window),
-            "chunked_attention": lambda: flops(chunk=self.attention_chunk),
+            "full_attention": lambda: flops("full_attention"),
+            "sliding_attention": lambda: flops("sliding_attention", window=self.sliding_window),
+            "chunked_attention": lambda: flops("chunked_attention", chunk=self.attention_chunk),
         }
         total = sum(self.count(kind) * per_layer() for kind, per_layer in per_kind.items() if self.count(kind))
         if self.indexer is not None:  # q · k of every indexer head and every causal pair
             scores = 2 * self.indexer.heads * self.indexer.head_dim * causal_entries(tokens) * batch
-            total += self.attention_layers * scores
+            total += sum(self.count(kind) for kind in indexed) * scores
         return total
 
     def rope_frequencies(self, seq_len: int | None = None) -> Any:
@@ -402,7 +453,7 @@ class ModelShape:
 
     def describe(self) -> list[str]:
         """The architecture in a few short lines, as the bill prints them."""
-        return _describe(self)
+        return describe(self)
 
 
 def _check_parts(shape: ModelShape) -> None:
@@ -410,6 +461,7 @@ def _check_parts(shape: ModelShape) -> None:
     it has no use for."""
     parts = (("experts", Experts), ("latent", LatentAttention), ("linear", LinearAttention),
              ("state_space", StateSpace), ("indexer", Indexer))  # fmt: skip
+    _check_kinds(shape)
     for field, kind in parts:
         value = getattr(shape, field)
         if value is not None and not isinstance(value, kind):
@@ -439,6 +491,23 @@ def _check_parts(shape: ModelShape) -> None:
         raise TypeError(f"quantization must be a str or None; got {shape.quantization!r}")
 
 
+def _check_kinds(shape: ModelShape) -> None:
+    """kind_attention: a tuple of KindAttention, one at most a kind of softmax attention, each with its latent where
+    (and only where) the model has latent attention; head_dim_v a width."""
+    sizes = shape.kind_attention
+    if not isinstance(sizes, tuple) or not all(isinstance(own, KindAttention) for own in sizes):
+        raise TypeError(f"kind_attention must be a tuple of KindAttention; got {sizes!r}")
+    kinds = [own.kind for own in sizes]
+    for kind in kinds:
+        check_choice(kind, "kind_attention[i].kind", ATTENTION_TYPES)
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"kind_attention must give each kind of layer once; got {kinds}")
+    if any((own.latent is None) != (shape.latent is None) for own in sizes):
+        raise ValueError("kind_attention of a model of latent attention gives each kind's latent, and only then")
+    if shape.head_dim_v is not None:
+        check_positive_int(shape.head_dim_v, "head_dim_v")
+
+
 def _check_layer_indices(layers: Any, name: str, count: int) -> None:
     """An increasing tuple of layer indices below count, each once."""
     if not isinstance(layers, tuple) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
@@ -453,59 +522,3 @@ def _check_extras(extras: Any) -> None:
         raise TypeError(f"extras must be a tuple of Extra; got {extras!r}")
     for extra in extras:
         check_choice(extra.where, f"the place of extra {extra.what!r}", EXTRA_PLACES + LAYER_TYPES)
-
-
-def _describe(shape: ModelShape) -> list[str]:
-    """ModelShape.describe: attention, the block, the layer kinds, the experts, each in a line."""
-    if shape.latent is not None:
-        lat = shape.latent
-        q = "a full q projection" if lat.q_rank is None else f"q through a rank of {lat.q_rank:,}"
-        attention = (f"MLA: {shape.heads} heads; the cache keeps a latent of {lat.kv_rank} + a rotary key of "
-                     f"{lat.rope_dim} per token and layer; {q}")  # fmt: skip
-    else:
-        kv = f"{shape.kv_heads} kv head{'s' if shape.kv_heads > 1 else ''}"
-        attention = f"{shape.attention_kind}: {shape.heads} query heads over {kv} of {shape.head_dim}"
-        extras = [text for flag, text in ((shape.qk_norm, f"{shape.qk_norm} q/k norm"), (shape.sinks, "sinks"),
-                                          (shape.attention_gate, "an output gate")) if flag]  # fmt: skip
-        attention += f" ({', '.join(extras)})" if extras else ""
-    mlp = {"gated": "gated MLP (3 matrices)", "plain": "2-matrix MLP", "none": "no MLP"}[shape.mlp or "none"]
-    norm = {"rms": "RMSNorm", "layer": "LayerNorm", "layer_weight": "LayerNorm without bias", "none": "no norm weights"}
-    norms = norm["none"] if shape.norm in (None, "none") else f"{norm[shape.norm]} x {shape.norms_per_layer} per layer"
-    block = [mlp, norms, f"positions: {shape.positions}"]
-    block += ["parallel attention and MLP"] if shape.parallel_block else []
-    block += ["tied embeddings" if shape.tied_embeddings else "untied embeddings"] if shape.arch != "attention" else []
-    lines = [attention] if shape.attention_layers else []
-    lines += [", ".join(block), _describe_layers(shape)]
-    if shape.indexer is not None:
-        lines.append(f"an indexer of {shape.indexer.heads} heads of {shape.indexer.head_dim} picks "
-                     f"{shape.indexer.topk:,} keys a query; its key is cached beside the latent")  # fmt: skip
-    if shape.state_space is not None:
-        space = shape.state_space
-        beside = ", beside every attention layer" if shape.mamba_beside_attention else ""
-        lines.append(f"{space.kind} layers of {space.inner:,} channels, a state of {space.state} each{beside}")
-    if shape.experts is not None:
-        lines.append(_describe_experts(shape))
-    if shape.extras:
-        lines.append("also: " + ", ".join(extra.what for extra in shape.extras))
-    return lines + list(shape.notes)
-
-
-def _describe_layers(shape: ModelShape) -> str:
-    """'48 layers: 12 full + 36 linear (a state of fixed size)'."""
-    state = " (a state of fixed size)" if shape.linear is not None or shape.state_space is not None else ""
-    return f"{shape.layers} layer{'s' if shape.layers > 1 else ''}: {shape.layer_summary()}{state}"
-
-
-def _describe_experts(shape: ModelShape) -> str:
-    assert shape.experts is not None
-    moe = shape.experts
-    per_token = "k unknown" if moe.per_token is None else f"{moe.per_token} per token"
-    shared = f", shared width {moe.shared_intermediate:,}" if moe.shared_intermediate else ""
-    dense = shape.mlp_layer_count - len(moe.layers)
-    dense_text = f"; {dense} dense layers of width {shape.intermediate:,}" if dense else ""
-    experts = f"{moe.count} experts of width {moe.intermediate:,}, {per_token}{shared}"
-    return f"MoE on {len(moe.layers)} layers: {experts}{dense_text}"
-
-
-# ---------------------------------------------------------------------------------------------------
-# one model's bill

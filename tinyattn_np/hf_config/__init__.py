@@ -13,7 +13,9 @@ each, are on docs/memory.md.
     formulas.py     the table's formulas ("2·Hq·E + C") worked out
     layer_kinds.py  which layers slide, chunk, are linear or state-space layers
     experts.py      which layers route and how wide the experts are
-    special.py      what one architecture alone has (latent attention, Mamba, Falcon's switches, ...)
+    special.py      what one architecture alone has (latent attention, Falcon's switches, Gemma-4's kinds, ...)
+    recurrent.py    linear attention and other recurrences of a fixed state (DeltaNet, KDA, RG-LRU, RWKV, mLSTM)
+    state_space.py  Mamba, Mamba-2 and the hybrids around them (Jamba, Nemotron-H, Zamba, ...)
     read.py         shape_from_config: the rows applied, every field left over judged
     census.py       every model type of transformers' causal-LM mapping: billed, refused with why, or no text
                     decoder at all

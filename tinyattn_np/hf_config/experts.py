@@ -11,11 +11,16 @@ from .table import Moe
 __all__ = ["read_experts"]
 
 
+def _every(fields: Fields, moe: Moe) -> int:
+    """Every how many layers route: 1, a constant, or a field."""
+    return 1 if moe.every is None else moe.every if isinstance(moe.every, int) else fields.integer(moe.every)
+
+
 def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
     """The indices of the layers that route, by the row's rule (Moe's docstring)."""
     if moe.layers == "dense_first":
         first = fields.integer(moe.dense, zero=True, none=True) or 0
-        every = 1 if moe.every is None else fields.integer(moe.every)
+        every = _every(fields, moe)
         return [i for i in range(first, layers) if i % every == 0]
     if moe.layers == "qwen":
         listed = fields.integers("mlp_only_layers")  # null: none, or the class's first dense_first layers
@@ -40,7 +45,7 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
             fields.value(moe.dense)  # read: where the config lists the kinds, the list wins
         if kinds is None:
             first = moe.dense_first if moe.dense_first is not None else fields.integer(moe.dense, zero=True, none=True)
-            every = 1 if moe.every is None else fields.integer(moe.every)
+            every = _every(fields, moe)
             return [i for i in range(min(first or 0, layers), layers) if i % every == 0]
         if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"dense", "sparse"}:
             raise fields.refuse("mlp_layer_types", f"must be {layers} of 'dense' and 'sparse'")
@@ -48,7 +53,7 @@ def _layers(fields: Fields, moe: Moe, layers: int) -> list[int]:
     if moe.layers == "period":  # Jamba
         period, offset = fields.integer("expert_layer_period"), fields.integer("expert_layer_offset", zero=True)
         return [i for i in range(layers) if i % period == offset]
-    return list(range(layers))
+    return list(range(0, layers, _every(fields, moe)))
 
 
 def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | None:
@@ -68,6 +73,6 @@ def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | N
     shared = shared_count * shared_width
     return Experts(
         count, per_token, width, tuple(layers), shared_intermediate=shared, shared_gate=moe.shared_gate and shared > 0,
-        router_bias=moe.router_bias, expert_bias=moe.expert_bias, score_bias=switch(fields, moe.score_bias),
-        gated=moe.gated,
+        router_bias=switch(fields, moe.router_bias), expert_bias=moe.expert_bias,
+        score_bias=switch(fields, moe.score_bias), gated=moe.gated, beside_mlp=moe.beside_mlp,
     )  # fmt: skip

@@ -12,7 +12,18 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_LAYERS", "MAX_SIZE", "MISSING", "Fields", "Rule", "check_depth", "shown_value", "switch"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_LAYERS",
+    "MAX_SIZE",
+    "MISSING",
+    "OWN_LAYERS",
+    "Fields",
+    "Rule",
+    "check_depth",
+    "shown_value",
+    "switch",
+]
 
 MISSING: Any = object()  # neither in config.json nor a default of the config class
 MAX_SIZE = 2**40  # a width, a count or a vocabulary larger than this is no model's
@@ -22,6 +33,8 @@ MAX_LAYERS = 10_000  # no model has more than a few hundred layers; a table of 1
 # a rule that switches a part on: a constant, or a true/false field of the config (its class's default
 # when config.json leaves it out; null is off)
 Rule = bool | str
+# the kinds of layer a reader of its own brings where it says which kind each layer is, from the config's fields
+OWN_LAYERS = ("own layers",)
 
 
 class Fields:
@@ -89,6 +102,28 @@ class Fields:
             raise ValueError(
                 f"config field {name!r} must be true or false; got {shown_value(value)} ({type(value).__name__})"
             )
+        return value
+
+    def agrees(self, name: str, built: Any) -> None:
+        """A field of a released config.json that transformers' class ignores: read where it says what transformers
+        builds anyway (or is null), refused where it says otherwise."""
+        value = self.get(name)
+        if value is not None and value != built:
+            raise self.refuse(name, f"is not what transformers builds ({shown_value(built)}), which ignores the field")
+
+    def nested(self, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+        """A config nested in a field (DBRX's attn_config, Kimi's linear_attn_config): a dict, null as the
+        defaults."""
+        value = self.get(name, default={})
+        if not isinstance(value, dict):
+            raise self.refuse(name, "must be an object")
+        return {**defaults, **{key: item for key, item in value.items() if item is not None}}
+
+    def nested_size(self, name: str, nested: dict[str, Any], key: str) -> int:
+        """A positive integer of a nested config, refused with the field's name."""
+        value = nested.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+            raise self.refuse(name, f"must give {key} as a positive integer; got {shown_value(value)}", nested)
         return value
 
     def number(self, name: str) -> float | None:

@@ -13,7 +13,8 @@ __all__ = ["read_layer_types"]
 
 FULL, SLIDE = "full_attention", "sliding_attention"
 # the config spellings of a layer kind that transformers' classes use beside LAYER_TYPES
-SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE,
+SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE, "hybrid": FULL,
+             "hybrid_sliding": SLIDE,
              "linear": "linear_attention", "mamba": "mamba", "conv": "linear_attention", "mlp": "mlp",
              "moe": "mlp"}  # fmt: skip
 
@@ -35,6 +36,7 @@ RULE_FIELDS = {
     "lfm2": ("full_attn_idxs",),
     "modernbert": ("global_attn_every_n_layers",),
     "max_window": ("max_window_layers",),
+    "inkling": ("local_layer_ids",),
 }
 
 
@@ -43,7 +45,7 @@ def _sliding_window(fields: Fields, arch: Arch) -> int | None:
     if arch.windows == "modernbert":  # half of local_attention, as its config class works it out
         fields.value("sliding_window")
         return (fields.integer("local_attention", zero=True, none=True) or 0) // 2 or None
-    name = "window_size" if arch.windows == "gpt_neo" else "sliding_window"
+    name = {"gpt_neo": "window_size", "inkling": "sliding_window_size"}.get(arch.windows, "sliding_window")
     window = fields.integer(name, zero=True, none=True) or None
     switched = arch.windows in ("qwen2", "qwen2_moe", "switched", "nope") or arch is NO_MODEL_TYPE
     if switched and not fields.boolean("use_sliding_window"):
@@ -76,6 +78,21 @@ def _gpt_neo_layers(fields: Fields, layers: int) -> list[str]:
     if len(kinds) != layers:
         raise fields.refuse("attention_types", f"must name {layers} layers (num_layers); it names {len(kinds)}")
     return kinds
+
+
+def _kimi_layers(fields: Fields, layers: int) -> list[str]:
+    """Kimi Linear's full_attn_layers and kda_layers, each layer numbered from 1 and in one list."""
+    config = fields.get("linear_attn_config", default={})
+    if not isinstance(config, dict):
+        raise fields.refuse("linear_attn_config", "must be an object")
+    full, kda = config.get("full_attn_layers"), config.get("kda_layers")
+    if full is None or kda is None:  # the class's rule
+        return [FULL if i and i % 4 == 0 else "linear_attention" for i in range(layers)]
+    numbers = [*full, *kda] if isinstance(full, list) and isinstance(kda, list) else []
+    if len(numbers) != layers or sorted(n for n in numbers if type(n) is int) != list(range(1, layers + 1)):
+        why = f"must number each of the {layers} layers once, from 1, in full_attn_layers or kda_layers"
+        raise fields.refuse("linear_attn_config", why, config)
+    return [FULL if i + 1 in full else "linear_attention" for i in range(layers)]
 
 
 def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, chunk: bool) -> list[str]:
@@ -132,6 +149,14 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
         return [FULL] * layers
     if rule == "gpt_neo":  # attention_types: [[kinds, repeats], ...], each kind "global" or "local" (a window)
         return [SLIDE if kind == "local" and window else FULL for kind in _gpt_neo_layers(fields, layers)]
+    if rule == "kimi":  # linear_attn_config's layers (numbered from 1), else every 4th layer full from layer 4
+        return _kimi_layers(fields, layers)
+    if rule == "inkling":  # local_layer_ids slide, else every layer but every 6th
+        listed = fields.integers("local_layer_ids")
+        local = set(listed) if listed is not None else {i for i in range(layers) if (i + 1) % 6}
+        return [SLIDE if i in local and window else FULL for i in range(layers)]
+    if rule == "mimo":  # layer 0 and every 6th layer full, the others slide (MiMo-V2-Flash)
+        return [FULL if i == 0 or (i + 1) % 6 == 0 or not window else SLIDE for i in range(layers)]
     if rule == "minimax":
         return [FULL if i % 2 == 0 else "linear_attention" for i in range(layers)]
     alternate = rule == "alternate"  # Gemma-2, gpt-oss: layers 0, 2, 4, ... slide

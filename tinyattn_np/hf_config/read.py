@@ -19,6 +19,8 @@ from .table import ARCHITECTURES, NO_MODEL_TYPE, Arch
 
 __all__ = ["shape_from_config"]
 
+# the names of the full-attention layers' RoPE in a rope_parameters given per layer kind (dots.llm3: indexed)
+FULL_KINDS = ("full_attention", "indexed_attention")
 # rope_types transformers knows and rope_frequencies does not compute (any other unknown one is refused)
 TRANSFORMERS_ONLY_ROPE = ("proportional",)
 
@@ -80,7 +82,7 @@ _MUST_BE_OFF = ("is_encoder_decoder", "add_cross_attention", "cross_attention_hi
 def _check_all_read(fields: Fields, arch: Arch) -> None:
     """Every field the architecture did not read must be one that never changes the bill, or say "off"."""
     for name, value in fields.config.items():
-        if name in _MUST_BE_OFF and value not in (None, False, 0, {}, []):
+        if name in _MUST_BE_OFF and name not in fields.read and value not in (None, False, 0, {}, []):
             raise fields.refuse(name, "describes a model that is not a plain decoder")
         if name in fields.read or name in _NEVER_BILLED or name in arch.unbilled or name in _MUST_BE_OFF:
             continue
@@ -100,8 +102,10 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     if isinstance(listed, list) and 0 < len(listed) <= MAX_LAYERS:  # the list wins over num_hidden_layers
         layers = len(listed)
         fields.value("num_hidden_layers")
-    else:
-        layers = fields.integer(*_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS)
+    else:  # LongCat-Flash: two attentions and two MLPs in each layer of its config
+        layers = arch.sublayers * fields.integer(
+            *_spellings(arch, "num_hidden_layers"), most=MAX_LAYERS // arch.sublayers
+        )
     hidden = fields.integer(*_spellings(arch, "hidden_size"))
     heads = fields.integer(*_spellings(arch, "num_attention_heads")) if arch.attention else 1  # Mamba has none
     if arch.intermediate is None:
@@ -109,8 +113,8 @@ def _read_sizes(fields: Fields, arch: Arch) -> dict[str, Any]:
     else:  # BLOOM's 4·C, MPT's expansion_ratio · C
         intermediate = evaluate(arch.intermediate, dict(hidden=hidden, heads=heads, layers=layers), fields)
     head_dim = fields.integer(*_spellings(arch, "head_dim"), none=True) if arch.attention else 1
-    if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down
-        head_dim = hidden // heads
+    if head_dim is None:  # transformers' classes take hidden_size // num_attention_heads, rounded down (Zamba: 2·C)
+        head_dim = evaluate(arch.head_dim, dict(hidden=hidden, heads=heads, layers=layers), fields)
         if head_dim == 0:
             raise ValueError(f"config: hidden_size {hidden} is smaller than num_attention_heads {heads}")
     kv_heads = fields.integer("num_key_value_heads", none=True) if arch.kv_heads and arch.attention else None
@@ -169,8 +173,9 @@ def _rope_fields(fields: Fields, rotary: bool) -> tuple[float | None, dict[str, 
         return None, None
     if not isinstance(parameters, dict):
         raise ValueError(f"config field 'rope_scaling' must be an object or null; got {shown_value(parameters)}")
-    if parameters and set(parameters) <= set(LAYER_TYPES) and isinstance(parameters.get("full_attention"), dict):
-        parameters = parameters["full_attention"]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
+    full = next((kind for kind in FULL_KINDS if isinstance(parameters.get(kind), dict)), None)
+    if parameters and set(parameters) <= set(LAYER_TYPES) | set(FULL_KINDS) and full is not None:
+        parameters = parameters[full]  # Gemma-3: {"sliding_attention": {...}, "full_attention": {...}}
     theta = theta_top if theta_top is not None else parameters.get("rope_theta", 10000.0)
     scaling = {key: value for key, value in parameters.items() if key != "rope_theta"}
     if partial is not None and "partial_rotary_factor" not in scaling:

@@ -35,10 +35,11 @@ class Part:
 class Moe:
     """How a config names its experts: each a field (or its spellings), read by experts.py.
 
-    layers: which layers route. "every"; "dense_first" (from the `dense` field's count on, every `every`-th);
-    "qwen" (all but mlp_only_layers, every decoder_sparse_step-th); "llama4" (moe_layers, else every
-    interleave_moe_layer_step-th); "ernie" (moe_layer_start_index .. moe_layer_end_index, every
-    moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from expert_layer_offset).
+    layers: which layers route. "every" (every layer, or every `every`-th from layer 0); "dense_first" (from the
+    `dense` field's count on, every `every`-th); "qwen" (all but mlp_only_layers, every decoder_sparse_step-th);
+    "llama4" (moe_layers, else every interleave_moe_layer_step-th); "ernie" (moe_layer_start_index ..
+    moe_layer_end_index, every moe_layer_interval-th); "period" (Jamba: every expert_layer_period-th from
+    expert_layer_offset).
     Shared experts: shared_count of them, each shared_width wide (None: the experts' width), or one of
     shared_width where shared_count is None.
     """
@@ -48,16 +49,17 @@ class Moe:
     per_token: tuple[str, ...] = ("num_experts_per_tok",)
     layers: str = "every"
     dense: str = "first_k_dense_replace"
-    every: str | None = None
+    every: str | int | None = None  # a field, or a constant
     shared_count: str | None = None
     shared_width: str | None = None
     shared_gate: bool = False
-    router_bias: bool = False
+    router_bias: Rule = False
     expert_bias: bool = False
     score_bias: Rule = False  # a per-expert correction of the routing scores that is a parameter
     gated: bool = True
     dense_width: str | None = None  # the dense layers' MLP width, where it is not intermediate_size
     dense_first: int | None = None  # "mlp_layer_types": the leading dense layers where the config lists none
+    beside_mlp: bool = False  # the layers keep their dense MLP beside the experts
 
 
 @dataclass(frozen=True)
@@ -78,10 +80,12 @@ class Arch:
     positions: str = "rope"  # "rope", "learned" (a table of max_position_embeddings rows), "alibi", "sinusoidal"
     multi_query: Rule = False  # one kv head for every query head
     intermediate: str | None = None  # the MLP's width, a formula, where the config names it otherwise
+    head_dim: str = "C // Hq"  # the heads' width where the config gives no head_dim, a formula
     rotary_dim: bool = False  # RoPE turns rotary_dim channels of each head (GPT-J)
     attention: bool = True  # False: no attention at all (Mamba), so no heads to read
     tied: Rule = "tie_word_embeddings"  # the output head is the token table (False: never, whatever the config)
     layers_from: str | None = None  # a list whose length is the layer count (Nemotron-H: num_hidden_layers ignored)
+    sublayers: int = 1  # layers of the bill in each layer of the config (LongCat-Flash: two attentions a layer)
     windows: str = "none"  # which layers slide when the config has no layer_types (layer_kinds.py)
     moe: Moe | None = None
     special: tuple[str, ...] = ()  # readers of their own, for what no other architecture has (special.py)
@@ -116,6 +120,23 @@ ERNIE = Moe(("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_c
             score_bias=True)  # fmt: skip
 
 XIELU = Part("xIELU's α_p and α_n", "every layer", "2")
+# Gemma-3n: per-layer embeddings (P channels a layer and token), AltUp's n streams, Laurel's low-rank residual
+PLE, ALTUP = "hidden_size_per_layer_input", "altup_num_inputs"
+GEMMA3N_PARTS = (
+    Part(
+        "the per-layer embeddings, their projection and norm",
+        "model",
+        f"vocab_size_per_layer_input·L·{PLE} + C·L·{PLE} + {PLE}",
+    ),
+    Part("the gate and projection of each layer's own input, and norm", "every layer", f"2·C·{PLE} + C"),
+    Part("AltUp's projections to and from its streams", "model", f"2·({ALTUP} - 1)·C·C"),
+    Part(
+        "AltUp's coefficients, router, scale and norm",
+        "every layer",
+        f"{ALTUP}·{ALTUP}·(1 + {ALTUP}) + C·{ALTUP} + 2·C",
+    ),
+    Part("Laurel's low-rank residual and norm", "every layer", "2·C·laurel_rank + C"),
+)
 
 # fields a state-space config carries that its class recomputes or never builds anything from
 MAMBA_SIZES = ("num_attention_heads", "head_dim", "max_position_embeddings")
@@ -340,6 +361,54 @@ ARCHITECTURES: dict[str, Arch] = {
                                  Part("the attention experts' bias and router", "attention", "C + num_local_experts·C"),
                                  Part("the MLP experts' bias", "every layer", "C"))),
     "emu3_text_model": Arch(),  # Emu3's language model (its causal-LM class is this model alone)
+    "kimi_linear":  Arch(positions="none", windows="kimi", special=("latent", "kda"), tied=False,
+                         moe=Moe(("num_experts", "num_local_experts"), layers="mlp_layer_types",
+                                 per_token=("num_experts_per_token", "num_experts_per_tok"),
+                                 shared_count="num_shared_experts"),
+                         names=(("max_position_embeddings", "model_max_length", "max_position_embeddings"),),
+                         unbilled=("num_expert_group", "moe_renormalize", "moe_router_activation_func",
+                                   "use_grouped_topk", "tie_word_embeddings")),  # its head is never tied
+    "recurrent_gemma": Arch(qkv_bias="attention_bias", out_bias=True, mlp_bias=True, special=("rglru",),
+                            intermediate="intermediate_size // 2",
+                            unbilled=("final_w_init_variance_scale", "embeddings_scale_by_sqrt_dim")),
+    "rwkv":         Arch(attention=False, mlp="plain", norm="layer", positions="none", special=("rwkv",),
+                         names=(("max_position_embeddings", "context_length"),), unbilled=("rescale_every",),
+                         extras=(Part("the channel mixing's receptance, the token shifts", "every layer", "C·C + 2·C"),
+                                 Part("the first layer's LayerNorm of the embeddings", "model", "2·C"))),
+    "xlstm":        Arch(attention=False, positions="none", mlp_bias="use_bias", intermediate="C", special=("mlstm",),
+                         tied=False,  # intermediate: its reader works the MLP's width out of ffn_proj_factor
+                         extras=(Part("the block norms' biases", "every layer", "2·C", when="use_bias"),),
+                         unbilled=("tie_word_embeddings", "add_out_norm", "mode", "return_last_states", "weight_mode")),
+    "longcat_flash": Arch(special=("latent", "zero_experts"), sublayers=2,
+                          names=(("num_hidden_layers", "num_layers"), ("intermediate_size", "ffn_hidden_size")),
+                          moe=Moe(("n_routed_experts",), width="expert_ffn_hidden_size", per_token=("moe_topk",),
+                                  every=2, router_bias="router_bias", beside_mlp=True),
+                          unbilled=("mla_scale_q_lora", "mla_scale_kv_lora")),
+    "gemma4_text":  Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern6",
+                         special=("gemma4", "gemma4_text")),
+    "gemma4_unified_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern6", special=("gemma4",)),
+    "gemma3n_text": Arch(**QKVO, norms=4, qk_norm=(True, "head"), windows="pattern5", intermediate="C",
+                         special=("gemma3n",), extras=GEMMA3N_PARTS,  # its reader reads intermediate_size, a list
+                         unbilled=("altup_active_idx", "altup_coef_clip", "altup_correct_scale",
+                                   "activation_sparsity_pattern")),
+    "zamba":        Arch(positions="none", head_dim="2·C // Hq", special=("zamba",),
+                         names=(("head_dim", "attention_head_dim", "head_dim"),)),
+    "zamba2":       Arch(head_dim="2·C // Hq", special=("zamba2",),
+                         names=(("head_dim", "attention_head_dim", "head_dim"),),
+                         unbilled=("kv_channels", "num_query_groups")),  # recomputed, never built from
+    "inkling_text": Arch(qk_norm=(True, "head"), windows="inkling", special=("inkling", "mtp"), tied=False,
+                         moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense="dense_mlp_idx",
+                                 shared_count="n_shared_experts"),
+                         names=(("max_position_embeddings", "max_position_embeddings", "model_max_length"),),
+                         unbilled=("unpadded_vocab_size", "tie_word_embeddings", "shared_expert_sink",
+                                   "number_of_conv_states", "chain_hidden_post_norm", "mtp_hidden_states_first",
+                                   "mtp_local_layer_ids")),
+    "dots3_note_text": Arch(special=("dots3",), moe=Moe(("n_routed_experts",), layers="mlp_layer_types",
+                                                      every="moe_layer_freq", shared_count="n_shared_experts",
+                                                      shared_width="shared_experts_intermediate_size")),
+    "mimo_v2_flash": Arch(qkv_bias="attention_bias", windows="mimo", special=("mimo",),
+                          moe=Moe(("n_routed_experts",), layers="mlp_layer_types", dense_first=1),
+                          unbilled=("swa_rope_theta", "attention_value_scale")),
 }  # fmt: skip
 
 # model types whose config keeps the language model in text_config, and its model type there: their causal-LM
