@@ -77,6 +77,7 @@ plain algorithm, and what several modules share. None of them imports a lesson.
     _linear_checks.py  the gated delta rule's input checks
     _rope_scaling.py   a rope_scaling dict's checks and each scaling method's frequencies
     _shape_checks.py   a model shape's fields, checked and filled
+    _shape_describe.py a model shape described in lines (the bill's description)
     _mpi.py            the MPI plumbing the ring and Ulysses share: messages, polled waits, agreement, abort
     _parallel.py       the worker engine, the BLAS limit and the elementwise layers' row blocks
     _checks.py  _guard.py  _atomic.py  _bytes.py   input checks; the memory guard (refuse before allocating);
