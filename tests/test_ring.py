@@ -403,23 +403,27 @@ SHARED_MEMORY = Path("/dev/shm")  # where MPICH's ranks share memory on one mach
 MPICH_SEGMENTS = "mpich_shm_*"  # a job's shared memory: one that ends by MPI_Abort or a kill never unlinks it
 
 
-def segments_in_use(paths: set[Path]) -> set[Path]:
-    """Those of paths that a live process maps or holds open (/proc): another job's, still running."""
-    names, used = {str(path) for path in paths}, set()
+def segment_users(paths: set[Path]) -> dict[Path, set[str]]:
+    """For each of paths that a live process maps or holds open (/proc), the environments of those processes:
+    which job each belongs to (mpi_job_environment marks its processes)."""
+    users: dict[Path, set[str]] = {}
     for process in Path("/proc").glob("[0-9]*"):
         try:
             maps = (process / "maps").read_text(errors="replace")
             links = {os.readlink(fd) for fd in (process / "fd").iterdir()}
+            environ = (process / "environ").read_bytes().decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        used |= {name for name in names if name in maps or name in links}
-    return {Path(name) for name in used}
+        for path in paths:
+            if str(path) in maps or str(path) in links:
+                users.setdefault(path, set()).add(environ)
+    return users
 
 
 def left_segments(before: set[Path]) -> set[Path]:
     """The MPICH segments made since `before` that no live process uses: what an ended job left behind."""
     new = set(SHARED_MEMORY.glob(MPICH_SEGMENTS)) - before
-    return new - segments_in_use(new) if new else set()
+    return new - set(segment_users(new)) if new else set()
 
 
 @contextmanager
@@ -430,12 +434,13 @@ def mpi_job_environment() -> Iterator[dict[str, str]]:
     MPICH's mpiexec writes the machine's topology for its processes to /tmp/hydra_hwloc_xmlfile_* (TMPDIR or
     not), unless HWLOC_XMLFILE names a topology file, and a job that ends by MPI_Abort or Ctrl-C never removes
     it: the job's HWLOC_XMLFILE names a file in its own folder (one that need not exist: hwloc then reads the
-    machine itself). Its ranks share memory through /dev/shm/mpich_shm_* files, which such a job leaves too:
-    those made during the job that no live process uses when it ends are removed (another job's, running
-    beside it in another test process, are in use and stay)."""
+    machine itself). Its ranks share memory through /dev/shm/mpich_shm_* files, which such a job leaves too.
+    When the job ends, the segments made meanwhile are removed once none of this job's processes (each carries
+    the job's folder in its environment) still maps them, and no other process does (another job's, running
+    beside it in another test process, stay)."""
     before = set(SHARED_MEMORY.glob(MPICH_SEGMENTS))
-    try:
-        with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
+    with tempfile.TemporaryDirectory(prefix="mpiexec-") as job_folder:
+        try:
             yield dict(
                 os.environ,
                 PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -444,9 +449,24 @@ def mpi_job_environment() -> Iterator[dict[str, str]]:
                 TMPDIR=job_folder,
                 HWLOC_XMLFILE=os.path.join(job_folder, "topology.xml"),
             )
-    finally:
-        for segment in left_segments(before):
-            segment.unlink(missing_ok=True)
+        finally:
+            remove_segments_of(job_folder, before)
+
+
+def remove_segments_of(job_folder: str, before: set[Path], patience: float = 10.0) -> None:
+    """Remove the segments made since `before` once the job's own processes (job_folder in their environment)
+    have let go of them, waiting up to `patience` seconds for ranks that are still ending; a segment another
+    live process uses stays."""
+    deadline = time.monotonic() + patience
+    while True:
+        new = set(SHARED_MEMORY.glob(MPICH_SEGMENTS)) - before
+        users = segment_users(new)
+        ours = {path for path, environs in users.items() if any(job_folder in env for env in environs)}
+        if not ours or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for segment in new - set(users):
+        segment.unlink(missing_ok=True)
 
 
 def run_mpi(ranks: int, *args: str, timeout: float = 90, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -477,7 +497,7 @@ def test_an_aborted_job_leaves_nothing_in_the_temporary_folder_or_the_shared_mem
     left = set(temp.glob(HYDRA_TOPOLOGY)) - before
     assert not left, f"the aborted job left {sorted(p.name for p in left)} in {temp}"
     segments, deadline = left_segments(segments_before), time.monotonic() + 10
-    while segments and time.monotonic() < deadline:  # another test's job that just ended is cleaned by its test
+    while segments and time.monotonic() < deadline:  # another test's job that just ended: its test removes them
         time.sleep(0.2)
         segments = {segment for segment in segments if segment.exists()}
     assert not segments, f"the aborted job left {sorted(p.name for p in segments)} in {SHARED_MEMORY}"
