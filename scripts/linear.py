@@ -115,12 +115,14 @@ def measure_prefill(T: int, args: argparse.Namespace, run: SimpleNamespace) -> d
     # each step has run once (its check): the rest are timed without more warm-up, the long ones being long;
     # ours and torch's in turns, so that a drift of the machine slows both alike
     turns = ["chunks", "torch"] if "torch" in steps else ["chunks"]
-    times = alternating_medians_ms([steps[name] for name in turns], args.repeats, rounds=2, idle=machine.SETTLE_SECONDS,
-                                   warmup=0)  # fmt: skip
+    times = alternating_medians_ms(
+        [steps[name] for name in turns], args.repeats, rounds=2, idle=machine.SETTLE_SECONDS, warmup=0
+    )
     row.update({f"{name}_ms": ms for name, ms in zip(turns, times, strict=True)})
     for name in ("recurrent", "flash"):
-        row[f"{name}_ms"] = alternating_medians_ms([steps[name]], args.repeats, rounds=1, idle=machine.SETTLE_SECONDS,
-                                                   warmup=0)[0]  # fmt: skip
+        row[f"{name}_ms"] = alternating_medians_ms(
+            [steps[name]], args.repeats, rounds=1, idle=machine.SETTLE_SECONDS, warmup=0
+        )[0]
     row["chunk_flops"] = chunk_flops(T, args.heads, args.head_dim, C)
     row["flash_flops"] = attention_flops(T, heads=args.heads, head_dim=args.head_dim, causal=True)
     return row
@@ -131,13 +133,24 @@ def print_prefill(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
     for row in rows:
         at_rate = row["chunk_flops"] / run.rate / 1e6  # ms
         torch = row.get("torch_ms")
-        body.append([f"{row['tokens']:,}", f"{row['chunks_ms']:.1f}", f"{row['recurrent_ms']:.1f}",
-                     "-" if torch is None else f"{torch:.1f}", f"{row['flash_ms']:.1f}",
-                     f"{row['chunk_flops'] / 1e9:.1f}", f"{at_rate:.1f}", f"{row['chunks_ms'] / at_rate:.2f}x",
-                     "-" if torch is None else f"{row['chunks_ms'] / torch:.2f}x"])  # fmt: skip
-    print(f"\n1) the prefill: {args.heads} heads of {args.head_dim}, float32, chunks of {args.chunk_size}; ms "
-          "(median), and the\n   chunked algorithm's matmul GFLOP and their time at this machine's matmul "
-          "rate")  # fmt: skip
+        body.append(
+            [
+                f"{row['tokens']:,}",
+                f"{row['chunks_ms']:.1f}",
+                f"{row['recurrent_ms']:.1f}",
+                "-" if torch is None else f"{torch:.1f}",
+                f"{row['flash_ms']:.1f}",
+                f"{row['chunk_flops'] / 1e9:.1f}",
+                f"{at_rate:.1f}",
+                f"{row['chunks_ms'] / at_rate:.2f}x",
+                "-" if torch is None else f"{row['chunks_ms'] / torch:.2f}x",
+            ]
+        )
+    print(
+        f"\n1) the prefill: {args.heads} heads of {args.head_dim}, float32, chunks of {args.chunk_size}; ms "
+        "(median), and the\n   chunked algorithm's matmul GFLOP and their time at this machine's matmul "
+        "rate"
+    )
     headers = ["T", "chunks", "recurrent", "torch", "flash", "GFLOP", "at rate", "chunks / rate", "chunks / torch"]
     print(machine.marked_table(body, rows, headers, args.format))
     for row in rows:
@@ -151,18 +164,26 @@ def print_prefill(rows: list[dict[str, Any]], args: argparse.Namespace, run: Sim
 def measure_chunk_size(C: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     outputs.progress(f"chunks of {C}")
     q, k, v, g, beta = rule_inputs(args.tokens[0], args)
-    ms = machine.settled_median_ms(lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=C, l2norm_qk=True),
-                                  args.repeats)  # fmt: skip
+    ms = machine.settled_median_ms(
+        lambda: gated_delta_rule(q, k, v, g, beta, chunk_size=C, l2norm_qk=True), args.repeats
+    )
     row = {"chunk_size": C, "ms": ms, "flops": chunk_flops(args.tokens[0], args.heads, args.head_dim, C)}
     return {**row, **machine.beside_the_row("float32", run.rate)}
 
 
 def print_chunk_sizes(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
-    body = [[str(row["chunk_size"]), f"{row['ms']:.1f}", f"{row['flops'] / 1e9:.1f}",
-             f"{row['ms'] / (row['flops'] / run.rate / 1e6):.2f}x"] for row in rows]  # fmt: skip
+    body = [
+        [
+            str(row["chunk_size"]),
+            f"{row['ms']:.1f}",
+            f"{row['flops'] / 1e9:.1f}",
+            f"{row['ms'] / (row['flops'] / run.rate / 1e6):.2f}x",
+        ]
+        for row in rows
+    ]
     print(f"\n2) the chunk size: the prefill of T = {args.tokens[0]:,} in chunks of C")
-    print(machine.marked_table(body, rows, ["C", "ms (median)", "GFLOP", "/ at rate"], args.format,
-                              label=lambda row: f"C={row['chunk_size']}"))  # fmt: skip
+    headers = ["C", "ms (median)", "GFLOP", "/ at rate"]
+    print(machine.marked_table(body, rows, headers, args.format, label=lambda row: f"C={row['chunk_size']}"))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -178,8 +199,9 @@ def decode_inputs(S: int, args: argparse.Namespace) -> SimpleNamespace:
     q, k, v = (rng.standard_normal((1, H, DECODE_RUN, d), dtype=np.float32) for _ in range(3))
     state = (0.1 * rng.standard_normal((1, H, d, d))).astype(np.float32)
     g, beta = np.full((1, H, DECODE_RUN), -0.05, np.float32), np.full((1, H, DECODE_RUN), 0.5, np.float32)
-    return SimpleNamespace(keys=keys, values=values, q=q, k=k, v=v, g=g, beta=beta, state=state,
-                           buffer=np.empty_like(state))  # fmt: skip
+    return SimpleNamespace(
+        keys=keys, values=values, q=q, k=k, v=v, g=g, beta=beta, state=state, buffer=np.empty_like(state)
+    )
 
 
 def decode_steps(s: SimpleNamespace) -> dict[str, Any]:
@@ -192,10 +214,10 @@ def decode_steps(s: SimpleNamespace) -> dict[str, Any]:
         "softmax": lambda: flash_decode(one[0], s.keys, s.values),
         "rule": lambda: gated_delta_rule(
             *one, chunk_size=None, initial_state=s.state, return_state=True, l2norm_qk=True
-        ),  # fmt: skip
+        ),
         "engine": lambda: gated_delta_rule(
             s.q, s.k, s.v, s.g, s.beta, chunk_size=None, initial_state=s.state, return_state=True, l2norm_qk=True
-        ),  # fmt: skip
+        ),
         "read once": lambda: s.q[0, :, :1] @ s.state[0],  # (H, 1, d) @ (H, d, d): every number of S read once
         "copy": lambda: np.copyto(s.buffer, s.state),  # read once and written once
     }
@@ -219,20 +241,32 @@ def measure_decode(S: int, args: argparse.Namespace, run: SimpleNamespace) -> di
 
 
 def print_decode(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
-    body = [[f"{row['context']:,}", format_bytes(row["softmax_bytes"]), format_bytes(row["rule_bytes"]),
-             *(f"{row[f'{name}_us']:,.0f}" for name in ("softmax", "rule", "engine", "read once", "copy")),
-             f"{row['rule_us'] / row['read once_us']:.1f}x", f"{row['engine_us'] / row['read once_us']:.1f}x",
-             f"{row['engine_us'] / row['copy_us']:.1f}x"] for row in rows]  # fmt: skip
-    print(f"\n3) one decode step, {args.heads} heads of {args.head_dim}, float32: the bytes it reads (softmax) or "
-          "reads and writes (the rule's\n   state); its time in microseconds (median, in turns): flash_decode, the "
-          "rule's step as the cache runs it,\n   the engine's step in a decode loop (a token of the recurrence), "
-          "the state read once and copied")  # fmt: skip
-    headers = ["S", "KV bytes", "state bytes", "softmax", "rule", "engine", "read", "copy", "rule / read",
-               "engine / read", "/ copy"]  # fmt: skip
+    body = [
+        [
+            f"{row['context']:,}",
+            format_bytes(row["softmax_bytes"]),
+            format_bytes(row["rule_bytes"]),
+            *(f"{row[f'{name}_us']:,.0f}" for name in ("softmax", "rule", "engine", "read once", "copy")),
+            f"{row['rule_us'] / row['read once_us']:.1f}x",
+            f"{row['engine_us'] / row['read once_us']:.1f}x",
+            f"{row['engine_us'] / row['copy_us']:.1f}x",
+        ]
+        for row in rows
+    ]
+    print(
+        f"\n3) one decode step, {args.heads} heads of {args.head_dim}, float32: the bytes it reads (softmax) or "
+        "reads and writes (the rule's\n   state); its time in microseconds (median, in turns): flash_decode, the "
+        "rule's step as the cache runs it,\n   the engine's step in a decode loop (a token of the recurrence), "
+        "the state read once and copied"
+    )
+    headers = ["S", "KV bytes", "state bytes", "softmax", "rule", "engine", "read", "copy", "rule / read"]
+    headers += ["engine / read", "/ copy"]
     print(machine.marked_table(body, rows, headers, args.format, label=lambda row: f"S={row['context']:,}"))
     state, token = 2 * args.heads * args.head_dim**2 * 4, 2 * args.heads * args.head_dim * 4  # bytes
-    print(f"   bytes: the KV cache ({format_bytes(token)} a token) passes the state's read and write "
-          f"({format_bytes(state)}) at S = {state // token:,}")  # fmt: skip
+    print(
+        f"   bytes: the KV cache ({format_bytes(token)} a token) passes the state's read and write "
+        f"({format_bytes(state)}) at S = {state // token:,}"
+    )
     print(f"   time: {machine.concluded(rows, crossing(rows))}")
     floor = statistics.median(row["copy_us"] / row["read once_us"] for row in rows)
     print(
@@ -259,17 +293,39 @@ def crossing(rows: list[dict[str, Any]]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tokens", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[2048], metavar="T",
-                   help="tokens T of each prefill (default 2048)")  # fmt: skip
+    p.add_argument(
+        "--tokens",
+        type=positive(int, limits.MAX_TOKENS),
+        nargs="+",
+        default=[2048],
+        metavar="T",
+        help="tokens T of each prefill (default 2048)",
+    )
     p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=16, help="heads H (default 16)")
     p.add_argument("--head-dim", type=positive(int, 1024), default=128, help="d = d_k = d_v (default 128)")
     p.add_argument("--chunk-size", type=positive(int, 1024), default=64, help="C of section 1 (default 64)")
-    p.add_argument("--chunk-sizes", type=positive(int, 1024), nargs="+", default=[16, 32, 64, 128], metavar="C",
-                   help="the chunk sizes of section 2, at the first --tokens (default 16 32 64 128)")  # fmt: skip
-    p.add_argument("--contexts", type=positive(int, limits.MAX_TOKENS), nargs="+", default=[256, 1024, 4096, 16384],
-                   metavar="S", help="cached tokens S of each decode step (default 256 1024 4096 16384)")  # fmt: skip
-    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=3,
-                   help="timed runs per figure (default 3; a decode step ten times as many)")  # fmt: skip
+    p.add_argument(
+        "--chunk-sizes",
+        type=positive(int, 1024),
+        nargs="+",
+        default=[16, 32, 64, 128],
+        metavar="C",
+        help="the chunk sizes of section 2, at the first --tokens (default 16 32 64 128)",
+    )
+    p.add_argument(
+        "--contexts",
+        type=positive(int, limits.MAX_TOKENS),
+        nargs="+",
+        default=[256, 1024, 4096, 16384],
+        metavar="S",
+        help="cached tokens S of each decode step (default 256 1024 4096 16384)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="timed runs per figure (default 3; a decode step ten times as many)",
+    )
     p.add_argument("--torch", action="store_true", help="add transformers' torch_chunk_gated_delta_rule")
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_seed_and_format(p, "the random inputs")
@@ -310,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     problem = limits.time_problem(run_flops(args), run.rate, "lower --tokens, --heads or --repeats")
     if problem:
         sys.exit(f"linear.py: error: {problem}")
-    sections = [(args.tokens, measure_prefill, print_prefill), (args.chunk_sizes, measure_chunk_size,
-                print_chunk_sizes), (args.contexts, measure_decode, print_decode)]  # fmt: skip
+    sections = [
+        (args.tokens, measure_prefill, print_prefill),
+        (args.chunk_sizes, measure_chunk_size, print_chunk_sizes),
+        (args.contexts, measure_decode, print_decode),
+    ]
     figures: dict[str, Any] = {"machine": info, "matmul_gflops": run.rate, "args": vars(args)}
     for (items, measure, show), key in zip(sections, ("prefill", "chunk_sizes", "decode"), strict=True):
         rows: list[dict[str, Any]] = []

@@ -66,8 +66,12 @@ def decode_costs(S: int, heads: int, index_heads: int, topk: int, itemsize: floa
     chosen = min(S, topk)
     indexer = (2 * index_heads * INDEX_DIM * S, S * INDEX_DIM * itemsize)
     attention = (2 * heads * chosen * (LATENT + RANK), chosen * LATENT * itemsize)
-    return {"dense": (2 * heads * S * (LATENT + RANK), S * LATENT * itemsize), "indexer": indexer,
-            "attention": attention, "DSA": (indexer[0] + attention[0], indexer[1] + attention[1])}  # fmt: skip
+    return {
+        "dense": (2 * heads * S * (LATENT + RANK), S * LATENT * itemsize),
+        "indexer": indexer,
+        "attention": attention,
+        "DSA": (indexer[0] + attention[0], indexer[1] + attention[1]),
+    }
 
 
 def prefill_costs(T: int, heads: int, index_heads: int, topk: int, itemsize: float) -> dict[str, tuple[float, float]]:
@@ -78,8 +82,12 @@ def prefill_costs(T: int, heads: int, index_heads: int, topk: int, itemsize: flo
     chosen = pairs - (T - topk) * (T - topk + 1) // 2 if T > topk else pairs  # Σ_t min(t + 1, topk)
     indexer = (2 * index_heads * INDEX_DIM * pairs, pairs / BLOCK_Q * INDEX_DIM * itemsize)
     attention = (2 * heads * chosen * (LATENT + RANK), chosen * LATENT * itemsize)
-    return {"dense": (2 * heads * pairs * (LATENT + RANK), pairs / BLOCK_Q * LATENT * itemsize), "indexer": indexer,
-            "attention": attention, "DSA": (indexer[0] + attention[0], indexer[1] + attention[1])}  # fmt: skip
+    return {
+        "dense": (2 * heads * pairs * (LATENT + RANK), pairs / BLOCK_Q * LATENT * itemsize),
+        "indexer": indexer,
+        "attention": attention,
+        "DSA": (indexer[0] + attention[0], indexer[1] + attention[1]),
+    }
 
 
 def naive_prefill_flops(T: int, m: SimpleNamespace) -> float:
@@ -101,30 +109,39 @@ def crossing(costs: Any, part: int, m: SimpleNamespace, dense: Any = None) -> in
 
 def print_arithmetic(args: argparse.Namespace) -> None:
     m = DEEPSEEK
-    for what, costs, work, unit in (("a decode step (one new token)", decode_costs, "GFLOP", "MB"),
-                                    ("a prefill of S tokens", prefill_costs, "TFLOP", "GB")):  # fmt: skip
+    for what, costs, work, unit in (
+        ("a decode step (one new token)", decode_costs, "GFLOP", "MB"),
+        ("a prefill of S tokens", prefill_costs, "TFLOP", "GB"),
+    ):
         body, per = [], {"GFLOP": 1e9, "TFLOP": 1e12, "MB": 1e6, "GB": 1e9}
         for S in DEEPSEEK_CONTEXTS:
             c = costs(S, m.heads, m.index_heads, m.topk, 2)
             flops = (f"{c[name][0] / per[work]:,.2f}" for name in ("dense", "indexer", "attention", "DSA"))
-            body.append([f"{S:,}", *flops, *(f"{c[name][1] / per[unit]:,.2f}" for name in ("dense", "DSA")),
-                         f"{c['dense'][0] / c['DSA'][0]:.1f}x", f"{c['indexer'][0] / c['DSA'][0]:.0%}"])  # fmt: skip
-        print(f"\n1) {what}, one layer at DeepSeek-V3.2's sizes: {m.heads} heads, latent {RANK} + {ROPE},\n   "
-              f"indexer {m.index_heads} x {INDEX_DIM}, top {m.topk:,}; bf16")  # fmt: skip
-        headers = ["S", f"{work}: dense", "indexer", "attention", "DSA", f"{unit} read: dense", "DSA",
-                   "FLOPs dense/DSA", "indexer's"]  # fmt: skip
+            reads = (f"{c[name][1] / per[unit]:,.2f}" for name in ("dense", "DSA"))
+            ratios = (f"{c['dense'][0] / c['DSA'][0]:.1f}x", f"{c['indexer'][0] / c['DSA'][0]:.0%}")
+            body.append([f"{S:,}", *flops, *reads, *ratios])
+        print(
+            f"\n1) {what}, one layer at DeepSeek-V3.2's sizes: {m.heads} heads, latent {RANK} + {ROPE},\n   "
+            f"indexer {m.index_heads} x {INDEX_DIM}, top {m.topk:,}; bf16"
+        )
+        headers = ["S", f"{work}: dense", "indexer", "attention", "DSA", f"{unit} read: dense", "DSA"]
+        headers += ["FLOPs dense/DSA", "indexer's"]
         print(text_table(body, headers, fmt=args.format))
         flops, read = crossing(costs, 0, m), crossing(costs, 1, m)
         print(f"   DSA does fewer FLOPs than dense from S = {flops:,}, reads fewer bytes from S = {read:,}")
     naive = crossing(prefill_costs, 0, m, lambda T: naive_prefill_flops(T, m))
-    print(f"   dense is the absorbed form, as measured below; DeepSeek prefills in the naive form, 2 · {m.heads} · "
-          f"(192 + 128) FLOPs\n   a pair, 3.4x fewer: against it DSA's prefill does fewer FLOPs from S = "
-          f"{naive:,}")  # fmt: skip
+    print(
+        f"   dense is the absorbed form, as measured below; DeepSeek prefills in the naive form, 2 · {m.heads} · "
+        f"(192 + 128) FLOPs\n   a pair, 3.4x fewer: against it DSA's prefill does fewer FLOPs from S = "
+        f"{naive:,}"
+    )
     c = decode_costs(131072, m.heads, m.index_heads, m.topk, 2)
     (flops, read), share = c["indexer"], (c["indexer"][0] / c["DSA"][0], c["indexer"][1] / c["DSA"][1])
-    print(f"   at 128k a decode step's indexer does {flops / 1e9:.2f} GFLOP and reads {read / 1e6:.1f} MB: "
-          f"{share[0]:.0%} of DSA's FLOPs and {share[1]:.0%} of its bytes;\n   the attention reads {m.topk:,} latents "
-          "whatever S (the paper runs the indexer in FP8: half its bytes)")  # fmt: skip
+    print(
+        f"   at 128k a decode step's indexer does {flops / 1e9:.2f} GFLOP and reads {read / 1e6:.1f} MB: "
+        f"{share[0]:.0%} of DSA's FLOPs and {share[1]:.0%} of its bytes;\n   the attention reads {m.topk:,} latents "
+        "whatever S (the paper runs the indexer in FP8: half its bytes)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -137,10 +154,13 @@ def inputs(S: int, queries: int, args: argparse.Namespace, rng: np.random.Genera
     def normal(*shape: int, scale: float = 1.0) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float32)
 
-    return SimpleNamespace(latent=normal(1, 1, S, LATENT), index_keys=normal(1, S, INDEX_DIM),
-                           q=normal(1, args.heads, queries, LATENT, scale=LATENT**-0.5),
-                           q_index=normal(1, args.index_heads, queries, INDEX_DIM, scale=INDEX_DIM**-0.5),
-                           weights=normal(1, queries, args.index_heads))  # fmt: skip
+    return SimpleNamespace(
+        latent=normal(1, 1, S, LATENT),
+        index_keys=normal(1, S, INDEX_DIM),
+        q=normal(1, args.heads, queries, LATENT, scale=LATENT**-0.5),
+        q_index=normal(1, args.index_heads, queries, INDEX_DIM, scale=INDEX_DIM**-0.5),
+        weights=normal(1, queries, args.index_heads),
+    )
 
 
 def steps(S: int, args: argparse.Namespace, rng: np.random.Generator) -> dict[str, Any]:
@@ -153,8 +173,8 @@ def steps(S: int, args: argparse.Namespace, rng: np.random.Generator) -> dict[st
         return sparse_attention(every.q, every.latent, every.latent[..., :RANK], chosen, scale=scale)
 
     def dsa_decode() -> np.ndarray:
-        return sparse_decode(one.q, one.q_index, one.weights, one.latent[:, 0], one.index_keys, [S], args.topk,
-                             value_dim=RANK, scale=scale)[0]  # fmt: skip
+        cached = one.latent[:, 0], one.index_keys, [S]  # the latents, the indexer keys, the length
+        return sparse_decode(one.q, one.q_index, one.weights, *cached, args.topk, value_dim=RANK, scale=scale)[0]
 
     def dense_prefill() -> np.ndarray:
         return flash_attention(every.q, every.latent, every.latent[..., :RANK], causal=True, scale=scale)
@@ -175,8 +195,10 @@ def measure_context(S: int, args: argparse.Namespace, rate: float) -> dict[str, 
         for kind in ("decode", "prefill"):
             dense, dsa = calls[f"{kind} dense"](), calls[f"{kind} DSA"]()
             diff = max_diff(dsa, dense) / np.max(np.abs(dense))
-            check(diff <= SAME, f"S = {S:,}: DSA's {kind} reads every key (topk >= S), and equals dense (relative "
-                  f"{diff:.1e})")  # fmt: skip
+            check(
+                diff <= SAME,
+                f"S = {S:,}: DSA's {kind} reads every key (topk >= S), and equals dense (relative {diff:.1e})",
+            )
     times = alternating_medians_ms(list(calls.values()), repeats=args.repeats, rounds=2, idle=machine.SETTLE_SECONDS)
     row: dict[str, Any] = {"context": S, **machine.beside_the_row("float32", rate)}
     for (name, ms), kind in zip(zip(calls, times, strict=True), ("decode",) * 2 + ("prefill",) * 2, strict=True):
@@ -186,13 +208,21 @@ def measure_context(S: int, args: argparse.Namespace, rate: float) -> dict[str, 
 
 
 def print_measured(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    body = [[f"{row['context']:,}", *(f"{row[name]['ms']:,.1f}" for name in ("decode dense", "decode DSA")),
-             f"{row['decode dense']['ms'] / row['decode DSA']['ms']:.1f}x",
-             *(f"{row[name]['ms']:,.0f}" for name in ("prefill dense", "prefill DSA")),
-             f"{row['prefill dense']['ms'] / row['prefill DSA']['ms']:.1f}x",
-             f"{row['prefill dense']['flops'] / row['prefill DSA']['flops']:.1f}x"] for row in rows]  # fmt: skip
-    print(f"\n2) measured here: {args.heads} heads, an indexer of {args.index_heads} x {INDEX_DIM}, the top "
-          f"{args.topk:,}, float32; ms (median)")  # fmt: skip
+    body = [
+        [
+            f"{row['context']:,}",
+            *(f"{row[name]['ms']:,.1f}" for name in ("decode dense", "decode DSA")),
+            f"{row['decode dense']['ms'] / row['decode DSA']['ms']:.1f}x",
+            *(f"{row[name]['ms']:,.0f}" for name in ("prefill dense", "prefill DSA")),
+            f"{row['prefill dense']['ms'] / row['prefill DSA']['ms']:.1f}x",
+            f"{row['prefill dense']['flops'] / row['prefill DSA']['flops']:.1f}x",
+        ]
+        for row in rows
+    ]
+    print(
+        f"\n2) measured here: {args.heads} heads, an indexer of {args.index_heads} x {INDEX_DIM}, the top "
+        f"{args.topk:,}, float32; ms (median)"
+    )
     headers = ["S", "decode dense", "DSA", "dense/DSA", "prefill dense", "DSA", "dense/DSA", "FLOPs dense/DSA"]
     print(machine.marked_table(body, rows, headers, args.format, lambda row: f"S={row['context']:,}"))
 
@@ -212,40 +242,56 @@ def speed_checks(args: argparse.Namespace, rate: float) -> dict[str, Any]:
     first = np.broadcast_to(np.arange(k), (1, Q, k))  # every query the keys 0 .. topk-1: the dense problem exactly
     dense = flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale)
     diff = max_diff(sparse_attention(x.q, x.latent, x.latent[..., :RANK], first, scale=scale), dense)
-    check(diff / np.max(np.abs(dense)) <= SAME, f"sparse_attention over keys 0 .. {k - 1} equals flash_attention over "
-          f"them (relative {diff / np.max(np.abs(dense)):.1e})")  # fmt: skip
+    check(
+        diff / np.max(np.abs(dense)) <= SAME,
+        f"sparse_attention over keys 0 .. {k - 1} equals flash_attention over "
+        f"them (relative {diff / np.max(np.abs(dense)):.1e})",
+    )
     square = np.random.default_rng(1).standard_normal((2048, 2048)).astype(np.float32)
-    calls = [lambda: index_topk(x.q_index, x.index_keys, x.weights, k),
-             lambda: sparse_attention(x.q, x.latent, x.latent[..., :RANK], chosen, scale=scale),
-             lambda: flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale),
-             lambda: square @ square]  # fmt: skip
+    calls = [
+        lambda: index_topk(x.q_index, x.index_keys, x.weights, k),
+        lambda: sparse_attention(x.q, x.latent, x.latent[..., :RANK], chosen, scale=scale),
+        lambda: flash_attention(x.q, x.latent[:, :, :k], x.latent[:, :, :k, :RANK], scale=scale),
+        lambda: square @ square,
+    ]
     ms = alternating_medians_ms(calls, repeats=args.repeats, rounds=2, idle=machine.SETTLE_SECONDS)
     seen = np.arange(T - Q + 1, T + 1)  # the keys each query sees: causal, bottom-right
     index_flops = 2 * args.index_heads * INDEX_DIM * int(seen[seen > k].sum())  # one who sees <= topk takes them all
-    return {"tokens": T, "queries": Q, "topk": k, "index_ms": ms[0], "index_flops": index_flops,
-            "sparse_ms": ms[1], "flash_ms": ms[2], "attention_flops": 2 * args.heads * Q * k * (LATENT + RANK),
-            "turns_gflops": 2 * 2048**3 / ms[3] / 1e6, **machine.beside_the_row("float32", rate)}  # fmt: skip
+    return {
+        "tokens": T,
+        "queries": Q,
+        "topk": k,
+        "index_ms": ms[0],
+        "index_flops": index_flops,
+        "sparse_ms": ms[1],
+        "flash_ms": ms[2],
+        "attention_flops": 2 * args.heads * Q * k * (LATENT + RANK),
+        "turns_gflops": 2 * 2048**3 / ms[3] / 1e6,
+        **machine.beside_the_row("float32", rate),
+    }
 
 
 def print_speed(result: dict[str, Any], args: argparse.Namespace) -> None:
     r = SimpleNamespace(**result)
-    print(f"\n3) the speed checks: the last {r.queries:,} queries of a {r.tokens:,}-token context, the top {r.topk:,} "
-          f"keys each;\n   {args.heads} heads (one kv head: the latent, {LATENT} wide, its first {RANK} the value), an "
-          f"indexer of {args.index_heads} x {INDEX_DIM};\n   float32; the matmul, timed in turns with them: "
-          f"{r.turns_gflops:.1f} GFLOP/s")  # fmt: skip
+    print(
+        f"\n3) the speed checks: the last {r.queries:,} queries of a {r.tokens:,}-token context, the top {r.topk:,} "
+        f"keys each;\n   {args.heads} heads (one kv head: the latent, {LATENT} wide, its first {RANK} the value), an "
+        f"indexer of {args.index_heads} x {INDEX_DIM};\n   float32; the matmul, timed in turns with them: "
+        f"{r.turns_gflops:.1f} GFLOP/s"
+    )
     dense = f"flash_attention, {r.queries:,} x {r.topk:,}"
     body = []
     for name, ms, flops, against, target in [
         ("index_topk (causal)", r.index_ms, r.index_flops, "its FLOPs at the matmul rate", None),
         ("sparse_attention", r.sparse_ms, r.attention_flops, dense, r.flash_ms),
         ("flash_attention", r.flash_ms, r.attention_flops, "", None),
-    ]:  # fmt: skip
+    ]:
         at_rate = flops / r.turns_gflops / 1e6  # ms
         ratio = (ms / target if target else ms / at_rate) if against else None
         judged = "not judged (*)" if result.get("busy") else _verdict(ratio or 0.0)  # no verdict from a busy row
         verdict = ["", ""] if ratio is None else [f"{ratio:.2f}x", judged]
-        body.append([name, f"{ms:,.0f}", f"{flops / 1e9:,.1f}", f"{flops / ms / 1e6:,.1f}", f"{ms / at_rate:.2f}x",
-                     against, *verdict])  # fmt: skip
+        cells = [f"{ms:,.0f}", f"{flops / 1e9:,.1f}", f"{flops / ms / 1e6:,.1f}", f"{ms / at_rate:.2f}x"]
+        body.append([name, *cells, against, *verdict])
     rows = [dict(result, call="the checks"), {}, {}]  # measured together: one note for all
     headers = ["call", "ms", "GFLOP", "GFLOP/s", "/ matmul", "the target: against", "ratio", f"within {TARGET}x"]
     print(machine.marked_table(body, rows, headers, args.format, lambda row: row["call"]))
@@ -282,17 +328,32 @@ def run_flops(args: argparse.Namespace) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     size = positive(int, limits.MAX_TOKENS)
-    p.add_argument("--contexts", type=size, nargs="+", default=[512, 1024], metavar="S",
-                   help="contexts S of section 2 (default 512 1024)")  # fmt: skip
+    p.add_argument(
+        "--contexts",
+        type=size,
+        nargs="+",
+        default=[512, 1024],
+        metavar="S",
+        help="contexts S of section 2 (default 512 1024)",
+    )
     p.add_argument("--heads", type=positive(int, limits.MAX_HEADS), default=16, help="query heads (default 16)")
-    p.add_argument("--index-heads", type=positive(int, limits.MAX_HEADS), default=16,
-                   help="indexer heads (default 16; DeepSeek-V3.2's: 64)")  # fmt: skip
+    p.add_argument(
+        "--index-heads",
+        type=positive(int, limits.MAX_HEADS),
+        default=16,
+        help="indexer heads (default 16; DeepSeek-V3.2's: 64)",
+    )
     p.add_argument("--topk", type=size, default=256, help="keys each query reads (default 256; DeepSeek's: 2048)")
     p.add_argument("--tokens", type=size, default=2048, help="the speed checks' context (default 2048)")
-    p.add_argument("--queries", type=size, default=128, help="the speed checks' queries, the last of the context "
-                   "(default 128)")  # fmt: skip
-    p.add_argument("--repeats", type=positive(int, limits.MAX_REPEATS), default=3,
-                   help="timed runs per figure and round (default 3)")  # fmt: skip
+    p.add_argument(
+        "--queries", type=size, default=128, help="the speed checks' queries, the last of the context (default 128)"
+    )
+    p.add_argument(
+        "--repeats",
+        type=positive(int, limits.MAX_REPEATS),
+        default=3,
+        help="timed runs per figure and round (default 3)",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure, the machine and the code version to PATH")
     add_seed_and_format(p, "the random latents, keys and queries")
     args = p.parse_args(argv)

@@ -120,8 +120,16 @@ def forward_case(dtype: type, causal: bool, layout: str, hq: int, hkv: int, chun
     tokens = 2 * size * chunk
     q, k, v, _ = inputs(dtype, hq, hkv, tokens, [int(causal), len(layout), hq, hkv, chunk])
     mine = [shard(x, rank, size, layout=layout) for x in (q, k, v)]
-    out, lse, stats = ring_attention(*mine, comm=world, causal=causal, layout=layout, return_lse=True,
-                                     return_stats=True, block_q=BLOCK, block_k=BLOCK)  # fmt: skip
+    out, lse, stats = ring_attention(
+        *mine,
+        comm=world,
+        causal=causal,
+        layout=layout,
+        return_lse=True,
+        return_stats=True,
+        block_q=BLOCK,
+        block_k=BLOCK,
+    )
     counted = tile_counts(tokens, size, layout=layout, causal=causal, block_q=BLOCK, block_k=BLOCK)[rank]["tiles"]
     gold = list(flash_attention(q, k, v, causal=causal, return_lse=True)) if rank == 0 else []
     ok = matches([out, lse], gold, layout, TOLERANCE[dtype]) and stats.tiles == counted
@@ -137,11 +145,21 @@ def backward_case(dtype: type, causal: bool, layout: str, hq: int, hkv: int, chu
     settings = dict(causal=causal, layout=layout, block_q=BLOCK, block_k=BLOCK)
     (out, lse), sent_forward = sent_by(lambda: ring_attention(*mine[:3], comm=counting, return_lse=True, **settings))
     (dq, dk, dv, stats), sent = sent_by(
-        lambda: ring_attention_backward(*mine[:3], out, mine[3], lse, comm=counting, workers=workers,
-                                        return_stats=True, **settings)
-    )  # fmt: skip
-    formula = sequence_parallel_bytes(tokens, size, scheme="ring", heads=hq, kv_heads=hkv, head_dim=8, head_dim_v=5,
-                                      batch=2, dtype=np.dtype(dtype).name)  # fmt: skip
+        lambda: ring_attention_backward(
+            *mine[:3], out, mine[3], lse, comm=counting, workers=workers, return_stats=True, **settings
+        )
+    )
+    formula = sequence_parallel_bytes(
+        tokens,
+        size,
+        scheme="ring",
+        heads=hq,
+        kv_heads=hkv,
+        head_dim=8,
+        head_dim_v=5,
+        batch=2,
+        dtype=np.dtype(dtype).name,
+    )
     gold = []
     if rank == 0:
         whole_out, whole_lse = flash_attention(q, k, v, causal=causal, return_lse=True)
@@ -164,8 +182,17 @@ def ulysses_case(dtype: type, causal: bool, layout: str, hq: int, hkv: int, chun
     (dq, dk, dv, stats), sent = sent_by(
         lambda: ulysses_attention_backward(*mine[:3], out, mine[3], lse, comm=counting, **settings)
     )
-    formula = sequence_parallel_bytes(tokens, size, scheme="ulysses", heads=hq, kv_heads=hkv, head_dim=8,
-                                      head_dim_v=5, batch=2, dtype=np.dtype(dtype).name)  # fmt: skip
+    formula = sequence_parallel_bytes(
+        tokens,
+        size,
+        scheme="ulysses",
+        heads=hq,
+        kv_heads=hkv,
+        head_dim=8,
+        head_dim_v=5,
+        batch=2,
+        dtype=np.dtype(dtype).name,
+    )
     gold: list[np.ndarray] = []
     if rank == 0:
         gold = list(flash_attention(q, k, v, causal=causal, return_lse=True))
@@ -203,24 +230,42 @@ def error_cases() -> None:
         error_case(
             "mismatched shapes", "disagree on their shapes", lambda: ring_attention(more_heads, x, x, comm=world)
         )
-        error_case("mismatched arguments", "disagree on their settings",
-                   lambda: ring_attention(x, x, x, comm=world, causal=rank == 0))  # fmt: skip
+        error_case(
+            "mismatched arguments",
+            "disagree on their settings",
+            lambda: ring_attention(x, x, x, comm=world, causal=rank == 0),
+        )
         odd_heads = np.zeros((1, size + 1, 8, 4))
-        error_case("Ulysses' heads that do not split", f"both must be multiples of {size}",
-                   lambda: ulysses_attention(odd_heads, odd_heads, odd_heads, comm=world))  # fmt: skip
-        error_case("Ulysses' backward, heads that do not split", f"Hq={size + 1} and Hkv={size + 1}",
-                   lambda: ulysses_attention_backward(*[odd_heads] * 5, odd_heads[..., 0], comm=world))  # fmt: skip
+        error_case(
+            "Ulysses' heads that do not split",
+            f"both must be multiples of {size}",
+            lambda: ulysses_attention(odd_heads, odd_heads, odd_heads, comm=world),
+        )
+        error_case(
+            "Ulysses' backward, heads that do not split",
+            f"Hq={size + 1} and Hkv={size + 1}",
+            lambda: ulysses_attention_backward(*[odd_heads] * 5, odd_heads[..., 0], comm=world),
+        )
     odd = np.zeros((1, 2, 7, 4)) if rank == size - 1 else x
-    error_case("an odd zigzag shard on one rank", f"rank {size - 1} of {size}: a zigzag shard",
-               lambda: ring_attention(odd, odd, odd, comm=world))  # fmt: skip
+    error_case(
+        "an odd zigzag shard on one rank",
+        f"rank {size - 1} of {size}: a zigzag shard",
+        lambda: ring_attention(odd, odd, odd, comm=world),
+    )
     short_lse = x[..., :3, 0] if rank == size - 1 else x[..., 0]
-    error_case("a backward's lse of the wrong shape on one rank", f"rank {size - 1} of {size}: lse must have shape",
-               lambda: ring_attention_backward(x, x, x, x, x, short_lse, comm=world))  # fmt: skip
+    error_case(
+        "a backward's lse of the wrong shape on one rank",
+        f"rank {size - 1} of {size}: lse must have shape",
+        lambda: ring_attention_backward(x, x, x, x, x, short_lse, comm=world),
+    )
     q, k, v, dout = (shard(a, rank, size) for a in inputs(np.float64, size, size, 4 * size, [3]))
     out, lse = ring_attention(q, k, v, comm=world, return_lse=True)  # no mask: the backward below has one
     for name, backward in (("ring", ring_attention_backward), ("ulysses", ulysses_attention_backward)):
-        error_case(f"{name}: an lse from another mask", "lse does not match q, k and the mask",
-                   lambda backward=backward: backward(q, k, v, out, dout, lse, comm=world, causal=True))  # fmt: skip
+        error_case(
+            f"{name}: an lse from another mask",
+            "lse does not match q, k and the mask",
+            lambda backward=backward: backward(q, k, v, out, dout, lse, comm=world, causal=True),
+        )
 
 
 def agreement() -> None:
@@ -267,8 +312,12 @@ def fail(function: str, how: str, failing_rank: int) -> None:
     """Rank failing_rank fails inside `function` as `how` says; the others run it as usual. The compute is
     a ring step (error-1: the second) or Ulysses' one local flash call; a backward's check is the second
     check (the forward's comes first)."""
-    computes = {"ring": (ring, "ring_step"), "ring-backward": (ring, "ring_backward_step"),
-                "ulysses": (ulysses, "flash_forward"), "ulysses-backward": (ulysses, "flex_backward")}  # fmt: skip
+    computes = {
+        "ring": (ring, "ring_step"),
+        "ring-backward": (ring, "ring_backward_step"),
+        "ulysses": (ulysses, "flash_forward"),
+        "ulysses-backward": (ulysses, "flex_backward"),
+    }
     module, name = (_mpi, "check_shards") if how == "interrupt-in-check" else computes[function]
     at_call = int(how == "error-1" or (how == "interrupt-in-check" and function.endswith("backward")))
     if rank == failing_rank:

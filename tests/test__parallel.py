@@ -16,8 +16,9 @@ from threadpoolctl import threadpool_info
 from tinyattn_np import _parallel
 
 # the bytecodes swept: the limit's own, holding's, and this file's (the callers' `with` statements below)
-CODE = tuple(str(path) for path in (Path(_parallel.__file__), Path(_parallel.__file__).with_name("_atomic.py"),
-                                    Path(__file__)))  # fmt: skip
+CODE = tuple(
+    str(path) for path in (Path(_parallel.__file__), Path(_parallel.__file__).with_name("_atomic.py"), Path(__file__))
+)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -214,55 +214,112 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": 
     ("scaling", "error", "message"),
     [
         # yarn: each field a finite number > 0 (0 is not the default, a negative mscale no attention factor)
-        ({**YARN, "mscale": -1.0, "mscale_all_dim": 1.0}, ValueError,
-         r"scaling\['mscale'\] must be a finite number > 0; got -1.0"),
-        ({**YARN, "mscale": 1.0, "mscale_all_dim": "1"}, TypeError,
-         r"scaling\['mscale_all_dim'\] must be a number > 0; got '1' \(str\)"),
+        (
+            {**YARN, "mscale": -1.0, "mscale_all_dim": 1.0},
+            ValueError,
+            r"scaling\['mscale'\] must be a finite number > 0; got -1.0",
+        ),
+        (
+            {**YARN, "mscale": 1.0, "mscale_all_dim": "1"},
+            TypeError,
+            r"scaling\['mscale_all_dim'\] must be a number > 0; got '1' \(str\)",
+        ),
         ({**YARN, "beta_fast": 0}, ValueError, r"scaling\['beta_fast'\] must be a finite number > 0; got 0"),
-        ({**YARN, "beta_fast": float("nan")}, ValueError,
-         r"scaling\['beta_fast'\] must be a finite number > 0; got nan"),
-        ({**YARN, "beta_slow": float("inf")}, ValueError,
-         r"scaling\['beta_slow'\] must be a finite number > 0; got inf"),
+        (
+            {**YARN, "beta_fast": float("nan")},
+            ValueError,
+            r"scaling\['beta_fast'\] must be a finite number > 0; got nan",
+        ),
+        (
+            {**YARN, "beta_slow": float("inf")},
+            ValueError,
+            r"scaling\['beta_slow'\] must be a finite number > 0; got inf",
+        ),
         ({**YARN, "beta_slow": -1}, ValueError, r"scaling\['beta_slow'\] must be a finite number > 0; got -1"),
         ({**YARN, "beta_fast": "32"}, TypeError, r"scaling\['beta_fast'\] must be a number > 0; got '32' \(str\)"),
-        ({**YARN, "beta_fast": 1, "beta_slow": 32}, ValueError,
-         r"scaling\['beta_fast'\] must be >= beta_slow .*got beta_fast=1.0, beta_slow=32.0"),
+        (
+            {**YARN, "beta_fast": 1, "beta_slow": 32},
+            ValueError,
+            r"scaling\['beta_fast'\] must be >= beta_slow .*got beta_fast=1.0, beta_slow=32.0",
+        ),
         ({**YARN, "truncate": "false"}, TypeError, r"scaling\['truncate'\] must be True or False; got 'false' \(str\)"),
-        ({**YARN, "attention_factor": 0}, ValueError,
-         r"scaling\['attention_factor'\] must be a finite number > 0; got 0"),
+        (
+            {**YARN, "attention_factor": 0},
+            ValueError,
+            r"scaling\['attention_factor'\] must be a finite number > 0; got 0",
+        ),
         ({**YARN, "factor": True}, TypeError, r"scaling\['factor'\] must be a number > 0; got True \(bool\)"),
-        ({**YARN, "original_max_position_embeddings": 4096.5}, TypeError,
-         r"scaling\['original_max_position_embeddings'\] must be a positive int; got 4096.5"),
-        ({**YARN, "original_max_position_embeddings": 0}, ValueError,
-         r"scaling\['original_max_position_embeddings'\] must be a positive int; got 0"),
+        (
+            {**YARN, "original_max_position_embeddings": 4096.5},
+            TypeError,
+            r"scaling\['original_max_position_embeddings'\] must be a positive int; got 4096.5",
+        ),
+        (
+            {**YARN, "original_max_position_embeddings": 0},
+            ValueError,
+            r"scaling\['original_max_position_embeddings'\] must be a positive int; got 0",
+        ),
         # llama3
-        ({**LLAMA_31, "low_freq_factor": 0}, ValueError,
-         r"scaling\['low_freq_factor'\] must be a finite number > 0; got 0"),
-        ({**LLAMA_31, "high_freq_factor": "4"}, TypeError,
-         r"scaling\['high_freq_factor'\] must be a number > 0; got '4'"),
+        (
+            {**LLAMA_31, "low_freq_factor": 0},
+            ValueError,
+            r"scaling\['low_freq_factor'\] must be a finite number > 0; got 0",
+        ),
+        (
+            {**LLAMA_31, "high_freq_factor": "4"},
+            TypeError,
+            r"scaling\['high_freq_factor'\] must be a number > 0; got '4'",
+        ),
         # longrope: lists of finite numbers > 0, one per rotated pair, both of them (not only the one in use)
-        ({**LONGROPE, "long_factor": [2.0] * 31}, ValueError,
-         r"scaling\['long_factor'\] must be 32 positive numbers \(one per pair\); got 31"),
-        ({**LONGROPE, "short_factor": ["1"] * 32}, TypeError,
-         r"scaling\['short_factor'\] must be a list of numbers, one per rotated pair"),
+        (
+            {**LONGROPE, "long_factor": [2.0] * 31},
+            ValueError,
+            r"scaling\['long_factor'\] must be 32 positive numbers \(one per pair\); got 31",
+        ),
+        (
+            {**LONGROPE, "short_factor": ["1"] * 32},
+            TypeError,
+            r"scaling\['short_factor'\] must be a list of numbers, one per rotated pair",
+        ),
         ({**LONGROPE, "short_factor": 2.0}, TypeError, r"scaling\['short_factor'\] must be a list of numbers"),
-        ({**LONGROPE, "long_factor": [2.0] * 31 + [-1.0]}, ValueError,
-         r"scaling\['long_factor'\] must hold finite numbers > 0; got -1.0 at index 31"),
-        ({**LONGROPE, "original_max_position_embeddings": 1}, ValueError,
-         r"scaling\['original_max_position_embeddings'\] must be >= 2 for longrope"),
+        (
+            {**LONGROPE, "long_factor": [2.0] * 31 + [-1.0]},
+            ValueError,
+            r"scaling\['long_factor'\] must hold finite numbers > 0; got -1.0 at index 31",
+        ),
+        (
+            {**LONGROPE, "original_max_position_embeddings": 1},
+            ValueError,
+            r"scaling\['original_max_position_embeddings'\] must be >= 2 for longrope",
+        ),
         # any method
-        ({"rope_type": ["linear"], "factor": 2.0}, ValueError,
-         r"rope_type \['linear'\], which is unknown; known: default"),
-        ({"rope_type": "default", "partial_rotary_factor": "0.5"}, TypeError,
-         r"scaling\['partial_rotary_factor'\] must be a number in \(0, 1\]; got '0.5'"),
-        ({"rope_type": "default", "partial_rotary_factor": 0.0}, ValueError,
-         r"scaling\['partial_rotary_factor'\] must be a finite number in \(0, 1\]; got 0.0"),
-        ({"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}, ValueError,
-         r"scaling\['rope_theta'\] is 1000000.0 but base is 10000.0"),
-        ({"rope_type": "linear", "factor": 5e-324}, ValueError,
-         r"'linear' gives frequency θ_0 = inf: its factors are too extreme for float64"),
+        (
+            {"rope_type": ["linear"], "factor": 2.0},
+            ValueError,
+            r"rope_type \['linear'\], which is unknown; known: default",
+        ),
+        (
+            {"rope_type": "default", "partial_rotary_factor": "0.5"},
+            TypeError,
+            r"scaling\['partial_rotary_factor'\] must be a number in \(0, 1\]; got '0.5'",
+        ),
+        (
+            {"rope_type": "default", "partial_rotary_factor": 0.0},
+            ValueError,
+            r"scaling\['partial_rotary_factor'\] must be a finite number in \(0, 1\]; got 0.0",
+        ),
+        (
+            {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            ValueError,
+            r"scaling\['rope_theta'\] is 1000000.0 but base is 10000.0",
+        ),
+        (
+            {"rope_type": "linear", "factor": 5e-324},
+            ValueError,
+            r"'linear' gives frequency θ_0 = inf: its factors are too extreme for float64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_every_scaling_field_is_checked_and_named(scaling, error, message):
     """Unchecked, each would pass silently, or end in "math domain error", NaN-to-int, an OverflowError or a
     ZeroDivisionError; checked, each is an error naming the field, its value and what is allowed."""
@@ -284,8 +341,9 @@ def test_the_checked_dict_has_every_field_its_method_reads():
     yarn = check_rope_scaling({"rope_type": "yarn", "factor": 4.0}, 64, max_position_embeddings=4096)
     assert (yarn.rope_type, yarn.factor, yarn.original_length) == ("yarn", 4.0, 4096)
     assert (yarn.beta_fast, yarn.beta_slow, yarn.truncate, yarn.attention_factor) == (32.0, 1.0, True, None)
-    longrope = check_rope_scaling({**LONGROPE, "original_max_position_embeddings": 4096}, 64,
-                                  max_position_embeddings=131072)  # fmt: skip
+    longrope = check_rope_scaling(
+        {**LONGROPE, "original_max_position_embeddings": 4096}, 64, max_position_embeddings=131072
+    )
     assert longrope.factor == 32.0 and longrope.original_length == 4096
     np.testing.assert_array_equal(longrope.long_factor, np.full(32, 2.0))
     linear = check_rope_scaling({"type": "linear", "factor": 2.0, "mrope_section": [1, 2]})  # unknown keys: left alone

@@ -216,8 +216,10 @@ def test_items_of_many_heads_give_the_bits_of_one_head_items(rng, monkeypatch, c
             flash_module, "tile_rule", lambda budget=budget: constant_rule()._replace(scores_per_step=budget)
         )
         heads.append(backward.heads_per_item(plan, 12, 40, 56))
-        runs += [flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
-                 for w in (1, 2, 3)]  # fmt: skip
+        runs += [
+            flash_attention_backward(q, k, v, out, dout, lse, causal=causal, block_q=16, block_k=16, workers=w)
+            for w in (1, 2, 3)
+        ]
     assert heads == [1, 2, 4, 12]
     for grads in runs[1:]:
         for a, b in zip(runs[0], grads, strict=True):

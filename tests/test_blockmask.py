@@ -70,8 +70,11 @@ def check_rows_and_columns(plan, allowed, block_q, block_k, heads=None):
         assert (t.kind == FULL) == seen.all(), t
         covered[t.q_start : t.q_stop, t.k_start : t.k_stop] += 1
     assert covered.max(initial=0) <= 1 and (covered[allowed] == 1).all()
-    columns = [t for k_start in range(0, n_k, block_k)
-               for t in plan.column_tiles(k_start, min(k_start + block_k, n_k), n_q, block_q, heads)]  # fmt: skip
+    columns = [
+        t
+        for k_start in range(0, n_k, block_k)
+        for t in plan.column_tiles(k_start, min(k_start + block_k, n_k), n_q, block_q, heads)
+    ]
     assert sorted(columns) == sorted(rows)
     return rows
 
@@ -100,8 +103,9 @@ def test_rows_past_the_window_get_no_tile_and_give_zero():
     """L > S + w - 1, top-left, with small tiles: the last rows see no key (out 0, lse -inf)."""
     rng = np.random.default_rng(0)
     q, k, v = rng.standard_normal((1, 80, 8)), rng.standard_normal((1, 48, 8)), rng.standard_normal((1, 48, 8))
-    out, lse = flash_attention(q, k, v, causal=True, window=5, align="top_left", block_q=16, block_k=16,
-                               return_lse=True)  # fmt: skip
+    out, lse = flash_attention(
+        q, k, v, causal=True, window=5, align="top_left", block_q=16, block_k=16, return_lse=True
+    )
     gold_out, gold_lse = gold_attention(q, k, v, loop_band(80, 48, True, 5, "top_left"))
     np.testing.assert_allclose(out, gold_out, atol=1e-12)
     np.testing.assert_array_equal(lse[0, 52:], -np.inf)
@@ -133,8 +137,9 @@ def test_flash_forward_and_backward_on_every_small_plan_equal_the_dense_referenc
     rng = np.random.default_rng(1)
     for n_q in (0, 1, 3, 6):
         for n_k in (0, 1, 2, 5):
-            q, k, v, dout = (rng.standard_normal(shape) for shape in [(2, n_q, 3), (2, n_k, 3), (2, n_k, 2),
-                                                                       (2, n_q, 2)])  # fmt: skip
+            q, k, v, dout = (
+                rng.standard_normal(shape) for shape in [(2, n_q, 3), (2, n_k, 3), (2, n_k, 2), (2, n_q, 2)]
+            )
             for window in (None, 1, 2, 4):
                 allowed = loop_band(n_q, n_k, True, window, align)
                 gold_out = attention(q, k, v, mask=allowed)
@@ -163,8 +168,13 @@ def test_a_block_mask_indexed_by_batch_entry_and_head_is_that_entrys_mask():
     q, k, v = (rng.standard_normal((2, 3, 10, 4)) for _ in range(3))
     block_mask = create_block_mask(per_entry_mod, 2, 3, 10, 10, BLOCK_SIZE=(4, 3))
     whole = flex_attention(q, k, v, block_mask=block_mask)
-    for index, b, h in [(1, [1], [0, 1, 2]), ((slice(None), 2), [0, 1], [2]), ((1, 2), [1], [2]),
-                        (([1, 0], slice(0, 2)), [1, 0], [0, 1]), ((-1, -2), [1], [1])]:  # fmt: skip
+    for index, b, h in [
+        (1, [1], [0, 1, 2]),
+        ((slice(None), 2), [0, 1], [2]),
+        ((1, 2), [1], [2]),
+        (([1, 0], slice(0, 2)), [1, 0], [0, 1]),
+        ((-1, -2), [1], [1]),
+    ]:
         picked = block_mask[index]
         assert picked.shape == (len(b), len(h), 10, 10)
         np.testing.assert_array_equal(picked.kinds, block_mask.kinds[np.ix_(b, h)])

@@ -32,8 +32,8 @@ def two_processes(tmp_path: Path, rank_0: list[str], rank_1: list[str], script: 
     mpiexec -n 1 python a : -n 1 python b)."""
     path = tmp_path / "train_small.py"
     path.write_text(script)
-    return [str(path), *rank_0, "--data-parallel", ":", "-n", "1", sys.executable, str(path), *rank_1,
-            "--data-parallel"]  # fmt: skip
+    second = ["-n", "1", sys.executable, str(path), *rank_1, "--data-parallel"]  # after mpiexec's ':'
+    return [str(path), *rank_0, "--data-parallel", ":", *second]
 
 
 @pytest.fixture

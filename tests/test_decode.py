@@ -48,8 +48,12 @@ def test_script_step_mode_without_torch(machine, capsys, tmp_path):  # no idle, 
         "16 sequences of 93..3,000 keys: read once",
     ):
         assert rows[name]["max_diff"] is None  # a read of the bytes, the floor: nothing to compare
-    for name in ("paged_decode, blocks of 16", "paged_decode, blocks of 256", "paged_decode, blocks of 16, every other "
-                 "block", "16 sequences: paged_decode, blocks of 16"):  # fmt: skip
+    for name in (
+        "paged_decode, blocks of 16",
+        "paged_decode, blocks of 256",
+        "paged_decode, blocks of 16, every other block",
+        "16 sequences: paged_decode, blocks of 16",
+    ):
         assert rows[name]["max_diff"] < 1e-5  # each equals attention() (the script checks it too)
     assert re.search(
         r"^  paged_decode, blocks of 256: [0-9.]+x the floor \(target 1.3x: (met|[0-9]+% over)\)$", text, re.M
@@ -75,8 +79,12 @@ def test_script_step_mode_times_flash_decode_and_torchs_fastest_in_turns(machine
     # torch's fastest's row (its check, its timing), then the turns; the batch's row after them calls neither
     assert "".join(log).endswith("t" * 5 + ("ffff" + "tttt") * step.TURNS), "".join(log)
     out = capsys.readouterr().out
-    line = re.search(r"^  flash_decode \(split-KV\) and torch's fastest in turns \(3 turns of 2 runs each\): "
-                     r"([0-9.]+) and ([0-9.]+) ms, ([0-9.]+)x$", out, re.M)  # fmt: skip
+    line = re.search(
+        r"^  flash_decode \(split-KV\) and torch's fastest in turns \(3 turns of 2 runs each\): "
+        r"([0-9.]+) and ([0-9.]+) ms, ([0-9.]+)x$",
+        out,
+        re.M,
+    )
     assert line, out
     ratio = float(line[1]) / float(line[2])
     aim = re.search(r"^  flash_decode \(split-KV\): [0-9.]+x the floor .*; ([0-9.]+)x torch's fastest", out, re.M)

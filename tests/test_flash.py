@@ -665,8 +665,9 @@ def test_kv_of_batch_one_is_broadcast_over_the_query_batch(rng, q_batch, kv_batc
     k_all, v_all = (np.broadcast_to(x, (*q_batch, *x.shape[-3:])).copy() for x in (k, v))  # spelled out
     gold, gold_lse = gold_attention(q, k_all, v_all, bottom_right(70, 90))
     for per_step in (1, 2, 3):
-        out, lse = flash_attention(q, k, v, causal=True, block_q=32, block_k=32, kv_heads_per_step=per_step,
-                                   return_lse=True)  # fmt: skip
+        out, lse = flash_attention(
+            q, k, v, causal=True, block_q=32, block_k=32, kv_heads_per_step=per_step, return_lse=True
+        )
         assert_close(out, gold, np.float32, f"{per_step} kv heads per step")
         assert_close(lse, gold_lse, np.float32)
         again = flash_attention(q, k_all, v_all, causal=True, block_q=32, block_k=32, kv_heads_per_step=per_step)
@@ -681,8 +682,10 @@ def test_kv_of_batch_one_is_held_once_not_per_batch_entry(rng):
     np.testing.assert_array_equal(out, flash_attention(q, *(np.repeat(x, 16, axis=0) for x in (k, v))))
 
 
-@pytest.mark.parametrize(("q_shape", "kv_shape"), [((3, 2, 5, 8), (2, 2, 9, 8)), ((3, 2, 5, 8), (2, 9, 8)),
-                                                   ((2, 3, 2, 5, 8), (1, 3, 2, 9, 8))])  # fmt: skip
+@pytest.mark.parametrize(
+    ("q_shape", "kv_shape"),
+    [((3, 2, 5, 8), (2, 2, 9, 8)), ((3, 2, 5, 8), (2, 9, 8)), ((2, 3, 2, 5, 8), (1, 3, 2, 9, 8))],
+)
 def test_other_batch_mismatches_are_still_refused(rng, q_shape, kv_shape):
     q, kv = rng.standard_normal(q_shape), rng.standard_normal(kv_shape)
     with pytest.raises(ValueError, match="batch dims|dims"):

@@ -54,8 +54,9 @@ def inputs(rng, n_q, n_k, dtype=np.float64):
 
 def loop_mask(n_q, n_k, allowed):
     """An oracle mask written with loops: allowed(b, h, i, j) -> bool, for every (b, h, i, j)."""
-    return np.array([[[[bool(allowed(b, h, i, j)) for j in range(n_k)] for i in range(n_q)] for h in range(HQ)]
-                     for b in range(B)])  # fmt: skip
+    return np.array(
+        [[[[bool(allowed(b, h, i, j)) for j in range(n_k)] for i in range(n_q)] for h in range(HQ)] for b in range(B)]
+    )
 
 
 def documents(n, sizes):
@@ -102,8 +103,15 @@ def bias_cases(n_q, n_k, rng):
 def loop_scores(q, k, score):
     """Scaled scores (B, HQ, L, S), each rewritten by score(s, b, h, i, j) one at a time."""
     s = np.einsum("bhle,bhse->bhls", q, np.repeat(k, HQ // HKV, axis=1)) / np.sqrt(E)
-    return np.array([[[[score(s[b, h, i, j], b, h, i, j) for j in range(s.shape[3])] for i in range(s.shape[2])]
-                      for h in range(HQ)] for b in range(B)])  # fmt: skip
+    return np.array(
+        [
+            [
+                [[score(s[b, h, i, j], b, h, i, j) for j in range(s.shape[3])] for i in range(s.shape[2])]
+                for h in range(HQ)
+            ]
+            for b in range(B)
+        ]
+    )
 
 
 SIZES = [(13, 13, 4, 4), (9, 17, 5, 3), (17, 9, 3, 5), (1, 11, 2, 7), (12, 12, 64, 64)]  # (L, S, block_q, block_k)
@@ -233,8 +241,9 @@ def test_document_ids_and_varlen_equal_each_sequence_alone(rng):
     np.testing.assert_array_equal(document_ids([0, 2, 5]), [0, 0, 1, 1, 1])
     q, k, v = rng.standard_normal((4, 20, 6)), rng.standard_normal((2, 30, 6)), rng.standard_normal((2, 30, 3))
     for causal, window in [(False, None), (True, None), (True, 3)]:
-        out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window=window, block_size=4,
-                                          return_lse=True)  # fmt: skip
+        out, lse = flash_attention_varlen(
+            q, k, v, cu_q, cu_k, causal=causal, window=window, block_size=4, return_lse=True
+        )
         for d in range(4):
             rows, keys = slice(cu_q[d], cu_q[d + 1]), slice(cu_k[d], cu_k[d + 1])
             alone = flash_attention(q[:, rows], k[:, keys], v[:, keys], causal=causal, window=window)
@@ -339,8 +348,9 @@ def test_a_block_mask_a_score_mod_and_sinks_in_odd_tiles_are_the_reference(rng):
 
 def test_same_bits_for_any_number_of_workers_and_heads_per_step(rng):
     q, k, v = (x.astype(np.float32) for x in inputs(rng, 200, 230))
-    block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: (kv_idx - q_idx) % (h + 2) != 0, B, HQ, 200, 230,
-                                   BLOCK_SIZE=(32, 48))  # fmt: skip
+    block_mask = create_block_mask(
+        lambda b, h, q_idx, kv_idx: (kv_idx - q_idx) % (h + 2) != 0, B, HQ, 200, 230, BLOCK_SIZE=(32, 48)
+    )
     run = dict(score_mod=Softcap(3.0), block_mask=block_mask, enable_gqa=True, return_lse=True)
     one = flex_attention(q, k, v, **run, workers=1, kv_heads_per_step=1)
     for workers, per_step in [(2, 1), (3, 2), (4, 4)]:
@@ -349,8 +359,9 @@ def test_same_bits_for_any_number_of_workers_and_heads_per_step(rng):
 
 
 def test_block_mask_tables_and_drawing():
-    block_mask = create_block_mask(and_masks(causal_mod(8), lambda b, h, q_idx, kv_idx: kv_idx >= 2), None, None, 8, 8,
-                                   BLOCK_SIZE=2)  # fmt: skip
+    block_mask = create_block_mask(
+        and_masks(causal_mod(8), lambda b, h, q_idx, kv_idx: kv_idx >= 2), None, None, 8, 8, BLOCK_SIZE=2
+    )
     assert isinstance(block_mask, BlockMask) and block_mask.shape == (1, 1, 8, 8) and block_mask.BLOCK_SIZE == (2, 2)
     drawn = draw_tile_plan(block_mask)
     assert drawn == ". . . .\n. \\ . .\n. # \\ .\n. # # \\", drawn
@@ -453,9 +464,12 @@ def test_one_head_inputs_reprs_and_the_remaining_errors(rng):
     assert_close(out, attention(q, k, v, causal=True, score_mod=Softcap(2.0)), np.float64, "2-D")
     tile = next(t for t in block_mask.tile_plan() if t.kind == "partial")
     np.testing.assert_array_equal(block_mask.hidden(tile), np.triu(np.ones((3, 3), bool), 1))
-    for mod, text in [(Alibi(alibi_slopes(2), 4), "Alibi(slopes of shape (2,)"), (Softcap(50), "Softcap(50)"),
-                      (RelativeBias(np.zeros((2, 3)), 4), "RelativeBias(table of shape (2, 3)"),
-                      (Differentiable(noop_score, noop_score), "Differentiable(noop_score)")]:  # fmt: skip
+    for mod, text in [
+        (Alibi(alibi_slopes(2), 4), "Alibi(slopes of shape (2,)"),
+        (Softcap(50), "Softcap(50)"),
+        (RelativeBias(np.zeros((2, 3)), 4), "RelativeBias(table of shape (2, 3)"),
+        (Differentiable(noop_score, noop_score), "Differentiable(noop_score)"),
+    ]:
         assert repr(mod).startswith(text)
     with pytest.raises(TypeError, match="mask_mod must be a function"):
         create_block_mask("causal", None, None, 7, 7)

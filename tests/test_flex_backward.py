@@ -111,10 +111,22 @@ def test_flex_backward_equals_the_reference_for_every_pair_of_mods(rng, block_si
         )
         for score_name, score_mod in score_mods(rng):
             out, lse = flex_attention(q, k, v, score_mod, block_mask, enable_gqa=True, return_lse=True, sinks=sinks)
-            mine = flex_attention_backward(q, k, v, out, dout, lse, score_mod=score_mod, block_mask=block_mask,
-                                           enable_gqa=True, sinks=sinks)  # fmt: skip
-            checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
-                                      mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)  # fmt: skip
+            mine = flex_attention_backward(
+                q, k, v, out, dout, lse, score_mod=score_mod, block_mask=block_mask, enable_gqa=True, sinks=sinks
+            )
+            checked = check_attention(
+                q,
+                k,
+                v,
+                causal=False,
+                mask=None,
+                scale=None,
+                align="bottom_right",
+                window=None,
+                mask_mod=mask_mod,
+                score_mod=score_mod,
+                sinks=sinks,
+            )
             gold = attention_grads(*checked[:3], dout, *checked[3:])
             for field, a, b in zip(mine._fields, mine, gold, strict=True):
                 if a is None or b is None:
@@ -148,8 +160,12 @@ def test_the_backward_refuses_another_forwards_state(rng):
 def test_same_bits_for_any_number_of_workers(rng):
     q, k, v, dout = (x.astype(np.float32) for x in inputs(rng, 90, 110, e=8, ev=8))
     block_mask = create_block_mask(mask_mods(90, 110)[6][1], None, HQ, 90, 110, BLOCK_SIZE=(16, 8))
-    run = dict(score_mod=RelativeBias(rng.standard_normal((HQ, 9)), 90, 110), block_mask=block_mask,
-               enable_gqa=True, sinks=np.ones(HQ))  # fmt: skip
+    run = dict(
+        score_mod=RelativeBias(rng.standard_normal((HQ, 9)), 90, 110),
+        block_mask=block_mask,
+        enable_gqa=True,
+        sinks=np.ones(HQ),
+    )
     out, lse = flex_attention(q, k, v, return_lse=True, **run)
     one = flex_attention_backward(q, k, v, out, dout, lse, workers=1, **run)
     for workers in (2, 3):
@@ -225,11 +241,24 @@ def test_the_reference_guard_bounds_what_the_ready_made_mods_allocate(rng, heads
 
     T = 512
     q, k, v, dout = (rng.standard_normal((1, heads, T, 32)).astype(np.float32) for _ in range(4))
-    mods = [(Alibi(alibi_slopes(heads), T, learned=True), causal_mod(T)), (Softcap(5.0), None),
-            (RelativeBias(rng.standard_normal((heads, 9)), T), prefix_lm_mod(10))]  # fmt: skip
+    mods = [
+        (Alibi(alibi_slopes(heads), T, learned=True), causal_mod(T)),
+        (Softcap(5.0), None),
+        (RelativeBias(rng.standard_normal((heads, 9)), T), prefix_lm_mod(10)),
+    ]
     for score_mod, mask_mod in mods:
-        checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
-                                  mask_mod=mask_mod, score_mod=score_mod)  # fmt: skip
+        checked = check_attention(
+            q,
+            k,
+            v,
+            causal=False,
+            mask=None,
+            scale=None,
+            align="bottom_right",
+            window=None,
+            mask_mod=mask_mod,
+            score_mod=score_mod,
+        )
         dims, rules = checked[3], checked[5]
         _, forward = traced_peak(attention, q, k, v, score_mod=score_mod, mask_mod=mask_mod)
         bound = naive_attention_bytes(T, heads=heads, head_dim=32) + mods_bytes(dims, q.dtype, rules, 2)
@@ -254,8 +283,9 @@ def test_a_block_mask_cannot_be_edited_behind_the_backwards_back(rng):
     with pytest.raises(AttributeError):
         block_mask.kinds = np.zeros_like(block_mask.kinds)
     out, lse = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
-    grads = finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
-                            enable_gqa=True, workers=3)  # fmt: skip
+    grads = finishes_within(
+        60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask, enable_gqa=True, workers=3
+    )
     reference = attention_backward(q, k, v, dout, causal=True)
     for mine, gold in zip(grads[:3], reference, strict=True):
         np.testing.assert_allclose(mine, gold, atol=1e-12)
@@ -285,5 +315,16 @@ def test_a_tile_whose_turn_cannot_come_raises_instead_of_waiting(rng, kind, work
     block_mask = kind(made.kinds, made.seq_lengths, made.BLOCK_SIZE, made.mask_mod)
     out, lse = flex_attention(q, k, v, block_mask=made, enable_gqa=True, return_lse=True)
     with pytest.raises(RuntimeError, match="out of order"):
-        finishes_within(60, flex_attention_backward, q, k, v, out, dout, lse, block_mask=block_mask,
-                        enable_gqa=True, workers=workers)  # fmt: skip
+        finishes_within(
+            60,
+            flex_attention_backward,
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            block_mask=block_mask,
+            enable_gqa=True,
+            workers=workers,
+        )

@@ -95,8 +95,19 @@ def test_random_mask_mods_equal_the_reference(case, softcap, sinks):
         grads = flex_attention_backward(q, k, v, out, dout, lse, score_mod=score_mod, block_mask=block_mask, **run)
     reference = attention(q, k, v, score_mod=score_mod, mask_mod=mask_mod, sinks=run["sinks"])
     np.testing.assert_allclose(out, reference, rtol=1e-12, atol=1e-12)
-    checked = check_attention(q, k, v, causal=False, mask=None, scale=None, align="bottom_right", window=None,
-                              mask_mod=mask_mod, score_mod=score_mod, sinks=run["sinks"])  # fmt: skip
+    checked = check_attention(
+        q,
+        k,
+        v,
+        causal=False,
+        mask=None,
+        scale=None,
+        align="bottom_right",
+        window=None,
+        mask_mod=mask_mod,
+        score_mod=score_mod,
+        sinks=run["sinks"],
+    )
     gold = attention_grads(*checked[:3], dout, *checked[3:])
     for name in ("dq", "dk", "dv", "dsinks"):
         if getattr(gold, name) is not None:

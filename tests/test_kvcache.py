@@ -144,21 +144,23 @@ def _under_address_space_limit(setup: str, call: str, headroom: int = 32 * 2**20
     AttentionMemoryError, "<type>: <message>" for any other MemoryError (an allocation was tried), "ran"."""
     if not sys.platform.startswith("linux"):
         pytest.skip("reads /proc/self/status")
-    script = "\n".join([
-        "import resource, numpy as np, tinyattn_np",
-        setup,
-        'status = open("/proc/self/status").read().splitlines()',
-        'mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))',
-        f"resource.setrlimit(resource.RLIMIT_AS, (mapped + {headroom}, resource.getrlimit(resource.RLIMIT_AS)[1]))",
-        "try:",
-        f"    {call}",
-        "except tinyattn_np.AttentionMemoryError as error:",
-        '    print("refused:", error)',
-        "except MemoryError as error:",
-        '    print(type(error).__name__ + ":", error)',
-        "else:",
-        '    print("ran")',
-    ])  # fmt: skip
+    script = "\n".join(
+        [
+            "import resource, numpy as np, tinyattn_np",
+            setup,
+            'status = open("/proc/self/status").read().splitlines()',
+            'mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))',
+            f"resource.setrlimit(resource.RLIMIT_AS, (mapped + {headroom}, resource.getrlimit(resource.RLIMIT_AS)[1]))",
+            "try:",
+            f"    {call}",
+            "except tinyattn_np.AttentionMemoryError as error:",
+            '    print("refused:", error)',
+            "except MemoryError as error:",
+            '    print(type(error).__name__ + ":", error)',
+            "else:",
+            '    print("ran")',
+        ]
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
@@ -609,10 +611,16 @@ WHOLE_PACKAGE = (str(PACKAGE),)
         (4, 1, lambda c: c.append(*_tokens(c, 5, 6.0)), WHOLE_PACKAGE),
     ],
     ids=[
-        "append one", "append one, ring", "append three", "append five, ring", "attend one", "attend three, ring",
-        "append three, values the keys' prefix", "append five, ring, values the keys' prefix",
+        "append one",
+        "append one, ring",
+        "append three",
+        "append five, ring",
+        "attend one",
+        "attend three, ring",
+        "append three, values the keys' prefix",
+        "append five, ring, values the keys' prefix",
     ],
-)  # fmt: skip
+)
 def test_an_interrupt_at_any_bytecode_leaves_the_cache_before_or_after(window, value_prefix, change, code):
     """A KeyboardInterrupt raised at each bytecode of the call in turn (a few hundred for append, about 1,000
     for attend in the cache's own code): the cache is then as before the call or as after the whole call, its

@@ -35,9 +35,14 @@ D_MODEL, HEADS = 24, 3
 # naive == absorbed: the same scores summed in another order (float64 to 1e-12, float32 to 1e-5, relative)
 SAME = {np.dtype(np.float64): 1e-12, np.dtype(np.float32): 1e-5}
 YARN = {  # DeepSeek-V3's rope_scaling, as its config.json has it
-    "type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0,
+    "type": "yarn",
+    "factor": 40,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
     "original_max_position_embeddings": 4096,
-}  # fmt: skip
+}
 
 
 def make_layer(q_lora_rank=6, dtype=np.float64, seed=0, **config):
@@ -67,8 +72,9 @@ def gold_mla(layer, x, positions):
         return v / np.sqrt(np.mean(v**2, axis=-1, keepdims=True) + 1e-6) * gain
 
     def turn(v):
-        return rope(v, positions=positions, base=layer.rope_theta, interleaved=layer.rope_interleave,
-                    scaling=layer.rope_scaling)  # fmt: skip
+        return rope(
+            v, positions=positions, base=layer.rope_theta, interleaved=layer.rope_interleave, scaling=layer.rope_scaling
+        )
 
     q = x @ w["w_q"] if layer.q_lora_rank is None else norm(x @ w["w_dq"], w["q_norm"]) @ w["w_uq"]
     c_kv, k_rope = norm((x @ w["w_dkv"])[..., :r], w["kv_norm"]), turn((x @ w["w_dkv"])[..., r:])
@@ -341,11 +347,17 @@ def test_attend_latent_refuses_a_latent_that_does_not_match_the_weights(rng):
 @pytest.mark.parametrize(
     ("make_cache", "error", "message"),
     [
-        (lambda d: KVCache(2, 1, 8, d + 1, dtype=np.float64, value_prefix=8), ValueError,
-         r"head_dim=12, dtype=float64, value_prefix=8\): one latent"),
+        (
+            lambda d: KVCache(2, 1, 8, d + 1, dtype=np.float64, value_prefix=8),
+            ValueError,
+            r"head_dim=12, dtype=float64, value_prefix=8\): one latent",
+        ),
         (lambda d: KVCache(2, 2, 8, d, dtype=np.float64, value_prefix=8), ValueError, "kv_heads=1"),
-        (lambda d: KVCache(2, 1, 8, d, dtype=np.float32, value_prefix=8), ValueError,
-         "got kv_heads=1, head_dim=12, dtype=float32"),
+        (
+            lambda d: KVCache(2, 1, 8, d, dtype=np.float32, value_prefix=8),
+            ValueError,
+            "got kv_heads=1, head_dim=12, dtype=float32",
+        ),
         (lambda d: KVCache(3, 1, 8, d, dtype=np.float64, value_prefix=8), ValueError, "batch=2"),
         (lambda d: KVCache(2, 1, 8, d, dtype=np.float64, value_prefix=8, window=4), ValueError, "window=None"),
         # a cache that would store the latent twice, or whose values are not the latent's c_KV
@@ -355,7 +367,7 @@ def test_attend_latent_refuses_a_latent_that_does_not_match_the_weights(rng):
         (lambda d: PagedKVCache(8, 2, 1, d, dtype=np.float64), ValueError, "value_prefix=8.*got .*value_prefix=None"),
         (lambda d: np.zeros((2, 1, 8, d)), TypeError, "cache must be a KVCache, a PagedKVCache or None"),
     ],
-)  # fmt: skip
+)
 def test_a_cache_of_the_wrong_width_or_kind_is_refused(rng, make_cache, error, message):
     layer = make_layer()
     cache = make_cache(layer.latent_dim)
@@ -486,8 +498,11 @@ def test_mla_script_prints_the_cache_table_and_every_step(mla_script, tmp_path, 
 
 def test_mla_script_runs_the_absorbed_form_alone_where_the_naive_cache_does_not_fit(mla_script, monkeypatch, capsys):
     problem = mla_script.limits.memory_problem
-    monkeypatch.setattr(mla_script.limits, "memory_problem", lambda needed, what, lower, detail="": (
-        "too large" if "naive" in what else problem(needed, what, lower, detail)))  # fmt: skip
+    monkeypatch.setattr(
+        mla_script.limits,
+        "memory_problem",
+        lambda needed, what, lower, detail="": "too large" if "naive" in what else problem(needed, what, lower, detail),
+    )
     assert mla_script.main(["--heads", "2", "--contexts", "64", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "S = 64: absorbed" in out and "naive not run: too large" in out
@@ -526,6 +541,11 @@ def test_mla_script_refuses_bad_flags_up_front(mla_script, capsys, flags, messag
 
 
 def test_mla_script_help():
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "mla.py"), "--help"], capture_output=True,
-                            text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "mla.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    )
     assert result.returncode == 0 and "--torch" in result.stdout and "--json PATH" in result.stdout

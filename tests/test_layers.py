@@ -387,6 +387,5 @@ def test_a_row_block_is_the_l2_cache_in_float32(tmp_path) -> None:
         (tmp_path / name / "size").write_text(size + "\n")
     assert l2_cache_bytes(str(tmp_path)) == 2 << 20
     assert l2_cache_bytes(str(tmp_path / "absent")) is None
-    assert [_tuning.default_row_block(b) for b in (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)] == [
-        1 << 17, 1 << 18, 1 << 18, 1 << 13, 1 << 18, 1 << 17,
-    ]  # fmt: skip
+    l2_sizes = (512 << 10, 1 << 20, 2 << 20, 1 << 10, 1 << 30, None)
+    assert [_tuning.default_row_block(b) for b in l2_sizes] == [1 << 17, 1 << 18, 1 << 18, 1 << 13, 1 << 18, 1 << 17]

@@ -113,8 +113,9 @@ def test_chunked_equals_recurrent_for_every_chunk_size(chunk_size, per_channel):
     gold_o, gold_state = gated_delta_rule_recurrent(q_heads, k_heads, v, g, beta, state)
     plain = gated_delta_rule_chunked(q_heads, k_heads, v, g, beta, state, chunk_size=chunk_size)
     for form in (None, chunk_size):  # the engine's token loop, and its chunks
-        o, final = gated_delta_rule(q, k, v, g, beta, chunk_size=form, initial_state=state, return_state=True,
-                                    l2norm_qk=True)  # fmt: skip
+        o, final = gated_delta_rule(
+            q, k, v, g, beta, chunk_size=form, initial_state=state, return_state=True, l2norm_qk=True
+        )
         assert relative(o, gold_o) < 1e-12 and relative(final, gold_state) < 1e-12, form
     assert relative(plain[0], gold_o) < 1e-12 and relative(plain[1], gold_state) < 1e-12
 
@@ -128,8 +129,12 @@ def test_float32_stays_in_float32_and_close_to_float64_over_many_chunks(per_chan
     g = g * rng.choice([1.0, 8.0], g.shape)
     gold = gated_delta_rule(q, k, v, g, beta, initial_state=state, l2norm_qk=True, chunk_size=None)
     for chunk_size in (16, 64):
-        o = gated_delta_rule(*(x.astype(np.float32) for x in (q, k, v, g, beta)), chunk_size=chunk_size,
-                             initial_state=state.astype(np.float32), l2norm_qk=True)  # fmt: skip
+        o = gated_delta_rule(
+            *(x.astype(np.float32) for x in (q, k, v, g, beta)),
+            chunk_size=chunk_size,
+            initial_state=state.astype(np.float32),
+            l2norm_qk=True,
+        )
         assert o.dtype == np.float32 and np.all(np.isfinite(o))
         assert relative(o, gold) < 2e-5
 
@@ -182,12 +187,14 @@ def test_every_gradient_by_central_differences(chunk_size, per_channel):
 
     def loss():
         q, k, v, g, beta, state = inputs
-        o, final = gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size, initial_state=state, return_state=True,
-                                    l2norm_qk=True)  # fmt: skip
+        o, final = gated_delta_rule(
+            q, k, v, g, beta, chunk_size=chunk_size, initial_state=state, return_state=True, l2norm_qk=True
+        )
         return np.sum(o * dout) + np.sum(final * dstate)
 
-    grads = gated_delta_rule_backward(*inputs[:5], dout, chunk_size=chunk_size, initial_state=inputs[5],
-                                      dstate=dstate, l2norm_qk=True)  # fmt: skip
+    grads = gated_delta_rule_backward(
+        *inputs[:5], dout, chunk_size=chunk_size, initial_state=inputs[5], dstate=dstate, l2norm_qk=True
+    )
     for name, x, grad in zip(grads._fields, inputs, grads, strict=True):
         assert relative(grad, numerical_grad(loss, x)) < 1e-8, name
 
@@ -226,8 +233,11 @@ def make_weights(seed=0, dtype=np.float64):
     w = SHAPE.init_weights(rng=seed, dtype=dtype)
     rng = np.random.default_rng(seed + 100)
     big = {name: rng.standard_normal(x.shape).astype(dtype) * 0.4 for name, x in w._asdict().items() if x.ndim == 2}
-    return w._replace(**big, norm=rng.uniform(0.5, 1.5, SHAPE.value_dim).astype(dtype),
-                      a_log=np.log(rng.uniform(0.2, 1.0, SHAPE.value_heads)).astype(dtype))  # fmt: skip
+    return w._replace(
+        **big,
+        norm=rng.uniform(0.5, 1.5, SHAPE.value_dim).astype(dtype),
+        a_log=np.log(rng.uniform(0.2, 1.0, SHAPE.value_heads)).astype(dtype),
+    )
 
 
 def test_the_layers_backward_by_central_differences():
@@ -264,23 +274,30 @@ def test_the_caches_bytes_never_grow_and_equal_the_memory_bill(dtype):
     (it keeps one input more than the next step reads)."""
     weights, cache = make_weights(dtype=dtype), GatedDeltaCache(3, SHAPE, dtype)
     sizes = dict(heads=SHAPE.value_heads, key_dim=SHAPE.key_dim, value_dim=SHAPE.value_dim, batch=3)
-    bill = linear_attention_state_bytes(layers=1, **sizes, conv_channels=SHAPE.conv_channels,
-                                        conv_kernel=SHAPE.conv_kernel - 1, dtype=np.dtype(dtype).name)  # fmt: skip
+    bill = linear_attention_state_bytes(
+        layers=1,
+        **sizes,
+        conv_channels=SHAPE.conv_channels,
+        conv_kernel=SHAPE.conv_kernel - 1,
+        dtype=np.dtype(dtype).name,
+    )
     x = np.random.default_rng(13).standard_normal((3, 40, SHAPE.d_model)).astype(dtype)
     held = {cache.nbytes}
     for start, stop in ((0, 30), (30, 31), (31, 32), (32, 40)):
         gated_deltanet(x[:, start:stop], weights, SHAPE, cache=cache)
         held.add(cache.nbytes)
     assert held == {bill}
-    shape = LinearAttention("gated_deltanet", SHAPE.key_heads, SHAPE.value_heads, SHAPE.key_dim, SHAPE.value_dim,
-                            SHAPE.conv_kernel)  # fmt: skip
+    shape = LinearAttention(
+        "gated_deltanet", SHAPE.key_heads, SHAPE.value_heads, SHAPE.key_dim, SHAPE.value_dim, SHAPE.conv_kernel
+    )
     itemsize = np.dtype(dtype).itemsize
     assert shape.state_bytes(1, np.dtype(dtype).name, batch=3) == bill + 3 * SHAPE.conv_channels * itemsize
 
 
 def test_the_weights_are_the_parameters_the_bill_counts():
-    shape = LinearAttention("gated_deltanet", SHAPE.key_heads, SHAPE.value_heads, SHAPE.key_dim, SHAPE.value_dim,
-                            SHAPE.conv_kernel)  # fmt: skip
+    shape = LinearAttention(
+        "gated_deltanet", SHAPE.key_heads, SHAPE.value_heads, SHAPE.key_dim, SHAPE.value_dim, SHAPE.conv_kernel
+    )
     assert sum(w.size for w in SHAPE.init_weights(rng=0)) == shape.parameters(SHAPE.d_model)
 
 
@@ -352,7 +369,7 @@ BAD_RULE = [  # (keyword arguments that replace good ones, the error, words its 
     (dict(return_state="yes"), TypeError, "return_state must be True or False"),
     (dict(l2norm_qk=1), TypeError, "l2norm_qk must be True or False"),
     (dict(q=Q.astype(np.int64)), TypeError, "q must be float16, float32 or float64"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("change", "error", "words"), BAD_RULE, ids=[str(list(c)) for c, _, _ in BAD_RULE])
@@ -427,8 +444,8 @@ def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, c
 
     monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
     monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
-    flags = ["--tokens", "64", "--heads", "2", "--head-dim", "16", "--chunk-sizes", "16", "32", "--contexts", "32",
-             "256", "--repeats", "1", "--json", str(tmp_path / "linear.json")]  # fmt: skip
+    flags = "--tokens 64 --heads 2 --head-dim 16 --chunk-sizes 16 32 --contexts 32 256 --repeats 1".split()
+    flags += ["--json", str(tmp_path / "linear.json")]
     assert script.main(flags) == 0
     out = capsys.readouterr().out
     for section in ("1) the prefill", "2) the chunk size", "3) one decode step", "all checks passed"):

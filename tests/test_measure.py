@@ -74,12 +74,14 @@ def test_machine_info():
 @pytest.mark.parametrize(
     "cpuinfo,expected",
     [
-        ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
-         "\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n",
-         "AMD EPYC (family 25, model 17)"),  # the first processor's block
+        (
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n"
+            "\nprocessor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n",
+            "AMD EPYC (family 25, model 17)",
+        ),  # the first processor's block
         ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n", "Intel(R) Xeon(R) Processor"),
     ],
-)  # fmt: skip
+)
 def test_cpu_model_names_the_family_and_model(monkeypatch, cpuinfo, expected):
     """Two generations under one name ("AMD EPYC": Zen 4 or Zen 5) are told apart by the family and model numbers,
     which tune's cache key and every benchmark's machine line carry; without them, the name alone."""

@@ -133,10 +133,17 @@ def test_config_json_from_a_file(tmp_path):
 
 def test_gemma2_head_dim_wins_over_hidden_over_heads():
     config = {
-        "model_type": "gemma2", "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8,
-        "hidden_size": 3584, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
-        "max_position_embeddings": 8192, "sliding_window": 4096,
-    }  # fmt: skip
+        "model_type": "gemma2",
+        "num_hidden_layers": 42,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "hidden_size": 3584,
+        "head_dim": 256,
+        "intermediate_size": 14336,
+        "vocab_size": 256000,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+    }
     shape = load_model_shape(config)
     assert shape.head_dim == 256  # not 3584 / 16 = 224
     assert shape == ModelShape(**{**PRESETS["gemma-2-9b"].__dict__, "name": "gemma2"})
@@ -144,18 +151,34 @@ def test_gemma2_head_dim_wins_over_hidden_over_heads():
 
 
 def test_gpt2_config_names_and_defaults():
-    config = {"model_type": "gpt2", "n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024,
-              "n_inner": None, "vocab_size": 50257}  # fmt: skip
+    config = {
+        "model_type": "gpt2",
+        "n_layer": 12,
+        "n_head": 12,
+        "n_embd": 768,
+        "n_positions": 1024,
+        "n_inner": None,
+        "vocab_size": 50257,
+    }
     shape = load_model_shape(config)
     assert (shape.intermediate, shape.kv_heads, shape.tied_embeddings) == (3072, 12, True)
     assert shape.num_parameters == 124_439_808
 
 
 def test_qwen2_sliding_window_switched_off_and_qkv_bias():
-    config = {"model_type": "qwen2", "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-              "hidden_size": 3584, "intermediate_size": 18944, "vocab_size": 152064,
-              "max_position_embeddings": 131072, "sliding_window": 131072, "use_sliding_window": False,
-              "tie_word_embeddings": False}  # fmt: skip
+    config = {
+        "model_type": "qwen2",
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "max_position_embeddings": 131072,
+        "sliding_window": 131072,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    }
     shape = load_model_shape(config)
     assert shape.sliding_window is None and shape.qkv_bias
     assert shape.num_parameters == 7_615_616_512
@@ -262,9 +285,8 @@ def test_report_helpers_for_byte_columns():
     from tinyattn_np.report import column_unit, format_sig, text_table
 
     assert column_unit([2**20, 2**30, 2**31]) == "GiB" and column_unit([10**6, 10**9], "decimal") == "GB"
-    assert [format_sig(x) for x in (0.000488, 0.5, 9.996, 15.0, 131.4, 8192)] == [
-        "0.000488", "0.500", "10.0", "15.0", "131", "8,192",
-    ]  # fmt: skip
+    numbers = (0.000488, 0.5, 9.996, 15.0, 131.4, 8192)
+    assert [format_sig(x) for x in numbers] == ["0.000488", "0.500", "10.0", "15.0", "131", "8,192"]
     assert "15.0" in text_table([["a", "15.0"]], ["x", "y (MiB)"])  # not reparsed into 15
 
 

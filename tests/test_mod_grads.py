@@ -137,8 +137,9 @@ def test_a_score_mod_without_its_derivative_is_refused_with_what_to_pass(rng):
         flex_attention_backward(q, k, v, out, dout, lse, score_mod=shifted, enable_gqa=True)
     with pytest.raises(TypeError, match="Differentiable"):
         attention_backward(q, k, v, dout, score_mod=shifted)
-    grads = flex_attention_backward(q, k, v, out, dout, lse, score_mod=Differentiable(shifted, lambda *_: 1.0),
-                                    enable_gqa=True)  # fmt: skip
+    grads = flex_attention_backward(
+        q, k, v, out, dout, lse, score_mod=Differentiable(shifted, lambda *_: 1.0), enable_gqa=True
+    )
     plain_out, plain_lse = flex_attention(q, k, v, enable_gqa=True, return_lse=True)  # softmax ignores the shift
     np.testing.assert_allclose(plain_lse + 1.0, lse, atol=1e-12)
     plain = flex_attention_backward(q, k, v, plain_out, dout, plain_lse, enable_gqa=True)
@@ -154,8 +155,9 @@ def test_float32_gradients_of_the_mods(rng):
     for dtype in (np.float32, np.float64):
         args = [x.astype(dtype) for x in (q, k, v)]
         out, lse = flex_attention(*args, alibi, enable_gqa=True, return_lse=True, sinks=sinks)
-        grads[dtype] = flex_attention_backward(*args, out, dout.astype(dtype), lse, score_mod=alibi, enable_gqa=True,
-                                               sinks=sinks)  # fmt: skip
+        grads[dtype] = flex_attention_backward(
+            *args, out, dout.astype(dtype), lse, score_mod=alibi, enable_gqa=True, sinks=sinks
+        )
     for a, b in zip(grads[np.float32], grads[np.float64], strict=True):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

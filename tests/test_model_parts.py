@@ -89,8 +89,15 @@ def test_an_extra_counts_where_it_sits():
 
     sizes = dict(layers=4, heads=2, kv_heads=1, head_dim=4, hidden=8, vocab=10, intermediate=12)
     plain = ModelShape("plain", **sizes)
-    gated = ModelShape("gated", **sizes, extras=(Extra("a gate", "attention", 5), Extra("a table", "model", 7),
-                                                 Extra("idle", "every layer", 3, active=False)))  # fmt: skip
+    gated = ModelShape(
+        "gated",
+        **sizes,
+        extras=(
+            Extra("a gate", "attention", 5),
+            Extra("a table", "model", 7),
+            Extra("idle", "every layer", 3, active=False),
+        ),
+    )
     assert gated.num_parameters == plain.num_parameters + 4 * 5 + 7 + 4 * 3
     assert gated.active_parameters == gated.num_parameters - 4 * 3
     with pytest.raises(ValueError, match="the place of extra 'nowhere'"):

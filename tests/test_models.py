@@ -37,8 +37,14 @@ LLAMA_31_8B = {
 
 
 def test_the_names_stay_importable_where_they_were():
-    homes = {"ModelShape": "models", "model_bill": "bill", "PRESETS": "presets", "Experts": "model_parts",
-             "load_model_shape": "hf_config", "shape_from_config": "hf_config"}  # fmt: skip
+    homes = {
+        "ModelShape": "models",
+        "model_bill": "bill",
+        "PRESETS": "presets",
+        "Experts": "model_parts",
+        "load_model_shape": "hf_config",
+        "shape_from_config": "hf_config",
+    }
     for name, home in homes.items():
         assert getattr(tinyattn_np, name) is getattr(importlib.import_module(f"tinyattn_np.{home}"), name)
     assert not hasattr(memory, "ModelShape")  # memory.py keeps the byte and FLOP formulas only
@@ -72,11 +78,16 @@ def test_rope_defaults_and_the_transformers_5_rope_parameters():
 def test_top_level_rope_fields_move_into_the_scaling_dict():
     # Phi-3-mini-128k: longrope, original_max_position_embeddings at the top of config.json
     phi3 = {
-        **LLAMA_31_8B, "model_type": "phi3", "rope_theta": 10000.0, "max_position_embeddings": 131072,
-        "original_max_position_embeddings": 4096, "hidden_size": 3072, "num_attention_heads": 32,
-        "num_key_value_heads": 32, "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48,
-                                                    "long_factor": [2.0] * 48},
-    }  # fmt: skip
+        **LLAMA_31_8B,
+        "model_type": "phi3",
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096,
+        "hidden_size": 3072,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48},
+    }
     shape = load_model_shape(phi3)
     assert shape.rope_scaling is not None and shape.rope_scaling["original_max_position_embeddings"] == 4096
     np.testing.assert_allclose(shape.rope_frequencies(seq_len=5000), rope_frequencies(96) / 2)
@@ -160,8 +171,15 @@ def test_model_flops_count_window_layers_by_their_band():
 
 
 def test_mistral_config_slides_on_every_layer_and_zero_window_layers_on_none():
-    mistral = {**LLAMA_31_8B, "model_type": "mistral", "vocab_size": 32000, "max_position_embeddings": 32768,
-               "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 4096}  # fmt: skip
+    mistral = {
+        **LLAMA_31_8B,
+        "model_type": "mistral",
+        "vocab_size": 32000,
+        "max_position_embeddings": 32768,
+        "rope_scaling": None,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+    }
     shape = load_model_shape(mistral)
     assert shape == ModelShape(**{**PRESETS["mistral-7b-v0.1"].__dict__, "name": "mistral"})
     assert shape.window_layers is None and shape.kv_cache_bytes(8192) == shape.kv_cache_bytes(4096)
@@ -176,8 +194,12 @@ def test_mistral_config_slides_on_every_layer_and_zero_window_layers_on_none():
 def test_dynamic_config_keeps_its_trained_length_at_max_position_embeddings():
     """load_model_shape moved a top-level original_max_position_embeddings into every scaling dict, and
     dynamic then used it as L0; transformers reads L0 from max_position_embeddings for dynamic."""
-    config = {**LLAMA_31_8B, "max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
-              "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}  # fmt: skip
+    config = {
+        **LLAMA_31_8B,
+        "max_position_embeddings": 16384,
+        "original_max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "dynamic", "factor": 2.0},
+    }
     shape = load_model_shape(config)
     assert shape.rope_scaling == {"rope_type": "dynamic", "factor": 2.0}
     expected = rope_frequencies(128, 500000.0, scaling=shape.rope_scaling, seq_len=32768, max_position_embeddings=16384)
@@ -190,10 +212,14 @@ def test_dynamic_config_keeps_its_trained_length_at_max_position_embeddings():
 
 
 PHI3_LONGROPE = {
-    **LLAMA_31_8B, "model_type": "phi3", "rope_theta": 10000.0, "original_max_position_embeddings": 4096,
-    "hidden_size": 3072, "num_key_value_heads": 32,
+    **LLAMA_31_8B,
+    "model_type": "phi3",
+    "rope_theta": 10000.0,
+    "original_max_position_embeddings": 4096,
+    "hidden_size": 3072,
+    "num_key_value_heads": 32,
     "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48},
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize(
@@ -201,11 +227,14 @@ PHI3_LONGROPE = {
     [
         ({"rope_type": "linear", "factor": "2"}, TypeError, r"scaling\['factor'\] must be a number > 0; got '2'"),
         ({"rope_type": "linear", "factor": -2}, ValueError, r"scaling\['factor'\] must be a finite number > 0; got -2"),
-        ({**PHI3_LONGROPE["rope_scaling"], "long_factor": [2.0] * 47}, ValueError,
-         r"scaling\['long_factor'\] must be 48 positive numbers \(one per pair\); got 47"),
+        (
+            {**PHI3_LONGROPE["rope_scaling"], "long_factor": [2.0] * 47},
+            ValueError,
+            r"scaling\['long_factor'\] must be 48 positive numbers \(one per pair\); got 47",
+        ),
         ({"rope_type": "yarn", "factor": 4.0, "beta_fast": 0}, ValueError, r"scaling\['beta_fast'\] must be a finite"),
     ],
-)  # fmt: skip
+)
 def test_every_rope_field_is_checked_at_load(rope_scaling, error, message):
     """These used to load, and fail (or give wrong θ) only when the frequencies were asked for."""
     with pytest.raises(error, match=message):
@@ -281,8 +310,16 @@ def test_configs_without_a_name_are_named_by_their_file(tmp_path):
 #   embeddings 10·8 + lm_head 10·8 = 160
 #   a layer: q 8·8 + k 8·4 + v 8·4 + o 8·8 = 192, gate/up/down 3·8·12 = 288, two RMSNorms 2·8 = 16: 496
 #   2 layers 992 + the final norm 8: 1,160 in all
-TINY = {"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
-        "intermediate_size": 12, "vocab_size": 10, "num_hidden_layers": 2}  # fmt: skip
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 8,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 4,
+    "intermediate_size": 12,
+    "vocab_size": 10,
+    "num_hidden_layers": 2,
+}
 LAYER_ATTENTION, LAYER_MLP, LAYER_NORMS = 192, 288, 16
 
 
@@ -326,7 +363,7 @@ def test_the_tiny_llama_by_hand():
         ({"model_type": "stablelm", "qk_layernorm": True}, 2 * (16 + 12) + 8),
         ({"model_type": "stablelm", "use_parallel_residual": True}, 8),
     ],
-)  # fmt: skip
+)
 def test_each_block_rule_by_hand(change, difference):
     assert tiny(**change).num_parameters == 1_160 + difference
 
@@ -367,8 +404,17 @@ def test_falcon_multi_query_new_decoder_and_alibi():
 
 
 def test_gpt2_names_learned_positions_and_a_head_dim_of_its_own():
-    gpt2 = load_model_shape({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 2, "n_positions": 5,
-                             "vocab_size": 10, "n_inner": None})  # fmt: skip
+    gpt2 = load_model_shape(
+        {
+            "model_type": "gpt2",
+            "n_embd": 8,
+            "n_head": 2,
+            "n_layer": 2,
+            "n_positions": 5,
+            "vocab_size": 10,
+            "n_inner": None,
+        }
+    )
     layer = 4 * 8 * 8 + 32 + 2 * 8 * 32 + 40 + 32  # q k v o and 4 biases of 8, MLP of 32, two LayerNorms
     assert gpt2.num_parameters == 80 + 5 * 8 + 2 * layer + 16 and gpt2.positions == "learned"
     # head_dim 6, not 8 / 2: q 8·12, k and v 8·6, o 12·8
@@ -391,8 +437,16 @@ def test_mixtral_experts_total_and_active():
 def test_qwen_moe_layers_shared_expert_and_its_gate():
     """Qwen2-MoE: layer i routes unless in mlp_only_layers, every decoder_sparse_step-th; experts of
     moe_intermediate_size 6; a shared expert of 10 behind a gate of 8 -> 1."""
-    config = {**TINY, "model_type": "qwen2_moe", "num_hidden_layers": 4, "num_experts": 3, "num_experts_per_tok": 1,
-              "moe_intermediate_size": 6, "shared_expert_intermediate_size": 10, "decoder_sparse_step": 2}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "qwen2_moe",
+        "num_hidden_layers": 4,
+        "num_experts": 3,
+        "num_experts_per_tok": 1,
+        "moe_intermediate_size": 6,
+        "shared_expert_intermediate_size": 10,
+        "decoder_sparse_step": 2,
+    }
     shape = load_model_shape(config)
     assert shape.experts.layers == (1, 3)
     assert shape.moe_parameters == 8 * 3 + 3 * (3 * 8 * 6) + 3 * 8 * 10 + 8
@@ -402,10 +456,23 @@ def test_qwen_moe_layers_shared_expert_and_its_gate():
 def test_deepseek_dense_layers_first_and_shared_experts():
     """first_k_dense_replace 1: layer 0 dense (intermediate_size); then n_routed_experts 4 of 6, and 2 shared
     experts of 6 as one MLP of 12."""
-    config = {**TINY, "model_type": "deepseek_v3", "num_hidden_layers": 4, "num_key_value_heads": 2, "head_dim": None,
-              "kv_lora_rank": 4, "q_lora_rank": None, "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3,
-              "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 6, "n_shared_experts": 2,
-              "first_k_dense_replace": 1}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "deepseek_v3",
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "head_dim": None,
+        "kv_lora_rank": 4,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 2,
+        "qk_nope_head_dim": 2,
+        "v_head_dim": 3,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 6,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 1,
+    }
     shape = load_model_shape(config)
     assert shape.experts.layers == (1, 2, 3) and shape.experts.shared_intermediate == 12
     assert shape.moe_parameters == 8 * 4 + 4 * (3 * 8 * 6) + 3 * 8 * 12
@@ -414,8 +481,14 @@ def test_deepseek_dense_layers_first_and_shared_experts():
 
 
 def test_gpt_oss_router_and_expert_biases_and_sinks():
-    config = {**TINY, "model_type": "gpt_oss", "num_local_experts": 3, "num_experts_per_tok": 1,
-              "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "gpt_oss",
+        "num_local_experts": 3,
+        "num_experts_per_tok": 1,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4,
+    }
     shape = load_model_shape(config)
     expert = 3 * 8 * 12 + 2 * 12 + 8  # gate, up and down, and their biases
     assert shape.moe_parameters == (8 * 3 + 3) + 3 * expert  # router weights and bias
@@ -426,9 +499,16 @@ def test_gpt_oss_router_and_expert_biases_and_sinks():
 def test_llama4_interleaved_moe_and_the_dense_width():
     """Llama 4: every interleave_moe_layer_step-th layer routes, to experts and one shared expert of
     intermediate_size; the other layers' MLP is intermediate_size_mlp wide; its L2 q/k norm has no weights."""
-    config = {**TINY, "model_type": "llama4_text", "num_hidden_layers": 4, "num_local_experts": 2,
-              "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "intermediate_size_mlp": 20,
-              "attention_chunk_size": 4}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "llama4_text",
+        "num_hidden_layers": 4,
+        "num_local_experts": 2,
+        "num_experts_per_tok": 1,
+        "interleave_moe_layer_step": 2,
+        "intermediate_size_mlp": 20,
+        "attention_chunk_size": 4,
+    }
     shape = load_model_shape(config)
     assert shape.experts.layers == (1, 3) and shape.intermediate == 20 and shape.qk_norm == "l2"
     assert shape.mlp_parameters == 3 * 8 * 20 and shape.moe_parameters == 8 * 2 + 2 * 288 + 288
@@ -436,9 +516,17 @@ def test_llama4_interleaved_moe_and_the_dense_width():
 
 
 def test_ernie_moe_layer_range_and_its_score_bias():
-    config = {**TINY, "model_type": "ernie4_5_moe", "num_hidden_layers": 4, "moe_num_experts": 2, "moe_k": 1,
-              "moe_intermediate_size": 6, "moe_num_shared_experts": 1, "moe_layer_start_index": 1,
-              "moe_layer_end_index": 2}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "ernie4_5_moe",
+        "num_hidden_layers": 4,
+        "moe_num_experts": 2,
+        "moe_k": 1,
+        "moe_intermediate_size": 6,
+        "moe_num_shared_experts": 1,
+        "moe_layer_start_index": 1,
+        "moe_layer_end_index": 2,
+    }
     shape = load_model_shape(config)
     assert shape.experts.layers == (1, 2) and shape.tied_embeddings
     assert shape.moe_parameters == 8 * 2 + 2 + 2 * (3 * 8 * 6) + 3 * 8 * 6  # router, correction bias, experts, shared
@@ -450,9 +538,18 @@ def test_ernie_moe_layer_range_and_its_score_bias():
 def test_latent_attention_weights_and_cache_by_hand():
     """2 heads; kv_lora_rank 4, q_lora_rank 3, rope 2, nope 2, v 3; C = 8.
     q: 8·3 + 3 (norm) + 3·2·(2 + 2); kv: 8·(4 + 2) + 4 (norm); 4·2·(2 + 3); o: 2·3·8."""
-    config = {**TINY, "model_type": "deepseek_v2", "num_key_value_heads": 2, "head_dim": None, "kv_lora_rank": 4,
-              "q_lora_rank": 3, "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3,
-              "first_k_dense_replace": 2}  # fmt: skip
+    config = {
+        **TINY,
+        "model_type": "deepseek_v2",
+        "num_key_value_heads": 2,
+        "head_dim": None,
+        "kv_lora_rank": 4,
+        "q_lora_rank": 3,
+        "qk_rope_head_dim": 2,
+        "qk_nope_head_dim": 2,
+        "v_head_dim": 3,
+        "first_k_dense_replace": 2,
+    }
     shape = load_model_shape(config)
     assert shape.attention_kind == "MLA" and shape.head_dim == 4 and shape.kv_width == 6
     assert shape.attention_parameters == (24 + 3 + 24) + (48 + 4) + 40 + 48 == 191
@@ -503,8 +600,13 @@ def test_cache_by_layer_kind_by_hand():
     mixed = tiny(model_type="gemma2", num_hidden_layers=4, sliding_window=4)  # S F S F
     assert mixed.kv_cache_bytes(10, "fp32") == 32 * (2 * 10 + 2 * 4)
     assert mixed.kv_bytes_per_token("fp32") == {"full_attention": 64, "sliding_attention": 64}
-    chunked = tiny(model_type="llama4_text", num_hidden_layers=4, attention_chunk_size=4, num_local_experts=1,
-                   num_experts_per_tok=1)  # fmt: skip
+    chunked = tiny(
+        model_type="llama4_text",
+        num_hidden_layers=4,
+        attention_chunk_size=4,
+        num_local_experts=1,
+        num_experts_per_tok=1,
+    )
     assert chunked.kv_cache_bytes(10, "fp32", batch=2) == 2 * 32 * (10 + 3 * 4)
     # 2 heads, 2 (E + Ev) = 16 FLOPs a score: 3 chunked layers of 23 scores, a full one of 55
     assert chunked.attention_flops(10) == 2 * 16 * (3 * causal_entries(10, chunk=4) + causal_entries(10))
@@ -514,8 +616,15 @@ def test_cache_by_layer_kind_by_hand():
         "linear_key_head_dim": 3,
         "linear_value_head_dim": 5,
     }
-    linear = tiny(model_type="qwen3_next", num_hidden_layers=4, num_experts=1, num_experts_per_tok=1,
-                  moe_intermediate_size=6, linear_conv_kernel_dim=2, **heads)  # fmt: skip
+    linear = tiny(
+        model_type="qwen3_next",
+        num_hidden_layers=4,
+        num_experts=1,
+        num_experts_per_tok=1,
+        moe_intermediate_size=6,
+        linear_conv_kernel_dim=2,
+        **heads,
+    )
     assert linear.kv_cache_bytes(10, "fp32") == 32 * 10  # one full layer (every 4th)
     # 3 linear layers: 2 value heads of a 3 x 5 state, and a convolution of 2 over 2·1·3 + 2·5 = 16 channels
     assert linear.state_bytes("fp32") == 3 * (2 * 3 * 5 + 16 * 2) * 4
@@ -534,20 +643,29 @@ def test_cache_by_layer_kind_by_hand():
     ("change", "message"),
     [
         ({"model_type": "no_such_model"}, r"'model_type' = 'no_such_model' is not an architecture the reader knows"),
-        ({"num_local_experts": 8}, r"'num_local_experts' = 8 would change the bill and is not understood for "
-                                   r"model_type 'llama'; a bill that guessed could be wrong"),
+        (
+            {"num_local_experts": 8},
+            r"'num_local_experts' = 8 would change the bill and is not understood for "
+            r"model_type 'llama'; a bill that guessed could be wrong",
+        ),
         ({"kv_lora_rank": 512}, r"'kv_lora_rank' = 512 would change the bill"),
         ({"sliding_window": 4096}, r"'sliding_window' = 4096 would change the bill"),
         ({"is_encoder_decoder": True}, r"'is_encoder_decoder' = True describes a model that is not a plain decoder"),
         ({"model_type": "phi3", "attention_bias": True}, r"'attention_bias' = True is not built by transformers"),
-        ({"model_type": "gemma2", "layer_types": ["mamba", "full_attention"]},
-         r"'layer_types' = \['mamba'\] names layer kinds the reader does not know"),
-        ({"model_type": "gemma2", "sliding_window": 0, "layer_types": ["sliding_attention", "full_attention"]},
-         r"'layer_types' has sliding_attention layers, but the sliding window is off"),
-        ({"model_type": "mistral", "layer_types": ["linear_attention"] * 2},
-         r"'layer_types' = \['linear_attention'\] names layer kinds the reader does not know"),
+        (
+            {"model_type": "gemma2", "layer_types": ["mamba", "full_attention"]},
+            r"'layer_types' = \['mamba'\] names layer kinds the reader does not know",
+        ),
+        (
+            {"model_type": "gemma2", "sliding_window": 0, "layer_types": ["sliding_attention", "full_attention"]},
+            r"'layer_types' has sliding_attention layers, but the sliding window is off",
+        ),
+        (
+            {"model_type": "mistral", "layer_types": ["linear_attention"] * 2},
+            r"'layer_types' = \['linear_attention'\] names layer kinds the reader does not know",
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_the_reader_does_not_understand_is_refused(change, message):
     with pytest.raises(ValueError, match=message):
         tiny(**change)
@@ -569,31 +687,82 @@ def test_null_and_off_mean_off_and_notes_say_what_is_left_out():
 
 # huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json, the fields that make its bill
 DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
-    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
-    "n_shared_experts": 1, "n_routed_experts": 256, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
-    "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "qk_nope_head_dim": 128, "max_position_embeddings": 163840, "rope_theta": 10000, "tie_word_embeddings": False,
-    "num_nextn_predict_layers": 1, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "topk_method": "noaux_tc",
-    "n_group": 8, "topk_group": 4, "norm_topk_prob": True, "ep_size": 1, "attention_bias": False,
-    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
-                     "original_max_position_embeddings": 4096, "type": "yarn"},
-    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                            "weight_block_size": [128, 128]},
-}  # fmt: skip
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "n_group": 8,
+    "topk_group": 4,
+    "norm_topk_prob": True,
+    "ep_size": 1,
+    "attention_bias": False,
+    "rope_scaling": {
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "factor": 40,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+        "type": "yarn",
+    },
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+}
 # huggingface.co/Qwen/Qwen2.5-72B/blob/main/config.json
 QWEN25_72B = {
-    "model_type": "qwen2", "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "max_position_embeddings": 131072,
-    "rope_theta": 1000000.0, "sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 80,
+    "model_type": "qwen2",
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "max_window_layers": 80,
     "tie_word_embeddings": False,
-}  # fmt: skip
+}
 # huggingface.co/meta-llama/Llama-3.1-405B/blob/main/config.json
 LLAMA31_405B = {
-    "model_type": "llama", "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126,
-    "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
-    "rope_theta": 500000.0, "rope_scaling": dict(LLAMA31_ROPE_SCALING), "tie_word_embeddings": False,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 16384,
+    "intermediate_size": 53248,
+    "num_hidden_layers": 126,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "rope_theta": 500000.0,
+    "rope_scaling": dict(LLAMA31_ROPE_SCALING),
+    "tie_word_embeddings": False,
+}
 
 
 def test_the_kv_cache_per_token_of_the_deepseek_v3_report():
@@ -620,43 +789,139 @@ def test_qwen25_72b_and_llama31_405b_parameters():
 
 # --- the kinds of layer of the newer architectures, each on a config of its own ------------------------------------
 
-SMALL = dict(hidden_size=8, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, intermediate_size=12,
-             vocab_size=10)  # fmt: skip
+SMALL = dict(
+    hidden_size=8,
+    num_hidden_layers=4,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=12,
+    vocab_size=10,
+)
 MLA = dict(kv_lora_rank=4, q_lora_rank=3, qk_rope_head_dim=2, qk_nope_head_dim=2, v_head_dim=3)
 ROUTED = dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=6)
 NEW_KINDS = {
-    "kimi_linear": {**SMALL, **MLA, "model_type": "kimi_linear", "num_experts": 4, "num_experts_per_token": 2,
-                    "moe_intermediate_size": 6, "linear_attn_config": {"num_heads": 2, "head_dim": 4,
-                    "short_conv_kernel_size": 3, "full_attn_layers": [2, 4], "kda_layers": [1, 3]}},
-    "mimo_v2_flash": {**SMALL, **ROUTED, "model_type": "mimo_v2_flash", "head_dim": 6, "v_head_dim": 4,
-                      "sliding_window": 5},
-    "gemma4_text": {**SMALL, "model_type": "gemma4_text", "head_dim": 4, "global_head_dim": 8,
-                    "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
-                    "hidden_size_per_layer_input": 2, "vocab_size_per_layer_input": 10, "sliding_window": 5,
-                    "layer_types": ["sliding_attention", "full_attention"] * 2},
-    "gemma3n_text": {**SMALL, "model_type": "gemma3n_text", "head_dim": 4, "num_kv_shared_layers": 2,
-                     "hidden_size_per_layer_input": 2, "vocab_size_per_layer_input": 10, "laurel_rank": 2,
-                     "altup_num_inputs": 2, "sliding_window": 5, "intermediate_size": [12, 8, 12, 16]},
-    "recurrent_gemma": {**SMALL, "model_type": "recurrent_gemma", "lru_width": 6, "attention_window_size": 5,
-                        "block_types": ["recurrent", "attention"]},
+    "kimi_linear": {
+        **SMALL,
+        **MLA,
+        "model_type": "kimi_linear",
+        "num_experts": 4,
+        "num_experts_per_token": 2,
+        "moe_intermediate_size": 6,
+        "linear_attn_config": {
+            "num_heads": 2,
+            "head_dim": 4,
+            "short_conv_kernel_size": 3,
+            "full_attn_layers": [2, 4],
+            "kda_layers": [1, 3],
+        },
+    },
+    "mimo_v2_flash": {
+        **SMALL,
+        **ROUTED,
+        "model_type": "mimo_v2_flash",
+        "head_dim": 6,
+        "v_head_dim": 4,
+        "sliding_window": 5,
+    },
+    "gemma4_text": {
+        **SMALL,
+        "model_type": "gemma4_text",
+        "head_dim": 4,
+        "global_head_dim": 8,
+        "num_global_key_value_heads": 1,
+        "attention_k_eq_v": True,
+        "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 2,
+        "vocab_size_per_layer_input": 10,
+        "sliding_window": 5,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+    },
+    "gemma3n_text": {
+        **SMALL,
+        "model_type": "gemma3n_text",
+        "head_dim": 4,
+        "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 2,
+        "vocab_size_per_layer_input": 10,
+        "laurel_rank": 2,
+        "altup_num_inputs": 2,
+        "sliding_window": 5,
+        "intermediate_size": [12, 8, 12, 16],
+    },
+    "recurrent_gemma": {
+        **SMALL,
+        "model_type": "recurrent_gemma",
+        "lru_width": 6,
+        "attention_window_size": 5,
+        "block_types": ["recurrent", "attention"],
+    },
     "rwkv": {"model_type": "rwkv", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
     "xlstm": {"model_type": "xlstm", "hidden_size": 128, "num_hidden_layers": 2, "vocab_size": 10, "num_heads": 2},
-    "longcat_flash": {**MLA, "model_type": "longcat_flash", "hidden_size": 8, "num_layers": 2,
-                      "num_attention_heads": 2, "vocab_size": 10, "head_dim": 2, "n_routed_experts": 4, "moe_topk": 2,
-                      "expert_ffn_hidden_size": 6, "zero_expert_num": 2, "ffn_hidden_size": 12},
-    "zamba": {**SMALL, "model_type": "zamba", "attn_layer_period": 2, "attn_layer_offset": 1, "n_mamba_heads": 2,
-              "mamba_d_state": 4},
-    "zamba2": {**SMALL, "model_type": "zamba2", "n_mamba_heads": 4, "mamba_d_state": 4, "adapter_rank": 2,
-               "num_mem_blocks": 2, "layers_block_type": ["linear_attention", "hybrid"] * 2},
-    "inkling_text": {**SMALL, **ROUTED, "model_type": "inkling_text", "head_dim": 4, "swa_num_attention_heads": 4,
-                     "swa_num_key_value_heads": 2, "swa_head_dim": 2, "sliding_window_size": 5,
-                     "n_shared_experts": 1, "d_rel": 2, "rel_extent": 6},
-    "dots3_note_text": {**SMALL, **MLA, **ROUTED, "model_type": "dots3_note_text", "num_key_value_heads": 2,
-                        "head_dim": 8, "shared_experts_intermediate_size": 6, "index_n_heads": 2,
-                        "index_head_dim": 4, "index_topk": 3, "sliding_window": 5, "swa_num_attention_heads": 2,
-                        "swa_num_key_value_heads": 2, "swa_q_lora_rank": 3, "swa_kv_lora_rank": 2, "swa_head_dim": 4,
-                        "swa_qk_nope_head_dim": 2, "swa_v_head_dim": 2},
-}  # fmt: skip
+    "longcat_flash": {
+        **MLA,
+        "model_type": "longcat_flash",
+        "hidden_size": 8,
+        "num_layers": 2,
+        "num_attention_heads": 2,
+        "vocab_size": 10,
+        "head_dim": 2,
+        "n_routed_experts": 4,
+        "moe_topk": 2,
+        "expert_ffn_hidden_size": 6,
+        "zero_expert_num": 2,
+        "ffn_hidden_size": 12,
+    },
+    "zamba": {
+        **SMALL,
+        "model_type": "zamba",
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+        "n_mamba_heads": 2,
+        "mamba_d_state": 4,
+    },
+    "zamba2": {
+        **SMALL,
+        "model_type": "zamba2",
+        "n_mamba_heads": 4,
+        "mamba_d_state": 4,
+        "adapter_rank": 2,
+        "num_mem_blocks": 2,
+        "layers_block_type": ["linear_attention", "hybrid"] * 2,
+    },
+    "inkling_text": {
+        **SMALL,
+        **ROUTED,
+        "model_type": "inkling_text",
+        "head_dim": 4,
+        "swa_num_attention_heads": 4,
+        "swa_num_key_value_heads": 2,
+        "swa_head_dim": 2,
+        "sliding_window_size": 5,
+        "n_shared_experts": 1,
+        "d_rel": 2,
+        "rel_extent": 6,
+    },
+    "dots3_note_text": {
+        **SMALL,
+        **MLA,
+        **ROUTED,
+        "model_type": "dots3_note_text",
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "shared_experts_intermediate_size": 6,
+        "index_n_heads": 2,
+        "index_head_dim": 4,
+        "index_topk": 3,
+        "sliding_window": 5,
+        "swa_num_attention_heads": 2,
+        "swa_num_key_value_heads": 2,
+        "swa_q_lora_rank": 3,
+        "swa_kv_lora_rank": 2,
+        "swa_head_dim": 4,
+        "swa_qk_nope_head_dim": 2,
+        "swa_v_head_dim": 2,
+    },
+}
 
 
 def test_a_kind_of_layer_with_sizes_of_its_own_by_hand():
@@ -666,8 +931,9 @@ def test_a_kind_of_layer_with_sizes_of_its_own_by_hand():
     assert shape.kv_bytes_per_token("fp32") == {"full_attention": (6 + 4) * 4, "sliding_attention": 3 * 2 * 10 * 4}
     full, sliding = shape.attention_parameters_of("full_attention"), shape.attention_parameters_of("sliding_attention")
     assert full == 8 * (12 + 6 + 4) + 2 * 4 * 8 and sliding == 8 * (12 + 12 + 8) + 2 * 4 * 8 + 2
-    assert any("sliding layers: 2 query heads over 2 kv heads of 6, values of 4, sinks" in line
-               for line in shape.describe())  # fmt: skip
+    assert any(
+        "sliding layers: 2 query heads over 2 kv heads of 6, values of 4, sinks" in line for line in shape.describe()
+    )
 
 
 def test_the_fields_a_released_config_adds_must_say_what_transformers_builds():
@@ -716,13 +982,24 @@ def test_shared_blocks_are_counted_once_where_transformers_ties_them():
 
 HOSTILE_BASES = [
     dict(TINY),
-    {**TINY, "model_type": "deepseek_v3", "num_key_value_heads": 2, "kv_lora_rank": 4, "q_lora_rank": 3,
-     "qk_rope_head_dim": 2, "qk_nope_head_dim": 2, "v_head_dim": 3, "n_routed_experts": 4, "num_experts_per_tok": 2,
-     "moe_intermediate_size": 6, "first_k_dense_replace": 1},
+    {
+        **TINY,
+        "model_type": "deepseek_v3",
+        "num_key_value_heads": 2,
+        "kv_lora_rank": 4,
+        "q_lora_rank": 3,
+        "qk_rope_head_dim": 2,
+        "qk_nope_head_dim": 2,
+        "v_head_dim": 3,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 6,
+        "first_k_dense_replace": 1,
+    },
     {"model_type": "mamba", "hidden_size": 8, "num_hidden_layers": 2, "vocab_size": 10},
     {**TINY, "model_type": "gemma2"},
     *NEW_KINDS.values(),
-]  # fmt: skip
+]
 
 
 def nested(levels):
@@ -738,8 +1015,21 @@ def nested(levels):
 def test_hostile_configs_get_one_clear_line(base):
     """Every field of a config, and a few more, set to a wrong type, NaN, infinity, a negative or huge size, a
     list of the wrong length or one nested 100,000 deep: a shape, or a ValueError or TypeError of one line."""
-    values = [None, float("nan"), float("inf"), -1, 0, 10**7, 10**100, "4096", [1, 2], {"a": 1}, True, 3.5,
-              nested(100_000)]  # fmt: skip
+    values = [
+        None,
+        float("nan"),
+        float("inf"),
+        -1,
+        0,
+        10**7,
+        10**100,
+        "4096",
+        [1, 2],
+        {"a": 1},
+        True,
+        3.5,
+        nested(100_000),
+    ]
     fields = [*base, "rope_scaling", "layer_types", "head_dim", "num_key_value_heads", "text_config", "rope_theta"]
     for field in fields:
         for value in values:
@@ -795,13 +1085,25 @@ def test_a_field_left_out_takes_its_config_class_default():
     assert load_model_shape({**no_head_dim, "model_type": "qwen3"}).head_dim == 128
     no_kv = {key: value for key, value in TINY.items() if key != "num_key_value_heads"}
     assert load_model_shape({**no_kv, "model_type": "mistral", "num_attention_heads": 8}).kv_heads == 8
-    falcon = {"model_type": "falcon", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 2,
-              "vocab_size": 10, "multi_query": None}  # fmt: skip
+    falcon = {
+        "model_type": "falcon",
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 10,
+        "multi_query": None,
+    }
     assert load_model_shape(falcon).kv_heads == 2
     no_vocab = {key: value for key, value in TINY.items() if key != "vocab_size"}
     assert load_model_shape({**no_vocab, "model_type": "gemma3_text"}).vocab == 262_208
-    qwen3_moe = {**TINY, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
-                 "moe_intermediate_size": 6, "shared_expert_intermediate_size": 99}  # fmt: skip
+    qwen3_moe = {
+        **TINY,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 6,
+        "shared_expert_intermediate_size": 99,
+    }
     assert load_model_shape(qwen3_moe).experts.shared_intermediate == 0  # transformers builds no shared expert
 
 

@@ -129,8 +129,12 @@ def test_document_ids_too_short_or_for_too_few_batch_entries_are_refused_by_name
 def test_the_ready_made_mods_keep_their_own_copies_of_the_callers_arrays(rng):
     q, k, v = qkv(rng)
     ids, prefix, slopes, table = np.array([0, 0, 0, 1, 1, 1]), np.array([2, 3]), np.array([0.5, 0.25]), np.ones((2, 3))
-    mods = [("documents", document_mod(ids), None), ("prefix", prefix_lm_mod(prefix), None),
-            ("alibi", None, Alibi(slopes, L, learned=True)), ("bias", None, RelativeBias(table, L))]  # fmt: skip
+    mods = [
+        ("documents", document_mod(ids), None),
+        ("prefix", prefix_lm_mod(prefix), None),
+        ("alibi", None, Alibi(slopes, L, learned=True)),
+        ("bias", None, RelativeBias(table, L)),
+    ]
 
     def run(mask_mod, score_mod):
         return flex_attention(q, k, v, score_mod, mask_mod and create_block_mask(mask_mod, 2, None, L, L))

@@ -290,9 +290,12 @@ def test_accumulated_grads_equal_the_whole_batch_in_any_number_of_slices(parts):
 
 @pytest.mark.parametrize(
     ("rows", "parts", "error", "match"),
-    [(6, 4, ValueError, "a multiple of parts = 4; got 6 and 6"), (6, 0, ValueError, "parts must be a positive int"),
-     (6, 1.5, TypeError, "parts must be a positive int")],
-)  # fmt: skip
+    [
+        (6, 4, ValueError, "a multiple of parts = 4; got 6 and 6"),
+        (6, 0, ValueError, "parts must be a positive int"),
+        (6, 1.5, TypeError, "parts must be a positive int"),
+    ],
+)
 def test_accumulated_grads_refuse_slices_that_do_not_split_the_batch(rows, parts, error, match):
     def never(x, y):
         raise AssertionError("loss_and_grads must not run")

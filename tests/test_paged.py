@@ -206,12 +206,12 @@ def test_a_batch_is_all_or_nothing():
             lambda c, s: c.append(s, np.zeros((3, 1, 4), np.float32), np.zeros((3, 1, 4), np.float32)),
             ValueError,
             r"shape \(2, T_new, 4\)",
-        ),  # fmt: skip
+        ),
         (
             lambda c, s: c.append(s, np.zeros((2, 1, 4), np.float32), np.zeros((2, 2, 4), np.float32)),
             ValueError,
             "the same sequences and tokens",
-        ),  # fmt: skip
+        ),
         (lambda c, s: c.append(s, [[[0.0]]], [[[0.0]]]), TypeError, "must be a NumPy array"),
         (lambda c, s: c.append(7, *_tokens(c, 0, 1)), ValueError, r"sequence 7 is not in this cache"),
         (lambda c, s: c.append(True, *_tokens(c, 0, 1)), TypeError, "seq must be a sequence id"),
@@ -220,7 +220,7 @@ def test_a_batch_is_all_or_nothing():
             lambda c, s: c.append_batch([s], *(np.stack([x, x]) for x in _tokens(c, 0, 1))),
             ValueError,
             "k has 2 sequences",
-        ),  # fmt: skip
+        ),
         (lambda c, s: c.append_batch(s, *(x[None] for x in _tokens(c, 0, 1))), TypeError, "sequence of ids"),
         (lambda c, s: c.free(99), ValueError, "sequence 99 is not in this cache"),
         (lambda c, s: c.fork(-1), ValueError, "sequence -1 is not in this cache"),
@@ -444,7 +444,7 @@ OPERATIONS = st.lists(  # (operation, which live sequence, tokens); appends and 
         st.sampled_from(["add", "append", "append", "append", "batch", "batch", "fork", "fork", "free"]),
         st.integers(0, 255),
         st.integers(0, 9),
-    ),  # fmt: skip
+    ),
     min_size=10,
     max_size=50,
 )

@@ -94,8 +94,12 @@ def test_blocks_of_many_pages_and_float32_stay_within_float32_rounding():
     q = RNG.standard_normal((2, 8, 1, 8)).astype(np.float32)
     out = paged_decode(q, cache, seqs, kv_splits=3)
     assert out.dtype == np.float32
-    gold = np.stack([attention(q[i].astype(np.float64), *(x.astype(np.float64) for x in cache.gather(s)))
-                     for i, s in enumerate(seqs)])  # fmt: skip
+    gold = np.stack(
+        [
+            attention(q[i].astype(np.float64), *(x.astype(np.float64) for x in cache.gather(s)))
+            for i, s in enumerate(seqs)
+        ]
+    )
     assert_close(out, gold, np.float32)
 
 
@@ -243,8 +247,7 @@ def _samples(n, prompt, block_size, own):
 @pytest.mark.parametrize("own", [[5, 0, 17, 3], [0, 0, 0, 0], [40, 41, 1, 2]])
 def test_cascade_equals_attending_to_the_whole_of_each(block_size, own):
     cache, seqs = _samples(4, 50, block_size, own)
-    pages, keys = shared_prefix([list(cache.block_table(s)) for s in seqs], [cache.length(s) for s in seqs],
-                                block_size)  # fmt: skip
+    pages, keys = shared_prefix([list(cache.block_table(s)) for s in seqs], [cache.length(s) for s in seqs], block_size)
     assert keys == (50 if not any(own) else 50 // block_size * block_size)  # the prompt's shared blocks
     q = RNG.standard_normal((4, 6, 1, 8))
     out, lse = cascade_decode(q, cache, seqs, return_lse=True)
@@ -252,8 +255,10 @@ def test_cascade_equals_attending_to_the_whole_of_each(block_size, own):
     _, lse_paged = paged_decode(q, cache, seqs, return_lse=True)
     assert_close(lse, lse_paged, np.float64)
     for workers in (1, 3):
-        np.testing.assert_array_equal(cascade_decode(q, cache, seqs, kv_splits=2, workers=workers),
-                                      cascade_decode(q, cache, seqs, kv_splits=2, workers=2))  # fmt: skip
+        np.testing.assert_array_equal(
+            cascade_decode(q, cache, seqs, kv_splits=2, workers=workers),
+            cascade_decode(q, cache, seqs, kv_splits=2, workers=2),
+        )
 
 
 def test_cascade_without_a_shared_prefix_is_paged_decode():
@@ -309,8 +314,9 @@ def test_float32_paged_decoding_equals_the_kv_cache():
     paged = PagedKVCache(20, 16, 2, 8)
     seqs = [paged.add_sequence(), paged.add_sequence()]
     for t in range(40):
-        assert_close(mha(x[:, t : t + 1], cache=paged, seq_ids=seqs), mha(x[:, t : t + 1], cache=contiguous),
-                     np.float32)  # fmt: skip
+        assert_close(
+            mha(x[:, t : t + 1], cache=paged, seq_ids=seqs), mha(x[:, t : t + 1], cache=contiguous), np.float32
+        )
 
 
 def test_a_refused_step_changes_no_sequence():
@@ -410,13 +416,15 @@ def test_a_step_that_does_not_fit_is_refused_before_it_is_made(decode, monkeypat
 
 def test_a_large_batch_beyond_the_address_space_limit_is_refused_before_anything_is_allocated():
     """q of 32 MiB for 1,024 sequences exists; the step's scaled copy alone would not fit in the 16 MiB left."""
-    setup = "; ".join([
-        "cache = tinyattn_np.PagedKVCache(1024, 16, 8, 128)",
-        "seqs = [cache.add_sequence() for _ in range(1024)]",
-        "k = np.ones((1024, 8, 3, 128), np.float32)",
-        "cache.append_batch(seqs, k, k)",
-        "q = np.ones((1024, 64, 1, 128), np.float32)",
-    ])  # fmt: skip
+    setup = "; ".join(
+        [
+            "cache = tinyattn_np.PagedKVCache(1024, 16, 8, 128)",
+            "seqs = [cache.add_sequence() for _ in range(1024)]",
+            "k = np.ones((1024, 8, 3, 128), np.float32)",
+            "cache.append_batch(seqs, k, k)",
+            "q = np.ones((1024, 64, 1, 128), np.float32)",
+        ]
+    )
     printed = _under_address_space_limit(setup, "tinyattn_np.paged_decode(q, cache, seqs)", headroom=16 * 2**20)
     assert printed.startswith("refused: paged_decode would allocate"), printed
     assert "pass fewer sequences per call" in printed

@@ -37,8 +37,11 @@ def test_estimates_for_other_dtypes(warm, dtype):
     n, name = 1024, np.dtype(dtype).name
     q, k, v = _qkv(n, dtype)
     _, measured = traced_peak(attention, q, k, v, causal=True)
-    _check(f"attention {name}", measured, naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype,
-                                                                causal=True))  # fmt: skip
+    _check(
+        f"attention {name}",
+        measured,
+        naive_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype, causal=True),
+    )
     _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=1)
     estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype=dtype, causal=True, workers=1)
     _check(f"flash_attention {name}", measured, estimate)

@@ -101,8 +101,9 @@ def test_flash_attention_equals_attention(case):
     heads = (lambda x: x[None]) if case.two_d else (lambda x: x)
     allowed = bottom_right(case.n_q, case.n_k) if case.causal else None
     if case.window is not None:  # the band's back edge, written as a loop: query i sees j > i + S - L - window
-        allowed = allowed & np.array([[j > i + case.n_k - case.n_q - case.window for j in range(case.n_k)]
-                                      for i in range(case.n_q)]).reshape(case.n_q, case.n_k)  # fmt: skip
+        allowed = allowed & np.array(
+            [[j > i + case.n_k - case.n_q - case.window for j in range(case.n_k)] for i in range(case.n_q)]
+        ).reshape(case.n_q, case.n_k)
     gold_lse = gold_attention(heads(q), heads(k), heads(v), allowed)[1].reshape(lse.shape)
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(gold_lse), err_msg=f"rows that see no key, {case}")
     finite = np.isfinite(gold_lse)

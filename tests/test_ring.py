@@ -209,9 +209,17 @@ def test_ring_of_one_is_flash_attention(layout: str, causal: bool, rng: np.rando
     k = rng.standard_normal((2, 2, 42, 8))
     v = rng.standard_normal((2, 2, 42, 5))
     out, lse, stats = ring_attention(
-        q, k, v, comm=comm_self, causal=causal, layout=layout, return_lse=True, return_stats=True,
-        block_q=16, block_k=16,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        comm=comm_self,
+        causal=causal,
+        layout=layout,
+        return_lse=True,
+        return_stats=True,
+        block_q=16,
+        block_k=16,
+    )
     gold, gold_lse = flash_attention(q, k, v, causal=causal, return_lse=True)
     assert_close(out, gold, np.float64, "out")
     assert_close(lse, gold_lse, np.float64, "lse")

@@ -42,8 +42,12 @@ def trained(tmp_path_factory):
 def test_cached_generation_equals_recomputation(trained, flags, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sys.modules["machine"], "load_average", lambda: 0.0)  # a quiet machine: its conclusion
     figures = tmp_path / "sample.json"
-    assert sample.main([str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags,
-                        "--json", str(figures)]) == 0  # fmt: skip
+    assert (
+        sample.main(
+            [str(trained), "--compare", "--tokens", "40", "--prompt", "the cat", *flags, "--json", str(figures)]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("machine: ") and "\ncode: tinyattn_np " in out  # which machine and code timed it
     assert "the two agree on all 40 tokens" in out and re.search(r"the cache is [0-9.]+x faster", out), out
@@ -76,8 +80,11 @@ def test_a_prompt_read_from_a_file_is_the_same_prompt(trained, tmp_path, capsys)
     empty, latin1 = tmp_path / "empty.txt", tmp_path / "latin1.txt"
     empty.write_text("")
     latin1.write_bytes(b"caf\xe9")
-    for name, message in [("nothing.txt", "no such file"), ("empty.txt", "must hold at least one token"),
-                          ("latin1.txt", "is not UTF-8 text")]:  # fmt: skip
+    for name, message in [
+        ("nothing.txt", "no such file"),
+        ("empty.txt", "must hold at least one token"),
+        ("latin1.txt", "is not UTF-8 text"),
+    ]:
         assert sample.main([str(trained), "--prompt-file", str(tmp_path / name)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"sample.py: error: --prompt-file {tmp_path / name}") and message in err, err
@@ -246,7 +253,12 @@ def test_sample_py_runs_under_train_pys_blas_setting(trained):
     root = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     env["PYTHONPATH"] = str(root)
-    done = subprocess.run([sys.executable, str(root / "scripts" / "sample.py"), str(trained), "--compare", "--tokens",
-                           "4"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(root / "scripts" / "sample.py"), str(trained), "--compare", "--tokens", "4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 0, done.stderr
     assert "OpenBLAS: idle threads sleep after 2^18 cycles without work (OPENBLAS_THREAD_TIMEOUT=18)" in done.stdout

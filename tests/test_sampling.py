@@ -13,8 +13,9 @@ from tinyattn_np.sampling import generate, sample_next
 
 @pytest.fixture(scope="module", params=[None, "LLA"], ids=["softmax attention", "hybrid LLA"])
 def model(request) -> GPT:
-    config = GPTConfig(vocab=13, context=8, layers=3 if request.param else 2, heads=2, width=16, bias=True,
-                       layer_pattern=request.param)  # fmt: skip
+    config = GPTConfig(
+        vocab=13, context=8, layers=3 if request.param else 2, heads=2, width=16, bias=True, layer_pattern=request.param
+    )
     model = GPT(config, rng=4)
     model.params["wte"] *= 20  # sharper logits than at initialisation, so that the tokens vary
     return model

@@ -154,8 +154,13 @@ def test_shared_helpers_are_defined_once(name: str) -> None:
 
 # --- the project speaks of itself, and its output fits a terminal ----------------------------------
 
-SPOKEN = [*SCRIPTS, *sorted((ROOT / "tinyattn_np").glob("*.py")), *sorted((ROOT / "torch_crosscheck").glob("*.py")),
-          *sorted((ROOT / "docs").rglob("*.md")), ROOT / "docs" / "tour.py"]  # fmt: skip
+SPOKEN = [
+    *SCRIPTS,
+    *sorted((ROOT / "tinyattn_np").glob("*.py")),
+    *sorted((ROOT / "torch_crosscheck").glob("*.py")),
+    *sorted((ROOT / "docs").rglob("*.md")),
+    ROOT / "docs" / "tour.py",
+]
 
 
 def test_no_script_page_or_module_speaks_of_issues() -> None:
@@ -244,8 +249,14 @@ def smallest_run(run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         pytest.importorskip(NEEDS[script], reason=f"{script} needs {NEEDS[script]}")
     if script in MPI_PROGRAMS:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-        done = subprocess.run([sys.executable, f"scripts/{script}", *flags], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, f"scripts/{script}", *flags],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         return done.returncode, done.stdout, done.stderr
     code = load(script).main(flags)
     out, err = capsys.readouterr()
@@ -254,9 +265,11 @@ def smallest_run(run: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.parametrize(
     "run",
-    [pytest.param(run, marks=pytest.mark.xfail(reason=NOT_YET[run], strict=True)) if run in NOT_YET else run
-     for run in sorted(SMALLEST_RUNS)],
-)  # fmt: skip
+    [
+        pytest.param(run, marks=pytest.mark.xfail(reason=NOT_YET[run], strict=True)) if run in NOT_YET else run
+        for run in sorted(SMALLEST_RUNS)
+    ],
+)
 def test_output_fits_a_terminal(
     run: str, quiet_machine: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -271,9 +284,10 @@ def test_output_fits_a_terminal(
 # The benchmarks: every program that times something, but those under MPI (their rows are marked by the same
 # machine.busy_reasons on rank 0; the load cannot be faked in another process).
 BENCHMARK_RUNS = sorted(
-    run for run in SMALLEST_RUNS
+    run
+    for run in SMALLEST_RUNS
     if run.split()[0] not in {"attention.py", "position.py", "memory.py", *MPI_PROGRAMS} and "--checkpoint" not in run
-)  # fmt: skip
+)
 CONCLUSIONS = {  # a benchmark's conclusion, drawn on a quiet machine and never from a busy row
     "mla.py": r"x its two products alone",
     "scaling.py": r"time growth per doubling: naive",

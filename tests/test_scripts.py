@@ -302,11 +302,20 @@ def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFi
     scaling = load("scaling.py")
     args = scaling.parse_args([])
     row = dict(
-        tokens=1024, tiles="256 x 256", score_matrix_bytes=2**24, naive_estimate_bytes=19 * 2**20, naive_ms=None,
+        tokens=1024,
+        tiles="256 x 256",
+        score_matrix_bytes=2**24,
+        naive_estimate_bytes=19 * 2**20,
+        naive_ms=None,
         naive_peak_bytes=None,
-        flash_ms=12.3456789, flash_peak_bytes=3.3e6, flash_estimate_bytes=3.2e6, flops=4.5e9,
-        matmul_gflops=91.234567, flash_no_mask_ms=20.987654, busy=[],
-    )  # fmt: skip
+        flash_ms=12.3456789,
+        flash_peak_bytes=3.3e6,
+        flash_estimate_bytes=3.2e6,
+        flops=4.5e9,
+        matmul_gflops=91.234567,
+        flash_no_mask_ms=20.987654,
+        busy=[],
+    )
     scaling.print_table([row, dict(row, tokens=512, naive_ms=1.23456, naive_peak_bytes=5.0e6)], args, True)
     out = capsys.readouterr().out
     assert "skipped (needs 19.0 MiB)" in out and "12.35" in out
@@ -317,8 +326,15 @@ def test_scaling_rounds_rows_beside_a_skipped_naive_row(capsys: pytest.CaptureFi
 def test_scaling_small_run_in_process_prints_every_section(quick: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert load("scaling.py").main(["--min-tokens", "64", "--max-tokens", "128", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
-    for needle in ("check: naive == flash", "machine: ", "code: ", "float32 matmul, 2048 x 2048: 100.0 GFLOP/s",
-                   "naive budget", "time growth per doubling", "useful FLOPs"):  # fmt: skip
+    for needle in (
+        "check: naive == flash",
+        "machine: ",
+        "code: ",
+        "float32 matmul, 2048 x 2048: 100.0 GFLOP/s",
+        "naive budget",
+        "time growth per doubling",
+        "useful FLOPs",
+    ):
         assert needle in out, needle
     labels = [line.split()[0] for line in out.splitlines() if line[:3] in ("64 ", "128")]
     assert labels == ["64", "128"] * (len(labels) // 2) and labels, out  # each part of a split table: both rows
@@ -347,12 +363,28 @@ def test_tiles_profile_splits_both_kernels(quick: None, capsys: pytest.CaptureFi
     assert "decode step: 1 query of 4 heads x 64 against T=96 keys" in out
     assert "MLA decode step: 128 heads over T=96 latents of 512 + 64, absorbed" in out
     assert out.count("matmul on one BLAS thread beside them (100.0 GFLOP/s, the best of 1)") == 4
-    for part in ("matmuls", "exponentials", "reductions and rescaling", "masking", "copies and set-up",
-                 "Python between them", "in all"):  # fmt: skip
+    for part in (
+        "matmuls",
+        "exponentials",
+        "reductions and rescaling",
+        "masking",
+        "copies and set-up",
+        "Python between them",
+        "in all",
+    ):
         assert len(re.findall(rf"^{part}\s", out, re.MULTILINE)) == 4, part
     assert out.count("the profile's copy gives the kernel's bits: yes") == 4
-    assert len(re.findall(r"^in all: [0-9.]+x its products \(the time between them [0-9]+% of theirs; (within|over) "
-                          r"the aim of 1.25x\)$", out, re.MULTILINE)) == 4, out  # fmt: skip
+    assert (
+        len(
+            re.findall(
+                r"^in all: [0-9.]+x its products \(the time between them [0-9]+% of theirs; (within|over) "
+                r"the aim of 1.25x\)$",
+                out,
+                re.MULTILINE,
+            )
+        )
+        == 4
+    ), out
 
 
 def test_tiles_profile_keeps_the_forward_after_ctrl_c(
@@ -398,11 +430,21 @@ def logged(fn: Any, log: list[str]) -> Any:
     return lambda *args, **kwargs: (log.append("f"), fn(*args, **kwargs))[1]
 
 
-@pytest.mark.parametrize("script,kernel,runner", [("scaling.py", "flash_attention", "torch_runner"),
-                                                  ("scaling_backward.py", "flash_attention_backward",
-                                                   "torch_backward_runner")])  # fmt: skip
-def test_flash_and_torch_take_turns(quick: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                                    script: str, kernel: str, runner: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "script,kernel,runner",
+    [
+        ("scaling.py", "flash_attention", "torch_runner"),
+        ("scaling_backward.py", "flash_attention_backward", "torch_backward_runner"),
+    ],
+)
+def test_flash_and_torch_take_turns(
+    quick: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    script: str,
+    kernel: str,
+    runner: str,
+) -> None:
     """With --torch, flash's figure and torch's are timed in turns: --rounds turns of two warm-ups and --repeats
     runs each, flash's and torch's alternating, so that a machine whose speed drifts slows both alike."""
     bench, log = load(script), []
@@ -473,8 +515,12 @@ def test_memory_and_scaling_print_one_flash_peak_and_the_docs_print_it_on_two_co
 
     rows = {row["tokens"]: row for row in load("memory.py").tiny_table_rows()}
     figures = tmp_path / "scaling.json"
-    assert load("scaling.py").main(["--min-tokens", "256", "--max-tokens", "512", "--repeats", "1",
-                                    "--json", str(figures)]) == 0  # fmt: skip
+    assert (
+        load("scaling.py").main(
+            ["--min-tokens", "256", "--max-tokens", "512", "--repeats", "1", "--json", str(figures)]
+        )
+        == 0
+    )
     for row in json.loads(figures.read_text())["results"]:
         assert row["flash_estimate_bytes"] == rows[row["tokens"]]["flash_peak_fp32_bytes"], row["tokens"]
     section = (ROOT / "docs" / "memory.md").read_text(encoding="utf-8").split("2) The tiny model")[1].split("3) ")[0]
@@ -511,9 +557,13 @@ def interrupt(tmp_path: Path, args: list[str], after: str, timeout: float = 90) 
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with open(out_path, "w") as out, open(err_path, "w") as err:
         process = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=environment(), stdout=out, stderr=err,
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=environment(),
+            stdout=out,
+            stderr=err,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )  # fmt: skip
+        )
         deadline = time.monotonic() + timeout
         while not re.search(after, out_path.read_text() + err_path.read_text()):
             if process.poll() is not None or time.monotonic() > deadline:
@@ -579,8 +629,10 @@ def test_ctrl_c_in_a_benchmark_keeps_rows_and_json(
     assert saved["interrupted"] is True and len(saved["results"]) == 1
 
 
-@pytest.mark.parametrize(("script", "section"), [("attention.py", "tile_demo"), ("position.py", "norm_demo"),
-                                                 ("memory.py", "print_last_sections")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "section"),
+    [("attention.py", "tile_demo"), ("position.py", "norm_demo"), ("memory.py", "print_last_sections")],
+)
 def test_ctrl_c_in_a_demo_is_one_line_and_130(
     script: str, section: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -636,8 +688,14 @@ def test_ring_refuses_a_run_longer_than_the_limit() -> None:
 @pytest.mark.skipif(not HAS_MPI4PY, reason='mpi4py is missing: pip install -e ".[distributed]"')
 def test_ring_alone_says_it_ran_one_rank_and_how_to_run_more() -> None:
     flags = ["--tokens", "512", "--block", "64", "--repeats", "1", "--max-ranks", "2"]
-    done = subprocess.run([sys.executable, "scripts/ring.py", *flags], cwd=ROOT, env=environment(),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/ring.py", *flags],
+        cwd=ROOT,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("ran 1 rank: a ring of one is plain flash attention") == 2  # at the top and the end
     assert "mpiexec -n 4 python scripts/ring.py\n\nall checks passed" in done.stdout
@@ -647,9 +705,15 @@ def test_ring_alone_says_it_ran_one_rank_and_how_to_run_more() -> None:
 
 
 CONFIG = {
-    "model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 1000, "intermediate_size": 512, "max_position_embeddings": 4096,
-}  # fmt: skip
+    "model_type": "llama",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1000,
+    "intermediate_size": 512,
+    "max_position_embeddings": 4096,
+}
 
 
 def test_memory_names_two_configs_of_one_folder_by_their_files(
@@ -852,8 +916,14 @@ def test_a_small_run_prints_every_pattern_and_the_targets():
     assert "check: flex_attention equals the reference on every pattern at T = 512" in out
     assert "causal and window as mask_mods give the baseline's bits, forward and backward" in out
     assert "tile maps, one cell = 32 x 32 scores" in out
-    for pattern, tiles in [("causal", "3/4"), ("8 documents", "2/4"), ("prefix-LM", "3/4"), ("window 128", "3/4"),
-                           ("alibi", "3/4"), ("softcap", "3/4")]:  # fmt: skip
+    for pattern, tiles in [
+        ("causal", "3/4"),
+        ("8 documents", "2/4"),
+        ("prefix-LM", "3/4"),
+        ("window 128", "3/4"),
+        ("alibi", "3/4"),
+        ("softcap", "3/4"),
+    ]:
         assert re.search(rf"^{re.escape(pattern)}( \*)?\s+{tiles}\s", out, re.MULTILINE), f"row {pattern}"  # * = busy
     for target in ["causal: flex/flash", "8 documents: flex/batch", "alibi: flex/causal flash", "softcap:"]:
         assert target in out
@@ -908,15 +978,19 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert result.returncode == 2 and "--tokens must be a multiple of 16" in result.stderr
     assert "Traceback" not in result.stderr
     flex = load("flex.py")
-    for args, message in [(["--tokens", "100"], "--tokens must be a multiple of 16"),
-                          (["--heads", "0"], "--heads: must be a positive int"),
-                          (["--heads", "100000"], "--heads: must be a positive int at most 1,024"),
-                          (["--head-dim", "100000"], "--head-dim"), (["--window", "10000000"], "--window"),
-                          (["--workers", "100000"], "--workers"), (["--tokens", "100000000"], "--tokens"),
-                          (["--repeats", "1e20"], "--repeats"),
-                          (["--tokens", "131072", "--heads", "1024"], "lower --tokens, --heads or --head-dim"),
-                          (["--baseline", "/nonexistent"], "no tinyattn_np/__init__.py there"),
-                          (["--seed", "-1"], "must be an int >= 0")]:  # fmt: skip
+    for args, message in [
+        (["--tokens", "100"], "--tokens must be a multiple of 16"),
+        (["--heads", "0"], "--heads: must be a positive int"),
+        (["--heads", "100000"], "--heads: must be a positive int at most 1,024"),
+        (["--head-dim", "100000"], "--head-dim"),
+        (["--window", "10000000"], "--window"),
+        (["--workers", "100000"], "--workers"),
+        (["--tokens", "100000000"], "--tokens"),
+        (["--repeats", "1e20"], "--repeats"),
+        (["--tokens", "131072", "--heads", "1024"], "lower --tokens, --heads or --head-dim"),
+        (["--baseline", "/nonexistent"], "no tinyattn_np/__init__.py there"),
+        (["--seed", "-1"], "must be an int >= 0"),
+    ]:
         with pytest.raises(SystemExit) as stop:  # argparse's error: usage, the message, exit 2
             flex.parse_args(args)
         err = capsys.readouterr().err

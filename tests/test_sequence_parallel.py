@@ -204,8 +204,9 @@ def test_sequence_parallel_script_under_mpiexec(tmp_path: Path) -> None:
 
 @needs_mpiexec
 def test_sequence_parallel_script_skips_ulysses_where_the_heads_do_not_split() -> None:
-    result = run_mpi(3, "scripts/sequence_parallel.py", "--tokens", "384", "--block", "64", "--repeats", "1",
-                     "--no-reference")  # fmt: skip
+    result = run_mpi(
+        3, "scripts/sequence_parallel.py", "--tokens", "384", "--block", "64", "--repeats", "1", "--no-reference"
+    )
     assert result.returncode == 0 and "all checks passed" in result.stdout, result.stdout + result.stderr
     assert "Ulysses did not run: 4 query heads and 4 kv heads do not both split over 3 ranks" in result.stdout
 

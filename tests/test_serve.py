@@ -15,11 +15,8 @@ import pytest
 from test_scripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--requests", "8", "--rate", "2", "--min-prompt", "3", "--max-prompt", "20", "--max-new", "16",
-    "--blocks", "16", "--block-size", "4", "--samples", "3", "--sample-prompt", "10", "--sample-tokens", "5",
-    "--layers", "1", "--d-model", "16", "--heads", "2", "--kv-heads", "1", "--vocab", "32",
-]  # fmt: skip
+SMALL = """--requests 8 --rate 2 --min-prompt 3 --max-prompt 20 --max-new 16 --blocks 16 --block-size 4 --samples 3
+--sample-prompt 10 --sample-tokens 5 --layers 1 --d-model 16 --heads 2 --kv-heads 1 --vocab 32""".split()
 
 
 def test_a_small_server_run_checks_everything_it_prints(tmp_path, capsys):
@@ -104,8 +101,8 @@ def test_serve_counts_every_call_of_its_model(machine: ModuleType, monkeypatch: 
     """run_calls, counted from the flags before the run, against the calls a small run makes: the prefills and the
     contiguous steps exactly, the batched steps at least, and every decoded sequence."""
     serve = load("serve.py")
-    flags = ["--requests", "5", "--min-prompt", "2", "--max-prompt", "12", "--max-new", "6", "--blocks", "64",
-             "--samples", "3", "--sample-prompt", "10", "--sample-tokens", "4"]  # fmt: skip
+    flags = "--requests 5 --min-prompt 2 --max-prompt 12 --max-new 6 --blocks 64".split()
+    flags += "--samples 3 --sample-prompt 10 --sample-tokens 4".split()
     monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.0] * 4)  # no calls to calibrate
     counted = [0, 0, 0, 0]  # prefills, contiguous steps, batched steps, their sequences beyond one a step
     logits = serve.TinyDecoder.logits
@@ -141,8 +138,11 @@ def test_serve_says_how_long_before_it_starts_and_refuses_past_the_limit(
     with pytest.raises(KeyboardInterrupt):
         serve.main(flags)
     err = capsys.readouterr().err
-    assert re.match(r"this run takes at least (\d+ min \d\d s|\d+ s); Ctrl-C stops it and keeps what was measured\n"
-                    r"  \([0-9,]+ calls of the model, each kind timed here\)\n$", err), err  # fmt: skip
+    assert re.match(
+        r"this run takes at least (\d+ min \d\d s|\d+ s); Ctrl-C stops it and keeps what was measured\n"
+        r"  \([0-9,]+ calls of the model, each kind timed here\)\n$",
+        err,
+    ), err
     monkeypatch.setattr(serve, "seconds_per_call", lambda model, args: [0.1] * 4)
     refused = r"serve.py: error: this run needs at least [0-9,]+ minutes \([0-9,]+ calls of the model, each kind timed"
     with pytest.raises(SystemExit, match=refused + r" here\), over the 30-minute limit: lower --requests"):

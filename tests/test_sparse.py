@@ -45,8 +45,11 @@ def indexer_inputs(rng, B=2, H=3, T=37, S=None, d=8, integers=False):
     """q_index (B, H, T, d), k_index (B, S, d), weights (B, T, H): normal, or small integers (exact sums, many ties)."""
     S = T if S is None else S
     if integers:
-        return (rng.integers(-2, 3, (B, H, T, d)).astype(float), rng.integers(-2, 3, (B, S, d)).astype(float),
-                rng.integers(-1, 3, (B, T, H)).astype(float))  # fmt: skip
+        return (
+            rng.integers(-2, 3, (B, H, T, d)).astype(float),
+            rng.integers(-2, 3, (B, S, d)).astype(float),
+            rng.integers(-1, 3, (B, T, H)).astype(float),
+        )
     return rng.standard_normal((B, H, T, d)), rng.standard_normal((B, S, d)), rng.standard_normal((B, T, H))
 
 
@@ -59,8 +62,9 @@ def gold_topk(q_index, k_index, weights, topk, causal=True):
     for b in range(B):
         for t in range(T):
             seen = [s for s in range(S) if not causal or s <= t + S - T]
-            score = {s: sum(weights[b, t, h] * max(q_index[b, h, t] @ k_index[b, s], 0) for h in range(H))
-                     for s in seen}  # fmt: skip
+            score = {
+                s: sum(weights[b, t, h] * max(q_index[b, h, t] @ k_index[b, s], 0) for h in range(H)) for s in seen
+            }
             best = sorted(seen, key=lambda s: (-score[s], s))[:topk]
             chosen[b, t, : len(best)] = sorted(best)
     return chosen
@@ -206,8 +210,9 @@ def test_sparse_attention_is_attention_under_the_mask_that_keeps_the_listed_keys
     np.testing.assert_allclose(lse, gold_lse, rtol=tol, atol=tol)
     assert np.all(out[0, :, 0] == 0) and np.all(lse[0, :, 0] == -np.inf)
     for head in range(H):  # the plain form, head by head
-        one, one_lse = sparse_attention_one_head(q[-1, head], k[-1, head * Hkv // H], v[-1, head * Hkv // H],
-                                                 indices[-1], block_k=2)  # fmt: skip
+        one, one_lse = sparse_attention_one_head(
+            q[-1, head], k[-1, head * Hkv // H], v[-1, head * Hkv // H], indices[-1], block_k=2
+        )
         np.testing.assert_allclose(one, out[-1, head], rtol=tol, atol=tol)
         np.testing.assert_allclose(one_lse, lse[-1, head], rtol=tol, atol=tol)
 
@@ -225,8 +230,11 @@ def test_blocks_of_the_list_workers_and_values_in_the_keys_give_the_same_result(
 
 
 def test_scores_past_exps_range_take_the_running_max(rng):
-    q, k, v = rng.standard_normal((1, 2, 4, 8)).astype(np.float32), rng.standard_normal((1, 1, 9, 8)).astype(
-        np.float32), rng.standard_normal((1, 1, 9, 3)).astype(np.float32)  # fmt: skip
+    q, k, v = (
+        rng.standard_normal((1, 2, 4, 8)).astype(np.float32),
+        rng.standard_normal((1, 1, 9, 8)).astype(np.float32),
+        rng.standard_normal((1, 1, 9, 3)).astype(np.float32),
+    )
     indices = random_indices(rng, 1, 4, 9, 5)
     out, lse = sparse_attention(q, k, v, indices, scale=200.0, return_lse=True)  # exp(s) of float32 overflows
     gold, gold_lse = gold_attention(q, k, v, listed_mask(indices, 9), scale=200.0)
@@ -333,8 +341,15 @@ def test_the_plain_scores_are_refused_before_they_are_allocated(rng, monkeypatch
 
 # --- the layer ---------------------------------------------------------------------------------------
 
-SIZES = dict(kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6, q_lora_rank=6, index_n_heads=3,
-             index_head_dim=8)  # fmt: skip
+SIZES = dict(
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=4,
+    v_head_dim=6,
+    q_lora_rank=6,
+    index_n_heads=3,
+    index_head_dim=8,
+)
 D_MODEL, HEADS = 24, 3
 
 
@@ -376,8 +391,11 @@ def test_the_layer_is_its_equations(rng, index_rope_interleave):
     out, saved = layer.forward(x, positions=positions)
     w, m, d_rope = layer.parameters, layer.mla, SIZES["qk_rope_head_dim"]
     proj = m.project(x, positions, w)
-    turn = lambda y: np.concatenate([rope(y[..., :d_rope], positions=positions, interleaved=index_rope_interleave),  # noqa: E731
-                                     y[..., d_rope:]], axis=-1)  # fmt: skip
+
+    def turn(y):  # RoPE on the first d_rope channels, the others as they are
+        first = rope(y[..., :d_rope], positions=positions, interleaved=index_rope_interleave)
+        return np.concatenate([first, y[..., d_rope:]], axis=-1)
+
     q_index = turn((proj.c_q @ w["w_index_q"]).reshape(2, 8, 3, 8).swapaxes(1, 2))
     k_index = turn(layer_norm_rows(x @ w["w_index_k"], w["index_k_norm"], w["index_k_norm_bias"]))
     weights = x @ w["w_index_weights"] * 3**-0.5 * 8**-0.5
@@ -385,8 +403,9 @@ def test_the_layer_is_its_equations(rng, index_rope_interleave):
     np.testing.assert_array_equal(saved.indices, chosen)
     kv = (proj.latent[:, 0, :, :8] @ w["w_ukv"]).reshape(2, 8, HEADS, 10).swapaxes(1, 2)  # (B, H, T, d_nope + d_v)
     k = np.concatenate([kv[..., :4], np.repeat(proj.latent[..., 8:], HEADS, axis=1)], axis=-1)
-    o, _ = gold_attention(np.concatenate([proj.q_nope, proj.q_rope], -1), k, kv[..., 4:], listed_mask(chosen, 8),
-                          scale=m.softmax_scale)  # fmt: skip
+    o, _ = gold_attention(
+        np.concatenate([proj.q_nope, proj.q_rope], -1), k, kv[..., 4:], listed_mask(chosen, 8), scale=m.softmax_scale
+    )
     gold = o.swapaxes(1, 2).reshape(2, 8, -1) @ w["w_o"]
     np.testing.assert_allclose(out, gold, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(layer(x, positions=positions, absorbed=False), gold, rtol=1e-12, atol=1e-12)
@@ -481,8 +500,11 @@ def test_prefill_then_steps_through_a_kv_cache_equal_the_whole_sequence(rng, dty
     x = rng.standard_normal((2, 11, D_MODEL)).astype(dtype)
     whole = layer(x)
     cache = kv_cache(layer, 2, 11)
-    steps = [layer(x[:, :5], cache=cache), *(layer(x[:, t : t + 1], cache=cache) for t in range(5, 9)),
-             layer(x[:, 9:], cache=cache)]  # fmt: skip
+    steps = [
+        layer(x[:, :5], cache=cache),
+        *(layer(x[:, t : t + 1], cache=cache) for t in range(5, 9)),
+        layer(x[:, 9:], cache=cache),
+    ]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), whole, **tolerance(dtype))
     # each token's latent and indexer key, once: B · max_tokens · (8 + 4 + 8) numbers, the values a view of the keys
     assert len(cache) == 11 and cache.nbytes == 2 * 11 * (8 + 4 + 8) * np.dtype(dtype).itemsize
@@ -521,13 +543,23 @@ def test_the_paged_step_equals_sparse_decode_over_the_gathered_sequences(rng, bl
     weights = rng.standard_normal((3, T, H_I))
     pages = Pages(pool, pool[..., :r], tables, lengths)
     chosen = topk_over_pages(q_index, weights, pool[0, ..., latent_dim:], pages, 6, block_k=block_k, workers=2)
-    o, _ = decode_chosen_pages(q_latent, q_index, weights, pages, 6, latent_dim=latent_dim, value_dim=r, scale=0.3,
-                               workers=2)  # fmt: skip
+    o, _ = decode_chosen_pages(
+        q_latent, q_index, weights, pages, 6, latent_dim=latent_dim, value_dim=r, scale=0.3, workers=2
+    )
     gathered = np.zeros((3, 20, latent_dim + d_I))
     for b, (table, n) in enumerate(zip(tables, lengths, strict=True)):
         gathered[b, :n] = pool[0, list(table)].reshape(-1, latent_dim + d_I)[:n]
-    gold_o, gold_chosen = sparse_decode(q_latent, q_index, weights, gathered[..., :latent_dim],
-                                        gathered[..., latent_dim:], lengths, 6, value_dim=r, scale=0.3)  # fmt: skip
+    gold_o, gold_chosen = sparse_decode(
+        q_latent,
+        q_index,
+        weights,
+        gathered[..., :latent_dim],
+        gathered[..., latent_dim:],
+        lengths,
+        6,
+        value_dim=r,
+        scale=0.3,
+    )
     np.testing.assert_array_equal(chosen, gold_chosen)
     np.testing.assert_allclose(o, gold_o, rtol=1e-13, atol=1e-14)
     for k0, pieces in pool_blocks(pool[0, ..., latent_dim:], tables[2], 19, block_k):  # views of the pool
@@ -621,19 +653,25 @@ def test_an_interrupt_at_any_bytecode_of_a_step_leaves_the_cache_before_or_after
 @pytest.mark.parametrize(
     ("make_cache", "error", "message"),
     [
-        (lambda layer: KVCache(2, 1, 8, layer.mla.latent_dim, dtype=np.float64, value_prefix=8), ValueError,
-         r"head_dim=20, dtype=float64, value_prefix=8\): one latent and one indexer key, .* = 8 \+ 4 \+ 8"),
+        (
+            lambda layer: KVCache(2, 1, 8, layer.mla.latent_dim, dtype=np.float64, value_prefix=8),
+            ValueError,
+            r"head_dim=20, dtype=float64, value_prefix=8\): one latent and one indexer key, .* = 8 \+ 4 \+ 8",
+        ),
         (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float32, value_prefix=8), ValueError, "got .*dtype=float32"),
         (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float64), ValueError, "got .*value_prefix=None"),
         (lambda layer: KVCache(3, 1, 8, 20, dtype=np.float64, value_prefix=8), ValueError, "batch=2"),
         (lambda layer: KVCache(2, 1, 8, 20, dtype=np.float64, value_prefix=8, window=4), ValueError, "window=None"),
         (lambda layer: KVCache(2, 1, 3, 20, dtype=np.float64, value_prefix=8), ValueError, "only 3 more fit"),
         (lambda layer: PagedKVCache(8, 2, 1, 12, dtype=np.float64, value_prefix=8), ValueError, "head_dim=20"),
-        (lambda layer: PagedKVCache(1, 2, 1, 20, dtype=np.float64, value_prefix=8), PoolExhaustedError,
-         "cannot hold 4 more tokens"),
+        (
+            lambda layer: PagedKVCache(1, 2, 1, 20, dtype=np.float64, value_prefix=8),
+            PoolExhaustedError,
+            "cannot hold 4 more tokens",
+        ),
         (lambda layer: np.zeros((2, 1, 8, 20)), TypeError, "cache must be a KVCache, a PagedKVCache or None"),
     ],
-)  # fmt: skip
+)
 def test_a_cache_that_does_not_fit_the_layer_is_refused_before_anything_changes(rng, make_cache, error, message):
     layer = make_layer(topk=3)
     cache = make_cache(layer)
@@ -689,12 +727,18 @@ def test_the_layer_refuses_bad_input_with_the_argument_named(rng):
         (lambda: layer.backward(x, saved), ValueError, "saved must come from this layer's own forward"),
         (lambda: layer.indexer_loss(saved), ValueError, "saved must come from this layer's own forward"),
         (lambda: other.backward(x[:, :4], saved), ValueError, r"dout must have the forward's output shape"),
-        (lambda: SparseLatentAttention(D_MODEL, HEADS, index_topk=2, **{**SIZES, "index_head_dim": 2}), ValueError,
-         "index_head_dim must be at least qk_rope_head_dim = 4"),
+        (
+            lambda: SparseLatentAttention(D_MODEL, HEADS, index_topk=2, **{**SIZES, "index_head_dim": 2}),
+            ValueError,
+            "index_head_dim must be at least qk_rope_head_dim = 4",
+        ),
         (lambda: sparse_attention(x, x, x, np.zeros((2, 5, 1), int)), ValueError, r"q, k and v must be \(B, H, T, E\)"),
-        (lambda: sparse_attention(x[None], x[None, :1], x[None], np.zeros((1, 2, 5, 1), int)), ValueError,
-         r"k must be \(B=1, Hkv, S, E=24\)"),
-    ]  # fmt: skip
+        (
+            lambda: sparse_attention(x[None], x[None, :1], x[None], np.zeros((1, 2, 5, 1), int)),
+            ValueError,
+            r"k must be \(B=1, Hkv, S, E=24\)",
+        ),
+    ]
     for call, error, message in cases:
         with pytest.raises(error, match=message):
             call()

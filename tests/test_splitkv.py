@@ -278,8 +278,9 @@ def layout_in_force():
 
 
 @pytest.mark.parametrize("layout", DECODE_LAYOUTS)
-@pytest.mark.parametrize(("dtype", "kv_dtype"), [(np.float64, np.float64), (np.float32, np.float32),
-                                                 (np.float32, np.float16)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "kv_dtype"), [(np.float64, np.float64), (np.float32, np.float32), (np.float32, np.float16)]
+)
 def test_every_decode_layout_gives_the_reference(layout_in_force, layout, dtype, kv_dtype):
     # 3,000 keys in 3 chunks: blocks of 256 keys and more, and a ragged last block, under every layout
     q, _, _ = _qkv(batch=(2,), hq=8, hkv=2, n_q=2, n_k=3000, dtype=dtype)

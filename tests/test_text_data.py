@@ -60,8 +60,11 @@ def test_a_tokenizer_json(tmp_path):
         text_data.make_tokenizer(str(bad), "")
     saved = tokenizer.describe()  # a run that goes on from a checkpoint: --tokenizer may name the same file
     assert text_data.tokenizer_of(str(path), TEXT, saved, "run").describe() == saved
-    with pytest.raises(text_data.DataError, match=r"the checkpoint in run has the 'tokenizer.json' tokenizer; "
-                       r"--tokenizer .*bad.json is another"):  # fmt: skip
+    with pytest.raises(
+        text_data.DataError,
+        match=r"the checkpoint in run has the 'tokenizer.json' tokenizer; "
+        r"--tokenizer .*bad.json is another",
+    ):
         text_data.tokenizer_of(str(bad), TEXT, saved, "run")
 
 
@@ -73,8 +76,11 @@ def test_a_run_from_a_checkpoint_keeps_its_tokenizer():
     saved = text_data.CharTokenizer.fit("abc").describe()
     for choice in (None, "char"):  # the checkpoint's characters, not this text's
         assert text_data.tokenizer_of(choice, "ba", saved, "run").describe() == saved
-    with pytest.raises(text_data.DataError, match="the checkpoint in run has the 'char' tokenizer; --tokenizer byte "
-                       "is another: leave --tokenizer out to go on with the checkpoint's"):  # fmt: skip
+    with pytest.raises(
+        text_data.DataError,
+        match="the checkpoint in run has the 'char' tokenizer; --tokenizer byte "
+        "is another: leave --tokenizer out to go on with the checkpoint's",
+    ):
         text_data.tokenizer_of("byte", "ba", saved, "run")
 
 

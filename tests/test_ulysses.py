@@ -37,8 +37,9 @@ def test_ulysses_of_one_is_flash_attention(layout: str, causal: bool, rng: np.ra
     assert_close(out, gold, np.float64, "out")
     assert_close(lse, gold_lse, np.float64, "lse")
     dq, dk, dv, backward_stats = ulysses_attention_backward(q, k, v, out, dout, lse, comm=comm_self, **settings)
-    for name, mine, want in zip(("dq", "dk", "dv"), (dq, dk, dv), flash_attention_backward(q, k, v, out, dout, lse,
-                                causal=causal), strict=True):  # fmt: skip
+    for name, mine, want in zip(
+        ("dq", "dk", "dv"), (dq, dk, dv), flash_attention_backward(q, k, v, out, dout, lse, causal=causal), strict=True
+    ):
         np.testing.assert_allclose(mine, want, rtol=1e-10, atol=1e-10, err_msg=name)
     for record in (stats, backward_stats):
         assert isinstance(record, UlyssesStats)

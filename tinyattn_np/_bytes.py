@@ -39,12 +39,19 @@ DTYPE_BYTES: dict[str, Fraction] = {
     "int4": Fraction(1, 2),
 }
 DTYPE_ALIASES: dict[str, str] = {
-    "float64": "fp64", "double": "fp64",
-    "float32": "fp32", "float": "fp32",
-    "float16": "fp16", "half": "fp16",
+    "float64": "fp64",
+    "double": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
     "bfloat16": "bf16",
-    "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
-}  # fmt: skip
+    "float8": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "e5m2": "fp8",
+}
 DTYPES: tuple[str, ...] = tuple(DTYPE_BYTES)
 
 BINARY_UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}

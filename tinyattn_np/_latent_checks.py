@@ -83,12 +83,19 @@ def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Arra
     """A sparse layer's indexer weights (sparse.py), each checked against its sizes (layer.mla's d_model and
     q_lora_rank, index_n_heads, index_head_dim) and dtype."""
     C, q, H, d = layer.mla.d_model, layer.mla.q_lora_rank, layer.index_n_heads, layer.index_head_dim
-    shapes = {"w_index_q": (q, H * d), "w_index_k": (C, d), "index_k_norm": (d,), "index_k_norm_bias": (d,),
-              "w_index_weights": (C, H)}  # fmt: skip
+    shapes = {
+        "w_index_q": (q, H * d),
+        "w_index_k": (C, d),
+        "index_k_norm": (d,),
+        "index_k_norm_bias": (d,),
+        "w_index_weights": (C, H),
+    }
     for name, w in weights.items():
         if not isinstance(w, np.ndarray) or w.dtype != layer.dtype or w.shape != shapes[name]:
-            raise ValueError(f"{name} must be a {layer.dtype} ndarray of shape {shapes[name]}; got "
-                             f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be a {layer.dtype} ndarray of shape {shapes[name]}; got "
+                f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}"
+            )
     return weights
 
 
@@ -102,8 +109,10 @@ def check_latent_cache(layer: Any, cache: Any, batch: int, index_head_dim: int =
     if (cache.kv_heads, cache.head_dim, cache.dtype, cache.value_prefix) != (1, width, layer.dtype, r):
         what = f"one latent of kv_lora_rank + qk_rope_head_dim = {r} + {layer.d_rope}"
         if index_head_dim:  # a sparse layer's
-            what = (f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + "
-                    f"{layer.d_rope} + {index_head_dim}")  # fmt: skip
+            what = (
+                f"one latent and one indexer key, kv_lora_rank + qk_rope_head_dim + index_head_dim = {r} + "
+                f"{layer.d_rope} + {index_head_dim}"
+            )
         raise ValueError(
             f"cache must be {kind}({rows}kv_heads=1, head_dim={width}, dtype={layer.dtype}, value_prefix={r}): {what} "
             f"numbers a token, the value its first kv_lora_rank; got kv_heads={cache.kv_heads}, "

@@ -82,17 +82,23 @@ def _check_gates(g: Any, beta: Any, lead: tuple[int, ...], T: int, d_k: int, ct:
     """g (..., Hv, T) or (..., Hv, T, d_k), finite and <= 0 (a decay: e^g <= 1); beta (..., Hv, T) in [0, 2]."""
     g, beta = (as_float_array(x, name).astype(ct, copy=False) for x, name in ((g, "g"), (beta, "beta")))
     if g.shape not in ((*lead, T), (*lead, T, d_k)):
-        raise ValueError(f"g must have shape {(*lead, T)} (one decay per head) or {(*lead, T, d_k)} (one per key "
-                         f"channel); got {g.shape}")  # fmt: skip
+        raise ValueError(
+            f"g must have shape {(*lead, T)} (one decay per head) or {(*lead, T, d_k)} (one per key "
+            f"channel); got {g.shape}"
+        )
     check_finite(g, "g")
     if np.any(g > 0):
-        raise ValueError(f"g is the log of a decay and must be <= 0 (e^g > 1 would grow the state, not decay it); "
-                         f"got a largest g of {float(g.max())}")  # fmt: skip
+        raise ValueError(
+            f"g is the log of a decay and must be <= 0 (e^g > 1 would grow the state, not decay it); "
+            f"got a largest g of {float(g.max())}"
+        )
     check_shape(beta, "beta", (*lead, T), "one step size per value head and token")
     check_finite(beta, "beta")
     if np.any((beta < 0) | (beta > MAX_BETA)):
-        raise ValueError(f"beta must lie in [0, {MAX_BETA:g}] (the delta rule's step size; sigmoid gives (0, 1)); "
-                         f"got values from {float(beta.min())} to {float(beta.max())}")  # fmt: skip
+        raise ValueError(
+            f"beta must lie in [0, {MAX_BETA:g}] (the delta rule's step size; sigmoid gives (0, 1)); "
+            f"got values from {float(beta.min())} to {float(beta.max())}"
+        )
     return (g[..., None] if g.ndim == len(lead) + 1 else g), beta
 
 
@@ -106,8 +112,9 @@ def _check_state(initial_state: Any, shape: tuple[int, ...], ct: np.dtype) -> Ar
     return state.astype(ct, copy=False)  # the rule never writes into it
 
 
-def check_output_grads(dout: Any, dstate: Any, out_shape: tuple[int, ...], state_shape: tuple[int, ...],
-                       ct: np.dtype) -> tuple[Array, Array]:  # fmt: skip
+def check_output_grads(
+    dout: Any, dstate: Any, out_shape: tuple[int, ...], state_shape: tuple[int, ...], ct: np.dtype
+) -> tuple[Array, Array]:
     """dout (the output's shape) and dstate (the state's shape, or None: zeros) checked, in the compute dtype."""
     dout = as_float_array(dout, "dout")
     check_shape(dout, "dout", out_shape, "the output's shape")

@@ -220,8 +220,9 @@ def _substitute(a: Array) -> Array:
 # the heads over worker threads
 
 
-def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk_size: int,
-                    prep: Prep) -> tuple[Array, Array]:  # fmt: skip
+def chunked_forward(
+    q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, chunk_size: int, prep: Prep
+) -> tuple[Array, Array]:
     """o (..., T, d_v) and the final state (..., d_k, d_v), chunk_size tokens a chunk; q and k as they come, each
     group of chunks prepared (prep) as it is read."""
     inputs, T, C = _flat_heads(q, k, v, g, beta), v.shape[-2], chunk_size
@@ -237,8 +238,18 @@ def chunked_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: 
     return o.reshape(v.shape), final.reshape(state.shape)
 
 
-def chunked_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, dout: Array,
-                     dstate: Array, chunk_size: int, prep: Prep) -> tuple[Array, ...]:  # fmt: skip
+def chunked_backward(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    state: Array,
+    dout: Array,
+    dstate: Array,
+    chunk_size: int,
+    prep: Prep,
+) -> tuple[Array, ...]:
     """The gradients dq, dk, dv, dg, dbeta (the inputs' shapes; dq and dk through prep) and dstate_0 (the state's)
     of chunked_forward, from dout = ∂loss/∂o (..., T, d_v) and dstate = ∂loss/∂(the final state) (..., d_k, d_v)."""
     inputs, T = _flat_heads(q, k, v, g, beta), v.shape[-2]
@@ -267,8 +278,9 @@ def recurrent_forward(q: Array, k: Array, v: Array, g: Array, beta: Array, state
     def run(part: slice) -> None:
         x, now, scratch = inputs.part(part), states[part], np.empty_like(states[part])  # scratch: k uᵀ
         for t in range(T):  # the first step reads `state` and writes `final`, the others `final` in place
-            o[part, t], now = decode_step(x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now,
-                                          out=final[part], scratch=scratch)  # fmt: skip
+            o[part, t], now = decode_step(
+                x.q[:, t], x.k[:, t], x.v[:, t], x.g[:, t], x.beta[:, t], now, out=final[part], scratch=scratch
+            )
         if T == 0:
             final[part] = now
 
@@ -312,8 +324,13 @@ def _chunks(x: Array, C: int, start: int, stop: int) -> Array:
 def _flat_heads(q: Array, k: Array, v: Array, g: Array, beta: Array) -> Tokens:
     """The inputs with their leading axes (B, Hv) as one axis of N heads (a view where they are contiguous)."""
     N = int(np.prod(v.shape[:-2]))
-    return Tokens(q.reshape(N, *q.shape[-2:]), k.reshape(N, *k.shape[-2:]), v.reshape(N, *v.shape[-2:]),
-                  g.reshape(N, *g.shape[-2:]), beta.reshape(N, -1))  # fmt: skip
+    return Tokens(
+        q.reshape(N, *q.shape[-2:]),
+        k.reshape(N, *k.shape[-2:]),
+        v.reshape(N, *v.shape[-2:]),
+        g.reshape(N, *g.shape[-2:]),
+        beta.reshape(N, -1),
+    )
 
 
 def _over_heads(run: Callable[[slice], None], heads: int, tokens: int) -> None:
@@ -403,8 +420,9 @@ class Kept(NamedTuple):
     writes: Array
 
 
-def _forward(x: Tokens, state: Array, C: int, prep: Prep, *, out: Array | None = None,
-             kept: Kept | None = None) -> Array:  # fmt: skip
+def _forward(
+    x: Tokens, state: Array, C: int, prep: Prep, *, out: Array | None = None, kept: Kept | None = None
+) -> Array:
     """The groups in order, each's first phase then its scan: the outputs into out (N, T, d_v) (None: none made,
     as the backward's second forward needs only the states and the writes, kept) and the final state
     (N, d_k, d_v). The scan writes into buffers made once: each step's arrays are as large as the state, and new
@@ -425,8 +443,11 @@ def _forward(x: Tokens, state: Array, C: int, prep: Prep, *, out: Array | None =
             np.subtract(terms.u[:, c], read[:, :C], out=write)  # (N, C, d_v): u = U − W S
             if out is not None:  # o = e^γ q S + P u, the chunk's tokens before T
                 last = min(C, T - first)
-                np.add(read[:, C : C + last], np.matmul(terms.p[:, c], write, out=products)[:, :last],
-                       out=out[:, first : first + last])  # fmt: skip
+                np.add(
+                    read[:, C : C + last],
+                    np.matmul(terms.p[:, c], write, out=products)[:, :last],
+                    out=out[:, first : first + last],
+                )
             state *= terms.chunk_decay[:, c]  # S' = e^(γ_C) S + (e^(γ_C − γ) k)ᵀ u
             state += np.matmul(terms.k_to_end_t[:, c], write, out=update)
             if kept is not None:
@@ -472,8 +493,9 @@ class ScanGrads(NamedTuple):
     dchunk_decay: Array
 
 
-def _scan_backward(terms: ChunkTerms, states: Array, writes: Array, dout: Array,
-                   dstate: Array) -> tuple[ScanGrads, Array]:  # fmt: skip
+def _scan_backward(
+    terms: ChunkTerms, states: Array, writes: Array, dout: Array, dstate: Array
+) -> tuple[ScanGrads, Array]:
     """The scan's gradients, chunk by chunk from the last, with dS the gradient of the state leaving the chunk
     (u = U − W S is read by o and by S'):
         du = Pᵀ do + e^(γ_C − γ) k dS       d[W; e^γ q] = [−du; do] Sᵀ      dS ← e^(γ_C) dS + [W; e^γ q]ᵀ [−du; do]
@@ -534,8 +556,17 @@ def chunk_terms_backward(terms: ChunkTerms, x: Tokens, d: ScanGrads) -> tuple[Ar
 # the decode step
 
 
-def decode_step(q: Array, k: Array, v: Array, g: Array, beta: Array, state: Array, *, out: Array | None = None,
-                scratch: Array | None = None) -> tuple[Array, Array]:  # fmt: skip
+def decode_step(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    state: Array,
+    *,
+    out: Array | None = None,
+    scratch: Array | None = None,
+) -> tuple[Array, Array]:
     """One token: q, k (..., d_k), v (..., d_v), g (..., 1|d_k), beta (...), state (..., d_k, d_v) -> o (..., d_v)
     and the new state, written into `out` (new where None; `state` itself for a step in place); scratch: a buffer
     of the state's shape for k uᵀ. One read of the old state S gives both products; then the write:

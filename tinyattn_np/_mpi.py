@@ -150,8 +150,10 @@ def abort_on_failure(comm: Any, what: str) -> Iterator[None]:
         interrupted = isinstance(err, KeyboardInterrupt)
         sys.stdout.flush()  # what the program printed before: MPI_Abort ends the process without flushing
         cause = "interrupted (Ctrl-C)" if interrupted else f"failed: {type(err).__name__}: {err}"
-        sys.stderr.write(f"rank {rank} of {size}: {what} {cause}; MPI_Abort ends the whole job (the other ranks "
-                         "would wait for this one forever)\n")  # fmt: skip
+        sys.stderr.write(
+            f"rank {rank} of {size}: {what} {cause}; MPI_Abort ends the whole job (the other ranks "
+            "would wait for this one forever)\n"
+        )
         if not interrupted:
             traceback.print_exception(err, file=sys.stderr)
         sys.stderr.flush()

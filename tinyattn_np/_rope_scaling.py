@@ -71,9 +71,15 @@ _REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
 }
 # the fields that are numbers > 0 wherever they appear (null, as in transformers, means "not given")
 _POSITIVE_KEYS = (
-    "factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "low_freq_factor",
+    "factor",
+    "attention_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "low_freq_factor",
     "high_freq_factor",
-)  # fmt: skip
+)
 
 NO_FACTOR = (
     "scaling with rope_type {kind!r} has no factor: give it in the dict, or max_position_embeddings= (the "

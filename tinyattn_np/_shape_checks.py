@@ -40,8 +40,19 @@ MLPS = ("gated", "plain", "none")
 NORMS = ("rms", "layer", "layer_weight", "none")
 QK_NORMS = ("head", "head_bias", "per_head", "l2")
 POSITIONS = ("rope", "learned", "alibi", "sinusoidal", "none")
-FLAGS = ("tied_embeddings", "qkv_bias", "out_bias", "mlp_bias", "lm_head_bias", "sinks", "attention_gate",
-         "parallel_block", "mamba_beside_attention", "final_norm", "shared_attention")  # fmt: skip
+FLAGS = (
+    "tied_embeddings",
+    "qkv_bias",
+    "out_bias",
+    "mlp_bias",
+    "lm_head_bias",
+    "sinks",
+    "attention_gate",
+    "parallel_block",
+    "mamba_beside_attention",
+    "final_norm",
+    "shared_attention",
+)
 
 
 def set_field(shape: Any, field: str, value: Any) -> None:
@@ -85,8 +96,8 @@ def check_sizes(shape: Any) -> None:
 def fill_from_arch(shape: Any) -> None:
     """Every field left as None takes arch's default (see ModelShape's docstring)."""
     mlp, norm, positions, biases = ARCH_DEFAULTS[shape.arch]
-    for field, default in (("mlp", mlp), ("norm", norm), ("qkv_bias", biases), ("out_bias", biases),
-                           ("mlp_bias", biases)):  # fmt: skip
+    defaults = {"mlp": mlp, "norm": norm, "qkv_bias": biases, "out_bias": biases, "mlp_bias": biases}
+    for field, default in defaults.items():
         if getattr(shape, field) is None:
             set_field(shape, field, default)
     if shape.positions is None:

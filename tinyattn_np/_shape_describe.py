@@ -13,13 +13,19 @@ def describe(shape: Any) -> list[str]:
     if shape.latent is not None:
         lat = shape.latent
         q = "a full q projection" if lat.q_rank is None else f"q through a rank of {lat.q_rank:,}"
-        attention = (f"MLA: {shape.heads} heads; the cache keeps a latent of {lat.kv_rank} + a rotary key of "
-                     f"{lat.rope_dim} per token and layer; {q}")  # fmt: skip
+        attention = (
+            f"MLA: {shape.heads} heads; the cache keeps a latent of {lat.kv_rank} + a rotary key of "
+            f"{lat.rope_dim} per token and layer; {q}"
+        )
     else:
         kv = f"{shape.kv_heads} kv head{'s' if shape.kv_heads > 1 else ''}"
         attention = f"{shape.attention_kind}: {shape.heads} query heads over {kv} of {shape.head_dim}"
-        extras = [text for flag, text in ((shape.qk_norm, f"{shape.qk_norm} q/k norm"), (shape.sinks, "sinks"),
-                                          (shape.attention_gate, "an output gate")) if flag]  # fmt: skip
+        named = {
+            f"{shape.qk_norm} q/k norm": shape.qk_norm,
+            "sinks": shape.sinks,
+            "an output gate": shape.attention_gate,
+        }
+        extras = [text for text, flag in named.items() if flag]
         attention += f" ({', '.join(extras)})" if extras else ""
         attention += f"; values of {shape.head_dim_v}" if shape.head_dim_v is not None else ""
     mlp = {"gated": "gated MLP (3 matrices)", "plain": "2-matrix MLP", "none": "no MLP"}[shape.mlp or "none"]
@@ -32,8 +38,10 @@ def describe(shape: Any) -> list[str]:
     lines += [_describe_kind(sizes) for sizes in shape.kind_attention if shape.count(sizes.kind)]
     lines += [", ".join(block), _describe_layers(shape)]
     if shape.indexer is not None:
-        lines.append(f"an indexer of {shape.indexer.heads} heads of {shape.indexer.head_dim} picks "
-                     f"{shape.indexer.topk:,} keys a query; its key is cached beside the latent")  # fmt: skip
+        lines.append(
+            f"an indexer of {shape.indexer.heads} heads of {shape.indexer.head_dim} picks "
+            f"{shape.indexer.topk:,} keys a query; its key is cached beside the latent"
+        )
     if shape.state_space is not None:
         space = shape.state_space
         beside = ", beside every attention layer" if shape.mamba_beside_attention else ""

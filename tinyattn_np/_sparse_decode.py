@@ -39,19 +39,31 @@ def check_decode_arrays(q_latent: Any, latents: Any, index_keys: Any, lengths: A
     lengths = np.asarray(lengths)
     B, _, L, _ = np.shape(q_latent)
     if latents.ndim != 3 or index_keys.ndim != 3 or latents.shape[:2] != index_keys.shape[:2] or len(latents) != B:
-        raise ValueError(f"latents and index_keys must be (B={B}, max_tokens, ·), one row a sequence; got "
-                         f"{latents.shape} and {index_keys.shape}")  # fmt: skip
+        raise ValueError(
+            f"latents and index_keys must be (B={B}, max_tokens, ·), one row a sequence; got "
+            f"{latents.shape} and {index_keys.shape}"
+        )
     most = latents.shape[1]  # max_tokens
     if lengths.shape != (B,) or lengths.dtype.kind not in "iu" or np.any(lengths < L) or np.any(lengths > most):
-        raise ValueError(f"lengths must be ({B},) ints in [{L}, {most}] (the L = {L} new tokens included, at most "
-                         f"max_tokens); got {lengths!r}")  # fmt: skip
+        raise ValueError(
+            f"lengths must be ({B},) ints in [{L}, {most}] (the L = {L} new tokens included, at most "
+            f"max_tokens); got {lengths!r}"
+        )
     return latents, index_keys, lengths
 
 
 def decode_chosen_pages(
-    q_latent: Array, q_index: Array, weights: Array, pages: Pages, topk: int, *, latent_dim: int, value_dim: int,
-    scale: float, workers: int,
-) -> tuple[Array, Array]:  # fmt: skip
+    q_latent: Array,
+    q_index: Array,
+    weights: Array,
+    pages: Pages,
+    topk: int,
+    *,
+    latent_dim: int,
+    value_dim: int,
+    scale: float,
+    workers: int,
+) -> tuple[Array, Array]:
     """The step of each sequence's T newest tokens over every token it holds: q_latent (B, H, T, latent_dim) the
     absorbed queries, q_index (B, H_I, T, d_I) and weights (B, T, H_I) the indexer's; pages of one kv head, its keys
     (1, num_blocks, size, latent_dim + d_I). -> o_lat (B, H, T, value_dim) and the chosen tokens (B, T, topk)."""
@@ -65,8 +77,9 @@ def decode_chosen_pages(
     return out, chosen
 
 
-def topk_over_pages(q_index: Array, weights: Array, index_pool: Array, pages: Pages, topk: int, *, block_k: int,
-                    workers: int) -> Array:  # fmt: skip
+def topk_over_pages(
+    q_index: Array, weights: Array, index_pool: Array, pages: Pages, topk: int, *, block_k: int, workers: int
+) -> Array:
     """index_topk for each sequence's T newest tokens over the indexer keys it holds, index_pool (num_blocks, size,
     d_I) read through its block table: query t of sequence b sees its tokens up to lengths[b] - T + t (bottom-right).
     -> (B, T, topk) token positions in order, -1 after them."""

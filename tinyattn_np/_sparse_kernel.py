@@ -85,8 +85,9 @@ def check_index_inputs(q_index: Any, k_index: Any, weights: Any, topk: Any, caus
         raise ValueError(f"q_index must be (B, H_I, T, d_I); got shape {q_index.shape}")
     B, H, T, d = q_index.shape
     if k_index.ndim != 3 or k_index.shape[0] != B or k_index.shape[2] != d:
-        raise ValueError(f"k_index must be (B, S, d_I) = ({B}, S, {d}) for q_index {q_index.shape}; got "
-                         f"{k_index.shape}")  # fmt: skip
+        raise ValueError(
+            f"k_index must be (B, S, d_I) = ({B}, S, {d}) for q_index {q_index.shape}; got {k_index.shape}"
+        )
     if weights.shape != (B, T, H):
         raise ValueError(f"weights must be (B, T, H_I) = {(B, T, H)} for q_index {q_index.shape}; got {weights.shape}")
     for name, x in (("q_index", q_index), ("k_index", k_index), ("weights", weights)):
@@ -110,12 +111,14 @@ def check_sparse_inputs(q: Any, k: Any, v: Any, indices: Any, scale: Any) -> Spa
     """sparse_attention's inputs checked against each other; q, k, v in their compute dtype (float16 in float32)."""
     q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k and v must be (B, H, T, E), (B, Hkv, S, E), (B, Hkv, S, Ev); got {q.shape}, "
-                         f"{k.shape}, {v.shape}")  # fmt: skip
+        raise ValueError(
+            f"q, k and v must be (B, H, T, E), (B, Hkv, S, E), (B, Hkv, S, Ev); got {q.shape}, {k.shape}, {v.shape}"
+        )
     B, H, T, E = q.shape
     if k.shape[0] != B or k.shape[3] != E or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"k must be (B={B}, Hkv, S, E={E}) and v (B, Hkv, S, Ev) with k's Hkv and S; got k {k.shape}, "
-                         f"v {v.shape}")  # fmt: skip
+        raise ValueError(
+            f"k must be (B={B}, Hkv, S, E={E}) and v (B, Hkv, S, Ev) with k's Hkv and S; got k {k.shape}, v {v.shape}"
+        )
     if k.shape[1] < 1 or H % k.shape[1]:
         raise ValueError(f"the query heads H must be a multiple of the kv heads Hkv; got H={H}, Hkv={k.shape[1]}")
     indices = check_indices(indices, B, T, k.shape[2])
@@ -150,8 +153,10 @@ def check_indices(indices: Any, batch: int, queries: int, keys: int) -> Array:
     bad = (indices < -1) | (indices >= keys)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"indices must lie in [0, {keys}) (S = {keys} keys), or be -1 for an empty slot; got "
-                         f"{indices[where]} at {where}")  # fmt: skip
+        raise ValueError(
+            f"indices must lie in [0, {keys}) (S = {keys} keys), or be -1 for an empty slot; got "
+            f"{indices[where]} at {where}"
+        )
     return indices.astype(np.int64, copy=False)
 
 
@@ -217,8 +222,9 @@ def block_scores(q_rows: Array, pieces: list[Array], weights: Array) -> Array:
     return out
 
 
-def topk_of_rows(q_block: Array, weights: Array, blocks: Iterable[tuple[int, list[Array]]], last: Array, topk: int
-                 ) -> Array:  # fmt: skip
+def topk_of_rows(
+    q_block: Array, weights: Array, blocks: Iterable[tuple[int, list[Array]]], last: Array, topk: int
+) -> Array:
     """The running top-k of R queries: q_block (H_I, R, d_I), weights (R, H_I), the keys in blocks (k0, pieces)
     in order, block_scores' pieces holding keys k0, k0 + 1, ...; last (R,) the last key each query sees,
     ascending. -> (R, topk) keys in key order, -1 after them. Where the last query sees at most topk keys, every
@@ -256,9 +262,15 @@ def running_topk(inputs: IndexInputs, *, block_q: int, block_k: int, workers: in
 
 
 def topk_by_query_blocks(
-    q_index: Array, weights: Array, topk: int, last_of: Callable[[int, slice], Array],
-    blocks_of: Callable[[int, int], Iterable[tuple[int, list[Array]]]], *, block_q: int, workers: int,
-) -> Array:  # fmt: skip
+    q_index: Array,
+    weights: Array,
+    topk: int,
+    last_of: Callable[[int, slice], Array],
+    blocks_of: Callable[[int, int], Iterable[tuple[int, list[Array]]]],
+    *,
+    block_q: int,
+    workers: int,
+) -> Array:
     """The running top-k of every block of block_q queries (topk_of_rows), a block of one sequence an item for the
     workers: q_index (B, H_I, T, d_I), weights (B, T, H_I); last_of(b, rows) the last key each of the rows of
     sequence b sees, blocks_of(b, seen) its first `seen` keys in blocks. -> (B, T, topk) int64."""
@@ -283,8 +295,12 @@ def refuse_topk_beyond_memory(q_index: Array, topk: int, block_q: int, block_k: 
     B, _, T, _ = q_index.shape
     itemsize = q_index.dtype.itemsize
     per_worker = block_q * (topk + block_k) * (2 * itemsize + 16) + 2 * SCORES_PER_TILE * itemsize
-    refuse_unless_fits(B * T * topk * 8 + workers * per_worker, "index_topk", f"the indices of {B}·{T} queries, "
-                       "and a block of scores a worker", "lower topk or the batch")  # fmt: skip
+    refuse_unless_fits(
+        B * T * topk * 8 + workers * per_worker,
+        "index_topk",
+        f"the indices of {B}·{T} queries, and a block of scores a worker",
+        "lower topk or the batch",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,8 +319,9 @@ def gather_block(gathered_bytes: int | None, queries: int, width: int, listed: i
     return 1, -(-listed // blocks)
 
 
-def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_bytes: int | None = None
-                  ) -> tuple[Array, Array]:  # fmt: skip
+def attend_chosen(
+    inputs: SparseInputs, *, workers: int | None = None, gathered_bytes: int | None = None
+) -> tuple[Array, Array]:
     """sparse_attention's forward: out (B, H, T, Ev) and lse (B, H, T) in the compute dtype."""
     q, k, v, indices, scale = inputs
     B, H, T, E = q.shape
@@ -313,8 +330,12 @@ def attend_chosen(inputs: SparseInputs, *, workers: int | None = None, gathered_
     block_q, block_k = gather_block(gathered_bytes, T, E + (0 if prefix else Ev), listed, q.dtype.itemsize)
     workers = min(workers or cpu_cores(), B * Hkv * -(-T // block_q))
     step = block_q * block_k * (E + Ev + 3 * G) + block_q * G * (E + Ev)
-    refuse_unless_fits((B * H * T * (Ev + 1) + workers * step) * q.dtype.itemsize, "sparse_attention",
-                       "out, lse, and a block of gathered keys a worker", "lower the batch or T")  # fmt: skip
+    refuse_unless_fits(
+        (B * H * T * (Ev + 1) + workers * step) * q.dtype.itemsize,
+        "sparse_attention",
+        "out, lse, and a block of gathered keys a worker",
+        "lower the batch or T",
+    )
     out, lse = np.empty((B, H, T, Ev), q.dtype), np.empty((B, H, T), q.dtype)
 
     def run(item: tuple[int, int, int]) -> None:
@@ -404,8 +425,9 @@ def finish(acc: Array, m: Array, l: Array) -> tuple[Array, Array]:  # noqa: E741
 # the backward: dq a query's own, dk and dv added back at the keys it chose
 
 
-def chosen_backward(inputs: SparseInputs, out: Array, dout: Array, lse: Array, *, workers: int | None = None
-                    ) -> tuple[Array, Array, Array]:  # fmt: skip
+def chosen_backward(
+    inputs: SparseInputs, out: Array, dout: Array, lse: Array, *, workers: int | None = None
+) -> tuple[Array, Array, Array]:
     """dq (B, H, T, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) in the compute dtype. A kv head is one item (its dk
     and dv are added to in query order, by one worker), its query blocks one after the other."""
     q, k, v, indices, scale = inputs
@@ -415,9 +437,12 @@ def chosen_backward(inputs: SparseInputs, out: Array, dout: Array, lse: Array, *
     block_q, _ = gather_block(None, T, E + Ev, listed, q.dtype.itemsize)
     workers = min(workers or cpu_cores(), B * Hkv)
     step = block_q * listed * (3 * (E + Ev) + 4 * G)
-    refuse_unless_fits((2 * q.size + k.size + v.size + B * H * T + workers * step) * q.dtype.itemsize,
-                       "sparse_attention_backward", "dq, dk, dv, and a block of gathered keys a worker",
-                       "lower the batch or T")  # fmt: skip
+    refuse_unless_fits(
+        (2 * q.size + k.size + v.size + B * H * T + workers * step) * q.dtype.itemsize,
+        "sparse_attention_backward",
+        "dq, dk, dv, and a block of gathered keys a worker",
+        "lower the batch or T",
+    )
     delta = np.einsum("bhte,bhte->bht", dout, out)  # (B, H, T): D_t = dout_t · out_t
     dq, dk, dv = np.empty_like(q), np.zeros_like(k), np.zeros_like(v)
 
@@ -426,9 +451,11 @@ def chosen_backward(inputs: SparseInputs, out: Array, dout: Array, lse: Array, *
         heads = slice(g * G, (g + 1) * G)
         for q0 in range(0, T, block_q):
             rows = slice(q0, min(q0 + block_q, T))
-            part = [x[b, heads, rows].swapaxes(0, 1) for x in (q, dout)]  # (bq, G, E), (bq, G, Ev)
-            dq_block = block_backward(part[0], part[1], lse[b, heads, rows].T, delta[b, heads, rows].T, k[b, g],
-                                      v[b, g], indices[b, rows], scale, dk[b, g], dv[b, g])  # fmt: skip
+            q_rows, dout_rows = (x[b, heads, rows].swapaxes(0, 1) for x in (q, dout))  # (bq, G, E), (bq, G, Ev)
+            lse_rows, delta_rows = lse[b, heads, rows].T, delta[b, heads, rows].T  # (bq, G) each
+            dq_block = block_backward(
+                q_rows, dout_rows, lse_rows, delta_rows, k[b, g], v[b, g], indices[b, rows], scale, dk[b, g], dv[b, g]
+            )
             dq[b, heads, rows] = dq_block.swapaxes(0, 1)
 
     with one_blas_thread():
@@ -436,8 +463,18 @@ def chosen_backward(inputs: SparseInputs, out: Array, dout: Array, lse: Array, *
     return dq, dk, dv
 
 
-def block_backward(q_block: Array, dout_block: Array, lse: Array, delta: Array, keys: Array, values: Array,
-                   chosen: Array, scale: float, dk: Array, dv: Array) -> Array:  # fmt: skip
+def block_backward(
+    q_block: Array,
+    dout_block: Array,
+    lse: Array,
+    delta: Array,
+    keys: Array,
+    values: Array,
+    chosen: Array,
+    scale: float,
+    dk: Array,
+    dv: Array,
+) -> Array:
     """One block of queries (bq, G, ·) of one kv head: returns dq (bq, G, E); adds dk (S, E) and dv (S, Ev) at
     the chosen keys (chosen (bq, n), -1 for none). The five lines of the backward, over the chosen keys:
         p = exp(scale q kᵀ - lse)   dv += pᵀ dout   dp = dout vᵀ   ds = p (dp - D)   dq = scale ds k,  dk += scale dsᵀ q
@@ -502,8 +539,12 @@ def indexer_scores_at(q_index: Array, k_index: Array, weights: Array, indices: A
     the dots (B, H_I, T, n) before the ReLU (0 at an empty slot)."""
     B, H, T, d = q_index.shape
     n = indices.shape[-1]
-    refuse_unless_fits((B * T * n * (d + 2 * H + 1)) * q_index.dtype.itemsize, "the indexer's loss", f"the chosen "
-                       f"indexer keys of {B}·{T} queries and their dots", "lower T or topk")  # fmt: skip
+    refuse_unless_fits(
+        (B * T * n * (d + 2 * H + 1)) * q_index.dtype.itemsize,
+        "the indexer's loss",
+        f"the chosen indexer keys of {B}·{T} queries and their dots",
+        "lower T or topk",
+    )
     k_chosen = np.stack([gather_rows(k_index[b], indices[b]) for b in range(B)])  # (B, T, n, d_I)
     dots = np.einsum("bhtd,btnd->bhtn", q_index, k_chosen)  # (B, H_I, T, n)
     dots[np.broadcast_to((indices < 0)[:, None], dots.shape)] = 0
@@ -512,8 +553,9 @@ def indexer_scores_at(q_index: Array, k_index: Array, weights: Array, indices: A
     return scores, dots
 
 
-def indexer_scores_backward(d_scores: Array, dots: Array, q_index: Array, k_index: Array, weights: Array,
-                            indices: Array) -> tuple[Array, Array, Array]:  # fmt: skip
+def indexer_scores_backward(
+    d_scores: Array, dots: Array, q_index: Array, k_index: Array, weights: Array, indices: Array
+) -> tuple[Array, Array, Array]:
     """From ∂L/∂I at the chosen keys (B, T, n) (0 at an empty slot): dq_I (B, H_I, T, d_I), dk_I (B, S, d_I), each
     key's terms added at its position, and dweights (B, T, H_I).
         ∂I/∂w[t, h] = ReLU(dot)    ∂I/∂dot = w[t, h] · [dot > 0]    dot = q_I[t, h] · k_I[s]"""

@@ -25,11 +25,12 @@ def _contexts(model: ModelShape, tokens: list[int], dtype: Any, kv_dtype: Any, b
         kv = model.kv_cache_bytes(n, kv_dtype, batch)
         decompressed = None if model.latent is None else model.kv_cache_bytes(n, kv_dtype, batch, decompressed=True)
         scores = sum(  # the softmax layers, each kind with its heads: linear ones have no score matrix
-            score_matrix_bytes(n, heads=model.attention_sizes(kind).heads, layers=model.count(kind), batch=batch,
-                               dtype=dtype)
+            score_matrix_bytes(
+                n, heads=model.attention_sizes(kind).heads, layers=model.count(kind), batch=batch, dtype=dtype
+            )
             for kind in ATTENTION_TYPES
             if model.count(kind)
-        )  # fmt: skip
+        )
         contexts.append(
             {
                 "tokens": n,

@@ -337,8 +337,10 @@ class KVCache(CopiedWithoutLock, KeysAndValues):
         attention over the rows as pages (layer.attend_pages), then the commit. Its tokens are read by position,
         so the slots must be in token order: no window."""
         if self.window is not None:
-            raise ValueError(f"a layer that chooses its keys reads them by position: it needs a KVCache without a "
-                             f"window; got window={self.window}")  # fmt: skip
+            raise ValueError(
+                f"a layer that chooses its keys reads them by position: it needs a KVCache without a "
+                f"window; got window={self.window}"
+            )
         return self._append(k, v, before_commit=lambda stop: layer.attend_pages(q, self._pages(stop)))
 
     def _pages(self, stop: int) -> Pages:

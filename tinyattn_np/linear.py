@@ -115,8 +115,9 @@ def gated_delta_rule_recurrent(
 # the rule in chunks
 
 
-def gated_delta_rule_chunked(q: Array, k: Array, v: Array, g: Array, beta: Array, initial_state: Array | None = None,
-                             *, chunk_size: int = 64) -> tuple[Array, Array]:  # fmt: skip
+def gated_delta_rule_chunked(
+    q: Array, k: Array, v: Array, g: Array, beta: Array, initial_state: Array | None = None, *, chunk_size: int = 64
+) -> tuple[Array, Array]:
     """gated_delta_rule_recurrent's result, chunk_size tokens at a time (the last chunk may be shorter): inside a
     chunk a triangular solve, across chunks the state (_chunk). Same arguments and shapes."""
     x = check_delta_inputs(q, k, v, g, beta, initial_state, grouped=False)
@@ -124,8 +125,9 @@ def gated_delta_rule_chunked(q: Array, k: Array, v: Array, g: Array, beta: Array
     o = np.empty(x.v.shape, x.v.dtype)  # (..., T, d_v)
     for start in range(0, x.v.shape[-2], C):
         c = slice(start, start + C)  # the chunk's tokens
-        o[..., c, :], state = _chunk(x.q[..., c, :], x.k[..., c, :], x.v[..., c, :], x.g[..., c, :],
-                                     x.beta[..., c], state)  # fmt: skip
+        o[..., c, :], state = _chunk(
+            x.q[..., c, :], x.k[..., c, :], x.v[..., c, :], x.g[..., c, :], x.beta[..., c], state
+        )
     return o.astype(x.out_dtype, copy=False), state
 
 
@@ -236,8 +238,12 @@ def _recurrent_backward(x: DeltaInputs, dout: Array, dstate: Array) -> tuple[Arr
     """gated_delta_rule_recurrent_backward's lines on checked inputs (g as (..., T, 1|d_k)): dq, dk, dv, dg, dbeta
     and the gradient of the state the rule started from."""
     q, k, v, g, beta = x.q, x.k, x.v, x.g, x.beta
-    refuse_unless_fits(v.shape[-2] * x.state.nbytes, "gated_delta_rule_recurrent_backward", "the state after "
-                       "every token's decay", "pass fewer tokens, or use gated_delta_rule_backward")  # fmt: skip
+    refuse_unless_fits(
+        v.shape[-2] * x.state.nbytes,
+        "gated_delta_rule_recurrent_backward",
+        "the state after every token's decay",
+        "pass fewer tokens, or use gated_delta_rule_backward",
+    )
     decayed, state = [], x.state  # S̃_t for every t: the forward again
     for t in range(v.shape[-2]):
         decayed.append(np.exp(g[..., t, :, None]) * state)  # (..., d_k, d_v)
@@ -252,8 +258,8 @@ def _recurrent_backward(x: DeltaInputs, dout: Array, dstate: Array) -> tuple[Arr
         dsk = np.einsum("...kv,...k->...v", dstate, k[..., t, :])  # (..., d_v): dSᵀ k_t
         derror = beta[..., t, None] * dsk  # (..., d_v): de
         dbeta[..., t] = np.sum(error * dsk, axis=-1)
-        dk[..., t, :] = beta[..., t, None] * np.einsum("...kv,...v->...k", dstate, error) - np.einsum(
-            "...kv,...v->...k", decayed[t], derror)  # fmt: skip
+        dstate_error = np.einsum("...kv,...v->...k", dstate, error)  # (..., d_k): dS e_t
+        dk[..., t, :] = beta[..., t, None] * dstate_error - np.einsum("...kv,...v->...k", decayed[t], derror)
         dv[..., t, :] = derror
         dstate = dstate - k[..., t, :, None] * derror[..., None, :]  # (..., d_k, d_v): dS̃
         dg_t = np.sum(dstate * decayed[t], axis=-1)  # (..., d_k): one per key channel
@@ -287,8 +293,9 @@ def gated_delta_rule_backward(q: Array, k: Array, v: Array, g: Array, beta: Arra
         dq, dk, dv, dg, dbeta, dstate = _recurrent_backward(x._replace(q=q_prepared, k=k_prepared), dout, dstate)
         dq, dk = prepare_qk_backward(dq, dk, q_heads, k_heads, prep)
     else:
-        dq, dk, dv, dg, dbeta, dstate = chunked_backward(q_heads, k_heads, x.v, x.g, x.beta, x.state, dout, dstate,
-                                                         chunk_size, prep)  # fmt: skip
+        dq, dk, dv, dg, dbeta, dstate = chunked_backward(
+            q_heads, k_heads, x.v, x.g, x.beta, x.state, dout, dstate, chunk_size, prep
+        )
     B, H, T, d_k = x.q.shape
     dq, dk = (d.reshape(B, H, -1, T, d_k).sum(axis=2) for d in (dq, dk))  # the value heads of each q/k head
     return _grads(dq, dk, dv, dg, dbeta, dstate, per_head, initial_state is not None, x.out_dtype)
@@ -387,13 +394,16 @@ def gated_deltanet(x: Array, weights: GatedDeltaNetWeights, shape: GatedDeltaNet
         state = np.zeros((x.shape[0], shape.value_heads, shape.key_dim, shape.value_dim), x.dtype)
         return _layer(x, weights, shape, past, state, chunk_size)[:2]
     if not isinstance(cache, GatedDeltaCache) or (cache.batch, cache.shape, cache.dtype) != (len(x), shape, x.dtype):
-        raise ValueError(f"cache must be a GatedDeltaCache(batch={len(x)}, shape, dtype={x.dtype}) of this layer's "
-                         f"shape {shape}; got {cache!r}")  # fmt: skip
+        raise ValueError(
+            f"cache must be a GatedDeltaCache(batch={len(x)}, shape, dtype={x.dtype}) of this layer's "
+            f"shape {shape}; got {cache!r}"
+        )
     return cache.advance(lambda past, state: _layer(x, weights, shape, past, state, chunk_size))
 
 
-def _layer(x: Array, w: GatedDeltaNetWeights, shape: GatedDeltaNetShape, past: Array, state: Array,
-           chunk_size: int | None) -> tuple[Array, GatedDeltaNetSaved, tuple[Array, Array]]:  # fmt: skip
+def _layer(
+    x: Array, w: GatedDeltaNetWeights, shape: GatedDeltaNetShape, past: Array, state: Array, chunk_size: int | None
+) -> tuple[Array, GatedDeltaNetSaved, tuple[Array, Array]]:
     """gated_deltanet from the convolution's K − 1 inputs before x (B, K − 1, ch) and the state (B, Hv, Dk, Dv);
     also returns both after x, what a cache keeps."""
     B, T, _ = x.shape
@@ -405,8 +415,9 @@ def _layer(x: Array, w: GatedDeltaNetWeights, shape: GatedDeltaNetShape, past: A
     # (torch's F.softplus gives a itself past a = 20, 2e-9 below this)
     beta = _sigmoid(x @ w.w_b).transpose(0, 2, 1)  # (B, Hv, T)
     rule = chunk_size if T > 1 else None  # one token: the recurrent step
-    o, new_state = gated_delta_rule(q, k, v, g, beta, chunk_size=rule, initial_state=state, return_state=True,
-                                    l2norm_qk=True)  # fmt: skip
+    o, new_state = gated_delta_rule(
+        q, k, v, g, beta, chunk_size=rule, initial_state=state, return_state=True, l2norm_qk=True
+    )
     normed, norm = rms_norm(o.transpose(0, 2, 1, 3), w.norm, shape.eps)  # (B, T, Hv, Dv)
     z = (x @ w.w_z).reshape(normed.shape)  # (B, T, Hv, Dv)
     y = (normed * _silu(z)).reshape(B, T, -1) @ w.w_out  # (B, T, C)
@@ -451,8 +462,9 @@ def gated_deltanet_backward(dy: Array, saved: GatedDeltaNetSaved) -> tuple[Array
     dgated = (dy @ w.w_out.T).reshape(normed.shape)  # (B, T, Hv, Dv)
     dz = _silu_backward(dgated * normed, s.z).reshape(B * T, -1)  # (B·T, Hv·Dv)
     do, dnorm, _ = rms_norm_backward(dgated * gate, s.norm)  # (B, T, Hv, Dv), (Dv,)
-    rule = gated_delta_rule_backward(*s.qkv, s.g, s.beta, do.transpose(0, 2, 1, 3), chunk_size=s.chunk_size,
-                                     initial_state=s.state, l2norm_qk=True)  # fmt: skip
+    rule = gated_delta_rule_backward(
+        *s.qkv, s.g, s.beta, do.transpose(0, 2, 1, 3), chunk_size=s.chunk_size, initial_state=s.state, l2norm_qk=True
+    )
     softplus = np.logaddexp(0, s.a)  # (B, T, Hv)
     dg = rule.dg.transpose(0, 2, 1)  # (B, T, Hv)
     da_log = np.sum(dg * -np.exp(w.a_log) * softplus, axis=(0, 1))  # (Hv,): g = −e^A_log softplus(a)
@@ -463,14 +475,15 @@ def gated_deltanet_backward(dy: Array, saved: GatedDeltaNetSaved) -> tuple[Array
     dconv_out = _silu_backward(dact, s.conv_out)  # (B, T, ch)
     dconv = np.stack(
         [np.sum(dconv_out * s.conv_inputs[:, j : j + T], axis=(0, 1)) for j in range(shape.conv_kernel)], axis=-1
-    )  # fmt: skip  (ch, K)
+    )  # (ch, K)
     dinputs = np.zeros_like(s.conv_inputs)  # (B, K − 1 + T, ch)
     for j in range(shape.conv_kernel):
         dinputs[:, j : j + T] += w.conv[:, j] * dconv_out
     dqkv = dinputs[:, shape.conv_kernel - 1 :].reshape(B * T, -1)  # (B·T, ch): the inputs before x take none
     dx = dqkv @ w.w_qkv.T + dz @ w.w_z.T + db @ w.w_b.T + da @ w.w_a.T  # (B·T, C)
-    grads = GatedDeltaNetWeights(x_rows.T @ dqkv, x_rows.T @ dz, x_rows.T @ db, x_rows.T @ da, dconv,
-                                 da.sum(axis=0), da_log, dnorm, dw_out)  # fmt: skip
+    grads = GatedDeltaNetWeights(
+        x_rows.T @ dqkv, x_rows.T @ dz, x_rows.T @ db, x_rows.T @ da, dconv, da.sum(axis=0), da_log, dnorm, dw_out
+    )
     return dx.reshape(s.x.shape), grads
 
 
@@ -540,8 +553,8 @@ class GatedDeltaCache:
 
     def load(self, conv_inputs: Array, state: Array, tokens: int) -> None:
         """Set the cache to a state read back: conv_inputs and state of this cache's shapes, after `tokens`."""
-        past, state = (self._checked(x, name, now) for x, name, now in ((conv_inputs, "conv_inputs", self._held[0]),
-                                                                         (state, "state", self._held[1])))  # fmt: skip
+        past = self._checked(conv_inputs, "conv_inputs", self._held[0])
+        state = self._checked(state, "state", self._held[1])
         holding(self.lock, setattr, self, "_held", (past, state, check_count(tokens, "tokens")))
 
     def _checked(self, x: Any, name: str, now: Array) -> Array:

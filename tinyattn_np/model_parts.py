@@ -243,13 +243,17 @@ class LinearAttention:
         shapes = {  # kind -> what its heads must be, in words and as a test
             "lightning": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
             "kda": ("key_heads == value_heads, key_dim == value_dim", heads == dims),
-            "short_conv": ("one head: key_heads == value_heads == 1, key_dim == value_dim",
-                           (self.key_heads, self.value_heads, self.key_dim) == (1, 1, self.value_dim)),
-            "rglru": ("key_heads == value_heads and key_dim == 1", self.key_heads == self.value_heads
-                      and self.key_dim == 1),
+            "short_conv": (
+                "one head: key_heads == value_heads == 1, key_dim == value_dim",
+                (self.key_heads, self.value_heads, self.key_dim) == (1, 1, self.value_dim),
+            ),
+            "rglru": (
+                "key_heads == value_heads and key_dim == 1",
+                self.key_heads == self.value_heads and self.key_dim == 1,
+            ),
             "rwkv": ("one head: key_heads == value_heads == key_dim == 1", heads == (1, 1) and self.value_heads == 1),
             "mlstm": ("key_heads == value_heads", self.key_heads == self.value_heads),
-        }  # fmt: skip
+        }
         if self.kind in shapes and not shapes[self.kind][1]:
             raise ValueError(f"{self.kind} has {shapes[self.kind][0]}; got {self}")
         convolves = self.kind in ("gated_deltanet", "kda", "short_conv", "rglru")
@@ -306,9 +310,15 @@ class LinearAttention:
         if self.kind in ("short_conv", "rglru", "rwkv", "mlstm"):
             return nbytes(layers * batch * self.state_numbers(), dtype)
         return linear_attention_state_bytes(
-            layers=layers, heads=self.value_heads, key_dim=self.key_dim, value_dim=self.value_dim,
-            conv_channels=self.conv_channels, conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,
-        )  # fmt: skip
+            layers=layers,
+            heads=self.value_heads,
+            key_dim=self.key_dim,
+            value_dim=self.value_dim,
+            conv_channels=self.conv_channels,
+            conv_kernel=self.conv_kernel,
+            dtype=dtype,
+            batch=batch,
+        )
 
 
 @dataclass(frozen=True)
@@ -375,9 +385,15 @@ class StateSpace:
     def state_bytes(self, layers: int, dtype: Any = "bf16", batch: int = 1) -> int:
         """memory.linear_attention_state_bytes for `layers` such layers: inner x N, and the convolution's inputs."""
         return linear_attention_state_bytes(
-            layers=layers, heads=1, key_dim=self.inner, value_dim=self.state, conv_channels=self.conv_channels,
-            conv_kernel=self.conv_kernel, dtype=dtype, batch=batch,
-        )  # fmt: skip
+            layers=layers,
+            heads=1,
+            key_dim=self.inner,
+            value_dim=self.state,
+            conv_channels=self.conv_channels,
+            conv_kernel=self.conv_kernel,
+            dtype=dtype,
+            batch=batch,
+        )
 
 
 @dataclass(frozen=True)

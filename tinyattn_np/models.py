@@ -204,8 +204,13 @@ class ModelShape:
     def places(self, where: str) -> int:
         """How many times an Extra at `where` counts: 1 for the model, else the layers it sits on."""
         moe = 0 if self.experts is None else len(self.experts.layers)
-        counts = {"model": 1, "every layer": self.layers, "attention": self.attention_layers, "moe": moe,
-                  "dense": self.mlp_layer_count - moe}  # fmt: skip
+        counts = {
+            "model": 1,
+            "every layer": self.layers,
+            "attention": self.attention_layers,
+            "moe": moe,
+            "dense": self.mlp_layer_count - moe,
+        }
         return counts[where] if where in counts else self.count(where)
 
     # -- parameters, piece by piece (weights are (in, out) matrices; a bias adds `out`) --------------
@@ -215,8 +220,9 @@ class ModelShape:
         own = next((sizes for sizes in self.kind_attention if sizes.kind == kind), None)
         if own is not None:
             return own
-        return KindAttention(kind or "", self.heads, self.kv_heads, self.head_dim, self.head_dim_v, self.sinks,
-                             latent=self.latent)  # fmt: skip
+        return KindAttention(
+            kind or "", self.heads, self.kv_heads, self.head_dim, self.head_dim_v, self.sinks, latent=self.latent
+        )
 
     @property
     def attention_parameters(self) -> int:
@@ -321,9 +327,11 @@ class ModelShape:
         feed-forward (an MLP or experts), the norms and the extras."""
         moe_layers = 0 if self.experts is None else len(self.experts.layers)
         beside = self.attention_layers if self.mamba_beside_attention else 0
-        mixers = (self.all_attention_parameters
-                  + self.count("linear_attention") * self.linear_attention_parameters
-                  + (self.count("mamba") + beside) * self.state_space_parameters)  # fmt: skip
+        mixers = (
+            self.all_attention_parameters
+            + self.count("linear_attention") * self.linear_attention_parameters
+            + (self.count("mamba") + beside) * self.state_space_parameters
+        )
         dense = self.mlp_layer_count - (0 if self.experts is None or self.experts.beside_mlp else moe_layers)
         mlps = dense * self.mlp_parameters + moe_layers * self.moe_parameters
         return self.embedding_parameters + mixers + mlps + self.norm_parameters + self.extra_parameters
@@ -365,11 +373,15 @@ class ModelShape:
         if self.indexer is not None and own.indexer:  # one key of head_dim a token beside the latent (or the heads)
             indexer = kv_cache_bytes(tokens, kv_heads=1, head_dim=self.indexer.head_dim, **sizes) // 2
         if own.latent is None:
-            return kv_cache_bytes(tokens, kv_heads=own.kv_heads, head_dim=own.head_dim, head_dim_v=own.value_dim,
-                                  **sizes) + indexer  # fmt: skip
+            return (
+                kv_cache_bytes(tokens, kv_heads=own.kv_heads, head_dim=own.head_dim, head_dim_v=own.value_dim, **sizes)
+                + indexer
+            )
         if decompressed:  # every head's key (nope + rope) and value (v_dim), as a naive implementation keeps them
-            return kv_cache_bytes(tokens, kv_heads=own.heads, head_dim=own.head_dim, head_dim_v=own.latent.v_dim,
-                                  **sizes) + indexer  # fmt: skip
+            return (
+                kv_cache_bytes(tokens, kv_heads=own.heads, head_dim=own.head_dim, head_dim_v=own.latent.v_dim, **sizes)
+                + indexer
+            )
         return latent_cache_bytes(tokens, kv_rank=own.latent.kv_rank, rope_dim=own.latent.rope_dim, **sizes) + indexer
 
     def kv_cache_bytes(self, tokens: int, dtype: Any = "bf16", batch: int = 1, *, decompressed: bool = False) -> int:
@@ -415,8 +427,16 @@ class ModelShape:
             own = self.attention_sizes(kind)  # latent attention: keys of nope + rope, values of v_dim
             if window is None and chunk is None and kind in indexed:
                 window = self.indexer.topk if self.indexer is not None else None  # the keys the indexer picks
-            return attention_flops(tokens, heads=own.heads, head_dim=own.head_dim, head_dim_v=own.value_width,
-                                   causal=True, batch=batch, window=window, chunk=chunk)  # fmt: skip
+            return attention_flops(
+                tokens,
+                heads=own.heads,
+                head_dim=own.head_dim,
+                head_dim_v=own.value_width,
+                causal=True,
+                batch=batch,
+                window=window,
+                chunk=chunk,
+            )
 
         per_kind = {
             "full_attention": lambda: flops("full_attention"),
@@ -459,8 +479,13 @@ class ModelShape:
 def _check_parts(shape: ModelShape) -> None:
     """Each part of its class; experts on layers that have a feed-forward; latent attention without the fields
     it has no use for."""
-    parts = (("experts", Experts), ("latent", LatentAttention), ("linear", LinearAttention),
-             ("state_space", StateSpace), ("indexer", Indexer))  # fmt: skip
+    parts = (
+        ("experts", Experts),
+        ("latent", LatentAttention),
+        ("linear", LinearAttention),
+        ("state_space", StateSpace),
+        ("indexer", Indexer),
+    )
     _check_kinds(shape)
     for field, kind in parts:
         value = getattr(shape, field)

@@ -42,8 +42,12 @@ import tinyattn_np as ta
 DEVICES = ("cpu", "cuda")
 # the SDPA kernels torch has on each device, by the name a report row gives them
 KERNELS = {"cpu": ("math", "flash"), "cuda": ("math", "mem-efficient", "flash", "cudnn")}
-BACKENDS = {"math": SDPBackend.MATH, "mem-efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}  # fmt: skip
+BACKENDS = {
+    "math": SDPBackend.MATH,
+    "mem-efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 # how torch 2.x words "this kernel does not take these inputs" (sdpa_kernel with one backend):
 # "No available kernel. Aborting execution." or "No viable backend for scaled_dot_product_attention ..."
 NO_KERNEL = ("No available kernel", "No viable backend")
@@ -51,8 +55,12 @@ FULL = ("float64", "float32")  # tinyattn_np computes in this very dtype
 LOW = ("float16", "bfloat16")  # torch computes in this dtype, tinyattn_np in float32
 ALL = FULL + LOW
 
-TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-                "bfloat16": torch.bfloat16}  # fmt: skip
+TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 # the NumPy dtype our side computes in: bfloat16 has no NumPy dtype, and float16 is computed in
 # float32 by tinyattn_np anyway (README, Conventions: dtypes), so we hand it the float32 values directly
 NUMPY_DTYPES = {"float64": np.float64, "float32": np.float32, "float16": np.float32, "bfloat16": np.float32}
@@ -144,8 +152,10 @@ class Outcome:
             return False
         seen = self._seen()
         exact = self.exact[seen]
-        return (max_abs_error(self.gold[seen], exact) > self.tolerance
-                and max_abs_error(self.mine[seen], exact) <= self.tolerance)  # fmt: skip
+        return (
+            max_abs_error(self.gold[seen], exact) > self.tolerance
+            and max_abs_error(self.mine[seen], exact) <= self.tolerance
+        )
 
     @property
     def passed(self) -> bool:
@@ -466,8 +476,9 @@ def flash_lse_case(L: int, S: int, **flash_kw: int) -> Callable[[str, str], Outc
     exact one by 7e-10 in a test process (ours on it to the last bit), and it says which side is off."""
 
     def run(device: str, dtype: str) -> Outcome:
-        (q, k, v), (tq, tk, _) = make_inputs(f"lse {L} {S} {flash_kw}", [(B, H, L, E), (B, H, S, E), (B, H, S, E)],
-                                             dtype, device)  # fmt: skip
+        (q, k, v), (tq, tk, _) = make_inputs(
+            f"lse {L} {S} {flash_kw}", [(B, H, L, E), (B, H, S, E), (B, H, S, E)], dtype, device
+        )
         _, lse = ta.flash_attention(q, k, v, causal=True, return_lse=True, **flash_kw)
         scores = tq @ tk.transpose(-1, -2) / math.sqrt(E)  # (B, H, L, S)
         allowed = ta.causal_mask(L, S)  # bottom-right, (L, S)
@@ -541,12 +552,12 @@ CASES: list[Case] = [
     Case("flash_attention causal T=4096", flash_case(1, 2, 2, 4096, 4096, 64, True), ALL),
     Case(
         "flash_attention T=1000 blocks 37x53", flash_case(1, 1, 1, 1000, 1000, 32, False, block_q=37, block_k=53), ALL
-    ),  # fmt: skip
+    ),
     Case("flash_attention causal B=3 Hq=6 Hkv=2", flash_case(3, 6, 2, 129, 129, 16, True, block_q=31, block_k=17), ALL),
     Case("flash_attention lse L<S", flash_lse_case(40, 90, block_q=16, block_k=32), FULL, sdpa=False),
     Case(
         "flash_attention lse L>S (rows with no key)", flash_lse_case(90, 40, block_q=16, block_k=32), FULL, sdpa=False
-    ),  # fmt: skip
+    ),
     Case("rope interleaved (Llama complex multiply)", rope_case(True), ALL, sdpa=False),
     Case("rope half-split (HF rotate_half)", rope_case(False), ALL, sdpa=False),
     Case("rope interleaved, positions 1000..1031", rope_case(True, start=1000), ALL, sdpa=False),

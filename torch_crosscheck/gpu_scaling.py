@@ -177,8 +177,10 @@ def print_rows(rows: list[dict[str, Any]], fmt: str) -> None:
             ratio = (r["tokens"], naive_mib * MiB / r["scores_bytes"])
     headers = ["tokens", "score matrix MiB", "naive ms", "fused ms", "speed-up", "naive MiB", "fused MiB"]
     print(table(body, headers, fmt=fmt, colalign=["right"] * len(headers), disable_numparse=True))
-    print("MiB = 2^20 B; naive/fused MiB: what one call adds at its peak (torch.cuda.max_memory_allocated "
-          "minus what was allocated before it; the output counts, q, k and v do not)")  # fmt: skip
+    print(
+        "MiB = 2^20 B; naive/fused MiB: what one call adds at its peak (torch.cuda.max_memory_allocated "
+        "minus what was allocated before it; the output counts, q, k and v do not)"
+    )
     if ratio is not None:
         print(f"naive MiB / score matrix at T={ratio[0]}: {ratio[1]:.2f}x")
     times = {name: [r[name][0] for r in rows if r[name] != OOM] for name in ("naive", "fused")}
@@ -191,23 +193,29 @@ def main(argv: list[str] | None = None) -> int:
         print("torch is not installed: nothing to measure (a CUDA build of torch, on a GPU machine)")
         return 0
     if not torch.cuda.is_available():
-        print(f"CUDA is not available (torch {torch.__version__} sees no GPU): nothing to measure. "
-              "Run this on a machine with an NVIDIA GPU and a CUDA build of torch.")  # fmt: skip
+        print(
+            f"CUDA is not available (torch {torch.__version__} sees no GPU): nothing to measure. "
+            "Run this on a machine with an NVIDIA GPU and a CUDA build of torch."
+        )
         return 0
     limit = ""
     if args.memory_limit_gib is not None:
         total = torch.cuda.get_device_properties(0).total_memory
         if args.memory_limit_gib * 2**30 > total:
-            sys.exit(f"error: --memory-limit-gib {args.memory_limit_gib:g} is more than this GPU has "
-                     f"({total / 2**30:.1f} GiB)")  # fmt: skip
+            sys.exit(
+                f"error: --memory-limit-gib {args.memory_limit_gib:g} is more than this GPU has "
+                f"({total / 2**30:.1f} GiB)"
+            )
         torch.cuda.set_per_process_memory_fraction(args.memory_limit_gib * 2**30 / total)
         limit = f"; memory capped at {args.memory_limit_gib:g} GiB"
     diff = check_agreement(args.batch, args.heads, args.head_dim, not args.no_causal)
     print(f"check: naive == fused on 64 tokens (max |diff| {diff:.2e})")
     mask = "non-causal" if args.no_causal else "causal"
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}; float16, "
-          f"B={args.batch}, H={args.heads}, d={args.head_dim}, {mask}; time: median of {args.repeats}"
-          f"{limit}")  # fmt: skip
+    print(
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}; float16, "
+        f"B={args.batch}, H={args.heads}, d={args.head_dim}, {mask}; time: median of {args.repeats}"
+        f"{limit}"
+    )
     print(f"code: {code_version()}")
     rows: list[dict[str, Any]] = []
     sizes = token_counts(args.max_tokens)

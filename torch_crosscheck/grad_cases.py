@@ -69,8 +69,9 @@ def attention_grad_case(
         out.backward(tdout)
         if flash:  # flash's causal is bottom-right; top-left has no flash form here
             ours_out, lse = ta.flash_attention(q, k, v, causal=alignment == "bottom_right", return_lse=True, **blocks)
-            grads = ta.flash_attention_backward(q, k, v, ours_out, dout, lse, causal=alignment == "bottom_right",
-                                                **blocks)  # fmt: skip
+            grads = ta.flash_attention_backward(
+                q, k, v, ours_out, dout, lse, causal=alignment == "bottom_right", **blocks
+            )
         elif alignment == "top_left":
             grads = ta.attention_backward(q, k, v, dout, mask=ta.causal_mask(L, S, align="top_left"))
         else:
@@ -86,10 +87,12 @@ def multihead_grad_case(n_kv_heads: int, fused: bool, rope: bool) -> Callable[[s
 
     def run(device: str, dtype: str) -> Outcome:
         B, T, d_model, n_heads = 2, 10, 48, 6
-        mha = ta.MultiHeadAttention(d_model, n_heads, n_kv_heads, rope=rope, rng=np.random.default_rng(n_kv_heads),
-                                    dtype=NUMPY_DTYPES[dtype])  # fmt: skip
-        (x, dout), (tx, tdout) = make_inputs(f"mha grad {n_kv_heads} {fused} {rope}", [(B, T, d_model)] * 2, dtype,
-                                             device)  # fmt: skip
+        mha = ta.MultiHeadAttention(
+            d_model, n_heads, n_kv_heads, rope=rope, rng=np.random.default_rng(n_kv_heads), dtype=NUMPY_DTYPES[dtype]
+        )
+        (x, dout), (tx, tdout) = make_inputs(
+            f"mha grad {n_kv_heads} {fused} {rope}", [(B, T, d_model)] * 2, dtype, device
+        )
         module = TorchMultiHeadAttention.from_numpy(mha, TORCH_DTYPES[dtype], device)
         tx = tx.clone().requires_grad_()
         module(tx, causal=True).backward(tdout)
@@ -103,18 +106,39 @@ def multihead_grad_case(n_kv_heads: int, fused: bool, rope: bool) -> Callable[[s
 
 GRAD_CASES: list[Case] = [
     Case("grad: attention_backward, no mask, L=5 S=9", attention_grad_case(4, 4, 5, 9, None, False), FULL),
-    Case("grad: attention_backward, top-left causal (is_causal), L=5 S=9",
-         attention_grad_case(4, 4, 5, 9, "top_left", False), FULL),
-    Case("grad: attention_backward, bottom-right causal (causal_lower_right), GQA 6/2, L=6 S=11",
-         attention_grad_case(6, 2, 6, 11, "bottom_right", False), FULL),
-    Case("grad: flash_attention_backward, bottom-right causal, L=7 S=13, blocks 4 x 5",
-         attention_grad_case(4, 4, 7, 13, "bottom_right", True, block_q=4, block_k=5), FULL),
-    Case("grad: flash_attention_backward, GQA 6/2 (enable_gqa), no mask, L=9 S=11, blocks 3 x 4",
-         attention_grad_case(6, 2, 9, 11, None, True, block_q=3, block_k=4), FULL),
-    Case("grad: flash_attention_backward, MQA 4/1, causal L=S=12, blocks 5 x 5",
-         attention_grad_case(4, 1, 12, 12, "bottom_right", True, block_q=5, block_k=5), FULL),
-    Case("grad: MultiHeadAttention.backward (flash), GQA 6/2, RoPE vs torch module", multihead_grad_case(2, True, True),
-         FULL),
-    Case("grad: MultiHeadAttention.backward (reference), 6 heads vs torch module", multihead_grad_case(6, False, False),
-         FULL),
-]  # fmt: skip
+    Case(
+        "grad: attention_backward, top-left causal (is_causal), L=5 S=9",
+        attention_grad_case(4, 4, 5, 9, "top_left", False),
+        FULL,
+    ),
+    Case(
+        "grad: attention_backward, bottom-right causal (causal_lower_right), GQA 6/2, L=6 S=11",
+        attention_grad_case(6, 2, 6, 11, "bottom_right", False),
+        FULL,
+    ),
+    Case(
+        "grad: flash_attention_backward, bottom-right causal, L=7 S=13, blocks 4 x 5",
+        attention_grad_case(4, 4, 7, 13, "bottom_right", True, block_q=4, block_k=5),
+        FULL,
+    ),
+    Case(
+        "grad: flash_attention_backward, GQA 6/2 (enable_gqa), no mask, L=9 S=11, blocks 3 x 4",
+        attention_grad_case(6, 2, 9, 11, None, True, block_q=3, block_k=4),
+        FULL,
+    ),
+    Case(
+        "grad: flash_attention_backward, MQA 4/1, causal L=S=12, blocks 5 x 5",
+        attention_grad_case(4, 1, 12, 12, "bottom_right", True, block_q=5, block_k=5),
+        FULL,
+    ),
+    Case(
+        "grad: MultiHeadAttention.backward (flash), GQA 6/2, RoPE vs torch module",
+        multihead_grad_case(2, True, True),
+        FULL,
+    ),
+    Case(
+        "grad: MultiHeadAttention.backward (reference), 6 heads vs torch module",
+        multihead_grad_case(6, False, False),
+        FULL,
+    ),
+]

@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"code: {code_version()}")
     if not cuda:
         skipped = sum(len(kernels_for(case, "cuda")) * len(case.dtypes) for case in cases)
-        print(f"CUDA is absent (torch.cuda.is_available() is False): {skipped} cuda rows of {len(cases)} cases "
-              "skipped; on a GPU machine: bash torch_crosscheck/run_on_gpu.sh LOG_DIR")  # fmt: skip
+        print(
+            f"CUDA is absent (torch.cuda.is_available() is False): {skipped} cuda rows of {len(cases)} cases "
+            "skipped; on a GPU machine: bash torch_crosscheck/run_on_gpu.sh LOG_DIR"
+        )
     # the error column holds text ("error: ...") too, so its numbers come formatted already
     print(table(rows, HEADERS, fmt=args.format, floatfmt=["", "", "", "", ".2e", ".2e", "", ""]))
     # torch's value on rows that see no key, where it is not what ours is (0, or -inf for a logsumexp)
@@ -127,11 +129,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch returned something else on rows that see no key (recorded, not compared) in {len(odd)} rows:")
         print("\n".join(f"  {line}" for line in odd))
     if any(str(row[4]).endswith(TORCH_OFF_MARK) for row in rows):
-        print(f"{TORCH_OFF_MARK} torch's value is off the exact one (the formula in np.longdouble) by more than the "
-              "tolerance, and ours is within it")  # fmt: skip
+        print(
+            f"{TORCH_OFF_MARK} torch's value is off the exact one (the formula in np.longdouble) by more than the "
+            "tolerance, and ours is within it"
+        )
     counts = {result: sum(row[-1] == result for row in rows) for result in ("pass", "FAIL", NOT_SUPPORTED)}
-    print(f"{counts['pass']} passed, {counts['FAIL']} failed, {counts[NOT_SUPPORTED]} not supported by that torch "
-          f"kernel in {seconds:.1f} s")  # fmt: skip
+    print(
+        f"{counts['pass']} passed, {counts['FAIL']} failed, {counts[NOT_SUPPORTED]} not supported by that torch "
+        f"kernel in {seconds:.1f} s"
+    )
     if stopped:
         return interrupted(len(done), len(runs), "cases")
     return 1 if sum(failed for _, failed in done) else 0

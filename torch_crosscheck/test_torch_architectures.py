@@ -58,24 +58,59 @@ FIXES: dict[str, dict[str, Any]] = {
     "dots1": dict(n_routed_experts=128, n_shared_experts=2, num_experts_per_tok=6),
     "nemotron": dict(num_key_value_heads=8, head_dim=128),
     "dbrx": dict(attn_config={"kv_n_heads": 8, "rope_theta": 500000.0}),
-    "cohere_compass_text": dict(rope_parameters={kind: {"rope_type": "default", "rope_theta": 10000.0}
-                                                 for kind in ("full_attention", "sliding_attention")}),
+    "cohere_compass_text": dict(
+        rope_parameters={
+            kind: {"rope_type": "default", "rope_theta": 10000.0} for kind in ("full_attention", "sliding_attention")
+        }
+    ),
     "lfm2_moe": dict(layer_types=["conv", "conv", "full_attention", "conv"] * 8),
-}  # fmt: skip
+}
 # the sizes of a tiny model, by the names the classes use (each applied where the class has the field)
 TINY = dict(
-    num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-    vocab_size=128, head_dim=16, max_position_embeddings=256, sliding_window=8, attention_chunk_size=8,
-    moe_intermediate_size=32, num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4,
-    num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8,
-    v_head_dim=16, n_group=1, topk_group=1, shared_expert_intermediate_size=32, intermediate_size_mlp=64,
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-    n_layer=4, n_embd=64, n_head=4, n_positions=256, n_inner=96, pad_token_id=0, index_n_heads=2,
-    index_head_dim=16, index_topk=8,
-)  # fmt: skip
+    num_hidden_layers=4,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    vocab_size=128,
+    head_dim=16,
+    max_position_embeddings=256,
+    sliding_window=8,
+    attention_chunk_size=8,
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    moe_num_experts=4,
+    num_experts_per_tok=2,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    n_group=1,
+    topk_group=1,
+    shared_expert_intermediate_size=32,
+    intermediate_size_mlp=64,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    n_layer=4,
+    n_embd=64,
+    n_head=4,
+    n_positions=256,
+    n_inner=96,
+    pad_token_id=0,
+    index_n_heads=2,
+    index_head_dim=16,
+    index_topk=8,
+)
 # RoPE per layer kind, half of each head rotated (a tiny head's 0.334 would rotate an odd count)
-ROPE_BY_KIND = {kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-                for kind in ("full_attention", "sliding_attention")}  # fmt: skip
+ROPE_BY_KIND = {
+    kind: {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    for kind in ("full_attention", "sliding_attention")
+}
 GEMMA4 = dict(global_head_dim=32, layer_types=["sliding_attention", "full_attention"] * 3, num_hidden_layers=6)
 # a model type's own tiny sizes, where the generic ones do not fit its class
 TINY_OWN: dict[str, dict[str, Any]] = {
@@ -360,16 +395,33 @@ def test_a_field_left_out_or_null_means_what_transformers_means(model_type: str)
 
 
 # defaults a config class takes from **kwargs in its __post_init__ (not a dataclass field of its own)
-KWARG_DEFAULTS = {("qwen3_next", "full_attention_interval"): 4, ("axk1", "first_k_dense_replace"): 1,
-                  **{("dots3_note_text", name): value for name, value in dict(
-                      first_k_dense_replace=1, moe_layer_freq=1, sliding_window_size=512, use_sliding_window=True,
-                      swa_num_attention_heads=64, swa_num_key_value_heads=64, swa_q_lora_rank=1024,
-                      swa_kv_lora_rank=1024, swa_head_dim=256, swa_qk_nope_head_dim=192, swa_v_head_dim=128).items()},
-                  ("inkling_text", "dense_mlp_idx"): 0,
-                  ("gemma4_text", "global_head_dim"): 512, ("gemma4_unified_text", "global_head_dim"): 512,
-                  ("recurrent_gemma", "partial_rotary_factor"): 0.5,
-                  ("kimi_linear", "first_k_dense_replace"): 1,
-                  ("axk1", "moe_layer_freq"): 1, ("modernbert-decoder", "global_attn_every_n_layers"): 3}  # fmt: skip
+KWARG_DEFAULTS = {
+    ("qwen3_next", "full_attention_interval"): 4,
+    ("axk1", "first_k_dense_replace"): 1,
+    **{
+        ("dots3_note_text", name): value
+        for name, value in dict(
+            first_k_dense_replace=1,
+            moe_layer_freq=1,
+            sliding_window_size=512,
+            use_sliding_window=True,
+            swa_num_attention_heads=64,
+            swa_num_key_value_heads=64,
+            swa_q_lora_rank=1024,
+            swa_kv_lora_rank=1024,
+            swa_head_dim=256,
+            swa_qk_nope_head_dim=192,
+            swa_v_head_dim=128,
+        ).items()
+    },
+    ("inkling_text", "dense_mlp_idx"): 0,
+    ("gemma4_text", "global_head_dim"): 512,
+    ("gemma4_unified_text", "global_head_dim"): 512,
+    ("recurrent_gemma", "partial_rotary_factor"): 0.5,
+    ("kimi_linear", "first_k_dense_replace"): 1,
+    ("axk1", "moe_layer_freq"): 1,
+    ("modernbert-decoder", "global_attn_every_n_layers"): 3,
+}
 
 
 @pytest.mark.parametrize("model_type", sorted(DEFAULTS))
@@ -398,10 +450,32 @@ def test_the_defaults_are_the_config_classes(model_type: str) -> None:
 
 # --- the script prints the same bill ----------------------------------------------------------------------
 
-NEW_KINDS = ["mamba2", "jamba", "falcon_h1", "nemotron_h", "deepseek_v32", "lfm2", "qwen3_5_text", "bloom", "opt",
-             "jetmoe", "dbrx", "kimi_linear", "mimo_v2_flash", "gemma4_text", "gemma4_unified_text", "gemma3n_text",
-             "recurrent_gemma", "rwkv", "xlstm", "longcat_flash", "zamba", "zamba2", "inkling_text",
-             "dots3_note_text"]  # fmt: skip
+NEW_KINDS = [
+    "mamba2",
+    "jamba",
+    "falcon_h1",
+    "nemotron_h",
+    "deepseek_v32",
+    "lfm2",
+    "qwen3_5_text",
+    "bloom",
+    "opt",
+    "jetmoe",
+    "dbrx",
+    "kimi_linear",
+    "mimo_v2_flash",
+    "gemma4_text",
+    "gemma4_unified_text",
+    "gemma3n_text",
+    "recurrent_gemma",
+    "rwkv",
+    "xlstm",
+    "longcat_flash",
+    "zamba",
+    "zamba2",
+    "inkling_text",
+    "dots3_note_text",
+]
 
 
 @pytest.mark.parametrize("model_type", NEW_KINDS)

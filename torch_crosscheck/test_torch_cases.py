@@ -22,8 +22,10 @@ def test_case(case, dtype: str, device: str, kernel: str | None) -> None:
         pytest.skip(f"not supported for this case: torch has no {kernel} kernel for it on {device}")
     assert result.passed, f"{case.name}, {device}, {kernel}, {dtype}: {result.explain()}"
     if result.torch_off:
-        warnings.warn(f"{case.name}, {device}, {dtype}: torch's value is off the exact one, ours is not: "
-                      f"{result.explain()}", stacklevel=1)  # fmt: skip
+        warnings.warn(
+            f"{case.name}, {device}, {dtype}: torch's value is off the exact one, ours is not: {result.explain()}",
+            stacklevel=1,
+        )
 
 
 @pytest.mark.parametrize("name", ["flash_attention lse L<S", "flash_attention lse L>S (rows with no key)"])

@@ -33,20 +33,28 @@ def test_the_two_causal_alignments_differ_when_L_is_not_S(device: str, L: int, S
     bottom_right = ta.attention(q, k, v, causal=True)
     top_left = ta.scaled_dot_product_attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(bottom_right, lower_right_gold(tq, tk, tv), rtol=0, atol=TOL)
-    np.testing.assert_allclose(top_left, to_numpy(F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)),
-                               rtol=0, atol=TOL)  # fmt: skip
+    np.testing.assert_allclose(
+        top_left, to_numpy(F.scaled_dot_product_attention(tq, tk, tv, is_causal=True)), rtol=0, atol=TOL
+    )
     differ = np.abs(bottom_right - top_left).max(axis=(0, 1, 3)) > 1e-3  # (L,): which query rows differ
     assert differ.sum() >= min(L, S) - 1, f"the alignments should differ on most rows; differ per row: {differ}"
-    print("bottom_right\n", ta.causal_mask(L, S).astype(int), "\ntop_left\n",
-          ta.causal_mask(L, S, align="top_left").astype(int))  # fmt: skip
+    print(
+        "bottom_right\n",
+        ta.causal_mask(L, S).astype(int),
+        "\ntop_left\n",
+        ta.causal_mask(L, S, align="top_left").astype(int),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
 def test_the_two_causal_alignments_agree_when_L_is_S(device: str) -> None:
     (q, k, v), (tq, tk, tv) = qkv("align equal", 6, 6, device)
     gold = to_numpy(F.scaled_dot_product_attention(tq, tk, tv, is_causal=True))
-    for mine in (ta.attention(q, k, v, causal=True), ta.flash_attention(q, k, v, causal=True, block_q=4, block_k=4),
-                 ta.scaled_dot_product_attention(q, k, v, is_causal=True)):  # fmt: skip
+    for mine in (
+        ta.attention(q, k, v, causal=True),
+        ta.flash_attention(q, k, v, causal=True, block_q=4, block_k=4),
+        ta.scaled_dot_product_attention(q, k, v, is_causal=True),
+    ):
         np.testing.assert_allclose(mine, gold, rtol=0, atol=TOL)
 
 

@@ -30,8 +30,19 @@ from tinyattn_np.optim import global_norm, warmup_cosine_lr  # noqa: E402
 
 CLIP, TOLERANCE, SEED = 1.0, 1e-10, 0
 CONFIG = GPTConfig(vocab=23, context=16, layers=2, heads=2, width=32, bias=True, dtype="float64")
-SETTINGS = {"steps": 10, "batch": 4, "accumulate": 1, "lr": LR, "min_lr": LR / 10, "warmup": 2, "weight_decay": 0.1,
-            "clip": CLIP, "dropout": 0.0, "betas": [0.9, 0.95], "eps": 1e-8}  # fmt: skip
+SETTINGS = {
+    "steps": 10,
+    "batch": 4,
+    "accumulate": 1,
+    "lr": LR,
+    "min_lr": LR / 10,
+    "warmup": 2,
+    "weight_decay": 0.1,
+    "clip": CLIP,
+    "dropout": 0.0,
+    "betas": [0.9, 0.95],
+    "eps": 1e-8,
+}
 
 
 @pytest.mark.skipif(MPIEXEC is None, reason="mpiexec is missing: the distributed extra")
@@ -51,8 +62,9 @@ def test_one_data_parallel_step_matches_torch_on_the_whole_batch(tmp_path: Path,
     module = torch_model(model, "cpu")
     optimizer = torch_adamw(module)
     for group in optimizer.param_groups:
-        group["lr"] = warmup_cosine_lr(0, lr=LR, warmup=SETTINGS["warmup"], total=SETTINGS["steps"],
-                                       min_lr=SETTINGS["min_lr"])  # fmt: skip
+        group["lr"] = warmup_cosine_lr(
+            0, lr=LR, warmup=SETTINGS["warmup"], total=SETTINGS["steps"], min_lr=SETTINGS["min_lr"]
+        )
     loss = module(torch.from_numpy(idx), torch.from_numpy(targets))
     loss.backward()
     torch.nn.utils.clip_grad_norm_(module.parameters(), CLIP)

@@ -33,8 +33,9 @@ TABLE = np.random.default_rng(7).standard_normal((HQ, 9))  # relative bias, dist
 SINKS = np.array([0.5, -1.0, 1.5, 0.0])
 IDS_Q, IDS_K = np.repeat([0, 1, 2], [10, 20, 10]), np.repeat([0, 1, 2], [12, 30, 14])
 # the same in torch, for torch's mods: document ids, where each sequence ends, the prefix lengths
-IDS_Q_T, IDS_K_T, ENDS_Q_T, ENDS_K_T = (torch.from_numpy(x) for x in (IDS_Q, IDS_K, np.array([10, 30, 40]),
-                                                                     np.array([12, 42, 56])))  # fmt: skip
+IDS_Q_T, IDS_K_T, ENDS_Q_T, ENDS_K_T = (
+    torch.from_numpy(x) for x in (IDS_Q, IDS_K, np.array([10, 30, 40]), np.array([12, 42, 56]))
+)
 PREFIX_T = torch.tensor([5, 30])
 
 
@@ -151,8 +152,9 @@ def test_flex_equals_sdpa_with_the_dense_mask_and_bias(mask_index, score_index, 
     if score_name != "none":  # the bias: torch's score_mod applied to zero scores, on broadcast index tensors
         b, h = torch.arange(B)[:, None, None, None], torch.arange(HQ)[None, :, None, None]
         with constants_in(tq.dtype):
-            bias = torch_score(params())(torch.zeros(B, HQ, L, S, dtype=tq.dtype), b, h, torch.arange(L)[:, None],
-                                         torch.arange(S)).to(tq.dtype)  # fmt: skip
+            bias = torch_score(params())(
+                torch.zeros(B, HQ, L, S, dtype=tq.dtype), b, h, torch.arange(L)[:, None], torch.arange(S)
+            ).to(tq.dtype)
         attn_mask = bias.masked_fill(~allowed, float("-inf"))
     gold = F.scaled_dot_product_attention(tq, tk, tv, attn_mask=attn_mask, enable_gqa=True)
     out, _ = ours(q, k, v, our_score, our_mask, b_size, h_size)
@@ -228,8 +230,9 @@ def test_flex_backward_equals_torch_autograd(mask_index, score_index, sinks):
     our_sinks = SINKS if sinks else None
     block_mask = ta.create_block_mask(our_mask, b_size, h_size, L, S, BLOCK_SIZE=(7, 11))
     mine_out, lse = ta.flex_attention(q, k, v, our_score, block_mask, enable_gqa=True, return_lse=True, sinks=our_sinks)
-    grads = ta.flex_attention_backward(q, k, v, mine_out, dout, lse, score_mod=our_score, block_mask=block_mask,
-                                       enable_gqa=True, sinks=our_sinks)  # fmt: skip
+    grads = ta.flex_attention_backward(
+        q, k, v, mine_out, dout, lse, score_mod=our_score, block_mask=block_mask, enable_gqa=True, sinks=our_sinks
+    )
     size = float(max(np.abs(x).max() for x in (q, k, v, dout)))
     pairs = [("dq", grads.dq, leaves[0].grad), ("dk", grads.dk, leaves[1].grad), ("dv", grads.dv, leaves[2].grad)]
     if score_name == "alibi":
@@ -267,8 +270,9 @@ def test_key_and_value_of_batch_one_equal_torchs():
     block_mask = torch_flex.create_block_mask(causal, B, None, L, S, device="cpu", BLOCK_SIZE=16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager: "called without torch.compile()"
-        gold_out, gold_lse = torch_flex.flex_attention(tq, tk[:1], tv[:1], block_mask=block_mask, enable_gqa=True,
-                                                       return_lse=True)  # fmt: skip
+        gold_out, gold_lse = torch_flex.flex_attention(
+            tq, tk[:1], tv[:1], block_mask=block_mask, enable_gqa=True, return_lse=True
+        )
     out, lse = ours(q, k[:1], v[:1], None, MASKS[0][1], None, None)
     check(out, to_numpy(gold_out), "float64", float(np.abs(v).max()), "out, k and v of batch 1")
     check(lse, to_numpy(gold_lse), "float64", float(np.abs(lse).max()), "lse, k and v of batch 1")

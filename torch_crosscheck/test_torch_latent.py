@@ -34,12 +34,26 @@ D_MODEL, HEADS, MAX_POSITIONS = 32, 4, 256
 ROPE = {
     "plain": None,
     # DeepSeek-V3's YaRN (mscale = mscale_all_dim: RoPE's own factor is 1, the softmax scale carries mscale²)
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32,
-             "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0},
+    "yarn": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "rope_theta": 10000.0,
+    },
     # mscale != mscale_all_dim: RoPE's cos and sin are scaled too, by mscale(1) / mscale(0.707)
-    "yarn, mscale 1 / 0.707": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
-                               "mscale": 1.0, "mscale_all_dim": 0.707, "rope_theta": 10000.0},
-}  # fmt: skip
+    "yarn, mscale 1 / 0.707": {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+        "rope_theta": 10000.0,
+    },
+}
 # transformers computes its RMSNorm in float32 whatever the input dtype (DeepseekV3RMSNorm.forward casts to float32
 # and back), and its RoPE tables too (DeepseekV3RotaryEmbedding), so against its float64 layer ours agrees to
 # about 1e-8 relative, not 1e-15 (the worst of these tests, a gradient, is 2e-7: AS_IS leaves room). With that
@@ -51,23 +65,44 @@ AS_IS, IN_FLOAT64 = 1e-6, 1e-12
 def make_pair(q_lora_rank, interleave, rope_name, device):
     """Our layer (float64, random weights, the norms' gains not 1) and transformers' with the same weights."""
     layer = MultiHeadLatentAttention(
-        D_MODEL, HEADS, **SIZES, q_lora_rank=q_lora_rank, rope_interleave=interleave, rope_scaling=ROPE[rope_name],
-        max_position_embeddings=MAX_POSITIONS, rng=0, dtype=np.float64,
-    )  # fmt: skip
+        D_MODEL,
+        HEADS,
+        **SIZES,
+        q_lora_rank=q_lora_rank,
+        rope_interleave=interleave,
+        rope_scaling=ROPE[rope_name],
+        max_position_embeddings=MAX_POSITIONS,
+        rng=0,
+        dtype=np.float64,
+    )
     gains = np.random.default_rng(1)
     for w in layer.parameters.values():
         if w.ndim == 1:
             w[:] = gains.uniform(0.5, 1.5, w.shape)
     rope_parameters = ROPE[rope_name] or {"rope_type": "default", "rope_theta": 10000.0}
     config = DeepseekV3Config(
-        hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS, q_lora_rank=q_lora_rank,
-        rope_interleave=interleave, rope_parameters=dict(rope_parameters), max_position_embeddings=MAX_POSITIONS,
-        attention_bias=False, **SIZES,
-    )  # fmt: skip
+        hidden_size=D_MODEL,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        q_lora_rank=q_lora_rank,
+        rope_interleave=interleave,
+        rope_parameters=dict(rope_parameters),
+        max_position_embeddings=MAX_POSITIONS,
+        attention_bias=False,
+        **SIZES,
+    )
     config._attn_implementation = "sdpa"  # torch SDPA in float64 (the eager path takes its softmax in float32)
     theirs = deepseek.DeepseekV3Attention(config, layer_idx=0).to(device=device, dtype=torch.float64)
-    names = {"w_q": "q_proj", "w_dq": "q_a_proj", "q_norm": "q_a_layernorm", "w_uq": "q_b_proj", "w_o": "o_proj",
-             "w_dkv": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "w_ukv": "kv_b_proj"}  # fmt: skip
+    names = {
+        "w_q": "q_proj",
+        "w_dq": "q_a_proj",
+        "q_norm": "q_a_layernorm",
+        "w_uq": "q_b_proj",
+        "w_o": "o_proj",
+        "w_dkv": "kv_a_proj_with_mqa",
+        "kv_norm": "kv_a_layernorm",
+        "w_ukv": "kv_b_proj",
+    }
     with torch.no_grad():
         for name, w in layer.parameters.items():
             getattr(theirs, names[name]).weight.copy_(torch.from_numpy(w.T.copy()))
@@ -102,8 +137,9 @@ def norm_in_float64(monkeypatch):
 def float64_tables(layer):
     """(cos, sin) as transformers' attention takes them, (B, T, d_rope) with each pair's angle twice, made in
     float64 from rope_frequencies' θ and rope_attention_factor, the numbers our rope() uses."""
-    theta = rope_frequencies(layer.d_rope, layer.rope_theta, scaling=layer.rope_scaling,
-                             max_position_embeddings=MAX_POSITIONS)  # fmt: skip
+    theta = rope_frequencies(
+        layer.d_rope, layer.rope_theta, scaling=layer.rope_scaling, max_position_embeddings=MAX_POSITIONS
+    )
     factor = rope_attention_factor(layer.rope_scaling, max_position_embeddings=MAX_POSITIONS)
 
     def tables(positions, batch, device):
@@ -188,7 +224,13 @@ def test_cached_decoding_equals_transformers_and_caches_the_same_bytes(device, i
 
 def copy_of(cache):
     """A KVCache holding the latents `cache` holds, for the naive form to continue without changing `cache`."""
-    twin = KVCache(cache.batch, cache.kv_heads, cache.max_tokens, cache.head_dim, dtype=cache.dtype,
-                   value_prefix=cache.value_prefix)  # fmt: skip
+    twin = KVCache(
+        cache.batch,
+        cache.kv_heads,
+        cache.max_tokens,
+        cache.head_dim,
+        dtype=cache.dtype,
+        value_prefix=cache.value_prefix,
+    )
     twin.append(cache.keys.copy(), cache.values.copy())
     return twin

@@ -104,13 +104,18 @@ def test_the_rule_equals_transformers(device, precision, heads, T, l2norm, with_
     for name, function in QWEN_RULE.items():
         function = function if precision == "as is" else in_float64(function)
         extra = {"chunk_size": 16} if name == "chunked" else {}
-        gold, gold_state = function(*(torch_layout(x, device) for x in (q, k, v, g, beta)), **extra,
-                                    initial_state=None if state is None else torch.from_numpy(state).to(device),
-                                    output_final_state=True, use_qk_l2norm_in_kernel=l2norm)  # fmt: skip
+        gold, gold_state = function(
+            *(torch_layout(x, device) for x in (q, k, v, g, beta)),
+            **extra,
+            initial_state=None if state is None else torch.from_numpy(state).to(device),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=l2norm,
+        )
         gold = gold.transpose(1, 2)
         for chunk_size in (None, 16):
-            o, final = gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size, initial_state=state,
-                                        return_state=True, l2norm_qk=l2norm)  # fmt: skip
+            o, final = gated_delta_rule(
+                q, k, v, g, beta, chunk_size=chunk_size, initial_state=state, return_state=True, l2norm_qk=l2norm
+            )
             assert relative(o, gold) < tol and relative(final, gold_state) < tol, (name, chunk_size)
 
 
@@ -126,12 +131,17 @@ def test_a_decay_per_key_channel_equals_kimi_linears(precision, T, with_state):
     for name, function in KIMI_RULE.items():
         function = function if precision == "as is" else in_float64(function)
         extra = {"chunk_size": 16} if name == "chunked" else {}
-        gold, gold_state = function(*(torch_layout(x, "cpu") for x in (q, k, v, g, beta)), **extra,
-                                    initial_state=None if state is None else torch.from_numpy(state),
-                                    output_final_state=True, use_qk_l2norm_in_kernel=True)  # fmt: skip
+        gold, gold_state = function(
+            *(torch_layout(x, "cpu") for x in (q, k, v, g, beta)),
+            **extra,
+            initial_state=None if state is None else torch.from_numpy(state),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         for chunk_size in (None, 16):
-            o, final = gated_delta_rule(q, k, v, g, beta, chunk_size=chunk_size, initial_state=state,
-                                        return_state=True, l2norm_qk=True)  # fmt: skip
+            o, final = gated_delta_rule(
+                q, k, v, g, beta, chunk_size=chunk_size, initial_state=state, return_state=True, l2norm_qk=True
+            )
             gold_o = gold.transpose(1, 2)
             assert relative(o, gold_o) < tol and relative(final, gold_state) < tol, (name, chunk_size)
 
@@ -148,11 +158,13 @@ def test_every_gradient_equals_autograd(per_channel, chunk_size):
     function = in_float64(KIMI_RULE["chunked"] if per_channel else QWEN_RULE["chunked"])
     tensors = [torch_layout(x, "cpu", grad=True) for x in inputs[:5]]
     state = torch.from_numpy(inputs[5]).requires_grad_(True)
-    o, final = function(*tensors, chunk_size=16, initial_state=state, output_final_state=True,
-                        use_qk_l2norm_in_kernel=True)  # fmt: skip
+    o, final = function(
+        *tensors, chunk_size=16, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     ((o * torch_layout(dout, "cpu")).sum() + (final * torch.from_numpy(dstate)).sum()).backward()
-    grads = gated_delta_rule_backward(*inputs[:5], dout, chunk_size=chunk_size, initial_state=inputs[5],
-                                      dstate=dstate, l2norm_qk=True)  # fmt: skip
+    grads = gated_delta_rule_backward(
+        *inputs[:5], dout, chunk_size=chunk_size, initial_state=inputs[5], dstate=dstate, l2norm_qk=True
+    )
     golds = [t.grad.transpose(1, 2) for t in tensors] + [state.grad]
     for name, mine, gold in zip(grads._fields, grads, golds, strict=True):
         assert relative(mine, gold) < IN_FLOAT64 * 10, name
@@ -162,11 +174,20 @@ def test_every_gradient_equals_autograd(per_channel, chunk_size):
 
 
 def config(kind=Qwen3NextConfig, shape=SHAPE):
-    return kind(hidden_size=shape.d_model, linear_num_key_heads=shape.key_heads,
-                linear_num_value_heads=shape.value_heads, linear_key_head_dim=shape.key_dim,
-                linear_value_head_dim=shape.value_dim, linear_conv_kernel_dim=shape.conv_kernel,
-                num_hidden_layers=1, layer_types=["linear_attention"], num_attention_heads=2,
-                num_key_value_heads=2, head_dim=8, rms_norm_eps=shape.eps)  # fmt: skip
+    return kind(
+        hidden_size=shape.d_model,
+        linear_num_key_heads=shape.key_heads,
+        linear_num_value_heads=shape.value_heads,
+        linear_key_head_dim=shape.key_dim,
+        linear_value_head_dim=shape.value_dim,
+        linear_conv_kernel_dim=shape.conv_kernel,
+        num_hidden_layers=1,
+        layer_types=["linear_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        rms_norm_eps=shape.eps,
+    )
 
 
 def make_weights(seed=0):
@@ -174,8 +195,9 @@ def make_weights(seed=0):
     rng = np.random.default_rng(seed)
     w = SHAPE.init_weights(rng=rng, dtype=np.float64)
     big = {name: 0.3 * rng.standard_normal(x.shape) for name, x in w._asdict().items() if x.ndim == 2}
-    return w._replace(**big, norm=rng.uniform(0.5, 1.5, SHAPE.value_dim),
-                      a_log=np.log(rng.uniform(0.1, 1.0, SHAPE.value_heads)))  # fmt: skip
+    return w._replace(
+        **big, norm=rng.uniform(0.5, 1.5, SHAPE.value_dim), a_log=np.log(rng.uniform(0.1, 1.0, SHAPE.value_heads))
+    )
 
 
 def to_qwen3_next(w, shape=SHAPE):
@@ -228,8 +250,10 @@ def weights_of_qwen3_next(theirs, shape=SHAPE, grad=False):
 def qwen3_next_in_float64(monkeypatch):
     """Qwen3NextGatedDeltaNet's forward and its gated norm with their float32 casts made float64, the rule's two
     functions too: the same layer, every line in float64."""
-    rules = {name: in_float64(getattr(qwen3_next, name))
-             for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")}  # fmt: skip
+    rules = {
+        name: in_float64(getattr(qwen3_next, name))
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    }
     layer, norm = qwen3_next.Qwen3NextGatedDeltaNet, qwen3_next.Qwen3NextRMSNormGated
     monkeypatch.setattr(layer, "forward", in_float64(layer.forward, **rules))
     monkeypatch.setattr(norm, "forward", in_float64(norm.forward))

@@ -42,8 +42,15 @@ MODEL_TYPES = sorted(
     )
     & set(ARCHITECTURES)
 )
-SMALL = dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-             vocab_size=100, pad_token_id=0)  # fmt: skip
+SMALL = dict(
+    num_hidden_layers=8,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=96,
+    vocab_size=100,
+    pad_token_id=0,
+)
 NO_KV = dict(num_hidden_layers=8, hidden_size=64, num_attention_heads=4, vocab_size=100)  # GPT-NeoX, Falcon
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("llama", dict(SMALL, attention_bias=True, mlp_bias=True, tie_word_embeddings=True)),
@@ -83,10 +90,17 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
 ]  # fmt: skip
 # the presets transformers' classes default to (or whose parameters they share): same count, to the parameter
 PRESET_TYPES = {
-    "gpt2": "gpt2", "llama-2-7b": "llama", "mistral-7b-v0.1": "mistral", "phi-3-mini": "phi3", "falcon-7b": "falcon",
-    "mixtral-8x7b": "mixtral", "deepseek-v3": "deepseek_v3", "gpt-oss-120b": "gpt_oss",
-    "llama-4-scout": "llama4_text", "qwen3-next-80b-a3b": "qwen3_next",
-}  # fmt: skip
+    "gpt2": "gpt2",
+    "llama-2-7b": "llama",
+    "mistral-7b-v0.1": "mistral",
+    "phi-3-mini": "phi3",
+    "falcon-7b": "falcon",
+    "mixtral-8x7b": "mixtral",
+    "deepseek-v3": "deepseek_v3",
+    "gpt-oss-120b": "gpt_oss",
+    "llama-4-scout": "llama4_text",
+    "qwen3-next-80b-a3b": "qwen3_next",
+}
 
 
 def transformers_parameters(config: Any) -> int:
@@ -205,6 +219,9 @@ def test_a_field_the_architecture_does_not_have_is_refused() -> None:
     """Experts in a Llama config: transformers' Llama would build no experts, and a bill that counted them, or
     not, could be wrong either way."""
     config = {**AutoConfig.for_model("llama", **SMALL).to_dict(), "num_local_experts": 8}
-    with pytest.raises(ValueError, match=r"'num_local_experts' = 8 would change the bill and is not understood for "
-                                         r"model_type 'llama'; a bill that guessed could be wrong"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"'num_local_experts' = 8 would change the bill and is not understood for "
+        r"model_type 'llama'; a bill that guessed could be wrong",
+    ):
         shape_from_config(json.loads(json.dumps(config)))

@@ -35,8 +35,11 @@ def test_report_passes_and_lists_cuda_rows() -> None:
         assert "| cuda " in done.stdout
     else:  # one line, not a row per case
         assert "| cuda " not in done.stdout
-        assert re.search(r"^CUDA is absent \(torch.cuda.is_available\(\) is False\): 8 cuda rows of 1 cases skipped",
-                         done.stdout, re.MULTILINE), done.stdout  # fmt: skip
+        assert re.search(
+            r"^CUDA is absent \(torch.cuda.is_available\(\) is False\): 8 cuda rows of 1 cases skipped",
+            done.stdout,
+            re.MULTILINE,
+        ), done.stdout
 
 
 def test_report_ctrl_c_keeps_the_rows_so_far(
@@ -87,8 +90,10 @@ def test_report_records_what_torch_returns_on_rows_with_no_key(
         mine, gold = np.array([[0.5, 0.25], [mine_row_1, 0.0]]), np.array([[0.5, 0.25], [torch_row_1, -1.5]])
         return lambda device, dtype: Outcome(mine, gold, 1e-6, unseen)
 
-    cases = [Case("like cuDNN on a fully masked row", run_with(0.0, 0.8), ("float32",)),
-             Case("ours not zero on a fully masked row", run_with(1e-30, 0.0), ("float32",))]  # fmt: skip
+    cases = [
+        Case("like cuDNN on a fully masked row", run_with(0.0, 0.8), ("float32",)),
+        Case("ours not zero on a fully masked row", run_with(1e-30, 0.0), ("float32",)),
+    ]
     monkeypatch.setattr(report, "all_cases", lambda: cases)
     assert report.main(["--only", "like cuDNN"]) == 0
     out = capsys.readouterr().out
@@ -139,9 +144,16 @@ def test_gpu_scaling_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.parametrize(
-    "flags", [["--max-tokens", "0"], ["--heads", "-1"], ["--memory-limit-gib", "nan"], ["--memory-limit-gib", "0"],
-              ["--max-tokens", str(2**40)], ["--repeats", "0"]],
-)  # fmt: skip
+    "flags",
+    [
+        ["--max-tokens", "0"],
+        ["--heads", "-1"],
+        ["--memory-limit-gib", "nan"],
+        ["--memory-limit-gib", "0"],
+        ["--max-tokens", str(2**40)],
+        ["--repeats", "0"],
+    ],
+)
 def test_gpu_scaling_refuses_bad_flags(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     from gpu_scaling import parse_args
 
@@ -156,8 +168,9 @@ def test_gpu_scaling_naive_path_is_attention(causal: bool) -> None:
     """The article's naive path (masked_fill, softmax, @ v) computes what SDPA computes; on CPU in float64."""
     from gpu_scaling import fused, naive
 
-    q, k, v = (torch.randn(1, 4, 33, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-               for i in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(1, 4, 33, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
     assert torch.allclose(naive(q, k, v, causal), fused(q, k, v, causal), rtol=0, atol=1e-12)
     assert not torch.allclose(naive(q, k, v, True), naive(q, k, v, False))  # the mask does something
 
@@ -198,8 +211,9 @@ def load_torch_naive(monkeypatch: pytest.MonkeyPatch | None = None):
 def test_torch_naive_is_attention(causal: bool) -> None:
     """The article's naive torch code computes what SDPA computes (float64, CPU)."""
     torch_naive = load_torch_naive()
-    q, k, v = (torch.randn(1, 4, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
-               for i in range(3))  # fmt: skip
+    q, k, v = (
+        torch.randn(1, 4, 40, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
     gold = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     assert torch.allclose(torch_naive.torch_naive(q, k, v, causal), gold, rtol=0, atol=1e-12)
 

@@ -111,8 +111,9 @@ def chosen_mask(indices, S):
 def test_sparse_attention_and_its_backward_equal_sdpa_with_the_mask(shape, dtype, device):
     B, H, Hkv, T, S, E, Ev, n = SHAPES[shape]
     rng = np.random.default_rng(len(shape))
-    q, k, v, dout = (rng.standard_normal(s).astype(dtype) for s in ((B, H, T, E), (B, Hkv, S, E), (B, Hkv, S, Ev),
-                                                                    (B, H, T, Ev)))  # fmt: skip
+    q, k, v, dout = (
+        rng.standard_normal(s).astype(dtype) for s in ((B, H, T, E), (B, Hkv, S, E), (B, Hkv, S, Ev), (B, H, T, Ev))
+    )
     indices = np.full((B, T, n), -1)
     for b, t in np.ndindex(B, T):  # distinct keys, causal ones (t + S - T and before), in any order
         seen = rng.permutation(t + S - T + 1)[:n]
@@ -136,24 +137,51 @@ def make_pair(model, device, topk):
     GlmMoeDsaAttention) with the same weights, and the names of its modules by our weights' names. Both turn
     the attention's RoPE in interleaved pairs (transformers' two layers do whatever config.rope_interleave says)."""
     module, Config = (deepseek, DeepseekV32Config) if model == "deepseek_v32" else (glm, GlmMoeDsaConfig)
-    layer = SparseLatentAttention(D_MODEL, HEADS, **SIZES, **INDEXER, index_topk=topk, rope_interleave=True,
-                                  index_rope_interleave=model == "glm_moe_dsa", max_position_embeddings=MAX_POSITIONS,
-                                  rng=0, dtype=np.float64)  # fmt: skip
+    layer = SparseLatentAttention(
+        D_MODEL,
+        HEADS,
+        **SIZES,
+        **INDEXER,
+        index_topk=topk,
+        rope_interleave=True,
+        index_rope_interleave=model == "glm_moe_dsa",
+        max_position_embeddings=MAX_POSITIONS,
+        rng=0,
+        dtype=np.float64,
+    )
     gains = np.random.default_rng(1)
     for w in layer.parameters.values():
         if w.ndim == 1:
             w[:] = gains.uniform(0.5, 1.5, w.shape)
-    config = Config(hidden_size=D_MODEL, num_attention_heads=HEADS, num_key_value_heads=HEADS, **SIZES, **INDEXER,
-                    index_topk=topk, rope_interleave=True, max_position_embeddings=MAX_POSITIONS,
-                    attention_bias=False, num_hidden_layers=1, rope_parameters={"rope_type": "default",
-                    "rope_theta": 10000.0})  # fmt: skip
+    config = Config(
+        hidden_size=D_MODEL,
+        num_attention_heads=HEADS,
+        num_key_value_heads=HEADS,
+        **SIZES,
+        **INDEXER,
+        index_topk=topk,
+        rope_interleave=True,
+        max_position_embeddings=MAX_POSITIONS,
+        attention_bias=False,
+        num_hidden_layers=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     config._attn_implementation = "sdpa"
     attention_class = deepseek.DeepseekV32Attention if model == "deepseek_v32" else glm.GlmMoeDsaAttention
     theirs = attention_class(config, layer_idx=0).to(device=device, dtype=torch.float64)
-    names = {"w_dq": "q_a_proj", "q_norm": "q_a_layernorm", "w_uq": "q_b_proj", "w_o": "o_proj",
-             "w_dkv": "kv_a_proj_with_mqa", "kv_norm": "kv_a_layernorm", "w_ukv": "kv_b_proj",
-             "w_index_q": "indexer.wq_b", "w_index_k": "indexer.wk", "index_k_norm": "indexer.k_norm",
-             "w_index_weights": "indexer.weights_proj"}  # fmt: skip
+    names = {
+        "w_dq": "q_a_proj",
+        "q_norm": "q_a_layernorm",
+        "w_uq": "q_b_proj",
+        "w_o": "o_proj",
+        "w_dkv": "kv_a_proj_with_mqa",
+        "kv_norm": "kv_a_layernorm",
+        "w_ukv": "kv_b_proj",
+        "w_index_q": "indexer.wq_b",
+        "w_index_k": "indexer.wk",
+        "index_k_norm": "indexer.k_norm",
+        "w_index_weights": "indexer.weights_proj",
+    }
     with torch.no_grad():
         for name, w in layer.parameters.items():
             if name == "index_k_norm_bias":
@@ -177,8 +205,9 @@ def run_theirs(theirs, x, positions, cache=None):
     hidden = torch.ones(T, cached + T, dtype=torch.bool, device=x.device).triu(cached + 1)
     mask = torch.zeros(T, cached + T, dtype=x.dtype, device=x.device).masked_fill(hidden, -torch.inf)
     position_ids = torch.as_tensor(positions, device=x.device)[None].expand(B, -1)
-    result = theirs(x, tables(positions, B, x.device), mask[None, None].expand(B, 1, -1, -1), cache=cache,
-                    position_ids=position_ids)  # fmt: skip
+    result = theirs(
+        x, tables(positions, B, x.device), mask[None, None].expand(B, 1, -1, -1), cache=cache, position_ids=position_ids
+    )
     return result[0]
 
 
@@ -311,8 +340,12 @@ def test_the_indexer_loss_gradient_equals_torch_autograd(device):
     picked = torch.gather(index, -1, chosen.clamp(min=0)).masked_fill(~listed, -torch.inf)  # (B, T, n)
     log_q = torch.log_softmax(picked, dim=-1)
     a = saved.attended
-    p = torch.softmax(torch.from_numpy(np.einsum("bhte,bhse->bhts", a.q, a.k) * layer.mla.softmax_scale)
-                      .masked_fill(~torch.from_numpy(chosen_mask(saved.indices, T)), -torch.inf), dim=-1)  # fmt: skip
+    p = torch.softmax(
+        torch.from_numpy(np.einsum("bhte,bhse->bhts", a.q, a.k) * layer.mla.softmax_scale).masked_fill(
+            ~torch.from_numpy(chosen_mask(saved.indices, T)), -torch.inf
+        ),
+        dim=-1,
+    )
     target = torch.gather(p.sum(1) / HEADS, -1, chosen.cpu().clamp(min=0)).masked_fill(~listed.cpu(), 0).to(device)
     gold = torch.where(listed, target * (torch.log(target.clamp(min=1e-300)) - log_q), 0).sum()
     gold.backward()

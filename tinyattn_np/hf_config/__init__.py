@@ -29,5 +29,12 @@ from .files import MAX_CONFIG_BYTES, load_model_shape
 from .read import shape_from_config
 from .table import ARCHITECTURES
 
-__all__ = ["ARCHITECTURES", "MAX_CONFIG_BYTES", "NOT_TEXT_DECODERS", "REFUSED", "census", "load_model_shape",
-           "shape_from_config"]  # fmt: skip
+__all__ = [
+    "ARCHITECTURES",
+    "MAX_CONFIG_BYTES",
+    "NOT_TEXT_DECODERS",
+    "REFUSED",
+    "census",
+    "load_model_shape",
+    "shape_from_config",
+]

@@ -12,8 +12,15 @@ from typing import Any
 from .fields import shown_value
 from .table import ARCHITECTURES, TEXT_CONFIG
 
-__all__ = ["BILLED", "CAUSAL_LM_MODEL_TYPES", "NOT_TEXT_DECODERS", "REFUSED", "TRANSFORMERS_VERSION", "census",
-           "refuse_model_type"]  # fmt: skip
+__all__ = [
+    "BILLED",
+    "CAUSAL_LM_MODEL_TYPES",
+    "NOT_TEXT_DECODERS",
+    "REFUSED",
+    "TRANSFORMERS_VERSION",
+    "census",
+    "refuse_model_type",
+]
 
 TRANSFORMERS_VERSION = "5.24.0"
 # MODEL_FOR_CAUSAL_LM_MAPPING_NAMES of that version, by model type
@@ -63,11 +70,15 @@ _VISION = "a vision-language model whose causal-LM class holds its vision tower"
 _DRAFTER = "a drafting head for speculative decoding: it reads the hidden states of the model it drafts for"
 # model types of the mapping that are not decoder-only text models, and what they are
 NOT_TEXT_DECODERS: dict[str, str] = {
-    **dict.fromkeys(("bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp",
-                     "pegasus", "plbart", "prophetnet"), _ENCODER_DECODER),
-    **dict.fromkeys(("bert", "bert-generation", "big_bird", "camembert", "data2vec-text", "electra", "ernie",
-                     "megatron-bert", "rembert", "roberta", "roberta-prelayernorm", "roc_bert", "roformer", "xlm",
-                     "xlm-roberta", "xlm-roberta-xl", "xmod"), _ENCODER),
+    **dict.fromkeys(
+        "bart bigbird_pegasus blenderbot blenderbot-small marian mbart mvp pegasus plbart prophetnet".split(),
+        _ENCODER_DECODER,
+    ),
+    **dict.fromkeys(
+        """bert bert-generation big_bird camembert data2vec-text electra ernie megatron-bert rembert roberta
+        roberta-prelayernorm roc_bert roformer xlm xlm-roberta xlm-roberta-xl xmod""".split(),
+        _ENCODER,
+    ),
     "xlnet": "a permutation language model: two streams of relative attention, an encoder's architecture",
     "trocr": "the decoder of an image-to-text encoder-decoder: it cross-attends to the image",
     "whisper": "speech recognition: an encoder-decoder over audio",
@@ -82,7 +93,7 @@ NOT_TEXT_DECODERS: dict[str, str] = {
     "gemma4": f"{_VISION}; its text decoder is gemma4_text",
     "gemma4_unified": f"{_VISION}; its text decoder is gemma4_unified_text",
     **dict.fromkeys(("gemma4_assistant", "gemma4_unified_assistant"), _DRAFTER),
-}  # fmt: skip
+}
 
 
 # every model type the reader bills: a row of its own, or its language model's, in text_config
@@ -100,9 +111,15 @@ def census() -> dict[str, Any]:
         f"{len(text)} of them text decoders: {len(billed)} billed ({share:.0%}), {len(refused)} refused; "
         f"{len(NOT_TEXT_DECODERS)} are not text decoders"
     )
-    return dict(model_types=len(CAUSAL_LM_MODEL_TYPES), text_decoders=len(text), billed=len(billed),
-                billed_types=billed, refused=refused, not_text_decoders=len(NOT_TEXT_DECODERS),
-                summary=summary)  # fmt: skip
+    return dict(
+        model_types=len(CAUSAL_LM_MODEL_TYPES),
+        text_decoders=len(text),
+        billed=len(billed),
+        billed_types=billed,
+        refused=refused,
+        not_text_decoders=len(NOT_TEXT_DECODERS),
+        summary=summary,
+    )
 
 
 def refuse_model_type(model_type: Any) -> ValueError:
@@ -115,7 +132,9 @@ def refuse_model_type(model_type: Any) -> ValueError:
     elif isinstance(model_type, str) and model_type in NOT_TEXT_DECODERS:
         why = f"is not a decoder-only text model ({NOT_TEXT_DECODERS[model_type]}): the reader bills those only"
     else:
-        why = (f"is not an architecture the reader knows (it reads {len(BILLED)} model types; python "
-               "scripts/memory.py --architectures lists them)")  # fmt: skip
+        why = (
+            f"is not an architecture the reader knows (it reads {len(BILLED)} model types; python "
+            "scripts/memory.py --architectures lists them)"
+        )
     shown = shown_value(model_type)
     return ValueError(f"config field 'model_type' = {shown} {why}. A bill that guessed could be wrong.")

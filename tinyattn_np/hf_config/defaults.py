@@ -11,9 +11,16 @@ __all__ = ["DEFAULTS", "NO_MODEL_TYPE_DEFAULTS"]
 
 # a config without model_type, read as Llama: the sizes are required, the switches off
 NO_MODEL_TYPE_DEFAULTS: dict[str, Any] = dict(
-    tie_word_embeddings=False, attention_bias=False, mlp_bias=False, head_dim=None, num_key_value_heads=None,
-    max_position_embeddings=None, sliding_window=None, use_sliding_window=True, layer_types=None,
-)  # fmt: skip
+    tie_word_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    head_dim=None,
+    num_key_value_heads=None,
+    max_position_embeddings=None,
+    sliding_window=None,
+    use_sliding_window=True,
+    layer_types=None,
+)
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "afmoe": dict(attention_bias=False, global_attn_every_n_layers=4, head_dim=128, hidden_size=2048,

@@ -72,7 +72,15 @@ def read_experts(fields: Fields, moe: Moe, sizes: dict[str, Any]) -> Experts | N
         shared_count = 0
     shared = shared_count * shared_width
     return Experts(
-        count, per_token, width, tuple(layers), shared_intermediate=shared, shared_gate=moe.shared_gate and shared > 0,
-        router_bias=switch(fields, moe.router_bias), expert_bias=moe.expert_bias,
-        score_bias=switch(fields, moe.score_bias), gated=moe.gated, beside_mlp=moe.beside_mlp,
-    )  # fmt: skip
+        count,
+        per_token,
+        width,
+        tuple(layers),
+        shared_intermediate=shared,
+        shared_gate=moe.shared_gate and shared > 0,
+        router_bias=switch(fields, moe.router_bias),
+        expert_bias=moe.expert_bias,
+        score_bias=switch(fields, moe.score_bias),
+        gated=moe.gated,
+        beside_mlp=moe.beside_mlp,
+    )

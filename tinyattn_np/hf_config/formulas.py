@@ -16,8 +16,16 @@ from .fields import Fields
 __all__ = ["SYMBOLS", "evaluate"]
 
 # the short names, and the ModelShape size each stands for
-SYMBOLS = {"C": "hidden", "F": "intermediate", "L": "layers", "V": "vocab", "Hq": "heads", "Hkv": "kv_heads",
-           "E": "head_dim", "P": "max_positions"}  # fmt: skip
+SYMBOLS = {
+    "C": "hidden",
+    "F": "intermediate",
+    "L": "layers",
+    "V": "vocab",
+    "Hq": "heads",
+    "Hkv": "kv_heads",
+    "E": "head_dim",
+    "P": "max_positions",
+}
 _OPERATIONS = {ast.Add: int.__add__, ast.Sub: int.__sub__, ast.Mult: int.__mul__, ast.FloorDiv: int.__floordiv__}
 
 

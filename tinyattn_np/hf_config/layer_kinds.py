@@ -13,10 +13,19 @@ __all__ = ["read_layer_types"]
 
 FULL, SLIDE = "full_attention", "sliding_attention"
 # the config spellings of a layer kind that transformers' classes use beside LAYER_TYPES
-SPELLINGS = {"attention": FULL, "full": FULL, "indexed_attention": FULL, "sliding": SLIDE, "hybrid": FULL,
-             "hybrid_sliding": SLIDE,
-             "linear": "linear_attention", "mamba": "mamba", "conv": "linear_attention", "mlp": "mlp",
-             "moe": "mlp"}  # fmt: skip
+SPELLINGS = {
+    "attention": FULL,
+    "full": FULL,
+    "indexed_attention": FULL,
+    "sliding": SLIDE,
+    "hybrid": FULL,
+    "hybrid_sliding": SLIDE,
+    "linear": "linear_attention",
+    "mamba": "mamba",
+    "conv": "linear_attention",
+    "mlp": "mlp",
+    "moe": "mlp",
+}
 
 
 # the fields each rule of _default_layer_types reads, which layer_types supersedes where a config has it
@@ -70,9 +79,15 @@ def _gpt_neo_layers(fields: Fields, layers: int) -> list[str]:
     fields.value("attention_layers")  # transformers recomputes it from attention_types
     types, kinds = fields.get("attention_types"), []
     for entry in types if isinstance(types, list) else [None]:
-        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
-                and isinstance(entry[1], int) and not isinstance(entry[1], bool) and 0 <= entry[1] <= layers
-                and set(entry[0]) <= {"global", "local"}):  # fmt: skip
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], list)
+            and isinstance(entry[1], int)
+            and not isinstance(entry[1], bool)
+            and 0 <= entry[1] <= layers
+            and set(entry[0]) <= {"global", "local"}
+        ):
             raise fields.refuse("attention_types", "must be [[kinds, repeats], ...] of 'global' and 'local'")
         kinds += entry[0] * entry[1]
     if len(kinds) != layers:
@@ -130,8 +145,8 @@ def _default_layer_types(fields: Fields, arch: Arch, layers: int, window: bool, 
         attending = set(range(layers) if listed is None else listed)
         return [FULL if i in attending else "linear_attention" for i in range(layers)]
     if rule == "lfm3":  # layers 2, 6, 10, ... full, 4, 8, 12, ... slide, the others convolve
-        return [FULL if i % 4 == 2 else SLIDE if i % 4 == 0 and i and window else FULL if i % 4 == 0 and i
-                else "linear_attention" for i in range(layers)]  # fmt: skip
+        fourth = SLIDE if window else FULL  # layers 4, 8, 12, ...
+        return [FULL if i % 4 == 2 else fourth if i % 4 == 0 and i else "linear_attention" for i in range(layers)]
     if rule == "qwen3_5":  # every 4th layer full, the others gated DeltaNet
         return ["linear_attention" if (i + 1) % 4 else FULL for i in range(layers)]
     if rule == "olmo_hybrid":  # every 4th layer full, from layer 3

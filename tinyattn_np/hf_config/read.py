@@ -75,8 +75,14 @@ _NEVER_BILLED = frozenset(
 
 
 # fields that describe another kind of model unless they say "off"
-_MUST_BE_OFF = ("is_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder",
-                "pruned_heads", "use_bidirectional_attention")  # fmt: skip
+_MUST_BE_OFF = (
+    "is_encoder_decoder",
+    "add_cross_attention",
+    "cross_attention_hidden_size",
+    "tie_encoder_decoder",
+    "pruned_heads",
+    "use_bidirectional_attention",
+)
 
 
 def _check_all_read(fields: Fields, arch: Arch) -> None:
@@ -242,8 +248,10 @@ def _read(config: dict[str, Any], default_name: str | None) -> ModelShape:
     found.update(_read_block(fields, arch))
     rope_theta, rope_scaling = _rope_fields(fields, rotary=arch.positions == "rope")
     if rope_scaling is not None and rope_scaling.get("unread"):
-        notes += (f"RoPE of rope_type {rope_scaling['rope_type']!r}, which the reader does not compute: the shape has "
-                  "no rope_frequencies",)  # fmt: skip
+        notes += (
+            f"RoPE of rope_type {rope_scaling['rope_type']!r}, which the reader does not compute: the shape has "
+            "no rope_frequencies",
+        )
         rope_scaling = None
     rotary = fields.integer("rotary_dim", none=True) if arch.rotary_dim else None  # GPT-J: partial rotary
     if rotary is not None and rotary != found["head_dim"] and rope_theta is not None:

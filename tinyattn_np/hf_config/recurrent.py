@@ -17,10 +17,12 @@ def _special_gated_deltanet(fields: Fields, found: dict[str, Any]) -> None:
     """Qwen3-Next: its linear layers' heads, widths and convolution."""
     found["linear"] = LinearAttention(
         "gated_deltanet",
-        key_heads=fields.integer("linear_num_key_heads"), value_heads=fields.integer("linear_num_value_heads"),
-        key_dim=fields.integer("linear_key_head_dim"), value_dim=fields.integer("linear_value_head_dim"),
+        key_heads=fields.integer("linear_num_key_heads"),
+        value_heads=fields.integer("linear_num_value_heads"),
+        key_dim=fields.integer("linear_key_head_dim"),
+        value_dim=fields.integer("linear_value_head_dim"),
         conv_kernel=fields.integer("linear_conv_kernel_dim"),
-    )  # fmt: skip
+    )
 
 
 def _special_deltanet_olmo(fields: Fields, found: dict[str, Any]) -> None:
@@ -28,17 +30,21 @@ def _special_deltanet_olmo(fields: Fields, found: dict[str, Any]) -> None:
     key_heads = fields.integer("linear_num_key_heads", none=True) or found["heads"]
     key_dim = fields.integer("linear_key_head_dim", none=True) or int(0.75 * found["hidden"] / key_heads)
     found["linear"] = LinearAttention(
-        "gated_deltanet", key_heads=key_heads, value_heads=fields.integer("linear_num_value_heads", none=True)
-        or found["heads"], key_dim=key_dim, value_dim=fields.integer("linear_value_head_dim", none=True) or 2 * key_dim,
+        "gated_deltanet",
+        key_heads=key_heads,
+        value_heads=fields.integer("linear_num_value_heads", none=True) or found["heads"],
+        key_dim=key_dim,
+        value_dim=fields.integer("linear_value_head_dim", none=True) or 2 * key_dim,
         conv_kernel=fields.integer("linear_conv_kernel_dim"),
-    )  # fmt: skip
+    )
 
 
 def _special_short_conv(fields: Fields, found: dict[str, Any]) -> None:
     """LFM2: its conv layers, a gated short convolution over the hidden width."""
     hidden = found["hidden"]
-    short_conv = LinearAttention("short_conv", 1, 1, hidden, hidden, conv_kernel=fields.integer("conv_L_cache"),
-                                 bias=fields.boolean("conv_bias"))  # fmt: skip
+    short_conv = LinearAttention(
+        "short_conv", 1, 1, hidden, hidden, conv_kernel=fields.integer("conv_L_cache"), bias=fields.boolean("conv_bias")
+    )
     found["linear"] = short_conv if "linear_attention" in (found["layer_types"] or ()) else None
 
 
@@ -49,8 +55,15 @@ def _special_lightning(fields: Fields, found: dict[str, Any]) -> None:
 
 
 # what linear_attn_config may hold (Kimi Linear): what transformers reads from it, and the gate's floor
-KIMI_LINEAR_KEYS = ("head_dim", "num_heads", "short_conv_kernel_size", "full_attn_layers", "kda_layers",
-                    "gate_lower_bound", "use_full_rank_gate")  # fmt: skip
+KIMI_LINEAR_KEYS = (
+    "head_dim",
+    "num_heads",
+    "short_conv_kernel_size",
+    "full_attn_layers",
+    "kda_layers",
+    "gate_lower_bound",
+    "use_full_rank_gate",
+)
 
 
 def _special_kda(fields: Fields, found: dict[str, Any]) -> None:
@@ -60,11 +73,17 @@ def _special_kda(fields: Fields, found: dict[str, Any]) -> None:
     nested = fields.nested("linear_attn_config", {})
     unknown = sorted(set(nested) - set(KIMI_LINEAR_KEYS))
     if unknown or nested.get("use_full_rank_gate"):  # a full-rank forget gate: weights transformers does not build
-        raise fields.refuse("linear_attn_config", f"holds {', '.join(unknown) or 'use_full_rank_gate'}, which "
-                            "transformers does not build", nested)  # fmt: skip
+        raise fields.refuse(
+            "linear_attn_config",
+            f"holds {', '.join(unknown) or 'use_full_rank_gate'}, which transformers does not build",
+            nested,
+        )
     sizes = {}
-    for name, key in (("linear_num_heads", "num_heads"), ("linear_head_dim", "head_dim"),
-                      ("linear_conv_kernel_dim", "short_conv_kernel_size")):  # fmt: skip
+    for name, key in (
+        ("linear_num_heads", "num_heads"),
+        ("linear_head_dim", "head_dim"),
+        ("linear_conv_kernel_dim", "short_conv_kernel_size"),
+    ):
         own = fields.integer(name)
         sizes[name] = fields.nested_size("linear_attn_config", nested, key) if key in nested else own
     heads, width = sizes["linear_num_heads"], sizes["linear_head_dim"]
@@ -80,13 +99,17 @@ def _special_rglru(fields: Fields, found: dict[str, Any]) -> None:
     hidden_size / num_attention_heads, whatever head_dim says, as its config class sets them."""
     heads, layers, hidden = found["heads"], found["layers"], found["hidden"]
     if found["head_dim"] != hidden // heads:
-        raise fields.refuse("head_dim", f"is not hidden_size // num_attention_heads = {hidden // heads}, which "
-                            "transformers builds", found["head_dim"])  # fmt: skip
+        raise fields.refuse(
+            "head_dim",
+            f"is not hidden_size // num_attention_heads = {hidden // heads}, which transformers builds",
+            found["head_dim"],
+        )
     blocks = fields.get("block_types")
     if not isinstance(blocks, (list, tuple)) or not blocks or not set(blocks) <= {"recurrent", "attention"}:
         raise fields.refuse("block_types", "must be a list of 'recurrent' and 'attention'")
-    kinds = tuple("linear_attention" if blocks[i % len(blocks)] == "recurrent" else "sliding_attention"
-                  for i in range(layers))  # fmt: skip
+    kinds = tuple(
+        "linear_attention" if blocks[i % len(blocks)] == "recurrent" else "sliding_attention" for i in range(layers)
+    )
     width = fields.integer("lru_width", none=True) or hidden
     if width % heads:
         raise fields.refuse("lru_width", f"must split into {heads} blocks (num_attention_heads)", width)

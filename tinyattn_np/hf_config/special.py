@@ -22,9 +22,13 @@ def _special_latent(fields: Fields, found: dict[str, Any]) -> None:
     rope, nope = fields.integer("qk_rope_head_dim"), fields.integer("qk_nope_head_dim")
     v_dim = fields.integer("v_head_dim", none=True) or found["hidden"] // found["heads"]  # MiniCPM3's null
     latent = LatentAttention(
-        kv_rank=fields.integer("kv_lora_rank"), rope_dim=rope, nope_dim=nope, v_dim=v_dim,
-        q_rank=fields.integer("q_lora_rank", none=True), bias=fields.boolean("attention_bias"),
-    )  # fmt: skip
+        kv_rank=fields.integer("kv_lora_rank"),
+        rope_dim=rope,
+        nope_dim=nope,
+        v_dim=v_dim,
+        q_rank=fields.integer("q_lora_rank", none=True),
+        bias=fields.boolean("attention_bias"),
+    )
     for field, allowed in (("head_dim", (rope, nope + rope)), ("qk_head_dim", (nope + rope,))):
         value = fields.get(field)
         if value is not None and value not in allowed:
@@ -38,8 +42,10 @@ def _special_mtp(fields: Fields, found: dict[str, Any]) -> None:
     names = ("num_nextn_predict_layers", "num_mtp_layers")  # one count, by either name
     mtp = fields.integer(*names, zero=True) if fields.get(*names) else 0
     if mtp:
-        found["notes"] += (f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
-                           "transformers does not build them",)  # fmt: skip
+        found["notes"] += (
+            f"{mtp} multi-token-prediction layer(s) (num_nextn_predict_layers) not counted: "
+            "transformers does not build them",
+        )
 
 
 def _special_lfm_mlp(fields: Fields, found: dict[str, Any]) -> None:
@@ -109,9 +115,11 @@ def _special_indexer(fields: Fields, found: dict[str, Any]) -> None:
     if latent is None or latent.q_rank is None:
         raise ValueError("config: DeepSeek's indexer reads the query latent, so it needs q_lora_rank; got null")
     found["indexer"] = Indexer(
-        heads=fields.integer("index_n_heads"), head_dim=fields.integer("index_head_dim"),
-        topk=fields.integer("index_topk"), q_rank=latent.q_rank,
-    )  # fmt: skip
+        heads=fields.integer("index_n_heads"),
+        head_dim=fields.integer("index_head_dim"),
+        topk=fields.integer("index_topk"),
+        q_rank=latent.q_rank,
+    )
 
 
 def _special_dbrx(fields: Fields, found: dict[str, Any]) -> None:
@@ -133,12 +141,17 @@ def _special_modernbert(fields: Fields, found: dict[str, Any]) -> None:
     first layer's, one on the embeddings; a head of a dense layer and a norm before the output (with its bias)."""
     c = found["hidden"]
     per_norm = 2 * c if fields.boolean("norm_bias") else c
-    found.update(norm="layer" if fields.boolean("norm_bias") else "layer_weight", norms_per_layer=1,
-                 lm_head_bias=fields.boolean("decoder_bias"))  # fmt: skip
+    found.update(
+        norm="layer" if fields.boolean("norm_bias") else "layer_weight",
+        norms_per_layer=1,
+        lm_head_bias=fields.boolean("decoder_bias"),
+    )
     head = c * c + (c if fields.boolean("classifier_bias") else 0) + per_norm
-    found["extras"] += (Extra("norms before attention, from layer 1 on", "model", (found["layers"] - 1) * per_norm),
-                        Extra("the embeddings' norm", "model", per_norm), Extra("the head's dense layer and norm",
-                        "model", head))  # fmt: skip
+    found["extras"] += (
+        Extra("norms before attention, from layer 1 on", "model", (found["layers"] - 1) * per_norm),
+        Extra("the embeddings' norm", "model", per_norm),
+        Extra("the head's dense layer and norm", "model", head),
+    )
 
 
 def _special_jetmoe(fields: Fields, found: dict[str, Any]) -> None:
@@ -152,8 +165,11 @@ def _special_jetmoe(fields: Fields, found: dict[str, Any]) -> None:
 def _special_square_out(fields: Fields, found: dict[str, Any]) -> None:
     """Helium: the output projection is C x C, which is the bill's Hq·E x C only where the heads fill the width."""
     if found["heads"] * found["head_dim"] != found["hidden"]:
-        raise fields.refuse("head_dim", f"times num_attention_heads ({found['heads']}) must be hidden_size, "
-                            "whose square the output projection is", found["head_dim"])  # fmt: skip
+        raise fields.refuse(
+            "head_dim",
+            f"times num_attention_heads ({found['heads']}) must be hidden_size, whose square the output projection is",
+            found["head_dim"],
+        )
 
 
 def _special_mimo(fields: Fields, found: dict[str, Any]) -> None:
@@ -169,11 +185,16 @@ def _special_mimo(fields: Fields, found: dict[str, Any]) -> None:
     if window is not None and found["sliding_window"] is not None:
         found["sliding_window"] = window + 1
     routed = set(() if found["experts"] is None else found["experts"].layers)
-    for name, built in (("swa_num_attention_heads", heads), ("swa_num_key_value_heads", 2 * kv_heads),
-                        ("swa_head_dim", head_dim), ("swa_v_head_dim", value_dim),
-                        ("add_swa_attention_sink_bias", True), ("add_full_attention_sink_bias", False),
-                        ("hybrid_layer_pattern", [int(kind != "full_attention") for kind in found["layer_types"]]),
-                        ("moe_layer_freq", [int(i in routed) for i in range(found["layers"])])):  # fmt: skip
+    for name, built in (
+        ("swa_num_attention_heads", heads),
+        ("swa_num_key_value_heads", 2 * kv_heads),
+        ("swa_head_dim", head_dim),
+        ("swa_v_head_dim", value_dim),
+        ("add_swa_attention_sink_bias", True),
+        ("add_full_attention_sink_bias", False),
+        ("hybrid_layer_pattern", [int(kind != "full_attention") for kind in found["layer_types"]]),
+        ("moe_layer_freq", [int(i in routed) for i in range(found["layers"])]),
+    ):
         fields.agrees(name, built)
 
 
@@ -186,8 +207,10 @@ def _special_zero_experts(fields: Fields, found: dict[str, Any]) -> None:
     fields.agrees("attention_method", "MLA")
     if moe is None:
         raise fields.refuse("n_routed_experts", "leaves the router without experts, which transformers does not run")
-    found["notes"] += (f"each of the {found['layers'] // 2} layers of its config is two layers here (two attentions, "
-                       "two MLPs); the active parameters count the top-k of the experts that compute",)  # fmt: skip
+    found["notes"] += (
+        f"each of the {found['layers'] // 2} layers of its config is two layers here (two attentions, "
+        "two MLPs); the active parameters count the top-k of the experts that compute",
+    )
     if zero:
         idle = zero * 2 * moe.intermediate * found["hidden"]
         found["extras"] += (
@@ -202,11 +225,26 @@ def _special_zero_experts(fields: Fields, found: dict[str, Any]) -> None:
 
 # the sizes per_layer_config may give a kind of layer: Gemma-4's heads, dots.llm3's latent attention
 GEMMA4_KEYS = ("head_dim", "num_key_value_heads")
-DOTS3_KEYS = ("num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "head_dim",
-              "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")  # fmt: skip
+DOTS3_KEYS = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "head_dim",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
 # dots.llm3's sliding layers where the config gives no per_layer_config (its swa_ fields, these by default)
-DOTS3_SLIDING = dict(num_attention_heads=64, num_key_value_heads=64, q_lora_rank=1024, kv_lora_rank=1024, head_dim=256,
-                     qk_nope_head_dim=192, v_head_dim=128)  # fmt: skip
+DOTS3_SLIDING = dict(
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    q_lora_rank=1024,
+    kv_lora_rank=1024,
+    head_dim=256,
+    qk_nope_head_dim=192,
+    v_head_dim=128,
+)
 
 
 def _layer_index(key: Any, layers: int) -> int | None:
@@ -286,9 +324,10 @@ def _special_gemma4_text(fields: Fields, found: dict[str, Any]) -> None:
     vocab = fields.integer("vocab_size_per_layer_input", none=True)
     if width:
         table = (vocab or found["vocab"]) * layers * width + c * layers * width + width
-        found["extras"] += (Extra("the per-layer embeddings, their projection and norm", "model", table),
-                            Extra("the gate and projection of each layer's own input, and norm", "every layer",
-                                  2 * c * width + c))  # fmt: skip
+        found["extras"] += (
+            Extra("the per-layer embeddings, their projection and norm", "model", table),
+            Extra("the gate and projection of each layer's own input, and norm", "every layer", 2 * c * width + c),
+        )
     count = fields.integer("num_experts", none=True)
     per_token, width = fields.integer("top_k_experts", none=True), fields.integer("moe_intermediate_size", none=True)
     if fields.boolean("enable_moe_block"):
@@ -318,8 +357,12 @@ def _special_inkling(fields: Fields, found: dict[str, Any]) -> None:
     layers), short convolutions over k and v; a short convolution after the attention and after the MLP; a router
     that scores the shared experts too; with dense_intermediate_size, intermediate_size is the experts' width."""
     c, conv, d_rel = found["hidden"], fields.integer("sconv_kernel_size", "conv_kernel_size"), fields.integer("d_rel")
-    sliding = KindAttention("sliding_attention", fields.integer("swa_num_attention_heads"),
-                            fields.integer("swa_num_key_value_heads"), fields.integer("swa_head_dim"))  # fmt: skip
+    sliding = KindAttention(
+        "sliding_attention",
+        fields.integer("swa_num_attention_heads"),
+        fields.integer("swa_num_key_value_heads"),
+        fields.integer("swa_head_dim"),
+    )
     dense = fields.integer("dense_intermediate_size", none=True)
     moe, shared = found["experts"], fields.integer("n_shared_experts", zero=True)
     if dense is not None and moe is not None:  # the experts take intermediate_size, the dense MLP this
@@ -328,12 +371,12 @@ def _special_inkling(fields: Fields, found: dict[str, Any]) -> None:
         )
     found.update(kind_attention=(sliding,), experts=moe, intermediate=dense or found["intermediate"])
     extents = {"full_attention": fields.integer("rel_extent"), "sliding_attention": found["sliding_window"] or 1}
+    full = KindAttention("full_attention", found["heads"], found["kv_heads"], found["head_dim"])
     for kind, extent in extents.items():
-        own = sliding if kind == "sliding_attention" else KindAttention(kind, found["heads"], found["kv_heads"],
-                                                                         found["head_dim"])  # fmt: skip
+        own = sliding if kind == "sliding_attention" else full
         convolved = 2 * own.kv_heads * own.head_dim * conv  # k and v, conv_kernel_size inputs kept each
-        found["extras"] += (Extra(f"{kind.split('_')[0]} layers' relative bias and k, v convolutions", kind,
-                                  c * own.heads * d_rel + d_rel * extent + convolved, state=convolved),)  # fmt: skip
+        what = f"{kind.split('_')[0]} layers' relative bias and k, v convolutions"
+        found["extras"] += (Extra(what, kind, c * own.heads * d_rel + d_rel * extent + convolved, state=convolved),)
     found["extras"] += (
         Extra("the convolutions after attention and MLP", "every layer", 2 * c * conv, state=2 * c * conv),
         Extra("the dense MLPs' scale", "dense", 1),
@@ -367,9 +410,13 @@ def _dots3_layers(fields: Fields, layers: int) -> list[str]:
 def _dots3_latent(fields: Fields, sizes: dict[str, int]) -> LatentAttention:
     """One kind's latent attention out of its sizes (q_lora_rank required: its q always goes through the rank)."""
     return LatentAttention(
-        kv_rank=sizes["kv_lora_rank"], rope_dim=sizes["qk_rope_head_dim"], nope_dim=sizes["qk_nope_head_dim"],
-        v_dim=sizes["v_head_dim"], q_rank=sizes["q_lora_rank"], bias=fields.boolean("attention_bias"),
-    )  # fmt: skip
+        kv_rank=sizes["kv_lora_rank"],
+        rope_dim=sizes["qk_rope_head_dim"],
+        nope_dim=sizes["qk_nope_head_dim"],
+        v_dim=sizes["v_head_dim"],
+        q_rank=sizes["q_lora_rank"],
+        bias=fields.boolean("attention_bias"),
+    )
 
 
 def _special_dots3(fields: Fields, found: dict[str, Any]) -> None:
@@ -392,22 +439,32 @@ def _special_dots3(fields: Fields, found: dict[str, Any]) -> None:
     else:
         sliding = {name: fields.integer(f"swa_{name}") for name in DOTS3_SLIDING}
         sliding["qk_rope_head_dim"] = fields.integer("swa_qk_rope_head_dim", none=True) or (
-            sliding["head_dim"] - sliding["qk_nope_head_dim"])  # fmt: skip
+            sliding["head_dim"] - sliding["qk_nope_head_dim"]
+        )
     kinds = []
     for kind, sizes in (("full_attention", base), ("sliding_attention", sliding)):
         if sizes["num_key_value_heads"] != sizes["num_attention_heads"]:
             raise fields.refuse("num_key_value_heads", "must be num_attention_heads (every head decompresses its own)")
         latent, heads = _dots3_latent(fields, sizes), sizes["num_attention_heads"]
-        kinds.append(KindAttention(kind, heads, heads, latent.nope_dim + latent.rope_dim, latent=latent,
-                                   indexer=kind == "full_attention"))  # fmt: skip
-        found["extras"] += (Extra(f"{kind.split('_')[0]} layers' gate a head and norm of the rotary key", kind,
-                                  found["hidden"] * heads + latent.rope_dim),)  # fmt: skip
+        head_dim = latent.nope_dim + latent.rope_dim
+        kinds.append(KindAttention(kind, heads, heads, head_dim, latent=latent, indexer=kind == "full_attention"))
+        what = f"{kind.split('_')[0]} layers' gate a head and norm of the rotary key"
+        found["extras"] += (Extra(what, kind, found["hidden"] * heads + latent.rope_dim),)
     window = fields.integer("sliding_window", none=True) or fields.integer("sliding_window_size")
-    found.update(latent=kinds[0].latent, kind_attention=tuple(kinds), head_dim=kinds[0].head_dim,
-                 kv_heads=found["heads"], sliding_window=window if "sliding_attention" in types else None)  # fmt: skip
+    found.update(
+        latent=kinds[0].latent,
+        kind_attention=tuple(kinds),
+        head_dim=kinds[0].head_dim,
+        kv_heads=found["heads"],
+        sliding_window=window if "sliding_attention" in types else None,
+    )
     if "indexed_attention" in raw:
-        found["indexer"] = Indexer(heads=fields.integer("index_n_heads"), head_dim=fields.integer("index_head_dim"),
-                                   topk=fields.integer("index_topk"), q_rank=base["q_lora_rank"])  # fmt: skip
+        found["indexer"] = Indexer(
+            heads=fields.integer("index_n_heads"),
+            head_dim=fields.integer("index_head_dim"),
+            topk=fields.integer("index_topk"),
+            q_rank=base["q_lora_rank"],
+        )
     else:
         fields.value("index_n_heads", "index_head_dim", "index_topk")  # read: no layer builds an indexer
     width = fields.integer("moe_shared_expert_intermediate_size", "shared_experts_intermediate_size")

@@ -28,39 +28,69 @@ def _mamba(fields: Fields, found: dict[str, Any], prefix: str = "", **flags: Any
     """Mamba-1 layers, their sizes under these names (Mamba's own, or Jamba's mamba_ ones)."""
     names = dict(state="state_size", conv="conv_kernel", rank="time_step_rank", proj="use_bias", bias="use_conv_bias")
     if prefix:
-        names = dict(state="mamba_d_state", conv="mamba_d_conv", rank="mamba_dt_rank", proj="mamba_proj_bias",
-                     bias="mamba_conv_bias")  # fmt: skip
+        names = dict(
+            state="mamba_d_state",
+            conv="mamba_d_conv",
+            rank="mamba_dt_rank",
+            proj="mamba_proj_bias",
+            bias="mamba_conv_bias",
+        )
     rank = fields.get(names["rank"])
     rank = -(-found["hidden"] // 16) if rank == "auto" else fields.integer(names["rank"])  # ceil(C / 16)
     inner = _mamba_inner(fields, found, f"{prefix}expand", None if prefix else "intermediate_size")
     return StateSpace(
-        "mamba", inner=inner, state=fields.integer(names["state"]),
-        conv_kernel=fields.integer(names["conv"]), dt_rank=rank, proj_bias=fields.boolean(names["proj"]),
-        conv_bias=fields.boolean(names["bias"]), **flags,
-    )  # fmt: skip
+        "mamba",
+        inner=inner,
+        state=fields.integer(names["state"]),
+        conv_kernel=fields.integer(names["conv"]),
+        dt_rank=rank,
+        proj_bias=fields.boolean(names["proj"]),
+        conv_bias=fields.boolean(names["bias"]),
+        **flags,
+    )
 
 
 def _mamba2(fields: Fields, found: dict[str, Any], names: dict[str, str], inner: int, norm: bool = True) -> StateSpace:
     """Mamba-2 layers, their sizes under the names this family gives them."""
     return StateSpace(
-        "mamba2", inner=inner, state=fields.integer(names["state"]), conv_kernel=fields.integer(names["conv"]),
-        heads=fields.integer(names["heads"]), groups=fields.integer(names["groups"]),
-        proj_bias=fields.boolean(names["proj"]), conv_bias=fields.boolean(names["bias"]), norm=norm,
-    )  # fmt: skip
+        "mamba2",
+        inner=inner,
+        state=fields.integer(names["state"]),
+        conv_kernel=fields.integer(names["conv"]),
+        heads=fields.integer(names["heads"]),
+        groups=fields.integer(names["groups"]),
+        proj_bias=fields.boolean(names["proj"]),
+        conv_bias=fields.boolean(names["bias"]),
+        norm=norm,
+    )
 
 
-MAMBA2 = dict(state="state_size", conv="conv_kernel", heads="num_heads", groups="n_groups", proj="use_bias",
-              bias="use_conv_bias")  # fmt: skip
+MAMBA2 = dict(
+    state="state_size", conv="conv_kernel", heads="num_heads", groups="n_groups", proj="use_bias", bias="use_conv_bias"
+)
 
 
-HYBRID = dict(state="mamba_d_state", conv="mamba_d_conv", heads="mamba_n_heads", groups="mamba_n_groups",
-              proj="mamba_proj_bias", bias="mamba_conv_bias")  # fmt: skip
+HYBRID = dict(
+    state="mamba_d_state",
+    conv="mamba_d_conv",
+    heads="mamba_n_heads",
+    groups="mamba_n_groups",
+    proj="mamba_proj_bias",
+    bias="mamba_conv_bias",
+)
 
 
 def _only_mamba(fields: Fields, found: dict[str, Any], space: StateSpace) -> None:
     """A stack of state-space layers alone: a norm before each, no attention, no MLP."""
-    found.update(state_space=space, layer_types=("mamba",) * found["layers"], mlp="none", norms_per_layer=1,
-                 rope_theta=None, rope_scaling=None, positions="none")  # fmt: skip
+    found.update(
+        state_space=space,
+        layer_types=("mamba",) * found["layers"],
+        mlp="none",
+        norms_per_layer=1,
+        rope_theta=None,
+        rope_scaling=None,
+        positions="none",
+    )
 
 
 def _special_mamba(fields: Fields, found: dict[str, Any]) -> None:
@@ -92,8 +122,12 @@ def _special_bamba(fields: Fields, found: dict[str, Any]) -> None:
 def _special_granite_hybrid(fields: Fields, found: dict[str, Any]) -> None:
     """Granite-4 (GraniteMoeHybrid): layer_types of Mamba-2 and attention; experts and a shared MLP on every layer
     (the shared MLP alone where there are no experts)."""
-    spelled = {"mamba": "mamba", "linear_attention": "mamba", "attention": "full_attention",
-               "full_attention": "full_attention"}  # fmt: skip
+    spelled = {
+        "mamba": "mamba",
+        "linear_attention": "mamba",
+        "attention": "full_attention",
+        "full_attention": "full_attention",
+    }
     kinds = _kinds(fields, "layer_types", found["layers"], spelled)
     space = _mamba2(fields, found, HYBRID, _mamba_inner(fields, found, "mamba_expand"))
     found.update(state_space=space, layer_types=kinds)
@@ -120,26 +154,47 @@ def _special_falcon_h1(fields: Fields, found: dict[str, Any]) -> None:
 
 def _special_nemotron_h(fields: Fields, found: dict[str, Any]) -> None:
     """Nemotron-H: a list of blocks, each one thing: Mamba-2, attention, an MLP or experts, with a norm before it."""
-    spelled = {"linear_attention": "mamba", "mamba": "mamba", "full_attention": "full_attention",
-               "attention": "full_attention", "mlp": "mlp", "moe": "mlp"}  # fmt: skip
+    spelled = {
+        "linear_attention": "mamba",
+        "mamba": "mamba",
+        "full_attention": "full_attention",
+        "attention": "full_attention",
+        "mlp": "mlp",
+        "moe": "mlp",
+    }
     given = fields.get("layers_block_type")
     kinds = _kinds(fields, "layers_block_type", found["layers"], spelled)
     if fields.integer("moe_latent_size", none=True) is not None:
         raise fields.refuse("moe_latent_size", "runs the experts in a latent space, which the bill does not read")
     inner = fields.integer("mamba_num_heads") * fields.integer("mamba_head_dim")
-    names = dict(state="ssm_state_size", conv="conv_kernel", heads="mamba_num_heads", groups="n_groups",
-                 proj="use_bias", bias="use_conv_bias")  # fmt: skip
+    names = dict(
+        state="ssm_state_size",
+        conv="conv_kernel",
+        heads="mamba_num_heads",
+        groups="n_groups",
+        proj="use_bias",
+        bias="use_conv_bias",
+    )
     moe = [i for i, kind in enumerate(given) if kind == "moe"]
     mlps = tuple(i for i, kind in enumerate(kinds) if kind == "mlp")
     experts = None
     if moe:
         experts = Experts(
-            fields.integer("n_routed_experts"), fields.integer("num_experts_per_tok", none=True),
-            fields.integer("moe_intermediate_size"), tuple(moe),
-            shared_intermediate=fields.integer("moe_shared_expert_intermediate_size", zero=True), gated=False,
-        )  # fmt: skip
-    found.update(state_space=_mamba2(fields, found, names, inner), layer_types=kinds, mlp_layers=mlps,
-                 experts=experts, norms_per_layer=1, mlp="plain")  # fmt: skip
+            fields.integer("n_routed_experts"),
+            fields.integer("num_experts_per_tok", none=True),
+            fields.integer("moe_intermediate_size"),
+            tuple(moe),
+            shared_intermediate=fields.integer("moe_shared_expert_intermediate_size", zero=True),
+            gated=False,
+        )
+    found.update(
+        state_space=_mamba2(fields, found, names, inner),
+        layer_types=kinds,
+        mlp_layers=mlps,
+        experts=experts,
+        norms_per_layer=1,
+        mlp="plain",
+    )
 
 
 def _zamba_layers(fields: Fields, found: dict[str, Any], default: list[str]) -> tuple[str, ...]:
@@ -154,8 +209,9 @@ def _zamba_layers(fields: Fields, found: dict[str, Any], default: list[str]) -> 
 def _shared_block(found: dict[str, Any], mlp_bias: bool) -> int:
     """One of Zamba's shared blocks: attention over the hidden state and the embeddings side by side (2·C), out to C;
     a norm of 2·C and one of C; a gated MLP (its biases where mlp_bias)."""
-    c, heads, kv_heads, head_dim, width = (found[key] for key in ("hidden", "heads", "kv_heads", "head_dim",
-                                                                   "intermediate"))  # fmt: skip
+    c, heads, kv_heads, head_dim, width = (
+        found[key] for key in ("hidden", "heads", "kv_heads", "head_dim", "intermediate")
+    )
     attention = 2 * c * (heads + 2 * kv_heads) * head_dim + heads * head_dim * c
     return attention + 3 * c + 3 * c * width + (2 * width + c if mlp_bias else 0)
 
@@ -164,8 +220,14 @@ def _zamba_common(fields: Fields, found: dict[str, Any], kinds: tuple[str, ...],
     """What both Zambas have: a Mamba layer (and its norm) in every layer, the shared attention's cache in each
     hybrid layer, no MLP of a layer's own, no positions but where said."""
     fields.agrees("attention_hidden_size", 2 * found["hidden"])
-    found.update(layer_types=kinds, state_space=space, mamba_beside_attention=True, shared_attention=True,
-                 mlp_layers=(), norms_per_layer=1)  # fmt: skip
+    found.update(
+        layer_types=kinds,
+        state_space=space,
+        mamba_beside_attention=True,
+        shared_attention=True,
+        mlp_layers=(),
+        norms_per_layer=1,
+    )
     found["extras"] += (Extra("each hybrid layer's linear", "full_attention", found["hidden"] ** 2),)
 
 
@@ -180,8 +242,11 @@ def _special_zamba(fields: Fields, found: dict[str, Any]) -> None:
     """Zamba: Mamba layers of n_mamba_heads heads (Mamba-1's weights, split), and one attention block that every
     hybrid layer runs (from layer 2, every attn_layer_period-th from attn_layer_offset), its weights counted once."""
     period, offset = fields.integer("attn_layer_period"), fields.integer("attn_layer_offset", zero=True)
-    default = ["linear_attention"] * 2 + ["hybrid"] + ["hybrid" if i % period == offset else "linear_attention"
-                                                       for i in range(max(found["layers"] - 3, 0))]  # fmt: skip
+    default = (
+        ["linear_attention"] * 2
+        + ["hybrid"]
+        + ["hybrid" if i % period == offset else "linear_attention" for i in range(max(found["layers"] - 3, 0))]
+    )
     space = _mamba(fields, found, "mamba_")
     if space.inner % fields.integer("n_mamba_heads"):
         raise fields.refuse("n_mamba_heads", f"must divide the Mamba layers' {space.inner} channels")
@@ -205,8 +270,12 @@ def _special_zamba2(fields: Fields, found: dict[str, Any]) -> None:
     names = dict(HYBRID, heads="n_mamba_heads", groups="mamba_ngroups", proj="add_bias_linear", bias="add_bias_linear")
     space = StateSpace(**{**_mamba2(fields, found, names, inner).__dict__, "conv_bias": True})
     hybrid = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
-    for name, built in (("attention_head_dim", 2 * c // heads), ("mamba_headdim", inner // space.heads),
-                        ("use_conv_bias", True), ("hybrid_layer_ids", hybrid)):  # fmt: skip
+    for name, built in (
+        ("attention_head_dim", 2 * c // heads),
+        ("mamba_headdim", inner // space.heads),
+        ("use_conv_bias", True),
+        ("hybrid_layer_ids", hybrid),
+    ):
         fields.agrees(name, built)
     found["head_dim"] = 2 * c // heads
     _zamba_common(fields, found, kinds, space)
@@ -217,8 +286,10 @@ def _special_zamba2(fields: Fields, found: dict[str, Any]) -> None:
     blocks = _blocks(found, shared)
     held = sum(len(range(use % shared, len(hybrid), shared)) for use in blocks)  # the uses i ≡ use (mod shared)
     weights = len(blocks) * _shared_block(found, space.proj_bias)
-    found["extras"] += (Extra("the shared attention blocks", "model", weights),
-                        Extra("the adapters each block holds", "model", held * adapter))  # fmt: skip
+    found["extras"] += (
+        Extra("the shared attention blocks", "model", weights),
+        Extra("the adapters each block holds", "model", held * adapter),
+    )
     if fields.boolean("use_long_context"):
         found["max_positions"] = 16384
     if not fields.boolean("use_mem_rope"):

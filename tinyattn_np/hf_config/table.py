@@ -99,25 +99,47 @@ class Arch:
 QKVO: dict[str, Any] = dict(qkv_bias="attention_bias", out_bias="attention_bias")
 ALL_BIAS: dict[str, Any] = dict(qkv_bias="use_bias", out_bias="use_bias", mlp_bias="use_bias")
 # (field, how this architecture spells it ...): GPT-2's own names, Falcon's old ones and its ffn_hidden_size
-GPT2_NAMES = (("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd"),
-              ("max_position_embeddings", "n_positions"), ("intermediate_size", "n_inner"))  # fmt: skip
-HF_GPT_NAMES = (("num_hidden_layers", "n_layer"), ("num_attention_heads", "n_head"), ("hidden_size", "n_embd"),
-                ("max_position_embeddings", "n_positions"))  # fmt: skip
-FALCON_NAMES = (("num_hidden_layers", "num_hidden_layers", "n_layer"),
-                ("num_attention_heads", "num_attention_heads", "n_head"), ("hidden_size", "hidden_size", "n_embed"),
-                ("intermediate_size", "ffn_hidden_size"))  # fmt: skip
+GPT2_NAMES = (
+    ("num_hidden_layers", "n_layer"),
+    ("num_attention_heads", "n_head"),
+    ("hidden_size", "n_embd"),
+    ("max_position_embeddings", "n_positions"),
+    ("intermediate_size", "n_inner"),
+)
+HF_GPT_NAMES = (
+    ("num_hidden_layers", "n_layer"),
+    ("num_attention_heads", "n_head"),
+    ("hidden_size", "n_embd"),
+    ("max_position_embeddings", "n_positions"),
+)
+FALCON_NAMES = (
+    ("num_hidden_layers", "num_hidden_layers", "n_layer"),
+    ("num_attention_heads", "num_attention_heads", "n_head"),
+    ("hidden_size", "hidden_size", "n_embed"),
+    ("intermediate_size", "ffn_hidden_size"),
+)
 
 MIXTRAL = Moe(("num_local_experts", "num_experts"), width=None)
-QWEN = Moe(("num_experts", "num_local_experts"), layers="qwen", shared_width="shared_expert_intermediate_size",
-           shared_gate=True)  # fmt: skip
+QWEN = Moe(
+    ("num_experts", "num_local_experts"),
+    layers="qwen",
+    shared_width="shared_expert_intermediate_size",
+    shared_gate=True,
+)
 DEEPSEEK = Moe(("n_routed_experts",), layers="dense_first", shared_count="n_shared_experts")
 MLA_MOE = Moe(("n_routed_experts",), layers="mlp_layer_types", shared_count="n_shared_experts")
 GRANITE_MOE = Moe(("num_local_experts",), width=None, shared_width="shared_intermediate_size")
 GPT_OSS = Moe(("num_local_experts",), width=None, router_bias=True, expert_bias=True)
-LLAMA4 = Moe(("num_local_experts",), width=None, layers="llama4", shared_width="intermediate_size",
-             dense_width="intermediate_size_mlp")  # fmt: skip
-ERNIE = Moe(("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_count="moe_num_shared_experts",
-            score_bias=True)  # fmt: skip
+LLAMA4 = Moe(
+    ("num_local_experts",),
+    width=None,
+    layers="llama4",
+    shared_width="intermediate_size",
+    dense_width="intermediate_size_mlp",
+)
+ERNIE = Moe(
+    ("moe_num_experts",), per_token=("moe_k",), layers="ernie", shared_count="moe_num_shared_experts", score_bias=True
+)
 
 XIELU = Part("xIELU's α_p and α_n", "every layer", "2")
 # Gemma-3n: per-layer embeddings (P channels a layer and token), AltUp's n streams, Laurel's low-rank residual
@@ -140,8 +162,15 @@ GEMMA3N_PARTS = (
 
 # fields a state-space config carries that its class recomputes or never builds anything from
 MAMBA_SIZES = ("num_attention_heads", "head_dim", "max_position_embeddings")
-NEMOTRON_H_UNBILLED = ("expand", "mamba_proj_bias", "n_shared_experts", "moe_shared_expert_overlap",
-                       "mtp_layers_block_type", "sliding_window", "tie_word_embeddings")  # fmt: skip
+NEMOTRON_H_UNBILLED = (
+    "expand",
+    "mamba_proj_bias",
+    "n_shared_experts",
+    "moe_shared_expert_overlap",
+    "mtp_layers_block_type",
+    "sliding_window",
+    "tie_word_embeddings",
+)
 
 ARCHITECTURES: dict[str, Arch] = {
     "llama":        Arch(**QKVO, mlp_bias="mlp_bias"),
@@ -413,8 +442,14 @@ ARCHITECTURES: dict[str, Arch] = {
 
 # model types whose config keeps the language model in text_config, and its model type there: their causal-LM
 # class is that language model alone, and the reader bills it
-TEXT_CONFIG = {"llama4": "llama4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text",
-               "qwen4_exp": "qwen4_exp_text", "dots3_note": "dots3_note_text", "emu3": "emu3_text_model"}  # fmt: skip
+TEXT_CONFIG = {
+    "llama4": "llama4_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+    "qwen4_exp": "qwen4_exp_text",
+    "dots3_note": "dots3_note_text",
+    "emu3": "emu3_text_model",
+}
 
 # a config without model_type: read as Llama, sliding windows and layer_types as written
 NO_MODEL_TYPE = Arch(**QKVO, mlp_bias="mlp_bias", windows="every")
