@@ -333,6 +333,7 @@ LESSON_OPENS_WITH = {
     "layers": "layer_norm",
     "latent": "attend_latent",
     "sparse": "index_topk_plain",
+    "dsa": "SparseLatentAttention",
     "linear": "gated_delta_rule_recurrent",
     "gpt": "GPTConfig",
     "sampling": "sample_next",

@@ -27,36 +27,38 @@ The reading order: each file uses only what came before it.
                          the MLP, dropout, cross-entropy
     18  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    19  sparse.py        sparse attention (DeepSeek-V3.2's DSA): an indexer chooses each query's top-k keys (a
-                         running top-k over blocks of keys), attention over only those, its backward, decoding
-    20  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
+    19  sparse.py        sparse attention, DeepSeek's way: an indexer chooses each query's top-k keys (a running
+                         top-k over blocks of keys), attention over only those, its backward, a decode step
+    20  dsa.py           DeepSeek Sparse Attention, the layer (DeepSeek-V3.2): latent attention with the indexer in
+                         front, the indexer's own loss, decoding through KVCache and PagedKVCache
+    21  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
                          d_k x d_v per head, a token at a time or in chunks, the gradients by hand, Qwen3-Next's
                          layer and its decoding cache, whose bytes never grow
-    21  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    22  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    22  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    23  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    24  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (25 to 28 are not imported here; ring.py and ulysses.py need mpi4py to run)
+    23  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    24  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    25  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    26  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    27  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (25 to 27 are not imported here; ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    27  peaks.py         what our own functions allocate, worked out from their tiles
-    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    29  model_parts.py   the parts some models add: experts, latent attention, linear attention
-    30  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
-    31  bill.py          one model's bill at each context length
-    32  presets.py       released models as shapes
+    28  peaks.py         what our own functions allocate, worked out from their tiles
+    29  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    30  model_parts.py   the parts some models add: experts, latent attention, linear attention
+    31  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
+    32  bill.py          one model's bill at each context length
+    33  presets.py       released models as shapes
         hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
-    33  measure.py       peaks, timings and machine facts, as the scripts measure them
-    34  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    35  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
-    36  report.py        the tables the scripts print
-    37  text.py          tokens and embeddings for the demos
-    38  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    39  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    34  measure.py       peaks, timings and machine facts, as the scripts measure them
+    35  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    36  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
+    37  report.py        the tables the scripts print
+    38  text.py          tokens and embeddings for the demos
+    39  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    40  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its
@@ -98,6 +100,7 @@ from .backward import (
 )
 from .bill import model_bill
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
+from .dsa import SparseLatentAttention
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .gpt import GPT, GPT_PRESETS, GPTConfig
@@ -201,7 +204,7 @@ from .position import (
 from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
-from .sparse import SparseLatentAttention, index_topk, sparse_attention, sparse_attention_backward
+from .sparse import index_topk, sparse_attention, sparse_attention_backward
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory
