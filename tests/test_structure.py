@@ -335,6 +335,7 @@ LESSON_OPENS_WITH = {
     "sparse": "index_topk_plain",
     "dsa": "SparseLatentAttention",
     "linear": "gated_delta_rule_recurrent",
+    "deltanet": "gated_deltanet",
     "gpt": "GPTConfig",
     "sampling": "sample_next",
     "optim": "AdamW",
