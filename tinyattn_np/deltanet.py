@@ -41,9 +41,14 @@ Array = NDArray[np.floating]
 # the layer: Qwen3-Next's Gated DeltaNet
 
 
-def gated_deltanet(x: Array, weights: GatedDeltaNetWeights, shape: GatedDeltaNetShape, *,
-                   cache: GatedDeltaCache | None = None,
-                   chunk_size: int | None = 64) -> tuple[Array, GatedDeltaNetSaved]:  # fmt: skip
+def gated_deltanet(
+    x: Array,
+    weights: GatedDeltaNetWeights,
+    shape: GatedDeltaNetShape,
+    *,
+    cache: GatedDeltaCache | None = None,
+    chunk_size: int | None = 64,
+) -> tuple[Array, GatedDeltaNetSaved]:
     """x (B, T, C) -> y (B, T, C), as transformers' Qwen3NextGatedDeltaNet computes it:
         qkv = x W_qkv      z = x W_z      β = sigmoid(x W_b)      g = −e^A_log softplus(x W_a + dt_bias)
         q, k, v = split(silu(conv(qkv)))      a depthwise causal convolution over the last K tokens, per channel
@@ -192,10 +197,16 @@ class GatedDeltaNetShape(NamedTuple):
         hv, values, K = self.value_heads, self.value_heads * self.value_dim, self.conv_kernel
         normal = lambda *size: (0.02 * rng.standard_normal(size)).astype(dtype)  # noqa: E731
         return GatedDeltaNetWeights(
-            normal(C, ch), normal(C, values), normal(C, hv), normal(C, hv),
-            rng.uniform(-(K**-0.5), K**-0.5, (ch, K)).astype(dtype), np.ones(hv, dtype),
-            np.log(rng.uniform(0.01, 16, hv)).astype(dtype), np.ones(self.value_dim, dtype), normal(values, C),
-        )  # fmt: skip
+            normal(C, ch),
+            normal(C, values),
+            normal(C, hv),
+            normal(C, hv),
+            rng.uniform(-(K**-0.5), K**-0.5, (ch, K)).astype(dtype),
+            np.ones(hv, dtype),
+            np.log(rng.uniform(0.01, 16, hv)).astype(dtype),
+            np.ones(self.value_dim, dtype),
+            normal(values, C),
+        )
 
 
 class GatedDeltaNetWeights(NamedTuple):

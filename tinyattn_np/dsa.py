@@ -73,30 +73,60 @@ class SparseLatentAttention:
     """
 
     def __init__(
-        self, d_model: int, n_heads: int, *, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
-        v_head_dim: int, q_lora_rank: int, index_n_heads: int, index_head_dim: int, index_topk: int,
-        index_rope_interleave: bool = False, rope_theta: float = 10000.0, rope_interleave: bool = True,
-        rope_scaling: dict[str, Any] | None = None, max_position_embeddings: int | None = None,
-        rng: np.random.Generator | int | None = None, dtype: Any = np.float32,
-    ):  # fmt: skip
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int,
+        index_n_heads: int,
+        index_head_dim: int,
+        index_topk: int,
+        index_rope_interleave: bool = False,
+        rope_theta: float = 10000.0,
+        rope_interleave: bool = True,
+        rope_scaling: dict[str, Any] | None = None,
+        max_position_embeddings: int | None = None,
+        rng: np.random.Generator | int | None = None,
+        dtype: Any = np.float32,
+    ):
         rng = check_rng(rng)
         self.mla = MultiHeadLatentAttention(
-            d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
-            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=check_positive_int(q_lora_rank,
-            "q_lora_rank"), rope_theta=rope_theta, rope_interleave=rope_interleave, rope_scaling=rope_scaling,
-            max_position_embeddings=max_position_embeddings, rng=rng, dtype=dtype,
-        )  # fmt: skip
+            d_model,
+            n_heads,
+            kv_lora_rank=kv_lora_rank,
+            qk_nope_head_dim=qk_nope_head_dim,
+            qk_rope_head_dim=qk_rope_head_dim,
+            v_head_dim=v_head_dim,
+            q_lora_rank=check_positive_int(q_lora_rank, "q_lora_rank"),
+            rope_theta=rope_theta,
+            rope_interleave=rope_interleave,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=max_position_embeddings,
+            rng=rng,
+            dtype=dtype,
+        )
         self.index_n_heads = check_positive_int(index_n_heads, "index_n_heads")
         self.index_head_dim = check_positive_int(index_head_dim, "index_head_dim")
         self.index_topk = check_positive_int(index_topk, "index_topk")
         self.index_rope_interleave = check_bool(index_rope_interleave, "index_rope_interleave")
         if self.index_head_dim < self.mla.d_rope:
-            raise ValueError(f"index_head_dim must be at least qk_rope_head_dim = {self.mla.d_rope} (RoPE turns that "
-                             f"many of its channels); got {self.index_head_dim}")  # fmt: skip
+            raise ValueError(
+                f"index_head_dim must be at least qk_rope_head_dim = {self.mla.d_rope} (RoPE turns that "
+                f"many of its channels); got {self.index_head_dim}"
+            )
         self.dtype = self.mla.dtype
-        self.w_index_q, self.w_index_k, self.w_index_weights = (self._linear(rng, n_in, n_out) for n_in, n_out in (
-            (q_lora_rank, self.index_n_heads * self.index_head_dim), (d_model, self.index_head_dim),
-            (d_model, self.index_n_heads)))  # fmt: skip
+        self.w_index_q, self.w_index_k, self.w_index_weights = (
+            self._linear(rng, n_in, n_out)
+            for n_in, n_out in (
+                (q_lora_rank, self.index_n_heads * self.index_head_dim),
+                (d_model, self.index_head_dim),
+                (d_model, self.index_n_heads),
+            )
+        )
         self.index_k_norm = np.ones(self.index_head_dim, self.dtype)
         self.index_k_norm_bias = np.zeros(self.index_head_dim, self.dtype)
 
@@ -129,16 +159,23 @@ class SparseLatentAttention:
         B, T, _ = x.shape
         H, d = self.index_n_heads, self.index_head_dim
         q = (c_q @ weights["w_index_q"]).reshape(B, T, H, d).swapaxes(1, 2)  # (B, H_I, T, d_I)
-        k, k_norm = layer_norm(x @ weights["w_index_k"], weights["index_k_norm"], weights["index_k_norm_bias"],
-                               INDEX_NORM_EPS)  # (B, T, d_I)  # fmt: skip
+        k, k_norm = layer_norm(
+            x @ weights["w_index_k"], weights["index_k_norm"], weights["index_k_norm_bias"], INDEX_NORM_EPS
+        )  # (B, T, d_I)
         w = (x @ weights["w_index_weights"]) / math.sqrt(H * d)  # (B, T, H_I): H_I^-1/2 and d_I^-1/2
         return Indexed(self._rotate(q, positions), self._rotate(k, positions), w, k_norm)
 
     def _rotate(self, x: Array, positions: NDArray[np.int64], backward: bool = False) -> Array:
         """RoPE (or its backward) of the first qk_rope_head_dim channels of x (..., T, d_I), the indexer's pairs."""
         d_rope, mla, turn = self.mla.d_rope, self.mla, rope_backward if backward else rope
-        first = turn(x[..., :d_rope], positions=positions, base=mla.rope_theta, interleaved=self.index_rope_interleave,
-                     scaling=mla.rope_scaling, max_position_embeddings=mla.max_position_embeddings)  # fmt: skip
+        first = turn(
+            x[..., :d_rope],
+            positions=positions,
+            base=mla.rope_theta,
+            interleaved=self.index_rope_interleave,
+            scaling=mla.rope_scaling,
+            max_position_embeddings=mla.max_position_embeddings,
+        )
         return np.concatenate([first, x[..., d_rope:]], axis=-1)
 
     def attend(self, proj: Any, indices: NDArray, weights: dict[str, Array], absorbed: bool) -> tuple[Array, Attended]:
@@ -163,9 +200,14 @@ class SparseLatentAttention:
         return o.swapaxes(1, 2).reshape(B, T, -1) @ weights["w_o"], proj, indexed, indices, o, attended
 
     def __call__(
-        self, x: Array, *, absorbed: bool = True, positions: Any = None, cache: KVCache | PagedKVCache | None = None,
+        self,
+        x: Array,
+        *,
+        absorbed: bool = True,
+        positions: Any = None,
+        cache: KVCache | PagedKVCache | None = None,
         seq_ids: Sequence[int] | None = None,
-    ) -> Array:  # fmt: skip
+    ) -> Array:
         """x (B, T, C) or (T, C) -> out, the same shape: causal attention of the T tokens over the keys the indexer
         chose for each. cache: a KVCache(B, 1, max_tokens, cache_dim, dtype, value_prefix=kv_lora_rank) that x
         continues, or a PagedKVCache(num_blocks, block_size, 1, cache_dim, dtype, value_prefix=kv_lora_rank) and
@@ -180,8 +222,10 @@ class SparseLatentAttention:
                 raise ValueError("seq_ids names sequences of a PagedKVCache: pass cache= as well, or no seq_ids")
             out = self._run(x_b, self._positions(positions, x_b.shape[1]), weights, absorbed)[0]
         elif positions is not None or not absorbed:
-            raise ValueError("with cache=, positions come from the cache and the form is the absorbed one: pass "
-                             "positions=None and absorbed=True")  # fmt: skip
+            raise ValueError(
+                "with cache=, positions come from the cache and the form is the absorbed one: pass "
+                "positions=None and absorbed=True"
+            )
         elif isinstance(cache, (KVCache, PagedKVCache)):  # the cache decodes, as for latent.py's layer
             o_latent = cache.attend(SparseHeads(self), x_b, seq_ids=seq_ids)  # (B, H, T, r); the tokens' keys kept
             o = o_latent @ split_ukv(weights["w_ukv"], self.mla.n_heads, self.mla.d_nope)[1]  # (B, H, T, d_v)
@@ -199,8 +243,9 @@ class SparseLatentAttention:
         """positions (T,) as int64, default 0 .. T-1."""
         positions = np.arange(T) if positions is None else np.asarray(positions)
         if positions.shape != (T,) or positions.dtype.kind not in "iu":
-            raise ValueError(f"positions must be ({T},) ints, one per token of x; got {positions.dtype} "
-                             f"{positions.shape}")  # fmt: skip
+            raise ValueError(
+                f"positions must be ({T},) ints, one per token of x; got {positions.dtype} {positions.shape}"
+            )
         return positions.astype(np.int64)
 
     # --- training: the attention's gradient through the chosen keys, and the indexer's own loss -------------
@@ -242,8 +287,9 @@ class SparseLatentAttention:
         w_uk, w_uv = split_ukv(w["w_ukv"], H, d_nope)
         if saved.absorbed:  # o = o_lat W_UV,h; o_lat = attention over the latent; q_lat = [q_nope W_UK,hᵀ | q_rope]
             dw_uv = (a.out.swapaxes(-1, -2) @ do).sum(axis=0)  # (H, r, d_v)
-            dq_lat, dk, dv = sparse_attention_backward(a.q, a.k, a.v, saved.indices, a.out, do @ w_uv.swapaxes(-1, -2),
-                                                       a.lse, scale=mla.softmax_scale)  # fmt: skip
+            dq_lat, dk, dv = sparse_attention_backward(
+                a.q, a.k, a.v, saved.indices, a.out, do @ w_uv.swapaxes(-1, -2), a.lse, scale=mla.softmax_scale
+            )
             dk[..., :r] += dv  # the latent is the key, and its first r numbers the value
             dw_uk = (dq_lat[..., :r].swapaxes(-1, -2) @ saved.proj.q_nope).sum(axis=0)  # (H, r, d_nope)
             return dq_lat[..., :r] @ w_uk, dq_lat[..., r:], dk, join_ukv(dw_uk, dw_uv)
@@ -283,9 +329,13 @@ class SparseLatentAttention:
         x = saved.x.reshape(B * T, C)
         dq = self._rotate(dq, saved.positions, backward=True).swapaxes(1, 2).reshape(B * T, H * d)  # RoPE(c_Q W_IQ)
         k_norm = layer_norm_backward(self._rotate(dk, saved.positions, backward=True), saved.indexer.k_norm)
-        return {"w_index_q": saved.proj.c_q.reshape(B * T, -1).T @ dq, "w_index_k": x.T @ k_norm.dx.reshape(B * T, d),
-                "index_k_norm": k_norm.dgain, "index_k_norm_bias": k_norm.dbias,
-                "w_index_weights": x.T @ d_weights.reshape(B * T, H) / math.sqrt(H * d)}  # fmt: skip
+        return {
+            "w_index_q": saved.proj.c_q.reshape(B * T, -1).T @ dq,
+            "w_index_k": x.T @ k_norm.dx.reshape(B * T, d),
+            "index_k_norm": k_norm.dgain,
+            "index_k_norm_bias": k_norm.dbias,
+            "w_index_weights": x.T @ d_weights.reshape(B * T, H) / math.sqrt(H * d),
+        }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,16 +417,32 @@ class SparseHeads(NamedTuple):
             o_lat  = sparse_attention(q_lat, its latents, chosen)  the chosen latents gathered through its table
         -> o_lat (B, H, T, kv_lora_rank): sparse_decode's step, no sequence copied (_sparse_decode.py)."""
         mla = self.layer.mla
-        o_latent, _ = decode_chosen_pages(q.latent, q.q_index, q.weights, pages, self.layer.index_topk,
-                                          latent_dim=mla.latent_dim, value_dim=mla.kv_lora_rank,
-                                          scale=mla.softmax_scale, workers=cpu_cores())  # fmt: skip
+        o_latent, _ = decode_chosen_pages(
+            q.latent,
+            q.q_index,
+            q.weights,
+            pages,
+            self.layer.index_topk,
+            latent_dim=mla.latent_dim,
+            value_dim=mla.kv_lora_rank,
+            scale=mla.softmax_scale,
+            workers=cpu_cores(),
+        )
         return o_latent
 
     def attend_heads(self, q: Any, k: Array, v: Array, band: Any, fused: bool = True) -> tuple[Array, Any]:
         """The step over keys laid out as arrays: k (B, 1, S, cache_dim), the T new tokens the last T (band: causal,
         bottom-right), through sparse_decode -> o_lat (B, H, T, kv_lora_rank), and no lse."""
         mla, S = self.layer.mla, k.shape[2]
-        o_latent, _ = sparse_decode(q.latent, q.q_index, q.weights, k[:, 0, :, : mla.latent_dim],
-                                    k[:, 0, :, mla.latent_dim :], np.full(len(k), S), self.layer.index_topk,
-                                    value_dim=mla.kv_lora_rank, scale=mla.softmax_scale)  # fmt: skip
+        o_latent, _ = sparse_decode(
+            q.latent,
+            q.q_index,
+            q.weights,
+            k[:, 0, :, : mla.latent_dim],
+            k[:, 0, :, mla.latent_dim :],
+            np.full(len(k), S),
+            self.layer.index_topk,
+            value_dim=mla.kv_lora_rank,
+            scale=mla.softmax_scale,
+        )
         return o_latent, None

@@ -154,9 +154,18 @@ def _forward_substitution(A: Array, rhs: Array) -> Array:
 # the entry
 
 
-def gated_delta_rule(q: Array, k: Array, v: Array, g: Array, beta: Array, *, chunk_size: int | None = 64,
-                     initial_state: Array | None = None, return_state: bool = False,
-                     l2norm_qk: bool = False) -> Array | tuple[Array, Array]:  # fmt: skip
+def gated_delta_rule(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    *,
+    chunk_size: int | None = 64,
+    initial_state: Array | None = None,
+    return_state: bool = False,
+    l2norm_qk: bool = False,
+) -> Array | tuple[Array, Array]:
     """The gated delta rule as transformers' torch_chunk_gated_delta_rule computes it, in our layout:
     q, k (B, H, T, d_k), v (B, Hv, T, d_v), g and beta (B, Hv, T) -> o (B, Hv, T, d_v), and with return_state
     the final state (B, Hv, d_k, d_v) in the compute dtype. Each q/k head serves Hv / H consecutive value heads;
@@ -204,9 +213,16 @@ class DeltaRuleGrads(NamedTuple):
     dinitial_state: Array | None
 
 
-def gated_delta_rule_recurrent_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, dout: Array,
-                                        initial_state: Array | None = None,
-                                        dstate: Array | None = None) -> DeltaRuleGrads:  # fmt: skip
+def gated_delta_rule_recurrent_backward(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    dout: Array,
+    initial_state: Array | None = None,
+    dstate: Array | None = None,
+) -> DeltaRuleGrads:
     """The gradients of gated_delta_rule_recurrent (same arguments) from dout = ∂loss/∂o (..., T, d_v) and dstate
     = ∂loss/∂(final state) (None: 0), token by token from the last. Its forward, with S̃_t = e^(g_t) S_{t−1}:
         e_t = v_t − S̃_tᵀ k_t        S_t = S̃_t + β_t k_t e_tᵀ        o_t = S_tᵀ q_t
@@ -255,16 +271,35 @@ def _recurrent_backward(x: DeltaInputs, dout: Array, dstate: Array) -> tuple[Arr
     return dq, dk, dv, dg, dbeta, dstate
 
 
-def _grads(dq: Array, dk: Array, dv: Array, dg: Array, dbeta: Array, dstate: Array, per_head: bool, given: bool,
-           dtype: np.dtype) -> DeltaRuleGrads:  # fmt: skip
+def _grads(
+    dq: Array,
+    dk: Array,
+    dv: Array,
+    dg: Array,
+    dbeta: Array,
+    dstate: Array,
+    per_head: bool,
+    given: bool,
+    dtype: np.dtype,
+) -> DeltaRuleGrads:
     """DeltaRuleGrads in dtype: dg as g came (per head: its last axis dropped), dinitial_state only if given."""
     dq, dk, dv, dg, dbeta = (a.astype(dtype, copy=False) for a in (dq, dk, dv, dg[..., 0] if per_head else dg, dbeta))
     return DeltaRuleGrads(dq, dk, dv, dg, dbeta, dstate.astype(dtype, copy=False) if given else None)
 
 
-def gated_delta_rule_backward(q: Array, k: Array, v: Array, g: Array, beta: Array, dout: Array, *,
-                              chunk_size: int | None = 64, initial_state: Array | None = None,
-                              dstate: Array | None = None, l2norm_qk: bool = False) -> DeltaRuleGrads:  # fmt: skip
+def gated_delta_rule_backward(
+    q: Array,
+    k: Array,
+    v: Array,
+    g: Array,
+    beta: Array,
+    dout: Array,
+    *,
+    chunk_size: int | None = 64,
+    initial_state: Array | None = None,
+    dstate: Array | None = None,
+    l2norm_qk: bool = False,
+) -> DeltaRuleGrads:
     """The gradients of gated_delta_rule (the same arguments) from dout = ∂loss/∂o (B, Hv, T, d_v) and dstate =
     ∂loss/∂(final state) (B, Hv, d_k, d_v) or None (0). chunk_size: the engine's chunks (the forward runs again,
     keeping the state entering each chunk), or None: the recurrent reference. Through the preparation: the

@@ -81,8 +81,12 @@ def index_scores(q_index: Array, k_index: Array, weights: Array, *, causal: bool
     """I[b, t, s] = Σ_h w[b, t, h] ReLU(q_I[b, h, t] · k_I[b, s]) -> (B, T, S), -inf where causal hides s."""
     q_index, k_index, weights, _, causal = check_index_inputs(q_index, k_index, weights, 1, causal)
     (B, H, T, _), S = q_index.shape, k_index.shape[1]
-    refuse_unless_fits(2 * B * H * T * S * q_index.dtype.itemsize, "index_scores", f"the dots of {H} heads, "
-                       f"{T} x {S}", "use index_topk, which never holds them")  # fmt: skip
+    refuse_unless_fits(
+        2 * B * H * T * S * q_index.dtype.itemsize,
+        "index_scores",
+        f"the dots of {H} heads, {T} x {S}",
+        "use index_topk, which never holds them",
+    )
     dots = q_index @ k_index[:, None].swapaxes(-1, -2)  # (B, H_I, T, S)
     scores = np.einsum("bth,bhts->bts", weights, np.maximum(dots, 0))  # (B, T, S): the heads weighted, summed
     if causal:
@@ -109,9 +113,16 @@ def merge_topk(scores_a: Array, keys_a: Array, scores_b: Array, keys_b: Array) -
 
 
 def index_topk(
-    q_index: Array, k_index: Array, weights: Array, topk: int, *, causal: bool = True, block_q: int = 32,
-    block_k: int | None = None, workers: int | None = None,
-) -> NDArray:  # fmt: skip
+    q_index: Array,
+    k_index: Array,
+    weights: Array,
+    topk: int,
+    *,
+    causal: bool = True,
+    block_q: int = 32,
+    block_k: int | None = None,
+    workers: int | None = None,
+) -> NDArray:
     """DeepSeek's indexer, blockwise: index_topk_plain's indices, (B, T, topk) int64, never the (B, T, S) scores.
 
     q_index (B, H_I, T, d_I), k_index (B, S, d_I), weights (B, T, H_I); the keys of the highest scores, a tie to
@@ -173,9 +184,15 @@ def sparse_attention_one_head(
 
 
 def sparse_attention(
-    q: Array, k: Array, v: Array, indices: NDArray, *, scale: float | None = None, return_lse: bool = False,
+    q: Array,
+    k: Array,
+    v: Array,
+    indices: NDArray,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
     workers: int | None = None,
-) -> Array | tuple[Array, Array]:  # fmt: skip
+) -> Array | tuple[Array, Array]:
     """Attention of each query over only the keys indices lists: q (B, H, T, E), k (B, Hkv, S, E), v (B, Hkv, S,
     Ev), indices (B, T, n) int, shared by the heads (as DSA chooses), -1 for an empty slot -> out (B, H, T, Ev)
     (and lse (B, H, T) with return_lse). Equal to attention() with a boolean mask that keeps the listed keys;
@@ -192,9 +209,17 @@ def sparse_attention(
 
 
 def sparse_attention_backward(
-    q: Array, k: Array, v: Array, indices: NDArray, out: Array, dout: Array, lse: Array, *,
-    scale: float | None = None, workers: int | None = None,
-) -> tuple[Array, Array, Array]:  # fmt: skip
+    q: Array,
+    k: Array,
+    v: Array,
+    indices: NDArray,
+    out: Array,
+    dout: Array,
+    lse: Array,
+    *,
+    scale: float | None = None,
+    workers: int | None = None,
+) -> tuple[Array, Array, Array]:
     """dq (B, H, T, E), dk (B, Hkv, S, E), dv (B, Hkv, S, Ev) of sparse_attention, from its out and lse and
     dout = ∂loss/∂out (B, H, T, Ev). The indices are held fixed (a top-k has no gradient). Per query t and its
     listed keys K_t, V_t (the backward of attention, backward.py, over those keys only):
@@ -214,9 +239,17 @@ def sparse_attention_backward(
 
 
 def sparse_decode(
-    q_latent: Array, q_index: Array, weights: Array, latents: Array, index_keys: Array, lengths: Any, topk: int, *,
-    value_dim: int, scale: float | None = None,
-) -> tuple[Array, NDArray]:  # fmt: skip
+    q_latent: Array,
+    q_index: Array,
+    weights: Array,
+    latents: Array,
+    index_keys: Array,
+    lengths: Any,
+    topk: int,
+    *,
+    value_dim: int,
+    scale: float | None = None,
+) -> tuple[Array, NDArray]:
     """The new tokens of each sequence over its cached ones, from arrays: q_latent (B, H, L, r + d_rope), the
     absorbed queries (latent.absorb_query); q_index (B, H_I, L, d_I), weights (B, L, H_I), the indexer's; latents
     (B, max_tokens, r + d_rope) and index_keys (B, max_tokens, d_I), what the cache keeps a token; lengths (B,):
