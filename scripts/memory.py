@@ -24,6 +24,8 @@ with the field it does not. A table wider than 120 columns is split into parts t
 column (--wide: print it whole). --json PATH writes every figure to PATH (--json alone, or --json -, prints
 them as JSON instead of the tables). --architectures prints, instead of the bill, the model types of
 transformers' causal-LM mapping that the config reader bills and those it refuses, each with why.
+
+This file works out the figures and prints the sections; memory_tables.py beside it lays out their tables.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tinyattn_np import DTYPES, bytes_per_element, format_bytes, naive_attention_bytes, to_unit
+from tinyattn_np import DTYPES, bytes_per_element, naive_attention_bytes
 from tinyattn_np.bill import model_bill
 from tinyattn_np.hf_config import NOT_TEXT_DECODERS, REFUSED, census, load_model_shape
 from tinyattn_np.memory import attention_flops, causal_entries, score_matrix_bytes
@@ -47,18 +49,24 @@ from tinyattn_np.presets import PRESETS
 from tinyattn_np.report import (
     add_format_argument,
     add_wide_argument,
-    column_unit,
     fit_table,
-    format_sig,
     positive,
     table_width,
-    text_table,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts
 import machine
 import outputs
+from memory_tables import (
+    long_context_table,
+    model_lines,
+    models_table,
+    ring_table,
+    side_by_side_table,
+    tiny_table,
+    worked_example_table,
+)
 
 N_EXAMPLE = 8_192  # the worked example's sequence length
 H100_BYTES = 81_559 * 2**20  # "H100 80GB HBM3": nvidia-smi reports 81,559 MiB
@@ -66,17 +74,17 @@ TINY_TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384, 32768]  # the first arti
 TINY_HEADS, TINY_HEAD_DIM = 4, 64
 MAX_CONTEXT, MAX_BATCH = 2**40, 2**20  # formulas only, but past these no figure means anything
 # section 6 without --preset, --config or --model: one model of each kind of attention
-SIDE_BY_SIDE = ["llama-2-7b", "llama-3-8b", "falcon-7b", "deepseek-v3", "mistral-7b-v0.1", "gemma-2-9b",
-                "gpt-oss-120b", "llama-4-scout", "qwen3-next-80b-a3b"]  # fmt: skip
-
-
-def in_units(
-    rows: list[dict[str, Any]], columns: list[tuple[str, str]], units: str
-) -> tuple[list[str], list[list[str]]]:
-    """Byte columns, each in one unit: headers "title (unit)" and every row's cells as bare numbers in it."""
-    unit = {key: column_unit([row[key] for row in rows], units) for key, _ in columns}
-    headers = [f"{title} ({unit[key]})" for key, title in columns]
-    return headers, [[format_sig(to_unit(row[key], unit[key])) for key, _ in columns] for row in rows]
+SIDE_BY_SIDE = [
+    "llama-2-7b",
+    "llama-3-8b",
+    "falcon-7b",
+    "deepseek-v3",
+    "mistral-7b-v0.1",
+    "gemma-2-9b",
+    "gpt-oss-120b",
+    "llama-4-scout",
+    "qwen3-next-80b-a3b",
+]
 
 
 # --- 1) the worked example ------------------------------------------------------------------------
@@ -99,21 +107,6 @@ def worked_example() -> list[dict[str, Any]]:
     ]
 
 
-def worked_example_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    """Both unit families side by side, each in its own labelled column: the article quotes both."""
-    body = [
-        [
-            row["what"],
-            "" if row["elements"] is None else f"{row['elements']:,}",
-            f"{row['bytes']:,}",
-            format_bytes(row["bytes"], "decimal"),
-            format_bytes(row["bytes"], "binary"),
-        ]
-        for row in rows
-    ]
-    return text_table(body, ["n = 8,192", "elements", "bytes", "decimal", "binary"], fmt)
-
-
 # --- 2) the quadratic bill of the tiny model, and our two paths -----------------------------------
 
 
@@ -134,62 +127,8 @@ def tiny_table_rows() -> list[dict[str, Any]]:
     ]
 
 
-def tiny_table(rows: list[dict[str, Any]], units: str, fmt: str) -> str:
-    columns = [("scores_fp32_bytes", "scores fp32"), ("scores_fp16_bytes", "scores fp16"),
-               ("naive_peak_fp32_bytes", "attention() peak"), ("flash_peak_fp32_bytes", "flash peak")]  # fmt: skip
-    headers, cells = in_units(rows, columns, units)
-    # format_sig: a ratio below 1 prints as 0.667x, not a rounded "1x"
-    ratios = [f"{format_sig(row['naive_peak_fp32_bytes'] / row['flash_peak_fp32_bytes'])}x" for row in rows]
-    body = [
-        [f"{row['tokens']:,}", *row_cells, ratio] for row, row_cells, ratio in zip(rows, cells, ratios, strict=True)
-    ]
-    return text_table(body, ["tokens", *headers, "naive / flash"], fmt)
-
-
 # --- 3) one row per model, then what the bill read of each ----------------------------------------------
-
-
-def models_table(bills: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """Parameters, weights, KV cache per token, the cache at each context, scores and FLOPs at the first."""
-    first = args.tokens[0]
-    rows = [{"weights": b["weights_bytes"], "token": b["kv_bytes_per_token"], "scores": b["contexts"][0]
-             ["score_matrix_bytes"], **{n: c["cache_bytes"] for n, c in zip(args.tokens, b["contexts"], strict=True)}}
-            for b in bills]  # fmt: skip
-    columns = [("weights", f"weights {args.dtype}"), ("token", f"KV/token {args.kv_dtype}"),
-               *((n, f"cache at {n:,}") for n in args.tokens), ("scores", f"naive scores at {first:,}")]  # fmt: skip
-    headers, cells = in_units(rows, columns, args.units)
-    body = []
-    for bill, row_cells in zip(bills, cells, strict=True):
-        beyond = [bill["max_positions"] is not None and n > bill["max_positions"] for n in (*args.tokens, first)]
-        flagged = [f"{cell} *" if flag else cell for cell, flag in zip(row_cells[2:], beyond, strict=True)]
-        active = "?" if bill["active_parameters"] is None else format_sig(bill["active_parameters"] / 1e6)
-        tflop = format_sig(bill["contexts"][0]["attention_flops"] / 1e12) + (" *" if beyond[-1] else "")
-        body.append([bill["model"], format_sig(bill["parameters"] / 1e6), active, *row_cells[:2], *flagged, tflop])
-    headers = ["model", "params (millions)", "active (millions)", *headers, f"attn TFLOP at {first:,}"]
-    return fit_table(body, headers, args.format, table_width(args))
-
-
-def model_lines(bills: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
-    """What the bill read of each model: its architecture in lines, then its cache per token by layer kind,
-    the latent against the decompressed heads, and the fixed state of linear layers."""
-    lines = []
-    for bill in bills:
-        lines.append(f"  {bill['model']} ({bill['architecture']})")
-        lines += [f"     {line}" for line in bill["description"]]
-        per_kind = [f"{kind.split('_')[0]} {format_bytes(b, args.units)}"
-                    for kind, b in bill["kv_bytes_per_token_by_kind"].items()]  # fmt: skip
-        cache = f"     K/V per token ({args.kv_dtype}, batch {args.batch}): {', '.join(per_kind) or 'none'}"
-        decompressed = bill["kv_bytes_per_token_decompressed"]
-        if decompressed is not None:
-            ratio = decompressed / bill["kv_bytes_per_token"]
-            cache += (
-                f" (the latent); every head's key and value: {format_bytes(decompressed, args.units)} ({ratio:.1f}x)"
-            )
-        lines.append(cache)
-        if bill["state_bytes"]:
-            state = format_bytes(bill["state_bytes"], args.units)
-            lines.append(f"     linear layers: a fixed state of {state} per sequence, whatever the context")
-    return lines
+# tinyattn_np.bill.model_bill's figures, a bill a model (bill() below); memory_tables.py lays them out
 
 
 # --- 4) long context --------------------------------------------------------------------------------
@@ -210,20 +149,6 @@ def long_context_rows() -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def long_context_table(rows: list[dict[str, Any]], fmt: str) -> str:
-    body = [
-        [
-            f"{row['from_tokens']:,} -> {row['to_tokens']:,}",
-            f"{row['linear_ratio']:,.0f}x",
-            f"{row['attention_ratio']:,.0f}x",
-            f"{row['causal_attention_ratio']:,.1f}x",
-        ]
-        for row in rows
-    ]
-    headers = ["tokens", "linear work (MLP, projections)", "attention work (L·S)", "causal attention"]
-    return text_table(body, headers, fmt)
 
 
 # --- 5) ring attention: how many devices a long context needs -----------------------------------------
@@ -247,16 +172,6 @@ def ring_rows(model: ModelShape, dtype: str, kv_dtype: str) -> list[dict[str, An
     return rows
 
 
-def ring_table(rows: list[dict[str, Any]], units: str) -> tuple[list[list[str]], list[str]]:
-    """Section 5's body and headers (print_last_sections fits them)."""
-    columns = [("kv_shards", "K/V"), ("in_flight", "in flight"), ("score_tile", "tile"), ("weights", "weights"),
-               ("total", "total"), ("sent_total", "sent")]  # fmt: skip
-    headers, cells = in_units(rows, columns, units)
-    body = [[str(row["devices"]), f"{row['tokens_per_device']:,}", *row_cells, "yes" if row["fits_h100"] else "no"]
-            for row, row_cells in zip(rows, cells, strict=True)]  # fmt: skip
-    return body, ["devices", "tokens", *headers, "fits"]
-
-
 # --- 6) the KV cache per token, side by side ----------------------------------------------------------
 
 
@@ -266,27 +181,18 @@ def side_by_side_rows(models: list[ModelShape], args: argparse.Namespace) -> lis
     tokens = args.tokens[-1]
     return [
         {
-            "model": m.name, "attention": m.attention_kind, "query_heads": m.heads, "kv_heads": m.kv_heads,
+            "model": m.name,
+            "attention": m.attention_kind,
+            "query_heads": m.heads,
+            "kv_heads": m.kv_heads,
             "layers": m.layer_summary(),
-            "kv_numbers_per_token_and_layer": m.kv_width, "kv_bytes_per_token": m.kv_cache_bytes(1, args.kv_dtype),
-            "tokens": tokens, "cache_bytes": m.cache_bytes(tokens, args.kv_dtype),
+            "kv_numbers_per_token_and_layer": m.kv_width,
+            "kv_bytes_per_token": m.kv_cache_bytes(1, args.kv_dtype),
+            "tokens": tokens,
+            "cache_bytes": m.cache_bytes(tokens, args.kv_dtype),
         }
         for m in models
-    ]  # fmt: skip
-
-
-def side_by_side_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    tokens = rows[0]["tokens"] if rows else args.tokens[-1]
-    columns = [("kv_bytes_per_token", "KV/token"), ("cache_bytes", f"cache at {tokens:,}")]
-    headers, cells = in_units(rows, columns, args.units)
-    body = []
-    for row, row_cells in zip(rows, cells, strict=True):
-        # "GQA 32/8": 32 query heads over 8 kv heads; "MLA 128": 128 heads decompress one latent
-        heads = f"{row['query_heads']}" + (f"/{row['kv_heads']}" if row["attention"] in ("GQA", "MQA") else "")
-        per_layer = f"{row['kv_numbers_per_token_and_layer']:,}"
-        body.append([row["model"], f"{row['attention']} {heads}", row["layers"], per_layer, *row_cells])
-    headers = ["model", "attention", "layers", "K/V per layer", *headers]
-    return fit_table(body, headers, args.format, table_width(args))
+    ]
 
 
 # --- the command line ---------------------------------------------------------------------------------
@@ -311,43 +217,68 @@ def parse_dtype(text: str) -> str:
     return text
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Memory and compute bill of attention: score matrix, naive vs flash, KV cache, FLOPs.",
-        epilog=f"presets: {', '.join(PRESETS)}. dtypes: {', '.join(DTYPES)}.",
-    )
+def add_model_sources(parser: argparse.ArgumentParser) -> None:
+    """--preset, --config and --model, each repeatable: args.sources lists (flag, text) in the order given."""
     for flag, what, metavar in (
         ("--preset", "a preset", "NAME"),
         ("--config", "a Hugging Face config.json, or its folder", "PATH"),
         ("--model", "a preset or a config.json", "NAME|PATH"),
     ):
         parser.add_argument(
-            flag, action="append", dest="sources", metavar=metavar, type=lambda text, flag=flag: (flag, text),
+            flag,
+            action="append",
+            dest="sources",
+            metavar=metavar,
+            type=lambda text, flag=flag: (flag, text),
             help=f"{what} (repeatable; --preset, --config and --model in the order given; default: every preset)",
-        )  # fmt: skip
+        )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Memory and compute bill of attention: score matrix, naive vs flash, KV cache, FLOPs.",
+        epilog=f"presets: {', '.join(PRESETS)}. dtypes: {', '.join(DTYPES)}.",
+    )
+    add_model_sources(parser)
     parser.add_argument(
-        "--tokens", type=parse_tokens, default=[8192, 32768, 131072], metavar="N,N,...",
+        "--tokens",
+        type=parse_tokens,
+        default=[8192, 32768, 131072],
+        metavar="N,N,...",
         help="context lengths for the model table; scores and FLOPs use the first, section 6 the last "
         "(default: 8192,32768,131072)",
-    )  # fmt: skip
+    )
     parser.add_argument("--dtype", type=parse_dtype, default="bf16", help="weights and scores (default: bf16)")
     parser.add_argument("--kv-dtype", type=parse_dtype, default=None, help="KV cache and state (default: --dtype)")
     parser.add_argument("--batch", type=positive(int, MAX_BATCH), default=1, help="sequences at once (default: 1)")
     add_format_argument(parser)
-    parser.add_argument("--units", default="binary", choices=("binary", "decimal"), help="binary: KiB, MiB, GiB "
-                        "(powers of 1024); decimal: KB, MB, GB (default: binary)")  # fmt: skip
+    parser.add_argument(
+        "--units",
+        default="binary",
+        choices=("binary", "decimal"),
+        help="binary: KiB, MiB, GiB (powers of 1024); decimal: KB, MB, GB (default: binary)",
+    )
     add_wide_argument(parser)
     parser.add_argument(
-        "--ring-model", default="llama-3-8b", metavar="NAME|PATH",
+        "--ring-model",
+        default="llama-3-8b",
+        metavar="NAME|PATH",
         help="the model of section 5, ring attention at 1M tokens (default: llama-3-8b)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--json", nargs="?", const="-", metavar="PATH",
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
         help="write every figure to PATH as JSON, bytes as integers (--json alone or --json -: print the JSON "
         "instead of the tables)",
-    )  # fmt: skip
-    parser.add_argument("--architectures", action="store_true", help="list the model types of transformers' "
-                        "causal-LM mapping that the config reader bills, and those it refuses, with why")  # fmt: skip
+    )
+    parser.add_argument(
+        "--architectures",
+        action="store_true",
+        help="list the model types of transformers' causal-LM mapping that the config reader bills, and those it "
+        "refuses, with why",
+    )
     args = parser.parse_args(argv)
     args.kv_dtype = args.kv_dtype or args.dtype
     outputs.check_output(parser, "--json", args.json)
@@ -363,8 +294,10 @@ def load_model(source: str, flag: str = "--model") -> ModelShape:
         raise ValueError(f"--preset {source}: not a preset; the presets are {', '.join(PRESETS)}")
     path = Path(source)
     if not path.exists():
-        raise ValueError(f"{flag} {source}: no such file" + (f", and not a preset ({', '.join(PRESETS)})"
-                                                             if flag == "--model" else ""))  # fmt: skip
+        raise ValueError(
+            f"{flag} {source}: no such file"
+            + (f", and not a preset ({', '.join(PRESETS)})" if flag == "--model" else "")
+        )
     model = load_model_shape(path)
     config = path / "config.json" if path.is_dir() else path
     if json.loads(config.read_text(encoding="utf-8")).get("_name_or_path"):
@@ -377,30 +310,40 @@ def load_models(args: argparse.Namespace) -> tuple[list[ModelShape], list[ModelS
     asked = [load_model(source, flag) for flag, source in args.sources or []]
     ring_model = load_model(args.ring_model, "--ring-model")
     if ring_model.latent is not None or ring_model.linear is not None:
-        raise ValueError(f"--ring-model {args.ring_model}: the ring passes K and V of kv_heads heads around, and "
-                         f"{ring_model.name} has {'latent' if ring_model.latent else 'linear'} attention")  # fmt: skip
+        raise ValueError(
+            f"--ring-model {args.ring_model}: the ring passes K and V of kv_heads heads around, and "
+            f"{ring_model.name} has {'latent' if ring_model.latent else 'linear'} attention"
+        )
     if asked:
         return asked, asked, ring_model
     return list(PRESETS.values()), [PRESETS[name] for name in SIDE_BY_SIDE], ring_model
 
 
-def bill(args: argparse.Namespace, models: list[ModelShape], side: list[ModelShape], ring_model: ModelShape
-         ) -> dict[str, Any]:  # fmt: skip
+def bill(
+    args: argparse.Namespace, models: list[ModelShape], side: list[ModelShape], ring_model: ModelShape
+) -> dict[str, Any]:
     """Every figure of the six sections, as plain numbers (the JSON of --json)."""
     cores = os.cpu_count() or 1  # flash_attention's default workers: one per core, at most one per 2^18 scores
     bills = [model_bill(m, args.tokens, dtype=args.dtype, kv_dtype=args.kv_dtype, batch=args.batch) for m in models]
     return {
         "worked_example": worked_example(),
         "tiny_model": {
-            "heads": TINY_HEADS, "head_dim": TINY_HEAD_DIM, "causal": True, "cores": cores,
+            "heads": TINY_HEADS,
+            "head_dim": TINY_HEAD_DIM,
+            "causal": True,
+            "cores": cores,
             "rows": tiny_table_rows(),
         },
         "models": {"dtype": args.dtype, "kv_dtype": args.kv_dtype, "batch": args.batch, "rows": bills},
         "long_context": long_context_rows(),
-        "ring": {"model": ring_model.name, "tokens": RING_TOKENS, "kv_dtype": args.kv_dtype,
-                 "rows": ring_rows(ring_model, args.dtype, args.kv_dtype)},
+        "ring": {
+            "model": ring_model.name,
+            "tokens": RING_TOKENS,
+            "kv_dtype": args.kv_dtype,
+            "rows": ring_rows(ring_model, args.dtype, args.kv_dtype),
+        },
         "side_by_side": {"kv_dtype": args.kv_dtype, "rows": side_by_side_rows(side, args)},
-    }  # fmt: skip
+    }
 
 
 def print_first_sections(report: dict[str, Any], args: argparse.Namespace) -> None:
@@ -449,8 +392,10 @@ def print_last_sections(report: dict[str, Any], args: argparse.Namespace, ring_m
     if ring_model.sliding_window is not None or ring_model.attention_chunk is not None:
         print(f"   {ring_model.name}'s windows and chunks are not counted: every layer is taken as full attention")
     if ring_model.max_positions is not None and RING_TOKENS > ring_model.max_positions:
-        print(f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: this is the memory "
-              "arithmetic of the context,\n   not a claim that the model handles it")  # fmt: skip
+        print(
+            f"   {ring_model.name} was trained for {ring_model.max_positions:,} positions: this is the memory "
+            "arithmetic of the context,\n   not a claim that the model handles it"
+        )
     print()
     print(f"6) The KV cache per token, side by side ({args.kv_dtype}). attention: GQA 32/8 is 32 query heads over 8")
     print("   kv heads; K/V per layer: the numbers each attention layer keeps for a token (2 · kv heads · head_dim, or")

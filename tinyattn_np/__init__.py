@@ -27,36 +27,39 @@ The reading order: each file uses only what came before it.
                          the MLP, dropout, cross-entropy
     18  latent.py        multi-head latent attention (DeepSeek-V3): the naive and the absorbed forms, a latent
                          cache decoded by flash_decode and paged_decode, the backward by hand
-    19  sparse.py        sparse attention (DeepSeek-V3.2's DSA): an indexer chooses each query's top-k keys (a
-                         running top-k over blocks of keys), attention over only those, its backward, decoding
-    20  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
-                         d_k x d_v per head, a token at a time or in chunks, the gradients by hand, Qwen3-Next's
-                         layer and its decoding cache, whose bytes never grow
-    21  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
+    19  sparse.py        sparse attention, DeepSeek's way: an indexer chooses each query's top-k keys (a running
+                         top-k over blocks of keys), attention over only those, its backward, a decode step
+    20  dsa.py           DeepSeek Sparse Attention, the layer (DeepSeek-V3.2): latent attention with the indexer in
+                         front, the indexer's own loss, decoding through KVCache and PagedKVCache
+    21  linear.py        linear attention by the gated delta rule (Gated DeltaNet, Kimi Delta Attention): a state of
+                         d_k x d_v per head, a token at a time or in chunks, the gradients by hand
+    22  deltanet.py      Qwen3-Next's Gated DeltaNet, the layer: projections, a causal convolution, the rule, a gated
+                         RMSNorm, its gradients by hand; its decoding cache, whose bytes never grow
+    23  gpt.py           a tiny GPT: embeddings, pre-norm blocks (attention with RoPE, an MLP), a tied head;
                          its gradient by hand, the presets tiny and part3
-    22  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
-    23  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
-    24  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
-    25  ring.py          ring attention: the sequence split over MPI processes, forward and backward
-    26  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
-                         (25 to 28 are not imported here; ring.py and ulysses.py need mpi4py to run)
+    24  sampling.py      generation: temperature, top-k, top-p; with the KV cache or by recomputation
+    25  optim.py         AdamW (decay on matrices only), warm-up then cosine, clipping, accumulation
+    26  shards.py        the sequence split over P processes: which tokens each holds (zigzag, contiguous)
+    27  ring.py          ring attention: the sequence split over MPI processes, forward and backward
+    28  ulysses.py       Ulysses: an all-to-all turns the split of the tokens into a split of the heads
+                         (26 to 28 are not imported here; ring.py and ulysses.py need mpi4py to run)
 
 Then the bills and the tools a script uses to show them:
 
-    27  peaks.py         what our own functions allocate, worked out from their tiles
-    28  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
-    29  model_parts.py   the parts some models add: experts, latent attention, linear attention
-    30  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
-    31  bill.py          one model's bill at each context length
-    32  presets.py       released models as shapes
+    29  peaks.py         what our own functions allocate, worked out from their tiles
+    30  memory.py        the byte and FLOP formulas true of any implementation: scores, KV cache, FLOPs
+    31  model_parts.py   the parts some models add: experts, latent attention, linear attention
+    32  models.py        a model's shape, layer by layer: parameters, bytes, FLOPs
+    33  bill.py          one model's bill at each context length
+    34  presets.py       released models as shapes
         hf_config/       the Hugging Face config.json reader: a shape from any architecture it knows
-    33  measure.py       peaks, timings and machine facts, as the scripts measure them
-    34  tune.py          the default tile sizes, heads per step and workers, measured on this machine
-    35  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
-    36  report.py        the tables the scripts print
-    37  text.py          tokens and embeddings for the demos
-    38  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    39  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    35  measure.py       peaks, timings and machine facts, as the scripts measure them
+    36  tune.py          the default tile sizes, heads per step and workers, measured on this machine
+    37  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
+    38  report.py        the tables the scripts print
+    39  text.py          tokens and embeddings for the demos
+    40  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    41  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its
@@ -74,7 +77,7 @@ plain algorithm, and what several modules share. None of them imports a lesson.
     _sparse_kernel.py  the indexer's blockwise top-k and the attention over the chosen keys
     _sparse_decode.py  the sparse layer's decode step through a cache's pages
     _linear_kernel.py  the gated delta rule's chunks over every head, its backward and the decode step
-    _linear_checks.py  the gated delta rule's input checks
+    _linear_checks.py  the gated delta rule's and its layer's input checks
     _rope_scaling.py   a rope_scaling dict's checks and each scaling method's frequencies
     _shape_checks.py   a model shape's fields, checked and filled
     _shape_describe.py a model shape described in lines (the bill's description)
@@ -98,6 +101,15 @@ from .backward import (
 )
 from .bill import model_bill
 from .blockmask import BlockMask, Tile, create_block_mask, draw_tile_plan, tile_plan
+from .deltanet import (
+    GatedDeltaCache,
+    GatedDeltaNetSaved,
+    GatedDeltaNetShape,
+    GatedDeltaNetWeights,
+    gated_deltanet,
+    gated_deltanet_backward,
+)
+from .dsa import SparseLatentAttention
 from .flash import flash_attention, flash_attention_one_head
 from .flex import flash_attention_varlen, flex_attention, varlen_block_mask
 from .gpt import GPT, GPT_PRESETS, GPTConfig
@@ -134,17 +146,11 @@ from .layers import (
 )
 from .linear import (
     DeltaRuleGrads,
-    GatedDeltaCache,
-    GatedDeltaNetSaved,
-    GatedDeltaNetShape,
-    GatedDeltaNetWeights,
     gated_delta_rule,
     gated_delta_rule_backward,
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
     gated_delta_rule_recurrent_backward,
-    gated_deltanet,
-    gated_deltanet_backward,
 )
 from .masks import causal_mask, window_mask
 from .memory import (
@@ -201,7 +207,7 @@ from .position import (
 from .presets import PRESETS
 from .sampling import generate, sample_next
 from .softmax import logsumexp, merge_states, softmax
-from .sparse import SparseLatentAttention, index_topk, sparse_attention, sparse_attention_backward
+from .sparse import index_topk, sparse_attention, sparse_attention_backward
 from .splitkv import flash_decode, merge_chunks
 from .text import embed, token_vector, tokenize
 from .trainbill import TrainingMemory, training_memory

@@ -80,7 +80,7 @@ def check_latent_weights(layer: Any, weights: dict[str, Array]) -> dict[str, Arr
 
 
 def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Array]:
-    """A sparse layer's indexer weights (sparse.py), each checked against its sizes (layer.mla's d_model and
+    """A sparse layer's indexer weights (dsa.py), each checked against its sizes (layer.mla's d_model and
     q_lora_rank, index_n_heads, index_head_dim) and dtype."""
     C, q, H, d = layer.mla.d_model, layer.mla.q_lora_rank, layer.index_n_heads, layer.index_head_dim
     shapes = {
@@ -102,7 +102,7 @@ def check_indexer_weights(layer: Any, weights: dict[str, Any]) -> dict[str, Arra
 def check_latent_cache(layer: Any, cache: Any, batch: int, index_head_dim: int = 0) -> None:
     """A cache for the layer holds one "head" of latent_dim numbers in the layer's dtype, its values the first
     kv_lora_rank of them (the latent stored once); a KVCache (it has a batch) holds `batch` rows and no
-    window. index_head_dim: a sparse layer's cache keeps each token's indexer key after its latent (sparse.py)."""
+    window. index_head_dim: a sparse layer's cache keeps each token's indexer key after its latent (dsa.py)."""
     kv = hasattr(cache, "batch")
     kind, rows = ("KVCache", f"batch={batch}, ..., ") if kv else ("PagedKVCache", "..., ")
     width, r = layer.latent_dim + index_head_dim, layer.kv_lora_rank

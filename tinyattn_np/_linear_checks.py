@@ -1,5 +1,5 @@
-"""Input checks of the gated delta rule and its layer (linear.py): each failure a ValueError or TypeError that names
-the argument, what was expected and what came."""
+"""Input checks of the gated delta rule (linear.py) and its layer (deltanet.py): each failure a ValueError or
+TypeError that names the argument, what was expected and what came."""
 
 from __future__ import annotations
 

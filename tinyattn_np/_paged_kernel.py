@@ -62,7 +62,7 @@ class Pages(NamedTuple):
 
 @runtime_checkable
 class ChoosingLayer(Protocol):
-    """A decoding layer (multihead.DecodingLayer) whose queries choose which of the held tokens they read (sparse.py's
+    """A decoding layer (multihead.DecodingLayer) whose queries choose which of the held tokens they read (dsa.py's
     DSA layer), so it reads them itself: a cache's attend writes the new tokens first, hands the layer everything
     it holds as Pages (a KVCache's rows as pages of one block each), and commits once attend_pages returns
     y (B, H, T, Ev), the attention of each sequence's T new tokens (its last T) over all of its tokens. q is what

@@ -1,6 +1,6 @@
-"""The decode step of sparse.py's layer through a cache, its keys read where they lie: the indexer reads each
+"""The decode step of dsa.py's layer through a cache, its keys read where they lie: the indexer reads each
 sequence's indexer keys page by page, and the attention gathers the latents it chose through the block table.
-It imports no lesson: sparse.py's SparseHeads.attend_pages hands it the pages a cache gives (a PagedKVCache's
+It imports no lesson: dsa.py's SparseHeads.attend_pages hands it the pages a cache gives (a PagedKVCache's
 pools, tables and lengths, or a KVCache's rows, one page a row: _paged_kernel.Pages).
 
 A cached token's key is [c_KV | k_rope | k_I]: its latent (latent_dim numbers), then its indexer key (d_I); the

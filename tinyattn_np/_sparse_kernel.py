@@ -1,5 +1,6 @@
-"""The engine of sparse.py: the indexer's running top-k and the attention over the chosen keys, fast. It imports
-no lesson: sparse.py checks the inputs (check_index_inputs, check_sparse_inputs, both here) and passes arrays.
+"""The engine of sparse.py: the indexer's running top-k and the attention over the chosen keys, fast (and for
+dsa.py's indexer loss, the attention's weights and the indexer's scores at the chosen keys). It imports no
+lesson: sparse.py checks the inputs (check_index_inputs, check_sparse_inputs, both here) and passes arrays.
 
 Read sparse.py first: its plain forms (index_topk_plain, merge_topk, sparse_attention_one_head) are what this
 computes, and tests/test_sparse.py holds the two equal.

@@ -60,6 +60,14 @@ from numpy.typing import NDArray
 from ._checks import check_bool, check_positive_int, check_rng
 from ._guard import refuse_unless_fits
 from .blockmask import check_band
+from .deltanet import (
+    GatedDeltaCache,
+    GatedDeltaNetSaved,
+    GatedDeltaNetShape,
+    GatedDeltaNetWeights,
+    gated_deltanet,
+    gated_deltanet_backward,
+)
 from .kvcache import KVCache
 from .layers import (
     MLP_KINDS,
@@ -76,14 +84,6 @@ from .layers import (
     mlp_backward,
     rms_norm,
     rms_norm_backward,
-)
-from .linear import (
-    GatedDeltaCache,
-    GatedDeltaNetSaved,
-    GatedDeltaNetShape,
-    GatedDeltaNetWeights,
-    gated_deltanet,
-    gated_deltanet_backward,
 )
 from .multihead import HeadWeights, MultiheadSaved, multihead_backward, multihead_forward, project_out
 

@@ -40,7 +40,7 @@ returns them oldest first.
 A layer decodes through the cache with `attend` (MultiHeadAttention(x, cache=c) calls c.attend(layer, x)):
 the new tokens' q, k and v at positions len(c) onwards, k and v appended, and the new queries against every
 kept key. A one-token step is split-KV decoding (splitkv.py): one query has no query blocks to spread over
-the cores, so the keys are split instead. A layer whose queries choose which keys they read (sparse.py's DSA
+the cores, so the keys are split instead. A layer whose queries choose which keys they read (dsa.py's DSA
 layer: _paged_kernel.ChoosingLayer) reads them itself: the cache writes the new tokens, hands the layer its
 rows as a paged kernel reads a pool (paged.py, next: here a block of max_tokens slots a row), and commits.
 
@@ -333,7 +333,7 @@ class KVCache(CopiedWithoutLock, KeysAndValues):
         return self._append(k, v, before_commit=lambda stop: self._attend_kept(layer, q, stop, fused))
 
     def _attend_choosing(self, layer: ChoosingLayer, q: Any, k: Array, v: Array) -> Array:
-        """A layer whose queries choose which tokens they read (sparse.py's): the new tokens written, the layer's
+        """A layer whose queries choose which tokens they read (dsa.py's): the new tokens written, the layer's
         attention over the rows as pages (layer.attend_pages), then the commit. Its tokens are read by position,
         so the slots must be in token order: no window."""
         if self.window is not None:

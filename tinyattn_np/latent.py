@@ -502,7 +502,7 @@ class MultiHeadLatentAttention:
         rotated queries' gradients) and dlatent (B, 1, T, r + d_rope) back through RoPE, the two norms and the
         projections -> dx (B, T, C) and the gradients of the projections' weights by name (w_q, or w_dq, q_norm
         and w_uq; w_dkv and kv_norm). saved: this forward's LatentSaved, or anything with its x, positions,
-        weights and proj (sparse.py's layer, whose attention reads the same projections)."""
+        weights and proj (dsa.py's layer, whose attention reads the same projections)."""
         x, proj, w, r = saved.x, saved.proj, saved.weights, self.kv_lora_rank
         B, T, C = x.shape
         x_flat = x.reshape(B * T, C)

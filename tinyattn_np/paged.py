@@ -20,7 +20,7 @@ A decode step reads each sequence's keys and values through its block table, whe
 take what pages(seq_ids) gives, the pools, the tables and the lengths (paged_decode.py, next, teaches them).
 Reading order (this file): PagedKVCache and its pool, then a layer's step through the pages
 (PagedKVCache.attend, which MultiHeadAttention(x, cache=, seq_ids=) calls): the new tokens' attention over
-the cached pages and over themselves, merged. A layer whose queries choose the tokens they read (sparse.py's)
+the cached pages and over themselves, merged. A layer whose queries choose the tokens they read (dsa.py's)
 reads the pages itself: the step writes the new tokens, hands the layer the pages, then commits.
 """
 
@@ -528,7 +528,7 @@ class PoolWrite(NamedTuple):
 
 def join_rows(parts: Sequence[Any]) -> Any:
     """The rows' q (or k, or v), each (1, ...), joined along the batch axis: arrays, or a layer's NamedTuple of
-    arrays (sparse.py's queries), field by field."""
+    arrays (dsa.py's queries), field by field."""
     if isinstance(parts[0], tuple):
         return type(parts[0])(*(np.concatenate(field, axis=0) for field in zip(*parts, strict=True)))
     return np.concatenate(parts, axis=0)
