@@ -334,7 +334,7 @@ LESSON_OPENS_WITH = {
     "latent": "attend_latent",
     "sparse": "index_topk_plain",
     "linear": "gated_delta_rule_recurrent",
-    "gpt": "GPTConfig",
+    "gpt": "block",
     "sampling": "sample_next",
     "optim": "AdamW",
     "shards": "shard",
