@@ -11,8 +11,9 @@
 The model is tinyattn_np.gpt.GPT (pre-norm blocks of RoPE attention and a GELU MLP, a tied head); --preset
 tiny is nanoGPT's CPU model for Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12), --preset
 part3 a 6-layer model of width 256 and context 256; --layers, --heads, --width, --context, --mlp, --norm
-and --bias change the preset's model, and --layer-pattern LLLA makes it a hybrid: three gated delta layers
-(linear attention, Qwen3-Next's Gated DeltaNet) to one of softmax attention. The vocabulary is the
+and --bias change the preset's model, --positions learned gives it a learned position table in place of RoPE
+(nanoGPT's model), and --layer-pattern LLLA makes it a hybrid: three gated delta layers (linear attention,
+Qwen3-Next's Gated DeltaNet) to one of softmax attention. The vocabulary is the
 tokenizer's: the characters of the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging
 Face tokenizer.json. The text is cut into a training part and the last --validation of it, which is never
 trained on. A step: a batch of random

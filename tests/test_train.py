@@ -251,6 +251,38 @@ def test_a_hybrid_model_trains_resumes_bit_for_bit_and_decodes_through_both_cach
     assert "the two agree on all 40 tokens" in out
 
 
+def test_a_learned_position_table_trains_resumes_bit_for_bit_and_old_checkpoints_read_as_rope(
+    small_preset, data, tmp_path, monkeypatch, capsys
+):
+    """--positions learned: nanoGPT's table (wpe) in place of RoPE. The checkpoint keeps the field and the table;
+    a run stopped after step 3 and resumed ends with the bits of one that never stopped; sample.py draws the same
+    tokens through the caches as by recomputation past the context; the flag against a checkpoint of RoPE is
+    refused by name; and a checkpoint written before the field (no positions key) reads as RoPE."""
+    flags = ["--positions", "learned"]
+    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
+    assert "not the preset's: positions" in capsys.readouterr().out
+    with monkeypatch.context() as patch:
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
+    assert whole.keys() == parts.keys() and whole["param.wpe"].shape == (SMALL_CONFIG["context"], 16)
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+    assert sys.modules["checkpoint"].load(tmp_path / "parts")[1]["config"]["positions"] == "learned"
+    capsys.readouterr()
+    assert load("sample.py").main([str(tmp_path / "parts"), "--prompt", "the cat", "--tokens", "40", "--compare"]) == 0
+    assert "the two agree on all 40 tokens" in capsys.readouterr().out
+    rope = tmp_path / "rope"
+    assert train_script.main(gpt_flags(data, rope)) == 0
+    assert train_script.main(gpt_flags(data, rope, "--resume", "--steps", "12", *flags)) == 2
+    assert "has --positions rope, not --positions learned" in capsys.readouterr().err
+    meta = json.loads((rope / "checkpoint.json").read_text(encoding="utf-8"))
+    del meta["config"]["positions"]  # as a checkpoint written before the field
+    (rope / "checkpoint.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert sys.modules["checkpoint"].load_model(rope)[0].config.positions == "rope"
+
+
 def test_train_py_takes_the_steps_of_a_plain_loop_bit_for_bit(small_preset, data, tmp_path):
     """Every loss train.py prints and keeps, and its weights at the end, equal to the bit those of the plain loop
     below, written from the library's public calls alone: the same batches from the same seed, GPT.loss_and_grads,
