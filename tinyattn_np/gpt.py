@@ -49,7 +49,8 @@ API (names kept once published):
         .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one cache per layer: a
                                                    KVCache, or a GatedDeltaCache for a gated delta layer
         .num_parameters                            .check_tokens(idx, name) -> idx as int64 (B, T) ids
-    block(x, params, config, layer, shape, mask, ...)   one block in place on x (N, C); block_backward
+    block(x, params, config, layer, shape, mask, ...)   one block in place on x (N, C); block_backward its
+                                                   backward; embed(params, config, idx) the first line
 Generation lives in sampling.py; the memory of a training step in trainbill.py.
 """
 
@@ -104,6 +105,9 @@ __all__ = [
     "LAYER_KINDS",
     "NORM_KINDS",
     "POSITION_KINDS",
+    "block",
+    "block_backward",
+    "embed",
     "init_params",
     "param_shapes",
     "parameter_count",
