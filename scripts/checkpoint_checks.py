@@ -37,6 +37,7 @@ def read_config(meta: Fields) -> GPTConfig:
     values |= {"bias": config.get("bias", bool), "dropout": config.get("dropout", float)}
     values["mlp_hidden"] = config.get("mlp_hidden", int, default=None)
     values["layer_pattern"] = config.get("layer_pattern", str, default=None)  # absent: every layer softmax
+    values["positions"] = config.get("positions", str, default="rope")  # absent: RoPE, as before the field
     try:
         return GPTConfig(**values)
     except (ValueError, TypeError) as err:

@@ -10,15 +10,15 @@
 
 The model is tinyattn_np.gpt.GPT (pre-norm blocks of RoPE attention and a GELU MLP, a tied head); --preset
 tiny is nanoGPT's CPU model for Shakespeare (4 layers, 4 heads, width 128, context 64, batch 12), --preset
-part3 a 6-layer model of width 256 and context 256; --layers, --heads, --width, --context, --mlp, --norm
-and --bias change the preset's model, and --layer-pattern LLLA makes it a hybrid: three gated delta layers
-(linear attention, Qwen3-Next's Gated DeltaNet) to one of softmax attention. The vocabulary is the
-tokenizer's: the characters of the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging
-Face tokenizer.json. The text is cut into a training part and the last --validation of it, which is never
-trained on. A step: a batch of random
-windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm to --clip, and AdamW
-with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K runs the batch K equal slices at
-a time, their gradients summed: the same step, with one slice's activations in memory.
+part3 a 6-layer model of width 256 and context 256; --layers, --heads, --width, --context, --mlp, --norm and
+--bias change the preset's model, --positions learned gives it a learned position table in place of RoPE
+(nanoGPT's model), and --layer-pattern LLLA makes it a hybrid: three gated delta layers (linear attention,
+Qwen3-Next's Gated DeltaNet) to one of softmax attention. The vocabulary is the tokenizer's: the characters of
+the text (--tokenizer char, the default), its UTF-8 bytes (byte), or a Hugging Face tokenizer.json. The text
+is cut into a training part and the last --validation of it, which is never trained on. A step: a batch of
+random windows, the loss and every gradient (GPT.loss_and_grads), clipping of the global norm to --clip, and
+AdamW with a linear warm-up and a cosine decay (tinyattn_np.optim). --accumulate K runs the batch K equal
+slices at a time, their gradients summed: the same step, with one slice's activations in memory.
 
 With --out DIR, a checkpoint (checkpoint.py: the weights, AdamW's moments, the configuration, the data's
 fingerprint and the random generators' states) is written at every validation, at the end, and on Ctrl-C or

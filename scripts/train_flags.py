@@ -19,7 +19,7 @@ import copy_task
 import limits
 import outputs
 
-from tinyattn_np.gpt import GPT_PRESETS, NORM_KINDS, GPTConfig
+from tinyattn_np.gpt import GPT_PRESETS, NORM_KINDS, POSITION_KINDS, GPTConfig
 from tinyattn_np.layers import MLP_KINDS
 from tinyattn_np.report import add_seed_and_format, nonnegative_seed, positive
 from tinyattn_np.trainbill import training_memory
@@ -28,16 +28,8 @@ MAX_STEPS = 10_000_000  # more steps than any run on a CPU takes: a bigger numbe
 MAX_BATCH = 4096
 MAX_LAYERS, MAX_WIDTH = 1024, 2**16  # past them no model trains on a CPU: a bigger number is a typo
 MAX_WINDOWS = 100_000  # validation windows, and tokens of the sample at the end
-MODEL_FLAGS = (
-    "layers",
-    "heads",
-    "width",
-    "context",
-    "mlp",
-    "norm",
-    "bias",
-    "layer_pattern",
-)  # the model's shape (GPTConfig's)
+# the model's shape (GPTConfig's)
+MODEL_FLAGS = ("layers", "heads", "width", "context", "mlp", "norm", "bias", "layer_pattern", "positions")
 
 
 class RunError(ValueError):
@@ -71,16 +63,31 @@ FLAG_TYPES: dict[str, Callable[[str], Any]] = {
     "eval_every": positive(int),
     "eval_windows": positive(int),
 }
-INT_FLAGS = {"layers", "heads", "width", "context", "steps", "batch", "accumulate", "warmup", "eval_every",
-             "eval_windows"}  # fmt: skip
+INT_FLAGS = {
+    "layers",
+    "heads",
+    "width",
+    "context",
+    "steps",
+    "batch",
+    "accumulate",
+    "warmup",
+    "eval_every",
+    "eval_windows",
+}
 
 
 def cap_problem(name: str, value: Any) -> str | None:
     """Why a flag's value, of its type, is past the flag's cap (None where it is not): what check_args refuses
     beyond argparse's types."""
     flag = f"--{name.replace('_', '-')}"
-    caps = {"steps": MAX_STEPS, "warmup": MAX_STEPS, "batch": MAX_BATCH, "accumulate": MAX_BATCH,
-            "eval_windows": MAX_WINDOWS}  # fmt: skip
+    caps = {
+        "steps": MAX_STEPS,
+        "warmup": MAX_STEPS,
+        "batch": MAX_BATCH,
+        "accumulate": MAX_BATCH,
+        "eval_windows": MAX_WINDOWS,
+    }
     if name in caps and value > caps[name]:
         why = " (a run that long would not end on a CPU)" if name == "steps" else ""
         return f"{flag} must be at most {caps[name]:,}{why}; got {value:,}"
@@ -275,6 +282,12 @@ def add_model(p: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="each block's mixer, one letter a layer, repeated over the layers: A softmax attention, L a gated delta "
         "layer (Qwen3-Next's Gated DeltaNet); LLLA is Qwen3-Next's three to one (default: A, attention in every block)",
+    )
+    p.add_argument(
+        "--positions",
+        choices=POSITION_KINDS,
+        help="rope: q and k turned by RoPE in the attention (default); learned: a learned position table added to "
+        "the embeddings, as nanoGPT's and GPT-2's",
     )
 
 

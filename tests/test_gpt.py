@@ -10,7 +10,7 @@ import pytest
 
 from tinyattn_np import GatedDeltaCache, GatedDeltaNetShape, GatedDeltaNetWeights, KVCache, _guard
 from tinyattn_np._guard import AttentionMemoryError
-from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, init_params, param_shapes, parameter_count
+from tinyattn_np.gpt import GPT, GPT_PRESETS, GPTConfig, embed, init_params, param_shapes, parameter_count
 
 STEP = 1e-6
 SMALL = dict(vocab=11, context=6, layers=2, heads=2, width=8, dtype="float64")
@@ -73,6 +73,7 @@ def test_config_round_trips_through_a_dict():
         (dict(layers=0), ValueError, "layers must be a positive int"),
         (dict(vocab=2.0), TypeError, "vocab must be a positive int"),
         (dict(bias="yes"), TypeError, "bias must be True or False"),
+        (dict(positions="alibi"), ValueError, "positions must be one of \\('rope', 'learned'\\)"),
     ],
 )
 def test_config_refuses_what_cannot_be_built(changes, error, match):
@@ -87,6 +88,8 @@ CONFIGS = {
     "rmsnorm gelu bias": small(norm="rmsnorm", bias=True),
     "hybrid LLA rmsnorm swiglu": small(layers=3, norm="rmsnorm", mlp="swiglu", layer_pattern="LLA"),
     "hybrid LA layernorm bias": small(layers=3, bias=True, layer_pattern="LA"),
+    "learned positions layernorm bias": small(bias=True, positions="learned"),
+    "hybrid LA learned positions": small(layers=3, layer_pattern="LA", positions="learned"),
 }
 
 
@@ -190,7 +193,9 @@ def test_init_follows_gpt2():
     assert np.all(params["h.3.ln_1.gain"] == 1) and np.all(params["h.3.mlp.b_fc"] == 0)
 
 
-@pytest.mark.parametrize("name", ["rmsnorm swiglu", "layernorm gelu bias", "hybrid LLA rmsnorm swiglu"])
+@pytest.mark.parametrize(
+    "name", ["rmsnorm swiglu", "layernorm gelu bias", "hybrid LLA rmsnorm swiglu", "hybrid LA learned positions"]
+)
 def test_the_cached_forward_equals_the_whole_one_past_the_context(name):
     """A prompt, then one token at a time through the caches, gives hidden states equal to the whole sequence
     at once, also past the context (6), where both attend to the last `context` tokens (and a gated delta
@@ -355,3 +360,49 @@ def test_a_model_larger_than_the_memory_is_refused_before_anything_is_built(monk
         with pytest.raises(AttentionMemoryError, match=f"GPT\\({config.layers} layers"):
             GPT(config, rng=0)
         assert time.perf_counter() - start < 0.5
+
+
+# --- a learned position table in place of RoPE -----------------------------------------------------------
+
+
+def test_a_learned_table_is_a_parameter_added_to_the_embeddings():
+    """positions="learned": wpe (context, C) after wte, drawn as GPT-2 draws it, counted; x = E[idx] + P[0 .. T-1]
+    before the first block; heads of an odd size are allowed (nothing turns pairs)."""
+    config = small(positions="learned")
+    shapes = param_shapes(config)
+    assert list(shapes)[:2] == ["wte", "wpe"] and shapes["wpe"] == (6, 8)
+    assert parameter_count(config) == parameter_count(small()) + 6 * 8 == GPT(config, rng=0).num_parameters
+    assert abs(init_params(GPTConfig(positions="learned"), 0)["wpe"].std() - 0.02) < 0.001
+    assert GPTConfig(width=12, heads=4, positions="learned").head_dim == 3
+    params = GPT(config, rng=1).params
+    idx, _ = tokens(config, 2, 4, seed=0)
+    np.testing.assert_array_equal(embed(params, config, idx), (params["wte"][idx] + params["wpe"][:4]).reshape(8, 8))
+
+
+def test_the_attention_beside_a_learned_table_turns_nothing():
+    """With the table's rows all 0, one layer cannot tell the order of the tokens before the last (its keys and
+    values are each a token's own, and attention sums over them): RoPE does not turn q and k. With RoPE it can."""
+    idx = np.array([[1, 2, 3, 4]])
+    swapped = np.array([[2, 1, 3, 4]])
+    learned = GPT(small(layers=1, positions="learned"), rng=1)
+    learned.params["wpe"][...] = 0
+    np.testing.assert_allclose(learned.hidden(idx)[0, -1], learned.hidden(swapped)[0, -1], rtol=1e-12)
+    rope = GPT(small(layers=1), rng=1)
+    assert not np.allclose(rope.hidden(idx)[0, -1], rope.hidden(swapped)[0, -1])
+
+
+def test_past_the_context_the_tables_rows_start_again():
+    """Position t takes row t mod context: a window of the last `context` tokens holds every row once."""
+    config = small(positions="learned")  # context 6
+    np.testing.assert_array_equal(config.table_rows(0, 4), [0, 1, 2, 3])
+    np.testing.assert_array_equal(config.table_rows(4, 5), [4, 5, 0, 1, 2])
+
+
+def test_the_rope_default_is_the_gpt_as_it_was_and_old_configs_read_as_rope():
+    """positions="rope" is the default; a config written before the field (no positions key) reads as it; the
+    learned table round-trips through a dict and shows in the repr."""
+    old = {key: value for key, value in small().to_dict().items() if key != "positions"}
+    assert GPTConfig.from_dict(old) == small() and small().positions == "rope"
+    learned = small(positions="learned")
+    assert GPTConfig.from_dict(learned.to_dict()) == learned
+    assert "norm=layernorm, positions=learned, parameters=1,712)" in repr(GPT(learned, rng=0))

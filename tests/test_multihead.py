@@ -212,3 +212,39 @@ def test_multihead_backward_uses_the_forwards_input_and_weights(rng):
         for a, b in zip(before, after, strict=True):
             np.testing.assert_array_equal(a, b)
         x[...], mha.w_qkv[...], mha.w_out[...] = x_kept, w_qkv, w_out
+
+
+def test_without_copies_the_forward_keeps_its_arrays_and_gives_the_same_bits(rng):
+    """copies=False (the GPT's step, which changes nothing before its backward) keeps x and the weights
+    themselves, and gives the output and every gradient of copies=True to the bit."""
+    mha = MultiHeadAttention(16, 4, 2, rope=True, rng=rng)
+    x, dout = rng.standard_normal((2, 5, 16)).astype(np.float32), rng.standard_normal((2, 5, 16)).astype(np.float32)
+    out, saved = multihead_forward(x, mha.weights)
+    kept_out, kept = multihead_forward(x, mha.weights, copies=False)
+    assert kept.x is x and kept.weights.w_qkv is mha.w_qkv and kept.weights.w_out is mha.w_out
+    assert saved.x is not x and saved.weights.w_qkv is not mha.w_qkv
+    np.testing.assert_array_equal(kept_out, out)
+    for mine, gold in zip(multihead_backward(dout, kept), multihead_backward(dout, saved), strict=True):
+        np.testing.assert_array_equal(mine, gold)
+
+
+def test_the_layers_tile_plan_is_worked_out_once_per_shape_and_follows_the_rule(rng):
+    """Every layer of a model asks flash_plan the same at every step: its sizes are worked out once for a shape,
+    mask and tile rule (plan_sizes), and a new rule in force (use_tile_rule) gives new ones."""
+    from tinyattn_np._checks import QKVShape
+    from tinyattn_np._flash_kernel import flash_plan, plan_sizes
+    from tinyattn_np.blockmask import Band
+    from tinyattn_np.tune import constant_rule, use_tile_rule
+
+    dims = QKVShape((3,), 4, 4, 64, 64, 8, 8)
+    first = flash_plan(dims, Band(0), 0.5)
+    hits = plan_sizes.cache_info().hits
+    again = flash_plan(dims, Band(0), 0.5)
+    assert again == first and plan_sizes.cache_info().hits == hits + 1
+    try:
+        use_tile_rule(constant_rule()._replace(side=16, backward_side=16))
+        smaller = flash_plan(dims, Band(0), 0.5)
+    finally:
+        use_tile_rule(None)
+    assert (smaller.block_q, smaller.block_k) == (16, 16) != (first.block_q, first.block_k)
+    assert flash_plan(dims, Band(0), 0.5) == first

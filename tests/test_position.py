@@ -6,10 +6,12 @@ from tinyattn_np import (
     half_split_permutation,
     permute_qk_weight,
     rope,
+    rope_backward,
     rope_frequencies,
     to_half_split,
     to_interleaved,
 )
+from tinyattn_np.position import rope_table, rope_with_table
 
 
 def rope_by_complex(x, positions, base=10000.0):
@@ -190,3 +192,30 @@ def test_learned_positions_take_a_seed_or_draw_fresh():
         LearnedPositions(8, 4, rng=-1)
     with pytest.raises(TypeError, match="rng must be a np.random.Generator, an int seed or None"):
         LearnedPositions(8, 4, rng="3")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_a_table_made_once_turns_as_rope_does_to_the_bit(rng, dtype):
+    """rope_with_table with rope_table(T, d, dtype) is rope(x), and with backward=True rope_backward(x), bit for
+    bit, in x's own dtype, on heads that are views of a wider array; pairs apart in memory are turned as rope
+    turns them side by side (its other path rounds otherwise, within a few ulps)."""
+    x = rng.standard_normal((2, 7, 3, 8)).astype(dtype).swapaxes(1, 2)  # (2, 3, 7, 8): a view of heads
+    table, back = rope_table(7, 8, dtype), rope_table(7, 8, dtype, backward=True)  # (7, 4) each
+    for mine, gold in ((rope_with_table(x, table), rope(x)), (rope_with_table(x, back), rope_backward(x))):
+        assert mine.dtype == dtype
+        np.testing.assert_array_equal(mine, gold)
+    apart = np.asfortranarray(x)  # each pair's two numbers apart in memory
+    np.testing.assert_array_equal(rope_with_table(apart, table), rope(np.ascontiguousarray(apart)))
+    tolerance = {np.float16: 2e-3, np.float32: 1e-6, np.float64: 1e-14}[dtype]
+    np.testing.assert_allclose(rope_with_table(apart, table), rope(apart), rtol=tolerance, atol=tolerance)
+
+
+def test_the_table_is_kept_read_only_and_must_fit():
+    table = rope_table(5, 8, np.float32)
+    assert rope_table(5, 8, np.float32) is table and not table.flags.writeable  # made once, shared
+    assert table.shape == (5, 4) and table.dtype == np.complex64
+    assert rope_table(5, 8, np.float64).dtype == np.complex128
+    with pytest.raises(ValueError, match="must match the table's"):
+        rope_with_table(np.zeros((6, 8), np.float32), table)  # another T
+    with pytest.raises(ValueError, match="must match the table's"):
+        rope_with_table(np.zeros((5, 8)), table)  # float64 turned by a float32 table

@@ -336,7 +336,7 @@ LESSON_OPENS_WITH = {
     "dsa": "SparseLatentAttention",
     "linear": "gated_delta_rule_recurrent",
     "deltanet": "gated_deltanet",
-    "gpt": "GPTConfig",
+    "gpt": "block",
     "sampling": "sample_next",
     "optim": "AdamW",
     "shards": "shard",

@@ -226,29 +226,61 @@ def test_resume_equals_an_uninterrupted_run_bit_for_bit(small_preset, data, tmp_
         np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
 
 
+def trained_whole_and_resumed(data, tmp_path, monkeypatch, capsys, flags, changed):
+    """A run with the model flags `flags`, and the same run stopped after step 3 and resumed without them: every
+    array (the weights, AdamW's moments and step count, every loss) the same bits; the whole run's arrays.
+    changed: the field the flags change, which the run prints as not the preset's."""
+    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
+    assert f"not the preset's: {changed}" in capsys.readouterr().out
+    with monkeypatch.context() as patch:
+        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
+        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
+    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
+    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
+    assert whole.keys() == parts.keys()
+    for name in whole:
+        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+    return whole
+
+
 def test_a_hybrid_model_trains_resumes_bit_for_bit_and_decodes_through_both_caches(
     small_preset, data, tmp_path, monkeypatch, capsys
 ):
     """--layer-pattern LA: a gated delta layer, then softmax attention. The checkpoint keeps the pattern and the
     delta layer's weights; a run stopped after step 3 and resumed ends with the bits of one that never stopped; and
     sample.py --compare draws the same tokens through the KV cache and the delta state as by recomputation."""
-    flags = ["--layer-pattern", "LA"]
-    assert train_script.main(gpt_flags(data, tmp_path / "whole", *flags)) == 0
-    assert "not the preset's: layer_pattern" in capsys.readouterr().out
-    with monkeypatch.context() as patch:
-        patch.setattr(train_script, "StopTogether", lambda **_: CtrlCAfter(3))
-        assert train_script.main(gpt_flags(data, tmp_path / "parts", *flags)) == 130
-    assert train_script.main(gpt_flags(data, tmp_path / "parts", "--resume")) == 0
-    whole, parts = saved_arrays(tmp_path / "whole"), saved_arrays(tmp_path / "parts")
-    assert whole.keys() == parts.keys() and "param.h.0.delta.w_qkv" in whole and "param.h.1.attn.w_qkv" in whole
-    for name in whole:
-        np.testing.assert_array_equal(whole[name], parts[name], err_msg=name)
+    whole = trained_whole_and_resumed(data, tmp_path, monkeypatch, capsys, ["--layer-pattern", "LA"], "layer_pattern")
+    assert "param.h.0.delta.w_qkv" in whole and "param.h.1.attn.w_qkv" in whole
     assert sys.modules["checkpoint"].load(tmp_path / "parts")[1]["config"]["layer_pattern"] == "LA"
     capsys.readouterr()
     assert load("sample.py").main([str(tmp_path / "parts"), "--prompt", "the cat", "--tokens", "40", "--compare"]) == 0
     out = capsys.readouterr().out
     assert "layer pattern LA" in out and "with the KV caches and the gated delta states" in out
     assert "the two agree on all 40 tokens" in out
+
+
+def test_a_learned_position_table_trains_resumes_bit_for_bit_and_old_checkpoints_read_as_rope(
+    small_preset, data, tmp_path, monkeypatch, capsys
+):
+    """--positions learned: nanoGPT's table (wpe) in place of RoPE. The checkpoint keeps the field and the table;
+    a run stopped after step 3 and resumed ends with the bits of one that never stopped; sample.py draws the same
+    tokens through the caches as by recomputation past the context; the flag against a checkpoint of RoPE is
+    refused by name; and a checkpoint written before the field (no positions key) reads as RoPE."""
+    flags = ["--positions", "learned"]
+    whole = trained_whole_and_resumed(data, tmp_path, monkeypatch, capsys, flags, "positions")
+    assert whole["param.wpe"].shape == (SMALL_CONFIG["context"], 16)
+    assert sys.modules["checkpoint"].load(tmp_path / "parts")[1]["config"]["positions"] == "learned"
+    capsys.readouterr()
+    assert load("sample.py").main([str(tmp_path / "parts"), "--prompt", "the cat", "--tokens", "40", "--compare"]) == 0
+    assert "the two agree on all 40 tokens" in capsys.readouterr().out
+    rope = tmp_path / "rope"
+    assert train_script.main(gpt_flags(data, rope)) == 0
+    assert train_script.main(gpt_flags(data, rope, "--resume", "--steps", "12", *flags)) == 2
+    assert "has --positions rope, not --positions learned" in capsys.readouterr().err
+    meta = json.loads((rope / "checkpoint.json").read_text(encoding="utf-8"))
+    del meta["config"]["positions"]  # as a checkpoint written before the field
+    (rope / "checkpoint.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert sys.modules["checkpoint"].load_model(rope)[0].config.positions == "rope"
 
 
 def test_train_py_takes_the_steps_of_a_plain_loop_bit_for_bit(small_preset, data, tmp_path):

@@ -55,6 +55,7 @@ CASES = {
     "part3 LLLA, batch 2": (replace(GPT_PRESETS["part3"], layer_pattern="LLLA"), 2, 256),
     "part3 LA, batch 4 in 2 slices": (replace(GPT_PRESETS["part3"], layer_pattern="LA"), 4, 256, 2),
     "tiny LA, 4 tokens": (replace(GPT_PRESETS["tiny"], layer_pattern="LA"), 1, 4),
+    "tiny with a learned position table": (replace(GPT_PRESETS["tiny"], positions="learned"), 12, 64),
     "swiglu rmsnorm dropout float64, LAL": (
         GPTConfig(vocab=300, context=32, layers=3, heads=4, width=64, mlp="swiglu", norm="rmsnorm", dropout=0.1,
                   dtype="float64", layer_pattern="LAL"),
@@ -123,13 +124,22 @@ def test_the_bill_takes_constant_time_whatever_the_batch_or_the_depth():
 
 
 def test_a_gated_delta_layer_is_billed_as_what_its_forward_keeps():
-    """Its activations: per token C + 3 ch + 2 V + 4 h numbers in place of the attention's 7 C + h, per sequence
-    (K − 1) ch + h d², and none of the attention's copies of its weights (4 C²); its parameters, its own: 5 C²
-    + 2 C h + 3 C K + 2 h + d in place of 4 C² (ch = 3 C and V = C in this GPT, K = 4)."""
+    """Its activations: per token C + 3 ch + 2 V + 4 h numbers in place of the attention's 7 C + h, and per
+    sequence (K − 1) ch + h d² (neither keeps copies of its weights); its parameters, its own: 5 C² + 2 C h +
+    3 C K + 2 h + d in place of 4 C² (ch = 3 C and V = C in this GPT, K = 4)."""
     tiny = GPT_PRESETS["tiny"]
     C, h, d, c, N = tiny.width, tiny.heads, tiny.head_dim, 4, 12 * 64
     softmax, delta = training_memory(tiny, 12), training_memory(replace(tiny, layer_pattern="LA"), 12)
     per_token = (C + 3 * 3 * C + 2 * C + 4 * h) - (7 * C + h)
     per_sequence = 3 * 3 * C + h * d * d
-    assert delta.activations - softmax.activations == 2 * c * (N * per_token + 12 * per_sequence - 4 * C * C)
+    assert delta.activations - softmax.activations == 2 * c * (N * per_token + 12 * per_sequence)
     assert delta.weights - softmax.weights == 2 * c * (5 * C * C + 2 * C * h + 3 * C * 4 + 2 * h + d - 4 * C * C)
+
+
+def test_a_learned_position_table_is_billed_as_its_weights():
+    """positions="learned": the table's context x C weights, with their gradients and moments, and nothing a token."""
+    tiny = GPT_PRESETS["tiny"]
+    rope, learned = training_memory(tiny, 12), training_memory(replace(tiny, positions="learned"), 12)
+    table = 4 * tiny.context * tiny.width
+    assert learned.weights - rope.weights == learned.gradients - rope.gradients == table
+    assert learned.moments - rope.moments == 2 * table and learned.activations == rope.activations

@@ -74,6 +74,7 @@ plain algorithm, and what several modules share. None of them imports a lesson.
     _paged_kernel.py   decoding through block tables, from the pools, the tables and the lengths
     _cache_buffers.py  the caches' dtypes, read-only views, pickling without the lock
     _latent_checks.py  latent attention's input checks
+    _gpt_checks.py     the GPT's configuration and given weights, checked
     _sparse_kernel.py  the indexer's blockwise top-k and the attention over the chosen keys
     _sparse_decode.py  the sparse layer's decode step through a cache's pages
     _linear_kernel.py  the gated delta rule's chunks over every head, its backward and the decode step

@@ -15,7 +15,9 @@ apply_mods the tiles share; through a score_mod, the chain rule of mod_grads.py 
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 import threading
 from functools import partial
 from typing import Any, NamedTuple
@@ -23,19 +25,21 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _tuning
 from ._atomic import holding
 from ._checks import QKVShape, compute_dtype
 from ._flash_kernel import TileMods, apply_mods, diagonal_of
 from ._mod_calls import derivative_of
 from ._parallel import Stopped, one_blas_thread, run_items
 from ._tiles import Heads, TileLike, TileMask
-from ._tuning import backward_heads_per_item
+from ._tuning import TileRule, backward_heads_per_item
 
 __all__ = [
     "BackwardPlan",
     "FlexGrads",
     "ItemHeads",
     "OrderedDq",
+    "band_heads_per_item",
     "call_heads",
     "check_weights_sum_to_one",
     "flex_backward",
@@ -89,7 +93,7 @@ def flex_backward(
 ) -> FlexGrads:
     """The blockwise backward on checked inputs: FlexGrads of the forward that plan describes."""
     ct = compute_dtype(q, k, v, out, dout)
-    n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
+    n_heads = math.prod(dims.batch) * dims.hq  # every (batch, query head) pair
     n_kv_heads, group = n_heads // dims.group, dims.group
     # 1) inputs in the compute dtype, one head per leading index (views when they already are)
     k_c = np.ascontiguousarray(k.reshape(n_kv_heads, dims.n_k, dims.e), dtype=ct)  # (B·Hkv, S, E)
@@ -142,7 +146,7 @@ def query_rows(
     -inf. The extra columns are what key_block_grads' matmuls take off (q_lse[..., :-1] is q · scale, a view);
     lse_column=False puts 0 there instead of −lse (a score_mod needs S itself). The ring's backward makes its
     rows with it too."""
-    n_heads = int(np.prod(dims.batch, dtype=np.int64)) * dims.hq  # every (batch, query head) pair
+    n_heads = math.prod(dims.batch) * dims.hq  # every (batch, query head) pair
     q_lse = np.empty((n_heads, dims.n_q, dims.e + 1), ct)  # (B·Hq, L, E + 1)
     do_d = np.empty((n_heads, dims.n_q, dims.ev + 1), ct)  # (B·Hq, L, Ev + 1)
     np.multiply(q.reshape(n_heads, dims.n_q, dims.e), scale, out=q_lse[..., :-1], dtype=ct)  # scale folded in
@@ -247,7 +251,7 @@ def item_heads(g: int, c: int, hq: int, group: int) -> ItemHeads:
 
 def call_heads(dims: QKVShape, plan: BackwardPlan) -> int:
     """heads_per_item for a checked call's shapes."""
-    return heads_per_item(plan, int(np.prod(dims.batch, dtype=np.int64)) * dims.hq, dims.n_q, dims.n_k)
+    return heads_per_item(plan, math.prod(dims.batch) * dims.hq, dims.n_q, dims.n_k)
 
 
 def heads_per_item(plan: BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
@@ -256,7 +260,16 @@ def heads_per_item(plan: BackwardPlan, n_heads: int, n_q: int, n_k: int) -> int:
     (each head's sums are the same, in the same order)."""
     if plan.tile_mask.per_head or plan.score_mod is not None:
         return 1
-    return backward_heads_per_item(n_heads, n_q, n_k, plan.block_q, plan.block_k, plan.workers)
+    return band_heads_per_item(n_heads, n_q, n_k, plan.block_q, plan.block_k, plan.workers, _tuning.tile_rule())
+
+
+@functools.lru_cache(maxsize=256)
+def band_heads_per_item(
+    n_heads: int, n_q: int, n_k: int, block_q: int, block_k: int, workers: int, rule: TileRule
+) -> int:
+    """backward_heads_per_item, worked out once for each shape, tiles, workers and tile rule in force (`rule`,
+    which it reads for itself: here it is the key): every layer of a model asks the same at every step."""
+    return backward_heads_per_item(n_heads, n_q, n_k, block_q, block_k, workers)
 
 
 def key_block_grads(

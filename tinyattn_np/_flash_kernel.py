@@ -22,16 +22,19 @@ per head that joins every row's softmax, gpt-oss) is the running state a row sta
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.typing import NDArray
 
+from . import _tuning
 from ._checks import QKVShape, as_float_array, check_positive_int, compute_dtype, result_dtype
 from ._mod_calls import modded, visible
 from ._parallel import one_blas_thread, run_items
 from ._tiles import FULL, Heads, TileLike, TileMask
-from ._tuning import call_workers, default_tiles
+from ._tuning import TileRule, call_workers, default_tiles
 
 __all__ = [
     "STRIP",
@@ -54,6 +57,7 @@ __all__ = [
     "item_parts",
     "kv_entries",
     "kv_rows",
+    "plan_sizes",
     "running_start",
     "scaled_queries",
     "tile_mods",
@@ -112,22 +116,26 @@ def flash_plan(
     BlockMask's BLOCK_SIZE, runs in that size), and call_workers for workers. sizes: checked
     (TileSizes.checked); None: every size the rule's."""
     sizes = TileSizes() if sizes is None else sizes
-    block_q, block_k = sizes.block_q, sizes.block_k
-    if tile_mask.BLOCK_SIZE is not None:
-        block_q, block_k = tile_mask.BLOCK_SIZE
-    n_kv = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv
+    rule = _tuning.tile_rule()  # what the defaults read: a new rule, new sizes
+    block_q, block_k, heads, workers = plan_sizes(dims, tile_mask.BLOCK_SIZE, diagonal_of(tile_mask), sizes, rule)
+    return FlashPlan(scale, tile_mask, block_q, block_k, heads, workers, score_mod, sinks)
+
+
+@functools.lru_cache(maxsize=256)
+def plan_sizes(
+    dims: QKVShape, block_size: tuple[int, int] | None, diagonal: int | None, sizes: TileSizes, rule: TileRule
+) -> tuple[int, int, int, int]:
+    """flash_plan's block_q, block_k, kv heads per step and workers, worked out once for each shape, mask kind
+    (its BLOCK_SIZE and diagonal), given sizes and tile rule in force (`rule`, which default_tiles and
+    call_workers read for themselves: here it is the key): every layer of a model asks the same at every
+    step."""
+    block_q, block_k = block_size if block_size is not None else (sizes.block_q, sizes.block_k)
+    n_kv = math.prod(dims.batch) * dims.hkv
     block_q, block_k, auto_heads = default_tiles(
-        dims.n_q,
-        dims.n_k,
-        dims.group,
-        block_q=block_q,
-        block_k=block_k,
-        kv_heads=n_kv,
-        diagonal=diagonal_of(tile_mask),
+        dims.n_q, dims.n_k, dims.group, block_q=block_q, block_k=block_k, kv_heads=n_kv, diagonal=diagonal
     )
     heads = auto_heads if sizes.kv_heads_per_step is None else sizes.kv_heads_per_step
-    workers = call_workers(dims, sizes.workers)
-    return FlashPlan(scale, tile_mask, block_q, block_k, heads, workers, score_mod, sinks)
+    return block_q, block_k, heads, call_workers(dims, sizes.workers)
 
 
 def diagonal_of(tile_mask: TileMask) -> int | None:
@@ -192,7 +200,7 @@ class GroupedHeads(NamedTuple):
 
 
 def grouped_heads(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: QKVShape, ct: np.dtype) -> GroupedHeads:
-    n_kv, g = int(np.prod(dims.batch, dtype=np.int64)) * dims.hkv, dims.group  # every (batch, kv head) pair
+    n_kv, g = math.prod(dims.batch) * dims.hkv, dims.group  # every (batch, kv head) pair
     return GroupedHeads(
         q.reshape(n_kv, g, dims.n_q, dims.e),  # (B·Hkv, G, L, E)
         kv_entries(k, len(dims.batch), ct),  # (B·Hkv, S, E), or (Hkv, S, E) broadcast over the batch
@@ -209,7 +217,7 @@ def kv_entries(x: np.ndarray, batch_dims: int, ct: np.dtype) -> np.ndarray:
     batch = x.shape[:batch_dims]  # (an empty x has no strides to go by: it stays as it is)
     if x.size and all(stride == 0 or n == 1 for n, stride in zip(batch, x.strides, strict=False)):
         x = x[(0,) * batch_dims]  # (Hkv, S, E): one batch entry, or the one every entry reads
-    return np.ascontiguousarray(x.reshape(int(np.prod(x.shape[:-2])), *x.shape[-2:]), dtype=ct)
+    return np.ascontiguousarray(x.reshape(math.prod(x.shape[:-2]), *x.shape[-2:]), dtype=ct)
 
 
 def kv_rows(heads: slice, arrays: GroupedHeads) -> slice:

@@ -2,10 +2,11 @@
 
 The model in its lines, B sequences of T tokens, width C, vocabulary V, N = B·T rows:
 
-    x = E[idx]                                   (N, C)    E (V, C): the token embeddings
+    x = E[idx] (+ P[0 .. T-1])                   (N, C)    E (V, C): the token embeddings; P (context, C):
+                                                           a learned position table, where there is one
     for each of the L blocks:
         x = x + drop(Mix(Norm_1(x)))             (N, C)    softmax attention (multihead_forward: RoPE, causal,
-                                                           flash), or a gated delta layer (linear.py)
+                                                           flash), or a gated delta layer (deltanet.py)
         x = x + drop(MLP(Norm_2(x)))             (N, C)    GELU (4C) or SwiGLU, layers.mlp
     logits = Norm_f(x) Eᵀ                        (N, V)    the head is E itself: tied
     loss = cross_entropy(logits, targets)                  the mean of -log p(target)
@@ -14,22 +15,26 @@ Mix is softmax attention in every block unless layer_pattern says otherwise: a s
 and L (Qwen3-Next's Gated DeltaNet: a state of head_dim x head_dim per head, no position table, no cache that
 grows), repeated over the layers; "LLLA" is Qwen3-Next's three gated delta layers to one of attention.
 
-The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's, linear.py
+The backward runs those lines last first (layers.py derives each layer's; multihead.py the attention's, deltanet.py
 the gated delta layer's). A residual line x = x + f(x) passes its gradient on unchanged and adds f's. E is used
 twice, once to embed and once as the head, so its gradient is the sum of the two uses' (GPT._backward says
-where). The parameters are one dict of arrays; a block is one function (GPT._block) for training and for
-inference, with or without the caches: the attention is multihead.py's functional layer on the block's two
-matrices, the gated delta layer linear.py's gated_deltanet on its nine arrays.
+where). The parameters are one dict of arrays; a block is one function over them, block() below, which
+training and inference (with or without the caches) both call, and block_backward its backward: the attention
+is multihead.py's functional layer on the block's two matrices, the gated delta layer deltanet.py's
+gated_deltanet on its nine arrays.
 
-Positions come from RoPE inside the attention, so there is no position table. A sequence longer than the
-context is attended with a sliding window of `context` keys (each attention layer sees the last `context`
-tokens; a gated delta layer's state has seen them all): that is what a KVCache(window=context) decodes, so
-cached generation equals recomputation token for token at any length, and for T <= context it is the plain
-causal model.
+Positions come from RoPE inside the attention (positions="rope", the default), so there is no position table;
+positions="learned" adds a learned table P instead (GPT-2's wpe, nanoGPT's model) and the attention turns
+nothing. A sequence longer than the context is attended with a sliding window of `context` keys (each
+attention layer sees the last `context` tokens; a gated delta layer's state has seen them all): that is what a
+KVCache(window=context) decodes, so cached generation equals recomputation token for token at any length, and
+for T <= context it is the plain causal model. A learned table has rows for the context only: past it the rows
+start again from 0 (GPTConfig.table_rows).
 
 API (names kept once published):
     GPTConfig(vocab, context, layers, heads, width, mlp="gelu"|"swiglu", norm="layernorm"|"rmsnorm",
-              dropout=0.0, bias=False, dtype="float32", mlp_hidden=None, layer_pattern=None)
+              dropout=0.0, bias=False, dtype="float32", mlp_hidden=None, layer_pattern=None,
+              positions="rope"|"learned")
               .to_dict()  GPTConfig.from_dict(d)  .layer_kind(layer)  .delta_layers  .delta_shape
     GPT_PRESETS["tiny"]    nanoGPT's CPU Shakespeare model: 4 layers, 4 heads, width 128, context 64, no dropout
     GPT_PRESETS["part3"]   6 layers, width 256, 4 heads of 64, context 256, LayerNorm, GELU 4x, biases in the
@@ -44,6 +49,8 @@ API (names kept once published):
         .hidden(idx, caches=None) -> (B, T, C)     .new_caches(batch, max_tokens) -> one cache per layer: a
                                                    KVCache, or a GatedDeltaCache for a gated delta layer
         .num_parameters                            .check_tokens(idx, name) -> idx as int64 (B, T) ids
+    block(x, params, config, layer, shape, mask, ...)   one block in place on x (N, C); block_backward its
+                                                   backward; embed(params, config, idx) the first line
 Generation lives in sampling.py; the memory of a training step in trainbill.py.
 """
 
@@ -57,9 +64,10 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from ._checks import check_bool, check_positive_int, check_rng
+from ._checks import check_rng
+from ._gpt_checks import check_config, checked_params
 from ._guard import refuse_unless_fits
-from .blockmask import check_band
+from .blockmask import Band, check_band
 from .deltanet import (
     GatedDeltaCache,
     GatedDeltaNetSaved,
@@ -96,6 +104,10 @@ __all__ = [
     "GPT_PRESETS",
     "LAYER_KINDS",
     "NORM_KINDS",
+    "POSITION_KINDS",
+    "block",
+    "block_backward",
+    "embed",
     "init_params",
     "param_shapes",
     "parameter_count",
@@ -104,7 +116,114 @@ __all__ = [
 NORM_KINDS = ("layernorm", "rmsnorm")
 LAYER_KINDS = {"A": "softmax attention", "L": "a gated delta layer (Gated DeltaNet)"}  # layer_pattern's letters
 GPT_DTYPES = ("float32", "float64")
+POSITION_KINDS = ("rope", "learned")  # RoPE in the attention, or a learned table added to the embeddings
 INIT_STD = 0.02  # GPT-2's initialisation (Radford et al. 2019), as nanoGPT draws it
+
+
+def block(
+    x: Array,
+    params: Params,
+    config: GPTConfig,
+    layer: int,
+    shape: tuple[int, int],
+    mask: Band,
+    *,
+    drop: float = 0.0,
+    rng: Any = None,
+    cache: KVCache | GatedDeltaCache | None = None,
+) -> BlockSaved:
+    """One block, in place on the residual stream x (N, C) of shape = (B, T) tokens, with layer `layer`'s
+    weights in params:
+
+        x = x + drop(Mix(Norm_1(x)))        Mix: softmax attention within mask, or a gated delta layer
+        x = x + drop(MLP(Norm_2(x)))
+
+    and what block_backward needs. Training calls it (drop: dropout's p, rng its masks), and so does inference,
+    with drop 0, on the whole sequence or through the layer's cache (x's tokens continue what it holds)."""
+    prefix, (B, T) = f"h.{layer}.", shape
+    # 1) the mixer: attention or a gated delta layer, on this block's weights; or through the cache
+    h, norm_1 = apply_norm(x, params, prefix + "ln_1", config.norm)  # (N, C)
+    a, mixer = mix(h.reshape(B, T, -1), params, config, layer, mask, cache)  # (B, T, C)
+    a, keep_1 = dropout(a.reshape(x.shape), drop, rng)  # (N, C)
+    x += a
+    # 2) the MLP
+    h, norm_2 = apply_norm(x, params, prefix + "ln_2", config.norm)  # (N, C)
+    biases = (params.get(prefix + "mlp.b_fc"), params.get(prefix + "mlp.b_proj"))
+    m, mlp_saved = mlp(h, params[prefix + "mlp.w_fc"], params[prefix + "mlp.w_proj"], *biases, kind=config.mlp)
+    m, keep_2 = dropout(m, drop, rng)  # (N, C)
+    x += m
+    return BlockSaved(norm_1, mixer, keep_1, norm_2, mlp_saved, keep_2)
+
+
+def block_backward(
+    dx: Array, saved: BlockSaved, config: GPTConfig, layer: int, shape: tuple[int, int], grads: Params
+) -> Array:
+    """dx (N, C) through one block, last line first; the block's parameter gradients go into grads."""
+    prefix, drop = f"h.{layer}.", config.dropout
+    # 2) x = x + drop(MLP(Norm_2(x))): dx flows on unchanged and gains the branch's gradient
+    m = mlp_backward(dropout_backward(dx, saved.keep_2, drop), saved.mlp)
+    grads[prefix + "mlp.w_fc"], grads[prefix + "mlp.w_proj"] = m.dw_fc, m.dw_proj
+    if m.db_fc is not None and m.db_proj is not None:
+        grads[prefix + "mlp.b_fc"], grads[prefix + "mlp.b_proj"] = m.db_fc, m.db_proj
+    dx += apply_norm_backward(m.dx, saved.norm_2, prefix + "ln_2", config.norm, grads)
+    # 1) x = x + drop(Mix(Norm_1(x)))
+    da = dropout_backward(dx, saved.keep_1, drop).reshape(*shape, -1)  # (B, T, C)
+    if isinstance(saved.mixer, GatedDeltaNetSaved):
+        dh, dw = gated_deltanet_backward(da, saved.mixer)
+        grads |= {f"{prefix}delta.{field}": grad for field, grad in zip(dw._fields, dw, strict=True)}
+    else:
+        dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = multihead_backward(
+            da, cast(MultiheadSaved, saved.mixer)
+        )
+    dx += apply_norm_backward(dh.reshape(dx.shape), saved.norm_1, prefix + "ln_1", config.norm, grads)
+    return dx
+
+
+def mix(
+    h: Array, params: Params, config: GPTConfig, layer: int, mask: Band, cache: KVCache | GatedDeltaCache | None
+) -> tuple[Array, MultiheadSaved | GatedDeltaNetSaved | None]:
+    """Layer `layer`'s mixing of the tokens h (B, T, C) -> (B, T, C), and what its backward needs (None through
+    a cache): softmax attention, heads, RoPE (or none beside a learned table) and flash (multihead.py), within
+    mask; or a gated delta layer (deltanet.py's gated_deltanet: chunks of 64 tokens, a token at a time through its
+    cache)."""
+    if config.layer_kind(layer) == "L":
+        weights = GatedDeltaNetWeights(*(params[f"h.{layer}.delta.{field}"] for field in GatedDeltaNetWeights._fields))
+        y, saved = gated_deltanet(h, weights, config.delta_shape, cache=cast(GatedDeltaCache, cache))
+        return y, saved if cache is None else None
+    rope = config.positions == "rope"
+    heads = HeadWeights(
+        params[f"h.{layer}.attn.w_qkv"], params[f"h.{layer}.attn.w_out"], config.heads, config.heads, rope
+    )
+    if cache is None:  # the weights stay as they are until the step's backward: nothing to copy
+        return multihead_forward(h, heads, mask=mask, copies=False)
+    return project_out(cast(KVCache, cache).attend(heads, h), heads.w_out), None
+
+
+def apply_norm(x: Array, params: Params, name: str, kind: str) -> tuple[Array, NormSaved]:
+    """The norm called `name` (its gain, and bias if it has one) on x (..., C): kind "layernorm" or "rmsnorm"."""
+    if kind == "rmsnorm":
+        return rms_norm(x, params[name + ".gain"])
+    return layer_norm(x, params[name + ".gain"], params.get(name + ".bias"))
+
+
+def apply_norm_backward(dy: Array, saved: NormSaved, name: str, kind: str, grads: Params) -> Array:
+    """dx of the norm called `name`; its gain's (and bias's) gradient into grads."""
+    g: NormGrads = rms_norm_backward(dy, saved) if kind == "rmsnorm" else layer_norm_backward(dy, saved)
+    grads[name + ".gain"] = g.dgain
+    if g.dbias is not None:
+        grads[name + ".bias"] = g.dbias
+    return g.dx
+
+
+def embed(params: Params, config: GPTConfig, idx: NDArray[np.int64], start: int = 0) -> Array:
+    """x = E[idx] (N, C) for the tokens idx (B, T), our own copy; with a learned position table (positions
+    "learned"), plus its rows of the positions start .. start + T - 1 (GPTConfig.table_rows)."""
+    x = params["wte"][idx.reshape(-1)]  # (N, C): indexing copies
+    if config.positions == "learned":
+        rows = params["wpe"][config.table_rows(start, idx.shape[1])]  # (T, C)
+        x_b = x.reshape(*idx.shape, config.width)  # (B, T, C): a view of x
+        x_b += rows  # every sequence's token t gains row t
+    return x
 
 
 @dataclass(frozen=True)
@@ -115,7 +234,9 @@ class GPTConfig:
     each residual branch; bias: biases in the MLP and the LayerNorms (attention's projections have none);
     dtype: "float32" or "float64" (the weights' and the computation's); layer_pattern: None (softmax attention
     in every block) or a string of A (softmax attention) and L (a gated delta layer), repeated over the layers
-    and at most as long as them: "LLLA" is Qwen3-Next's three gated delta layers to one of attention."""
+    and at most as long as them: "LLLA" is Qwen3-Next's three gated delta layers to one of attention;
+    positions: "rope" (q and k turned in the attention) or "learned" (a table wpe (context, C) added to the
+    embeddings, GPT-2's and nanoGPT's)."""
 
     vocab: int = 65
     context: int = 64
@@ -129,32 +250,11 @@ class GPTConfig:
     dtype: str = "float32"
     mlp_hidden: int | None = None
     layer_pattern: str | None = None
+    positions: str = "rope"
 
     def __post_init__(self) -> None:
-        for name in ("vocab", "context", "layers", "heads", "width"):
-            check_positive_int(getattr(self, name), name)
-        if self.mlp_hidden is not None:
-            check_positive_int(self.mlp_hidden, "mlp_hidden")
-        if self.width % self.heads or (self.width // self.heads) % 2:
-            raise ValueError(
-                f"width ({self.width}) must split into {self.heads} heads of an even size (RoPE turns pairs)"
-            )
-        if self.mlp not in MLP_KINDS:
-            raise ValueError(f"mlp must be one of {MLP_KINDS}; got {self.mlp!r}")
-        if self.norm not in NORM_KINDS:
-            raise ValueError(f"norm must be one of {NORM_KINDS}; got {self.norm!r}")
-        if self.dtype not in GPT_DTYPES:
-            raise ValueError(f"dtype must be one of {GPT_DTYPES}; got {self.dtype!r}")
-        check_bool(self.bias, "bias")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0 <= self.dropout < 1:
-            raise ValueError(f"dropout must be a number in [0, 1); got {self.dropout!r}")
-        pattern = self.layer_pattern
-        if pattern is not None and (not isinstance(pattern, str) or not 0 < len(pattern) <= self.layers
-                                    or set(pattern) - set(LAYER_KINDS)):  # fmt: skip
-            raise ValueError(
-                f"layer_pattern must be None or a string of A (softmax attention) and L (a gated delta layer), one "
-                f"letter a layer, repeated over the layers, at most {self.layers} long; got {pattern!r}"
-            )
+        kinds = {"positions": POSITION_KINDS, "mlp": MLP_KINDS, "norm": NORM_KINDS, "dtype": GPT_DTYPES}
+        check_config(self, kinds, LAYER_KINDS)
 
     @property
     def hidden(self) -> int:
@@ -184,6 +284,12 @@ class GPTConfig:
         """A gated delta layer's sizes: as many key and value heads as the attention has, of head_dim each, and
         Qwen3-Next's convolution over 4 tokens."""
         return GatedDeltaNetShape(self.width, self.heads, self.heads, self.head_dim, self.head_dim)
+
+    def table_rows(self, start: int, tokens: int) -> NDArray[np.intp]:
+        """The learned table's rows (tokens,) for the positions start .. start + tokens - 1: position t's row t,
+        and past the context, which has no rows of its own, t mod context: the rows start again from 0, so the
+        last `context` tokens, all that the window of a position past the context sees, each keep a row apart."""
+        return np.arange(start, start + tokens) % self.context
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for a JSON file."""
@@ -220,6 +326,8 @@ def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
         return {f"{name}.gain": (C,), **({f"{name}.bias": (C,)} if with_bias else {})}
 
     shapes: dict[str, tuple[int, ...]] = {"wte": (config.vocab, C)}
+    if config.positions == "learned":
+        shapes["wpe"] = (config.context, C)
     for layer in range(config.layers):
         p = f"h.{layer}."
         shapes |= norm(p + "ln_1") | mixer_shapes(config, layer) | norm(p + "ln_2")
@@ -245,9 +353,10 @@ def mixer_shapes(config: GPTConfig, layer: int) -> dict[str, tuple[int, ...]]:
 def parameter_count(config: GPTConfig) -> int:
     """The number of weights param_shapes(config) lists, by arithmetic: constant time, whatever the depth.
 
-    E (V C); per layer the two norms, the mixer (attention: w_qkv (C x 3C) and w_out (C x C); a gated delta
-    layer: its shape's weights), the MLP's w_fc (C x H, or C x 2H for SwiGLU) and w_proj (H x C) with their
-    biases; the final norm. A norm is its gain (C), and its bias (C) in a LayerNorm with bias=True.
+    E (V C) and a learned table (context C); per layer the two norms, the mixer (attention: w_qkv (C x 3C) and
+    w_out (C x C); a gated delta layer: its shape's weights), the MLP's w_fc (C x H, or C x 2H for SwiGLU) and
+    w_proj (H x C) with their biases; the final norm. A norm is its gain (C), and its bias (C) in a LayerNorm
+    with bias=True.
     """
     C, H = config.width, config.hidden
     fc = 2 * H if config.mlp == "swiglu" else H
@@ -255,7 +364,8 @@ def parameter_count(config: GPTConfig) -> int:
     mlp = C * fc + H * C + (fc + C if config.bias else 0)
     delta = sum(math.prod(shape) for shape in config.delta_shape.weight_shapes())
     mixers = (config.layers - config.delta_layers) * 4 * C * C + config.delta_layers * delta
-    return config.vocab * C + config.layers * (2 * norm + mlp) + mixers + norm
+    table = config.context * C if config.positions == "learned" else 0
+    return config.vocab * C + table + config.layers * (2 * norm + mlp) + mixers + norm
 
 
 def refuse_unless_weights_fit(config: GPTConfig) -> None:
@@ -328,8 +438,8 @@ class GPT:
     """The model: a GPTConfig and its parameters, a dict name -> array (param_shapes' names and order).
 
     params: None draws them (init_params with rng); a dict (from a checkpoint's .npz, say) is checked
-    against the config (names and shapes) and copied into arrays of the config's dtype. Either way, a model
-    whose weights do not fit the memory available is refused first (refuse_unless_weights_fit).
+    against the config (param_shapes' names and shapes) and copied into arrays of the config's dtype. Either
+    way, a model whose weights do not fit the memory available is refused first (refuse_unless_weights_fit).
     """
 
     def __init__(self, config: GPTConfig, params: dict[str, Any] | None = None, *, rng: Any = None):
@@ -337,14 +447,17 @@ class GPT:
             raise TypeError(f"config must be a GPTConfig; got {type(config).__name__}")
         refuse_unless_weights_fit(config)
         self.config = config
-        self.params = init_params(config, rng) if params is None else checked_params(config, params)
+        self.params = (
+            init_params(config, rng) if params is None else checked_params(param_shapes(config), params, config.dtype)
+        )
 
     def __repr__(self) -> str:
         c = self.config
         pattern = "" if c.layer_pattern is None else f", layer_pattern={c.layer_pattern}"
+        positions = "" if c.positions == "rope" else f", positions={c.positions}"
         return (
             f"GPT(layers={c.layers}, heads={c.heads}, width={c.width}, context={c.context}, vocab={c.vocab}, "
-            f"mlp={c.mlp}, norm={c.norm}{pattern}, parameters={self.num_parameters:,})"
+            f"mlp={c.mlp}, norm={c.norm}{pattern}{positions}, parameters={self.num_parameters:,})"
         )
 
     @property
@@ -373,60 +486,17 @@ class GPT:
 
     def _forward(self, idx: NDArray[np.int64], targets: NDArray[np.int64], rng: Any) -> tuple[float, Trace]:
         """The model's lines, keeping what the backward needs (Trace)."""
-        p, B, T = self.params, idx.shape[0], idx.shape[1]
-        idx_flat, targets_flat = idx.reshape(-1), targets.reshape(-1)  # (N,)
-        x, keep_embed = dropout(p["wte"][idx_flat], self.config.dropout, rng)  # (N, C): our own copy
+        p, c, (B, T) = self.params, self.config, idx.shape
+        x, keep_embed = dropout(embed(p, c, idx), c.dropout, rng)  # (N, C): our own copy
+        mask = check_band(True, None, T, T)  # causal
         blocks: list[BlockSaved | None] = []
-        for layer in range(self.config.layers):  # each adds both residual branches to x in place
-            blocks.append(self._block(layer, x, (B, T), drop=self.config.dropout, rng=rng))
-        x_f, norm_f = self._norm(x, "ln_f")  # (N, C)
+        for layer in range(c.layers):  # each adds both residual branches to x in place
+            blocks.append(block(x, p, c, layer, (B, T), mask, drop=c.dropout, rng=rng))
+        x_f, norm_f = apply_norm(x, p, "ln_f", c.norm)  # (N, C)
         logits = x_f @ p["wte"].T  # (N, V): the tied head
+        targets_flat = targets.reshape(-1)  # (N,)
         loss, probs = cross_entropy(logits, targets_flat, out=logits)  # probs (N, V), in the logits' memory
-        return loss, Trace(idx_flat, targets_flat, keep_embed, blocks, norm_f, x_f, probs)
-
-    def _block(
-        self,
-        layer: int,
-        x: Array,
-        shape: tuple[int, int],
-        *,
-        drop: float,
-        rng: Any = None,
-        window: int | None = None,
-        cache: KVCache | GatedDeltaCache | None = None,
-    ) -> BlockSaved:
-        """x += drop(Mix(Norm_1(x))); x += drop(MLP(Norm_2(x))), in place on the residual stream x (N, C) of
-        shape = (B, T) tokens; what the backward needs. drop: dropout's p (0 at inference), rng its masks;
-        window: the attention's sliding window (None: causal); cache: the layer's cache, which x continues."""
-        p, prefix, (B, T) = self.params, f"h.{layer}.", shape
-        # 1) the mixer: attention or a gated delta layer, on this block's weights; or through the cache
-        h, norm_1 = self._norm(x, prefix + "ln_1")  # (N, C)
-        a, mixer = self._mix(layer, h.reshape(B, T, -1), window, cache)  # (B, T, C)
-        a, keep_1 = dropout(a.reshape(x.shape), drop, rng)  # (N, C)
-        x += a
-        # 2) the MLP
-        h, norm_2 = self._norm(x, prefix + "ln_2")  # (N, C)
-        biases = (p.get(prefix + "mlp.b_fc"), p.get(prefix + "mlp.b_proj"))
-        m, mlp_saved = mlp(h, p[prefix + "mlp.w_fc"], p[prefix + "mlp.w_proj"], *biases, kind=self.config.mlp)
-        m, keep_2 = dropout(m, drop, rng)  # (N, C)
-        x += m
-        return BlockSaved(norm_1, mixer, keep_1, norm_2, mlp_saved, keep_2)
-
-    def _mix(
-        self, layer: int, h: Array, window: int | None, cache: KVCache | GatedDeltaCache | None
-    ) -> tuple[Array, MultiheadSaved | GatedDeltaNetSaved | None]:
-        """Layer `layer`'s mixing of the tokens h (B, T, C) -> (B, T, C), and what its backward needs (None through
-        a cache): softmax attention, heads, RoPE and flash (multihead.py), within `window`; or a gated delta layer
-        (linear.py's gated_deltanet: chunks of 64 tokens, a token at a time through its cache)."""
-        if self.config.layer_kind(layer) == "L":
-            y, saved = gated_deltanet(
-                h, self._delta(layer), self.config.delta_shape, cache=cast(GatedDeltaCache, cache)
-            )
-            return y, saved if cache is None else None
-        heads, T = self._heads(layer), h.shape[1]
-        if cache is None:
-            return multihead_forward(h, heads, mask=check_band(True, window, T, T))
-        return project_out(cast(KVCache, cache).attend(heads, h), heads.w_out), None
+        return loss, Trace(idx.reshape(-1), targets_flat, keep_embed, blocks, norm_f, x_f, probs)
 
     def _backward(self, trace: Trace, shape: tuple[int, int]) -> Params:
         """Every parameter's gradient from the trace, the forward's lines last first."""
@@ -438,65 +508,19 @@ class GPT:
         d_embedding = dlogits.T @ trace.x_f  # (V, C)
         dx: Array = dlogits @ E  # (N, C)
         del dlogits
-        dx = self._norm_backward(dx, trace.norm_f, "ln_f", grads)  # (N, C)
+        dx = apply_norm_backward(dx, trace.norm_f, "ln_f", self.config.norm, grads)  # (N, C)
         for layer in reversed(range(self.config.layers)):
             saved, trace.blocks[layer] = cast(BlockSaved, trace.blocks[layer]), None  # freed after its backward
-            dx = self._block_backward(layer, dx, saved, shape, grads)
+            dx = block_backward(dx, saved, self.config, layer, shape, grads)
             del saved
         dx = dropout_backward(dx, trace.keep_embed, self.config.dropout)  # (N, C)
         # ... plus the embedding's (x = E[idx]): each row of dx goes back to the row of E it was read from
         np.add.at(d_embedding, trace.idx, dx)
         grads["wte"] = d_embedding
+        if "wpe" in self.params:  # a learned table's row t: the sum of dx over every sequence's token t
+            grads["wpe"] = np.zeros_like(self.params["wpe"])
+            grads["wpe"][: shape[1]] = dx.reshape(*shape, -1).sum(axis=0)  # (T, C)
         return {name: grads[name] for name in self.params}  # params' order
-
-    def _block_backward(self, layer: int, dx: Array, saved: BlockSaved, shape: tuple[int, int], grads: Params) -> Array:
-        """dx (N, C) through one block, last line first; the block's parameter gradients go into grads."""
-        prefix, drop = f"h.{layer}.", self.config.dropout
-        # 2) x = x + drop(MLP(Norm_2(x))): dx flows on unchanged and gains the branch's gradient
-        m = mlp_backward(dropout_backward(dx, saved.keep_2, drop), saved.mlp)
-        grads[prefix + "mlp.w_fc"], grads[prefix + "mlp.w_proj"] = m.dw_fc, m.dw_proj
-        if m.db_fc is not None and m.db_proj is not None:
-            grads[prefix + "mlp.b_fc"], grads[prefix + "mlp.b_proj"] = m.db_fc, m.db_proj
-        dx += self._norm_backward(m.dx, saved.norm_2, prefix + "ln_2", grads)
-        # 1) x = x + drop(Mix(Norm_1(x)))
-        da = dropout_backward(dx, saved.keep_1, drop).reshape(*shape, -1)  # (B, T, C)
-        if isinstance(saved.mixer, GatedDeltaNetSaved):
-            dh, dw = gated_deltanet_backward(da, saved.mixer)
-            grads |= {f"{prefix}delta.{field}": grad for field, grad in zip(dw._fields, dw, strict=True)}
-        else:
-            dh, grads[prefix + "attn.w_qkv"], grads[prefix + "attn.w_out"] = multihead_backward(
-                da, cast(MultiheadSaved, saved.mixer)
-            )
-        dx += self._norm_backward(dh.reshape(dx.shape), saved.norm_1, prefix + "ln_1", grads)
-        return dx
-
-    # --- the pieces the passes share ----------------------------------------------------------------------
-
-    def _heads(self, layer: int) -> HeadWeights:
-        """Layer `layer`'s attention: its two matrices, the arrays in params now (no copy), and its heads."""
-        c, p = self.config, self.params
-        return HeadWeights(p[f"h.{layer}.attn.w_qkv"], p[f"h.{layer}.attn.w_out"], c.heads, c.heads, rope=True)
-
-    def _delta(self, layer: int) -> GatedDeltaNetWeights:
-        """Layer `layer`'s gated delta layer: its nine arrays in params now (no copy)."""
-        return GatedDeltaNetWeights(
-            *(self.params[f"h.{layer}.delta.{field}"] for field in GatedDeltaNetWeights._fields)
-        )
-
-    def _norm(self, x: Array, name: str) -> tuple[Array, NormSaved]:
-        """The norm called `name` (its gain, and bias if it has one) on x (..., C)."""
-        gain = self.params[name + ".gain"]
-        if self.config.norm == "rmsnorm":
-            return rms_norm(x, gain)
-        return layer_norm(x, gain, self.params.get(name + ".bias"))
-
-    def _norm_backward(self, dy: Array, saved: NormSaved, name: str, grads: Params) -> Array:
-        """dx of the norm called `name`; its gain's (and bias's) gradient into grads."""
-        g: NormGrads = rms_norm_backward(dy, saved) if self.config.norm == "rmsnorm" else layer_norm_backward(dy, saved)
-        grads[name + ".gain"] = g.dgain
-        if name + ".bias" in self.params and g.dbias is not None:
-            grads[name + ".bias"] = g.dbias
-        return g.dx
 
     # --- inference: no dropout, nothing kept for a backward -----------------------------------------------
 
@@ -511,13 +535,14 @@ class GPT:
             raise ValueError(
                 f"caches must be a list of {self.config.layers} KVCache or GatedDeltaCache, one per layer (new_caches)"
             )
-        (B, T), C = idx.shape, self.config.width
-        window = None if T <= self.config.context else self.config.context
-        x = self.params["wte"][idx].reshape(B * T, C)  # (N, C)
-        for layer in range(self.config.layers):
+        p, c, (B, T) = self.params, self.config, idx.shape
+        start = 0 if caches is None else len(caches[0])  # the position of idx's first token
+        x = embed(p, c, idx, start)  # (N, C)
+        mask = check_band(True, None if T <= c.context else c.context, T, T)  # causal, past the context a window
+        for layer in range(c.layers):
             cache = None if caches is None else caches[layer]
-            self._block(layer, x, (B, T), drop=0.0, window=window, cache=cache)  # adds to x in place
-        return self._norm(x, "ln_f")[0].reshape(B, T, C)
+            block(x, p, c, layer, (B, T), mask, cache=cache)  # adds to x in place
+        return apply_norm(x, p, "ln_f", c.norm)[0].reshape(B, T, c.width)
 
     def logits(self, idx: Any, caches: list[KVCache | GatedDeltaCache] | None = None) -> Array:
         """logits (B, T, V) = hidden(idx, caches) Eᵀ."""
@@ -556,23 +581,3 @@ class GPT:
             else GatedDeltaCache(batch, c.delta_shape, c.dtype)
             for layer in range(c.layers)
         ]
-
-
-def checked_params(config: GPTConfig, params: dict[str, Any]) -> Params:
-    """params checked against param_shapes(config), every name there and no other, each of its shape,
-    copied into a new array of the config's dtype in param_shapes' order."""
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict name -> array; got {type(params).__name__}")
-    shapes = param_shapes(config)
-    missing, unexpected = sorted(set(shapes) - set(params)), sorted(set(params) - set(shapes))
-    if missing or unexpected:
-        raise ValueError(f"params do not fit this config: missing {missing}, unexpected {unexpected}")
-    checked: Params = {}
-    for name, shape in shapes.items():
-        value = np.asarray(params[name])
-        if value.shape != shape:
-            raise ValueError(f"params[{name!r}] must have shape {shape} for this config; got {value.shape}")
-        if value.dtype.kind != "f":
-            raise TypeError(f"params[{name!r}] must be a float array; got dtype {value.dtype}")
-        checked[name] = np.array(value, dtype=config.dtype)  # our own copy: the optimizer changes it in place
-    return checked

@@ -44,7 +44,7 @@ from .attention import ScoreRules, attend
 from .backward import attention_grads as flex_attention_grads
 from .blockmask import Band, check_band, check_block_mask
 from .position import rope as apply_rope
-from .position import rope_backward
+from .position import rope_table, rope_with_table
 
 Array = NDArray[np.floating]
 
@@ -63,7 +63,13 @@ __all__ = [
 
 
 def multihead_forward(
-    x: Array, weights: HeadWeights, *, mask: TileMask | None = None, fused: bool = True, score_mod: Any = None
+    x: Array,
+    weights: HeadWeights,
+    *,
+    mask: TileMask | None = None,
+    fused: bool = True,
+    score_mod: Any = None,
+    copies: bool = True,
 ) -> tuple[Array, MultiheadSaved]:
     """out = concat_heads(attention(q, k, v)) W_out, the lines above, and what multihead_backward needs.
 
@@ -71,14 +77,16 @@ def multihead_forward(
     (causal and window; default causal) or a BlockMask; fused: flash attention, whose lse is kept, or the
     reference that builds the scores; score_mod: flex attention's (mods.py), or None. saved holds copies of x
     and of the weights as they were: a change to either between the forward and the backward cannot change
-    the gradients.
+    the gradients. copies=False keeps x and the weights themselves, for a caller that changes neither before
+    the backward (the GPT's loss_and_grads runs both, and the optimizer comes after).
     """
     mask = check_band(True, None, x.shape[1], x.shape[1]) if mask is None else mask
-    weights = weights.copied()  # this forward's weights, whatever an optimizer does to them later
+    if copies:
+        weights, x = weights.copied(), x.copy()  # this forward's, whatever an optimizer does to them later
     q, k, v = project_heads(x, weights)  # (B, H, T, d_head), (B, Hkv, T, d_head) twice; rotated if rope
     y, lse = attend_heads(q, k, v, mask, fused, score_mod)  # (B, H, T, d_head), (B, H, T) or None
     out = project_out(y, weights.w_out)  # (B, T, d_model)
-    return out, MultiheadSaved(x.copy(), weights, q, k, v, y, lse, mask, fused, score_mod)
+    return out, MultiheadSaved(x, weights, q, k, v, y, lse, mask, fused, score_mod)
 
 
 def project_heads(x: Array, weights: HeadWeights, positions: Any = None) -> tuple[Array, Array, Array]:
@@ -94,8 +102,10 @@ def project_heads(x: Array, weights: HeadWeights, positions: Any = None) -> tupl
     q = q.reshape(B, T, n_heads, d_head).swapaxes(1, 2)
     k = k.reshape(B, T, n_kv_heads, d_head).swapaxes(1, 2)
     v = v.reshape(B, T, n_kv_heads, d_head).swapaxes(1, 2)
-    if weights.rope:
-        # position enters the scores only: v stays as it is
+    if weights.rope and positions is None:  # position enters the scores only: v stays as it is
+        turns = rope_table(T, d_head, q.dtype)  # (T, d_head/2): positions 0 .. T-1, made once for every call
+        q, k = rope_with_table(q, turns), rope_with_table(k, turns)
+    elif weights.rope:
         q, k = apply_rope(q, positions=positions), apply_rope(k, positions=positions)
     return q, k, v
 
@@ -145,20 +155,21 @@ def multihead_backward(dout: Array, saved: MultiheadSaved) -> Any:
     dx has x's shape; dw_qkv and dw_out have the weights' shapes and dtype.
     """
     x, y, w = saved.x, saved.y, saved.weights
-    B, T, d_model = x.shape
+    (B, T, d_model), d_head = x.shape, y.shape[3]
     # 1) out = Y W_out, with the forward's own W_out
     y_cat = y.swapaxes(1, 2).reshape(B * T, d_model)  # (B·T, d_model): the heads side by side
     dw_out = y_cat.T @ dout.reshape(B * T, d_model)  # (d_model, d_model)
     dy = matmul_rows(dout, w.w_out.T)  # (B, T, d_model)
-    dy = dy.reshape(B, T, w.n_heads, w.d_head).swapaxes(1, 2)  # (B, H, T, d_head)
+    dy = dy.reshape(B, T, w.n_heads, d_head).swapaxes(1, 2)  # (B, H, T, d_head)
     # 2) through the attention, the way the forward went (its band: causal and window, or its block mask)
     dq, dk, dv, dscore_mod, _ = attention_grads(saved, dy)
-    # 3) through RoPE: the rotation back by -θ
+    # 3) through RoPE: the rotation back by -θ (rope_backward, its turns made once for every call)
     if w.rope:
-        dq, dk = rope_backward(dq), rope_backward(dk)
+        turns = rope_table(T, d_head, dq.dtype, backward=True)  # (T, d_head/2)
+        dq, dk = rope_with_table(dq, turns), rope_with_table(dk, turns)
     # 4) qkv = x W_qkv: the heads' gradients side by side in qkv's column order [q heads | k heads | v heads]
     q_end, k_end = w.n_heads, w.n_heads + w.n_kv_heads
-    heads = np.empty((B, T, k_end + w.n_kv_heads, w.d_head), dq.dtype)  # (B, T, H + 2·Hkv, d_head)
+    heads = np.empty((B, T, k_end + w.n_kv_heads, d_head), dq.dtype)  # (B, T, H + 2·Hkv, d_head)
     heads[:, :, :q_end], heads[:, :, q_end:k_end], heads[:, :, k_end:] = (g.swapaxes(1, 2) for g in (dq, dk, dv))
     dqkv = heads.reshape(B * T, -1)  # (B·T, (H + 2·Hkv)·d_head)
     dw_qkv = x.reshape(B * T, d_model).T @ dqkv  # (d_model, (H + 2·Hkv)·d_head)
@@ -171,9 +182,9 @@ def attention_grads(saved: MultiheadSaved, dy: Array) -> FlexGrads:
     and lse) for dY (B, H, T, d_head)."""
     q, k, v, y, mask, w = saved.q, saved.k, saved.v, saved.y, saved.mask, saved.weights
     score_mod = check_score_mod(saved.score_mod, backward=True)
-    T = q.shape[2]
-    dims = QKVShape(q.shape[:1], w.n_heads, w.n_kv_heads, T, T, w.d_head, w.d_head)
-    scale = 1.0 / math.sqrt(w.d_head)
+    T, d_head = q.shape[2], q.shape[3]
+    dims = QKVShape(q.shape[:1], w.n_heads, w.n_kv_heads, T, T, d_head, d_head)
+    scale = 1.0 / math.sqrt(d_head)
     if saved.fused:
         forward = flash_plan(dims, mask, scale)  # its tile sizes and workers, the forward's defaults
         plan = BackwardPlan(scale, mask, forward.block_q, forward.block_k, forward.workers, score_mod)
@@ -258,9 +269,10 @@ class HeadWeights(NamedTuple):
 
 class MultiheadSaved(NamedTuple):
     """What multihead_backward needs from its forward: copies of the input x (B, T, d_model) and of the
-    weights as they were, the heads' q, k, v (after RoPE) and attention output y (B, H, T, d_head), flash's
-    lse (fused) or None, the mask (a Band of causal and window, or a BlockMask), the kernel, and the score_mod
-    or None; MultiHeadAttention.forward adds itself and whether x came without a batch axis."""
+    weights as they were (with copies=False, x and the weights themselves), the heads' q, k, v (after RoPE)
+    and attention output y (B, H, T, d_head), flash's lse (fused) or None, the mask (a Band of causal and
+    window, or a BlockMask), the kernel, and the score_mod or None; MultiHeadAttention.forward adds itself and
+    whether x came without a batch axis."""
 
     x: Array
     weights: HeadWeights

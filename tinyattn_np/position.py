@@ -14,12 +14,14 @@ convert one into the other.
 Read rope() first: the rotation on one screen, its fast path for interleaved pairs beside it, then
 rope_backward (its gradient) and rope_frequencies (θ). Long context stretches θ: a config.json's
 rope_scaling dict, checked field by field, and each method's formulas (linear, dynamic NTK, YaRN, Llama 3,
-LongRoPE) live in _rope_scaling.py; rope_frequencies and rope_attention_factor are their entries. Below
-them: the input checks, the two pair layouts and the learned table.
+LongRoPE) live in _rope_scaling.py; rope_frequencies and rope_attention_factor are their entries. Then
+rope_table and rope_with_table: the turns of positions 0 .. T-1 made once, for a model that turns the same
+positions in every layer and step. Below them: the input checks, the two pair layouts and the learned table.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,8 @@ __all__ = [
     "rope_attention_factor",
     "rope_backward",
     "rope_frequencies",
+    "rope_table",
+    "rope_with_table",
     "to_half_split",
     "to_interleaved",
 ]
@@ -86,7 +90,8 @@ def rope(
     r, out_dtype = 2 * theta.shape[0], x.dtype  # r: the channels that turn (d, or fewer with partial rotary)
     x = x.astype(compute_dtype(x), copy=False)  # float16 is computed in float32 and cast back
     if interleaved and x.strides[-1] == x.itemsize:  # each pair side by side in memory: the fast path below
-        return _rotate_as_complex(x, positions[:, None] * theta, a, r).astype(out_dtype, copy=False)
+        turns = _turns(positions[:, None] * theta, a, x.dtype)  # (T, r/2) a·e^{imθ_i}
+        return _rotate_as_complex(x, turns, r).astype(out_dtype, copy=False)
 
     # 1) the angle of pair i at position m, in float64: m · θ_i for m in the thousands keeps its digits
     angles = positions[:, None] * theta  # (T, r/2)
@@ -103,16 +108,21 @@ def rope(
     return out.astype(out_dtype, copy=False)
 
 
-def _rotate_as_complex(x: Array, angles: NDArray[np.float64], a: float, r: int) -> Array:
+def _rotate_as_complex(x: Array, turns: NDArray[np.complexfloating], r: int) -> Array:
     """rope's rotation of interleaved pairs that lie side by side in memory, in one pass: x1 + i·x2 is a
     complex number, and turning it by mθ_i times a is its product with a·e^{imθ_i} = a (cos mθ_i + i sin mθ_i).
-    x (..., T, d) in its compute dtype; angles (T, r/2), the angles m · θ_i."""
+    x (..., T, d) in its compute dtype; turns (T, r/2), those products' a·e^{imθ_i} (_turns)."""
     out = np.empty(x.shape, x.dtype)  # (..., T, d), C-contiguous whatever the layout of x (a view of heads)
-    out[..., r:] = x[..., r:]  # channels r .. d-1 (partial rotary) pass unchanged
-    complex_dtype = np.result_type(x.dtype, np.complex64)
-    turn = (a * np.exp(1j * angles)).astype(complex_dtype)  # (T, r/2)
-    np.multiply(x[..., :r].view(complex_dtype), turn, out=out[..., :r].view(complex_dtype))  # (..., T, r/2)
+    if r < x.shape[-1]:
+        out[..., r:] = x[..., r:]  # channels r .. d-1 (partial rotary) pass unchanged
+    pairs = turns.dtype  # the complex dtype of x's: two numbers of x in each
+    np.multiply(x[..., :r].view(pairs), turns, out=out[..., :r].view(pairs))  # (..., T, r/2)
     return out
+
+
+def _turns(angles: NDArray[np.float64], a: float, dtype: Any) -> NDArray[np.complexfloating]:
+    """a·e^{i·angle} for the angles mθ_i (T, r/2), in the complex dtype that holds two numbers of `dtype`."""
+    return (a * np.exp(1j * angles)).astype(np.result_type(dtype, np.complex64))
 
 
 def rope_backward(
@@ -187,6 +197,42 @@ def rope_attention_factor(scaling: dict[str, Any] | None, *, max_position_embedd
     longrope  attention_factor, else sqrt(1 + ln f / ln L0)   (1 where f <= 1)
     """
     return attention_factor(check_rope_scaling(scaling, max_position_embeddings=max_position_embeddings))
+
+
+@functools.lru_cache(maxsize=64)
+def rope_table(n: int, dim: int, dtype: Any = np.float32, *, backward: bool = False) -> NDArray[np.complexfloating]:
+    """The turns e^{imθ_i} (n, dim/2) of the positions m = 0 .. n-1 (backward: of -m, rope_backward's), θ of the
+    default base without scaling, in the complex dtype of x's dtype: what rope() multiplies x's pairs by.
+
+    Made once for each (n, dim, dtype, backward) and kept, read-only: a model turns the same T positions in every
+    layer and every step (llama's precompute_freqs_cis). rope_with_table applies it.
+    """
+    positions = rope_positions(None, n)  # (n,) 0 .. n-1 in float64, as rope() takes them
+    angles = (-positions if backward else positions)[:, None] * rope_frequencies(dim)  # (n, dim/2)
+    table = _turns(angles, 1.0, dtype)
+    table.flags.writeable = False
+    return table
+
+
+def rope_with_table(x: Array, table: NDArray[np.complexfloating]) -> Array:
+    """rope(x) for x (..., T, d) at positions 0 .. T-1, interleaved pairs, with the turns of rope_table(T, d,
+    x.dtype) (with backward=True: rope_backward(x)): the same numbers, θ and the angles not worked out again (to
+    the bit, as rope turns pairs that lie side by side in memory; pairs apart are made so first).
+
+        >>> x = np.arange(8.0).reshape(2, 4)
+        >>> bool((rope_with_table(x, rope_table(2, 4, x.dtype)) == rope(x)).all())
+        True
+    """
+    if x.shape[-2:] != (table.shape[0], 2 * table.shape[1]) or table.dtype != np.result_type(x.dtype, np.complex64):
+        raise ValueError(
+            f"x (..., T, d) must match the table's (T, d/2) {table.shape} and dtype {table.dtype} (rope_table(T, "
+            f"d, x.dtype)); got x of shape {x.shape}, {x.dtype}"
+        )
+    if x.dtype == np.float16:  # computed in float32, as rope() computes it, and cast back
+        return rope_with_table(x.astype(np.float32), table).astype(np.float16)
+    if x.strides[-1] != x.itemsize:  # the pairs side by side in memory, as the complex view needs them
+        x = np.ascontiguousarray(x)
+    return _rotate_as_complex(x, table, x.shape[-1])
 
 
 def check_rope(x: Any, positions: Any, interleaved: Any, name: str = "x") -> tuple[Array, NDArray[np.float64], bool]:

@@ -6,12 +6,12 @@ vocabulary V, h heads:
     weights      P c                                   the parameters
     gradients    P c                                   one per parameter, built during the backward
     moments      2 P c                                 Adam's m and v
-    activations  c (N a + 4 L C²) + dropout masks      what the forward keeps for the backward (GPT's Trace)
+    activations  c N a + dropout masks                 what the forward keeps for the backward (GPT's Trace)
     working      what the backward holds beside them at its fullest (below)
 
 a, the numbers kept per token, counts each array the forward keeps (layers.py and multihead.py):
 
-    per block    10 C      the two norms' x̂; the attention's input copy, q and k (after RoPE), its
+    per block    10 C      the two norms' x̂; the attention's input, q and k (after RoPE), its
                            output y, and qkv (3 C: v is a view of it, so all of qkv stays); the MLP's input
                  2 H       GELU: the MLP's pre-activation u and the activation's output (its backward makes
                            tanh(...) again, a block of rows at a time)
@@ -19,22 +19,22 @@ a, the numbers kept per token, counts each array the forward keeps (layers.py an
                  2 + h     the two norms' 1/σ, and flash attention's logsumexp per head
     the head     2 C + 1   the final norm's x̂ and 1/σ, its output (the head's input)
                  V         the probabilities, which the backward turns into dlogits in place
-and 4 L C² for the copies of w_qkv and w_out that each attention layer keeps with its saved values (so a
-weight changed between forward and backward cannot change the gradient). Dropout adds one byte per
-element of its masks: N C (2 L + 1).
+The weights are kept as they are, not copied: nothing changes them between the step's forward and its backward
+(the GPT calls multihead_forward with copies=False). Dropout adds one byte per element of its masks:
+N C (2 L + 1). A learned position table (positions="learned") adds its context x C weights to P, nothing a token.
 
-A gated delta layer (GPTConfig.layer_pattern's L; linear.py's gated_deltanet, of conv_channels ch = 3C and value
+A gated delta layer (GPTConfig.layer_pattern's L; deltanet.py's gated_deltanet, of conv_channels ch = 3C and value
 channels V = C in this GPT) keeps in place of the attention's 7 C + h:
 
     per token    C + 3 ch + 2 V + 4 h   its input; the convolution's inputs, its outputs and their SiLU (q, k,
                                         v); the gated norm's x̂ and the gate z; g, β, x W_a and the norm's 1/σ
     per sequence (K − 1) ch + h d²      the convolution's K − 1 inputs before the first token, and the state
                                         the rule started from (zeros)
-and no copies of its weights (it keeps the parameters themselves, which the optimizer changes only after the
-backward). Its backward at its fullest is the larger of two moments: inside the rule's backward (beside the
-layer's own five arrays of V a token, the rule's flattened copies of q, k, v and do, its gradients, the states
-and writes it keeps, and a worker's group of chunks: _linear_kernel.backward_numbers), and after it (the
-gradients of q, k, v and the convolution's, 8 V + 2 h d + 5 ch a token).
+and, as the attention, the parameters themselves (the optimizer changes them only after the backward). Its
+backward at its fullest is the larger of two moments: inside the rule's backward (beside the layer's own five
+arrays of V a token, the rule's flattened copies of q, k, v and do, its gradients, the states and writes it
+keeps, and a worker's group of chunks: _linear_kernel.backward_numbers), and after it (the gradients of q, k, v
+and the convolution's, 8 V + 2 h d + 5 ch a token).
 
 With gradient accumulation (accumulate = k > 1: optim.accumulated_grads runs the batch k equal slices at a
 time), the activations and the backward's working arrays are those of one slice of B/k sequences, and a
@@ -139,7 +139,6 @@ def backward_working(config: GPTConfig, batch: int, tokens: int, one_layer: dict
                    - V) - sum(math.prod(shape) for name, shape in layer.items() if name.startswith("h.0."))
         for kind, layer in (("A", one_layer), ("L", delta_layer))
     }  # fmt: skip
-    freed["A"] += 4 * C * C  # the attention's copies of its weights
     freed["L"] += batch * delta_numbers_per_sequence(config)
     mixers = {"A": attention_arrays, "L": delta_backward_numbers(config, batch, tokens, c)}
     for kind, other in (("A", "L"), ("L", "A")):
@@ -187,11 +186,11 @@ def training_memory(config: GPTConfig, batch: int, tokens: int | None = None, ac
     delta_layer = param_shapes(dataclasses.replace(config, layers=1, layer_pattern="L"))  # and delta layer's
     P = parameter_count(config)
     N, L, C = batch * tokens, config.layers, config.width
-    attention_layers, delta_layers = L - config.delta_layers, config.delta_layers
+    delta_layers = config.delta_layers
 
     masks = N * C * (2 * L + 1) if config.dropout else 0  # one byte per element
     kept = N * activation_numbers_per_token(config) + batch * delta_layers * delta_numbers_per_sequence(config)
-    activations = c * (kept + 4 * attention_layers * C * C) + masks
+    activations = c * kept + masks
     working = backward_working(config, batch, tokens, one_layer, delta_layer)
     largest = c * max(math.prod(shape) for shape in (*one_layer.values(), *delta_layer.values()))
     weights, gradients, moments = c * P, c * P, 2 * c * P

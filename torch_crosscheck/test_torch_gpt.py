@@ -8,11 +8,12 @@ whatever the gradient's size (m̂ / √v̂), so an element whose gradient is a f
 moves in the rounding's direction by up to lr in either model: such elements (a few per thousand) differ by more
 than 1e-5 of the largest weight while the array as a whole agrees to a few parts in a million.
 
-The torch side is built from torch's own layers: nn.Embedding, nn.LayerNorm or nn.RMSNorm, the reference
-attention module of cases.py (nn.Linear for q, k, v and out, Llama's interleaved RoPE, SDPA), nn.Linear and
-F.gelu(approximate="tanh") or silu for the MLP, the embedding matrix reused as the head (tied), F.cross_entropy,
-torch.optim.AdamW with decay on the matrices only, and torch.nn.utils.clip_grad_norm_. Our matrices multiply
-from the right (x @ W), so every nn.Linear takes the transpose.
+The torch side is built from torch's own layers: nn.Embedding (and a second, nanoGPT's wpe, for a learned
+position table), nn.LayerNorm or nn.RMSNorm, the reference attention module of cases.py (nn.Linear for q, k, v
+and out, Llama's interleaved RoPE unless there is a table, SDPA), nn.Linear and F.gelu(approximate="tanh") or
+silu for the MLP, the embedding matrix reused as the head (tied), F.cross_entropy, torch.optim.AdamW with decay
+on the matrices only, and torch.nn.utils.clip_grad_norm_. Our matrices multiply from the right (x @ W), so every
+nn.Linear takes the transpose.
 
 A hybrid GPT (layer_pattern) puts transformers' Qwen3NextGatedDeltaNet where ours has a gated delta layer, loaded
 as test_torch_linear.py loads it (its fused projections interleaved per key head); in float64 its float32 casts
@@ -50,7 +51,8 @@ class TorchBlock(torch.nn.Module):
         C, H = c.width, c.hidden
         self.ln_1, self.ln_2 = make_norm(c), make_norm(c)
         self.delta = c.layer_kind(layer) == "L"
-        self.attn = qwen3_next_delta(c) if self.delta else TorchMultiHeadAttention(C, c.heads, c.heads, rope=True)
+        rope = c.positions == "rope"  # beside a learned table the attention turns nothing
+        self.attn = qwen3_next_delta(c) if self.delta else TorchMultiHeadAttention(C, c.heads, c.heads, rope=rope)
         self.fc = torch.nn.Linear(C, 2 * H if c.mlp == "swiglu" else H, bias=c.bias)
         self.proj = torch.nn.Linear(H, C, bias=c.bias)
         self.kind = c.mlp
@@ -70,11 +72,14 @@ class TorchGPT(torch.nn.Module):
     def __init__(self, c: GPTConfig):
         super().__init__()
         self.wte = torch.nn.Embedding(c.vocab, c.width)
+        self.wpe = torch.nn.Embedding(c.context, c.width) if c.positions == "learned" else None  # nanoGPT's
         self.blocks = torch.nn.ModuleList(TorchBlock(c, layer) for layer in range(c.layers))
         self.ln_f = make_norm(c)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for block in self.blocks:
             x = block(x)
         logits = F.linear(self.ln_f(x), self.wte.weight)  # the head is the embedding matrix: tied
@@ -96,7 +101,8 @@ def qwen3_next_delta(c: GPTConfig) -> torch.nn.Module:
 
 def torch_names(c: GPTConfig) -> dict[str, tuple[str, bool]]:
     """Our parameter name -> (the torch model's, whether ours is its transpose)."""
-    names = {"wte": ("wte.weight", False), "ln_f.gain": ("ln_f.weight", False), "ln_f.bias": ("ln_f.bias", False)}
+    names = {"wte": ("wte.weight", False), "wpe": ("wpe.weight", False)}
+    names |= {"ln_f.gain": ("ln_f.weight", False), "ln_f.bias": ("ln_f.bias", False)}
     for layer in range(c.layers):
         ours, theirs = f"h.{layer}.", f"blocks.{layer}."
         for norm in ("ln_1", "ln_2"):
@@ -218,6 +224,7 @@ CONFIGS = {
     "hybrid LLA rmsnorm swiglu": GPTConfig(vocab=23, context=16, layers=3, heads=2, width=32, mlp="swiglu",
                                            norm="rmsnorm", layer_pattern="LLA"),
     "tiny preset LLLA": replace(GPT_PRESETS["tiny"], layer_pattern="LLLA"),
+    "tiny preset, learned positions": replace(GPT_PRESETS["tiny"], positions="learned"),
 }  # fmt: skip
 
 
@@ -256,7 +263,7 @@ def test_ten_adamw_steps_match_torch(name: str, dtype: str, device: str, twin_in
             assert difference <= tol_weights, f"{name} {dtype}: {key} differs from torch's by {difference:.2e}"
 
 
-@pytest.mark.parametrize("name", ["layernorm gelu bias", "hybrid LLA rmsnorm swiglu"])
+@pytest.mark.parametrize("name", ["layernorm gelu bias", "hybrid LLA rmsnorm swiglu", "tiny preset, learned positions"])
 def test_gradient_matches_autograd_before_any_step(name, twin_in) -> None:
     """The first step's gradients, every parameter, against torch autograd (float64)."""
     c = GPTConfig.from_dict(CONFIGS[name].to_dict() | {"dtype": "float64"})
