@@ -24,11 +24,18 @@ def test_flash_estimate_matches_tracemalloc(warm, n, causal):
 
 @pytest.mark.parametrize("n", [1024, 4096])
 def test_flash_estimate_with_two_workers(warm, n):
-    """Two threads hold their tiles at once; below ~1k tokens one may finish before the other starts."""
+    """Two threads hold their tiles at once. On a busy machine one thread may finish its rows before the other
+    starts, so a run can peak lower: never above the bill, and the highest of a few runs reaches it."""
     q, k, v = _qkv(n, np.float32)
-    _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=2)
     estimate = flash_attention_bytes(n, heads=HEADS, head_dim=HEAD_DIM, dtype="fp32", causal=True, workers=2)
-    _check(f"flash_attention T={n} workers=2", measured, estimate)
+    highest = 0
+    for _ in range(5):
+        _, measured = traced_peak(flash_attention, q, k, v, causal=True, workers=2)
+        assert measured <= 1.15 * estimate, f"T={n}: measured {measured:,} B above the bill {estimate:,} B"
+        highest = max(highest, measured)
+        if highest >= estimate / 1.15:
+            break
+    _check(f"flash_attention T={n} workers=2, highest of the runs", highest, estimate)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
