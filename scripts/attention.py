@@ -47,6 +47,7 @@ from tinyattn_np import (
     tokenize,
 )
 from tinyattn_np.gpt import GPT  # noqa: E402
+from tinyattn_np.gpt import embed as gpt_embed  # noqa: E402
 from tinyattn_np.layers import layer_norm, rms_norm  # noqa: E402
 from tinyattn_np.report import (  # noqa: E402
     TABLE_WIDTH,
@@ -242,23 +243,26 @@ def layer_inputs(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
     inputs = []
     for layer in range(c.layers):
         norm = {f"ln_f.{k}": p[f"h.{layer}.ln_1.{k}"] for k in ("gain", "bias") if f"h.{layer}.ln_1.{k}" in p}
-        if layer == 0:  # no block before it: the norm of the embeddings
-            x = p["wte"][idx]  # (B, T, C)
+        if layer == 0:  # no block before it: the norm of the embeddings (and of the position table's rows)
+            x = gpt_embed(p, c, idx).reshape(*idx.shape, c.width)  # (B, T, C)
             gain, bias = norm["ln_f.gain"], norm.get("ln_f.bias")
             normed = rms_norm(x, gain) if c.norm == "rmsnorm" else layer_norm(x, gain, bias)
             inputs.append(normed[0])
             continue
-        kept = [name for name in p if name == "wte" or (name.startswith("h.") and int(name.split(".")[1]) < layer)]
+        kept = [
+            name for name in p if name in ("wte", "wpe") or (name.startswith("h.") and int(name.split(".")[1]) < layer)
+        ]
         inputs.append(GPT(replace(c, layers=layer), {name: p[name] for name in kept} | norm).hidden(idx))
     return inputs
 
 
 def head_weights(model: GPT, idx: np.ndarray) -> list[np.ndarray]:
     """The attention weights of every layer, (B, H, T, T) each, on tokens idx (B, T): softmax of the
-    scores of q and k after RoPE, causal, as the layer computes them."""
+    scores of q and k (after RoPE, unless the model has a learned position table), causal, as the layer
+    computes them."""
     c, weights = model.config, []
     for layer, h in enumerate(layer_inputs(model, idx)):
-        mha = MultiHeadAttention(c.width, c.heads, rope=True, rng=0, dtype=c.dtype)
+        mha = MultiHeadAttention(c.width, c.heads, rope=c.positions == "rope", rng=0, dtype=c.dtype)
         mha.w_qkv, mha.w_out = model.params[f"h.{layer}.attn.w_qkv"], model.params[f"h.{layer}.attn.w_out"]
         q, k, v = mha.split_heads(h)  # (B, H, T, d) each
         out, w = attention(q, k, v, causal=True, return_weights=True)  # (B, H, T, d), (B, H, T, T)
@@ -365,6 +369,13 @@ def trained_demo(args: argparse.Namespace) -> int:
         )
         return 2
     c = model.config
+    if c.layer_pattern is not None and "L" in c.layer_pattern:
+        print(
+            f"attention.py: error: the model's layer pattern {c.layer_pattern} has gated delta layers (L), which "
+            "weigh no keys: there are attention weights to show only where every layer is softmax attention (A)",
+            file=sys.stderr,
+        )
+        return 2
     if args.head is not None and not (0 <= args.head[0] < c.layers and 0 <= args.head[1] < c.heads):
         print(
             f"attention.py: error: --head {args.head[0]} {args.head[1]}: the model has {c.layers} layers of "

@@ -57,8 +57,8 @@ def torch_model(torch: Any, c: GPTConfig) -> Any:
                 x = block(x)
             return F.cross_entropy((self.ln_f(x) @ self.wte.weight.T).flatten(0, 1), targets.flatten())  # tied
 
-    if c.mlp != "gelu":
-        sys.exit("train_speed.py: error: the torch twin has the presets' GELU MLP only")
+    if c.mlp != "gelu" or c.positions != "rope" or c.layer_pattern is not None:
+        sys.exit("train_speed.py: error: the torch twin has the presets' GELU MLP, RoPE and softmax layers only")
     return TorchGPT()
 
 

@@ -212,6 +212,43 @@ def test_layer_inputs_are_what_each_layer_reads(trained, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_heads_of_a_model_with_a_learned_position_table_are_its_own(monkeypatch):
+    """Without RoPE, beside a learned table: each layer's weights, applied to its values and projected, give the
+    output the layer gives inside GPT.hidden."""
+    from dataclasses import replace
+
+    config = replace(GPTConfig(vocab=11, context=12, layers=2, heads=2, width=16), positions="learned")
+    model = gpt_module.GPT(config, rng=3)
+    idx = np.random.default_rng(1).integers(0, config.vocab, (2, 12))
+    seen = []
+    forward = gpt_module.multihead_forward
+
+    def record(x, weights, **kwargs):
+        out = forward(x, weights, **kwargs)
+        seen.append((np.array(x), np.array(out[0]), weights))
+        return out
+
+    monkeypatch.setattr(gpt_module, "multihead_forward", record)
+    model.hidden(idx)
+    monkeypatch.undo()
+    inputs, weights = attention_script.layer_inputs(model, idx), attention_script.head_weights(model, idx)
+    for h, w, (x, y, heads) in zip(inputs, weights, seen, strict=True):
+        np.testing.assert_allclose(h, x, rtol=1e-5, atol=1e-6)
+        v = (x @ heads.w_qkv)[..., 2 * config.width :].reshape(2, 12, config.heads, -1).swapaxes(1, 2)
+        mixed = (w @ v).swapaxes(1, 2).reshape(x.shape) @ heads.w_out  # (B, T, C)
+        np.testing.assert_allclose(mixed, y, rtol=1e-4, atol=1e-5)
+
+
+def test_a_hybrid_model_has_no_attention_weights_to_show(trained, tmp_path, capsys, monkeypatch):
+    model, tokenizer, meta, extra = checkpoint.load_model(trained)
+    hybrid = gpt_module.GPT(
+        GPTConfig(vocab=model.config.vocab, context=16, layers=2, heads=2, width=16, layer_pattern="LA"), rng=0
+    )
+    monkeypatch.setattr(checkpoint, "load_model", lambda folder: (hybrid, tokenizer, meta, extra))
+    assert attention_script.main(["--checkpoint", str(trained), "--sentence", "the cat"]) == 2
+    assert "layer pattern LA has gated delta layers (L), which weigh no keys" in capsys.readouterr().err
+
+
 def test_uniform_attention_scores_one_over_the_keys_it_sees(trained, capsys):
     """With every query weight 0, the scores are all equal: the query at n + i spreads its weight over its
     n + i + 1 keys, and the induction score is the mean of 1 / (n + i + 1)."""
