@@ -529,11 +529,12 @@ class DecodingCache(Protocol):
 @runtime_checkable
 class DecodingLayer(Protocol):
     """What a cache's attend(layer, x) asks of the layer (MultiHeadAttention, HeadWeights, latent.py's
-    LatentHeads and dsa.py's SparseHeads): check_cache(cache, x), x (B, T, d_model) checked and in the layer's dtype, once the cache is
-    checked to hold the layer's keys and values; split_heads(x, positions), the queries q (B, H, T, E) and the
-    new tokens' k (B, Hkv, T, E) and v (B, Hkv, T, Ev) at those positions; attend_heads(q, k, v, band, fused),
-    the heads' attention over the keys and values the cache hands it, y (B, H, T, Ev) and lse (B, H, T) or
-    None; softmax_scale, the scale the cache's own kernels (split-KV, the pages) use for the scores."""
+    LatentHeads and dsa.py's SparseHeads): check_cache(cache, x), x (B, T, d_model) checked and in the layer's
+    dtype, once the cache is checked to hold the layer's keys and values; split_heads(x, positions), the
+    queries q (B, H, T, E) and the new tokens' k (B, Hkv, T, E) and v (B, Hkv, T, Ev) at those positions;
+    attend_heads(q, k, v, band, fused), the heads' attention over the keys and values the cache hands it,
+    y (B, H, T, Ev) and lse (B, H, T) or None; softmax_scale, the scale the cache's own kernels (split-KV, the
+    pages) use for the scores."""
 
     @property
     def softmax_scale(self) -> float: ...
