@@ -106,3 +106,10 @@ def test_cpu_cores_is_the_cpu_count_asked_once(monkeypatch):
         assert _parallel.cpu_cores() == 1  # asked afresh: None counts as one core
     finally:
         _parallel.cpu_cores.cache_clear()  # the next call asks the real os.cpu_count() again
+
+
+def test_the_maker_is_the_first_processors_vendor(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n\nprocessor\t: 1\nvendor_id\t: AuthenticAMD\n")
+    assert _parallel.cpu_fields(str(cpuinfo))["vendor_id"] == "GenuineIntel"
+    assert _parallel.cpu_fields(str(tmp_path / "absent")) == {}  # another system: nothing known

@@ -31,6 +31,8 @@ __all__ = [
     "blas_kernel_set",
     "by_row_blocks",
     "cpu_cores",
+    "cpu_fields",
+    "cpu_maker",
     "l2_cache_bytes",
     "nonfinite_quiet",
     "one_blas_thread",
@@ -128,6 +130,29 @@ def blas_kernel_set() -> str:
     pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
     ours = [pool for pool in pools if "numpy" in str(pool.get("filepath", ""))] or pools  # NumPy's, not torch's
     return str(ours[0].get("architecture") or "") if ours else ""
+
+
+def cpu_fields(path: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields in Linux's /proc/cpuinfo ("vendor_id", "model name", "cpu family", "model",
+    ...); empty where there is no such file (another system)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+@functools.cache
+def cpu_maker() -> str:
+    """Who made the CPU, as it names itself ("GenuineIntel", "AuthenticAMD"); "" where Linux does not say.
+    Asked once."""
+    return cpu_fields().get("vendor_id", "")
 
 
 @functools.cache

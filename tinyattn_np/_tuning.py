@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from ._checks import QKVShape, check_bool, check_positive_int
-from ._parallel import blas_kernel_set, cpu_cores, l2_cache_bytes
+from ._parallel import blas_kernel_set, cpu_cores, cpu_maker, l2_cache_bytes
 
 R = TypeVar("R")
 
@@ -222,26 +222,32 @@ class DecodeLayout(NamedTuple):
     each query row's scores K q_r, a matrix-vector product, where a kv head has at most VECTOR_ROWS query
     rows; more rows make q Kᵀ). The two are the same sums; which BLAS makes faster depends on its kernels and
     the machine: a product of a few rows is one whose keys OpenBLAS first copies (packs), and a matrix-vector
-    product reads them in place (docs/decoding.md). Untuned, a step takes the layout measured fastest under
-    the kernel set NumPy's BLAS runs (KERNEL_LAYOUTS); tune() measures the layouts here (DECODE_LAYOUTS) and
-    keeps the fastest."""
+    product reads them in place (docs/decoding.md). Untuned, a step takes the layout measured fastest on a CPU
+    of the same maker under the kernel set NumPy's BLAS runs (KERNEL_LAYOUTS); tune() measures the layouts
+    here (DECODE_LAYOUTS) and keeps the fastest."""
 
     scores_per_block: int
     keys_first: bool
 
 
-DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=True)  # under kernels KERNEL_LAYOUTS does not name
+DEFAULT_LAYOUT = DecodeLayout(SCORES_PER_BLOCK, keys_first=True)  # where KERNEL_LAYOUTS names no layout
 DECODE_LAYOUTS = tuple(DecodeLayout(2**power, first) for power in (13, 15, 17) for first in (False, True))
-# The layout measured fastest under each of OpenBLAS's kernel sets (scripts/decode.py --step --layouts;
-# measured: docs/results/decoding.md).
-KERNEL_LAYOUTS = {"SkylakeX": DecodeLayout(2**15, keys_first=True), "Haswell": DecodeLayout(2**15, keys_first=True)}
+# The layout measured fastest under each of OpenBLAS's kernel sets, by the CPU's maker: the same kernels favour
+# other layouts on an AMD EPYC and on an Intel Xeon (scripts/decode.py --step --layouts; measured:
+# docs/results/decoding.md, docs/results/xeon.md).
+KERNEL_LAYOUTS = {
+    ("AuthenticAMD", "SkylakeX"): DecodeLayout(2**15, keys_first=True),
+    ("AuthenticAMD", "Haswell"): DecodeLayout(2**15, keys_first=True),
+    ("GenuineIntel", "SkylakeX"): DecodeLayout(2**13, keys_first=False),
+    ("GenuineIntel", "Haswell"): DecodeLayout(2**17, keys_first=False),
+}
 _layout_in_force: DecodeLayout | None = None  # set by use_decode_layout (tune.py); None: default_layout()
 
 
 def default_layout() -> DecodeLayout:
-    """The layout of an untuned step: KERNEL_LAYOUTS' for the kernels NumPy's BLAS runs, else
-    DEFAULT_LAYOUT."""
-    return KERNEL_LAYOUTS.get(blas_kernel_set(), DEFAULT_LAYOUT)
+    """The layout of an untuned step: KERNEL_LAYOUTS' for this CPU's maker and the kernels NumPy's BLAS runs,
+    else DEFAULT_LAYOUT."""
+    return KERNEL_LAYOUTS.get((cpu_maker(), blas_kernel_set()), DEFAULT_LAYOUT)
 
 
 def use_decode_layout(layout: DecodeLayout | None) -> None:

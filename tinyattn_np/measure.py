@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _guard
+from ._parallel import cpu_fields
 
 __all__ = [
     "alternating_medians_ms",
@@ -119,16 +120,7 @@ def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo on Linux with its family and model numbers, else what platform
     reports: 'AMD EPYC (family 25, model 17)'. The numbers tell apart what a cloud machine's name does not (an
     "AMD EPYC" may be a Zen 4, whose AVX-512 runs at the AVX2 rate, or a Zen 5, where it runs at twice it)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip() and fields:  # the first processor's block is enough
-                    break
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    fields = cpu_fields()
     name = fields.get("model name") or platform.processor() or platform.machine()
     if fields.get("cpu family") and fields.get("model"):
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
