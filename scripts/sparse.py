@@ -14,6 +14,10 @@ What it shows:
   3) the speed checks: index_topk for the last --queries queries of a --tokens context against its FLOPs at this
      machine's matmul rate, and sparse_attention of those queries over the keys it chose against flash_attention
      over a queries x topk problem of the same heads and widths (each target: within 1.3x).
+  4) where index_topk's time goes, on one thread (tinyattn_np.sparse_profile: its engine copied, each NumPy call
+     timed into its part): the scores' matmuls, the ReLU, the heads' weighted sum, the running top-k, and after
+     each, the time so far as a multiple of the FLOPs at the matmul rate of one thread, timed beside it: how much
+     of the target the matmuls alone, and the ReLU after them, leave to the rest.
 The projections (x W) cost the same in both and are left out.
 
 Run:  python scripts/sparse.py [--contexts 512 1024] [--heads 16] [--index-heads 16] [--topk 256]
@@ -38,6 +42,7 @@ from tinyattn_np import flash_attention, flash_decode, index_topk, sparse_attent
 from tinyattn_np.measure import alternating_medians_ms
 from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positive, text_table
 from tinyattn_np.sparse import sparse_decode
+from tinyattn_np.sparse_profile import INDEX_PARTS, profile_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts  # noqa: E402
@@ -302,6 +307,54 @@ def _verdict(ratio: float) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# 4) where index_topk's time goes
+
+
+def index_parts(args: argparse.Namespace) -> dict[str, Any]:
+    """The speed checks' index_topk (the same inputs, from --seed) on one thread, part by part."""
+    outputs.progress(f"index_topk's parts on one thread: {args.queries:,} queries of {args.tokens:,} tokens")
+    x = inputs(args.tokens, args.queries, args, np.random.default_rng(args.seed))
+    row = profile_index(
+        x.q_index,
+        x.index_keys,
+        x.weights,
+        args.topk,
+        repeats=args.repeats,
+        matmul_rate=lambda: machine.matmul_rate("float32", repeats=1),  # on one thread, as profile_index holds BLAS
+    )
+    check(row["same_bits"], "the profile's copy of index_topk's engine gives its indices")
+    return {**row, "busy": machine.busy_reasons()}
+
+
+def print_parts(row: dict[str, Any], args: argparse.Namespace) -> None:
+    parts, rate, (matmuls, relu) = row["parts_ms"], row["matmul_gflops"], INDEX_PARTS[:2]
+    at_rate = row["flops"] / rate / 1e6  # ms: the matmuls' FLOPs at the one-thread rate
+    print(
+        f"\n4) where index_topk's time goes: the speed checks' queries on one thread, its engine copied part by part"
+        f"\n   (each part the least of {args.repeats} runs); the matmul on one BLAS thread beside them: {rate:.1f} "
+        f"GFLOP/s;\n   the scores' matmuls: {row['flops'] / 1e9:,.1f} GFLOP, {at_rate:,.0f} ms at that rate"
+    )
+    body, so_far = [], 0.0
+    for part, ms in parts.items():
+        so_far += ms
+        body.append([part, f"{ms:,.1f}", f"{ms / sum(parts.values()):.0%}", f"{so_far / at_rate:.2f}x"])
+    headers = ["part", "ms", "share", "so far / FLOPs at the rate"]
+    print(
+        machine.marked_table(
+            body, [dict(row, part="the parts")] + [{}] * (len(body) - 1), headers, args.format, lambda r: r["part"]
+        )
+    )
+    floor = (parts[matmuls] + parts[relu]) / at_rate
+    said = "above" if floor > TARGET else "within"
+    print(
+        f"   the engine itself: {row['kernel_ms']:,.0f} ms on one thread; the copy gives its indices: "
+        f"{'yes' if row['same_bits'] else 'NO'}\n   the matmuls alone take {parts[matmuls] / at_rate:.2f}x their "
+        f"FLOPs at the rate, and with the ReLU after them {floor:.2f}x:\n   {said} the {TARGET}x target before the "
+        f"heads' weighted sum and the top-k"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
 # arguments, and the run estimated before it starts
 
 
@@ -314,15 +367,18 @@ def run_bytes(args: argparse.Namespace) -> float:
 
 
 def run_flops(args: argparse.Namespace) -> float:
-    """FLOPs of the whole run: each call timed 2 (rounds) x (repeats + 2 warm-up) times, the checks once more."""
+    """FLOPs of the whole run: each call timed 2 (rounds) x (repeats + 2 warm-up) times, the checks once more;
+    section 4's index_topk 3 repeats + 1 times, counted twice, as it runs on one thread."""
     total = 0.0
     for S in args.contexts:
         for costs in (decode_costs, prefill_costs):
             c = costs(S, args.heads, args.index_heads, args.topk, 4)
             total += c["dense"][0] + c["DSA"][0]
     Q, T = args.queries, args.tokens
-    checks = 2 * args.index_heads * INDEX_DIM * Q * T + 2 * 2 * args.heads * Q * args.topk * (LATENT + RANK)
-    return (2 * (args.repeats + 2) + 1) * (total + checks)
+    index = 2 * args.index_heads * INDEX_DIM * Q * T
+    checks = index + 2 * 2 * args.heads * Q * args.topk * (LATENT + RANK)
+    parts = (3 * args.repeats + 1) * index * 2  # section 4: the engine and its copy, on one thread of two or more
+    return (2 * (args.repeats + 2) + 1) * (total + checks) + parts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -384,10 +440,16 @@ def main(argv: list[str] | None = None) -> int:
         stopped = interrupts.measure_each([args], lambda a: speed_checks(a, rate), speed)
     if speed:
         print_speed(speed[0], args)
+    parts: list[dict[str, Any]] = []
+    if not stopped:
+        stopped = interrupts.measure_each([args], index_parts, parts)
+    if parts:
+        print_parts(parts[0], args)
     if args.json:
         figures = {"machine": info, "matmul_gflops": rate, "args": vars(args), "rows": rows, "speed": speed}
-        outputs.write_json(args.json, figures, stopped)
-    return interrupts.interrupted(len(rows) + len(speed), len(args.contexts) + 1) if stopped else check.finish()
+        outputs.write_json(args.json, {**figures, "index_parts": parts}, stopped)
+    done = len(rows) + len(speed) + len(parts)
+    return interrupts.interrupted(done, len(args.contexts) + 2) if stopped else check.finish()
 
 
 if __name__ == "__main__":

@@ -1000,15 +1000,35 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 # --- sparse.py -------------------------------------------------------------------------------------------
 
 
-def test_sparse_script_prints_the_arithmetic_the_measured_steps_and_the_speed_checks(machine, capsys) -> None:
+def test_sparse_script_prints_the_arithmetic_the_measured_steps_the_speed_checks_and_the_parts(machine, capsys) -> None:
     flags = ["--contexts", "256", "--topk", "256", "--tokens", "512", "--queries", "32", "--repeats", "1"]
     code = load("sparse.py").main(flags)  # topk = S: the sparse steps read every key and are checked equal to dense
     out = capsys.readouterr().out
     assert code == 0 and "all checks passed" in out, out
-    for n in (1, 2, 3):
+    for n in (1, 2, 3, 4):
         assert re.search(rf"^{n}\) ", out, re.MULTILINE), f"section {n}) missing"
     # DeepSeek-V3.2's sizes: a decode step costs 2 · 128 · 1,088 FLOPs a latent dense, 2 · 64 · 128 an indexer key
     assert "DSA does fewer FLOPs than dense from S = 2,177, reads fewer bytes from S = 2,634" in out
     assert "indexer does 2.15 GFLOP and reads 33.6 MB: 79% of DSA's FLOPs and 93% of its bytes" in out
     assert re.search(r"^index_topk \(causal\)\s.*its FLOPs at the matmul rate", out, re.MULTILINE)
     assert re.search(r"^sparse_attention\s.*flash_attention, 32 x 256", out, re.MULTILINE)
+    # 4) the parts in order, the time so far growing, and the floor said against the target from the same figures
+    parts = re.findall(
+        r"^(matmuls|ReLU|the heads' weighted sum|the running top-k|copies and set-up|Python between them)"
+        r"\s+[\d,.]+\s+\d+%\s+([\d.]+)x$",
+        out,
+        re.MULTILINE,
+    )
+    assert [p for p, _ in parts] == [
+        "matmuls",
+        "ReLU",
+        "the heads' weighted sum",
+        "the running top-k",
+        "copies and set-up",
+        "Python between them",
+    ], out
+    so_far = [float(x) for _, x in parts]
+    assert so_far == sorted(so_far) and so_far[0] > 0
+    floor = re.search(r"with the ReLU after them ([\d.]+)x:\n   (above|within) the 1.3x target", out)
+    assert floor and float(floor[1]) == so_far[1] and floor[2] == ("above" if so_far[1] > 1.3 else "within")
+    assert "the copy gives its indices: yes" in out

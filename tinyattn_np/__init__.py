@@ -56,10 +56,11 @@ Then the bills and the tools a script uses to show them:
     35  measure.py       peaks, timings and machine facts, as the scripts measure them
     36  tune.py          the default tile sizes, heads per step and workers, measured on this machine
     37  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
-    38  report.py        the tables the scripts print
-    39  text.py          tokens and embeddings for the demos
-    40  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    41  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    38  sparse_profile.py  where DeepSeek's indexer's time goes: index_topk's engine, copied, timed part by part
+    39  report.py        the tables the scripts print
+    40  text.py          tokens and embeddings for the demos
+    41  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    42  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its

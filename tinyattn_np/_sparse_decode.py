@@ -24,12 +24,18 @@ import numpy as np
 
 from ._checks import as_float_array
 from ._paged_kernel import Pages, consecutive_runs
-from ._sparse_kernel import SparseInputs, attend_chosen, refuse_topk_beyond_memory, topk_by_query_blocks
+from ._sparse_kernel import (
+    QUERY_BLOCK,
+    SparseInputs,
+    attend_chosen,
+    keys_between_merges,
+    refuse_topk_beyond_memory,
+    topk_by_query_blocks,
+)
 
 __all__ = ["check_decode_arrays", "decode_chosen_pages", "pool_blocks", "pool_rows", "topk_over_pages"]
 
 Array = np.ndarray
-BLOCK_Q = 32  # queries a worker's item holds, as index_topk's default
 
 
 def check_decode_arrays(q_latent: Any, latents: Any, index_keys: Any, lengths: Any) -> tuple[Array, Array, Array]:
@@ -68,7 +74,7 @@ def decode_chosen_pages(
     absorbed queries, q_index (B, H_I, T, d_I) and weights (B, T, H_I) the indexer's; pages of one kv head, its keys
     (1, num_blocks, size, latent_dim + d_I). -> o_lat (B, H, T, value_dim) and the chosen tokens (B, T, topk)."""
     pool = pages.k_pool[0]  # (num_blocks, size, latent_dim + d_I): a view
-    block_k = max(4 * topk, 1024)  # index_topk's default
+    block_k = keys_between_merges(topk)  # index_topk's default
     chosen = topk_over_pages(q_index, weights, pool[..., latent_dim:], pages, topk, block_k=block_k, workers=workers)
     latents = pool[..., :latent_dim].reshape(-1, latent_dim)  # (num_blocks · size, latent_dim): a view
     keys = np.broadcast_to(latents, (len(pages.tables), 1, *latents.shape))  # (B, 1, N, ·): every sequence's pool
@@ -84,7 +90,7 @@ def topk_over_pages(
     d_I) read through its block table: query t of sequence b sees its tokens up to lengths[b] - T + t (bottom-right).
     -> (B, T, topk) token positions in order, -1 after them."""
     T = q_index.shape[2]
-    refuse_topk_beyond_memory(q_index, topk, BLOCK_Q, block_k, workers)
+    refuse_topk_beyond_memory(q_index, topk, QUERY_BLOCK, block_k, workers)
 
     def last_of(b: int, rows: slice) -> Array:  # (R,): the last token each query sees
         return np.arange(rows.start, rows.stop) + pages.lengths[b] - T
@@ -92,7 +98,7 @@ def topk_over_pages(
     def blocks_of(b: int, seen: int) -> Iterator[tuple[int, list[Array]]]:
         return pool_blocks(index_pool, pages.tables[b], seen, block_k)
 
-    return topk_by_query_blocks(q_index, weights, topk, last_of, blocks_of, block_q=BLOCK_Q, workers=workers)
+    return topk_by_query_blocks(q_index, weights, topk, last_of, blocks_of, block_q=QUERY_BLOCK, workers=workers)
 
 
 def pool_blocks(pool: Array, table: Sequence[int], seen: int, block_k: int) -> Iterator[tuple[int, list[Array]]]:

@@ -41,6 +41,8 @@ from ._guard import refuse_unless_fits
 from ._parallel import cpu_cores, l2_cache_bytes, one_blas_thread, run_items
 
 __all__ = [
+    "QUERY_BLOCK",
+    "SCORES_PER_TILE",
     "IndexInputs",
     "SparseInputs",
     "attend_chosen",
@@ -53,6 +55,7 @@ __all__ = [
     "indexer_scores_at",
     "indexer_scores_backward",
     "keep_topk",
+    "keys_between_merges",
     "order_topk",
     "refuse_topk_beyond_memory",
     "running_topk",
@@ -62,6 +65,7 @@ __all__ = [
 
 Array = np.ndarray
 SCORES_PER_TILE = 2**18  # dots of one indexer matmul: (rows·H_I) x keys, 1 MiB of float32
+QUERY_BLOCK = 32  # queries a worker's item holds: index_topk's block_q
 GATHER_BYTES = 2**20  # gathered keys a step of the attention, when sysfs does not give the level-2 cache
 
 
@@ -175,6 +179,12 @@ def values_are_key_prefix(k: Array, v: Array) -> bool:
 
 # ---------------------------------------------------------------------------------------------------
 # the indexer: a running top-k over blocks of keys
+
+
+def keys_between_merges(topk: int) -> int:
+    """index_topk's block_k: the keys scored between two merges into the running top-k, 4 topk (at least 1,024),
+    so that a merge's partition reads at most a fifth more than the block's own scores."""
+    return max(4 * topk, 1024)
 
 
 def keep_topk(kept: Array, kept_keys: Array, scores: Array, keys: Array) -> tuple[Array, Array]:

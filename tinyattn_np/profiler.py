@@ -193,8 +193,10 @@ def profile_backward(
     return row
 
 
-def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[], float]) -> dict[str, Any]:
-    """The copy's run split into parts, each the least of `repeats` runs (another process may stop any part of
+def measure_parts(
+    kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[], float], parts: tuple[str, ...] = PARTS
+) -> dict[str, Any]:
+    """The copy's run split into `parts`, each the least of `repeats` runs (another process may stop any part of
     a run), each run after an untimed one (the matmul rate's product beside it leaves the caches cold): each
     timed part, and "Python between them", a run's wall time less its parts and the timing's own cost; the
     kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
@@ -210,8 +212,8 @@ def measure_parts(kernel: Any, copy: Any, repeats: int, matmul_rate: Callable[[]
             wall = time.perf_counter() - start - clock.laps * lap_cost
             runs.append({**clock.seconds, PYTHON: max(wall - sum(clock.seconds.values()), 0.0)})
         same = all(np.array_equal(a, b) for a, b in zip(result, kernel(), strict=True))
-    parts = {part: 1e3 * min(run.get(part, 0.0) for run in runs) for part in (*PARTS, PYTHON)}
-    return {"kernel_ms": kernel_ms, "parts_ms": parts, "same_bits": same, "matmul_gflops": max(rates)}
+    parts_ms = {part: 1e3 * min(run.get(part, 0.0) for run in runs) for part in (*parts, PYTHON)}
+    return {"kernel_ms": kernel_ms, "parts_ms": parts_ms, "same_bits": same, "matmul_gflops": max(rates)}
 
 
 def forward_copy(q: np.ndarray, k: np.ndarray, v: np.ndarray, dims: Any, plan: Any, clock: Any) -> tuple[Any, Any]:

@@ -38,11 +38,13 @@ from ._guard import refuse_unless_fits
 from ._parallel import cpu_cores
 from ._sparse_decode import check_decode_arrays
 from ._sparse_kernel import (
+    QUERY_BLOCK,
     attend_chosen,
     check_backward_inputs,
     check_index_inputs,
     check_sparse_inputs,
     chosen_backward,
+    keys_between_merges,
     running_topk,
 )
 
@@ -119,7 +121,7 @@ def index_topk(
     topk: int,
     *,
     causal: bool = True,
-    block_q: int = 32,
+    block_q: int = QUERY_BLOCK,
     block_k: int | None = None,
     workers: int | None = None,
 ) -> NDArray:
@@ -144,7 +146,7 @@ def index_topk(
                 [ 1,  2]]])
     """
     inputs = check_index_inputs(q_index, k_index, weights, topk, causal)
-    block_k = check_positive_int(block_k, "block_k", max(4 * inputs.topk, 1024))
+    block_k = check_positive_int(block_k, "block_k", keys_between_merges(inputs.topk))
     workers = check_positive_int(workers, "workers", cpu_cores())
     return running_topk(inputs, block_q=check_positive_int(block_q, "block_q"), block_k=block_k, workers=workers)
 
