@@ -329,9 +329,10 @@ def index_parts(args: argparse.Namespace) -> dict[str, Any]:
 def print_parts(row: dict[str, Any], args: argparse.Namespace) -> None:
     parts, rate, (matmuls, relu) = row["parts_ms"], row["matmul_gflops"], INDEX_PARTS[:2]
     at_rate = row["flops"] / rate / 1e6  # ms: the matmuls' FLOPs at the one-thread rate
+    runs = "each part from one run" if args.repeats == 1 else f"each part the least of {args.repeats} runs"
     print(
         f"\n4) where index_topk's time goes: the speed checks' queries on one thread, its engine copied part by part"
-        f"\n   (each part the least of {args.repeats} runs); the matmul on one BLAS thread beside them: {rate:.1f} "
+        f"\n   ({runs}); the matmul on one BLAS thread beside them: {rate:.1f} "
         f"GFLOP/s;\n   the scores' matmuls: {row['flops'] / 1e9:,.1f} GFLOP, {at_rate:,.0f} ms at that rate"
     )
     body, so_far = [], 0.0
