@@ -17,6 +17,10 @@ What it shows (H heads, d_k = d_v = d, float32; q and k L2-normalised, as Qwen3-
      GatedDeltaCache runs it, and the engine's step as a decode loop runs it (the recurrence over 64 tokens, a
      token's share). Beside them, the state's floors: one read of it (Sᵀx, one matmul over the heads) and one
      copy of it (read and written), the least a step that must write its state can do. Where the two cross.
+  4) where the chunked prefill's time goes, at the largest --tokens on one thread (tinyattn_np.linear_profile:
+     the engine copied, each NumPy call timed into its part): the matmuls, the triangular inverse, the
+     element-wise lines, the copies, and after each the time so far as a multiple of section 1's FLOPs at the
+     matmul rate of one thread, timed beside it: how much of the aim (within 2x) the products alone leave.
 
 Run:  python scripts/linear.py [--tokens 2048] [--heads 16] [--head-dim 128] [--chunk-sizes 16 32 64 128]
                                [--contexts 256 1024 4096 16384] [--repeats 3] [--torch] [--json PATH]
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from tinyattn_np import attention, attention_flops, flash_attention, flash_decode, format_bytes, gated_delta_rule
+from tinyattn_np.linear_profile import LINEAR_PARTS, profile_chunked
 from tinyattn_np.measure import alternating_medians_ms
 from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positive
 
@@ -48,6 +53,7 @@ import torch_import  # noqa: E402
 check = Checklist()  # every claim the script prints is checked; main() returns check.finish()
 SAME = 1e-4  # float32 chunks against the recurrence and against torch, relative to the largest output
 DECODE_RUN = 64  # tokens of the recurrence timed together in section 3, for its time a token
+PREFILL_AIM = 2.0  # the chunked prefill: within 2x of its matmul FLOPs at the machine's matmul rate
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -288,6 +294,57 @@ def crossing(rows: list[dict[str, Any]]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# 4) where the chunked prefill's time goes
+
+
+def measure_parts(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
+    """Section 1's chunked prefill of T tokens (the same inputs, from --seed) on one thread, part by part."""
+    outputs.progress(f"the chunked prefill's parts on one thread, T = {T:,}")
+    q, k, v, g, beta = rule_inputs(T, args)
+    row = profile_chunked(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        chunk_size=args.chunk_size,
+        repeats=args.repeats,
+        matmul_rate=lambda: machine.matmul_rate("float32", repeats=1),  # one thread: profile_chunked holds BLAS
+    )
+    check(row["same_bits"], f"T = {T:,}: the profile's copy of the chunked forward gives its output and state")
+    flops = chunk_flops(T, args.heads, args.head_dim, args.chunk_size)
+    return {**row, "tokens": T, "chunk_flops": flops, "busy": machine.busy_reasons()}
+
+
+def print_parts(rows: list[dict[str, Any]], args: argparse.Namespace, run: SimpleNamespace) -> None:
+    row = rows[0]
+    parts, rate, (matmuls, inverse) = row["parts_ms"], row["matmul_gflops"], LINEAR_PARTS[:2]
+    at_rate = row["chunk_flops"] / rate / 1e6  # ms: section 1's FLOPs at the one-thread rate
+    runs = "each part from one run" if args.repeats == 1 else f"each part the least of {args.repeats} runs"
+    print(
+        f"\n4) where the chunked prefill's time goes: T = {row['tokens']:,} in chunks of {args.chunk_size} on one "
+        f"thread, the engine copied\n   part by part ({runs}); the matmul on one BLAS thread beside them: "
+        f"{rate:.1f} GFLOP/s;\n   section 1's {row['chunk_flops'] / 1e9:.1f} GFLOP take {at_rate:,.0f} ms at that "
+        f"rate (the engine's matmuls do {row['flops'] / 1e9:.1f}: it applies\n   the triangular inverse as products)"
+    )
+    body, so_far = [], 0.0
+    for part, ms in parts.items():
+        so_far += ms
+        body.append([part, f"{ms:,.1f}", f"{ms / sum(parts.values()):.0%}", f"{so_far / at_rate:.2f}x"])
+    marks = [dict(row, part="the parts")] + [{}] * (len(body) - 1)  # measured together: one note for all
+    headers = ["part", "ms", "share", "so far / FLOPs at the rate"]
+    print(machine.marked_table(body, marks, headers, args.format, lambda r: r["part"]))
+    alone, floor = parts[matmuls] / at_rate, (parts[matmuls] + parts[inverse]) / at_rate
+    said = "not judged (a busy machine):" if row.get("busy") else "above" if floor > PREFILL_AIM else "within"
+    print(
+        f"   the engine itself: {row['kernel_ms']:,.0f} ms on one thread; the copy gives its output and state: "
+        f"{'yes' if row['same_bits'] else 'NO'}\n   the matmuls alone take {alone:.2f}x the FLOPs at the rate, "
+        f"and with the triangular inverse {floor:.2f}x:\n   {said} the aim of {PREFILL_AIM:g}x before the "
+        f"element-wise lines"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
 # arguments and the run
 
 
@@ -347,13 +404,15 @@ def run_bytes(args: argparse.Namespace) -> float:
 
 def run_flops(args: argparse.Namespace) -> float:
     """FLOPs of the whole run at the matmul rate (a lower bound): each prefill's chunks, flash and the
-    recurrence (2 d² a token and head, four times over) checked and timed; each chunk size's prefill."""
+    recurrence (2 d² a token and head, four times over) checked and timed; each chunk size's prefill; section 4's
+    engine and copy at the largest T (3 repeats + 1 runs), counted twice, as they run on one thread."""
     H, d, C, n = args.heads, args.head_dim, args.chunk_size, args.repeats + 3
     total = 0.0
     for T in args.tokens:
         flash = attention_flops(T, heads=H, head_dim=d, causal=True)
         total += n * (chunk_flops(T, H, d, C) * (2 if args.torch else 1) + flash + 8 * T * H * d * d)
-    return total + n * sum(chunk_flops(args.tokens[0], H, d, size) for size in args.chunk_sizes)
+    parts = (3 * args.repeats + 1) * chunk_flops(max(args.tokens), H, d, C) * 2
+    return total + n * sum(chunk_flops(args.tokens[0], H, d, size) for size in args.chunk_sizes) + parts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,9 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.tokens, measure_prefill, print_prefill),
         (args.chunk_sizes, measure_chunk_size, print_chunk_sizes),
         (args.contexts, measure_decode, print_decode),
+        ([max(args.tokens)], measure_parts, print_parts),
     ]
     figures: dict[str, Any] = {"machine": info, "matmul_gflops": run.rate, "args": vars(args)}
-    for (items, measure, show), key in zip(sections, ("prefill", "chunk_sizes", "decode"), strict=True):
+    for (items, measure, show), key in zip(sections, ("prefill", "chunk_sizes", "decode", "parts"), strict=True):
         rows: list[dict[str, Any]] = []
         stopped = interrupts.measure_each(items, lambda item, measure=measure: measure(item, args, run), rows)
         if rows:

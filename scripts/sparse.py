@@ -346,7 +346,7 @@ def print_parts(row: dict[str, Any], args: argparse.Namespace) -> None:
         )
     )
     floor = (parts[matmuls] + parts[relu]) / at_rate
-    said = "above" if floor > TARGET else "within"
+    said = "not judged (a busy machine):" if row.get("busy") else "above" if floor > TARGET else "within"
     print(
         f"   the engine itself: {row['kernel_ms']:,.0f} ms on one thread; the copy gives its indices: "
         f"{'yes' if row['same_bits'] else 'NO'}\n   the matmuls alone take {parts[matmuls] / at_rate:.2f}x their "

@@ -6,6 +6,8 @@ tests/test_deltanet.py."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from test_backward import numerical_grad  # central differences, one entry at a time
@@ -276,7 +278,7 @@ def test_the_lesson_opens_with_the_plain_loop():
 
 
 def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, capsys):
-    """scripts/linear.py's smallest run: its three sections and checks, every line within a terminal's 120
+    """scripts/linear.py's smallest run: its four sections and checks, every line within a terminal's 120
     columns, the figures written as JSON (timings aside: the machine is quiet by fiat here)."""
     import json
     import sys
@@ -293,8 +295,29 @@ def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, c
     flags += ["--json", str(tmp_path / "linear.json")]
     assert script.main(flags) == 0
     out = capsys.readouterr().out
-    for section in ("1) the prefill", "2) the chunk size", "3) one decode step", "all checks passed"):
+    sections = ("1) the prefill", "2) the chunk size", "3) one decode step", "4) where the chunked prefill's time goes")
+    for section in (*sections, "all checks passed"):
         assert section in out, out
+    # 4) the parts in order, the time so far growing, the aim said from the same figures
+    parts = re.findall(
+        r"^(matmuls|the triangular inverse|element-wise lines|copies and set-up|Python between them)"
+        r"\s+[\d,.]+\s+\d+%\s+([\d.]+)x$",
+        out,
+        re.MULTILINE,
+    )
+    assert [name for name, _ in parts] == [
+        "matmuls",
+        "the triangular inverse",
+        "element-wise lines",
+        "copies and set-up",
+        "Python between them",
+    ], out
+    so_far = [float(x) for _, x in parts]
+    assert so_far == sorted(so_far) and so_far[0] > 0
+    aim = re.search(r"with the triangular inverse ([\d.]+)x:\n   (above|within) the aim of 2x", out)
+    assert aim and float(aim[1]) == so_far[1] and aim[2] == ("above" if so_far[1] > 2 else "within"), out
+    assert "the copy gives its output and state: yes" in out
     assert max(len(line) for line in out.splitlines()) <= 120
     figures = json.loads((tmp_path / "linear.json").read_text())
     assert [row["context"] for row in figures["decode"]] == [32, 256] and len(figures["chunk_sizes"]) == 2
+    assert [row["tokens"] for row in figures["parts"]] == [64] and figures["parts"][0]["same_bits"]

@@ -57,10 +57,11 @@ Then the bills and the tools a script uses to show them:
     36  tune.py          the default tile sizes, heads per step and workers, measured on this machine
     37  profiler.py      where flash attention's time goes: its tile loops, copied, timed part by part
     38  sparse_profile.py  where DeepSeek's indexer's time goes: index_topk's engine, copied, timed part by part
-    39  report.py        the tables the scripts print
-    40  text.py          tokens and embeddings for the demos
-    41  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
-    42  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
+    39  linear_profile.py  where the gated delta rule's chunks spend their time: the engine, copied, timed part by part
+    40  report.py        the tables the scripts print
+    41  text.py          tokens and embeddings for the demos
+    42  trainbill.py     the memory of a GPT training step: weights, gradients, Adam's moments, activations
+    43  mpi_job.py       a program under mpiexec: a failing process ends the job, Ctrl-C stops every process
                          after the same step (needs mpi4py to run, and is not imported here)
 
 Beside the lessons, internal by name (`_`): the engines that make a lesson fast, each tested equal to its
