@@ -1,6 +1,8 @@
 """tiles.py --profile: where one forward and one backward of flash attention, one decode step (flash_decode's
 engine) and one MLA decode step spend their time (tinyattn_np.profiler times a copy of each kernel's loop,
-part by part), printed as four tables, each with the kernel's time as a multiple of its products'.
+part by part), printed as four tables, each with the kernel's time as a multiple of its products'. And the
+table of sparse.py's and linear.py's last section (parts_so_far): a profile's parts, each with the time so far
+against the FLOPs at the matmul rate.
 """
 
 from __future__ import annotations
@@ -98,6 +100,32 @@ def print_profile(name: str, row: dict[str, Any], args: argparse.Namespace) -> N
         f"in all: {ratio:.2f}x its products (the time between them {ratio - 1:.0%} of theirs; {aim} the aim of "
         f"{PRODUCTS_AIM:.2f}x)"
     )
+
+
+def parts_so_far(row: dict[str, Any], at_rate: float, fmt: str) -> str:
+    """A profile's parts as a table (sparse.py's and linear.py's last section): each part's ms and share, and the
+    time so far, this part and those above it, as a multiple of at_rate (ms: the FLOPs at the matmul rate), the
+    busy note under it."""
+    parts, body, so_far = row["parts_ms"], [], 0.0
+    for part, ms in parts.items():
+        so_far += ms
+        body.append([part, f"{ms:,.1f}", f"{ms / sum(parts.values()):.0%}", f"{so_far / at_rate:.2f}x"])
+    marks = [dict(row, part="the parts")] + [{}] * (len(body) - 1)  # measured together: one note for all
+    return machine.marked_table(body, marks, ["part", "ms", "share", "so far / FLOPs at the rate"], fmt, busy_label)
+
+
+def busy_label(row: dict[str, Any]) -> str:
+    return str(row["part"])
+
+
+def runs_said(repeats: int) -> str:
+    return "each part from one run" if repeats == 1 else f"each part the least of {repeats} runs"
+
+
+def floor_verdict(row: dict[str, Any], floor: float, aim: float) -> str:
+    """Where the first parts alone (floor, a multiple of the FLOPs at the rate) stand against the aim; none on a
+    busy machine."""
+    return "not judged (a busy machine):" if row.get("busy") else "above" if floor > aim else "within"
 
 
 def all_workers(row: dict[str, Any]) -> str:

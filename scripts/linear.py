@@ -45,6 +45,7 @@ from tinyattn_np.report import Checklist, add_seed_and_format, max_diff, positiv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts  # noqa: E402
+import kernel_profile  # noqa: E402
 import limits  # noqa: E402
 import machine  # noqa: E402
 import outputs  # noqa: E402
@@ -320,22 +321,16 @@ def print_parts(rows: list[dict[str, Any]], args: argparse.Namespace, run: Simpl
     row = rows[0]
     parts, rate, (matmuls, inverse) = row["parts_ms"], row["matmul_gflops"], LINEAR_PARTS[:2]
     at_rate = row["chunk_flops"] / rate / 1e6  # ms: section 1's FLOPs at the one-thread rate
-    runs = "each part from one run" if args.repeats == 1 else f"each part the least of {args.repeats} runs"
+    runs = kernel_profile.runs_said(args.repeats)
     print(
         f"\n4) where the chunked prefill's time goes: T = {row['tokens']:,} in chunks of {args.chunk_size} on one "
         f"thread, the engine copied\n   part by part ({runs}); the matmul on one BLAS thread beside them: "
         f"{rate:.1f} GFLOP/s;\n   section 1's {row['chunk_flops'] / 1e9:.1f} GFLOP take {at_rate:,.0f} ms at that "
         f"rate (the engine's matmuls do {row['flops'] / 1e9:.1f}: it applies\n   the triangular inverse as products)"
     )
-    body, so_far = [], 0.0
-    for part, ms in parts.items():
-        so_far += ms
-        body.append([part, f"{ms:,.1f}", f"{ms / sum(parts.values()):.0%}", f"{so_far / at_rate:.2f}x"])
-    marks = [dict(row, part="the parts")] + [{}] * (len(body) - 1)  # measured together: one note for all
-    headers = ["part", "ms", "share", "so far / FLOPs at the rate"]
-    print(machine.marked_table(body, marks, headers, args.format, lambda r: r["part"]))
+    print(kernel_profile.parts_so_far(row, at_rate, args.format))
     alone, floor = parts[matmuls] / at_rate, (parts[matmuls] + parts[inverse]) / at_rate
-    said = "not judged (a busy machine):" if row.get("busy") else "above" if floor > PREFILL_AIM else "within"
+    said = kernel_profile.floor_verdict(row, floor, PREFILL_AIM)
     print(
         f"   the engine itself: {row['kernel_ms']:,.0f} ms on one thread; the copy gives its output and state: "
         f"{'yes' if row['same_bits'] else 'NO'}\n   the matmuls alone take {alone:.2f}x the FLOPs at the rate, "

@@ -46,6 +46,7 @@ from tinyattn_np.sparse_profile import INDEX_PARTS, profile_index
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the modules this script shares sit beside it
 import interrupts  # noqa: E402
+import kernel_profile  # noqa: E402
 import limits  # noqa: E402
 import machine  # noqa: E402
 import outputs  # noqa: E402
@@ -329,24 +330,15 @@ def index_parts(args: argparse.Namespace) -> dict[str, Any]:
 def print_parts(row: dict[str, Any], args: argparse.Namespace) -> None:
     parts, rate, (matmuls, relu) = row["parts_ms"], row["matmul_gflops"], INDEX_PARTS[:2]
     at_rate = row["flops"] / rate / 1e6  # ms: the matmuls' FLOPs at the one-thread rate
-    runs = "each part from one run" if args.repeats == 1 else f"each part the least of {args.repeats} runs"
+    runs = kernel_profile.runs_said(args.repeats)
     print(
         f"\n4) where index_topk's time goes: the speed checks' queries on one thread, its engine copied part by part"
         f"\n   ({runs}); the matmul on one BLAS thread beside them: {rate:.1f} "
         f"GFLOP/s;\n   the scores' matmuls: {row['flops'] / 1e9:,.1f} GFLOP, {at_rate:,.0f} ms at that rate"
     )
-    body, so_far = [], 0.0
-    for part, ms in parts.items():
-        so_far += ms
-        body.append([part, f"{ms:,.1f}", f"{ms / sum(parts.values()):.0%}", f"{so_far / at_rate:.2f}x"])
-    headers = ["part", "ms", "share", "so far / FLOPs at the rate"]
-    print(
-        machine.marked_table(
-            body, [dict(row, part="the parts")] + [{}] * (len(body) - 1), headers, args.format, lambda r: r["part"]
-        )
-    )
+    print(kernel_profile.parts_so_far(row, at_rate, args.format))
     floor = (parts[matmuls] + parts[relu]) / at_rate
-    said = "not judged (a busy machine):" if row.get("busy") else "above" if floor > TARGET else "within"
+    said = kernel_profile.floor_verdict(row, floor, TARGET)
     print(
         f"   the engine itself: {row['kernel_ms']:,.0f} ms on one thread; the copy gives its indices: "
         f"{'yes' if row['same_bits'] else 'NO'}\n   the matmuls alone take {parts[matmuls] / at_rate:.2f}x their "

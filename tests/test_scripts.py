@@ -1000,6 +1000,16 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 # --- sparse.py -------------------------------------------------------------------------------------------
 
 
+def parts_so_far(out: str, names: list[str]) -> list[float]:
+    """A profile's table (kernel_profile.parts_so_far) read back: its parts in order, the given ones then the
+    copies and Python, and the time so far of each, growing."""
+    found = re.findall(r"^(\S.*?)\s+[\d,.]+\s+\d+%\s+([\d.]+)x$", out, re.MULTILINE)
+    assert [name for name, _ in found] == [*names, "copies and set-up", "Python between them"], out
+    so_far = [float(x) for _, x in found]
+    assert so_far == sorted(so_far) and so_far[0] > 0, so_far
+    return so_far
+
+
 def test_sparse_script_prints_the_arithmetic_the_measured_steps_the_speed_checks_and_the_parts(machine, capsys) -> None:
     flags = ["--contexts", "256", "--topk", "256", "--tokens", "512", "--queries", "32", "--repeats", "1"]
     code = load("sparse.py").main(flags)  # topk = S: the sparse steps read every key and are checked equal to dense
@@ -1013,22 +1023,7 @@ def test_sparse_script_prints_the_arithmetic_the_measured_steps_the_speed_checks
     assert re.search(r"^index_topk \(causal\)\s.*its FLOPs at the matmul rate", out, re.MULTILINE)
     assert re.search(r"^sparse_attention\s.*flash_attention, 32 x 256", out, re.MULTILINE)
     # 4) the parts in order, the time so far growing, and the floor said against the target from the same figures
-    parts = re.findall(
-        r"^(matmuls|ReLU|the heads' weighted sum|the running top-k|copies and set-up|Python between them)"
-        r"\s+[\d,.]+\s+\d+%\s+([\d.]+)x$",
-        out,
-        re.MULTILINE,
-    )
-    assert [p for p, _ in parts] == [
-        "matmuls",
-        "ReLU",
-        "the heads' weighted sum",
-        "the running top-k",
-        "copies and set-up",
-        "Python between them",
-    ], out
-    so_far = [float(x) for _, x in parts]
-    assert so_far == sorted(so_far) and so_far[0] > 0
+    so_far = parts_so_far(out, ["matmuls", "ReLU", "the heads' weighted sum", "the running top-k"])
     floor = re.search(r"with the ReLU after them ([\d.]+)x:\n   (above|within) the 1.3x target", out)
     assert floor and float(floor[1]) == so_far[1] and floor[2] == ("above" if so_far[1] > 1.3 else "within")
     assert "the copy gives its indices: yes" in out
