@@ -15,7 +15,9 @@ and generation with the KV cache beside recomputation.
    backward, clip_grad_norm_, torch.optim.AdamW with decay on the matrices only), from the same weights, on
    the same batch, with as many threads as our BLAS: the first two steps' losses must agree (float32), and
    then the two take turns, so that a machine whose speed drifts during the run (another tenant's load)
-   slows both alike.
+   slows both alike. Then each step split in two: its dense products alone (every weight matrix's x W, dy Wᵀ
+   and xᵀ dy, and the tied head's, at the step's shapes: step_products.py), ours and torch's in turns, and the
+   rest of the step (its time less its products'), where the two differ in everything but the BLAS.
 2) Generation of --tokens tokens after a one-token prompt, greedy, with the cache and by recomputing the
    whole sequence at every step (past the context, the last `context` tokens): tokens per second of each,
    and the check that both give the same tokens.
@@ -66,6 +68,7 @@ import nanogpt_recipe
 import numpy as np
 import outputs
 import row_blocks
+import step_products
 import text_data
 import torch_gpt
 import torch_import
@@ -206,9 +209,13 @@ def time_training(name: str, args: argparse.Namespace, torch: Any) -> dict[str, 
             )
         steps.append(lambda: torch_gpt.torch_step(torch, module, torch_optimizer, tx, ty))
     times = alternating_medians_ms(steps, args.repeats, args.rounds, idle=machine.SETTLE_SECONDS)
-    row["ours_ms"], row["busy"] = times[0], machine.busy_reasons()
+    row["ours_ms"] = times[0]
     if module is not None:
         row["torch_ms"] = times[1]
+        row["ours_products_ms"], row["torch_products_ms"] = step_products.time_products(
+            torch, model, batch, args.repeats, args.rounds, machine.SETTLE_SECONDS
+        )
+    row["busy"] = machine.busy_reasons()
     return row
 
 
@@ -354,6 +361,42 @@ def print_training(rows: list[dict[str, Any]], args: argparse.Namespace, threads
         if args.torch:
             cells += [f"{r['torch_ms']:,.1f}", f"{r['ours_ms'] / r['torch_ms']:.2f}"]
         body.append(cells)
+    print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
+    if args.torch:
+        print_products(rows, args)
+
+
+def print_products(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Each step split in two: its dense products alone (step_products.py), ours and torch's timed in turns,
+    and the rest of the step (the step's time less its products')."""
+    print(
+        "   the step's dense products alone (every weight matrix's x W, dy Wᵀ and xᵀ dy, the tied head's three; the\n"
+        "   attention's own left out), ours and torch's in turns, and the rest of each step:"
+    )
+    headers = [
+        "preset",
+        "products: ours ms",
+        "torch ms",
+        "ours / torch",
+        "the rest: ours ms",
+        "torch ms",
+        "ours / torch",
+    ]
+    body = []
+    for r in rows:
+        ours, theirs = r["ours_products_ms"], r["torch_products_ms"]
+        rest_ours, rest_torch = r["ours_ms"] - ours, r["torch_ms"] - theirs
+        body.append(
+            [
+                r["preset"],
+                f"{ours:,.1f}",
+                f"{theirs:,.1f}",
+                f"{ours / theirs:.2f}",
+                f"{rest_ours:,.1f}",
+                f"{rest_torch:,.1f}",
+                f"{rest_ours / rest_torch:.2f}",
+            ]
+        )
     print(machine.marked_table(body, rows, headers, args.format, preset_label, width=table_width(args)))
 
 
