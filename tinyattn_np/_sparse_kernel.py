@@ -183,7 +183,7 @@ def values_are_key_prefix(k: Array, v: Array) -> bool:
 
 def keys_between_merges(topk: int) -> int:
     """index_topk's block_k: the keys scored between two merges into the running top-k, 4 topk (at least 1,024),
-    so that a merge's partition reads at most a fifth more than the block's own scores."""
+    so that a merge's partition reads the topk kept beside at least 4 topk new scores: a quarter more at most."""
     return max(4 * topk, 1024)
 
 
