@@ -277,20 +277,14 @@ def test_the_lesson_opens_with_the_plain_loop():
 # --- scripts/linear.py --------------------------------------------------------------------------------
 
 
-def test_the_script_runs_small_and_prints_every_section(monkeypatch, tmp_path, capsys):
+def test_the_script_runs_small_and_prints_every_section(machine, tmp_path, capsys):
     """scripts/linear.py's smallest run: its four sections and checks, every line within a terminal's 120
-    columns, the figures written as JSON (timings aside: the machine is quiet by fiat here)."""
+    columns, the figures written as JSON (timings aside: the machine is quiet by fiat here, the fixture)."""
     import json
-    import sys
 
-    from test_scripts import ROOT, load, parts_so_far
+    from test_scripts import load, parts_so_far
 
     script = load("linear.py")
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import machine
-
-    monkeypatch.setattr(machine, "SETTLE_SECONDS", 0.0)
-    monkeypatch.setattr(machine, "matmul_rate", lambda dtype, n=2048, repeats=5: 100.0)
     flags = "--tokens 64 --heads 2 --head-dim 16 --chunk-sizes 16 32 --contexts 32 256 --repeats 1".split()
     flags += ["--json", str(tmp_path / "linear.json")]
     assert script.main(flags) == 0
