@@ -52,3 +52,13 @@ def test_the_profile_refuses_per_channel_decays_and_mixed_widths() -> None:
         profile_chunked(q, k, v, np.repeat(g[..., None], 8, -1), beta, repeats=1, matmul_rate=lambda: 100.0)
     with pytest.raises(ValueError, match="one width"):
         profile_chunked(q, k, v[..., :4], g, beta, repeats=1, matmul_rate=lambda: 100.0)
+
+
+def test_the_profile_checks_its_flags_before_it_runs() -> None:
+    q, k, v, g, beta = inputs(16)
+    with pytest.raises(ValueError, match="chunk_size"):
+        profile_chunked(q, k, v, g, beta, chunk_size=0, repeats=1, matmul_rate=lambda: 100.0)
+    with pytest.raises(TypeError, match="l2norm_qk must be True or False"):
+        profile_chunked(q, k, v, g, beta, l2norm_qk="False", repeats=1, matmul_rate=lambda: 100.0)
+    with pytest.raises(ValueError, match="repeats"):
+        profile_chunked(q, k, v, g, beta, repeats=0, matmul_rate=lambda: 100.0)

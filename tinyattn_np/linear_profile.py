@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_bool, check_positive_int
 from ._linear_checks import check_delta_inputs
 from ._linear_kernel import (
     ChunkTerms,
@@ -53,6 +54,7 @@ def profile_chunked(
     element-wise lines (γ, the decays, β, the l2 norms, u = U − W S, o's sum, S's decay and sum), the copies.
     q, k, v (B, H, T, d), g and beta (B, H, T): one decay a head, q and k heads as many as v's.
     flops: the matmuls', 2 · (5 C² d + 3 C d²) a chunk of a head (d = d_k = d_v), T padded to whole chunks."""
+    chunk_size, l2norm_qk = check_positive_int(chunk_size, "chunk_size"), check_bool(l2norm_qk, "l2norm_qk")
     x = check_delta_inputs(q, k, v, g, beta, None, grouped=False)
     if x.v.ndim != 4 or x.g.shape[-1] != 1 or x.q.shape[-1] != x.v.shape[-1]:
         raise ValueError(

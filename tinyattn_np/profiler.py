@@ -31,7 +31,7 @@ from ._backward_kernel import (
     ones_row_below,
     query_rows,
 )
-from ._checks import QKVShape
+from ._checks import QKVShape, check_positive_int
 from ._decode_kernel import block_keys, block_scores, decode
 from ._flash_kernel import (
     TileMods,
@@ -201,6 +201,7 @@ def measure_parts(
     timed part, and "Python between them", a run's wall time less its parts and the timing's own cost; the
     kernel's own time on one thread (the fastest of `repeats`), whether the copy gave the kernel's bits, and
     the one-thread matmul rate, the best of matmul_rate() (GFLOP/s of a large product) beside each run."""
+    repeats = check_positive_int(repeats, "repeats")
     lap_cost, runs, rates = Stopwatch.lap_cost(), [], []
     with threadpool_limits(limits=1, user_api="blas"):  # as the kernels hold BLAS while they run
         kernel_ms = best_ms(kernel, repeats)
