@@ -298,7 +298,7 @@ def crossing(rows: list[dict[str, Any]]) -> str:
 # 4) where the chunked prefill's time goes
 
 
-def measure_parts(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
+def prefill_parts(T: int, args: argparse.Namespace, run: SimpleNamespace) -> dict[str, Any]:
     """Section 1's chunked prefill of T tokens (the same inputs, from --seed) on one thread, part by part."""
     outputs.progress(f"the chunked prefill's parts on one thread, T = {T:,}")
     q, k, v, g, beta = rule_inputs(T, args)
@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.tokens, measure_prefill, print_prefill),
         (args.chunk_sizes, measure_chunk_size, print_chunk_sizes),
         (args.contexts, measure_decode, print_decode),
-        ([max(args.tokens)], measure_parts, print_parts),
+        ([max(args.tokens)], prefill_parts, print_parts),
     ]
     figures: dict[str, Any] = {"machine": info, "matmul_gflops": run.rate, "args": vars(args)}
     for (items, measure, show), key in zip(sections, ("prefill", "chunk_sizes", "decode", "parts"), strict=True):
